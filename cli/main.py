@@ -1,0 +1,204 @@
+"""`kvdb`: a thin click layer over kvdb.Archive. It parses, calls the library, and formats.
+
+Errors the library raises on purpose (kvdb.errors) become one line on stderr and the
+error's exit code; anything else becomes one line too, with KVDB_DEBUG=1 for the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+import kvdb
+from kvdb.errors import KvdbError
+
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
+
+
+class KvdbGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KvdbError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
+            if os.environ.get("KVDB_DEBUG"):
+                raise
+            _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+
+
+def _fail(message: str, code: int):
+    click.echo(f"kvdb: error: {message.splitlines()[0] if message else 'unknown error'}", err=True)
+    sys.exit(code)
+
+
+def _emit(obj: dict) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per line) instead of text.")
+model_option = click.option(
+    "--model",
+    envvar="KVDB_MODEL",
+    default=None,
+    help="Hugging Face model id or local folder (env KVDB_MODEL). Default: the embedded SmolLM2-135M-Instruct.",
+)
+
+
+@click.group(cls=KvdbGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    envvar="KVDB_DB",
+    default=None,
+    help="Archive file (env KVDB_DB). Default: archive.duckdb in the user data directory.",
+)
+@click.version_option(kvdb.__version__, prog_name="kvdb")
+@click.pass_context
+def main(ctx, db):
+    """kvdb: archive language-model sessions, search them, and restore them into the model.
+
+    \b
+    Ingest transcripts:    kvdb ingest examples/transcripts
+    List sessions:         kvdb sessions
+    Show one back:         kvdb show SESSION
+    Restore and continue:  kvdb restore SESSION --prompt "What next?"
+
+    SESSION is a full id, a unique id prefix, or a session name.
+    Exit codes: 0 ok, 1 some input failed, 2 bad input or argument, 3 no such session,
+    4 model missing or mismatched, 5 archive unreadable, 70 internal error.
+    """
+    ctx.obj = {"db": db}
+
+
+def _open(ctx, model: str | None = None) -> kvdb.Archive:
+    archive = kvdb.open(ctx.obj["db"], model=model)
+    ctx.call_on_close(archive.close)
+    return archive
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@model_option
+@json_option
+@click.pass_context
+def ingest(ctx, paths, model, as_json):
+    """Archive transcripts: files or directories (searched recursively).
+
+    \b
+    .txt / .md   one session, text verbatim
+    .jsonl       one {"role","content"} message per line (one session), or
+                 one {"id"?, "name"?, "messages": [...]} session per line
+    .json        {"messages": [...]} (OpenAI) or {"conversations": [...]} (ShareGPT), or a list
+
+    A file that fails is reported with its line and writes nothing; the others still ingest
+    (exit status 1). Ingesting the same transcript again reports it `unchanged`.
+    """
+    from tqdm import tqdm
+
+    archive = _open(ctx, model)
+    with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+        results = archive.ingest(list(paths), progress=bar.update)
+    for r in results:
+        if as_json:
+            _emit(r.to_dict())
+        elif r.status == "failed":
+            click.echo(f"failed     {r.error}", err=True)
+        else:
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {r.name}")
+    if any(r.status == "failed" for r in results):
+        sys.exit(1)
+
+
+@main.command()
+@json_option
+@click.pass_context
+def sessions(ctx, as_json):
+    """List archived sessions, oldest first."""
+    for s in _open(ctx).sessions():
+        if as_json:
+            _emit(s.to_dict())
+        else:
+            click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {s.name}")
+
+
+@main.command()
+@click.argument("session")
+@click.option("--start", type=int, default=None, help="First token (default 0).")
+@click.option("--end", type=int, default=None, help="One past the last token (default: the session's end).")
+@model_option
+@json_option
+@click.pass_context
+def show(ctx, session, start, end, model, as_json):
+    """Print the text of a session's tokens [START, END). A whole text session prints exactly as ingested."""
+    archive = _open(ctx, model)
+    s = archive.session(session)
+    text = archive.text(s.session_id, start, end)
+    if as_json:
+        start = 0 if start is None else start
+        end = s.n_tokens if end is None else end
+        _emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": archive.tokens(s.session_id, start, end).tolist()})
+    else:
+        click.echo(text, nl=False)
+        if sys.stdout.isatty() and not text.endswith("\n"):
+            click.echo()
+
+
+@main.command()
+@click.argument("session")
+@click.option("--at", type=int, default=None, help="Restore the first AT tokens (default: all).")
+@click.option("--prompt", default=None, help="Text to add before continuing (a new user turn for chat sessions).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@model_option
+@json_option
+@click.pass_context
+def restore(ctx, session, at, prompt, max_new_tokens, model, as_json):
+    """Restore a session into the model and continue it greedily."""
+    archive = _open(ctx, model)
+    s = archive.session(session)
+    start = time.perf_counter()
+    restored = archive.restore(s.session_id, at=at)
+    seconds = time.perf_counter() - start
+    text = archive.generate(restored, prompt, max_new_tokens)
+    if as_json:
+        _emit({"session_id": s.session_id, "mode": restored.mode, "restored_tokens": restored.position, "seconds": round(seconds, 4), "text": text})
+    else:
+        click.echo(f"[restored {restored.position} tokens of {s.name} in {seconds:.2f}s, mode {restored.mode}]", err=True)
+        click.echo(text)
+
+
+@main.command()
+@json_option
+@click.pass_context
+def stats(ctx, as_json):
+    """Sessions, tokens, and bytes stored per tier."""
+    st = _open(ctx).stats()
+    if as_json:
+        _emit(st.to_dict())
+        return
+    click.echo(f"sessions  {st.sessions}")
+    click.echo(f"tokens    {st.tokens}")
+    for tier, n in st.bytes.items():
+        per = st.bytes_per_token.get(tier)
+        click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
+
+
+@main.command()
+@click.argument("session")
+@json_option
+@click.pass_context
+def delete(ctx, session, as_json):
+    """Delete a session from the archive."""
+    s = _open(ctx).delete(session)
+    if as_json:
+        _emit({"session_id": s.session_id, "name": s.name, "status": "deleted"})
+    else:
+        click.echo(f"deleted {s.session_id[:12]} ({s.name})")

@@ -1,0 +1,46 @@
+"""kvdb's Python API in one page: ingest transcripts, read one back, restore one and continue it.
+
+Run with `make demo` (which installs everything first) or `.venv/bin/python examples/quickstart.py`.
+The archive goes to $KVDB_DB, else examples/demo.duckdb.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import kvdb
+
+HERE = Path(__file__).parent
+ARCHIVE = os.environ.get("KVDB_DB") or HERE / "demo.duckdb"
+
+with kvdb.open(ARCHIVE) as db:
+    start = time.perf_counter()
+    db.lm  # load the embedded model (the first run converts its GGUF once, ~20 s)
+    print(f"model {db.lm.identity.name} loaded in {time.perf_counter() - start:.1f}s")
+
+    start = time.perf_counter()
+    results = db.ingest(HERE / "transcripts")
+    seconds = time.perf_counter() - start
+    for r in results:
+        print(f"{r.status:<10} {r.session_id[:12] if r.session_id else '-':<12} {r.n_tokens:>5} tok  {r.name}")
+    new_tokens = sum(r.n_tokens for r in results if r.status == "ingested")
+    if new_tokens:
+        print(f"ingested {new_tokens} tokens in {seconds:.1f}s ({new_tokens / seconds:.0f} tokens/s)")
+
+    print("\n--- show: the story, exactly as written ---")
+    print(db.text("story"))
+
+    chat = db.session("chat")
+    print(f"--- restore {chat.name} ({chat.n_tokens} tokens) and continue ---")
+    restored = db.restore(chat.session_id)
+    print(f"restored {restored.position} tokens in {restored.seconds:.2f}s (mode {restored.mode})")
+    print(db.generate(restored, prompt="Thanks! Can you show the fixed line of code?", max_new_tokens=60))
+
+    print("\n--- continue the story from its 40th token ---")
+    print(db.continue_session("story", at=40, max_new_tokens=30))
+
+    stats = db.stats()
+    print("\n--- stats ---")
+    print(f"{stats.sessions} sessions, {stats.tokens} tokens")
+    for tier, per_token in stats.bytes_per_token.items():
+        print(f"  {tier:<9} {stats.bytes[tier]:>8} B  {per_token:.2f} B/token")

@@ -1,0 +1,16 @@
+"""kvdb: a persistent archive for the KV caches of transformer language models.
+
+    import kvdb
+    with kvdb.open("my.duckdb") as db:
+        db.ingest("examples/transcripts")
+        session = db.sessions()[0]
+        print(db.text(session.session_id))
+        print(db.continue_session(session.session_id, prompt="And then?"))
+"""
+
+from kvdb.archive import Archive, IngestResult, Session, Stats, default_path, open
+from kvdb.errors import KvdbError
+from kvdb.restore import RestoredSession
+
+__all__ = ["Archive", "IngestResult", "KvdbError", "RestoredSession", "Session", "Stats", "default_path", "open"]
+__version__ = "0.1.0"

@@ -1,0 +1,296 @@
+"""Archive: the one object users and the CLI talk to.
+
+It ties the store (what is kept), the model (what computes) and the transcript parsers
+(what comes in) together. The model is loaded lazily: listing, showing, deleting and
+stats never pay for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import platformdirs
+
+from kvdb import model as lm_ops
+from kvdb import restore as restore_ops
+from kvdb import transcripts
+from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
+from kvdb.model import LoadedModel
+from kvdb.restore import RestoredSession
+from kvdb.store import ModelRow, SessionRow, Store
+
+Progress = Callable[[int], None]  # called with the number of tokens just processed
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    name: str
+    source: str
+    n_tokens: int
+    created_at: dt.datetime
+    model_id: str
+    metadata: dict = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {"session_id": self.session_id, "name": self.name, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: str | None
+    name: str
+    source: str
+    n_tokens: int
+    status: str  # "ingested" | "unchanged" | "failed"
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class Stats:
+    sessions: int
+    tokens: int
+    bytes: dict
+    bytes_per_token: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_path() -> Path:
+    """``$KVDB_DB``, else ``archive.duckdb`` in the user data directory."""
+    return Path(os.environ.get("KVDB_DB") or Path(platformdirs.user_data_dir("kvdb")) / "archive.duckdb")
+
+
+def open(path: str | Path | None = None, model: str | None = None) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
+    return Archive(path, model)
+
+
+class Archive:
+    def __init__(self, path: str | Path | None = None, model: str | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        self.model_name = lm_ops.model_name(model)
+        self._store = Store(self.path)
+        self._lm: LoadedModel | None = None
+        self._tokenizer = None
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._store.close()
+
+    @property
+    def lm(self) -> LoadedModel:
+        """The archive's model, loaded on first use and registered in the archive."""
+        if self._lm is None:
+            self._lm = lm_ops.load(self.model_name)
+            self._store.put_model(ModelRow(**asdict(self._lm.identity)))
+        return self._lm
+
+    # ingest ---------------------------------------------------------------------------
+    def ingest(
+        self,
+        source: str | Path | Iterable[str | Path] | None = None,
+        *,
+        text: str | None = None,
+        messages: Sequence[dict] | None = None,
+        name: str | None = None,
+        progress: Progress | None = None,
+    ) -> list[IngestResult]:
+        """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
+
+        A file that fails to parse is reported as ``failed`` and writes nothing; the others still
+        ingest. Sessions already archived (same model, same tokens) are reported ``unchanged``.
+        """
+        if sum(x is not None for x in (source, text, messages)) != 1:
+            raise InvalidArgument("give exactly one of: paths, text=, messages=")
+        if text is not None:
+            batches = [(None, [transcripts.transcript_from_text(text, name or "text")])]
+        elif messages is not None:
+            batches = [(None, [transcripts.transcript_from_messages(messages, name or "messages")])]
+        else:
+            paths = [source] if isinstance(source, (str, Path)) else list(source)
+            batches = list(self._parse_files(paths))
+        results: list[IngestResult] = []
+        for path, parsed in batches:
+            try:
+                if isinstance(parsed, TranscriptError):
+                    raise parsed
+                results.extend(self._ingest_file(parsed, progress))
+            except TranscriptError as exc:
+                if path is None:
+                    raise
+                results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
+        return results
+
+    def _parse_files(self, paths):
+        for path in transcripts.find_transcript_files(paths):
+            try:
+                yield path, transcripts.read_transcripts(path)
+            except TranscriptError as exc:
+                yield path, exc
+
+    def _ingest_file(self, items, progress: Progress | None) -> list[IngestResult]:
+        """Score every new session of one file, then write them in one transaction."""
+        lm = self.lm
+        rendered = [(item, np.asarray(self._render(lm, item), dtype=np.int64)) for item in items]
+        for item, ids in rendered:
+            if len(ids) == 0:
+                raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
+        results, new, seen = [], [], set()
+        for item, ids in rendered:
+            session_id = hashlib.sha256(lm.identity.model_id.encode() + b":" + ids.astype("<i4").tobytes()).hexdigest()[:32]
+            if session_id in seen or self._store.has_session(session_id):
+                results.append(IngestResult(session_id, item.name, item.source, len(ids), "unchanged"))
+                if progress:
+                    progress(len(ids))
+                continue
+            seen.add(session_id)
+            logprobs = lm_ops.score(lm.model, ids)
+            if progress:
+                progress(len(ids))
+            metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
+            if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
+                # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
+                metadata["text"] = item.text
+            row = SessionRow(session_id, item.name, item.source, lm.identity.model_id, _now(), len(ids), metadata)
+            new.append((row, ids, logprobs))
+            results.append(IngestResult(session_id, item.name, item.source, len(ids), "ingested"))
+        self._store.put_sessions(new)
+        return results
+
+    @staticmethod
+    def _render(lm: LoadedModel, item) -> list[int]:
+        text = item.text if item.text is not None else lm_ops.render_messages(lm.tokenizer, item.messages)
+        return lm_ops.encode_text(lm.tokenizer, text)
+
+    # reading --------------------------------------------------------------------------
+    def sessions(self) -> list[Session]:
+        return [_session(r) for r in self._store.list_sessions()]
+
+    def session(self, ref: str) -> Session:
+        """A session by full id, unique id prefix, or name."""
+        return _session(self._resolve(ref))
+
+    def _resolve(self, ref: str) -> SessionRow:
+        if not ref:
+            raise InvalidArgument("empty session reference; give an id, an id prefix or a name (see `kvdb sessions`)")
+        exact = self._store.get_session(ref)
+        if exact is not None:
+            return exact
+        matches = self._store.match_sessions(ref)
+        if not matches:
+            raise SessionNotFound(f"no session matches {ref!r}; list them with `kvdb sessions`")
+        if len(matches) > 1:
+            listed = ", ".join(f"{m.session_id[:12]} ({m.name})" for m in matches[:5])
+            raise AmbiguousSession(f"{ref!r} matches {len(matches)} sessions: {listed}; give more of the id")
+        return matches[0]
+
+    def tokens(self, session: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+        row = self._resolve(session)
+        start, end = _clip_range(row, start, end)
+        return self._store.load_tokens(row.session_id)[start:end]
+
+    def text(self, session: str, start: int | None = None, end: int | None = None) -> str:
+        """The text of tokens [start, end). The whole of a text session is its original text, exactly."""
+        row = self._resolve(session)
+        start, end = _clip_range(row, start, end)
+        if "text" in row.metadata and (start, end) == (0, row.n_tokens):
+            return row.metadata["text"]
+        tokenizer = self._tokenizer_for(row)
+        return lm_ops.decode_tokens(tokenizer, self._store.load_tokens(row.session_id)[start:end])
+
+    def _tokenizer_for(self, row: SessionRow):
+        """The archive's tokenizer, checked against the one the session was archived with."""
+        if self._lm is not None:
+            return self._checked_lm(row).tokenizer
+        if self._tokenizer is None:
+            self._tokenizer = lm_ops.load_tokenizer(self.model_name)
+        archived = self._store.get_model(row.model_id)
+        if archived is None or archived.tokenizer_hash != lm_ops.tokenizer_hash(self._tokenizer):
+            return self._checked_lm(row).tokenizer  # raises ModelMismatch unless the weights match after all
+        return self._tokenizer
+
+    def _checked_lm(self, row: SessionRow) -> LoadedModel:
+        lm = self.lm
+        if lm.identity.model_id != row.model_id:
+            archived = self._store.get_model(row.model_id)
+            was = archived.name if archived else row.model_id
+            raise ModelMismatch(
+                f"session {row.session_id[:12]} ({row.name}) was archived with model {was!r} "
+                f"(id {row.model_id[:12]}), but this archive is open with {lm.identity.name!r} "
+                f"(id {lm.identity.model_id[:12]}); pass --model {was!r}"
+            )
+        return lm
+
+    def logprobs(self, session: str) -> np.ndarray:
+        """Natural-log probability of each token under the archive's model, as computed at ingest."""
+        return self._store.load_logprobs(self._resolve(session).session_id)
+
+    # restore --------------------------------------------------------------------------
+    def restore(self, session: str, at: int | None = None) -> RestoredSession:
+        """The model with a cache holding the session's first ``at`` tokens (default: all)."""
+        row = self._resolve(session)
+        at = row.n_tokens if at is None else at
+        _clip_range(row, 0, at)
+        lm = self._checked_lm(row)
+        return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id), at)
+
+    def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
+        """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""
+        return self.generate(self.restore(session, at), prompt, max_new_tokens)
+
+    def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
+        """Continue a restored session greedily; consumes ``restored.cache``."""
+        chat = self._resolve(restored.session_id).metadata.get("kind") == "chat"
+        prompt_ids = restore_ops.continuation_ids(self.lm, prompt, chat)
+        return restore_ops.continue_restored(self.lm, restored, prompt_ids, max_new_tokens)
+
+    # maintenance ----------------------------------------------------------------------
+    def delete(self, session: str) -> Session:
+        row = self._resolve(session)
+        self._store.delete_session(row.session_id)
+        return _session(row)
+
+    def stats(self) -> Stats:
+        counts = self._store.byte_counts()
+        tiers = {"tokens": counts["token_bytes"], "logprobs": counts["logprob_bytes"], "metadata": counts["metadata_bytes"]}
+        n = counts["tokens"]
+        per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
+        file_bytes = self.path.stat().st_size if self.path.exists() else 0
+        return Stats(counts["sessions"], n, dict(tiers, file=file_bytes), per_token)
+
+
+def _session(row: SessionRow) -> Session:
+    return Session(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata)
+
+
+def _clip_range(row: SessionRow, start: int | None, end: int | None) -> tuple[int, int]:
+    start = 0 if start is None else start
+    end = row.n_tokens if end is None else end
+    if not 0 <= start <= end <= row.n_tokens:
+        raise InvalidArgument(
+            f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), which has {row.n_tokens} tokens"
+        )
+    return start, end
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

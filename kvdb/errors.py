@@ -1,0 +1,67 @@
+"""Typed errors. Every message says what went wrong and what the user can do about it.
+
+The CLI prints ``str(error)`` as one line on stderr and exits with ``error.exit_code``.
+"""
+
+
+class KvdbError(Exception):
+    """Base class of every error kvdb raises on purpose."""
+
+    exit_code = 1
+
+
+class TranscriptError(KvdbError):
+    """A transcript file could not be read; names the file and, where known, the line."""
+
+    exit_code = 2
+
+    def __init__(self, path, message, line=None):
+        self.path = str(path)
+        self.line = line
+        self.reason = message
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class SessionNotFound(KvdbError):
+    """No session matches what the user typed (id, id prefix or name)."""
+
+    exit_code = 3
+
+
+class AmbiguousSession(KvdbError):
+    """What the user typed matches more than one session."""
+
+    exit_code = 3
+
+
+class ModelNotFound(KvdbError):
+    """The requested model (or the embedded default) is not installed."""
+
+    exit_code = 4
+
+
+class ModelMismatch(KvdbError):
+    """A session is restored with a model other than the one it was archived with."""
+
+    exit_code = 4
+
+
+class ArchiveError(KvdbError):
+    """The archive file cannot be opened or is not a kvdb archive."""
+
+    exit_code = 5
+
+
+class NewerArchiveError(ArchiveError):
+    """The archive was written by a newer kvdb whose schema this version does not know."""
+
+
+class CorruptData(ArchiveError):
+    """A stored block failed its integrity check."""
+
+
+class InvalidArgument(KvdbError):
+    """An argument is out of range or malformed (a position past the end, an empty text...)."""
+
+    exit_code = 2

@@ -1,0 +1,62 @@
+"""Putting an archived session back into the model, and continuing it.
+
+Exact mode rebuilds the cache with one chunked prefill over the archived tokens: the same
+computation ingest ran, so the restored cache gives the logits a fresh prefill gives.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvdb import model as lm_ops
+from kvdb.errors import InvalidArgument
+from kvdb.model import LoadedModel
+
+
+@dataclass
+class RestoredSession:
+    """A session's first ``position`` tokens, live in ``cache`` for ``model``.
+
+    ``cache`` is a transformers ``DynamicCache``: pass it as ``past_key_values`` (or ``cache``) to
+    ``model(...)`` or ``model.generate(...)`` together with the tokens that follow ``position``.
+    """
+
+    session_id: str
+    model: object
+    tokenizer: object
+    cache: object
+    position: int
+    mode: str
+    seconds: float
+    tokens: np.ndarray = field(repr=False)
+
+
+def restore_exact(lm: LoadedModel, session_id: str, tokens: np.ndarray, at: int) -> RestoredSession:
+    start = time.perf_counter()
+    cache = lm_ops.prefill(lm.model, tokens[:at])
+    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, at, "exact", time.perf_counter() - start, tokens[:at])
+
+
+def continuation_ids(lm: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:
+    """The tokens a prompt adds: a new user turn for chat sessions, the text itself otherwise."""
+    if not prompt:
+        return np.zeros(0, dtype=np.int64)
+    text = lm_ops.user_turn_suffix(lm.tokenizer, prompt) if chat else prompt
+    return np.asarray(lm_ops.encode_text(lm.tokenizer, text), dtype=np.int64)
+
+
+def continue_restored(lm: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int) -> str:
+    """Greedy continuation after the restored tokens (and the prompt, if any)."""
+    if max_new_tokens < 1:
+        raise InvalidArgument(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    ids = np.concatenate([restored.tokens, prompt_ids])
+    if len(ids) == 0:
+        raise InvalidArgument("nothing to continue from: restore at a position > 0 or give a prompt")
+    if len(prompt_ids) == 0:
+        # generate() needs one token it has not seen; hand it the last restored one again.
+        restored.cache.crop(-1)
+    new = lm_ops.generate(lm.model, lm.tokenizer, restored.cache, ids, max_new_tokens)
+    return lm.tokenizer.decode(new, skip_special_tokens=True)

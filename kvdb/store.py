@@ -1,0 +1,265 @@
+"""The archive's tables in one DuckDB file, reached only through SQLAlchemy Core.
+
+Every table access of kvdb goes through this module, so the storage can later move
+(DuckLake, several shards) without touching the rest. Statements use bound parameters
+only. The schema is created and upgraded by alembic whenever an archive is opened.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.ddl.impl import DefaultImpl
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from kvdb.errors import ArchiveError, NewerArchiveError
+
+
+
+class DuckDBImpl(DefaultImpl):
+    """Alembic has no DuckDB dialect of its own; declaring this registers one (importing is enough)."""
+
+    __dialect__ = "duckdb"
+    transactional_ddl = True
+
+
+metadata = sa.MetaData()
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("model_id", sa.String, primary_key=True),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("weights_hash", sa.String, nullable=False),
+    sa.Column("tokenizer_hash", sa.String, nullable=False),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("source", sa.String, nullable=False),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+)
+
+session_tokens = sa.Table(
+    "session_tokens",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("tokens", sa.LargeBinary, nullable=False),
+    sa.Column("logprobs", sa.LargeBinary, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model_id: str
+    name: str
+    weights_hash: str
+    tokenizer_hash: str
+    config: dict
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: str
+    name: str
+    source: str
+    model_id: str
+    created_at: dt.datetime
+    n_tokens: int
+    metadata: dict
+
+
+def _script_directory() -> ScriptDirectory:
+    location = importlib.util.find_spec("kvdb_migrations").submodule_search_locations[0]
+    config = Config()
+    config.set_main_option("script_location", location)
+    return ScriptDirectory.from_config(config), config
+
+
+class Store:
+    """One open archive file. Not shared between processes: DuckDB admits one writer."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool)
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("select 1")
+        except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
+            raise ArchiveError(f"cannot open archive {self.path}: {_first_line(exc)}") from exc
+        self._migrate()
+
+    def _migrate(self) -> None:
+        script, config = _script_directory()
+        head = script.get_current_head()
+        with self.engine.begin() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+            if current == head:
+                return
+            if current is not None and current not in {rev.revision for rev in script.walk_revisions()}:
+                raise NewerArchiveError(
+                    f"{self.path} was written by a newer kvdb (schema revision {current}); upgrade kvdb to open it"
+                )
+            if current is None and sa.inspect(conn).get_table_names():
+                raise ArchiveError(f"{self.path} is a DuckDB file but not a kvdb archive; choose another --db path")
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def schema_revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    # models ---------------------------------------------------------------------------
+    def put_model(self, row: ModelRow) -> None:
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(models.c.model_id).where(models.c.model_id == row.model_id)).first()
+            if exists is None:
+                conn.execute(
+                    models.insert().values(
+                        model_id=row.model_id,
+                        name=row.name,
+                        weights_hash=row.weights_hash,
+                        tokenizer_hash=row.tokenizer_hash,
+                        config=json.dumps(row.config, sort_keys=True),
+                        created_at=_now(),
+                    )
+                )
+
+    def get_model(self, model_id: str) -> ModelRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(models).where(models.c.model_id == model_id)).first()
+        if row is None:
+            return None
+        return ModelRow(row.model_id, row.name, row.weights_hash, row.tokenizer_hash, json.loads(row.config))
+
+    # sessions -------------------------------------------------------------------------
+    def has_session(self, session_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
+
+    def put_sessions(self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]]) -> None:
+        """Write sessions with their streams in one transaction: all appear whole, or none does."""
+        with self.engine.begin() as conn:
+            for row, tokens, logprobs in items:
+                conn.execute(
+                    sessions.insert().values(
+                        session_id=row.session_id,
+                        name=row.name,
+                        source=row.source,
+                        model_id=row.model_id,
+                        created_at=row.created_at,
+                        n_tokens=row.n_tokens,
+                        metadata=json.dumps(row.metadata, sort_keys=True),
+                    )
+                )
+                conn.execute(
+                    session_tokens.insert().values(
+                        session_id=row.session_id,
+                        tokens=np.asarray(tokens, dtype="<i4").tobytes(),
+                        logprobs=np.asarray(logprobs, dtype="<f4").tobytes(),
+                    )
+                )
+
+    def list_sessions(self) -> list[SessionRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(sessions).order_by(sessions.c.created_at, sessions.c.session_id)).all()
+        return [_session_row(r) for r in rows]
+
+    def match_sessions(self, ref: str) -> list[SessionRow]:
+        """Sessions whose id starts with ``ref`` or whose name equals it."""
+        prefix = ref.lower()
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(sessions).where(
+                    sa.or_(sessions.c.name == ref, sa.func.starts_with(sessions.c.session_id, prefix))
+                )
+            ).all()
+        return [_session_row(r) for r in rows]
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
+        return None if row is None else _session_row(row)
+
+    def load_tokens(self, session_id: str) -> np.ndarray:
+        with self.engine.connect() as conn:
+            blob = conn.execute(
+                sa.select(session_tokens.c.tokens).where(session_tokens.c.session_id == session_id)
+            ).scalar_one()
+        return np.frombuffer(blob, dtype="<i4").astype(np.int64)
+
+    def load_logprobs(self, session_id: str) -> np.ndarray:
+        with self.engine.connect() as conn:
+            blob = conn.execute(
+                sa.select(session_tokens.c.logprobs).where(session_tokens.c.session_id == session_id)
+            ).scalar_one()
+        return np.frombuffer(blob, dtype="<f4").copy()
+
+    def delete_session(self, session_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(session_tokens.delete().where(session_tokens.c.session_id == session_id))
+            conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+
+    def byte_counts(self) -> dict[str, int]:
+        """Bytes stored per tier (payload bytes, not DuckDB's page overhead), and tokens archived."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(
+                    sa.func.count(sessions.c.session_id),
+                    sa.func.coalesce(sa.func.sum(sessions.c.n_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(_text_bytes(sessions.c.metadata) + _text_bytes(sessions.c.name) + _text_bytes(sessions.c.source)), 0),
+                )
+            ).one()
+            streams = conn.execute(
+                sa.select(
+                    sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_tokens.c.tokens)), 0),
+                    sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_tokens.c.logprobs)), 0),
+                )
+            ).one()
+        return {
+            "sessions": int(row[0]),
+            "tokens": int(row[1]),
+            "metadata_bytes": int(row[2]),
+            "token_bytes": int(streams[0]),
+            "logprob_bytes": int(streams[1]),
+        }
+
+
+def _text_bytes(column):
+    return sa.func.octet_length(sa.cast(column, sa.LargeBinary))
+
+
+def _session_row(r) -> SessionRow:
+    return SessionRow(r.session_id, r.name, r.source, r.model_id, r.created_at, int(r.n_tokens), json.loads(r.metadata))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,57 @@
+"""The store: alembic creates and upgrades the schema; foreign or newer files are refused clearly."""
+
+import duckdb
+import pytest
+import sqlalchemy as sa
+
+from kvdb.errors import ArchiveError, NewerArchiveError
+from kvdb.store import Store
+
+
+def test_new_archive_is_migrated_to_head(tmp_path):
+    store = Store(tmp_path / "a.duckdb")
+    try:
+        assert store.schema_revision() == "0001"
+        tables = set(sa.inspect(store.engine).get_table_names())
+        assert {"models", "sessions", "session_tokens", "alembic_version"} <= tables
+        assert store.byte_counts() == {"sessions": 0, "tokens": 0, "metadata_bytes": 0, "token_bytes": 0, "logprob_bytes": 0}
+    finally:
+        store.close()
+
+
+def test_reopening_keeps_revision(tmp_path):
+    Store(tmp_path / "a.duckdb").close()
+    store = Store(tmp_path / "a.duckdb")
+    assert store.schema_revision() == "0001"
+    store.close()
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "a.duckdb"
+    Store(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("update alembic_version set version_num = 'ffff-from-the-future'")
+    con.close()
+    with pytest.raises(NewerArchiveError, match="newer kvdb"):
+        Store(path)
+
+
+def test_foreign_duckdb_file_is_refused(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("create table customers (id integer)")
+    con.close()
+    with pytest.raises(ArchiveError, match="not a kvdb archive"):
+        Store(path)
+
+
+def test_non_database_file_is_refused(tmp_path):
+    path = tmp_path / "notes.duckdb"
+    path.write_text("just some text, not a database\n" * 100)
+    with pytest.raises(ArchiveError, match="cannot open archive"):
+        Store(path)
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(ArchiveError, match="is a directory"):
+        Store(tmp_path)
