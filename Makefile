@@ -33,6 +33,7 @@ test-fast: install
 
 bench: install
 	$(PY) benchmarks/codec.py
+	$(PY) benchmarks/ingest.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -173,7 +173,7 @@ class Archive:
             row = SessionRow(session_id, item.name, item.source, lm.identity.model_id, _now(), len(ids), metadata)
             new.append((row, ids, logprobs))
             results.append(IngestResult(session_id, item.name, item.source, len(ids), "ingested"))
-        self._store.put_sessions(new)
+        self._store.put_sessions(new, alphabet=max(lm.model.config.vocab_size, len(lm.tokenizer)))
         return results
 
     @staticmethod
@@ -206,7 +206,7 @@ class Archive:
     def tokens(self, session: str, start: int | None = None, end: int | None = None) -> np.ndarray:
         row = self._resolve(session)
         start, end = _clip_range(row, start, end)
-        return self._store.load_tokens(row.session_id)[start:end]
+        return self._store.load_tokens(row.session_id, start, end)
 
     def text(self, session: str, start: int | None = None, end: int | None = None) -> str:
         """The text of tokens [start, end). The whole of a text session is its original text, exactly."""
@@ -215,7 +215,7 @@ class Archive:
         if "text" in row.metadata and (start, end) == (0, row.n_tokens):
             return row.metadata["text"]
         tokenizer = self._tokenizer_for(row)
-        return lm_ops.decode_tokens(tokenizer, self._store.load_tokens(row.session_id)[start:end])
+        return lm_ops.decode_tokens(tokenizer, self._store.load_tokens(row.session_id, start, end))
 
     def _tokenizer_for(self, row: SessionRow):
         """The archive's tokenizer, checked against the one the session was archived with."""
@@ -251,7 +251,7 @@ class Archive:
         at = row.n_tokens if at is None else at
         _clip_range(row, 0, at)
         lm = self._checked_lm(row)
-        return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id), at)
+        return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id, 0, at))
 
     def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""

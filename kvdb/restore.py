@@ -34,10 +34,11 @@ class RestoredSession:
     tokens: np.ndarray = field(repr=False)
 
 
-def restore_exact(lm: LoadedModel, session_id: str, tokens: np.ndarray, at: int) -> RestoredSession:
+def restore_exact(lm: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
+    """The cache of ``prefix`` (a session's first tokens), recomputed by one chunked prefill."""
     start = time.perf_counter()
-    cache = lm_ops.prefill(lm.model, tokens[:at])
-    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, at, "exact", time.perf_counter() - start, tokens[:at])
+    cache = lm_ops.prefill(lm.model, prefix)
+    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
 
 
 def continuation_ids(lm: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:

@@ -21,6 +21,7 @@ from alembic.ddl.impl import DefaultImpl
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from kvdb import fractal
 from kvdb.errors import ArchiveError, NewerArchiveError
 
 
@@ -57,13 +58,34 @@ sessions = sa.Table(
     sa.Column("metadata", sa.Text, nullable=False),
 )
 
-session_tokens = sa.Table(
-    "session_tokens",
+# A session's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
+# so reading a range fetches only the blocks it touches.
+token_streams = sa.Table(
+    "token_streams",
     metadata,
     sa.Column("session_id", sa.String, primary_key=True),
-    sa.Column("tokens", sa.LargeBinary, nullable=False),
+    sa.Column("alphabet", sa.Integer, nullable=False),
+    sa.Column("block_size", sa.Integer, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+)
+
+token_blocks = sa.Table(
+    "token_blocks",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("block_no", sa.Integer, primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+# float32 natural-log probability of each token under the model, from the ingest forward pass.
+session_logprobs = sa.Table(
+    "session_logprobs",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
     sa.Column("logprobs", sa.LargeBinary, nullable=False),
 )
+
+STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 
 
 @dataclass(frozen=True)
@@ -160,7 +182,7 @@ class Store:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
 
-    def put_sessions(self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]]) -> None:
+    def put_sessions(self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]], alphabet: int) -> None:
         """Write sessions with their streams in one transaction: all appear whole, or none does."""
         with self.engine.begin() as conn:
             for row, tokens, logprobs in items:
@@ -176,10 +198,19 @@ class Store:
                     )
                 )
                 conn.execute(
-                    session_tokens.insert().values(
-                        session_id=row.session_id,
-                        tokens=np.asarray(tokens, dtype="<i4").tobytes(),
-                        logprobs=np.asarray(logprobs, dtype="<f4").tobytes(),
+                    token_streams.insert().values(
+                        session_id=row.session_id, alphabet=alphabet, block_size=fractal.DEFAULT_BLOCK, n_tokens=len(tokens)
+                    )
+                )
+                blocks = fractal.encode_blocks(tokens, alphabet, fractal.DEFAULT_BLOCK)
+                if blocks:
+                    conn.execute(
+                        token_blocks.insert(),
+                        [{"session_id": row.session_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)],
+                    )
+                conn.execute(
+                    session_logprobs.insert().values(
+                        session_id=row.session_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()
                     )
                 )
 
@@ -204,23 +235,32 @@ class Store:
             row = conn.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
         return None if row is None else _session_row(row)
 
-    def load_tokens(self, session_id: str) -> np.ndarray:
+    def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
+        """Token ids [start, end) of a session, decoded from only the blocks the range touches."""
         with self.engine.connect() as conn:
-            blob = conn.execute(
-                sa.select(session_tokens.c.tokens).where(session_tokens.c.session_id == session_id)
-            ).scalar_one()
-        return np.frombuffer(blob, dtype="<i4").astype(np.int64)
+            stream = conn.execute(sa.select(token_streams).where(token_streams.c.session_id == session_id)).one()
+            end = stream.n_tokens if end is None else end
+            needed = fractal.blocks_for_range(start, end, stream.block_size)
+            if not needed:
+                return np.zeros(0, dtype=np.int64)
+            blobs = conn.execute(
+                sa.select(token_blocks.c.data)
+                .where(token_blocks.c.session_id == session_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
+                .order_by(token_blocks.c.block_no)
+            ).scalars().all()
+        return fractal.decode_range(blobs, stream.alphabet, stream.block_size, start, end)
 
     def load_logprobs(self, session_id: str) -> np.ndarray:
         with self.engine.connect() as conn:
             blob = conn.execute(
-                sa.select(session_tokens.c.logprobs).where(session_tokens.c.session_id == session_id)
+                sa.select(session_logprobs.c.logprobs).where(session_logprobs.c.session_id == session_id)
             ).scalar_one()
         return np.frombuffer(blob, dtype="<f4").copy()
 
     def delete_session(self, session_id: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(session_tokens.delete().where(session_tokens.c.session_id == session_id))
+            for table in (token_blocks, token_streams, session_logprobs):
+                conn.execute(table.delete().where(table.c.session_id == session_id))
             conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
 
     def byte_counts(self) -> dict[str, int]:
@@ -233,18 +273,17 @@ class Store:
                     sa.func.coalesce(sa.func.sum(_text_bytes(sessions.c.metadata) + _text_bytes(sessions.c.name) + _text_bytes(sessions.c.source)), 0),
                 )
             ).one()
-            streams = conn.execute(
-                sa.select(
-                    sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_tokens.c.tokens)), 0),
-                    sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_tokens.c.logprobs)), 0),
-                )
-            ).one()
+            blocks = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(token_blocks.c.data)), 0))).scalar_one()
+            n_streams = conn.execute(sa.select(sa.func.count()).select_from(token_streams)).scalar_one()
+            logprob_bytes = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_logprobs.c.logprobs)), 0))
+            ).scalar_one()
         return {
             "sessions": int(row[0]),
             "tokens": int(row[1]),
             "metadata_bytes": int(row[2]),
-            "token_bytes": int(streams[0]),
-            "logprob_bytes": int(streams[1]),
+            "token_bytes": int(blocks) + STREAM_ROW_BYTES * int(n_streams),
+            "logprob_bytes": int(logprob_bytes),
         }
 
 

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import kvdb
+from kvdb import fractal
 from kvdb import model as lm_ops
+from kvdb.store import STREAM_ROW_BYTES
 from kvdb.errors import (
     AmbiguousSession,
     InvalidArgument,
@@ -184,7 +186,12 @@ def test_delete_and_stats(archive):
     b = archive.ingest(text="second one!")[0]
     st = archive.stats()
     assert st.sessions == 2 and st.tokens == a.n_tokens + b.n_tokens
-    assert st.bytes["tokens"] == 4 * st.tokens and st.bytes_per_token["tokens"] == 4.0
+    # every stored byte of the tier: the fractal blocks (headers and CRCs included) and the stream rows
+    alphabet = max(archive.lm.model.config.vocab_size, len(archive.lm.tokenizer))
+    blocks = sum(len(blob) for r in (a, b) for blob in fractal.encode_blocks(archive.tokens(r.session_id), alphabet))
+    assert st.bytes["tokens"] == blocks + 2 * STREAM_ROW_BYTES
+    assert st.bytes_per_token["tokens"] == st.bytes["tokens"] / st.tokens
+    assert st.bytes["logprobs"] == 4 * st.tokens
     assert archive.delete(a.session_id).name == a.name
     assert [s.session_id for s in archive.sessions()] == [b.session_id]
     with pytest.raises(SessionNotFound):

@@ -64,7 +64,7 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
 
     stats = lines(run("stats", "--json"))[0]
     assert stats["sessions"] == 2 and stats["tokens"] == sum(r["n_tokens"] for r in rows)
-    assert stats["bytes_per_token"]["tokens"] == 4.0
+    assert 0 < stats["bytes_per_token"]["tokens"] < 4.0
 
     deleted = run("delete", "story", "--json")
     assert lines(deleted)[0]["status"] == "deleted"

@@ -7,13 +7,15 @@ import sqlalchemy as sa
 from kvdb.errors import ArchiveError, NewerArchiveError
 from kvdb.store import Store
 
+HEAD = "0002"
+
 
 def test_new_archive_is_migrated_to_head(tmp_path):
     store = Store(tmp_path / "a.duckdb")
     try:
-        assert store.schema_revision() == "0001"
+        assert store.schema_revision() == HEAD
         tables = set(sa.inspect(store.engine).get_table_names())
-        assert {"models", "sessions", "session_tokens", "alembic_version"} <= tables
+        assert {"models", "sessions", "token_streams", "token_blocks", "session_logprobs", "alembic_version"} <= tables
         assert store.byte_counts() == {"sessions": 0, "tokens": 0, "metadata_bytes": 0, "token_bytes": 0, "logprob_bytes": 0}
     finally:
         store.close()
@@ -22,7 +24,7 @@ def test_new_archive_is_migrated_to_head(tmp_path):
 def test_reopening_keeps_revision(tmp_path):
     Store(tmp_path / "a.duckdb").close()
     store = Store(tmp_path / "a.duckdb")
-    assert store.schema_revision() == "0001"
+    assert store.schema_revision() == HEAD
     store.close()
 
 

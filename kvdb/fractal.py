@@ -1,0 +1,505 @@
+"""Contractive iterated-map codes for symbol streams (DESIGN.md §2; choices and numbers in docs/fractal.md).
+
+A symbol c of an N-ary alphabet is a contractive map of a box onto its own cell; walking a
+stream through the maps gives points whose most significant part is the latest symbol. We
+use two members of that family, each where it measured best:
+
+* Archive anchors (lossless, random access): a 2-D grid walk whose axes contract by
+  ``1/M`` and ``1/2**t`` (``M * 2**t >= N``). Symbol ``c`` moves ``c >> t`` along the radix
+  axis and ``c & (2**t - 1)`` along the binary axis. Both coordinates are kept as exact
+  integers (fixed point), so decoding is exact multiply-and-floor: the radix axis stores
+  one anchor word per span of ``D`` symbols (the walk point scaled by ``M**D``, the
+  largest span that fits 64 bits); the binary axis's fixed-point expansion is its bit
+  string, so every position on it is its own anchor. ``t`` is chosen per alphabet to
+  minimise ``t + 64 / D`` bits per symbol (49,152 tokens: t=14, M=3, D=40 -> 15.6 bits).
+* Search points (lossy beyond ``capacity``): a d-D grid walk, ``k`` vertices per axis
+  (``k**d >= N``), ratio ``r = 1/m`` with ``m > k``, in float32 (or float64/float16). The
+  empty cells between vertices (``m > k``) give the separation gap that radius search
+  needs; ``m`` is large enough that a phrase's matches and non-matches never overlap.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from kvdb.errors import CorruptData, InvalidArgument
+
+MIN_ALPHABET = 2
+MAX_ALPHABET = 1 << 17
+DEFAULT_BLOCK = 4096
+
+# ------------------------------------------------------------------------------------------
+# Archive codec: exact anchors in self-checking blocks
+# ------------------------------------------------------------------------------------------
+
+FORMAT_TAG = 0xF1  # "fractal block, format 1"
+_HEADER = struct.Struct("<I I")  # tag | (alphabet - 1) << 8, symbol count
+_CRC = struct.Struct("<I")
+_WORD = np.dtype("<u8")
+_ENCODE_CHUNK = 1 << 20  # symbols per vectorised pass; bounds temporary memory
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an alphabet splits over the radix axis (anchor words) and the binary axis (bits)."""
+
+    alphabet: int
+    low_bits: int  # t: the binary axis holds c & (2**t - 1)
+    radix: int  # M = ceil(N / 2**t): the radix axis holds c >> t
+    span: int  # D: symbols per anchor word, the largest with M**D <= 2**64 (0 when M == 1)
+    powers: np.ndarray  # M**j for j < D, uint64: the scale of each span position
+
+    @property
+    def bits_per_symbol(self) -> float:
+        return self.low_bits + (64 / self.span if self.span else 0.0)
+
+    def words(self, count: int) -> int:
+        return -(-count // self.span) if self.span else 0
+
+    def low_bytes(self, count: int) -> int:
+        return -(-count * self.low_bits // 8)
+
+    def blob_size(self, count: int) -> int:
+        return _HEADER.size + 8 * self.words(count) + self.low_bytes(count) + _CRC.size
+
+
+def _span_of(radix: int) -> int:
+    span = 0
+    while radix ** (span + 1) <= 1 << 64:
+        span += 1
+    return span
+
+
+@lru_cache(maxsize=None)
+def layout(alphabet: int) -> Layout:
+    """The split minimising bits per symbol; ties go to more binary bits (cheaper to decode)."""
+    _check_alphabet(alphabet)
+    best: tuple[float, int] | None = None
+    for low_bits in range(math.ceil(math.log2(alphabet)), -1, -1):
+        radix = -(-alphabet // (1 << low_bits))
+        cost = low_bits + (64 / _span_of(radix) if radix > 1 else 0.0)
+        if best is None or cost < best[0] - 1e-12:
+            best = (cost, low_bits)
+    low_bits = best[1]
+    radix = -(-alphabet // (1 << low_bits))
+    span = _span_of(radix) if radix > 1 else 0
+    powers = np.array([radix**j for j in range(span)], dtype=np.uint64)
+    return Layout(alphabet, low_bits, radix, span, powers)
+
+
+def _check_alphabet(alphabet: int) -> None:
+    if not isinstance(alphabet, (int, np.integer)) or not MIN_ALPHABET <= alphabet <= MAX_ALPHABET:
+        raise InvalidArgument(f"alphabet must be an integer from {MIN_ALPHABET} to {MAX_ALPHABET}, got {alphabet!r}")
+
+
+def _check_symbols(symbols: np.ndarray | Sequence[int], alphabet: int) -> np.ndarray:
+    _check_alphabet(alphabet)
+    array = np.asarray(symbols)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise InvalidArgument(f"symbols must be a 1-D integer array, got {array.dtype} with shape {array.shape}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= alphabet:
+        raise InvalidArgument(f"symbols must lie in [0, {alphabet}), found values from {low} to {high}")
+    return array.astype(np.int64, copy=False)
+
+
+def _check_block_size(block_size: int) -> None:
+    if not isinstance(block_size, (int, np.integer)) or block_size <= 0 or block_size % 8:
+        raise InvalidArgument(f"block_size must be a positive multiple of 8, got {block_size!r}")
+
+
+def _anchor_words(high: np.ndarray, lay: Layout, rows: int) -> np.ndarray:
+    """Exact radix walk of each span, ``rows`` equal rows at once: word = sum_j q_j M**j.
+
+    The oldest symbol of a span is least significant: the forward walk ``p <- (p + q) / M``
+    scaled by ``M**D``. Zero digits after the last symbol leave a word unchanged, so a
+    partial span is padded with zeros and needs no special case.
+    """
+    per_row = high.size // rows
+    spans = -(-per_row // lay.span)
+    digits = np.zeros((rows, spans * lay.span), dtype=np.uint64)
+    digits[:, :per_row] = high.reshape(rows, per_row)
+    return (digits.reshape(rows, spans, lay.span) * lay.powers).sum(axis=2, dtype=np.uint64)
+
+
+def _span_digits(words: np.ndarray, lay: Layout) -> np.ndarray:
+    """Inverse of the radix walk, all spans at once: q_j = floor(word / M**j) mod M."""
+    return (np.floor_divide.outer(words, lay.powers) % np.uint64(lay.radix)).reshape(-1)
+
+
+def _bits(low: np.ndarray, low_bits: int) -> np.ndarray:
+    """The binary axis coordinates as one little-endian bit per byte, ``low_bits`` per symbol."""
+    as_bytes = low.astype("<u4").view(np.uint8).reshape(-1, 4)
+    return np.unpackbits(as_bytes, axis=1, count=low_bits, bitorder="little").reshape(-1)
+
+
+def _pack_bits(low: np.ndarray, low_bits: int) -> np.ndarray:
+    """The binary axis as a little-endian bit string: its exact fixed-point expansion."""
+    return np.packbits(_bits(low, low_bits), bitorder="little")
+
+
+def _bit_fields(blob: bytes, offset: int, start: int, end: int, low_bits: int) -> np.ndarray:
+    """Fields [start, end) of ``low_bits`` bits each from the bit string at byte ``offset``.
+
+    A field spans at most 3 bytes, so it is one unaligned 32-bit little-endian load at its
+    first byte, shifted. The 4-byte CRC after the bit string keeps every load in bounds.
+    """
+    loads = np.ndarray((len(blob) - offset - 3,), dtype="<u4", buffer=blob, offset=offset, strides=(1,))
+    bits = np.arange(start * low_bits, end * low_bits, low_bits, dtype=np.int64)
+    return (loads[bits >> 3] >> (bits & 7)) & ((1 << low_bits) - 1)
+
+
+def _assemble(lay: Layout, count: int, words: np.ndarray, low_bytes: np.ndarray) -> bytes:
+    head = _HEADER.pack(FORMAT_TAG | (lay.alphabet - 1) << 8, count)
+    body = head + words.astype(_WORD, copy=False).tobytes() + low_bytes.tobytes()
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def encode_blocks(symbols: np.ndarray | Sequence[int], alphabet: int, block_size: int = DEFAULT_BLOCK) -> list[bytes]:
+    """Blocks of ``block_size`` symbols (the last may be shorter), each decodable on its own.
+
+    An empty stream gives no blocks. Work is vectorised over chunks of about a million
+    symbols so that a 1e8-symbol stream does not need gigabytes of temporaries.
+    """
+    stream = _check_symbols(symbols, alphabet)
+    _check_block_size(block_size)
+    lay = layout(alphabet)
+    blocks_per_chunk = max(1, _ENCODE_CHUNK // block_size)
+    blobs: list[bytes] = []
+    for chunk_start in range(0, stream.size, blocks_per_chunk * block_size):
+        chunk = stream[chunk_start : chunk_start + blocks_per_chunk * block_size]
+        rows = -(-chunk.size // block_size)
+        if lay.span:
+            padded = np.zeros(rows * block_size, dtype=np.uint64)
+            padded[: chunk.size] = chunk >> lay.low_bits
+            words = _anchor_words(padded, lay, rows)
+        if lay.low_bits:
+            padded_low = np.zeros(rows * block_size, dtype=np.int64)
+            padded_low[: chunk.size] = chunk & ((1 << lay.low_bits) - 1)
+            bit_rows = _pack_bits(padded_low, lay.low_bits).reshape(rows, -1)
+        for row in range(rows):
+            count = min(block_size, chunk.size - row * block_size)
+            row_words = words[row, : lay.words(count)] if lay.span else np.zeros(0, _WORD)
+            row_bits = bit_rows[row, : lay.low_bytes(count)] if lay.low_bits else np.zeros(0, np.uint8)
+            blobs.append(_assemble(lay, count, row_words, row_bits))
+    return blobs
+
+
+def block_count(blob: bytes, alphabet: int) -> int:
+    """Number of symbols in a block, after checking its integrity."""
+    return _open_block(blob, layout(alphabet))
+
+
+def _open_block(blob: bytes, lay: Layout) -> int:
+    """Check tag, alphabet, length and CRC32; return the symbol count. Never decodes garbage."""
+    if len(blob) < _HEADER.size + _CRC.size:
+        raise CorruptData(f"fractal block is {len(blob)} bytes, shorter than its header")
+    tag, count = _HEADER.unpack_from(blob)
+    (stored_crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
+    if zlib.crc32(memoryview(blob)[: -_CRC.size]) != stored_crc:
+        raise CorruptData("fractal block failed its CRC32 check; the stored anchors are damaged")
+    if tag & 0xFF != FORMAT_TAG:
+        raise CorruptData(f"not a fractal block (format tag {tag & 0xFF:#x}); was it written by a newer kvdb?")
+    if (tag >> 8) + 1 != lay.alphabet:
+        raise InvalidArgument(f"block was encoded for alphabet {(tag >> 8) + 1}, not {lay.alphabet}")
+    if len(blob) != lay.blob_size(count):
+        raise CorruptData(f"fractal block of {count} symbols has {len(blob)} bytes, expected {lay.blob_size(count)}")
+    return count
+
+
+def decode_block(blob: bytes, alphabet: int, start: int = 0, end: int | None = None) -> np.ndarray:
+    """Symbols [start, end) of one block as int64, reading only the anchor words and bits they touch."""
+    lay = layout(alphabet)
+    count = _open_block(blob, lay)
+    end = count if end is None else end
+    if not 0 <= start <= end <= count:
+        raise InvalidArgument(f"range [{start}, {end}) is outside the block's {count} symbols")
+    if lay.low_bits:
+        symbols = _bit_fields(blob, _HEADER.size + 8 * lay.words(count), start, end, lay.low_bits)
+    else:
+        symbols = np.zeros(end - start, dtype=np.int64)
+    if lay.span and end > start:
+        first, last = start // lay.span, -(-end // lay.span)
+        words = np.frombuffer(blob, _WORD, last - first, _HEADER.size + 8 * first)
+        digits = _span_digits(words, lay)[start - first * lay.span : end - first * lay.span].view(np.int64)
+        symbols += digits << lay.low_bits if lay.low_bits else digits
+    return symbols
+
+
+def blocks_for_range(start: int, end: int, block_size: int = DEFAULT_BLOCK) -> range:
+    """Block numbers to fetch for stream positions [start, end): what ``decode_range`` expects."""
+    _check_block_size(block_size)
+    if not 0 <= start <= end:
+        raise InvalidArgument(f"bad range [{start}, {end})")
+    return range(start // block_size, -(-end // block_size))
+
+
+def decode_range(blobs: Sequence[bytes], alphabet: int, block_size: int, start: int, end: int) -> np.ndarray:
+    """Stream positions [start, end) from the blocks ``blocks_for_range(start, end, block_size)``.
+
+    ``blobs[0]`` is block ``start // block_size`` (holding stream positions from
+    ``(start // block_size) * block_size`` on); every block but the stream's last is full,
+    and a block that is shorter than the range needs raises InvalidArgument.
+    """
+    needed = blocks_for_range(start, end, block_size)
+    if len(blobs) < len(needed):
+        raise InvalidArgument(f"range [{start}, {end}) needs {len(needed)} blocks, got {len(blobs)}")
+    origin = needed.start * block_size
+    pieces = [
+        decode_block(blob, alphabet, max(start - block_start, 0), min(end - block_start, block_size))
+        for blob, block_start in zip(blobs, range(origin, end, block_size))
+    ]
+    if len(pieces) == 1:
+        return pieces[0]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def decode_blocks(blobs: Sequence[bytes], alphabet: int) -> np.ndarray:
+    """A whole stream back from all of its blocks."""
+    pieces = [decode_block(blob, alphabet) for blob in blobs]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def append_to_block(blob: bytes, alphabet: int, symbols: np.ndarray | Sequence[int]) -> bytes:
+    """The block with ``symbols`` added at its end; only the open span's anchor is re-walked.
+
+    Closed anchor words and whole bytes of the bit string are copied as they are; the open
+    word (fewer than D digits) and the last partial byte are rebuilt with the new symbols.
+    The block may grow past any block size: keeping blocks full is ``append_blocks``'s job.
+    """
+    lay = layout(alphabet)
+    count = _open_block(blob, lay)
+    tail = _check_symbols(symbols, alphabet)
+    total = count + tail.size
+    if total >= 1 << 32:
+        raise InvalidArgument("a fractal block holds fewer than 2**32 symbols")
+    words = np.zeros(0, _WORD)
+    if lay.span:
+        closed = count // lay.span
+        stored = np.frombuffer(blob, _WORD, lay.words(count), _HEADER.size)
+        open_digits = _span_digits(stored[closed:], lay)[: count - closed * lay.span]
+        rewalked = _anchor_words(np.concatenate([open_digits, (tail >> lay.low_bits).astype(np.uint64)]), lay, 1)
+        words = np.concatenate([stored[:closed], rewalked[0, : lay.words(total) - closed]])
+    bits = np.zeros(0, np.uint8)
+    if lay.low_bits:
+        offset = _HEADER.size + 8 * lay.words(count)
+        stored_bits = np.frombuffer(blob, np.uint8, lay.low_bytes(count), offset)
+        whole = count * lay.low_bits // 8
+        loose = np.unpackbits(stored_bits[whole:], bitorder="little", count=count * lay.low_bits - 8 * whole)
+        fresh = _bits(tail & ((1 << lay.low_bits) - 1), lay.low_bits)
+        bits = np.concatenate([stored_bits[:whole], np.packbits(np.concatenate([loose, fresh]), bitorder="little")])
+    return _assemble(lay, total, words, bits)
+
+
+def append_blocks(
+    last_blob: bytes | None, alphabet: int, symbols: np.ndarray | Sequence[int], block_size: int = DEFAULT_BLOCK
+) -> list[bytes]:
+    """Append to a stream whose last block is ``last_blob`` (None for an empty stream).
+
+    Returns the replacement for the last block (if there was a partial one) followed by the
+    new blocks, so that every block but the last stays exactly ``block_size`` long.
+    """
+    stream = _check_symbols(symbols, alphabet)
+    _check_block_size(block_size)
+    if last_blob is None:
+        return encode_blocks(stream, alphabet, block_size)
+    count = block_count(last_blob, alphabet)
+    if count > block_size:
+        raise InvalidArgument(f"last block holds {count} symbols, more than block_size {block_size}")
+    room = block_size - count
+    head = [append_to_block(last_blob, alphabet, stream[:room])] if room else []
+    return head + encode_blocks(stream[room:], alphabet, block_size)
+
+
+# ------------------------------------------------------------------------------------------
+# Search points: the dense walk and the query point
+# ------------------------------------------------------------------------------------------
+
+_UNIT_ROUNDOFF = {np.dtype(np.float64): 2.0**-53, np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11}
+_FLOAT16_MAX = 65504.0
+_DIMS = (1, 2, 4, 8, 16)
+MIN_CONTEXT = 4  # trailing symbols a default-dimension float32 point must resolve
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The d-D grid walk ``p_k = r * p_{k-1} + T(c_k)`` with ``r = 1/m``, started at the origin.
+
+    ``T(c)`` puts the base-k digits of c, centred (``digit - (k-1)/2``), on the d axes: the
+    paper's form ``V + r (p - V)`` with vertex ``V = T / (1 - r)``. Every point lies in the
+    box ``[-extent, extent]**d``; the cell of digit a on an axis is ``a - (k-1)/2`` plus
+    ``r`` times that box, and neighbouring cells are ``gap`` apart because ``m > k``.
+    """
+
+    alphabet: int
+    dim: int  # d
+    side: int  # k vertices per axis, k**d >= alphabet
+    contraction: int  # m, the walk ratio is r = 1/m
+
+    @property
+    def ratio(self) -> float:
+        return 1.0 / self.contraction
+
+    @property
+    def extent(self) -> float:
+        """Half-width of the attractor's box: (k-1)/2 / (1-r)."""
+        return (self.side - 1) / 2 / (1 - self.ratio)
+
+    @property
+    def gap(self) -> float:
+        """Separation: points whose last symbols differ are at least this far apart."""
+        return 1 - 2 * self.ratio * self.extent
+
+    def decay(self, shared: int) -> float:
+        """Decay law: points whose last ``shared`` symbols agree are within c * r**shared."""
+        return 2 * math.sqrt(self.dim) * self.extent * self.ratio**shared
+
+    def match_radius(self, length: int) -> float:
+        """Radius that splits matches of a phrase of ``length`` from non-matches (midpoint of the bounds).
+
+        A point whose last ``length`` symbols equal the phrase is within ``decay(length) / 2``
+        of its query point (which starts at the box centre); one that differs within those
+        symbols is at least ``gap * r**(length-1)`` away.
+        """
+        if length <= 0:
+            return math.inf
+        return (self.decay(length) / 2 + self.gap * self.ratio ** (length - 1)) / 2
+
+    def capacity(self, dtype: np.dtype | type = np.float32) -> int:
+        """Trailing symbols a point of this dtype resolves and separates by ``match_radius``.
+
+        Rounding moves each coordinate by at most ``u * extent``; the split at depth L has
+        margin ``r**(L-1) * (gap - sqrt(d) * extent * r) / 2`` on each side, which must exceed
+        the rounding of both points, ``2 * sqrt(d) * u * extent``, with a factor 2 to spare.
+        """
+        kind = np.dtype(dtype)
+        if kind not in _UNIT_ROUNDOFF:
+            raise InvalidArgument(f"dtype must be float64, float32 or float16, got {kind}")
+        if kind == np.float16 and self.extent * (1 + self.ratio) >= _FLOAT16_MAX:
+            return 0
+        margin = (self.gap - math.sqrt(self.dim) * self.extent * self.ratio) / 2
+        rounding = 4 * math.sqrt(self.dim) * _UNIT_ROUNDOFF[kind] * max(self.extent, 1.0)
+        if margin <= rounding:
+            return 0
+        return 1 + int(math.log(margin / rounding) / math.log(self.contraction))
+
+    @property
+    def translations(self) -> np.ndarray:
+        return _translations(self)
+
+
+def _separating_contraction(side: int, dim: int) -> int:
+    """Smallest m with sqrt(d) * extent * r < gap, i.e. m - k > sqrt(d) * (k - 1) / 2.
+
+    Then a phrase's matches (within ``decay(L) / 2`` of its query point) and non-matches
+    (at least ``gap * r**(L-1)`` away) never overlap, so radius search is exact.
+    """
+    return side + math.floor(math.sqrt(dim) * (side - 1) / 2) + 1
+
+
+@lru_cache(maxsize=None)
+def geometry(alphabet: int, dim: int | None = None) -> Geometry:
+    """The walk for an alphabet; ``m`` is chosen to maximise float32 capacity, then margin.
+
+    Without ``dim``: the smallest of 1, 2, 4, 8, 16 whose float32 points resolve
+    ``MIN_CONTEXT`` symbols, else the dimension with the best float32 capacity.
+    """
+    _check_alphabet(alphabet)
+    if dim is None:
+        candidates = [geometry(alphabet, d) for d in _DIMS]
+        enough = [g for g in candidates if g.capacity(np.float32) >= MIN_CONTEXT]
+        return enough[0] if enough else max(candidates, key=lambda g: g.capacity(np.float32))
+    if not isinstance(dim, (int, np.integer)) or not 1 <= dim <= 64:
+        raise InvalidArgument(f"dim must be an integer from 1 to 64, got {dim!r}")
+    side = 2
+    while side**dim < alphabet:
+        side += 1
+    lowest = _separating_contraction(side, dim)
+    options = [Geometry(alphabet, dim, side, m) for m in range(lowest, 2 * lowest + 1)]
+    return max(options, key=lambda g: (g.capacity(np.float32), g.contraction))
+
+
+@lru_cache(maxsize=None)
+def _translations(geo: Geometry) -> np.ndarray:
+    """T(c) for every symbol: its base-k digits over the axes, centred."""
+    codes = np.arange(geo.alphabet, dtype=np.int64)
+    digits = (codes[:, None] // geo.side ** np.arange(geo.dim, dtype=np.int64)) % geo.side
+    table = digits - (geo.side - 1) / 2
+    table.flags.writeable = False
+    return table
+
+
+def capacity(alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None) -> int:
+    """How many trailing symbols one search point resolves (see ``Geometry.capacity``)."""
+    return geometry(alphabet, dim).capacity(dtype)
+
+
+def _usable(alphabet: int, dtype: np.dtype | type, dim: int | None) -> tuple[Geometry, int]:
+    geo = geometry(alphabet, dim)
+    depth = geo.capacity(dtype)
+    if depth < 1:
+        raise InvalidArgument(f"{np.dtype(dtype)} points of dimension {geo.dim} cannot resolve one symbol of {alphabet}")
+    return geo, depth
+
+
+def walk(
+    symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None
+) -> np.ndarray:
+    """Dense walk, shape (n, d): point i is the walk of the last ``capacity`` symbols up to i.
+
+    Older symbols would sit below the dtype's resolution anyway; dropping them makes the
+    points of equal windows bit-identical, and costs ``capacity`` vectorised passes
+    (Horner from the oldest symbol, in float64, then rounded once to ``dtype``).
+    """
+    stream = _check_symbols(symbols, alphabet)
+    geo, depth = _usable(alphabet, dtype, dim)
+    steps = geo.translations[stream]
+    points = np.zeros_like(steps)
+    for back in range(min(depth, stream.size) - 1, -1, -1):
+        points[back:] *= geo.ratio
+        points[back:] += steps[: stream.size - back]
+    return points.astype(dtype)
+
+
+def query_point(
+    symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None
+) -> np.ndarray:
+    """Point of a phrase, shape (d,): compare with ``walk`` points within ``match_radius(len)``.
+
+    Only the last ``capacity`` symbols count; longer phrases are searched as pieces of at
+    most ``capacity`` symbols. The empty phrase is the origin (the centre of the box).
+    """
+    stream = _check_symbols(symbols, alphabet)
+    geo, depth = _usable(alphabet, dtype, dim)
+    if stream.size == 0:
+        return np.zeros(geo.dim, dtype=dtype)
+    return walk(stream[-depth:], alphabet, dtype, dim)[-1]
+
+
+def resolve(points: np.ndarray, alphabet: int, count: int, dim: int | None = None) -> np.ndarray:
+    """The last ``count`` symbols (oldest first) read back from points, by multiply-and-round.
+
+    Exact for ``count <= capacity(dtype of points)``; deeper symbols are what the precision
+    truncated (the oldest go first). Shape (..., d) -> (..., count).
+    """
+    geo = geometry(alphabet, dim)
+    centre = (geo.side - 1) / 2
+    place = geo.side ** np.arange(geo.dim, dtype=np.int64)
+    current = np.asarray(points, dtype=np.float64)
+    if current.shape[-1:] != (geo.dim,):
+        raise InvalidArgument(f"points must have last dimension {geo.dim}, got shape {current.shape}")
+    newest_first = []
+    for _ in range(count):
+        digits = np.clip(np.rint(current + centre), 0, geo.side - 1)
+        newest_first.append((digits.astype(np.int64) * place).sum(axis=-1))
+        current = (current - (digits - centre)) * geo.contraction
+    return np.stack(newest_first[::-1], axis=-1) if newest_first else np.zeros(current.shape[:-1] + (0,), np.int64)

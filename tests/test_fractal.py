@@ -1,0 +1,225 @@
+"""Properties of the iterated-map codec that the archive and search rely on."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvdb import fractal
+from kvdb.errors import CorruptData, InvalidArgument
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ALPHABETS = st.one_of(
+    st.integers(fractal.MIN_ALPHABET, fractal.MAX_ALPHABET),
+    st.sampled_from([2, 3, 255, 256, 257, 1024, 49152, 50257, fractal.MAX_ALPHABET]),
+)
+BLOCK_SIZES = st.sampled_from([8, 40, 64, 120, 1024, fractal.DEFAULT_BLOCK])
+
+
+def stream(seed: int, alphabet: int, length: int) -> np.ndarray:
+    """Uniform symbols, with the extreme values forced in so that edge digits are exercised."""
+    symbols = np.random.default_rng(seed).integers(0, alphabet, length)
+    if length:
+        symbols[np.random.default_rng(seed + 1).integers(0, length, 2)] = [0, alphabet - 1]
+    return symbols
+
+
+@FAST
+@given(alphabet=ALPHABETS, length=st.integers(0, 5000), block_size=BLOCK_SIZES, seed=st.integers(0, 2**32))
+def test_round_trip_and_random_ranges(alphabet, length, block_size, seed):
+    symbols = stream(seed, alphabet, length)
+    blobs = fractal.encode_blocks(symbols, alphabet, block_size)
+    assert len(blobs) == -(-length // block_size)
+    assert np.array_equal(fractal.decode_blocks(blobs, alphabet), symbols)
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        start, end = np.sort(rng.integers(0, length + 1, 2))
+        needed = fractal.blocks_for_range(start, end, block_size)
+        window = fractal.decode_range([blobs[b] for b in needed], alphabet, block_size, start, end)
+        assert window.dtype == np.int64
+        assert np.array_equal(window, symbols[start:end])
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 256, 1024, 49152, fractal.MAX_ALPHABET])
+def test_large_stream_round_trip(alphabet):
+    symbols = stream(7, alphabet, 100_000)
+    blobs = fractal.encode_blocks(symbols, alphabet)
+    assert np.array_equal(fractal.decode_blocks(blobs, alphabet), symbols)
+    ideal = np.log2(alphabet) / 8
+    assert sum(map(len, blobs)) / symbols.size <= ideal * 1.05 + 0.01
+
+
+def test_token_vocabulary_is_near_its_entropy():
+    """49,152 = 3 * 2**14: 14 bits plus a trit packed 40 to a word, 15.6 bits per token."""
+    assert fractal.layout(49152).bits_per_symbol == pytest.approx(15.6)
+
+
+@FAST
+@given(alphabet=ALPHABETS, position=st.integers(0, 3000), block_size=BLOCK_SIZES, seed=st.integers(0, 2**32))
+def test_single_positions_at_span_and_block_boundaries(alphabet, position, block_size, seed):
+    symbols = stream(seed, alphabet, 3001)
+    blobs = fractal.encode_blocks(symbols, alphabet, block_size)
+    span = fractal.layout(alphabet).span or 1
+    for at in {position, position - position % span, position - position % block_size, position - 1}:
+        if 0 <= at < symbols.size:
+            block = at // block_size
+            assert fractal.decode_block(blobs[block], alphabet, at % block_size, at % block_size + 1)[0] == symbols[at]
+
+
+@FAST
+@given(
+    alphabet=ALPHABETS,
+    pieces=st.lists(st.integers(0, 300), min_size=1, max_size=8),
+    block_size=BLOCK_SIZES,
+    seed=st.integers(0, 2**32),
+)
+def test_appends_equal_one_encoding(alphabet, pieces, block_size, seed):
+    symbols = stream(seed, alphabet, sum(pieces))
+    blobs: list[bytes] = []
+    done = 0
+    for size in pieces:
+        replacement = fractal.append_blocks(blobs[-1] if blobs else None, alphabet, symbols[done : done + size], block_size)
+        if blobs and fractal.block_count(blobs[-1], alphabet) < block_size:
+            blobs.pop()
+        blobs += replacement
+        done += size
+    assert blobs == fractal.encode_blocks(symbols, alphabet, block_size)
+
+
+@FAST
+@given(alphabet=ALPHABETS, head=st.integers(1, 200), tail=st.integers(0, 200), seed=st.integers(0, 2**32))
+def test_append_to_block_rewalks_only_the_open_span(alphabet, head, tail, seed):
+    symbols = stream(seed, alphabet, head + tail)
+    (before,) = fractal.encode_blocks(symbols[:head], alphabet, 512)
+    after = fractal.append_to_block(before, alphabet, symbols[head:])
+    assert np.array_equal(fractal.decode_block(after, alphabet), symbols)
+    lay = fractal.layout(alphabet)
+    closed_words = 8 * (head // lay.span) if lay.span else 0
+    assert after[8 : 8 + closed_words] == before[8 : 8 + closed_words]
+
+
+@FAST
+@given(alphabet=ALPHABETS, length=st.integers(1, 2000), seed=st.integers(0, 2**32), data=st.data())
+def test_any_flipped_bit_is_detected(alphabet, length, seed, data):
+    (blob,) = fractal.encode_blocks(stream(seed, alphabet, length), alphabet, 2048)
+    bit = data.draw(st.integers(0, 8 * len(blob) - 1))
+    damaged = bytearray(blob)
+    damaged[bit // 8] ^= 1 << bit % 8
+    with pytest.raises(CorruptData):
+        fractal.decode_block(bytes(damaged), alphabet, 0, 1)
+
+
+def test_truncated_or_foreign_blobs_are_detected():
+    (blob,) = fractal.encode_blocks(np.arange(100), 256)
+    for bad in (blob[:-1], blob[:5], b"", blob + b"\0"):
+        with pytest.raises(CorruptData):
+            fractal.decode_block(bad, 256)
+    with pytest.raises(InvalidArgument):
+        fractal.decode_block(blob, 1024)
+
+
+@pytest.mark.parametrize(
+    "symbols, alphabet",
+    [([0, 256], 256), ([-1], 256), ([0], 1), ([0], fractal.MAX_ALPHABET + 1), ([0.5], 256), ([[1, 2]], 256)],
+)
+def test_bad_symbols_or_alphabets_are_rejected(symbols, alphabet):
+    for call in (fractal.encode_blocks, fractal.walk, fractal.query_point):
+        with pytest.raises(InvalidArgument):
+            call(np.asarray(symbols), alphabet)
+
+
+def test_bad_ranges_and_block_sizes_are_rejected():
+    blobs = fractal.encode_blocks(np.arange(100), 256, 64)
+    with pytest.raises(InvalidArgument):
+        fractal.decode_block(blobs[0], 256, 10, 65)
+    with pytest.raises(InvalidArgument):
+        fractal.decode_range(blobs, 256, 64, 50, 101)
+    with pytest.raises(InvalidArgument):
+        fractal.encode_blocks(np.arange(10), 256, 12)
+
+
+# -- search points ------------------------------------------------------------------------
+
+SEARCH_ALPHABETS = st.sampled_from([2, 3, 256, 1024, 49152, fractal.MAX_ALPHABET])
+DTYPES = st.sampled_from([np.float64, np.float32, np.float16])
+
+
+@pytest.mark.parametrize("alphabet", [256, 1024, 49152, fractal.MAX_ALPHABET])
+def test_default_float32_points_are_small_and_resolve_enough(alphabet):
+    points = fractal.walk(stream(0, alphabet, 100), alphabet)
+    assert points.dtype == np.float32 and points.shape[1] <= 8
+    assert fractal.capacity(alphabet) >= fractal.MIN_CONTEXT
+
+
+@FAST
+@given(alphabet=SEARCH_ALPHABETS, dtype=DTYPES, dim=st.sampled_from([None, 2, 4, 8]), seed=st.integers(0, 2**32))
+def test_points_resolve_exactly_capacity_trailing_symbols(alphabet, dtype, dim, seed):
+    depth = fractal.capacity(alphabet, dtype, dim)
+    if depth == 0:
+        return
+    symbols = stream(seed, alphabet, 300)
+    points = fractal.walk(symbols, alphabet, dtype, dim)
+    windows = np.lib.stride_tricks.sliding_window_view(symbols, depth)
+    assert np.array_equal(fractal.resolve(points[depth - 1 :], alphabet, depth, dim), windows)
+
+
+@FAST
+@given(alphabet=SEARCH_ALPHABETS, dtype=DTYPES, seed=st.integers(0, 2**32), data=st.data())
+def test_decay_law_and_separation(alphabet, dtype, seed, data):
+    """Shared last s symbols: distance <= c r**s. Last symbol differs: distance >= gap."""
+    geo = fractal.geometry(alphabet)
+    depth = geo.capacity(dtype)
+    if depth == 0:
+        return
+    rng = np.random.default_rng(seed)
+    shared = data.draw(st.integers(0, depth))
+    suffix = rng.integers(0, alphabet, shared)
+    a = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
+    b = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
+    distance = np.linalg.norm(fractal.walk(a, alphabet, dtype)[-1:].astype(np.float64) - fractal.walk(b, alphabet, dtype)[-1:])
+    slack = 4 * np.sqrt(geo.dim) * np.finfo(dtype).eps * geo.extent
+    if a.size and b.size:
+        assert distance <= geo.decay(shared) + slack
+    if a.size and b.size and a[-1] != b[-1]:
+        assert distance >= geo.gap - slack
+
+
+@FAST
+@given(alphabet=SEARCH_ALPHABETS, seed=st.integers(0, 2**32), data=st.data())
+def test_match_radius_separates_matches_from_non_matches(alphabet, seed, data):
+    """Radius search is exact for phrases up to capacity symbols (float32, distances as FAISS flat L2)."""
+    geo = fractal.geometry(alphabet)
+    rng = np.random.default_rng(seed)
+    small = min(alphabet, 3)  # a tiny sub-alphabet makes partial matches of every depth common
+    symbols = rng.integers(0, small, 3000) * (alphabet // small)
+    length = data.draw(st.integers(1, geo.capacity(np.float32)))
+    phrase = symbols[data.draw(st.integers(0, symbols.size - length)) :][:length]
+    points = fractal.walk(symbols, alphabet)
+    query = fractal.query_point(phrase, alphabet)
+    near = np.sqrt(((points - query) ** 2).sum(axis=1)) <= geo.match_radius(length)
+    ends = np.lib.stride_tricks.sliding_window_view(symbols, length)
+    truth = np.zeros(symbols.size, bool)
+    truth[length - 1 :] = (ends == phrase).all(axis=1)
+    assert np.array_equal(near[length - 1 :], truth[length - 1 :])
+
+
+def test_equal_windows_give_identical_points_and_truncation_drops_oldest_first():
+    alphabet = 49152
+    symbols = stream(3, alphabet, 50)
+    depth = fractal.capacity(alphabet)
+    repeated = np.concatenate([symbols, symbols[-depth:]])
+    points = fractal.walk(repeated, alphabet)
+    assert np.array_equal(points[49], points[-1])
+    assert np.array_equal(fractal.query_point(symbols, alphabet), points[49])
+    # float16 keeps the newest symbols, float32 and float64 keep progressively older ones.
+    depths = [fractal.capacity(alphabet, t) for t in (np.float16, np.float32, np.float64)]
+    assert depths == sorted(depths) and depths[0] < depths[-1]
+    for dtype, kept in zip((np.float16, np.float32, np.float64), depths):
+        point = fractal.query_point(symbols[-depths[-1] :], alphabet, dtype)
+        assert np.array_equal(fractal.resolve(point, alphabet, kept), symbols[-kept:])
+
+
+def test_short_histories_and_empty_phrase():
+    assert fractal.walk([], 256).shape == (0, fractal.geometry(256).dim)
+    assert not fractal.query_point([], 256).any()
+    assert np.array_equal(fractal.walk([5], 256)[0], fractal.query_point([5], 256))
