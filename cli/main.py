@@ -176,6 +176,57 @@ def restore(ctx, session, at, prompt, max_new_tokens, model, as_json):
 
 
 @main.command()
+@click.argument("phrase")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
+@click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
+@click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
+@model_option
+@json_option
+@click.pass_context
+def search(ctx, phrase, k, context, session, model, as_json):
+    """Find PHRASE in the archived sessions.
+
+    Full matches come first, then the places that share the longest end of the phrase.
+    Each hit gives the session and the position of its first token, which
+    `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when nothing matches.
+    """
+    archive = _open(ctx, model)
+    if not archive.sessions():
+        _fail("the archive is empty; ingest transcripts first with `kvdb ingest PATH`", 1)
+    hits = archive.search(phrase, k=k, context=context, session=session)
+    for h in hits:
+        if as_json:
+            _emit(h.to_dict())
+            continue
+        grade = "exact" if h.exact else f"{h.match_tokens}/{h.query_tokens} tokens"
+        click.echo(f"{h.name} {h.session_id[:12]} @{h.position}  [{grade}]")
+        flat = lambda text: text.replace("\n", "\u23ce")  # noqa: E731  (one line per hit)
+        click.echo("    " + flat(h.before) + click.style(flat(h.match), bold=True, reverse=True) + flat(h.after))
+    if not hits:
+        if not as_json:
+            click.echo("no match", err=True)
+        sys.exit(1)
+
+
+@main.group()
+def index():
+    """Maintain the search index (a sidecar file derived from the archived tokens)."""
+
+
+@index.command("rebuild")
+@model_option
+@json_option
+@click.pass_context
+def index_rebuild(ctx, model, as_json):
+    """Rebuild the search index from the archived token streams."""
+    report = _open(ctx.parent, model).rebuild_index()
+    if as_json:
+        _emit(report)
+    else:
+        click.echo(f"rebuilt index {report['index_key']}: {report['sessions']} sessions, {report['points']} points in {report['seconds']}s")
+
+
+@main.command()
 @json_option
 @click.pass_context
 def stats(ctx, as_json):

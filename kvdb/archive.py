@@ -18,13 +18,17 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
+from kvdb import fractal
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
+from kvdb import search as search_ops
 from kvdb import transcripts
-from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
+from kvdb.errors import AmbiguousSession, CorruptData, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
+from kvdb.index import DIM, SlotMap, WalkIndex
 from kvdb.model import LoadedModel
 from kvdb.restore import RestoredSession
-from kvdb.store import ModelRow, SessionRow, Store
+from kvdb.search import Hit
+from kvdb.store import IndexState, ModelRow, SessionRow, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
 
@@ -86,6 +90,7 @@ class Archive:
         self._store = Store(self.path)
         self._lm: LoadedModel | None = None
         self._tokenizer = None
+        self._indexes: dict[str, WalkIndex] = {}  # by index key, loaded on first use
 
     def __enter__(self) -> Archive:
         return self
@@ -173,7 +178,21 @@ class Archive:
             row = SessionRow(session_id, item.name, item.source, lm.identity.model_id, _now(), len(ids), metadata)
             new.append((row, ids, logprobs))
             results.append(IngestResult(session_id, item.name, item.source, len(ids), "ingested"))
-        self._store.put_sessions(new, alphabet=max(lm.model.config.vocab_size, len(lm.tokenizer)))
+        if not new:
+            return results
+        # The sidecar index is written first; if the database commit then fails, the index is
+        # one generation ahead of the database, which the next open detects and rebuilds.
+        key = index_key(lm.identity.tokenizer_hash)
+        index = self._index(key, lm.identity.tokenizer_hash)
+        try:
+            first_slots = {row.session_id: index.add(ids) for row, ids, _ in new}
+            index.generation += 1
+            index.save(self._index_path(key))
+            state = IndexState(key, index.alphabet, index.dim, index.ntotal, index.generation, first_slots)
+            self._store.put_sessions(new, alphabet=max(lm.model.config.vocab_size, len(lm.tokenizer)), index=state)
+        except BaseException:
+            self._indexes.pop(key, None)
+            raise
         return results
 
     @staticmethod
@@ -263,6 +282,89 @@ class Archive:
         prompt_ids = restore_ops.continuation_ids(self.lm, prompt, chat)
         return restore_ops.continue_restored(self.lm, restored, prompt_ids, max_new_tokens)
 
+    # search ---------------------------------------------------------------------------
+    def search(self, phrase: str, k: int = 10, context: int = 32, session: str | None = None) -> list[Hit]:
+        """Where ``phrase`` occurs in the archived sessions: full matches first, then the
+        positions sharing the longest suffix of it. Only the tokenizer is loaded."""
+        if not phrase or not phrase.strip():
+            raise InvalidArgument("empty search phrase; give some text to look for")
+        tokenizer = self._search_tokenizer()
+        variants = phrase_variants(tokenizer, phrase)
+        if max(len(v) for v in variants) > search_ops.MAX_PHRASE_TOKENS:
+            raise InvalidArgument(
+                f"phrase is {max(len(v) for v in variants)} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}"
+            )
+        tok_hash = lm_ops.tokenizer_hash(tokenizer)
+        sessions = self._store.sessions_with_tokenizer(tok_hash)
+        if not sessions:
+            return []
+        key = index_key(tok_hash)
+        index = self._index(key, tok_hash)
+        runs = self._store.slot_runs(key)
+        if session is not None:
+            wanted = self._resolve(session).session_id
+            runs = [r for r in runs if r[0] == wanted]
+        names = {s.session_id: s.name for s in sessions}
+        return search_ops.search(
+            index,
+            SlotMap.from_rows(runs),
+            variants,
+            names,
+            fetch=self._store.load_tokens,
+            decode=lambda ids: lm_ops.decode_tokens(tokenizer, ids),
+            k=k,
+            context=context,
+        )
+
+    def rebuild_index(self) -> dict:
+        """Rebuild the search index of the archive's tokenizer from the token streams."""
+        tokenizer = self._search_tokenizer()
+        tok_hash = lm_ops.tokenizer_hash(tokenizer)
+        key = index_key(tok_hash)
+        start = time.perf_counter()
+        index = self._rebuild_index(key, tok_hash)
+        return {"index_key": key, "sessions": len(self._store.slot_runs(key)), "points": index.ntotal, "seconds": round(time.perf_counter() - start, 3)}
+
+    def _search_tokenizer(self):
+        if self._lm is not None:
+            return self._lm.tokenizer
+        if self._tokenizer is None:
+            self._tokenizer = lm_ops.load_tokenizer(self.model_name)
+        return self._tokenizer
+
+    def _index_path(self, key: str) -> Path:
+        return self.path.with_name(self.path.name + ".index") / f"{key}.faiss"
+
+    def _index(self, key: str, tok_hash: str) -> WalkIndex:
+        """The index for a tokenizer, loaded from its sidecar if that agrees with the database, else rebuilt."""
+        if key in self._indexes:
+            return self._indexes[key]
+        state = self._store.index_state(key)
+        header = WalkIndex.read_header(self._index_path(key))
+        covered = {s.session_id for s in self._store.sessions_with_tokenizer(tok_hash)}
+        index = None
+        if state is not None and header is not None and (header.generation, header.ntotal) == (state.generation, state.ntotal) and set(state.ranges) == covered:
+            try:
+                index = WalkIndex.load(self._index_path(key))
+            except CorruptData:
+                index = None
+        live = sum(n for _, _, n in self._store.slot_runs(key))
+        if index is None or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:  # stale, damaged, or mostly tombstones
+            index = self._rebuild_index(key, tok_hash)
+        self._indexes[key] = index
+        return index
+
+    def _rebuild_index(self, key: str, tok_hash: str) -> WalkIndex:
+        state = self._store.index_state(key)
+        header = WalkIndex.read_header(self._index_path(key))
+        generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
+        index = WalkIndex(fractal.MAX_ALPHABET, DIM, generation)
+        first_slots = {row.session_id: index.add(self._store.load_tokens(row.session_id)) for row in self._store.sessions_with_tokenizer(tok_hash)}
+        index.save(self._index_path(key))
+        self._store.replace_index_state(IndexState(key, index.alphabet, index.dim, index.ntotal, generation, first_slots))
+        self._indexes[key] = index
+        return index
+
     # maintenance ----------------------------------------------------------------------
     def delete(self, session: str) -> Session:
         row = self._resolve(session)
@@ -276,6 +378,22 @@ class Archive:
         per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
         file_bytes = self.path.stat().st_size if self.path.exists() else 0
         return Stats(counts["sessions"], n, dict(tiers, file=file_bytes), per_token)
+
+
+def index_key(tokenizer_hash: str) -> str:
+    """One search index per tokenizer: token ids mean the same thing only under one tokenizer."""
+    return tokenizer_hash[:16]
+
+
+def phrase_variants(tokenizer, phrase: str) -> list[np.ndarray]:
+    """The token sequences a phrase can have inside text: as typed, and after a space."""
+    variants = []
+    for text in (phrase, " " + phrase if not phrase.startswith(" ") else None):
+        if text is not None:
+            ids = np.asarray(lm_ops.encode_text(tokenizer, text), dtype=np.int64)
+            if len(ids) and not any(np.array_equal(ids, v) for v in variants):
+                variants.append(ids)
+    return variants
 
 
 def _session(row: SessionRow) -> Session:

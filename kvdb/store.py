@@ -85,6 +85,27 @@ session_logprobs = sa.Table(
     sa.Column("logprobs", sa.LargeBinary, nullable=False),
 )
 
+# Search index bookkeeping (kvdb.index): the FAISS points live in a sidecar file bound to the
+# database by generation and slot count; these rows map slot runs to sessions.
+search_indexes = sa.Table(
+    "search_indexes",
+    metadata,
+    sa.Column("index_key", sa.String, primary_key=True),
+    sa.Column("alphabet", sa.Integer, nullable=False),
+    sa.Column("dim", sa.Integer, nullable=False),
+    sa.Column("ntotal", sa.BigInteger, nullable=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+)
+
+search_ranges = sa.Table(
+    "search_ranges",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("index_key", sa.String, nullable=False),
+    sa.Column("first_slot", sa.BigInteger, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+)
+
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 
 
@@ -95,6 +116,18 @@ class ModelRow:
     weights_hash: str
     tokenizer_hash: str
     config: dict
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """What the database says the sidecar index of one tokenizer must hold."""
+
+    index_key: str
+    alphabet: int
+    dim: int
+    ntotal: int
+    generation: int
+    ranges: dict[str, int]  # session_id -> first slot, for the sessions this commit adds (or all, on rebuild)
 
 
 @dataclass(frozen=True)
@@ -182,8 +215,10 @@ class Store:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
 
-    def put_sessions(self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]], alphabet: int) -> None:
-        """Write sessions with their streams in one transaction: all appear whole, or none does."""
+    def put_sessions(
+        self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]], alphabet: int, index: IndexState | None = None
+    ) -> None:
+        """Write sessions with their streams (and their search slots) in one transaction."""
         with self.engine.begin() as conn:
             for row, tokens, logprobs in items:
                 conn.execute(
@@ -213,7 +248,75 @@ class Store:
                         session_id=row.session_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()
                     )
                 )
+            if index is not None:
+                self._put_index_state(conn, index)
 
+    # search index -------------------------------------------------------------------
+    def index_state(self, index_key: str) -> IndexState | None:
+        """The recorded state of one index, with every live session's first slot."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(search_indexes).where(search_indexes.c.index_key == index_key)).first()
+            if row is None:
+                return None
+            ranges = conn.execute(
+                sa.select(search_ranges.c.session_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
+            ).all()
+        return IndexState(index_key, row.alphabet, row.dim, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
+
+    def slot_runs(self, index_key: str) -> list[tuple[str, int, int]]:
+        """(session_id, first_slot, n_tokens) of every live session in an index."""
+        with self.engine.connect() as conn:
+            return [
+                (r[0], int(r[1]), int(r[2]))
+                for r in conn.execute(
+                    sa.select(search_ranges.c.session_id, search_ranges.c.first_slot, search_ranges.c.n_tokens).where(
+                        search_ranges.c.index_key == index_key
+                    )
+                )
+            ]
+
+    def sessions_with_tokenizer(self, tokenizer_hash: str) -> list[SessionRow]:
+        """Sessions whose model has this tokenizer, oldest first: what one search index covers."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(sessions)
+                .join(models, models.c.model_id == sessions.c.model_id)
+                .where(models.c.tokenizer_hash == tokenizer_hash)
+                .order_by(sessions.c.created_at, sessions.c.session_id)
+            ).all()
+        return [_session_row(r) for r in rows]
+
+    def replace_index_state(self, state: IndexState) -> None:
+        """After a rebuild: the new generation and every session's slots, in one transaction."""
+        with self.engine.begin() as conn:
+            conn.execute(search_ranges.delete().where(search_ranges.c.index_key == state.index_key))
+            self._put_index_state(conn, state)
+
+    @staticmethod
+    def _put_index_state(conn, state: IndexState) -> None:
+        conn.execute(search_indexes.delete().where(search_indexes.c.index_key == state.index_key))
+        conn.execute(
+            search_indexes.insert().values(
+                index_key=state.index_key, alphabet=state.alphabet, dim=state.dim, ntotal=state.ntotal, generation=state.generation
+            )
+        )
+        if state.ranges:
+            n_tokens = dict(
+                conn.execute(
+                    sa.select(token_streams.c.session_id, token_streams.c.n_tokens).where(
+                        token_streams.c.session_id.in_(list(state.ranges))
+                    )
+                ).all()
+            )
+            conn.execute(
+                search_ranges.insert(),
+                [
+                    {"session_id": sid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[sid]}
+                    for sid, first in state.ranges.items()
+                ],
+            )
+
+    # sessions (continued) ---------------------------------------------------------------
     def list_sessions(self) -> list[SessionRow]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(sessions).order_by(sessions.c.created_at, sessions.c.session_id)).all()
@@ -259,7 +362,7 @@ class Store:
 
     def delete_session(self, session_id: str) -> None:
         with self.engine.begin() as conn:
-            for table in (token_blocks, token_streams, session_logprobs):
+            for table in (token_blocks, token_streams, session_logprobs, search_ranges):
                 conn.execute(table.delete().where(table.c.session_id == session_id))
             conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
 

@@ -49,7 +49,7 @@ def test_0001_archive_moves_to_fractal_blocks(tmp_path):
 
     store = Store(path)  # opening upgrades to head
     try:
-        assert store.schema_revision() == "0002"
+        assert store.schema_revision() == "0003"
         for sid, ids, logprobs in sessions:
             np.testing.assert_array_equal(store.load_tokens(sid), ids)
             lo, hi = min(4090, len(ids)), min(4100, len(ids))  # across the first block boundary

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from kvdb.errors import ArchiveError, NewerArchiveError
 from kvdb.store import Store
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 def test_new_archive_is_migrated_to_head(tmp_path):

@@ -1,0 +1,175 @@
+"""Phrase search over the walk index: query points -> candidate slots -> verified, ranked hits.
+
+A phrase of L tokens is cut, from its end, into pieces of at most ``capacity`` tokens. Each
+piece is one exact radius search (the decay law puts every occurrence inside the radius, the
+separation property keeps every non-occurrence outside); shifting each piece's slots by its
+distance from the phrase's end and intersecting gives the occurrences of the whole phrase.
+Positions that satisfy only the last few pieces, or only a shorter suffix of the last piece,
+are the partial matches, ranked by how long a suffix of the phrase they share. Every hit is
+then checked against the archived tokens and its context decoded from the blocks it touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvdb.errors import InvalidArgument
+from kvdb.index import SlotMap, WalkIndex
+
+MAX_PHRASE_TOKENS = 256
+
+Fetch = Callable[[str, int, int], np.ndarray]  # (session_id, start, end) -> token ids of [start, end)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    run: int  # index into the SlotMap
+    end: int  # position of the last matched token in its session
+    shared: int  # tokens of the phrase's suffix known to match (a lower bound until verified)
+    variant: int  # which tokenization of the phrase
+
+
+@dataclass(frozen=True)
+class Hit:
+    session_id: str
+    name: str
+    position: int  # first matched token in the session
+    match_tokens: int
+    query_tokens: int
+    exact: bool
+    before: str  # context text before the match
+    match: str
+    after: str
+
+    @property
+    def score(self) -> float:
+        return self.match_tokens / self.query_tokens
+
+    @property
+    def context(self) -> str:
+        return self.before + self.match + self.after
+
+    def to_dict(self) -> dict:
+        return {
+            "session_id": self.session_id,
+            "position": self.position,
+            "match_tokens": self.match_tokens,
+            "query_tokens": self.query_tokens,
+            "score": round(self.score, 4),
+            "exact": self.exact,
+            "context": self.context,
+        }
+
+
+def pieces(phrase: np.ndarray, capacity: int) -> list[tuple[int, np.ndarray]]:
+    """(distance of the piece's last token from the phrase's last token, piece), last piece first."""
+    out = []
+    for stop in range(len(phrase), 0, -capacity):
+        out.append((len(phrase) - stop, phrase[max(0, stop - capacity) : stop]))
+    return out
+
+
+def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int) -> list[Candidate]:
+    """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones)."""
+    length = len(phrase)
+    levels = []  # levels[j]: end slots that match the phrase's pieces 0..j
+    shared_at_level = []
+    current = None
+    for offset, piece in pieces(phrase, index.capacity):
+        ends = index.within(piece) + offset
+        current = ends if current is None else np.intersect1d(current, ends, assume_unique=True)
+        levels.append(current)
+        shared_at_level.append(offset + len(piece))
+        if current.size == 0:
+            break
+    ranked: list[tuple[np.ndarray, int]] = []  # (end slots, shared tokens), best first
+    taken = np.zeros(0, dtype=np.int64)
+    for level in range(len(levels) - 1, -1, -1):
+        fresh = np.setdiff1d(levels[level], taken, assume_unique=True)
+        ranked.append((fresh, shared_at_level[level]))
+        taken = np.union1d(taken, fresh)
+    last = pieces(phrase, index.capacity)[0][1]
+    for s in range(len(last) - 1, 0, -1):
+        if sum(len(e) for e, _ in ranked) >= limit:
+            break
+        ends = np.setdiff1d(index.within(phrase[-s:]), taken, assume_unique=True)
+        ranked.append((ends, s))
+        taken = np.union1d(taken, ends)
+
+    out: list[Candidate] = []
+    for ends, shared in ranked:
+        if not len(ends):
+            continue
+        run, position = slots.locate(ends)
+        # a match must lie inside one live session: not a tombstone, not reaching before its start
+        keep = (run >= 0) & (position - min(shared, length) + 1 >= 0)
+        for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
+            out.append(Candidate(int(r), int(p), shared, variant))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def shared_suffix(window: np.ndarray, phrase: np.ndarray) -> int:
+    """How many of ``window``'s last tokens equal ``phrase``'s last tokens."""
+    n = min(len(window), len(phrase))
+    equal = window[len(window) - n :][::-1] == phrase[len(phrase) - n :][::-1]
+    return n if equal.all() else int(np.argmin(equal))
+
+
+def search(
+    index: WalkIndex,
+    slots: SlotMap,
+    variants: Sequence[np.ndarray],
+    names: dict[str, str],
+    fetch: Fetch,
+    decode: Callable[[np.ndarray], str],
+    k: int = 10,
+    context: int = 32,
+) -> list[Hit]:
+    """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``."""
+    if k < 1:
+        raise InvalidArgument(f"k must be at least 1, got {k}")
+    if context < 0:
+        raise InvalidArgument(f"context must be >= 0, got {context}")
+    pool = []
+    for v, phrase in enumerate(variants):
+        pool.extend(candidates(index, slots, phrase, v, k * len(variants)))
+    # full matches first, then by the share of the phrase matched; ties in archive order, the
+    # phrase as typed before its variants (two variants ending at one token are one hit)
+    pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
+    hits, seen = [], set()
+    for c in pool:
+        phrase = variants[c.variant]
+        session_id = str(slots.session_ids[c.run])
+        n_tokens = int(slots.length[c.run])
+        lo = max(0, c.end + 1 - max(len(phrase), 0) - context)
+        hi = min(n_tokens, c.end + 1 + context)
+        window = fetch(session_id, lo, hi)
+        shared = shared_suffix(window[: c.end + 1 - lo], phrase)
+        if shared < min(c.shared, len(phrase)) or shared == 0:
+            continue  # the index promised more than the archive holds: never report it
+        start = c.end + 1 - shared
+        if (session_id, c.end) in seen:
+            continue
+        seen.add((session_id, c.end))
+        before, match = max(0, start - context) - lo, start - lo
+        after = c.end + 1 - lo
+        hits.append(
+            Hit(
+                session_id,
+                names.get(session_id, ""),
+                start,
+                shared,
+                len(phrase),
+                shared == len(phrase),
+                decode(window[before:match]),
+                decode(window[match:after]),
+                decode(window[after:]),
+            )
+        )
+    hits.sort(key=lambda h: (not h.exact, -h.score))  # stable: archive order within a grade
+    return hits[:k]
