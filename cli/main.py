@@ -235,11 +235,39 @@ def stats(ctx, as_json):
     if as_json:
         _emit(st.to_dict())
         return
-    click.echo(f"sessions  {st.sessions}")
-    click.echo(f"tokens    {st.tokens}")
+    click.echo(f"sessions       {st.sessions}")
+    click.echo(f"tokens         {st.tokens}  (summed over sessions)")
+    click.echo(f"stored_tokens  {st.stored_tokens}  (after prefix sharing, in {st.nodes} trie nodes)")
     for tier, n in st.bytes.items():
         per = st.bytes_per_token.get(tier)
         click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
+
+
+@main.command()
+@json_option
+@click.pass_context
+def prefixes(ctx, as_json):
+    """List token prefixes that several sessions share (each stored once).
+
+    BITS is d_T = -log2 P(prefix) under the model: what the sessions have in common.
+    """
+    for p in _open(ctx).prefixes():
+        if as_json:
+            _emit(p.to_dict())
+        else:
+            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {p.text}")
+
+
+@main.command()
+@json_option
+@click.pass_context
+def gc(ctx, as_json):
+    """Free the stored prefixes that no session uses any more (after deletes)."""
+    freed = _open(ctx).gc()
+    if as_json:
+        _emit(freed)
+    else:
+        click.echo(f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks")
 
 
 @main.command()
@@ -247,7 +275,7 @@ def stats(ctx, as_json):
 @json_option
 @click.pass_context
 def delete(ctx, session, as_json):
-    """Delete a session from the archive."""
+    """Delete a session. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
     s = _open(ctx).delete(session)
     if as_json:
         _emit({"session_id": s.session_id, "name": s.name, "status": "deleted"})

@@ -7,8 +7,9 @@ stats never pay for it.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime as dt
-import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,15 +23,16 @@ from kvdb import fractal
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
-from kvdb import transcripts
+from kvdb import transcripts, trie
 from kvdb.errors import AmbiguousSession, CorruptData, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
 from kvdb.index import DIM, SlotMap, WalkIndex
 from kvdb.model import LoadedModel
 from kvdb.restore import RestoredSession
 from kvdb.search import Hit
-from kvdb.store import IndexState, ModelRow, SessionRow, Store
+from kvdb.store import IndexState, ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
+RECENT_CACHE_TOKENS = 8192  # the last session's cache is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,28 @@ class IngestResult:
 @dataclass(frozen=True)
 class Stats:
     sessions: int
-    tokens: int
+    tokens: int  # summed over sessions
+    stored_tokens: int  # stored once, after prefix sharing
+    nodes: int
     bytes: dict
     bytes_per_token: dict
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A token prefix that several sessions share, stored once."""
+
+    node_id: str
+    tokens: int  # length of the shared prefix
+    bits: float  # its information content under the model, d_T = -log2 P(prefix)
+    sessions: int
+    text: str  # its first words
+
+    def to_dict(self) -> dict:
+        return {"node_id": self.node_id, "tokens": self.tokens, "bits": round(self.bits, 2), "sessions": self.sessions, "text": self.text}
 
 
 def default_path() -> Path:
@@ -91,6 +109,7 @@ class Archive:
         self._lm: LoadedModel | None = None
         self._tokenizer = None
         self._indexes: dict[str, WalkIndex] = {}  # by index key, loaded on first use
+        self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
 
     def __enter__(self) -> Archive:
         return self
@@ -153,47 +172,75 @@ class Archive:
                 yield path, exc
 
     def _ingest_file(self, items, progress: Progress | None) -> list[IngestResult]:
-        """Score every new session of one file, then write them in one transaction."""
+        """Render every session of a file (any failure writes nothing), then archive them one by one."""
         lm = self.lm
         rendered = [(item, np.asarray(self._render(lm, item), dtype=np.int64)) for item in items]
         for item, ids in rendered:
             if len(ids) == 0:
                 raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
-        results, new, seen = [], [], set()
+        results = []
         for item, ids in rendered:
-            session_id = hashlib.sha256(lm.identity.model_id.encode() + b":" + ids.astype("<i4").tobytes()).hexdigest()[:32]
-            if session_id in seen or self._store.has_session(session_id):
-                results.append(IngestResult(session_id, item.name, item.source, len(ids), "unchanged"))
-                if progress:
-                    progress(len(ids))
-                continue
-            seen.add(session_id)
-            logprobs = lm_ops.score(lm.model, ids)
+            results.append(self._ingest_one(lm, item, ids))
             if progress:
                 progress(len(ids))
-            metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
-            if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
-                # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
-                metadata["text"] = item.text
-            row = SessionRow(session_id, item.name, item.source, lm.identity.model_id, _now(), len(ids), metadata)
-            new.append((row, ids, logprobs))
-            results.append(IngestResult(session_id, item.name, item.source, len(ids), "ingested"))
-        if not new:
-            return results
-        # The sidecar index is written first; if the database commit then fails, the index is
-        # one generation ahead of the database, which the next open detects and rebuilds.
+        return results
+
+    def _ingest_one(self, lm: LoadedModel, item, ids: np.ndarray) -> IngestResult:
+        """Store only what the trie does not hold yet, computing the model only over it."""
+        model_id = lm.identity.model_id
+        session_id = trie.path_id(model_id, ids)
+        if self._store.has_session(session_id):
+            return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
+        match = trie.longest_prefix(self._store, model_id, ids)
+        split, parent_id, node = None, None, None
+        if match.node is not None and match.offset < match.node.n_tokens:
+            parent_id = trie.path_id(model_id, ids[: match.matched])
+            split = Split(match.node.node_id, parent_id, match.offset)
+        elif match.node is not None:
+            parent_id = match.node.node_id
+        if match.matched < len(ids):
+            logprobs = self._score_suffix(lm, ids, match.matched)
+            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs)
+        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
+        if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
+            # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
+            metadata["text"] = item.text
+        row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
+        alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        if node is None:
+            self._store.write_session(SessionWrite(row, alphabet, split))
+        else:
+            self._write_with_index(lm, SessionWrite(row, alphabet, split, node), ids[: match.matched])
+        return IngestResult(session_id, item.name, item.source, len(ids), "ingested")
+
+    def _write_with_index(self, lm: LoadedModel, write: SessionWrite, context: np.ndarray) -> None:
+        """The sidecar index is saved first; if the database commit then fails, the index is one
+        generation ahead of the database, which the next open detects and rebuilds."""
         key = index_key(lm.identity.tokenizer_hash)
         index = self._index(key, lm.identity.tokenizer_hash)
         try:
-            first_slots = {row.session_id: index.add(ids) for row, ids, _ in new}
+            first = index.add(write.node.tokens, context)
             index.generation += 1
             index.save(self._index_path(key))
-            state = IndexState(key, index.alphabet, index.dim, index.ntotal, index.generation, first_slots)
-            self._store.put_sessions(new, alphabet=max(lm.model.config.vocab_size, len(lm.tokenizer)), index=state)
+            state = IndexState(key, index.alphabet, index.dim, index.ntotal, index.generation, {write.node.node_id: first})
+            self._store.write_session(dataclasses.replace(write, index=state))
         except BaseException:
             self._indexes.pop(key, None)
             raise
-        return results
+
+    def _score_suffix(self, lm: LoadedModel, ids: np.ndarray, start: int) -> np.ndarray:
+        """Log-probabilities of ids[start:], resuming from the last ingested session's cache when
+        it holds the shared prefix (a conversation ingested turn by turn), else prefilling it."""
+        cache = None
+        if start > 0 and self._recent is not None:
+            recent_ids, recent_cache = self._recent
+            if len(recent_ids) >= start - 1 and np.array_equal(recent_ids[: start - 1], ids[: start - 1]):
+                cache = copy.deepcopy(recent_cache)
+                if len(recent_ids) > start - 1:
+                    cache.crop(start - 1 - len(recent_ids))
+        logprobs, cache = lm_ops.score(lm.model, ids, start=start, cache=cache)
+        self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
+        return logprobs
 
     @staticmethod
     def _render(lm: LoadedModel, item) -> list[int]:
@@ -263,6 +310,31 @@ class Archive:
         """Natural-log probability of each token under the archive's model, as computed at ingest."""
         return self._store.load_logprobs(self._resolve(session).session_id)
 
+    def prefix_bits(self, a: str, b: str) -> float:
+        """d_T(a, b) = -log2 P_M(shared prefix): the information content of what the sessions
+        share, a sum of the log-probabilities stored at ingest along their common trie path."""
+        path_a = self._store.node_path(self._resolve(a).session_id)
+        on_b = {n.node_id for n in self._store.node_path(self._resolve(b).session_id)}
+        shared = sum(n.n_tokens for n in path_a if n.node_id in on_b)
+        return _bits(self._store.load_logprobs(path_a[-1].node_id)[:shared])
+
+    def prefixes(self, words: int = 8) -> list[Prefix]:
+        """Every prefix two or more sessions share, with its length, bits and first words."""
+        out = []
+        for node in self._store.shared_nodes():
+            logprobs = self._store.load_logprobs(node.node_id)
+            head = self._store.load_tokens(node.node_id, 0, min(node.end, 4 * words))
+            text = " ".join(self._text_of_tokens(node.model_id, head).split()[:words])
+            out.append(Prefix(node.node_id, node.end, _bits(logprobs), node.refcount, text))
+        return out
+
+    def _text_of_tokens(self, model_id: str, ids: np.ndarray) -> str:
+        row = self._store.get_model(model_id)
+        tokenizer = self._search_tokenizer()
+        if row is not None and row.tokenizer_hash != lm_ops.tokenizer_hash(tokenizer):
+            return f"<{len(ids)} tokens of model {row.name}>"
+        return lm_ops.decode_tokens(tokenizer, ids)
+
     # restore --------------------------------------------------------------------------
     def restore(self, session: str, at: int | None = None) -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all)."""
@@ -295,21 +367,23 @@ class Archive:
                 f"phrase is {max(len(v) for v in variants)} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}"
             )
         tok_hash = lm_ops.tokenizer_hash(tokenizer)
-        sessions = self._store.sessions_with_tokenizer(tok_hash)
-        if not sessions:
+        if not self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)):
             return []
         key = index_key(tok_hash)
         index = self._index(key, tok_hash)
         runs = self._store.slot_runs(key)
+        session_of = self._store.session_through
         if session is not None:
             wanted = self._resolve(session).session_id
-            runs = [r for r in runs if r[0] == wanted]
-        names = {s.session_id: s.name for s in sessions}
+            on_path = {n.node_id for n in self._store.node_path(wanted)}
+            runs = [r for r in runs if r[0] in on_path]
+            session_of = lambda node_id: wanted  # noqa: E731  (every hit is reported in this session)
         return search_ops.search(
             index,
             SlotMap.from_rows(runs),
             variants,
-            names,
+            {s.session_id: s.name for s in self._store.list_sessions()},
+            session_of=session_of,
             fetch=self._store.load_tokens,
             decode=lambda ids: lm_ops.decode_tokens(tokenizer, ids),
             k=k,
@@ -318,12 +392,17 @@ class Archive:
 
     def rebuild_index(self) -> dict:
         """Rebuild the search index of the archive's tokenizer from the token streams."""
-        tokenizer = self._search_tokenizer()
-        tok_hash = lm_ops.tokenizer_hash(tokenizer)
+        tok_hash = lm_ops.tokenizer_hash(self._search_tokenizer())
         key = index_key(tok_hash)
         start = time.perf_counter()
         index = self._rebuild_index(key, tok_hash)
-        return {"index_key": key, "sessions": len(self._store.slot_runs(key)), "points": index.ntotal, "seconds": round(time.perf_counter() - start, 3)}
+        return {
+            "index_key": key,
+            "sessions": len(self._store.list_sessions()),
+            "nodes": len(self._store.slot_runs(key)),
+            "points": index.ntotal,
+            "seconds": round(time.perf_counter() - start, 3),
+        }
 
     def _search_tokenizer(self):
         if self._lm is not None:
@@ -341,14 +420,19 @@ class Archive:
             return self._indexes[key]
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self._index_path(key))
-        covered = {s.session_id for s in self._store.sessions_with_tokenizer(tok_hash)}
+        nodes = self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash))
         index = None
-        if state is not None and header is not None and (header.generation, header.ntotal) == (state.generation, state.ntotal) and set(state.ranges) == covered:
+        if (
+            state is not None
+            and header is not None
+            and (header.generation, header.ntotal) == (state.generation, state.ntotal)
+            and set(state.ranges) == {n.node_id for n in nodes}
+        ):
             try:
                 index = WalkIndex.load(self._index_path(key))
             except CorruptData:
                 index = None
-        live = sum(n for _, _, n in self._store.slot_runs(key))
+        live = sum(n.n_tokens for n in nodes)
         if index is None or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:  # stale, damaged, or mostly tombstones
             index = self._rebuild_index(key, tok_hash)
         self._indexes[key] = index
@@ -359,7 +443,12 @@ class Archive:
         header = WalkIndex.read_header(self._index_path(key))
         generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
         index = WalkIndex(fractal.MAX_ALPHABET, DIM, generation)
-        first_slots = {row.session_id: index.add(self._store.load_tokens(row.session_id)) for row in self._store.sessions_with_tokenizer(tok_hash)}
+        first_slots = {}
+        for node in self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)):  # parents first
+            context = None
+            if node.parent_id is not None:
+                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.capacity + 1), node.start)
+            first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
         index.save(self._index_path(key))
         self._store.replace_index_state(IndexState(key, index.alphabet, index.dim, index.ntotal, generation, first_slots))
         self._indexes[key] = index
@@ -367,9 +456,14 @@ class Archive:
 
     # maintenance ----------------------------------------------------------------------
     def delete(self, session: str) -> Session:
+        """Remove a session. Prefix nodes other sessions share stay; `gc` frees the rest."""
         row = self._resolve(session)
         self._store.delete_session(row.session_id)
         return _session(row)
+
+    def gc(self) -> dict:
+        """Free the trie nodes (and every tier stored for them) that no session uses any more."""
+        return self._store.gc()
 
     def stats(self) -> Stats:
         counts = self._store.byte_counts()
@@ -377,7 +471,11 @@ class Archive:
         n = counts["tokens"]
         per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
         file_bytes = self.path.stat().st_size if self.path.exists() else 0
-        return Stats(counts["sessions"], n, dict(tiers, file=file_bytes), per_token)
+        return Stats(counts["sessions"], n, counts["stored_tokens"], counts["nodes"], dict(tiers, file=file_bytes), per_token)
+
+
+def _bits(logprobs: np.ndarray) -> float:
+    return float(-np.sum(logprobs, dtype=np.float64) / np.log(2))
 
 
 def index_key(tokenizer_hash: str) -> str:

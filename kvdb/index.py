@@ -55,14 +55,14 @@ class WalkIndex:
     def ntotal(self) -> int:
         return int(self.faiss.ntotal)
 
-    def points(self, tokens: np.ndarray) -> np.ndarray:
-        return fractal.walk(tokens, self.alphabet, np.float32, self.dim)
-
-    def add(self, tokens: np.ndarray) -> int:
-        """Append a stream's points; returns the first slot they occupy."""
+    def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
+        """Append the points of ``tokens`` (walked on from ``context``, the tokens just before
+        them on their path); returns the first slot they occupy."""
         first = self.ntotal
         if len(tokens):
-            self.faiss.add(self.points(tokens))
+            context = np.zeros(0, np.int64) if context is None else np.asarray(context)[max(0, len(context) - (self.capacity - 1)) :]
+            walked = fractal.walk(np.concatenate([context, tokens]), self.alphabet, np.float32, self.dim)
+            self.faiss.add(walked[len(context) :])
         return first
 
     def within(self, phrase: np.ndarray) -> np.ndarray:
@@ -121,23 +121,22 @@ class WalkIndex:
 
 @dataclass(frozen=True)
 class SlotMap:
-    """Live slot runs, sorted by first slot: which session and position a slot belongs to."""
+    """Live slot runs, sorted by first slot: which trie node and position a slot belongs to."""
 
-    session_ids: np.ndarray  # object array of str
-    first: np.ndarray  # int64
-    length: np.ndarray  # int64
+    node_ids: np.ndarray  # object array of str
+    first: np.ndarray  # int64: first slot of the run
+    length: np.ndarray  # int64: tokens in the node
+    start: np.ndarray  # int64: the node's first position on its path
 
     @classmethod
     def from_rows(cls, rows) -> SlotMap:
+        """From (node_id, first_slot, n_tokens, start) rows."""
         rows = sorted(rows, key=lambda r: r[1])
-        return cls(
-            np.array([r[0] for r in rows], dtype=object),
-            np.array([r[1] for r in rows], dtype=np.int64),
-            np.array([r[2] for r in rows], dtype=np.int64),
-        )
+        columns = list(zip(*rows)) if rows else [[], [], [], []]
+        return cls(np.array(columns[0], dtype=object), *(np.array(c, dtype=np.int64) for c in columns[1:]))
 
     def locate(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(run index, position in its session) per slot; run index -1 for tombstones."""
+        """(run index, position in its node) per slot; run index -1 for tombstones."""
         slots = np.asarray(slots, dtype=np.int64)
         run = np.searchsorted(self.first, slots, side="right") - 1
         ok = run >= 0

@@ -229,26 +229,31 @@ def user_turn_suffix(tokenizer, prompt: str) -> str:
 
 
 @torch.no_grad()
-def score(model, ids: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
-    """Natural-log probability of each token given the ones before it (float32, one per token).
+def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK):
+    """(ln p(ids[i] | ids[:i]) for i in [start, n) as float32, a cache holding all of ``ids``).
 
-    The first token has no context; it gets the uniform prior ``-log(vocab)``, the cost any coder
-    without context pays, so sums over a token path stay meaningful.
+    ``cache``, when given, must hold ``ids[:start - 1]`` (a shared prefix computed before);
+    without it that prefix is prefilled here. The first token has no context; it gets the
+    uniform prior ``-ln(vocab)``, the cost any coder without context pays, so sums over a
+    token path stay meaningful.
     """
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
     n = ids.shape[1]
-    out = np.empty(n, dtype=np.float32)
-    if n == 0:
-        return out
-    out[0] = -math.log(model.config.vocab_size)
-    cache = _new_cache(model)
-    for start in range(0, n - 1, chunk):
-        end = min(start + chunk, n - 1)
-        logits = model(ids[:, start:end], cache=cache, use_cache=True).logits[0].float()
-        targets = ids[0, start + 1 : end + 1]
-        logp = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
-        out[start + 1 : end + 1] = logp.numpy()
-    return out
+    out = np.empty(max(n - start, 0), dtype=np.float32)
+    if start == 0 and n:
+        out[0] = -math.log(model.config.vocab_size)
+    fed = max(start - 1, 0)
+    cache = prefill(model, ids[0, :fed].numpy(), chunk) if cache is None else cache
+    if cache.get_seq_length() != fed:
+        raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected {fed}")
+    for a in range(fed, n, chunk):
+        b = min(a + chunk, n)
+        logits = model(ids[:, a:b], cache=cache, use_cache=True).logits[0].float()
+        lo, hi = max(a + 1, start), min(b + 1, n)  # logits of position j predict token j + 1
+        if hi > lo:
+            logp = torch.log_softmax(logits[lo - 1 - a : hi - 1 - a], dim=-1)
+            out[lo - start : hi - start] = logp.gather(1, ids[0, lo:hi, None])[:, 0].numpy()
+    return out, cache
 
 
 @torch.no_grad()

@@ -4,9 +4,11 @@ A phrase of L tokens is cut, from its end, into pieces of at most ``capacity`` t
 piece is one exact radius search (the decay law puts every occurrence inside the radius, the
 separation property keeps every non-occurrence outside); shifting each piece's slots by its
 distance from the phrase's end and intersecting gives the occurrences of the whole phrase.
-Positions that satisfy only the last few pieces, or only a shorter suffix of the last piece,
-are the partial matches, ranked by how long a suffix of the phrase they share. Every hit is
-then checked against the archived tokens and its context decoded from the blocks it touches.
+Slots are contiguous only inside one trie node, so a candidate whose earlier piece would lie
+in a parent node is kept and settled by the check against the archive. Positions that
+satisfy only the last few pieces, or only a shorter suffix of the last piece, are the partial
+matches, ranked by how long a suffix of the phrase they share. Every hit is checked against
+the archived tokens and its context decoded from the blocks it touches.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from kvdb.index import SlotMap, WalkIndex
 MAX_PHRASE_TOKENS = 256
 
 Fetch = Callable[[str, int, int], np.ndarray]  # (session_id, start, end) -> token ids of [start, end)
+SessionOf = Callable[[str], "str | None"]  # node_id -> a live session through it
 
 
 @dataclass(frozen=True)
 class Candidate:
     run: int  # index into the SlotMap
-    end: int  # position of the last matched token in its session
-    shared: int  # tokens of the phrase's suffix known to match (a lower bound until verified)
+    end: int  # position of the last matched token on its path
+    shared: int  # tokens of the phrase's suffix the index says match (checked against the archive)
     variant: int  # which tokenization of the phrase
 
 
@@ -75,23 +78,25 @@ def pieces(phrase: np.ndarray, capacity: int) -> list[tuple[int, np.ndarray]]:
 def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int) -> list[Candidate]:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones)."""
     length = len(phrase)
+    split = pieces(phrase, index.capacity)
     levels = []  # levels[j]: end slots that match the phrase's pieces 0..j
-    shared_at_level = []
-    current = None
-    for offset, piece in pieces(phrase, index.capacity):
-        ends = index.within(piece) + offset
-        current = ends if current is None else np.intersect1d(current, ends, assume_unique=True)
-        levels.append(current)
-        shared_at_level.append(offset + len(piece))
+    current = index.within(split[0][1])
+    levels.append(current)
+    for offset, piece in split[1:]:
         if current.size == 0:
             break
+        _, local = slots.locate(current)
+        in_node = local >= offset  # else the piece lies in a parent node: the archive check decides
+        current = current[~in_node | np.isin(current - offset, index.within(piece), assume_unique=True)]
+        levels.append(current)
+    shared_at_level = [offset + len(piece) for offset, piece in split[: len(levels)]]
     ranked: list[tuple[np.ndarray, int]] = []  # (end slots, shared tokens), best first
     taken = np.zeros(0, dtype=np.int64)
     for level in range(len(levels) - 1, -1, -1):
         fresh = np.setdiff1d(levels[level], taken, assume_unique=True)
         ranked.append((fresh, shared_at_level[level]))
         taken = np.union1d(taken, fresh)
-    last = pieces(phrase, index.capacity)[0][1]
+    last = split[0][1]
     for s in range(len(last) - 1, 0, -1):
         if sum(len(e) for e, _ in ranked) >= limit:
             break
@@ -103,9 +108,10 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     for ends, shared in ranked:
         if not len(ends):
             continue
-        run, position = slots.locate(ends)
-        # a match must lie inside one live session: not a tombstone, not reaching before its start
-        keep = (run >= 0) & (position - min(shared, length) + 1 >= 0)
+        run, local = slots.locate(ends)
+        live = run >= 0
+        position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
+        keep = live & (position - min(shared, length) + 1 >= 0)  # a match cannot begin before its path does
         for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
             out.append(Candidate(int(r), int(p), shared, variant))
         if len(out) >= limit:
@@ -125,12 +131,16 @@ def search(
     slots: SlotMap,
     variants: Sequence[np.ndarray],
     names: dict[str, str],
+    session_of: SessionOf,
     fetch: Fetch,
     decode: Callable[[np.ndarray], str],
     k: int = 10,
     context: int = 32,
 ) -> list[Hit]:
-    """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``."""
+    """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``.
+
+    A hit in a node that several sessions share is reported once, in the oldest of them.
+    """
     if k < 1:
         raise InvalidArgument(f"k must be at least 1, got {k}")
     if context < 0:
@@ -144,14 +154,15 @@ def search(
     hits, seen = [], set()
     for c in pool:
         phrase = variants[c.variant]
-        session_id = str(slots.session_ids[c.run])
-        n_tokens = int(slots.length[c.run])
-        lo = max(0, c.end + 1 - max(len(phrase), 0) - context)
-        hi = min(n_tokens, c.end + 1 + context)
-        window = fetch(session_id, lo, hi)
+        node_id = str(slots.node_ids[c.run])
+        session_id = session_of(node_id)
+        if session_id is None:
+            continue  # every session through this node was deleted; gc has not run yet
+        lo = max(0, c.end + 1 - len(phrase) - context)
+        window = fetch(session_id, lo, c.end + 1 + context)  # fetch clips at the session's end
         shared = shared_suffix(window[: c.end + 1 - lo], phrase)
-        if shared < min(c.shared, len(phrase)) or shared == 0:
-            continue  # the index promised more than the archive holds: never report it
+        if shared == 0:
+            continue
         start = c.end + 1 - shared
         if (session_id, c.end) in seen:
             continue

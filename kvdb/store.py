@@ -58,12 +58,26 @@ sessions = sa.Table(
     sa.Column("metadata", sa.Text, nullable=False),
 )
 
-# A session's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
+# The prefix trie: a session is the path from a root node to its leaf, and the leaf's id is the
+# session's id. Every tier below is stored per node, so a shared prefix is stored once.
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("parent_id", sa.String, nullable=True),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("start", sa.Integer, nullable=False),  # tokens on the path before this node
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+    sa.Column("first_token", sa.Integer, nullable=False),  # children are found by (parent_id, first_token)
+    sa.Column("refcount", sa.Integer, nullable=False),  # sessions whose path runs through this node
+)
+
+# A node's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
 # so reading a range fetches only the blocks it touches.
 token_streams = sa.Table(
     "token_streams",
     metadata,
-    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("node_id", sa.String, primary_key=True),
     sa.Column("alphabet", sa.Integer, nullable=False),
     sa.Column("block_size", sa.Integer, nullable=False),
     sa.Column("n_tokens", sa.Integer, nullable=False),
@@ -72,21 +86,21 @@ token_streams = sa.Table(
 token_blocks = sa.Table(
     "token_blocks",
     metadata,
-    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("node_id", sa.String, primary_key=True),
     sa.Column("block_no", sa.Integer, primary_key=True),
     sa.Column("data", sa.LargeBinary, nullable=False),
 )
 
 # float32 natural-log probability of each token under the model, from the ingest forward pass.
-session_logprobs = sa.Table(
-    "session_logprobs",
+node_logprobs = sa.Table(
+    "node_logprobs",
     metadata,
-    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("node_id", sa.String, primary_key=True),
     sa.Column("logprobs", sa.LargeBinary, nullable=False),
 )
 
 # Search index bookkeeping (kvdb.index): the FAISS points live in a sidecar file bound to the
-# database by generation and slot count; these rows map slot runs to sessions.
+# database by generation and slot count; these rows map slot runs to nodes.
 search_indexes = sa.Table(
     "search_indexes",
     metadata,
@@ -100,13 +114,14 @@ search_indexes = sa.Table(
 search_ranges = sa.Table(
     "search_ranges",
     metadata,
-    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("node_id", sa.String, primary_key=True),
     sa.Column("index_key", sa.String, nullable=False),
     sa.Column("first_slot", sa.BigInteger, nullable=False),
     sa.Column("n_tokens", sa.Integer, nullable=False),
 )
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
+NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,51 @@ class IndexState:
     dim: int
     ntotal: int
     generation: int
-    ranges: dict[str, int]  # session_id -> first slot, for the sessions this commit adds (or all, on rebuild)
+    ranges: dict[str, int]  # node_id -> first slot, for the nodes this commit adds (or all, on rebuild)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node_id: str
+    parent_id: str | None
+    model_id: str
+    start: int
+    n_tokens: int
+    first_token: int
+    refcount: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+
+@dataclass(frozen=True)
+class Split:
+    """Node ``node_id`` keeps its tokens from ``offset`` on; the new node ``head_id`` takes the rest."""
+
+    node_id: str
+    head_id: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class NewNode:
+    node_id: str
+    parent_id: str | None
+    start: int
+    tokens: np.ndarray
+    logprobs: np.ndarray
+
+
+@dataclass(frozen=True)
+class SessionWrite:
+    """Everything one ingested session changes, applied in one transaction."""
+
+    session: SessionRow
+    alphabet: int
+    split: Split | None = None
+    node: NewNode | None = None
+    index: IndexState | None = None
 
 
 @dataclass(frozen=True)
@@ -210,113 +269,192 @@ class Store:
             return None
         return ModelRow(row.model_id, row.name, row.weights_hash, row.tokenizer_hash, json.loads(row.config))
 
+    # writing ------------------------------------------------------------------------
+    def write_session(self, w: SessionWrite) -> None:
+        """Split a node, add a node, add the session and count it on its path: all or nothing."""
+        with self.engine.begin() as conn:
+            if w.split is not None:
+                self._split(conn, w.split, w.alphabet)
+            if w.node is not None:
+                self._insert_node(conn, w.node, w.session.model_id, w.alphabet)
+            conn.execute(sessions.insert().values(**_session_values(w.session)))
+            path = _path_cte(w.session.session_id)
+            conn.execute(nodes.update().where(nodes.c.node_id.in_(sa.select(path.c.node_id))).values(refcount=nodes.c.refcount + 1))
+            if w.index is not None:
+                self._put_index_state(conn, w.index)
+
+    def _insert_node(self, conn, node: NewNode, model_id: str, alphabet: int) -> None:
+        conn.execute(
+            nodes.insert().values(
+                node_id=node.node_id,
+                parent_id=node.parent_id,
+                model_id=model_id,
+                start=node.start,
+                n_tokens=len(node.tokens),
+                first_token=int(node.tokens[0]),
+                refcount=0,
+            )
+        )
+        self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet)
+
+    @staticmethod
+    def _put_tiers(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int) -> None:
+        conn.execute(token_streams.insert().values(node_id=node_id, alphabet=alphabet, block_size=fractal.DEFAULT_BLOCK, n_tokens=len(tokens)))
+        blocks = fractal.encode_blocks(tokens, alphabet, fractal.DEFAULT_BLOCK)
+        conn.execute(token_blocks.insert(), [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])
+        conn.execute(node_logprobs.insert().values(node_id=node_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()))
+
+    def _split(self, conn, split: Split, alphabet: int) -> None:
+        """The head [0, offset) of a node becomes its own node, parent of the rest."""
+        node = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == split.node_id)).one())
+        tokens = self._node_tokens(conn, node.node_id)
+        logprobs = np.frombuffer(
+            conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == node.node_id)).scalar_one(), "<f4"
+        )
+        k = split.offset
+        for table in (token_blocks, token_streams, node_logprobs):
+            conn.execute(table.delete().where(table.c.node_id == node.node_id))
+        self._put_tiers(conn, node.node_id, tokens[k:], logprobs[k:], alphabet)
+        conn.execute(
+            nodes.insert().values(
+                node_id=split.head_id,
+                parent_id=node.parent_id,
+                model_id=node.model_id,
+                start=node.start,
+                n_tokens=k,
+                first_token=node.first_token,
+                refcount=node.refcount,
+            )
+        )
+        self._put_tiers(conn, split.head_id, tokens[:k], logprobs[:k], alphabet)
+        conn.execute(
+            nodes.update()
+            .where(nodes.c.node_id == node.node_id)
+            .values(parent_id=split.head_id, start=node.start + k, n_tokens=node.n_tokens - k, first_token=int(tokens[k]))
+        )
+        run = conn.execute(sa.select(search_ranges).where(search_ranges.c.node_id == node.node_id)).first()
+        if run is not None:  # the points stay where they are; the slot run is cut in two
+            conn.execute(
+                search_ranges.update()
+                .where(search_ranges.c.node_id == node.node_id)
+                .values(first_slot=run.first_slot + k, n_tokens=run.n_tokens - k)
+            )
+            conn.execute(search_ranges.insert().values(node_id=split.head_id, index_key=run.index_key, first_slot=run.first_slot, n_tokens=k))
+
+    def delete_session(self, session_id: str) -> None:
+        """Uncount the session on its path. Nodes no session uses drop out of search at once
+        (their refcount is 0) and off the disk at ``gc``; re-ingesting revives them."""
+        with self.engine.begin() as conn:
+            path = [r[0] for r in conn.execute(sa.select(_path_cte(session_id).c.node_id))]
+            conn.execute(nodes.update().where(nodes.c.node_id.in_(path)).values(refcount=nodes.c.refcount - 1))
+            conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+
+    def gc(self) -> dict[str, int]:
+        """Delete the nodes no session uses, with every tier stored for them."""
+        with self.engine.begin() as conn:
+            dead = sa.select(nodes.c.node_id).where(nodes.c.refcount <= 0)
+            counts = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.refcount <= 0)
+            ).one()
+            freed = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(token_blocks.c.data)), 0)).where(token_blocks.c.node_id.in_(dead))
+            ).scalar_one()
+            for table in (token_blocks, token_streams, node_logprobs, search_ranges):
+                conn.execute(table.delete().where(table.c.node_id.in_(dead)))
+            conn.execute(nodes.delete().where(nodes.c.refcount <= 0))
+        return {"nodes": int(counts[0]), "tokens": int(counts[1]), "token_bytes": int(freed)}
+
+    # the trie -------------------------------------------------------------------------
+    def children(self, parent_id: str | None, model_id: str, first_token: int) -> list[NodeRow]:
+        parent = nodes.c.parent_id.is_(None) if parent_id is None else nodes.c.parent_id == parent_id
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(nodes).where(parent, nodes.c.model_id == model_id, nodes.c.first_token == first_token)
+            ).all()
+        return [_node_row(r) for r in rows]
+
+    def get_node(self, node_id: str) -> NodeRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).first()
+        return None if row is None else _node_row(row)
+
+    def node_path(self, node_id: str) -> list[NodeRow]:
+        """The nodes from the root down to ``node_id`` (a session id names its leaf)."""
+        cte = _path_cte(node_id)
+        with self.engine.connect() as conn:
+            return [_node_row(r) for r in conn.execute(sa.select(cte).order_by(cte.c.start))]
+
+    def nodes_of(self, model_ids: list[str]) -> list[NodeRow]:
+        """Every node of these models (unused ones too, until gc), parents before children."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(nodes).where(nodes.c.model_id.in_(model_ids)).order_by(nodes.c.start, nodes.c.node_id)
+            ).all()
+        return [_node_row(r) for r in rows]
+
+    def shared_nodes(self) -> list[NodeRow]:
+        """Nodes on the paths of two or more sessions: the shared prefixes, shortest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(nodes).where(nodes.c.refcount >= 2).order_by(nodes.c.start, nodes.c.node_id)).all()
+        return [_node_row(r) for r in rows]
+
+    def node_tokens(self, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
+        with self.engine.connect() as conn:
+            return self._node_tokens(conn, node_id, start, end)
+
+    @staticmethod
+    def _node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
+        """Token ids [start, end) of a node, decoded from only the blocks the range touches."""
+        stream = conn.execute(sa.select(token_streams).where(token_streams.c.node_id == node_id)).one()
+        end = stream.n_tokens if end is None else end
+        needed = fractal.blocks_for_range(start, end, stream.block_size)
+        if not needed:
+            return np.zeros(0, dtype=np.int64)
+        blobs = conn.execute(
+            sa.select(token_blocks.c.data)
+            .where(token_blocks.c.node_id == node_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
+            .order_by(token_blocks.c.block_no)
+        ).scalars().all()
+        return fractal.decode_range(blobs, stream.alphabet, stream.block_size, start, end)
+
+    def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
+        """Token ids [start, end) of a session, from the nodes of its path that the range touches."""
+        path = self.node_path(session_id)
+        end = path[-1].end if end is None else end
+        with self.engine.connect() as conn:
+            pieces = [
+                self._node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start)
+                for n in path
+                if n.start < end and n.end > start
+            ]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+    def load_logprobs(self, session_id: str) -> np.ndarray:
+        path = self.node_path(session_id)
+        with self.engine.connect() as conn:
+            blobs = [
+                conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == n.node_id)).scalar_one()
+                for n in path
+            ]
+        return np.frombuffer(b"".join(blobs), dtype="<f4").copy()
+
+    def session_through(self, node_id: str) -> str | None:
+        """The oldest session whose path runs through a node (None when all were deleted)."""
+        below = sa.select(nodes.c.node_id).where(nodes.c.node_id == node_id).cte(recursive=True)
+        below = below.union_all(sa.select(nodes.c.node_id).join(below, nodes.c.parent_id == below.c.node_id))
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(sessions.c.session_id)
+                .where(sessions.c.session_id.in_(sa.select(below.c.node_id)))
+                .order_by(sessions.c.created_at, sessions.c.session_id)
+                .limit(1)
+            ).scalar()
+
     # sessions -------------------------------------------------------------------------
     def has_session(self, session_id: str) -> bool:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
 
-    def put_sessions(
-        self, items: list[tuple[SessionRow, np.ndarray, np.ndarray]], alphabet: int, index: IndexState | None = None
-    ) -> None:
-        """Write sessions with their streams (and their search slots) in one transaction."""
-        with self.engine.begin() as conn:
-            for row, tokens, logprobs in items:
-                conn.execute(
-                    sessions.insert().values(
-                        session_id=row.session_id,
-                        name=row.name,
-                        source=row.source,
-                        model_id=row.model_id,
-                        created_at=row.created_at,
-                        n_tokens=row.n_tokens,
-                        metadata=json.dumps(row.metadata, sort_keys=True),
-                    )
-                )
-                conn.execute(
-                    token_streams.insert().values(
-                        session_id=row.session_id, alphabet=alphabet, block_size=fractal.DEFAULT_BLOCK, n_tokens=len(tokens)
-                    )
-                )
-                blocks = fractal.encode_blocks(tokens, alphabet, fractal.DEFAULT_BLOCK)
-                if blocks:
-                    conn.execute(
-                        token_blocks.insert(),
-                        [{"session_id": row.session_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)],
-                    )
-                conn.execute(
-                    session_logprobs.insert().values(
-                        session_id=row.session_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()
-                    )
-                )
-            if index is not None:
-                self._put_index_state(conn, index)
-
-    # search index -------------------------------------------------------------------
-    def index_state(self, index_key: str) -> IndexState | None:
-        """The recorded state of one index, with every live session's first slot."""
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(search_indexes).where(search_indexes.c.index_key == index_key)).first()
-            if row is None:
-                return None
-            ranges = conn.execute(
-                sa.select(search_ranges.c.session_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
-            ).all()
-        return IndexState(index_key, row.alphabet, row.dim, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
-
-    def slot_runs(self, index_key: str) -> list[tuple[str, int, int]]:
-        """(session_id, first_slot, n_tokens) of every live session in an index."""
-        with self.engine.connect() as conn:
-            return [
-                (r[0], int(r[1]), int(r[2]))
-                for r in conn.execute(
-                    sa.select(search_ranges.c.session_id, search_ranges.c.first_slot, search_ranges.c.n_tokens).where(
-                        search_ranges.c.index_key == index_key
-                    )
-                )
-            ]
-
-    def sessions_with_tokenizer(self, tokenizer_hash: str) -> list[SessionRow]:
-        """Sessions whose model has this tokenizer, oldest first: what one search index covers."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(sessions)
-                .join(models, models.c.model_id == sessions.c.model_id)
-                .where(models.c.tokenizer_hash == tokenizer_hash)
-                .order_by(sessions.c.created_at, sessions.c.session_id)
-            ).all()
-        return [_session_row(r) for r in rows]
-
-    def replace_index_state(self, state: IndexState) -> None:
-        """After a rebuild: the new generation and every session's slots, in one transaction."""
-        with self.engine.begin() as conn:
-            conn.execute(search_ranges.delete().where(search_ranges.c.index_key == state.index_key))
-            self._put_index_state(conn, state)
-
-    @staticmethod
-    def _put_index_state(conn, state: IndexState) -> None:
-        conn.execute(search_indexes.delete().where(search_indexes.c.index_key == state.index_key))
-        conn.execute(
-            search_indexes.insert().values(
-                index_key=state.index_key, alphabet=state.alphabet, dim=state.dim, ntotal=state.ntotal, generation=state.generation
-            )
-        )
-        if state.ranges:
-            n_tokens = dict(
-                conn.execute(
-                    sa.select(token_streams.c.session_id, token_streams.c.n_tokens).where(
-                        token_streams.c.session_id.in_(list(state.ranges))
-                    )
-                ).all()
-            )
-            conn.execute(
-                search_ranges.insert(),
-                [
-                    {"session_id": sid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[sid]}
-                    for sid, first in state.ranges.items()
-                ],
-            )
-
-    # sessions (continued) ---------------------------------------------------------------
     def list_sessions(self) -> list[SessionRow]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(sessions).order_by(sessions.c.created_at, sessions.c.session_id)).all()
@@ -338,34 +476,58 @@ class Store:
             row = conn.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
         return None if row is None else _session_row(row)
 
-    def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
-        """Token ids [start, end) of a session, decoded from only the blocks the range touches."""
+    def model_ids_with_tokenizer(self, tokenizer_hash: str) -> list[str]:
         with self.engine.connect() as conn:
-            stream = conn.execute(sa.select(token_streams).where(token_streams.c.session_id == session_id)).one()
-            end = stream.n_tokens if end is None else end
-            needed = fractal.blocks_for_range(start, end, stream.block_size)
-            if not needed:
-                return np.zeros(0, dtype=np.int64)
-            blobs = conn.execute(
-                sa.select(token_blocks.c.data)
-                .where(token_blocks.c.session_id == session_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
-                .order_by(token_blocks.c.block_no)
-            ).scalars().all()
-        return fractal.decode_range(blobs, stream.alphabet, stream.block_size, start, end)
+            return list(conn.execute(sa.select(models.c.model_id).where(models.c.tokenizer_hash == tokenizer_hash)).scalars())
 
-    def load_logprobs(self, session_id: str) -> np.ndarray:
+    # search index -------------------------------------------------------------------
+    def index_state(self, index_key: str) -> IndexState | None:
+        """The recorded state of one index, with every live node's first slot."""
         with self.engine.connect() as conn:
-            blob = conn.execute(
-                sa.select(session_logprobs.c.logprobs).where(session_logprobs.c.session_id == session_id)
-            ).scalar_one()
-        return np.frombuffer(blob, dtype="<f4").copy()
+            row = conn.execute(sa.select(search_indexes).where(search_indexes.c.index_key == index_key)).first()
+            if row is None:
+                return None
+            ranges = conn.execute(
+                sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
+            ).all()
+        return IndexState(index_key, row.alphabet, row.dim, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
 
-    def delete_session(self, session_id: str) -> None:
+    def slot_runs(self, index_key: str) -> list[tuple[str, int, int, int]]:
+        """(node_id, first_slot, n_tokens, start of the node on its path) of every node in an
+        index that some session still uses."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(search_ranges.c.node_id, search_ranges.c.first_slot, search_ranges.c.n_tokens, nodes.c.start)
+                .join(nodes, nodes.c.node_id == search_ranges.c.node_id)
+                .where(search_ranges.c.index_key == index_key, nodes.c.refcount > 0)
+            ).all()
+        return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+    def replace_index_state(self, state: IndexState) -> None:
+        """After a rebuild: the new generation and every node's slots, in one transaction."""
         with self.engine.begin() as conn:
-            for table in (token_blocks, token_streams, session_logprobs, search_ranges):
-                conn.execute(table.delete().where(table.c.session_id == session_id))
-            conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
+            conn.execute(search_ranges.delete().where(search_ranges.c.index_key == state.index_key))
+            self._put_index_state(conn, state)
 
+    @staticmethod
+    def _put_index_state(conn, state: IndexState) -> None:
+        conn.execute(search_indexes.delete().where(search_indexes.c.index_key == state.index_key))
+        conn.execute(
+            search_indexes.insert().values(
+                index_key=state.index_key, alphabet=state.alphabet, dim=state.dim, ntotal=state.ntotal, generation=state.generation
+            )
+        )
+        if state.ranges:
+            n_tokens = dict(conn.execute(sa.select(nodes.c.node_id, nodes.c.n_tokens).where(nodes.c.node_id.in_(list(state.ranges)))).all())
+            conn.execute(
+                search_ranges.insert(),
+                [
+                    {"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]}
+                    for nid, first in state.ranges.items()
+                ],
+            )
+
+    # accounting -----------------------------------------------------------------------
     def byte_counts(self) -> dict[str, int]:
         """Bytes stored per tier (payload bytes, not DuckDB's page overhead), and tokens archived."""
         with self.engine.connect() as conn:
@@ -377,21 +539,46 @@ class Store:
                 )
             ).one()
             blocks = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(token_blocks.c.data)), 0))).scalar_one()
-            n_streams = conn.execute(sa.select(sa.func.count()).select_from(token_streams)).scalar_one()
+            streams = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(token_streams.c.n_tokens), 0))).one()
             logprob_bytes = conn.execute(
-                sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(session_logprobs.c.logprobs)), 0))
+                sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(node_logprobs.c.logprobs)), 0))
             ).scalar_one()
+            n_nodes = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
         return {
             "sessions": int(row[0]),
             "tokens": int(row[1]),
-            "metadata_bytes": int(row[2]),
-            "token_bytes": int(blocks) + STREAM_ROW_BYTES * int(n_streams),
+            "stored_tokens": int(streams[1]),
+            "nodes": int(n_nodes),
+            "metadata_bytes": int(row[2]) + NODE_ROW_BYTES * int(n_nodes),
+            "token_bytes": int(blocks) + STREAM_ROW_BYTES * int(streams[0]),
             "logprob_bytes": int(logprob_bytes),
         }
 
 
 def _text_bytes(column):
     return sa.func.octet_length(sa.cast(column, sa.LargeBinary))
+
+
+def _path_cte(node_id: str):
+    """Recursive walk from a node up to its root."""
+    path = sa.select(nodes).where(nodes.c.node_id == node_id).cte(recursive=True)
+    return path.union_all(sa.select(nodes).join(path, nodes.c.node_id == path.c.parent_id))
+
+
+def _node_row(r) -> NodeRow:
+    return NodeRow(r.node_id, r.parent_id, r.model_id, int(r.start), int(r.n_tokens), int(r.first_token), int(r.refcount))
+
+
+def _session_values(row: SessionRow) -> dict:
+    return {
+        "session_id": row.session_id,
+        "name": row.name,
+        "source": row.source,
+        "model_id": row.model_id,
+        "created_at": row.created_at,
+        "n_tokens": row.n_tokens,
+        "metadata": json.dumps(row.metadata, sort_keys=True),
+    }
 
 
 def _session_row(r) -> SessionRow:

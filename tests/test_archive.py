@@ -93,7 +93,13 @@ def test_logprobs_match_a_full_forward_pass(archive):
 
 def test_scoring_in_chunks_equals_one_pass(archive):
     ids = np.array(lm_ops.encode_text(archive.lm.tokenizer, TEXT * 4))
-    np.testing.assert_allclose(lm_ops.score(archive.lm.model, ids, chunk=7), lm_ops.score(archive.lm.model, ids, chunk=4096), atol=1e-4)
+    whole, cache = lm_ops.score(archive.lm.model, ids, chunk=4096)
+    assert cache.get_seq_length() == len(ids)
+    np.testing.assert_allclose(lm_ops.score(archive.lm.model, ids, chunk=7)[0], whole, atol=1e-4)
+    # resuming from a cache of a prefix scores the rest exactly as one pass does
+    prefix = lm_ops.prefill(archive.lm.model, ids[:49])
+    tail, _ = lm_ops.score(archive.lm.model, ids, start=50, cache=prefix, chunk=16)
+    np.testing.assert_allclose(tail, whole[50:], atol=1e-4)
 
 
 def test_token_ranges(archive):
