@@ -25,7 +25,7 @@ from kvdb import restore as restore_ops
 from kvdb import search as search_ops
 from kvdb import transcripts, trie
 from kvdb.errors import AmbiguousSession, CorruptData, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
-from kvdb.index import DIM, SlotMap, WalkIndex
+from kvdb.index import SlotMap, WalkIndex
 from kvdb.model import LoadedModel
 from kvdb.restore import RestoredSession
 from kvdb.search import Hit
@@ -107,8 +107,9 @@ class Archive:
         self.model_name = lm_ops.model_name(model)
         self._store = Store(self.path)
         self._lm: LoadedModel | None = None
-        self._tokenizer = None
+        self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
         self._indexes: dict[str, WalkIndex] = {}  # by index key, loaded on first use
+        self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
 
     def __enter__(self) -> Archive:
@@ -207,6 +208,7 @@ class Archive:
             metadata["text"] = item.text
         row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        self._changed()
         if node is None:
             self._store.write_session(SessionWrite(row, alphabet, split))
         else:
@@ -217,12 +219,12 @@ class Archive:
         """The sidecar index is saved first; if the database commit then fails, the index is one
         generation ahead of the database, which the next open detects and rebuilds."""
         key = index_key(lm.identity.tokenizer_hash)
-        index = self._index(key, lm.identity.tokenizer_hash)
+        index = self._index(key, lm.identity.tokenizer_hash, write.alphabet)
         try:
             first = index.add(write.node.tokens, context)
             index.generation += 1
             index.save(self._index_path(key))
-            state = IndexState(key, index.alphabet, index.dim, index.ntotal, index.generation, {write.node.node_id: first})
+            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, {write.node.node_id: first})
             self._store.write_session(dataclasses.replace(write, index=state))
         except BaseException:
             self._indexes.pop(key, None)
@@ -287,12 +289,11 @@ class Archive:
         """The archive's tokenizer, checked against the one the session was archived with."""
         if self._lm is not None:
             return self._checked_lm(row).tokenizer
-        if self._tokenizer is None:
-            self._tokenizer = lm_ops.load_tokenizer(self.model_name)
+        tokenizer, tok_hash = self._tokenizer_and_hash()
         archived = self._store.get_model(row.model_id)
-        if archived is None or archived.tokenizer_hash != lm_ops.tokenizer_hash(self._tokenizer):
+        if archived is None or archived.tokenizer_hash != tok_hash:
             return self._checked_lm(row).tokenizer  # raises ModelMismatch unless the weights match after all
-        return self._tokenizer
+        return tokenizer
 
     def _checked_lm(self, row: SessionRow) -> LoadedModel:
         lm = self.lm
@@ -330,8 +331,8 @@ class Archive:
 
     def _text_of_tokens(self, model_id: str, ids: np.ndarray) -> str:
         row = self._store.get_model(model_id)
-        tokenizer = self._search_tokenizer()
-        if row is not None and row.tokenizer_hash != lm_ops.tokenizer_hash(tokenizer):
+        tokenizer, tok_hash = self._tokenizer_and_hash()
+        if row is not None and row.tokenizer_hash != tok_hash:
             return f"<{len(ids)} tokens of model {row.name}>"
         return lm_ops.decode_tokens(tokenizer, ids)
 
@@ -360,39 +361,51 @@ class Archive:
         positions sharing the longest suffix of it. Only the tokenizer is loaded."""
         if not phrase or not phrase.strip():
             raise InvalidArgument("empty search phrase; give some text to look for")
-        tokenizer = self._search_tokenizer()
+        tokenizer, tok_hash = self._tokenizer_and_hash()
         variants = phrase_variants(tokenizer, phrase)
         if max(len(v) for v in variants) > search_ops.MAX_PHRASE_TOKENS:
             raise InvalidArgument(
                 f"phrase is {max(len(v) for v in variants)} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}"
             )
-        tok_hash = lm_ops.tokenizer_hash(tokenizer)
-        if not self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)):
-            return []
         key = index_key(tok_hash)
+        slots, names, view = self._search_tables(key, tok_hash)
+        if not len(slots.first):
+            return []
         index = self._index(key, tok_hash)
-        runs = self._store.slot_runs(key)
-        session_of = self._store.session_through
+        sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
             wanted = self._resolve(session).session_id
-            on_path = {n.node_id for n in self._store.node_path(wanted)}
-            runs = [r for r in runs if r[0] in on_path]
-            session_of = lambda node_id: wanted  # noqa: E731  (every hit is reported in this session)
+            on_path = {n.node_id for n in view.path(wanted)}
+            keep = np.array([nid in on_path for nid in slots.node_ids], dtype=bool)
+            slots = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep])
+            sessions_of = lambda node_ids: dict.fromkeys(node_ids, wanted)  # noqa: E731  (hits are reported in this session)
         return search_ops.search(
             index,
-            SlotMap.from_rows(runs),
+            slots,
             variants,
-            {s.session_id: s.name for s in self._store.list_sessions()},
-            session_of=session_of,
-            fetch=self._store.load_tokens,
+            names,
+            sessions_of=sessions_of,
+            fetch=lambda requests: view.windows(self._store, requests),
             decode=lambda ids: lm_ops.decode_tokens(tokenizer, ids),
             k=k,
             context=context,
         )
 
+    def _search_tables(self, key: str, tok_hash: str) -> tuple[SlotMap, dict[str, str], trie.TrieView]:
+        """Slot runs of the live nodes, session names and the trie's shape, cached until the archive changes."""
+        if key not in self._search_cache:
+            self._index(key, tok_hash)  # rebuilds the index (and its runs) when stale
+            names = {s.session_id: s.name for s in self._store.list_sessions()}
+            self._search_cache[key] = (SlotMap.from_rows(self._store.slot_runs(key)), names, trie.TrieView.load(self._store))
+        return self._search_cache[key]
+
+    def _changed(self) -> None:
+        """Forget what was derived from the tables: the next search reads them again."""
+        self._search_cache.clear()
+
     def rebuild_index(self) -> dict:
         """Rebuild the search index of the archive's tokenizer from the token streams."""
-        tok_hash = lm_ops.tokenizer_hash(self._search_tokenizer())
+        _, tok_hash = self._tokenizer_and_hash()
         key = index_key(tok_hash)
         start = time.perf_counter()
         index = self._rebuild_index(key, tok_hash)
@@ -404,19 +417,22 @@ class Archive:
             "seconds": round(time.perf_counter() - start, 3),
         }
 
-    def _search_tokenizer(self):
+    def _tokenizer_and_hash(self):
+        """(tokenizer, its hash): the loaded model's, else the tokenizer alone (hashing it once)."""
         if self._lm is not None:
-            return self._lm.tokenizer
+            return self._lm.tokenizer, self._lm.identity.tokenizer_hash
         if self._tokenizer is None:
-            self._tokenizer = lm_ops.load_tokenizer(self.model_name)
+            tokenizer = lm_ops.load_tokenizer(self.model_name)
+            self._tokenizer = (tokenizer, lm_ops.tokenizer_hash(tokenizer))
         return self._tokenizer
 
     def _index_path(self, key: str) -> Path:
         return self.path.with_name(self.path.name + ".index") / f"{key}.faiss"
 
-    def _index(self, key: str, tok_hash: str) -> WalkIndex:
-        """The index for a tokenizer, loaded from its sidecar if that agrees with the database, else rebuilt."""
-        if key in self._indexes:
+    def _index(self, key: str, tok_hash: str, alphabet: int = 0) -> WalkIndex:
+        """The index for a tokenizer, loaded from its sidecar if that agrees with the database,
+        else rebuilt (also when a stream needs a larger ``alphabet`` than it was built for)."""
+        if key in self._indexes and self._indexes[key].alphabet >= alphabet:
             return self._indexes[key]
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self._index_path(key))
@@ -433,24 +449,26 @@ class Archive:
             except CorruptData:
                 index = None
         live = sum(n.n_tokens for n in nodes)
-        if index is None or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:  # stale, damaged, or mostly tombstones
-            index = self._rebuild_index(key, tok_hash)
+        if index is None or index.alphabet < alphabet or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:
+            index = self._rebuild_index(key, tok_hash, alphabet)  # stale, damaged, too small, or mostly tombstones
         self._indexes[key] = index
         return index
 
-    def _rebuild_index(self, key: str, tok_hash: str) -> WalkIndex:
+    def _rebuild_index(self, key: str, tok_hash: str, alphabet: int = 0) -> WalkIndex:
+        self._changed()
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self._index_path(key))
         generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
-        index = WalkIndex(fractal.MAX_ALPHABET, DIM, generation)
+        model_ids = self._store.model_ids_with_tokenizer(tok_hash)
+        index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
         first_slots = {}
-        for node in self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)):  # parents first
+        for node in self._store.nodes_of(model_ids):  # parents first
             context = None
             if node.parent_id is not None:
-                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.capacity + 1), node.start)
+                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
             first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
         index.save(self._index_path(key))
-        self._store.replace_index_state(IndexState(key, index.alphabet, index.dim, index.ntotal, generation, first_slots))
+        self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
         self._indexes[key] = index
         return index
 
@@ -458,11 +476,13 @@ class Archive:
     def delete(self, session: str) -> Session:
         """Remove a session. Prefix nodes other sessions share stay; `gc` frees the rest."""
         row = self._resolve(session)
+        self._changed()
         self._store.delete_session(row.session_id)
         return _session(row)
 
     def gc(self) -> dict:
         """Free the trie nodes (and every tier stored for them) that no session uses any more."""
+        self._changed()
         return self._store.gc()
 
     def stats(self) -> Stats:

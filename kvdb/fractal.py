@@ -16,6 +16,12 @@ use two members of that family, each where it measured best:
   (``k**d >= N``), ratio ``r = 1/m`` with ``m > k``, in float32 (or float64/float16). The
   empty cells between vertices (``m > k``) give the separation gap that radius search
   needs; ``m`` is large enough that a phrase's matches and non-matches never overlap.
+* Search keys (exact, what the search index stores): the 1-D radix walk with ``r = 1/(N+1)``
+  of each position's last ``D`` symbols, kept as one exact uint64 (``(N+1)**D <= 2**64``).
+  The walk's decay law becomes a key range: positions whose last s symbols agree have keys
+  in one interval of width ``(N+1)**(D-s)``, and positions whose last symbol differs lie in
+  disjoint intervals (the separation property), so a phrase's occurrences are one sorted
+  range. Symbol ``N`` stands for "before the start of the stream".
 """
 
 from __future__ import annotations
@@ -503,3 +509,41 @@ def resolve(points: np.ndarray, alphabet: int, count: int, dim: int | None = Non
         newest_first.append((digits.astype(np.int64) * place).sum(axis=-1))
         current = (current - (digits - centre)) * geo.contraction
     return np.stack(newest_first[::-1], axis=-1) if newest_first else np.zeros(current.shape[:-1] + (0,), np.int64)
+
+
+# ------------------------------------------------------------------------------------------
+# Search keys: the exact-integer radix walk of each position's last D symbols
+# ------------------------------------------------------------------------------------------
+
+
+def key_depth(alphabet: int) -> int:
+    """D: trailing symbols one uint64 key resolves, ``(alphabet + 1)**D <= 2**64``."""
+    _check_alphabet(alphabet)
+    depth = 0
+    while (alphabet + 1) ** (depth + 1) <= 1 << 64:
+        depth += 1
+    return depth
+
+
+def walk_keys(symbols: np.ndarray | Sequence[int], alphabet: int, context: np.ndarray | Sequence[int] = ()) -> np.ndarray:
+    """uint64 key of every position: its last D symbols (newest most significant), walked on
+    from ``context``, the symbols just before the stream; earlier positions read as ``alphabet``."""
+    stream = _check_symbols(symbols, alphabet)
+    before = _check_symbols(context, alphabet)
+    depth, base = key_depth(alphabet), alphabet + 1
+    history = np.concatenate([np.full(depth - 1, alphabet, np.uint64), before.astype(np.uint64)])
+    full = np.concatenate([history[len(history) - (depth - 1) :], stream.astype(np.uint64)])
+    keys = np.zeros(stream.size, dtype=np.uint64)
+    for back in range(depth):  # key = sum over the last D symbols of symbol * base**(D-1-back)
+        keys += full[depth - 1 - back : depth - 1 - back + stream.size] * np.uint64(base ** (depth - 1 - back))
+    return keys
+
+
+def key_range(phrase: np.ndarray | Sequence[int], alphabet: int) -> tuple[int, int]:
+    """[lo, hi): the keys of exactly the positions whose last ``len(phrase)`` symbols are ``phrase``."""
+    tail = _check_symbols(phrase, alphabet)
+    depth, base = key_depth(alphabet), alphabet + 1
+    if not 1 <= tail.size <= depth:
+        raise InvalidArgument(f"a key range covers 1 to {depth} symbols, got {tail.size}")
+    lo = sum(int(c) * base ** (depth - 1 - back) for back, c in enumerate(tail[::-1]))
+    return lo, lo + base ** (depth - tail.size)

@@ -1,15 +1,16 @@
-"""The search index: FAISS over the dense-walk points of archived token streams.
+"""The search index: the walk key of every archived position, sorted.
 
-Point ``i`` of a stream is the fractal walk of its last ``capacity`` tokens, so positions whose
-last s tokens agree lie within ``decay(s)`` of each other and a phrase's occurrences are the
-points within ``match_radius(len)`` of its query point. FAISS ids are *slots*: each session
-gets a contiguous run of slots when it is added, and the database maps slot runs back to
-sessions (``search_ranges``). Deleting a session drops its run from the database only; its
-points stay in FAISS as tombstones, filtered out at query time, until the index is rebuilt.
+A position's key is the exact-integer radix walk of its last D tokens (``fractal.walk_keys``),
+so the positions whose last s tokens equal a phrase piece are one contiguous range of sorted
+keys (the decay law as an interval, the separation property as disjoint intervals), found by
+binary search. Index ids are *slots*: each trie node gets a contiguous run of slots when it
+is added, and the database maps runs back to nodes (``search_ranges``). Nodes no session uses
+are filtered out at query time; their slots stay as tombstones until the index is rebuilt.
 
 The index is derived data: it lives in a sidecar file next to the archive, bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
-whenever it is missing or disagrees with the database.
+whenever it is missing or disagrees with the database. Why sorted keys and not FAISS: see
+docs/design.md (measured: a FAISS flat range search scans 16 bytes/token per query piece).
 """
 
 from __future__ import annotations
@@ -21,63 +22,58 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 
 from kvdb import fractal
 from kvdb.errors import CorruptData
 
-DIM = 4  # float32 points of 4 dims: 16 bytes a token, 3 tokens resolved for a 49,152 vocabulary
-MAGIC = b"KVDBIDX1"
+MAGIC = b"KVDBIDX2"
 _LENGTH = struct.Struct("<I")
+_KEY = np.dtype("<u8")
+_SLOT = np.dtype("<u4")  # 12 bytes a position in all; up to 2**32 positions per index
 
 
 @dataclass(frozen=True)
 class IndexHeader:
     alphabet: int
-    dim: int
     ntotal: int
     generation: int
 
 
 class WalkIndex:
-    """An exact L2 index (IndexFlatL2) over walk points; flat beat IVF/HNSW here, see docs/design.md."""
-
-    def __init__(self, alphabet: int, dim: int = DIM, generation: int = 0, faiss_index=None):
+    def __init__(self, alphabet: int, generation: int = 0, keys=None, slots=None, ntotal: int = 0):
         self.alphabet = alphabet
-        self.dim = dim
+        self.depth = fractal.key_depth(alphabet)  # tokens one key resolves: a query piece's length
         self.generation = generation
-        self.geometry = fractal.geometry(alphabet, dim)
-        self.capacity = self.geometry.capacity(np.float32)
-        self.faiss = faiss_index if faiss_index is not None else faiss.IndexFlatL2(dim)
-
-    @property
-    def ntotal(self) -> int:
-        return int(self.faiss.ntotal)
+        self.keys = np.zeros(0, _KEY) if keys is None else keys
+        self.slots = np.zeros(0, _SLOT) if slots is None else slots
+        self.ntotal = ntotal  # slots handed out, tombstones included
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
-        """Append the points of ``tokens`` (walked on from ``context``, the tokens just before
-        them on their path); returns the first slot they occupy."""
+        """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
+        path); returns the first slot they occupy."""
         first = self.ntotal
-        if len(tokens):
-            context = np.zeros(0, np.int64) if context is None else np.asarray(context)[max(0, len(context) - (self.capacity - 1)) :]
-            walked = fractal.walk(np.concatenate([context, tokens]), self.alphabet, np.float32, self.dim)
-            self.faiss.add(walked[len(context) :])
+        keys = fractal.walk_keys(tokens, self.alphabet, () if context is None else context)
+        order = np.argsort(keys, kind="stable")
+        at = np.searchsorted(self.keys, keys[order], side="right")
+        self.keys = np.insert(self.keys, at, keys[order])
+        self.slots = np.insert(self.slots, at, (first + order).astype(_SLOT))
+        self.ntotal += len(tokens)
         return first
 
-    def within(self, phrase: np.ndarray) -> np.ndarray:
-        """Slots whose last ``len(phrase)`` tokens are ``phrase`` (``len(phrase) <= capacity``), sorted."""
-        query = fractal.query_point(phrase, self.alphabet, np.float32, self.dim)[None]
-        radius = self.geometry.match_radius(len(phrase))
-        _, _, ids = self.faiss.range_search(query, float(radius) ** 2)  # IndexFlatL2 works in squared L2
-        return np.sort(ids.astype(np.int64))
+    def within(self, piece: np.ndarray) -> np.ndarray:
+        """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
+        lo, hi = fractal.key_range(piece, self.alphabet)
+        a = np.searchsorted(self.keys, np.uint64(lo))
+        b = np.searchsorted(self.keys, np.uint64(hi)) if hi < 1 << 64 else len(self.keys)
+        return np.sort(self.slots[a:b].astype(np.int64))
 
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename): a crash leaves the old file or the new one."""
-        body = faiss.serialize_index(self.faiss).tobytes()
+        body = self.keys.astype(_KEY, copy=False).tobytes() + self.slots.astype(_SLOT, copy=False).tobytes()
         header = json.dumps(
-            {"alphabet": self.alphabet, "dim": self.dim, "ntotal": self.ntotal, "generation": self.generation, "crc32": zlib.crc32(body)}
+            {"alphabet": self.alphabet, "ntotal": self.ntotal, "entries": len(self.keys), "generation": self.generation, "crc32": zlib.crc32(body)}
         ).encode()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -90,23 +86,18 @@ class WalkIndex:
     @classmethod
     def load(cls, path: Path) -> WalkIndex:
         data = path.read_bytes()
-        if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
-            raise CorruptData(f"{path} is not a kvdb search index")
-        (length,) = _LENGTH.unpack_from(data, len(MAGIC))
-        start = len(MAGIC) + _LENGTH.size
-        try:
-            header = json.loads(data[start : start + length])
-        except ValueError as exc:
-            raise CorruptData(f"{path}: damaged header") from exc
-        body = data[start + length :]
-        if zlib.crc32(body) != header.get("crc32"):
-            raise CorruptData(f"{path} failed its CRC32 check")
-        index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
-        return cls(header["alphabet"], header["dim"], header["generation"], index)
+        header, start = _parse_header(data, path)
+        body = memoryview(data)[start:]
+        n = header.get("entries", -1)
+        if zlib.crc32(body) != header.get("crc32") or len(body) != n * (_KEY.itemsize + _SLOT.itemsize):
+            raise CorruptData(f"{path} failed its integrity check")
+        keys = np.frombuffer(body, _KEY, n)
+        slots = np.frombuffer(body, _SLOT, n, n * _KEY.itemsize)
+        return cls(header["alphabet"], header["generation"], keys, slots, header["ntotal"])
 
     @staticmethod
     def read_header(path: Path) -> IndexHeader | None:
-        """The header alone (no points read), or None when the file is missing or unreadable."""
+        """The header alone, or None when the file is missing or unreadable."""
         try:
             with open(path, "rb") as f:
                 head = f.read(len(MAGIC) + _LENGTH.size)
@@ -114,9 +105,20 @@ class WalkIndex:
                     return None
                 (length,) = _LENGTH.unpack_from(head, len(MAGIC))
                 header = json.loads(f.read(length))
-            return IndexHeader(header["alphabet"], header["dim"], header["ntotal"], header["generation"])
+            return IndexHeader(header["alphabet"], header["ntotal"], header["generation"])
         except (OSError, ValueError, KeyError):
             return None
+
+
+def _parse_header(data: bytes, path: Path) -> tuple[dict, int]:
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
+        raise CorruptData(f"{path} is not a kvdb search index")
+    (length,) = _LENGTH.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _LENGTH.size
+    try:
+        return json.loads(data[start : start + length]), start + length
+    except ValueError as exc:
+        raise CorruptData(f"{path}: damaged header") from exc
 
 
 @dataclass(frozen=True)

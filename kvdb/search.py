@@ -1,8 +1,8 @@
 """Phrase search over the walk index: query points -> candidate slots -> verified, ranked hits.
 
-A phrase of L tokens is cut, from its end, into pieces of at most ``capacity`` tokens. Each
-piece is one exact radius search (the decay law puts every occurrence inside the radius, the
-separation property keeps every non-occurrence outside); shifting each piece's slots by its
+A phrase of L tokens is cut, from its end, into pieces of at most ``depth`` tokens. Each
+piece is one exact range lookup (the decay law puts every occurrence inside the key range,
+the separation property keeps every non-occurrence outside); shifting each piece's slots by its
 distance from the phrase's end and intersecting gives the occurrences of the whole phrase.
 Slots are contiguous only inside one trie node, so a candidate whose earlier piece would lie
 in a parent node is kept and settled by the check against the archive. Positions that
@@ -23,8 +23,8 @@ from kvdb.index import SlotMap, WalkIndex
 
 MAX_PHRASE_TOKENS = 256
 
-Fetch = Callable[[str, int, int], np.ndarray]  # (session_id, start, end) -> token ids of [start, end)
-SessionOf = Callable[[str], "str | None"]  # node_id -> a live session through it
+Fetch = Callable[[list[tuple[str, int, int]]], list[np.ndarray]]  # [(session_id, start, end)] -> token ids of each
+SessionsOf = Callable[[list[str]], dict[str, str]]  # node ids -> a live session through each (absent: none left)
 
 
 @dataclass(frozen=True)
@@ -67,18 +67,18 @@ class Hit:
         }
 
 
-def pieces(phrase: np.ndarray, capacity: int) -> list[tuple[int, np.ndarray]]:
+def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
     """(distance of the piece's last token from the phrase's last token, piece), last piece first."""
     out = []
-    for stop in range(len(phrase), 0, -capacity):
-        out.append((len(phrase) - stop, phrase[max(0, stop - capacity) : stop]))
+    for stop in range(len(phrase), 0, -depth):
+        out.append((len(phrase) - stop, phrase[max(0, stop - depth) : stop]))
     return out
 
 
 def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int) -> list[Candidate]:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones)."""
     length = len(phrase)
-    split = pieces(phrase, index.capacity)
+    split = pieces(phrase, index.depth)
     levels = []  # levels[j]: end slots that match the phrase's pieces 0..j
     current = index.within(split[0][1])
     levels.append(current)
@@ -131,7 +131,7 @@ def search(
     slots: SlotMap,
     variants: Sequence[np.ndarray],
     names: dict[str, str],
-    session_of: SessionOf,
+    sessions_of: SessionsOf,
     fetch: Fetch,
     decode: Callable[[np.ndarray], str],
     k: int = 10,
@@ -139,7 +139,9 @@ def search(
 ) -> list[Hit]:
     """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``.
 
-    A hit in a node that several sessions share is reported once, in the oldest of them.
+    Candidates are checked best first, a batch at a time (a few queries per batch, whatever
+    its size), until k hits are confirmed. A hit in a node that several sessions share is
+    reported once, in the oldest of them.
     """
     if k < 1:
         raise InvalidArgument(f"k must be at least 1, got {k}")
@@ -151,36 +153,33 @@ def search(
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
     pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
-    hits, seen = [], set()
-    for c in pool:
-        phrase = variants[c.variant]
-        node_id = str(slots.node_ids[c.run])
-        session_id = session_of(node_id)
-        if session_id is None:
-            continue  # every session through this node was deleted; gc has not run yet
-        lo = max(0, c.end + 1 - len(phrase) - context)
-        window = fetch(session_id, lo, c.end + 1 + context)  # fetch clips at the session's end
-        shared = shared_suffix(window[: c.end + 1 - lo], phrase)
-        if shared == 0:
-            continue
-        start = c.end + 1 - shared
-        if (session_id, c.end) in seen:
-            continue
-        seen.add((session_id, c.end))
-        before, match = max(0, start - context) - lo, start - lo
-        after = c.end + 1 - lo
-        hits.append(
-            Hit(
-                session_id,
-                names.get(session_id, ""),
-                start,
-                shared,
-                len(phrase),
-                shared == len(phrase),
-                decode(window[before:match]),
-                decode(window[match:after]),
-                decode(window[after:]),
+    hits: list[Hit] = []
+    seen: set[tuple[str, int]] = set()
+    while pool and len(hits) < k:
+        batch, pool = pool[: k - len(hits) + 2], pool[k - len(hits) + 2 :]
+        owners = sessions_of(sorted({str(slots.node_ids[c.run]) for c in batch}))
+        live = [c for c in batch if str(slots.node_ids[c.run]) in owners]  # a node every session left: skip
+        spans = [(owners[str(slots.node_ids[c.run])], max(0, c.end + 1 - len(variants[c.variant]) - context), c.end + 1 + context) for c in live]
+        for c, (session_id, lo, _), window in zip(live, spans, fetch(spans)):
+            phrase = variants[c.variant]
+            shared = shared_suffix(window[: c.end + 1 - lo], phrase)
+            if shared == 0 or (session_id, c.end) in seen:
+                continue
+            seen.add((session_id, c.end))
+            start = c.end + 1 - shared
+            before, match, after = max(0, start - context) - lo, start - lo, c.end + 1 - lo
+            hits.append(
+                Hit(
+                    session_id,
+                    names.get(session_id, ""),
+                    start,
+                    shared,
+                    len(phrase),
+                    shared == len(phrase),
+                    decode(window[before:match]),
+                    decode(window[match:after]),
+                    decode(window[after:]),
+                )
             )
-        )
     hits.sort(key=lambda h: (not h.exact, -h.score))  # stable: archive order within a grade
     return hits[:k]

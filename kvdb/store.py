@@ -106,7 +106,7 @@ search_indexes = sa.Table(
     metadata,
     sa.Column("index_key", sa.String, primary_key=True),
     sa.Column("alphabet", sa.Integer, nullable=False),
-    sa.Column("dim", sa.Integer, nullable=False),
+    sa.Column("depth", sa.Integer, nullable=False),
     sa.Column("ntotal", sa.BigInteger, nullable=False),
     sa.Column("generation", sa.BigInteger, nullable=False),
 )
@@ -139,7 +139,7 @@ class IndexState:
 
     index_key: str
     alphabet: int
-    dim: int
+    depth: int
     ntotal: int
     generation: int
     ranges: dict[str, int]  # node_id -> first slot, for the nodes this commit adds (or all, on rebuild)
@@ -438,17 +438,27 @@ class Store:
             ]
         return np.frombuffer(b"".join(blobs), dtype="<f4").copy()
 
-    def session_through(self, node_id: str) -> str | None:
-        """The oldest session whose path runs through a node (None when all were deleted)."""
-        below = sa.select(nodes.c.node_id).where(nodes.c.node_id == node_id).cte(recursive=True)
-        below = below.union_all(sa.select(nodes.c.node_id).join(below, nodes.c.parent_id == below.c.node_id))
+    def node_shapes(self) -> list[tuple[NodeRow, int, int]]:
+        """Every node with its token stream's alphabet and block size: the trie's shape."""
         with self.engine.connect() as conn:
-            return conn.execute(
-                sa.select(sessions.c.session_id)
-                .where(sessions.c.session_id.in_(sa.select(below.c.node_id)))
-                .order_by(sessions.c.created_at, sessions.c.session_id)
-                .limit(1)
-            ).scalar()
+            rows = conn.execute(
+                sa.select(nodes, token_streams.c.alphabet, token_streams.c.block_size).join(
+                    token_streams, token_streams.c.node_id == nodes.c.node_id
+                )
+            ).all()
+        return [(_node_row(r), int(r.alphabet), int(r.block_size)) for r in rows]
+
+    def load_blocks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """Token blocks by (node_id, block_no), in one query."""
+        if not wanted:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data).where(
+                    sa.tuple_(token_blocks.c.node_id, token_blocks.c.block_no).in_(wanted)
+                )
+            )
+            return {(r[0], int(r[1])): r[2] for r in rows}
 
     # sessions -------------------------------------------------------------------------
     def has_session(self, session_id: str) -> bool:
@@ -476,6 +486,17 @@ class Store:
             row = conn.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
         return None if row is None else _session_row(row)
 
+    def max_alphabet(self, model_ids: list[str]) -> int:
+        """The largest alphabet any token stream of these models was coded with (0 if none)."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.coalesce(sa.func.max(token_streams.c.alphabet), 0))
+                    .join(nodes, nodes.c.node_id == token_streams.c.node_id)
+                    .where(nodes.c.model_id.in_(model_ids))
+                ).scalar_one()
+            )
+
     def model_ids_with_tokenizer(self, tokenizer_hash: str) -> list[str]:
         with self.engine.connect() as conn:
             return list(conn.execute(sa.select(models.c.model_id).where(models.c.tokenizer_hash == tokenizer_hash)).scalars())
@@ -490,7 +511,7 @@ class Store:
             ranges = conn.execute(
                 sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
             ).all()
-        return IndexState(index_key, row.alphabet, row.dim, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
+        return IndexState(index_key, row.alphabet, row.depth, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
 
     def slot_runs(self, index_key: str) -> list[tuple[str, int, int, int]]:
         """(node_id, first_slot, n_tokens, start of the node on its path) of every node in an
@@ -514,7 +535,7 @@ class Store:
         conn.execute(search_indexes.delete().where(search_indexes.c.index_key == state.index_key))
         conn.execute(
             search_indexes.insert().values(
-                index_key=state.index_key, alphabet=state.alphabet, dim=state.dim, ntotal=state.ntotal, generation=state.generation
+                index_key=state.index_key, alphabet=state.alphabet, depth=state.depth, ntotal=state.ntotal, generation=state.generation
             )
         )
         if state.ranges:

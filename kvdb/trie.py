@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdb import fractal
 from kvdb.store import NodeRow, Store
 
 
@@ -52,3 +53,47 @@ def longest_prefix(store: Store, model_id: str, ids: np.ndarray) -> PrefixMatch:
             break
         parent = kid.node_id
     return best
+
+
+@dataclass
+class TrieView:
+    """An in-memory snapshot of the trie's shape (no tokens), for the hot path of search:
+    which session a node belongs to and which blocks a window needs, without a query each."""
+
+    nodes: dict[str, NodeRow]
+    streams: dict[str, tuple[int, int]]  # node_id -> (alphabet, block_size)
+    owner: dict[str, str]  # node_id -> the oldest live session through it
+
+    @classmethod
+    def load(cls, store: Store) -> TrieView:
+        shapes = store.node_shapes()
+        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {})
+        for session in sorted(store.list_sessions(), key=lambda s: (s.created_at, s.session_id), reverse=True):
+            for node in view.path(session.session_id):  # newest first, so the oldest owner is written last
+                view.owner[node.node_id] = session.session_id
+        return view
+
+    def path(self, leaf: str) -> list[NodeRow]:
+        out, node = [], self.nodes.get(leaf)
+        while node is not None:
+            out.append(node)
+            node = self.nodes.get(node.parent_id) if node.parent_id else None
+        return out[::-1]
+
+    def windows(self, store: Store, requests: list[tuple[str, int, int]]) -> list[np.ndarray]:
+        """Token ids of (session_id, start, end) ranges, clipped at each session's end; one query."""
+        parts = [
+            [(n.node_id, max(lo, n.start) - n.start, min(hi, n.end) - n.start) for n in self.path(sid) if n.start < hi and n.end > lo]
+            for sid, lo, hi in requests
+        ]
+        wanted = sorted({(nid, k) for ps in parts for nid, a, b in ps for k in fractal.blocks_for_range(a, b, self.streams[nid][1])})
+        blobs = store.load_blocks(wanted)
+        out = []
+        for ps in parts:
+            pieces = []
+            for nid, a, b in ps:
+                alphabet, block_size = self.streams[nid]
+                needed = fractal.blocks_for_range(a, b, block_size)
+                pieces.append(fractal.decode_range([blobs[(nid, k)] for k in needed], alphabet, block_size, a, b))
+            out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64))
+        return out

@@ -223,3 +223,49 @@ def test_short_histories_and_empty_phrase():
     assert fractal.walk([], 256).shape == (0, fractal.geometry(256).dim)
     assert not fractal.query_point([], 256).any()
     assert np.array_equal(fractal.walk([5], 256)[0], fractal.query_point([5], 256))
+
+
+# Search keys -------------------------------------------------------------------------------
+
+
+@FAST
+@given(alphabet=st.sampled_from([2, 3, 5, 259, 49152, fractal.MAX_ALPHABET]), seed=st.integers(0, 2**32), data=st.data())
+def test_key_range_holds_exactly_the_occurrences(alphabet, seed, data):
+    rng = np.random.default_rng(seed)
+    symbols = rng.integers(0, min(alphabet, 4), 600)  # a small working set, so phrases recur
+    keys = fractal.walk_keys(symbols, alphabet)
+    depth = fractal.key_depth(alphabet)
+    length = data.draw(st.integers(1, depth))
+    end = data.draw(st.integers(length - 1, len(symbols) - 1))
+    phrase = symbols[end - length + 1 : end + 1]
+    lo, hi = fractal.key_range(phrase, alphabet)
+    found = np.flatnonzero((keys >= np.uint64(lo)) & ((keys < np.uint64(hi)) if hi < 1 << 64 else True))
+    window = np.lib.stride_tricks.sliding_window_view(symbols, length)
+    truth = np.flatnonzero((window == phrase).all(axis=1)) + length - 1
+    np.testing.assert_array_equal(found, truth)
+
+
+def test_keys_decay_law_and_separation():
+    alphabet = 49152
+    base, depth = alphabet + 1, fractal.key_depth(alphabet)
+    assert depth == 4 and base**depth <= 2**64 < base ** (depth + 1)
+    rng = np.random.default_rng(7)
+    tail = rng.integers(0, alphabet, 6)
+    for shared in range(1, depth + 1):
+        a = np.concatenate([rng.integers(0, alphabet, 5), tail[-shared:]])
+        b = np.concatenate([rng.integers(0, alphabet, 5), tail[-shared:]])
+        ka, kb = (int(fractal.walk_keys(x, alphabet)[-1]) for x in (a, b))
+        assert abs(ka - kb) < base ** (depth - shared)  # last s symbols equal => within r**s (r = 1/base), scaled
+    x, y = np.array([5, 9]), np.array([5, 10])  # last symbol differs => disjoint intervals
+    lo_x, hi_x = fractal.key_range(x[-1:], alphabet)
+    assert not lo_x <= int(fractal.walk_keys(y, alphabet)[-1]) < hi_x
+
+
+def test_keys_walk_on_from_context_and_mark_the_start():
+    symbols = np.random.default_rng(3).integers(0, 300, 1000)
+    whole = fractal.walk_keys(symbols, 300)
+    np.testing.assert_array_equal(fractal.walk_keys(symbols[400:], 300, context=symbols[:400]), whole[400:])
+    lo, hi = fractal.key_range(symbols[:2], 300)  # the first position has no predecessor: no 2-symbol match there
+    assert not lo <= int(whole[0]) < hi
+    with pytest.raises(InvalidArgument):
+        fractal.key_range(symbols[: fractal.key_depth(300) + 1], 300)

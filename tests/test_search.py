@@ -26,7 +26,7 @@ def db(archive):
 
 def occurrences(db, phrase):
     """Ground truth: (session_id, first position) of every token-level occurrence of the phrase."""
-    want = np.asarray(db._search_tokenizer()(phrase, add_special_tokens=False)["input_ids"])
+    want = np.asarray(db._tokenizer_and_hash()[0](phrase, add_special_tokens=False)["input_ids"])
     found = set()
     for s in db.sessions():
         ids = db.tokens(s.session_id)

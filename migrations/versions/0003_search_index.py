@@ -23,7 +23,7 @@ def upgrade() -> None:
         "search_indexes",
         sa.Column("index_key", sa.String, primary_key=True),
         sa.Column("alphabet", sa.Integer, nullable=False),
-        sa.Column("dim", sa.Integer, nullable=False),
+        sa.Column("depth", sa.Integer, nullable=False),
         sa.Column("ntotal", sa.BigInteger, nullable=False),
         sa.Column("generation", sa.BigInteger, nullable=False),
     )
