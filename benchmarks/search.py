@@ -345,7 +345,7 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
 
     path = tmp / f"search-{n_tokens}.duckdb"
     session_ids, write_s, index_s = build_archive(path, tok, tok_hash, sessions)
-    index_files = list(path.with_name(path.name + ".index").glob("*.faiss"))
+    index_files = list(path.with_name(path.name + ".index").glob("*.keys"))
     index_bytes = sum(f.stat().st_size for f in index_files)
     print(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token", flush=True)
 

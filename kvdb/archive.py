@@ -427,7 +427,7 @@ class Archive:
         return self._tokenizer
 
     def _index_path(self, key: str) -> Path:
-        return self.path.with_name(self.path.name + ".index") / f"{key}.faiss"
+        return self.path.with_name(self.path.name + ".index") / f"{key}.keys"
 
     def _index(self, key: str, tok_hash: str, alphabet: int = 0) -> WalkIndex:
         """The index for a tokenizer, loaded from its sidecar if that agrees with the database,

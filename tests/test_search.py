@@ -92,7 +92,7 @@ def test_missing_or_damaged_sidecar_is_rebuilt(tmp_path, tiny_model):
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
         expected = [h.to_dict() for h in db.search("harbour lights", k=10)]
-    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.faiss")
+    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
     sidecar.write_bytes(sidecar.read_bytes()[:-7] + b"garbage")
     with kvdb.open(path, model=tiny_model) as db:
         assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
@@ -106,7 +106,7 @@ def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
-    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.faiss")
+    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
     old = sidecar.read_bytes()
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["garden"], name="garden")
