@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from kvdb import fractal
+from kvdb import fractal, lmcode
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
@@ -32,6 +32,9 @@ from kvdb.search import Hit
 from kvdb.store import IndexState, ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
+TIERS = ("tokens", "search", "lm")  # "kv" arrives with the KV archive
+RESTORE_MODES = ("auto", "exact", "decode")
+DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
 RECENT_CACHE_TOKENS = 8192  # the last session's cache is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
 
@@ -111,6 +114,7 @@ class Archive:
         self._indexes: dict[str, WalkIndex] = {}  # by index key, loaded on first use
         self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
+        self._recent_lm = None  # (ids, lmcode.Context) after the last session coded in tier L
 
     def __enter__(self) -> Archive:
         return self
@@ -137,6 +141,7 @@ class Archive:
         text: str | None = None,
         messages: Sequence[dict] | None = None,
         name: str | None = None,
+        keep: str | Iterable[str] = DEFAULT_KEEP,
         progress: Progress | None = None,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
@@ -146,6 +151,7 @@ class Archive:
         """
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
+        optional = parse_keep(keep)
         if text is not None:
             batches = [(None, [transcripts.transcript_from_text(text, name or "text")])]
         elif messages is not None:
@@ -158,7 +164,7 @@ class Archive:
             try:
                 if isinstance(parsed, TranscriptError):
                     raise parsed
-                results.extend(self._ingest_file(parsed, progress))
+                results.extend(self._ingest_file(parsed, optional, progress))
             except TranscriptError as exc:
                 if path is None:
                     raise
@@ -172,7 +178,7 @@ class Archive:
             except TranscriptError as exc:
                 yield path, exc
 
-    def _ingest_file(self, items, progress: Progress | None) -> list[IngestResult]:
+    def _ingest_file(self, items, optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
         """Render every session of a file (any failure writes nothing), then archive them one by one."""
         lm = self.lm
         rendered = [(item, np.asarray(self._render(lm, item), dtype=np.int64)) for item in items]
@@ -181,27 +187,28 @@ class Archive:
                 raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
         results = []
         for item, ids in rendered:
-            results.append(self._ingest_one(lm, item, ids))
+            results.append(self._ingest_one(lm, item, ids, optional))
             if progress:
                 progress(len(ids))
         return results
 
-    def _ingest_one(self, lm: LoadedModel, item, ids: np.ndarray) -> IngestResult:
+    def _ingest_one(self, lm: LoadedModel, item, ids: np.ndarray, optional: frozenset[str]) -> IngestResult:
         """Store only what the trie does not hold yet, computing the model only over it."""
         model_id = lm.identity.model_id
         session_id = trie.path_id(model_id, ids)
         if self._store.has_session(session_id):
             return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
         match = trie.longest_prefix(self._store, model_id, ids)
-        split, parent_id, node = None, None, None
+        split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
             parent_id = trie.path_id(model_id, ids[: match.matched])
-            split = Split(match.node.node_id, parent_id, match.offset)
+            split, lm_context = self._split(lm, match, ids, parent_id)
         elif match.node is not None:
             parent_id = match.node.node_id
         if match.matched < len(ids):
             logprobs = self._score_suffix(lm, ids, match.matched)
-            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs)
+            payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
+            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs, optional, payload)
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
             # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
@@ -209,11 +216,38 @@ class Archive:
         row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
         self._changed()
-        if node is None:
-            self._store.write_session(SessionWrite(row, alphabet, split))
+        if node is None or "search" not in node.keep:
+            self._store.write_session(SessionWrite(row, alphabet, split, node))
         else:
             self._write_with_index(lm, SessionWrite(row, alphabet, split, node), ids[: match.matched])
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested")
+
+    def _split(self, lm: LoadedModel, match: trie.PrefixMatch, ids: np.ndarray, head_id: str):
+        """Cut the node the new session diverges in; a node with tier L gets both halves re-coded
+        (a range-coded stream cannot be cut), which also yields the context after the head."""
+        node = match.node
+        if "lm" not in node.keep:
+            return Split(node.node_id, head_id, match.offset), None
+        parent = self._lm_context(lm, ids, node.start)
+        tokens = self._store.node_tokens(node.node_id)
+        head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
+        tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
+        return Split(node.node_id, head_id, match.offset, head, tail), after_head
+
+    def _lm_code(self, lm: LoadedModel, ids: np.ndarray, start: int, context) -> bytes:
+        """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
+        ended exactly there, as a conversation ingested turn by turn does; else recomputed)."""
+        context = context if context is not None else self._lm_context(lm, ids, start)
+        payload, after = lmcode.encode_with_context(lm.model, ids[start:], context=context)
+        self._recent_lm = (ids, after) if len(ids) <= RECENT_CACHE_TOKENS else None
+        return payload
+
+    def _lm_context(self, lm: LoadedModel, ids: np.ndarray, length: int):
+        if length == 0:
+            return None
+        if self._recent_lm is not None and len(self._recent_lm[0]) == length and np.array_equal(self._recent_lm[0], ids[:length]):
+            return self._recent_lm[1]
+        return lmcode.context_for(lm.model, ids[:length])
 
     def _write_with_index(self, lm: LoadedModel, write: SessionWrite, context: np.ndarray) -> None:
         """The sidecar index is saved first; if the database commit then fails, the index is one
@@ -337,13 +371,29 @@ class Archive:
         return lm_ops.decode_tokens(tokenizer, ids)
 
     # restore --------------------------------------------------------------------------
-    def restore(self, session: str, at: int | None = None) -> RestoredSession:
-        """The model with a cache holding the session's first ``at`` tokens (default: all)."""
+    def restore(self, session: str, at: int | None = None, mode: str = "auto") -> RestoredSession:
+        """The model with a cache holding the session's first ``at`` tokens (default: all).
+
+        ``exact`` prefills from the token tier (the fastest tier present today, so also what
+        ``auto`` picks); ``decode`` rebuilds tokens and cache from tier L alone, one model step
+        per token, which checks that tier end to end.
+        """
+        if mode not in RESTORE_MODES:
+            raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
         row = self._resolve(session)
         at = row.n_tokens if at is None else at
         _clip_range(row, 0, at)
         lm = self._checked_lm(row)
-        return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id, 0, at))
+        if mode != "decode":
+            return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id, 0, at))
+        nodes = [n for n in self._store.node_path(row.session_id) if n.start < at]
+        payloads = [self._store.node_lm_payload(n.node_id) for n in nodes]
+        if any(p is None for p in payloads):
+            raise InvalidArgument(
+                f"session {row.session_id[:12]} ({row.name}) has no tier L on all of its first {at} tokens; "
+                f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
+            )
+        return restore_ops.restore_decode(lm, row.session_id, payloads, at)
 
     def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""
@@ -436,7 +486,7 @@ class Archive:
             return self._indexes[key]
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self._index_path(key))
-        nodes = self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash))
+        nodes = [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)) if "search" in n.keep]
         index = None
         if (
             state is not None
@@ -462,7 +512,7 @@ class Archive:
         model_ids = self._store.model_ids_with_tokenizer(tok_hash)
         index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
         first_slots = {}
-        for node in self._store.nodes_of(model_ids):  # parents first
+        for node in (n for n in self._store.nodes_of(model_ids) if "search" in n.keep):  # parents first
             context = None
             if node.parent_id is not None:
                 context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
@@ -480,6 +530,15 @@ class Archive:
         self._store.delete_session(row.session_id)
         return _session(row)
 
+    def compact(self, session: str, keep: str | Iterable[str]) -> Session:
+        """Drop the optional tiers not in ``keep`` from every node of the session's path (shared
+        prefix nodes included: they are one stored object for all the sessions that share them)."""
+        optional = parse_keep(keep)
+        row = self._resolve(session)
+        self._changed()
+        self._store.drop_tiers([n.node_id for n in self._store.node_path(row.session_id)], set(TIERS) - {"tokens"} - optional)
+        return _session(row)
+
     def gc(self) -> dict:
         """Free the trie nodes (and every tier stored for them) that no session uses any more."""
         self._changed()
@@ -487,11 +546,22 @@ class Archive:
 
     def stats(self) -> Stats:
         counts = self._store.byte_counts()
-        tiers = {"tokens": counts["token_bytes"], "logprobs": counts["logprob_bytes"], "metadata": counts["metadata_bytes"]}
+        tiers = {"tokens": counts["token_bytes"], "lm": counts["lm_bytes"], "logprobs": counts["logprob_bytes"], "metadata": counts["metadata_bytes"]}
         n = counts["tokens"]
         per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
         file_bytes = self.path.stat().st_size if self.path.exists() else 0
         return Stats(counts["sessions"], n, counts["stored_tokens"], counts["nodes"], dict(tiers, file=file_bytes), per_token)
+
+
+def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
+    """The optional tiers of a --keep list; the token tier is always kept in this version."""
+    tiers = {t.strip() for t in (keep.split(",") if isinstance(keep, str) else keep) if t.strip()}
+    unknown = tiers - set(TIERS)
+    if unknown:
+        raise InvalidArgument(f"unknown tier(s) {', '.join(sorted(unknown))}; choose from {', '.join(TIERS)}")
+    if "tokens" not in tiers:
+        raise InvalidArgument("the token tier is always kept (trie matching and every read use it); add `tokens` to the list")
+    return frozenset(tiers - {"tokens"})
 
 
 def _bits(logprobs: np.ndarray) -> float:

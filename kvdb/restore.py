@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvdb import lmcode
 from kvdb import model as lm_ops
 from kvdb.errors import InvalidArgument
 from kvdb.model import LoadedModel
@@ -39,6 +40,21 @@ def restore_exact(lm: LoadedModel, session_id: str, prefix: np.ndarray) -> Resto
     start = time.perf_counter()
     cache = lm_ops.prefill(lm.model, prefix)
     return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
+
+
+def restore_decode(lm: LoadedModel, session_id: str, payloads: list[bytes], at: int) -> RestoredSession:
+    """Tokens and cache rebuilt from the tier-L payloads of a path's nodes, root first, each
+    decoded given the context its parent's decode left."""
+    start = time.perf_counter()
+    context, pieces = None, []
+    for payload in payloads:
+        ids, context = lmcode.decode(lm.model, payload, context=context)
+        pieces.append(ids)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    cache = context.cache if context is not None else lm_ops.prefill(lm.model, tokens[:0])
+    if len(tokens) > at:
+        cache.crop(at - len(tokens))
+    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
 
 
 def continuation_ids(lm: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:

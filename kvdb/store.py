@@ -70,6 +70,16 @@ nodes = sa.Table(
     sa.Column("n_tokens", sa.Integer, nullable=False),
     sa.Column("first_token", sa.Integer, nullable=False),  # children are found by (parent_id, first_token)
     sa.Column("refcount", sa.Integer, nullable=False),  # sessions whose path runs through this node
+    sa.Column("keep", sa.String),  # optional tiers the node holds, comma-separated: "search", "lm"
+)
+
+# Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.lmcode),
+# given the context of its parent path.
+node_lm = sa.Table(
+    "node_lm",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("payload", sa.LargeBinary, nullable=False),
 )
 
 # A node's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
@@ -154,6 +164,7 @@ class NodeRow:
     n_tokens: int
     first_token: int
     refcount: int
+    keep: frozenset[str] = frozenset()  # optional tiers held: "search", "lm"
 
     @property
     def end(self) -> int:
@@ -167,6 +178,8 @@ class Split:
     node_id: str
     head_id: str
     offset: int
+    lm_head: bytes | None = None  # tier L payloads of the two halves, re-coded, when the node has one
+    lm_tail: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,8 @@ class NewNode:
     start: int
     tokens: np.ndarray
     logprobs: np.ndarray
+    keep: frozenset[str] = frozenset({"search"})
+    lm: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -293,9 +308,12 @@ class Store:
                 n_tokens=len(node.tokens),
                 first_token=int(node.tokens[0]),
                 refcount=0,
+                keep=_keep_text(node.keep),
             )
         )
         self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet)
+        if node.lm is not None:
+            conn.execute(node_lm.insert().values(node_id=node.node_id, payload=node.lm))
 
     @staticmethod
     def _put_tiers(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int) -> None:
@@ -324,9 +342,15 @@ class Store:
                 n_tokens=k,
                 first_token=node.first_token,
                 refcount=node.refcount,
+                keep=_keep_text(node.keep),
             )
         )
         self._put_tiers(conn, split.head_id, tokens[:k], logprobs[:k], alphabet)
+        conn.execute(node_lm.delete().where(node_lm.c.node_id == node.node_id))
+        if "lm" in node.keep:
+            if split.lm_head is None or split.lm_tail is None:
+                raise ValueError(f"node {node.node_id} keeps tier L: a split must bring both halves re-coded")
+            conn.execute(node_lm.insert(), [{"node_id": split.head_id, "payload": split.lm_head}, {"node_id": node.node_id, "payload": split.lm_tail}])
         conn.execute(
             nodes.update()
             .where(nodes.c.node_id == node.node_id)
@@ -359,10 +383,25 @@ class Store:
             freed = conn.execute(
                 sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(token_blocks.c.data)), 0)).where(token_blocks.c.node_id.in_(dead))
             ).scalar_one()
-            for table in (token_blocks, token_streams, node_logprobs, search_ranges):
+            for table in (token_blocks, token_streams, node_logprobs, search_ranges, node_lm):
                 conn.execute(table.delete().where(table.c.node_id.in_(dead)))
             conn.execute(nodes.delete().where(nodes.c.refcount <= 0))
         return {"nodes": int(counts[0]), "tokens": int(counts[1]), "token_bytes": int(freed)}
+
+    def drop_tiers(self, node_ids: list[str], tiers: set[str]) -> None:
+        """Drop optional tiers from nodes (their search slots become tombstones)."""
+        with self.engine.begin() as conn:
+            for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(node_ids))).all():
+                node = _node_row(row)
+                conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(node.keep - tiers)))
+            if "search" in tiers:
+                conn.execute(search_ranges.delete().where(search_ranges.c.node_id.in_(node_ids)))
+            if "lm" in tiers:
+                conn.execute(node_lm.delete().where(node_lm.c.node_id.in_(node_ids)))
+
+    def node_lm_payload(self, node_id: str) -> bytes | None:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(node_lm.c.payload).where(node_lm.c.node_id == node_id)).scalar()
 
     # the trie -------------------------------------------------------------------------
     def children(self, parent_id: str | None, model_id: str, first_token: int) -> list[NodeRow]:
@@ -565,6 +604,7 @@ class Store:
                 sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(node_logprobs.c.logprobs)), 0))
             ).scalar_one()
             n_nodes = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
+            lm_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(node_lm.c.payload)), 0))).scalar_one()
         return {
             "sessions": int(row[0]),
             "tokens": int(row[1]),
@@ -573,6 +613,7 @@ class Store:
             "metadata_bytes": int(row[2]) + NODE_ROW_BYTES * int(n_nodes),
             "token_bytes": int(blocks) + STREAM_ROW_BYTES * int(streams[0]),
             "logprob_bytes": int(logprob_bytes),
+            "lm_bytes": int(lm_bytes),
         }
 
 
@@ -587,7 +628,12 @@ def _path_cte(node_id: str):
 
 
 def _node_row(r) -> NodeRow:
-    return NodeRow(r.node_id, r.parent_id, r.model_id, int(r.start), int(r.n_tokens), int(r.first_token), int(r.refcount))
+    keep = frozenset(t for t in (r.keep if r.keep is not None else "search").split(",") if t)
+    return NodeRow(r.node_id, r.parent_id, r.model_id, int(r.start), int(r.n_tokens), int(r.first_token), int(r.refcount), keep)
+
+
+def _keep_text(keep) -> str:
+    return ",".join(sorted(keep))
 
 
 def _session_values(row: SessionRow) -> dict:

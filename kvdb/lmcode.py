@@ -1,0 +1,339 @@
+"""Tier L: a token stream entropy-coded against the model's own next-token distribution.
+
+A range coder (``constriction``) spends about ``-log2 p(token | prefix)`` bits per token, so a
+session costs the model's cross-entropy, and decoding rebuilds the KV cache as it goes: every
+decoded token is fed to the model once, which both extends the cache and yields the next
+distribution.
+
+Determinism is the whole difficulty. The decoder must see *bit-identical* probabilities to the
+encoder's, and it can only run the model one token at a time (it learns token i+1 only after
+decoding it). A batched forward pass over many tokens rounds differently from a one-token pass
+(other matmul kernels, other reduction orders), so the encoder cannot use the fast chunked pass
+of ingest. Both sides therefore run the *same* step function (:func:`_step`: one token through
+the model on top of the cache of every token before it, with torch pinned to one intra-op thread,
+since the step rounds differently with 1 and 2 threads) and the same integer quantisation of its
+logits (:func:`frequencies`). The state after a token sequence is thereby a function of the
+sequence alone, not of how the sequence was cut into calls: coding ``prefix + suffix`` in one
+call and coding ``suffix`` given the :class:`Context` of ``prefix`` see identical distributions.
+That is what lets a trie node be coded given its parent's context.
+
+Quantisation, chosen so that nothing after the model's float32 logits depends on libm or SIMD:
+
+1. each logit is rounded to a grid of ``2**-LOGIT_SHIFT`` nats (float32 -> float64 times a power
+   of two, then ``rint``: exact operations);
+2. its distance ``d`` below the largest logit (an integer) indexes a table of integer weights
+   ``~ 2**32 * exp(-d / 2**LOGIT_SHIFT)``, built by an integer recurrence from one hard-coded
+   constant (no ``exp`` call, so the table is the same on every machine);
+3. the weights are scaled to integer frequencies summing exactly to ``2**PRECISION`` with integer
+   floor division, every symbol first given a floor frequency of 1 so any token is encodable;
+   what rounding leaves over goes to the most probable symbol;
+4. constriction's ``Categorical(perfect=False)`` receives these integers as float64 (exact) and
+   maps them to its own 24-bit model, a deterministic function of exact inputs.
+
+What remains nondeterministic is the model's forward pass itself: a payload decodes only with the
+same weights, and with a torch build and CPU that compute the one-token step identically (see
+``docs/lmcode.md`` for what was measured). A mismatch is never silent: the payload carries a
+digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
+
+Payload: a header of 20-24 bytes, then the range coder's 32-bit little-endian words::
+
+    magic "KL" | version u8 (1: PRECISION 24, LOGIT_SHIFT 8)
+    vocab, context_len, n_tokens: unsigned LEB128 varints
+    token digest: 8 bytes, blake2b-64 of the tokens as little-endian int32
+    crc32: 4 bytes little-endian, of the header bytes before it and of the body
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import struct
+import zlib
+from dataclasses import dataclass
+
+import constriction
+import numpy as np
+import torch
+
+from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.model import _new_cache
+
+MAGIC = b"KL"
+VERSION = 1
+PRECISION = 24  # bits of the integer frequencies; constriction's Categorical codes at 24-bit precision
+LOGIT_SHIFT = 8  # logits are rounded to multiples of 2**-8 nats before quantisation
+WEIGHT_BITS = 32  # weight of the most probable symbol; with PRECISION 24 products stay below 2**56
+_CRC = struct.Struct("<I")
+DIGEST_BYTES = 8
+_MAX_COUNT = 2**32 - 1
+
+# round(2**62 * exp(-2**-LOGIT_SHIFT)), computed once with 60-digit decimal arithmetic. The weight
+# table is built from it by an integer recurrence, so it does not depend on any platform's exp().
+_DECAY_62 = 4593706758521714574
+
+
+def _weight_table() -> np.ndarray:
+    weights, w = [], 1 << WEIGHT_BITS
+    while w:
+        weights.append(w)
+        w = (w * _DECAY_62) >> 62  # floor: strictly decreasing, so the table ends
+    return np.asarray(weights, dtype=np.int64)
+
+
+_WEIGHTS = _weight_table()  # 4,406 entries: a symbol ~17 nats below the top gets the floor only
+
+
+def frequencies(logits, precision: int = PRECISION) -> np.ndarray:
+    """Integer frequencies (int64, each >= 1, summing to ``2**precision``) from one row of logits.
+
+    Deterministic: the same float32 logits give the same frequencies on any machine.
+    Non-finite logits are treated as -inf (floor frequency only).
+    """
+    x = np.asarray(logits, dtype=np.float32).astype(np.float64)
+    vocab = x.size
+    budget = (1 << precision) - vocab
+    if budget <= 0:
+        raise InvalidArgument(f"vocabulary of {vocab} symbols does not fit {precision}-bit frequencies")
+    q = np.rint(x * float(1 << LOGIT_SHIFT))
+    finite = np.isfinite(q)
+    if not finite.all():
+        q[~finite] = -np.inf
+    top = q.max()
+    if not np.isfinite(top):  # nothing finite: uniform
+        q[:] = 0.0
+        top = 0.0
+    distance = np.minimum(top - q, float(_WEIGHTS.size - 1)).astype(np.int64)
+    w = _WEIGHTS[distance]
+    w[distance == _WEIGHTS.size - 1] = 0
+    freq = (w * budget) // int(w.sum()) + 1
+    freq[int(np.argmax(w))] += (1 << precision) - int(freq.sum())
+    return freq
+
+
+@dataclass
+class Context:
+    """What coding the next token needs: the cache of every token so far and the next-token logits.
+
+    Build one only with :func:`context_for`, :func:`encode_with_context` or :func:`decode` (or
+    :meth:`empty`): they all run the same one-token steps, which is what makes the encoder's and the
+    decoder's probabilities agree. A cache from a batched prefill holds slightly different floats
+    and would not decode.
+    """
+
+    cache: object  # transformers DynamicCache holding `length` tokens
+    logits: np.ndarray | None  # float32 next-token logits after the last token; None when length == 0
+    length: int
+
+    @classmethod
+    def empty(cls, model) -> Context:
+        return cls(_new_cache(model), None, 0)
+
+    def copy(self) -> Context:
+        return Context(copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length)
+
+
+@dataclass(frozen=True)
+class Header:
+    version: int
+    vocab: int
+    context_len: int
+    n_tokens: int
+    digest: bytes
+    size: int  # header bytes; the body follows
+
+
+# -- the step both sides run ----------------------------------------------------------------
+
+
+def vocab_size(model) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+@contextlib.contextmanager
+def _pinned():
+    """One intra-op thread while coding: the one-token step rounds differently with 1 and 2 threads
+    (measured on SmolLM2: 7 of 300 rows of logits identical), so both sides fix it. Process-wide."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _step(model, cache, token: int) -> np.ndarray:
+    """One token through the model on top of ``cache`` (extended in place); its next-token logits.
+
+    Call only under :func:`_pinned`.
+    """
+    out = model(input_ids=torch.tensor([[token]], dtype=torch.long), cache=cache, use_cache=True)
+    return out.logits[0, -1].float().numpy().copy()
+
+
+def _entropy_model(logits: np.ndarray | None, vocab: int, precision: int):
+    if logits is None:
+        return constriction.stream.model.Uniform(vocab)
+    if logits.shape != (vocab,):
+        raise InvalidArgument(f"the model produced {logits.shape[-1]} logits per token, expected {vocab}")
+    return constriction.stream.model.Categorical(frequencies(logits, precision).astype(np.float64), perfect=False)
+
+
+def context_for(model, ids, *, context: Context | None = None) -> Context:
+    """The context after ``ids`` (following ``context`` if given), by the same steps coding runs."""
+    ids = _check_ids(ids, vocab_size(model))
+    ctx = context.copy() if context is not None else Context.empty(model)
+    with _pinned():
+        for token in ids.tolist():
+            ctx.logits = _step(model, ctx.cache, token)
+            ctx.length += 1
+    return ctx
+
+
+# -- encode / decode ------------------------------------------------------------------------
+
+
+def encode(model, ids, *, context: Context | None = None) -> bytes:
+    """The payload of ``ids`` coded given ``context`` (default: no context, first token uniform).
+
+    ``context`` is not modified.
+    """
+    return _encode(model, ids, context, keep_context=False)[0]
+
+
+def encode_with_context(model, ids, *, context: Context | None = None) -> tuple[bytes, Context]:
+    """:func:`encode`, also returning the context after ``ids`` (to code a child trie node given it)."""
+    return _encode(model, ids, context, keep_context=True)
+
+
+def _encode(model, ids, context, keep_context):
+    vocab = vocab_size(model)
+    precision = PRECISION
+    _check_vocab(vocab)
+    ids = _check_ids(ids, vocab)
+    if ids.size > _MAX_COUNT:
+        raise InvalidArgument(f"{ids.size} tokens do not fit one payload (at most {_MAX_COUNT})")
+    ctx = context.copy() if context is not None else Context.empty(model)
+    context_len = ctx.length
+    encoder = constriction.stream.queue.RangeEncoder()
+    with _pinned():
+        for i, token in enumerate(ids.tolist()):
+            encoder.encode(token, _entropy_model(ctx.logits, vocab, precision))
+            if keep_context or i + 1 < ids.size:  # the last step only feeds the returned context
+                ctx.logits = _step(model, ctx.cache, token)
+                ctx.length += 1
+    body = encoder.get_compressed().astype("<u4").tobytes()
+    head = MAGIC + bytes([VERSION]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
+    payload = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
+    return payload, (ctx if keep_context else None)
+
+
+def read_header(payload: bytes) -> Header:
+    """The payload's header, after checking its CRC (covers header and body): CorruptData if it fails."""
+    payload = bytes(payload)
+    if len(payload) < 3 or payload[:2] != MAGIC:
+        raise CorruptData("not a kvdb token-stream payload (bad magic or too short)")
+    if payload[2] != VERSION:
+        raise CorruptData(f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {VERSION})")
+    vocab, at = _read_varint(payload, 3)
+    context_len, at = _read_varint(payload, at)
+    n_tokens, at = _read_varint(payload, at)
+    size = at + DIGEST_BYTES + _CRC.size
+    if len(payload) < size:
+        raise CorruptData("token-stream payload is truncated inside its header")
+    digest = payload[at : at + DIGEST_BYTES]
+    (crc,) = _CRC.unpack_from(payload, at + DIGEST_BYTES)
+    body = memoryview(payload)[size:]
+    if zlib.crc32(body, zlib.crc32(payload[: at + DIGEST_BYTES])) != crc:
+        raise CorruptData("token-stream payload failed its CRC (truncated or damaged)")
+    if len(body) % 4:
+        raise CorruptData("token-stream payload body is not a whole number of 32-bit words")
+    return Header(payload[2], vocab, context_len, n_tokens, digest, size)
+
+
+def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np.ndarray, Context]:
+    """The tokens of ``payload`` and the context after them; ``.cache`` holds context + decoded tokens.
+
+    ``context`` must be the one the payload was encoded with (same length and tokens); it is not
+    modified. Raises CorruptData when the payload is damaged or the decoded tokens fail the stored
+    digest (wrong model or context, or a forward pass that computes differently from the encoder's).
+    """
+    header = read_header(payload)
+    vocab = vocab_size(model)
+    if header.vocab != vocab:
+        raise InvalidArgument(f"payload was coded with a {header.vocab}-token vocabulary, the model has {vocab}")
+    _check_vocab(vocab)
+    ctx = context.copy() if context is not None else Context.empty(model)
+    if ctx.length != header.context_len:
+        raise InvalidArgument(f"payload was coded after {header.context_len} context tokens, the context given holds {ctx.length}")
+    words = np.frombuffer(bytes(payload)[header.size :], dtype="<u4").astype(np.uint32)
+    # Every symbol keeps a floor frequency, so no token costs less than -log2(1 - (V-1)/2**P) bits:
+    # a header claiming more tokens than the body can hold is refused before the model runs.
+    min_bits = -np.log2(1.0 - (vocab - 1) / float(1 << PRECISION))
+    if header.n_tokens > 1 and (header.n_tokens - 1) * min_bits > 2 * (32 * words.size + 64):
+        raise CorruptData(f"token-stream payload claims {header.n_tokens} tokens, more than its {4 * words.size}-byte body can hold")
+    decoder = constriction.stream.queue.RangeDecoder(words)
+    out = np.empty(header.n_tokens, dtype=np.int64)
+    try:
+        with _pinned():
+            for i in range(header.n_tokens):
+                token = int(decoder.decode(_entropy_model(ctx.logits, vocab, PRECISION)))
+                out[i] = token
+                ctx.logits = _step(model, ctx.cache, token)
+                ctx.length += 1
+    except (ValueError, RuntimeError, AssertionError) as exc:  # constriction reports exhausted/invalid data
+        raise CorruptData(f"token-stream payload could not be decoded: {exc}") from exc
+    if _digest(out) != header.digest:
+        raise CorruptData(
+            "decoded tokens fail the payload's digest: the payload is damaged, or it was coded with another "
+            "model or context, or this machine computes the model's forward pass differently from the encoder's"
+        )
+    return out, ctx
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _digest(ids: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.asarray(ids, dtype="<i4").tobytes(), digest_size=8).digest()
+
+
+def _check_ids(ids, vocab: int) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InvalidArgument(f"token ids must be a 1-D integer array, got shape {arr.shape} and dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+        raise InvalidArgument(f"token ids must lie in [0, {vocab}), got [{arr.min()}, {arr.max()}]")
+    return arr
+
+
+def _check_vocab(vocab: int) -> None:
+    if vocab * 4 > 1 << PRECISION:  # the floor frequencies would take over a quarter of the probability mass
+        raise InvalidArgument(f"a {vocab}-token vocabulary is too large for {PRECISION}-bit frequencies")
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = 0
+    for shift in range(0, 35, 7):
+        if at >= len(data):
+            raise CorruptData("token-stream payload is truncated inside its header")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if value > _MAX_COUNT:
+                break
+            return value, at
+    raise CorruptData("token-stream payload header holds a malformed number")
