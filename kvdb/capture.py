@@ -1,0 +1,274 @@
+"""Per-layer keys and values of a token stream, RoPE undone/redone, and caches rebuilt from arrays.
+
+The KV tier (DESIGN.md §2, notes in docs/kv.md) stores quantized K and V; this module is the
+torch side of it:
+
+* :func:`capture_chunks` / :func:`capture` run the model over a token stream in chunks of
+  ``CHUNK`` tokens (the same chunked forward ingest and prefill use) and hand back each chunk's
+  K and V as float32 numpy arrays ``[layers, kv_heads, chunk, head_dim]``.
+* With ``pre_rope=True`` the keys come back *before* the rotary position embedding: the cache
+  holds rotated keys, and RoPE is a rotation per pair of dimensions, so applying the inverse
+  rotation (cos, -sin) at each key's position recovers the projection exactly (to float32
+  rounding). :func:`apply_rope` re-rotates on restore. Models without a rotary embedding
+  (GPT-2 and other absolute-position models) have nothing to undo: both are the identity.
+* :func:`build_cache` turns (de-quantized) arrays into a transformers ``DynamicCache`` usable
+  with ``model(ids, cache=...)`` and ``generate``.
+* :func:`restore_cache` is the approximate-restore path with the exact window policy the
+  measurements chose: the attention sinks are recomputed exactly from their tokens, the most
+  recent tokens are recomputed by a short forward pass over the restored prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from kvdb.model import CHUNK, _new_cache
+
+SINKS = 4  # attention-sink positions kept exact
+RECENT = 32  # most recent positions kept exact
+
+
+# ------------------------------------------------------------------------------------------
+# RoPE
+# ------------------------------------------------------------------------------------------
+
+
+def _rotary(model):
+    """The model's rotary embedding module, or None for models without RoPE."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "rotary_emb", None)
+
+
+@torch.no_grad()
+def rope_tables(model, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """cos and sin ``[count, head_dim]`` (float32) of positions ``start .. start+count-1``, or None."""
+    rotary = _rotary(model)
+    if rotary is None:
+        return None
+    positions = torch.arange(start, start + count, dtype=torch.long)[None]
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    return cos[0].float(), sin[0].float()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(model, keys, start: int = 0, inverse: bool = False) -> np.ndarray:
+    """Rotate keys ``[..., seq, head_dim]`` to (or, ``inverse``, back from) their positions.
+
+    Forward is the model's own ``k * cos + rotate_half(k) * sin``. The inverse is the transposed
+    rotation divided by ``cos² + sin²`` (1 unless the rope type scales attention), so it is exact
+    up to float32 rounding.
+    """
+    k = torch.as_tensor(np.asarray(keys, dtype=np.float32))
+    tables = rope_tables(model, start, k.shape[-2])
+    if tables is None:
+        return k.numpy()
+    cos, sin = tables
+    if cos.shape[-1] != k.shape[-1]:
+        raise ValueError(f"rotary tables have {cos.shape[-1]} dims, keys have {k.shape[-1]} (partial RoPE is not supported)")
+    if inverse:
+        out = (k * cos - _rotate_half(k) * sin) / (cos * cos + sin * sin)
+    else:
+        out = k * cos + _rotate_half(k) * sin
+    return out.numpy()
+
+
+# ------------------------------------------------------------------------------------------
+# capture
+# ------------------------------------------------------------------------------------------
+
+
+def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    entry = cache.layers[layer]
+    return entry.keys, entry.values
+
+
+@torch.no_grad()
+def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache=None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Yield ``(start, keys, values)`` per chunk of ``ids``: float32 ``[layers, kv_heads, n, head_dim]``.
+
+    One forward pass per chunk over a growing ``DynamicCache`` (pass ``cache`` to continue one);
+    each chunk's arrays are copies, so the caller may keep or drop them. Keys are post-RoPE as the
+    cache holds them, or pre-RoPE with ``pre_rope=True``.
+    """
+    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
+    cache = _new_cache(model) if cache is None else cache
+    offset = cache.get_seq_length()
+    for start in range(0, ids.shape[1], chunk):
+        end = min(start + chunk, ids.shape[1])
+        model(ids[:, start:end], cache=cache, use_cache=True)
+        lo, hi = offset + start, offset + end
+        keys = np.stack([_layer_kv(cache, i)[0][0, :, lo:hi].float().numpy() for i in range(len(cache.layers))])
+        values = np.stack([_layer_kv(cache, i)[1][0, :, lo:hi].float().numpy() for i in range(len(cache.layers))])
+        if pre_rope:
+            keys = apply_rope(model, keys, lo, inverse=True)
+        yield lo, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32)
+
+
+def capture(model, ids, chunk: int = CHUNK, pre_rope: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """All of ``ids``' keys and values, float32 ``[layers, kv_heads, seq, head_dim]`` each."""
+    parts = list(capture_chunks(model, ids, chunk, pre_rope))
+    if not parts:
+        cfg = model.config
+        heads = cfg.num_key_value_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = np.zeros((cfg.num_hidden_layers, heads, 0, dim), dtype=np.float32)
+        return empty, empty.copy()
+    return np.concatenate([p[1] for p in parts], axis=2), np.concatenate([p[2] for p in parts], axis=2)
+
+
+# ------------------------------------------------------------------------------------------
+# restore
+# ------------------------------------------------------------------------------------------
+
+
+def build_cache(model, keys, values, pre_rope: bool = False, start: int = 0, cache=None):
+    """A ``DynamicCache`` holding ``keys``/``values`` ``[layers, kv_heads, seq, head_dim]``.
+
+    ``pre_rope`` keys are rotated to positions ``start ..`` first. Passing ``cache`` appends to it
+    (its length must be ``start``). The tensors take the model's dtype.
+    """
+    keys = np.asarray(keys, dtype=np.float32)
+    values = np.asarray(values, dtype=np.float32)
+    if keys.shape != values.shape or keys.ndim != 4:
+        raise ValueError(f"keys and values must both be [layers, heads, seq, dim], got {keys.shape} and {values.shape}")
+    if pre_rope:
+        keys = apply_rope(model, keys, start)
+    cache = _new_cache(model) if cache is None else cache
+    dtype = next(model.parameters()).dtype
+    for layer in range(keys.shape[0]):
+        k = torch.from_numpy(np.ascontiguousarray(keys[layer]))[None].to(dtype)
+        v = torch.from_numpy(np.ascontiguousarray(values[layer]))[None].to(dtype)
+        cache.update(k, v, layer)
+    return cache
+
+
+@torch.no_grad()
+def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int = SINKS, recent: int = RECENT,
+                  window: str = "recompute"):
+    """The approximate cache of ``ids`` from de-quantized ``keys``/``values`` (covering all of ``ids``).
+
+    ``window`` says what happens to the exact window:
+
+    * ``"recompute"`` (default): the first ``sinks`` positions are recomputed from their tokens
+      (exact: they attend only to themselves), positions ``sinks .. n-recent`` come from the
+      arrays, and the last ``recent`` are recomputed by one forward pass of their tokens over
+      that restored prefix (the same pass generation would make, so no bytes are stored for
+      them; their values carry the prefix's quantization error only through attention).
+    * ``"quantized"``: sinks recomputed, everything else from the arrays.
+    * ``"none"``: every position from the arrays.
+
+    Storing the window in fp16 instead is done by the caller: pass the exact arrays for those
+    positions (``window="none"``).
+    """
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    n = len(ids)
+    if keys.shape[2] < n:
+        raise ValueError(f"arrays cover {keys.shape[2]} positions, ids has {n}")
+    if window == "none" or n == 0:
+        return build_cache(model, keys[:, :, :n], values[:, :, :n], pre_rope)
+    if window not in ("recompute", "quantized"):
+        raise ValueError(f"window must be 'recompute', 'quantized' or 'none', got {window!r}")
+    head = min(sinks, n)
+    tail = min(recent, n - head) if window == "recompute" else 0
+    cache = _new_cache(model)
+    if head:
+        model(torch.as_tensor(ids[:head])[None], cache=cache, use_cache=True)
+    mid_end = n - tail
+    if mid_end > head:
+        build_cache(model, keys[:, :, head:mid_end], values[:, :, head:mid_end], pre_rope, start=head, cache=cache)
+    if tail:
+        model(torch.as_tensor(ids[mid_end:])[None], cache=cache, use_cache=True)
+    return cache
+
+
+@torch.no_grad()
+def teacher_forced(model, cache, ids) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``ids`` after ``cache`` (which it extends): natural-log probability of ``ids[1:]`` and the argmax at each step.
+
+    Returns ``(logp [n-1], argmax [n])``; position i predicts ``ids[i+1]``. The first id is the
+    one following the cached prefix (its own probability belongs to the prefix's last logits).
+    """
+    t = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
+    logits = model(t, cache=cache, use_cache=True).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    picked = logp[:-1].gather(1, t[0, 1:, None])[:, 0]
+    return picked.numpy(), logits.argmax(-1).numpy()
+
+
+# ------------------------------------------------------------------------------------------
+# error metrics for the quantizer: which key/value dimensions matter to the model
+# ------------------------------------------------------------------------------------------
+
+
+def _attention_modules(model):
+    inner = getattr(model, "model", model)
+    return [layer.self_attn for layer in inner.layers]
+
+
+def _shape(model) -> tuple[int, int, int, int]:
+    cfg = model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, heads, kv, dim
+
+
+@torch.no_grad()
+def key_weights(model, ids, chunk: int = CHUNK) -> np.ndarray:
+    """Per key dimension, the RMS of the queries that read it: float32 ``[layers, kv_heads, head_dim]``.
+
+    A key error ``e`` moves a logit by ``q · e``; its expected square is ``e^T E[q q^T] e``. Scaling
+    key dimension d by ``sqrt(E[q_d^2])`` before quantizing makes plain L2 error track that (the
+    diagonal of the metric). Queries are taken before RoPE from ``q_proj``, pooled over the query
+    heads that share a KV head and, for RoPE models, over each rotated pair (d, d + dim/2): a
+    relative rotation mixes the two, so only their mean matters to pre-RoPE keys.
+    """
+    layers, heads, kv, dim = _shape(model)
+    sums = torch.zeros(layers, heads, dim, dtype=torch.float64)
+    count = [0]
+    hooks = []
+
+    def hook(i):
+        def fn(_module, _inp, out):
+            q = out[0].double().reshape(-1, heads, dim)
+            sums[i] += (q * q).sum(0)
+            if i == 0:
+                count[0] += q.shape[0]
+        return fn
+
+    for i, attn in enumerate(_attention_modules(model)):
+        hooks.append(attn.q_proj.register_forward_hook(hook(i)))
+    try:
+        for _ in capture_chunks(model, ids, chunk):
+            pass
+    finally:
+        for h in hooks:
+            h.remove()
+    ms = (sums / max(count[0], 1)).reshape(layers, kv, heads // kv, dim).mean(2)
+    if _rotary(model) is not None:
+        half = dim // 2
+        pair = (ms[..., :half] + ms[..., half:]) / 2
+        ms = torch.cat([pair, pair], dim=-1)
+    return ms.sqrt().float().numpy()
+
+
+@torch.no_grad()
+def value_weights(model) -> np.ndarray:
+    """Per value dimension, how much the output projection amplifies it: ``[layers, kv_heads, head_dim]``.
+
+    A value error ``e`` reaches the residual stream as ``W_o[:, head] e`` for each query head of the
+    group; the diagonal of ``sum_h W_h^T W_h`` (column norms) is its expected square per dimension.
+    """
+    layers, heads, kv, dim = _shape(model)
+    out = np.empty((layers, kv, dim), dtype=np.float32)
+    for i, attn in enumerate(_attention_modules(model)):
+        w = attn.o_proj.weight.detach().double()  # [hidden, heads * dim]
+        col = (w * w).sum(0).reshape(kv, heads // kv, dim).sum(1)
+        out[i] = col.sqrt().float().numpy()
+    return out

@@ -1,0 +1,438 @@
+"""Residual vector quantization of KV caches: codebooks, bit allocation presets, codes (pure numpy + faiss).
+
+One residual quantizer per (layer, KV head, kind), kind ``k`` (keys) or ``v`` (values), trained
+with faiss k-means on the model's own vectors (DESIGN.md §2; choices and measurements in
+docs/kv.md). Stage s quantizes what stages < s left over; the decoded vector is the sum of the
+chosen centroids. Stages nest: the first n stages of a deeper quantizer are exactly the
+quantizer a shallower preset would train, so one training run serves every preset that takes a
+prefix of its stages (:meth:`Codebooks.truncate`).
+
+A preset names how many stages, of which sizes, each kind gets in each layer::
+
+    "k4v2"            keys 4 stages of 256, values 2 stages of 256, every layer
+    "k2x1024v1x1024"  1024-entry codebooks
+    "k3v2+k5@0-1"     as k3v2, but keys get 5 stages in layers 0 and 1 (``@a-b,c``; ``+v3@..`` too)
+
+Codes are uint16 ``[layers, heads, stages, seq]`` per kind; where layers have fewer stages than
+the deepest one the unused rows hold 0 and are never stored (:func:`code_streams`).
+
+Codebooks serialize to a versioned, self-describing byte format (no pickle), see
+:meth:`Codebooks.to_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvdb import fractal
+from kvdb.errors import CorruptData, InvalidArgument
+
+KINDS = ("k", "v")
+MAGIC = b"KVDBRVQ\x00"
+VERSION = 1
+_PREFIX = struct.Struct("<8s I I")  # magic, version, header length
+_CRC = struct.Struct("<I")
+
+DEFAULT_PRESET = "k4v2"  # measured: docs/kv.md (42.7x codes-only, ppl x1.25 on SmolLM2)
+COMPACT_PRESET = "k2v1+k4@6-29+v2@2-29"  # 30-layer models: 46.3x, ppl x1.26
+
+
+# ------------------------------------------------------------------------------------------
+# presets
+# ------------------------------------------------------------------------------------------
+
+_BASE = re.compile(r"^k(\d+)(?:x(\d+))?v(\d+)(?:x(\d+))?$")
+_OVERRIDE = re.compile(r"^([kv])(\d+)(?:x(\d+))?@([\d,\-]+)$")
+
+
+def _layers_of(spec: str, layers: int) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        lo, hi = int(a), int(b) if b else int(a)
+        if not 0 <= lo <= hi < layers:
+            raise InvalidArgument(f"layer range {part!r} is outside 0..{layers - 1}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def allocation(preset: str, layers: int) -> dict[str, list[tuple[int, ...]]]:
+    """Codebook sizes per stage, per layer, per kind: ``{"k": [(256, 256, ...), ...], "v": [...]}``."""
+    base, *overrides = preset.strip().split("+")
+    m = _BASE.match(base)
+    if not m:
+        raise InvalidArgument(f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1'")
+    ks, kn, vs, vn = int(m[1]), int(m[2] or 256), int(m[3]), int(m[4] or 256)
+    alloc = {"k": [(kn,) * ks for _ in range(layers)], "v": [(vn,) * vs for _ in range(layers)]}
+    for o in overrides:
+        mo = _OVERRIDE.match(o)
+        if not mo:
+            raise InvalidArgument(f"bad preset override {o!r} in {preset!r}: expected e.g. 'k5@0-1'")
+        size = int(mo[3] or 256)
+        for layer in _layers_of(mo[4], layers):
+            alloc[mo[1]][layer] = (size,) * int(mo[2])
+    for kind in KINDS:
+        for sizes in alloc[kind]:
+            for s in sizes:
+                if not 2 <= s <= 65536:
+                    raise InvalidArgument(f"codebook size {s} in {preset!r} is outside 2..65536 (codes are uint16)")
+    return alloc
+
+
+def code_bytes_per_token(preset: str, layers: int, heads: int) -> float:
+    """Ideal packed bytes per token of a preset's codes (fractal blocks add 12 B per 4096 symbols)."""
+    alloc = allocation(preset, layers)
+    return sum(fractal.layout(s).bits_per_symbol for kind in KINDS for sizes in alloc[kind] for s in sizes) * heads / 8
+
+
+# ------------------------------------------------------------------------------------------
+# codebooks
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Codebooks:
+    """Centroids ``books[kind][layer][stage]``: float32 arrays ``[heads, size, dim]`` (fp16-exact values).
+
+    ``pre_rope`` records whether keys were quantized before the rotary embedding (the restore path
+    must then re-rotate them). ``meta`` is free-form JSON (model id, calibration text, ...).
+    """
+
+    layers: int
+    heads: int
+    dim: int
+    pre_rope: bool
+    books: dict[str, list[list[np.ndarray]]]
+    preset: str = ""
+    meta: dict = field(default_factory=dict)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> [layers, heads, dim] metric scales
+
+    def stages(self, kind: str) -> list[tuple[int, ...]]:
+        return [tuple(b.shape[1] for b in layer) for layer in self.books[kind]]
+
+    def max_stages(self, kind: str) -> int:
+        return max((len(s) for s in self.stages(kind)), default=0)
+
+    def truncate(self, preset: str) -> Codebooks:
+        """The codebooks of a preset that takes a prefix of these stages in every layer (no retraining)."""
+        alloc = allocation(preset, self.layers)
+        books = {}
+        for kind in KINDS:
+            books[kind] = []
+            for layer, sizes in enumerate(alloc[kind]):
+                have = self.stages(kind)[layer]
+                if tuple(have[: len(sizes)]) != tuple(sizes):
+                    raise InvalidArgument(f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}")
+                books[kind].append(self.books[kind][layer][: len(sizes)])
+        return Codebooks(self.layers, self.heads, self.dim, self.pre_rope, books, preset, dict(self.meta), dict(self.weights))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the centroids take when stored (fp16)."""
+        return sum(b.size * 2 for kind in KINDS for layer in self.books[kind] for b in layer)
+
+    # serialization ------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """``MAGIC | u32 version | u32 header length | JSON header | fp16 centroids | u32 CRC32``.
+
+        The JSON header names everything needed to read the payload: ``layers``, ``heads``,
+        ``dim``, ``pre_rope``, ``preset``, ``dtype`` ("<f2"), ``order`` and ``stages`` (per kind,
+        per layer, the list of codebook sizes), plus ``meta``. The payload is every codebook in
+        the order kind (k, v) > layer > stage, each a C-ordered little-endian float16 array
+        ``[heads, size, dim]``, then for each kind listed in ``weights`` its float32 metric
+        scales ``[layers, heads, dim]`` (vectors are multiplied by them before quantizing and
+        divided after decoding). The CRC (zlib) covers every byte before it.
+        """
+        header = {
+            "format": "kvdb-rvq",
+            "layers": self.layers,
+            "heads": self.heads,
+            "dim": self.dim,
+            "pre_rope": self.pre_rope,
+            "preset": self.preset,
+            "dtype": "<f2",
+            "order": "kind>layer>stage; each [heads, size, dim] C-order",
+            "stages": {kind: [list(s) for s in self.stages(kind)] for kind in KINDS},
+            "meta": self.meta,
+            "weights": [kind for kind in KINDS if kind in self.weights],
+            "weights_dtype": "<f4",
+        }
+        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        parts = [_PREFIX.pack(MAGIC, VERSION, len(head)), head]
+        for kind in KINDS:
+            for layer in self.books[kind]:
+                for book in layer:
+                    parts.append(np.ascontiguousarray(book, dtype="<f2").tobytes())
+        for kind in header["weights"]:
+            parts.append(np.ascontiguousarray(self.weights[kind], dtype="<f4").tobytes())
+        body = b"".join(parts)
+        return body + _CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Codebooks:
+        blob = bytes(blob)
+        if len(blob) < _PREFIX.size + _CRC.size or blob[:8] != MAGIC:
+            raise CorruptData("not a kvdb codebook blob (bad magic)")
+        magic, version, hlen = _PREFIX.unpack_from(blob)
+        if version > VERSION:
+            raise CorruptData(f"codebook format version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
+        (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
+        if zlib.crc32(blob[: -_CRC.size]) != crc:
+            raise CorruptData("codebook blob failed its CRC check")
+        header = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        heads, dim = header["heads"], header["dim"]
+        dtype = np.dtype(header["dtype"])
+        offset = _PREFIX.size + hlen
+        books = {}
+        for kind in KINDS:
+            books[kind] = []
+            for sizes in header["stages"][kind]:
+                layer = []
+                for size in sizes:
+                    count = heads * size * dim
+                    arr = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(heads, size, dim)
+                    layer.append(arr.astype(np.float32))
+                    offset += count * dtype.itemsize
+                books[kind].append(layer)
+        weights = {}
+        wdtype = np.dtype(header.get("weights_dtype", "<f4"))
+        for kind in header.get("weights", []):
+            count = header["layers"] * heads * dim
+            weights[kind] = np.frombuffer(blob, dtype=wdtype, count=count, offset=offset).reshape(header["layers"], heads, dim).astype(np.float32)
+            offset += count * wdtype.itemsize
+        if offset != len(blob) - _CRC.size:
+            raise CorruptData(f"codebook blob has {len(blob) - _CRC.size - offset} unexpected bytes")
+        return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights)
+
+
+# ------------------------------------------------------------------------------------------
+# training
+# ------------------------------------------------------------------------------------------
+
+
+def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, max_points: int) -> np.ndarray:
+    import faiss
+
+    if len(x) < k:  # too few vectors: every vector is a centroid, the rest repeat the mean
+        out = np.repeat(x.mean(0, keepdims=True), k, axis=0)
+        out[: len(x)] = x
+        return out.astype(np.float32)
+    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max_points,
+                     min_points_per_centroid=1, verbose=False)
+    km.train(np.ascontiguousarray(x, dtype=np.float32))
+    return km.centroids.reshape(k, x.shape[1]).copy()
+
+
+def _fp16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope: bool = True, niter: int = 12,
+          seed: int = 1234, max_points: int = 50_000, meta: dict | None = None, progress=None, threads: int = 1,
+          weights: dict[str, np.ndarray] | None = None) -> Codebooks:
+    """Residual VQ codebooks for ``vectors = {"k": keys, "v": values}``, each ``[layers, heads, n, dim]``.
+
+    A kind the preset gives no stages (``"k4v0"``) may be left out.
+    Each stage is k-means (faiss, random init, ``niter`` iterations, one thread) on the
+    residuals the earlier stages leave; centroids are rounded to float16 before the residuals
+    are taken, so training, encoding and decoding all see the stored values. At most
+    ``max_points`` vectors per codebook are sampled (faiss subsamples beyond
+    ``max_points / size`` per centroid too). ``pre_rope`` only records what the keys are.
+
+    ``weights`` (optional, per kind ``[layers, heads, dim]``, e.g. ``capture.key_weights`` and
+    ``capture.value_weights``) sets the error metric: each dimension is scaled by its weight before
+    quantizing, so L2 error tracks the model's sensitivity; weights are normalised to RMS 1.
+    """
+    import faiss
+
+    shapes = {kind: np.shape(vectors[kind]) for kind in KINDS if kind in vectors}
+    if not shapes or any(len(s) != 4 for s in shapes.values()) or len({(s[0], s[1], s[3]) for s in shapes.values()}) != 1:
+        raise InvalidArgument(f"vectors must map 'k'/'v' to [layers, heads, n, dim] arrays of equal layers/heads/dim, got {shapes}")
+    layers, heads, _, dim = next(iter(shapes.values()))
+    alloc = allocation(preset, layers)
+    rng = np.random.default_rng(seed)
+    norm = {kind: normalise_weights(w) for kind, w in (weights or {}).items()}
+    books: dict[str, list[list[np.ndarray]]] = {}
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)  # k-means on a few thousand points: threads only contend
+    try:
+        for kind in KINDS:
+            books[kind] = []
+            if any(alloc[kind]) and kind not in vectors:
+                raise InvalidArgument(f"preset {preset!r} quantizes {kind!r} but no {kind!r} vectors were given")
+            data = np.asarray(vectors[kind], np.float32) if kind in vectors else None
+            if data is not None and kind in norm:
+                data = data * norm[kind][:, :, None, :]
+            for layer in range(layers):
+                sizes = alloc[kind][layer]
+                per_stage = [np.empty((heads, s, dim), np.float32) for s in sizes]
+                for head in range(heads) if sizes else ():
+                    x = data[layer, head]
+                    if len(x) > max_points:
+                        x = x[rng.choice(len(x), max_points, replace=False)]
+                    resid = x.copy()
+                    for stage, size in enumerate(sizes):
+                        c = _fp16(_kmeans(resid, size, niter, seed + 7919 * stage + 31 * head + layer, max_points // max(size, 1) + 1))
+                        per_stage[stage][head] = c
+                        resid -= c[_nearest(resid, c)]
+                books[kind].append(per_stage)
+                if progress:
+                    progress(kind, layer)
+    finally:
+        faiss.omp_set_num_threads(previous)
+    return Codebooks(layers, heads, dim, pre_rope, books, preset, dict(meta or {}), norm)
+
+
+def normalise_weights(w: np.ndarray) -> np.ndarray:
+    """Metric scales ``[layers, heads, dim]`` with RMS 1 per (layer, head), floored at 1e-3."""
+    w = np.asarray(w, np.float64)
+    w = w / np.sqrt((w * w).mean(-1, keepdims=True) + 1e-30)
+    return np.maximum(w, 1e-3).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------
+# encode / decode
+# ------------------------------------------------------------------------------------------
+
+
+def _nearest(x: np.ndarray, c: np.ndarray, block: int = 8192) -> np.ndarray:
+    """Index of the nearest row of ``c`` for each row of ``x`` (squared L2, exact, numpy)."""
+    cn = (c * c).sum(1)
+    out = np.empty(len(x), dtype=np.int64)
+    for i in range(0, len(x), block):
+        d = cn[None, :] - 2.0 * (x[i : i + block] @ c.T)
+        out[i : i + block] = d.argmin(1)
+    return out
+
+
+def _beam_codes(x: np.ndarray, books: list[np.ndarray], beam: int, block: int = 2048) -> np.ndarray:
+    """Residual codes ``[stages, n]`` by beam search: keep the ``beam`` best partial sums per vector.
+
+    ``beam=1`` is the greedy encoder (each stage takes the centroid nearest to what is left).
+    """
+    n, stages = len(x), len(books)
+    out = np.zeros((stages, n), dtype=np.uint16)
+    if beam <= 1:
+        resid = x.astype(np.float32, copy=True)
+        for stage, c in enumerate(books):
+            idx = _nearest(resid, c)
+            out[stage] = idx
+            resid -= c[idx]
+        return out
+    norms = [(c * c).sum(1) for c in books]
+    for lo in range(0, n, block):
+        r = x[lo : lo + block].astype(np.float32)[:, None, :]  # [m, B, d]
+        m = len(r)
+        err = (r * r).sum(-1)  # [m, B]
+        path = np.zeros((m, 1, 0), dtype=np.int64)
+        for stage, c in enumerate(books):
+            size = len(c)
+            d = err[:, :, None] - 2.0 * (r @ c.T) + norms[stage][None, None, :]  # [m, B, K]
+            flat = d.reshape(m, -1)
+            keep = min(beam, flat.shape[1])
+            best = np.argpartition(flat, keep - 1, axis=1)[:, :keep] if keep < flat.shape[1] else np.broadcast_to(np.arange(flat.shape[1]), (m, keep))
+            parent, code = best // size, best % size
+            rows = np.arange(m)[:, None]
+            r = r[rows, parent] - c[code]
+            err = flat[rows, best]
+            path = np.concatenate([path[rows, parent], code[:, :, None]], axis=2)
+        winner = err.argmin(1)
+        out[:, lo : lo + m] = path[np.arange(m), winner].T
+    return out
+
+
+def _encode_kind(books: list[list[np.ndarray]], data: np.ndarray, beam: int = 1) -> np.ndarray:
+    layers, heads, n, _ = data.shape
+    depth = max((len(b) for b in books), default=0)
+    codes = np.zeros((layers, heads, depth, n), dtype=np.uint16)
+    for layer in range(layers):
+        stages = len(books[layer])
+        for head in range(heads):
+            if stages:
+                codes[layer, head, :stages] = _beam_codes(data[layer, head], [b[head] for b in books[layer]], beam)
+    return codes
+
+
+def _decode_kind(books: list[list[np.ndarray]], codes: np.ndarray, dim: int) -> np.ndarray:
+    layers, heads, _, n = codes.shape
+    out = np.zeros((layers, heads, n, dim), dtype=np.float32)
+    for layer in range(layers):
+        for stage, book in enumerate(books[layer]):
+            for head in range(heads):
+                out[layer, head] += book[head][codes[layer, head, stage]]
+    return out
+
+
+def encode(codebooks: Codebooks, keys: np.ndarray, values: np.ndarray, beam: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Residual codes ``(key_codes, value_codes)``, uint16 ``[layers, heads, stages, seq]`` each.
+
+    ``beam=1`` is greedy (and then the codes of a shallower preset are a prefix of these);
+    ``beam > 1`` searches that many partial sums per stage for a lower total error.
+
+    ``keys`` must be in the space the codebooks were trained in (pre-RoPE when ``codebooks.pre_rope``).
+    """
+    keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
+    expect = (codebooks.layers, codebooks.heads)
+    for name, a in (("keys", keys), ("values", values)):
+        if a.ndim != 4 or a.shape[:2] != expect or a.shape[3] != codebooks.dim:
+            raise InvalidArgument(f"{name} must be [{expect[0]}, {expect[1]}, seq, {codebooks.dim}], got {a.shape}")
+    if "k" in codebooks.weights:
+        keys = keys * codebooks.weights["k"][:, :, None, :]
+    if "v" in codebooks.weights:
+        values = values * codebooks.weights["v"][:, :, None, :]
+    return _encode_kind(codebooks.books["k"], keys, beam), _encode_kind(codebooks.books["v"], values, beam)
+
+
+def decode(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, values)`` float32 ``[layers, heads, seq, dim]`` from ``encode``'s codes.
+
+    Codes with fewer stages than the codebooks (a stored prefix of stages) decode with the
+    stages they have: residual stages nest.
+    """
+    kc, vc = codes
+    kb = [layer[: kc.shape[2]] for layer in codebooks.books["k"]]
+    vb = [layer[: vc.shape[2]] for layer in codebooks.books["v"]]
+    keys, values = _decode_kind(kb, kc, codebooks.dim), _decode_kind(vb, vc, codebooks.dim)
+    if "k" in codebooks.weights:
+        keys /= codebooks.weights["k"][:, :, None, :]
+    if "v" in codebooks.weights:
+        values /= codebooks.weights["v"][:, :, None, :]
+    return keys, values
+
+
+# ------------------------------------------------------------------------------------------
+# storage view of codes
+# ------------------------------------------------------------------------------------------
+
+
+def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
+    """The symbols to store, one token-major stream per codebook size: ``{alphabet: symbols}``.
+
+    Token-major (for each position: kind > layer > stage > head) means a session prefix is a
+    prefix of each stream, so restore-at-position reads a prefix of blocks and append only
+    re-walks the open block. Stages a layer does not have are skipped. ``start`` drops the first
+    positions (e.g. recomputed sinks).
+    """
+    columns: dict[int, list[np.ndarray]] = {}
+    for kind, c in zip(KINDS, codes):
+        for layer, sizes in enumerate(codebooks.stages(kind)):
+            for stage, size in enumerate(sizes):
+                columns.setdefault(size, []).append(c[layer, :, stage, start:])  # [heads, seq]
+    return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
+
+
+def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0,
+                      block_size: int = fractal.DEFAULT_BLOCK) -> int:
+    """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs included)."""
+    total = 0
+    for size, symbols in code_streams(codebooks, codes, start).items():
+        if len(symbols):
+            total += len(b"".join(fractal.encode_blocks(symbols, size, block_size)))
+    return total
