@@ -61,11 +61,19 @@ class WalkIndex:
         self.ntotal += len(tokens)
         return first
 
+    def bounds(self, piece: np.ndarray) -> tuple[int, int]:
+        """[a, b) in sorted-key order: the entries whose last ``len(piece)`` tokens are ``piece``.
+
+        Ranges nest: the bounds of a longer suffix of a phrase lie inside those of a shorter one.
+        """
+        lo, hi = fractal.key_range(piece, self.alphabet)
+        a = int(np.searchsorted(self.keys, np.uint64(lo)))
+        b = int(np.searchsorted(self.keys, np.uint64(hi))) if hi < 1 << 64 else len(self.keys)
+        return a, b
+
     def within(self, piece: np.ndarray) -> np.ndarray:
         """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
-        lo, hi = fractal.key_range(piece, self.alphabet)
-        a = np.searchsorted(self.keys, np.uint64(lo))
-        b = np.searchsorted(self.keys, np.uint64(hi)) if hi < 1 << 64 else len(self.keys)
+        a, b = self.bounds(piece)
         return np.sort(self.slots[a:b].astype(np.int64))
 
     # persistence ----------------------------------------------------------------------

@@ -79,30 +79,33 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones)."""
     length = len(phrase)
     split = pieces(phrase, index.depth)
-    levels = []  # levels[j]: end slots that match the phrase's pieces 0..j
-    current = index.within(split[0][1])
-    levels.append(current)
+    levels = [index.within(split[0][1])]  # levels[j]: end slots matching the phrase's pieces 0..j
     for offset, piece in split[1:]:
+        current = levels[-1]
         if current.size == 0:
             break
         _, local = slots.locate(current)
         in_node = local >= offset  # else the piece lies in a parent node: the archive check decides
-        current = current[~in_node | np.isin(current - offset, index.within(piece), assume_unique=True)]
-        levels.append(current)
-    shared_at_level = [offset + len(piece) for offset, piece in split[: len(levels)]]
+        a, b = index.bounds(piece)
+        levels.append(current[~in_node | np.isin(current - offset, index.slots[a:b])])
     ranked: list[tuple[np.ndarray, int]] = []  # (end slots, shared tokens), best first
-    taken = np.zeros(0, dtype=np.int64)
-    for level in range(len(levels) - 1, -1, -1):
-        fresh = np.setdiff1d(levels[level], taken, assume_unique=True)
-        ranked.append((fresh, shared_at_level[level]))
-        taken = np.union1d(taken, fresh)
+    for j in range(len(levels) - 1, -1, -1):
+        deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
+        offset, piece = split[j]
+        ranked.append((np.setdiff1d(levels[j], deeper, assume_unique=True), offset + len(piece)))
+    # Shorter suffixes of the last piece: their key ranges nest around the longer one's, so the
+    # entries sharing exactly s tokens are the two slices between the bounds of s and s + 1.
     last = split[0][1]
+    inner = index.bounds(last)
+    found = sum(len(e) for e, _ in ranked)
     for s in range(len(last) - 1, 0, -1):
-        if sum(len(e) for e, _ in ranked) >= limit:
+        if found >= limit:
             break
-        ends = np.setdiff1d(index.within(phrase[-s:]), taken, assume_unique=True)
-        ranked.append((ends, s))
-        taken = np.union1d(taken, ends)
+        outer = index.bounds(phrase[-s:])
+        ends = np.concatenate([index.slots[outer[0] : inner[0]], index.slots[inner[1] : outer[1]]])[: 2 * (limit - found)]
+        ranked.append((np.sort(ends.astype(np.int64)), s))
+        found += len(ends)
+        inner = outer
 
     out: list[Candidate] = []
     for ends, shared in ranked:
