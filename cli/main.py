@@ -74,7 +74,8 @@ def main(ctx, db):
 
     SESSION is a full id, a unique id prefix, or a session name.
     Exit codes: 0 ok, 1 some input failed, 2 bad input or argument, 3 no such session,
-    4 model missing or mismatched, 5 archive unreadable, 70 internal error.
+    4 model missing or mismatched, 5 archive unreadable, 6 archive in use by another
+    process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10), 70 internal error.
     """
     ctx.obj = {"db": db}
 

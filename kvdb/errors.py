@@ -53,6 +53,12 @@ class ArchiveError(KvdbError):
     exit_code = 5
 
 
+class ArchiveLocked(ArchiveError):
+    """Another process holds the archive file (DuckDB admits one process at a time)."""
+
+    exit_code = 6
+
+
 class NewerArchiveError(ArchiveError):
     """The archive was written by a newer kvdb whose schema this version does not know."""
 

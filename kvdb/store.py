@@ -10,6 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import os
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from kvdb import fractal
-from kvdb.errors import ArchiveError, NewerArchiveError
+from kvdb.errors import ArchiveError, ArchiveLocked, NewerArchiveError
 
 
 
@@ -225,17 +228,34 @@ def _script_directory() -> ScriptDirectory:
 class Store:
     """One open archive file. Not shared between processes: DuckDB admits one writer."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, lock_timeout: float | None = None):
+        """Open (creating and migrating as needed). DuckDB admits one process per file: while
+        another holds it, wait up to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10)."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
             raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool)
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("select 1")
-        except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
-            raise ArchiveError(f"cannot open archive {self.path}: {_first_line(exc)}") from exc
+        timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool)
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("select 1")
+                break
+            except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
+                self.engine.dispose()
+                message = _first_line(exc)
+                if "lock" not in message.lower():
+                    raise ArchiveError(f"cannot open archive {self.path}: {message}") from exc
+                if time.monotonic() >= deadline:
+                    holder = re.search(r"PID (\d+)", message)
+                    who = f"process {holder.group(1)}" if holder else "another process"
+                    raise ArchiveLocked(
+                        f"archive {self.path} is in use by {who} (DuckDB allows one process at a time); "
+                        f"waited {timeout:g}s — retry when it is done, or raise KVDB_LOCK_TIMEOUT"
+                    ) from exc
+                time.sleep(0.1)
         self._migrate()
 
     def _migrate(self) -> None:

@@ -57,3 +57,31 @@ def test_non_database_file_is_refused(tmp_path):
 def test_directory_is_refused(tmp_path):
     with pytest.raises(ArchiveError, match="is a directory"):
         Store(tmp_path)
+
+
+def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from kvdb.errors import ArchiveLocked
+
+    path = tmp_path / "a.duckdb"
+    Store(path).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from kvdb.store import Store; s = Store({str(path)!r}); print('ready', flush=True); import time; time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        with pytest.raises(ArchiveLocked, match=rf"in use by process {holder.pid}.*waited 0.5s"):
+            Store(path, lock_timeout=0.5)
+        assert time.monotonic() - start >= 0.5
+    finally:
+        holder.kill()
+        holder.wait()
+    Store(path, lock_timeout=5).close()  # once the holder is gone the archive opens again
+    assert os.path.exists(path)
