@@ -31,6 +31,9 @@ import zstandard  # noqa: E402
 
 from kvdb import fractal  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 VOCAB = 49152
@@ -314,22 +317,6 @@ def archive_variants() -> list[str]:
 # -- report --------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB; Python {platform.python_version()}, numpy {np.__version__}, "
-        f"zstandard {zstandard.__version__}, zlib {zlib.ZLIB_RUNTIME_VERSION}; {platform.platform()}"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small inputs, fewer runs: a smoke test")
@@ -359,7 +346,7 @@ def main() -> None:
         f"## Fractal codec — {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
         f"Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`  ",
-        f"Machine: {machine()}  ",
+        f"Machine: {describe(f'numpy {np.__version__}', f'zstandard {zstandard.__version__}', f'zlib {zlib.ZLIB_RUNTIME_VERSION}')}  ",
         f"Token stream: {tokens.size:,} tokens from {text_source}. Timings: median of {runs} runs, one core. "
         "zlib/lzma/zstd compress the whole stream as one array of uint8/uint16 (no random access); "
         "fractal sizes include every block header and CRC.",

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
+from machine import describe  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
 from kvdb import model as M  # noqa: E402
@@ -37,19 +38,6 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/kv.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores (shared), Python {platform.python_version()}, torch {torch.__version__}, "
-            f"torch threads {torch.get_num_threads()}")
 
 
 def _captured(model, ids):
@@ -240,7 +228,7 @@ def main() -> None:
         "",
         f"## KV tier: residual VQ presets through the restore path ({datetime.date.today()})",
         "",
-        f"`.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {machine()}.",
+        f"`.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
         "",
         f"Model {M.DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
         f"Codebooks calibrated on the first {n_calib * CTX:,} tokens of `corpus.real_text` ({n_calib} contexts of {CTX}); "

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from corpus import real_text  # noqa: E402
+from machine import describe  # noqa: E402
 
 from kvdb import lmcode  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
@@ -235,21 +236,12 @@ def determinism_table(results: list[dict]) -> list[str]:
     return lines
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB; Python {platform.python_version()}, torch {torch.__version__}; "
-        f"load average at start {os.getloadavg()[0]:.1f} (shared machine)"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small samples; print only")
     args = parser.parse_args()
     budgets = {"prose": 160, "code": 120, "chat": 120} if args.quick else {"prose": 800, "code": 500, "chat": 500}
-    started, where = datetime.datetime.now(datetime.timezone.utc), machine()
+    started, where = datetime.datetime.now(datetime.timezone.utc), describe(f'torch {torch.__version__}')
     lm = lm_ops.load()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))  # batched passes as ingest runs them
     results = []

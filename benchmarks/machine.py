@@ -1,0 +1,20 @@
+"""One line describing the machine a benchmark ran on, for RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def describe(*versions: str) -> str:
+    """CPU model, cores, memory, Python, the given library versions, and the load average:
+    these machines are shared, so the load says how much to trust a timing."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    parts = [f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB", f"Python {platform.python_version()}", *versions]
+    return "; ".join(parts) + f"; load average {os.getloadavg()[0]:.1f} at start"
