@@ -93,7 +93,8 @@ def _open(ctx, model: str | None = None) -> kvdb.Archive:
     default="tokens,search",
     show_default=True,
     help="Tiers to store: tokens (always), search (phrase index), lm (tokens coded against the model: "
-    "~4x smaller than xz, but codes ~10 tokens/s on 2 cores).",
+    "~4x smaller than xz, but codes ~10 tokens/s on 2 cores), kv (quantized KV cache for restores without "
+    "a forward pass; needs `kvdb codebooks train` first).",
 )
 @model_option
 @json_option
@@ -167,15 +168,17 @@ def show(ctx, session, start, end, model, as_json):
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
     "--mode",
-    type=click.Choice(["auto", "exact", "decode"]),
+    type=click.Choice(["auto", "exact", "archive", "decode"]),
     default="auto",
     show_default=True,
-    help="exact: prefill from the token tier; decode: rebuild tokens and cache from tier L alone; auto: the fastest present.",
+    help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
+    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session has tier K, else exact.",
 )
+@click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
 @model_option
 @json_option
 @click.pass_context
-def restore(ctx, session, at, prompt, max_new_tokens, mode, model, as_json):
+def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model, as_json):
     """Restore a session into the model and continue it greedily."""
     archive = _open(ctx, model)
     s = archive.session(session)
@@ -183,10 +186,16 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, model, as_json):
     restored = archive.restore(s.session_id, at=at, mode=mode)
     seconds = time.perf_counter() - start
     text = archive.generate(restored, prompt, max_new_tokens)
+    out = {"session_id": s.session_id, "mode": restored.mode, "restored_tokens": restored.position, "seconds": round(seconds, 4), "text": text}
+    if with_fidelity:
+        out["fidelity"] = archive.fidelity(s.session_id, at=at)
     if as_json:
-        _emit({"session_id": s.session_id, "mode": restored.mode, "restored_tokens": restored.position, "seconds": round(seconds, 4), "text": text})
+        _emit(out)
     else:
         click.echo(f"[restored {restored.position} tokens of {s.name} in {seconds:.2f}s, mode {restored.mode}]", err=True)
+        if with_fidelity:
+            f = out["fidelity"]
+            click.echo(f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True)
         click.echo(text)
 
 
@@ -221,6 +230,27 @@ def search(ctx, phrase, k, context, session, model, as_json):
         if not as_json:
             click.echo("no match", err=True)
         sys.exit(1)
+
+
+@main.group()
+def codebooks():
+    """KV codebooks (tier K): residual-VQ centroids per layer, head and K/V."""
+
+
+@codebooks.command("train")
+@click.option("--preset", default="k4v2", show_default=True, help="Stages of 256 centroids for keys and values, e.g. k4v2, k2v1.")
+@click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
+@model_option
+@json_option
+@click.pass_context
+def codebooks_train(ctx, preset, tokens, model, as_json):
+    """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` uses them."""
+    report = _open(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
+    if as_json:
+        _emit(report)
+    else:
+        click.echo(f"trained {report['preset']} codebooks {report['codebook_id'][:12]} on {report['tokens']} positions "
+                   f"({report['bytes']} bytes) in {report['seconds']}s")
 
 
 @main.group()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from kvdb import fractal, lmcode
+from kvdb import capture, fractal, lmcode, quant
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
@@ -32,8 +33,8 @@ from kvdb.search import Hit
 from kvdb.store import IndexState, ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
-TIERS = ("tokens", "search", "lm")  # "kv" arrives with the KV archive
-RESTORE_MODES = ("auto", "exact", "decode")
+TIERS = ("tokens", "search", "lm", "kv")
+RESTORE_MODES = ("auto", "exact", "archive", "decode")
 DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
 RECENT_CACHE_TOKENS = 8192  # the last session's cache is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
@@ -76,6 +77,8 @@ class Stats:
     nodes: int
     bytes: dict
     bytes_per_token: dict
+    kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
+    codebook_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +118,7 @@ class Archive:
         self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
         self._recent_lm = None  # (ids, lmcode.Context) after the last session coded in tier L
+        self._codebook_cache: dict[str, quant.Codebooks] = {}
 
     def __enter__(self) -> Archive:
         return self
@@ -206,9 +210,10 @@ class Archive:
         elif match.node is not None:
             parent_id = match.node.node_id
         if match.matched < len(ids):
-            logprobs = self._score_suffix(lm, ids, match.matched)
+            logprobs, cache = self._score_suffix(lm, ids, match.matched)
             payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
-            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs, optional, payload)
+            kv = self._kv_codes(lm, cache, match.matched) if "kv" in optional else None
+            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs, optional, payload, kv)
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
             # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
@@ -264,7 +269,52 @@ class Archive:
             self._indexes.pop(key, None)
             raise
 
-    def _score_suffix(self, lm: LoadedModel, ids: np.ndarray, start: int) -> np.ndarray:
+    def _kv_codes(self, lm: LoadedModel, cache, start: int) -> tuple[str, dict[int, np.ndarray]]:
+        """Tier K of positions [start, end) from the ingest pass's own cache: keys rotated back to
+        pre-RoPE, quantized with the model's newest codebooks, as token-major code streams."""
+        codebook_id, books = self._codebooks(lm.identity.model_id)
+        keys, values = capture.cache_arrays(cache, start)
+        if books.pre_rope:
+            keys = capture.apply_rope(lm.model, keys, start, inverse=True)
+        return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
+
+    def _codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
+        if codebook_id is None:
+            found = self._store.codebooks_for(model_id)
+            if found is None:
+                raise InvalidArgument("no KV codebooks for this model yet: archive some sessions, then run `kvdb codebooks train`")
+            codebook_id = found[0]
+        if codebook_id not in self._codebook_cache:
+            self._codebook_cache[codebook_id] = quant.Codebooks.from_bytes(self._store.codebook_data(codebook_id))
+        return codebook_id, self._codebook_cache[codebook_id]
+
+    def train_codebooks(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
+        """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
+        (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed)."""
+        lm = self.lm
+        start = time.perf_counter()
+        keys, values, used = [], [], 0
+        for row in self._store.list_sessions():
+            if row.model_id != lm.identity.model_id or used >= tokens:
+                continue
+            ids = self._store.load_tokens(row.session_id, 0, min(row.n_tokens, tokens - used + capture.SINKS))
+            k, v = capture.capture(lm.model, ids, pre_rope=True)
+            keys.append(k[:, :, capture.SINKS :])
+            values.append(v[:, :, capture.SINKS :])
+            used += k.shape[2] - capture.SINKS
+        largest = max(size for kind in quant.allocation(preset, lm.model.config.num_hidden_layers).values() for stage in kind for size in stage)
+        if used < largest:
+            raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions; this archive has {used}")
+        books = quant.train(
+            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, preset, pre_rope=True, niter=niter,
+            meta={"model_id": lm.identity.model_id, "tokens": used},
+        )
+        data = books.to_bytes()
+        codebook_id = hashlib.sha256(data).hexdigest()[:32]
+        self._store.put_codebooks(codebook_id, lm.identity.model_id, preset, data)
+        return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
+
+    def _score_suffix(self, lm: LoadedModel, ids: np.ndarray, start: int):
         """Log-probabilities of ids[start:], resuming from the last ingested session's cache when
         it holds the shared prefix (a conversation ingested turn by turn), else prefilling it."""
         cache = None
@@ -276,7 +326,7 @@ class Archive:
                     cache.crop(start - 1 - len(recent_ids))
         logprobs, cache = lm_ops.score(lm.model, ids, start=start, cache=cache)
         self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
-        return logprobs
+        return logprobs, cache
 
     @staticmethod
     def _render(lm: LoadedModel, item) -> list[int]:
@@ -292,12 +342,15 @@ class Archive:
         return _session(self._resolve(ref))
 
     def _resolve(self, ref: str) -> SessionRow:
+        """Full id, then exact name, then unique id prefix."""
         if not ref:
             raise InvalidArgument("empty session reference; give an id, an id prefix or a name (see `kvdb sessions`)")
         exact = self._store.get_session(ref)
         if exact is not None:
             return exact
         matches = self._store.match_sessions(ref)
+        named = [m for m in matches if m.name == ref]
+        matches = named or matches  # a name is meant exactly; an id prefix only when no name matches
         if not matches:
             raise SessionNotFound(f"no session matches {ref!r}; list them with `kvdb sessions`")
         if len(matches) > 1:
@@ -374,9 +427,10 @@ class Archive:
     def restore(self, session: str, at: int | None = None, mode: str = "auto") -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all).
 
-        ``exact`` prefills from the token tier (the fastest tier present today, so also what
-        ``auto`` picks); ``decode`` rebuilds tokens and cache from tier L alone, one model step
-        per token, which checks that tier end to end.
+        ``exact`` prefills from the token tier; ``archive`` builds the cache from tier K (no
+        forward pass over the session, approximate: see ``fidelity``); ``decode`` rebuilds tokens
+        and cache from tier L alone, one model step per token; ``auto`` takes the archive when
+        every node on the path has tier K, else the exact prefill.
         """
         if mode not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
@@ -384,9 +438,16 @@ class Archive:
         at = row.n_tokens if at is None else at
         _clip_range(row, 0, at)
         lm = self._checked_lm(row)
-        if mode != "decode":
-            return restore_ops.restore_exact(lm, row.session_id, self._store.load_tokens(row.session_id, 0, at))
         nodes = [n for n in self._store.node_path(row.session_id) if n.start < at]
+        if mode == "auto":
+            mode = "archive" if nodes and all("kv" in n.keep for n in nodes) else "exact"
+        tokens = self._store.load_tokens(row.session_id, 0, at)
+        if mode == "exact":
+            return restore_ops.restore_exact(lm, row.session_id, tokens)
+        if mode == "archive":
+            start = time.perf_counter()
+            keys, values = self._kv_arrays(row, nodes, at)
+            return restore_ops.restore_archive(lm, row.session_id, tokens, keys, values, start)
         payloads = [self._store.node_lm_payload(n.node_id) for n in nodes]
         if any(p is None for p in payloads):
             raise InvalidArgument(
@@ -394,6 +455,35 @@ class Archive:
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
         return restore_ops.restore_decode(lm, row.session_id, payloads, at)
+
+    def _kv_arrays(self, row: SessionRow, nodes, at: int) -> tuple[np.ndarray, np.ndarray]:
+        """De-quantized pre-RoPE keys and values of positions [0, at), node by node."""
+        keys, values = [], []
+        for node in nodes:
+            stored = self._store.node_kv(node.node_id)
+            if stored is None:
+                raise InvalidArgument(
+                    f"session {row.session_id[:12]} ({row.name}) has no tier K on all of its first {at} tokens; "
+                    f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
+                )
+            _, books = self._codebooks(node.model_id, stored[0])
+            k, v = quant.decode(books, quant.codes_from_streams(books, stored[1], node.n_tokens))
+            keys.append(k[:, :, : at - node.start])
+            values.append(v[:, :, : at - node.start])
+        return np.concatenate(keys, axis=2), np.concatenate(values, axis=2)
+
+    def fidelity(self, session: str, at: int | None = None, probe: int = 32) -> dict:
+        """How closely the archive restore follows the exact one: restore both ways ``probe``
+        tokens before ``at`` and teacher-force the session's next tokens through each."""
+        row = self._resolve(session)
+        at = row.n_tokens if at is None else at
+        _clip_range(row, 0, at)
+        cut = max(capture.SINKS + 1, at - probe)
+        if at - cut < 2:
+            raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
+        archived = self.restore(row.session_id, at=cut, mode="archive")
+        exact = self.restore(row.session_id, at=cut, mode="exact")
+        return restore_ops.fidelity(self.lm, archived.cache, exact.cache, self._store.load_tokens(row.session_id, cut, at))
 
     def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""
@@ -422,6 +512,7 @@ class Archive:
         if not len(slots.first):
             return []
         index = self._index(key, tok_hash)
+        runs = dict(zip(slots.node_ids, slots.first.tolist()))
         sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
             wanted = self._resolve(session).session_id
@@ -435,7 +526,7 @@ class Archive:
             variants,
             names,
             sessions_of=sessions_of,
-            fetch=lambda requests: view.windows(self._store, requests),
+            fetch=lambda requests: view.windows(self._store, requests, runs, index.tokens),
             decode=lambda ids: lm_ops.decode_tokens(tokenizer, ids),
             k=k,
             context=context,
@@ -546,11 +637,33 @@ class Archive:
 
     def stats(self) -> Stats:
         counts = self._store.byte_counts()
-        tiers = {"tokens": counts["token_bytes"], "lm": counts["lm_bytes"], "logprobs": counts["logprob_bytes"], "metadata": counts["metadata_bytes"]}
+        tiers = {
+            "tokens": counts["token_bytes"],
+            "lm": counts["lm_bytes"],
+            "kv": counts["kv_bytes"],
+            "logprobs": counts["logprob_bytes"],
+            "metadata": counts["metadata_bytes"],
+        }
         n = counts["tokens"]
         per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
+        # tier K is optional per node: its bytes are spread over the tokens stored with it
+        per_token["kv"] = counts["kv_bytes"] / counts["kv_tokens"] if counts["kv_tokens"] else 0.0
         file_bytes = self.path.stat().st_size if self.path.exists() else 0
-        return Stats(counts["sessions"], n, counts["stored_tokens"], counts["nodes"], dict(tiers, file=file_bytes), per_token)
+        fp16 = self._fp16_bytes_per_token()
+        ratio = fp16 / per_token["kv"] if per_token["kv"] and fp16 else None
+        return Stats(
+            counts["sessions"], n, counts["stored_tokens"], counts["nodes"],
+            dict(tiers, file=file_bytes, codebooks=counts["codebook_bytes"]), per_token, ratio, counts["codebook_bytes"],
+        )
+
+    def _fp16_bytes_per_token(self) -> int | None:
+        """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
+        for row in self._store.list_sessions()[:1]:
+            c = self._store.get_model(row.model_id).config
+            if c.get("num_hidden_layers") and c.get("num_key_value_heads"):
+                head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+                return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+        return None
 
 
 def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:

@@ -111,6 +111,14 @@ def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache
         yield lo, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32)
 
 
+def cache_arrays(cache, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Keys (post-RoPE, as cached) and values of positions ``start ..`` of a DynamicCache, float32
+    ``[layers, kv_heads, seq, head_dim]``: ingest takes tier K from the pass it scores with."""
+    keys = np.stack([_layer_kv(cache, i)[0][0, :, start:].float().numpy() for i in range(len(cache.layers))])
+    values = np.stack([_layer_kv(cache, i)[1][0, :, start:].float().numpy() for i in range(len(cache.layers))])
+    return np.ascontiguousarray(keys), np.ascontiguousarray(values)
+
+
 def capture(model, ids, chunk: int = CHUNK, pre_rope: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """All of ``ids``' keys and values, float32 ``[layers, kv_heads, seq, head_dim]`` each."""
     parts = list(capture_chunks(model, ids, chunk, pre_rope))

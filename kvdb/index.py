@@ -6,6 +6,8 @@ keys (the decay law as an interval, the separation property as disjoint interval
 binary search. Index ids are *slots*: each trie node gets a contiguous run of slots when it
 is added, and the database maps runs back to nodes (``search_ranges``). Nodes no session uses
 are filtered out at query time; their slots stay as tombstones until the index is rebuilt.
+The token at every slot is kept too (4 bytes), so checking a hit and showing its context read
+memory, not the database: derived data, like the rest of the file.
 
 The index is derived data: it lives in a sidecar file next to the archive, bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
@@ -27,10 +29,11 @@ import numpy as np
 from kvdb import fractal
 from kvdb.errors import CorruptData
 
-MAGIC = b"KVDBIDX2"
+MAGIC = b"KVDBIDX3"
 _LENGTH = struct.Struct("<I")
 _KEY = np.dtype("<u8")
-_SLOT = np.dtype("<u4")  # 12 bytes a position in all; up to 2**32 positions per index
+_SLOT = np.dtype("<u4")  # up to 2**32 positions per index
+_TOKEN = np.dtype("<u4")  # the token at each slot: hits are checked and shown without a database read
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,20 @@ class IndexHeader:
 
 
 class WalkIndex:
-    def __init__(self, alphabet: int, generation: int = 0, keys=None, slots=None, ntotal: int = 0):
+    """Sorted walk keys with their slots, and the token at every slot (16 bytes a position)."""
+
+    def __init__(self, alphabet: int, generation: int = 0, keys=None, slots=None, tokens=None):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)  # tokens one key resolves: a query piece's length
         self.generation = generation
         self.keys = np.zeros(0, _KEY) if keys is None else keys
         self.slots = np.zeros(0, _SLOT) if slots is None else slots
-        self.ntotal = ntotal  # slots handed out, tombstones included
+        self.tokens = np.zeros(0, _TOKEN) if tokens is None else tokens  # by slot, tombstones included
+
+    @property
+    def ntotal(self) -> int:
+        """Slots handed out, tombstones included."""
+        return len(self.tokens)
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
@@ -58,7 +68,7 @@ class WalkIndex:
         at = np.searchsorted(self.keys, keys[order], side="right")
         self.keys = np.insert(self.keys, at, keys[order])
         self.slots = np.insert(self.slots, at, (first + order).astype(_SLOT))
-        self.ntotal += len(tokens)
+        self.tokens = np.concatenate([self.tokens, np.asarray(tokens).astype(_TOKEN)])
         return first
 
     def bounds(self, piece: np.ndarray) -> tuple[int, int]:
@@ -79,7 +89,7 @@ class WalkIndex:
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename): a crash leaves the old file or the new one."""
-        body = self.keys.astype(_KEY, copy=False).tobytes() + self.slots.astype(_SLOT, copy=False).tobytes()
+        body = b"".join(a.tobytes() for a in (self.keys.astype(_KEY, copy=False), self.slots.astype(_SLOT, copy=False), self.tokens))
         header = json.dumps(
             {"alphabet": self.alphabet, "ntotal": self.ntotal, "entries": len(self.keys), "generation": self.generation, "crc32": zlib.crc32(body)}
         ).encode()
@@ -96,12 +106,13 @@ class WalkIndex:
         data = path.read_bytes()
         header, start = _parse_header(data, path)
         body = memoryview(data)[start:]
-        n = header.get("entries", -1)
-        if zlib.crc32(body) != header.get("crc32") or len(body) != n * (_KEY.itemsize + _SLOT.itemsize):
+        n, total = header.get("entries", -1), header.get("ntotal", -1)
+        if zlib.crc32(body) != header.get("crc32") or len(body) != n * (_KEY.itemsize + _SLOT.itemsize) + total * _TOKEN.itemsize:
             raise CorruptData(f"{path} failed its integrity check")
         keys = np.frombuffer(body, _KEY, n)
         slots = np.frombuffer(body, _SLOT, n, n * _KEY.itemsize)
-        return cls(header["alphabet"], header["generation"], keys, slots, header["ntotal"])
+        tokens = np.frombuffer(body, _TOKEN, total, n * (_KEY.itemsize + _SLOT.itemsize))
+        return cls(header["alphabet"], header["generation"], keys, slots, tokens)
 
     @staticmethod
     def read_header(path: Path) -> IndexHeader | None:

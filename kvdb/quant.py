@@ -428,6 +428,22 @@ def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], sta
     return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
 
 
+def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
+    rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]
+    used = dict.fromkeys(rows, 0)
+    out = []
+    for kind in KINDS:
+        stages = codebooks.stages(kind)
+        codes = np.zeros((codebooks.layers, codebooks.heads, max((len(s) for s in stages), default=0), n), dtype=np.uint16)
+        for layer, sizes in enumerate(stages):
+            for stage, size in enumerate(sizes):
+                codes[layer, :, stage] = rows[size][used[size] : used[size] + codebooks.heads]
+                used[size] += codebooks.heads
+        out.append(codes)
+    return out[0], out[1]
+
+
 def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0,
                       block_size: int = fractal.DEFAULT_BLOCK) -> int:
     """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs included)."""

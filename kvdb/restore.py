@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from kvdb import lmcode
+from kvdb import capture, lmcode
 from kvdb import model as lm_ops
 from kvdb.errors import InvalidArgument
 from kvdb.model import LoadedModel
@@ -40,6 +41,28 @@ def restore_exact(lm: LoadedModel, session_id: str, prefix: np.ndarray) -> Resto
     start = time.perf_counter()
     cache = lm_ops.prefill(lm.model, prefix)
     return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
+
+
+def restore_archive(
+    lm: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float
+) -> RestoredSession:
+    """The cache from de-quantized tier K (pre-RoPE keys): the attention sinks and the most recent
+    positions are recomputed from the tokens (measured best, docs/design.md), the rest is read."""
+    cache = capture.restore_cache(lm.model, prefix, keys, values, pre_rope=True)
+    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
+
+
+@torch.no_grad()
+def fidelity(lm: LoadedModel, archived_cache, exact_cache, probe: np.ndarray) -> dict:
+    """Top-1 agreement and perplexity ratio of the archived cache against the exact one, over the
+    session's own tokens ``probe`` (the first of which follows the restored prefix)."""
+    logp_a, top_a = capture.teacher_forced(lm.model, archived_cache, probe)
+    logp_e, top_e = capture.teacher_forced(lm.model, exact_cache, probe)
+    return {
+        "top1_agreement": round(float(np.mean(top_a == top_e)), 4),
+        "ppl_ratio": round(float(np.exp(np.mean(logp_e) - np.mean(logp_a))), 4),
+        "probe_tokens": int(len(probe)),
+    }
 
 
 def restore_decode(lm: LoadedModel, session_id: str, payloads: list[bytes], at: int) -> RestoredSession:

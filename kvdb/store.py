@@ -133,6 +133,28 @@ search_ranges = sa.Table(
     sa.Column("n_tokens", sa.Integer, nullable=False),
 )
 
+# Tier K: residual-VQ codebooks (kvdb.quant) and each node's code streams, one fractal-coded
+# stream per codebook size, token-major so that a node's positions can be sliced.
+codebooks = sa.Table(
+    "codebooks",
+    metadata,
+    sa.Column("codebook_id", sa.String, primary_key=True),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("preset", sa.String, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+node_kv = sa.Table(
+    "node_kv",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("alphabet", sa.Integer, primary_key=True),
+    sa.Column("block_no", sa.Integer, primary_key=True),
+    sa.Column("codebook_id", sa.String, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
 
@@ -194,6 +216,7 @@ class NewNode:
     logprobs: np.ndarray
     keep: frozenset[str] = frozenset({"search"})
     lm: bytes | None = None
+    kv: tuple[str, dict[int, np.ndarray]] | None = None  # (codebook_id, {codebook size: token-major codes})
 
 
 @dataclass(frozen=True)
@@ -334,6 +357,32 @@ class Store:
         self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet)
         if node.lm is not None:
             conn.execute(node_lm.insert().values(node_id=node.node_id, payload=node.lm))
+        if node.kv is not None:
+            self._put_kv(conn, node.node_id, *node.kv)
+
+    @staticmethod
+    def _put_kv(conn, node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> None:
+        rows = [
+            {"node_id": node_id, "alphabet": size, "block_no": k, "codebook_id": codebook_id, "data": blob}
+            for size, symbols in streams.items()
+            for k, blob in enumerate(fractal.encode_blocks(symbols, size))
+        ]
+        if rows:
+            conn.execute(node_kv.insert(), rows)
+
+    @staticmethod
+    def _kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
+        rows = conn.execute(
+            sa.select(node_kv.c.alphabet, node_kv.c.codebook_id, node_kv.c.data)
+            .where(node_kv.c.node_id == node_id)
+            .order_by(node_kv.c.alphabet, node_kv.c.block_no)
+        ).all()
+        if not rows:
+            return None
+        blobs: dict[int, list[bytes]] = {}
+        for size, _, data in rows:
+            blobs.setdefault(int(size), []).append(data)
+        return rows[0][1], {size: fractal.decode_blocks(b, size) for size, b in blobs.items()}
 
     @staticmethod
     def _put_tiers(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int) -> None:
@@ -366,6 +415,13 @@ class Store:
             )
         )
         self._put_tiers(conn, split.head_id, tokens[:k], logprobs[:k], alphabet)
+        kv = self._kv_streams(conn, node.node_id)
+        if kv is not None:  # token-major streams: the first k positions' columns go to the head
+            codebook_id, streams = kv
+            conn.execute(node_kv.delete().where(node_kv.c.node_id == node.node_id))
+            rows = {size: symbols.reshape(node.n_tokens, -1) for size, symbols in streams.items()}
+            self._put_kv(conn, split.head_id, codebook_id, {size: r[:k].reshape(-1) for size, r in rows.items()})
+            self._put_kv(conn, node.node_id, codebook_id, {size: r[k:].reshape(-1) for size, r in rows.items()})
         conn.execute(node_lm.delete().where(node_lm.c.node_id == node.node_id))
         if "lm" in node.keep:
             if split.lm_head is None or split.lm_tail is None:
@@ -403,7 +459,7 @@ class Store:
             freed = conn.execute(
                 sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(token_blocks.c.data)), 0)).where(token_blocks.c.node_id.in_(dead))
             ).scalar_one()
-            for table in (token_blocks, token_streams, node_logprobs, search_ranges, node_lm):
+            for table in (token_blocks, token_streams, node_logprobs, search_ranges, node_lm, node_kv):
                 conn.execute(table.delete().where(table.c.node_id.in_(dead)))
             conn.execute(nodes.delete().where(nodes.c.refcount <= 0))
         return {"nodes": int(counts[0]), "tokens": int(counts[1]), "token_bytes": int(freed)}
@@ -418,6 +474,33 @@ class Store:
                 conn.execute(search_ranges.delete().where(search_ranges.c.node_id.in_(node_ids)))
             if "lm" in tiers:
                 conn.execute(node_lm.delete().where(node_lm.c.node_id.in_(node_ids)))
+            if "kv" in tiers:
+                conn.execute(node_kv.delete().where(node_kv.c.node_id.in_(node_ids)))
+
+    def node_kv(self, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
+        """(codebook_id, {codebook size: token-major code symbols}) of a node, or None."""
+        with self.engine.connect() as conn:
+            return self._kv_streams(conn, node_id)
+
+    def put_codebooks(self, codebook_id: str, model_id: str, preset: str, data: bytes) -> None:
+        with self.engine.begin() as conn:
+            if conn.execute(sa.select(codebooks.c.codebook_id).where(codebooks.c.codebook_id == codebook_id)).first() is None:
+                conn.execute(codebooks.insert().values(codebook_id=codebook_id, model_id=model_id, preset=preset, created_at=_now(), data=data))
+
+    def codebooks_for(self, model_id: str) -> tuple[str, bytes] | None:
+        """The newest codebook set trained for a model: (codebook_id, serialized codebooks)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(codebooks.c.codebook_id, codebooks.c.data)
+                .where(codebooks.c.model_id == model_id)
+                .order_by(codebooks.c.created_at.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (row[0], row[1])
+
+    def codebook_data(self, codebook_id: str) -> bytes:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(codebooks.c.data).where(codebooks.c.codebook_id == codebook_id)).scalar_one()
 
     def node_lm_payload(self, node_id: str) -> bytes | None:
         with self.engine.connect() as conn:
@@ -625,6 +708,11 @@ class Store:
             ).scalar_one()
             n_nodes = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
             lm_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(node_lm.c.payload)), 0))).scalar_one()
+            kv_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(node_kv.c.data)), 0))).scalar_one()
+            codebook_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(codebooks.c.data)), 0))).scalar_one()
+            kv_tokens = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.node_id.in_(sa.select(node_kv.c.node_id)))
+            ).scalar_one()
         return {
             "sessions": int(row[0]),
             "tokens": int(row[1]),
@@ -634,6 +722,9 @@ class Store:
             "token_bytes": int(blocks) + STREAM_ROW_BYTES * int(streams[0]),
             "logprob_bytes": int(logprob_bytes),
             "lm_bytes": int(lm_bytes),
+            "kv_bytes": int(kv_bytes),
+            "kv_tokens": int(kv_tokens),
+            "codebook_bytes": int(codebook_bytes),
         }
 
 

@@ -80,18 +80,27 @@ class TrieView:
             node = self.nodes.get(node.parent_id) if node.parent_id else None
         return out[::-1]
 
-    def windows(self, store: Store, requests: list[tuple[str, int, int]]) -> list[np.ndarray]:
-        """Token ids of (session_id, start, end) ranges, clipped at each session's end; one query."""
+    def windows(
+        self, store: Store, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray
+    ) -> list[np.ndarray]:
+        """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
+        search index's copy where the node is in it (``runs``: node_id -> first slot), else from
+        the token blocks, all of them in one query."""
         parts = [
             [(n.node_id, max(lo, n.start) - n.start, min(hi, n.end) - n.start) for n in self.path(sid) if n.start < hi and n.end > lo]
             for sid, lo, hi in requests
         ]
-        wanted = sorted({(nid, k) for ps in parts for nid, a, b in ps for k in fractal.blocks_for_range(a, b, self.streams[nid][1])})
+        wanted = sorted(
+            {(nid, k) for ps in parts for nid, a, b in ps if nid not in runs for k in fractal.blocks_for_range(a, b, self.streams[nid][1])}
+        )
         blobs = store.load_blocks(wanted)
         out = []
         for ps in parts:
             pieces = []
             for nid, a, b in ps:
+                if nid in runs:
+                    pieces.append(tokens_by_slot[runs[nid] + a : runs[nid] + b].astype(np.int64))
+                    continue
                 alphabet, block_size = self.streams[nid]
                 needed = fractal.blocks_for_range(a, b, block_size)
                 pieces.append(fractal.decode_range([blobs[(nid, k)] for k in needed], alphabet, block_size, a, b))
