@@ -15,7 +15,6 @@ import importlib.util
 import lzma
 import math
 import os
-import platform
 import sys
 import sysconfig
 import time

@@ -23,7 +23,6 @@ import json
 import lzma
 import math
 import os
-import platform
 import sys
 import sysconfig
 import time

@@ -39,8 +39,17 @@ with kvdb.open(ARCHIVE) as db:
     print("\n--- continue the story from its 40th token ---")
     print(db.continue_session("story", at=40, max_new_tokens=30))
 
+    print("\n--- search: where does 'the sea' occur? ---")
+    for hit in db.search("the sea", k=3, context=12):
+        grade = "exact" if hit.exact else f"{hit.match_tokens}/{hit.query_tokens} tokens"
+        print(f"{hit.name} @{hit.position} [{grade}]: ...{hit.before}[{hit.match}]{hit.after}...".replace("\n", " "))
+
+    print("\n--- prefixes several sessions share (stored once) ---")
+    for prefix in db.prefixes():
+        print(f"{prefix.tokens:>4} tokens, {prefix.bits:7.1f} bits, {prefix.sessions} sessions: {prefix.text}")
+
     stats = db.stats()
     print("\n--- stats ---")
-    print(f"{stats.sessions} sessions, {stats.tokens} tokens")
+    print(f"{stats.sessions} sessions, {stats.tokens} tokens, {stats.stored_tokens} stored once in {stats.nodes} trie nodes")
     for tier, per_token in stats.bytes_per_token.items():
         print(f"  {tier:<9} {stats.bytes[tier]:>8} B  {per_token:.2f} B/token")

@@ -8,7 +8,6 @@ stats never pay for it.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -20,17 +19,17 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from kvdb import capture, fractal, lmcode, quant
+from kvdb import capture, lmcode, quant
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
 from kvdb import transcripts, trie
-from kvdb.errors import AmbiguousSession, CorruptData, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
-from kvdb.index import SlotMap, WalkIndex
+from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
+from kvdb.index import Indexes, SlotMap
 from kvdb.model import LoadedModel
 from kvdb.restore import RestoredSession
 from kvdb.search import Hit
-from kvdb.store import IndexState, ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
+from kvdb.store import ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
 TIERS = ("tokens", "search", "lm", "kv")
@@ -114,7 +113,7 @@ class Archive:
         self._store = Store(self.path)
         self._lm: LoadedModel | None = None
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
-        self._indexes: dict[str, WalkIndex] = {}  # by index key, loaded on first use
+        self._indexes = Indexes(self._store, self.path)
         self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
         self._recent_lm = None  # (ids, lmcode.Context) after the last session coded in tier L
@@ -221,10 +220,12 @@ class Archive:
         row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
         self._changed()
+        write = SessionWrite(row, alphabet, split, node)
         if node is None or "search" not in node.keep:
-            self._store.write_session(SessionWrite(row, alphabet, split, node))
+            self._store.write_session(write)
         else:
-            self._write_with_index(lm, SessionWrite(row, alphabet, split, node), ids[: match.matched])
+            tok_hash = lm.identity.tokenizer_hash
+            self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested")
 
     def _split(self, lm: LoadedModel, match: trie.PrefixMatch, ids: np.ndarray, head_id: str):
@@ -253,21 +254,6 @@ class Archive:
         if self._recent_lm is not None and len(self._recent_lm[0]) == length and np.array_equal(self._recent_lm[0], ids[:length]):
             return self._recent_lm[1]
         return lmcode.context_for(lm.model, ids[:length])
-
-    def _write_with_index(self, lm: LoadedModel, write: SessionWrite, context: np.ndarray) -> None:
-        """The sidecar index is saved first; if the database commit then fails, the index is one
-        generation ahead of the database, which the next open detects and rebuilds."""
-        key = index_key(lm.identity.tokenizer_hash)
-        index = self._index(key, lm.identity.tokenizer_hash, write.alphabet)
-        try:
-            first = index.add(write.node.tokens, context)
-            index.generation += 1
-            index.save(self._index_path(key))
-            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, {write.node.node_id: first})
-            self._store.write_session(dataclasses.replace(write, index=state))
-        except BaseException:
-            self._indexes.pop(key, None)
-            raise
 
     def _kv_codes(self, lm: LoadedModel, cache, start: int) -> tuple[str, dict[int, np.ndarray]]:
         """Tier K of positions [start, end) from the ingest pass's own cache: keys rotated back to
@@ -511,7 +497,7 @@ class Archive:
         slots, names, view = self._search_tables(key, tok_hash)
         if not len(slots.first):
             return []
-        index = self._index(key, tok_hash)
+        index = self._indexes.get(key, tok_hash)
         runs = dict(zip(slots.node_ids, slots.first.tolist()))
         sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
@@ -535,7 +521,7 @@ class Archive:
     def _search_tables(self, key: str, tok_hash: str) -> tuple[SlotMap, dict[str, str], trie.TrieView]:
         """Slot runs of the live nodes, session names and the trie's shape, cached until the archive changes."""
         if key not in self._search_cache:
-            self._index(key, tok_hash)  # rebuilds the index (and its runs) when stale
+            self._indexes.get(key, tok_hash)  # rebuilds the index (and its runs) when stale
             names = {s.session_id: s.name for s in self._store.list_sessions()}
             self._search_cache[key] = (SlotMap.from_rows(self._store.slot_runs(key)), names, trie.TrieView.load(self._store))
         return self._search_cache[key]
@@ -549,7 +535,8 @@ class Archive:
         _, tok_hash = self._tokenizer_and_hash()
         key = index_key(tok_hash)
         start = time.perf_counter()
-        index = self._rebuild_index(key, tok_hash)
+        self._changed()
+        index = self._indexes.rebuild(key, tok_hash)
         return {
             "index_key": key,
             "sessions": len(self._store.list_sessions()),
@@ -566,52 +553,6 @@ class Archive:
             tokenizer = lm_ops.load_tokenizer(self.model_name)
             self._tokenizer = (tokenizer, lm_ops.tokenizer_hash(tokenizer))
         return self._tokenizer
-
-    def _index_path(self, key: str) -> Path:
-        return self.path.with_name(self.path.name + ".index") / f"{key}.keys"
-
-    def _index(self, key: str, tok_hash: str, alphabet: int = 0) -> WalkIndex:
-        """The index for a tokenizer, loaded from its sidecar if that agrees with the database,
-        else rebuilt (also when a stream needs a larger ``alphabet`` than it was built for)."""
-        if key in self._indexes and self._indexes[key].alphabet >= alphabet:
-            return self._indexes[key]
-        state = self._store.index_state(key)
-        header = WalkIndex.read_header(self._index_path(key))
-        nodes = [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tok_hash)) if "search" in n.keep]
-        index = None
-        if (
-            state is not None
-            and header is not None
-            and (header.generation, header.ntotal) == (state.generation, state.ntotal)
-            and set(state.ranges) == {n.node_id for n in nodes}
-        ):
-            try:
-                index = WalkIndex.load(self._index_path(key))
-            except CorruptData:
-                index = None
-        live = sum(n.n_tokens for n in nodes)
-        if index is None or index.alphabet < alphabet or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:
-            index = self._rebuild_index(key, tok_hash, alphabet)  # stale, damaged, too small, or mostly tombstones
-        self._indexes[key] = index
-        return index
-
-    def _rebuild_index(self, key: str, tok_hash: str, alphabet: int = 0) -> WalkIndex:
-        self._changed()
-        state = self._store.index_state(key)
-        header = WalkIndex.read_header(self._index_path(key))
-        generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
-        model_ids = self._store.model_ids_with_tokenizer(tok_hash)
-        index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
-        first_slots = {}
-        for node in (n for n in self._store.nodes_of(model_ids) if "search" in n.keep):  # parents first
-            context = None
-            if node.parent_id is not None:
-                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
-            first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
-        index.save(self._index_path(key))
-        self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
-        self._indexes[key] = index
-        return index
 
     # maintenance ----------------------------------------------------------------------
     def delete(self, session: str) -> Session:

@@ -17,6 +17,7 @@ docs/design.md (measured: a FAISS flat range search scans 16 bytes/token per que
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -28,6 +29,7 @@ import numpy as np
 
 from kvdb import fractal
 from kvdb.errors import CorruptData
+from kvdb.store import IndexState, SessionWrite, Store
 
 MAGIC = b"KVDBIDX3"
 _LENGTH = struct.Struct("<I")
@@ -164,3 +166,77 @@ class SlotMap:
         position = slots - np.where(ok, self.first[np.maximum(run, 0)], 0)
         ok &= position < np.where(ok, self.length[np.maximum(run, 0)], 0)
         return np.where(ok, run, -1), position
+
+
+class Indexes:
+    """The search indexes of one archive, one per tokenizer (``key``), each in a sidecar file
+    bound to the database: loaded when the file agrees with the database, else rebuilt."""
+
+    def __init__(self, store: Store, archive_path: Path):
+        self._store = store
+        self._folder = archive_path.with_name(archive_path.name + ".index")
+        self._loaded: dict[str, WalkIndex] = {}
+
+    def path(self, key: str) -> Path:
+        return self._folder / f"{key}.keys"
+
+    def get(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
+        """The index, rebuilt if its file is missing, damaged or stale, if it was built for a
+        smaller ``alphabet`` than a new stream needs, or if tombstones outnumber live points."""
+        if key in self._loaded and self._loaded[key].alphabet >= alphabet:
+            return self._loaded[key]
+        state = self._store.index_state(key)
+        header = WalkIndex.read_header(self.path(key))
+        nodes = self._searchable(tokenizer_hash)
+        index = None
+        if (
+            state is not None
+            and header is not None
+            and (header.generation, header.ntotal) == (state.generation, state.ntotal)
+            and set(state.ranges) == {n.node_id for n in nodes}
+        ):
+            try:
+                index = WalkIndex.load(self.path(key))
+            except CorruptData:
+                index = None
+        live = sum(n.n_tokens for n in nodes)
+        if index is None or index.alphabet < alphabet or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:
+            index = self.rebuild(key, tokenizer_hash, alphabet)
+        self._loaded[key] = index
+        return index
+
+    def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
+        """A new index from the token streams of every node that keeps the search tier."""
+        state = self._store.index_state(key)
+        header = WalkIndex.read_header(self.path(key))
+        generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
+        model_ids = self._store.model_ids_with_tokenizer(tokenizer_hash)
+        index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
+        first_slots = {}
+        for node in self._searchable(tokenizer_hash):  # parents first
+            context = None
+            if node.parent_id is not None:
+                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
+            first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
+        index.save(self.path(key))
+        self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
+        self._loaded[key] = index
+        return index
+
+    def write_session(self, key: str, tokenizer_hash: str, write: SessionWrite, context: np.ndarray) -> None:
+        """Commit a session whose new node joins the index. The sidecar is saved first; if the
+        database commit then fails, the file is one generation ahead of the database, which the
+        next ``get`` detects and rebuilds."""
+        index = self.get(key, tokenizer_hash, write.alphabet)
+        try:
+            first = index.add(write.node.tokens, context)
+            index.generation += 1
+            index.save(self.path(key))
+            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, {write.node.node_id: first})
+            self._store.write_session(dataclasses.replace(write, index=state))
+        except BaseException:
+            self._loaded.pop(key, None)
+            raise
+
+    def _searchable(self, tokenizer_hash: str):
+        return [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)) if "search" in n.keep]

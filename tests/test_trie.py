@@ -110,8 +110,8 @@ def test_deleted_session_revived_before_gc_is_searchable(archive):
 
 def test_prefix_bits_add_up_along_the_path(archive):
     common = "Once upon a time, in a quiet village, "
-    a = archive.ingest(text=common + "a baker sang.", name="a")[0]
-    b = archive.ingest(text=common + "a cat slept.", name="b")[0]
+    archive.ingest(text=common + "a baker sang.", name="a")
+    archive.ingest(text=common + "a cat slept.", name="b")
     shared = trie.common_prefix(archive.tokens("a"), archive.tokens("b"))
     expected = -archive.logprobs("a")[:shared].sum(dtype=np.float64) / np.log(2)
     assert archive.prefix_bits("a", "b") == pytest.approx(expected)
