@@ -232,6 +232,43 @@ def search(ctx, phrase, k, context, session, model, as_json):
         sys.exit(1)
 
 
+@main.command()
+@click.option("--deep", is_flag=True, help="Check every stored block and decode every session (else a sample of each tier).")
+@json_option
+@click.pass_context
+def verify(ctx, deep, as_json):
+    """Check the archive: stored blocks, the trie, reference counts, search indexes.
+
+    Exit status 0 when everything holds, 1 when a problem was found (one line each).
+    """
+    report = _open(ctx).verify(deep=deep)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        for problem in report.problems:
+            click.echo(f"problem: {problem}")
+        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+        click.echo(f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}: checked {checked}", err=not report.ok)
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@json_option
+@click.pass_context
+def repair(ctx, as_json):
+    """Rebuild what can be derived (search indexes), then say what cannot be repaired."""
+    result = _open(ctx).repair()
+    if as_json:
+        _emit(result)
+    else:
+        click.echo(f"rebuilt {len(result['rebuilt_indexes'])} search index(es)")
+        for problem in result["unrepairable"]:
+            click.echo(f"cannot repair: {problem}")
+    if not result["ok"]:
+        sys.exit(1)
+
+
 @main.group()
 def codebooks():
     """KV codebooks (tier K): residual-VQ centroids per layer, head and K/V."""

@@ -24,6 +24,7 @@ from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
 from kvdb import transcripts, trie
+from kvdb import verify as verify_ops
 from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
 from kvdb.index import Indexes, SlotMap
 from kvdb.model import LoadedModel
@@ -570,6 +571,21 @@ class Archive:
         self._changed()
         self._store.drop_tiers([n.node_id for n in self._store.node_path(row.session_id)], set(TIERS) - {"tokens"} - optional)
         return _session(row)
+
+    def verify(self, deep: bool = False) -> verify_ops.Report:
+        """Check stored blocks (a sample of each tier, or all with ``deep``), the trie, reference
+        counts and the search indexes; ``deep`` also decodes every session and checks its hash."""
+        return verify_ops.verify(self._store, {key: self._indexes.path(key) for key in self._store.index_keys()}, deep)
+
+    def repair(self) -> dict:
+        """Rebuild what can be derived (the search indexes); report what cannot."""
+        self._changed()
+        rebuilt = []
+        for tok_hash in self._store.tokenizer_hashes():
+            self._indexes.rebuild(index_key(tok_hash), tok_hash)
+            rebuilt.append(index_key(tok_hash))
+        remaining = self.verify(deep=True).problems
+        return {"rebuilt_indexes": rebuilt, "unrepairable": remaining, "ok": not remaining}
 
     def gc(self) -> dict:
         """Free the trie nodes (and every tier stored for them) that no session uses any more."""

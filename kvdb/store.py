@@ -590,6 +590,32 @@ class Store:
             ).all()
         return [(_node_row(r), int(r.alphabet), int(r.block_size)) for r in rows]
 
+    def stored_blobs(self, tier: str, sample: int | None = None):
+        """(owner id, block number or 0, bytes) of every stored blob of a tier ("tokens", "kv",
+        "lm", "codebooks"), or of an evenly spread sample of about ``sample``: what verify reads."""
+        table, key, part, data = {
+            "tokens": (token_blocks, token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data),
+            "kv": (node_kv, node_kv.c.node_id, node_kv.c.block_no, node_kv.c.data),
+            "lm": (node_lm, node_lm.c.node_id, None, node_lm.c.payload),
+            "codebooks": (codebooks, codebooks.c.codebook_id, None, codebooks.c.data),
+        }[tier]
+        order = (key,) if part is None else (key, part)
+        part = sa.literal_column("0") if part is None else part
+        numbered = sa.select(
+            key.label("owner"), part.label("part"), data.label("data"), sa.func.row_number().over(order_by=order).label("n")
+        ).subquery()
+        query = sa.select(numbered.c.owner, numbered.c.part, numbered.c.data).order_by(numbered.c.n)
+        with self.engine.connect() as conn:
+            if sample is not None:
+                count = conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+                query = query.where((numbered.c.n - 1) % max(1, count // max(sample, 1)) == 0)
+            yield from conn.execute(query)
+
+    def logprob_lengths(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(node_logprobs.c.node_id, sa.func.octet_length(node_logprobs.c.logprobs)))
+            return {r[0]: int(r[1]) // 4 for r in rows}
+
     def load_blocks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
         """Token blocks by (node_id, block_no), in one query."""
         if not wanted:
@@ -654,6 +680,14 @@ class Store:
                 sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
             ).all()
         return IndexState(index_key, row.alphabet, row.depth, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
+
+    def tokenizer_hashes(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return sorted(set(conn.execute(sa.select(models.c.tokenizer_hash)).scalars()))
+
+    def index_keys(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(search_indexes.c.index_key)).scalars())
 
     def slot_runs(self, index_key: str) -> list[tuple[str, int, int, int]]:
         """(node_id, first_slot, n_tokens, start of the node on its path) of every node in an

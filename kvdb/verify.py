@@ -1,0 +1,128 @@
+"""Checking an archive: every stored block's integrity, the trie's shape and reference counts,
+the search index against the database, and (deep) a lossless decode of every token stream.
+
+Each problem is one line a user can act on. What can be derived again (the search index) is
+what `repair` rebuilds; what cannot (a damaged token block) is reported with the sessions it
+breaks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvdb import fractal, lmcode, quant, trie
+from kvdb.errors import KvdbError
+from kvdb.store import Store
+
+SAMPLE = 64  # blobs per tier checked without --deep
+
+
+@dataclass
+class Report:
+    checked: Counter = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems}
+
+
+def verify(store: Store, index_paths, deep: bool = False) -> Report:
+    """``index_paths``: key -> sidecar path of each search index the archive should have."""
+    report = Report()
+    shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
+    _check_blobs(store, report, shapes, deep)
+    _check_trie(store, report, shapes, deep)
+    _check_indexes(store, report, index_paths)
+    return report
+
+
+def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:
+    sample = None if deep else SAMPLE
+    for node_id, block_no, data in store.stored_blobs("tokens", sample):
+        report.checked["token blocks"] += 1
+        _guard(report, f"token block {block_no} of node {node_id[:12]}", lambda: fractal.block_count(data, shapes[node_id][1]))
+    for node_id, _, data in store.stored_blobs("kv", sample):
+        report.checked["kv blocks"] += 1
+        _guard(report, f"KV code block of node {node_id[:12]}", lambda: _kv_block(data))
+    for node_id, _, data in store.stored_blobs("lm", sample):
+        report.checked["lm payloads"] += 1
+        _guard(report, f"tier L payload of node {node_id[:12]}", lambda: lmcode.read_header(data))
+    for codebook_id, _, data in store.stored_blobs("codebooks"):
+        report.checked["codebooks"] += 1
+        _guard(report, f"codebooks {codebook_id[:12]}", lambda: quant.Codebooks.from_bytes(data))
+
+
+def _kv_block(data: bytes) -> None:
+    """A code block names its alphabet in its header; check it against that alphabet."""
+    alphabet = (int.from_bytes(data[:4], "little") >> 8) + 1 if len(data) >= 4 else fractal.MIN_ALPHABET
+    fractal.block_count(data, max(alphabet, fractal.MIN_ALPHABET))
+
+
+def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
+    sessions = store.list_sessions()
+    through = Counter()
+    lengths = store.logprob_lengths()
+    for node, _, _ in shapes.values():
+        report.checked["nodes"] += 1
+        parent = shapes.get(node.parent_id) if node.parent_id else None
+        if node.parent_id and parent is None:
+            report.problems.append(f"node {node.node_id[:12]} names a parent {node.parent_id[:12]} that is not stored")
+        elif parent is not None and parent[0].end != node.start:
+            report.problems.append(f"node {node.node_id[:12]} starts at {node.start}, its parent ends at {parent[0].end}")
+        if lengths.get(node.node_id) != node.n_tokens:
+            report.problems.append(f"node {node.node_id[:12]} has {lengths.get(node.node_id)} log-probabilities for {node.n_tokens} tokens")
+    for session in sessions:
+        report.checked["sessions"] += 1
+        path, node_id = [], session.session_id
+        while node_id is not None and node_id in shapes and len(path) <= len(shapes):
+            path.append(shapes[node_id][0])
+            node_id = shapes[node_id][0].parent_id
+        if not path or path[0].node_id != session.session_id or node_id is not None:
+            report.problems.append(f"session {session.session_id[:12]} ({session.name}): its trie path is broken; it cannot be read")
+            continue
+        through.update(n.node_id for n in path)
+        if path[0].end != session.n_tokens:
+            report.problems.append(f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}")
+        if deep:
+            try:
+                ids = store.load_tokens(session.session_id)
+            except (KvdbError, KeyError) as exc:
+                report.problems.append(f"session {session.session_id[:12]} ({session.name}): tokens do not decode: {exc}")
+                continue
+            if trie.path_id(session.model_id, ids) != session.session_id:
+                report.problems.append(f"session {session.session_id[:12]} ({session.name}): decoded tokens do not match its content hash")
+    for node, _, _ in shapes.values():
+        if node.refcount != through[node.node_id]:
+            report.problems.append(f"node {node.node_id[:12]} counts {node.refcount} sessions, {through[node.node_id]} run through it")
+
+
+def _check_indexes(store: Store, report: Report, index_paths) -> None:
+    from kvdb.index import WalkIndex
+
+    for key, path in index_paths.items():
+        state = store.index_state(key)
+        if state is None:
+            continue
+        report.checked["search indexes"] += 1
+        header = WalkIndex.read_header(path)
+        if header is None or (header.generation, header.ntotal) != (state.generation, state.ntotal):
+            report.problems.append(f"search index {key}: {path} is missing or stale (run `kvdb repair` or `kvdb index rebuild`)")
+            continue
+        try:
+            WalkIndex.load(path)
+        except KvdbError as exc:
+            report.problems.append(f"search index {key}: {exc} (run `kvdb repair`)")
+
+
+def _guard(report: Report, what: str, check) -> None:
+    try:
+        check()
+    except KvdbError as exc:
+        report.problems.append(f"{what}: {exc}")
+    except (ValueError, KeyError, IndexError) as exc:
+        report.problems.append(f"{what}: unreadable ({type(exc).__name__}: {exc})")

@@ -1,0 +1,69 @@
+"""verify finds damage in one line each and exits non-zero; repair rebuilds what can be derived."""
+
+import json
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+import kvdb
+from kvdb_cli.main import main
+
+from conftest import write
+
+
+@pytest.fixture
+def archived(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="A shared beginning, then the first ending.", name="one", keep="tokens,search,lm")
+        db.ingest(text="A shared beginning, then a second ending.", name="two")
+        assert db.search("beginning", k=2)
+    return path
+
+
+def test_a_healthy_archive_verifies(archived, tiny_model):
+    with kvdb.open(archived, model=tiny_model) as db:
+        for deep in (False, True):
+            report = db.verify(deep=deep)
+            assert report.ok, report.problems
+            assert report.checked["sessions"] == 2 and report.checked["token blocks"] >= 3 and report.checked["lm payloads"] >= 1
+
+
+def test_a_corrupted_token_block_is_caught(archived, tiny_model):
+    con = duckdb.connect(str(archived))
+    node, block, data = con.execute("select node_id, block_no, data from token_blocks limit 1").fetchone()
+    damaged = bytearray(data)
+    damaged[10] ^= 0x40
+    con.execute("update token_blocks set data = ? where node_id = ? and block_no = ?", [bytes(damaged), node, block])
+    con.close()
+    with kvdb.open(archived, model=tiny_model) as db:
+        report = db.verify(deep=True)
+    assert not report.ok
+    assert any(f"token block {block} of node {node[:12]}" in p and "CRC" in p for p in report.problems)
+
+
+def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
+    con = duckdb.connect(str(archived))
+    con.execute("update nodes set refcount = refcount + 5 where parent_id is null")
+    con.execute("update search_indexes set generation = generation + 1")
+    con.close()
+    with kvdb.open(archived, model=tiny_model) as db:
+        problems = db.verify().problems
+        assert any("counts" in p and "run through it" in p for p in problems)
+        assert any("missing or stale" in p for p in problems)
+        result = db.repair()
+    assert result["rebuilt_indexes"] and any("run through it" in p for p in result["unrepairable"])
+    assert not any("stale" in p for p in result["unrepairable"])
+
+
+def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
+    runner = CliRunner()
+    base = ["--db", str(archived)]
+    ok = runner.invoke(main, [*base, "verify", "--json"], env={"KVDB_MODEL": tiny_model})
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
+    con = duckdb.connect(str(archived))
+    con.execute("update node_lm set payload = 'garbage'")
+    con.close()
+    bad = runner.invoke(main, [*base, "verify", "--deep"], env={"KVDB_MODEL": tiny_model})
+    assert bad.exit_code == 1 and "tier L payload" in bad.stdout and "Traceback" not in bad.output
