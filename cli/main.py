@@ -245,6 +245,8 @@ def verify(ctx, deep, as_json):
     if as_json:
         _emit(report.to_dict())
     else:
+        for note in report.notes:
+            click.echo(f"note: {note}")
         for problem in report.problems:
             click.echo(f"problem: {problem}")
         checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())

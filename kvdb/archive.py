@@ -574,8 +574,16 @@ class Archive:
 
     def verify(self, deep: bool = False) -> verify_ops.Report:
         """Check stored blocks (a sample of each tier, or all with ``deep``), the trie, reference
-        counts and the search indexes; ``deep`` also decodes every session and checks its hash."""
-        return verify_ops.verify(self._store, {key: self._indexes.path(key) for key in self._store.index_keys()}, deep)
+        counts and the search indexes; ``deep`` also decodes every session and checks its hash.
+
+        A search index behind or ahead of the database (a crash between writing the two) is
+        what opening the index detects and rebuilds anyway; verify does that first and notes it.
+        """
+        before = len(self._indexes.rebuilt)
+        for tok_hash in self._store.tokenizer_hashes():
+            self._indexes.get(index_key(tok_hash), tok_hash)
+        notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
+        return verify_ops.verify(self._store, {key: self._indexes.path(key) for key in self._store.index_keys()}, deep, notes)
 
     def repair(self) -> dict:
         """Rebuild what can be derived (the search indexes); report what cannot."""

@@ -176,6 +176,7 @@ class Indexes:
         self._store = store
         self._folder = archive_path.with_name(archive_path.name + ".index")
         self._loaded: dict[str, WalkIndex] = {}
+        self.rebuilt: list[str] = []  # keys rebuilt by this process, in order
 
     def path(self, key: str) -> Path:
         return self._folder / f"{key}.keys"
@@ -221,6 +222,7 @@ class Indexes:
         index.save(self.path(key))
         self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
         self._loaded[key] = index
+        self.rebuilt.append(key)
         return index
 
     def write_session(self, key: str, tokenizer_hash: str, write: SessionWrite, context: np.ndarray) -> None:

@@ -22,18 +22,19 @@ SAMPLE = 64  # blobs per tier checked without --deep
 class Report:
     checked: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was found and mended on the way (a stale index rebuilt)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems}
+        return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems, "notes": self.notes}
 
 
-def verify(store: Store, index_paths, deep: bool = False) -> Report:
+def verify(store: Store, index_paths, deep: bool = False, notes: list[str] = ()) -> Report:
     """``index_paths``: key -> sidecar path of each search index the archive should have."""
-    report = Report()
+    report = Report(notes=list(notes))
     shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
     _check_blobs(store, report, shapes, deep)
     _check_trie(store, report, shapes, deep)

@@ -43,12 +43,12 @@ def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
     con.execute("update search_indexes set generation = generation + 1")
     con.close()
     with kvdb.open(archived, model=tiny_model) as db:
-        problems = db.verify().problems
-        assert any("counts" in p and "run through it" in p for p in problems)
-        assert any("missing or stale" in p for p in problems)
+        report = db.verify()
+        assert any("counts" in p and "run through it" in p for p in report.problems)
+        assert any("disagreed with the database; rebuilt" in n for n in report.notes)  # detected and mended
+        assert not any("stale" in p for p in report.problems)
         result = db.repair()
     assert result["rebuilt_indexes"] and any("run through it" in p for p in result["unrepairable"])
-    assert not any("stale" in p for p in result["unrepairable"])
 
 def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
     runner = CliRunner()
