@@ -31,9 +31,14 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not model"
 
+# Each benchmark appends its table to benchmarks/RESULTS.md (about 40 minutes in all on 2 cores).
 bench: install
 	$(PY) benchmarks/codec.py
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/search.py
+	$(PY) benchmarks/sharing.py
+	$(PY) benchmarks/lmcode.py
+	$(PY) benchmarks/kv.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
