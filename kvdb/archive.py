@@ -429,7 +429,7 @@ class Archive:
         if mode == "auto":
             mode = "archive" if nodes and all("kv" in n.keep for n in nodes) else "exact"
         tokens = self._store.load_tokens(row.session_id, 0, at)
-        if mode == "exact":
+        if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
             return restore_ops.restore_exact(lm, row.session_id, tokens)
         if mode == "archive":
             start = time.perf_counter()
