@@ -72,8 +72,9 @@ def main(ctx, db):
     Show one back:         kvdb show SESSION
     Restore and continue:  kvdb restore SESSION --prompt "What next?"
 
-    SESSION is a full id, a unique id prefix, or a session name.
-    Exit codes: 0 ok, 1 some input failed, 2 bad input or argument, 3 no such session,
+    SESSION is a full id, a session name, or a unique id prefix.
+    Exit codes: 0 ok, 1 some input failed (or: search found nothing, verify found a
+    problem), 2 bad input or argument, 3 no such session,
     4 model missing or mismatched, 5 archive unreadable, 6 archive in use by another
     process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10), 70 internal error.
     """
@@ -348,7 +349,7 @@ def prefixes(ctx, as_json):
 @json_option
 @click.pass_context
 def compact(ctx, session, keep, as_json):
-    """Drop optional tiers (search, lm) from a session's stored nodes.
+    """Drop optional tiers (search, lm, kv) from a session's stored nodes.
 
     Prefix nodes the session shares with others are compacted for all of them: they are
     stored once. What remains keeps show, search (if kept) and restore working.
