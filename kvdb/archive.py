@@ -209,6 +209,7 @@ class Archive:
             split, lm_context = self._split(lm, match, ids, parent_id)
         elif match.node is not None:
             parent_id = match.node.node_id
+        cache = None
         if match.matched < len(ids):
             logprobs, cache = self._score_suffix(lm, ids, match.matched)
             payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
@@ -227,7 +228,20 @@ class Archive:
         else:
             tok_hash = lm.identity.tokenizer_hash
             self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
+        if "kv" in optional:
+            self._complete_kv(lm, session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested")
+
+    def _complete_kv(self, lm: LoadedModel, session_id: str, ids: np.ndarray, cache) -> None:
+        """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
+        holds the whole session; a session that added no node prefills one), so the new session
+        restores from the archive end to end."""
+        missing = [n for n in self._store.node_path(session_id) if "kv" not in n.keep]
+        if missing and cache is None:
+            cache = lm_ops.prefill(lm.model, ids)
+        for node in missing:
+            codebook_id, streams = self._kv_codes(lm, cache, node.start, node.end)
+            self._store.add_kv(node.node_id, codebook_id, streams)
 
     def _split(self, lm: LoadedModel, match: trie.PrefixMatch, ids: np.ndarray, head_id: str):
         """Cut the node the new session diverges in; a node with tier L gets both halves re-coded
@@ -256,11 +270,11 @@ class Archive:
             return self._recent_lm[1]
         return lmcode.context_for(lm.model, ids[:length])
 
-    def _kv_codes(self, lm: LoadedModel, cache, start: int) -> tuple[str, dict[int, np.ndarray]]:
+    def _kv_codes(self, lm: LoadedModel, cache, start: int, end: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
         """Tier K of positions [start, end) from the ingest pass's own cache: keys rotated back to
         pre-RoPE, quantized with the model's newest codebooks, as token-major code streams."""
         codebook_id, books = self._codebooks(lm.identity.model_id)
-        keys, values = capture.cache_arrays(cache, start)
+        keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
             keys = capture.apply_rope(lm.model, keys, start, inverse=True)
         return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))

@@ -111,11 +111,11 @@ def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache
         yield lo, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32)
 
 
-def cache_arrays(cache, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Keys (post-RoPE, as cached) and values of positions ``start ..`` of a DynamicCache, float32
+def cache_arrays(cache, start: int = 0, end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Keys (post-RoPE, as cached) and values of positions [start, end) of a DynamicCache, float32
     ``[layers, kv_heads, seq, head_dim]``: ingest takes tier K from the pass it scores with."""
-    keys = np.stack([_layer_kv(cache, i)[0][0, :, start:].float().numpy() for i in range(len(cache.layers))])
-    values = np.stack([_layer_kv(cache, i)[1][0, :, start:].float().numpy() for i in range(len(cache.layers))])
+    keys = np.stack([_layer_kv(cache, i)[0][0, :, start:end].float().numpy() for i in range(len(cache.layers))])
+    values = np.stack([_layer_kv(cache, i)[1][0, :, start:end].float().numpy() for i in range(len(cache.layers))])
     return np.ascontiguousarray(keys), np.ascontiguousarray(values)
 
 

@@ -477,6 +477,15 @@ class Store:
             if "kv" in tiers:
                 conn.execute(node_kv.delete().where(node_kv.c.node_id.in_(node_ids)))
 
+    def add_kv(self, node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> None:
+        """Give an existing node tier K (a shared prefix stored before without it)."""
+        with self.engine.begin() as conn:
+            node = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one())
+            if "kv" in node.keep:
+                return
+            self._put_kv(conn, node_id, codebook_id, streams)
+            conn.execute(nodes.update().where(nodes.c.node_id == node_id).values(keep=_keep_text(node.keep | {"kv"})))
+
     def node_kv(self, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
         """(codebook_id, {codebook size: token-major code symbols}) of a node, or None."""
         with self.engine.connect() as conn:

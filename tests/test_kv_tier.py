@@ -98,3 +98,20 @@ def test_cli_codebooks_restore_archive_fidelity(tmp_path, tiny_model):
     assert row["mode"] == "archive" and set(row["fidelity"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
     stats = json.loads(runner.invoke(main, [*base, "stats", "--json"], env=env).stdout)
     assert stats["bytes_per_token"]["kv"] > 0 and stats["kv_ratio_vs_fp16"] > 1 and stats["codebook_bytes"] > 0
+
+
+def test_shared_prefix_stored_without_kv_gets_it(kv_archive):
+    opening = "An opening line archived first without tier K. "
+    kv_archive.ingest(text=opening + "Plain ending.", name="plain")
+    kv_archive.ingest(text=opening + "An ending that wants a fast restore.", keep=KV, name="fast")
+    assert kv_archive.restore("fast").mode == "archive"
+    assert kv_archive.restore("plain").mode == "exact"  # its own tail node still has no tier K
+    assert kv_archive.verify(deep=True).ok
+
+
+def test_reingest_after_delete_asks_for_kv_again(kv_archive):
+    text = "Deleted, then archived again with tier K before gc ran."
+    kv_archive.ingest(text=text, name="again")
+    kv_archive.delete("again")
+    kv_archive.ingest(text=text, keep=KV, name="again")  # the node still exists: no new tokens, no scoring
+    assert kv_archive.restore("again").mode == "archive"
