@@ -39,6 +39,7 @@ bench: install
 	$(PY) benchmarks/sharing.py
 	$(PY) benchmarks/lmcode.py
 	$(PY) benchmarks/kv.py
+	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/soak.py
 
 clean:
