@@ -40,6 +40,7 @@ bench: install
 	$(PY) benchmarks/lmcode.py
 	$(PY) benchmarks/kv.py
 	$(PY) benchmarks/restore.py
+	$(PY) benchmarks/semantic.py
 	$(PY) benchmarks/soak.py
 
 clean:

@@ -203,10 +203,12 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
+@click.option("--semantic", is_flag=True, help="Nearest contexts in the model's key space (sessions stored with tier K; loads the model).")
+@click.option("--layer", type=int, default=None, help="With --semantic: the layer whose keys are compared (default: the middle one).")
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, model, as_json):
+def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase.
@@ -216,12 +218,17 @@ def search(ctx, phrase, k, context, session, model, as_json):
     archive = _open(ctx, model)
     if not archive.sessions():
         _fail("the archive is empty; ingest transcripts first with `kvdb ingest PATH`", 1)
-    hits = archive.search(phrase, k=k, context=context, session=session)
+    if semantic:
+        if session is not None:
+            raise click.UsageError("--session and --semantic cannot be combined yet")
+        hits = archive.search_semantic(phrase, k=k, context=context, layer=layer)
+    else:
+        hits = archive.search(phrase, k=k, context=context, session=session)
     for h in hits:
         if as_json:
             _emit(h.to_dict())
             continue
-        grade = "exact" if h.exact else f"{h.match_tokens}/{h.query_tokens} tokens"
+        grade = "exact" if h.exact else f"cosine {h.similarity:.3f}" if h.similarity is not None else f"{h.match_tokens}/{h.query_tokens} tokens"
         click.echo(f"{h.name} {h.session_id[:12]} @{h.position}  [{grade}]")
         flat = lambda text: text.replace("\n", "\u23ce")  # noqa: E731  (one line per hit)
         click.echo("    " + flat(h.before) + click.style(flat(h.match), bold=True, reverse=True) + flat(h.after))

@@ -23,6 +23,7 @@ from kvdb import capture, lmcode, quant
 from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb import search as search_ops
+from kvdb import semantic as semantic_ops
 from kvdb import transcripts, trie
 from kvdb import verify as verify_ops
 from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
@@ -532,6 +533,62 @@ class Archive:
             k=k,
             context=context,
         )
+
+    def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
+        """Archived positions whose keys in ``layer`` (default: the middle one) are nearest the
+        phrase's last key: contexts the model represents alike, whatever their words. Covers the
+        sessions stored with tier K; loads the model (the phrase is run through it)."""
+        if not phrase or not phrase.strip():
+            raise InvalidArgument("empty search phrase; give some text to look for")
+        lm = self.lm
+        layers = lm.model.config.num_hidden_layers
+        layer = layers // 2 if layer is None else layer
+        if not 0 <= layer < layers:
+            raise InvalidArgument(f"layer must be from 0 to {layers - 1}, got {layer}")
+        ids = np.asarray(lm_ops.encode_text(lm.tokenizer, phrase), dtype=np.int64)
+        nodes, offsets, vectors = self._semantic_table(lm.identity.model_id, layer)
+        if not len(nodes):
+            return []
+        view = trie.TrieView.load(self._store)
+        names = {s.session_id: s.name for s in self._store.list_sessions()}
+        hits = []
+        rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(lm.model, ids, layer), 4 * k)
+        for row, score in zip(rows, scores):
+            node = view.nodes[nodes[row]]
+            session_id = view.owner.get(node.node_id)
+            if session_id is None:
+                continue
+            position = node.start + int(offsets[row])
+            lo, hi = max(0, position - context), position + 1 + context
+            window = self._store.load_tokens(session_id, lo, min(hi, view.path(session_id)[-1].end))
+            decode = lambda a, b: lm_ops.decode_tokens(lm.tokenizer, window[a - lo : b - lo])  # noqa: E731
+            hits.append(
+                Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False,
+                    decode(lo, position), decode(position, position + 1), decode(position + 1, hi), float(score))
+            )
+            if len(hits) == k:
+                break
+        return hits
+
+    def _semantic_table(self, model_id: str, layer: int):
+        """(node ids, offsets, unit key vectors) of every position stored with tier K, cached."""
+        cache_key = f"semantic:{model_id}:{layer}"
+        if cache_key not in self._search_cache:
+            nodes, offsets, vectors = [], [], []
+            for node in self._store.nodes_of([model_id]):
+                stored = self._store.node_kv(node.node_id) if node.refcount > 0 and "kv" in node.keep else None
+                if stored is None:
+                    continue
+                _, books = self._codebooks(model_id, stored[0])
+                vectors.append(semantic_ops.position_vectors(books, stored[1], node.n_tokens, layer))
+                nodes += [node.node_id] * node.n_tokens
+                offsets.append(np.arange(node.n_tokens))
+            self._search_cache[cache_key] = (
+                np.array(nodes, dtype=object),
+                np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
+                np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32),
+            )
+        return self._search_cache[cache_key]
 
     def _search_tables(self, key: str, tok_hash: str) -> tuple[SlotMap, dict[str, str], trie.TrieView]:
         """Slot runs of the live nodes, session names and the trie's shape, cached until the archive changes."""

@@ -46,10 +46,11 @@ class Hit:
     before: str  # context text before the match
     match: str
     after: str
+    similarity: float | None = None  # semantic hits: cosine of the keys; phrase hits rank by shared tokens
 
     @property
     def score(self) -> float:
-        return self.match_tokens / self.query_tokens
+        return self.similarity if self.similarity is not None else self.match_tokens / self.query_tokens
 
     @property
     def context(self) -> str:

@@ -78,6 +78,22 @@ def archive(tmp_path, tiny_model):
         yield db
 
 
+CALIBRATION = (
+    "Residual vector quantization stores each key and value as a few codebook indices. "
+    "The archive keeps them per trie node, and a restore rebuilds the cache without a forward pass. "
+) * 4
+KV = "tokens,search,kv"
+
+
+@pytest.fixture
+def kv_archive(archive):
+    archive.ingest(text=CALIBRATION, name="calibration")
+    report = archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
+    assert report["tokens"] == len(CALIBRATION.encode()) - 4 and report["bytes"] > 0
+    return archive
+
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2 (converted once into the user cache dir, then reused)."""

@@ -11,21 +11,7 @@ from click.testing import CliRunner
 from kvdb.errors import InvalidArgument
 from kvdb_cli.main import main
 
-from conftest import write
-
-CALIBRATION = (
-    "Residual vector quantization stores each key and value as a few codebook indices. "
-    "The archive keeps them per trie node, and a restore rebuilds the cache without a forward pass. "
-) * 4
-KV = "tokens,search,kv"
-
-
-@pytest.fixture
-def kv_archive(archive):
-    archive.ingest(text=CALIBRATION, name="calibration")
-    report = archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
-    assert report["tokens"] == len(CALIBRATION.encode()) - 4 and report["bytes"] > 0
-    return archive
+from conftest import CALIBRATION, KV, write
 
 
 def test_ingest_with_kv_restores_from_the_archive(kv_archive):
