@@ -31,7 +31,7 @@ import zstandard  # noqa: E402
 from kvdb import fractal  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe  # noqa: E402
+from report import describe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
+from report import publish  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
 
 LOAD = "import time; t = time.perf_counter(); from kvdb import model; model.load(); print(time.perf_counter() - t)"
@@ -86,13 +87,7 @@ def main() -> None:
         "|---|---|---|",
         *[f"| {a} | {b} | {c} |" for a, b, c in rows],
     ]
-    text = "\n".join(table) + "\n"
-    print(text)
-    results = Path(__file__).with_name("RESULTS.md")
-    with results.open("a", encoding="utf-8") as f:
-        if results.stat().st_size == 0:
-            f.write("# Benchmark results\n")
-        f.write(text)
+    publish(table)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
-from machine import describe  # noqa: E402
+from report import describe  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
 from kvdb import model as M  # noqa: E402

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from corpus import real_text  # noqa: E402
-from machine import describe  # noqa: E402
+from report import describe  # noqa: E402
 
 from kvdb import lmcode  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402

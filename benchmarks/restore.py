@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
-from machine import describe  # noqa: E402
+from report import describe, publish  # noqa: E402
 
 
 def main() -> None:
@@ -69,10 +69,7 @@ def main() -> None:
             for at, e, a, f in rows
         ],
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with Path(__file__).with_name("RESULTS.md").open("a", encoding="utf-8") as f:
-        f.write(text)
+    publish(lines)
 
 
 if __name__ == "__main__":

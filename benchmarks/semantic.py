@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
-from machine import describe  # noqa: E402
+from report import describe, publish  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "paraphrases.json"
 
@@ -57,10 +57,7 @@ def main() -> None:
         "|---|---:|---:|",
         *[f"| {m} | {a:.3f} | {b:.3f} |" for m, a, b in rows],
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with Path(__file__).with_name("RESULTS.md").open("a", encoding="utf-8") as f:
-        f.write(text)
+    publish(lines)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import fractal  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
+from report import publish  # noqa: E402
 
 SYSTEM = "You are a patient assistant for a software licensing help desk. Quote the licence text when it helps."
 
@@ -96,10 +97,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|",
         *[f"| {c} | {t} | {n} | {k} | {s:.3f} |" for c, t, n, k, s in rows],
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with Path(__file__).with_name("RESULTS.md").open("a", encoding="utf-8") as f:
-        f.write(text)
+    publish(lines)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from conftest import make_tiny_model  # noqa: E402
-from machine import describe  # noqa: E402
+from report import describe, publish  # noqa: E402
 
 KVDB = str(Path(sys.executable).with_name("kvdb"))
 
@@ -94,10 +94,7 @@ def main() -> None:
         f"{'ok' if verify.returncode == 0 else 'FAILED'} |",
         *(f"\n- {e}" for e in log["errors"][:10]),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with Path(__file__).with_name("RESULTS.md").open("a", encoding="utf-8") as f:
-        f.write(text)
+    publish(lines)
     sys.exit(1 if log["errors"] or lost or verify.returncode else 0)
 
 

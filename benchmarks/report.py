@@ -1,9 +1,13 @@
-"""One line describing the machine a benchmark ran on, for RESULTS.md."""
+"""What every benchmark does with its results: describe the machine, print the table, append it
+to RESULTS.md."""
 
 from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def describe(*versions: str) -> str:
@@ -18,3 +22,12 @@ def describe(*versions: str) -> str:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     parts = [f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB", f"Python {platform.python_version()}", *versions]
     return "; ".join(parts) + f"; load average {os.getloadavg()[0]:.1f} at start"
+
+
+def publish(lines: list[str]) -> str:
+    """Print a results section and append it to benchmarks/RESULTS.md."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with RESULTS.open("a", encoding="utf-8") as f:
+        f.write(text)
+    return text
