@@ -1,6 +1,6 @@
 """KV tier benchmark: bytes/token and restore fidelity of residual-VQ presets on the embedded model.
 
-    .venv/bin/python benchmarks/kv.py [--quick] [--no-results]
+    .venv/bin/python benchmarks/kv.py [--quick] [--no-results] [--eval N] [--no-peers] [--plot PATH]
 
 Calibrates codebooks on one real text (licences/READMEs, ``corpus.real_text``), evaluates on
 held-out 1024-token contexts from *other* files of that corpus. Every configuration is measured
@@ -9,6 +9,12 @@ DynamicCache) -> teacher-forced continuation of the next 128 tokens, compared wi
 prefill cache. Bytes are the fractal-coded code streams as stored (``fractal.encode_blocks``),
 plus the exact window when it is stored (fp16), over the context's tokens; codebooks separately
 and amortised. Appends a section to benchmarks/RESULTS.md.
+
+Also measured, with the same teacher-forcing protocol and metric code: fp16 (the reference), the
+paper's two settings (per-head RVQ 256x2 on post-RoPE keys and values, and hybrid keys x4 / values
+x2, both with the 4+32 exact window stored in fp16), and transformers' ``QuantizedCache`` with the
+quanto and HQQ backends at 4 and 2 bits (peers; skipped with their error if they fail). Draws a
+rate-distortion plot, benchmarks/kv_rate_distortion.png.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
@@ -37,6 +44,86 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/kv.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
+# the paper's settings, expressed with the harness's own codebooks and window policy
+PAPER = [
+    ("paper: per-head RVQ 256x2 post-RoPE K+V, window stored", "post", "k2v2", "stored", "kv"),
+    ("paper: hybrid K x4 / V x2 post-RoPE, window stored", "post", "k4v2", "stored", "kv"),
+]
+# transformers QuantizedCache peers: (backend, nbits); defaults q_group_size 64, residual_length 128, axis 0
+PEERS = [("quanto", 4), ("quanto", 2), ("hqq", 4), ("hqq", 2)]
+PLOT = Path(__file__).with_name("kv_rate_distortion.png")
+
+
+def _bits_per_vector(preset: str, kinds: str, layers: int, dim: int) -> str:
+    """Mean code bits per archived head vector, keys/values (fp16 = 16·dim for a kind kept exact)."""
+    alloc = Q.allocation(preset, layers)
+    out = []
+    for kind in Q.KINDS:
+        if kind in kinds:
+            out.append(float(np.mean([sum(np.log2(s) for s in sizes) for sizes in alloc[kind]])))
+        else:
+            out.append(16.0 * dim)
+    return "/".join(f"{b:g}" if float(b).is_integer() else f"{b:.1f}" for b in out)
+
+
+def _peer_cache(model, prefix, backend: str, nbits: int):
+    """Prefill ``prefix`` in one call into a transformers QuantizedCache (the whole prefix is quantized on the
+    first update; the full-precision residual buffer only receives later tokens)."""
+    from transformers import QuantizedCache
+
+    cache = QuantizedCache(backend=backend, config=model.config, nbits=nbits)
+    with torch.no_grad():
+        model(torch.as_tensor(np.asarray(prefix, dtype=np.int64)).reshape(1, -1), cache=cache, use_cache=True)
+    return cache
+
+
+def _plot(points, fp16_per_token: int, path: Path) -> None:
+    """points: (label, group, all-inclusive B/token, ppl increase %)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    style = {"kvdb preset": ("o", "tab:blue"), "kvdb window variant": ("s", "tab:cyan"), "paper setting": ("D", "tab:red"),
+             "QuantizedCache peer": ("^", "tab:green"), "fp16": ("*", "black")}
+    fig, ax = plt.subplots(figsize=(12, 7.5))
+    for group, (marker, color) in style.items():
+        pts = [p for p in points if p[1] == group]
+        if pts:
+            ax.scatter([p[2] for p in pts], [p[3] for p in pts], marker=marker, color=color, s=60 if group != "fp16" else 140,
+                       label=group, zorder=3)
+    placed = []  # stagger the labels of points that sit close together
+    for label, group, x, y in sorted(points, key=lambda p: (p[2], p[3])):
+        near = sum(abs(np.log10(x / px)) < 0.12 and abs(np.arcsinh(y / 10) - np.arcsinh(py / 10)) < 0.6 for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 3 + 9 * near), fontsize=7, color=style[group][1],
+                    arrowprops={"arrowstyle": "-", "color": style[group][1], "lw": 0.4} if near else None)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=20, linscale=3)  # linear up to +20%, log beyond: the 2-bit peers sit far above
+    top = max(p[3] for p in points)
+    ax.set_ylim(-1.5, top * 1.6)
+    ax.set_yticks([t for t in (0, 5, 10, 15, 20, 30, 50, 100, 200, 400, 800) if t <= top * 1.6])
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("all-inclusive bytes / token (codes + stored window + codebooks amortised over 1e6 tokens; log scale)")
+    ax.set_ylabel("perplexity increase vs exact cache (%; linear to 20, log above)")
+    sec = ax.secondary_xaxis("top", functions=(lambda b: fp16_per_token / np.maximum(b, 1e-9), lambda r: fp16_per_token / np.maximum(r, 1e-9)))
+    sec.set_xlabel("compression ratio vs fp16")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"KV cache rate–distortion, {M.DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def _captured(model, ids):
@@ -61,7 +148,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 calibration contexts, 1 eval context, few presets; prints only")
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--calib", type=int, default=8, help="calibration contexts of 1024 tokens")
-    ap.add_argument("--eval", type=int, default=3, help="held-out contexts of 1024 + 129 tokens")
+    ap.add_argument("--eval", type=int, default=4, help="held-out contexts of 1024 + 129 tokens (at least 4 for results)")
+    ap.add_argument("--no-peers", action="store_true", help="skip the transformers QuantizedCache (quanto, HQQ) peers")
+    ap.add_argument("--plot", type=Path, default=None, help=f"rate-distortion PNG (default {PLOT.name}; not drawn with --quick unless given)")
     ap.add_argument("--x1024", action="store_true", help="also train and measure 1024-entry key codebooks")
     args = ap.parse_args()
     n_calib, n_eval = (2, 1) if args.quick else (args.calib, args.eval)
@@ -138,8 +227,12 @@ def main() -> None:
             ("pre k4 keys only (values exact fp16)", "pre", "k4v2", "recompute", "k"),
             ("pre v2 values only (keys exact fp16)", "pre", "k4v2", "recompute", "v"),
         ]
+    configs += PAPER
     if big is not None:
         configs += [(f"pre {p}", "big", p, "recompute", "kv") for p in ("k2x1024v1", "k3x1024v2")]
+    peers = [] if args.no_peers else list(PEERS)
+    peer_rows = {f"QuantizedCache {b} {n}-bit": {"nll": [], "agree": [], "restore_s": [], "backend": b, "nbits": n, "error": None}
+                 for b, n in peers}
     books = {"pre": pre, "post": post, "big": big}
 
     rows = {c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs}
@@ -152,6 +245,21 @@ def main() -> None:
         kpost = C.apply_rope(model, kpre)
         lp_exact, am_exact = C.teacher_forced(model, exact, cont)
         del exact
+        for plabel, pr in peer_rows.items():
+            if pr["error"]:
+                continue
+            try:
+                t = time.perf_counter()
+                cache = _peer_cache(model, prefix, pr["backend"], pr["nbits"])
+                pr["restore_s"].append(time.perf_counter() - t)
+                lp, am = C.teacher_forced(model, cache, cont)
+                del cache
+            except Exception as exc:  # noqa: BLE001 -- a peer that does not install or run on this machine is reported and skipped
+                pr["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                print(f"{plabel} failed: {pr['error']}", flush=True)
+                continue
+            pr["nll"].append(-lp)
+            pr["agree"].append(am == am_exact)
         encoded = {}
         for name, cb in books.items():
             if cb is None:
@@ -203,11 +311,16 @@ def main() -> None:
         print(f"eval context {e + 1}/{n_eval} done ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
     # -- table --------------------------------------------------------------------------------------
-    header = ("| configuration | window | B/token (codes+window) | ratio vs fp16 | codebooks MB (fp16) | ratio incl. codebooks @1e5 tok | @1e6 tok "
-              "| ppl ratio (pooled) | per-context ppl ratio min–max | top-1 agreement | restore s (median) |")
-    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ppl_exact = float(np.exp(np.concatenate(rows[configs[0][0]]["nll_exact"]).mean()))
-    for label, *_ in configs:
+    header = ("| configuration | window | bits / archived vector (K/V) | B/token (codes+window) | ratio vs fp16 | codebooks MB (fp16) "
+              "| all-incl. B/token @1e6 tok | ratio incl. codebooks @1e5 tok | @1e6 tok | ppl (pooled) | ppl increase | ppl ratio (pooled) "
+              "| per-context ppl ratio min–max | top-1 agreement | restore s (median) |")
+    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    nll_exact_all = np.concatenate(rows[configs[0][0]]["nll_exact"])
+    ppl_exact = float(np.exp(nll_exact_all.mean()))
+    lines.append(f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | {fp16_per_token:,.1f} | 1.0x | 1.0x "
+                 f"| {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |")
+    points = [("fp16", "fp16", float(fp16_per_token), 0.0)]
+    for label, which, preset, window_, kinds in configs:
         r = rows[label]
         nll, nll_e = np.concatenate(r["nll"]), np.concatenate(r["nll_exact"])
         ratio_ppl = float(np.exp(nll.mean() - nll_e.mean()))
@@ -215,13 +328,46 @@ def main() -> None:
         agree = float(np.concatenate(r["agree"]).mean())
         bpt = float(np.median(r["bytes"]))
         cbb = r["codebook_bytes"]
+        allin = bpt + cbb / 1e6
         win = {"recompute": "sinks+recent recomputed", "stored": "36 tok fp16 stored", "quantized": "sinks recomputed, recent VQ",
                "none": "none (all VQ)"}[r["window"]]
         lines.append(
-            f"| {label} | {win} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
-            f"| {fp16_per_token / (bpt + cbb / 1e6):.1f}x | {ratio_ppl:.4f} | {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} "
-            f"| {np.median(r['restore_s']):.2f} |"
+            f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, D)} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} "
+            f"| {allin:,.1f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
+            f"| {fp16_per_token / allin:.1f}x | {ppl_exact * ratio_ppl:.2f} | {100 * (ratio_ppl - 1):+.1f}% | {ratio_ppl:.4f} "
+            f"| {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} | {np.median(r['restore_s']):.2f} |"
         )
+        if label.startswith("paper"):
+            group, short = "paper setting", ("paper RVQ 256x2" if preset == "k2v2" else "paper hybrid K4/V2")
+        elif kinds != "kv" or window_ in ("stored", "quantized", "none"):
+            group, short = "kvdb window variant", label
+        else:
+            group, short = "kvdb preset", label
+        if kinds == "kv":  # the one-kind rows sit at ~2x and would squash the axis; they stay in the table
+            points.append((short, group, allin, 100 * (ratio_ppl - 1)))
+    peer_failures = []
+    for plabel, pr in peer_rows.items():
+        if pr["error"] or not pr["nll"]:
+            peer_failures.append(f"{plabel}: {pr['error'] or 'no contexts measured'}")
+            continue
+        g, nb = 64, pr["nbits"]  # QuantizedCache default q_group_size; one group = one 64-dim head vector here
+        bits_vec = nb * D + 2 * 16 * (D / g)  # codes + fp16 scale and zero-point per group
+        bpt = L * 2 * H * bits_vec / 8  # residual_length tokens in full precision: 0 of the archived prefix (see notes)
+        nll = np.concatenate(pr["nll"])
+        ratio_ppl = float(np.exp(nll.mean() - nll_exact_all.mean()))
+        per_ctx = [float(np.exp(a.mean() - b.mean())) for a, b in zip(pr["nll"], rows[configs[0][0]]["nll_exact"])]
+        agree = float(np.concatenate(pr["agree"]).mean())
+        lines.append(
+            f"| {plabel} (group {g}) | none (all quantized) | {bits_vec:g}/{bits_vec:g} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | — "
+            f"| {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {fp16_per_token / bpt:.1f}x | {ppl_exact * ratio_ppl:.2f} "
+            f"| {100 * (ratio_ppl - 1):+.1f}% | {ratio_ppl:.4f} | {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} "
+            f"| {np.median(pr['restore_s']):.2f} |"
+        )
+        points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
+    plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
+    if plot_path is not None:
+        _plot(points, fp16_per_token, plot_path)
+        print(f"wrote {plot_path}", flush=True)
     total = time.perf_counter() - t_all
     section = [
         "",
@@ -241,6 +387,25 @@ def main() -> None:
         f"Calibration capture {t_capture:.0f} s{' (KVBENCH_CACHE)' if os.environ.get('KVBENCH_CACHE') else ''}, training (pre-RoPE k{kmax}v{vmax}) {t_train_pre:.0f} s, post-RoPE keys "
         f"{t_train_post:.0f} s. Presets with fewer stages are prefixes of the trained quantizer (stages nest). "
         f"Paper reference (GPT-2, simulated quantization, window and codebooks excluded): 54x at +15.0% ppl, 36x at +11.2%.",
+        "",
+        (
+            f"Every row uses the same protocol: the {CTX}-token context is put in a cache, then the same {CONT + 1} tokens are fed "
+            f"in one teacher-forced call and compared with the exact (fp32) prefill cache by the same code (`capture.teacher_forced`). "
+            f"Bits / archived vector = code bits per {D}-dim head vector, keys/values, mean over layers ({16 * D} = kept in fp16); "
+            f"all-inclusive B/token = codes + stored window + codebooks amortised over 1e6 tokens (recomputed windows additionally "
+            f"need the token tier, ~1.95 B/token). ppl increase = ppl ratio − 1. Paper settings: the harness's post-RoPE codebooks "
+            f"truncated to k2v2 (256x2 per head, keys and values) and k4v2 (hybrid keys x4 / values x2), with the 4 sink + 32 recent "
+            f"positions stored exactly in fp16 and counted in the bytes. QuantizedCache peers: transformers {transformers.__version__} "
+            f"`QuantizedCache(backend, config, nbits)` with its defaults (q_group_size 64, axis 0, residual_length 128), "
+            f"optimum-quanto {_version('optimum-quanto')}, hqq {_version('hqq')}; the {CTX}-token prefix is prefilled in one call, "
+            f"which quantizes all of it on the first update (the full-precision residual buffer only takes later tokens, so it holds "
+            f"0 archived tokens), then the {CONT + 1} tokens are teacher-forced through that cache. With axis 0 and group 64 every "
+            f"group is one {D}-dim head vector of one token, so bytes/token = layers·2·kv_heads·(nbits·{D} + 2·16)/8 "
+            f"(nbits per element plus a scale and a zero-point per group, counted as fp16; the cache holds them in fp32 in memory, "
+            f"which would add 32 bits per vector); no codebooks. "
+            f"Plot: `{(plot_path or PLOT).name}` (x all-inclusive B/token, log; y ppl increase %; the one-kind rows are left out)."
+            + (f" Peers that failed: {'; '.join(peer_failures)}." if peer_failures else "")
+        ),
         "",
         *lines,
         "",
