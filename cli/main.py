@@ -13,6 +13,7 @@ import sys
 import click
 
 import kvdb
+from kvdb import quant
 from kvdb.errors import KvdbError
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
@@ -283,7 +284,12 @@ def codebooks():
 
 
 @codebooks.command("train")
-@click.option("--preset", default="k4v2", show_default=True, help="Stages of 256 centroids for keys and values, e.g. k4v2, k2v1.")
+@click.option(
+    "--preset",
+    default=quant.DEFAULT_PRESET,
+    show_default=True,
+    help="Residual stages of 256 centroids for keys and values, e.g. k4v3 (36.6x at +9.7% perplexity on SmolLM2), k4v2, k2v1.",
+)
 @click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
 @model_option
 @json_option
