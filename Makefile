@@ -31,7 +31,7 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not model"
 
-# Each benchmark appends its table to benchmarks/RESULTS.md (about 40 minutes in all on 2 cores).
+# Each benchmark appends its table to benchmarks/RESULTS.md (about an hour in all on 2 cores).
 bench: install
 	$(PY) benchmarks/codec.py
 	$(PY) benchmarks/ingest.py
