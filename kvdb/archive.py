@@ -549,8 +549,7 @@ class Archive:
         nodes, offsets, vectors = self._semantic_table(lm.identity.model_id, layer)
         if not len(nodes):
             return []
-        view = trie.TrieView.load(self._store)
-        names = {s.session_id: s.name for s in self._store.list_sessions()}
+        names, view = self._trie_view()
         hits = []
         rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(lm.model, ids, layer), 4 * k)
         for row, score in zip(rows, scores):
@@ -594,9 +593,14 @@ class Archive:
         """Slot runs of the live nodes, session names and the trie's shape, cached until the archive changes."""
         if key not in self._search_cache:
             self._indexes.get(key, tok_hash)  # rebuilds the index (and its runs) when stale
-            names = {s.session_id: s.name for s in self._store.list_sessions()}
-            self._search_cache[key] = (SlotMap.from_rows(self._store.slot_runs(key)), names, trie.TrieView.load(self._store))
-        return self._search_cache[key]
+            self._search_cache[key] = SlotMap.from_rows(self._store.slot_runs(key))
+        return (self._search_cache[key], *self._trie_view())
+
+    def _trie_view(self) -> tuple[dict[str, str], trie.TrieView]:
+        """Session names and the trie's shape, read once until the archive changes."""
+        if "trie" not in self._search_cache:
+            self._search_cache["trie"] = ({s.session_id: s.name for s in self._store.list_sessions()}, trie.TrieView.load(self._store))
+        return self._search_cache["trie"]
 
     def _changed(self) -> None:
         """Forget what was derived from the tables: the next search reads them again."""

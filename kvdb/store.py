@@ -524,11 +524,6 @@ class Store:
             ).all()
         return [_node_row(r) for r in rows]
 
-    def get_node(self, node_id: str) -> NodeRow | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).first()
-        return None if row is None else _node_row(row)
-
     def node_path(self, node_id: str) -> list[NodeRow]:
         """The nodes from the root down to ``node_id`` (a session id names its leaf)."""
         cte = _path_cte(node_id)
@@ -600,16 +595,15 @@ class Store:
         return [(_node_row(r), int(r.alphabet), int(r.block_size)) for r in rows]
 
     def stored_blobs(self, tier: str, sample: int | None = None):
-        """(owner id, block number or 0, bytes) of every stored blob of a tier ("tokens", "kv",
-        "lm", "codebooks"), or of an evenly spread sample of about ``sample``: what verify reads."""
-        table, key, part, data = {
-            "tokens": (token_blocks, token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data),
-            "kv": (node_kv, node_kv.c.node_id, node_kv.c.block_no, node_kv.c.data),
-            "lm": (node_lm, node_lm.c.node_id, None, node_lm.c.payload),
-            "codebooks": (codebooks, codebooks.c.codebook_id, None, codebooks.c.data),
+        """(owner id, part, bytes) of every stored blob of a tier, or of an evenly spread sample of
+        about ``sample``: what verify reads. The part is the block number for "tokens", the
+        alphabet the block was coded for for "kv", and 0 for "lm" and "codebooks"."""
+        table, key, part, data, order = {
+            "tokens": (token_blocks, token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data, (token_blocks.c.node_id, token_blocks.c.block_no)),
+            "kv": (node_kv, node_kv.c.node_id, node_kv.c.alphabet, node_kv.c.data, (node_kv.c.node_id, node_kv.c.alphabet, node_kv.c.block_no)),
+            "lm": (node_lm, node_lm.c.node_id, sa.literal_column("0"), node_lm.c.payload, (node_lm.c.node_id,)),
+            "codebooks": (codebooks, codebooks.c.codebook_id, sa.literal_column("0"), codebooks.c.data, (codebooks.c.codebook_id,)),
         }[tier]
-        order = (key,) if part is None else (key, part)
-        part = sa.literal_column("0") if part is None else part
         numbered = sa.select(
             key.label("owner"), part.label("part"), data.label("data"), sa.func.row_number().over(order_by=order).label("n")
         ).subquery()

@@ -47,21 +47,15 @@ def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:
     for node_id, block_no, data in store.stored_blobs("tokens", sample):
         report.checked["token blocks"] += 1
         _guard(report, f"token block {block_no} of node {node_id[:12]}", lambda: fractal.block_count(data, shapes[node_id][1]))
-    for node_id, _, data in store.stored_blobs("kv", sample):
+    for node_id, alphabet, data in store.stored_blobs("kv", sample):
         report.checked["kv blocks"] += 1
-        _guard(report, f"KV code block of node {node_id[:12]}", lambda: _kv_block(data))
+        _guard(report, f"KV code block of node {node_id[:12]}", lambda: fractal.block_count(data, alphabet))
     for node_id, _, data in store.stored_blobs("lm", sample):
         report.checked["lm payloads"] += 1
         _guard(report, f"tier L payload of node {node_id[:12]}", lambda: lmcode.read_header(data))
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         report.checked["codebooks"] += 1
         _guard(report, f"codebooks {codebook_id[:12]}", lambda: quant.Codebooks.from_bytes(data))
-
-
-def _kv_block(data: bytes) -> None:
-    """A code block names its alphabet in its header; check it against that alphabet."""
-    alphabet = (int.from_bytes(data[:4], "little") >> 8) + 1 if len(data) >= 4 else fractal.MIN_ALPHABET
-    fractal.block_count(data, max(alphabet, fractal.MIN_ALPHABET))
 
 
 def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
