@@ -81,8 +81,9 @@ def main(ctx, db):
     ctx.obj = {"db": db}
 
 
-def _open(ctx, model: str | None = None) -> kvdb.Archive:
-    archive = kvdb.open(ctx.obj["db"], model=model)
+def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archive:
+    """Commands that only read open the file read-only, so that several can run at once."""
+    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only)
     ctx.call_on_close(archive.close)
     return archive
 
@@ -111,6 +112,10 @@ def ingest(ctx, paths, keep, model, as_json):
 
     A file that fails is reported with its line and writes nothing; the others still ingest
     (exit status 1). Ingesting the same transcript again reports it `unchanged`.
+    Files are read one session at a time (twice: to check, then to archive), so a file of
+    any size ingests in bounded memory; one session may hold at most the model's context
+    (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
+    between sessions, while the model computes.
     """
     from tqdm import tqdm
 
@@ -133,7 +138,7 @@ def ingest(ctx, paths, keep, model, as_json):
 @click.pass_context
 def sessions(ctx, as_json):
     """List archived sessions, oldest first."""
-    for s in _open(ctx).sessions():
+    for s in _open(ctx, read_only=True).sessions():
         if as_json:
             _emit(s.to_dict())
         else:
@@ -149,7 +154,7 @@ def sessions(ctx, as_json):
 @click.pass_context
 def show(ctx, session, start, end, model, as_json):
     """Print the text of a session's tokens [START, END). A whole text session prints exactly as ingested."""
-    archive = _open(ctx, model)
+    archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
     text = archive.text(s.session_id, start, end)
     if as_json:
@@ -181,7 +186,7 @@ def show(ctx, session, start, end, model, as_json):
 @click.pass_context
 def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model, as_json):
     """Restore a session into the model and continue it greedily."""
-    archive = _open(ctx, model)
+    archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
     restored = archive.restore(s.session_id, at=at, mode=mode)
     seconds = restored.seconds  # the restore itself; loading the model is not part of it
@@ -216,7 +221,7 @@ def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
     Each hit gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when nothing matches.
     """
-    archive = _open(ctx, model)
+    archive = _open(ctx, model, read_only=True)
     if not archive.sessions():
         _fail("the archive is empty; ingest transcripts first with `kvdb ingest PATH`", 1)
     if semantic:
@@ -248,7 +253,7 @@ def verify(ctx, deep, as_json):
 
     Exit status 0 when everything holds, 1 when a problem was found (one line each).
     """
-    report = _open(ctx).verify(deep=deep)
+    report = _open(ctx, read_only=True).verify(deep=deep)
     if as_json:
         _emit(report.to_dict())
     else:
@@ -327,7 +332,7 @@ def index_rebuild(ctx, model, as_json):
 @click.pass_context
 def stats(ctx, as_json):
     """Sessions, tokens, and bytes stored per tier."""
-    st = _open(ctx).stats()
+    st = _open(ctx, read_only=True).stats()
     if as_json:
         _emit(st.to_dict())
         return
@@ -347,7 +352,7 @@ def prefixes(ctx, as_json):
 
     BITS is d_T = -log2 P(prefix) under the model: what the sessions have in common.
     """
-    for p in _open(ctx).prefixes():
+    for p in _open(ctx, read_only=True).prefixes():
         if as_json:
             _emit(p.to_dict())
         else:

@@ -29,6 +29,7 @@ from kvdb import verify as verify_ops
 from kvdb.errors import AmbiguousSession, InvalidArgument, ModelMismatch, SessionNotFound, TranscriptError
 from kvdb.index import Indexes, SlotMap
 from kvdb.model import LoadedModel
+from kvdb.prefix_cache import PrefixCache
 from kvdb.restore import RestoredSession
 from kvdb.search import Hit
 from kvdb.store import ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
@@ -37,6 +38,11 @@ Progress = Callable[[int], None]  # called with the number of tokens just proces
 TIERS = ("tokens", "search", "lm", "kv")
 RESTORE_MODES = ("auto", "exact", "archive", "decode")
 DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
+DEFAULT_CONTEXT_TOKENS = 8192  # for a model config that does not say
+# A session can hold at most the model's context; no session file can fit it with more than this
+# many bytes per context token (SmolLM2's longest token is 81 bytes, and JSON escapes take at
+# most 6 bytes a byte), so larger sessions are refused before they are read into memory.
+FILE_BYTES_PER_CONTEXT_TOKEN = 1024
 RECENT_CACHE_TOKENS = 8192  # the last session's cache is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
 
@@ -62,9 +68,13 @@ class IngestResult:
     n_tokens: int
     status: str  # "ingested" | "unchanged" | "failed"
     error: str | None = None
+    new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
+        if self.status == "ingested":
+            out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -104,19 +114,24 @@ def default_path() -> Path:
     return Path(os.environ.get("KVDB_DB") or Path(platformdirs.user_data_dir("kvdb")) / "archive.duckdb")
 
 
-def open(path: str | Path | None = None, model: str | None = None) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
-    return Archive(path, model)
+def open(path: str | Path | None = None, model: str | None = None, read_only: bool = False) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
+    return Archive(path, model, read_only)
 
 
 class Archive:
-    def __init__(self, path: str | Path | None = None, model: str | None = None):
+    """An archive file. Several read-only Archives (processes) may read one file at once; a
+    writing one excludes them only while it touches the file, not while its model computes."""
+
+    def __init__(self, path: str | Path | None = None, model: str | None = None, read_only: bool = False):
         self.path = Path(path) if path is not None else default_path()
         self.model_name = lm_ops.model_name(model)
-        self._store = Store(self.path)
+        self._store = Store(self.path, read_only=read_only)
         self._lm: LoadedModel | None = None
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
         self._indexes = Indexes(self._store, self.path)
+        self._prefix_cache = PrefixCache(self.path)
         self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
+        self._search_epoch = 0  # the store connection the search cache was read on
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
         self._recent_lm = None  # (ids, lmcode.Context) after the last session coded in tier L
         self._codebook_cache: dict[str, quant.Codebooks] = {}
@@ -135,7 +150,8 @@ class Archive:
         """The archive's model, loaded on first use and registered in the archive."""
         if self._lm is None:
             self._lm = lm_ops.load(self.model_name)
-            self._store.put_model(ModelRow(**asdict(self._lm.identity)))
+            if not self._store.read_only:  # a model is registered by the first write that uses it
+                self._store.put_model(ModelRow(**asdict(self._lm.identity)))
         return self._lm
 
     # ingest ---------------------------------------------------------------------------
@@ -156,82 +172,100 @@ class Archive:
         """
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
+        self._store.check_writable()
         optional = parse_keep(keep)
         if text is not None:
-            batches = [(None, [transcripts.transcript_from_text(text, name or "text")])]
-        elif messages is not None:
-            batches = [(None, [transcripts.transcript_from_messages(messages, name or "messages")])]
-        else:
-            paths = [source] if isinstance(source, (str, Path)) else list(source)
-            batches = list(self._parse_files(paths))
+            return self._ingest_source(lambda: [transcripts.transcript_from_text(text, name or "text")], optional, progress)
+        if messages is not None:
+            return self._ingest_source(lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, progress)
+        paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
-        for path, parsed in batches:
+        for path in transcripts.find_transcript_files(paths):
             try:
-                if isinstance(parsed, TranscriptError):
-                    raise parsed
-                results.extend(self._ingest_file(parsed, optional, progress))
+                limit = FILE_BYTES_PER_CONTEXT_TOKEN * self._context_tokens(self.lm)
+                results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, limit), optional, progress))
             except TranscriptError as exc:
-                if path is None:
-                    raise
                 results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
         return results
 
-    def _parse_files(self, paths):
-        for path in transcripts.find_transcript_files(paths):
-            try:
-                yield path, transcripts.read_transcripts(path)
-            except TranscriptError as exc:
-                yield path, exc
-
-    def _ingest_file(self, items, optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
-        """Render every session of a file (any failure writes nothing), then archive them one by one."""
+    def _ingest_source(self, sessions: Callable[[], Iterable], optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
+        """Archive the sessions of one source in two passes over it, so that memory holds one
+        session at a time however large the file: the first checks every session (a failure
+        anywhere writes nothing), the second archives them one by one."""
         lm = self.lm
-        rendered = [(item, np.asarray(self._render(lm, item), dtype=np.int64)) for item in items]
-        for item, ids in rendered:
-            if len(ids) == 0:
-                raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
+        for item in sessions():
+            self._render(lm, item)
         results = []
-        for item, ids in rendered:
+        for item in sessions():
+            ids = self._render(lm, item)
             results.append(self._ingest_one(lm, item, ids, optional))
             if progress:
                 progress(len(ids))
         return results
 
+    @staticmethod
+    def _context_tokens(lm: LoadedModel) -> int:
+        return int(getattr(lm.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS)
+
     def _ingest_one(self, lm: LoadedModel, item, ids: np.ndarray, optional: frozenset[str]) -> IngestResult:
-        """Store only what the trie does not hold yet, computing the model only over it."""
+        """Store only what the trie does not hold yet, computing the model only over it.
+
+        The file is let go while the model works, so readers and other writers get in; if one
+        of them changed the trie where this session attaches, the work is redone against it.
+        """
+        began = time.perf_counter()
         model_id = lm.identity.model_id
         session_id = trie.path_id(model_id, ids)
-        if self._store.has_session(session_id):
-            return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
-        match = trie.longest_prefix(self._store, model_id, ids)
-        split, parent_id, node, lm_context = None, None, None, None
-        if match.node is not None and match.offset < match.node.n_tokens:
-            parent_id = trie.path_id(model_id, ids[: match.matched])
-            split, lm_context = self._split(lm, match, ids, parent_id)
-        elif match.node is not None:
-            parent_id = match.node.node_id
-        cache = None
-        if match.matched < len(ids):
-            logprobs, cache = self._score_suffix(lm, ids, match.matched)
-            payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
-            kv = self._kv_codes(lm, cache, match.matched) if "kv" in optional else None
-            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs, optional, payload, kv)
-        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
-        if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
-            # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
-            metadata["text"] = item.text
-        row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
-        alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        while True:
+            if self._store.has_session(session_id):
+                return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
+            match = trie.longest_prefix(self._store, model_id, ids)
+            grows = match.node is not None and match.offset == match.node.n_tokens and self._store.has_session(match.node.node_id)
+            write, cache = self._session_write(lm, item, ids, match, optional)
+            if not self._store.has_session(session_id) and _match_key(trie.longest_prefix(self._store, model_id, ids)) == _match_key(match):
+                break
         self._changed()
-        write = SessionWrite(row, alphabet, split, node)
-        if node is None or "search" not in node.keep:
+        if write.node is None or "search" not in write.node.keep:
             self._store.write_session(write)
         else:
             tok_hash = lm.identity.tokenizer_hash
             self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
         if "kv" in optional:
             self._complete_kv(lm, session_id, ids, cache)
-        return IngestResult(session_id, item.name, item.source, len(ids), "ingested")
+        if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
+            self._prefix_cache.save(session_id, cache)
+        return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
+
+    def _session_write(self, lm: LoadedModel, item, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
+        """(what the session adds to the store, the model's cache over it): reads first, then
+        the model's work with the file let go."""
+        model_id = lm.identity.model_id
+        split_tokens = None
+        if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
+            split_tokens = self._store.node_tokens(match.node.node_id)
+        if "kv" in optional:
+            self._codebooks(model_id)
+        resumable = [n.node_id for n in reversed(self._store.node_path(match.node.node_id))] if match.node is not None else []
+        self._store.release()
+        split, parent_id, node, lm_context = None, None, None, None
+        if match.node is not None and match.offset < match.node.n_tokens:
+            parent_id = trie.path_id(model_id, ids[: match.matched])
+            split, lm_context = self._split(lm, match, ids, parent_id, split_tokens)
+        elif match.node is not None:
+            parent_id = match.node.node_id
+        cache = None
+        if match.matched < len(ids):
+            logprobs, cache = self._score_suffix(lm, ids, match.matched, resumable)
+            payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
+            kv = self._kv_codes(lm, cache, match.matched) if "kv" in optional else None
+            node = NewNode(trie.path_id(model_id, ids), parent_id, match.matched, ids[match.matched :], logprobs, optional, payload, kv)
+        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
+        if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
+            # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
+            metadata["text"] = item.text
+        row = SessionRow(trie.path_id(model_id, ids), item.name, item.source, model_id, _now(), len(ids), metadata)
+        alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        return SessionWrite(row, alphabet, split, node), cache
 
     def _complete_kv(self, lm: LoadedModel, session_id: str, ids: np.ndarray, cache) -> None:
         """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
@@ -244,14 +278,14 @@ class Archive:
             codebook_id, streams = self._kv_codes(lm, cache, node.start, node.end)
             self._store.add_kv(node.node_id, codebook_id, streams)
 
-    def _split(self, lm: LoadedModel, match: trie.PrefixMatch, ids: np.ndarray, head_id: str):
-        """Cut the node the new session diverges in; a node with tier L gets both halves re-coded
-        (a range-coded stream cannot be cut), which also yields the context after the head."""
+    def _split(self, lm: LoadedModel, match: trie.PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
+        """Cut the node the new session diverges in; a node with tier L (its ``tokens`` given)
+        gets both halves re-coded (a range-coded stream cannot be cut), which also yields the
+        context after the head."""
         node = match.node
         if "lm" not in node.keep:
             return Split(node.node_id, head_id, match.offset), None
         parent = self._lm_context(lm, ids, node.start)
-        tokens = self._store.node_tokens(node.node_id)
         head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
         tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
         return Split(node.node_id, head_id, match.offset, head, tail), after_head
@@ -316,24 +350,39 @@ class Archive:
         self._store.put_codebooks(codebook_id, lm.identity.model_id, preset, data)
         return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
 
-    def _score_suffix(self, lm: LoadedModel, ids: np.ndarray, start: int):
-        """Log-probabilities of ids[start:], resuming from the last ingested session's cache when
-        it holds the shared prefix (a conversation ingested turn by turn), else prefilling it."""
-        cache = None
-        if start > 0 and self._recent is not None:
-            recent_ids, recent_cache = self._recent
-            if len(recent_ids) >= start - 1 and np.array_equal(recent_ids[: start - 1], ids[: start - 1]):
-                cache = copy.deepcopy(recent_cache)
-                if len(recent_ids) > start - 1:
-                    cache.crop(start - 1 - len(recent_ids))
+    def _score_suffix(self, lm: LoadedModel, ids: np.ndarray, start: int, resumable: list[str]):
+        """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
+        session ingested in this process, else from the prefix cache on disk (the deepest of the
+        ``resumable`` path nodes it holds), else prefilling it."""
+        fed = start - 1  # the cache to resume holds ids[:fed]; the logits at fed predict ids[start]
+        cache, held = None, 0
+        if fed > 0 and self._recent is not None and np.array_equal(self._recent[0][:fed], ids[:fed]):
+            cache, held = copy.deepcopy(self._recent[1]), len(self._recent[0])
+        elif fed > 0:
+            held, cache = self._prefix_cache.load(lm.model, resumable) or (0, None)
+        if cache is not None and held > fed:
+            cache.crop(fed - held)
+        if cache is not None and held < fed:  # held only an earlier turn: compute the rest onto it
+            cache = lm_ops.prefill(lm.model, ids[:fed], cache=cache)
         logprobs, cache = lm_ops.score(lm.model, ids, start=start, cache=cache)
         self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
         return logprobs, cache
 
-    @staticmethod
-    def _render(lm: LoadedModel, item) -> list[int]:
+    @classmethod
+    def _render(cls, lm: LoadedModel, item) -> np.ndarray:
+        """The session's token ids, refused when empty or longer than the model can attend to
+        (a cache past its context would restore a state the model was never trained on)."""
         text = item.text if item.text is not None else lm_ops.render_messages(lm.tokenizer, item.messages)
-        return lm_ops.encode_text(lm.tokenizer, text)
+        ids = np.asarray(lm_ops.encode_text(lm.tokenizer, text), dtype=np.int64)
+        if len(ids) == 0:
+            raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
+        if len(ids) > cls._context_tokens(lm):
+            raise TranscriptError(
+                item.source,
+                f"renders to {len(ids):,} tokens, more than the {cls._context_tokens(lm):,} of the model's context; "
+                "split it into smaller sessions",
+            )
+        return ids
 
     # reading --------------------------------------------------------------------------
     def sessions(self) -> list[Session]:
@@ -445,10 +494,12 @@ class Archive:
             mode = "archive" if nodes and all("kv" in n.keep for n in nodes) else "exact"
         tokens = self._store.load_tokens(row.session_id, 0, at)
         if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
+            self._store.release()  # the forward passes need nothing more from the file
             return restore_ops.restore_exact(lm, row.session_id, tokens)
         if mode == "archive":
             start = time.perf_counter()
             keys, values = self._kv_arrays(row, nodes, at)
+            self._store.release()
             return restore_ops.restore_archive(lm, row.session_id, tokens, keys, values, start)
         payloads = [self._store.node_lm_payload(n.node_id) for n in nodes]
         if any(p is None for p in payloads):
@@ -456,6 +507,7 @@ class Archive:
                 f"session {row.session_id[:12]} ({row.name}) has no tier L on all of its first {at} tokens; "
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
+        self._store.release()
         return restore_ops.restore_decode(lm, row.session_id, payloads, at)
 
     def _kv_arrays(self, row: SessionRow, nodes, at: int) -> tuple[np.ndarray, np.ndarray]:
@@ -591,6 +643,7 @@ class Archive:
 
     def _search_tables(self, key: str, tok_hash: str) -> tuple[SlotMap, dict[str, str], trie.TrieView]:
         """Slot runs of the live nodes, session names and the trie's shape, cached until the archive changes."""
+        self._drop_stale_cache()
         if key not in self._search_cache:
             self._indexes.get(key, tok_hash)  # rebuilds the index (and its runs) when stale
             self._search_cache[key] = SlotMap.from_rows(self._store.slot_runs(key))
@@ -598,9 +651,16 @@ class Archive:
 
     def _trie_view(self) -> tuple[dict[str, str], trie.TrieView]:
         """Session names and the trie's shape, read once until the archive changes."""
+        self._drop_stale_cache()
         if "trie" not in self._search_cache:
             self._search_cache["trie"] = ({s.session_id: s.name for s in self._store.list_sessions()}, trie.TrieView.load(self._store))
         return self._search_cache["trie"]
+
+    def _drop_stale_cache(self) -> None:
+        """Another process can write only while this one has let the file go: after that, reread."""
+        if self._search_epoch != self._store.connections:
+            self._changed()
+            self._search_epoch = self._store.connections
 
     def _changed(self) -> None:
         """Forget what was derived from the tables: the next search reads them again."""
@@ -693,7 +753,8 @@ class Archive:
         ratio = fp16 / per_token["kv"] if per_token["kv"] and fp16 else None
         return Stats(
             counts["sessions"], n, counts["stored_tokens"], counts["nodes"],
-            dict(tiers, file=file_bytes, codebooks=counts["codebook_bytes"]), per_token, ratio, counts["codebook_bytes"],
+            dict(tiers, file=file_bytes, codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
+            per_token, ratio, counts["codebook_bytes"],
         )
 
     def _fp16_bytes_per_token(self) -> int | None:
@@ -715,6 +776,12 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
     if "tokens" not in tiers:
         raise InvalidArgument("the token tier is always kept (trie matching and every read use it); add `tokens` to the list")
     return frozenset(tiers - {"tokens"})
+
+
+def _match_key(match: trie.PrefixMatch) -> tuple:
+    """What a session's write depends on in a prefix match (not, say, the node's refcount)."""
+    node = match.node
+    return match.matched, match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep)
 
 
 def _bits(logprobs: np.ndarray) -> float:

@@ -179,12 +179,14 @@ class SlotMap:
 
 class Indexes:
     """The search indexes of one archive, one per tokenizer (``key``), each in a sidecar file
-    bound to the database: loaded when the file agrees with the database, else rebuilt."""
+    bound to the database: loaded when the file agrees with the database, else rebuilt (a
+    read-only store takes the write lock for that moment: the file and the database must agree)."""
 
     def __init__(self, store: Store, archive_path: Path):
         self._store = store
         self._folder = archive_path.with_name(archive_path.name + ".index")
         self._loaded: dict[str, WalkIndex] = {}
+        self._checked: dict[str, int] = {}  # key -> the store connection its loaded copy was last checked on
         self.rebuilt: list[str] = []  # keys rebuilt by this process, in order
 
     def path(self, key: str) -> Path:
@@ -193,7 +195,7 @@ class Indexes:
     def get(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """The index, rebuilt if its file is missing, damaged or stale, if it was built for a
         smaller ``alphabet`` than a new stream needs, or if tombstones outnumber live points."""
-        if key in self._loaded and self._loaded[key].alphabet >= alphabet:
+        if self._current(key, alphabet):
             return self._loaded[key]
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self.path(key))
@@ -212,11 +214,31 @@ class Indexes:
         live = sum(n.n_tokens for n in nodes)
         if index is None or index.alphabet < alphabet or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:
             index = self.rebuild(key, tokenizer_hash, alphabet)
-        self._loaded[key] = index
+        self._keep(key, index)
         return index
+
+    def _current(self, key: str, alphabet: int) -> bool:
+        """Whether the loaded copy can serve: checked once per store connection, since another
+        process can write only while this one has let the file go."""
+        index = self._loaded.get(key)
+        if index is None or index.alphabet < alphabet:
+            return False
+        if self._checked.get(key) != self._store.connections:
+            if self._store.index_generation(key) != (index.generation, index.ntotal):
+                return False
+            self._checked[key] = self._store.connections
+        return True
+
+    def _keep(self, key: str, index: WalkIndex) -> None:
+        self._loaded[key] = index
+        self._checked[key] = self._store.connections
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new index from the token streams of every node that keeps the search tier."""
+        with self._store.writable():
+            return self._rebuild(key, tokenizer_hash, alphabet)
+
+    def _rebuild(self, key: str, tokenizer_hash: str, alphabet: int) -> WalkIndex:
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self.path(key))
         generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
@@ -230,7 +252,7 @@ class Indexes:
             first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
         index.save(self.path(key))
         self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
-        self._loaded[key] = index
+        self._keep(key, index)
         self.rebuilt.append(key)
         return index
 

@@ -257,11 +257,12 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
 
 
 @torch.no_grad()
-def prefill(model, ids: np.ndarray, chunk: int = CHUNK):
-    """A DynamicCache holding ``ids`` exactly as one fresh forward pass would compute it."""
+def prefill(model, ids: np.ndarray, chunk: int = CHUNK, cache=None):
+    """A DynamicCache holding ``ids`` exactly as one fresh forward pass would compute it; given a
+    ``cache`` holding a prefix of ``ids``, only the rest is computed, onto it."""
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
-    cache = _new_cache(model)
-    for start in range(0, ids.shape[1], chunk):
+    cache = _new_cache(model) if cache is None else cache
+    for start in range(cache.get_seq_length(), ids.shape[1], chunk):
         model(ids[:, start : start + chunk], cache=cache, use_cache=True)
     return cache
 

@@ -7,6 +7,7 @@ only. The schema is created and upgraded by alembic whenever an archive is opene
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -249,25 +250,47 @@ def _script_directory() -> ScriptDirectory:
 
 
 class Store:
-    """One open archive file. Not shared between processes: DuckDB admits one writer."""
+    """One open archive file. DuckDB admits one writing process, or any number of read-only
+    ones, per file; a Store holds that lock while its connection is open, and ``release`` lets
+    it go (the next call takes it again) so that long work between queries blocks nobody."""
 
-    def __init__(self, path: str | Path, lock_timeout: float | None = None):
-        """Open (creating and migrating as needed). DuckDB admits one process per file: while
-        another holds it, wait up to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10)."""
+    def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False):
+        """Open (creating and migrating as needed). While another process holds the file, wait up
+        to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
+        A read-only store of a missing or older archive creates or upgrades it first."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
             raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
-        deadline = time.monotonic() + timeout
+        self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
+        self.read_only = read_only
+        self._engine: sa.Engine | None = None
+        self.connections = 0  # connections opened so far: anything cached from an earlier one may be stale
+        if read_only and (not self.path.exists() or self._revision() != _script_directory()[0].get_current_head()):
+            self.release()
+            Store(self.path, self.timeout).close()
+        if not read_only:
+            self._migrate()
+
+    @property
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            self._engine = self._connect()
+        return self._engine
+
+    def _connect(self) -> sa.Engine:
+        deadline = time.monotonic() + self.timeout
         while True:
+            engine = sa.create_engine(
+                f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool, connect_args={"read_only": self.read_only}
+            )
             try:
-                self.engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool)
-                with self.engine.connect() as conn:
+                with engine.connect() as conn:
                     conn.exec_driver_sql("select 1")
-                break
+                self.connections += 1
+                return engine
             except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
-                self.engine.dispose()
+                engine.dispose()
                 message = _first_line(exc)
                 if "lock" not in message.lower():
                     raise ArchiveError(f"cannot open archive {self.path}: {message}") from exc
@@ -275,11 +298,44 @@ class Store:
                     holder = re.search(r"PID (\d+)", message)
                     who = f"process {holder.group(1)}" if holder else "another process"
                     raise ArchiveLocked(
-                        f"archive {self.path} is in use by {who} (DuckDB allows one process at a time); "
-                        f"waited {timeout:g}s — retry when it is done, or raise KVDB_LOCK_TIMEOUT"
+                        f"archive {self.path} is in use by {who} (DuckDB allows one writing process, or several "
+                        f"read-only ones); waited {self.timeout:g}s — retry when it is done, or raise KVDB_LOCK_TIMEOUT"
                     ) from exc
                 time.sleep(0.1)
-        self._migrate()
+
+    def release(self) -> None:
+        """Close the connection, and with it the file lock, until the next call needs it."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @contextlib.contextmanager
+    def writable(self):
+        """Write access for one derived-data repair (a stale search index) even on a read-only
+        store: the read-only connection is closed, the write lock taken, and given back after."""
+        if not self.read_only:
+            yield
+            return
+        self.release()
+        self.read_only = False
+        try:
+            yield
+        finally:
+            self.release()
+            self.read_only = True
+
+    def check_writable(self) -> None:
+        if self.read_only:
+            raise ArchiveError(f"archive {self.path} is open read-only; open it without read_only=True to change it")
+
+    def _write(self):
+        """A write transaction; refused on a read-only store with a message saying what to do."""
+        self.check_writable()
+        return self.engine.begin()
+
+    def _revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
 
     def _migrate(self) -> None:
         script, config = _script_directory()
@@ -298,15 +354,14 @@ class Store:
             command.upgrade(config, "head")
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.release()
 
     def schema_revision(self) -> str | None:
-        with self.engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+        return self._revision()
 
     # models ---------------------------------------------------------------------------
     def put_model(self, row: ModelRow) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             exists = conn.execute(sa.select(models.c.model_id).where(models.c.model_id == row.model_id)).first()
             if exists is None:
                 conn.execute(
@@ -330,7 +385,7 @@ class Store:
     # writing ------------------------------------------------------------------------
     def write_session(self, w: SessionWrite) -> None:
         """Split a node, add a node, add the session and count it on its path: all or nothing."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             if w.split is not None:
                 self._split(conn, w.split, w.alphabet)
             if w.node is not None:
@@ -444,14 +499,14 @@ class Store:
     def delete_session(self, session_id: str) -> None:
         """Uncount the session on its path. Nodes no session uses drop out of search at once
         (their refcount is 0) and off the disk at ``gc``; re-ingesting revives them."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             path = [r[0] for r in conn.execute(sa.select(_path_cte(session_id).c.node_id))]
             conn.execute(nodes.update().where(nodes.c.node_id.in_(path)).values(refcount=nodes.c.refcount - 1))
             conn.execute(sessions.delete().where(sessions.c.session_id == session_id))
 
     def gc(self) -> dict[str, int]:
         """Delete the nodes no session uses, with every tier stored for them."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             dead = sa.select(nodes.c.node_id).where(nodes.c.refcount <= 0)
             counts = conn.execute(
                 sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.refcount <= 0)
@@ -466,7 +521,7 @@ class Store:
 
     def drop_tiers(self, node_ids: list[str], tiers: set[str]) -> None:
         """Drop optional tiers from nodes (their search slots become tombstones)."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(node_ids))).all():
                 node = _node_row(row)
                 conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(node.keep - tiers)))
@@ -479,7 +534,7 @@ class Store:
 
     def add_kv(self, node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> None:
         """Give an existing node tier K (a shared prefix stored before without it)."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             node = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one())
             if "kv" in node.keep:
                 return
@@ -492,7 +547,7 @@ class Store:
             return self._kv_streams(conn, node_id)
 
     def put_codebooks(self, codebook_id: str, model_id: str, preset: str, data: bytes) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             if conn.execute(sa.select(codebooks.c.codebook_id).where(codebooks.c.codebook_id == codebook_id)).first() is None:
                 conn.execute(codebooks.insert().values(codebook_id=codebook_id, model_id=model_id, preset=preset, created_at=_now(), data=data))
 
@@ -684,6 +739,14 @@ class Store:
             ).all()
         return IndexState(index_key, row.alphabet, row.depth, int(row.ntotal), int(row.generation), {r[0]: int(r[1]) for r in ranges})
 
+    def index_generation(self, index_key: str) -> tuple[int, int] | None:
+        """(generation, ntotal) of one index: enough to tell whether a loaded copy is current."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(search_indexes.c.generation, search_indexes.c.ntotal).where(search_indexes.c.index_key == index_key)
+            ).first()
+        return None if row is None else (int(row[0]), int(row[1]))
+
     def tokenizer_hashes(self) -> list[str]:
         with self.engine.connect() as conn:
             return sorted(set(conn.execute(sa.select(models.c.tokenizer_hash)).scalars()))
@@ -705,7 +768,7 @@ class Store:
 
     def replace_index_state(self, state: IndexState) -> None:
         """After a rebuild: the new generation and every node's slots, in one transaction."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(search_ranges.delete().where(search_ranges.c.index_key == state.index_key))
             self._put_index_state(conn, state)
 

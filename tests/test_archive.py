@@ -71,6 +71,33 @@ def test_failed_file_writes_nothing_and_others_ingest(archive, tmp_path):
     assert [s.name for s in archive.sessions()] == ["good"]
 
 
+def test_a_bad_session_late_in_a_file_writes_none_of_the_file(archive, tmp_path):
+    """Files are streamed session by session, but checked whole before anything is archived."""
+    sessions = [{"name": f"s{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+    sessions.append({"name": "long", "messages": [{"role": "user", "content": "x" * 5000}]})  # past the tiny model's 4,096
+    path = write_jsonl(tmp_path / "many.jsonl", sessions)
+    [result] = archive.ingest(path)
+    assert result.status == "failed"
+    assert result.error == f"{path}#L4: renders to 5,008 tokens, more than the 4,096 of the model's context; split it into smaller sessions"
+    assert archive.sessions() == []
+    del sessions[-1]
+    write_jsonl(path, sessions)
+    assert [r.status for r in archive.ingest(path)] == ["ingested"] * 3
+
+
+def test_a_huge_single_line_is_refused_without_reading_it(archive, tmp_path):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"messages": [{"role": "user", "content": "')
+        for _ in range(100):
+            f.write(b"a" * 2**20)
+        f.write(b'"}]}\n')
+    [result] = archive.ingest(path)
+    assert result.status == "failed"
+    assert result.error == f"{path}:1: the session is larger than 4 MiB, the most one session may hold; split it into smaller sessions"
+    assert archive.sessions() == []
+
+
 def test_api_raises_on_bad_text_input(archive):
     with pytest.raises(TranscriptError):
         archive.ingest(messages=[{"role": "wizard", "content": "x"}])

@@ -41,7 +41,8 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     assert ingested.exit_code == 0, ingested.output
     rows = lines(ingested)
     assert {r["name"] for r in rows} == {"story", "chat"}
-    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "status"} and r["status"] == "ingested" for r in rows)
+    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "status", "new_tokens", "seconds"} for r in rows)
+    assert all(r["status"] == "ingested" and r["new_tokens"] == r["n_tokens"] and r["seconds"] > 0 for r in rows)
 
     again = lines(run("ingest", str(story), "--json"))
     assert [r["status"] for r in again] == ["unchanged"]

@@ -1,10 +1,12 @@
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from kvdb import transcripts
 from kvdb.errors import TranscriptError
 from kvdb.transcripts import (
     ROLE_ALIASES,
@@ -41,7 +43,7 @@ def read_error(path) -> TranscriptError:
 
 
 def test_text_is_kept_verbatim_with_crlf_lone_cr_and_unicode(tmp_path):
-    raw = "Café ☕ 東京\r\nline two\rline three\n\n  trailing spaces  \r\n".encode("utf-8")
+    raw = "Café ☕ 東京\r\nline two\rline three\n\n  trailing spaces  \r\n".encode()
     path = write(tmp_path / "mixed.txt", raw)
 
     [transcript] = read_transcripts(path)
@@ -359,6 +361,15 @@ def test_bad_input_is_a_transcript_error_naming_file_and_line(tmp_path, suffix, 
     assert error.line == line
     expected_where = f"{path}:{line}" if line is not None else str(path)
     assert str(error).startswith(f"{expected_where}: ")
+
+
+@pytest.mark.parametrize("content", [pytest.param(c, id=i) for i, c, _, _ in BAD_JSON])
+def test_bad_json_reads_the_same_in_tiny_chunks(tmp_path, content):
+    path = write(tmp_path / "bad.json", content)
+    expected = read_error(path)
+    for chunk in range(1, 8):
+        with mock.patch.object(transcripts, "_CHUNK", chunk):
+            assert (read_error(path).reason, read_error(path).line) == (expected.reason, expected.line)
 
 
 def test_unknown_role_error_lists_every_allowed_role(tmp_path):

@@ -140,3 +140,46 @@ def test_trie_survives_reopen(tmp_path, tiny_model):
     with kvdb.open(path, model=tiny_model) as db:
         assert db.text("one") == "shared start, then one" and db.text("two") == "shared start, then two"
         assert db.stats().stored_tokens < db.stats().tokens
+
+
+MORE = [{"role": "user", "content": "And Mars?"}, {"role": "assistant", "content": "From 55 to 400 million km."}]
+
+
+def _ingest_in_new_archive(path, model, messages):
+    """An Archive of its own, as another process would have: nothing of the last one in memory."""
+    with kvdb.open(path, model=model) as db:
+        counter = ForwardCounter(db.lm.model)
+        try:
+            [result] = db.ingest(messages=messages)
+        finally:
+            counter.close()
+        expected, _ = lm_ops.score(db.lm.model, db.tokens(result.session_id))
+        np.testing.assert_allclose(db.logprobs(result.session_id), expected, atol=1e-4)
+        return result, counter.tokens, db.stats().bytes["prefix_cache"]
+
+
+def test_a_turn_ingested_by_another_process_computes_only_the_turn(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    first, _, cached = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS[:2]])
+    assert cached == 0  # one session is no conversation yet
+    second, computed, cached = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS])
+    assert computed > second.n_tokens - first.n_tokens + 1 and cached > 0  # prefilled once, then kept
+    third, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE])
+    assert computed <= third.n_tokens - second.n_tokens + 1
+
+
+def test_a_damaged_or_disabled_prefix_cache_costs_time_never_correctness(tmp_path, tiny_model, monkeypatch):
+    path = tmp_path / "a.duckdb"
+    _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS[:2]])
+    second, _, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS])
+    [entry] = (tmp_path / "a.duckdb.prefix").iterdir()
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 0x10
+    entry.write_bytes(bytes(data))
+    third, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE])
+    assert computed >= third.n_tokens - 1  # the damaged entry was not trusted: the prefix was prefilled
+    entries = sorted((tmp_path / "a.duckdb.prefix").iterdir())
+    monkeypatch.setenv("KVDB_PREFIX_CACHE_MB", "0")
+    fourth, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE, *TURNS[:2]])
+    assert computed >= fourth.n_tokens - 1  # nothing read while disabled...
+    assert sorted((tmp_path / "a.duckdb.prefix").iterdir()) == entries  # ...and nothing written

@@ -1,0 +1,97 @@
+"""Exact KV caches of growing conversations, kept on disk so a later process can resume them.
+
+A conversation archived turn by turn is re-ingested with one more turn each time; within one
+process the last session's cache is reused, but a new process would prefill the whole
+conversation again. This folder (``<archive>.prefix/``) keeps the full-precision cache of
+sessions that grew an archived session (the sign of a conversation that grows), so the next
+turn costs one turn in any process.
+
+It is a cache, not the archive: entries are named by the content hash of (model, tokens), so
+an entry is valid for as long as it exists whatever happens to the sessions; each is checked
+(header, length, CRC32) when read and ignored if damaged; the least recently used go first
+once the folder passes its budget (``$KVDB_PREFIX_CACHE_MB``, default 1024; 0 turns it off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from kvdb import capture
+
+MAGIC = b"KVDBPFX1"
+_LENGTH = struct.Struct("<I")
+DEFAULT_BUDGET_MB = 1024
+
+
+class PrefixCache:
+    def __init__(self, archive_path: Path):
+        self.folder = archive_path.with_name(archive_path.name + ".prefix")
+        self.budget = int(float(os.environ.get("KVDB_PREFIX_CACHE_MB", DEFAULT_BUDGET_MB)) * 2**20)
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.kv"
+
+    def load(self, model, keys: list[str]):
+        """(tokens held, DynamicCache) of the first of ``keys`` with a sound entry, else None."""
+        if self.budget <= 0:
+            return None
+        for key in keys:
+            arrays = self._read(self.path(key))
+            if arrays is not None:
+                os.utime(self.path(key))  # recently used: evicted last
+                return arrays[0].shape[2], capture.build_cache(model, *arrays)
+        return None
+
+    def save(self, key: str, cache) -> None:
+        """Keep a session's whole cache (atomically: temp file and rename), then trim to budget."""
+        if self.budget <= 0:
+            return
+        keys, values = capture.cache_arrays(cache)
+        if 2 * keys.nbytes > self.budget:
+            return
+        body = keys.tobytes() + values.tobytes()
+        header = json.dumps({"shape": list(keys.shape), "crc32": zlib.crc32(body)}).encode()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{key}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + _LENGTH.pack(len(header)) + header + body)
+        os.replace(tmp, self.path(key))
+        self._trim()
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self._entries())
+
+    def _entries(self) -> list[Path]:
+        return list(self.folder.glob("*.kv")) if self.folder.is_dir() else []
+
+    def _trim(self) -> None:
+        entries = sorted(self._entries(), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for path in entries:
+            total += path.stat().st_size
+            if total > self.budget:
+                path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _read(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+        try:
+            with open(path, "rb") as f:  # into a bytearray: the cache's tensors must be writable
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
+            (length,) = _LENGTH.unpack_from(data, len(MAGIC))
+            start = len(MAGIC) + _LENGTH.size + length
+            header = json.loads(data[len(MAGIC) + _LENGTH.size : start])
+            shape = tuple(int(x) for x in header["shape"])
+            body = memoryview(data)[start:]
+            if not data.startswith(MAGIC) or len(shape) != 4 or len(body) != 8 * int(np.prod(shape)) or zlib.crc32(body) != header["crc32"]:
+                return None
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return None
+        half = len(body) // 2
+        return np.frombuffer(body[:half], "<f4").reshape(shape), np.frombuffer(body[half:], "<f4").reshape(shape)
