@@ -94,9 +94,9 @@ def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archiv
     "--keep",
     default="tokens,search",
     show_default=True,
-    help="Tiers to store: tokens (always), search (phrase index), lm (tokens coded against the model: "
-    "~4x smaller than xz, but codes ~10 tokens/s on 2 cores), kv (quantized KV cache for restores without "
-    "a forward pass; needs `kvdb codebooks train` first).",
+    help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
+    "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; needs `kvdb codebooks train` first).",
 )
 @model_option
 @json_option
@@ -361,14 +361,16 @@ def prefixes(ctx, as_json):
 
 @main.command()
 @click.argument("session")
-@click.option("--keep", required=True, help="Tiers to keep, e.g. tokens or tokens,search (tokens is always kept).")
+@click.option("--keep", required=True, help="Tiers to keep, e.g. tokens, tokens,search, or lm (tier L as the only copy of the tokens).")
 @json_option
 @click.pass_context
 def compact(ctx, session, keep, as_json):
-    """Drop optional tiers (search, lm, kv) from a session's stored nodes.
+    """Drop tiers (search, lm, kv, tokens) from a session's stored nodes.
 
     Prefix nodes the session shares with others are compacted for all of them: they are
-    stored once. What remains keeps show, search (if kept) and restore working.
+    stored once. The token tier is the exception: only the session's own nodes drop it, and
+    only where tier L holds their tokens (reads then decode tier L, ~10 tokens/s).
+    What remains keeps show, search (if kept) and restore working.
     """
     s = _open(ctx).compact(session, keep)
     if as_json:

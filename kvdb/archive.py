@@ -32,7 +32,7 @@ from kvdb.model import LoadedModel
 from kvdb.prefix_cache import PrefixCache
 from kvdb.restore import RestoredSession
 from kvdb.search import Hit
-from kvdb.store import ModelRow, NewNode, SessionRow, SessionWrite, Split, Store
+from kvdb.store import ModelRow, NewNode, NodeRow, SessionRow, SessionWrite, Split, Store
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
 TIERS = ("tokens", "search", "lm", "kv")
@@ -135,6 +135,7 @@ class Archive:
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
         self._recent_lm = None  # (ids, lmcode.Context) after the last session coded in tier L
         self._codebook_cache: dict[str, quant.Codebooks] = {}
+        self._decoded: dict = {}  # tokens decoded from tier L: by session id, or by (node id, start, length)
 
     def __enter__(self) -> Archive:
         return self
@@ -219,10 +220,11 @@ class Archive:
         while True:
             if self._store.has_session(session_id):
                 return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
-            match = trie.longest_prefix(self._store, model_id, ids)
+            match = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
             grows = match.node is not None and match.offset == match.node.n_tokens and self._store.has_session(match.node.node_id)
             write, cache = self._session_write(lm, item, ids, match, optional)
-            if not self._store.has_session(session_id) and _match_key(trie.longest_prefix(self._store, model_id, ids)) == _match_key(match):
+            again = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
+            if not self._store.has_session(session_id) and _match_key(again) == _match_key(match):
                 break
         self._changed()
         if write.node is None or "search" not in write.node.keep:
@@ -242,10 +244,13 @@ class Archive:
         model_id = lm.identity.model_id
         split_tokens = None
         if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
-            split_tokens = self._store.node_tokens(match.node.node_id)
+            split_tokens = self._node_tokens(match.node, ids[: match.node.start])
         if "kv" in optional:
             self._codebooks(model_id)
-        resumable = [n.node_id for n in reversed(self._store.node_path(match.node.node_id))] if match.node is not None else []
+        on_path = self._store.node_path(match.node.node_id) if match.node is not None else []
+        resumable = [n.node_id for n in reversed(on_path)]
+        # a node held in tier L only that this session now shares gets its tokens back, from the session's own
+        token_blocks = {n.node_id: ids[n.start : n.end] for n in on_path if "tokens" not in n.keep and n.end <= match.matched}
         self._store.release()
         split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
@@ -265,7 +270,7 @@ class Archive:
             metadata["text"] = item.text
         row = SessionRow(trie.path_id(model_id, ids), item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
-        return SessionWrite(row, alphabet, split, node), cache
+        return SessionWrite(row, alphabet, split, node, token_blocks=token_blocks), cache
 
     def _complete_kv(self, lm: LoadedModel, session_id: str, ids: np.ndarray, cache) -> None:
         """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
@@ -288,7 +293,8 @@ class Archive:
         parent = self._lm_context(lm, ids, node.start)
         head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
         tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
-        return Split(node.node_id, head_id, match.offset, head, tail), after_head
+        decoded = None if "tokens" in node.keep else tokens
+        return Split(node.node_id, head_id, match.offset, head, tail, decoded), after_head
 
     def _lm_code(self, lm: LoadedModel, ids: np.ndarray, start: int, context) -> bytes:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
@@ -333,7 +339,7 @@ class Archive:
         for row in self._store.list_sessions():
             if row.model_id != lm.identity.model_id or used >= tokens:
                 continue
-            ids = self._store.load_tokens(row.session_id, 0, min(row.n_tokens, tokens - used + capture.SINKS))
+            ids = self._path_tokens(row, 0, min(row.n_tokens, tokens - used + capture.SINKS))
             k, v = capture.capture(lm.model, ids, pre_rope=True)
             keys.append(k[:, :, capture.SINKS :])
             values.append(v[:, :, capture.SINKS :])
@@ -412,7 +418,7 @@ class Archive:
     def tokens(self, session: str, start: int | None = None, end: int | None = None) -> np.ndarray:
         row = self._resolve(session)
         start, end = _clip_range(row, start, end)
-        return self._store.load_tokens(row.session_id, start, end)
+        return self._path_tokens(row, start, end)
 
     def text(self, session: str, start: int | None = None, end: int | None = None) -> str:
         """The text of tokens [start, end). The whole of a text session is its original text, exactly."""
@@ -421,7 +427,7 @@ class Archive:
         if "text" in row.metadata and (start, end) == (0, row.n_tokens):
             return row.metadata["text"]
         tokenizer = self._tokenizer_for(row)
-        return lm_ops.decode_tokens(tokenizer, self._store.load_tokens(row.session_id, start, end))
+        return lm_ops.decode_tokens(tokenizer, self._path_tokens(row, start, end))
 
     def _tokenizer_for(self, row: SessionRow):
         """The archive's tokenizer, checked against the one the session was archived with."""
@@ -490,9 +496,13 @@ class Archive:
         _clip_range(row, 0, at)
         lm = self._checked_lm(row)
         nodes = [n for n in self._store.node_path(row.session_id) if n.start < at]
-        if mode == "auto":
-            mode = "archive" if nodes and all("kv" in n.keep for n in nodes) else "exact"
-        tokens = self._store.load_tokens(row.session_id, 0, at)
+        if mode == "auto" and nodes and all("kv" in n.keep for n in nodes):
+            mode = "archive"
+        elif mode == "auto":  # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
+            mode = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
+        if mode == "decode" and nodes:
+            return self._restore_decode(row, nodes, at)
+        tokens = self._path_tokens(row, 0, at)
         if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
             self._store.release()  # the forward passes need nothing more from the file
             return restore_ops.restore_exact(lm, row.session_id, tokens)
@@ -501,14 +511,40 @@ class Archive:
             keys, values = self._kv_arrays(row, nodes, at)
             self._store.release()
             return restore_ops.restore_archive(lm, row.session_id, tokens, keys, values, start)
-        payloads = [self._store.node_lm_payload(n.node_id) for n in nodes]
-        if any(p is None for p in payloads):
+        raise AssertionError(f"unhandled restore mode {mode}")
+
+    def _restore_decode(self, row: SessionRow, nodes, at: int) -> RestoredSession:
+        """Decode tier L along the path; a node without it (a prefix shared with a session
+        archived without tier L) is read from its tokens instead."""
+        if not any("lm" in n.keep for n in nodes):
             raise InvalidArgument(
-                f"session {row.session_id[:12]} ({row.name}) has no tier L on all of its first {at} tokens; "
+                f"session {row.session_id[:12]} ({row.name}) has no tier L on its first {at} tokens; "
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
+        parts = [self._store.node_lm_payload(n.node_id) if "lm" in n.keep else self._store.node_tokens(n.node_id) for n in nodes]
         self._store.release()
-        return restore_ops.restore_decode(lm, row.session_id, payloads, at)
+        return restore_ops.restore_decode(self._checked_lm(row), row.session_id, parts, at)
+
+    def _path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None) -> np.ndarray:
+        """Tokens [start, end) of a session: from the token blocks, or, where the path holds
+        some only in tier L, from decoding it (one model step per token; kept for the next read)."""
+        end = row.n_tokens if end is None else end
+        nodes = [n for n in self._store.node_path(row.session_id) if n.start < end]
+        if all("tokens" in n.keep for n in nodes):
+            return self._store.load_tokens(row.session_id, start, end)
+        if row.session_id not in self._decoded:
+            self._decoded[row.session_id] = self._restore_decode(row, self._store.node_path(row.session_id), row.n_tokens).tokens
+        return self._decoded[row.session_id][start:end]
+
+    def _node_tokens(self, node: NodeRow, before: np.ndarray) -> np.ndarray:
+        """A node's tokens, decoded from tier L given ``before`` (its path's tokens) when it holds no blocks."""
+        if "tokens" in node.keep:
+            return self._store.node_tokens(node.node_id)
+        key = (node.node_id, node.start, node.n_tokens)
+        if key not in self._decoded:
+            context = self._lm_context(self.lm, before, len(before))
+            self._decoded[key], _ = lmcode.decode(self.lm.model, self._store.node_lm_payload(node.node_id), context=context)
+        return self._decoded[key]
 
     def _kv_arrays(self, row: SessionRow, nodes, at: int) -> tuple[np.ndarray, np.ndarray]:
         """De-quantized pre-RoPE keys and values of positions [0, at), node by node."""
@@ -537,7 +573,7 @@ class Archive:
             raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
         archived = self.restore(row.session_id, at=cut, mode="archive")
         exact = self.restore(row.session_id, at=cut, mode="exact")
-        return restore_ops.fidelity(self.lm, archived.cache, exact.cache, self._store.load_tokens(row.session_id, cut, at))
+        return restore_ops.fidelity(self.lm, archived.cache, exact.cache, self._path_tokens(row, cut, at))
 
     def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""
@@ -699,12 +735,32 @@ class Archive:
         return _session(row)
 
     def compact(self, session: str, keep: str | Iterable[str]) -> Session:
-        """Drop the optional tiers not in ``keep`` from every node of the session's path (shared
-        prefix nodes included: they are one stored object for all the sessions that share them)."""
-        optional = parse_keep(keep)
+        """Drop the tiers not in ``keep`` from every node of the session's path (shared prefix
+        nodes included: they are one stored object for all the sessions that share them).
+
+        The token tier is the exception: only the nodes no other session uses drop it, and only
+        where tier L holds their tokens, since every session sharing a node reads and matches
+        through its tokens. Keeping ``tokens`` on a session held in tier L decodes them back.
+        """
+        keep = parse_keep(keep)
         row = self._resolve(session)
+        path = self._store.node_path(row.session_id)
+        drops = {n.node_id: set(TIERS) - keep - {"tokens"} for n in path}
+        if "tokens" not in keep:
+            for node in path:
+                if node.refcount == 1:
+                    drops[node.node_id].add("tokens")
+                    if "lm" not in node.keep:
+                        raise InvalidArgument(
+                            f"session {row.session_id[:12]} ({row.name}) has no tier L on tokens [{node.start}, {node.end}): "
+                            "dropping the token tier would lose them; re-ingest it with --keep tokens,search,lm first"
+                        )
+        restored = {}
+        if "tokens" in keep and any("tokens" not in n.keep for n in path):
+            ids = self._path_tokens(row)
+            restored = {n.node_id: ids[n.start : n.end] for n in path if "tokens" not in n.keep}
         self._changed()
-        self._store.drop_tiers([n.node_id for n in self._store.node_path(row.session_id)], set(TIERS) - {"tokens"} - optional)
+        self._store.drop_tiers(drops, restored)
         return _session(row)
 
     def verify(self, deep: bool = False) -> verify_ops.Report:
@@ -768,14 +824,17 @@ class Archive:
 
 
 def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
-    """The optional tiers of a --keep list; the token tier is always kept in this version."""
+    """The tiers of a --keep list. The tokens must survive in one of two forms: their blocks
+    (``tokens``) or tier L (``lm``); the search tier is built from, and copies, the tokens."""
     tiers = {t.strip() for t in (keep.split(",") if isinstance(keep, str) else keep) if t.strip()}
     unknown = tiers - set(TIERS)
     if unknown:
         raise InvalidArgument(f"unknown tier(s) {', '.join(sorted(unknown))}; choose from {', '.join(TIERS)}")
-    if "tokens" not in tiers:
-        raise InvalidArgument("the token tier is always kept (trie matching and every read use it); add `tokens` to the list")
-    return frozenset(tiers - {"tokens"})
+    if not tiers & {"tokens", "lm"}:
+        raise InvalidArgument("keep `tokens` or `lm` (the tokens coded against the model): without either the session is lost")
+    if "search" in tiers and "tokens" not in tiers:
+        raise InvalidArgument("the search tier needs the token tier (its index is built from the tokens, and holds a copy of them)")
+    return frozenset(tiers)
 
 
 def _match_key(match: trie.PrefixMatch) -> tuple:

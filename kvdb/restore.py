@@ -65,13 +65,17 @@ def fidelity(lm: LoadedModel, archived_cache, exact_cache, probe: np.ndarray) ->
     }
 
 
-def restore_decode(lm: LoadedModel, session_id: str, payloads: list[bytes], at: int) -> RestoredSession:
-    """Tokens and cache rebuilt from the tier-L payloads of a path's nodes, root first, each
-    decoded given the context its parent's decode left."""
+def restore_decode(lm: LoadedModel, session_id: str, parts: list[bytes | np.ndarray], at: int) -> RestoredSession:
+    """Tokens and cache rebuilt along a path's nodes, root first: a tier-L payload is decoded
+    given the context its parent left; a node given as tokens (one without tier L) is stepped
+    through the same way, so the contexts are the ones the encoder saw."""
     start = time.perf_counter()
     context, pieces = None, []
-    for payload in payloads:
-        ids, context = lmcode.decode(lm.model, payload, context=context)
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            ids, context = part, lmcode.context_for(lm.model, part, context=context)
+        else:
+            ids, context = lmcode.decode(lm.model, part, context=context)
         pieces.append(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     cache = context.cache if context is not None else lm_ops.prefill(lm.model, tokens[:0])

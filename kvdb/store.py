@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -206,6 +206,7 @@ class Split:
     offset: int
     lm_head: bytes | None = None  # tier L payloads of the two halves, re-coded, when the node has one
     lm_tail: bytes | None = None
+    tokens: np.ndarray | None = None  # the node's tokens, decoded from tier L, when it holds no token blocks
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,9 @@ class SessionWrite:
     split: Split | None = None
     node: NewNode | None = None
     index: IndexState | None = None
+    # Nodes on the session's path held in tier L only get their token blocks back from the new
+    # session's own tokens: a node two sessions share keeps its tokens (see Archive.compact).
+    token_blocks: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -390,6 +394,10 @@ class Store:
                 self._split(conn, w.split, w.alphabet)
             if w.node is not None:
                 self._insert_node(conn, w.node, w.session.model_id, w.alphabet)
+            for node_id, tokens in w.token_blocks.items():
+                self._put_token_blocks(conn, node_id, tokens)
+                keep = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one()).keep
+                conn.execute(nodes.update().where(nodes.c.node_id == node_id).values(keep=_keep_text(keep | {"tokens"})))
             conn.execute(sessions.insert().values(**_session_values(w.session)))
             path = _path_cte(w.session.session_id)
             conn.execute(nodes.update().where(nodes.c.node_id.in_(sa.select(path.c.node_id))).values(refcount=nodes.c.refcount + 1))
@@ -409,7 +417,7 @@ class Store:
                 keep=_keep_text(node.keep),
             )
         )
-        self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet)
+        self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet, "tokens" in node.keep)
         if node.lm is not None:
             conn.execute(node_lm.insert().values(node_id=node.node_id, payload=node.lm))
         if node.kv is not None:
@@ -439,17 +447,30 @@ class Store:
             blobs.setdefault(int(size), []).append(data)
         return rows[0][1], {size: fractal.decode_blocks(b, size) for size, b in blobs.items()}
 
-    @staticmethod
-    def _put_tiers(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int) -> None:
+    @classmethod
+    def _put_tiers(cls, conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int, blocks: bool = True) -> None:
+        """A node's stream row and log-probabilities, and its token blocks unless it is held in tier L only."""
         conn.execute(token_streams.insert().values(node_id=node_id, alphabet=alphabet, block_size=fractal.DEFAULT_BLOCK, n_tokens=len(tokens)))
-        blocks = fractal.encode_blocks(tokens, alphabet, fractal.DEFAULT_BLOCK)
-        conn.execute(token_blocks.insert(), [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])
+        if blocks:
+            cls._put_token_blocks(conn, node_id, tokens)
         conn.execute(node_logprobs.insert().values(node_id=node_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()))
+
+    @staticmethod
+    def _put_token_blocks(conn, node_id: str, tokens: np.ndarray) -> None:
+        """The token blocks of a node whose stream row exists (it says the alphabet and block size)."""
+        stream = conn.execute(sa.select(token_streams).where(token_streams.c.node_id == node_id)).one()
+        if stream.n_tokens != len(tokens):
+            raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)}")
+        blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
+        conn.execute(token_blocks.insert(), [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])
 
     def _split(self, conn, split: Split, alphabet: int) -> None:
         """The head [0, offset) of a node becomes its own node, parent of the rest."""
         node = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == split.node_id)).one())
-        tokens = self._node_tokens(conn, node.node_id)
+        if "tokens" not in node.keep and split.tokens is None:
+            raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its decoded tokens")
+        tokens = self._node_tokens(conn, node.node_id) if split.tokens is None else np.asarray(split.tokens)
+        keep = node.keep | {"tokens"}  # both halves hold their tokens: the head is shared from now on
         logprobs = np.frombuffer(
             conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == node.node_id)).scalar_one(), "<f4"
         )
@@ -466,7 +487,7 @@ class Store:
                 n_tokens=k,
                 first_token=node.first_token,
                 refcount=node.refcount,
-                keep=_keep_text(node.keep),
+                keep=_keep_text(keep),
             )
         )
         self._put_tiers(conn, split.head_id, tokens[:k], logprobs[:k], alphabet)
@@ -485,7 +506,7 @@ class Store:
         conn.execute(
             nodes.update()
             .where(nodes.c.node_id == node.node_id)
-            .values(parent_id=split.head_id, start=node.start + k, n_tokens=node.n_tokens - k, first_token=int(tokens[k]))
+            .values(parent_id=split.head_id, start=node.start + k, n_tokens=node.n_tokens - k, first_token=int(tokens[k]), keep=_keep_text(keep))
         )
         run = conn.execute(sa.select(search_ranges).where(search_ranges.c.node_id == node.node_id)).first()
         if run is not None:  # the points stay where they are; the slot run is cut in two
@@ -519,18 +540,21 @@ class Store:
             conn.execute(nodes.delete().where(nodes.c.refcount <= 0))
         return {"nodes": int(counts[0]), "tokens": int(counts[1]), "token_bytes": int(freed)}
 
-    def drop_tiers(self, node_ids: list[str], tiers: set[str]) -> None:
-        """Drop optional tiers from nodes (their search slots become tombstones)."""
+    def drop_tiers(self, drops: dict[str, set[str]], token_blocks_back: dict[str, np.ndarray] | None = None) -> None:
+        """Drop tiers from nodes (``drops``: node id -> tiers; search slots become tombstones),
+        and give nodes held in tier L only their token blocks back, in one transaction."""
         with self._write() as conn:
-            for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(node_ids))).all():
+            for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(list(drops)))).all():
                 node = _node_row(row)
-                conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(node.keep - tiers)))
-            if "search" in tiers:
-                conn.execute(search_ranges.delete().where(search_ranges.c.node_id.in_(node_ids)))
-            if "lm" in tiers:
-                conn.execute(node_lm.delete().where(node_lm.c.node_id.in_(node_ids)))
-            if "kv" in tiers:
-                conn.execute(node_kv.delete().where(node_kv.c.node_id.in_(node_ids)))
+                tiers = drops[node.node_id]
+                keep = node.keep - tiers
+                if node.node_id in (token_blocks_back or {}):
+                    self._put_token_blocks(conn, node.node_id, token_blocks_back[node.node_id])
+                    keep |= {"tokens"}
+                conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(keep)))
+                for tier, table in (("search", search_ranges), ("lm", node_lm), ("kv", node_kv), ("tokens", token_blocks)):
+                    if tier in tiers:
+                        conn.execute(table.delete().where(table.c.node_id == node.node_id))
 
     def add_kv(self, node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> None:
         """Give an existing node tier K (a shared prefix stored before without it)."""
@@ -616,6 +640,8 @@ class Store:
             .where(token_blocks.c.node_id == node_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
             .order_by(token_blocks.c.block_no)
         ).scalars().all()
+        if len(blobs) != len(needed):  # a node held in tier L only: Archive decodes those
+            raise ValueError(f"node {node_id} holds no token blocks for tokens [{start}, {end})")
         return fractal.decode_range(blobs, stream.alphabet, stream.block_size, start, end)
 
     def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:

@@ -10,6 +10,7 @@ from the root: one query per node on the path, by (parent, first token).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,11 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def longest_prefix(store: Store, model_id: str, ids: np.ndarray) -> PrefixMatch:
+def longest_prefix(store: Store, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None) -> PrefixMatch:
+    """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
+    reading its tokens; only the node where they diverge is compared token by token, its tokens
+    from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store."""
+    tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
     best = PrefixMatch(0, None, 0)
     parent = None
     while best.matched < len(ids):
@@ -45,7 +50,8 @@ def longest_prefix(store: Store, model_id: str, ids: np.ndarray) -> PrefixMatch:
         if not kids:
             break
         scored = [
-            (common_prefix(store.node_tokens(k.node_id, 0, min(k.n_tokens, len(ids) - start)), ids[start:]), k) for k in kids
+            (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k)
+            for k in kids
         ]
         common, kid = max(scored, key=lambda pair: pair[0])
         best = PrefixMatch(start + common, kid, common)
@@ -86,8 +92,12 @@ class TrieView:
         """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
         search index's copy where the node is in it (``runs``: node_id -> first slot), else from
         the token blocks, all of them in one query."""
-        parts = [
-            [(n.node_id, max(lo, n.start) - n.start, min(hi, n.end) - n.start) for n in self.path(sid) if n.start < hi and n.end > lo]
+        parts = [  # a window stops where the path's tokens live in tier L only (a session's own tail)
+            [
+                (n.node_id, max(lo, n.start) - n.start, min(hi, n.end) - n.start)
+                for n in self.path(sid)
+                if n.start < hi and n.end > lo and ("tokens" in n.keep or n.node_id in runs)
+            ]
             for sid, lo, hi in requests
         ]
         wanted = sorted(

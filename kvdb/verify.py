@@ -71,6 +71,8 @@ def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
             report.problems.append(f"node {node.node_id[:12]} starts at {node.start}, its parent ends at {parent[0].end}")
         if lengths.get(node.node_id) != node.n_tokens:
             report.problems.append(f"node {node.node_id[:12]} has {lengths.get(node.node_id)} log-probabilities for {node.n_tokens} tokens")
+        if not node.keep & {"tokens", "lm"}:
+            report.problems.append(f"node {node.node_id[:12]} holds neither token blocks nor tier L: tokens [{node.start}, {node.end}) are lost")
     for session in sessions:
         report.checked["sessions"] += 1
         path, node_id = [], session.session_id
@@ -83,7 +85,10 @@ def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
         through.update(n.node_id for n in path)
         if path[0].end != session.n_tokens:
             report.problems.append(f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}")
-        if deep:
+        if deep and not all("tokens" in n.keep for n in path):
+            # decoding tier L needs the model; `kvdb restore --mode decode` (or `show`) does it
+            report.checked["sessions held in tier L (headers checked, not decoded)"] += 1
+        elif deep:
             try:
                 ids = store.load_tokens(session.session_id)
             except (KvdbError, KeyError) as exc:

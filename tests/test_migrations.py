@@ -55,6 +55,7 @@ def test_0001_archive_moves_to_fractal_blocks(tmp_path):
             lo, hi = min(4090, len(ids)), min(4100, len(ids))  # across the first block boundary
             np.testing.assert_array_equal(store.load_tokens(sid, lo, hi), ids[lo:hi])
             np.testing.assert_array_equal(store.load_logprobs(sid), logprobs)
+        assert all(n.keep == {"search", "tokens"} for n, _, _ in store.node_shapes())  # 0005 and 0007 name the tiers held
         counts = store.byte_counts()
         assert counts["tokens"] == sum(len(ids) for _, ids, _ in sessions)
         assert counts["token_bytes"] < 1.2 * 2 * counts["tokens"]  # fractal blocks, not 4-byte ids

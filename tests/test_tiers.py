@@ -74,8 +74,10 @@ def test_default_keep_has_no_lm_and_bad_lists_are_refused(archive):
     assert archive.stats().bytes["lm"] == 0
     with pytest.raises(InvalidArgument, match="unknown tier"):
         archive.ingest(text="x", keep="tokens,telepathy")
-    with pytest.raises(InvalidArgument, match="always kept"):
-        archive.ingest(text="x", keep="search")
+    with pytest.raises(InvalidArgument, match="keep `tokens` or `lm`"):
+        archive.ingest(text="x", keep="search,kv")
+    with pytest.raises(InvalidArgument, match="search tier needs the token tier"):
+        archive.ingest(text="x", keep="lm,search")
     with pytest.raises(InvalidArgument, match="restore mode"):
         archive.restore(archive.sessions()[0].session_id, mode="psychic")
 
@@ -94,5 +96,58 @@ def test_cli_keep_mode_and_compact(tmp_path, tiny_model):
     assert compacted.exit_code == 0 and json.loads(compacted.stdout)["status"] == "compacted"
     refused = runner.invoke(main, [*base, "restore", "s", "--mode", "decode"], env=env)
     assert refused.exit_code == 2 and "no tier L" in refused.stderr
-    bad = runner.invoke(main, [*base, "ingest", str(tmp_path / "s.txt"), "--keep", "lm"], env=env)
-    assert bad.exit_code == 2 and "always kept" in bad.stderr
+    bad = runner.invoke(main, [*base, "ingest", str(tmp_path / "s.txt"), "--keep", "search"], env=env)
+    assert bad.exit_code == 2 and "keep `tokens` or `lm`" in bad.stderr
+
+
+def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(archive):
+    one = archive.ingest(messages=TURN1, keep=ALL, name="one")[0]
+    text, ids = archive.text("one"), archive.tokens("one")
+    token_bytes = archive.stats().bytes["tokens"]
+    archive.compact("one", "lm")
+    st = archive.stats()
+    assert st.bytes["tokens"] < token_bytes / 4 and st.bytes["lm"] > 0  # only the stream row is left
+    archive._decoded.clear()  # nothing decoded before: reads decode tier L
+    assert archive.text("one") == text
+    np.testing.assert_array_equal(archive.tokens("one"), ids)
+    restored = archive.restore("one")
+    assert restored.mode == "decode"
+    np.testing.assert_array_equal(restored.tokens, ids)
+    assert [h for h in archive.search("strawberry") if h.exact] == []
+    report = archive.verify(deep=True)
+    assert report.ok and report.checked["sessions held in tier L (headers checked, not decoded)"] == 1
+
+    two = archive.ingest(messages=TURN2, keep=ALL, name="two")[0]  # grows "one": its node is shared now
+    assert archive.stats().stored_tokens == two.n_tokens
+    assert all("tokens" in n.keep for n in archive._store.node_path(two.session_id))
+    for r, messages in ((one, TURN1), (two, TURN2)):
+        assert archive.text(r.session_id) == archive.text(r.session_id, 0, r.n_tokens)
+    assert archive.text("one") == text and [h.name for h in archive.search("banana") if h.exact] == ["two"]
+    assert archive.verify(deep=True).ok
+
+
+def test_a_session_diverging_inside_a_tier_l_node_splits_it(archive):
+    a = archive.ingest(text="The same opening line, then the first ending.", keep="lm", name="a")[0]
+    assert archive.stats().bytes["tokens"] < 50
+    b = archive.ingest(text="The same opening line, then another ending!", name="b")[0]
+    assert archive.text("a") == "The same opening line, then the first ending."
+    assert archive.text("b") == "The same opening line, then another ending!"
+    assert archive.stats().stored_tokens < a.n_tokens + b.n_tokens
+    np.testing.assert_array_equal(archive.restore("a", mode="decode").tokens, archive.tokens("a"))
+    assert archive.verify(deep=True).ok
+
+
+def test_dropping_tokens_needs_tier_l_and_keeps_shared_nodes(archive):
+    archive.ingest(text="no tier L here", name="plain")
+    with pytest.raises(InvalidArgument, match="no tier L on tokens"):
+        archive.compact("plain", "lm")
+    shared = "A shared preamble that both sessions open with. "
+    archive.ingest(text=shared + "First.", keep=ALL, name="x")
+    archive.ingest(text=shared + "Second.", keep=ALL, name="y")
+    archive.compact("x", "lm")
+    path = archive._store.node_path(archive.session("x").session_id)
+    assert ["tokens" in n.keep for n in path] == [True, False]  # the shared head keeps its tokens
+    assert archive.text("y") == shared + "Second." and [h.name for h in archive.search("Second") if h.exact] == ["y"]
+    archive.compact("x", "tokens,lm")  # keeping tokens again decodes them back
+    assert all("tokens" in n.keep for n in archive._store.node_path(archive.session("x").session_id))
+    assert archive.text("x") == shared + "First." and archive.verify(deep=True).ok
