@@ -130,6 +130,7 @@ class Archive:
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
         self._indexes = Indexes(self._store, self.path)
         self._prefix_cache = PrefixCache(self.path)
+        self._pending_prefix = None  # (session id, ids, cache) of the last growing conversation, saved on close
         self._search_cache: dict[str, tuple] = {}  # by index key: what search reads, until the archive changes
         self._search_epoch = 0  # the store connection the search cache was read on
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
@@ -144,6 +145,9 @@ class Archive:
         self.close()
 
     def close(self) -> None:
+        if self._pending_prefix is not None:
+            self._prefix_cache.save(self._pending_prefix[0], self._pending_prefix[2])
+            self._pending_prefix = None
         self._store.close()
 
     @property
@@ -223,6 +227,8 @@ class Archive:
             match = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
             grows = match.node is not None and match.offset == match.node.n_tokens and self._store.has_session(match.node.node_id)
             write, cache = self._session_write(lm, item, ids, match, optional)
+            if self._store.untouched_since_release():
+                break
             again = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
             if not self._store.has_session(session_id) and _match_key(again) == _match_key(match):
                 break
@@ -235,7 +241,7 @@ class Archive:
         if "kv" in optional:
             self._complete_kv(lm, session_id, ids, cache)
         if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
-            self._prefix_cache.save(session_id, cache)
+            self._keep_prefix(session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
 
     def _session_write(self, lm: LoadedModel, item, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
@@ -250,7 +256,8 @@ class Archive:
         on_path = self._store.node_path(match.node.node_id) if match.node is not None else []
         resumable = [n.node_id for n in reversed(on_path)]
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
-        token_blocks = {n.node_id: ids[n.start : n.end] for n in on_path if "tokens" not in n.keep and n.end <= match.matched}
+        back = [n for n in on_path if "tokens" not in n.keep and n.end <= match.matched]
+        first = min((n.start for n in back), default=match.matched)  # scored from here: those nodes need log-probabilities
         self._store.release()
         split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
@@ -258,19 +265,31 @@ class Archive:
             split, lm_context = self._split(lm, match, ids, parent_id, split_tokens)
         elif match.node is not None:
             parent_id = match.node.node_id
-        cache = None
+        cache, tokens_back = None, {}
+        if first < len(ids):
+            logprobs, cache = self._score_suffix(lm, ids, first, resumable)
+            tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in back}
         if match.matched < len(ids):
-            logprobs, cache = self._score_suffix(lm, ids, match.matched, resumable)
             payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
             kv = self._kv_codes(lm, cache, match.matched) if "kv" in optional else None
-            node = NewNode(trie.path_id(model_id, ids), parent_id, match.matched, ids[match.matched :], logprobs, optional, payload, kv)
+            node = NewNode(
+                trie.path_id(model_id, ids), parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv
+            )
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
             # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
             metadata["text"] = item.text
         row = SessionRow(trie.path_id(model_id, ids), item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
-        return SessionWrite(row, alphabet, split, node, token_blocks=token_blocks), cache
+        return SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache
+
+    def _keep_prefix(self, session_id: str, ids: np.ndarray, cache) -> None:
+        """Save a growing conversation's cache for later processes, once: a turn that this
+        process extends in turn replaces it unsaved; the last is saved on close."""
+        pending = self._pending_prefix
+        if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
+            self._prefix_cache.save(pending[0], pending[2])
+        self._pending_prefix = (session_id, ids, cache)
 
     def _complete_kv(self, lm: LoadedModel, session_id: str, ids: np.ndarray, cache) -> None:
         """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
@@ -293,8 +312,10 @@ class Archive:
         parent = self._lm_context(lm, ids, node.start)
         head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
         tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
-        decoded = None if "tokens" in node.keep else tokens
-        return Split(node.node_id, head_id, match.offset, head, tail, decoded), after_head
+        if "tokens" in node.keep:
+            return Split(node.node_id, head_id, match.offset, head, tail), after_head
+        logprobs, _ = lm_ops.score(lm.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
+        return Split(node.node_id, head_id, match.offset, head, tail, tokens, logprobs), after_head
 
     def _lm_code(self, lm: LoadedModel, ids: np.ndarray, start: int, context) -> bytes:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
@@ -452,16 +473,20 @@ class Archive:
         return lm
 
     def logprobs(self, session: str) -> np.ndarray:
-        """Natural-log probability of each token under the archive's model, as computed at ingest."""
-        return self._store.load_logprobs(self._resolve(session).session_id)
+        """Natural-log probability of each token under the archive's model, as computed at ingest
+        (or, for a session held in tier L, computed again from its decoded tokens)."""
+        row = self._resolve(session)
+        if all("tokens" in n.keep for n in self._store.node_path(row.session_id)):
+            return self._store.load_logprobs(row.session_id)
+        return lm_ops.score(self._checked_lm(row).model, self._path_tokens(row))[0]
 
     def prefix_bits(self, a: str, b: str) -> float:
         """d_T(a, b) = -log2 P_M(shared prefix): the information content of what the sessions
         share, a sum of the log-probabilities stored at ingest along their common trie path."""
         path_a = self._store.node_path(self._resolve(a).session_id)
         on_b = {n.node_id for n in self._store.node_path(self._resolve(b).session_id)}
-        shared = sum(n.n_tokens for n in path_a if n.node_id in on_b)
-        return _bits(self._store.load_logprobs(path_a[-1].node_id)[:shared])
+        shared = [n for n in path_a if n.node_id in on_b]  # nodes two sessions share hold their log-probabilities
+        return _bits(self._store.load_logprobs(shared[-1].node_id)) if shared else 0.0
 
     def prefixes(self, words: int = 8) -> list[Prefix]:
         """Every prefix two or more sessions share, with its length, bits and first words."""
@@ -758,7 +783,8 @@ class Archive:
         restored = {}
         if "tokens" in keep and any("tokens" not in n.keep for n in path):
             ids = self._path_tokens(row)
-            restored = {n.node_id: ids[n.start : n.end] for n in path if "tokens" not in n.keep}
+            logprobs = lm_ops.score(self._checked_lm(row).model, ids)[0]
+            restored = {n.node_id: (ids[n.start : n.end], logprobs[n.start : n.end]) for n in path if "tokens" not in n.keep}
         self._changed()
         self._store.drop_tiers(drops, restored)
         return _session(row)

@@ -206,7 +206,8 @@ class Split:
     offset: int
     lm_head: bytes | None = None  # tier L payloads of the two halves, re-coded, when the node has one
     lm_tail: bytes | None = None
-    tokens: np.ndarray | None = None  # the node's tokens, decoded from tier L, when it holds no token blocks
+    tokens: np.ndarray | None = None  # the node's tokens (decoded from tier L) and log-probabilities (scored
+    logprobs: np.ndarray | None = None  # again), when it is held in tier L only
 
 
 @dataclass(frozen=True)
@@ -230,9 +231,9 @@ class SessionWrite:
     split: Split | None = None
     node: NewNode | None = None
     index: IndexState | None = None
-    # Nodes on the session's path held in tier L only get their token blocks back from the new
-    # session's own tokens: a node two sessions share keeps its tokens (see Archive.compact).
-    token_blocks: dict[str, np.ndarray] = field(default_factory=dict)
+    # Nodes on the session's path held in tier L only get their tokens and log-probabilities back
+    # (node id -> both) from the new session's own: a node two sessions share keeps its tokens.
+    tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,7 @@ class Store:
         self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
         self.read_only = read_only
         self._engine: sa.Engine | None = None
+        self._released: tuple | None = None  # the file's state when this store last let it go
         self.connections = 0  # connections opened so far: anything cached from an earlier one may be stale
         if read_only and (not self.path.exists() or self._revision() != _script_directory()[0].get_current_head()):
             self.release()
@@ -312,6 +314,22 @@ class Store:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+            self._released = self._file_state()
+
+    def untouched_since_release(self) -> bool:
+        """Whether no process has written the file since this store let it go (its size and
+        modification time, and its write-ahead log's, are as they were); asked before reconnecting."""
+        return self._engine is None and self._released is not None and self._file_state() == self._released
+
+    def _file_state(self) -> tuple:
+        def state(path: Path):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return None
+            return st.st_size, st.st_mtime_ns
+
+        return state(self.path), state(self.path.with_name(self.path.name + ".wal"))
 
     @contextlib.contextmanager
     def writable(self):
@@ -394,10 +412,8 @@ class Store:
                 self._split(conn, w.split, w.alphabet)
             if w.node is not None:
                 self._insert_node(conn, w.node, w.session.model_id, w.alphabet)
-            for node_id, tokens in w.token_blocks.items():
-                self._put_token_blocks(conn, node_id, tokens)
-                keep = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one()).keep
-                conn.execute(nodes.update().where(nodes.c.node_id == node_id).values(keep=_keep_text(keep | {"tokens"})))
+            for node_id, (tokens, logprobs) in w.tokens_back.items():
+                self._put_tokens_back(conn, node_id, tokens, logprobs)
             conn.execute(sessions.insert().values(**_session_values(w.session)))
             path = _path_cte(w.session.session_id)
             conn.execute(nodes.update().where(nodes.c.node_id.in_(sa.select(path.c.node_id))).values(refcount=nodes.c.refcount + 1))
@@ -417,7 +433,7 @@ class Store:
                 keep=_keep_text(node.keep),
             )
         )
-        self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet, "tokens" in node.keep)
+        self._put_tiers(conn, node.node_id, node.tokens, node.logprobs, alphabet, held="tokens" in node.keep)
         if node.lm is not None:
             conn.execute(node_lm.insert().values(node_id=node.node_id, payload=node.lm))
         if node.kv is not None:
@@ -448,32 +464,44 @@ class Store:
         return rows[0][1], {size: fractal.decode_blocks(b, size) for size, b in blobs.items()}
 
     @classmethod
-    def _put_tiers(cls, conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int, blocks: bool = True) -> None:
-        """A node's stream row and log-probabilities, and its token blocks unless it is held in tier L only."""
+    def _put_tiers(cls, conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int, held: bool = True) -> None:
+        """A node's stream row, and its token blocks and log-probabilities unless it is held in
+        tier L only (then both are the model's to recompute: decoding, then scoring)."""
         conn.execute(token_streams.insert().values(node_id=node_id, alphabet=alphabet, block_size=fractal.DEFAULT_BLOCK, n_tokens=len(tokens)))
-        if blocks:
-            cls._put_token_blocks(conn, node_id, tokens)
-        conn.execute(node_logprobs.insert().values(node_id=node_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()))
+        if held:
+            cls._put_token_rows(conn, node_id, tokens, logprobs)
+
+    @classmethod
+    def _put_tokens_back(cls, conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:
+        """A node held in tier L only holds its tokens again."""
+        cls._put_token_rows(conn, node_id, tokens, logprobs)
+        keep = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one()).keep
+        conn.execute(nodes.update().where(nodes.c.node_id == node_id).values(keep=_keep_text(keep | {"tokens"})))
 
     @staticmethod
-    def _put_token_blocks(conn, node_id: str, tokens: np.ndarray) -> None:
-        """The token blocks of a node whose stream row exists (it says the alphabet and block size)."""
+    def _put_token_rows(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:
+        """Token blocks and log-probabilities of a node whose stream row exists (it says the
+        alphabet and block size)."""
         stream = conn.execute(sa.select(token_streams).where(token_streams.c.node_id == node_id)).one()
-        if stream.n_tokens != len(tokens):
-            raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)}")
+        if not stream.n_tokens == len(tokens) == len(logprobs):
+            raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs)} log-probabilities)")
         blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
         conn.execute(token_blocks.insert(), [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])
+        conn.execute(node_logprobs.insert().values(node_id=node_id, logprobs=np.asarray(logprobs, dtype="<f4").tobytes()))
 
     def _split(self, conn, split: Split, alphabet: int) -> None:
         """The head [0, offset) of a node becomes its own node, parent of the rest."""
         node = _node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == split.node_id)).one())
-        if "tokens" not in node.keep and split.tokens is None:
-            raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its decoded tokens")
-        tokens = self._node_tokens(conn, node.node_id) if split.tokens is None else np.asarray(split.tokens)
         keep = node.keep | {"tokens"}  # both halves hold their tokens: the head is shared from now on
-        logprobs = np.frombuffer(
-            conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == node.node_id)).scalar_one(), "<f4"
-        )
+        if "tokens" not in node.keep:
+            if split.tokens is None or split.logprobs is None:
+                raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities")
+            tokens, logprobs = np.asarray(split.tokens), np.asarray(split.logprobs, dtype=np.float32)
+        else:
+            tokens = self._node_tokens(conn, node.node_id)
+            logprobs = np.frombuffer(
+                conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == node.node_id)).scalar_one(), "<f4"
+            )
         k = split.offset
         for table in (token_blocks, token_streams, node_logprobs):
             conn.execute(table.delete().where(table.c.node_id == node.node_id))
@@ -540,21 +568,20 @@ class Store:
             conn.execute(nodes.delete().where(nodes.c.refcount <= 0))
         return {"nodes": int(counts[0]), "tokens": int(counts[1]), "token_bytes": int(freed)}
 
-    def drop_tiers(self, drops: dict[str, set[str]], token_blocks_back: dict[str, np.ndarray] | None = None) -> None:
-        """Drop tiers from nodes (``drops``: node id -> tiers; search slots become tombstones),
-        and give nodes held in tier L only their token blocks back, in one transaction."""
+    def drop_tiers(self, drops: dict[str, set[str]], tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        """Drop tiers from nodes (``drops``: node id -> tiers; search slots become tombstones;
+        the token tier goes with its log-probabilities), and give nodes held in tier L only their
+        tokens and log-probabilities back, in one transaction."""
         with self._write() as conn:
             for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(list(drops)))).all():
                 node = _node_row(row)
                 tiers = drops[node.node_id]
-                keep = node.keep - tiers
-                if node.node_id in (token_blocks_back or {}):
-                    self._put_token_blocks(conn, node.node_id, token_blocks_back[node.node_id])
-                    keep |= {"tokens"}
-                conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(keep)))
-                for tier, table in (("search", search_ranges), ("lm", node_lm), ("kv", node_kv), ("tokens", token_blocks)):
+                conn.execute(nodes.update().where(nodes.c.node_id == node.node_id).values(keep=_keep_text(node.keep - tiers)))
+                for tier, table in (("search", search_ranges), ("lm", node_lm), ("kv", node_kv), ("tokens", token_blocks), ("tokens", node_logprobs)):
                     if tier in tiers:
                         conn.execute(table.delete().where(table.c.node_id == node.node_id))
+            for node_id, (tokens, logprobs) in (tokens_back or {}).items():
+                self._put_tokens_back(conn, node_id, tokens, logprobs)
 
     def add_kv(self, node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> None:
         """Give an existing node tier K (a shared prefix stored before without it)."""

@@ -102,11 +102,12 @@ def test_cli_keep_mode_and_compact(tmp_path, tiny_model):
 
 def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(archive):
     one = archive.ingest(messages=TURN1, keep=ALL, name="one")[0]
-    text, ids = archive.text("one"), archive.tokens("one")
+    text, ids, logprobs = archive.text("one"), archive.tokens("one"), archive.logprobs("one")
     token_bytes = archive.stats().bytes["tokens"]
     archive.compact("one", "lm")
     st = archive.stats()
     assert st.bytes["tokens"] < token_bytes / 4 and st.bytes["lm"] > 0  # only the stream row is left
+    assert st.bytes["logprobs"] == 0  # recomputed from the decoded tokens when asked for
     archive._decoded.clear()  # nothing decoded before: reads decode tier L
     assert archive.text("one") == text
     np.testing.assert_array_equal(archive.tokens("one"), ids)
@@ -114,6 +115,7 @@ def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(archive):
     assert restored.mode == "decode"
     np.testing.assert_array_equal(restored.tokens, ids)
     assert [h for h in archive.search("strawberry") if h.exact] == []
+    np.testing.assert_allclose(archive.logprobs("one"), logprobs, atol=1e-4)
     report = archive.verify(deep=True)
     assert report.ok and report.checked["sessions held in tier L (headers checked, not decoded)"] == 1
 
@@ -123,6 +125,8 @@ def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(archive):
     for r, messages in ((one, TURN1), (two, TURN2)):
         assert archive.text(r.session_id) == archive.text(r.session_id, 0, r.n_tokens)
     assert archive.text("one") == text and [h.name for h in archive.search("banana") if h.exact] == ["two"]
+    np.testing.assert_allclose(archive.logprobs("two")[: one.n_tokens], logprobs, atol=1e-4)  # scored back at the ingest
+    assert archive.prefix_bits("one", "two") == pytest.approx(-archive.logprobs("one").sum() / np.log(2), rel=1e-5)
     assert archive.verify(deep=True).ok
 
 

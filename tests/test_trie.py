@@ -155,6 +155,7 @@ def _ingest_in_new_archive(path, model, messages):
             counter.close()
         expected, _ = lm_ops.score(db.lm.model, db.tokens(result.session_id))
         np.testing.assert_allclose(db.logprobs(result.session_id), expected, atol=1e-4)
+    with kvdb.open(path, read_only=True) as db:  # the prefix cache is written when the ingesting archive closes
         return result, counter.tokens, db.stats().bytes["prefix_cache"]
 
 
