@@ -388,7 +388,10 @@ def gc(ctx, as_json):
     if as_json:
         _emit(freed)
     else:
-        click.echo(f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks")
+        click.echo(
+            f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks, "
+            f"{freed['prefix_cache_entries']} prefix-cache entries"
+        )
 
 
 @main.command()

@@ -43,6 +43,11 @@ DEFAULT_CONTEXT_TOKENS = 8192  # for a model config that does not say
 # many bytes per context token (SmolLM2's longest token is 81 bytes, and JSON escapes take at
 # most 6 bytes a byte), so larger sessions are refused before they are read into memory.
 FILE_BYTES_PER_CONTEXT_TOKEN = 1024
+# Ingest lets the file go during the model's work, unless the work is short (fewer new tokens
+# than this, ~0.3 s on 2 cores) and the file has been held for less than HOLD_SECONDS: readers
+# then wait at most about a second, and a stream of short sessions does not pay a reconnect each.
+SHORT_WORK_TOKENS = 128
+HOLD_SECONDS = 1.0
 RECENT_CACHE_TOKENS = 8192  # the last session's cache is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
 
@@ -226,8 +231,9 @@ class Archive:
                 return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
             match = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
             grows = match.node is not None and match.offset == match.node.n_tokens and self._store.has_session(match.node.node_id)
+            planned_on = self._store.connections
             write, cache = self._session_write(lm, item, ids, match, optional)
-            if self._store.untouched_since_release():
+            if self._store.unchanged_since(planned_on):
                 break
             again = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
             if not self._store.has_session(session_id) and _match_key(again) == _match_key(match):
@@ -258,7 +264,8 @@ class Archive:
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
         back = [n for n in on_path if "tokens" not in n.keep and n.end <= match.matched]
         first = min((n.start for n in back), default=match.matched)  # scored from here: those nodes need log-probabilities
-        self._store.release()
+        if len(ids) - first >= SHORT_WORK_TOKENS or "lm" in optional or self._store.held_for() >= HOLD_SECONDS:
+            self._store.release()  # reconnecting costs ~30 ms: short work in a fresh hold keeps the file
         split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
             parent_id = trie.path_id(model_id, ids[: match.matched])
@@ -813,9 +820,13 @@ class Archive:
         return {"rebuilt_indexes": rebuilt, "unrepairable": remaining, "ok": not remaining}
 
     def gc(self) -> dict:
-        """Free the trie nodes (and every tier stored for them) that no session uses any more."""
+        """Free the trie nodes (and every tier stored for them) that no session uses any more,
+        and the prefix-cache entries of the conversations they held (a deleted session's KV
+        must not outlive it on disk)."""
         self._changed()
-        return self._store.gc()
+        freed = self._store.gc()
+        freed["prefix_cache_entries"] = self._prefix_cache.prune({n.node_id for n, _, _ in self._store.node_shapes()})
+        return freed
 
     def stats(self) -> Stats:
         counts = self._store.byte_counts()

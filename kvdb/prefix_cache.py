@@ -64,6 +64,13 @@ class PrefixCache:
         os.replace(tmp, self.path(key))
         self._trim()
 
+    def prune(self, live: set[str]) -> int:
+        """Delete the entries of paths the archive no longer holds; returns how many."""
+        dead = [p for p in self._entries() if p.stem not in live]
+        for path in dead:
+            path.unlink(missing_ok=True)
+        return len(dead)
+
     def size(self) -> int:
         return sum(p.stat().st_size for p in self._entries())
 

@@ -271,6 +271,7 @@ class Store:
         self.read_only = read_only
         self._engine: sa.Engine | None = None
         self._released: tuple | None = None  # the file's state when this store last let it go
+        self._held_since = 0.0
         self.connections = 0  # connections opened so far: anything cached from an earlier one may be stale
         if read_only and (not self.path.exists() or self._revision() != _script_directory()[0].get_current_head()):
             self.release()
@@ -294,6 +295,7 @@ class Store:
                 with engine.connect() as conn:
                     conn.exec_driver_sql("select 1")
                 self.connections += 1
+                self._held_since = time.monotonic()
                 return engine
             except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
                 engine.dispose()
@@ -316,10 +318,17 @@ class Store:
             self._engine = None
             self._released = self._file_state()
 
-    def untouched_since_release(self) -> bool:
-        """Whether no process has written the file since this store let it go (its size and
-        modification time, and its write-ahead log's, are as they were); asked before reconnecting."""
-        return self._engine is None and self._released is not None and self._file_state() == self._released
+    def held_for(self) -> float:
+        """Seconds this store has held the file (0 when it does not)."""
+        return time.monotonic() - self._held_since if self._engine is not None else 0.0
+
+    def unchanged_since(self, connection: int) -> bool:
+        """Whether no other process can have written since ``connection`` (a value of
+        ``connections``) was current: it still is, or it was let go and nobody opened the file
+        for writing since (its size and modification time, and its log's, are as it left them)."""
+        if self.connections != connection:
+            return False
+        return self._engine is not None or self._released == self._file_state()
 
     def _file_state(self) -> tuple:
         def state(path: Path):

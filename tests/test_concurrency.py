@@ -69,6 +69,7 @@ def test_read_only_search_rebuilds_a_missing_index(tmp_path, tiny_model):
 
 
 def test_ingest_lets_readers_in_while_the_model_works(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setattr(kvdb.archive, "SHORT_WORK_TOKENS", 0)  # these sessions are short; the real threshold is 128 tokens
     path = tmp_path / "a.duckdb"
     seen = []
     score = lm_ops.score
@@ -88,6 +89,7 @@ def test_ingest_lets_readers_in_while_the_model_works(tmp_path, tiny_model, monk
 def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_path, tiny_model, monkeypatch):
     """While this ingest's model runs, another writer splits the node it was going to extend:
     the ingest redoes its plan against the new trie, and every session stays whole."""
+    monkeypatch.setattr(kvdb.archive, "SHORT_WORK_TOKENS", 0)
     path = tmp_path / "a.duckdb"
     prompt = "System: you are a careful assistant who answers briefly.\n"
     texts = {"base": prompt + "User: hi", "grown": prompt + "User: hi\nAssistant: hello", "other": prompt + "User: bye"}
@@ -112,3 +114,18 @@ def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_pa
         assert db.verify(deep=True).ok
         assert [h.session_id for h in db.search("careful") if h.exact] == [db.session("base").session_id]  # the shared prefix, once
         assert db.stats().stored_tokens < sum(len(t.encode()) for t in texts.values())
+
+
+def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monkeypatch):
+    """Reconnecting costs ~30 ms: a short session in a fresh hold keeps the file, a long one lets it go."""
+    monkeypatch.setattr(kvdb.archive, "HOLD_SECONDS", 60.0)  # however slow this machine is
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text="warm up", name="w")
+        before = db._store.connections
+        db.ingest(text="short", name="s")
+        assert db._store.connections == before
+        db.ingest(text="long " * 40, name="l")  # 200 tokens of the byte-level model
+        assert db._store.connections == before + 1
+        monkeypatch.setattr(kvdb.archive, "HOLD_SECONDS", 0.0)  # held long enough: even short work lets go
+        db.ingest(text="short again", name="s2")
+        assert db._store.connections == before + 2

@@ -21,9 +21,9 @@ for i in range(10_000):
 
 def test_kill_during_ingest_loses_nothing_reported(tmp_path, tiny_model):
     path = tmp_path / "crash.duckdb"
-    rng = random.Random(1234)
+    rng = random.Random(int(os.environ.get("KVDB_CRASH_SEED", 1234)))  # soak it: run with other seeds and more kills
     reported: set[str] = set()
-    for attempt in range(4):
+    for attempt in range(int(os.environ.get("KVDB_CRASH_KILLS", 4))):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), tiny_model], stdout=subprocess.PIPE, text=True)
         started = time.monotonic()
         first = proc.stdout.readline()  # wait until it is really writing

@@ -184,3 +184,17 @@ def test_a_damaged_or_disabled_prefix_cache_costs_time_never_correctness(tmp_pat
     fourth, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE, *TURNS[:2]])
     assert computed >= fourth.n_tokens - 1  # nothing read while disabled...
     assert sorted((tmp_path / "a.duckdb.prefix").iterdir()) == entries  # ...and nothing written
+
+
+def test_gc_deletes_the_prefix_cache_of_deleted_conversations(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    for turns in (TURNS[:2], TURNS):
+        with kvdb.open(path, model=tiny_model) as db:
+            db.ingest(messages=[SYSTEM, *turns], name=f"t{len(turns)}")
+    assert len(list((tmp_path / "a.duckdb.prefix").iterdir())) == 1
+    with kvdb.open(path, model=tiny_model) as db:
+        db.delete("t2")
+        assert db.gc()["prefix_cache_entries"] == 0  # t4's entry: its session is alive
+        db.delete("t4")
+        assert db.gc()["prefix_cache_entries"] == 1
+    assert list((tmp_path / "a.duckdb.prefix").iterdir()) == []
