@@ -159,6 +159,7 @@ class Archive:
     def lm(self) -> LoadedModel:
         """The archive's model, loaded on first use and registered in the archive."""
         if self._lm is None:
+            self._store.release()  # loading takes seconds (a first conversion, tens): nobody waits on the file meanwhile
             self._lm = lm_ops.load(self.model_name)
             if not self._store.read_only:  # a model is registered by the first write that uses it
                 self._store.put_model(ModelRow(**asdict(self._lm.identity)))
@@ -206,11 +207,14 @@ class Archive:
         for item in sessions():
             self._render(lm, item)
         results = []
-        for item in sessions():
-            ids = self._render(lm, item)
-            results.append(self._ingest_one(lm, item, ids, optional))
-            if progress:
-                progress(len(ids))
+        try:
+            for item in sessions():
+                ids = self._render(lm, item)
+                results.append(self._ingest_one(lm, item, ids, optional))
+                if progress:
+                    progress(len(ids))
+        finally:
+            self._store.release()  # done writing: other processes need not wait for this object's next call
         return results
 
     @staticmethod

@@ -13,6 +13,8 @@ from kvdb import model as lm_ops
 from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.store import Store
 
+from conftest import write_jsonl
+
 READER = "from kvdb.store import Store; print(len(Store({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
 
 
@@ -117,15 +119,15 @@ def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_pa
 
 
 def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monkeypatch):
-    """Reconnecting costs ~30 ms: a short session in a fresh hold keeps the file, a long one lets it go."""
-    monkeypatch.setattr(kvdb.archive, "HOLD_SECONDS", 60.0)  # however slow this machine is
-    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
-        db.ingest(text="warm up", name="w")
-        before = db._store.connections
-        db.ingest(text="short", name="s")
-        assert db._store.connections == before
-        db.ingest(text="long " * 40, name="l")  # 200 tokens of the byte-level model
-        assert db._store.connections == before + 1
-        monkeypatch.setattr(kvdb.archive, "HOLD_SECONDS", 0.0)  # held long enough: even short work lets go
-        db.ingest(text="short again", name="s2")
-        assert db._store.connections == before + 2
+    """Reconnecting costs ~30 ms: within one ingest, short sessions in a fresh hold keep the
+    file and a long one lets it go; once held long enough, even short work lets it go."""
+    sessions = [{"name": n, "messages": [{"role": "user", "content": c}]} for n, c in (("a", "hi"), ("b", "yo"), ("c", "long " * 40))]
+    path = write_jsonl(tmp_path / "three.jsonl", sessions)
+    opened = []
+    for hold in (60.0, 0.0):
+        monkeypatch.setattr(kvdb.archive, "HOLD_SECONDS", hold)
+        with kvdb.open(tmp_path / f"{hold}.duckdb", model=tiny_model) as db:
+            before = db._store.connections
+            assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
+            opened.append(db._store.connections - before)
+    assert opened == [2, 4]  # a held through a and b, let go for c; or let go for each
