@@ -1,6 +1,7 @@
 """Soak: one process ingests sessions while another searches and restores, both through the
-`kvdb` command line as users would run them, for a fixed time. DuckDB admits one process per
-file, so each command waits for the other's lock (KVDB_LOCK_TIMEOUT) and then runs.
+`kvdb` command line as users would run them, for a fixed time. DuckDB admits one writing
+process or several read-only ones per file: the readers open read-only, the writer holds the
+file only while it touches it, and each waits for the other (KVDB_LOCK_TIMEOUT) when they meet.
 
     .venv/bin/python benchmarks/soak.py [--seconds 120] [--model PATH]
 

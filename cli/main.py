@@ -128,7 +128,8 @@ def ingest(ctx, paths, keep, model, as_json):
         elif r.status == "failed":
             click.echo(f"failed     {r.error}", err=True)
         else:
-            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {r.name}")
+            new = f"  ({r.new_tokens} new, {r.seconds:.2f}s)" if r.status == "ingested" else ""
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {r.name}{new}")
     if any(r.status == "failed" for r in results):
         sys.exit(1)
 
