@@ -121,7 +121,14 @@ def ingest(ctx, paths, keep, model, as_json):
 
     archive = _open(ctx, model)
     with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
-        results = archive.ingest(list(paths), keep=keep, progress=bar.update)
+
+        def progress(done: int, planned: int) -> None:
+            if planned:
+                bar.total = (bar.total or 0) + planned
+                bar.refresh()
+            bar.update(done)
+
+        results = archive.ingest(list(paths), keep=keep, progress=progress)
     for r in results:
         if as_json:
             _emit(r.to_dict())

@@ -34,7 +34,9 @@ from kvdb.restore import RestoredSession
 from kvdb.search import Hit
 from kvdb.store import ModelRow, NewNode, NodeRow, SessionRow, SessionWrite, Split, Store
 
-Progress = Callable[[int], None]  # called with the number of tokens just processed
+# progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
+# sessions are counted when its check pass ends), so a progress bar can show a total.
+Progress = Callable[[int, int], None]
 TIERS = ("tokens", "search", "lm", "kv")
 RESTORE_MODES = ("auto", "exact", "archive", "decode")
 DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
@@ -204,15 +206,16 @@ class Archive:
         session at a time however large the file: the first checks every session (a failure
         anywhere writes nothing), the second archives them one by one."""
         lm = self.lm
-        for item in sessions():
-            self._render(lm, item)
+        planned = sum(len(self._render(lm, item)) for item in sessions())
+        if progress:
+            progress(0, planned)
         results = []
         try:
             for item in sessions():
                 ids = self._render(lm, item)
                 results.append(self._ingest_one(lm, item, ids, optional))
                 if progress:
-                    progress(len(ids))
+                    progress(len(ids), 0)
         finally:
             self._store.release()  # done writing: other processes need not wait for this object's next call
         return results

@@ -85,6 +85,15 @@ def test_a_bad_session_late_in_a_file_writes_none_of_the_file(archive, tmp_path)
     assert [r.status for r in archive.ingest(path)] == ["ingested"] * 3
 
 
+def test_progress_announces_each_file_before_archiving_it(archive, tmp_path):
+    write(tmp_path / "in" / "a.txt", "alpha text\n")
+    write_jsonl(tmp_path / "in" / "b.jsonl", MESSAGES)
+    calls = []
+    results = archive.ingest(tmp_path / "in", progress=lambda done, planned: calls.append((done, planned)))
+    sizes = [r.n_tokens for r in results]
+    assert calls == [(0, sizes[0]), (sizes[0], 0), (0, sizes[1]), (sizes[1], 0)]
+
+
 def test_a_huge_single_line_is_refused_without_reading_it(archive, tmp_path):
     path = tmp_path / "huge.jsonl"
     with open(path, "wb") as f:
