@@ -113,7 +113,7 @@ node_logprobs = sa.Table(
     sa.Column("logprobs", sa.LargeBinary, nullable=False),
 )
 
-# Search index bookkeeping (kvdb.index): the FAISS points live in a sidecar file bound to the
+# Search index bookkeeping (kvdb.index): the sorted walk keys live in a sidecar file bound to the
 # database by generation and slot count; these rows map slot runs to nodes.
 search_indexes = sa.Table(
     "search_indexes",
