@@ -69,12 +69,29 @@ def load(name: str | None = None) -> LoadedModel:
 
 
 def load_tokenizer(name: str | None = None):
-    """Only the tokenizer: enough to show archived text, without paying for the weights."""
-    from transformers import AutoTokenizer
+    """Only the tokenizer: enough to show archived text, without paying for the weights.
 
+    AutoTokenizer imports transformers' whole model registry (~2 s, on every `kvdb search`);
+    a folder whose config names the generic fast tokenizer is loaded by that class directly,
+    which is the object AutoTokenizer would build (same class, same files, same hash).
+    """
     name = model_name(name)
+    folder = _folder(name)
     with _loading(name):
-        return AutoTokenizer.from_pretrained(_folder(name))
+        if _tokenizer_class(folder) in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            from transformers import TokenizersBackend
+
+            return TokenizersBackend.from_pretrained(folder)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+
+
+def _tokenizer_class(folder: str | Path) -> str | None:
+    try:
+        return json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _folder(name: str) -> str | Path:
