@@ -43,6 +43,7 @@ bench: install
 	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/semantic.py
 	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/readers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
