@@ -1,7 +1,7 @@
 """Restore time and fidelity by mode, side by side on the embedded model: exact prefill from
 the token tier against the cache built from tier K (the archive), at several positions.
 
-    .venv/bin/python benchmarks/restore.py [--tokens 2048] [--preset k4v2] [--runs 3]
+    .venv/bin/python benchmarks/restore.py [--tokens 2048] [--preset k4v3] [--runs 3]
 
 Codebooks are trained on one real text and the session restored is a different one.
 Appends a table to benchmarks/RESULTS.md.
@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
+from kvdb import quant  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
 from report import describe, publish  # noqa: E402
@@ -29,7 +30,7 @@ from report import describe, publish  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048, help="length of the restored session")
-    parser.add_argument("--preset", default="k4v2")
+    parser.add_argument("--preset", default=quant.DEFAULT_PRESET, help="default: the archive's default")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:

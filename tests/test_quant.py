@@ -159,6 +159,18 @@ def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
     np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, cont)[0], lp_exact, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 20, 36, 37])
+def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
+    """Sessions no longer than the sinks plus the window have no middle: the single masked pass
+    must still equal a prefill."""
+    ids = _ids(n + 8, seed=5)
+    k, v = C.capture(tiny.model, ids[:n], pre_rope=True)
+    lp_exact, _ = C.teacher_forced(tiny.model, M.prefill(tiny.model, ids[:n]), ids[n:])
+    cache = C.restore_cache(tiny.model, ids[:n], k, v, pre_rope=True)
+    assert cache.get_seq_length() == n
+    np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, ids[n:])[0], lp_exact, atol=1e-4)
+
+
 def test_restored_cache_generates(tiny):
     ids = _ids(40, seed=3)
     k, v = C.capture(tiny.model, ids[:-1], pre_rope=True)
