@@ -599,6 +599,8 @@ class Archive:
             k, v = quant.decode(books, quant.codes_from_streams(books, stored[1], node.n_tokens))
             keys.append(k[:, :, : at - node.start])
             values.append(v[:, :, : at - node.start])
+        if len(keys) == 1:  # one node (the common case): no copy into a joined array
+            return keys[0], values[0]
         return np.concatenate(keys, axis=2), np.concatenate(values, axis=2)
 
     def fidelity(self, session: str, at: int | None = None, probe: int = 32) -> dict:
