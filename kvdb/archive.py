@@ -596,9 +596,11 @@ class Archive:
                     f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
                 )
             _, books = self._codebooks(node.model_id, stored[0])
-            k, v = quant.decode(books, quant.codes_from_streams(books, stored[1], node.n_tokens))
-            keys.append(k[:, :, : at - node.start])
-            values.append(v[:, :, : at - node.start])
+            key_codes, value_codes = quant.codes_from_streams(books, stored[1], node.n_tokens)
+            used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
+            k, v = quant.decode(books, (key_codes[..., :used], value_codes[..., :used]))
+            keys.append(k)
+            values.append(v)
         if len(keys) == 1:  # one node (the common case): no copy into a joined array
             return keys[0], values[0]
         return np.concatenate(keys, axis=2), np.concatenate(values, axis=2)
