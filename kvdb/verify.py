@@ -39,7 +39,17 @@ def verify(store: Store, index_paths, deep: bool = False, notes: list[str] = ())
     _check_blobs(store, report, shapes, deep)
     _check_trie(store, report, shapes, deep)
     _check_indexes(store, report, index_paths)
+    _check_references(store, report)
     return report
+
+
+def _check_references(store: Store, report: Report) -> None:
+    """Model and codebook references: a session whose model row is gone cannot be checked
+    against the model it is opened with; KV codes without their codebooks cannot be restored."""
+    report.checked["references"] += 1
+    for what, rows in store.dangling_references().items():
+        kind = "codebooks" if what.startswith("KV") else "model"
+        report.problems.extend(f"{what} {row[:12]} names {kind} {missing[:12]}, which is not stored" for row, missing in rows)
 
 
 def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:

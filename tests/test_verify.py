@@ -60,3 +60,18 @@ def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
     con.close()
     bad = runner.invoke(main, [*base, "verify", "--deep"], env={"KVDB_MODEL": tiny_model})
     assert bad.exit_code == 1 and "tier L payload" in bad.stdout and "Traceback" not in bad.output
+
+
+def test_dangling_model_and_codebook_references_are_caught(kv_archive, tmp_path):
+    kv_archive.ingest(text="a session with its KV codes", name="kv", keep="tokens,search,kv")
+    assert kv_archive.verify().ok
+    path = kv_archive.path
+    kv_archive.close()
+    con = duckdb.connect(str(path))
+    con.execute("delete from codebooks")
+    con.execute("delete from models")
+    con.close()
+    with kvdb.open(path, read_only=True) as db:
+        problems = db.verify().problems
+    assert any(p.startswith("session ") and "names model" in p for p in problems)
+    assert any(p.startswith("KV codes of node ") and "names codebooks" in p for p in problems)
