@@ -233,16 +233,19 @@ class Archive:
         began = time.perf_counter()
         model_id = lm.identity.model_id
         session_id = trie.path_id(model_id, ids)
+        def tokens_of(node: NodeRow) -> np.ndarray:  # this session's prefix is the context a tier-L node decodes in
+            return self._node_tokens(node, ids[: node.start])
+
         while True:
             if self._store.has_session(session_id):
                 return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
-            match = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
+            match = trie.longest_prefix(self._store, model_id, ids, tokens_of)
             grows = match.node is not None and match.offset == match.node.n_tokens and self._store.has_session(match.node.node_id)
             planned_on = self._store.connections
-            write, cache = self._session_write(lm, item, ids, match, optional)
+            write, cache = self._session_write(lm, item, session_id, ids, match, optional)
             if self._store.unchanged_since(planned_on):
                 break
-            again = trie.longest_prefix(self._store, model_id, ids, lambda node: self._node_tokens(node, ids[: node.start]))
+            again = trie.longest_prefix(self._store, model_id, ids, tokens_of)
             if not self._store.has_session(session_id) and _match_key(again) == _match_key(match):
                 break
         self._changed()
@@ -257,7 +260,7 @@ class Archive:
             self._keep_prefix(session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
 
-    def _session_write(self, lm: LoadedModel, item, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
+    def _session_write(self, lm: LoadedModel, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
         """(what the session adds to the store, the model's cache over it): reads first, then
         the model's work with the file let go."""
         model_id = lm.identity.model_id
@@ -286,14 +289,12 @@ class Archive:
         if match.matched < len(ids):
             payload = self._lm_code(lm, ids, match.matched, lm_context) if "lm" in optional else None
             kv = self._kv_codes(lm, cache, match.matched) if "kv" in optional else None
-            node = NewNode(
-                trie.path_id(model_id, ids), parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv
-            )
+            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv)
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and lm_ops.decode_tokens(lm.tokenizer, ids) != item.text:
             # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
             metadata["text"] = item.text
-        row = SessionRow(trie.path_id(model_id, ids), item.name, item.source, model_id, _now(), len(ids), metadata)
+        row = SessionRow(session_id, item.name, item.source, model_id, _now(), len(ids), metadata)
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
         return SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache
 
@@ -490,9 +491,10 @@ class Archive:
         """Natural-log probability of each token under the archive's model, as computed at ingest
         (or, for a session held in tier L, computed again from its decoded tokens)."""
         row = self._resolve(session)
-        if all("tokens" in n.keep for n in self._store.node_path(row.session_id)):
+        path = self._store.node_path(row.session_id)
+        if all("tokens" in n.keep for n in path):
             return self._store.load_logprobs(row.session_id)
-        return lm_ops.score(self._checked_lm(row).model, self._path_tokens(row))[0]
+        return lm_ops.score(self._checked_lm(row).model, self._path_tokens(row, path=path))[0]
 
     def prefix_bits(self, a: str, b: str) -> float:
         """d_T(a, b) = -log2 P_M(shared prefix): the information content of what the sessions
@@ -534,14 +536,15 @@ class Archive:
         at = row.n_tokens if at is None else at
         _clip_range(row, 0, at)
         lm = self._checked_lm(row)
-        nodes = [n for n in self._store.node_path(row.session_id) if n.start < at]
+        path = self._store.node_path(row.session_id)
+        nodes = [n for n in path if n.start < at]
         if mode == "auto" and nodes and all("kv" in n.keep for n in nodes):
             mode = "archive"
         elif mode == "auto":  # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
             mode = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
         if mode == "decode" and nodes:
             return self._restore_decode(row, nodes, at)
-        tokens = self._path_tokens(row, 0, at)
+        tokens = self._path_tokens(row, 0, at, path)
         if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
             self._store.release()  # the forward passes need nothing more from the file
             return restore_ops.restore_exact(lm, row.session_id, tokens)
@@ -564,15 +567,16 @@ class Archive:
         self._store.release()
         return restore_ops.restore_decode(self._checked_lm(row), row.session_id, parts, at)
 
-    def _path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None) -> np.ndarray:
-        """Tokens [start, end) of a session: from the token blocks, or, where the path holds
-        some only in tier L, from decoding it (one model step per token; kept for the next read)."""
+    def _path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
+        """Tokens [start, end) of a session (``path``: its nodes, when read already): from the
+        token blocks, or, where the path holds some only in tier L, from decoding it (one model
+        step per token; kept for the next read)."""
         end = row.n_tokens if end is None else end
-        nodes = [n for n in self._store.node_path(row.session_id) if n.start < end]
-        if all("tokens" in n.keep for n in nodes):
-            return self._store.load_tokens(row.session_id, start, end)
+        path = self._store.node_path(row.session_id) if path is None else path
+        if all("tokens" in n.keep for n in path if n.start < end):
+            return self._store.path_tokens(path, start, end)
         if row.session_id not in self._decoded:
-            self._decoded[row.session_id] = self._restore_decode(row, self._store.node_path(row.session_id), row.n_tokens).tokens
+            self._decoded[row.session_id] = self._restore_decode(row, path, row.n_tokens).tokens
         return self._decoded[row.session_id][start:end]
 
     def _node_tokens(self, node: NodeRow, before: np.ndarray) -> np.ndarray:

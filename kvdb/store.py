@@ -273,7 +273,7 @@ class Store:
         self._released: tuple | None = None  # the file's state when this store last let it go
         self._held_since = 0.0
         self.connections = 0  # connections opened so far: anything cached from an earlier one may be stale
-        if read_only and (not self.path.exists() or self._revision() != _script_directory()[0].get_current_head()):
+        if read_only and (not self.path.exists() or self.schema_revision() != _script_directory()[0].get_current_head()):
             self.release()
             Store(self.path, self.timeout).close()
         if not read_only:
@@ -364,10 +364,6 @@ class Store:
         self.check_writable()
         return self.engine.begin()
 
-    def _revision(self) -> str | None:
-        with self.engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
-
     def _migrate(self) -> None:
         script, config = _script_directory()
         head = script.get_current_head()
@@ -388,7 +384,8 @@ class Store:
         self.release()
 
     def schema_revision(self) -> str | None:
-        return self._revision()
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
 
     # models ---------------------------------------------------------------------------
     def put_model(self, row: ModelRow) -> None:
@@ -682,7 +679,10 @@ class Store:
 
     def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
         """Token ids [start, end) of a session, from the nodes of its path that the range touches."""
-        path = self.node_path(session_id)
+        return self.path_tokens(self.node_path(session_id), start, end)
+
+    def path_tokens(self, path: list[NodeRow], start: int = 0, end: int | None = None) -> np.ndarray:
+        """Token ids [start, end) along a node path the caller has read already."""
         end = path[-1].end if end is None else end
         with self.engine.connect() as conn:
             pieces = [
