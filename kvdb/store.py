@@ -731,19 +731,20 @@ class Store:
                 query = query.where((numbered.c.n - 1) % max(1, count // max(sample, 1)) == 0)
             yield from conn.execute(query)
 
-    def dangling_references(self) -> dict[str, list[tuple[str, str]]]:
-        """(row, missing id) of references to rows that are not stored: sessions and nodes naming
-        an unregistered model, KV codes naming codebooks that are gone."""
-        checks = {
-            "session": (sessions.c.session_id, sessions.c.model_id, models.c.model_id),
-            "node": (nodes.c.node_id, nodes.c.model_id, models.c.model_id),
-            "KV codes of node": (node_kv.c.node_id, node_kv.c.codebook_id, codebooks.c.codebook_id),
-        }
+    def dangling_references(self) -> list[tuple[str, str, str, str]]:
+        """(what refers, its id, what it names, the missing id) of references to rows that are not
+        stored: sessions and nodes naming an unregistered model, KV codes naming codebooks that are gone."""
+        checks = (
+            ("session", sessions.c.session_id, "model", sessions.c.model_id, models.c.model_id),
+            ("node", nodes.c.node_id, "model", nodes.c.model_id, models.c.model_id),
+            ("KV codes of node", node_kv.c.node_id, "codebooks", node_kv.c.codebook_id, codebooks.c.codebook_id),
+        )
         with self.engine.connect() as conn:
-            return {
-                what: [tuple(r) for r in conn.execute(sa.select(ref_from, ref).distinct().where(ref.not_in(sa.select(target))))]
-                for what, (ref_from, ref, target) in checks.items()
-            }
+            return [
+                (what, row_id, kind, missing)
+                for what, ref_from, kind, ref, target in checks
+                for row_id, missing in conn.execute(sa.select(ref_from, ref).distinct().where(ref.not_in(sa.select(target))))
+            ]
 
     def logprob_lengths(self) -> dict[str, int]:
         with self.engine.connect() as conn:

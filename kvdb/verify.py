@@ -47,9 +47,8 @@ def _check_references(store: Store, report: Report) -> None:
     """Model and codebook references: a session whose model row is gone cannot be checked
     against the model it is opened with; KV codes without their codebooks cannot be restored."""
     report.checked["references"] += 1
-    for what, rows in store.dangling_references().items():
-        kind = "codebooks" if what.startswith("KV") else "model"
-        report.problems.extend(f"{what} {row[:12]} names {kind} {missing[:12]}, which is not stored" for row, missing in rows)
+    for what, row_id, kind, missing in store.dangling_references():
+        report.problems.append(f"{what} {row_id[:12]} names {kind} {missing[:12]}, which is not stored")
 
 
 def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:
