@@ -26,6 +26,7 @@ import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import publish  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
+from kvdb import tokenizer as tok  # noqa: E402
 
 LOAD = "import time; t = time.perf_counter(); from kvdb import model; model.load(); print(time.perf_counter() - t)"
 
@@ -48,23 +49,22 @@ def main() -> None:
         later = [timed_load(cache) for _ in range(args.runs)]
 
     lm = lm_ops.load()
-    ids = np.asarray(lm_ops.encode_text(lm.tokenizer, real_text(args.tokens * 6)), dtype=np.int64)[: args.tokens]
-    docs = [lm_ops.decode_tokens(lm.tokenizer, part) for part in np.array_split(ids, 4)]
-    n_tokens = sum(len(lm_ops.encode_text(lm.tokenizer, d)) for d in docs)
+    ids = np.asarray(tok.encode(lm.tokenizer, real_text(args.tokens * 6)), dtype=np.int64)[: args.tokens]
+    docs = [tok.decode(lm.tokenizer, part) for part in np.array_split(ids, 4)]
+    n_tokens = sum(len(tok.encode(lm.tokenizer, d)) for d in docs)
 
     prefill_one_pass, prefill_chunked, ingest = [], [], []
     for run in range(args.runs):
         with torch.no_grad():
             start = time.perf_counter()
             for d in docs:
-                lm.model(torch.as_tensor(lm_ops.encode_text(lm.tokenizer, d))[None])
+                lm.model(torch.as_tensor(tok.encode(lm.tokenizer, d))[None])
             prefill_one_pass.append(n_tokens / (time.perf_counter() - start))
         start = time.perf_counter()
         for d in docs:
-            lm_ops.prefill(lm.model, np.asarray(lm_ops.encode_text(lm.tokenizer, d)))
+            lm_ops.prefill(lm.model, np.asarray(tok.encode(lm.tokenizer, d)))
         prefill_chunked.append(n_tokens / (time.perf_counter() - start))
-        with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:
-            db._lm = lm  # the load is measured above; here only ingest itself
+        with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb", model=lm) as db:  # the load is measured above
             start = time.perf_counter()
             for i, d in enumerate(docs):
                 db.ingest(text=d, name=f"doc{i}-{run}")

@@ -37,11 +37,12 @@ from report import describe  # noqa: E402
 from kvdb import capture as C  # noqa: E402
 from kvdb import model as M  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
+from kvdb import tokenizer as T  # noqa: E402
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 CTX = 1024
 CONT = 128  # continuation tokens scored (CONT + 1 fed)
-# per-layer allocations from the one-context sensitivity scan in docs/kv.md: keys of layers 0-5
+# per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
 # the paper's settings, expressed with the harness's own codebooks and window policy
@@ -166,7 +167,7 @@ def main() -> None:
     fp16_per_token = L * 2 * H * D * 2
 
     text = real_text(600_000)
-    ids = np.asarray(M.encode_text(lm.tokenizer, text), dtype=np.int64)
+    ids = np.asarray(T.encode(lm.tokenizer, text), dtype=np.int64)
     calib_ids = ids[: n_calib * CTX]
     # held-out: contexts far past the calibration text (different files), spaced apart
     start0 = max(len(calib_ids) + 20_000, len(ids) // 3)

@@ -40,6 +40,7 @@ from report import describe  # noqa: E402
 
 from kvdb import lmcode  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
+from kvdb import tokenizer as tok  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 CODE_FILES = ("json/decoder.py", "textwrap.py", "heapq.py", "bisect.py")
@@ -65,7 +66,7 @@ def chat_text(tokenizer) -> str:
 
 def samples(tokenizer, budgets: dict[str, int]) -> dict[str, np.ndarray]:
     texts = {"prose": real_text(budgets["prose"] * 8), "code": code_text(), "chat": chat_text(tokenizer)}
-    return {name: np.asarray(lm_ops.encode_text(tokenizer, texts[name]), dtype=np.int64)[: budgets[name]] for name in texts}
+    return {name: np.asarray(tok.encode(tokenizer, texts[name]), dtype=np.int64)[: budgets[name]] for name in texts}
 
 
 # -- measurements ---------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def compressors(data: bytes) -> dict[str, int]:
 
 def run_sample(lm, name: str, ids: np.ndarray) -> dict:
     model = lm.model
-    text = lm_ops.decode_tokens(lm.tokenizer, ids)
+    text = tok.decode(lm.tokenizer, ids)
     batched, batched_tps = batched_logits(model, ids)
     xent = cross_entropy_bits(batched, ids)
 

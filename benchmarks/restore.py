@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from kvdb import quant  # noqa: E402
 from corpus import real_text  # noqa: E402
-from kvdb import model as lm_ops  # noqa: E402
+from kvdb import tokenizer as tok  # noqa: E402
 from report import describe, publish  # noqa: E402
 
 
@@ -35,9 +35,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:
         lm = db.lm
-        ids = np.asarray(lm_ops.encode_text(lm.tokenizer, real_text(60_000)), dtype=np.int64)
-        calibration = lm_ops.decode_tokens(lm.tokenizer, ids[: 4096])
-        session = lm_ops.decode_tokens(lm.tokenizer, ids[-args.tokens :])
+        ids = np.asarray(tok.encode(lm.tokenizer, real_text(60_000)), dtype=np.int64)
+        calibration = tok.decode(lm.tokenizer, ids[: 4096])
+        session = tok.decode(lm.tokenizer, ids[-args.tokens :])
         db.ingest(text=calibration, name="calibration")
         trained = db.train_codebooks(preset=args.preset, tokens=4096)
         db.ingest(text=session, name="session", keep="tokens,kv")

@@ -9,7 +9,7 @@ store with zero log-probabilities, and the index is built by ``Archive.rebuild_i
 
 Ground truth is token-subsequence search over the archived token streams, within a session:
 an occurrence of a phrase is a (session, end position) where one of the two tokenizations
-kvdb searches ends ("as typed", and with a leading space; ``kvdb.archive.phrase_variants``).
+kvdb searches ends ("as typed", and with a leading space; ``kvdb.services.searching.phrase_variants``).
 Text-substring occurrences over the decoded session text are counted separately; the ones
 with no token occurrence at the same place are "missed by tokenization boundaries".
 
@@ -43,10 +43,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
-from kvdb import model as M  # noqa: E402
+from kvdb import tokenizer as T  # noqa: E402
 from kvdb import trie  # noqa: E402
-from kvdb.archive import phrase_variants  # noqa: E402
-from kvdb.store import ModelRow, NewNode, SessionRow, SessionWrite  # noqa: E402
+from kvdb.services.searching import phrase_variants  # noqa: E402
+from kvdb.storage import open_storage  # noqa: E402
+from kvdb.storage.base import ModelRow, NewNode, PutModel, SessionRow, SessionWrite  # noqa: E402
 
 ALPHABET = 49152  # what ingest stores for SmolLM2 (max(config.vocab_size, len(tokenizer)))
 SESSION_MIN, SESSION_MAX = 2_000, 10_000
@@ -88,7 +89,7 @@ def split_sessions(ids: np.ndarray, rng: np.random.Generator) -> list[np.ndarray
 
 def make_corpus(tok, total: int, rng: np.random.Generator, n_planted_per_length: int) -> Corpus:
     t = time.perf_counter()
-    real = np.asarray(M.encode_text(tok, real_text(min(total * 5, 6_000_000))), dtype=np.int64)
+    real = np.asarray(T.encode(tok, real_text(min(total * 5, 6_000_000))), dtype=np.int64)
     space, stop = vocab_tables(tok)
     print(f"  real text: {len(real):,} tokens ({time.perf_counter() - t:.1f} s)", flush=True)
     real = real[:total]
@@ -114,7 +115,7 @@ def make_corpus(tok, total: int, rng: np.random.Generator, n_planted_per_length:
                 chosen, ids = [], []
                 while len(ids) < length:
                     chosen.append(words[int(rng.integers(len(words)))])
-                    ids = M.encode_text(tok, " " + " ".join(chosen))
+                    ids = T.encode(tok, " " + " ".join(chosen))
                 if len(ids) == length:
                     planted.append((" ".join(chosen), np.asarray(ids, dtype=np.int64)))
                     break
@@ -253,21 +254,23 @@ def like_pattern(phrase: str) -> str:
 # kvdb archive ---------------------------------------------------------------------------------
 
 
-def build_archive(path: Path, tok, tok_hash: str, sessions: list[np.ndarray]) -> tuple[list[str], float, float]:
-    """Write sessions through the store (no model), then rebuild the index. -> (ids, write s, index s)."""
+def build_archive(path: Path, tok_hash: str, sessions: list[np.ndarray]) -> tuple[list[str], float, float]:
+    """Write sessions through the storage (no model), then rebuild the index. -> (ids, write s, index s)."""
     model_id = hashlib.sha256(f"bench-weights:{tok_hash}".encode()).hexdigest()[:32]
     base = dt.datetime(2024, 1, 1)
     ids = []
     t = time.perf_counter()
+    storage = open_storage(path)
+    storage.apply(PutModel(ModelRow(model_id, "bench", "bench-weights", tok_hash, {"vocab_size": ALPHABET})))
+    keep = frozenset({"tokens", "search"})
+    for i, s in enumerate(sessions):  # each session a root node of its own: synthetic sessions share no prefix
+        sid = trie.path_id(model_id, s)
+        row = SessionRow(sid, f"s{i:05d}", "bench", model_id, base + dt.timedelta(seconds=i), len(s), {"kind": "text"})
+        storage.apply(SessionWrite(row, ALPHABET, node=NewNode(sid, None, 0, s, np.zeros(len(s), dtype=np.float32), keep)))
+        ids.append(sid)
+    storage.close()
+    write_s = time.perf_counter() - t
     with kvdb.open(path) as db:
-        db._tokenizer = (tok, tok_hash)  # the tokenizer loads once per benchmark, not once per archive
-        db._store.put_model(ModelRow(model_id, "bench", "bench-weights", tok_hash, {"vocab_size": ALPHABET}))
-        for i, s in enumerate(sessions):  # each session a root node of its own: synthetic sessions share no prefix
-            sid = trie.path_id(model_id, s)
-            row = SessionRow(sid, f"s{i:05d}", "bench", model_id, base + dt.timedelta(seconds=i), len(s), {"kind": "text"})
-            db._store.write_session(SessionWrite(row, ALPHABET, node=NewNode(sid, None, 0, s, np.zeros(len(s), dtype=np.float32))))
-            ids.append(sid)
-        write_s = time.perf_counter() - t
         info = db.rebuild_index()
     return ids, write_s, info["seconds"]
 
@@ -298,7 +301,7 @@ def natural_phrases(tok, truth: Truth, space: np.ndarray, rng: np.random.Generat
             ids = flat[start : start + n + 1]
             if len(ids) < n + 1 or (ids < 0).any() or not space[ids[n]]:
                 continue  # crosses a session end, or ends inside a word
-            text = M.decode_tokens(tok, ids[:n])
+            text = T.decode(tok, ids[:n])
             phrase = text.strip()
             if not phrase or phrase in seen or "\x00" in phrase or text != " " + phrase:
                 continue
@@ -339,12 +342,12 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     print(f"\n== {n_tokens:,} archived tokens", flush=True)
     sessions = scale_sessions(corpus, n_tokens)
     t = time.perf_counter()
-    texts = [M.decode_tokens(tok, s) for s in sessions]
+    texts = [T.decode(tok, s) for s in sessions]
     truth = Truth(sessions, texts)
     print(f"  {len(sessions)} sessions, decoded in {time.perf_counter() - t:.1f} s", flush=True)
 
     path = tmp / f"search-{n_tokens}.duckdb"
-    session_ids, write_s, index_s = build_archive(path, tok, tok_hash, sessions)
+    session_ids, write_s, index_s = build_archive(path, tok_hash, sessions)
     index_files = list(path.with_name(path.name + ".index").glob("*.keys"))
     index_bytes = sum(f.stat().st_size for f in index_files)
     print(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token", flush=True)
@@ -366,7 +369,6 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
 
     # kvdb: reopen, so the first query loads the sidecar index from disk
     db = kvdb.open(path)
-    db._tokenizer = (tok, tok_hash)
     t = time.perf_counter()
     db.search(queries[0].phrase, k=10)
     first_ms = 1e3 * (time.perf_counter() - t)
@@ -573,8 +575,8 @@ def main() -> None:
     start = time.perf_counter()
 
     t = time.perf_counter()
-    tok = M.load_tokenizer()
-    tok_hash = M.tokenizer_hash(tok)
+    tok = T.load()
+    tok_hash = T.fingerprint(tok)
     print(f"tokenizer loaded in {time.perf_counter() - t:.1f} s", flush=True)
     corpus = make_corpus(tok, max(scales), rng, 1 if args.quick else 2)
     if args.quick:

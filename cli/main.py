@@ -15,6 +15,7 @@ import click
 import kvdb
 from kvdb import quant
 from kvdb.errors import KvdbError
+from kvdb.tiers import DEFAULT_KEEP, RESTORE_MODES
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
 
@@ -92,7 +93,7 @@ def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archiv
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--keep",
-    default="tokens,search",
+    default=DEFAULT_KEEP,
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
     "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
@@ -182,7 +183,7 @@ def show(ctx, session, start, end, model, as_json):
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
     "--mode",
-    type=click.Choice(["auto", "exact", "archive", "decode"]),
+    type=click.Choice(RESTORE_MODES),
     default="auto",
     show_default=True,
     help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
@@ -197,15 +198,14 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model
     archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
     restored = archive.restore(s.session_id, at=at, mode=mode)
-    seconds = restored.seconds  # the restore itself; loading the model is not part of it
     text = archive.generate(restored, prompt, max_new_tokens)
-    out = {"session_id": s.session_id, "mode": restored.mode, "restored_tokens": restored.position, "seconds": round(seconds, 4), "text": text}
+    out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
     if with_fidelity:
         out["fidelity"] = archive.fidelity(s.session_id, at=at)
     if as_json:
         _emit(out)
     else:
-        click.echo(f"[restored {restored.position} tokens of {s.name} in {seconds:.2f}s, mode {restored.mode}]", err=True)
+        click.echo(f"[restored {restored.position} tokens of {s.name} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
         if with_fidelity:
             f = out["fidelity"]
             click.echo(f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True)

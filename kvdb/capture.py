@@ -1,6 +1,6 @@
 """Per-layer keys and values of a token stream, RoPE undone/redone, and caches rebuilt from arrays.
 
-The KV tier (DESIGN.md §2, notes in docs/kv.md) stores quantized K and V; this module is the
+The KV tier (docs/decisions/0008-tier-k-pre-rope-keys.md and 0009-tier-k-exact-window.md) stores quantized K and V; this module is the
 torch side of it:
 
 * :func:`capture_chunks` / :func:`capture` run the model over a token stream in chunks of

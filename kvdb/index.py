@@ -12,7 +12,7 @@ a hit and showing its context read memory, not the database: derived data, like 
 The index is derived data: it lives in a sidecar file next to the archive, bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
 whenever it is missing or disagrees with the database. Why sorted keys and not FAISS: see
-docs/design.md (measured: a FAISS flat range search scans 16 bytes/token per query piece).
+docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range search scans 16 bytes/token per query piece).
 """
 
 from __future__ import annotations
@@ -29,13 +29,19 @@ import numpy as np
 
 from kvdb import fractal
 from kvdb.errors import CorruptData
-from kvdb.store import IndexState, SessionWrite, Store
+from kvdb.storage import Storage
+from kvdb.storage.base import IndexState, ReplaceIndexState, SessionWrite
 
 MAGIC = b"KVDBIDX3"
 _LENGTH = struct.Struct("<I")
 _KEY = np.dtype("<u8")
 _SLOT = np.dtype("<u4")  # up to 2**32 positions per index
 
+
+
+def index_key(tokenizer_hash: str) -> str:
+    """One search index per tokenizer: token ids mean the same thing only under one tokenizer."""
+    return tokenizer_hash[:16]
 
 
 def _token_dtype(alphabet: int) -> np.dtype:
@@ -182,11 +188,11 @@ class Indexes:
     bound to the database: loaded when the file agrees with the database, else rebuilt (a
     read-only store takes the write lock for that moment: the file and the database must agree)."""
 
-    def __init__(self, store: Store, archive_path: Path):
-        self._store = store
-        self._folder = archive_path.with_name(archive_path.name + ".index")
+    def __init__(self, storage: Storage):
+        self._store = storage
+        self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
-        self._checked: dict[str, int] = {}  # key -> the store connection its loaded copy was last checked on
+        self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
         self.rebuilt: list[str] = []  # keys rebuilt by this process, in order
 
     def path(self, key: str) -> Path:
@@ -218,20 +224,20 @@ class Indexes:
         return index
 
     def _current(self, key: str, alphabet: int) -> bool:
-        """Whether the loaded copy can serve: checked once per store connection, since another
-        process can write only while this one has let the file go."""
+        """Whether the loaded copy can serve: checked against the database once per storage
+        version, which moves whenever another process may have written."""
         index = self._loaded.get(key)
         if index is None or index.alphabet < alphabet:
             return False
-        if self._checked.get(key) != self._store.connections:
+        if self._checked.get(key) != self._store.version():
             if self._store.index_generation(key) != (index.generation, index.ntotal):
                 return False
-            self._checked[key] = self._store.connections
+            self._checked[key] = self._store.version()
         return True
 
     def _keep(self, key: str, index: WalkIndex) -> None:
         self._loaded[key] = index
-        self._checked[key] = self._store.connections
+        self._checked[key] = self._store.version()
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new index from the token streams of every node that keeps the search tier."""
@@ -251,7 +257,7 @@ class Indexes:
                 context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
             first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
         index.save(self.path(key))
-        self._store.replace_index_state(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots))
+        self._store.apply(ReplaceIndexState(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots)))
         self._keep(key, index)
         self.rebuilt.append(key)
         return index
@@ -266,7 +272,7 @@ class Indexes:
             index.generation += 1
             index.save(self.path(key))
             state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, {write.node.node_id: first})
-            self._store.write_session(dataclasses.replace(write, index=state))
+            self._store.apply(dataclasses.replace(write, index=state))
         except BaseException:
             self._loaded.pop(key, None)
             raise

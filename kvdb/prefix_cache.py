@@ -22,16 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdb import capture
-
 MAGIC = b"KVDBPFX1"
 _LENGTH = struct.Struct("<I")
 DEFAULT_BUDGET_MB = 1024
 
 
 class PrefixCache:
-    def __init__(self, archive_path: Path):
-        self.folder = archive_path.with_name(archive_path.name + ".prefix")
+    def __init__(self, folder: Path):
+        self.folder = folder
         self.budget = int(float(os.environ.get("KVDB_PREFIX_CACHE_MB", DEFAULT_BUDGET_MB)) * 2**20)
 
     def path(self, key: str) -> Path:
@@ -41,6 +39,8 @@ class PrefixCache:
         """(tokens held, DynamicCache) of the first of ``keys`` with a sound entry, else None."""
         if self.budget <= 0:
             return None
+        from kvdb import capture  # torch: only the paths that hold a cache need it (gc and stats do not)
+
         for key in keys:
             arrays = self._read(self.path(key))
             if arrays is not None:
@@ -52,6 +52,8 @@ class PrefixCache:
         """Keep a session's whole cache (atomically: temp file and rename), then trim to budget."""
         if self.budget <= 0:
             return
+        from kvdb import capture
+
         keys, values = capture.cache_arrays(cache)
         if 2 * keys.nbytes > self.budget:
             return

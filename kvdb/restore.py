@@ -7,33 +7,16 @@ computation ingest ran, so the restored cache gives the logits a fresh prefill g
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from kvdb import capture, lmcode
 from kvdb import model as lm_ops
+from kvdb import tokenizer as tok
 from kvdb.errors import InvalidArgument
 from kvdb.model import LoadedModel
-
-
-@dataclass
-class RestoredSession:
-    """A session's first ``position`` tokens, live in ``cache`` for ``model``.
-
-    ``cache`` is a transformers ``DynamicCache``: pass it as ``past_key_values`` (or ``cache``) to
-    ``model(...)`` or ``model.generate(...)`` together with the tokens that follow ``position``.
-    """
-
-    session_id: str
-    model: object
-    tokenizer: object
-    cache: object
-    position: int
-    mode: str
-    seconds: float
-    tokens: np.ndarray = field(repr=False)
+from kvdb.records import RestoredSession
 
 
 def restore_exact(lm: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
@@ -47,7 +30,7 @@ def restore_archive(
     lm: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float
 ) -> RestoredSession:
     """The cache from de-quantized tier K (pre-RoPE keys): the attention sinks and the most recent
-    positions are recomputed from the tokens (measured best, docs/design.md), the rest is read."""
+    positions are recomputed from the tokens (measured best: docs/decisions/0009-tier-k-exact-window.md), the rest is read."""
     cache = capture.restore_cache(lm.model, prefix, keys, values, pre_rope=True)
     return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
 
@@ -89,7 +72,7 @@ def continuation_ids(lm: LoadedModel, prompt: str | None, chat: bool) -> np.ndar
     if not prompt:
         return np.zeros(0, dtype=np.int64)
     text = lm_ops.user_turn_suffix(lm.tokenizer, prompt) if chat else prompt
-    return np.asarray(lm_ops.encode_text(lm.tokenizer, text), dtype=np.int64)
+    return np.asarray(tok.encode(lm.tokenizer, text), dtype=np.int64)
 
 
 def continue_restored(lm: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int) -> str:

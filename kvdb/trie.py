@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb import fractal
-from kvdb.store import NodeRow, Store
+from kvdb.storage import Storage
+from kvdb.storage.base import NodeRow
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def longest_prefix(store: Store, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None) -> PrefixMatch:
+def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens
     from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store."""
@@ -71,7 +72,7 @@ class TrieView:
     owner: dict[str, str]  # node_id -> the oldest live session through it
 
     @classmethod
-    def load(cls, store: Store) -> TrieView:
+    def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()
         view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {})
         for session in sorted(store.list_sessions(), key=lambda s: (s.created_at, s.session_id), reverse=True):
@@ -87,7 +88,7 @@ class TrieView:
         return out[::-1]
 
     def windows(
-        self, store: Store, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray
+        self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray
     ) -> list[np.ndarray]:
         """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
         search index's copy where the node is in it (``runs``: node_id -> first slot), else from

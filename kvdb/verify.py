@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvdb import fractal, lmcode, quant, trie
 from kvdb.errors import KvdbError
-from kvdb.store import Store
+from kvdb.storage import Storage
 
 SAMPLE = 64  # blobs per tier checked without --deep
 
@@ -32,7 +32,7 @@ class Report:
         return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems, "notes": self.notes}
 
 
-def verify(store: Store, index_paths, deep: bool = False, notes: list[str] = ()) -> Report:
+def verify(store: Storage, index_paths, deep: bool = False, notes: list[str] = ()) -> Report:
     """``index_paths``: key -> sidecar path of each search index the archive should have."""
     report = Report(notes=list(notes))
     shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
@@ -43,7 +43,7 @@ def verify(store: Store, index_paths, deep: bool = False, notes: list[str] = ())
     return report
 
 
-def _check_references(store: Store, report: Report) -> None:
+def _check_references(store: Storage, report: Report) -> None:
     """Model and codebook references: a session whose model row is gone cannot be checked
     against the model it is opened with; KV codes without their codebooks cannot be restored."""
     report.checked["references"] += 1
@@ -51,7 +51,7 @@ def _check_references(store: Store, report: Report) -> None:
         report.problems.append(f"{what} {row_id[:12]} names {kind} {missing[:12]}, which is not stored")
 
 
-def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:
+def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
     sample = None if deep else SAMPLE
     for node_id, block_no, data in store.stored_blobs("tokens", sample):
         report.checked["token blocks"] += 1
@@ -67,7 +67,7 @@ def _check_blobs(store: Store, report: Report, shapes, deep: bool) -> None:
         _guard(report, f"codebooks {codebook_id[:12]}", lambda: quant.Codebooks.from_bytes(data))
 
 
-def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
+def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
     sessions = store.list_sessions()
     through = Counter()
     lengths = store.logprob_lengths()
@@ -110,7 +110,7 @@ def _check_trie(store: Store, report: Report, shapes, deep: bool) -> None:
             report.problems.append(f"node {node.node_id[:12]} counts {node.refcount} sessions, {through[node.node_id]} run through it")
 
 
-def _check_indexes(store: Store, report: Report, index_paths) -> None:
+def _check_indexes(store: Storage, report: Report, index_paths) -> None:
     from kvdb.index import WalkIndex
 
     for key, path in index_paths.items():

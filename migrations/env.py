@@ -1,15 +1,15 @@
 """Alembic environment: kvdb runs migrations itself, on the connection it opened.
 
-Importing kvdb.store registers alembic's DuckDB implementation.
+Importing kvdb.storage.migrate registers alembic's DuckDB implementation.
 """
 
 from alembic import context
 
-import kvdb.store  # noqa: F401  (registers the duckdb dialect with alembic)
+import kvdb.storage.migrate  # noqa: F401  (registers the duckdb dialect with alembic)
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("kvdb migrations run through kvdb.store.Store, which passes its connection")
+    raise RuntimeError("kvdb migrations run through kvdb.storage.migrate.upgrade, which passes its connection")
 
 context.configure(connection=connection, target_metadata=None)
 with context.begin_transaction():

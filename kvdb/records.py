@@ -1,0 +1,99 @@
+"""What the library hands back. ``to_dict()`` is the one shape of each: the CLI's ``--json``
+lines and the server's bodies are these dictionaries."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kvdb.storage.base import SessionRow
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    name: str
+    source: str
+    n_tokens: int
+    created_at: dt.datetime
+    model_id: str
+    metadata: dict = field(repr=False)
+
+    @classmethod
+    def from_row(cls, row: SessionRow) -> Session:
+        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata)
+
+    def to_dict(self) -> dict:
+        return {"session_id": self.session_id, "name": self.name, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: str | None
+    name: str
+    source: str
+    n_tokens: int
+    status: str  # "ingested" | "unchanged" | "failed"
+    error: str | None = None
+    new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
+        if self.status == "ingested":
+            out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class Stats:
+    sessions: int
+    tokens: int  # summed over sessions
+    stored_tokens: int  # stored once, after prefix sharing
+    nodes: int
+    bytes: dict
+    bytes_per_token: dict
+    kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
+    codebook_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A token prefix that several sessions share, stored once."""
+
+    node_id: str
+    tokens: int  # length of the shared prefix
+    bits: float  # its information content under the model, d_T = -log2 P(prefix)
+    sessions: int
+    text: str  # its first words
+
+    def to_dict(self) -> dict:
+        return {"node_id": self.node_id, "tokens": self.tokens, "bits": round(self.bits, 2), "sessions": self.sessions, "text": self.text}
+
+
+@dataclass
+class RestoredSession:
+    """A session's first ``position`` tokens, live in ``cache`` for ``model``.
+
+    ``cache`` is a transformers ``DynamicCache``: pass it as ``past_key_values`` (or ``cache``) to
+    ``model(...)`` or ``model.generate(...)`` together with the tokens that follow ``position``.
+    """
+
+    session_id: str
+    model: object
+    tokenizer: object
+    cache: object
+    position: int
+    mode: str
+    seconds: float
+    tokens: np.ndarray = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {"session_id": self.session_id, "mode": self.mode, "restored_tokens": self.position, "seconds": round(self.seconds, 4)}

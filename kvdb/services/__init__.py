@@ -1,0 +1,1 @@
+"""The services behind the :class:`kvdb.Archive` facade, one concern each."""

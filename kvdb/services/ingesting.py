@@ -1,0 +1,214 @@
+"""Archiving sessions: parse, find the longest archived prefix in the trie, run the model only
+over what is new, and commit one plan per session.
+
+The file is let go while the model works, so readers and other writers get in; if one of
+them changed the trie where the session attaches, the plan is made again against it. The
+last session's cache is kept for the next one (turns of one conversation ingested in a row),
+and a conversation seen growing leaves its exact cache in the prefix cache for the next
+process.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvdb import model as lm_ops
+from kvdb import tokenizer as tok
+from kvdb import transcripts, trie
+from kvdb.errors import InvalidArgument, TranscriptError
+from kvdb.index import Indexes, index_key
+from kvdb.prefix_cache import PrefixCache
+from kvdb.records import IngestResult
+from kvdb.services.models import ModelProvider
+from kvdb.services.tier_k import TierK
+from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
+from kvdb.storage import Storage
+from kvdb.storage.base import NewNode, NodeRow, SessionRow, SessionWrite, utc_now
+from kvdb.tiers import parse_keep
+
+# progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
+# sessions are counted when its check pass ends), so a progress bar can show a total.
+Progress = Callable[[int, int], None]
+# A session can hold at most the model's context; no session file can fit it with more than this
+# many bytes per context token (SmolLM2's longest token is 81 bytes, and JSON escapes take at
+# most 6 bytes a byte), so larger sessions are refused before they are read into memory.
+FILE_BYTES_PER_CONTEXT_TOKEN = 1024
+# Ingest lets the file go during the model's work, unless the work is short (fewer new tokens
+# than this, ~0.3 s on 2 cores) and the file has been held for less than HOLD_SECONDS: readers
+# then wait at most about a second, and a stream of short sessions does not pay a reconnect each.
+SHORT_WORK_TOKENS = 128
+HOLD_SECONDS = 1.0
+
+
+class Ingester:
+    def __init__(self, storage: Storage, models: ModelProvider, tier_l: TierL, tier_k: Callable[[], TierK], indexes: Indexes, prefix_cache: PrefixCache):
+        self._storage = storage
+        self._models = models
+        self._tier_l = tier_l
+        self._tier_k = tier_k  # built on first use: most ingests keep no tier K
+        self._indexes = indexes
+        self._prefix_cache = prefix_cache
+        self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
+        self._pending_prefix = None  # (session id, ids, cache) of the last growing conversation, saved on close
+
+    def close(self) -> None:
+        if self._pending_prefix is not None:
+            self._prefix_cache.save(self._pending_prefix[0], self._pending_prefix[2])
+            self._pending_prefix = None
+
+    def ingest(self, source, *, text: str | None, messages: Sequence[dict] | None, name: str | None, keep, progress: Progress | None) -> list[IngestResult]:
+        if sum(x is not None for x in (source, text, messages)) != 1:
+            raise InvalidArgument("give exactly one of: paths, text=, messages=")
+        self._storage.check_writable()
+        optional = parse_keep(keep)
+        if text is not None:
+            return self._ingest_source(lambda: [transcripts.transcript_from_text(text, name or "text")], optional, progress)
+        if messages is not None:
+            return self._ingest_source(lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, progress)
+        paths = [source] if isinstance(source, (str, Path)) else list(source)
+        results: list[IngestResult] = []
+        for path in transcripts.find_transcript_files(paths):
+            try:
+                limit = FILE_BYTES_PER_CONTEXT_TOKEN * self._models.context_tokens(self._models.get())
+                results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, limit), optional, progress))
+            except TranscriptError as exc:
+                results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
+        return results
+
+    def _ingest_source(self, sessions: Callable[[], Iterable], optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
+        """Archive the sessions of one source in two passes over it, so that memory holds one
+        session at a time however large the file: the first checks every session (a failure
+        anywhere writes nothing), the second archives them one by one."""
+        lm = self._models.get()
+        planned = sum(len(self._render(lm, item)) for item in sessions())
+        if progress:
+            progress(0, planned)
+        results = []
+        try:
+            for item in sessions():
+                ids = self._render(lm, item)
+                results.append(self._ingest_one(lm, item, ids, optional))
+                if progress:
+                    progress(len(ids), 0)
+        finally:
+            self._storage.release()  # done writing: other processes need not wait for this object's next call
+        return results
+
+    def _ingest_one(self, lm, item, ids: np.ndarray, optional: frozenset[str]) -> IngestResult:
+        """Store only what the trie does not hold yet, computing the model only over it."""
+        began = time.perf_counter()
+        model_id = lm.identity.model_id
+        session_id = trie.path_id(model_id, ids)
+
+        def tokens_of(node: NodeRow) -> np.ndarray:  # this session's prefix is the context a tier-L node decodes in
+            return self._tier_l.node_tokens(node, ids[: node.start])
+
+        while True:
+            if self._storage.has_session(session_id):
+                return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
+            match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
+            grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
+            planned_on = self._storage.version()
+            write, cache = self._session_write(lm, item, session_id, ids, match, optional)
+            if self._storage.version() == planned_on:
+                break
+            again = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
+            if not self._storage.has_session(session_id) and _match_key(again) == _match_key(match):
+                break
+        if write.node is None or "search" not in write.node.keep:
+            self._storage.apply(write)
+        else:
+            tok_hash = lm.identity.tokenizer_hash
+            self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
+        if "kv" in optional:
+            self._tier_k().complete(lm, session_id, ids, cache)
+        if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
+            self._keep_prefix(session_id, ids, cache)
+        return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
+
+    def _session_write(self, lm, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
+        """(what the session adds to the storage, the model's cache over it): reads first, then
+        the model's work with the file let go."""
+        model_id = lm.identity.model_id
+        split_tokens = None
+        if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
+            split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
+        if "kv" in optional:
+            self._tier_k().codebooks(model_id)  # refused before any model work when there are none
+        on_path = self._storage.node_path(match.node.node_id) if match.node is not None else []
+        resumable = [n.node_id for n in reversed(on_path)]
+        # a node held in tier L only that this session now shares gets its tokens back, from the session's own
+        back = [n for n in on_path if "tokens" not in n.keep and n.end <= match.matched]
+        first = min((n.start for n in back), default=match.matched)  # scored from here: those nodes need log-probabilities
+        if len(ids) - first >= SHORT_WORK_TOKENS or "lm" in optional or self._storage.held_for() >= HOLD_SECONDS:
+            self._storage.release()  # reconnecting costs ~30 ms: short work in a fresh hold keeps the file
+        split, parent_id, node, lm_context = None, None, None, None
+        if match.node is not None and match.offset < match.node.n_tokens:
+            parent_id = trie.path_id(model_id, ids[: match.matched])
+            split, lm_context = self._tier_l.split(lm, match, ids, parent_id, split_tokens)
+        elif match.node is not None:
+            parent_id = match.node.node_id
+        cache, tokens_back = None, {}
+        if first < len(ids):
+            logprobs, cache = self._score_suffix(lm, ids, first, resumable)
+            tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in back}
+        if match.matched < len(ids):
+            payload = self._tier_l.encode(lm, ids, match.matched, lm_context) if "lm" in optional else None
+            kv = self._tier_k().codes(lm, cache, match.matched) if "kv" in optional else None
+            node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv)
+        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
+        if item.text is not None and tok.decode(lm.tokenizer, ids) != item.text:
+            # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
+            metadata["text"] = item.text
+        row = SessionRow(session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
+        alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        return SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache
+
+    def _keep_prefix(self, session_id: str, ids: np.ndarray, cache) -> None:
+        """Save a growing conversation's cache for later processes, once: a turn that this
+        process extends in turn replaces it unsaved; the last is saved on close."""
+        pending = self._pending_prefix
+        if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
+            self._prefix_cache.save(pending[0], pending[2])
+        self._pending_prefix = (session_id, ids, cache)
+
+    def _score_suffix(self, lm, ids: np.ndarray, start: int, resumable: list[str]):
+        """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
+        session ingested in this process, else from the prefix cache on disk (the deepest of the
+        ``resumable`` path nodes it holds), else prefilling it."""
+        fed = start - 1  # the cache to resume holds ids[:fed]; the logits at fed predict ids[start]
+        cache, held = None, 0
+        if fed > 0 and self._recent is not None and np.array_equal(self._recent[0][:fed], ids[:fed]):
+            cache, held = copy.deepcopy(self._recent[1]), len(self._recent[0])
+        elif fed > 0:
+            held, cache = self._prefix_cache.load(lm.model, resumable) or (0, None)
+        if cache is not None and held > fed:
+            cache.crop(fed - held)
+        if cache is not None and held < fed:  # held only an earlier turn: compute the rest onto it
+            cache = lm_ops.prefill(lm.model, ids[:fed], cache=cache)
+        logprobs, cache = lm_ops.score(lm.model, ids, start=start, cache=cache)
+        self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
+        return logprobs, cache
+
+    def _render(self, lm, item) -> np.ndarray:
+        """The session's token ids, refused when empty or longer than the model can attend to
+        (a cache past its context would restore a state the model was never trained on)."""
+        text = item.text if item.text is not None else lm_ops.render_messages(lm.tokenizer, item.messages)
+        ids = np.asarray(tok.encode(lm.tokenizer, text), dtype=np.int64)
+        if len(ids) == 0:
+            raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
+        context = self._models.context_tokens(lm)
+        if len(ids) > context:
+            raise TranscriptError(item.source, f"renders to {len(ids):,} tokens, more than the {context:,} of the model's context; split it into smaller sessions")
+        return ids
+
+
+def _match_key(match: trie.PrefixMatch) -> tuple:
+    """What a session's write depends on in a prefix match (not, say, the node's refcount)."""
+    node = match.node
+    return match.matched, match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep)

@@ -1,0 +1,85 @@
+"""The archive's model: loaded on first use (seconds; a first conversion, tens), registered by
+the first write that uses it, and checked against the model each session was archived with.
+Commands that only show text load the tokenizer alone, which imports neither torch nor
+transformers."""
+
+from __future__ import annotations
+
+from kvdb import tokenizer as tok
+from kvdb.errors import ModelMismatch
+from kvdb.storage import Storage
+from kvdb.storage.base import PutModel, SessionRow
+
+DEFAULT_CONTEXT_TOKENS = 8192  # for a model config that does not say
+
+
+class ModelProvider:
+    def __init__(self, storage: Storage, model=None):
+        """``model``: a name (Hugging Face id or folder; default: ``$KVDB_MODEL``, else the
+        embedded model), or a model loaded already (``kvdb.model.LoadedModel``) to share."""
+        self._storage = storage
+        self._loaded = None if model is None or isinstance(model, str) else model
+        self.name = tok.model_name(model if isinstance(model, str) else None) if self._loaded is None else self._loaded.identity.name
+        self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
+        self._registered = False
+
+    @property
+    def loaded(self):
+        """The model if it is loaded, else None (nothing is loaded to answer)."""
+        return self._loaded
+
+    def get(self):
+        """The model, loaded on first use and registered in the archive."""
+        if self._loaded is None:
+            from kvdb import model as lm_ops
+
+            self._storage.release()  # loading takes seconds: nobody waits on the file meanwhile
+            self._loaded = lm_ops.load(self.name)
+        if not self._registered and not self._storage.read_only:  # a model is registered by the first write that uses it
+            self._storage.apply(PutModel(self._loaded.identity))
+            self._registered = True
+        return self._loaded
+
+    def tokenizer(self):
+        """(tokenizer, its hash): the loaded model's, else the tokenizer alone (hashed once)."""
+        if self._loaded is not None:
+            return self._loaded.tokenizer, self._loaded.identity.tokenizer_hash
+        if self._tokenizer is None:
+            loaded = tok.load(self.name)
+            self._tokenizer = (loaded, tok.fingerprint(loaded))
+        return self._tokenizer
+
+    def for_session(self, row: SessionRow):
+        """The model, refused (with what to pass instead) unless it is the one the session was archived with."""
+        lm = self.get()
+        if lm.identity.model_id != row.model_id:
+            archived = self._storage.get_model(row.model_id)
+            was = archived.name if archived else row.model_id
+            raise ModelMismatch(
+                f"session {row.session_id[:12]} ({row.name}) was archived with model {was!r} "
+                f"(id {row.model_id[:12]}), but this archive is open with {lm.identity.name!r} "
+                f"(id {lm.identity.model_id[:12]}); pass --model {was!r}"
+            )
+        return lm
+
+    def tokenizer_for(self, row: SessionRow):
+        """The archive's tokenizer, checked against the one the session was archived with."""
+        if self._loaded is not None:
+            return self.for_session(row).tokenizer
+        tokenizer, tok_hash = self.tokenizer()
+        archived = self._storage.get_model(row.model_id)
+        if archived is None or archived.tokenizer_hash != tok_hash:
+            return self.for_session(row).tokenizer  # raises ModelMismatch unless the weights match after all
+        return tokenizer
+
+    def text_of_tokens(self, model_id: str, ids) -> str:
+        """Text of another model's tokens only when it shares this tokenizer; else a placeholder."""
+        row = self._storage.get_model(model_id)
+        tokenizer, tok_hash = self.tokenizer()
+        if row is not None and row.tokenizer_hash != tok_hash:
+            return f"<{len(ids)} tokens of model {row.name}>"
+        return tok.decode(tokenizer, ids)
+
+    @staticmethod
+    def context_tokens(lm) -> int:
+        return int(getattr(lm.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS)

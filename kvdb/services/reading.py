@@ -1,0 +1,105 @@
+"""Reading archived sessions back: resolving what the user typed to a session, its tokens,
+its text, its log-probabilities, and the prefixes sessions share. None of it loads the model
+unless a session is held in tier L only (its tokens must be decoded) or its text was archived
+with another tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvdb import tokenizer as tok
+from kvdb.errors import AmbiguousSession, InvalidArgument, SessionNotFound
+from kvdb.records import Prefix, Session
+from kvdb.services.models import ModelProvider
+from kvdb.services.tier_l import TierL
+from kvdb.storage import Storage
+from kvdb.storage.base import NodeRow, SessionRow
+
+
+class Reader:
+    def __init__(self, storage: Storage, models: ModelProvider, tier_l: TierL):
+        self._storage = storage
+        self._models = models
+        self._tier_l = tier_l
+
+    def resolve(self, ref: str) -> SessionRow:
+        """Full id, then exact name, then unique id prefix."""
+        if not ref:
+            raise InvalidArgument("empty session reference; give an id, an id prefix or a name (see `kvdb sessions`)")
+        exact = self._storage.get_session(ref)
+        if exact is not None:
+            return exact
+        matches = self._storage.match_sessions(ref)
+        named = [m for m in matches if m.name == ref]
+        matches = named or matches  # a name is meant exactly; an id prefix only when no name matches
+        if not matches:
+            raise SessionNotFound(f"no session matches {ref!r}; list them with `kvdb sessions`")
+        if len(matches) > 1:
+            listed = ", ".join(f"{m.session_id[:12]} ({m.name})" for m in matches[:5])
+            raise AmbiguousSession(f"{ref!r} matches {len(matches)} sessions: {listed}; give more of the id")
+        return matches[0]
+
+    def sessions(self) -> list[Session]:
+        return [Session.from_row(r) for r in self._storage.list_sessions()]
+
+    def tokens(self, ref: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+        row = self.resolve(ref)
+        return self.path_tokens(row, *clip_range(row, start, end))
+
+    def text(self, ref: str, start: int | None = None, end: int | None = None) -> str:
+        """The text of tokens [start, end). The whole of a text session is its original text, exactly."""
+        row = self.resolve(ref)
+        start, end = clip_range(row, start, end)
+        if "text" in row.metadata and (start, end) == (0, row.n_tokens):
+            return row.metadata["text"]
+        return tok.decode(self._models.tokenizer_for(row), self.path_tokens(row, start, end))
+
+    def path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
+        """Tokens [start, end) of a session (``path``: its nodes, when read already): from the
+        token blocks, or from tier L where the path holds some only there."""
+        end = row.n_tokens if end is None else end
+        path = self._storage.node_path(row.session_id) if path is None else path
+        if all("tokens" in n.keep for n in path if n.start < end):
+            return self._storage.path_tokens(path, start, end)
+        return self._tier_l.session_tokens(row, path)[start:end]
+
+    def logprobs(self, ref: str) -> np.ndarray:
+        """Natural-log probability of each token under the archive's model, as computed at ingest
+        (or, for a session held in tier L, computed again from its decoded tokens)."""
+        row = self.resolve(ref)
+        path = self._storage.node_path(row.session_id)
+        if all("tokens" in n.keep for n in path):
+            return self._storage.load_logprobs(row.session_id)
+        from kvdb import model as lm_ops
+
+        return lm_ops.score(self._models.for_session(row).model, self.path_tokens(row, path=path))[0]
+
+    def prefix_bits(self, a: str, b: str) -> float:
+        """d_T(a, b) = -log2 P_M(shared prefix): the information content of what the sessions
+        share, a sum of the log-probabilities stored at ingest along their common trie path."""
+        path_a = self._storage.node_path(self.resolve(a).session_id)
+        on_b = {n.node_id for n in self._storage.node_path(self.resolve(b).session_id)}
+        shared = [n for n in path_a if n.node_id in on_b]  # nodes two sessions share hold their log-probabilities
+        return bits(self._storage.load_logprobs(shared[-1].node_id)) if shared else 0.0
+
+    def prefixes(self, words: int = 8) -> list[Prefix]:
+        """Every prefix two or more sessions share, with its length, bits and first words."""
+        out = []
+        for node in self._storage.shared_nodes():
+            logprobs = self._storage.load_logprobs(node.node_id)
+            head = self._storage.load_tokens(node.node_id, 0, min(node.end, 4 * words))
+            text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
+            out.append(Prefix(node.node_id, node.end, bits(logprobs), node.refcount, text))
+        return out
+
+
+def clip_range(row: SessionRow, start: int | None, end: int | None) -> tuple[int, int]:
+    start = 0 if start is None else start
+    end = row.n_tokens if end is None else end
+    if not 0 <= start <= end <= row.n_tokens:
+        raise InvalidArgument(f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), which has {row.n_tokens} tokens")
+    return start, end
+
+
+def bits(logprobs: np.ndarray) -> float:
+    return float(-np.sum(logprobs, dtype=np.float64) / np.log(2))

@@ -1,0 +1,70 @@
+"""Putting an archived session back into the model: by an exact prefill over its tokens, from
+tier K (no forward pass over the session), or by decoding tier L; and continuing it."""
+
+from __future__ import annotations
+
+import time
+
+from kvdb import capture
+from kvdb import restore as restore_ops
+from kvdb.errors import InvalidArgument
+from kvdb.records import RestoredSession
+from kvdb.services.models import ModelProvider
+from kvdb.services.reading import Reader, clip_range
+from kvdb.services.tier_k import TierK
+from kvdb.services.tier_l import TierL
+from kvdb.storage import Storage
+from kvdb.tiers import RESTORE_MODES
+
+
+class Restorer:
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, tier_k: TierK, tier_l: TierL):
+        self._storage = storage
+        self._models = models
+        self._reader = reader
+        self._tier_k = tier_k
+        self._tier_l = tier_l
+
+    def restore(self, ref: str, at: int | None = None, mode: str = "auto") -> RestoredSession:
+        if mode not in RESTORE_MODES:
+            raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
+        row = self._reader.resolve(ref)
+        at = row.n_tokens if at is None else at
+        clip_range(row, 0, at)
+        lm = self._models.for_session(row)
+        path = self._storage.node_path(row.session_id)
+        nodes = [n for n in path if n.start < at]
+        if mode == "auto" and nodes and all("kv" in n.keep for n in nodes):
+            mode = "archive"
+        elif mode == "auto":  # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
+            mode = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
+        if mode == "decode" and nodes:
+            return self._tier_l.restore(row, nodes, at)
+        tokens = self._reader.path_tokens(row, 0, at, path)
+        if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
+            self._storage.release()  # the forward passes need nothing more from the file
+            return restore_ops.restore_exact(lm, row.session_id, tokens)
+        start = time.perf_counter()
+        keys, values = self._tier_k.arrays(row, nodes, at)
+        self._storage.release()
+        return restore_ops.restore_archive(lm, row.session_id, tokens, keys, values, start)
+
+    def fidelity(self, ref: str, at: int | None = None, probe: int = 32) -> dict:
+        """Restore both ways ``probe`` tokens before ``at`` and teacher-force the session's next
+        tokens through each."""
+        row = self._reader.resolve(ref)
+        at = row.n_tokens if at is None else at
+        clip_range(row, 0, at)
+        cut = max(capture.SINKS + 1, at - probe)
+        if at - cut < 2:
+            raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
+        archived = self.restore(row.session_id, at=cut, mode="archive")
+        exact = self.restore(row.session_id, at=cut, mode="exact")
+        return restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at))
+
+    def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
+        """Continue a restored session greedily; consumes ``restored.cache``."""
+        lm = self._models.get()
+        chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
+        prompt_ids = restore_ops.continuation_ids(lm, prompt, chat)
+        return restore_ops.continue_restored(lm, restored, prompt_ids, max_new_tokens)

@@ -1,0 +1,151 @@
+"""Search over what was archived: phrases through the sorted walk-key index (the tokenizer
+alone is loaded), and contexts the model represents alike through tier K's keys (the model
+runs the phrase). What a search derives from the tables (slot runs, the trie's shape, the key
+vectors) is kept until the storage's version moves."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from kvdb import search as search_ops
+from kvdb import tokenizer as tok
+from kvdb import trie
+from kvdb.errors import InvalidArgument
+from kvdb.index import Indexes, SlotMap, index_key
+from kvdb.search import Hit
+from kvdb.services.cache import DerivedCache
+from kvdb.services.models import ModelProvider
+from kvdb.services.reading import Reader
+from kvdb.storage import Storage
+
+
+class Searcher:
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, indexes: Indexes, tier_k: Callable):
+        self._storage = storage
+        self._models = models
+        self._reader = reader
+        self._indexes = indexes
+        self._tier_k = tier_k  # built on first use: only semantic search needs the codebooks
+        self._derived = DerivedCache(storage)
+
+    def search(self, phrase: str, k: int = 10, context: int = 32, session: str | None = None) -> list[Hit]:
+        if not phrase or not phrase.strip():
+            raise InvalidArgument("empty search phrase; give some text to look for")
+        tokenizer, tok_hash = self._models.tokenizer()
+        variants = phrase_variants(tokenizer, phrase)
+        longest = max(len(v) for v in variants)
+        if longest > search_ops.MAX_PHRASE_TOKENS:
+            raise InvalidArgument(f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}")
+        key = index_key(tok_hash)
+        slots = self._derived.get(key, lambda: self._slot_map(key, tok_hash))
+        names, view = self._trie_view()
+        if not len(slots.first):
+            return []
+        index = self._indexes.get(key, tok_hash)
+        runs = dict(zip(slots.node_ids, slots.first.tolist()))
+        sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
+        if session is not None:
+            wanted = self._reader.resolve(session).session_id
+            on_path = {n.node_id for n in view.path(wanted)}
+            keep = np.array([nid in on_path for nid in slots.node_ids], dtype=bool)
+            slots = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep])
+            sessions_of = lambda node_ids: dict.fromkeys(node_ids, wanted)  # noqa: E731  (hits are reported in this session)
+        return search_ops.search(
+            index,
+            slots,
+            variants,
+            names,
+            sessions_of=sessions_of,
+            fetch=lambda requests: view.windows(self._storage, requests, runs, index.tokens),
+            decode=lambda ids: tok.decode(tokenizer, ids),
+            k=k,
+            context=context,
+        )
+
+    def _slot_map(self, key: str, tok_hash: str) -> SlotMap:
+        self._indexes.get(key, tok_hash)  # rebuilds the index (and its runs) when stale
+        return SlotMap.from_rows(self._storage.slot_runs(key))
+
+    def _trie_view(self) -> tuple[dict[str, str], trie.TrieView]:
+        """Session names and the trie's shape."""
+        return self._derived.get("trie", lambda: ({s.session_id: s.name for s in self._storage.list_sessions()}, trie.TrieView.load(self._storage)))
+
+    def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
+        if not phrase or not phrase.strip():
+            raise InvalidArgument("empty search phrase; give some text to look for")
+        from kvdb import semantic as semantic_ops  # runs the model
+
+        lm = self._models.get()
+        layers = lm.model.config.num_hidden_layers
+        layer = layers // 2 if layer is None else layer
+        if not 0 <= layer < layers:
+            raise InvalidArgument(f"layer must be from 0 to {layers - 1}, got {layer}")
+        ids = np.asarray(tok.encode(lm.tokenizer, phrase), dtype=np.int64)
+        model_id = lm.identity.model_id
+        nodes, offsets, vectors = self._derived.get(("semantic", model_id, layer), lambda: self._semantic_table(semantic_ops, model_id, layer))
+        if not len(nodes):
+            return []
+        names, view = self._trie_view()
+        hits = []
+        rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(lm.model, ids, layer), 4 * k)
+        for row, score in zip(rows, scores):
+            node = view.nodes[nodes[row]]
+            session_id = view.owner.get(node.node_id)
+            if session_id is None:
+                continue
+            position = node.start + int(offsets[row])
+            lo, hi = max(0, position - context), position + 1 + context
+            window = self._storage.load_tokens(session_id, lo, min(hi, view.path(session_id)[-1].end))
+            decode = lambda a, b: tok.decode(lm.tokenizer, window[a - lo : b - lo])  # noqa: E731
+            hits.append(
+                Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False,
+                    decode(lo, position), decode(position, position + 1), decode(position + 1, hi), float(score))
+            )
+            if len(hits) == k:
+                break
+        return hits
+
+    def _semantic_table(self, semantic_ops, model_id: str, layer: int):
+        """(node ids, offsets, unit key vectors) of every position stored with tier K."""
+        nodes, offsets, vectors = [], [], []
+        for node in self._storage.nodes_of([model_id]):
+            stored = self._storage.node_kv(node.node_id) if node.refcount > 0 and "kv" in node.keep else None
+            if stored is None:
+                continue
+            _, books = self._tier_k().codebooks(model_id, stored[0])
+            vectors.append(semantic_ops.position_vectors(books, stored[1], node.n_tokens, layer))
+            nodes += [node.node_id] * node.n_tokens
+            offsets.append(np.arange(node.n_tokens))
+        return (
+            np.array(nodes, dtype=object),
+            np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
+            np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32),
+        )
+
+    def rebuild_index(self) -> dict:
+        """Rebuild the search index of the archive's tokenizer from the token streams."""
+        _, tok_hash = self._models.tokenizer()
+        key = index_key(tok_hash)
+        start = time.perf_counter()
+        index = self._indexes.rebuild(key, tok_hash)
+        return {
+            "index_key": key,
+            "sessions": len(self._storage.list_sessions()),
+            "nodes": len(self._storage.slot_runs(key)),
+            "points": index.ntotal,
+            "seconds": round(time.perf_counter() - start, 3),
+        }
+
+
+def phrase_variants(tokenizer, phrase: str) -> list[np.ndarray]:
+    """The token sequences a phrase can have inside text: as typed, and after a space."""
+    variants = []
+    for text in (phrase, " " + phrase if not phrase.startswith(" ") else None):
+        if text is not None:
+            ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
+            if len(ids) and not any(np.array_equal(ids, v) for v in variants):
+                variants.append(ids)
+    return variants

@@ -1,0 +1,103 @@
+"""Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.quant), keys rotated
+back to pre-RoPE. This service trains the codebooks on the archive's own sessions, codes a
+cache at ingest, and de-quantizes a path's positions for a restore; it keeps the codebooks it
+has parsed (content-addressed by id, so never stale)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from kvdb import capture, quant
+from kvdb.errors import InvalidArgument
+from kvdb.services.models import ModelProvider
+from kvdb.services.reading import Reader
+from kvdb.storage import Storage
+from kvdb.storage.base import AddKV, NodeRow, PutCodebooks, SessionRow
+
+
+class TierK:
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader):
+        self._storage = storage
+        self._models = models
+        self._reader = reader
+        self._books: dict[str, quant.Codebooks] = {}
+
+    def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
+        """The named codebooks, or the model's newest; refused with what to run when there are none."""
+        if codebook_id is None:
+            found = self._storage.codebooks_for(model_id)
+            if found is None:
+                raise InvalidArgument("no KV codebooks for this model yet: archive some sessions, then run `kvdb codebooks train`")
+            codebook_id = found[0]
+        if codebook_id not in self._books:
+            self._books[codebook_id] = quant.Codebooks.from_bytes(self._storage.codebook_data(codebook_id))
+        return codebook_id, self._books[codebook_id]
+
+    def codes(self, lm, cache, start: int, end: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
+        """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code streams."""
+        codebook_id, books = self.codebooks(lm.identity.model_id)
+        keys, values = capture.cache_arrays(cache, start, end)
+        if books.pre_rope:
+            keys = capture.apply_rope(lm.model, keys, start, inverse=True)
+        return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
+
+    def complete(self, lm, session_id: str, ids: np.ndarray, cache) -> None:
+        """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
+        holds the whole session; a session that added no node prefills one), so the new session
+        restores from the archive end to end."""
+        missing = [n for n in self._storage.node_path(session_id) if "kv" not in n.keep]
+        if missing and cache is None:
+            from kvdb import model as lm_ops
+
+            cache = lm_ops.prefill(lm.model, ids)
+        for node in missing:
+            self._storage.apply(AddKV(node.node_id, *self.codes(lm, cache, node.start, node.end)))
+
+    def train(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
+        """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
+        (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed)."""
+        lm = self._models.get()
+        start = time.perf_counter()
+        keys, values, used = [], [], 0
+        for row in self._storage.list_sessions():
+            if row.model_id != lm.identity.model_id or used >= tokens:
+                continue
+            ids = self._reader.path_tokens(row, 0, min(row.n_tokens, tokens - used + capture.SINKS))
+            k, v = capture.capture(lm.model, ids, pre_rope=True)
+            keys.append(k[:, :, capture.SINKS :])
+            values.append(v[:, :, capture.SINKS :])
+            used += k.shape[2] - capture.SINKS
+        largest = max(size for kind in quant.allocation(preset, lm.model.config.num_hidden_layers).values() for stage in kind for size in stage)
+        if used < largest:
+            raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions; this archive has {used}")
+        books = quant.train(
+            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, preset, pre_rope=True, niter=niter,
+            meta={"model_id": lm.identity.model_id, "tokens": used},
+        )
+        data = books.to_bytes()
+        codebook_id = hashlib.sha256(data).hexdigest()[:32]
+        self._storage.apply(PutCodebooks(codebook_id, lm.identity.model_id, preset, data))
+        return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
+
+    def arrays(self, row: SessionRow, nodes: list[NodeRow], at: int) -> tuple[np.ndarray, np.ndarray]:
+        """De-quantized pre-RoPE keys and values of positions [0, at), node by node."""
+        keys, values = [], []
+        for node in nodes:
+            stored = self._storage.node_kv(node.node_id)
+            if stored is None:
+                raise InvalidArgument(
+                    f"session {row.session_id[:12]} ({row.name}) has no tier K on all of its first {at} tokens; "
+                    f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
+                )
+            _, books = self.codebooks(node.model_id, stored[0])
+            key_codes, value_codes = quant.codes_from_streams(books, stored[1], node.n_tokens)
+            used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
+            k, v = quant.decode(books, (key_codes[..., :used], value_codes[..., :used]))
+            keys.append(k)
+            values.append(v)
+        if len(keys) == 1:  # one node (the common case): no copy into a joined array
+            return keys[0], values[0]
+        return np.concatenate(keys, axis=2), np.concatenate(values, axis=2)

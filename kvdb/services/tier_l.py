@@ -1,0 +1,93 @@
+"""Tier L: a node's tokens range-coded against the model's own next-token distribution, given
+the context of its parent path (kvdb.lmcode). Coding and decoding run the model one token at
+a time, so this service keeps what it can reuse: the context after the last session it coded
+(a conversation ingested turn by turn resumes from it) and every token stream it decoded
+(content-addressed, so never stale)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvdb import lmcode
+from kvdb.errors import InvalidArgument
+from kvdb.records import RestoredSession
+from kvdb.services.models import ModelProvider
+from kvdb.storage import Storage
+from kvdb.storage.base import NodeRow, SessionRow, Split
+from kvdb.trie import PrefixMatch
+
+RECENT_CACHE_TOKENS = 8192  # the last session's context is kept for reuse up to this length (~46 KB/token for SmolLM2)
+
+
+class TierL:
+    def __init__(self, storage: Storage, models: ModelProvider):
+        self._storage = storage
+        self._models = models
+        self._recent = None  # (ids, lmcode.Context) after the last session coded
+        self._decoded: dict = {}  # tokens decoded: by session id, or by (node id, start, length)
+
+    def encode(self, lm, ids: np.ndarray, start: int, context=None) -> bytes:
+        """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
+        ended exactly there, as a conversation ingested turn by turn does; else recomputed)."""
+        context = context if context is not None else self.context(lm, ids, start)
+        payload, after = lmcode.encode_with_context(lm.model, ids[start:], context=context)
+        self._recent = (ids, after) if len(ids) <= RECENT_CACHE_TOKENS else None
+        return payload
+
+    def context(self, lm, ids: np.ndarray, length: int):
+        if length == 0:
+            return None
+        if self._recent is not None and len(self._recent[0]) == length and np.array_equal(self._recent[0], ids[:length]):
+            return self._recent[1]
+        return lmcode.context_for(lm.model, ids[:length])
+
+    def split(self, lm, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
+        """(the Split of the node the new session diverges in, the tier-L context after its head).
+
+        A node with tier L (its ``tokens`` given) gets both halves re-coded, since a range-coded
+        stream cannot be cut; one held in tier L only brings its tokens and log-probabilities,
+        which both halves hold from now on."""
+        node = match.node
+        if "lm" not in node.keep:
+            return Split(node.node_id, head_id, match.offset), None
+        parent = self.context(lm, ids, node.start)
+        head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
+        tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
+        if "tokens" in node.keep:
+            return Split(node.node_id, head_id, match.offset, head, tail), after_head
+        from kvdb import model as lm_ops
+
+        logprobs, _ = lm_ops.score(lm.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
+        return Split(node.node_id, head_id, match.offset, head, tail, tokens, logprobs), after_head
+
+    def node_tokens(self, node: NodeRow, before: np.ndarray) -> np.ndarray:
+        """A node's tokens: its blocks, or tier L decoded given ``before`` (its path's tokens)."""
+        if "tokens" in node.keep:
+            return self._storage.node_tokens(node.node_id)
+        key = (node.node_id, node.start, node.n_tokens)
+        if key not in self._decoded:
+            lm = self._models.get()
+            context = self.context(lm, before, len(before))
+            self._decoded[key], _ = lmcode.decode(lm.model, self._storage.node_lm_payload(node.node_id), context=context)
+        return self._decoded[key]
+
+    def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:
+        """Tokens and cache rebuilt from tier L along the path; a node without it (a prefix shared
+        with a session archived without tier L) is read from its tokens instead."""
+        if not any("lm" in n.keep for n in nodes):
+            raise InvalidArgument(
+                f"session {row.session_id[:12]} ({row.name}) has no tier L on its first {at} tokens; "
+                f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
+            )
+        parts = [self._storage.node_lm_payload(n.node_id) if "lm" in n.keep else self._storage.node_tokens(n.node_id) for n in nodes]
+        self._storage.release()
+        from kvdb import restore as restore_ops
+
+        return restore_ops.restore_decode(self._models.for_session(row), row.session_id, parts, at)
+
+    def session_tokens(self, row: SessionRow, path: list[NodeRow]) -> np.ndarray:
+        """All of a session's tokens, decoding tier L where the path holds some only there (one
+        model step per token; kept for the next read)."""
+        if row.session_id not in self._decoded:
+            self._decoded[row.session_id] = self.restore(row, path, row.n_tokens).tokens
+        return self._decoded[row.session_id]

@@ -1,0 +1,118 @@
+"""Keeping an archive sound and small: deleting sessions, dropping tiers, checking and repairing
+what is stored, freeing what nothing uses, and counting the bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvdb import verify as verify_ops
+from kvdb.errors import InvalidArgument
+from kvdb.index import Indexes, index_key
+from kvdb.prefix_cache import PrefixCache
+from kvdb.records import Session, Stats
+from kvdb.services.models import ModelProvider
+from kvdb.services.reading import Reader
+from kvdb.storage import Storage
+from kvdb.storage.base import CollectGarbage, DeleteSession, DropTiers
+from kvdb.tiers import TIERS, parse_keep
+
+
+class Upkeep:
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, indexes: Indexes, prefix_cache: PrefixCache):
+        self._storage = storage
+        self._models = models
+        self._reader = reader
+        self._indexes = indexes
+        self._prefix_cache = prefix_cache
+
+    def delete(self, ref: str) -> Session:
+        row = self._reader.resolve(ref)
+        self._storage.apply(DeleteSession(row.session_id))
+        return Session.from_row(row)
+
+    def compact(self, ref: str, keep: str | Iterable[str]) -> Session:
+        """Drop the tiers not in ``keep`` from every node of the session's path (shared prefix
+        nodes included: they are one stored object for all the sessions that share them).
+
+        The token tier is the exception: only the nodes no other session uses drop it, and only
+        where tier L holds their tokens, since every session sharing a node reads and matches
+        through its tokens. Keeping ``tokens`` on a session held in tier L decodes them back.
+        """
+        keep = parse_keep(keep)
+        row = self._reader.resolve(ref)
+        path = self._storage.node_path(row.session_id)
+        drops = {n.node_id: set(TIERS) - keep - {"tokens"} for n in path}
+        if "tokens" not in keep:
+            for node in path:
+                if node.refcount == 1:
+                    drops[node.node_id].add("tokens")
+                    if "lm" not in node.keep:
+                        raise InvalidArgument(
+                            f"session {row.session_id[:12]} ({row.name}) has no tier L on tokens [{node.start}, {node.end}): "
+                            "dropping the token tier would lose them; re-ingest it with --keep tokens,search,lm first"
+                        )
+        restored = {}
+        if "tokens" in keep and any("tokens" not in n.keep for n in path):
+            from kvdb import model as lm_ops  # scoring the decoded tokens runs the model
+
+            ids = self._reader.path_tokens(row)
+            logprobs = lm_ops.score(self._models.for_session(row).model, ids)[0]
+            restored = {n.node_id: (ids[n.start : n.end], logprobs[n.start : n.end]) for n in path if "tokens" not in n.keep}
+        self._storage.apply(DropTiers(drops, restored))
+        return Session.from_row(row)
+
+    def verify(self, deep: bool = False) -> verify_ops.Report:
+        """A search index behind or ahead of the database (a crash between writing the two) is
+        what opening the index detects and rebuilds anyway; verify does that first and notes it."""
+        before = len(self._indexes.rebuilt)
+        for tok_hash in self._storage.tokenizer_hashes():
+            self._indexes.get(index_key(tok_hash), tok_hash)
+        notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
+        return verify_ops.verify(self._storage, {key: self._indexes.path(key) for key in self._storage.index_keys()}, deep, notes)
+
+    def repair(self) -> dict:
+        """Rebuild what can be derived (the search indexes); report what cannot."""
+        rebuilt = []
+        for tok_hash in self._storage.tokenizer_hashes():
+            self._indexes.rebuild(index_key(tok_hash), tok_hash)
+            rebuilt.append(index_key(tok_hash))
+        remaining = self.verify(deep=True).problems
+        return {"rebuilt_indexes": rebuilt, "unrepairable": remaining, "ok": not remaining}
+
+    def gc(self) -> dict:
+        """Free the trie nodes (and every tier stored for them) that no session uses any more,
+        and the prefix-cache entries of the conversations they held (a deleted session's KV
+        must not outlive it on disk)."""
+        freed = self._storage.apply(CollectGarbage())
+        freed["prefix_cache_entries"] = self._prefix_cache.prune({n.node_id for n, _, _ in self._storage.node_shapes()})
+        return freed
+
+    def stats(self) -> Stats:
+        counts = self._storage.byte_counts()
+        tiers = {
+            "tokens": counts["token_bytes"],
+            "lm": counts["lm_bytes"],
+            "kv": counts["kv_bytes"],
+            "logprobs": counts["logprob_bytes"],
+            "metadata": counts["metadata_bytes"],
+        }
+        n = counts["tokens"]
+        per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
+        # tier K is optional per node: its bytes are spread over the tokens stored with it
+        per_token["kv"] = counts["kv_bytes"] / counts["kv_tokens"] if counts["kv_tokens"] else 0.0
+        fp16 = self._fp16_bytes_per_token()
+        ratio = fp16 / per_token["kv"] if per_token["kv"] and fp16 else None
+        return Stats(
+            counts["sessions"], n, counts["stored_tokens"], counts["nodes"],
+            dict(tiers, file=self._storage.footprint(), codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
+            per_token, ratio, counts["codebook_bytes"],
+        )
+
+    def _fp16_bytes_per_token(self) -> int | None:
+        """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
+        for row in self._storage.list_sessions()[:1]:
+            c = self._storage.get_model(row.model_id).config
+            if c.get("num_hidden_layers") and c.get("num_key_value_heads"):
+                head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+                return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+        return None

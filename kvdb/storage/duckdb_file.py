@@ -1,0 +1,161 @@
+"""The DuckDB-file backend: one archive in one file, and the file's lock.
+
+DuckDB admits one writing process, or any number of read-only ones, per file. A storage holds
+that lock while its connection is open; ``release`` lets it go (the next call takes it again)
+so that long work between queries blocks nobody. What that means for staleness is this
+module's business alone: after a release, another process may have written, which the file's
+size and modification time (and its ``.wal``'s) tell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from kvdb.errors import ArchiveError, ArchiveLocked
+from kvdb.storage import schema
+from kvdb.storage.sql import SqlStorage
+
+
+class DuckDBFile(SqlStorage):
+    def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False):
+        """Open (creating and migrating as needed). While another process holds the file, wait up
+        to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
+        A read-only storage of a missing or older archive creates or upgrades it first."""
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
+        self.read_only = read_only
+        self._engine: sa.Engine | None = None
+        self._released: tuple | None = None  # the file's state when this storage last let it go
+        self._held_since = 0.0
+        self._epoch = 0  # moves on each own write, and when the file changed while let go
+        self.connections = 0  # connections opened so far (each one costs ~30 ms)
+        if read_only and (not self.path.exists() or self.schema_revision() != schema.REVISION):
+            self.release()
+            DuckDBFile(self.path, self.timeout).close()
+        if not read_only:
+            self._migrate()
+
+    @property
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            self._engine = self._connect()
+        return self._engine
+
+    def _connect(self) -> sa.Engine:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool, connect_args={"read_only": self.read_only})
+            try:
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("select 1")
+            except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
+                engine.dispose()
+                message = _first_line(exc)
+                if "lock" not in message.lower():
+                    raise ArchiveError(f"cannot open archive {self.path}: {message}") from exc
+                if time.monotonic() >= deadline:
+                    holder = re.search(r"PID (\d+)", message)
+                    who = f"process {holder.group(1)}" if holder else "another process"
+                    raise ArchiveLocked(
+                        f"archive {self.path} is in use by {who} (DuckDB allows one writing process, or several "
+                        f"read-only ones); waited {self.timeout:g}s — retry when it is done, or raise KVDB_LOCK_TIMEOUT"
+                    ) from exc
+                time.sleep(0.1)
+                continue
+            self.connections += 1
+            self._held_since = time.monotonic()
+            self._check_file()
+            return engine
+
+    def release(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+            self._released = self._file_state()
+
+    def close(self) -> None:
+        self.release()
+
+    def held_for(self) -> float:
+        return time.monotonic() - self._held_since if self._engine is not None else 0.0
+
+    def version(self) -> int:
+        if self._engine is None:
+            self._check_file()
+        return self._epoch
+
+    def _wrote(self) -> None:
+        self._epoch += 1
+
+    def _check_file(self) -> None:
+        """Nobody else can write while this storage holds the file; once it let go, whoever
+        opened the file for writing changed its size and modification time, or its log's."""
+        if self._released is not None and self._released != self._file_state():
+            self._epoch += 1
+            self._released = self._file_state()
+
+    def _file_state(self) -> tuple:
+        def state(path: Path):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return None
+            return st.st_size, st.st_mtime_ns
+
+        return state(self.path), state(self.path.with_name(self.path.name + ".wal"))
+
+    @contextlib.contextmanager
+    def writable(self):
+        """The read-only connection is closed, the write lock taken, and given back after."""
+        if not self.read_only:
+            yield
+            return
+        self.release()
+        self.read_only = False
+        try:
+            yield
+        finally:
+            self.release()
+            self.read_only = True
+
+    def derived_path(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def footprint(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    # schema ---------------------------------------------------------------------------
+    def schema_revision(self) -> str | None:
+        """Read without alembic: its import alone would cost a read-only command most of its time."""
+        with self.engine.connect() as conn:
+            return _revision(conn)
+
+    def _migrate(self) -> None:
+        with self.engine.begin() as conn:
+            if _revision(conn) == schema.REVISION:
+                return
+            from kvdb.storage import migrate
+
+            migrate.upgrade(conn, str(self.path))
+
+
+def _revision(conn) -> str | None:
+    found = conn.exec_driver_sql("select count(*) from information_schema.tables where table_name = 'alembic_version'").scalar_one()
+    return conn.exec_driver_sql("select version_num from alembic_version").scalar() if found else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

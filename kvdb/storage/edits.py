@@ -1,0 +1,216 @@
+"""Trie surgery as row edits: what each plan changes, decided once for every backend.
+
+A backend reads the rows a plan touches inside its transaction, asks these functions which
+rows to insert, delete and update, and runs the edits in order. Nothing here knows an engine:
+the edits name tables and key columns, and the values are the bytes to store (token blocks
+coded by :mod:`kvdb.fractal`, log-probabilities as little-endian float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvdb import fractal
+from kvdb.storage.base import IndexState, NewNode, NodeRow, Split
+
+NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv")  # every tier a node can hold
+TIER_TABLES = (("search", "search_ranges"), ("lm", "node_lm"), ("kv", "node_kv"), ("tokens", "token_blocks"), ("tokens", "node_logprobs"))
+
+
+@dataclass(frozen=True)
+class Insert:
+    table: str
+    rows: list[dict]
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Every row of ``table`` whose ``column`` is one of ``values``."""
+
+    table: str
+    column: str
+    values: list
+
+
+@dataclass(frozen=True)
+class Update:
+    """Set ``values`` on the rows of ``table`` whose ``column`` equals ``key``."""
+
+    table: str
+    column: str
+    key: object
+    values: dict
+
+
+@dataclass(frozen=True)
+class Recount:
+    """Add ``delta`` to the refcount of these nodes (the sessions whose path runs through them)."""
+
+    node_ids: list[str]
+    delta: int
+
+
+Edit = Insert | Delete | Update | Recount
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A node's token-stream row: how its blocks are coded."""
+
+    alphabet: int
+    block_size: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a split or a tier change reads of a node before deciding its edits."""
+
+    node: NodeRow
+    tokens: np.ndarray | None  # None when the node holds no token blocks
+    logprobs: np.ndarray | None
+    kv: tuple[str, dict[int, np.ndarray]] | None
+    search_run: tuple[str, int, int] | None  # (index_key, first_slot, n_tokens)
+
+
+def keep_text(keep) -> str:
+    return ",".join(sorted(keep))
+
+
+def keep_from_text(text: str | None) -> frozenset[str]:
+    """A node's ``keep`` column; NULL is a row older than migration 0005, which held its tokens and search."""
+    return frozenset(t for t in (text if text is not None else "search").split(",") if t)
+
+
+def logprob_bytes(logprobs: np.ndarray) -> bytes:
+    return np.asarray(logprobs, dtype="<f4").tobytes()
+
+
+def token_rows(node_id: str, stream: Stream, tokens: np.ndarray, logprobs: np.ndarray) -> list[Edit]:
+    """Token blocks and log-probabilities of a node whose stream row says how to code them."""
+    if not stream.n_tokens == len(tokens) == len(logprobs):
+        raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs)} log-probabilities)")
+    blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
+    return [
+        Insert("token_blocks", [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)]),
+        Insert("node_logprobs", [{"node_id": node_id, "logprobs": logprob_bytes(logprobs)}]),
+    ]
+
+
+def tier_rows(node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int, held: bool = True) -> list[Edit]:
+    """A node's stream row, and its token blocks and log-probabilities unless it is held in
+    tier L only (then both are the model's to recompute: decoding, then scoring)."""
+    stream = Stream(alphabet, fractal.DEFAULT_BLOCK, len(tokens))
+    row = Insert("token_streams", [{"node_id": node_id, "alphabet": alphabet, "block_size": stream.block_size, "n_tokens": len(tokens)}])
+    return [row] + (token_rows(node_id, stream, tokens, logprobs) if held else [])
+
+
+def kv_rows(node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> list[Edit]:
+    rows = [
+        {"node_id": node_id, "alphabet": size, "block_no": k, "codebook_id": codebook_id, "data": blob}
+        for size, symbols in streams.items()
+        for k, blob in enumerate(fractal.encode_blocks(symbols, size))
+    ]
+    return [Insert("node_kv", rows)] if rows else []
+
+
+def new_node(node: NewNode, model_id: str, alphabet: int) -> list[Edit]:
+    row = {
+        "node_id": node.node_id,
+        "parent_id": node.parent_id,
+        "model_id": model_id,
+        "start": node.start,
+        "n_tokens": len(node.tokens),
+        "first_token": int(node.tokens[0]),
+        "refcount": 0,
+        "keep": keep_text(node.keep),
+    }
+    edits: list[Edit] = [Insert("nodes", [row])]
+    edits += tier_rows(node.node_id, node.tokens, node.logprobs, alphabet, held="tokens" in node.keep)
+    if node.lm is not None:
+        edits.append(Insert("node_lm", [{"node_id": node.node_id, "payload": node.lm}]))
+    if node.kv is not None:
+        edits += kv_rows(node.node_id, *node.kv)
+    return edits
+
+
+def tokens_back(node: NodeRow, stream: Stream, tokens: np.ndarray, logprobs: np.ndarray) -> list[Edit]:
+    """A node held in tier L only holds its tokens again."""
+    return token_rows(node.node_id, stream, tokens, logprobs) + [
+        Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | {"tokens"})})
+    ]
+
+
+def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
+    """The head [0, offset) of a node becomes its own node, parent of the rest. The node's id
+    stays with the tail (it names the end of its path); both halves hold their tokens, since
+    the head is shared from now on."""
+    node, k = held.node, cut.offset
+    keep = node.keep | {"tokens"}
+    if held.tokens is None:
+        if cut.tokens is None or cut.logprobs is None:
+            raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities")
+        tokens, logprobs = np.asarray(cut.tokens), np.asarray(cut.logprobs, dtype=np.float32)
+    else:
+        tokens, logprobs = held.tokens, held.logprobs
+    edits: list[Edit] = [Delete(table, "node_id", [node.node_id]) for table in ("token_blocks", "token_streams", "node_logprobs")]
+    edits += tier_rows(node.node_id, tokens[k:], logprobs[k:], alphabet)
+    head = {
+        "node_id": cut.head_id,
+        "parent_id": node.parent_id,
+        "model_id": node.model_id,
+        "start": node.start,
+        "n_tokens": k,
+        "first_token": node.first_token,
+        "refcount": node.refcount,
+        "keep": keep_text(keep),
+    }
+    edits.append(Insert("nodes", [head]))
+    edits += tier_rows(cut.head_id, tokens[:k], logprobs[:k], alphabet)
+    if held.kv is not None:  # token-major streams: the first k positions' columns go to the head
+        codebook_id, streams = held.kv
+        rows = {size: symbols.reshape(node.n_tokens, -1) for size, symbols in streams.items()}
+        edits.append(Delete("node_kv", "node_id", [node.node_id]))
+        edits += kv_rows(cut.head_id, codebook_id, {size: r[:k].reshape(-1) for size, r in rows.items()})
+        edits += kv_rows(node.node_id, codebook_id, {size: r[k:].reshape(-1) for size, r in rows.items()})
+    edits.append(Delete("node_lm", "node_id", [node.node_id]))
+    if "lm" in node.keep:
+        if cut.lm_head is None or cut.lm_tail is None:
+            raise ValueError(f"node {node.node_id} keeps tier L: a split must bring both halves re-coded")
+        edits.append(Insert("node_lm", [{"node_id": cut.head_id, "payload": cut.lm_head}, {"node_id": node.node_id, "payload": cut.lm_tail}]))
+    tail = {"parent_id": cut.head_id, "start": node.start + k, "n_tokens": node.n_tokens - k, "first_token": int(tokens[k]), "keep": keep_text(keep)}
+    edits.append(Update("nodes", "node_id", node.node_id, tail))
+    if held.search_run is not None:  # the points stay where they are; the slot run is cut in two
+        index_key, first_slot, n_tokens = held.search_run
+        edits.append(Update("search_ranges", "node_id", node.node_id, {"first_slot": first_slot + k, "n_tokens": n_tokens - k}))
+        edits.append(Insert("search_ranges", [{"node_id": cut.head_id, "index_key": index_key, "first_slot": first_slot, "n_tokens": k}]))
+    return edits
+
+
+def drop_tiers(node: NodeRow, tiers: set[str]) -> list[Edit]:
+    """Search slots become tombstones; the token tier goes with its log-probabilities."""
+    edits: list[Edit] = [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep - tiers)})]
+    return edits + [Delete(table, "node_id", [node.node_id]) for tier, table in TIER_TABLES if tier in tiers]
+
+
+def add_kv(node: NodeRow, codebook_id: str, streams: dict[int, np.ndarray]) -> list[Edit]:
+    if "kv" in node.keep:
+        return []
+    return kv_rows(node.node_id, codebook_id, streams) + [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | {"kv"})})]
+
+
+def index_state(state: IndexState, n_tokens: dict[str, int]) -> list[Edit]:
+    """An index's recorded state, and the slot runs of the nodes it adds (``n_tokens``: their lengths)."""
+    row = {"index_key": state.index_key, "alphabet": state.alphabet, "depth": state.depth, "ntotal": state.ntotal, "generation": state.generation}
+    edits: list[Edit] = [Delete("search_indexes", "index_key", [state.index_key]), Insert("search_indexes", [row])]
+    if state.ranges:
+        runs = [{"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]} for nid, first in state.ranges.items()]
+        edits.append(Insert("search_ranges", runs))
+    return edits
+
+
+def collect(dead: list[str]) -> list[Edit]:
+    """Every row of nodes no session uses, tiers first."""
+    return [Delete(table, "node_id", dead) for table in NODE_TABLES + ("nodes",)] if dead else []

@@ -1,0 +1,43 @@
+"""Alembic, for the archives whose schema is behind this kvdb's: imported only then (it costs
+~0.4 s, more than a read-only command's whole budget)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.ddl.impl import DefaultImpl
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from kvdb.errors import ArchiveError, NewerArchiveError
+
+
+class DuckDBImpl(DefaultImpl):
+    """Alembic has no DuckDB dialect of its own; declaring this registers one (importing is enough)."""
+
+    __dialect__ = "duckdb"
+    transactional_ddl = True
+
+
+def script_directory() -> tuple[ScriptDirectory, Config]:
+    location = importlib.util.find_spec("kvdb_migrations").submodule_search_locations[0]
+    config = Config()
+    config.set_main_option("script_location", location)
+    return ScriptDirectory.from_config(config), config
+
+
+def upgrade(conn, where: str) -> None:
+    """Bring the schema on ``conn`` to the head revision, refusing newer and foreign databases."""
+    script, config = script_directory()
+    current = MigrationContext.configure(conn).get_current_revision()
+    if current == script.get_current_head():
+        return
+    if current is not None and current not in {rev.revision for rev in script.walk_revisions()}:
+        raise NewerArchiveError(f"{where} was written by a newer kvdb (schema revision {current}); upgrade kvdb to open it")
+    if current is None and sa.inspect(conn).get_table_names():
+        raise ArchiveError(f"{where} is a DuckDB file but not a kvdb archive; choose another --db path")
+    config.attributes["connection"] = conn
+    command.upgrade(config, "head")

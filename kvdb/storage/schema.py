@@ -1,0 +1,135 @@
+"""The archive's tables, as SQLAlchemy Core definitions: the one description every SQL backend
+queries through. Alembic migrations create them; tests/storage/test_schema_matches_migrations.py
+checks that the two agree. ``REVISION`` is the migration these definitions correspond to: an
+archive at it opens without importing alembic.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+REVISION = "0007"  # the head of migrations/versions
+
+metadata = sa.MetaData()
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("model_id", sa.String, primary_key=True),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("weights_hash", sa.String, nullable=False),
+    sa.Column("tokenizer_hash", sa.String, nullable=False),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("source", sa.String, nullable=False),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+)
+
+# The prefix trie: a session is the path from a root node to its leaf, and the leaf's id is the
+# session's id. Every tier below is stored per node, so a shared prefix is stored once.
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("parent_id", sa.String, nullable=True),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("start", sa.Integer, nullable=False),  # tokens on the path before this node
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+    sa.Column("first_token", sa.Integer, nullable=False),  # children are found by (parent_id, first_token)
+    sa.Column("refcount", sa.Integer, nullable=False),  # sessions whose path runs through this node
+    sa.Column("keep", sa.String, server_default="search"),  # tiers the node holds, comma-separated: "tokens", "search", "lm", "kv"
+)
+
+# Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.lmcode),
+# given the context of its parent path.
+node_lm = sa.Table(
+    "node_lm",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("payload", sa.LargeBinary, nullable=False),
+)
+
+# A node's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
+# so reading a range fetches only the blocks it touches.
+token_streams = sa.Table(
+    "token_streams",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("alphabet", sa.Integer, nullable=False),
+    sa.Column("block_size", sa.Integer, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+)
+
+token_blocks = sa.Table(
+    "token_blocks",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("block_no", sa.Integer, primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+# float32 natural-log probability of each token under the model, from the ingest forward pass.
+node_logprobs = sa.Table(
+    "node_logprobs",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("logprobs", sa.LargeBinary, nullable=False),
+)
+
+# Search index bookkeeping (kvdb.index): the sorted walk keys live in a sidecar file bound to the
+# database by generation and slot count; these rows map slot runs to nodes.
+search_indexes = sa.Table(
+    "search_indexes",
+    metadata,
+    sa.Column("index_key", sa.String, primary_key=True),
+    sa.Column("alphabet", sa.Integer, nullable=False),
+    sa.Column("depth", sa.Integer, nullable=False),
+    sa.Column("ntotal", sa.BigInteger, nullable=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+)
+
+search_ranges = sa.Table(
+    "search_ranges",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("index_key", sa.String, nullable=False),
+    sa.Column("first_slot", sa.BigInteger, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+)
+
+# Tier K: residual-VQ codebooks (kvdb.quant) and each node's code streams, one fractal-coded
+# stream per codebook size, token-major so that a node's positions can be sliced.
+codebooks = sa.Table(
+    "codebooks",
+    metadata,
+    sa.Column("codebook_id", sa.String, primary_key=True),
+    sa.Column("model_id", sa.String, nullable=False),
+    sa.Column("preset", sa.String, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+node_kv = sa.Table(
+    "node_kv",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("alphabet", sa.Integer, primary_key=True),
+    sa.Column("block_no", sa.Integer, primary_key=True),
+    sa.Column("codebook_id", sa.String, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+# Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.
+sa.Index("ix_sessions_name", sessions.c.name)
+sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)
+sa.Index("ix_search_ranges_key", search_ranges.c.index_key)

@@ -1,0 +1,26 @@
+"""The tiers a session can be stored in, and the ways it can be restored: the names the CLI,
+the server and the library share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvdb.errors import InvalidArgument
+
+TIERS = ("tokens", "search", "lm", "kv")
+DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
+RESTORE_MODES = ("auto", "exact", "archive", "decode")
+
+
+def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
+    """The tiers of a --keep list. The tokens must survive in one of two forms: their blocks
+    (``tokens``) or tier L (``lm``); the search tier is built from, and copies, the tokens."""
+    tiers = {t.strip() for t in (keep.split(",") if isinstance(keep, str) else keep) if t.strip()}
+    unknown = tiers - set(TIERS)
+    if unknown:
+        raise InvalidArgument(f"unknown tier(s) {', '.join(sorted(unknown))}; choose from {', '.join(TIERS)}")
+    if not tiers & {"tokens", "lm"}:
+        raise InvalidArgument("keep `tokens` or `lm` (the tokens coded against the model): without either the session is lost")
+    if "search" in tiers and "tokens" not in tiers:
+        raise InvalidArgument("the search tier needs the token tier (its index is built from the tokens, and holds a copy of them)")
+    return frozenset(tiers)

@@ -1,0 +1,119 @@
+"""The CLI through click's runner, and once through the installed `kvdb` script."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvdb_cli.main import main
+
+from support import write, write_jsonl
+
+TEXT = "Line one — ünïcode ☕\nline two\n"
+
+
+@pytest.fixture
+def run(tmp_path, tiny_model):
+    db = str(tmp_path / "cli.duckdb")
+    runner = CliRunner()
+
+    def invoke(*args, model=True):
+        argv = ["--db", db, *args]
+        env = {"KVDB_MODEL": tiny_model} if model else {}
+        return runner.invoke(main, argv, env=env, catch_exceptions=False)
+
+    return invoke
+
+
+def lines(result):
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
+    story = write(tmp_path / "t" / "story.txt", TEXT)
+    write_jsonl(tmp_path / "t" / "chat.jsonl", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+
+    ingested = run("ingest", str(tmp_path / "t"), "--json")
+    assert ingested.exit_code == 0, ingested.output
+    rows = lines(ingested)
+    assert {r["name"] for r in rows} == {"story", "chat"}
+    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "status", "new_tokens", "seconds"} for r in rows)
+    assert all(r["status"] == "ingested" and r["new_tokens"] == r["n_tokens"] and r["seconds"] > 0 for r in rows)
+
+    again = lines(run("ingest", str(story), "--json"))
+    assert [r["status"] for r in again] == ["unchanged"]
+
+    listed = lines(run("sessions", "--json"))
+    assert {r["name"] for r in listed} == {"story", "chat"}
+    assert all(set(r) == {"session_id", "name", "n_tokens", "created_at"} for r in listed)
+
+    shown = run("show", "story")
+    assert shown.exit_code == 0 and shown.stdout == TEXT
+    part = lines(run("show", "story", "--start", "0", "--end", "4", "--json"))[0]
+    assert part["start"] == 0 and part["end"] == 4 and len(part["tokens"]) == 4 and TEXT.startswith(part["text"])
+
+    restored = lines(run("restore", "chat", "--prompt", "more?", "--max-new-tokens", "3", "--json"))[0]
+    assert set(restored) == {"session_id", "mode", "restored_tokens", "seconds", "text"}
+    assert restored["mode"] == "exact" and restored["restored_tokens"] == next(r["n_tokens"] for r in rows if r["name"] == "chat")
+
+    at = lines(run("restore", "story", "--at", "5", "--max-new-tokens", "2", "--json"))[0]
+    assert at["restored_tokens"] == 5
+
+    stats = lines(run("stats", "--json"))[0]
+    assert stats["sessions"] == 2 and stats["tokens"] == sum(r["n_tokens"] for r in rows)
+    assert 0 < stats["bytes_per_token"]["tokens"] < 4.0
+
+    deleted = run("delete", "story", "--json")
+    assert lines(deleted)[0]["status"] == "deleted"
+    assert [r["name"] for r in lines(run("sessions", "--json"))] == ["chat"]
+
+
+def test_failed_file_reports_line_and_exit_status(run, tmp_path):
+    write(tmp_path / "ok.txt", "fine\n")
+    write(tmp_path / "broken.json", '{"messages": [\n  {"role": "user", "content": "x"},\n  oops\n]}')
+    result = run("ingest", str(tmp_path / "ok.txt"), str(tmp_path / "broken.json"), "--json")
+    assert result.exit_code == 1
+    by_status = {r["status"]: r for r in lines(result)}
+    assert by_status["ingested"]["name"] == "ok"
+    assert "broken.json:3" in by_status["failed"]["error"]
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["show", "nothing-like-this"], 3, "no session matches"),
+        (["ingest", "/no/such/path.txt"], 2, "no such file"),
+        (["restore", "nothing-like-this"], 3, "no session matches"),
+        (["delete", "nothing-like-this"], 3, "no session matches"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code(run, args, code, message):
+    result = run(*args)
+    assert result.exit_code == code
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_out_of_range_and_missing_model(run, tmp_path):
+    write(tmp_path / "s.txt", "short\n")
+    assert run("ingest", str(tmp_path / "s.txt")).exit_code == 0
+    bad = run("show", "s", "--end", "999")
+    assert bad.exit_code == 2 and "outside session" in bad.stderr
+    missing = CliRunner().invoke(main, ["--db", str(tmp_path / "x.duckdb"), "ingest", str(tmp_path / "s.txt"), "--model", str(tmp_path / "nope")])
+    assert missing.exit_code == 4 and "cannot load model" in missing.stderr
+
+
+def test_real_script_in_subprocess(tmp_path, tiny_model):
+    script = Path(sys.executable).with_name("kvdb")
+    story = write(tmp_path / "story.md", TEXT)
+    env = dict(os.environ, KVDB_DB=str(tmp_path / "sub.duckdb"), KVDB_MODEL=tiny_model)
+    ingest = subprocess.run([str(script), "ingest", str(story), "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert ingest.returncode == 0, ingest.stderr
+    assert json.loads(ingest.stdout)["status"] == "ingested"
+    show = subprocess.run([str(script), "show", "story"], env=env, capture_output=True, timeout=300)
+    assert show.returncode == 0 and show.stdout == TEXT.encode()
+    missing = subprocess.run([str(script), "show", "zzz"], env=env, capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 3 and missing.stderr.startswith("kvdb: error:") and "Traceback" not in missing.stderr

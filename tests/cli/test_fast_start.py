@@ -1,0 +1,62 @@
+"""Commands that need no model start without importing torch or transformers (2-3 s of a
+command's time otherwise): run in-process in a fresh interpreter, then sys.modules is read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import kvdb
+
+FAST = """
+import json, sys
+from click.testing import CliRunner
+from kvdb_cli.main import main
+
+codes = {}
+for args in json.loads(sys.argv[1]):
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    codes[" ".join(args[2:3])] = result.exit_code
+print(json.dumps({"codes": codes, "heavy": sorted(m for m in ("torch", "transformers", "alembic") if m in sys.modules)}))
+"""
+
+
+@pytest.fixture
+def archive_path(tmp_path, tiny_model):
+    path = tmp_path / "fast.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="the harbour lights at night, and the harbour at dawn", name="harbour")
+        db.ingest(text="the harbour lights at night, then the sea", name="sea")
+    return path
+
+
+def test_read_commands_import_neither_torch_nor_transformers(archive_path, tiny_model):
+    db = ["--db", str(archive_path)]
+    commands = [
+        ["--help"],
+        db + ["sessions", "--json"],
+        db + ["show", "harbour", "--model", tiny_model],
+        db + ["search", "harbour lights", "--model", tiny_model],
+        db + ["stats"],
+        db + ["prefixes"],
+        db + ["verify"],
+        db + ["delete", "sea"],
+        db + ["gc"],
+    ]
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(report["codes"].values()) == {0}, report  # every command ran and succeeded
+    assert len(report["codes"]) == len(commands)
+    assert report["heavy"] == [], f"imported {report['heavy']} for commands that need no model"
+
+
+def test_the_same_commands_on_a_restore_do_import_torch(archive_path, tiny_model):
+    """The check above can fail: a command that runs the model is seen importing torch."""
+    commands = [["--db", str(archive_path), "restore", "harbour", "--model", tiny_model, "--max-new-tokens", "1"]]
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "torch" in json.loads(out.stdout.strip().splitlines()[-1])["heavy"]

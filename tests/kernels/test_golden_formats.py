@@ -1,0 +1,239 @@
+"""Golden bytes: every byte format kvdb writes is exactly what kvdb 0.1.0 wrote, and reads back.
+
+The files under tests/fixtures/golden were written by ``make_golden.py`` there, from the fixed
+inputs it defines (imported here, so inputs are stated once). For each format, one test
+encodes those inputs again and compares bytes with the committed files; another decodes the
+committed files and compares with the inputs. A refactor must pass both without touching
+the files; a deliberate format change bumps the format's version and regenerates them.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvdb import capture, fractal, lmcode, quant
+from kvdb.index import WalkIndex
+from kvdb.prefix_cache import PrefixCache
+from kvdb_migrations import _frozen_0002_fractal as frozen
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+_spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(golden)
+
+
+def assert_golden(files: dict[str, bytes]) -> None:
+    """Each generated file has exactly the bytes of its committed twin."""
+    for name, data in sorted(files.items()):
+        path = GOLDEN / name
+        assert path.is_file(), f"{name} is generated but not committed under {GOLDEN}"
+        stored = path.read_bytes()
+        if data != stored:
+            at = next((i for i, (a, b) in enumerate(zip(data, stored)) if a != b), min(len(data), len(stored)))
+            pytest.fail(
+                f"{name}: the code now writes {len(data)} bytes where kvdb 0.1.0 wrote {len(stored)}; they first differ at "
+                f"byte {at} (now {data[at : at + 8].hex()}, golden {stored[at : at + 8].hex()}). A format change needs a new "
+                "format version, not new golden files."
+            )
+
+
+def blocks(folder: str) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((GOLDEN / folder).glob("*.bin"))]
+
+
+@pytest.fixture
+def prefix_budget(monkeypatch):
+    monkeypatch.setenv("KVDB_PREFIX_CACHE_MB", str(1024))  # the default: the prefix cache is on
+
+
+def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
+    generated = (
+        golden.fractal_files() | golden.kl_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+    )
+    committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
+    assert committed == set(generated) | {f"kl/{golden.MODEL_CASE[0]}.bin"}
+
+
+# -- fractal token blocks (format tag 0xF1) -------------------------------------------------
+
+
+def test_fractal_blocks_encode_to_the_golden_bytes():
+    assert_golden(golden.fractal_files())
+
+
+@pytest.mark.parametrize(("alphabet", "block_size", "n"), golden.FRACTAL_CASES)
+def test_golden_fractal_blocks_decode_to_their_symbols(alphabet, block_size, n):
+    blobs = blocks(golden.fractal_dir(alphabet, block_size, n))
+    expected = golden.symbols(n, alphabet)
+    assert len(blobs) == -(-n // block_size)
+    assert [fractal.block_count(b, alphabet) for b in blobs] == [min(block_size, n - k * block_size) for k in range(len(blobs))]
+    np.testing.assert_array_equal(fractal.decode_blocks(blobs, alphabet), expected)
+    lo, hi = max(0, min(block_size, n) - 3), min(n, block_size + 2)  # across the first block boundary, where there is one
+    needed = fractal.blocks_for_range(lo, hi, block_size)
+    np.testing.assert_array_equal(fractal.decode_range(blobs[needed.start : needed.stop], alphabet, block_size, lo, hi), expected[lo:hi])
+
+
+@pytest.mark.parametrize("alphabet", [2, 259, 65537])
+def test_an_empty_stream_is_no_blocks(alphabet):
+    assert fractal.encode_blocks(np.zeros(0, np.int64), alphabet) == []
+    assert fractal.decode_blocks([], alphabet).size == 0
+
+
+# -- what the old migrations write: the frozen codec of 0002 and 0004 -----------------------
+
+
+@pytest.mark.parametrize(("alphabet", "block_size", "n"), golden.FRACTAL_CASES)
+def test_the_frozen_migration_codec_writes_and_reads_the_golden_blocks(alphabet, block_size, n):
+    folder = golden.fractal_dir(alphabet, block_size, n)
+    expected = golden.symbols(n, alphabet)
+    assert frozen.encode_blocks(expected, alphabet, block_size) == blocks(folder)
+    np.testing.assert_array_equal(frozen.decode_blocks(blocks(folder), alphabet), expected)
+    assert frozen.decode_block(blocks(folder)[0], alphabet, 0, 1).tolist() == [expected[0]]  # what 0004 reads
+
+
+@pytest.mark.parametrize("alphabet", [259, 49152, 65537])
+def test_the_frozen_migration_codec_is_todays_kvdb_fractal(alphabet):
+    """Format 1 today. When kvdb.fractal writes a new format this fails, on purpose: the frozen
+    copy keeps writing format 1 for migration 0002, and this comparison is then dropped."""
+    stream = golden.symbols(3 * fractal.DEFAULT_BLOCK + 5, alphabet, salt=9)
+    assert (frozen.FORMAT_TAG, frozen.DEFAULT_BLOCK, frozen.MIN_ALPHABET) == (fractal.FORMAT_TAG, fractal.DEFAULT_BLOCK, fractal.MIN_ALPHABET)
+    assert frozen.encode_blocks(stream, alphabet, frozen.DEFAULT_BLOCK) == fractal.encode_blocks(stream, alphabet, fractal.DEFAULT_BLOCK)
+
+
+def test_migrations_do_not_import_kvdb():
+    folder = Path(frozen.__file__).parent
+    for path in [frozen.__file__, *sorted((folder / "versions").glob("*.py"))]:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [m for m in imported if m.split(".")[0] == "kvdb"], f"{path} imports the live kvdb: freeze what it needs"
+
+
+# -- tier L payloads ("KL" version 1) -------------------------------------------------------
+
+
+def varint_length(value: int) -> int:
+    return max(1, -(-value.bit_length() // 7))
+
+
+def check_kl(payload: bytes, model, vocab: int, context: int, n: int) -> None:
+    """The payload's header says what was coded, and it decodes to the tokens."""
+    before, ids = golden.kl_inputs(vocab, context, n)
+    header = lmcode.read_header(payload)
+    assert payload[:3] == b"KL\x01"
+    assert (header.version, header.vocab, header.context_len, header.n_tokens) == (1, vocab, context, n)
+    assert header.digest == golden.token_digest(ids)
+    assert header.size == 3 + sum(varint_length(v) for v in (vocab, context, n)) + 8 + 4
+    assert (len(payload) - header.size) % 4 == 0
+    decoded, after = lmcode.decode(model, payload, context=lmcode.context_for(model, before) if context else None)
+    np.testing.assert_array_equal(decoded, ids)
+    assert after.length == context + n
+
+
+def test_kl_payloads_encode_to_the_golden_bytes():
+    assert_golden(golden.kl_files())
+
+
+@pytest.mark.parametrize(("name", "vocab", "context", "n"), golden.KL_CASES)
+def test_golden_kl_payloads_read_back(name, vocab, context, n):
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.TableModel(vocab), vocab, context, n)
+
+
+def test_kl_payload_of_the_committed_tiny_model():
+    """Machine-dependent: the payload follows the model's one-token forward pass, which is
+    bit-exact only on CPU kernels that compute it as the machine that wrote the golden file did
+    (see kvdb/lmcode.py). The table-model payloads above are the machine-independent check."""
+    name, vocab, context, n = golden.MODEL_CASE
+    assert_golden(golden.kl_model_files())
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n)
+
+
+# -- KV codebooks and code streams ----------------------------------------------------------
+
+
+def test_codebooks_and_code_streams_encode_to_the_golden_bytes():
+    assert_golden(golden.quant_files())
+
+
+@pytest.mark.parametrize("weights", [True, False])
+def test_golden_codebooks_read_back(weights):
+    name = "quant/codebooks.bin" if weights else "quant/codebooks_no_weights.bin"
+    read, made = quant.Codebooks.from_bytes((GOLDEN / name).read_bytes()), golden.codebooks(weights)
+    assert (read.layers, read.heads, read.dim, read.pre_rope, read.preset, read.meta) == (
+        made.layers, made.heads, made.dim, made.pre_rope, made.preset, made.meta
+    )
+    for kind in quant.KINDS:
+        assert read.stages(kind) == golden.STAGES[kind]
+        for layer_read, layer_made in zip(read.books[kind], made.books[kind], strict=True):
+            for a, b in zip(layer_read, layer_made, strict=True):
+                np.testing.assert_array_equal(a, b)
+    assert sorted(read.weights) == sorted(made.weights)
+    for kind, scales in made.weights.items():
+        np.testing.assert_array_equal(read.weights[kind], scales)
+
+
+def test_golden_code_streams_read_back():
+    books = golden.codebooks()
+    sizes = sorted({size for kind in quant.KINDS for sizes in golden.STAGES[kind] for size in sizes})
+    streams = {size: fractal.decode_blocks(blocks(f"quant/streams/a{size}"), size) for size in sizes}
+    for ours, theirs in zip(quant.codes_from_streams(books, streams, golden.SEQ), golden.codes(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+# -- the search sidecar ("KVDBIDX3") --------------------------------------------------------
+
+_PREFIX = struct.Struct("<8s I")  # magic, JSON header length
+
+
+def test_search_sidecar_writes_the_golden_bytes(tmp_path):
+    files = golden.index_files(tmp_path)
+    for name, data in files.items():  # the header is JSON: a changed key order or spacing is a changed format
+        stored = (GOLDEN / name).read_bytes()
+        magic, length = _PREFIX.unpack_from(stored)
+        assert data[: _PREFIX.size + length] == stored[: _PREFIX.size + length], (
+            f"{name}: header {data[_PREFIX.size :][:length]!r} differs from the golden {stored[_PREFIX.size :][:length]!r}"
+        )
+    assert_golden(files)
+
+
+@pytest.mark.parametrize(("alphabet", "generation", "first", "second"), golden.INDEX_CASES)
+def test_golden_search_sidecar_reads_back(alphabet, generation, first, second):
+    path = GOLDEN / f"index/a{alphabet}.keys"
+    index = WalkIndex.load(path)
+    stream = np.concatenate(golden.index_inputs(alphabet, first, second))
+    header = WalkIndex.read_header(path)
+    assert (header.alphabet, header.ntotal, header.generation) == (alphabet, first + second, generation)
+    magic, length = _PREFIX.unpack_from(path.read_bytes())
+    assert magic == b"KVDBIDX3" and json.loads(path.read_bytes()[_PREFIX.size :][:length])["entries"] == first + second
+    assert (index.alphabet, index.generation, index.ntotal) == (alphabet, generation, first + second)
+    np.testing.assert_array_equal(index.tokens, stream)
+    for at, length in ((10, 3), (first - 1, min(4, index.depth)), (first + 2, index.depth)):  # the last piece spans both nodes
+        piece = stream[at - length + 1 : at + 1]
+        ends = [p for p in range(length - 1, len(stream)) if np.array_equal(stream[p - length + 1 : p + 1], piece)]
+        assert index.within(piece).tolist() == ends
+
+
+# -- the prefix cache ("KVDBPFX1") ----------------------------------------------------------
+
+
+def test_prefix_cache_writes_the_golden_bytes(tmp_path, prefix_budget):
+    assert_golden(golden.prefix_files(tmp_path))
+
+
+def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget):
+    folder = PrefixCache(tmp_path / "a.duckdb.prefix")
+    folder.folder.mkdir()
+    shutil.copy(GOLDEN / f"prefix/{golden.PREFIX_KEY}.kv", folder.path(golden.PREFIX_KEY))  # load() touches the file
+    held, cache = folder.load(golden.TableModel(16, golden.LAYERS, golden.HEADS, golden.DIM), ["absent", golden.PREFIX_KEY])
+    keys, values = golden.prefix_arrays()
+    assert held == keys.shape[2]
+    for ours, theirs in zip(capture.cache_arrays(cache), (keys, values), strict=True):
+        np.testing.assert_array_equal(ours, theirs)

@@ -1,0 +1,303 @@
+"""Tier L: tokens entropy-coded against the model's own distribution; decoding rebuilds tokens and cache."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvdb import tokenizer as tok
+from kvdb import lmcode
+from kvdb import model as lm_ops
+from kvdb.errors import CorruptData, InvalidArgument
+
+UNICODE = "Ünïcödé — «quotes», naïve café, Straße, 東京の春、한국어 텍스트, emoji 🚀🧪, math ∑∫≈≠.\r\n\ttab"
+CODE = textwrap.dedent(
+    '''
+    def fib(n: int) -> list[int]:
+        """First n Fibonacci numbers."""
+        out, a, b = [], 0, 1
+        for _ in range(n):
+            out.append(a)
+            a, b = b, a + b
+        return out
+
+    print({k: v ** 2 for k, v in enumerate(fib(10)) if v % 2 == 0})
+    '''
+)
+PROSE = (
+    "Permission is hereby granted, free of charge, to any person obtaining a copy of this software and "
+    "associated documentation files, to deal in the Software without restriction, including without "
+    "limitation the rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies. "
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return lm_ops.load(tiny_model)
+
+
+def ids_of(lm, text: str) -> np.ndarray:
+    return np.asarray(tok.encode(lm.tokenizer, text), dtype=np.int64)
+
+
+def next_logits_after_prefill(model, ids: np.ndarray) -> torch.Tensor:
+    """Next-token logits after ``ids`` by a fresh batched prefill: the reference a rebuilt cache must match."""
+    cache = lm_ops.prefill(model, ids[:-1])
+    with torch.no_grad():
+        return model(torch.as_tensor(ids[-1:])[None], cache=cache, use_cache=True).logits[0, -1]
+
+
+def cross_entropy_bits(model, ids: np.ndarray) -> float:
+    """Total -log2 p of ``ids`` under one batched forward pass (first token: uniform)."""
+    with torch.no_grad():
+        logits = model(torch.as_tensor(ids)[None]).logits[0, :-1].double()
+    logp = torch.log_softmax(logits, -1).gather(1, torch.as_tensor(ids[1:])[:, None])
+    return float(-logp.sum() / math.log(2)) + math.log2(lmcode.vocab_size(model))
+
+
+def next_logits_from(model, ctx: lmcode.Context, token: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([[token]]), cache=ctx.cache, use_cache=True).logits[0, -1]
+
+
+def assert_same_cache(a, b):
+    assert len(a.layers) == len(b.layers)
+    for x, y in zip(a.layers, b.layers):
+        assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+
+
+# -- quantisation ---------------------------------------------------------------------------
+
+
+def test_weight_table_follows_exp():
+    table = lmcode._WEIGHTS
+    assert table[0] == 2**32 and np.all(np.diff(table) < 0) and table[-1] == 1
+    d = np.arange(0, 2000, 97)
+    expected = 2.0**32 * np.exp(-d / 2**lmcode.LOGIT_SHIFT)
+    assert np.allclose(table[d], expected, rtol=2e-3)  # floor rounding drifts a little; only determinism matters
+    assert abs(lmcode._DECAY_62 / 2**62 - math.exp(-(2.0**-lmcode.LOGIT_SHIFT))) < 1e-15
+
+
+@given(st.lists(st.floats(-60, 60, width=32), min_size=2, max_size=300))
+@settings(max_examples=60, deadline=None)
+def test_frequencies_are_a_valid_integer_cdf(values):
+    logits = np.asarray(values, dtype=np.float32)
+    freq = lmcode.frequencies(logits)
+    assert freq.dtype == np.int64 and freq.sum() == 2**lmcode.PRECISION and freq.min() >= 1
+    assert np.array_equal(freq, lmcode.frequencies(logits.copy()))
+    rest = np.delete(np.arange(logits.size), int(np.argmax(freq)))  # the top symbol also holds the leftover
+    order = rest[np.argsort(-logits[rest], kind="stable")]
+    assert np.all(np.diff(freq[order]) <= 0)  # a higher logit never gets a lower frequency
+
+
+def test_frequencies_track_softmax_and_survive_non_finite():
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal(49152) * 3).astype(np.float32)
+    freq = lmcode.frequencies(logits)
+    p = np.exp(logits - logits.max(), dtype=np.float64)
+    p /= p.sum()
+    q = freq / 2**lmcode.PRECISION
+    kl_bits = float(np.sum(p * np.log2(p / q)))
+    assert kl_bits < 0.01  # the floor and the grid cost well under 1% of a bit per token
+    bad = logits.copy()
+    bad[:3] = [np.nan, np.inf, -np.inf]
+    assert lmcode.frequencies(bad).sum() == 2**lmcode.PRECISION
+    flat = lmcode.frequencies(np.full(10, np.nan, dtype=np.float32))
+    assert flat.sum() == 2**lmcode.PRECISION and flat.max() - flat.min() <= 2**lmcode.PRECISION - 10 * flat.min()
+
+
+# -- round trips on the tiny model ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [UNICODE, CODE, PROSE * 2 + UNICODE + CODE], ids=["unicode", "code", "long"])
+def test_round_trip_rebuilds_tokens_and_cache(tiny, text):
+    ids = ids_of(tiny, text)
+    payload = lmcode.encode(tiny.model, ids)
+    header = lmcode.read_header(payload)
+    assert (header.n_tokens, header.context_len, header.vocab, header.version) == (ids.size, 0, 259, 1)
+    assert header.size == 3 + 2 + 1 + (1 if ids.size < 128 else 2) + 8 + 4
+    out, ctx = lmcode.decode(tiny.model, payload)
+    assert out.dtype == np.int64 and np.array_equal(out, ids)
+    assert tok.decode(tiny.tokenizer, out) == text
+    assert ctx.length == ids.size == ctx.cache.get_seq_length()
+    # the rebuilt cache continues like a fresh prefill (float32 tolerance: one-token steps round differently)
+    probe = int(ids[0])
+    reference = next_logits_after_prefill(tiny.model, np.append(ids, probe))
+    torch.testing.assert_close(next_logits_from(tiny.model, ctx, probe), reference, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(ctx.logits, next_logits_after_prefill(tiny.model, ids).numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_encode_with_context_returns_the_decoders_context(tiny):
+    ids = ids_of(tiny, CODE)
+    payload, enc_ctx = lmcode.encode_with_context(tiny.model, ids)
+    assert payload == lmcode.encode(tiny.model, ids)
+    _, dec_ctx = lmcode.decode(tiny.model, payload)
+    assert_same_cache(enc_ctx.cache, dec_ctx.cache)
+    assert np.array_equal(enc_ctx.logits, dec_ctx.logits)
+
+
+def test_empty_stream(tiny):
+    payload = lmcode.encode(tiny.model, np.zeros(0, dtype=np.int64))
+    assert len(payload) <= lmcode.read_header(payload).size + 8
+    out, ctx = lmcode.decode(tiny.model, payload)
+    assert out.size == 0 and ctx.length == 0
+
+
+@given(st.lists(st.integers(0, 258), max_size=40))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_token_sequence_round_trips(tiny, tokens):
+    ids = np.asarray(tokens, dtype=np.int64)
+    out, _ = lmcode.decode(tiny.model, lmcode.encode(tiny.model, ids))
+    assert np.array_equal(out, ids)
+
+
+# -- suffix coded given a prefix (trie nodes) -----------------------------------------------
+
+
+def test_suffix_given_prefix_round_trip(tiny):
+    prefix, suffix = ids_of(tiny, PROSE[:200]), ids_of(tiny, CODE[:150] + UNICODE)
+    root, root_ctx = lmcode.encode_with_context(tiny.model, prefix)
+    child = lmcode.encode(tiny.model, suffix, context=root_ctx)
+    assert lmcode.read_header(child).context_len == prefix.size
+    assert root_ctx.length == prefix.size  # coding the child did not consume the parent's context
+
+    got_prefix, ctx = lmcode.decode(tiny.model, root)
+    got_suffix, full = lmcode.decode(tiny.model, child, context=ctx)
+    assert np.array_equal(got_prefix, prefix) and np.array_equal(got_suffix, suffix)
+    assert ctx.length == prefix.size and ctx.cache.get_seq_length() == prefix.size  # not mutated
+    assert full.length == full.cache.get_seq_length() == prefix.size + suffix.size
+
+    # a second child of the same parent, and a context rebuilt from the prefix's ids, both work
+    other = ids_of(tiny, "another branch")
+    got_other, _ = lmcode.decode(tiny.model, lmcode.encode(tiny.model, other, context=root_ctx), context=lmcode.context_for(tiny.model, prefix))
+    assert np.array_equal(got_other, other)
+
+    # the state after a token sequence does not depend on where it was cut: the same cache as one whole decode
+    _, whole = lmcode.decode(tiny.model, lmcode.encode(tiny.model, np.concatenate([prefix, suffix])))
+    assert_same_cache(whole.cache, full.cache)
+    assert np.array_equal(whole.logits, full.logits)
+    # and coding it whole or cut costs the same bits up to the coder's flush and the second header
+    whole_bits = len(lmcode.encode(tiny.model, np.concatenate([prefix, suffix]))) * 8
+    assert len(root) * 8 + len(child) * 8 - whole_bits <= (lmcode.read_header(child).size + 8) * 8
+
+
+def test_wrong_context_is_refused_or_detected(tiny):
+    prefix, suffix = ids_of(tiny, PROSE[:100]), ids_of(tiny, CODE[:100])
+    ctx = lmcode.context_for(tiny.model, prefix)
+    child = lmcode.encode(tiny.model, suffix, context=ctx)
+    with pytest.raises(InvalidArgument, match="context"):
+        lmcode.decode(tiny.model, child)
+    wrong = lmcode.context_for(tiny.model, prefix[::-1])  # same length, other tokens
+    with pytest.raises(CorruptData, match="digest"):
+        lmcode.decode(tiny.model, child, context=wrong)
+
+
+# -- damaged payloads -----------------------------------------------------------------------
+
+
+def body_of(payload: bytes) -> bytes:
+    return payload[lmcode.read_header(payload).size :]
+
+
+def with_crc(payload: bytes, size: int) -> bytes:
+    """Recompute the CRC of a payload whose header is ``size`` bytes, so damage gets past it."""
+    head, body = payload[: size - 4], payload[size:]
+    return head + zlib.crc32(body, zlib.crc32(head)).to_bytes(4, "little") + body
+
+
+def test_damaged_payloads_raise_corrupt_data(tiny):
+    ids = ids_of(tiny, PROSE[:200])
+    payload = lmcode.encode(tiny.model, ids)
+    flipped = bytearray(payload)
+    flipped[len(payload) // 2] ^= 0x10
+    cases = {
+        "empty": b"",
+        "magic": b"XX" + payload[2:],
+        "truncated": payload[:-4],
+        "truncated header": payload[:10],
+        "flipped bit": bytes(flipped),
+        "version": payload[:2] + b"\x09" + payload[3:],
+        "bad varint": payload[:3] + b"\xff" * 6 + payload[9:],
+    }
+    for name, bad in cases.items():
+        with pytest.raises(CorruptData):
+            lmcode.decode(tiny.model, bad)
+    size = lmcode.read_header(payload).size
+    # "KL", version, vocab 259 (2 bytes), context 0 (1 byte), n_tokens ~200 (2 bytes), then the digest at 8
+    assert 128 <= ids.size < 2**14
+    inflated = payload[:6] + lmcode._varint(2**32 - 1) + payload[8:]
+    with pytest.raises(CorruptData, match="more than its"):
+        lmcode.decode(tiny.model, with_crc(inflated, size + 3))
+    with pytest.raises(CorruptData, match="32-bit words"):
+        lmcode.decode(tiny.model, with_crc(payload + b"\0", size))
+    # past the CRC: the decoder runs and the token digest catches it
+    for bad in (with_crc(bytes(flipped), size), with_crc(payload[:-8], size)):
+        with pytest.raises(CorruptData):
+            lmcode.decode(tiny.model, bad)
+
+
+def test_bad_arguments(tiny):
+    for bad in (np.array([[1, 2]]), np.array([1.5]), np.array([259]), np.array([-1])):
+        with pytest.raises(InvalidArgument):
+            lmcode.encode(tiny.model, bad)
+    payload = lmcode.encode(tiny.model, np.array([1, 2, 3]))
+    header = lmcode.read_header(payload)
+    assert header.n_tokens == 3
+
+
+def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model, tmp_path):
+    """The encoder's process ran with torch's default threads; the decoder starts with 2 and no shared state."""
+    ids = ids_of(tiny, PROSE + CODE)
+    (tmp_path / "p.bin").write_bytes(lmcode.encode(tiny.model, ids))
+    script = textwrap.dedent(
+        f"""
+        import sys, numpy as np, torch
+        torch.set_num_threads(2)
+        from kvdb import lmcode, model
+        lm = model.load({tiny_model!r})
+        out, ctx = lmcode.decode(lm.model, open({str(tmp_path / 'p.bin')!r}, 'rb').read())
+        assert torch.get_num_threads() == 2
+        np.save({str(tmp_path / 'out.npy')!r}, out)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert np.array_equal(np.load(tmp_path / "out.npy"), ids)
+
+
+# -- the embedded model ---------------------------------------------------------------------
+
+VARIED = (
+    "The archive keeps every session it has seen, so a later question can be answered from the exact context.\n\n"
+    + CODE
+    + "\n"
+    + UNICODE
+    + "\n| model | bits/token |\n|---|---:|\n| SmolLM2 | 3.9 |\n"
+)
+
+
+@pytest.mark.model
+def test_embedded_round_trip_near_cross_entropy(embedded):
+    model = embedded.model
+    ids = ids_of(embedded, VARIED)
+    assert 200 <= ids.size <= 400
+    payload = lmcode.encode(model, ids)
+    out, ctx = lmcode.decode(model, payload)
+    assert np.array_equal(out, ids)
+    assert tok.decode(embedded.tokenizer, out) == VARIED
+    assert ctx.cache.get_seq_length() == ids.size
+    reference = next_logits_after_prefill(model, ids)
+    np.testing.assert_allclose(ctx.logits, reference.numpy(), atol=2e-3, rtol=1e-3)
+    assert int(np.argmax(ctx.logits)) == int(reference.argmax())
+    # the coded size is the model's cross-entropy plus the header and the coder's flush
+    xent_bits = cross_entropy_bits(model, ids)
+    body_bits = len(body_of(payload)) * 8
+    assert body_bits <= xent_bits * 1.01 + 64, (body_bits, xent_bits)

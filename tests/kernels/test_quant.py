@@ -1,0 +1,242 @@
+"""KV tier: residual VQ codebooks (kvdb.quant) and capture/restore of K/V (kvdb.capture)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvdb import tokenizer as tok
+from kvdb import capture as C
+from kvdb import model as M
+from kvdb import quant as Q
+from kvdb.errors import CorruptData, InvalidArgument
+
+from support import REPO
+
+
+def _vectors(layers=2, heads=2, n=600, dim=8, seed=0):
+    rng = np.random.default_rng(seed)
+    # anisotropic, clustered data, a little like real K/V; the same clusters for every seed
+    centres = np.random.default_rng(99).standard_normal((layers, heads, 5, dim)) * 3
+    pick = rng.integers(0, 5, size=(layers, heads, n))
+    base = np.take_along_axis(centres, pick[..., None].repeat(dim, -1), axis=2)
+    scale = np.linspace(2.0, 0.2, dim)
+    return (base + rng.standard_normal((layers, heads, n, dim)) * scale).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    k, v = _vectors(seed=1), _vectors(seed=2)
+    return Q.train({"k": k, "v": v}, "k3x16v2x16", niter=8), k, v
+
+
+def test_allocation_presets():
+    a = Q.allocation("k4v2", 3)
+    assert a["k"] == [(256,) * 4] * 3 and a["v"] == [(256, 256)] * 3
+    a = Q.allocation("k2x1024v1+k5@0,2+v3x16@1", 3)
+    assert a["k"] == [(256,) * 5, (1024, 1024), (256,) * 5]
+    assert a["v"] == [(256,), (16, 16, 16), (256,)]
+    assert Q.code_bytes_per_token("k4v2", 30, 3) == 540.0
+    assert Q.code_bytes_per_token("k2x1024v1", 30, 3) == pytest.approx(30 * 3 * (2 * 1.25 + 1))
+    for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1"):
+        with pytest.raises(InvalidArgument):
+            Q.allocation(bad, 3)
+
+
+def test_codebook_bytes_round_trip(trained):
+    cb, _, _ = trained
+    cb.meta = {"model_id": "abc", "calib_tokens": 600}
+    blob = cb.to_bytes()
+    back = Q.Codebooks.from_bytes(blob)
+    assert back.to_bytes() == blob
+    assert (back.layers, back.heads, back.dim, back.pre_rope, back.preset, back.meta) == (
+        cb.layers, cb.heads, cb.dim, cb.pre_rope, cb.preset, cb.meta)
+    for kind in Q.KINDS:
+        assert back.stages(kind) == cb.stages(kind)
+        for a, b in zip(back.books[kind], cb.books[kind]):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)  # centroids are fp16-exact, so nothing is lost
+    assert blob.startswith(Q.MAGIC) and len(blob) > cb.nbytes
+    damaged = bytearray(blob)
+    damaged[len(blob) // 2] ^= 1
+    with pytest.raises(CorruptData):
+        Q.Codebooks.from_bytes(bytes(damaged))
+    with pytest.raises(CorruptData):
+        Q.Codebooks.from_bytes(b"not a codebook at all")
+
+
+def test_encode_decode_shapes_and_error_drops_with_stages(trained):
+    cb, _, _ = trained
+    k, v = _vectors(n=300, seed=3), _vectors(n=300, seed=4)  # held out
+    kc, vc = Q.encode(cb, k, v)
+    assert kc.dtype == np.uint16 and kc.shape == (2, 2, 3, 300) and vc.shape == (2, 2, 2, 300)
+    assert kc.max() < 16
+    errors = []
+    for stages in (1, 2, 3):
+        sub = cb.truncate(f"k{stages}x16v1x16")
+        kq, vq = Q.decode(sub, (kc[:, :, :stages], vc[:, :, :1]))
+        assert kq.shape == k.shape and vq.shape == v.shape and kq.dtype == np.float32
+        errors.append(float(((kq - k) ** 2).mean()))
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.5 * float(((k - k.mean(2, keepdims=True)) ** 2).mean())
+    # nested stages: decoding a prefix of the codes equals decoding with truncated codebooks
+    full_k, _ = Q.decode(cb, (kc[:, :, :2], vc))
+    np.testing.assert_array_equal(full_k, Q.decode(cb.truncate("k2x16v2x16"), (kc[:, :, :2], vc))[0])
+    with pytest.raises(InvalidArgument):
+        Q.encode(cb, k[:, :, :, :4], v)
+
+
+def test_stored_code_bytes_match_fractal(trained):
+    cb, _, _ = trained
+    kc, vc = Q.encode(cb, _vectors(n=100, seed=5), _vectors(n=100, seed=6))
+    streams = Q.code_streams(cb, (kc, vc))
+    assert list(streams) == [16]
+    assert len(streams[16]) == 100 * 2 * 2 * (3 + 2)
+    # token-major: position 0's symbols first, kind > layer > stage > head
+    first = np.concatenate([kc[0, :, :, 0].T.reshape(-1), kc[1, :, :, 0].T.reshape(-1), vc[0, :, :, 0].T.reshape(-1), vc[1, :, :, 0].T.reshape(-1)])
+    assert np.array_equal(streams[16][:20], first)
+    # 16-ary symbols cost 4 bits; one block (12 B header + CRC)
+    assert Q.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
+    assert Q.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
+
+
+def test_per_layer_training():
+    k, v = _vectors(n=200, seed=7), _vectors(n=200, seed=8)
+    cb = Q.train({"k": k, "v": v}, "k1x8v1x8+k2x8@1", niter=4)
+    assert cb.stages("k") == [(8,), (8, 8)]
+    kc, vc = Q.encode(cb, k, v)
+    assert kc.shape == (2, 2, 2, 200)
+    assert not kc[0, :, 1].any()  # layer 0 has no second stage: zero rows, never stored
+    assert len(Q.code_streams(cb, (kc, vc))[8]) == 200 * 2 * (1 + 2 + 1 + 1)
+    assert Q.Codebooks.from_bytes(cb.to_bytes()).stages("k") == [(8,), (8, 8)]
+
+
+# -- capture / restore on the tiny model ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return M.load(tiny_model)
+
+
+def _ids(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=n)
+
+
+def test_capture_matches_prefill_cache_and_chunks(tiny):
+    ids = _ids(70)
+    k, v = C.capture(tiny.model, ids, chunk=32)
+    assert k.shape == (2, 2, 70, 16) and k.dtype == np.float32
+    cache = M.prefill(tiny.model, ids)
+    np.testing.assert_allclose(k, np.stack([layer.keys[0].numpy() for layer in cache.layers]), atol=1e-5)
+    np.testing.assert_allclose(v, np.stack([layer.values[0].numpy() for layer in cache.layers]), atol=1e-5)
+    starts = [s for s, _, _ in C.capture_chunks(tiny.model, ids, chunk=32)]
+    assert starts == [0, 32, 64]
+
+
+def test_pre_rope_inverse_is_exact(tiny):
+    ids = _ids(50, seed=1)
+    post, _ = C.capture(tiny.model, ids)
+    pre, _ = C.capture(tiny.model, ids, pre_rope=True)
+    assert not np.allclose(pre[:, :, 1:], post[:, :, 1:], atol=1e-3)  # RoPE did rotate them
+    np.testing.assert_allclose(pre[:, :, 0], post[:, :, 0], atol=1e-6)  # position 0: identity
+    np.testing.assert_allclose(C.apply_rope(tiny.model, pre), post, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(pre, axis=-1), np.linalg.norm(post, axis=-1), rtol=1e-5)
+    # the inverse at an offset: the last 20 keys
+    np.testing.assert_allclose(C.apply_rope(tiny.model, post[:, :, 30:], start=30, inverse=True), pre[:, :, 30:], atol=1e-5)
+
+
+@pytest.mark.parametrize("pre_rope", [False, True])
+def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
+    ids = _ids(90, seed=2)
+    prefix, cont = ids[:80], ids[80:]
+    lp_exact, am_exact = C.teacher_forced(tiny.model, M.prefill(tiny.model, prefix), cont)
+    k, v = C.capture(tiny.model, prefix, chunk=32, pre_rope=pre_rope)
+    for window in ("none", "quantized", "recompute"):
+        cache = C.restore_cache(tiny.model, prefix, k, v, pre_rope=pre_rope, window=window)
+        assert cache.get_seq_length() == 80
+        lp, am = C.teacher_forced(tiny.model, cache, cont)
+        np.testing.assert_allclose(lp, lp_exact, atol=1e-4)
+        assert np.array_equal(am, am_exact)
+    cache = C.build_cache(tiny.model, k, v, pre_rope=pre_rope)
+    np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, cont)[0], lp_exact, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 20, 36, 37])
+def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
+    """Sessions no longer than the sinks plus the window have no middle: the single masked pass
+    must still equal a prefill."""
+    ids = _ids(n + 8, seed=5)
+    k, v = C.capture(tiny.model, ids[:n], pre_rope=True)
+    lp_exact, _ = C.teacher_forced(tiny.model, M.prefill(tiny.model, ids[:n]), ids[n:])
+    cache = C.restore_cache(tiny.model, ids[:n], k, v, pre_rope=True)
+    assert cache.get_seq_length() == n
+    np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, ids[n:])[0], lp_exact, atol=1e-4)
+
+
+def test_restored_cache_generates(tiny):
+    ids = _ids(40, seed=3)
+    k, v = C.capture(tiny.model, ids[:-1], pre_rope=True)
+    cache = C.restore_cache(tiny.model, ids[:-1], k, v, pre_rope=True)
+    out = M.generate(tiny.model, tiny.tokenizer, cache, ids, 5)
+    expect = M.generate(tiny.model, tiny.tokenizer, M.prefill(tiny.model, ids[:-1]), ids, 5)
+    assert out == expect
+
+
+def test_quantized_restore_end_to_end_tiny(tiny):
+    ids = _ids(300, seed=4)
+    k, v = C.capture(tiny.model, ids, pre_rope=True)
+    cb = Q.train({"k": k, "v": v}, "k2x32v2x32", niter=6)
+    cb2 = Q.Codebooks.from_bytes(cb.to_bytes())
+    kq, vq = Q.decode(cb2, Q.encode(cb2, k, v))
+    cache = C.restore_cache(tiny.model, ids, kq, vq, pre_rope=True)
+    assert cache.get_seq_length() == 300
+    # the recomputed window is exact at the sinks
+    exact = M.prefill(tiny.model, ids)
+    np.testing.assert_allclose(cache.layers[0].keys[0, :, :4].numpy(), exact.layers[0].keys[0, :, :4].numpy(), atol=1e-5)
+
+
+# -- embedded model ------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_embedded_fidelity_smoke(embedded):
+    """Calibrate a small quantizer on one text, restore another through codes; the model still agrees."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from corpus import real_text
+
+    ids = np.asarray(tok.encode(embedded.tokenizer, real_text(40_000)), dtype=np.int64)
+    model = embedded.model
+    k, v = C.capture(model, ids[:512], pre_rope=True)
+    cb = Q.train({"k": k[:, :, C.SINKS:], "v": v[:, :, C.SINKS:]}, "k2x64v1x64", niter=6)
+    prefix, cont = ids[2000:2256], ids[2256:2289]
+    kp, vp = C.capture(model, prefix, pre_rope=True)
+    lp_exact, am_exact = C.teacher_forced(model, M.prefill(model, prefix), cont)
+    kq, vq = Q.decode(cb, Q.encode(cb, kp, vp))
+    cache = C.restore_cache(model, prefix, kq, vq, pre_rope=True)
+    lp, am = C.teacher_forced(model, cache, cont)
+    ratio = float(np.exp(lp_exact.mean() - lp.mean()))
+    assert ratio < 3.0, ratio  # coarse codebooks: damage is bounded, not zero
+    assert (am == am_exact).mean() > 0.4
+    # unquantized arrays through the same path are exact
+    exact_cache = C.restore_cache(model, prefix, kp, vp, pre_rope=True)
+    np.testing.assert_allclose(C.teacher_forced(model, exact_cache, cont)[0], lp_exact, atol=2e-3)
+
+
+def test_beam_encoding_never_worse_and_weights_round_trip(trained):
+    cb, _, _ = trained
+    k, v = _vectors(n=200, seed=9), _vectors(n=200, seed=10)
+    greedy = Q.decode(cb, Q.encode(cb, k, v))[0]
+    beam = Q.decode(cb, Q.encode(cb, k, v, beam=4))[0]
+    err = lambda a: float(((a - k) ** 2).sum(-1).mean())  # noqa: E731
+    assert err(beam) <= err(greedy) + 1e-6
+    w = np.abs(np.random.default_rng(0).standard_normal((2, 2, 8))) + 0.1
+    cw = Q.train({"k": k, "v": v}, "k2x16v1x16", niter=4, weights={"k": w})
+    assert set(cw.weights) == {"k"}
+    np.testing.assert_allclose(np.sqrt((cw.weights["k"] ** 2).mean(-1)), 1.0, rtol=1e-5)
+    back = Q.Codebooks.from_bytes(cw.to_bytes())
+    np.testing.assert_array_equal(back.weights["k"], cw.weights["k"])
+    kq, _ = Q.decode(back, Q.encode(back, k, v))
+    assert err(kq) < float(((k - k.mean(2, keepdims=True)) ** 2).sum(-1).mean())

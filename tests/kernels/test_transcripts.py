@@ -1,0 +1,408 @@
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from kvdb import transcripts
+from kvdb.errors import TranscriptError
+from kvdb.transcripts import (
+    ROLE_ALIASES,
+    SUPPORTED_SUFFIXES,
+    Transcript,
+    find_transcript_files,
+    read_transcripts,
+    transcript_from_messages,
+    transcript_from_text,
+)
+from support import EXAMPLES
+
+
+
+def write(path: Path, content: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode("utf-8")
+    path.write_bytes(content)
+    return path
+
+
+def jsonl(*objects) -> str:
+    return "".join(json.dumps(obj) + "\n" for obj in objects)
+
+
+def read_error(path) -> TranscriptError:
+    with pytest.raises(TranscriptError) as caught:
+        read_transcripts(path)
+    return caught.value
+
+
+# --- text ------------------------------------------------------------------
+
+
+def test_text_is_kept_verbatim_with_crlf_lone_cr_and_unicode(tmp_path):
+    raw = "Café ☕ 東京\r\nline two\rline three\n\n  trailing spaces  \r\n".encode()
+    path = write(tmp_path / "mixed.txt", raw)
+
+    [transcript] = read_transcripts(path)
+
+    assert transcript.text.encode("utf-8") == raw
+    assert transcript == Transcript("mixed", str(path), transcript.text, None, {"format": "text"})
+
+
+def test_text_keeps_a_byte_order_mark_so_it_round_trips(tmp_path):
+    raw = b"\xef\xbb\xbfhello\n"
+    [transcript] = read_transcripts(write(tmp_path / "bom.md", raw))
+    assert transcript.text.encode("utf-8") == raw
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1))
+def test_any_nonblank_text_round_trips_byte_exact(tmp_path_factory, text):
+    assume(text.strip())
+    raw = text.encode("utf-8")
+    path = write(tmp_path_factory.mktemp("rt") / "t.txt", raw)
+    [transcript] = read_transcripts(path)
+    assert transcript.text.encode("utf-8") == raw
+
+
+def test_source_is_the_path_as_given(tmp_path, monkeypatch):
+    write(tmp_path / "notes.md", "# hi\n")
+    monkeypatch.chdir(tmp_path)
+    [transcript] = read_transcripts("./notes.md")
+    assert transcript.source == "./notes.md"
+    assert transcript.name == "notes"
+
+
+def test_transcript_from_text():
+    transcript = transcript_from_text("a\r\nb", name="pasted")
+    assert (transcript.name, transcript.source, transcript.text) == ("pasted", "<text>", "a\r\nb")
+    assert transcript.messages is None
+    assert transcript.metadata == {"format": "text"}
+
+
+@pytest.mark.parametrize("bad", ["", " \n\t", None, b"bytes"])
+def test_transcript_from_text_rejects_empty_or_non_string(bad):
+    with pytest.raises(TranscriptError) as caught:
+        transcript_from_text(bad)
+    assert caught.value.path == "<text>"
+
+
+# --- jsonl -----------------------------------------------------------------
+
+
+def test_jsonl_with_one_message_per_line_is_one_session(tmp_path):
+    path = write(
+        tmp_path / "chat.jsonl",
+        jsonl(
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!", "name": "bot"},
+        ),
+    )
+
+    [transcript] = read_transcripts(path)
+
+    assert transcript.name == "chat"
+    assert transcript.source == str(path)
+    assert transcript.text is None
+    assert transcript.messages == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+    )
+    assert transcript.metadata == {"format": "jsonl-messages"}
+
+
+def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
+    message = [{"role": "user", "content": "x"}]
+    path = write(
+        tmp_path / "s.jsonl",
+        jsonl(
+            {"id": "a1", "name": "first", "messages": message},
+            {"id": 42, "messages": message},
+        )
+        + "\n"  # a blank line is skipped but still counted
+        + jsonl({"conversations": [{"from": "human", "value": "y"}]}),
+    )
+
+    transcripts = read_transcripts(path)
+
+    assert [t.name for t in transcripts] == ["first", "42", "s#4"]
+    assert [t.source for t in transcripts] == [f"{path}#L1", f"{path}#L2", f"{path}#L4"]
+    assert [t.metadata for t in transcripts] == [
+        {"format": "jsonl-sessions", "id": "a1"},
+        {"format": "jsonl-sessions", "id": 42},
+        {"format": "jsonl-sessions"},
+    ]
+    assert transcripts[2].messages == ({"role": "user", "content": "y"},)
+
+
+def test_null_id_and_name_count_as_absent(tmp_path):
+    path = write(tmp_path / "n.jsonl", jsonl({"id": None, "name": None, "messages": [{"role": "user", "content": "a"}]}))
+    [transcript] = read_transcripts(path)
+    assert (transcript.name, transcript.metadata) == ("n#1", {"format": "jsonl-sessions"})
+
+
+def test_jsonl_accepts_crlf_line_endings_and_a_bom(tmp_path):
+    raw = "\ufeff" + jsonl({"role": "user", "content": "a"}).replace("\n", "\r\n")
+    [transcript] = read_transcripts(write(tmp_path / "w.jsonl", raw))
+    assert transcript.messages == ({"role": "user", "content": "a"},)
+
+
+# --- json ------------------------------------------------------------------
+
+
+def test_openai_json_joins_text_parts_and_maps_roles(tmp_path):
+    data = {
+        "id": "conv-9",
+        "messages": [
+            {"role": "developer", "content": "Rules."},
+            {"role": "User", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        ],
+    }
+    path = write(tmp_path / "o.json", json.dumps(data))
+
+    [transcript] = read_transcripts(path)
+
+    assert transcript.name == "conv-9"
+    assert transcript.source == str(path)
+    assert transcript.metadata == {"format": "openai", "id": "conv-9"}
+    assert transcript.messages == (
+        {"role": "system", "content": "Rules."},
+        {"role": "user", "content": "one\ntwo"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "content": "42"},
+    )
+
+
+def test_sharegpt_json_maps_every_documented_role(tmp_path):
+    expected = {
+        "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+        "model": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+        "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
+    }  # fmt: skip
+    conversation = [{"from": role, "value": role} for role in expected]
+    path = write(tmp_path / "sg.json", json.dumps({"conversations": conversation}))
+
+    [transcript] = read_transcripts(path)
+
+    assert transcript.metadata == {"format": "sharegpt"}
+    assert transcript.messages == tuple({"role": expected[r], "content": r} for r in expected)
+    assert set(ROLE_ALIASES.values()) == {"user", "assistant", "system", "tool"}
+
+
+def test_json_list_mixes_formats_and_names_unnamed_items_by_index(tmp_path):
+    data = [
+        {"name": "named", "messages": [{"role": "user", "content": "a"}]},
+        {"conversations": [{"from": "human", "value": "b"}]},
+    ]
+    path = write(tmp_path / "many.json", json.dumps(data))
+
+    first, second = read_transcripts(path)
+
+    assert (first.name, first.source, first.metadata) == ("named", f"{path}#0", {"format": "openai"})
+    assert (second.name, second.source, second.metadata) == ("many#1", f"{path}#1", {"format": "sharegpt"})
+
+
+def test_transcript_from_messages_normalises_like_files():
+    transcript = transcript_from_messages([{"from": "gpt", "value": "hi"}], name="live")
+    assert transcript.name == "live"
+    assert transcript.source == "<messages>"
+    assert transcript.messages == ({"role": "assistant", "content": "hi"},)
+    assert transcript.metadata == {"format": "messages"}
+
+
+@pytest.mark.parametrize(
+    "messages, reason",
+    [
+        ([], "no messages"),
+        ("hi", "messages must be a list"),
+        ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
+        ([{"role": "user", "content": 3}], "must be a string or a list of text parts"),
+    ],
+)
+def test_transcript_from_messages_rejects_bad_input(messages, reason):
+    with pytest.raises(TranscriptError) as caught:
+        transcript_from_messages(messages)
+    assert caught.value.path == "<messages>"
+    assert reason in str(caught.value)
+
+
+# --- directories -----------------------------------------------------------
+
+
+def test_directories_are_expanded_recursively_sorted_and_filtered(tmp_path):
+    for name in ["b.txt", "a.md", "sub/c.jsonl", "sub/deeper/d.json", "a-z.json", "README", "x.csv",
+                 ".hidden.txt", ".git/e.txt", "sub/.cache/f.md", "upper.TXT"]:  # fmt: skip
+        write(tmp_path / name, "x")
+
+    found = find_transcript_files([tmp_path])
+
+    relative = [p.relative_to(tmp_path).as_posix() for p in found]
+    assert relative == ["a-z.json", "a.md", "b.txt", "sub/c.jsonl", "sub/deeper/d.json", "upper.TXT"]
+    assert find_transcript_files([tmp_path]) == found
+
+
+def test_explicit_files_are_kept_in_order_once(tmp_path):
+    a = write(tmp_path / "a.txt", "a")
+    z = write(tmp_path / "d" / "z.txt", "z")
+    assert find_transcript_files([z, str(tmp_path / "d"), a]) == [z, a]
+
+
+def test_missing_path_is_an_error(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(TranscriptError) as caught:
+        find_transcript_files([missing])
+    assert str(caught.value) == f"{missing}: no such file or directory"
+
+
+def test_explicit_unsupported_file_names_the_supported_suffixes(tmp_path):
+    path = write(tmp_path / "data.csv", "a,b")
+    for call in (find_transcript_files, lambda p: read_transcripts(p[0])):
+        with pytest.raises(TranscriptError) as caught:
+            call([path])
+        assert str(path) in str(caught.value)
+        assert all(suffix in str(caught.value) for suffix in SUPPORTED_SUFFIXES)
+
+
+def test_a_bad_file_does_not_stop_the_others(tmp_path):
+    write(tmp_path / "good.txt", "fine")
+    write(tmp_path / "bad.jsonl", jsonl({"role": "user", "content": "a"}) + "{oops\n")
+    write(tmp_path / "good2.jsonl", jsonl({"role": "user", "content": "b"}))
+
+    parsed, failures = {}, {}
+    for path in find_transcript_files([tmp_path]):
+        try:
+            parsed[path.name] = read_transcripts(path)
+        except TranscriptError as error:
+            failures[path.name] = error
+
+    assert sorted(parsed) == ["good.txt", "good2.jsonl"]
+    assert list(failures) == ["bad.jsonl"]
+    assert failures["bad.jsonl"].line == 2
+
+
+def test_directory_passed_to_read_transcripts_is_an_error(tmp_path):
+    (tmp_path / "dir.json").mkdir()
+    error = read_error(tmp_path / "dir.json")
+    assert "cannot read" in error.reason
+
+
+# --- bad input: each error names the file and the line ---------------------
+
+BAD_JSONL = [
+    ("empty", b"", "empty transcript", None),
+    ("blank lines only", b"\n  \n\r\n", "empty transcript", None),
+    ("invalid json", b'{"role": "user", "content": "a"}\n{"role": \n', "invalid JSON", 2),
+    ("invalid utf-8", b'{"role": "user", "content": "a"}\n{"role": "user", "content": "\xff"}\n', "invalid UTF-8 at byte 62", 2),
+    ("binary", b'{"role": "user", "content": "a"}\n\x00\x01\x02', "binary file", 2),
+    ("unknown role", jsonl({"role": "user", "content": "a"}, {"role": "narrator", "content": "b"}),
+     "unknown role 'narrator'; allowed roles: assistant, bard", 2),
+    ("content not a string", jsonl({"role": "user", "content": 5}), "must be a string or a list of text parts, not a number", 1),
+    ("image part", jsonl({"role": "user", "content": [{"type": "image_url", "image_url": {}}]}), "only text parts", 1),
+    ("missing content", jsonl({"role": "user", "content": "a"}, {"role": "user"}), 'has no "content"', 2),
+    ("role not a string", jsonl({"role": None, "content": "a"}), '"role" must be a string, not null', 1),
+    ("message not an object", jsonl({"role": "user", "content": "a"}, ["user", "a"]), "got a list", 2),
+    ("messages not a list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": "hi"}),
+     "messages must be a list, not a string", 2),
+    ("session without messages", jsonl({"messages": [{"role": "user", "content": "a"}]}, {}), "neither", 2),
+    ("empty messages list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": []}), "no messages", 2),
+    ("bad message inside a session", jsonl({"messages": [{"role": "user", "content": "a"}, {"role": "x", "content": "b"}]}),
+     "messages[1]: unknown role 'x'", 1),
+    ("message line among sessions", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"role": "user", "content": "b"}),
+     "neither", 2),
+    ("session line among messages", jsonl({"role": "user", "content": "a"}, {"messages": []}), 'expected a message object', 2),
+    ("name not a string", jsonl({"name": 7, "messages": [{"role": "user", "content": "a"}]}), '"name" must be a non-empty string', 1),
+    ("id not a scalar", jsonl({"name": "n", "id": {"a": 1}, "messages": [{"role": "user", "content": "a"}]}), '"id" must be', 1),
+]  # fmt: skip
+
+BAD_JSON = [
+    ("empty", b"", "empty transcript", None),
+    ("whitespace", b" \n ", "empty transcript", None),
+    ("syntax", b'{\n  "messages": [\n    {"role": "user",, "content": "a"}\n  ]\n}', "invalid JSON", 3),
+    ("invalid utf-8", b'{"messages": [\n\n {"role": "user", "content": "\xc3\x28"}]}', "invalid UTF-8 at byte 46", 3),
+    ("binary", b"\x89PNG\r\n\x1a\n\x00\x00", "binary file (NUL byte at byte 8)", 3),
+    ("top level not an object", b'"hello"', "got a string", None),
+    ("empty list", b"[]", "no sessions", None),
+    ("neither key", b'{\n"id": 1\n}', "neither", 1),
+    ("messages not a list", b'{"messages": {"role": "user"}}', "messages must be a list, not an object", 1),
+    ("empty messages", b'{\n  "messages": []\n}', "no messages", 1),
+    ("unknown role, located", b'{"messages": [\n  {"role": "user", "content": "a"},\n  {"role": "alien", "content": "b"}\n]}',
+     "messages[1]: unknown role 'alien'", 3),
+    ("sharegpt unknown role", b'{"conversations": [\n  {"from": "human", "value": "a"},\n  {"from": "robot", "value": "b"}\n]}',
+     "unknown role 'robot'", 3),
+    ("sharegpt value not a string", b'{"conversations": [\n  {"from": "human", "value": ["a"]}\n]}', '"value"', 2),
+    ("message not an object falls back to its session", b'[\n {"messages": [{"role": "user", "content": "a"}]},\n {"messages": [\n  "hi"]}\n]',
+     "session #1: messages[0]", 3),
+    ("list item not an object", b'[{"messages": [{"role": "user", "content": "a"}]}, 3]', "session #1: expected a session object", None),
+    ("text part without text", b'{"messages": [\n{"role": "user", "content": [{"type": "text"}]}]}', "needs a string", 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix, content, reason, line", [
+    *[pytest.param(".jsonl", c, r, n, id=f"jsonl-{i}") for i, c, r, n in BAD_JSONL],
+    *[pytest.param(".json", c, r, n, id=f"json-{i}") for i, c, r, n in BAD_JSON],
+    pytest.param(".txt", b"", "empty transcript", None, id="txt-empty"),
+    pytest.param(".md", b"\n \r\n", "empty transcript", None, id="md-blank"),
+    pytest.param(".txt", b"caf\xc3\xa9\nna\xefve\n", "invalid UTF-8 at byte 8", 2, id="txt-invalid-utf8"),
+    pytest.param(".md", b"\x7fELF\x02\x01\x01\x00\x00", "binary file", 1, id="md-binary"),
+])  # fmt: skip
+def test_bad_input_is_a_transcript_error_naming_file_and_line(tmp_path, suffix, content, reason, line):
+    path = write(tmp_path / f"bad{suffix}", content)
+
+    error = read_error(path)
+
+    assert reason in error.reason
+    assert error.line == line
+    expected_where = f"{path}:{line}" if line is not None else str(path)
+    assert str(error).startswith(f"{expected_where}: ")
+
+
+@pytest.mark.parametrize("content", [pytest.param(c, id=i) for i, c, _, _ in BAD_JSON])
+def test_bad_json_reads_the_same_in_tiny_chunks(tmp_path, content):
+    path = write(tmp_path / "bad.json", content)
+    expected = read_error(path)
+    for chunk in range(1, 8):
+        with mock.patch.object(transcripts, "_CHUNK", chunk):
+            assert (read_error(path).reason, read_error(path).line) == (expected.reason, expected.line)
+
+
+def test_unknown_role_error_lists_every_allowed_role(tmp_path):
+    path = write(tmp_path / "r.jsonl", jsonl({"role": "narrator", "content": "b"}))
+    error = read_error(path)
+    assert all(role in str(error) for role in ROLE_ALIASES)
+
+
+def test_a_file_with_one_bad_session_yields_no_sessions(tmp_path):
+    good = {"messages": [{"role": "user", "content": "a"}]}
+    path = write(tmp_path / "s.jsonl", jsonl(good, good, good, {"messages": [{"role": "user", "content": None}]}))
+    assert read_error(path).line == 4
+
+
+# --- the shipped examples --------------------------------------------------
+
+
+def test_examples_cover_every_format_and_parse():
+    files = find_transcript_files([EXAMPLES])
+    assert [p.name for p in files] == [
+        "chat.jsonl", "notes.md", "openai.json", "sessions.jsonl", "sharegpt.json", "story.txt",
+    ]  # fmt: skip
+    by_file = {p.name: read_transcripts(p) for p in files}
+    formats = {t.metadata["format"] for ts in by_file.values() for t in ts}
+    assert formats == {"text", "jsonl-messages", "jsonl-sessions", "openai", "sharegpt"}
+    assert 3 <= len(by_file["chat.jsonl"][0].messages) <= 6
+    assert 2 <= len(by_file["sessions.jsonl"]) <= 3
+    assert all(p.stat().st_size < 1536 for p in files)
+    assert any(ord(c) > 0xFFFF for c in by_file["notes.md"][0].text)  # an emoji
+    assert any("\u4e00" <= c <= "\u9fff" for c in by_file["notes.md"][0].text)  # CJK
+
+
+def test_examples_share_a_system_prompt_for_prefix_sharing():
+    sessions = [t for p in find_transcript_files([EXAMPLES]) for t in read_transcripts(p) if t.messages]
+    system_prompts = [t.messages[0]["content"] for t in sessions if t.messages[0]["role"] == "system"]
+    assert len(system_prompts) > len(set(system_prompts))

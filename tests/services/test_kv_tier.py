@@ -1,0 +1,103 @@
+"""Tier K in the archive: codebooks trained on archived sessions, codes stored per trie node,
+restores built from them, the fidelity report, and stats."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kvdb.errors import InvalidArgument
+from kvdb_cli.main import main
+
+from support import CALIBRATION, KV, write
+
+
+def test_ingest_with_kv_restores_from_the_archive(kv_archive):
+    [r] = kv_archive.ingest(text="The harbour lights were lit at dusk and the ships came home one by one.", keep=KV, name="s")
+    st = kv_archive.stats()
+    assert st.bytes["kv"] > 0 and st.codebook_bytes == st.bytes["codebooks"] > 0
+    # tiny model: 2 layers x 2 KV heads x 16 dims; k2v1 stores 3 one-byte codes per head and layer
+    assert st.kv_ratio_vs_fp16 == pytest.approx((2 * 2 * 2 * 16 * 2) / st.bytes_per_token["kv"])
+    assert 10 < st.kv_ratio_vs_fp16 < 2 * 2 * 16 * 2 * 2 / (3 * 2 * 2)
+    restored = kv_archive.restore("s")
+    assert restored.mode == "archive" and restored.position == r.n_tokens
+    report = kv_archive.fidelity("s")
+    assert set(report) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report["probe_tokens"] == 32
+    assert 0 <= report["top1_agreement"] <= 1 and report["ppl_ratio"] > 0
+
+
+def test_short_prefix_is_all_exact_window(kv_archive):
+    """Sinks (4) and the recent window (32) are recomputed, so a 36-token restore is exact."""
+    [r] = kv_archive.ingest(text="A short session with under forty tokens.", keep=KV, name="short")
+    ids = kv_archive.tokens("short")
+    assert len(ids) > 36
+    archived = kv_archive.restore("short", at=36, mode="archive")
+    with torch.no_grad():
+        step = archived.model(torch.as_tensor(ids[36:37])[None], past_key_values=archived.cache).logits[0, -1]
+        fresh = archived.model(torch.as_tensor(ids[:37])[None]).logits[0, -1]
+    torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
+    head = "A common opening that two sessions share, long enough to be quantized. "
+    kv_archive.ingest(text=head + "Then the first one ends here.", keep=KV, name="a")
+    kv_archive.ingest(text=head + "But the second goes elsewhere.", keep=KV, name="b")  # cuts a's node
+    for name in ("a", "b"):
+        restored = kv_archive.restore(name, mode="archive")
+        np.testing.assert_array_equal(restored.tokens, kv_archive.tokens(name))
+        assert restored.cache.get_seq_length() == len(restored.tokens)
+
+
+def test_without_codebooks_or_tier_k(archive):
+    with pytest.raises(InvalidArgument, match="codebooks train"):
+        archive.ingest(text="no codebooks yet", keep=KV)
+    archive.ingest(text="plain session", name="plain")
+    assert archive.restore("plain").mode == "exact"
+    with pytest.raises(InvalidArgument, match="no tier K"):
+        archive.restore("plain", mode="archive")
+    with pytest.raises(InvalidArgument, match="archived positions"):
+        archive.train_codebooks(preset="k2v1", tokens=5000)
+
+
+def test_compact_drops_tier_k(kv_archive):
+    kv_archive.ingest(text="Compact this session's KV codes away, keep its tokens.", keep=KV, name="c")
+    kv_archive.compact("c", "tokens,search")
+    assert kv_archive.restore("c").mode == "exact"
+    assert kv_archive.stats().bytes["kv"] == 0
+
+
+def test_cli_codebooks_restore_archive_fidelity(tmp_path, tiny_model):
+    write(tmp_path / "calibration.txt", CALIBRATION)
+    write(tmp_path / "later.txt", "A later session, archived with its quantized KV cache for a fast restore.")
+    runner = CliRunner()
+    base = ["--db", str(tmp_path / "c.duckdb")]
+    env = {"KVDB_MODEL": tiny_model}
+    assert runner.invoke(main, [*base, "ingest", str(tmp_path / "calibration.txt")], env=env).exit_code == 0
+    trained = runner.invoke(main, [*base, "codebooks", "train", "--preset", "k2v1", "--tokens", "2000", "--json"], env=env)
+    assert trained.exit_code == 0 and json.loads(trained.stdout)["preset"] == "k2v1"
+    assert runner.invoke(main, [*base, "ingest", str(tmp_path / "later.txt"), "--keep", KV], env=env).exit_code == 0
+    out = runner.invoke(main, [*base, "restore", "later", "--mode", "archive", "--fidelity", "--max-new-tokens", "2", "--json"], env=env)
+    assert out.exit_code == 0, out.stderr
+    row = json.loads(out.stdout)
+    assert row["mode"] == "archive" and set(row["fidelity"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
+    stats = json.loads(runner.invoke(main, [*base, "stats", "--json"], env=env).stdout)
+    assert stats["bytes_per_token"]["kv"] > 0 and stats["kv_ratio_vs_fp16"] > 1 and stats["codebook_bytes"] > 0
+
+
+def test_shared_prefix_stored_without_kv_gets_it(kv_archive):
+    opening = "An opening line archived first without tier K. "
+    kv_archive.ingest(text=opening + "Plain ending.", name="plain")
+    kv_archive.ingest(text=opening + "An ending that wants a fast restore.", keep=KV, name="fast")
+    assert kv_archive.restore("fast").mode == "archive"
+    assert kv_archive.restore("plain").mode == "exact"  # its own tail node still has no tier K
+    assert kv_archive.verify(deep=True).ok
+
+
+def test_reingest_after_delete_asks_for_kv_again(kv_archive):
+    text = "Deleted, then archived again with tier K before gc ran."
+    kv_archive.ingest(text=text, name="again")
+    kv_archive.delete("again")
+    kv_archive.ingest(text=text, keep=KV, name="again")  # the node still exists: no new tokens, no scoring
+    assert kv_archive.restore("again").mode == "archive"

@@ -1,0 +1,167 @@
+"""Phrase search on a tiny byte-level model: every occurrence found, ranking, deletes, rebuilds."""
+
+import numpy as np
+import pytest
+
+import kvdb
+from kvdb import search as search_ops
+from kvdb import tokenizer as tok
+from kvdb.errors import InvalidArgument
+
+from support import write
+
+TEXTS = {
+    "harbour": "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, and the harbour lights answered.",
+    "garden": "In the garden the basil grew tall. The harbour lights were far away from the garden.",
+    "kitchen": "Lentils, onions and cumin simmer slowly. Nothing about lights here, only soup and bread.",
+    "log": "harbour lights harbour lights harbour lights",
+}
+
+
+@pytest.fixture
+def db(archive):
+    for name, text in TEXTS.items():
+        archive.ingest(text=text, name=name)
+    return archive
+
+
+def occurrences(db, phrase):
+    """Ground truth: (session_id, first position) of every token-level occurrence of the phrase."""
+    want = np.asarray(tok.encode(db.loaded_model.tokenizer, phrase))
+    found = set()
+    for s in db.sessions():
+        ids = db.tokens(s.session_id)
+        for i in range(len(ids) - len(want) + 1):
+            if np.array_equal(ids[i : i + len(want)], want):
+                found.add((s.session_id, i))
+    return found
+
+
+@pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk"])
+def test_every_occurrence_is_found(db, phrase):
+    truth = occurrences(db, phrase)
+    hits = db.search(phrase, k=len(truth) + 20, context=4)
+    exact = {(h.session_id, h.position) for h in hits if h.exact and h.query_tokens == len(phrase.encode())}
+    assert exact == truth
+    for h in hits:
+        assert phrase.endswith(h.match) or (" " + phrase).endswith(h.match)
+        assert db.text(h.session_id, h.position, h.position + h.match_tokens) == h.match
+        assert h.match in h.context
+
+
+def test_partial_matches_rank_below_full_ones(db):
+    hits = db.search("blue harbour lights", k=30, context=2)  # "blue " occurs nowhere before it
+    assert hits and not any(h.exact for h in hits)
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert hits[0].match.endswith("harbour lights") and hits[0].match_tokens >= len(" harbour lights")
+    mixed = db.search("lights", k=100)
+    grades = [h.exact for h in mixed]
+    assert grades == sorted(grades, reverse=True)  # every exact hit before every partial one
+
+
+def test_phrase_that_occurs_nowhere_has_no_exact_hit(db):
+    assert not any(h.exact for h in db.search("zebra quartz", k=10))
+
+
+def test_long_phrase_is_searched_in_chained_pieces(db):
+    phrase = "Lentils, onions and cumin simmer slowly."  # ~40 tokens, >> one point's capacity
+    [hit] = [h for h in db.search(phrase, k=5) if h.exact]
+    assert hit.name == "kitchen" and hit.position == 0 and hit.match == phrase
+    near = db.search("Lentils, onions and cumin simmer quickly.", k=3)
+    assert not any(h.exact for h in near)
+
+
+def test_deleted_sessions_are_never_returned(db):
+    gone = db.session("log").session_id
+    db.delete(gone)
+    assert all(h.session_id != gone for h in db.search("harbour lights", k=50))
+
+
+def test_rebuilt_index_answers_as_the_incremental_one(db):
+    before = [h.to_dict() for h in db.search("harbour lights", k=50)]
+    db.delete("garden")
+    after_delete = [h.to_dict() for h in db.search("harbour lights", k=50)]
+    report = db.rebuild_index()
+    assert report["sessions"] == len(TEXTS) - 1
+    assert [h.to_dict() for h in db.search("harbour lights", k=50)] == after_delete
+    assert len(before) > len(after_delete)
+
+
+def test_missing_or_damaged_sidecar_is_rebuilt(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text=TEXTS["harbour"], name="harbour")
+        expected = [h.to_dict() for h in db.search("harbour lights", k=10)]
+    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
+    sidecar.write_bytes(sidecar.read_bytes()[:-7] + b"garbage")
+    with kvdb.open(path, model=tiny_model) as db:
+        assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
+    sidecar.unlink()
+    with kvdb.open(path, model=tiny_model) as db:
+        assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
+
+
+def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
+    """A crash after the sidecar was written but before the commit leaves them disagreeing."""
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text=TEXTS["harbour"], name="harbour")
+    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
+    old = sidecar.read_bytes()
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text=TEXTS["garden"], name="garden")
+    sidecar.write_bytes(old)  # the index now misses the garden session
+    with kvdb.open(path, model=tiny_model) as db:
+        assert {h.name for h in db.search("the garden", k=10) if h.exact} == {"garden"}
+
+
+def test_hit_position_restores(db):
+    hit = next(h for h in db.search("harbour lights", k=5) if h.exact)
+    restored = db.restore(hit.session_id, at=hit.position)
+    assert restored.position == hit.position
+    assert db.text(hit.session_id, hit.position, hit.position + hit.match_tokens) == "harbour lights"
+
+
+def test_session_filter(db):
+    only = db.search("harbour lights", k=50, session="garden")
+    assert only and {h.name for h in only} == {"garden"}
+
+
+def test_clear_errors_and_empty_archive(archive, db):
+    with pytest.raises(InvalidArgument, match="empty search phrase"):
+        db.search("   ")
+    with pytest.raises(InvalidArgument, match="at most"):
+        db.search("x" * (search_ops.MAX_PHRASE_TOKENS + 1))
+
+
+def test_empty_archive_returns_nothing(tmp_path, tiny_model):
+    with kvdb.open(tmp_path / "empty.duckdb", model=tiny_model) as db:
+        assert db.search("anything") == []
+
+
+def test_cli_search(tmp_path, tiny_model):
+    import json
+
+    from click.testing import CliRunner
+
+    from kvdb_cli.main import main
+
+    write(tmp_path / "t" / "harbour.txt", TEXTS["harbour"])
+    runner = CliRunner()
+    args = ["--db", str(tmp_path / "c.duckdb")]
+    env = {"KVDB_MODEL": tiny_model}
+    empty = runner.invoke(main, [*args, "search", "lights"], env=env)
+    assert empty.exit_code == 1 and "archive is empty" in empty.stderr
+    assert runner.invoke(main, [*args, "ingest", str(tmp_path / "t")], env=env).exit_code == 0
+    out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--json"], env=env)
+    assert out.exit_code == 0
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(rows) == 3 and all(set(r) == {"session_id", "position", "match_tokens", "query_tokens", "score", "exact", "context"} for r in rows)
+    assert all(r["exact"] and "harbour lights" in r["context"] for r in rows)
+    human = runner.invoke(main, [*args, "search", "harbour lights", "-k", "1"], env=env)
+    assert human.stdout.startswith("harbour ") and " @" in human.stdout and "[exact]" in human.stdout
+    none = runner.invoke(main, [*args, "search", "qqqzzz", "--json"], env=env)
+    assert none.exit_code == 1 and not any(json.loads(l)["exact"] for l in none.stdout.splitlines())
+    rebuilt = runner.invoke(main, [*args, "index", "rebuild", "--json"], env=env)
+    assert rebuilt.exit_code == 0 and json.loads(rebuilt.stdout)["sessions"] == 1

@@ -1,0 +1,201 @@
+"""The prefix trie: shared prefixes stored once, turns appended cheaply, deletes that never break
+a session that shares nodes, and d_T as a sum along the path."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvdb
+from kvdb import tokenizer as tok
+from kvdb import model as lm_ops
+from kvdb import trie
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph."}
+TURNS = [
+    {"role": "user", "content": "How far is the Moon?"},
+    {"role": "assistant", "content": "About 384,400 km on average."},
+    {"role": "user", "content": "And the Sun?"},
+    {"role": "assistant", "content": "About 150 million km, one astronomical unit."},
+]
+
+
+class ForwardCounter:
+    """Counts the tokens the model is run over."""
+
+    def __init__(self, model):
+        self.tokens = 0
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.tokens += ids.shape[-1]
+
+    def close(self):
+        self.handle.remove()
+
+
+def chat_ids(archive, messages):
+    return np.asarray(tok.encode(archive.loaded_model.tokenizer, lm_ops.render_messages(archive.loaded_model.tokenizer, messages)))
+
+
+def test_shared_system_prompt_is_stored_once(archive):
+    a = archive.ingest(messages=[SYSTEM, TURNS[0]], name="moon")[0]
+    b = archive.ingest(messages=[SYSTEM, {"role": "user", "content": "How far is Mars?"}], name="mars")[0]
+    st = archive.stats()
+    shared = trie.common_prefix(archive.tokens(a.session_id), archive.tokens(b.session_id))
+    assert shared > 60
+    assert st.tokens == a.n_tokens + b.n_tokens
+    assert st.stored_tokens == a.n_tokens + b.n_tokens - shared
+    for r, messages in ((a, [SYSTEM, TURNS[0]]), (b, [SYSTEM, {"role": "user", "content": "How far is Mars?"}])):
+        assert archive.text(r.session_id) == lm_ops.render_messages(archive.loaded_model.tokenizer, messages)
+    [prefix] = archive.prefixes()
+    assert prefix.tokens == shared and prefix.sessions == 2
+
+
+def test_one_more_turn_stores_and_computes_only_the_turn(archive):
+    first = archive.ingest(messages=[SYSTEM, *TURNS[:2]], name="t2")[0]
+    stored_before = archive.stats().stored_tokens
+    counter = ForwardCounter(archive.loaded_model.model)
+    try:
+        second = archive.ingest(messages=[SYSTEM, *TURNS], name="t4")[0]
+    finally:
+        counter.close()
+    new = second.n_tokens - first.n_tokens
+    assert archive.stats().stored_tokens == stored_before + new
+    assert counter.tokens <= new + 1  # the turn, plus the last shared token whose logits predict it
+    expected, _ = lm_ops.score(archive.loaded_model.model, archive.tokens(second.session_id))
+    np.testing.assert_allclose(archive.logprobs(second.session_id), expected, atol=1e-4)
+
+
+def test_a_prefix_of_an_archived_session_needs_no_model_run(archive):
+    long = archive.ingest(text="abcdefghijklmnopqrstuvwxyz", name="long")[0]
+    counter = ForwardCounter(archive.loaded_model.model)
+    try:
+        short = archive.ingest(text="abcdefghij", name="short")[0]
+    finally:
+        counter.close()
+    assert counter.tokens == 0
+    assert archive.text("short") == "abcdefghij" and archive.text("long") == "abcdefghijklmnopqrstuvwxyz"
+    assert archive.stats().stored_tokens == long.n_tokens
+    np.testing.assert_array_equal(archive.logprobs(short.session_id), archive.logprobs(long.session_id)[:10])
+
+
+def test_delete_and_gc_never_break_a_sharing_session(archive):
+    common = "The harbour lights were lit at dusk. "
+    a = archive.ingest(text=common + "Ships came home.", name="a")[0]
+    b = archive.ingest(text=common + "Nobody sailed.", name="b")[0]
+    archive.delete("a")
+    assert archive.text("b") == common + "Nobody sailed."
+    assert all(h.session_id != a.session_id for h in archive.search("Ships came home", k=20))
+    freed = archive.gc()
+    assert freed["nodes"] == 1 and freed["tokens"] == len("Ships came home.")
+    assert archive.text("b") == common + "Nobody sailed."
+    assert {h.name for h in archive.search("harbour lights", k=5) if h.exact} == {"b"}
+    restored = archive.restore("b", at=b.n_tokens - 1)
+    ids = archive.tokens("b")
+    with torch.no_grad():
+        step = restored.model(torch.as_tensor(ids[-1:])[None], past_key_values=restored.cache).logits[0, -1]
+        fresh = restored.model(torch.as_tensor(ids)[None]).logits[0, -1]
+    torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+    assert archive.gc()["nodes"] == 0
+    again = archive.ingest(text=common + "Ships came home.", name="a again")[0]
+    assert again.session_id == a.session_id and archive.text(again.session_id) == common + "Ships came home."
+
+
+def test_deleted_session_revived_before_gc_is_searchable(archive):
+    archive.ingest(text="alpha beta gamma", name="x")
+    archive.delete("x")
+    archive.ingest(text="alpha beta gamma", name="x")
+    assert [h.name for h in archive.search("beta gamma", k=3) if h.exact] == ["x"]
+
+
+def test_prefix_bits_add_up_along_the_path(archive):
+    common = "Once upon a time, in a quiet village, "
+    archive.ingest(text=common + "a baker sang.", name="a")
+    archive.ingest(text=common + "a cat slept.", name="b")
+    shared = trie.common_prefix(archive.tokens("a"), archive.tokens("b"))
+    expected = -archive.logprobs("a")[:shared].sum(dtype=np.float64) / np.log(2)
+    assert archive.prefix_bits("a", "b") == pytest.approx(expected)
+    assert archive.prefix_bits("a", "b") == pytest.approx(archive.prefix_bits("b", "a"))
+    whole = -archive.logprobs("a").sum(dtype=np.float64) / np.log(2)
+    assert archive.prefix_bits("a", "a") == pytest.approx(whole)
+    assert 0 < archive.prefix_bits("a", "b") < whole
+
+
+def test_search_finds_phrases_across_node_boundaries(archive):
+    archive.ingest(text="red green blue yellow", name="one")
+    archive.ingest(text="red green purple", name="two")  # splits the first node after "red green "
+    hits = [h for h in archive.search("green blue", k=5) if h.exact]
+    assert [(h.name, h.position) for h in hits] == [("one", 4)]
+    hits = [h for h in archive.search("green purple", k=5) if h.exact]
+    assert [(h.name, h.position) for h in hits] == [("two", 4)]
+    shared = {h.name for h in archive.search("red green", k=5) if h.exact}
+    assert len(shared) == 1  # stored once, reported once
+
+
+def test_trie_survives_reopen(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="shared start, then one", name="one")
+        db.ingest(text="shared start, then two", name="two")
+    with kvdb.open(path, model=tiny_model) as db:
+        assert db.text("one") == "shared start, then one" and db.text("two") == "shared start, then two"
+        assert db.stats().stored_tokens < db.stats().tokens
+
+
+MORE = [{"role": "user", "content": "And Mars?"}, {"role": "assistant", "content": "From 55 to 400 million km."}]
+
+
+def _ingest_in_new_archive(path, model, messages):
+    """An Archive of its own, as another process would have: nothing of the last one in memory."""
+    with kvdb.open(path, model=model) as db:
+        counter = ForwardCounter(db.loaded_model.model)
+        try:
+            [result] = db.ingest(messages=messages)
+        finally:
+            counter.close()
+        expected, _ = lm_ops.score(db.loaded_model.model, db.tokens(result.session_id))
+        np.testing.assert_allclose(db.logprobs(result.session_id), expected, atol=1e-4)
+    with kvdb.open(path, read_only=True) as db:  # the prefix cache is written when the ingesting archive closes
+        return result, counter.tokens, db.stats().bytes["prefix_cache"]
+
+
+def test_a_turn_ingested_by_another_process_computes_only_the_turn(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    first, _, cached = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS[:2]])
+    assert cached == 0  # one session is no conversation yet
+    second, computed, cached = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS])
+    assert computed > second.n_tokens - first.n_tokens + 1 and cached > 0  # prefilled once, then kept
+    third, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE])
+    assert computed <= third.n_tokens - second.n_tokens + 1
+
+
+def test_a_damaged_or_disabled_prefix_cache_costs_time_never_correctness(tmp_path, tiny_model, monkeypatch):
+    path = tmp_path / "a.duckdb"
+    _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS[:2]])
+    second, _, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS])
+    [entry] = (tmp_path / "a.duckdb.prefix").iterdir()
+    data = bytearray(entry.read_bytes())
+    data[-3] ^= 0x10
+    entry.write_bytes(bytes(data))
+    third, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE])
+    assert computed >= third.n_tokens - 1  # the damaged entry was not trusted: the prefix was prefilled
+    entries = sorted((tmp_path / "a.duckdb.prefix").iterdir())
+    monkeypatch.setenv("KVDB_PREFIX_CACHE_MB", "0")
+    fourth, computed, _ = _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS, *MORE, *TURNS[:2]])
+    assert computed >= fourth.n_tokens - 1  # nothing read while disabled...
+    assert sorted((tmp_path / "a.duckdb.prefix").iterdir()) == entries  # ...and nothing written
+
+
+def test_gc_deletes_the_prefix_cache_of_deleted_conversations(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    for turns in (TURNS[:2], TURNS):
+        with kvdb.open(path, model=tiny_model) as db:
+            db.ingest(messages=[SYSTEM, *turns], name=f"t{len(turns)}")
+    assert len(list((tmp_path / "a.duckdb.prefix").iterdir())) == 1
+    with kvdb.open(path, model=tiny_model) as db:
+        db.delete("t2")
+        assert db.gc()["prefix_cache_entries"] == 0  # t4's entry: its session is alive
+        db.delete("t4")
+        assert db.gc()["prefix_cache_entries"] == 1
+    assert list((tmp_path / "a.duckdb.prefix").iterdir()) == []

@@ -1,0 +1,273 @@
+"""The storage contract: what every backend behind kvdb.storage.Storage must do, checked the
+same way on each (the ``backend`` fixture names them). Rows in, rows out; plans all or nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kvdb import fractal, trie
+from kvdb.errors import ArchiveError
+from kvdb.storage import Storage, open_storage
+from kvdb.storage.base import (
+    AddKV,
+    CollectGarbage,
+    DeleteSession,
+    DropTiers,
+    IndexState,
+    ModelRow,
+    NewNode,
+    PutCodebooks,
+    PutModel,
+    ReplaceIndexState,
+    SessionRow,
+    SessionWrite,
+    Split,
+    utc_now,
+)
+
+ALPHABET = 300
+MODEL = ModelRow("m" * 32, "tiny", "w" * 64, "t" * 64, {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16})
+BACKENDS = ["duckdb-file"]
+
+
+@pytest.fixture(params=BACKENDS)
+def location(request, tmp_path):
+    """Where a fresh archive of this backend lives (a new one per test)."""
+    return tmp_path / "contract.duckdb"
+
+
+@pytest.fixture
+def storage(location):
+    store = open_storage(location)
+    store.apply(PutModel(MODEL))
+    yield store
+    store.close()
+
+
+def ids_of(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
+
+
+def logprobs_of(ids: np.ndarray) -> np.ndarray:
+    return -np.linspace(0.5, 3.0, len(ids)).astype(np.float32)
+
+
+def session_write(name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), **node) -> SessionWrite:
+    """A session whose node holds ids[matched:], under ``parent`` (the path's node before it)."""
+    sid = trie.path_id(MODEL.model_id, ids)
+    row = SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
+    new = NewNode(sid, parent, matched, ids[matched:], logprobs_of(ids)[matched:], frozenset(keep), **node) if matched < len(ids) else None
+    return SessionWrite(row, ALPHABET, split, new)
+
+
+def add(storage: Storage, name: str, ids: np.ndarray, **kw) -> str:
+    write = session_write(name, ids, **kw)
+    storage.apply(write)
+    return write.session.session_id
+
+
+def branch(storage: Storage, name: str, ids: np.ndarray, keep=frozenset({"tokens", "search"}), **node) -> str:
+    """Add a session where the trie says it attaches, cutting the node it diverges in."""
+    match = trie.longest_prefix(storage, MODEL.model_id, ids)
+    split, parent = None, None
+    if match.node is not None and match.offset < match.node.n_tokens:
+        parent = trie.path_id(MODEL.model_id, ids[: match.matched])
+        split = Split(match.node.node_id, parent, match.offset)
+    elif match.node is not None:
+        parent = match.node.node_id
+    return add(storage, name, ids, parent=parent, matched=match.matched, split=split, keep=keep, **node)
+
+
+def test_a_fresh_archive_is_empty(storage):
+    assert storage.list_sessions() == [] and storage.shared_nodes() == [] and storage.node_shapes() == []
+    assert storage.byte_counts()["sessions"] == 0 and storage.byte_counts()["token_bytes"] == 0
+    assert storage.get_session("nope") is None and not storage.has_session("nope")
+    assert storage.index_state("k") is None and storage.index_keys() == []
+
+
+def test_models_register_once(storage):
+    storage.apply(PutModel(dataclasses.replace(MODEL, name="renamed")))  # the same id again: kept as first written
+    assert storage.get_model(MODEL.model_id) == MODEL
+    assert storage.model_ids_with_tokenizer(MODEL.tokenizer_hash) == [MODEL.model_id]
+    assert storage.tokenizer_hashes() == [MODEL.tokenizer_hash]
+    assert storage.get_model("other") is None
+
+
+def test_a_session_reads_back_whole_and_in_ranges(storage):
+    ids = ids_of("the harbour lights at night " * 20)
+    sid = add(storage, "story", ids)
+    [row] = storage.list_sessions()
+    assert (row.session_id, row.name, row.n_tokens, row.metadata) == (sid, "story", len(ids), {"kind": "text"})
+    assert storage.has_session(sid) and storage.get_session(sid) == row
+    assert storage.match_sessions("story") == [row] and storage.match_sessions(sid[:6]) == [row] and storage.match_sessions("zz") == []
+    np.testing.assert_array_equal(storage.load_tokens(sid), ids)
+    np.testing.assert_array_equal(storage.load_tokens(sid, 7, 333), ids[7:333])
+    np.testing.assert_allclose(storage.load_logprobs(sid), logprobs_of(ids))
+    [node] = storage.node_path(sid)
+    assert (node.node_id, node.parent_id, node.start, node.n_tokens, node.refcount, node.keep) == (sid, None, 0, len(ids), 1, {"tokens", "search"})
+    assert storage.children(None, MODEL.model_id, int(ids[0])) == [node] and storage.children(None, MODEL.model_id, int(ids[0]) + 1) == []
+    assert storage.nodes_of([MODEL.model_id]) == [node]
+    assert storage.node_shapes() == [(node, ALPHABET, fractal.DEFAULT_BLOCK)]
+    assert storage.max_alphabet([MODEL.model_id]) == ALPHABET
+    assert storage.logprob_lengths() == {sid: len(ids)}
+    blocks = fractal.blocks_for_range(0, len(ids), fractal.DEFAULT_BLOCK)
+    assert set(storage.load_blocks([(sid, k) for k in blocks])) == {(sid, k) for k in blocks}
+    counts = storage.byte_counts()
+    assert counts["sessions"] == 1 and counts["tokens"] == counts["stored_tokens"] == len(ids) and counts["logprob_bytes"] == 4 * len(ids)
+
+
+def test_a_split_keeps_both_paths_and_their_tiers(storage):
+    a = ids_of("shared system prompt; then one story " * 4)
+    b = np.concatenate([a[:50], ids_of("another turn entirely, longer than before")])
+    sid_a = add(storage, "a", a, kv=("books", {16: np.arange(len(a) * 3) % 16}))
+    storage.apply(ReplaceIndexState(IndexState("k", ALPHABET, 4, len(a), 1, {sid_a: 0})))
+    sid_b = branch(storage, "b", b)
+    path_a, path_b = storage.node_path(sid_a), storage.node_path(sid_b)
+    assert path_a[0] == path_b[0] and path_a[0].n_tokens == 50 and path_a[0].refcount == 2
+    assert [n.refcount for n in path_a[1:] + path_b[1:]] == [1, 1]
+    assert storage.shared_nodes() == [path_a[0]]
+    np.testing.assert_array_equal(storage.load_tokens(sid_a), a)
+    np.testing.assert_array_equal(storage.load_tokens(sid_b), b)
+    np.testing.assert_allclose(storage.load_logprobs(sid_a), logprobs_of(a))
+    head_kv, tail_kv = storage.node_kv(path_a[0].node_id), storage.node_kv(sid_a)
+    np.testing.assert_array_equal(np.concatenate([head_kv[1][16], tail_kv[1][16]]), np.arange(len(a) * 3) % 16)
+    runs = {r[0]: r[1:] for r in storage.slot_runs("k")}  # the index's slot run is cut with the node
+    assert runs == {path_a[0].node_id: (0, 50, 0), sid_a: (50, len(a) - 50, 50)}
+
+
+def test_tier_l_only_nodes_get_their_tokens_back(storage):
+    ids = ids_of("coded against the model only " * 3)
+    sid = add(storage, "lm", ids, keep={"lm"}, lm=b"KL-payload")
+    [node] = storage.node_path(sid)
+    assert node.keep == {"lm"} and storage.node_lm_payload(sid) == b"KL-payload"
+    with pytest.raises(ValueError, match="no token blocks"):
+        storage.node_tokens(sid)
+    storage.apply(DropTiers({}, {sid: (ids, logprobs_of(ids))}))
+    np.testing.assert_array_equal(storage.node_tokens(sid), ids)
+    assert storage.node_path(sid)[0].keep == {"lm", "tokens"}
+
+
+def test_dropping_and_adding_tiers(storage):
+    ids = ids_of("a session that will lose tiers " * 3)
+    sid = add(storage, "s", ids, keep={"tokens", "search", "lm"}, lm=b"payload")
+    storage.apply(DropTiers({sid: {"search", "lm"}}))
+    assert storage.node_path(sid)[0].keep == {"tokens"} and storage.node_lm_payload(sid) is None
+    storage.apply(PutCodebooks("books", MODEL.model_id, "k2v1", b"codebook bytes"))
+    storage.apply(AddKV(sid, "books", {16: np.arange(len(ids)) % 16}))
+    assert storage.node_path(sid)[0].keep == {"tokens", "kv"}
+    codebook_id, streams = storage.node_kv(sid)
+    assert codebook_id == "books" and list(streams) == [16]
+    assert storage.codebooks_for(MODEL.model_id) == ("books", b"codebook bytes") and storage.codebook_data("books") == b"codebook bytes"
+    assert storage.dangling_references() == []
+    assert storage.byte_counts()["kv_tokens"] == len(ids)
+
+
+def test_delete_then_collect_garbage(storage):
+    a = ids_of("the common beginning, then a " * 3)
+    b = np.concatenate([a[:40], ids_of("different ending")])
+    sid_a, sid_b = add(storage, "a", a), None
+    sid_b = branch(storage, "b", b)
+    storage.apply(DeleteSession(sid_a))
+    assert [s.session_id for s in storage.list_sessions()] == [sid_b]
+    assert storage.node_path(sid_b)[0].refcount == 1 and storage.node_path(sid_a)[-1].refcount == 0
+    freed = storage.apply(CollectGarbage())
+    assert freed["nodes"] == 1 and freed["tokens"] == len(a) - 40 and freed["token_bytes"] > 0
+    assert storage.node_path(sid_a) == [] and len(storage.node_shapes()) == 2
+    np.testing.assert_array_equal(storage.load_tokens(sid_b), b)
+
+
+def test_index_state_round_trips(storage):
+    ids = ids_of("indexed tokens " * 4)
+    sid = add(storage, "s", ids)
+    storage.apply(ReplaceIndexState(IndexState("k", ALPHABET, 4, len(ids), 3, {sid: 0})))
+    assert storage.index_state("k") == IndexState("k", ALPHABET, 4, len(ids), 3, {sid: 0})
+    assert storage.index_generation("k") == (3, len(ids)) and storage.index_keys() == ["k"]
+    assert storage.slot_runs("k") == [(sid, 0, len(ids), 0)]
+    storage.apply(DeleteSession(sid))
+    assert storage.slot_runs("k") == []  # a node nobody uses drops out of search at once
+
+
+def test_stored_blobs_and_their_sample(storage):
+    ids = np.arange(5 * fractal.DEFAULT_BLOCK) % 250
+    sid = add(storage, "s", ids)
+    every = list(storage.stored_blobs("tokens"))
+    assert len(every) == len(fractal.blocks_for_range(0, len(ids), fractal.DEFAULT_BLOCK)) and {b[0] for b in every} == {sid}
+    assert 0 < len(list(storage.stored_blobs("tokens", sample=2))) < len(every)
+
+
+def test_dangling_references_name_what_is_missing(location):
+    store = open_storage(location)
+    try:
+        sid = add(store, "orphan", ids_of("no model row for this one"))
+        assert ("session", sid, "model", MODEL.model_id) in store.dangling_references()
+    finally:
+        store.close()
+
+
+def test_version_moves_on_writes_not_on_reads(storage):
+    before = storage.version()
+    storage.list_sessions()
+    storage.release()
+    storage.list_sessions()
+    assert storage.version() == before
+    add(storage, "s", ids_of("a write"))
+    assert storage.version() != before
+
+
+def test_version_moves_when_another_client_writes(storage, location):
+    storage.list_sessions()
+    storage.release()  # hand the lock back, as ingest does while the model works
+    before = storage.version()
+    other = open_storage(location)
+    try:
+        add(other, "from elsewhere", ids_of("written by another client"))
+    finally:
+        other.close()
+    assert storage.version() != before
+    assert [s.name for s in storage.list_sessions()] == ["from elsewhere"]
+
+
+def test_release_and_hold(storage):
+    storage.list_sessions()
+    assert storage.held_for() >= 0.0
+    storage.release()
+    assert storage.held_for() == 0.0
+    assert storage.list_sessions() == []  # the next call takes the storage again
+
+
+def test_a_failed_plan_changes_nothing(storage):
+    ids = ids_of("tokens and too few log-probabilities")
+    write = session_write("bad", ids)
+    broken = dataclasses.replace(write, node=dataclasses.replace(write.node, logprobs=write.node.logprobs[:-1]))
+    with pytest.raises(ValueError):
+        storage.apply(broken)
+    assert storage.list_sessions() == [] and storage.node_shapes() == []
+    add(storage, "first", ids)
+    again = session_write("again", ids_of("a node that must not outlive the failed write"))
+    clash = dataclasses.replace(again, session=dataclasses.replace(again.session, session_id=storage.list_sessions()[0].session_id))
+    with pytest.raises(Exception):  # the session row clashes after the node's rows went in: all of it rolls back
+        storage.apply(clash)
+    assert [s.name for s in storage.list_sessions()] == ["first"] and len(storage.node_shapes()) == 1
+
+
+def test_read_only_refuses_plans_but_repairs_derived_data(storage, location):
+    add(storage, "s", ids_of("one session"))
+    storage.close()
+    reader = open_storage(location, read_only=True)
+    try:
+        with pytest.raises(ArchiveError, match="read-only"):
+            reader.apply(DeleteSession(reader.list_sessions()[0].session_id))
+        with reader.writable():
+            reader.apply(ReplaceIndexState(IndexState("k", ALPHABET, 4, 0, 1, {})))
+        assert reader.index_generation("k") == (1, 0) and reader.read_only
+    finally:
+        reader.close()
+
+
+def test_derived_paths_sit_beside_the_archive(storage):
+    index, prefix = storage.derived_path(".index"), storage.derived_path(".prefix")
+    assert index != prefix and index.parent == prefix.parent
+    assert storage.describe() and storage.footprint() > 0

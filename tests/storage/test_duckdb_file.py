@@ -1,0 +1,94 @@
+"""The store: alembic creates and upgrades the schema; foreign or newer files are refused clearly."""
+
+import duckdb
+import pytest
+import sqlalchemy as sa
+
+from kvdb.errors import ArchiveError, NewerArchiveError
+from kvdb.storage import schema
+from kvdb.storage.duckdb_file import DuckDBFile
+from kvdb.storage.migrate import script_directory
+
+HEAD = script_directory()[0].get_current_head()
+
+
+def test_the_tables_name_the_head_revision():
+    """An archive at schema.REVISION opens without alembic: it must be the newest migration."""
+    assert schema.REVISION == HEAD
+
+
+def test_new_archive_is_migrated_to_head(tmp_path):
+    store = DuckDBFile(tmp_path / "a.duckdb")
+    try:
+        assert store.schema_revision() == HEAD
+        tables = set(sa.inspect(store.engine).get_table_names())
+        assert {"models", "sessions", "nodes", "token_streams", "token_blocks", "node_logprobs", "alembic_version"} <= tables
+        assert set(store.byte_counts().values()) == {0}
+    finally:
+        store.close()
+
+
+def test_reopening_keeps_revision(tmp_path):
+    DuckDBFile(tmp_path / "a.duckdb").close()
+    store = DuckDBFile(tmp_path / "a.duckdb")
+    assert store.schema_revision() == HEAD
+    store.close()
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "a.duckdb"
+    DuckDBFile(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("update alembic_version set version_num = 'ffff-from-the-future'")
+    con.close()
+    with pytest.raises(NewerArchiveError, match="newer kvdb"):
+        DuckDBFile(path)
+
+
+def test_foreign_duckdb_file_is_refused(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("create table customers (id integer)")
+    con.close()
+    with pytest.raises(ArchiveError, match="not a kvdb archive"):
+        DuckDBFile(path)
+
+
+def test_non_database_file_is_refused(tmp_path):
+    path = tmp_path / "notes.duckdb"
+    path.write_text("just some text, not a database\n" * 100)
+    with pytest.raises(ArchiveError, match="cannot open archive"):
+        DuckDBFile(path)
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(ArchiveError, match="is a directory"):
+        DuckDBFile(tmp_path)
+
+
+def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from kvdb.errors import ArchiveLocked
+
+    path = tmp_path / "a.duckdb"
+    DuckDBFile(path).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); print('ready', flush=True); import time; time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        with pytest.raises(ArchiveLocked, match=rf"in use by process {holder.pid}.*waited 0.5s"):
+            DuckDBFile(path, lock_timeout=0.5)
+        assert time.monotonic() - start >= 0.5
+    finally:
+        holder.kill()
+        holder.wait()
+    DuckDBFile(path, lock_timeout=5).close()  # once the holder is gone the archive opens again
+    assert os.path.exists(path)

@@ -1,0 +1,77 @@
+"""What tests share besides fixtures: a tiny model to build, transcript writers, and the one
+place a test looks at what is stored beneath the public API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "transcripts"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama over a byte-level tokenizer (256 bytes + 3 specials): any unicode round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        vocab[special] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", bos_token="<|im_start|>", unk_token="<|endoftext|>", pad_token="<|im_end|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        bos_token_id=vocab["<|im_start|>"],
+        eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<|im_end|>"],
+    )
+    model = LlamaForCausalLM(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+CALIBRATION = (
+    "Residual vector quantization stores each key and value as a few codebook indices. "
+    "The archive keeps them per trie node, and a restore rebuilds the cache without a forward pass. "
+) * 4
+KV = "tokens,search,kv"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    return write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def storage_of(archive):
+    """The archive's storage backend: tests that check the stored trie itself (which nodes hold
+    which tiers, how often the file was opened) read it here; the public API does not show nodes."""
+    return archive._storage

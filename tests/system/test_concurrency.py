@@ -1,0 +1,134 @@
+"""Several processes on one archive: read-only opens share the file, and an ingest lets the
+file go while its model works (taking into account what others wrote meanwhile)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import kvdb
+import kvdb.services.ingesting
+from kvdb import model as lm_ops
+from kvdb.errors import ArchiveError, ArchiveLocked
+from kvdb.storage.duckdb_file import DuckDBFile
+
+from support import storage_of, write_jsonl
+
+READER = "from kvdb.storage.duckdb_file import DuckDBFile; print(len(DuckDBFile({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
+
+
+def _hold(path, read_only: bool) -> subprocess.Popen:
+    code = f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}, read_only={read_only}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(30)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "ready"
+    return holder
+
+
+def test_read_only_opens_share_the_file_and_exclude_a_writer(tmp_path):
+    path = tmp_path / "a.duckdb"
+    DuckDBFile(path).close()
+    holder = _hold(path, read_only=True)
+    try:
+        reader = DuckDBFile(path, lock_timeout=0.5, read_only=True)
+        assert reader.list_sessions() == []
+        reader.close()
+        with pytest.raises(ArchiveLocked, match="read-only"):
+            DuckDBFile(path, lock_timeout=0.5).list_sessions()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_read_only_archive_refuses_writes_before_any_work(tmp_path, tiny_model):
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text="hello there", name="one")
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model, read_only=True) as db:
+        assert [s.name for s in db.sessions()] == ["one"]
+        assert [h.session_id for h in db.search("hello") if h.exact] == [db.session("one").session_id]
+        with pytest.raises(ArchiveError, match="open read-only; open it without read_only=True"):
+            db.ingest(text="more", name="two")
+        with pytest.raises(ArchiveError, match="read-only"):
+            db.delete("one")
+        assert db.restore("one").position == db.session("one").n_tokens
+
+
+def test_read_only_open_of_a_missing_archive_creates_an_empty_one(tmp_path):
+    with kvdb.open(tmp_path / "new.duckdb", read_only=True) as db:
+        assert db.sessions() == []
+    assert (tmp_path / "new.duckdb").exists()
+
+
+def test_read_only_search_rebuilds_a_missing_index(tmp_path, tiny_model):
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text="the quick brown fox", name="fox")
+    for f in (tmp_path / "a.duckdb.index").iterdir():
+        f.unlink()
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model, read_only=True) as db:
+        assert [h.position for h in db.search("brown") if h.exact] == [10]
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        assert db.verify(deep=True).ok
+
+
+def test_ingest_lets_readers_in_while_the_model_works(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setattr(kvdb.services.ingesting, "SHORT_WORK_TOKENS", 0)  # these sessions are short; the real threshold is 128 tokens
+    path = tmp_path / "a.duckdb"
+    seen = []
+    score = lm_ops.score
+
+    def score_while_another_process_reads(*args, **kwargs):
+        reader = subprocess.run([sys.executable, "-c", READER.format(path=str(path))], capture_output=True, text=True)
+        seen.append((reader.returncode, reader.stdout.strip(), reader.stderr.strip()[-300:]))
+        return score(*args, **kwargs)
+
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="first session", name="first")
+        monkeypatch.setattr(lm_ops, "score", score_while_another_process_reads)
+        db.ingest(text="second session", name="second")
+    assert seen == [(0, "1", "")]
+
+
+def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_path, tiny_model, monkeypatch):
+    """While this ingest's model runs, another writer splits the node it was going to extend:
+    the ingest redoes its plan against the new trie, and every session stays whole."""
+    monkeypatch.setattr(kvdb.services.ingesting, "SHORT_WORK_TOKENS", 0)
+    path = tmp_path / "a.duckdb"
+    prompt = "System: you are a careful assistant who answers briefly.\n"
+    texts = {"base": prompt + "User: hi", "grown": prompt + "User: hi\nAssistant: hello", "other": prompt + "User: bye"}
+    score = lm_ops.score
+    interleaved, calls = [], []
+
+    def score_while_another_writer_ingests(*args, **kwargs):
+        calls.append(True)
+        if not interleaved:
+            interleaved.append(True)
+            with kvdb.open(path, model=tiny_model) as other:
+                other.ingest(text=texts["other"], name="other")  # splits the node "grown" extends
+        return score(*args, **kwargs)
+
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text=texts["base"], name="base")
+        monkeypatch.setattr(lm_ops, "score", score_while_another_writer_ingests)
+        [result] = db.ingest(text=texts["grown"], name="grown")
+        assert result.status == "ingested" and interleaved
+        assert len(calls) == 3  # this ingest, the other writer's, and this one again against the new trie
+        assert {s.name: db.text(s.session_id) for s in db.sessions()} == texts
+        assert db.verify(deep=True).ok
+        assert [h.session_id for h in db.search("careful") if h.exact] == [db.session("base").session_id]  # the shared prefix, once
+        assert db.stats().stored_tokens < sum(len(t.encode()) for t in texts.values())
+
+
+def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monkeypatch):
+    """Reconnecting costs ~30 ms: within one ingest, short sessions in a fresh hold keep the
+    file and a long one lets it go; once held long enough, even short work lets it go."""
+    sessions = [{"name": n, "messages": [{"role": "user", "content": c}]} for n, c in (("a", "hi"), ("b", "yo"), ("c", "long " * 40))]
+    path = write_jsonl(tmp_path / "three.jsonl", sessions)
+    opened = []
+    for hold in (60.0, 0.0):
+        monkeypatch.setattr(kvdb.services.ingesting, "HOLD_SECONDS", hold)
+        with kvdb.open(tmp_path / f"{hold}.duckdb", model=tiny_model) as db:
+            before = storage_of(db).connections
+            assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
+            opened.append(storage_of(db).connections - before)
+    assert opened == [2, 4]  # a held through a and b, let go for c; or let go for each

@@ -1,0 +1,88 @@
+"""The archive kvdb 0.1.0 wrote (tests/fixtures/archive_v0_1_0) opens with today's kvdb, through
+the public API, and gives back what 0.1.0 recorded in its expected.json: every session's
+tokens and text, the search hits, the restores by each tier, a clean deep verify.
+
+The folder is copied first: opening may migrate, and the committed files must stay as 0.1.0
+wrote them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvdb
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "archive_v0_1_0"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    copy = tmp_path / FIXTURE.name
+    shutil.copytree(FIXTURE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    return copy
+
+
+def open_copy(folder: Path, read_only: bool = False) -> kvdb.Archive:
+    return kvdb.open(folder / "archive.duckdb", model=str(folder / "model"), read_only=read_only)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokens_sha256(ids: np.ndarray) -> str:
+    return sha256(np.asarray(ids, dtype="<i4").tobytes())
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_every_session_reads_back(folder, read_only):
+    with open_copy(folder, read_only) as db:
+        sessions = db.sessions()
+        assert [(s.name, s.session_id, s.n_tokens, s.source) for s in sessions] == [
+            (e["name"], e["session_id"], e["n_tokens"], e["source"]) for e in EXPECTED["sessions"]
+        ]
+        assert {s.model_id for s in sessions} == {EXPECTED["model_id"]}
+        for s, e in zip(sessions, EXPECTED["sessions"], strict=True):
+            assert sha256(db.text(s.session_id).encode()) == e["text_sha256"], s.name
+            ids = db.tokens(s.session_id)
+            assert len(ids) == e["n_tokens"] and tokens_sha256(ids) == e["tokens_sha256"], s.name
+            assert db.session(s.name).session_id == e["session_id"]
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_search_finds_what_it_found(folder, read_only):
+    search = EXPECTED["search"]
+    with open_copy(folder, read_only) as db:
+        hits = db.search(search["phrase"], k=search["k"])
+    exact = [h.exact for h in hits]
+    assert exact == sorted(exact, reverse=True), "full matches come first"
+    assert sorted([h.name, h.session_id, h.position] for h in hits if h.exact) == search["exact_hits"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED["restore"]))
+def test_restore_continues_as_it_did(folder, name):
+    """notes restores exactly (a prefill of the token tier), tier-k from its KV codes, tier-l by
+    decoding its tier-L payload. Machine-dependent, like every tier-L decode: tier-l decodes only
+    where the one-token forward pass computes as on the machine that wrote the fixture (see
+    kvdb/lmcode.py), and each continuation is greedy decoding of that machine's logits."""
+    expected = EXPECTED["restore"][name]
+    with open_copy(folder) as db:
+        restored = db.restore(name, at=expected["at"], mode=expected["mode"])
+        assert (restored.mode, restored.position) == (expected["mode"], expected["position"])
+        assert tokens_sha256(restored.tokens) == expected["tokens_sha256"]
+        assert db.generate(restored, max_new_tokens=EXPECTED["continue_tokens"]) == expected["continuation"]
+
+
+def test_deep_verify_finds_nothing_wrong(folder):
+    with open_copy(folder) as db:
+        report = db.verify(deep=True)
+    assert report.ok, report.problems
+    assert report.checked["sessions"] == len(EXPECTED["sessions"])
+    assert not report.notes, "the search sidecar 0.1.0 wrote was rebuilt: today's kvdb did not accept it"
