@@ -19,28 +19,28 @@ from kvdb.model import LoadedModel
 from kvdb.records import RestoredSession
 
 
-def restore_exact(lm: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
+def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
     """The cache of ``prefix`` (a session's first tokens), recomputed by one chunked prefill."""
     start = time.perf_counter()
-    cache = lm_ops.prefill(lm.model, prefix)
-    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
+    cache = lm_ops.prefill(loaded.model, prefix)
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
 
 
 def restore_archive(
-    lm: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float
+    loaded: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float
 ) -> RestoredSession:
     """The cache from de-quantized tier K (pre-RoPE keys): the attention sinks and the most recent
     positions are recomputed from the tokens (measured best: docs/decisions/0009-tier-k-exact-window.md), the rest is read."""
-    cache = capture.restore_cache(lm.model, prefix, keys, values, pre_rope=True)
-    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
+    cache = capture.restore_cache(loaded.model, prefix, keys, values, pre_rope=True)
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
 
 
 @torch.no_grad()
-def fidelity(lm: LoadedModel, archived_cache, exact_cache, probe: np.ndarray) -> dict:
+def fidelity(loaded: LoadedModel, archived_cache, exact_cache, probe: np.ndarray) -> dict:
     """Top-1 agreement and perplexity ratio of the archived cache against the exact one, over the
     session's own tokens ``probe`` (the first of which follows the restored prefix)."""
-    logp_a, top_a = capture.teacher_forced(lm.model, archived_cache, probe)
-    logp_e, top_e = capture.teacher_forced(lm.model, exact_cache, probe)
+    logp_a, top_a = capture.teacher_forced(loaded.model, archived_cache, probe)
+    logp_e, top_e = capture.teacher_forced(loaded.model, exact_cache, probe)
     return {
         "top1_agreement": round(float(np.mean(top_a == top_e)), 4),
         "ppl_ratio": round(float(np.exp(np.mean(logp_e) - np.mean(logp_a))), 4),
@@ -48,7 +48,7 @@ def fidelity(lm: LoadedModel, archived_cache, exact_cache, probe: np.ndarray) ->
     }
 
 
-def restore_decode(lm: LoadedModel, session_id: str, parts: list[bytes | np.ndarray], at: int) -> RestoredSession:
+def restore_decode(loaded: LoadedModel, session_id: str, parts: list[bytes | np.ndarray], at: int) -> RestoredSession:
     """Tokens and cache rebuilt along a path's nodes, root first: a tier-L payload is decoded
     given the context its parent left; a node given as tokens (one without tier L) is stepped
     through the same way, so the contexts are the ones the encoder saw."""
@@ -56,26 +56,26 @@ def restore_decode(lm: LoadedModel, session_id: str, parts: list[bytes | np.ndar
     context, pieces = None, []
     for part in parts:
         if isinstance(part, np.ndarray):
-            ids, context = part, lmcode.context_for(lm.model, part, context=context)
+            ids, context = part, lmcode.context_for(loaded.model, part, context=context)
         else:
-            ids, context = lmcode.decode(lm.model, part, context=context)
+            ids, context = lmcode.decode(loaded.model, part, context=context)
         pieces.append(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    cache = context.cache if context is not None else lm_ops.prefill(lm.model, tokens[:0])
+    cache = context.cache if context is not None else lm_ops.prefill(loaded.model, tokens[:0])
     if len(tokens) > at:
         cache.crop(at - len(tokens))
-    return RestoredSession(session_id, lm.model, lm.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
 
 
-def continuation_ids(lm: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:
+def continuation_ids(loaded: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:
     """The tokens a prompt adds: a new user turn for chat sessions, the text itself otherwise."""
     if not prompt:
         return np.zeros(0, dtype=np.int64)
-    text = lm_ops.user_turn_suffix(lm.tokenizer, prompt) if chat else prompt
-    return np.asarray(tok.encode(lm.tokenizer, text), dtype=np.int64)
+    text = lm_ops.user_turn_suffix(loaded.tokenizer, prompt) if chat else prompt
+    return np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)
 
 
-def continue_restored(lm: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int) -> str:
+def continue_restored(loaded: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int) -> str:
     """Greedy continuation after the restored tokens (and the prompt, if any)."""
     if max_new_tokens < 1:
         raise InvalidArgument(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -85,5 +85,5 @@ def continue_restored(lm: LoadedModel, restored: RestoredSession, prompt_ids: np
     if len(prompt_ids) == 0:
         # generate() needs one token it has not seen; hand it the last restored one again.
         restored.cache.crop(-1)
-    new = lm_ops.generate(lm.model, lm.tokenizer, restored.cache, ids, max_new_tokens)
-    return lm.tokenizer.decode(new, skip_special_tokens=True)
+    new = lm_ops.generate(loaded.model, loaded.tokenizer, restored.cache, ids, max_new_tokens)
+    return loaded.tokenizer.decode(new, skip_special_tokens=True)

@@ -84,25 +84,25 @@ class Ingester:
         """Archive the sessions of one source in two passes over it, so that memory holds one
         session at a time however large the file: the first checks every session (a failure
         anywhere writes nothing), the second archives them one by one."""
-        lm = self._models.get()
-        planned = sum(len(self._render(lm, item)) for item in sessions())
+        loaded = self._models.get()
+        planned = sum(len(self._render(loaded, item)) for item in sessions())
         if progress:
             progress(0, planned)
         results = []
         try:
             for item in sessions():
-                ids = self._render(lm, item)
-                results.append(self._ingest_one(lm, item, ids, optional))
+                ids = self._render(loaded, item)
+                results.append(self._ingest_one(loaded, item, ids, optional))
                 if progress:
                     progress(len(ids), 0)
         finally:
             self._storage.release()  # done writing: other processes need not wait for this object's next call
         return results
 
-    def _ingest_one(self, lm, item, ids: np.ndarray, optional: frozenset[str]) -> IngestResult:
+    def _ingest_one(self, loaded, item, ids: np.ndarray, optional: frozenset[str]) -> IngestResult:
         """Store only what the trie does not hold yet, computing the model only over it."""
         began = time.perf_counter()
-        model_id = lm.identity.model_id
+        model_id = loaded.identity.model_id
         session_id = trie.path_id(model_id, ids)
 
         def tokens_of(node: NodeRow) -> np.ndarray:  # this session's prefix is the context a tier-L node decodes in
@@ -114,7 +114,7 @@ class Ingester:
             match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
             grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
             planned_on = self._storage.version()
-            write, cache = self._session_write(lm, item, session_id, ids, match, optional)
+            write, cache = self._session_write(loaded, item, session_id, ids, match, optional)
             if self._storage.version() == planned_on:
                 break
             again = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
@@ -123,18 +123,18 @@ class Ingester:
         if write.node is None or "search" not in write.node.keep:
             self._storage.apply(write)
         else:
-            tok_hash = lm.identity.tokenizer_hash
+            tok_hash = loaded.identity.tokenizer_hash
             self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
         if "kv" in optional:
-            self._tier_k().complete(lm, session_id, ids, cache)
+            self._tier_k().complete(loaded, session_id, ids, cache)
         if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
             self._keep_prefix(session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
 
-    def _session_write(self, lm, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
+    def _session_write(self, loaded, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
         """(what the session adds to the storage, the model's cache over it): reads first, then
         the model's work with the file let go."""
-        model_id = lm.identity.model_id
+        model_id = loaded.identity.model_id
         split_tokens = None
         if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
             split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
@@ -150,23 +150,23 @@ class Ingester:
         split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
             parent_id = trie.path_id(model_id, ids[: match.matched])
-            split, lm_context = self._tier_l.split(lm, match, ids, parent_id, split_tokens)
+            split, lm_context = self._tier_l.split(loaded, match, ids, parent_id, split_tokens)
         elif match.node is not None:
             parent_id = match.node.node_id
         cache, tokens_back = None, {}
         if first < len(ids):
-            logprobs, cache = self._score_suffix(lm, ids, first, resumable)
+            logprobs, cache = self._score_suffix(loaded, ids, first, resumable)
             tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in back}
         if match.matched < len(ids):
-            payload = self._tier_l.encode(lm, ids, match.matched, lm_context) if "lm" in optional else None
-            kv = self._tier_k().codes(lm, cache, match.matched) if "kv" in optional else None
+            payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in optional else None
+            kv = self._tier_k().codes(loaded, cache, match.matched) if "kv" in optional else None
             node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv)
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
-        if item.text is not None and tok.decode(lm.tokenizer, ids) != item.text:
+        if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:
             # This tokenizer does not round-trip the text; keep it verbatim so `show` stays exact.
             metadata["text"] = item.text
         row = SessionRow(session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
-        alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))
+        alphabet = max(loaded.model.config.vocab_size, len(loaded.tokenizer))
         return SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache
 
     def _keep_prefix(self, session_id: str, ids: np.ndarray, cache) -> None:
@@ -177,7 +177,7 @@ class Ingester:
             self._prefix_cache.save(pending[0], pending[2])
         self._pending_prefix = (session_id, ids, cache)
 
-    def _score_suffix(self, lm, ids: np.ndarray, start: int, resumable: list[str]):
+    def _score_suffix(self, loaded, ids: np.ndarray, start: int, resumable: list[str]):
         """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
         session ingested in this process, else from the prefix cache on disk (the deepest of the
         ``resumable`` path nodes it holds), else prefilling it."""
@@ -186,23 +186,23 @@ class Ingester:
         if fed > 0 and self._recent is not None and np.array_equal(self._recent[0][:fed], ids[:fed]):
             cache, held = copy.deepcopy(self._recent[1]), len(self._recent[0])
         elif fed > 0:
-            held, cache = self._prefix_cache.load(lm.model, resumable) or (0, None)
+            held, cache = self._prefix_cache.load(loaded.model, resumable) or (0, None)
         if cache is not None and held > fed:
             cache.crop(fed - held)
         if cache is not None and held < fed:  # held only an earlier turn: compute the rest onto it
-            cache = lm_ops.prefill(lm.model, ids[:fed], cache=cache)
-        logprobs, cache = lm_ops.score(lm.model, ids, start=start, cache=cache)
+            cache = lm_ops.prefill(loaded.model, ids[:fed], cache=cache)
+        logprobs, cache = lm_ops.score(loaded.model, ids, start=start, cache=cache)
         self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
         return logprobs, cache
 
-    def _render(self, lm, item) -> np.ndarray:
+    def _render(self, loaded, item) -> np.ndarray:
         """The session's token ids, refused when empty or longer than the model can attend to
         (a cache past its context would restore a state the model was never trained on)."""
-        text = item.text if item.text is not None else lm_ops.render_messages(lm.tokenizer, item.messages)
-        ids = np.asarray(tok.encode(lm.tokenizer, text), dtype=np.int64)
+        text = item.text if item.text is not None else lm_ops.render_messages(loaded.tokenizer, item.messages)
+        ids = np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)
         if len(ids) == 0:
             raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
-        context = self._models.context_tokens(lm)
+        context = self._models.context_tokens(loaded)
         if len(ids) > context:
             raise TranscriptError(item.source, f"renders to {len(ids):,} tokens, more than the {context:,} of the model's context; split it into smaller sessions")
         return ids

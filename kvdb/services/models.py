@@ -51,16 +51,16 @@ class ModelProvider:
 
     def for_session(self, row: SessionRow):
         """The model, refused (with what to pass instead) unless it is the one the session was archived with."""
-        lm = self.get()
-        if lm.identity.model_id != row.model_id:
+        loaded = self.get()
+        if loaded.identity.model_id != row.model_id:
             archived = self._storage.get_model(row.model_id)
             was = archived.name if archived else row.model_id
             raise ModelMismatch(
                 f"session {row.session_id[:12]} ({row.name}) was archived with model {was!r} "
-                f"(id {row.model_id[:12]}), but this archive is open with {lm.identity.name!r} "
-                f"(id {lm.identity.model_id[:12]}); pass --model {was!r}"
+                f"(id {row.model_id[:12]}), but this archive is open with {loaded.identity.name!r} "
+                f"(id {loaded.identity.model_id[:12]}); pass --model {was!r}"
             )
-        return lm
+        return loaded
 
     def tokenizer_for(self, row: SessionRow):
         """The archive's tokenizer, checked against the one the session was archived with."""
@@ -81,5 +81,5 @@ class ModelProvider:
         return tok.decode(tokenizer, ids)
 
     @staticmethod
-    def context_tokens(lm) -> int:
-        return int(getattr(lm.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS)
+    def context_tokens(loaded) -> int:
+        return int(getattr(loaded.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS)

@@ -31,7 +31,7 @@ class Restorer:
         row = self._reader.resolve(ref)
         at = row.n_tokens if at is None else at
         clip_range(row, 0, at)
-        lm = self._models.for_session(row)
+        loaded = self._models.for_session(row)
         path = self._storage.node_path(row.session_id)
         nodes = [n for n in path if n.start < at]
         if mode == "auto" and nodes and all("kv" in n.keep for n in nodes):
@@ -43,11 +43,11 @@ class Restorer:
         tokens = self._reader.path_tokens(row, 0, at, path)
         if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
             self._storage.release()  # the forward passes need nothing more from the file
-            return restore_ops.restore_exact(lm, row.session_id, tokens)
+            return restore_ops.restore_exact(loaded, row.session_id, tokens)
         start = time.perf_counter()
         keys, values = self._tier_k.arrays(row, nodes, at)
         self._storage.release()
-        return restore_ops.restore_archive(lm, row.session_id, tokens, keys, values, start)
+        return restore_ops.restore_archive(loaded, row.session_id, tokens, keys, values, start)
 
     def fidelity(self, ref: str, at: int | None = None, probe: int = 32) -> dict:
         """Restore both ways ``probe`` tokens before ``at`` and teacher-force the session's next
@@ -64,7 +64,7 @@ class Restorer:
 
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily; consumes ``restored.cache``."""
-        lm = self._models.get()
+        loaded = self._models.get()
         chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
-        prompt_ids = restore_ops.continuation_ids(lm, prompt, chat)
-        return restore_ops.continue_restored(lm, restored, prompt_ids, max_new_tokens)
+        prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat)
+        return restore_ops.continue_restored(loaded, restored, prompt_ids, max_new_tokens)

@@ -78,19 +78,19 @@ class Searcher:
             raise InvalidArgument("empty search phrase; give some text to look for")
         from kvdb import semantic as semantic_ops  # runs the model
 
-        lm = self._models.get()
-        layers = lm.model.config.num_hidden_layers
+        loaded = self._models.get()
+        layers = loaded.model.config.num_hidden_layers
         layer = layers // 2 if layer is None else layer
         if not 0 <= layer < layers:
             raise InvalidArgument(f"layer must be from 0 to {layers - 1}, got {layer}")
-        ids = np.asarray(tok.encode(lm.tokenizer, phrase), dtype=np.int64)
-        model_id = lm.identity.model_id
+        ids = np.asarray(tok.encode(loaded.tokenizer, phrase), dtype=np.int64)
+        model_id = loaded.identity.model_id
         nodes, offsets, vectors = self._derived.get(("semantic", model_id, layer), lambda: self._semantic_table(semantic_ops, model_id, layer))
         if not len(nodes):
             return []
         names, view = self._trie_view()
         hits = []
-        rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(lm.model, ids, layer), 4 * k)
+        rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(loaded.model, ids, layer), 4 * k)
         for row, score in zip(rows, scores):
             node = view.nodes[nodes[row]]
             session_id = view.owner.get(node.node_id)
@@ -99,7 +99,7 @@ class Searcher:
             position = node.start + int(offsets[row])
             lo, hi = max(0, position - context), position + 1 + context
             window = self._storage.load_tokens(session_id, lo, min(hi, view.path(session_id)[-1].end))
-            decode = lambda a, b: tok.decode(lm.tokenizer, window[a - lo : b - lo])  # noqa: E731
+            decode = lambda a, b: tok.decode(loaded.tokenizer, window[a - lo : b - lo])  # noqa: E731
             hits.append(
                 Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False,
                     decode(lo, position), decode(position, position + 1), decode(position + 1, hi), float(score))

@@ -36,15 +36,15 @@ class TierK:
             self._books[codebook_id] = quant.Codebooks.from_bytes(self._storage.codebook_data(codebook_id))
         return codebook_id, self._books[codebook_id]
 
-    def codes(self, lm, cache, start: int, end: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
+    def codes(self, loaded, cache, start: int, end: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
         """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code streams."""
-        codebook_id, books = self.codebooks(lm.identity.model_id)
+        codebook_id, books = self.codebooks(loaded.identity.model_id)
         keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
-            keys = capture.apply_rope(lm.model, keys, start, inverse=True)
+            keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
         return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
 
-    def complete(self, lm, session_id: str, ids: np.ndarray, cache) -> None:
+    def complete(self, loaded, session_id: str, ids: np.ndarray, cache) -> None:
         """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
         holds the whole session; a session that added no node prefills one), so the new session
         restores from the archive end to end."""
@@ -52,34 +52,34 @@ class TierK:
         if missing and cache is None:
             from kvdb import model as lm_ops
 
-            cache = lm_ops.prefill(lm.model, ids)
+            cache = lm_ops.prefill(loaded.model, ids)
         for node in missing:
-            self._storage.apply(AddKV(node.node_id, *self.codes(lm, cache, node.start, node.end)))
+            self._storage.apply(AddKV(node.node_id, *self.codes(loaded, cache, node.start, node.end)))
 
     def train(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
         (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed)."""
-        lm = self._models.get()
+        loaded = self._models.get()
         start = time.perf_counter()
         keys, values, used = [], [], 0
         for row in self._storage.list_sessions():
-            if row.model_id != lm.identity.model_id or used >= tokens:
+            if row.model_id != loaded.identity.model_id or used >= tokens:
                 continue
             ids = self._reader.path_tokens(row, 0, min(row.n_tokens, tokens - used + capture.SINKS))
-            k, v = capture.capture(lm.model, ids, pre_rope=True)
+            k, v = capture.capture(loaded.model, ids, pre_rope=True)
             keys.append(k[:, :, capture.SINKS :])
             values.append(v[:, :, capture.SINKS :])
             used += k.shape[2] - capture.SINKS
-        largest = max(size for kind in quant.allocation(preset, lm.model.config.num_hidden_layers).values() for stage in kind for size in stage)
+        largest = max(size for kind in quant.allocation(preset, loaded.model.config.num_hidden_layers).values() for stage in kind for size in stage)
         if used < largest:
             raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions; this archive has {used}")
         books = quant.train(
             {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, preset, pre_rope=True, niter=niter,
-            meta={"model_id": lm.identity.model_id, "tokens": used},
+            meta={"model_id": loaded.identity.model_id, "tokens": used},
         )
         data = books.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
-        self._storage.apply(PutCodebooks(codebook_id, lm.identity.model_id, preset, data))
+        self._storage.apply(PutCodebooks(codebook_id, loaded.identity.model_id, preset, data))
         return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
 
     def arrays(self, row: SessionRow, nodes: list[NodeRow], at: int) -> tuple[np.ndarray, np.ndarray]:

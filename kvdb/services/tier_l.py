@@ -26,22 +26,22 @@ class TierL:
         self._recent = None  # (ids, lmcode.Context) after the last session coded
         self._decoded: dict = {}  # tokens decoded: by session id, or by (node id, start, length)
 
-    def encode(self, lm, ids: np.ndarray, start: int, context=None) -> bytes:
+    def encode(self, loaded, ids: np.ndarray, start: int, context=None) -> bytes:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
         ended exactly there, as a conversation ingested turn by turn does; else recomputed)."""
-        context = context if context is not None else self.context(lm, ids, start)
-        payload, after = lmcode.encode_with_context(lm.model, ids[start:], context=context)
+        context = context if context is not None else self.context(loaded, ids, start)
+        payload, after = lmcode.encode_with_context(loaded.model, ids[start:], context=context)
         self._recent = (ids, after) if len(ids) <= RECENT_CACHE_TOKENS else None
         return payload
 
-    def context(self, lm, ids: np.ndarray, length: int):
+    def context(self, loaded, ids: np.ndarray, length: int):
         if length == 0:
             return None
         if self._recent is not None and len(self._recent[0]) == length and np.array_equal(self._recent[0], ids[:length]):
             return self._recent[1]
-        return lmcode.context_for(lm.model, ids[:length])
+        return lmcode.context_for(loaded.model, ids[:length])
 
-    def split(self, lm, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
+    def split(self, loaded, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
         """(the Split of the node the new session diverges in, the tier-L context after its head).
 
         A node with tier L (its ``tokens`` given) gets both halves re-coded, since a range-coded
@@ -50,14 +50,14 @@ class TierL:
         node = match.node
         if "lm" not in node.keep:
             return Split(node.node_id, head_id, match.offset), None
-        parent = self.context(lm, ids, node.start)
-        head, after_head = lmcode.encode_with_context(lm.model, tokens[: match.offset], context=parent)
-        tail = lmcode.encode(lm.model, tokens[match.offset :], context=after_head)
+        parent = self.context(loaded, ids, node.start)
+        head, after_head = lmcode.encode_with_context(loaded.model, tokens[: match.offset], context=parent)
+        tail = lmcode.encode(loaded.model, tokens[match.offset :], context=after_head)
         if "tokens" in node.keep:
             return Split(node.node_id, head_id, match.offset, head, tail), after_head
         from kvdb import model as lm_ops
 
-        logprobs, _ = lm_ops.score(lm.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
+        logprobs, _ = lm_ops.score(loaded.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
         return Split(node.node_id, head_id, match.offset, head, tail, tokens, logprobs), after_head
 
     def node_tokens(self, node: NodeRow, before: np.ndarray) -> np.ndarray:
@@ -66,9 +66,9 @@ class TierL:
             return self._storage.node_tokens(node.node_id)
         key = (node.node_id, node.start, node.n_tokens)
         if key not in self._decoded:
-            lm = self._models.get()
-            context = self.context(lm, before, len(before))
-            self._decoded[key], _ = lmcode.decode(lm.model, self._storage.node_lm_payload(node.node_id), context=context)
+            loaded = self._models.get()
+            context = self.context(loaded, before, len(before))
+            self._decoded[key], _ = lmcode.decode(loaded.model, self._storage.node_lm_payload(node.node_id), context=context)
         return self._decoded[key]
 
     def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:

@@ -16,10 +16,15 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import registry
 
 from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.storage import schema
 from kvdb.storage.sql import SqlStorage
+
+# Named here, SQLAlchemy finds the dialect without scanning every installed package's entry
+# points (~12 ms of a read-only command's start).
+registry.register("duckdb", "duckdb_engine", "Dialect")
 
 
 class DuckDBFile(SqlStorage):

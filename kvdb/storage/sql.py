@@ -6,6 +6,7 @@ version behave; the queries are the same on a DuckDB file and on a DuckLake cata
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Iterator
 
@@ -38,8 +39,9 @@ class SqlStorage(Storage):
     """Reads as queries; ``apply`` runs a plan's edits in one write transaction."""
 
     @property
+    @abc.abstractmethod
     def engine(self) -> sa.Engine:
-        raise NotImplementedError
+        """The engine, connected (a backend with a lock takes it here)."""
 
     def _write(self):
         """A write transaction; refused on a read-only storage with a message saying what to do."""

@@ -4,6 +4,7 @@ command's time otherwise): run in-process in a fresh interpreter, then sys.modul
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,12 +42,13 @@ def test_read_commands_import_neither_torch_nor_transformers(archive_path, tiny_
         db + ["show", "harbour", "--model", tiny_model],
         db + ["search", "harbour lights", "--model", tiny_model],
         db + ["stats"],
-        db + ["prefixes"],
+        db + ["prefixes"],  # decodes with $KVDB_MODEL's tokenizer
         db + ["verify"],
         db + ["delete", "sea"],
         db + ["gc"],
     ]
-    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, KVDB_MODEL=tiny_model)
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(report["codes"].values()) == {0}, report  # every command ran and succeeded
