@@ -1,20 +1,20 @@
 """CLI start-up: the wall time of each command that must not load the model, as a fresh process,
 beside ``python -c "import duckdb"`` (the floor any command pays).
 
-    .venv/bin/python benchmarks/cli.py [--reps 3] [--source DIR] [--label TEXT] [--no-results]
+    .venv/bin/python benchmarks/cli.py [--reps 5] [--before DIR] [--label TEXT] [--no-results]
 
 First builds a small archive with the CLI (``kvdb ingest`` of a few transcripts from
-examples/transcripts on the embedded model), then times, in one run, ``--reps`` repetitions of
-each command (median and min): ``--help``, ``sessions``, ``show``, lexical ``search``, ``stats``,
+examples/transcripts on the embedded model), then times, in one run and round-robin, ``--reps``
+repetitions of each command (median): ``--help``, ``sessions``, ``show``, lexical ``search``, ``stats``,
 ``prefixes``, ``verify``, ``delete`` and ``gc``. ``delete`` and ``gc`` run on a fresh copy of
 the archive each repetition (the copy is not timed; ``gc`` gets a copy with one session already
 deleted, so it has prefixes to free). Each command also runs once untimed, in-process through
 the click entry point, to record whether it imported torch or transformers (that run is the
 warm-up). Target: every command within 6x the baseline.
 
-``--source DIR`` runs the CLI from another source tree (a checkout, or ``git archive`` of a
-commit, unpacked), e.g. to measure the code before a change. Appends a section to
-benchmarks/RESULTS.md unless ``--no-results``.
+``--before DIR`` also times the CLI of another source tree (a checkout, or ``git archive`` of a
+commit, unpacked), side by side with the installed one, e.g. the code before a change. Appends
+a section to benchmarks/RESULTS.md unless ``--no-results``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ TRANSCRIPTS = Path(__file__).resolve().parents[1] / "examples" / "transcripts"
 INGESTED = ("sessions.jsonl", "chat.jsonl", "story.txt", "notes.md")  # 3 sessions sharing a system prompt, and 3 more
 PHRASE = "lighthouse keeper"  # in story.txt
 TARGET = 6.0  # at most this many times the baseline
+FLOOR = "import duckdb_engine, sqlalchemy, numpy, click"  # what any command of this stack imports before its own code
 HEAVY = ("torch", "transformers")
 # Runs the click entry point in-process, then writes which heavy modules it imported to $KVDB_BENCH_IMPORTS.
 PROBE = (
@@ -55,22 +56,23 @@ PROBE = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="timed repetitions per command")
-    parser.add_argument("--source", type=Path, default=None, help="run the CLI from this source tree instead of the installed one")
-    parser.add_argument("--label", default="", help="said in the heading, e.g. 'before the architecture refactor'")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per command and tree")
+    parser.add_argument("--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)")
+    parser.add_argument("--label", default="", help="what --before is, said in the heading")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     started = time.monotonic()
+    trees = {"after": None, **({"before": args.before} if args.before else {})}
     with tempfile.TemporaryDirectory(prefix="kvdb-cli-bench-") as tmp:
         tmp = Path(tmp)
-        env = _env(tmp, args.source)
+        envs = {name: _env(tmp / name, source) for name, source in trees.items()}
         base = tmp / "base" / "archive.duckdb"
         base.parent.mkdir()
-        _kvdb(["ingest", *(str(TRANSCRIPTS / name) for name in INGESTED)], base, env)
-        listed = [json.loads(line) for line in _kvdb(["sessions", "--json"], base, env).splitlines()]
+        _kvdb(["ingest", *(str(TRANSCRIPTS / name) for name in INGESTED)], base, envs["after"])
+        listed = [json.loads(line) for line in _kvdb(["sessions", "--json"], base, envs["after"]).splitlines()]
         session = listed[-1]["session_id"]
         deleted = _copy(base, tmp / "deleted")  # gc's starting point: one session gone, its prefixes unreferenced
-        _kvdb(["delete", listed[0]["session_id"]], deleted, env)
+        _kvdb(["delete", listed[0]["session_id"]], deleted, envs["after"])
         commands = [  # (label, argv, archive each repetition starts from, fresh copy per repetition)
             ("kvdb --help", ["--help"], base, False),
             ("kvdb sessions", ["sessions"], base, False),
@@ -82,37 +84,48 @@ def main() -> None:
             ("kvdb delete SESSION", ["delete", session], base, True),
             ("kvdb gc", ["gc"], deleted, True),
         ]
-        baseline = [_timed([sys.executable, "-c", "import duckdb"], env, tmp) for _ in range(args.reps)]
-        rows = []
-        for label, argv, archive, fresh in commands:
-            imports = _imports(argv, _copy(archive, tmp / "probe") if fresh else archive, env, tmp)
-            times = []
-            for i in range(args.reps):
-                db = _copy(archive, tmp / f"rep{i}") if fresh else archive
-                times.append(_timed([_kvdb_script(), "--db", str(db), *argv], env, tmp))
-            rows.append((label, times, imports))
+        imports = {
+            (label, name): _imports(argv, _copy(archive, tmp / "probe") if fresh else archive, env, tmp)
+            for label, argv, archive, fresh in commands
+            for name, env in envs.items()
+        }
+        times: dict = {}
+        baseline, floor = [], []
+        for rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
+            baseline.append(_timed([sys.executable, "-c", "import duckdb"], envs["after"], tmp))
+            floor.append(_timed([sys.executable, "-c", FLOOR], envs["after"], tmp))
+            for label, argv, archive, fresh in commands:
+                for name, env in envs.items():
+                    db = _copy(archive, tmp / f"rep-{name}") if fresh else archive
+                    times.setdefault((label, name), []).append(_timed([_kvdb_script(), "--db", str(db), *argv], env, tmp))
     base_median = statistics.median(baseline)
+    before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
     lines = [
-        f"\n## CLI start-up per command{', ' + args.label if args.label else ''} ({time.strftime('%Y-%m-%d')})\n",
+        f"\n## CLI start-up per command ({time.strftime('%Y-%m-%d')})\n",
         f"`{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
-        f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'torch', 'transformers', 'tokenizers')))}; "
-        f"{'CLI from ' + str(args.source) if args.source else 'installed CLI'}; archive of {len(listed)} sessions "
+        f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'sqlalchemy', 'torch', 'transformers', 'tokenizers')))}; "
+        f"after: the installed CLI{before}; archive of {len(listed)} sessions "
         f"({sum(s['n_tokens'] for s in listed):,} tokens) ingested from examples/transcripts with SmolLM2-135M-Instruct; "
-        f"each command a fresh process, {args.reps} repetitions; delete and gc on a fresh copy each time (copy not timed); "
-        f"imports seen by one in-process run of the click entry point"
+        f"each command a fresh process, {args.reps} repetitions, round-robin over commands and trees; delete and gc on a fresh "
+        f"copy each time (copy not timed); imports seen by one in-process run of the click entry point"
         f"{'; PYTHONDONTWRITEBYTECODE set, so kvdb compiles its own modules at each start' if os.environ.get('PYTHONDONTWRITEBYTECODE') else ''}. "
         f"Target: every command at most {TARGET:g}x the baseline `python -c \"import duckdb\"` "
         f"(median {base_median:.3f} s, min {min(baseline):.3f} s). Benchmark run {time.monotonic() - started:.0f} s.\n",
-        "| command | median s | min s | x baseline (median) | within target | imports torch | imports transformers |",
-        "|---|---:|---:|---:|---|---|---|",
-        f"| `python -c \"import duckdb\"` (baseline) | {base_median:.3f} | {min(baseline):.3f} | 1.0 |  |  |  |",
     ]
-    for label, times, imports in rows:
-        ratio = statistics.median(times) / base_median
-        lines.append(
-            f"| `{label}` | {statistics.median(times):.3f} | {min(times):.3f} | {ratio:.1f} | {'yes' if ratio <= TARGET else 'no'} "
-            f"| {'yes' if imports['torch'] else 'no'} | {'yes' if imports['transformers'] else 'no'} |"
-        )
+    names = list(trees)[::-1]  # before first, when there is one
+    header = " | ".join(f"{n} median s | {n} x baseline | {n} imports torch, transformers" for n in names)
+    lines += [f"| command | {header} | after within target |", "|---|" + "---:|---:|---|" * len(names) + "---|"]
+    lines.append(f"| `python -c \"import duckdb\"` (baseline) | " + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
+    floor_median = statistics.median(floor)
+    lines.append(f"| `python -c \"{FLOOR}\"` (the stack's floor) | " + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |")
+    for label, *_ in commands:
+        cells = []
+        for name in names:
+            median = statistics.median(times[(label, name)])
+            heavy = ", ".join(m for m in HEAVY if imports[(label, name)][m]) or "neither"
+            cells.append(f"{median:.3f} | {median / base_median:.1f} | {heavy}")
+        within = statistics.median(times[(label, "after")]) / base_median <= TARGET
+        lines.append(f"| `{label}` | {' | '.join(cells)} | {'yes' if within else 'no'} |")
     if args.no_results:
         print("\n".join(lines))
     else:
@@ -121,6 +134,7 @@ def main() -> None:
 
 def _env(tmp: Path, source: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("KVDB_DB", "KVDB_MODEL", "PYTHONPATH")}
+    tmp.mkdir(parents=True, exist_ok=True)
     env["KVDB_BENCH_IMPORTS"] = str(tmp / "imports.json")
     if source is not None:  # the import names the editable install maps to folders of another name
         shim = tmp / "source"

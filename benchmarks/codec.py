@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
 from kvdb import fractal  # noqa: E402
+from kvdb import search_points  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import describe  # noqa: E402
@@ -249,8 +250,8 @@ def random_access(tokens: np.ndarray, lengths: list[int], samples: int, rng) -> 
 
 def relaxed_capacity(alphabet: int, dim: int, dtype) -> int:
     """Capacity if the walk only kept a gap (m = k + 1), giving up exact radius search."""
-    side = fractal.geometry(alphabet, dim).side
-    geo = fractal.Geometry(alphabet, dim, side, side + 1)
+    side = search_points.geometry(alphabet, dim).side
+    geo = search_points.Geometry(alphabet, dim, side, side + 1)
     unit = {np.float64: 2.0**-53, np.float32: 2.0**-24, np.float16: 2.0**-11}[dtype]
     rounding = 4 * math.sqrt(dim) * unit * max(geo.extent, 1.0)
     return 1 + int(math.log(geo.gap / 2 / rounding) / math.log(geo.contraction))
@@ -266,17 +267,17 @@ def search_points(tokens: np.ndarray, runs: int) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for alphabet in (256, 1024, VOCAB, fractal.MAX_ALPHABET):
-        default = fractal.geometry(alphabet).dim
+        default = search_points.geometry(alphabet).dim
         for dim in (1, 2, 4, 8, 16):
-            geo = fractal.geometry(alphabet, dim)
+            geo = search_points.geometry(alphabet, dim)
             caps = [geo.capacity(t) for t in (np.float64, np.float32, np.float16)]
             mark = "*" if dim == default else ""
             lines.append(
                 f"| {alphabet} | {dim}{mark} | {geo.side} | {geo.contraction} | {caps[0]} | {caps[1]} | {caps[2]} | "
                 f"{relaxed_capacity(alphabet, dim, np.float32)} | {4 * dim} |"
             )
-    seconds = median_seconds(lambda: fractal.walk(tokens, VOCAB), runs)
-    lines += ["", f"Dense walk of the real token stream (float32, d={fractal.geometry(VOCAB).dim}): "
+    seconds = median_seconds(lambda: search_points.walk(tokens, VOCAB), runs)
+    lines += ["", f"Dense walk of the real token stream (float32, d={search_points.geometry(VOCAB).dim}): "
               f"{tokens.size / seconds / 1e6:.1f} M points/s."]
     return lines
 

@@ -5,6 +5,8 @@ transformers."""
 
 from __future__ import annotations
 
+import os
+
 from kvdb import tokenizer as tok
 from kvdb.errors import ModelMismatch
 from kvdb.storage import Storage
@@ -18,15 +20,11 @@ class ModelProvider:
         """``model``: a name (Hugging Face id or folder; default: ``$KVDB_MODEL``, else the
         embedded model), or a model loaded already (``kvdb.model.LoadedModel``) to share."""
         self._storage = storage
-        self._loaded = None if model is None or isinstance(model, str) else model
-        self.name = tok.model_name(model if isinstance(model, str) else None) if self._loaded is None else self._loaded.identity.name
+        named = model is None or isinstance(model, (str, os.PathLike))
+        self._loaded = None if named else model
+        self.name = tok.model_name(str(model) if model else None) if named else model.identity.name
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
         self._registered = False
-
-    @property
-    def loaded(self):
-        """The model if it is loaded, else None (nothing is loaded to answer)."""
-        return self._loaded
 
     def get(self):
         """The model, loaded on first use and registered in the archive."""

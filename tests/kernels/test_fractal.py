@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvdb import fractal
+from kvdb import search_points
 from kvdb.errors import CorruptData, InvalidArgument
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,7 +124,7 @@ def test_truncated_or_foreign_blobs_are_detected():
     [([0, 256], 256), ([-1], 256), ([0], 1), ([0], fractal.MAX_ALPHABET + 1), ([0.5], 256), ([[1, 2]], 256)],
 )
 def test_bad_symbols_or_alphabets_are_rejected(symbols, alphabet):
-    for call in (fractal.encode_blocks, fractal.walk, fractal.query_point):
+    for call in (fractal.encode_blocks, search_points.walk, search_points.query_point):
         with pytest.raises(InvalidArgument):
             call(np.asarray(symbols), alphabet)
 
@@ -146,28 +147,28 @@ DTYPES = st.sampled_from([np.float64, np.float32, np.float16])
 
 @pytest.mark.parametrize("alphabet", [256, 1024, 49152, fractal.MAX_ALPHABET])
 def test_default_float32_points_are_small_and_resolve_enough(alphabet):
-    points = fractal.walk(stream(0, alphabet, 100), alphabet)
+    points = search_points.walk(stream(0, alphabet, 100), alphabet)
     assert points.dtype == np.float32 and points.shape[1] <= 8
-    assert fractal.capacity(alphabet) >= fractal.MIN_CONTEXT
+    assert search_points.capacity(alphabet) >= search_points.MIN_CONTEXT
 
 
 @FAST
 @given(alphabet=SEARCH_ALPHABETS, dtype=DTYPES, dim=st.sampled_from([None, 2, 4, 8]), seed=st.integers(0, 2**32))
 def test_points_resolve_exactly_capacity_trailing_symbols(alphabet, dtype, dim, seed):
-    depth = fractal.capacity(alphabet, dtype, dim)
+    depth = search_points.capacity(alphabet, dtype, dim)
     if depth == 0:
         return
     symbols = stream(seed, alphabet, 300)
-    points = fractal.walk(symbols, alphabet, dtype, dim)
+    points = search_points.walk(symbols, alphabet, dtype, dim)
     windows = np.lib.stride_tricks.sliding_window_view(symbols, depth)
-    assert np.array_equal(fractal.resolve(points[depth - 1 :], alphabet, depth, dim), windows)
+    assert np.array_equal(search_points.resolve(points[depth - 1 :], alphabet, depth, dim), windows)
 
 
 @FAST
 @given(alphabet=SEARCH_ALPHABETS, dtype=DTYPES, seed=st.integers(0, 2**32), data=st.data())
 def test_decay_law_and_separation(alphabet, dtype, seed, data):
     """Shared last s symbols: distance <= c r**s. Last symbol differs: distance >= gap."""
-    geo = fractal.geometry(alphabet)
+    geo = search_points.geometry(alphabet)
     depth = geo.capacity(dtype)
     if depth == 0:
         return
@@ -176,7 +177,7 @@ def test_decay_law_and_separation(alphabet, dtype, seed, data):
     suffix = rng.integers(0, alphabet, shared)
     a = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
     b = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
-    distance = np.linalg.norm(fractal.walk(a, alphabet, dtype)[-1:].astype(np.float64) - fractal.walk(b, alphabet, dtype)[-1:])
+    distance = np.linalg.norm(search_points.walk(a, alphabet, dtype)[-1:].astype(np.float64) - search_points.walk(b, alphabet, dtype)[-1:])
     slack = 4 * np.sqrt(geo.dim) * np.finfo(dtype).eps * geo.extent
     if a.size and b.size:
         assert distance <= geo.decay(shared) + slack
@@ -188,14 +189,14 @@ def test_decay_law_and_separation(alphabet, dtype, seed, data):
 @given(alphabet=SEARCH_ALPHABETS, seed=st.integers(0, 2**32), data=st.data())
 def test_match_radius_separates_matches_from_non_matches(alphabet, seed, data):
     """Radius search is exact for phrases up to capacity symbols (float32, distances as FAISS flat L2)."""
-    geo = fractal.geometry(alphabet)
+    geo = search_points.geometry(alphabet)
     rng = np.random.default_rng(seed)
     small = min(alphabet, 3)  # a tiny sub-alphabet makes partial matches of every depth common
     symbols = rng.integers(0, small, 3000) * (alphabet // small)
     length = data.draw(st.integers(1, geo.capacity(np.float32)))
     phrase = symbols[data.draw(st.integers(0, symbols.size - length)) :][:length]
-    points = fractal.walk(symbols, alphabet)
-    query = fractal.query_point(phrase, alphabet)
+    points = search_points.walk(symbols, alphabet)
+    query = search_points.query_point(phrase, alphabet)
     near = np.sqrt(((points - query) ** 2).sum(axis=1)) <= geo.match_radius(length)
     ends = np.lib.stride_tricks.sliding_window_view(symbols, length)
     truth = np.zeros(symbols.size, bool)
@@ -206,23 +207,23 @@ def test_match_radius_separates_matches_from_non_matches(alphabet, seed, data):
 def test_equal_windows_give_identical_points_and_truncation_drops_oldest_first():
     alphabet = 49152
     symbols = stream(3, alphabet, 50)
-    depth = fractal.capacity(alphabet)
+    depth = search_points.capacity(alphabet)
     repeated = np.concatenate([symbols, symbols[-depth:]])
-    points = fractal.walk(repeated, alphabet)
+    points = search_points.walk(repeated, alphabet)
     assert np.array_equal(points[49], points[-1])
-    assert np.array_equal(fractal.query_point(symbols, alphabet), points[49])
+    assert np.array_equal(search_points.query_point(symbols, alphabet), points[49])
     # float16 keeps the newest symbols, float32 and float64 keep progressively older ones.
-    depths = [fractal.capacity(alphabet, t) for t in (np.float16, np.float32, np.float64)]
+    depths = [search_points.capacity(alphabet, t) for t in (np.float16, np.float32, np.float64)]
     assert depths == sorted(depths) and depths[0] < depths[-1]
     for dtype, kept in zip((np.float16, np.float32, np.float64), depths):
-        point = fractal.query_point(symbols[-depths[-1] :], alphabet, dtype)
-        assert np.array_equal(fractal.resolve(point, alphabet, kept), symbols[-kept:])
+        point = search_points.query_point(symbols[-depths[-1] :], alphabet, dtype)
+        assert np.array_equal(search_points.resolve(point, alphabet, kept), symbols[-kept:])
 
 
 def test_short_histories_and_empty_phrase():
-    assert fractal.walk([], 256).shape == (0, fractal.geometry(256).dim)
-    assert not fractal.query_point([], 256).any()
-    assert np.array_equal(fractal.walk([5], 256)[0], fractal.query_point([5], 256))
+    assert search_points.walk([], 256).shape == (0, search_points.geometry(256).dim)
+    assert not search_points.query_point([], 256).any()
+    assert np.array_equal(search_points.walk([5], 256)[0], search_points.query_point([5], 256))
 
 
 # Search keys -------------------------------------------------------------------------------
