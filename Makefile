@@ -44,6 +44,7 @@ bench: install
 	$(PY) benchmarks/semantic.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readers.py
+	$(PY) benchmarks/cli.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

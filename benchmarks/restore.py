@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:
-        lm = db.lm
+        lm = db.loaded_model
         ids = np.asarray(tok.encode(lm.tokenizer, real_text(60_000)), dtype=np.int64)
         calibration = tok.decode(lm.tokenizer, ids[: 4096])
         session = tok.decode(lm.tokenizer, ids[-args.tokens :])

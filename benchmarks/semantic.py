@@ -40,7 +40,7 @@ def main() -> None:
         for name, text in data["documents"].items():  # again, now with tier K (same tokens: completes the nodes)
             db.delete(name)
             db.ingest(text=text, name=name, keep="tokens,search,kv")
-        layers = db.lm.model.config.num_hidden_layers
+        layers = db.loaded_model.model.config.num_hidden_layers
         rows = []
         lexical = [(q["label"], [h.name for h in db.search(q["query"], k=5)]) for q in data["queries"]]
         rows.append(("lexical (phrase search)", *hit_rates(lexical)))

@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     convs = conversations(args.conversations, args.turns)
     with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:
-        lm = db.lm
+        lm = db.loaded_model
         rows = []  # (conversation, turn, session tokens, new tokens, seconds)
         per_session_bytes = 0
         alphabet = max(lm.model.config.vocab_size, len(lm.tokenizer))

@@ -30,7 +30,7 @@ TIERS = ("tokens", "lm", "logprobs", "metadata")  # as `kvdb stats` counts them;
 def run(policy: str, texts: list[str], folder: Path) -> dict:
     path = folder / f"{policy.replace(',', '-')}.duckdb"
     with kvdb.open(path) as db:
-        db.lm  # the model loads outside the timings
+        db.loaded_model  # the model loads outside the timings
         start = time.perf_counter()
         for i, text in enumerate(texts):
             db.ingest(text=text, name=f"s{i}", keep=policy)

@@ -15,8 +15,8 @@ ARCHIVE = os.environ.get("KVDB_DB") or HERE / "demo.duckdb"
 
 with kvdb.open(ARCHIVE) as db:
     start = time.perf_counter()
-    db.lm  # load the embedded model (the first run converts its GGUF once, ~20 s)
-    print(f"model {db.lm.identity.name} loaded in {time.perf_counter() - start:.1f}s")
+    db.loaded_model  # load the embedded model (the first run converts its GGUF once, ~20 s)
+    print(f"model {db.loaded_model.identity.name} loaded in {time.perf_counter() - start:.1f}s")
 
     start = time.perf_counter()
     results = db.ingest(HERE / "transcripts")
