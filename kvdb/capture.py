@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kvdb.model import CHUNK, _new_cache
+from kvdb.model import CHUNK, new_cache
 
 SINKS = 4  # attention-sink positions kept exact
 RECENT = 32  # most recent positions kept exact
@@ -98,7 +98,7 @@ def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache
     cache holds them, or pre-RoPE with ``pre_rope=True``.
     """
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
-    cache = _new_cache(model) if cache is None else cache
+    cache = new_cache(model) if cache is None else cache
     offset = cache.get_seq_length()
     for start in range(0, ids.shape[1], chunk):
         end = min(start + chunk, ids.shape[1])
@@ -148,7 +148,7 @@ def build_cache(model, keys, values, pre_rope: bool = False, start: int = 0, cac
         raise ValueError(f"keys and values must both be [layers, heads, seq, dim], got {keys.shape} and {values.shape}")
     if pre_rope:
         keys = apply_rope(model, keys, start)
-    cache = _new_cache(model) if cache is None else cache
+    cache = new_cache(model) if cache is None else cache
     dtype = next(model.parameters()).dtype
     for layer in range(keys.shape[0]):
         k = torch.from_numpy(np.ascontiguousarray(keys[layer]))[None].to(dtype)
@@ -208,12 +208,30 @@ def _recompute_ends(model, cache, ids: np.ndarray, head: int, tail: int) -> None
     allowed[:head, mid : mid + head] = torch.ones(head, head, dtype=torch.bool).tril()
     allowed[head:, : mid + head] = True
     allowed[head:, mid + head :] = torch.ones(tail, tail, dtype=torch.bool).tril()
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-    model(tokens, cache=cache, position_ids=positions, attention_mask=mask, use_cache=True)
+    keys_at = torch.cat([torch.arange(head, n - tail), positions[0]])  # the absolute position of each cached column
+    model(tokens, cache=cache, position_ids=positions, attention_mask=_masks(model, allowed, positions[0], keys_at), use_cache=True)
     for layer in cache.layers:  # [middle, sinks, recent] -> [sinks, middle, recent]
         layer.keys = torch.cat([layer.keys[:, :, mid : mid + head], layer.keys[:, :, :mid], layer.keys[:, :, mid + head :]], dim=2)
         layer.values = torch.cat([layer.values[:, :, mid : mid + head], layer.values[:, :, :mid], layer.values[:, :, mid + head :]], dim=2)
+
+
+def _masks(model, allowed: torch.Tensor, queries_at: torch.Tensor, keys_at: torch.Tensor):
+    """The additive 4-D mask of ``allowed`` (query x key), and for sliding-window layers the same
+    mask cut to the window: a dict by layer type where the config names types per layer (Gemma2,
+    Qwen2), the windowed mask alone where every layer slides (Mistral). A mask passed in is used
+    as given, so the window must be in it."""
+    dtype = next(model.parameters()).dtype
+
+    def additive(ok: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(ok.shape, dtype=dtype).masked_fill(~ok, torch.finfo(dtype).min)[None, None]
+
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    if not window or (kinds and "sliding_attention" not in kinds):
+        return additive(allowed)
+    windowed = additive(allowed & (queries_at[:, None] - keys_at[None, :] < window))
+    return {kind: windowed if kind == "sliding_attention" else additive(allowed) for kind in kinds} if kinds else windowed
 
 
 @torch.no_grad()

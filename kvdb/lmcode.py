@@ -125,9 +125,9 @@ class Context:
 
     @classmethod
     def empty(cls, model) -> Context:
-        from kvdb.model import _new_cache
+        from kvdb.model import new_cache
 
-        return cls(_new_cache(model), None, 0)
+        return cls(new_cache(model), None, 0)
 
     def copy(self) -> Context:
         return Context(copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length)

@@ -179,16 +179,23 @@ def prefill(model, ids: np.ndarray, chunk: int = CHUNK, cache=None):
     """A DynamicCache holding ``ids`` exactly as one fresh forward pass would compute it; given a
     ``cache`` holding a prefix of ``ids``, only the rest is computed, onto it."""
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
-    cache = _new_cache(model) if cache is None else cache
+    cache = new_cache(model) if cache is None else cache
     for start in range(cache.get_seq_length(), ids.shape[1], chunk):
         model(ids[:, start : start + chunk], cache=cache, use_cache=True)
     return cache
 
 
-def _new_cache(model):
+def new_cache(model):
+    """An empty cache whose every layer keeps all positions [0, n).
+
+    ``DynamicCache(config=...)`` gives sliding-window layers (Mistral, Gemma2/3) a cache of the
+    last window only, which kvdb would save, slice by absolute position and crop as if it were
+    whole. A full-length cache gives the same logits (the model's own masks apply the window:
+    measured identical on tiny Mistral and Gemma2) and can be captured, saved and cropped.
+    """
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    return DynamicCache()
 
 
 @torch.no_grad()

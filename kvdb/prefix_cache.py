@@ -35,15 +35,17 @@ class PrefixCache:
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.kv"
 
-    def load(self, model, keys: list[str]):
-        """(tokens held, DynamicCache) of the first of ``keys`` with a sound entry, else None."""
+    def load(self, model, wanted: list[tuple[str, int]]):
+        """(tokens held, DynamicCache) of the first (key, positions) of ``wanted`` whose entry is
+        sound and holds exactly those positions, else None. (Before full-length caches, a model
+        with sliding-window layers saved only the last window: such an entry is not used.)"""
         if self.budget <= 0:
             return None
         from kvdb import capture  # torch: only the paths that hold a cache need it (gc and stats do not)
 
-        for key in keys:
+        for key, positions in wanted:
             arrays = self._read(self.path(key))
-            if arrays is not None:
+            if arrays is not None and arrays[0].shape[2] == positions:
                 os.utime(self.path(key))  # recently used: evicted last
                 return arrays[0].shape[2], capture.build_cache(model, *arrays)
         return None
@@ -66,9 +68,10 @@ class PrefixCache:
         os.replace(tmp, self.path(key))
         self._trim()
 
-    def prune(self, live: set[str]) -> int:
-        """Delete the entries of paths the archive no longer holds; returns how many."""
-        dead = [p for p in self._entries() if p.stem not in live]
+    def prune(self, live: dict[str, int]) -> int:
+        """Delete the entries of paths the archive no longer holds (``live``: node id -> the
+        positions its path holds), and those that do not hold them all; returns how many."""
+        dead = [p for p in self._entries() if live.get(p.stem) != self._positions(p)]
         for path in dead:
             path.unlink(missing_ok=True)
         return len(dead)
@@ -86,6 +89,17 @@ class PrefixCache:
             total += path.stat().st_size
             if total > self.budget:
                 path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _positions(path: Path) -> int | None:
+        """The positions an entry's header says it holds (None when unreadable)."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + _LENGTH.size)
+                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+                return int(json.loads(f.read(length))["shape"][2]) if head.startswith(MAGIC) else None
+        except (OSError, ValueError, KeyError, IndexError, TypeError, struct.error):
+            return None
 
     @staticmethod
     def _read(path: Path) -> tuple[np.ndarray, np.ndarray] | None:

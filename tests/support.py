@@ -16,10 +16,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer Llama over a byte-level tokenizer (256 bytes + 3 specials): any unicode round-trips."""
+def make_tiny_model(folder: Path, seed: int = 0, arch: str = "Llama", **config) -> Path:
+    """A 2-layer model of transformers' ``{arch}ForCausalLM`` (Llama by default; ``config``
+    overrides, e.g. ``sliding_window``) over a byte-level tokenizer (256 bytes + 3 specials):
+    any unicode round-trips."""
+    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
@@ -34,7 +37,7 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=len(vocab),
         hidden_size=64,
         intermediate_size=128,
@@ -47,7 +50,7 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
         eos_token_id=vocab["<|im_end|>"],
         pad_token_id=vocab["<|im_end|>"],
     )
-    model = LlamaForCausalLM(config)
+    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**shape | config))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -141,7 +141,7 @@ class Ingester:
         if "kv" in optional:
             self._tier_k().codebooks(model_id)  # refused before any model work when there are none
         on_path = self._storage.node_path(match.node.node_id) if match.node is not None else []
-        resumable = [n.node_id for n in reversed(on_path)]
+        resumable = [(n.node_id, n.end) for n in reversed(on_path)]  # deepest first, with the positions each holds
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
         back = [n for n in on_path if "tokens" not in n.keep and n.end <= match.matched]
         first = min((n.start for n in back), default=match.matched)  # scored from here: those nodes need log-probabilities
@@ -177,7 +177,7 @@ class Ingester:
             self._prefix_cache.save(pending[0], pending[2])
         self._pending_prefix = (session_id, ids, cache)
 
-    def _score_suffix(self, loaded, ids: np.ndarray, start: int, resumable: list[str]):
+    def _score_suffix(self, loaded, ids: np.ndarray, start: int, resumable: list[tuple[str, int]]):
         """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
         session ingested in this process, else from the prefix cache on disk (the deepest of the
         ``resumable`` path nodes it holds), else prefilling it."""

@@ -84,7 +84,7 @@ class Upkeep:
         and the prefix-cache entries of the conversations they held (a deleted session's KV
         must not outlive it on disk)."""
         freed = self._storage.apply(CollectGarbage())
-        freed["prefix_cache_entries"] = self._prefix_cache.prune({n.node_id for n, _, _ in self._storage.node_shapes()})
+        freed["prefix_cache_entries"] = self._prefix_cache.prune({n.node_id: n.end for n, _, _ in self._storage.node_shapes()})
         return freed
 
     def stats(self) -> Stats:

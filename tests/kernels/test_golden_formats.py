@@ -232,8 +232,10 @@ def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget):
     folder = PrefixCache(tmp_path / "a.duckdb.prefix")
     folder.folder.mkdir()
     shutil.copy(GOLDEN / f"prefix/{golden.PREFIX_KEY}.kv", folder.path(golden.PREFIX_KEY))  # load() touches the file
-    held, cache = folder.load(golden.TableModel(16, golden.LAYERS, golden.HEADS, golden.DIM), ["absent", golden.PREFIX_KEY])
     keys, values = golden.prefix_arrays()
+    model = golden.TableModel(16, golden.LAYERS, golden.HEADS, golden.DIM)
+    assert folder.load(model, [(golden.PREFIX_KEY, keys.shape[2] + 1)]) is None  # an entry must hold what its node holds
+    held, cache = folder.load(model, [("absent", 3), (golden.PREFIX_KEY, keys.shape[2])])
     assert held == keys.shape[2]
     for ours, theirs in zip(capture.cache_arrays(cache), (keys, values), strict=True):
         np.testing.assert_array_equal(ours, theirs)

@@ -1,0 +1,118 @@
+"""Architectures beyond Llama: tiny random models whose sessions are longer than their sliding
+window (Mistral: every layer slides; Gemma2: sliding and global layers alternate). Every layer
+of a cache kvdb captures, saves, scores onto or restores must hold all positions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kvdb
+from kvdb import model as lm_ops
+from kvdb.prefix_cache import PrefixCache
+
+from support import make_tiny_model
+
+WINDOW = 24  # tokens; every session below is several windows long
+ARCHITECTURES = {
+    "llama": ("Llama", {}),
+    "mistral-sliding": ("Mistral", {"sliding_window": WINDOW}),
+    "gemma2-mixed": ("Gemma2", {"sliding_window": WINDOW}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def arch_model(request, tmp_path_factory) -> str:
+    arch, config = ARCHITECTURES[request.param]
+    return str(make_tiny_model(tmp_path_factory.mktemp(request.param), arch=arch, **config))
+
+
+def turns(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        out += [
+            {"role": "user", "content": f"Question {i}: what comes after the harbour lights at night?"},
+            {"role": "assistant", "content": f"Answer {i}: the long quiet sea, and the boats coming home."},
+        ]
+    return out
+
+
+def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, arch_model):
+    """Each turn from a new Archive (as a new process would): the shared prefix resumes from the
+    prefix cache on disk, which must hold every position of every layer."""
+    path = tmp_path / "grow.duckdb"
+    for n in (1, 2, 3):
+        with kvdb.open(path, model=arch_model) as db:
+            [result] = db.ingest(messages=turns(n), name=f"turn{n}")
+            assert result.status == "ingested"
+    with kvdb.open(path, model=arch_model) as db:
+        model = db.loaded_model.model
+        for n in (1, 2, 3):
+            ids = db.tokens(f"turn{n}")
+            assert len(ids) > 3 * WINDOW
+            np.testing.assert_allclose(db.logprobs(f"turn{n}"), lm_ops.score(model, ids)[0], atol=1e-4)
+
+
+def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_model):
+    """An entry that holds fewer positions than its node (what a sliding layer's cache saved
+    before caches were full-length) is passed over, and gc deletes it."""
+    path = tmp_path / "stale.duckdb"
+    with kvdb.open(path, model=arch_model) as db:
+        first = db.ingest(messages=turns(1), name="one")[0]
+        model = db.loaded_model.model
+        ids = db.tokens("one")
+    entries = PrefixCache(path.with_name(path.name + ".prefix"))
+    entries.save(first.session_id, lm_ops.prefill(model, ids[:WINDOW]))  # claims the session, holds one window
+    with kvdb.open(path, model=arch_model) as db:
+        db.ingest(messages=turns(2), name="two")
+        np.testing.assert_allclose(db.logprobs("two"), lm_ops.score(model, db.tokens("two"))[0], atol=1e-4)
+        assert db.gc()["prefix_cache_entries"] >= 1
+    assert first.session_id not in {p.stem for p in entries.folder.glob("*.kv")}
+
+
+def test_restore_past_the_window_continues_as_a_fresh_prefill(archive_of):
+    db, ids = archive_of
+    restored = db.restore("long", mode="exact")
+    assert restored.cache.get_seq_length() == len(ids) and all(layer.keys.shape[-2] == len(ids) for layer in restored.cache.layers)
+    probe = torch.tensor([[65, 66, 67]])
+    model = db.loaded_model.model
+    with torch.no_grad():
+        resumed = model(probe, past_key_values=restored.cache, use_cache=True).logits[0]
+        fresh = model(torch.cat([torch.as_tensor(ids)[None], probe], dim=1)).logits[0, len(ids) :]
+    torch.testing.assert_close(resumed, fresh, atol=1e-4, rtol=1e-4)
+    assert isinstance(db.continue_session("long", max_new_tokens=3), str)  # no prompt: the cache is cropped by one
+
+
+def test_tier_k_codes_every_position_of_every_layer(archive_of):
+    db, ids = archive_of
+    report = db.train_codebooks(preset="k2v1", tokens=2000, niter=2)
+    assert report["tokens"] == len(ids) - 4  # every archived position but the sinks
+    [kv] = db.ingest(text="A second long session, coded with tier K. " * 8, name="kv", keep="tokens,search,kv")
+    restored = db.restore("kv", mode="archive")
+    assert restored.mode == "archive" and restored.cache.get_seq_length() == kv.n_tokens
+    assert all(layer.keys.shape[-2] == kv.n_tokens for layer in restored.cache.layers)
+    assert db.verify(deep=True).ok
+
+
+@pytest.fixture
+def archive_of(tmp_path, arch_model):
+    with kvdb.open(tmp_path / "long.duckdb", model=arch_model) as db:
+        text = "The harbour lights come on one by one as the boats return. " * 6
+        db.ingest(text=text, name="long")
+        yield db, db.tokens("long")
+
+
+def test_the_recomputed_window_is_the_model_own_computation(arch_model):
+    """From exact arrays, the archive restore (sinks and recent window recomputed in one masked
+    pass) must give the cache a fresh prefill gives, sliding layers included."""
+    from kvdb import capture
+
+    loaded = lm_ops.load(arch_model)
+    ids = np.arange(6 * WINDOW) % 200 + 3
+    keys, values = capture.capture(loaded.model, ids, pre_rope=True)
+    restored = capture.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
+    fresh = lm_ops.prefill(loaded.model, ids)
+    for ours, theirs in zip(restored.layers, fresh.layers, strict=True):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.values, theirs.values, atol=1e-4, rtol=1e-4)
