@@ -76,6 +76,10 @@ class PrefixCache:
             path.unlink(missing_ok=True)
         return len(dead)
 
+    def entries(self) -> dict[str, int | None]:
+        """Node id -> the positions each entry's header says it holds (None when unreadable)."""
+        return {path.stem: self._positions(path) for path in self._entries()}
+
     def size(self) -> int:
         return sum(p.stat().st_size for p in self._entries())
 

@@ -430,6 +430,16 @@ def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], sta
     return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
 
 
+def stream_columns(codebooks: Codebooks) -> dict[int, int]:
+    """Codes per position in each stream of ``code_streams``: {codebook size: columns}."""
+    columns: dict[int, int] = {}
+    for kind in KINDS:
+        for sizes in codebooks.stages(kind):
+            for size in sizes:
+                columns[size] = columns.get(size, 0) + codebooks.heads
+    return columns
+
+
 def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
     rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]

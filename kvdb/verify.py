@@ -32,15 +32,57 @@ class Report:
         return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems, "notes": self.notes}
 
 
-def verify(store: Storage, index_paths, deep: bool = False, notes: list[str] = ()) -> Report:
-    """``index_paths``: key -> sidecar path of each search index the archive should have."""
+def verify(store: Storage, index_paths, deep: bool = False, notes: list[str] = (), prefix_entries: dict | None = None) -> Report:
+    """``index_paths``: key -> sidecar path of each search index the archive should have;
+    ``prefix_entries``: node id -> the positions each prefix-cache entry says it holds."""
     report = Report(notes=list(notes))
     shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
     _check_blobs(store, report, shapes, deep)
     _check_trie(store, report, shapes, deep)
     _check_indexes(store, report, index_paths)
     _check_references(store, report)
+    _check_prefix_cache(report, shapes, prefix_entries or {})
+    if deep:
+        _check_kv_streams(store, report, shapes)
     return report
+
+
+def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
+    """Each node's tier-K streams hold n_tokens x columns codes, for the columns its codebooks
+    define (a cache that kept only its last window once stored fewer positions than the node)."""
+    books = {}
+    for codebook_id, _, data in store.stored_blobs("codebooks"):
+        try:
+            books[codebook_id] = quant.Codebooks.from_bytes(data)
+        except (KvdbError, ValueError, KeyError):
+            pass  # reported by the blob check
+    for node, _, _ in shapes.values():
+        stored = store.node_kv(node.node_id) if "kv" in node.keep else None
+        if stored is None:
+            continue
+        report.checked["kv streams"] += 1
+        codebook_id, streams = stored
+        if codebook_id not in books:
+            continue  # a missing or damaged codebook is reported by the reference and blob checks
+        expected = {size: node.n_tokens * columns for size, columns in quant.stream_columns(books[codebook_id]).items()}
+        held = {size: len(symbols) for size, symbols in streams.items()}
+        if held != expected:
+            report.problems.append(
+                f"KV codes of node {node.node_id[:12]} hold {held} symbols per codebook size, its {node.n_tokens} tokens need {expected}"
+            )
+
+
+def _check_prefix_cache(report: Report, shapes, entries: dict) -> None:
+    """An entry must hold every position of its node's path: ingest would pass over one that
+    does not (a sliding-window cache saved by kvdb 0.1.0 held only the last window)."""
+    for node_id, positions in entries.items():
+        report.checked["prefix-cache entries"] += 1
+        node = shapes.get(node_id)
+        if node is not None and positions != node[0].end:
+            report.problems.append(
+                f"prefix-cache entry {node_id[:12]} holds {positions} positions, its path {node[0].end}; "
+                "it is never resumed (run `kvdb repair` or `kvdb gc` to delete it)"
+            )
 
 
 def _check_references(store: Storage, report: Report) -> None:

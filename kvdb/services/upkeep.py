@@ -68,24 +68,31 @@ class Upkeep:
         for tok_hash in self._storage.tokenizer_hashes():
             self._indexes.get(index_key(tok_hash), tok_hash)
         notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
-        return verify_ops.verify(self._storage, {key: self._indexes.path(key) for key in self._storage.index_keys()}, deep, notes)
+        indexes = {key: self._indexes.path(key) for key in self._storage.index_keys()}
+        return verify_ops.verify(self._storage, indexes, deep, notes, self._prefix_cache.entries())
 
     def repair(self) -> dict:
-        """Rebuild what can be derived (the search indexes); report what cannot."""
+        """Rebuild what can be derived (the search indexes; the prefix cache loses the entries
+        it would never resume); report what cannot."""
         rebuilt = []
         for tok_hash in self._storage.tokenizer_hashes():
             self._indexes.rebuild(index_key(tok_hash), tok_hash)
             rebuilt.append(index_key(tok_hash))
+        pruned = self._prefix_cache.prune(self._live_paths())
         remaining = self.verify(deep=True).problems
-        return {"rebuilt_indexes": rebuilt, "unrepairable": remaining, "ok": not remaining}
+        return {"rebuilt_indexes": rebuilt, "pruned_prefix_cache_entries": pruned, "unrepairable": remaining, "ok": not remaining}
 
     def gc(self) -> dict:
         """Free the trie nodes (and every tier stored for them) that no session uses any more,
         and the prefix-cache entries of the conversations they held (a deleted session's KV
         must not outlive it on disk)."""
         freed = self._storage.apply(CollectGarbage())
-        freed["prefix_cache_entries"] = self._prefix_cache.prune({n.node_id: n.end for n, _, _ in self._storage.node_shapes()})
+        freed["prefix_cache_entries"] = self._prefix_cache.prune(self._live_paths())
         return freed
+
+    def _live_paths(self) -> dict[str, int]:
+        """Node id -> the positions its path holds: what a prefix-cache entry must match."""
+        return {n.node_id: n.end for n, _, _ in self._storage.node_shapes()}
 
     def stats(self) -> Stats:
         counts = self._storage.byte_counts()

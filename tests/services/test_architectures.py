@@ -56,19 +56,24 @@ def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, 
 
 def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_model):
     """An entry that holds fewer positions than its node (what a sliding layer's cache saved
-    before caches were full-length) is passed over, and gc deletes it."""
+    before caches were full-length) is passed over; verify names it, repair and gc delete it."""
     path = tmp_path / "stale.duckdb"
     with kvdb.open(path, model=arch_model) as db:
         first = db.ingest(messages=turns(1), name="one")[0]
         model = db.loaded_model.model
         ids = db.tokens("one")
     entries = PrefixCache(path.with_name(path.name + ".prefix"))
-    entries.save(first.session_id, lm_ops.prefill(model, ids[:WINDOW]))  # claims the session, holds one window
+    short = lm_ops.prefill(model, ids[:WINDOW])  # claims the session, holds one window
+    entries.save(first.session_id, short)
     with kvdb.open(path, model=arch_model) as db:
+        assert any(f"holds {WINDOW} positions" in p for p in db.verify().problems)
         db.ingest(messages=turns(2), name="two")
         np.testing.assert_allclose(db.logprobs("two"), lm_ops.score(model, db.tokens("two"))[0], atol=1e-4)
-        assert db.gc()["prefix_cache_entries"] >= 1
-    assert first.session_id not in {p.stem for p in entries.folder.glob("*.kv")}
+        repaired = db.repair()
+        assert repaired["pruned_prefix_cache_entries"] == 1 and repaired["ok"]
+        entries.save(first.session_id, short)
+        assert db.gc()["prefix_cache_entries"] == 1
+    assert first.session_id not in entries.entries()
 
 
 def test_restore_past_the_window_continues_as_a_fresh_prefill(archive_of):
