@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from kvdb.errors import UnsupportedModel
 from kvdb.model import CHUNK, new_cache
 
 SINKS = 4  # attention-sink positions kept exact
@@ -37,9 +38,9 @@ RECENT = 32  # most recent positions kept exact
 
 
 def _rotary(model):
-    """The model's rotary embedding module, or None for models without RoPE."""
-    inner = getattr(model, "model", model)
-    return getattr(inner, "rotary_emb", None)
+    """The model's rotary embedding module, or None for models without RoPE. It sits on the base
+    model under whatever name the architecture gives it (``model.model``, ``model.gpt_neox``, ...)."""
+    return getattr(getattr(model, "base_model", model), "rotary_emb", None)
 
 
 @torch.no_grad()
@@ -61,22 +62,26 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(model, keys, start: int = 0, inverse: bool = False) -> np.ndarray:
     """Rotate keys ``[..., seq, head_dim]`` to (or, ``inverse``, back from) their positions.
 
-    Forward is the model's own ``k * cos + rotate_half(k) * sin``. The inverse is the transposed
-    rotation divided by ``cos² + sin²`` (1 unless the rope type scales attention), so it is exact
-    up to float32 rounding.
+    Forward is the model's own ``k * cos + rotate_half(k) * sin`` over the rotary dimensions: all
+    of them, or with partial RoPE (GPT-NeoX's ``rotary_pct``, Phi3's ``partial_rotary_factor``)
+    the first ``rotary_dim``, the rest passing through as the model passes them. The inverse is
+    the transposed rotation divided by ``cos² + sin²`` (1 unless the rope type scales
+    attention), so it is exact up to float32 rounding.
     """
     k = torch.as_tensor(np.asarray(keys, dtype=np.float32))
     tables = rope_tables(model, start, k.shape[-2])
     if tables is None:
         return k.numpy()
     cos, sin = tables
-    if cos.shape[-1] != k.shape[-1]:
-        raise ValueError(f"rotary tables have {cos.shape[-1]} dims, keys have {k.shape[-1]} (partial RoPE is not supported)")
+    rotary = cos.shape[-1]
+    if rotary > k.shape[-1] or rotary % 2:
+        raise UnsupportedModel(f"rotary tables of {rotary} dims do not fit keys of {k.shape[-1]}; this model's RoPE layout is not supported")
+    turn, rest = k[..., :rotary], k[..., rotary:]
     if inverse:
-        out = (k * cos - _rotate_half(k) * sin) / (cos * cos + sin * sin)
+        turned = (turn * cos - _rotate_half(turn) * sin) / (cos * cos + sin * sin)
     else:
-        out = k * cos + _rotate_half(k) * sin
-    return out.numpy()
+        turned = turn * cos + _rotate_half(turn) * sin
+    return torch.cat([turned, rest], dim=-1).numpy()
 
 
 # ------------------------------------------------------------------------------------------
@@ -123,10 +128,8 @@ def capture(model, ids, chunk: int = CHUNK, pre_rope: bool = False) -> tuple[np.
     """All of ``ids``' keys and values, float32 ``[layers, kv_heads, seq, head_dim]`` each."""
     parts = list(capture_chunks(model, ids, chunk, pre_rope))
     if not parts:
-        cfg = model.config
-        heads = cfg.num_key_value_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = np.zeros((cfg.num_hidden_layers, heads, 0, dim), dtype=np.float32)
+        layers, _, kv, dim = _shape(model)
+        empty = np.zeros((layers, kv, 0, dim), dtype=np.float32)
         return empty, empty.copy()
     return np.concatenate([p[1] for p in parts], axis=2), np.concatenate([p[2] for p in parts], axis=2)
 
@@ -259,8 +262,11 @@ def _attention_modules(model):
 
 
 def _shape(model) -> tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head dim); configs without ``num_key_value_heads`` (GPT-2,
+    GPT-NeoX) have one KV head per query head."""
     cfg = model.config
-    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     return cfg.num_hidden_layers, heads, kv, dim
 

@@ -41,6 +41,12 @@ class ModelNotFound(KvdbError):
     exit_code = 4
 
 
+class UnsupportedModel(KvdbError):
+    """The model's architecture keeps its attention state in a form kvdb cannot archive."""
+
+    exit_code = 4
+
+
 class ModelMismatch(KvdbError):
     """A session is restored with a model other than the one it was archived with."""
 

@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
 
 
 def make_tiny_model(folder: Path, seed: int = 0, arch: str = "Llama", **config) -> Path:
-    """A 2-layer model of transformers' ``{arch}ForCausalLM`` (Llama by default; ``config``
+    """A 2-layer causal LM of transformers' ``{arch}Config`` (Llama by default; ``config``
     overrides, e.g. ``sliding_window``) over a byte-level tokenizer (256 bytes + 3 specials):
     any unicode round-trips."""
     import transformers
@@ -50,7 +50,7 @@ def make_tiny_model(folder: Path, seed: int = 0, arch: str = "Llama", **config) 
         eos_token_id=vocab["<|im_end|>"],
         pad_token_id=vocab["<|im_end|>"],
     )
-    model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**shape | config))
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, f"{arch}Config")(**shape | config))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

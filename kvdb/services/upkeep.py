@@ -119,7 +119,8 @@ class Upkeep:
         """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
         for row in self._storage.list_sessions()[:1]:
             c = self._storage.get_model(row.model_id).config
-            if c.get("num_hidden_layers") and c.get("num_key_value_heads"):
+            kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")  # GPT-2, GPT-NeoX: one per query head
+            if c.get("num_hidden_layers") and kv_heads:
                 head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-                return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+                return 2 * c["num_hidden_layers"] * kv_heads * head_dim * 2
         return None

@@ -1,6 +1,8 @@
-"""Architectures beyond Llama: tiny random models whose sessions are longer than their sliding
-window (Mistral: every layer slides; Gemma2: sliding and global layers alternate). Every layer
-of a cache kvdb captures, saves, scores onto or restores must hold all positions."""
+"""Architectures beyond Llama: tiny random models, among them ones whose sessions are longer than
+their sliding window (Mistral: every layer slides; Gemma2: sliding and global layers alternate),
+with no RoPE (GPT-2) and with RoPE on part of each head (GPT-NeoX, Phi3). Every layer of a cache
+kvdb captures, saves, scores onto or restores must hold all positions, and keys taken back to
+pre-RoPE must rotate back to exactly what the model computed."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ from kvdb.prefix_cache import PrefixCache
 from support import make_tiny_model
 
 WINDOW = 24  # tokens; every session below is several windows long
-ARCHITECTURES = {
+ARCHITECTURES = {  # name -> (transformers' prefix, config overrides)
     "llama": ("Llama", {}),
     "mistral-sliding": ("Mistral", {"sliding_window": WINDOW}),
     "gemma2-mixed": ("Gemma2", {"sliding_window": WINDOW}),
+    "gpt2": ("GPT2", {"num_key_value_heads": None}),  # learned absolute positions, no RoPE
+    "gpt-neox-partial": ("GPTNeoX", {"num_key_value_heads": None, "rotary_pct": 0.25}),  # RoPE on 4 of 16 dims
+    "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.5}),
 }
 
 
@@ -97,6 +102,7 @@ def test_tier_k_codes_every_position_of_every_layer(archive_of):
     restored = db.restore("kv", mode="archive")
     assert restored.mode == "archive" and restored.cache.get_seq_length() == kv.n_tokens
     assert all(layer.keys.shape[-2] == kv.n_tokens for layer in restored.cache.layers)
+    assert db.stats().kv_ratio_vs_fp16 > 1  # configs without num_key_value_heads count one per query head
     assert db.verify(deep=True).ok
 
 
@@ -106,6 +112,21 @@ def archive_of(tmp_path, arch_model):
         text = "The harbour lights come on one by one as the boats return. " * 6
         db.ingest(text=text, name="long")
         yield db, db.tokens("long")
+
+
+def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_model):
+    """The rotary module is found wherever the architecture keeps it (GPT-NeoX: ``gpt_neox``), so
+    tier K quantizes pre-RoPE keys as its codebooks say; GPT-2 has none to undo."""
+    from kvdb import capture
+
+    loaded = lm_ops.load(arch_model)
+    ids = np.arange(2 * WINDOW) % 200 + 3
+    post, _ = capture.capture(loaded.model, ids)
+    pre, _ = capture.capture(loaded.model, ids, pre_rope=True)
+    rotates = loaded.model.config.model_type != "gpt2"
+    assert (capture.rope_tables(loaded.model, 0, 1) is not None) == rotates
+    assert np.allclose(pre[:, :, 1:], post[:, :, 1:]) != rotates  # position 0 is not rotated at all
+    np.testing.assert_allclose(capture.apply_rope(loaded.model, pre, 0), post, atol=1e-5)
 
 
 def test_the_recomputed_window_is_the_model_own_computation(arch_model):
