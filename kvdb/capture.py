@@ -20,6 +20,7 @@ torch side of it:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import numpy as np
@@ -45,13 +46,23 @@ def _rotary(model):
 
 @torch.no_grad()
 def rope_tables(model, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """cos and sin ``[count, head_dim]`` (float32) of positions ``start .. start+count-1``, or None."""
+    """cos and sin (float32) of positions ``start .. start+count-1``, ``[count, rotary dims]``;
+    or None for a model without RoPE. Where the rotary tables differ by layer type (Gemma3: local
+    and global layers have their own base), ``[layers, 1, count, rotary dims]``, one per layer,
+    to broadcast over the heads of ``[layers, heads, seq, dim]`` keys."""
     rotary = _rotary(model)
     if rotary is None:
         return None
     positions = torch.arange(start, start + count, dtype=torch.long)[None]
-    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
-    return cos[0].float(), sin[0].float()
+    probe = torch.zeros(1, dtype=torch.float32)
+    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+        cos, sin = rotary(probe, positions)
+        return cos[0].float(), sin[0].float()
+    types = model.config.layer_types
+    by_type = {kind: rotary(probe, positions, layer_type=kind) for kind in set(types)}
+    cos = torch.stack([by_type[kind][0][0] for kind in types])[:, None]
+    sin = torch.stack([by_type[kind][1][0] for kind in types])[:, None]
+    return cos.float(), sin.float()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

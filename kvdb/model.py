@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvdb import identity
 from kvdb import tokenizer as tok
+from kvdb.errors import UnsupportedModel
 from kvdb.storage.base import ModelRow
 from kvdb.tokenizer import DEFAULT_MODEL, LightTokenizer, loading, model_name
 
@@ -39,8 +41,28 @@ def load(name: str | None = None) -> LoadedModel:
     folder = model_folder(name)
     tokenizer = tok.load_full(name)
     model = _from_pretrained(name, folder)
-    identity = _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None)
-    return LoadedModel(model, tokenizer, identity)
+    _check_cache_layout(name, model)
+    return LoadedModel(model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None))
+
+
+@torch.no_grad()
+def _check_cache_layout(name: str, model) -> None:
+    """Refuse, before anything is written, a model whose attention state is not one K/V pair per
+    layer and position (recurrent or state-space layers): kvdb archives, slices and restores those."""
+    layers = model.config.num_hidden_layers
+    kinds = sorted(set(getattr(model.config, "layer_types", None) or []) - {"full_attention", "sliding_attention", "chunked_attention"})
+    if kinds:
+        raise UnsupportedModel(f"model {name!r} has {', '.join(kinds)} layers, whose state is not a per-position K/V cache; kvdb cannot archive it")
+    cache = new_cache(model)
+    try:
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache, use_cache=True)
+        held = [layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise UnsupportedModel(f"model {name!r} does not run on a per-layer K/V cache ({type(exc).__name__}: {exc}); kvdb cannot archive it") from exc
+    if held != [2] * layers:
+        raise UnsupportedModel(
+            f"model {name!r} keeps K/V for {len(held)} of its {layers} layers on a plain cache; kvdb archives one K/V pair per layer and position"
+        )
 
 
 def model_folder(name: str) -> str | Path:
@@ -88,12 +110,8 @@ def _embedded_converted_folder() -> Path:
 def _identity(name: str, model, tokenizer, folder: Path | None) -> ModelRow:
     weights = _cached_weights_hash(model, folder)
     tok_hash = tok.fingerprint(tokenizer)
-    model_id = hashlib.sha256(f"{weights}:{tok_hash}".encode()).hexdigest()[:32]
-    config = {
-        key: getattr(model.config, key, None)
-        for key in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
-    }
-    return ModelRow(model_id, name, weights, tok_hash, config)
+    config = identity.config_of(model.config)
+    return ModelRow(identity.model_id(weights, tok_hash, config), name, weights, tok_hash, config)
 
 
 def _cached_weights_hash(model, folder: Path | None) -> str:

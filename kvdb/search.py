@@ -185,5 +185,8 @@ def search(
                     decode(window[after:]),
                 )
             )
-    hits.sort(key=lambda h: (not h.exact, -h.score))  # stable: archive order within a grade
+    # archive order within a grade: ``names`` lists the sessions oldest first, and slot order
+    # alone is not it (a rebuilt index numbers the slots by node, an incremental one by arrival)
+    age = {session_id: i for i, session_id in enumerate(names)}
+    hits.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))
     return hits[:k]

@@ -5,8 +5,10 @@ transformers."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from kvdb import identity
 from kvdb import tokenizer as tok
 from kvdb.errors import ModelMismatch
 from kvdb.storage import Storage
@@ -24,15 +26,22 @@ class ModelProvider:
         self._loaded = None if named else model
         self.name = tok.model_name(str(model) if model else None) if named else model.identity.name
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
+        self._placed = False  # whether the model's identity in this archive was looked up
         self._registered = False
 
     def get(self):
-        """The model, loaded on first use and registered in the archive."""
+        """The model, loaded on first use, as this archive knows it (an archive of kvdb 0.1.0 keeps
+        its model ids: kvdb.identity), and registered in the archive."""
         if self._loaded is None:
             from kvdb import model as lm_ops
 
             self._storage.release()  # loading takes seconds: nobody waits on the file meanwhile
             self._loaded = lm_ops.load(self.name)
+        if not self._placed:
+            here = identity.in_archive(self._storage, self._loaded.identity)
+            if here != self._loaded.identity:  # a view for this archive: a shared model keeps its own identity
+                self._loaded = dataclasses.replace(self._loaded, identity=here)
+            self._placed = True
         if not self._registered and not self._storage.read_only:  # a model is registered by the first write that uses it
             self._storage.apply(PutModel(self._loaded.identity))
             self._registered = True

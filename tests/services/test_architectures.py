@@ -6,12 +6,16 @@ pre-RoPE must rotate back to exactly what the model computed."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 import kvdb
 from kvdb import model as lm_ops
+from kvdb.errors import ModelMismatch
 from kvdb.prefix_cache import PrefixCache
 
 from support import make_tiny_model
@@ -24,6 +28,12 @@ ARCHITECTURES = {  # name -> (transformers' prefix, config overrides)
     "gpt2": ("GPT2", {"num_key_value_heads": None}),  # learned absolute positions, no RoPE
     "gpt-neox-partial": ("GPTNeoX", {"num_key_value_heads": None, "rotary_pct": 0.25}),  # RoPE on 4 of 16 dims
     "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.5}),
+    "qwen2-sliding": ("Qwen2", {"sliding_window": WINDOW, "use_sliding_window": True, "max_window_layers": 1}),
+    "qwen3": ("Qwen3", {}),
+    "olmo2": ("Olmo2", {}),
+    "mixtral": ("Mixtral", {"num_local_experts": 2, "num_experts_per_tok": 1}),
+    "qwen2-moe": ("Qwen2Moe", {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
+    "gemma3-text": ("Gemma3Text", {"sliding_window": WINDOW}),
 }
 
 
@@ -99,11 +109,35 @@ def test_tier_k_codes_every_position_of_every_layer(archive_of):
     report = db.train_codebooks(preset="k2v1", tokens=2000, niter=2)
     assert report["tokens"] == len(ids) - 4  # every archived position but the sinks
     [kv] = db.ingest(text="A second long session, coded with tier K. " * 8, name="kv", keep="tokens,search,kv")
-    restored = db.restore("kv", mode="archive")
-    assert restored.mode == "archive" and restored.cache.get_seq_length() == kv.n_tokens
-    assert all(layer.keys.shape[-2] == kv.n_tokens for layer in restored.cache.layers)
+    for at in (WINDOW - 1, 2 * WINDOW + 3, kv.n_tokens):
+        restored = db.restore("kv", at=at, mode="archive")
+        assert restored.mode == "archive" and restored.cache.get_seq_length() == at
+        assert all(layer.keys.shape[-2] == at for layer in restored.cache.layers)
     assert db.stats().kv_ratio_vs_fp16 > 1  # configs without num_key_value_heads count one per query head
     assert db.verify(deep=True).ok
+
+
+def test_tier_l_as_the_only_copy_reads_and_restores(tmp_path, arch_model):
+    with kvdb.open(tmp_path / "lm.duckdb", model=arch_model) as db:
+        [chat] = db.ingest(messages=turns(1), name="chat", keep="tokens,search,lm")
+        text, ids = db.text("chat"), db.tokens("chat")
+        db.compact("chat", "lm")
+    with kvdb.open(tmp_path / "lm.duckdb", model=arch_model) as db:  # nothing decoded before
+        assert db.text("chat") == text
+        restored = db.restore("chat")
+        assert restored.mode == "decode" and restored.cache.get_seq_length() == chat.n_tokens
+        np.testing.assert_array_equal(restored.tokens, ids)
+
+
+def test_a_model_without_a_per_layer_kv_cache_is_refused_before_anything_is_written(tmp_path):
+    """Mamba keeps a recurrent state, not K/V per position: a typed error (exit 4), no session."""
+    mamba = str(make_tiny_model(tmp_path / "mamba", arch="Mamba", state_size=4, expand=2))
+    path = tmp_path / "m.duckdb"
+    with kvdb.open(path, model=mamba) as db:
+        with pytest.raises(kvdb.KvdbError, match="cannot archive") as refused:
+            db.ingest(text="a session a recurrent model cannot have archived", name="m")
+        assert refused.value.exit_code == 4
+        assert db.sessions() == []
 
 
 @pytest.fixture
@@ -142,3 +176,26 @@ def test_the_recomputed_window_is_the_model_own_computation(arch_model):
     for ours, theirs in zip(restored.layers, fresh.layers, strict=True):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(ours.values, theirs.values, atol=1e-4, rtol=1e-4)
+
+
+def test_the_same_weights_under_another_attention_config_are_another_model(tmp_path, tiny_model):
+    """A Llama whose RoPE base differs computes other keys: other session ids, and a session of
+    one is refused by the other (exit 4)."""
+    other = tmp_path / "other-rope"
+    shutil.copytree(tiny_model, other)
+    config = json.loads((other / "config.json").read_text())
+    if isinstance(config.get("rope_parameters"), dict):
+        config["rope_parameters"]["rope_theta"] = 123456.0
+    else:
+        config["rope_theta"] = 123456.0
+    (other / "config.json").write_text(json.dumps(config))
+    path = tmp_path / "ids.duckdb"
+    text = "The same weights, another attention config. " * 3
+    with kvdb.open(path, model=tiny_model) as db:
+        [first] = db.ingest(text=text, name="first")
+    with kvdb.open(path, model=str(other)) as db:
+        with pytest.raises(ModelMismatch) as refused:
+            db.restore("first")
+        assert refused.value.exit_code == 4
+        [second] = db.ingest(text=text, name="second")
+        assert second.status == "ingested" and second.session_id != first.session_id

@@ -86,3 +86,17 @@ def test_deep_verify_finds_nothing_wrong(folder):
     assert report.ok, report.problems
     assert report.checked["sessions"] == len(EXPECTED["sessions"])
     assert not report.notes, "the search sidecar 0.1.0 wrote was rebuilt: today's kvdb did not accept it"
+
+
+def test_the_same_weights_as_another_architecture_are_refused(folder):
+    """0.1.0 recorded no attention config, but it recorded the model type: the fixture's Llama
+    weights loaded as a Mistral with a sliding window are not the model its sessions were
+    computed with (exit 4)."""
+    config = json.loads((folder / "model" / "config.json").read_text())
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=16)
+    (folder / "model" / "config.json").write_text(json.dumps(config))
+    name = sorted(EXPECTED["restore"])[0]
+    with open_copy(folder) as db:
+        with pytest.raises(kvdb.KvdbError, match="was archived with model") as refused:
+            db.restore(name, mode="exact")
+        assert refused.value.exit_code == 4
