@@ -76,7 +76,7 @@ def main(ctx, db):
     SESSION is a full id, a session name, or a unique id prefix.
     Exit codes: 0 ok, 1 some input failed (or: search found nothing, verify found a
     problem), 2 bad input or argument, 3 no such session,
-    4 model missing, mismatched or unsupported, 5 archive unreadable, 6 archive in use by another
+    4 model missing, mismatched or unsupported, 5 archive missing or unreadable, 6 archive in use by another
     process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10), 70 internal error.
     """
     ctx.obj = {"db": db}

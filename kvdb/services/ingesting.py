@@ -72,7 +72,13 @@ class Ingester:
             return self._ingest_source(lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, progress)
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
-        for path in transcripts.find_transcript_files(paths):
+        found: list[Path] = []
+        for given in paths:  # a path that is missing or of no supported kind fails alone; the others still ingest
+            try:
+                found += transcripts.find_transcript_files([given])
+            except TranscriptError as exc:
+                results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
+        for path in dict.fromkeys(found):
             try:
                 limit = FILE_BYTES_PER_CONTEXT_TOKEN * self._models.context_tokens(self._models.get())
                 results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, limit), optional, progress))

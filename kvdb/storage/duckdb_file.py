@@ -31,10 +31,12 @@ class DuckDBFile(SqlStorage):
     def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False):
         """Open (creating and migrating as needed). While another process holds the file, wait up
         to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
-        A read-only storage of a missing or older archive creates or upgrades it first."""
+        A read-only storage of an older archive upgrades it first; of a missing one, refuses."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
             raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
+        if read_only and not self.path.exists():  # reading creates nothing: a typo in --db must not leave an archive behind
+            raise ArchiveError(f"no archive at {self.path}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
         self.read_only = read_only
@@ -43,7 +45,7 @@ class DuckDBFile(SqlStorage):
         self._held_since = 0.0
         self._epoch = 0  # moves on each own write, and when the file changed while let go
         self.connections = 0  # connections opened so far (each one costs ~30 ms)
-        if read_only and (not self.path.exists() or self.schema_revision() != schema.REVISION):
+        if read_only and self.schema_revision() != schema.REVISION:
             self.release()
             DuckDBFile(self.path, self.timeout).close()
         if not read_only:

@@ -86,12 +86,13 @@ def test_failed_file_reports_line_and_exit_status(run, tmp_path):
     "args, code, message",
     [
         (["show", "nothing-like-this"], 3, "no session matches"),
-        (["ingest", "/no/such/path.txt"], 2, "no such file"),
+        (["ingest", "/no/such/path.txt"], 1, "no such file"),  # fails alone; other paths would still ingest
         (["restore", "nothing-like-this"], 3, "no session matches"),
         (["delete", "nothing-like-this"], 3, "no session matches"),
     ],
 )
 def test_errors_are_one_line_with_exit_code(run, args, code, message):
+    assert run("gc").exit_code == 0  # an empty archive: reading a missing one is its own error
     result = run(*args)
     assert result.exit_code == code
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
@@ -117,3 +118,38 @@ def test_real_script_in_subprocess(tmp_path, tiny_model):
     assert show.returncode == 0 and show.stdout == TEXT.encode()
     missing = subprocess.run([str(script), "show", "zzz"], env=env, capture_output=True, text=True, timeout=300)
     assert missing.returncode == 3 and missing.stderr.startswith("kvdb: error:") and "Traceback" not in missing.stderr
+
+
+def test_reading_a_missing_archive_creates_nothing(tmp_path):
+    """A typo in --db is an error (exit 5), and leaves neither the file nor its folder behind."""
+    typo = tmp_path / "no-such-folder" / "typo.duckdb"
+    result = CliRunner().invoke(main, ["--db", str(typo), "sessions"])
+    assert result.exit_code == 5 and "no archive at" in result.stderr
+    import kvdb
+    from kvdb.errors import ArchiveError
+
+    with pytest.raises(ArchiveError, match="kvdb ingest"):
+        kvdb.open(typo, read_only=True)
+    assert not typo.parent.exists()
+
+
+def test_one_bad_path_in_a_batch_fails_alone(run, tmp_path):
+    good = write(tmp_path / "good.txt", TEXT)
+    odd = write(tmp_path / "notes.pdf", "not a transcript")
+    result = run("ingest", str(good), str(tmp_path / "missing.txt"), str(odd), "--json")
+    assert result.exit_code == 1
+    by_source = {r["source"]: r for r in lines(result)}
+    assert by_source[str(good)]["status"] == "ingested"
+    assert "no such file" in by_source[str(tmp_path / "missing.txt")]["error"]
+    assert by_source[str(odd)]["status"] == "failed" and len(by_source) == 3
+
+
+def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
+    """No download at run time: the hub client is offline unless the user says otherwise, so an
+    unknown --model is one error line (exit 4), not a minute of retries."""
+    code = "import kvdb, huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout.strip() == "True"
+    result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"])
+    assert result.exit_code == 4, result.output
+    assert "Retrying" not in result.output and "no-such-org/no-such-model" in result.output

@@ -151,6 +151,9 @@ def test_cli_search(tmp_path, tiny_model):
     runner = CliRunner()
     args = ["--db", str(tmp_path / "c.duckdb")]
     env = {"KVDB_MODEL": tiny_model}
+    missing = runner.invoke(main, [*args, "search", "lights"], env=env)
+    assert missing.exit_code == 5 and "no archive at" in missing.stderr  # reading creates no archive
+    assert runner.invoke(main, [*args, "gc"], env=env).exit_code == 0  # a write creates an empty one
     empty = runner.invoke(main, [*args, "search", "lights"], env=env)
     assert empty.exit_code == 1 and "archive is empty" in empty.stderr
     assert runner.invoke(main, [*args, "ingest", str(tmp_path / "t")], env=env).exit_code == 0

@@ -54,10 +54,10 @@ def test_read_only_archive_refuses_writes_before_any_work(tmp_path, tiny_model):
         assert db.restore("one").position == db.session("one").n_tokens
 
 
-def test_read_only_open_of_a_missing_archive_creates_an_empty_one(tmp_path):
-    with kvdb.open(tmp_path / "new.duckdb", read_only=True) as db:
-        assert db.sessions() == []
-    assert (tmp_path / "new.duckdb").exists()
+def test_read_only_open_of_a_missing_archive_creates_nothing(tmp_path):
+    with pytest.raises(ArchiveError, match="no archive at"):
+        kvdb.open(tmp_path / "new.duckdb", read_only=True)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_read_only_search_rebuilds_a_missing_index(tmp_path, tiny_model):
