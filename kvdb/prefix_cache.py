@@ -44,10 +44,10 @@ class PrefixCache:
         from kvdb import capture  # torch: only the paths that hold a cache need it (gc and stats do not)
 
         for key, positions in wanted:
-            arrays = self._read(self.path(key))
-            if arrays is not None and arrays[0].shape[2] == positions:
+            arrays = self._read(self.path(key), positions)
+            if arrays is not None:
                 os.utime(self.path(key))  # recently used: evicted last
-                return arrays[0].shape[2], capture.build_cache(model, *arrays)
+                return positions, capture.build_cache(model, *arrays)
         return None
 
     def save(self, key: str, cache) -> None:
@@ -95,30 +95,37 @@ class PrefixCache:
                 path.unlink(missing_ok=True)
 
     @staticmethod
-    def _positions(path: Path) -> int | None:
+    def _header(f) -> dict:
+        """An entry's JSON header (shape, crc32), the file left at the body; ValueError if not one."""
+        head = f.read(len(MAGIC) + _LENGTH.size)
+        if not head.startswith(MAGIC):
+            raise ValueError("not a prefix-cache entry")
+        (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+        return json.loads(f.read(length))
+
+    @classmethod
+    def _positions(cls, path: Path) -> int | None:
         """The positions an entry's header says it holds (None when unreadable)."""
         try:
             with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + _LENGTH.size)
-                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-                return int(json.loads(f.read(length))["shape"][2]) if head.startswith(MAGIC) else None
+                return int(cls._header(f)["shape"][2])
         except (OSError, ValueError, KeyError, IndexError, TypeError, struct.error):
             return None
 
-    @staticmethod
-    def _read(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    @classmethod
+    def _read(cls, path: Path, positions: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Keys and values of a sound entry holding exactly ``positions``, else None; an entry of
+        another length is passed over on its header, without reading its body."""
         try:
-            with open(path, "rb") as f:  # into a bytearray: the cache's tensors must be writable
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                f.readinto(data)
-            (length,) = _LENGTH.unpack_from(data, len(MAGIC))
-            start = len(MAGIC) + _LENGTH.size + length
-            header = json.loads(data[len(MAGIC) + _LENGTH.size : start])
-            shape = tuple(int(x) for x in header["shape"])
-            body = memoryview(data)[start:]
-            if not data.startswith(MAGIC) or len(shape) != 4 or len(body) != 8 * int(np.prod(shape)) or zlib.crc32(body) != header["crc32"]:
-                return None
+            with open(path, "rb") as f:
+                header = cls._header(f)
+                shape = tuple(int(x) for x in header["shape"])
+                if len(shape) != 4 or shape[2] != positions:
+                    return None
+                body = bytearray(8 * int(np.prod(shape)))  # a bytearray: the cache's tensors must be writable
+                if f.readinto(body) != len(body) or f.read(1) or zlib.crc32(body) != header["crc32"]:
+                    return None
         except (OSError, ValueError, KeyError, TypeError, struct.error):
             return None
         half = len(body) // 2
-        return np.frombuffer(body[:half], "<f4").reshape(shape), np.frombuffer(body[half:], "<f4").reshape(shape)
+        return np.frombuffer(body, "<f4", half // 4).reshape(shape), np.frombuffer(body, "<f4", half // 4, half).reshape(shape)
