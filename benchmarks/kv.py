@@ -239,7 +239,7 @@ def main() -> None:
     rows = {c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs}
     for e, s in enumerate(eval_starts):
         prefix, cont = ids[s : s + CTX], ids[s + CTX : s + CTX + CONT + 1]
-        exact = M._new_cache(model)
+        exact = M.new_cache(model)
         parts = list(C.capture_chunks(model, prefix, pre_rope=True, cache=exact))
         kpre = np.concatenate([p[1] for p in parts], axis=2)
         vals = np.concatenate([p[2] for p in parts], axis=2)

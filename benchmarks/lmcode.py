@@ -40,6 +40,7 @@ from report import describe  # noqa: E402
 
 from kvdb import lmcode  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
+from kvdb import chat  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -61,7 +62,7 @@ def chat_text(tokenizer) -> str:
     for line in (folder / "sessions.jsonl").read_text().splitlines():
         if line.strip():
             conversations.append(json.loads(line)["messages"])
-    return "".join(lm_ops.render_messages(tokenizer, messages) for messages in conversations)
+    return "".join(chat.render(tokenizer, messages) for messages in conversations)
 
 
 def samples(tokenizer, budgets: dict[str, int]) -> dict[str, np.ndarray]:
@@ -76,7 +77,7 @@ def samples(tokenizer, budgets: dict[str, int]) -> dict[str, np.ndarray]:
 def batched_logits(model, ids: np.ndarray) -> tuple[np.ndarray, float]:
     """Next-token logits of every position by chunked forward passes (ingest's computation), and tok/s."""
     out = np.empty((ids.size, lmcode.vocab_size(model)), dtype=np.float32)
-    cache = lm_ops._new_cache(model)
+    cache = lm_ops.new_cache(model)
     began = time.perf_counter()
     for start in range(0, ids.size, CHUNK):
         chunk = torch.as_tensor(ids[start : start + CHUNK])[None]
@@ -175,7 +176,7 @@ def thread_check(model, ids: np.ndarray) -> str:
     """The one-token step with 1 and with 2 intra-op threads: are the logits bit-identical?"""
     rows = {}
     for threads in (1, 2):
-        cache, got = lm_ops._new_cache(model), []
+        cache, got = lm_ops.new_cache(model), []
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:

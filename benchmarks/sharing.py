@@ -31,6 +31,7 @@ import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import fractal  # noqa: E402
 from kvdb import model as lm_ops  # noqa: E402
+from kvdb import chat  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
 from report import publish  # noqa: E402
 
@@ -99,7 +100,7 @@ def main() -> None:
                 [r] = db.ingest(messages=prefix, name=f"c{c}t{t}")
                 seconds = time.perf_counter() - start
                 rows.append((c, t, r.n_tokens, db.stats().stored_tokens - stored, seconds))
-                ids = np.asarray(tok.encode(lm.tokenizer, lm_ops.render_messages(lm.tokenizer, prefix)))
+                ids = np.asarray(tok.encode(lm.tokenizer, chat.render(lm.tokenizer, prefix)))
                 per_session_bytes += sum(len(b) for b in fractal.encode_blocks(ids, alphabet)) + 12
         st = db.stats()
     per_new, corr_new, corr_len = summary(rows)

@@ -45,6 +45,16 @@ def _emit(obj: dict) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, default=str))
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def _printable(text: str) -> str:
+    """``text`` kept on its one line of a listing: control characters (a CRLF file's ``\\r``, a
+    newline inside a snippet, an escape sequence) print as escapes instead of moving the cursor
+    or restyling the terminal. ``show`` and ``--json`` print text as it is."""
+    return text.translate(_CONTROL)
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per line) instead of text.")
 model_option = click.option(
     "--model",
@@ -73,8 +83,8 @@ def main(ctx, db):
     Show one back:         kvdb show SESSION
     Restore and continue:  kvdb restore SESSION --prompt "What next?"
 
-    SESSION is a full id, a session name, or a unique id prefix.
-    Exit codes: 0 ok, 1 some input failed (or: search found nothing, verify found a
+    SESSION is a full id, a session name (NAME#2: the second session of that name), or a unique id prefix.
+    Exit codes: 0 ok, 1 some input failed (or: search found no full match, verify found a
     problem), 2 bad input or argument, 3 no such session,
     4 model missing, mismatched or unsupported, 5 archive missing or unreadable, 6 archive in use by another
     process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10), 70 internal error.
@@ -106,14 +116,17 @@ def ingest(ctx, paths, keep, model, as_json):
     """Archive transcripts: files or directories (searched recursively).
 
     \b
-    .txt / .md   one session, text verbatim
-    .jsonl       one {"role","content"} message per line (one session), or
-                 one {"id"?, "name"?, "messages": [...]} session per line
-    .json        {"messages": [...]} (OpenAI) or {"conversations": [...]} (ShareGPT), or a list
+    .txt / .md      one session, text verbatim (UTF-8, or UTF-16/32 with a byte order mark)
+    .json / .jsonl  read from their content: OpenAI Chat Completions or Responses, Anthropic
+                    Messages, a ChatGPT export (conversations.json), agent event logs (Claude
+                    Code), ShareGPT, LMSYS-Chat, Alpaca; a session or a message per line,
+                    or a list of either (the README lists each format)
 
-    A file that fails is reported with its line and writes nothing; the others still ingest
-    (exit status 1). Ingesting the same transcript again reports it `unchanged`.
-    Files are read one session at a time (twice: to check, then to archive), so a file of
+    Every file is checked before the model loads. What has no text (an image, say) is kept
+    as a "[image not archived]" placeholder and counted ("dropped" in --json). A file that fails is reported with its line and writes nothing; the others still ingest
+    (exit status 1). Ingesting the same transcript again reports it `unchanged`, or
+    `updated` when --keep names tiers it was archived without, which it is then given.
+    Files are read one session at a time (to check, to count tokens, to archive), so a file of
     any size ingests in bounded memory; one session may hold at most the model's context
     (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
     between sessions, while the model computes.
@@ -136,8 +149,9 @@ def ingest(ctx, paths, keep, model, as_json):
         elif r.status == "failed":
             click.echo(f"failed     {r.error}", err=True)
         else:
-            new = f"  ({r.new_tokens} new, {r.seconds:.2f}s)" if r.status == "ingested" else ""
-            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {r.name}{new}")
+            new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
+            dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{new}{dropped}")
     if any(r.status == "failed" for r in results):
         sys.exit(1)
 
@@ -146,12 +160,13 @@ def ingest(ctx, paths, keep, model, as_json):
 @json_option
 @click.pass_context
 def sessions(ctx, as_json):
-    """List archived sessions, oldest first."""
+    """List archived sessions, oldest first, each with the file it came from (sessions of one name
+    are NAME#1, NAME#2, ... in this order)."""
     for s in _open(ctx, read_only=True).sessions():
         if as_json:
             _emit(s.to_dict())
         else:
-            click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {s.name}")
+            click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
 
 
 @main.command()
@@ -205,7 +220,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model
     if as_json:
         _emit(out)
     else:
-        click.echo(f"[restored {restored.position} tokens of {s.name} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
+        click.echo(f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
         if with_fidelity:
             f = out["fidelity"]
             click.echo(f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True)
@@ -225,9 +240,9 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model
 def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
     """Find PHRASE in the archived sessions.
 
-    Full matches come first, then the places that share the longest end of the phrase.
-    Each hit gives the session and the position of its first token, which
-    `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when nothing matches.
+    Full matches come first, then the places that share the longest end of the phrase
+    (marked partial). Each hit gives the session and the position of its first token, which
+    `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
     archive = _open(ctx, model, read_only=True)
     if not archive.sessions():
@@ -242,13 +257,12 @@ def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
         if as_json:
             _emit(h.to_dict())
             continue
-        grade = "exact" if h.exact else f"cosine {h.similarity:.3f}" if h.similarity is not None else f"{h.match_tokens}/{h.query_tokens} tokens"
-        click.echo(f"{h.name} {h.session_id[:12]} @{h.position}  [{grade}]")
-        flat = lambda text: text.replace("\n", "\u23ce")  # noqa: E731  (one line per hit)
-        click.echo("    " + flat(h.before) + click.style(flat(h.match), bold=True, reverse=True) + flat(h.after))
-    if not hits:
+        grade = "exact" if h.exact else f"cosine {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        click.echo(f"{_printable(h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
+        click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
+    if all(h.partial for h in hits):
         if not as_json:
-            click.echo("no match", err=True)
+            click.echo("no full match; the hits above share only the end of the phrase" if hits else "no match", err=True)
         sys.exit(1)
 
 
@@ -364,7 +378,7 @@ def prefixes(ctx, as_json):
         if as_json:
             _emit(p.to_dict())
         else:
-            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {p.text}")
+            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(p.text)}")
 
 
 @main.command()
@@ -384,7 +398,7 @@ def compact(ctx, session, keep, as_json):
     if as_json:
         _emit({"session_id": s.session_id, "name": s.name, "keep": keep, "status": "compacted"})
     else:
-        click.echo(f"compacted {s.session_id[:12]} ({s.name}) to {keep}")
+        click.echo(f"compacted {s.session_id[:12]} ({_printable(s.name)}) to {keep}")
 
 
 @main.command()
@@ -412,4 +426,4 @@ def delete(ctx, session, as_json):
     if as_json:
         _emit({"session_id": s.session_id, "name": s.name, "status": "deleted"})
     else:
-        click.echo(f"deleted {s.session_id[:12]} ({s.name})")
+        click.echo(f"deleted {s.session_id[:12]} ({_printable(s.name)})")

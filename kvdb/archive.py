@@ -173,7 +173,8 @@ class Archive:
     def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
         """Archived positions whose keys in ``layer`` (default: the middle one) are nearest the
         phrase's last key: contexts the model represents alike, whatever their words. Covers the
-        sessions stored with tier K; loads the model (the phrase is run through it)."""
+        sessions stored with tier K (TierMissing when there are none); loads the model (the
+        phrase is run through it)."""
         return self._searcher.search_semantic(phrase, k, context, layer)
 
     def rebuild_index(self) -> dict:

@@ -77,3 +77,8 @@ class InvalidArgument(KvdbError):
     """An argument is out of range or malformed (a position past the end, an empty text...)."""
 
     exit_code = 2
+
+
+class TierMissing(InvalidArgument):
+    """What was asked needs a tier that no session in the archive was stored with (semantic
+    search needs tier K); the message says how to store it."""

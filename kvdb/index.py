@@ -30,7 +30,7 @@ import numpy as np
 from kvdb import fractal
 from kvdb.errors import CorruptData
 from kvdb.storage import Storage
-from kvdb.storage.base import IndexState, ReplaceIndexState, SessionWrite
+from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
 MAGIC = b"KVDBIDX3"
 _LENGTH = struct.Struct("<I")
@@ -262,17 +262,18 @@ class Indexes:
         self.rebuilt.append(key)
         return index
 
-    def write_session(self, key: str, tokenizer_hash: str, write: SessionWrite, context: np.ndarray) -> None:
-        """Commit a session whose new node joins the index. The sidecar is saved first; if the
-        database commit then fails, the file is one generation ahead of the database, which the
-        next ``get`` detects and rebuilds."""
-        index = self.get(key, tokenizer_hash, write.alphabet)
+    def commit(self, key: str, tokenizer_hash: str, plan: SessionWrite | AddTiers, joining: dict[str, tuple[np.ndarray, np.ndarray]], alphabet: int = 0) -> None:
+        """Commit a plan whose nodes join the index (``joining``: node id -> its tokens, and the
+        tokens before them on its path): a session's new node, or nodes given the search tier.
+        The sidecar is saved first; if the database commit then fails, the file is one
+        generation ahead of the database, which the next ``get`` detects and rebuilds."""
+        index = self.get(key, tokenizer_hash, alphabet)
         try:
-            first = index.add(write.node.tokens, context)
+            first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
             index.generation += 1
             index.save(self.path(key))
-            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, {write.node.node_id: first})
-            self._store.apply(dataclasses.replace(write, index=state))
+            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, first)
+            self._store.apply(dataclasses.replace(plan, index=state))
         except BaseException:
             self._loaded.pop(key, None)
             raise

@@ -23,7 +23,7 @@ from kvdb import identity
 from kvdb import tokenizer as tok
 from kvdb.errors import UnsupportedModel
 from kvdb.storage.base import ModelRow
-from kvdb.tokenizer import DEFAULT_MODEL, LightTokenizer, loading, model_name
+from kvdb.tokenizer import DEFAULT_MODEL, loading, model_name
 
 CHUNK = 512  # tokens per forward pass: bounds the logits tensor (CHUNK x vocab floats)
 
@@ -134,31 +134,6 @@ def weights_hash(model) -> str:
         digest.update(f"{key}:{t.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-# rendering --------------------------------------------------------------------------------
-
-
-def render_messages(tokenizer, messages, add_generation_prompt: bool = False) -> str:
-    """Messages as the model saw them in training: its chat template, or plain ``role: content`` without one."""
-    if isinstance(tokenizer, LightTokenizer):
-        raise TypeError(f"rendering messages needs transformers' tokenizer (model.load(), tokenizer.load_full()), not {tokenizer!r}")
-    messages = [dict(m) for m in messages]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    text = "".join(f"{m['role']}: {m['content']}\n\n" for m in messages)
-    return text + ("assistant: " if add_generation_prompt else "")
-
-
-def user_turn_suffix(tokenizer, prompt: str) -> str:
-    """The text a chat template appends for one more user turn and the assistant's reply header.
-
-    Found by rendering a conversation with and without the turn: templates only add text at the end.
-    """
-    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    before = render_messages(tokenizer, history)
-    after = render_messages(tokenizer, history + [{"role": "user", "content": prompt}], add_generation_prompt=True)
-    return after[len(before):] if after.startswith(before) else prompt
 
 
 # forward passes ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ class Session:
         return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata)
 
     def to_dict(self) -> dict:
-        return {"session_id": self.session_id, "name": self.name, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
+        return {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,21 @@ class IngestResult:
     name: str
     source: str
     n_tokens: int
-    status: str  # "ingested" | "unchanged" | "failed"
+    status: str  # "ingested" | "updated" (archived before; tiers added) | "unchanged" | "failed"
     error: str | None = None
     new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
     seconds: float = 0.0
+    added: tuple[str, ...] = ()  # "updated": the tiers its path was given, which it was archived without
+    dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
 
     def to_dict(self) -> dict:
         out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
         if self.status == "ingested":
             out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
+        if self.status == "updated":
+            out.update(added=list(self.added), seconds=round(self.seconds, 4))
+        if self.dropped:
+            out["dropped"] = dict(self.dropped)
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -82,7 +88,7 @@ class Prefix:
 class RestoredSession:
     """A session's first ``position`` tokens, live in ``cache`` for ``model``.
 
-    ``cache`` is a transformers ``DynamicCache``: pass it as ``past_key_values`` (or ``cache``) to
+    ``cache`` is a transformers ``DynamicCache``: pass it as ``cache`` to
     ``model(...)`` or ``model.generate(...)`` together with the tokens that follow ``position``.
     """
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from kvdb import capture, lmcode
+from kvdb import capture, chat, lmcode
 from kvdb import model as lm_ops
 from kvdb import tokenizer as tok
 from kvdb.errors import InvalidArgument
@@ -67,11 +67,11 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[bytes | np.
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
 
 
-def continuation_ids(loaded: LoadedModel, prompt: str | None, chat: bool) -> np.ndarray:
-    """The tokens a prompt adds: a new user turn for chat sessions, the text itself otherwise."""
+def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool) -> np.ndarray:
+    """The tokens a prompt adds: a new user turn for chat sessions (``as_turn``), the text itself otherwise."""
     if not prompt:
         return np.zeros(0, dtype=np.int64)
-    text = lm_ops.user_turn_suffix(loaded.tokenizer, prompt) if chat else prompt
+    text = chat.user_turn_suffix(loaded.tokenizer, prompt) if as_turn else prompt
     return np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)
 
 

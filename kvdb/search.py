@@ -56,14 +56,22 @@ class Hit:
     def context(self) -> str:
         return self.before + self.match + self.after
 
+    @property
+    def partial(self) -> bool:
+        """A phrase hit that shares only the end of the phrase: shown, but no occurrence of it
+        (a semantic hit is a nearest context, neither full nor partial)."""
+        return self.similarity is None and not self.exact
+
     def to_dict(self) -> dict:
         return {
             "session_id": self.session_id,
+            "name": self.name,
             "position": self.position,
             "match_tokens": self.match_tokens,
             "query_tokens": self.query_tokens,
             "score": round(self.score, 4),
             "exact": self.exact,
+            "partial": self.partial,
             "context": self.context,
         }
 

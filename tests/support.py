@@ -78,3 +78,22 @@ def storage_of(archive):
     """The archive's storage backend: tests that check the stored trie itself (which nodes hold
     which tiers, how often the file was opened) read it here; the public API does not show nodes."""
     return archive._storage
+
+
+# keys under which a transcript of any format holds conversation text (not ids, types or data)
+TEXT_KEYS = {"content", "text", "value", "thinking", "arguments", "output", "instruction", "input", "system", "instructions", "parts"}
+
+
+def conversation_texts(value, key=None):
+    """Every non-empty string a parsed transcript file holds under one of TEXT_KEYS: what must
+    come back from `show` for nothing to have been dropped."""
+    if isinstance(value, str):
+        if key in TEXT_KEYS and value:
+            yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from conversation_texts(item, key)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from conversation_texts(v, k)
+

@@ -11,25 +11,28 @@ process.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvdb import model as lm_ops
 from kvdb import tokenizer as tok
-from kvdb import transcripts, trie
+from kvdb import chat, transcripts, trie
 from kvdb.errors import InvalidArgument, TranscriptError
 from kvdb.index import Indexes, index_key
 from kvdb.prefix_cache import PrefixCache
 from kvdb.records import IngestResult
 from kvdb.services.models import ModelProvider
-from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.storage import Storage
-from kvdb.storage.base import NewNode, NodeRow, SessionRow, SessionWrite, utc_now
-from kvdb.tiers import parse_keep
+from kvdb.storage.base import AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
+from kvdb.tiers import TIERS, parse_keep
+
+if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is: a malformed file is refused without it
+    from kvdb.services.tier_k import TierK
 
 # progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
 # sessions are counted when its check pass ends), so a progress bar can show a total.
@@ -38,6 +41,7 @@ Progress = Callable[[int, int], None]
 # many bytes per context token (SmolLM2's longest token is 81 bytes, and JSON escapes take at
 # most 6 bytes a byte), so larger sessions are refused before they are read into memory.
 FILE_BYTES_PER_CONTEXT_TOKEN = 1024
+LONGEST_CONTEXT_TOKENS = 1 << 17  # 128 MiB a session: a memory guard for the parse before the model loads
 # Ingest lets the file go during the model's work, unless the work is short (fewer new tokens
 # than this, ~0.3 s on 2 cores) and the file has been held for less than HOLD_SECONDS: readers
 # then wait at most about a second, and a stream of short sessions does not pay a reconnect each.
@@ -80,8 +84,7 @@ class Ingester:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
         for path in dict.fromkeys(found):
             try:
-                limit = FILE_BYTES_PER_CONTEXT_TOKEN * self._models.context_tokens(self._models.get())
-                results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, limit), optional, progress))
+                results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, self._session_bytes()), optional, progress))
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
         return results
@@ -89,7 +92,11 @@ class Ingester:
     def _ingest_source(self, sessions: Callable[[], Iterable], optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
         """Archive the sessions of one source in two passes over it, so that memory holds one
         session at a time however large the file: the first checks every session (a failure
-        anywhere writes nothing), the second archives them one by one."""
+        anywhere writes nothing), the second archives them one by one. A file is parsed once
+        more before the model loads, so that a malformed one is refused in milliseconds."""
+        if self._models.loaded is None:
+            for _ in sessions():
+                pass
         loaded = self._models.get()
         planned = sum(len(self._render(loaded, item)) for item in sessions())
         if progress:
@@ -98,7 +105,8 @@ class Ingester:
         try:
             for item in sessions():
                 ids = self._render(loaded, item)
-                results.append(self._ingest_one(loaded, item, ids, optional))
+                result = self._ingest_one(loaded, item, ids, optional)
+                results.append(dataclasses.replace(result, dropped=item.dropped) if item.dropped else result)
                 if progress:
                     progress(len(ids), 0)
         finally:
@@ -115,8 +123,9 @@ class Ingester:
             return self._tier_l.node_tokens(node, ids[: node.start])
 
         while True:
-            if self._storage.has_session(session_id):
-                return IngestResult(session_id, item.name, item.source, len(ids), "unchanged")
+            if self._storage.has_session(session_id):  # archived already: it may be asked for tiers its path lacks
+                added = self._add_tiers(loaded, session_id, ids, optional)
+                return IngestResult(session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added)
             match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
             grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
             planned_on = self._storage.version()
@@ -130,9 +139,8 @@ class Ingester:
             self._storage.apply(write)
         else:
             tok_hash = loaded.identity.tokenizer_hash
-            self._indexes.write_session(index_key(tok_hash), tok_hash, write, ids[: match.matched])
-        if "kv" in optional:
-            self._tier_k().complete(loaded, session_id, ids, cache)
+            self._indexes.commit(index_key(tok_hash), tok_hash, write, {write.node.node_id: (write.node.tokens, ids[: match.matched])}, write.alphabet)
+        self._add_tiers(loaded, session_id, ids, optional, cache)  # the shared prefix stored before with fewer tiers
         if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
             self._keep_prefix(session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
@@ -144,8 +152,7 @@ class Ingester:
         split_tokens = None
         if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
             split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
-        if "kv" in optional:
-            self._tier_k().codebooks(model_id)  # refused before any model work when there are none
+        books = self._tier_k().codebooks(model_id)[0] if "kv" in optional else None  # refused before any model work when there are none
         on_path = self._storage.node_path(match.node.node_id) if match.node is not None else []
         resumable = [(n.node_id, n.end) for n in reversed(on_path)]  # deepest first, with the positions each holds
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
@@ -165,7 +172,7 @@ class Ingester:
             tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in back}
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in optional else None
-            kv = self._tier_k().codes(loaded, cache, match.matched) if "kv" in optional else None
+            kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in optional else None
             node = NewNode(session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], optional, payload, kv)
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:
@@ -174,6 +181,53 @@ class Ingester:
         row = SessionRow(session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
         alphabet = max(loaded.model.config.vocab_size, len(loaded.tokenizer))
         return SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache
+
+    def _add_tiers(self, loaded, session_id: str, ids: np.ndarray, optional: frozenset[str], cache=None) -> tuple[str, ...]:
+        """Give the nodes of the session's path the tiers of ``optional`` they lack, and name
+        those tiers: a session archived before with fewer (ingested again after `kvdb codebooks
+        train`, or for tier L before `kvdb compact`), or the shared prefix a new session runs
+        through (``cache``: its ingest pass's, holding the whole session). A node that holds a
+        tier keeps it as it is. Reads first, then the model's work with the file let go; the path
+        is read again after it, and the file held from there to the commit (the work is redone
+        if another writer changed the path meanwhile)."""
+        path = self._storage.node_path(session_id)
+        while True:
+            lacking = _lacking(path, optional)
+            if not lacking:
+                return ()
+            plan, joining, cache = self._tiers_plan(loaded, ids, path, lacking, cache)
+            path = self._storage.node_path(session_id)
+            if _lacking(path, optional) == lacking:
+                break
+        if joining:
+            tok_hash = loaded.identity.tokenizer_hash
+            self._indexes.commit(index_key(tok_hash), tok_hash, plan, joining)
+        else:
+            self._storage.apply(plan)
+        return tuple(t for t in TIERS if any(t in tiers for *_, tiers in lacking))
+
+    def _tiers_plan(self, loaded, ids: np.ndarray, path: list[NodeRow], lacking: list[tuple], cache):
+        """(the AddTiers plan of ``lacking``, the nodes joining the search index with their tokens
+        and the tokens before them, the cache of the whole session if tier K needed one)."""
+        missing = {node_id: tiers for node_id, _, _, tiers in lacking}
+        nodes = [n for n in path if n.node_id in missing]
+        back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
+        books = self._tier_k().codebooks(loaded.identity.model_id)[0] if kv else None  # refused before any model work when there are none
+        scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
+        if lm or (scoring and len(ids) >= SHORT_WORK_TOKENS) or self._storage.held_for() >= HOLD_SECONDS:
+            self._storage.release()
+        given: dict[str, dict] = {n.node_id: {} for n in nodes}
+        if scoring:
+            first = min((n.start for n in back), default=len(ids))
+            logprobs, cache = self._score_suffix(loaded, ids, first, [(n.node_id, n.end) for n in reversed(path)])
+            for n in back:
+                given[n.node_id]["tokens"] = (ids[n.start : n.end], logprobs[n.start - first : n.end - first])
+        for node_id, payload in self._tier_l.encode_nodes(loaded, ids, lm).items():
+            given[node_id]["lm"] = payload
+        for n in kv:
+            given[n.node_id]["kv"] = self._tier_k().codes(loaded, cache, n.start, n.end, codebook_id=books)
+        joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
+        return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
 
     def _keep_prefix(self, session_id: str, ids: np.ndarray, cache) -> None:
         """Save a growing conversation's cache for later processes, once: a turn that this
@@ -187,6 +241,8 @@ class Ingester:
         """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
         session ingested in this process, else from the prefix cache on disk (the deepest of the
         ``resumable`` path nodes it holds), else prefilling it."""
+        from kvdb import model as lm_ops
+
         fed = start - 1  # the cache to resume holds ids[:fed]; the logits at fed predict ids[start]
         cache, held = None, 0
         if fed > 0 and self._recent is not None and np.array_equal(self._recent[0][:fed], ids[:fed]):
@@ -201,10 +257,16 @@ class Ingester:
         self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
         return logprobs, cache
 
+    def _session_bytes(self) -> int:
+        """The most bytes of a file one session may take: what the model's context can hold, or,
+        before the model is loaded, what the longest context of any model can."""
+        loaded = self._models.loaded
+        return FILE_BYTES_PER_CONTEXT_TOKEN * (self._models.context_tokens(loaded) if loaded is not None else LONGEST_CONTEXT_TOKENS)
+
     def _render(self, loaded, item) -> np.ndarray:
         """The session's token ids, refused when empty or longer than the model can attend to
         (a cache past its context would restore a state the model was never trained on)."""
-        text = item.text if item.text is not None else lm_ops.render_messages(loaded.tokenizer, item.messages)
+        text = item.text if item.text is not None else chat.render(loaded.tokenizer, item.messages)
         ids = np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)
         if len(ids) == 0:
             raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
@@ -212,6 +274,12 @@ class Ingester:
         if len(ids) > context:
             raise TranscriptError(item.source, f"renders to {len(ids):,} tokens, more than the {context:,} of the model's context; split it into smaller sessions")
         return ids
+
+
+def _lacking(path: list[NodeRow], optional: frozenset[str]) -> list[tuple]:
+    """(node id, start, length, tiers of ``optional`` it lacks) of each path node lacking some:
+    what adding tiers depends on (not, say, a node's refcount)."""
+    return [(n.node_id, n.start, n.n_tokens, optional - n.keep) for n in path if optional - n.keep]
 
 
 def _match_key(match: trie.PrefixMatch) -> tuple:

@@ -29,6 +29,11 @@ class ModelProvider:
         self._placed = False  # whether the model's identity in this archive was looked up
         self._registered = False
 
+    @property
+    def loaded(self):
+        """The model if it is loaded already, else None."""
+        return self._loaded
+
     def get(self):
         """The model, loaded on first use, as this archive knows it (an archive of kvdb 0.1.0 keeps
         its model ids: kvdb.identity), and registered in the archive."""

@@ -5,6 +5,8 @@ with another tokenizer."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from kvdb import tokenizer as tok
@@ -23,21 +25,41 @@ class Reader:
         self._tier_l = tier_l
 
     def resolve(self, ref: str) -> SessionRow:
-        """Full id, then exact name, then unique id prefix."""
+        """Full id, then exact name, then ``name#n``, then unique id prefix.
+
+        Two files named notes.md in different folders are both sessions ``notes``: ``notes#2``
+        is the second of them, oldest first. A name that itself ends in ``#n`` (a JSONL file's
+        sessions are ``stem#line``) is found by that name before ``#n`` is read as a number."""
         if not ref:
             raise InvalidArgument("empty session reference; give an id, an id prefix or a name (see `kvdb sessions`)")
         exact = self._storage.get_session(ref)
         if exact is not None:
             return exact
         matches = self._storage.match_sessions(ref)
-        named = [m for m in matches if m.name == ref]
-        matches = named or matches  # a name is meant exactly; an id prefix only when no name matches
+        named = self._named(ref, matches)
+        if len(named) > 1:
+            listed = ", ".join(f"{ref}#{i} ({m.source})" for i, m in enumerate(named[:5], 1))
+            raise AmbiguousSession(f"{ref!r} matches {len(named)} sessions: {listed}; give one of these, or an id")
+        if named:
+            return named[0]
+        numbered = re.fullmatch(r"(.+)#([1-9][0-9]*)", ref)
+        if numbered is not None:
+            same = self._named(numbered[1], self._storage.match_sessions(numbered[1]))
+            if len(same) >= int(numbered[2]):
+                return same[int(numbered[2]) - 1]
+            if same:
+                raise SessionNotFound(f"no session {ref!r}: {len(same)} sessions are named {numbered[1]!r}, {numbered[1]}#1 to {numbered[1]}#{len(same)}")
         if not matches:
             raise SessionNotFound(f"no session matches {ref!r}; list them with `kvdb sessions`")
         if len(matches) > 1:
             listed = ", ".join(f"{m.session_id[:12]} ({m.name})" for m in matches[:5])
             raise AmbiguousSession(f"{ref!r} matches {len(matches)} sessions: {listed}; give more of the id")
         return matches[0]
+
+    @staticmethod
+    def _named(name: str, rows: list[SessionRow]) -> list[SessionRow]:
+        """The rows named exactly ``name``, oldest first: the order ``name#n`` counts in."""
+        return sorted((r for r in rows if r.name == name), key=lambda r: (r.created_at, r.session_id))
 
     def sessions(self) -> list[Session]:
         return [Session.from_row(r) for r in self._storage.list_sessions()]

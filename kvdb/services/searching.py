@@ -13,7 +13,7 @@ import numpy as np
 from kvdb import search as search_ops
 from kvdb import tokenizer as tok
 from kvdb import trie
-from kvdb.errors import InvalidArgument
+from kvdb.errors import InvalidArgument, TierMissing
 from kvdb.index import Indexes, SlotMap, index_key
 from kvdb.search import Hit
 from kvdb.services.cache import DerivedCache
@@ -87,7 +87,10 @@ class Searcher:
         model_id = loaded.identity.model_id
         nodes, offsets, vectors = self._derived.get(("semantic", model_id, layer), lambda: self._semantic_table(semantic_ops, model_id, layer))
         if not len(nodes):
-            return []
+            raise TierMissing(
+                "semantic search compares the KV cache stored in tier K, and no session of this model has it; "
+                "train codebooks with `kvdb codebooks train`, then ingest sessions with `--keep tokens,search,kv`"
+            )
         names, view = self._trie_view()
         hits = []
         rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(loaded.model, ids, layer), 4 * k)

@@ -15,7 +15,7 @@ from kvdb.errors import InvalidArgument
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
-from kvdb.storage.base import AddKV, NodeRow, PutCodebooks, SessionRow
+from kvdb.storage.base import NodeRow, PutCodebooks, SessionRow
 
 
 class TierK:
@@ -36,25 +36,15 @@ class TierK:
             self._books[codebook_id] = quant.Codebooks.from_bytes(self._storage.codebook_data(codebook_id))
         return codebook_id, self._books[codebook_id]
 
-    def codes(self, loaded, cache, start: int, end: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
-        """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code streams."""
-        codebook_id, books = self.codebooks(loaded.identity.model_id)
+    def codes(self, loaded, cache, start: int, end: int | None = None, codebook_id: str | None = None) -> tuple[str, dict[int, np.ndarray]]:
+        """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code
+        streams, with the codebooks named (looked up before the file was let go: coding then reads
+        nothing from it), else the model's newest."""
+        codebook_id, books = self.codebooks(loaded.identity.model_id, codebook_id)
         keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
         return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
-
-    def complete(self, loaded, session_id: str, ids: np.ndarray, cache) -> None:
-        """Shared prefix nodes stored before without tier K get it from this ingest's cache (it
-        holds the whole session; a session that added no node prefills one), so the new session
-        restores from the archive end to end."""
-        missing = [n for n in self._storage.node_path(session_id) if "kv" not in n.keep]
-        if missing and cache is None:
-            from kvdb import model as lm_ops
-
-            cache = lm_ops.prefill(loaded.model, ids)
-        for node in missing:
-            self._storage.apply(AddKV(node.node_id, *self.codes(loaded, cache, node.start, node.end)))
 
     def train(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
@@ -71,8 +61,9 @@ class TierK:
             values.append(v[:, :, capture.SINKS :])
             used += k.shape[2] - capture.SINKS
         largest = max(size for kind in quant.allocation(preset, loaded.model.config.num_hidden_layers).values() for stage in kind for size in stage)
-        if used < largest:
-            raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions; this archive has {used}")
+        if used < largest:  # too few under the --tokens cap, or in the archive
+            advice = f"pass --tokens {largest} or more" if tokens < largest else "archive more sessions first, then run `kvdb codebooks train` again"
+            raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions (attention sinks left out), and {used} were read; {advice}")
         books = quant.train(
             {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, preset, pre_rope=True, niter=niter,
             meta={"model_id": loaded.identity.model_id, "tokens": used},

@@ -34,6 +34,18 @@ class TierL:
         self._recent = (ids, after) if len(ids) <= RECENT_CACHE_TOKENS else None
         return payload
 
+    def encode_nodes(self, loaded, ids: np.ndarray, nodes: list[NodeRow]) -> dict[str, bytes]:
+        """Tier L of archived nodes of ``ids``'s path (root first) that were stored without it,
+        each coded given its parent path's context: stepped on from the last node coded, through
+        the nodes between that keep theirs, so the path is stepped through once."""
+        payloads, context, at = {}, None, 0
+        for node in nodes:
+            if node.start > at:
+                context = lmcode.context_for(loaded.model, ids[at : node.start], context=context)
+            payloads[node.node_id], context = lmcode.encode_with_context(loaded.model, ids[node.start : node.end], context=context)
+            at = node.end
+        return payloads
+
     def context(self, loaded, ids: np.ndarray, length: int):
         if length == 0:
             return None

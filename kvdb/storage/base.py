@@ -160,12 +160,23 @@ class DropTiers:
 
 
 @dataclass(frozen=True)
-class AddKV:
-    """Give an existing node tier K (a shared prefix stored before without it)."""
+class NodeTiers:
+    """Tiers an existing node is given; a field left None is a tier it is not given."""
 
-    node_id: str
-    codebook_id: str
-    streams: dict[int, np.ndarray]
+    tokens: tuple[np.ndarray, np.ndarray] | None = None  # its tokens and log-probabilities (a node held in tier L only)
+    lm: bytes | None = None
+    kv: tuple[str, dict[int, np.ndarray]] | None = None  # (codebook_id, {codebook size: token-major codes})
+
+
+@dataclass(frozen=True)
+class AddTiers:
+    """Give existing nodes tiers they lack (node id -> what each is given), in one transaction: a
+    session archived before with fewer tiers than it is ingested with now, or a shared prefix a new
+    session runs through. The search tier comes as ``index``, the search sidecar's new state, whose
+    ``ranges`` are the slot runs of the nodes that join it (the caller saved the sidecar first)."""
+
+    nodes: dict[str, NodeTiers]
+    index: IndexState | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +186,7 @@ class ReplaceIndexState:
     state: IndexState
 
 
-Plan = SessionWrite | PutModel | PutCodebooks | DeleteSession | CollectGarbage | DropTiers | AddKV | ReplaceIndexState
+Plan = SessionWrite | PutModel | PutCodebooks | DeleteSession | CollectGarbage | DropTiers | AddTiers | ReplaceIndexState
 
 
 # the protocol --------------------------------------------------------------------------------

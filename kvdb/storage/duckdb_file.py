@@ -45,11 +45,15 @@ class DuckDBFile(SqlStorage):
         self._held_since = 0.0
         self._epoch = 0  # moves on each own write, and when the file changed while let go
         self.connections = 0  # connections opened so far (each one costs ~30 ms)
-        if read_only and self.schema_revision() != schema.REVISION:
+        try:
+            if read_only and self.schema_revision() != schema.REVISION:
+                self.release()
+                DuckDBFile(self.path, self.timeout).close()
+            if not read_only:
+                self._migrate()
+        except BaseException:  # a refused file (foreign, newer) is let go: the next open of it must not find it held
             self.release()
-            DuckDBFile(self.path, self.timeout).close()
-        if not read_only:
-            self._migrate()
+            raise
 
     @property
     def engine(self) -> sa.Engine:
@@ -66,9 +70,9 @@ class DuckDBFile(SqlStorage):
                     conn.exec_driver_sql("select 1")
             except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
                 engine.dispose()
-                message = _first_line(exc)
+                message = _first_line(getattr(exc, "orig", None) or exc)  # the driver's error, not SQLAlchemy's wrapping of it
                 if "lock" not in message.lower():
-                    raise ArchiveError(f"cannot open archive {self.path}: {message}") from exc
+                    raise self._unopenable(message) from exc
                 if time.monotonic() >= deadline:
                     holder = re.search(r"PID (\d+)", message)
                     who = f"process {holder.group(1)}" if holder else "another process"
@@ -82,6 +86,19 @@ class DuckDBFile(SqlStorage):
             self._held_since = time.monotonic()
             self._check_file()
             return engine
+
+    def _unopenable(self, message: str) -> ArchiveError:
+        """Why DuckDB refused the file (for another reason than its lock), naming it as the user
+        gave it: DuckDB's message names it by its absolute path. A file without DuckDB's magic
+        number is no archive at all, whatever DuckDB's words for that."""
+        try:
+            with self.path.open("rb") as f:
+                foreign = f.read(12)[8:12] != b"DUCK"
+        except OSError:  # unreadable: DuckDB's message says why
+            foreign = False
+        if foreign:
+            return ArchiveError(f"{self.path} is not a kvdb archive (not a DuckDB database file); check --db (or $KVDB_DB)")
+        return ArchiveError(f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}")
 
     def release(self) -> None:
         if self._engine is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb import fractal
-from kvdb.storage.base import IndexState, NewNode, NodeRow, Split
+from kvdb.storage.base import IndexState, NewNode, NodeRow, NodeTiers, Split
 
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv")  # every tier a node can hold
 TIER_TABLES = (("search", "search_ranges"), ("lm", "node_lm"), ("kv", "node_kv"), ("tokens", "token_blocks"), ("tokens", "node_logprobs"))
@@ -136,11 +136,22 @@ def new_node(node: NewNode, model_id: str, alphabet: int) -> list[Edit]:
     return edits
 
 
-def tokens_back(node: NodeRow, stream: Stream, tokens: np.ndarray, logprobs: np.ndarray) -> list[Edit]:
-    """A node held in tier L only holds its tokens again."""
-    return token_rows(node.node_id, stream, tokens, logprobs) + [
-        Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | {"tokens"})})
-    ]
+def add_tiers(node: NodeRow, stream: Stream | None, tiers: NodeTiers, search: bool = False) -> list[Edit]:
+    """An existing node given tiers: its tokens back (a node held in tier L only; ``stream`` says
+    how they are coded), tier L, tier K, and the search tier (``search``: its slot run is inserted
+    with the index state)."""
+    edits: list[Edit] = []
+    added = {"search"} if search else set()
+    if tiers.tokens is not None:
+        edits += token_rows(node.node_id, stream, *tiers.tokens)
+        added.add("tokens")
+    if tiers.lm is not None:
+        edits.append(Insert("node_lm", [{"node_id": node.node_id, "payload": tiers.lm}]))
+        added.add("lm")
+    if tiers.kv is not None:
+        edits += kv_rows(node.node_id, *tiers.kv)
+        added.add("kv")
+    return edits + [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | added)})]
 
 
 def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
@@ -193,12 +204,6 @@ def drop_tiers(node: NodeRow, tiers: set[str]) -> list[Edit]:
     """Search slots become tombstones; the token tier goes with its log-probabilities."""
     edits: list[Edit] = [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep - tiers)})]
     return edits + [Delete(table, "node_id", [node.node_id]) for tier, table in TIER_TABLES if tier in tiers]
-
-
-def add_kv(node: NodeRow, codebook_id: str, streams: dict[int, np.ndarray]) -> list[Edit]:
-    if "kv" in node.keep:
-        return []
-    return kv_rows(node.node_id, codebook_id, streams) + [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | {"kv"})})]
 
 
 def index_state(state: IndexState, n_tokens: dict[str, int]) -> list[Edit]:

@@ -10,10 +10,11 @@ import sqlalchemy as sa
 
 from kvdb.storage import edits, schema, sql
 from kvdb.storage.base import (
-    AddKV,
+    AddTiers,
     CollectGarbage,
     DeleteSession,
     DropTiers,
+    NodeTiers,
     Plan,
     PutCodebooks,
     PutModel,
@@ -55,7 +56,7 @@ def _held(conn, node_id: str) -> edits.Held:
 
 
 def _tokens_back(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:
-    run(conn, edits.tokens_back(sql.node(conn, node_id), sql.stream(conn, node_id), tokens, logprobs))
+    run(conn, edits.add_tiers(sql.node(conn, node_id), sql.stream(conn, node_id), NodeTiers(tokens=(tokens, logprobs))))
 
 
 def _session_write(conn, w: SessionWrite) -> None:
@@ -109,8 +110,14 @@ def _drop_tiers(conn, plan: DropTiers) -> None:
         _tokens_back(conn, node_id, tokens, logprobs)
 
 
-def _add_kv(conn, plan: AddKV) -> None:
-    run(conn, edits.add_kv(sql.node(conn, plan.node_id), plan.codebook_id, plan.streams))
+def _add_tiers(conn, plan: AddTiers) -> None:
+    searched = set(plan.index.ranges) if plan.index is not None else set()
+    for node_id in dict.fromkeys([*plan.nodes, *searched]):
+        tiers = plan.nodes.get(node_id, NodeTiers())
+        stream = sql.stream(conn, node_id) if tiers.tokens is not None else None
+        run(conn, edits.add_tiers(sql.node(conn, node_id), stream, tiers, node_id in searched))
+    if plan.index is not None:
+        _index_state(conn, plan.index)
 
 
 def _put_model(conn, plan: PutModel) -> None:
@@ -145,6 +152,6 @@ _HANDLERS = {
     DeleteSession: _delete_session,
     CollectGarbage: _collect_garbage,
     DropTiers: _drop_tiers,
-    AddKV: _add_kv,
+    AddTiers: _add_tiers,
     ReplaceIndexState: _replace_index_state,
 }

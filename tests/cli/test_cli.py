@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvdb.errors import AmbiguousSession, SessionNotFound
 from kvdb_cli.main import main
 
 from support import write, write_jsonl
@@ -49,7 +50,8 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
 
     listed = lines(run("sessions", "--json"))
     assert {r["name"] for r in listed} == {"story", "chat"}
-    assert all(set(r) == {"session_id", "name", "n_tokens", "created_at"} for r in listed)
+    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at"} for r in listed)
+    assert {r["source"] for r in listed} == {str(story), str(tmp_path / "t" / "chat.jsonl")}
 
     shown = run("show", "story")
     assert shown.exit_code == 0 and shown.stdout == TEXT
@@ -153,3 +155,102 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
     result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"])
     assert result.exit_code == 4, result.output
     assert "Retrying" not in result.output and "no-such-org/no-such-model" in result.output
+
+
+# Issue 13's rough edges ------------------------------------------------------------------
+
+
+def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_path):
+    assert run("ingest", str(write(tmp_path / "harbour.txt", "The keeper watched the harbour lights at dusk.\n"))).exit_code == 0
+    mixed = run("search", "harbour lights", "-k", "10", "--json")
+    assert mixed.exit_code == 0  # one full match is enough; the partial ones come after it
+    rows = lines(mixed)
+    assert {r["name"] for r in rows} == {"harbour"}
+    assert rows[0]["exact"] and not rows[0]["partial"] and any(r["partial"] for r in rows)
+
+    partial = run("search", "zebra lights", "--json")
+    assert partial.exit_code == 1 and lines(partial)  # printed, but no occurrence of the phrase
+    assert all(r["partial"] and not r["exact"] for r in lines(partial))
+    shown = run("search", "zebra lights")
+    assert shown.exit_code == 1 and "[partial: " in shown.stdout and "[exact]" not in shown.stdout
+    assert "no full match" in shown.stderr
+
+
+def test_listings_escape_control_characters_but_show_and_json_do_not(run, tmp_path):
+    crlf = "harbour lights\r\nsecond line\r\n"
+    odd = write(tmp_path / "odd\x1b[31mname.txt", crlf)
+    assert run("ingest", str(odd)).exit_code == 0
+    listed = run("sessions")  # stdout_bytes: click's runner turns the \r\n of .stdout into \n
+    assert b"odd\\x1b[31mname" in listed.stdout_bytes and b"\x1b" not in listed.stdout_bytes
+    hits = run("search", "lights", "-k", "1", "--context", "4")
+    assert b"\\r\\n" in hits.stdout_bytes and b"\r" not in hits.stdout_bytes and len(hits.stdout_bytes.splitlines()) == 2
+    assert "\r\n" in lines(run("search", "lights", "-k", "1", "--json"))[0]["context"]
+    assert lines(run("sessions", "--json"))[0]["name"] == "odd\x1b[31mname"
+    assert run("show", "odd\x1b[31mname").stdout_bytes == crlf.encode()  # the exact text, for pipes
+
+    for tail in ("one", "two"):
+        assert run("ingest", str(write(tmp_path / f"{tail}.txt", f"\x07bell shared opening words here, then {tail}"))).exit_code == 0
+    prefixes = run("prefixes")
+    assert b"\\x07bell shared" in prefixes.stdout_bytes and b"\x07" not in prefixes.stdout_bytes
+
+
+def test_semantic_search_without_tier_k_says_how_to_store_it(run, tmp_path):
+    assert run("ingest", str(write(tmp_path / "plain.txt", TEXT))).exit_code == 0
+    result = run("search", "line", "--semantic")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "tier K" in result.stderr and "kvdb codebooks train" in result.stderr and "--keep tokens,search,kv" in result.stderr
+    assert "no match" not in result.stderr
+
+
+def test_sessions_of_one_name_are_listed_with_their_source_and_numbered(run, tmp_path):
+    first = write(tmp_path / "a" / "notes.md", "first notes\n")
+    second = write(tmp_path / "b" / "notes.md", "second notes\n")
+    literal = write(tmp_path / "c" / "notes#2.md", "a name that ends in #2\n")
+    for path in (first, second, literal):  # one at a time: oldest first is this order
+        assert run("ingest", str(path)).exit_code == 0
+    listed = run("sessions")
+    assert str(first) in listed.stdout and str(second) in listed.stdout
+    assert [r["source"] for r in lines(run("sessions", "--json"))] == [str(first), str(second), str(literal)]
+
+    ambiguous = run("show", "notes")
+    assert ambiguous.exit_code == 3 and ambiguous.stderr.count("\n") == 1
+    assert f"notes#1 ({first})" in ambiguous.stderr and f"notes#2 ({second})" in ambiguous.stderr
+    assert run("show", "notes#1").stdout == "first notes\n"
+    assert run("show", "notes#2").stdout == "a name that ends in #2\n"  # an exact name comes first
+    past = run("show", "notes#3")
+    assert past.exit_code == 3 and "notes#1 to notes#2" in past.stderr
+
+
+def test_session_number_counts_oldest_first(archive):
+    """``name#n`` without a session literally so named: the n-th of that name, oldest first."""
+    older = archive.ingest(text="older", name="log")[0].session_id
+    newer = archive.ingest(text="newer", name="log")[0].session_id
+    assert [archive.session(f"log#{n}").session_id for n in (1, 2)] == [older, newer]
+    with pytest.raises(AmbiguousSession, match="log#1 .*log#2"):
+        archive.session("log")
+    with pytest.raises(SessionNotFound):
+        archive.session("log#0")
+
+
+@pytest.mark.parametrize("command", ["sessions", "gc"])  # read-only, and a write
+@pytest.mark.parametrize("kind", ["text", "duckdb"])
+def test_a_file_that_is_not_an_archive_is_refused_by_the_name_given(tmp_path, monkeypatch, command, kind):
+    import duckdb
+
+    import kvdb
+    from kvdb.errors import ArchiveError
+
+    monkeypatch.chdir(tmp_path)
+    if kind == "text":
+        Path("x.duckdb").write_text("hello\n")
+    else:
+        con = duckdb.connect("x.duckdb")
+        con.execute("create table customers (id integer)")
+        con.close()
+    result = CliRunner().invoke(main, ["--db", "x.duckdb", command])
+    assert result.exit_code == 5 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("kvdb: error: x.duckdb ") and "not a kvdb archive" in result.stderr
+    assert str(tmp_path) not in result.stderr and "_duckdb" not in result.stderr and "Exception" not in result.stderr
+    with pytest.raises(ArchiveError, match="x.duckdb .*not a kvdb archive") as raised:
+        kvdb.open("x.duckdb", read_only=command == "sessions")
+    assert raised.value.exit_code == 5

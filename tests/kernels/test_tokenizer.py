@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kvdb import model as lm_ops
+from kvdb import chat
 from kvdb import tokenizer as tok
 from kvdb.tokenizer import LightTokenizer
 
@@ -218,9 +219,9 @@ def test_light_tokenizer_is_not_taken_for_a_full_one(tiny_model, private_cache):
     for attr in ("apply_chat_template", "backend_tokenizer", "decode", "encode", "__call__"):
         assert not hasattr(light, attr)
     with pytest.raises(TypeError, match="transformers' tokenizer"):
-        lm_ops.render_messages(light, [{"role": "user", "content": "hi"}])
+        chat.render(light, [{"role": "user", "content": "hi"}])
     full = tok.load_full(tiny_model)
-    assert lm_ops.render_messages(full, [{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
+    assert chat.render(full, [{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
 
 
 def test_missing_model_is_a_clear_error(tmp_path):

@@ -7,6 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvdb import transcripts
+from kvdb.transcripts import json_stream
 from kvdb.errors import TranscriptError
 from kvdb.transcripts import (
     ROLE_ALIASES,
@@ -111,7 +112,7 @@ def test_jsonl_with_one_message_per_line_is_one_session(tmp_path):
     assert transcript.messages == (
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello!"},
+        {"role": "assistant", "content": "Hello!", "name": "bot"},
     )
     assert transcript.metadata == {"format": "jsonl-messages"}
 
@@ -133,9 +134,9 @@ def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
     assert [t.name for t in transcripts] == ["first", "42", "s#4"]
     assert [t.source for t in transcripts] == [f"{path}#L1", f"{path}#L2", f"{path}#L4"]
     assert [t.metadata for t in transcripts] == [
-        {"format": "jsonl-sessions", "id": "a1"},
-        {"format": "jsonl-sessions", "id": 42},
-        {"format": "jsonl-sessions"},
+        {"format": "openai", "id": "a1"},
+        {"format": "openai", "id": 42},
+        {"format": "sharegpt"},
     ]
     assert transcripts[2].messages == ({"role": "user", "content": "y"},)
 
@@ -143,7 +144,7 @@ def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
 def test_null_id_and_name_count_as_absent(tmp_path):
     path = write(tmp_path / "n.jsonl", jsonl({"id": None, "name": None, "messages": [{"role": "user", "content": "a"}]}))
     [transcript] = read_transcripts(path)
-    assert (transcript.name, transcript.metadata) == ("n#1", {"format": "jsonl-sessions"})
+    assert (transcript.name, transcript.metadata) == ("n#1", {"format": "openai"})
 
 
 def test_jsonl_accepts_crlf_line_endings_and_a_bom(tmp_path):
@@ -176,7 +177,7 @@ def test_openai_json_joins_text_parts_and_maps_roles(tmp_path):
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": "one\ntwo"},
         {"role": "assistant", "content": "ok"},
-        {"role": "tool", "content": "42"},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
     )
 
 
@@ -223,7 +224,7 @@ def test_transcript_from_messages_normalises_like_files():
         ([], "no messages"),
         ("hi", "messages must be a list"),
         ([{"role": "wizard", "content": "x"}], "unknown role 'wizard'"),
-        ([{"role": "user", "content": 3}], "must be a string or a list of text parts"),
+        ([{"role": "user", "content": 3}], "must be a string, null or a list of content parts"),
     ],
 )
 def test_transcript_from_messages_rejects_bad_input(messages, reason):
@@ -303,19 +304,18 @@ BAD_JSONL = [
     ("binary", b'{"role": "user", "content": "a"}\n\x00\x01\x02', "binary file", 2),
     ("unknown role", jsonl({"role": "user", "content": "a"}, {"role": "narrator", "content": "b"}),
      "unknown role 'narrator'; allowed roles: assistant, bard", 2),
-    ("content not a string", jsonl({"role": "user", "content": 5}), "must be a string or a list of text parts, not a number", 1),
-    ("image part", jsonl({"role": "user", "content": [{"type": "image_url", "image_url": {}}]}), "only text parts", 1),
+    ("content not a string", jsonl({"role": "user", "content": 5}), "must be a string, null or a list of content parts, not a number", 1),
     ("missing content", jsonl({"role": "user", "content": "a"}, {"role": "user"}), 'has no "content"', 2),
     ("role not a string", jsonl({"role": None, "content": "a"}), '"role" must be a string, not null', 1),
     ("message not an object", jsonl({"role": "user", "content": "a"}, ["user", "a"]), "got a list", 2),
     ("messages not a list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": "hi"}),
      "messages must be a list, not a string", 2),
-    ("session without messages", jsonl({"messages": [{"role": "user", "content": "a"}]}, {}), "neither", 2),
+    ("session without messages", jsonl({"messages": [{"role": "user", "content": "a"}]}, {}), "session has none of", 2),
     ("empty messages list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": []}), "no messages", 2),
     ("bad message inside a session", jsonl({"messages": [{"role": "user", "content": "a"}, {"role": "x", "content": "b"}]}),
      "messages[1]: unknown role 'x'", 1),
     ("message line among sessions", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"role": "user", "content": "b"}),
-     "neither", 2),
+     "session has none of", 2),
     ("session line among messages", jsonl({"role": "user", "content": "a"}, {"messages": []}), 'expected a message object', 2),
     ("name not a string", jsonl({"name": 7, "messages": [{"role": "user", "content": "a"}]}), '"name" must be a non-empty string', 1),
     ("id not a scalar", jsonl({"name": "n", "id": {"a": 1}, "messages": [{"role": "user", "content": "a"}]}), '"id" must be', 1),
@@ -329,14 +329,14 @@ BAD_JSON = [
     ("binary", b"\x89PNG\r\n\x1a\n\x00\x00", "binary file (NUL byte at byte 8)", 3),
     ("top level not an object", b'"hello"', "got a string", None),
     ("empty list", b"[]", "no sessions", None),
-    ("neither key", b'{\n"id": 1\n}', "neither", 1),
+    ("no session key", b'{\n"id": 1\n}', "session has none of", 1),
     ("messages not a list", b'{"messages": {"role": "user"}}', "messages must be a list, not an object", 1),
     ("empty messages", b'{\n  "messages": []\n}', "no messages", 1),
     ("unknown role, located", b'{"messages": [\n  {"role": "user", "content": "a"},\n  {"role": "alien", "content": "b"}\n]}',
      "messages[1]: unknown role 'alien'", 3),
     ("sharegpt unknown role", b'{"conversations": [\n  {"from": "human", "value": "a"},\n  {"from": "robot", "value": "b"}\n]}',
      "unknown role 'robot'", 3),
-    ("sharegpt value not a string", b'{"conversations": [\n  {"from": "human", "value": ["a"]}\n]}', '"value"', 2),
+    ("sharegpt value not a string", b'{"conversations": [\n  {"from": "human", "value": 5}\n]}', '"value"', 2),
     ("message not an object falls back to its session", b'[\n {"messages": [{"role": "user", "content": "a"}]},\n {"messages": [\n  "hi"]}\n]',
      "session #1: messages[0]", 3),
     ("list item not an object", b'[{"messages": [{"role": "user", "content": "a"}]}, 3]', "session #1: expected a session object", None),
@@ -368,7 +368,7 @@ def test_bad_json_reads_the_same_in_tiny_chunks(tmp_path, content):
     path = write(tmp_path / "bad.json", content)
     expected = read_error(path)
     for chunk in range(1, 8):
-        with mock.patch.object(transcripts, "_CHUNK", chunk):
+        with mock.patch.object(json_stream, "CHUNK", chunk):
             assert (read_error(path).reason, read_error(path).line) == (expected.reason, expected.line)
 
 
@@ -380,7 +380,7 @@ def test_unknown_role_error_lists_every_allowed_role(tmp_path):
 
 def test_a_file_with_one_bad_session_yields_no_sessions(tmp_path):
     good = {"messages": [{"role": "user", "content": "a"}]}
-    path = write(tmp_path / "s.jsonl", jsonl(good, good, good, {"messages": [{"role": "user", "content": None}]}))
+    path = write(tmp_path / "s.jsonl", jsonl(good, good, good, {"messages": [{"role": "user", "content": 5}]}))
     assert read_error(path).line == 4
 
 
@@ -389,12 +389,12 @@ def test_a_file_with_one_bad_session_yields_no_sessions(tmp_path):
 
 def test_examples_cover_every_format_and_parse():
     files = find_transcript_files([EXAMPLES])
-    assert [p.name for p in files] == [
-        "chat.jsonl", "notes.md", "openai.json", "sessions.jsonl", "sharegpt.json", "story.txt",
-    ]  # fmt: skip
     by_file = {p.name: read_transcripts(p) for p in files}
     formats = {t.metadata["format"] for ts in by_file.values() for t in ts}
-    assert formats == {"text", "jsonl-messages", "jsonl-sessions", "openai", "sharegpt"}
+    assert formats == {
+        "text", "jsonl-messages", "openai", "sharegpt", "anthropic", "openai-responses", "chatgpt-export",
+        "agent-events", "lmsys", "alpaca",
+    }  # fmt: skip
     assert 3 <= len(by_file["chat.jsonl"][0].messages) <= 6
     assert 2 <= len(by_file["sessions.jsonl"]) <= 3
     assert all(p.stat().st_size < 1536 for p in files)

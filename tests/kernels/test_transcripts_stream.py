@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvdb import transcripts
+from kvdb.transcripts import json_stream
 from kvdb.errors import TranscriptError
 from kvdb.transcripts import iter_transcripts, read_transcripts
 
@@ -32,7 +32,7 @@ def jsonl_line(obj) -> str:
 def outcome(path, chunk=None, **limits):
     """(sessions yielded, (reason, line) of the error that stopped them, or None)."""
     sessions = []
-    with mock.patch.object(transcripts, "_CHUNK", chunk or transcripts._CHUNK):
+    with mock.patch.object(json_stream, "CHUNK", chunk or json_stream.CHUNK):
         try:
             sessions.extend(iter_transcripts(path, **limits))  # keeps the sessions before an error
         except TranscriptError as error:

@@ -98,7 +98,7 @@ def test_restore_past_the_window_continues_as_a_fresh_prefill(archive_of):
     probe = torch.tensor([[65, 66, 67]])
     model = db.loaded_model.model
     with torch.no_grad():
-        resumed = model(probe, past_key_values=restored.cache, use_cache=True).logits[0]
+        resumed = model(probe, cache=restored.cache, use_cache=True).logits[0]
         fresh = model(torch.cat([torch.as_tensor(ids)[None], probe], dim=1)).logits[0, len(ids) :]
     torch.testing.assert_close(resumed, fresh, atol=1e-4, rtol=1e-4)
     assert isinstance(db.continue_session("long", max_new_tokens=3), str)  # no prompt: the cache is cropped by one

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kvdb
+from kvdb import chat
 from kvdb import tokenizer as tok
 from kvdb import fractal
 from kvdb import model as lm_ops
@@ -47,7 +48,7 @@ def test_ingest_is_idempotent(archive):
 
 def test_messages_are_rendered_with_chat_template(archive):
     [result] = archive.ingest(messages=MESSAGES, name="math")
-    rendered = lm_ops.render_messages(archive.loaded_model.tokenizer, MESSAGES)
+    rendered = chat.render(archive.loaded_model.tokenizer, MESSAGES)
     assert archive.text(result.session_id) == rendered
     assert archive.session("math").metadata["kind"] == "chat"
 
@@ -173,7 +174,7 @@ def test_restored_cache_gives_fresh_prefill_logits(archive):
     assert restored.position == len(ids) - 1 and restored.mode == "exact"
     assert restored.cache.get_seq_length() == len(ids) - 1
     with torch.no_grad():
-        step = restored.model(torch.as_tensor(ids[-1:])[None], past_key_values=restored.cache).logits[0, -1]
+        step = restored.model(torch.as_tensor(ids[-1:])[None], cache=restored.cache).logits[0, -1]
         fresh = restored.model(torch.as_tensor(ids)[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 
@@ -183,7 +184,7 @@ def test_restored_cache_works_with_generate(archive):
     ids = archive.tokens(r.session_id)
     restored = archive.restore(r.session_id, at=10)
     new_ids = torch.as_tensor(ids[:12])[None]
-    out = restored.model.generate(new_ids, past_key_values=restored.cache, max_new_tokens=5, do_sample=False)
+    out = restored.model.generate(new_ids, cache=restored.cache, max_new_tokens=5, do_sample=False)
     reference = restored.model.generate(new_ids, max_new_tokens=5, do_sample=False)
     assert out.tolist() == reference.tolist()
 

@@ -35,7 +35,7 @@ def test_short_prefix_is_all_exact_window(kv_archive):
     assert len(ids) > 36
     archived = kv_archive.restore("short", at=36, mode="archive")
     with torch.no_grad():
-        step = archived.model(torch.as_tensor(ids[36:37])[None], past_key_values=archived.cache).logits[0, -1]
+        step = archived.model(torch.as_tensor(ids[36:37])[None], cache=archived.cache).logits[0, -1]
         fresh = archived.model(torch.as_tensor(ids[:37])[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 

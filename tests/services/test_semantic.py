@@ -5,14 +5,15 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kvdb.errors import InvalidArgument
+from kvdb.errors import InvalidArgument, TierMissing
 from kvdb_cli.main import main
 
 from support import CALIBRATION, KV, write
 
 
 def test_semantic_hits_point_at_positions_with_tier_k(kv_archive):
-    assert kv_archive.search_semantic("harbour") == []  # nothing stored with tier K yet
+    with pytest.raises(TierMissing, match="--keep tokens,search,kv"):  # nothing stored with tier K yet
+        kv_archive.search_semantic("harbour")
     kv_archive.ingest(text="The harbour lights were lit at dusk.", keep=KV, name="harbour")
     kv_archive.ingest(text="Lentils simmer with cumin and onions.", keep=KV, name="kitchen")
     hits = kv_archive.search_semantic("lights at dusk", k=5, context=4, layer=1)

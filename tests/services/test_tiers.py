@@ -1,6 +1,11 @@
 """Tier policy: --keep at ingest, tier L coded per trie node, restore from tier L alone, compact."""
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,10 +13,12 @@ import torch
 from click.testing import CliRunner
 
 import kvdb
-from kvdb.errors import InvalidArgument
+from kvdb import capture, lmcode
+from kvdb.errors import ArchiveError, ArchiveLocked, InvalidArgument
+from kvdb.services.tier_k import TierK
 from kvdb_cli.main import main
 
-from support import storage_of, write
+from support import CALIBRATION, KV, storage_of, write
 
 ALL = "tokens,search,lm"
 TURN1 = [{"role": "user", "content": "Name a red fruit."}, {"role": "assistant", "content": "A strawberry."}]
@@ -21,7 +28,7 @@ TURN2 = TURN1 + [{"role": "user", "content": "And a yellow one?"}, {"role": "ass
 def assert_cache_matches_prefill(restored, ids):
     """The restored cache continues the session as a fresh prefill of the same tokens would."""
     with torch.no_grad():
-        step = restored.model(torch.as_tensor(ids[restored.position :][:1])[None], past_key_values=restored.cache).logits[0, -1]
+        step = restored.model(torch.as_tensor(ids[restored.position :][:1])[None], cache=restored.cache).logits[0, -1]
         fresh = restored.model(torch.as_tensor(ids[: restored.position + 1])[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 
@@ -157,3 +164,338 @@ def test_dropping_tokens_needs_tier_l_and_keeps_shared_nodes(archive):
     archive.compact("x", "tokens,lm")  # keeping tokens again decodes them back
     assert all("tokens" in n.keep for n in storage_of(archive).node_path(archive.session("x").session_id))
     assert archive.text("x") == shared + "First." and archive.verify(deep=True).ok
+
+
+# tiers added to archived sessions -----------------------------------------------------------
+
+
+def test_ingesting_an_archived_session_again_adds_the_tiers_its_path_lacks(archive, monkeypatch):
+    shared = "A preamble that both sessions open with, stored once in the trie. "
+    a = archive.ingest(text=shared + "Then the first ending.", keep="tokens", name="a")[0]
+    b = archive.ingest(text=shared + "Then another ending!", keep="tokens", name="b")[0]
+    assert archive.search("another ending") == []
+    coded = []  # the length of every stretch tier L codes
+    encode = lmcode.encode_with_context
+    monkeypatch.setattr(lmcode, "encode_with_context", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
+    [again] = archive.ingest(text=shared + "Then the first ending.", keep=ALL)
+    assert (again.status, again.added, again.new_tokens) == ("updated", ("search", "lm"), 0)
+    assert again.to_dict()["added"] == ["search", "lm"] and "new_tokens" not in again.to_dict()
+    head, tail_b = storage_of(archive).node_path(b.session_id)
+    assert coded == [n.n_tokens for n in storage_of(archive).node_path(a.session_id)]  # the shared head, then a's own node
+    coded.clear()
+    assert archive.ingest(text=shared + "Then another ending!", keep=ALL)[0].added == ("search", "lm")
+    assert coded == [tail_b.n_tokens]  # the shared head holds tier L already: not coded again
+    for r in (a, b):
+        assert all(n.keep == {"tokens", "search", "lm"} for n in storage_of(archive).node_path(r.session_id))
+        np.testing.assert_array_equal(archive.restore(r.session_id, mode="decode").tokens, archive.tokens(r.session_id))
+    assert [h.name for h in archive.search("another ending") if h.exact] == ["b"]
+    assert [h.name for h in archive.search("preamble", session="a") if h.exact] == ["a"]
+    assert [r.status for r in archive.ingest(text=shared + "Then another ending!", keep=ALL)] == ["unchanged"]
+    assert archive.verify(deep=True).ok
+
+
+def test_ingesting_again_after_codebooks_train_adds_tier_k(kv_archive, monkeypatch):
+    shared = "An opening line archived before the session wanted tier K. "
+    a = kv_archive.ingest(text=shared + "Its first ending.", name="a")[0]
+    b = kv_archive.ingest(text=shared + "A second ending!", name="b")[0]
+    assert kv_archive.restore("a").mode == "exact"
+    quantized = []  # the node ranges tier K codes
+    codes = TierK.codes
+    monkeypatch.setattr(TierK, "codes", lambda self, loaded, cache, start, end, **kw: quantized.append((start, end)) or codes(self, loaded, cache, start, end, **kw))
+    [again] = kv_archive.ingest(text=shared + "Its first ending.", keep=KV)
+    assert (again.status, again.added, again.to_dict()["added"]) == ("updated", ("kv",), ["kv"])
+    assert quantized == [(n.start, n.end) for n in storage_of(kv_archive).node_path(a.session_id)]
+    quantized.clear()
+    [again] = kv_archive.ingest(text=shared + "A second ending!", keep=KV)
+    tail_b = storage_of(kv_archive).node_path(b.session_id)[-1]
+    assert again.added == ("kv",) and quantized == [(tail_b.start, tail_b.end)]  # the shared head was coded once
+    for r in (a, b):
+        restored = kv_archive.restore(r.session_id)
+        assert restored.mode == "archive" and restored.cache.get_seq_length() == r.n_tokens
+    assert kv_archive.ingest(text=shared + "Its first ending.", keep=KV)[0].status == "unchanged"
+    assert kv_archive.verify(deep=True).ok
+
+
+def test_tiers_are_added_with_the_file_let_go(kv_archive, monkeypatch):
+    """Scoring, tier L and tier K of a long session read nothing from the file: readers and
+    writers of other processes get in meanwhile."""
+    text = "A session long enough that adding its tiers is long work for the model. " * 4
+    [r] = kv_archive.ingest(text=text, keep="lm", name="long")
+    held = []  # whether the file was held when each piece of the model's work ended
+    score, encode, codes = kv_archive._ingester._score_suffix, lmcode.encode_with_context, TierK.codes
+    note = lambda out: held.append(storage_of(kv_archive).held_for() > 0) or out  # noqa: E731
+    monkeypatch.setattr(kv_archive._ingester, "_score_suffix", lambda *args: note(score(*args)))
+    monkeypatch.setattr(lmcode, "encode_with_context", lambda *args, **kw: note(encode(*args, **kw)))
+    monkeypatch.setattr(TierK, "codes", lambda *args, **kw: note(codes(*args, **kw)))
+    assert kv_archive.ingest(text=text, keep="tokens,search,kv")[0].added == ("tokens", "search", "kv")
+    assert held == [False, False]  # the scoring pass (its cache serves tier K too), then tier K
+    assert kv_archive.restore("long").mode == "archive" and r.n_tokens >= 128
+    kv_archive.compact("long", "tokens")
+    held.clear()
+    assert kv_archive.ingest(text=text, keep="tokens,lm")[0].added == ("lm",)
+    assert held == [False]
+
+
+def test_ingesting_again_gives_tokens_back_to_a_session_held_in_tier_l_only(archive):
+    text = "Held in tier L alone, then given its tokens and the search tier back."
+    [r] = archive.ingest(text=text, keep="lm", name="l")
+    logprobs = archive.logprobs("l")
+    [again] = archive.ingest(text=text)  # the default tiers: tokens and search
+    assert (again.status, again.added) == ("updated", ("tokens", "search"))
+    assert [n.keep for n in storage_of(archive).node_path(r.session_id)] == [{"tokens", "search", "lm"}]
+    assert archive.stats().bytes["logprobs"] == 4 * r.n_tokens
+    np.testing.assert_allclose(archive.logprobs("l"), logprobs, atol=1e-4)
+    assert [h.name for h in archive.search("search tier back") if h.exact] == ["l"]
+    assert archive.restore("l").mode == "exact" and archive.verify(deep=True).ok
+
+
+# advice in error messages: each is followed literally, and then what failed works ----------------
+
+
+@pytest.fixture
+def cli(tmp_path, tiny_model):
+    """``kvdb --db <tmp>/c.duckdb ARGS...`` with the tiny model."""
+    runner = CliRunner()
+    return lambda *args, env=None: runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), *map(str, args)], env={"KVDB_MODEL": tiny_model, **(env or {})})
+
+
+def test_advice_no_tier_k_ingest_with_kv_or_restore_exact(tmp_path, cli):
+    session = write(tmp_path / "later.txt", "A session archived before any codebooks, restored from tier K after.")
+    assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION), session).exit_code == 0
+    assert cli("codebooks", "train", "--preset", "k2v1", "--tokens", "2000").exit_code == 0
+    refused = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1)
+    assert refused.exit_code == 2 and "ingest it with --keep tokens,search,kv, or restore with --mode exact" in refused.stderr
+    assert cli("restore", "later", "--mode", "exact", "--max-new-tokens", 1).exit_code == 0
+    updated = cli("ingest", session, "--keep", "tokens,search,kv", "--json")
+    assert updated.exit_code == 0 and json.loads(updated.stdout)["status"] == "updated" and json.loads(updated.stdout)["added"] == ["kv"]
+    restored = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json")
+    assert restored.exit_code == 0 and json.loads(restored.stdout)["mode"] == "archive"
+
+
+def test_advice_no_codebooks_archive_sessions_then_train(tmp_path, cli):
+    session = write(tmp_path / "later.txt", "A session that wants its quantized KV cache archived.")
+    refused = cli("ingest", session, "--keep", KV)
+    assert refused.exit_code == 2 and "archive some sessions, then run `kvdb codebooks train`" in refused.stderr
+    assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
+    assert cli("codebooks", "train").exit_code == 0
+    ingested = cli("ingest", session, "--keep", KV, "--json")
+    assert ingested.exit_code == 0 and json.loads(ingested.stdout)["status"] == "ingested"
+    assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
+
+
+def test_advice_too_few_positions_archive_more_or_pass_tokens(tmp_path, cli):
+    assert cli("ingest", write(tmp_path / "short.txt", "Too short to train codebooks on.")).exit_code == 0
+    refused = cli("codebooks", "train", "--preset", "k2v1")
+    assert refused.exit_code == 2 and "archive more sessions first, then run `kvdb codebooks train` again" in refused.stderr
+    assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
+    assert cli("codebooks", "train", "--preset", "k2v1").exit_code == 0
+    assert cli("ingest", write(tmp_path / "more.txt", CALIBRATION.replace("a", "o"))).exit_code == 0  # enough for 1024 centroids
+    capped = cli("codebooks", "train", "--preset", "k1x1024v1x1024", "--tokens", 256)
+    assert capped.exit_code == 2 and "pass --tokens 1024 or more" in capped.stderr
+    trained = cli("codebooks", "train", "--preset", "k1x1024v1x1024", "--tokens", 1024, "--json")
+    assert trained.exit_code == 0 and json.loads(trained.stdout)["tokens"] >= 1024
+
+
+def test_advice_no_tier_l_ingest_with_lm_or_restore_exact(tmp_path, cli):
+    session = write(tmp_path / "s.txt", "A session archived without tier L, decoded from it later.")
+    assert cli("ingest", session).exit_code == 0
+    refused = cli("restore", "s", "--mode", "decode", "--max-new-tokens", 1)
+    assert refused.exit_code == 2 and "ingest it with --keep tokens,search,lm, or restore with --mode exact" in refused.stderr
+    assert cli("restore", "s", "--mode", "exact", "--max-new-tokens", 1).exit_code == 0
+    updated = cli("ingest", session, "--keep", "tokens,search,lm", "--json")
+    assert updated.exit_code == 0 and json.loads(updated.stdout)["added"] == ["lm"]
+    restored = cli("restore", "s", "--mode", "decode", "--max-new-tokens", 1, "--json")
+    assert restored.exit_code == 0 and json.loads(restored.stdout)["mode"] == "decode"
+
+
+def test_advice_compact_reingest_with_lm_first(tmp_path, cli):
+    text = "A session whose token tier is dropped, once tier L holds its tokens."
+    session = write(tmp_path / "s.txt", text)
+    assert cli("ingest", session).exit_code == 0
+    refused = cli("compact", "s", "--keep", "lm")
+    assert refused.exit_code == 2 and "re-ingest it with --keep tokens,search,lm first" in refused.stderr
+    updated = cli("ingest", session, "--keep", "tokens,search,lm")
+    assert updated.exit_code == 0 and updated.stdout.startswith("updated ") and "(added lm, " in updated.stdout
+    assert cli("compact", "s", "--keep", "lm").exit_code == 0
+    assert cli("show", "s").stdout == text and json.loads(cli("stats", "--json").stdout)["bytes"]["logprobs"] == 0
+
+
+def test_advice_model_mismatch_pass_the_archived_model(tmp_path, cli, other_tiny_model):
+    assert cli("ingest", write(tmp_path / "s.txt", "Archived with one model, restored with another.")).exit_code == 0
+    refused = cli("restore", "s", "--model", other_tiny_model, "--max-new-tokens", 1)
+    assert refused.exit_code == 4
+    [archived] = re.findall(r"pass --model '([^']+)'", refused.stderr)
+    assert cli("restore", "s", "--model", archived, "--max-new-tokens", 1, env={"KVDB_MODEL": other_tiny_model}).exit_code == 0
+
+
+def test_advice_read_only_open_without_read_only(tmp_path, tiny_model):
+    path = tmp_path / "a.duckdb"
+    kvdb.open(path, model=tiny_model).close()
+    with kvdb.open(path, model=tiny_model, read_only=True) as db, pytest.raises(ArchiveError, match="open it without read_only=True to change it"):
+        db.ingest(text="written through a read-only archive")
+    with kvdb.open(path, model=tiny_model) as db:
+        assert db.ingest(text="written through a read-only archive")[0].status == "ingested"
+
+
+def test_advice_empty_archive_ingest_first(tmp_path, cli, tiny_model):
+    kvdb.open(tmp_path / "c.duckdb", model=tiny_model).close()
+    refused = cli("search", "harbour")
+    assert refused.exit_code == 1 and "ingest transcripts first with `kvdb ingest PATH`" in refused.stderr
+    assert cli("ingest", write(tmp_path / "s.txt", "The harbour lights at dusk.")).exit_code == 0
+    found = cli("search", "harbour", "--json")
+    assert found.exit_code == 0 and json.loads(found.stdout.splitlines()[0])["name"] == "s"
+
+
+@pytest.mark.parametrize("command", ["repair", "gc"])
+def test_advice_prefix_cache_entry_never_resumed_repair_or_gc(tmp_path, cli, tiny_model, command):
+    with kvdb.open(tmp_path / "c.duckdb", model=tiny_model) as db:
+        one = db.ingest(messages=TURN1)[0]
+        db.ingest(messages=TURN2)  # grows the first: its cache is kept when the archive closes
+    [entry] = (tmp_path / "c.duckdb.prefix").iterdir()
+    entry.rename(entry.with_name(f"{one.session_id}.kv"))  # an entry that holds more positions than its path
+    refused = cli("verify")
+    assert refused.exit_code == 1 and "(run `kvdb repair` or `kvdb gc` to delete it)" in refused.stdout
+    assert cli(command).exit_code == 0
+    assert cli("verify").exit_code == 0
+
+
+@pytest.mark.parametrize("damage, command", [("missing", ["repair"]), ("missing", ["index", "rebuild"]), ("damaged", ["repair"])])
+def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, damage, command):
+    path = tmp_path / "c.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="The harbour lights at dusk.", name="s")
+        assert db.search("harbour")  # the index is loaded; its file is then lost or damaged under this process
+        [sidecar] = (tmp_path / "c.duckdb.index").iterdir()
+        if damage == "missing":
+            sidecar.unlink()
+        else:
+            data = bytearray(sidecar.read_bytes())
+            data[-1] ^= 0x01
+            sidecar.write_bytes(bytes(data))
+        problems = db.verify().problems
+    advice = "(run `kvdb repair` or `kvdb index rebuild`)" if damage == "missing" else "(run `kvdb repair`)"
+    assert any(p.endswith(advice) for p in problems), problems
+    assert cli(*command).exit_code == 0
+    with kvdb.open(path, model=tiny_model) as db:
+        report = db.verify()
+        assert report.ok and report.notes == []  # the command mended it: verify had nothing to rebuild
+        assert [h.name for h in db.search("harbour") if h.exact] == ["s"]
+
+
+def test_advice_session_too_long_split_it(tmp_path, cli):
+    text = "".join(f"Line {i} of a long transcript.\n" for i in range(200))  # 5,000+ tokens of the byte-level tiny model
+    refused = cli("ingest", write(tmp_path / "long.txt", text), "--json")
+    assert refused.exit_code == 1 and "split it into smaller sessions" in json.loads(refused.stdout)["error"]
+    half = text.index("Line 100 ")
+    split = cli("ingest", write(tmp_path / "part1.txt", text[:half]), write(tmp_path / "part2.txt", text[half:]), "--json")
+    assert split.exit_code == 0 and [json.loads(line)["status"] for line in split.stdout.splitlines()] == ["ingested", "ingested"]
+
+
+def test_advice_unsupported_file_type_use_a_supported_one(tmp_path, cli):
+    refused = cli("ingest", write(tmp_path / "notes.log", "plain text in a .log file"), "--json")
+    supported = re.search(r"supported: (\S+)", json.loads(refused.stdout)["error"])[1].split(",")[0]
+    assert refused.exit_code == 1 and supported == ".txt"
+    assert cli("ingest", write(tmp_path / f"notes{supported}", "plain text in a .log file")).exit_code == 0
+
+
+def test_advice_unknown_session_list_them_or_give_one_of_the_matches(tmp_path, cli):
+    for folder in ("a", "b"):
+        assert cli("ingest", write(tmp_path / folder / "notes.txt", f"notes kept in folder {folder}")).exit_code == 0
+    refused = cli("show", "nonesuch")
+    assert refused.exit_code == 3 and "list them with `kvdb sessions`" in refused.stderr
+    listed = [json.loads(line) for line in cli("sessions", "--json").stdout.splitlines()]
+    assert cli("show", listed[0]["session_id"]).stdout == "notes kept in folder a"
+    ambiguous = cli("show", "notes")
+    assert ambiguous.exit_code == 3 and "give one of these, or an id" in ambiguous.stderr
+    second = re.findall(r"(notes#\d) \(", ambiguous.stderr)[1]
+    assert cli("show", second).stdout == "notes kept in folder b"
+    past = cli("show", "notes#3")
+    assert past.exit_code == 3 and past.stderr.rstrip().endswith("notes#1 to notes#2")
+    assert cli("show", "notes#2").stdout == "notes kept in folder b"
+
+
+def test_advice_archive_in_use_raise_lock_timeout_or_retry(tmp_path, tiny_model, monkeypatch):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="an archive another process is writing")
+    hold = f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(3)"
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        monkeypatch.setenv("KVDB_LOCK_TIMEOUT", "0.2")
+        with pytest.raises(ArchiveLocked, match="retry when it is done, or raise KVDB_LOCK_TIMEOUT"):
+            kvdb.open(path, read_only=True).sessions()
+        monkeypatch.setenv("KVDB_LOCK_TIMEOUT", "60")  # raised: this open waits for the writer to finish
+        with kvdb.open(path, read_only=True) as db:
+            assert len(db.sessions()) == 1
+    finally:
+        holder.wait(timeout=60)
+    monkeypatch.setenv("KVDB_LOCK_TIMEOUT", "0.2")  # retried once the writer is done
+    with kvdb.open(path, read_only=True) as db:
+        assert len(db.sessions()) == 1
+
+
+def test_advice_internal_error_rerun_with_kvdb_debug(tmp_path, cli, tiny_model, monkeypatch):
+    kvdb.open(tmp_path / "c.duckdb", model=tiny_model).close()
+    monkeypatch.setattr(kvdb.Archive, "stats", lambda self: {}["no such key"])
+    failed = cli("stats")
+    assert failed.exit_code == 70 and "(rerun with KVDB_DEBUG=1 for the traceback)" in failed.stderr
+    debug = cli("stats", env={"KVDB_DEBUG": "1"})
+    assert isinstance(debug.exception, KeyError) and debug.exc_info[2] is not None  # the traceback, for a bug report
+
+
+def test_advice_unknown_model_give_a_local_folder(tmp_path, cli, tiny_model):
+    session = write(tmp_path / "s.txt", "archived with a model given by its folder")
+    refused = cli("ingest", session, "--model", tmp_path / "no-such-model")
+    assert refused.exit_code == 4 and "give a local model folder" in refused.stderr
+    assert cli("ingest", session, "--model", tiny_model).exit_code == 0
+
+
+def test_advice_unknown_model_give_a_hugging_face_id_in_the_local_cache(tmp_path, tiny_model):
+    """A model id resolves, offline, from the Hugging Face cache: a process of its own, since the
+    hub reads where its cache is once, at import."""
+    repo = tmp_path / "hub" / "models--kvdb-tests--tiny"
+    shutil.copytree(tiny_model, repo / "snapshots" / ("0" * 40))
+    write(repo / "refs" / "main", "0" * 40)
+    session = write(tmp_path / "s.txt", "archived with a model found in the Hugging Face cache")
+    command = [sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", str(tmp_path / "c.duckdb"), "ingest", str(session)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    refused = subprocess.run([*command, "--model", "kvdb-tests/tiny"], env=env, capture_output=True, text=True)
+    assert refused.returncode == 4 and "a Hugging Face id already in the local cache" in refused.stderr
+    found = subprocess.run([*command, "--model", "kvdb-tests/tiny"], env=dict(env, HF_HUB_CACHE=str(tmp_path / "hub")), capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+
+
+@pytest.mark.model
+def test_advice_unknown_model_omit_model_for_the_embedded_default(tmp_path, cli):
+    session = write(tmp_path / "s.txt", "archived with the embedded default model")
+    refused = cli("ingest", session, "--model", "kvdb-tests/not-in-any-cache", env={"KVDB_MODEL": None})
+    assert refused.exit_code == 4 and "or omit --model for the embedded default" in refused.stderr
+    assert cli("ingest", session, env={"KVDB_MODEL": None}).exit_code == 0
+
+
+def test_advice_semantic_search_without_tier_k_train_then_ingest_with_kv(tmp_path, cli):
+    calibration = write(tmp_path / "calibration.txt", CALIBRATION)
+    assert cli("ingest", calibration).exit_code == 0
+    refused = cli("search", "codebook indices", "--semantic")
+    assert refused.exit_code == 2 and "`kvdb codebooks train`, then ingest sessions with `--keep tokens,search,kv`" in refused.stderr
+    assert cli("codebooks", "train").exit_code == 0
+    assert json.loads(cli("ingest", calibration, "--keep", "tokens,search,kv", "--json").stdout)["added"] == ["kv"]
+    found = cli("search", "codebook indices", "--semantic", "--json")
+    assert [json.loads(line)["name"] for line in found.stdout.splitlines()][:1] == ["calibration"], found.output
+
+
+def test_advice_nothing_to_continue_from_restore_later_or_give_a_prompt(archive):
+    archive.ingest(text="A session continued from its very start.", name="s")
+    with pytest.raises(InvalidArgument, match="restore at a position > 0 or give a prompt"):
+        archive.continue_session("s", at=0, max_new_tokens=2)
+    assert isinstance(archive.continue_session("s", at=5, max_new_tokens=2), str)
+    assert isinstance(archive.continue_session("s", prompt="Go on", at=0, max_new_tokens=2), str)
+
+
+def test_advice_fidelity_probe_needs_more_tokens_up_to_at(kv_archive):
+    kv_archive.ingest(text="A session whose archive restore is measured near its start.", keep=KV, name="s")
+    with pytest.raises(InvalidArgument, match="needs at least 7 tokens up to --at") as refused:
+        kv_archive.fidelity("s", at=6)
+    needed = int(re.search(r"at least (\d+) tokens", str(refused.value))[1])
+    assert kv_archive.fidelity("s", at=needed)["probe_tokens"] == needed - capture.SINKS - 1

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kvdb
+from kvdb import chat
 from kvdb import tokenizer as tok
 from kvdb import model as lm_ops
 from kvdb import trie
@@ -35,7 +36,7 @@ class ForwardCounter:
 
 
 def chat_ids(archive, messages):
-    return np.asarray(tok.encode(archive.loaded_model.tokenizer, lm_ops.render_messages(archive.loaded_model.tokenizer, messages)))
+    return np.asarray(tok.encode(archive.loaded_model.tokenizer, chat.render(archive.loaded_model.tokenizer, messages)))
 
 
 def test_shared_system_prompt_is_stored_once(archive):
@@ -47,7 +48,7 @@ def test_shared_system_prompt_is_stored_once(archive):
     assert st.tokens == a.n_tokens + b.n_tokens
     assert st.stored_tokens == a.n_tokens + b.n_tokens - shared
     for r, messages in ((a, [SYSTEM, TURNS[0]]), (b, [SYSTEM, {"role": "user", "content": "How far is Mars?"}])):
-        assert archive.text(r.session_id) == lm_ops.render_messages(archive.loaded_model.tokenizer, messages)
+        assert archive.text(r.session_id) == chat.render(archive.loaded_model.tokenizer, messages)
     [prefix] = archive.prefixes()
     assert prefix.tokens == shared and prefix.sessions == 2
 
@@ -94,7 +95,7 @@ def test_delete_and_gc_never_break_a_sharing_session(archive):
     restored = archive.restore("b", at=b.n_tokens - 1)
     ids = archive.tokens("b")
     with torch.no_grad():
-        step = restored.model(torch.as_tensor(ids[-1:])[None], past_key_values=restored.cache).logits[0, -1]
+        step = restored.model(torch.as_tensor(ids[-1:])[None], cache=restored.cache).logits[0, -1]
         fresh = restored.model(torch.as_tensor(ids)[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
     assert archive.gc()["nodes"] == 0

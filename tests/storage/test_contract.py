@@ -12,13 +12,14 @@ from kvdb import fractal, trie
 from kvdb.errors import ArchiveError
 from kvdb.storage import Storage, open_storage
 from kvdb.storage.base import (
-    AddKV,
+    AddTiers,
     CollectGarbage,
     DeleteSession,
     DropTiers,
     IndexState,
     ModelRow,
     NewNode,
+    NodeTiers,
     PutCodebooks,
     PutModel,
     ReplaceIndexState,
@@ -148,6 +149,12 @@ def test_tier_l_only_nodes_get_their_tokens_back(storage):
     storage.apply(DropTiers({}, {sid: (ids, logprobs_of(ids))}))
     np.testing.assert_array_equal(storage.node_tokens(sid), ids)
     assert storage.node_path(sid)[0].keep == {"lm", "tokens"}
+    more = ids_of("another session coded against the model only")
+    other = add(storage, "other", more, keep={"lm"}, lm=b"KL-payload")
+    storage.apply(AddTiers({other: NodeTiers(tokens=(more, logprobs_of(more)))}))  # the plan that gives tiers to archived nodes
+    assert storage.node_path(other)[0].keep == {"lm", "tokens"}
+    np.testing.assert_array_equal(storage.load_tokens(other), more)
+    np.testing.assert_allclose(storage.load_logprobs(other), logprobs_of(more))
 
 
 def test_dropping_and_adding_tiers(storage):
@@ -156,8 +163,9 @@ def test_dropping_and_adding_tiers(storage):
     storage.apply(DropTiers({sid: {"search", "lm"}}))
     assert storage.node_path(sid)[0].keep == {"tokens"} and storage.node_lm_payload(sid) is None
     storage.apply(PutCodebooks("books", MODEL.model_id, "k2v1", b"codebook bytes"))
-    storage.apply(AddKV(sid, "books", {16: np.arange(len(ids)) % 16}))
-    assert storage.node_path(sid)[0].keep == {"tokens", "kv"}
+    storage.apply(AddTiers({sid: NodeTiers(lm=b"coded again", kv=("books", {16: np.arange(len(ids)) % 16}))}, IndexState("k", ALPHABET, 4, len(ids), 1, {sid: 0})))
+    assert storage.node_path(sid)[0].keep == {"tokens", "search", "lm", "kv"} and storage.node_lm_payload(sid) == b"coded again"
+    assert storage.slot_runs("k") == [(sid, 0, len(ids), 0)] and storage.index_generation("k") == (1, len(ids))
     codebook_id, streams = storage.node_kv(sid)
     assert codebook_id == "books" and list(streams) == [16]
     assert storage.codebooks_for(MODEL.model_id) == ("books", b"codebook bytes") and storage.codebook_data("books") == b"codebook bytes"

@@ -57,7 +57,7 @@ def test_foreign_duckdb_file_is_refused(tmp_path):
 def test_non_database_file_is_refused(tmp_path):
     path = tmp_path / "notes.duckdb"
     path.write_text("just some text, not a database\n" * 100)
-    with pytest.raises(ArchiveError, match="cannot open archive"):
+    with pytest.raises(ArchiveError, match="notes.duckdb is not a kvdb archive"):
         DuckDBFile(path)
 
 

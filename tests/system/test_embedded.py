@@ -43,7 +43,7 @@ def test_restore_equals_fresh_prefill(db):
     ids = db.tokens(result.session_id)
     restored = db.restore(result.session_id, at=len(ids) - 1)
     with torch.no_grad():
-        step = restored.model(torch.as_tensor(ids[-1:])[None], past_key_values=restored.cache).logits[0, -1]
+        step = restored.model(torch.as_tensor(ids[-1:])[None], cache=restored.cache).logits[0, -1]
         fresh = restored.model(torch.as_tensor(ids)[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=2e-4, rtol=1e-4)
     assert int(step.argmax()) == int(fresh.argmax())
@@ -63,3 +63,22 @@ def test_stored_logprobs_give_sane_cross_entropy(db):
     [result] = db.ingest(text=text)
     bits = -db.logprobs(result.session_id)[1:] / np.log(2)
     assert 0.5 < bits.mean() < 8.0
+
+
+def test_every_format_ingests_and_show_and_search_hold_only_what_the_transcripts_hold(db):
+    """SmolLM2's template writes "You are a helpful AI assistant named SmolLM…" when a chat has no
+    system turn: it is rendered as an empty system turn instead (decision 0018)."""
+    from support import EXAMPLES
+
+    results = db.ingest(EXAMPLES)
+    assert {r.status for r in results} <= {"ingested", "unchanged"} and len(results) >= 17
+    by_name = {r.name: r for r in results}
+    assert by_name["anthropic"].dropped == {"image": 1}
+    assert by_name["anthropic"].to_dict()["dropped"] == {"image": 1}
+    for result in results:
+        text = db.text(result.session_id)
+        assert "SmolLM" not in text and "helpful AI assistant" not in text, result.name
+    assert not [h for h in db.search("a helpful AI assistant named SmolLM") if not h.partial]
+    [hit] = [h for h in db.search("12 rows") if not h.partial]
+    assert hit.session_id == by_name["anthropic"].session_id
+    assert '<tool_call id="toolu_01A" name="count_rows">{"image": 0}</tool_call>' in db.text(hit.session_id)

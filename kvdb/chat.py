@@ -1,0 +1,110 @@
+"""Chat messages to the text a model sees: its chat template, with nothing added that the
+transcript does not hold (decision 0018).
+
+- A template that writes a default system prompt when the conversation has none (SmolLM2's
+  "You are a helpful AI assistant named SmolLM…", Qwen's) is given an empty system turn
+  instead, so the archive holds the template's markup but not words nobody wrote.
+- Tool calls and results go through the template when it renders them (it mentions
+  ``tool_calls``); otherwise, and for what no template renders (a speaker's ``name``, an error
+  flag, reasoning), they become text in the message, as ``TEXTUAL`` shows.
+- Without a template, a turn is ``role: content`` and a blank line.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvdb.tokenizer import LightTokenizer
+
+TEXTUAL = {
+    "name": "{name}: {content}",
+    "thinking": "<thinking>\n{thinking}\n</thinking>\n{content}",
+    "tool_call": '<tool_call id={id} name={name}>{arguments}</tool_call>',
+    "tool_result": "<tool_result id={id} name={name}{error}>\n{content}\n</tool_result>",
+}
+_PROBE = "\u2063kvdb probe\u2063"
+_DEFAULT_SYSTEM: dict[str, bool] = {}  # template source -> whether it writes a system prompt of its own
+
+
+def render(tokenizer, messages, add_generation_prompt: bool = False) -> str:
+    """Messages as the model saw them in training, under the rules above."""
+    if isinstance(tokenizer, LightTokenizer):
+        raise TypeError(f"rendering messages needs transformers' tokenizer (model.load(), tokenizer.load_full()), not {tokenizer!r}")
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        turns = [_textual(m) for m in messages]
+        return "".join(f"{m['role']}: {m['content']}\n\n" for m in turns) + ("assistant: " if add_generation_prompt else "")
+    native_tools = "tool_calls" in str(template)
+    turns = [_for_template(m, native_tools) for m in messages]
+    if (not turns or turns[0]["role"] != "system") and writes_default_system(tokenizer):
+        turns.insert(0, {"role": "system", "content": ""})
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def user_turn_suffix(tokenizer, prompt: str) -> str:
+    """The text a chat template appends for one more user turn and the assistant's reply header.
+
+    Found by rendering a conversation with and without the turn: templates only add text at the end.
+    """
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    before = render(tokenizer, history)
+    after = render(tokenizer, history + [{"role": "user", "content": prompt}], add_generation_prompt=True)
+    return after[len(before) :] if after.startswith(before) else prompt
+
+
+def writes_default_system(tokenizer) -> bool:
+    """Whether the template puts text before the first user turn when there is no system turn,
+    more than it does around an empty system turn: that text is a default system prompt."""
+    template = str(tokenizer.chat_template)
+    if template not in _DEFAULT_SYSTEM:
+        try:
+            bare = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False)
+            blank = tokenizer.apply_chat_template([{"role": "system", "content": ""}, {"role": "user", "content": _PROBE}], tokenize=False)
+            _DEFAULT_SYSTEM[template] = bare.find(_PROBE) > blank.find(_PROBE) >= 0
+        except Exception:  # noqa: BLE001 - a template that refuses a system turn has no default to replace
+            _DEFAULT_SYSTEM[template] = False
+    return _DEFAULT_SYSTEM[template]
+
+
+def _for_template(message: dict, native_tools: bool) -> dict:
+    if not native_tools or not (message.get("tool_calls") or message["role"] == "tool"):
+        return _textual(message)
+    if message["role"] == "tool":
+        turn = {"role": "tool", "content": ("[error] " if message.get("is_error") else "") + message["content"]}
+        return turn | {k: message[k] for k in ("tool_call_id", "name") if k in message}
+    turn = _textual({k: v for k, v in message.items() if k != "tool_calls"})
+    turn["tool_calls"] = [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": _arguments(call["arguments"])}}
+        for call in message["tool_calls"]
+    ]
+    return turn
+
+
+def _textual(message: dict) -> dict:
+    """``{"role", "content"}`` with the rest of the message written into the content."""
+    content = message["content"]
+    if message["role"] == "tool":
+        error = " error=true" if message.get("is_error") else ""
+        content = TEXTUAL["tool_result"].format(id=_attribute(message.get("tool_call_id")), name=_attribute(message.get("name")), error=error, content=content)
+    elif message.get("name"):
+        content = TEXTUAL["name"].format(name=message["name"], content=content)
+    calls = [TEXTUAL["tool_call"].format(id=_attribute(c["id"]), name=_attribute(c["name"]), arguments=c["arguments"]) for c in message.get("tool_calls", ())]
+    if calls:
+        content = "\n".join(([content] if content else []) + calls)
+    if message.get("thinking"):
+        content = TEXTUAL["thinking"].format(thinking=message["thinking"], content=content)
+    return {"role": message["role"], "content": content}
+
+
+def _attribute(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _arguments(text: str):
+    """Templates expect a call's arguments as an object (they serialise it themselves); text that
+    is not a JSON object stays text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text

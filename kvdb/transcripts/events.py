@@ -1,0 +1,111 @@
+"""Agent event logs: JSONL with one event per line, in the shape Claude Code writes.
+
+Events carry ``uuid`` and ``parentUuid``; those of type ``user`` and ``assistant`` hold a
+message (Anthropic-shaped). A session is the chain of messages from a root to a leaf, for
+each ``sessionId``: the leaf written last is the session, the other leaves (a conversation
+rewound and taken elsewhere, a sub-agent's side chain) are sessions of their own, named
+``[branch N]``. An assistant reply streamed as several events sharing its message id is one
+message again. A ``summary`` event names the session it points at. Events without a message
+(tool progress, file snapshots, notices) are not part of what the model saw: they are counted
+in ``dropped`` as ``TYPE event``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvdb.transcripts.messages import Conversation, Invalid, kind
+from kvdb.transcripts.sessions import Transcript, chat
+
+MESSAGE_EVENTS = ("user", "assistant")
+
+
+def is_event(obj) -> bool:
+    return isinstance(obj, dict) and ("parentUuid" in obj or "sessionId" in obj or (obj.get("type") == "summary" and "leafUuid" in obj))
+
+
+class EventLog:
+    """The events of one file, added line by line; ``sessions`` builds the chains once all are read."""
+
+    def __init__(self, stem: str, shown: str):
+        self._stem, self._shown = stem, shown
+        self._events: dict[str, dict] = {}  # uuid -> event, in file order
+        self._lines: dict[str, int] = {}
+        self._summaries: dict[str, str] = {}  # leaf uuid -> summary
+        self._skipped: Counter = Counter()
+
+    def add(self, event, line: int) -> None:
+        if not isinstance(event, dict):
+            raise Invalid(f"expected an event object, got {kind(event)}")
+        if event.get("type") == "summary" and isinstance(event.get("summary"), str):
+            self._summaries[event.get("leafUuid")] = event["summary"]
+            return
+        uuid = event.get("uuid")
+        if event.get("type") not in MESSAGE_EVENTS or not isinstance(event.get("message"), dict):
+            self._skipped[f"{event.get('type', 'untyped')} event"] += 1
+            if isinstance(uuid, str):  # a link of the chain all the same
+                self._events[uuid] = {"parentUuid": event.get("parentUuid"), "sessionId": event.get("sessionId")}
+            return
+        if not isinstance(uuid, str):
+            raise Invalid(f'a {event["type"]} event needs a string "uuid", not {kind(uuid)}', event)
+        self._events[uuid] = event
+        self._lines[uuid] = line
+
+    def sessions(self) -> list[Transcript]:
+        parent_message = {uuid: self._message_parent(uuid) for uuid in self._lines}
+        has_child = set(parent_message.values())
+        leaves = [uuid for uuid in self._lines if uuid not in has_child]
+        if not leaves:
+            raise Invalid("the event log holds no user or assistant messages")
+        by_session: dict[str, list[str]] = {}
+        for leaf in reversed(leaves):  # the leaf written last comes first
+            by_session.setdefault(str(self._events[leaf].get("sessionId") or self._stem), []).append(leaf)
+        out = []
+        for session_id, session_leaves in by_session.items():
+            for branch, leaf in enumerate(session_leaves, start=1):
+                chain = [leaf]
+                while parent_message[chain[-1]] is not None:
+                    chain.append(parent_message[chain[-1]])
+                name = self._summaries.get(leaf, session_id)
+                metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[-1]]}
+                conversation = self._conversation(chain[::-1])
+                if branch == 1:
+                    conversation.dropped.update(self._skipped)
+                else:
+                    metadata["branch"] = branch
+                out.append(chat(name if branch == 1 else f"{name} [branch {branch}]", self._shown, conversation, metadata))
+        return out
+
+    def _message_parent(self, uuid: str) -> str | None:
+        """The nearest ancestor that holds a message, passing over the events that do not."""
+        seen = {uuid}
+        parent = self._events[uuid].get("parentUuid")
+        while parent is not None and parent in self._events and parent not in self._lines:
+            if parent in seen:
+                break
+            seen.add(parent)
+            parent = self._events[parent].get("parentUuid")
+        return parent if parent in self._lines else None
+
+    def _conversation(self, chain: list[str]) -> Conversation:
+        conversation = Conversation()
+        merged: list[tuple[dict, str]] = []  # (message, the uuid of its first event)
+        for uuid in chain:
+            message = self._events[uuid]["message"]
+            previous = merged[-1][0] if merged else None
+            if previous is not None and message.get("id") is not None and message.get("id") == previous.get("id") and message.get("role") == previous.get("role"):
+                previous["content"] = _blocks(previous.get("content")) + _blocks(message.get("content"))
+            else:
+                merged.append((dict(message), uuid))
+        for message, uuid in merged:
+            try:
+                conversation.add(message)
+            except Invalid as error:
+                raise Invalid(f"event {uuid}: {error}", error.node) from None
+        return conversation
+
+
+def _blocks(content) -> list:
+    if content is None:
+        return []
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
