@@ -38,6 +38,7 @@ bench: install
 	$(PY) benchmarks/search.py
 	$(PY) benchmarks/sharing.py
 	$(PY) benchmarks/lmcode.py
+	$(PY) benchmarks/formats.py
 	$(PY) benchmarks/tiers.py
 	$(PY) benchmarks/kv.py
 	$(PY) benchmarks/restore.py

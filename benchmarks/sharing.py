@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import fractal  # noqa: E402
-from kvdb import model as lm_ops  # noqa: E402
 from kvdb import chat  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
 from report import publish  # noqa: E402
