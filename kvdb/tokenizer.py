@@ -73,10 +73,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KVDB_CACHE") or platformdirs.user_cache_dir("kvdb"))
 
 
+def require_local(name: str) -> None:
+    """Refuse at once a model that is not here, before torch and transformers import (seconds):
+    not the embedded one, not a folder, and, with the hub offline (kvdb's default), not in the
+    local Hugging Face cache."""
+    if name == DEFAULT_MODEL or Path(name).is_dir():
+        return
+    if Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        reason = "no such folder"
+    elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+        reason = "not a folder, and not in the local Hugging Face cache (the hub is offline: HF_HUB_OFFLINE=1)"
+    else:
+        return  # the user let the hub client download
+    raise ModelNotFound(
+        f"cannot load model {name!r}: {reason} (give a local model folder, a Hugging Face id already in the local cache, "
+        f"or omit --model for the embedded default)"
+    )
+
+
 def load(name: str | None = None):
     """The tokenizer alone, light where it gives transformers' fingerprint (see the module docstring),
     else transformers' own."""
     name = model_name(name)
+    require_local(name)
     folder = embedded_folder() if name == DEFAULT_MODEL else Path(name)
     light = _light(name, folder) if folder.is_dir() else None
     if light is None:
@@ -98,6 +121,7 @@ def load_full(name: str | None = None):
     AutoTokenizer would build (same class, same files, same fingerprint).
     """
     name = model_name(name)
+    require_local(name)
     folder = embedded_folder() if name == DEFAULT_MODEL else name
     if name == DEFAULT_MODEL and not (folder / "config.json").is_file():
         from kvdb.model import model_folder  # the first use converts the embedded GGUF (torch, ~30 s)

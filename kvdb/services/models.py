@@ -38,6 +38,7 @@ class ModelProvider:
         """The model, loaded on first use, as this archive knows it (an archive of kvdb 0.1.0 keeps
         its model ids: kvdb.identity), and registered in the archive."""
         if self._loaded is None:
+            tok.require_local(self.name)  # a name that is not here fails without importing torch
             from kvdb import model as lm_ops
 
             self._storage.release()  # loading takes seconds: nobody waits on the file meanwhile

@@ -74,3 +74,14 @@ def test_a_malformed_transcript_is_refused_without_torch_or_transformers(tmp_pat
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["codes"] == {"ingest": 1}
     assert not {"torch", "transformers"} & set(report["heavy"])  # alembic it may import: it creates the archive
+
+
+def test_a_model_that_is_not_here_is_refused_without_torch_or_transformers(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("some text\n")
+    commands = [["--db", str(tmp_path / "a.duckdb"), "ingest", str(text), "--model", "no-such-org/no-such-model"]]
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["codes"] == {"ingest": 4}
+    assert not {"torch", "transformers"} & set(report["heavy"])
