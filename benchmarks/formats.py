@@ -86,10 +86,7 @@ def main() -> None:
         *(f"| {' | '.join(map(str, row))} |" for row in rows),
         "",
     ]
-    if args.no_results:
-        print("\n".join(lines))
-    else:
-        publish(lines)
+    publish(lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

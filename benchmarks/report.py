@@ -24,10 +24,11 @@ def describe(*versions: str) -> str:
     return "; ".join(parts) + f"; load average {os.getloadavg()[0]:.1f} at start"
 
 
-def publish(lines: list[str]) -> str:
-    """Print a results section and append it to benchmarks/RESULTS.md."""
+def publish(lines: list[str], append: bool = True) -> str:
+    """Print a results section and (unless ``append`` is False) append it to benchmarks/RESULTS.md."""
     text = "\n".join(lines) + "\n"
     print(text)
-    with RESULTS.open("a", encoding="utf-8") as f:
-        f.write(text)
+    if append:
+        with RESULTS.open("a", encoding="utf-8") as f:
+            f.write(text)
     return text

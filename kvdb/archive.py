@@ -17,7 +17,7 @@ import platformdirs
 from kvdb import quant
 from kvdb.index import Indexes
 from kvdb.prefix_cache import PrefixCache
-from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats
+from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats, Turn
 from kvdb.search import Hit
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -74,6 +74,12 @@ class Archive:
 
         return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l)
 
+    @cached_property
+    def _resumer(self):
+        from kvdb.services.resuming import Resumer
+
+        return Resumer(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._prefix_cache)
+
     def __enter__(self) -> Archive:
         return self
 
@@ -129,6 +135,11 @@ class Archive:
         """The text of tokens [start, end). The whole of a text session is its original text, exactly."""
         return self._reader.text(session, start, end)
 
+    def turns(self, session: str, start: int | None = None, end: int | None = None) -> list[Turn]:
+        """The turns of tokens [start, end) (role, text, positions), cut where the chat template
+        opens a turn; a text session is one turn of no role."""
+        return self._reader.turns(session, start, end)
+
     def logprobs(self, session: str):
         """ln p(token | prefix) of each token under the archive's model, as computed at ingest."""
         return self._reader.logprobs(session)
@@ -163,6 +174,17 @@ class Archive:
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily; consumes ``restored.cache``."""
         return self._restorer.generate(restored, prompt, max_new_tokens)
+
+    def resume(self, ids, better_than: int = 0, mode: str = "exact") -> RestoredSession | None:
+        """The cache of the longest archived prefix of ``ids`` (token ids) over ``better_than``
+        tokens that the archive gives back without a forward pass over it: the exact cache the
+        prefix cache keeps, or with ``mode="archive"`` tier K's (approximate); None if none."""
+        return self._resumer.resume(ids, better_than, mode)
+
+    def keep_cache(self, ids, cache) -> None:
+        """Keep the exact ``cache`` of ``ids`` (an archived session's tokens) in the prefix cache,
+        so that any later process resumes that session without computing it."""
+        self._resumer.keep(ids, cache)
 
     # search ---------------------------------------------------------------------------
     def search(self, phrase: str, k: int = 10, context: int = 32, session: str | None = None) -> list[Hit]:

@@ -13,7 +13,13 @@ transcript does not hold (decision 0018).
 from __future__ import annotations
 
 import json
+import os
+import re
+import weakref
 
+import numpy as np
+
+from kvdb import tokenizer as tok
 from kvdb.tokenizer import LightTokenizer
 
 TEXTUAL = {
@@ -24,6 +30,9 @@ TEXTUAL = {
 }
 _PROBE = "\u2063kvdb probe\u2063"
 _DEFAULT_SYSTEM: dict[str, bool] = {}  # template source -> whether it writes a system prompt of its own
+_TURN_MARKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> how its turns open, as its own ids (see turns)
+_HISTORY = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
+ROLE_TOKENS = 32  # tokens after a turn's opening that hold its role word (byte-level tokenizers: one a byte)
 
 
 def render(tokenizer, messages, add_generation_prompt: bool = False) -> str:
@@ -42,14 +51,40 @@ def render(tokenizer, messages, add_generation_prompt: bool = False) -> str:
 
 
 def user_turn_suffix(tokenizer, prompt: str) -> str:
-    """The text a chat template appends for one more user turn and the assistant's reply header.
+    """The text a chat template appends for one more user turn and the assistant's reply header."""
+    return turns_suffix(tokenizer, [{"role": "user", "content": prompt}])
 
-    Found by rendering a conversation with and without the turn: templates only add text at the end.
-    """
-    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    before = render(tokenizer, history)
-    after = render(tokenizer, history + [{"role": "user", "content": prompt}], add_generation_prompt=True)
-    return after[len(before) :] if after.startswith(before) else prompt
+
+def turns_suffix(tokenizer, messages, add_generation_prompt: bool = True) -> str:
+    """The text a chat template appends for more turns (normalised messages) after a finished
+    conversation, and the assistant's reply header when ``add_generation_prompt``.
+
+    Found by rendering a conversation with and without them: templates only add text at the
+    end (one that does otherwise gets the turns' contents)."""
+    appended = _appended(tokenizer, list(_HISTORY), list(messages), add_generation_prompt)
+    return appended if appended is not None else "".join(m["content"] for m in messages)
+
+
+def turns(tokenizer, ids: np.ndarray) -> list[tuple[str | None, int, int]]:
+    """(role, start, end) of each turn in a session's token ids, cut where the template opens a
+    turn. What comes before the first opening, all of a text session, is one turn of no role."""
+    markers = _turn_markers(tokenizer)
+    ids = np.asarray(ids, dtype=np.int64)
+    opens = np.zeros(0, dtype=np.int64)
+    if markers is not None and len(ids) >= len(markers[0]):
+        windows = np.lib.stride_tricks.sliding_window_view(ids, len(markers[0]))
+        opens = np.flatnonzero((windows == markers[0]).all(axis=1))
+    starts = opens if opens.size and opens[0] == 0 else np.concatenate([[0], opens]).astype(np.int64)
+    ends = np.append(starts[1:], len(ids))
+    opened, out = set(opens.tolist()), []
+    for start, end in zip(starts.tolist(), ends.tolist()):  # a few turns per session, not tokens
+        role = None
+        if start in opened:
+            head = tok.decode(tokenizer, ids[start + len(markers[0]) : min(end, start + len(markers[0]) + ROLE_TOKENS)])
+            word = re.match(r"\s*(\w+)", head)
+            role = markers[1].get(word[1], word[1]) if word else None
+        out.append((role, start, end))
+    return out
 
 
 def writes_default_system(tokenizer) -> bool:
@@ -108,3 +143,45 @@ def _arguments(text: str):
     except ValueError:
         return text
     return value if isinstance(value, dict) else text
+
+
+def _appended(tokenizer, history: list[dict], messages: list[dict], add_generation_prompt: bool = False) -> str | None:
+    """What rendering ``messages`` after ``history`` adds at the end, or None if it changes the history's text."""
+    before = render(tokenizer, history)
+    after = render(tokenizer, history + messages, add_generation_prompt=add_generation_prompt)
+    return after[len(before) :] if after.startswith(before) else None
+
+
+def _turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
+    """(the token ids that open every turn, the template's word for each role -> the role), or
+    None where turns open with no text of their own (no template, or one like ``[INST]``)."""
+    if tokenizer not in _TURN_MARKERS:
+        _TURN_MARKERS[tokenizer] = _find_turn_markers(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+    return _TURN_MARKERS[tokenizer]
+
+
+def _find_turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
+    """The opening is what the user and the assistant turn headers share before their role word
+    (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``); the word after it names the role."""
+    probe = {"content": _PROBE}
+    try:
+        heads = {
+            "user": _appended(tokenizer, list(_HISTORY), [{"role": "user"} | probe]),
+            "assistant": _appended(tokenizer, [{"role": "user", "content": "x"}], [{"role": "assistant"} | probe]),
+        }
+    except Exception:  # noqa: BLE001 - a template that refuses these turns has no turns kvdb can cut
+        return None
+    heads = {role: head[: head.find(_PROBE)] for role, head in heads.items() if head and _PROBE in head}
+    if len(heads) < 2:
+        return None
+    opening = os.path.commonprefix(list(heads.values()))
+    opening = opening[: len(opening) - len(re.search(r"\w*$", opening)[0])]  # the role word is not part of it
+    ids = np.asarray(tok.encode(tokenizer, opening), dtype=np.int64) if opening.strip() else np.zeros(0, dtype=np.int64)
+    if not ids.size or any(tok.encode(tokenizer, head)[: ids.size] != ids.tolist() for head in heads.values()):
+        return None
+    roles = {}
+    for role, head in heads.items():
+        word = re.match(r"\s*(\w+)", head[len(opening) :])
+        if word:
+            roles[word[1]] = role
+    return ids, roles

@@ -82,3 +82,14 @@ class InvalidArgument(KvdbError):
 class TierMissing(InvalidArgument):
     """What was asked needs a tier that no session in the archive was stored with (semantic
     search needs tier K); the message says how to store it."""
+
+
+class ContextTooLong(InvalidArgument):
+    """A prompt, with the reply asked for, would not fit in the model's context."""
+
+
+class Busy(KvdbError):
+    """The model's queue is full, or a request waited for the model longer than the queue
+    allows, or the server is shutting down: retry later."""
+
+    exit_code = 75  # EX_TEMPFAIL

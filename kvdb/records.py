@@ -71,6 +71,20 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """Tokens [start, end) of a session that make one turn: cut where the chat template opens a
+    turn, so a page can show who said what; a text session is one turn of no role."""
+
+    role: str | None
+    text: str
+    start: int
+    end: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Prefix:
     """A token prefix that several sessions share, stored once."""
 

@@ -73,6 +73,9 @@ class Hit:
             "exact": self.exact,
             "partial": self.partial,
             "context": self.context,
+            "before": self.before,
+            "match": self.match,
+            "after": self.after,
         }
 
 

@@ -26,6 +26,7 @@ class ModelProvider:
         self._loaded = None if named else model
         self.name = tok.model_name(str(model) if model else None) if named else model.identity.name
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
+        self._full_tokenizer = None  # transformers' tokenizer without the model, once a chat template had to be read
         self._placed = False  # whether the model's identity in this archive was looked up
         self._registered = False
 
@@ -84,6 +85,15 @@ class ModelProvider:
         if archived is None or archived.tokenizer_hash != tok_hash:
             return self.for_session(row).tokenizer  # raises ModelMismatch unless the weights match after all
         return tokenizer
+
+    def chat_tokenizer_for(self, row: SessionRow):
+        """``tokenizer_for``, as transformers' tokenizer: a chat template renders only there."""
+        tokenizer = self.tokenizer_for(row)
+        if not isinstance(tokenizer, tok.LightTokenizer):
+            return tokenizer
+        if self._full_tokenizer is None:
+            self._full_tokenizer = tok.load_full(self.name)
+        return self._full_tokenizer
 
     def text_of_tokens(self, model_id: str, ids) -> str:
         """Text of another model's tokens only when it shares this tokenizer; else a placeholder."""

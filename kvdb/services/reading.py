@@ -9,9 +9,10 @@ import re
 
 import numpy as np
 
+from kvdb import chat
 from kvdb import tokenizer as tok
 from kvdb.errors import AmbiguousSession, InvalidArgument, SessionNotFound
-from kvdb.records import Prefix, Session
+from kvdb.records import Prefix, Session, Turn
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
@@ -75,6 +76,15 @@ class Reader:
         if "text" in row.metadata and (start, end) == (0, row.n_tokens):
             return row.metadata["text"]
         return tok.decode(self._models.tokenizer_for(row), self.path_tokens(row, start, end))
+
+    def turns(self, ref: str, start: int | None = None, end: int | None = None) -> list[Turn]:
+        """The turns that overlap tokens [start, end), each clipped to them (see ``chat.turns``)."""
+        row = self.resolve(ref)
+        start, end = clip_range(row, start, end)
+        ids = self.path_tokens(row)
+        tokenizer = self._models.chat_tokenizer_for(row)
+        clipped = [(role, max(a, start), min(b, end)) for role, a, b in chat.turns(tokenizer, ids)]
+        return [Turn(role, tok.decode(tokenizer, ids[a:b]), a, b) for role, a, b in clipped if a < b]
 
     def path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
         """Tokens [start, end) of a session (``path``: its nodes, when read already): from the

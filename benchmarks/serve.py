@@ -1,0 +1,292 @@
+"""Multi-turn conversations replayed through the official `openai` client: time to first token
+(TTFT) and total time per turn, side by side in one run, for
+
+    (a) kvdb serve;
+    (b) kvdb serve, killed with SIGKILL and started again between turns;
+    (c) the same model served with no reuse: every turn prefilled from scratch, as a stock
+        server does after a restart (a minimal transformers server defined here);
+    (d) the same GGUF behind llama-cpp-python's OpenAI server, warm and restarted between turns
+        (when ``--llama-python`` names a Python with ``llama_cpp.server`` installed).
+
+    .venv/bin/python benchmarks/serve.py [--conversations 6] [--turns 8] [--words 300]
+        [--max-tokens 16] [--llama-python /path/to/python] [--no-results]
+
+Every turn adds a user message of about ``--words`` words of real text (licences and docs on
+this machine), so a conversation grows past 3,000 tokens by its 8th turn. Replies are greedy
+(temperature 0). TTFT is measured from the request to the first streamed content; cached
+tokens come from ``usage.prompt_tokens_details.cached_tokens``. A last run replays the
+conversations with 4 concurrent clients against (a) and counts failed requests. Appends a
+section to benchmarks/RESULTS.md unless ``--no-results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus import real_text  # noqa: E402
+from report import describe, publish  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KVDB = Path(sys.executable).with_name("kvdb")
+SYSTEM = "You are a concise, friendly assistant. Answer in plain language and show code only when it helps."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process on a free loopback port, started and killed on demand."""
+
+    def __init__(self, argv: list[str], env: dict | None = None, health: str = "/health"):
+        self.argv, self.env, self.health = argv, env, health
+        self.port = free_port()
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 300) -> float:
+        began = time.perf_counter()
+        argv = [a.replace("{port}", str(self.port)) for a in self.argv]
+        self.log = tempfile.TemporaryFile()  # a pipe nobody reads would fill up and stop the server
+        self.process = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=self.log, start_new_session=True)
+        while time.perf_counter() - began < timeout:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"{argv[0]} exited: {self.log.read().decode(errors='replace')[-2000:]}")
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.health}", timeout=1)
+                return time.perf_counter() - began
+            time.sleep(0.2)
+        raise RuntimeError(f"{argv[0]} did not answer within {timeout} s")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def conversations(n: int, turns: int, words: int) -> list[list[str]]:
+    """``n`` conversations of ``turns`` user messages, each a distinct slice of real text."""
+    text = real_text(n * turns * words * 8).split()
+    assert len(text) >= n * turns * words, "not enough text on this machine"
+    slices = [" ".join(text[i * words : (i + 1) * words]) for i in range(n * turns)]
+    return [[f"Summarise this in one sentence:\n\n{s}" for s in slices[c * turns : (c + 1) * turns]] for c in range(n)]
+
+
+def turn(client, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed chat completion: TTFT, total seconds, reply, prompt and cached tokens."""
+    began = time.perf_counter()
+    first, reply, usage = None, [], None
+    stream = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter()
+            reply.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    end = time.perf_counter()
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    return {
+        "ttft": (first or end) - began,
+        "total": end - began,
+        "reply": "".join(reply),
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": getattr(details, "cached_tokens", None) if details else None,
+    }
+
+
+def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart: bool) -> list[list[dict]]:
+    """Every conversation turn by turn; with ``restart``, a SIGKILL and a fresh start before each turn after the first."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+    out = []
+    for users in dialogues:
+        messages, rows = [{"role": "system", "content": SYSTEM}], []
+        for index, user in enumerate(users):
+            if restart and index:
+                server.kill()
+                server.start()
+            messages.append({"role": "user", "content": user})
+            row = turn(client, messages, max_tokens)
+            messages.append({"role": "assistant", "content": row["reply"]})
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def concurrent_failures(server: Server, dialogues: list[list[str]], max_tokens: int, clients: int = 4) -> tuple[int, int]:
+    """(failed, total) requests with ``clients`` conversations replayed at once."""
+    from openai import OpenAI
+
+    counts = {"failed": 0, "total": 0}
+    lock = threading.Lock()
+
+    def one(users):
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+        messages = [{"role": "system", "content": SYSTEM}]
+        for user in users:
+            messages.append({"role": "user", "content": user})
+            try:
+                row = turn(client, messages, max_tokens)
+                failed = 0
+            except Exception:  # noqa: BLE001 - every failure counts, whatever its kind
+                row, failed = {"reply": ""}, 1
+            messages.append({"role": "assistant", "content": row["reply"]})
+            with lock:
+                counts["failed"] += failed
+                counts["total"] += 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, dialogues[:clients]))
+    return counts["failed"], counts["total"]
+
+
+STOCK = '''
+"""A stock server: the same model, every request prefilled from scratch (no cache reuse)."""
+import json, sys, time, threading
+import torch, uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from transformers import TextIteratorStreamer
+from kvdb import model as lm_ops, chat
+loaded = lm_ops.load(None)
+app = FastAPI()
+lock = threading.Lock()
+
+@app.get("/health")
+def health():
+    return {"status": "ok"}
+
+@app.post("/v1/chat/completions")
+async def complete(request: Request):
+    body = await request.json()
+    text = chat.render(loaded.tokenizer, body["messages"], add_generation_prompt=True)
+    ids = loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    def run():
+        with lock, torch.no_grad():
+            loaded.model.generate(ids, max_new_tokens=body.get("max_tokens", 16), do_sample=False, streamer=streamer)
+    threading.Thread(target=run, daemon=True).start()
+    def events():
+        for piece in streamer:
+            if piece:
+                yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": int(time.time()), "model": "stock",
+                                             "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}) + "\\n\\n"
+        usage = {"prompt_tokens": ids.shape[1], "completion_tokens": 0, "total_tokens": ids.shape[1], "prompt_tokens_details": {"cached_tokens": 0}}
+        yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": int(time.time()), "model": "stock", "choices": [], "usage": usage}) + "\\n\\n"
+        yield "data: [DONE]\\n\\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+'''
+
+
+def summarise(runs: dict[str, list[list[dict]]], turns: int) -> list[str]:
+    names = list(runs)
+    header = "| turn | prompt tokens | " + " | ".join(f"{n} TTFT s (cached)" for n in names) + " | " + " | ".join(f"{n} total s" for n in names) + " |"
+    lines = [header, "|" + "---:|" * (2 + 2 * len(names))]
+    for t in range(turns):
+        rows = {n: [conv[t] for conv in runs[n]] for n in names}
+        prompt = statistics.mean(r["prompt_tokens"] or 0 for r in rows[names[0]])
+        ttft = " | ".join(f"{statistics.median(r['ttft'] for r in rows[n]):.3f} ({statistics.mean((r['cached_tokens'] or 0) for r in rows[n]):.0f})" for n in names)
+        total = " | ".join(f"{statistics.median(r['total'] for r in rows[n]):.3f}" for n in names)
+        lines.append(f"| {t + 1} | {prompt:.0f} | {ttft} | {total} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--words", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
+    args = parser.parse_args()
+    from kvdb import tokenizer as tok
+
+    dialogues = conversations(args.conversations, args.turns, args.words)
+    env = dict(os.environ)
+    runs: dict[str, list[list[dict]]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        def kvdb_server(name: str) -> Server:
+            return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], env)
+
+        plans = [
+            ("(a) kvdb", kvdb_server("a"), False),
+            ("(b) kvdb restarted", kvdb_server("b"), True),
+            ("(c) no reuse", Server([sys.executable, "-c", STOCK, "{port}"], env), False),
+        ]
+        if args.llama_python:
+            gguf = str(tok.embedded_gguf())
+            llama = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--port", "{port}", "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]
+            plans += [("(d) llama.cpp", Server(llama, env, health="/v1/models"), False), ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True)]
+        for name, server, restart in plans:
+            server.start()
+            try:
+                runs[name] = replay(server, dialogues, args.max_tokens, restart)
+            finally:
+                server.stop()
+            print(f"{name}: done", file=sys.stderr)
+        concurrent = kvdb_server("concurrent")
+        concurrent.start()
+        try:
+            failed, total = concurrent_failures(concurrent, dialogues, args.max_tokens)
+        finally:
+            concurrent.stop()
+    last = args.turns - 1
+    ttft = {n: statistics.median(conv[last]["ttft"] for conv in r) for n, r in runs.items()}
+    ratios = [f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x" for n in runs if n != "(c) no reuse"]
+    if "(d) llama.cpp restarted" in ttft:
+        ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
+    lines = [
+        "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
+        "",
+        describe(),
+        "",
+        f"{args.conversations} conversations x {args.turns} turns of ~{args.words} words each, greedy replies of at most "
+        f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
+        f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --words {args.words}"
+        + (" --llama-python PY`" if args.llama_python else "`"),
+        "",
+        *summarise(runs, args.turns),
+        "",
+        *ratios,
+        f"- 4 concurrent clients against (a): {failed} failed of {total} requests",
+        "",
+    ]
+    publish(lines, append=not args.no_results)
+
+
+if __name__ == "__main__":
+    main()

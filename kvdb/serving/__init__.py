@@ -1,0 +1,9 @@
+"""Serving the archive's model: OpenAI-style completions that resume from archived caches, and
+whose exchanges are archived (``kvdb serve``; the HTTP layer is ``kvdb_server``)."""
+
+from kvdb.serving.engine import Engine
+from kvdb.serving.params import Request, Sampling
+from kvdb.serving.records import Chunk, Completion, Header, SessionView
+from kvdb.serving.reply import Reply
+
+__all__ = ["Chunk", "Completion", "Engine", "Header", "Reply", "Request", "Sampling", "SessionView"]

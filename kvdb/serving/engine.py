@@ -1,0 +1,227 @@
+"""The model behind ``kvdb serve``: completions that resume from what was computed before,
+and conversations that end up in the archive.
+
+- A prompt starts from the longest prefix of it already computed: first the caches this
+  process holds in memory, then the archive's (its prefix cache of exact caches; tier K, which
+  is approximate, with ``restore="archive"``), else nothing; only the rest is computed.
+- Each completed exchange goes to the journal before the reply's last bytes are sent; the
+  archiver ingests it afterwards, off the response path (``archiver.py``, ``journal.py``).
+- One model, one lock (``gate.py``): generation and the archiver's model work take turns, and
+  requests queue for the model in bounded numbers. The archive is used from one thread
+  (``access.py``), held only for each call: reads wait for no generation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvdb import capture, chat, transcripts
+from kvdb import model as lm_ops
+from kvdb import tokenizer as tok
+from kvdb.archive import Archive
+from kvdb.errors import Busy, ContextTooLong, InvalidArgument, ModelMismatch
+from kvdb.records import Session, Stats
+from kvdb.search import Hit
+from kvdb.services.models import ModelProvider
+from kvdb.serving.access import ArchiveAccess
+from kvdb.serving.archiver import Archiver
+from kvdb.serving.gate import ModelGate
+from kvdb.serving.generation import Generation
+from kvdb.serving.journal import Journal
+from kvdb.serving.params import Request, Sampling
+from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
+from kvdb.serving.records import Completion, Header, SessionView
+from kvdb.serving.reply import Reply
+from kvdb.tiers import DEFAULT_KEEP, parse_keep
+
+DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
+RESTORE_MODES = ("exact", "archive")
+TITLE_WORDS = 8  # an archived exchange is named by its conversation's first words
+JOURNAL_SUFFIX = ".serve"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a prompt's computation begins: ``cache`` holds its first ``held`` tokens."""
+
+    cache: object
+    held: int
+    approximate: bool  # tier K somewhere in the cache's making
+    cached: int  # tokens not computed for this prompt (tier K's recomputed window is computed)
+
+    @property
+    def restored(self) -> str:
+        return "none" if not self.held else "archive" if self.approximate else "exact"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: np.ndarray
+    name: str
+    kind: str  # what the archived exchange is ingested from: "messages" or "text"
+    exchange: Callable[[str], object]  # the reply -> what is ingested
+
+    def entry(self, reply: str) -> dict:
+        return {"kind": self.kind, "content": self.exchange(reply), "name": self.name}
+
+
+class Engine:
+    def __init__(
+        self,
+        archive: Archive,
+        keep: str = DEFAULT_KEEP,
+        restore: str = "exact",
+        queue: int = 8,
+        queue_timeout: float = 30.0,
+        cache_bytes: int = DEFAULT_BUDGET_BYTES,
+    ):
+        """``archive``: opened for writing; the engine closes it. ``keep``: the tiers each
+        exchange is archived with. ``restore="archive"`` lets prompts resume from tier K."""
+        if restore not in RESTORE_MODES:
+            raise InvalidArgument(f"unknown restore mode {restore!r}; choose from {', '.join(RESTORE_MODES)}")
+        if queue < 0 or queue_timeout < 0:
+            raise InvalidArgument(f"the queue's size and timeout must be >= 0, got {queue} and {queue_timeout}")
+        parse_keep(keep)
+        self._keep = keep
+        self._restore = restore
+        self._access = ArchiveAccess(archive)
+        self.model_name = archive.model_name
+        self._loaded = self._access(lambda a: a.loaded_model)
+        self.context = ModelProvider.context_tokens(self._loaded)
+        self._gate = ModelGate(queue, queue_timeout)
+        self._recent = RecentCaches(cache_bytes)
+        self._stopping = threading.Event()
+        self._journal = Journal(archive.path.with_name(archive.path.name + JOURNAL_SUFFIX))
+        self._archiver = Archiver(self._journal, self._access, self._gate, keep, self._exact_cache, self._recent.put)
+
+    def start(self) -> None:
+        """Start archiving, beginning with the exchanges an earlier run left in the journal."""
+        self._archiver.start()
+
+    def stop(self) -> None:
+        """Cancel replies in progress (they stop at their next token) and refuse new ones."""
+        self._stopping.set()
+        self._gate.closed = True
+
+    def close(self) -> None:
+        """Stop; let the archiver finish the entry in hand (the rest stay in the journal); close the archive."""
+        self.stop()
+        self._archiver.stop()
+        self._access.close()
+
+    # completions ----------------------------------------------------------------------
+    def complete(self, request: Request) -> Reply:
+        """Start a reply (refused at once with ``Busy`` when the model's queue is full)."""
+        prompt = self._prompt(request)
+        max_tokens = self._room(len(prompt.ids), request.sampling.max_tokens)
+        release = self._gate.admit()
+        header = Header(f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name, request.chat)
+        return Reply(header, lambda emit, cancelled: self._reply(header, prompt, request.sampling, max_tokens, emit, cancelled, release))
+
+    def _reply(self, header: Header, prompt: Prompt, sampling: Sampling, max_tokens: int, emit, cancelled, release) -> Completion:
+        try:
+            start = self._start(prompt.ids, len(prompt.ids) - 1, self._restore)
+            generation = Generation(self._loaded, start.cache, prompt.ids, sampling, max_tokens, lambda: cancelled() or self._stopping.is_set())
+            for delta in generation.deltas():
+                emit(delta)
+            if generation.finish_reason == "cancelled":
+                raise Busy("the reply was cancelled: the client went away, or the server is shutting down")
+            self._recent.put(generation.fed, generation.cache, start.approximate)
+            self._archiver.submit(self._journal.write(prompt.entry(generation.text)))  # durable before the reply is
+        finally:
+            release()
+        return Completion(
+            header, generation.text, generation.finish_reason, len(prompt.ids), len(generation.tokens), start.cached, start.restored, start.approximate
+        )
+
+    def _start(self, ids: np.ndarray, limit: int, mode: str) -> Start:
+        """The longest of the first ``limit`` tokens of ``ids`` whose cache this process holds,
+        or the archive gives back; else an empty cache."""
+        hit = self._recent.best(ids, limit, exact_only=mode == "exact")
+        held = hit[0] if hit is not None else 0
+        found = self._access(lambda a: a.resume(ids[:limit], better_than=held, mode=mode)) if held < limit else None
+        if found is not None:
+            approximate = found.mode == "archive"
+            return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))
+        if hit is not None:
+            return Start(hit[1], held, hit[2], held)
+        return Start(lm_ops.new_cache(self._loaded.model), 0, False, 0)
+
+    def _exact_cache(self, ids: np.ndarray):
+        """The exact cache of all of ``ids``, computing only what no cache holds."""
+        return lm_ops.prefill(self._loaded.model, ids, cache=self._start(ids, len(ids), "exact").cache)
+
+    def _prompt(self, request: Request) -> Prompt:
+        """The request's token ids, and what its exchange is archived as."""
+        tokenizer = self._loaded.tokenizer
+        messages = list(transcripts.transcript_from_messages(request.messages).messages) if request.chat else None
+        if request.session is None:
+            if request.chat:
+                ids = tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True))
+                users = [m["content"] for m in messages if m["role"] == "user"] or [messages[0]["content"]]
+                return Prompt(np.asarray(ids, dtype=np.int64), request.name or _title(users[0], "chat"), "messages",
+                              lambda reply: [*request.messages, {"role": "assistant", "content": reply}])
+            ids = tok.encode(tokenizer, request.prompt)
+            return Prompt(np.asarray(ids, dtype=np.int64), request.name or _title(request.prompt, "completion"), "text", lambda reply: request.prompt + reply)
+        session, before, before_text = self._access(lambda a: self._archived_prefix(a, request.session, request.at))
+        added = chat.turns_suffix(tokenizer, messages) if request.chat else request.prompt
+        ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
+
+        def exchange(reply: str) -> str:  # the continued session's text, the new turns and the reply, as one text session
+            if not request.chat:
+                return before_text + request.prompt + reply
+            return before_text + chat.turns_suffix(tokenizer, [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False)
+
+        return Prompt(ids, request.name or f"{session.name}@{len(before)}", "text", exchange)
+
+    def _archived_prefix(self, archive: Archive, ref: str, at: int | None) -> tuple[Session, np.ndarray, str]:
+        session = archive.session(ref)
+        if session.model_id != self._loaded.identity.model_id:
+            raise ModelMismatch(f"session {session.session_id[:12]} ({session.name}) was archived with another model than {self.model_name!r}, which this server runs; serve it with that session's --model")
+        at = session.n_tokens if at is None else at
+        return session, archive.tokens(session.session_id, 0, at), archive.text(session.session_id, 0, at)
+
+    def _room(self, prompt_tokens: int, asked: int | None) -> int:
+        """How many tokens the reply may take: ``asked`` (default: what the context holds, up
+        to DEFAULT_MAX_TOKENS), refused when the prompt and the reply would not fit."""
+        room = self.context - prompt_tokens
+        wanted = min(DEFAULT_MAX_TOKENS, room) if asked is None else asked
+        if room < 1 or wanted > room:
+            more = f" and asks for up to {asked:,} more" if asked is not None else ""
+            raise ContextTooLong(
+                f"the prompt has {prompt_tokens:,} tokens{more}, over the model's context of {self.context:,} tokens; "
+                f"shorten the messages{' or lower max_tokens' if asked is not None else ''}"
+            )
+        return wanted
+
+    # reads: the archive only, never the model (but semantic search, which runs it) ------
+    def sessions(self) -> list[Session]:
+        return self._access(lambda a: a.sessions())
+
+    def view(self, ref: str, start: int | None = None, end: int | None = None) -> SessionView:
+        def read(archive: Archive) -> SessionView:
+            session = archive.session(ref)
+            turns = archive.turns(session.session_id, start, end)
+            text = archive.text(session.session_id, start, end)
+            return SessionView(session, 0 if start is None else start, session.n_tokens if end is None else end, text, turns)
+
+        return self._access(read)
+
+    def search(self, phrase: str, k: int = 10, semantic: bool = False) -> list[Hit]:
+        if not semantic:
+            return self._access(lambda a: a.search(phrase, k=k))
+        with self._gate.admitted():
+            return self._access(lambda a: a.search_semantic(phrase, k=k))
+
+    def stats(self) -> Stats:
+        return self._access(lambda a: a.stats())
+
+
+def _title(text: str, default: str) -> str:
+    return " ".join(text.split()[:TITLE_WORDS]) or default

@@ -1,0 +1,99 @@
+"""The generation loop: one token at a time onto a cache, chosen as the request's sampling
+says, its text handed on as it grows so a reply can be streamed.
+
+Text is held back while it could still change: a trailing incomplete UTF-8 sequence (decoded
+as U+FFFD until its last byte comes) and the last characters that might begin a stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from kvdb import model as lm_ops
+from kvdb.model import LoadedModel
+from kvdb.serving.params import Sampling
+
+UNFINISHED = "\ufffd"
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """The next token: the most likely at temperature 0, else drawn from the tempered
+    distribution cut to its nucleus (the most likely tokens whose mass before them is under top_p)."""
+    if sampling.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p >= 1:
+        return int(torch.multinomial(probs, 1, generator=generator))
+    ordered, order = torch.sort(probs, descending=True)
+    ordered[torch.cumsum(ordered, 0) - ordered >= sampling.top_p] = 0
+    return int(order[torch.multinomial(ordered, 1, generator=generator)])
+
+
+def eos_ids(loaded: LoadedModel) -> frozenset[int]:
+    """Tokens that end a reply: the tokenizer's EOS and those the model's generation config names."""
+    config = getattr(loaded.model, "generation_config", None)
+    named = getattr(config, "eos_token_id", None)
+    named = named if isinstance(named, (list, tuple)) else [named]
+    return frozenset(int(t) for t in [loaded.tokenizer.eos_token_id, *named] if t is not None)
+
+
+class Generation:
+    """A reply to ``ids``, generated onto ``cache`` (which holds a prefix of them).
+
+    Iterate ``deltas()`` for its text as it grows. Afterwards: ``text``; ``finish_reason``
+    ("stop": EOS or a stop string, "length": ``max_tokens``, "cancelled": ``cancelled()`` said
+    so); ``tokens``, the ids generated; ``cache``, holding ``fed`` (the prompt and every
+    generated token but the last, which was never run)."""
+
+    def __init__(self, loaded: LoadedModel, cache, ids: np.ndarray, sampling: Sampling, max_tokens: int, cancelled: Callable[[], bool]):
+        self._loaded = loaded
+        self.cache = cache
+        self._ids = np.asarray(ids, dtype=np.int64)
+        self._sampling = sampling
+        self._max_tokens = max_tokens
+        self._cancelled = cancelled
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason = "length"
+
+    @property
+    def fed(self) -> np.ndarray:
+        return np.concatenate([self._ids, np.asarray(self.tokens, dtype=np.int64)])[: len(self._ids) + len(self.tokens) - 1]
+
+    @torch.no_grad()
+    def deltas(self) -> Iterator[str]:
+        model, tokenizer = self._loaded.model, self._loaded.tokenizer
+        stops, eos = self._sampling.stop, eos_ids(self._loaded)
+        hold = max(map(len, stops), default=1) - 1  # characters that may yet turn out to begin a stop string
+        generator = torch.Generator()
+        if self._sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self._sampling.seed)
+        self.cache = lm_ops.prefill(model, self._ids[:-1], cache=self.cache)
+        step, sent, text = torch.as_tensor(self._ids[-1:]).reshape(1, 1), 0, ""
+        for _ in range(self._max_tokens):
+            if self._cancelled():
+                self.finish_reason = "cancelled"
+                return
+            token = pick(model(step, cache=self.cache, use_cache=True).logits[0, -1], self._sampling, generator)
+            self.tokens.append(token)
+            if token in eos:
+                self.finish_reason = "stop"
+                break
+            text = tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, self.finish_reason = text[:cut], "stop"
+                break
+            ready = min(len(text) - hold, len(text.rstrip(UNFINISHED)))
+            if ready > sent:
+                yield text[sent:ready]
+                sent = ready
+            step = torch.tensor([[token]])
+        self.text = text
+        if len(text) > sent:
+            yield text[sent:]

@@ -1,0 +1,138 @@
+"""The FastAPI application of `kvdb serve`.
+
+- ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: the OpenAI API's shapes (with
+  server-sent events when ``stream``), plus a ``kvdb`` object in each reply.
+- ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/stats``: the archive,
+  read while the model generates (the engine's reads never wait for it).
+- ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
+  holds no archive data: it asks for the key and sends it with its API calls. With an API
+  key, every other route needs ``Authorization: Bearer KEY``.
+
+Model work runs on the engine's threads and reads on its archive thread, never on the event
+loop, so slow work never stalls other connections.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from kvdb.serving import Chunk, Engine, Reply
+from kvdb_server import parse
+from kvdb_server.errors import HttpError, describe, install
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int = parse.MAX_BODY_BYTES, static: Path = STATIC) -> FastAPI:
+    """The app over ``engine``, which it starts (archiving, replaying the journal) and closes
+    with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await run_in_threadpool(engine.start)
+        yield
+        await run_in_threadpool(engine.close)
+
+    app = FastAPI(title="kvdb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install(app)
+    api = APIRouter(dependencies=[Depends(_authorize(api_key))])
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/")
+    def page() -> FileResponse:
+        index = static / "index.html"
+        if not index.is_file():
+            raise HttpError(404, f"this server has no page ({index} is missing); the API is under /v1 and /api", "not_found")
+        return FileResponse(index)
+
+    app.mount("/static", StaticFiles(directory=static, check_dir=False), name="static")
+
+    @api.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvdb"}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=True)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=False)
+
+    @api.get("/api/sessions")
+    def sessions() -> dict:
+        return {"sessions": [s.to_dict() for s in engine.sessions()]}
+
+    @api.get("/api/sessions/{ref:path}")
+    def session(ref: str, start: int | None = Query(None, ge=0), end: int | None = Query(None, ge=0)) -> dict:
+        return engine.view(ref, start, end).to_dict()
+
+    @api.get("/api/search")
+    def search(q: str = Query(..., min_length=1), k: int = Query(10, ge=1, le=1000), semantic: int = Query(0, ge=0, le=1)) -> dict:
+        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic))]}
+
+    @api.get("/api/stats")
+    def stats() -> dict:
+        return engine.stats().to_dict()
+
+    app.include_router(api)
+    return app
+
+
+def _authorize(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise HttpError(401, "this server needs an API key: send `Authorization: Bearer KEY` with the key it was started with (--api-key or $KVDB_API_KEY)", "missing_api_key")
+        if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise HttpError(401, "incorrect API key; send the key the server was started with (--api-key or $KVDB_API_KEY)", "invalid_api_key")
+
+    return check
+
+
+async def _complete(engine: Engine, body: dict, chat: bool):
+    asked = parse.completion(body, chat)
+    reply = await run_in_threadpool(engine.complete, asked.request)
+    if not asked.stream:
+        try:
+            return JSONResponse((await run_in_threadpool(reply.result)).to_dict())
+        finally:
+            reply.cancel()  # the request cancelled (the server stopping): the model is let go at the next token
+    return StreamingResponse(_events(reply, asked.include_usage), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _events(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    """``data: {chunk}`` lines, then ``data: [DONE]``. The last chunk (finish reason, kvdb
+    report) follows the journal's write, so a reply whose end was sent is archived."""
+    header = reply.header
+    deltas = reply.deltas()
+    try:
+        yield _event(Chunk(header, first=True).to_dict())
+        while (text := await run_in_threadpool(next, deltas, None)) is not None:
+            yield _event(Chunk(header, text=text).to_dict())
+        yield _event(Chunk(header, done=reply.completion).to_dict())
+        if include_usage:
+            yield _event(Chunk(header, done=reply.completion, usage=True).to_dict())
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # noqa: BLE001 - the status was sent already: the error becomes the last event
+        yield _event(describe(exc)[1])
+    finally:
+        reply.cancel()
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

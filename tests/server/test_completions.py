@@ -1,0 +1,105 @@
+"""Completions through the official `openai` client: chat and text, streamed and not, sampling
+and stop strings, and prompts resumed from what was computed or archived before."""
+
+from __future__ import annotations
+
+from support import CALIBRATION, KV
+
+import kvdb
+from kvdb import capture
+from kvdb import chat as chat_template
+from kvdb import tokenizer as tok
+
+HELLO = [{"role": "user", "content": "Tell me about the harbour."}]
+
+
+def _kvdb(response) -> dict:
+    return response.to_dict()["kvdb"]
+
+
+def test_chat_streamed_and_not_give_the_same_greedy_reply(serve):
+    running = serve()
+    first = running.chat(HELLO)
+    choice = first.choices[0]
+    assert first.object == "chat.completion" and choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert first.usage.prompt_tokens > 0 and 1 <= first.usage.completion_tokens <= 8
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 and _kvdb(first) == {"restored": "none", "cached_tokens": 0, "approximate": False}
+
+    chunks = list(running.chat(HELLO, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    usage = chunks[-1].usage  # the usage chunk comes last, without choices
+    assert chunks[-1].choices == [] and usage.prompt_tokens == first.usage.prompt_tokens
+    # the same prompt again: all of it but the last token (which must be run for its logits) is held in memory
+    assert usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+
+
+def test_text_completions_with_seed_and_stop(serve):
+    client = serve().openai()
+    greedy = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0)
+    assert greedy.object == "text_completion" and greedy.usage.completion_tokens >= 1
+    streamed = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == greedy.choices[0].text
+
+    sampled = [client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=1, top_p=0.9, seed=seed).choices[0].text for seed in (7, 7, 8)]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+    text = greedy.choices[0].text
+    stop = text[3:5] if len(text) >= 5 else None
+    if stop:  # the greedy reply cut where the stop string begins, the stop string left out
+        cut = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0, stop=[stop])
+        assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_a_second_turn_resumes_the_archived_first_in_memory_and_after_a_restart(serve, tiny_loaded):
+    running = serve()
+    first = running.chat(HELLO, max_tokens=6)
+    [archived] = running.wait_archived(1)
+    turn_two = [*HELLO, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And the ships?"}]
+    second = running.chat(turn_two, max_tokens=4)
+    assert _kvdb(second) == {"restored": "exact", "cached_tokens": archived["n_tokens"], "approximate": False}
+    # only the new turn was computed: the archived exchange is exactly the start of this prompt
+    ids = tok.encode(tiny_loaded.tokenizer, chat_template.render(tiny_loaded.tokenizer, turn_two, add_generation_prompt=True))
+    assert second.usage.prompt_tokens == len(ids) and len(ids) - archived["n_tokens"] == len(tok.encode(tiny_loaded.tokenizer, chat_template.user_turn_suffix(tiny_loaded.tokenizer, "And the ships?")))
+
+    running.wait_archived(2)
+    running.stop()
+    restarted = serve(db=running.db)  # nothing in memory: the second exchange's cache, kept on disk, holds this prompt
+    again = restarted.chat(turn_two, max_tokens=4)
+    assert _kvdb(again) == {"restored": "exact", "cached_tokens": len(ids) - 1, "approximate": False}
+    assert again.choices[0].message.content == second.choices[0].message.content
+
+
+def test_continue_a_named_session_at_a_position(serve, tmp_path, tiny_loaded):
+    db = tmp_path / "serve.duckdb"
+    story = "The lighthouse keeper counted the ships every night, and wrote their names down."
+    with kvdb.open(db, model=tiny_loaded) as archive:
+        archive.ingest(text=story, name="story")
+    running = serve(db=db)
+    ask = [{"role": "user", "content": "Who counted?"}]
+    reply = running.chat(ask, extra_body={"kvdb": {"session": "story", "at": 24}})
+    suffix = tok.encode(tiny_loaded.tokenizer, chat_template.user_turn_suffix(tiny_loaded.tokenizer, "Who counted?"))
+    assert reply.usage.prompt_tokens == 24 + len(suffix)
+    again = running.chat(ask, extra_body={"kvdb": {"session": "story", "at": 24}})
+    assert _kvdb(again)["cached_tokens"] == 24 + len(suffix) - 1 and again.choices[0].message.content == reply.choices[0].message.content
+
+    names = {s["name"]: s for s in running.wait_archived(2)}  # the same exchange twice is one session
+    continued = running.get(f"/api/sessions/{names['story@24']['session_id']}")
+    assert continued["text"].startswith(story[:24]) and continued["text"].endswith(reply.choices[0].message.content + "<|im_end|>\n")
+    prefix = running.get(f"/api/sessions/{names['story@24']['session_id']}", end=24)
+    assert prefix["text"] == story[:24] and [t["role"] for t in prefix["turns"]] == [None]
+
+
+def test_restore_archive_resumes_from_tier_k_and_says_it_is_approximate(serve, tmp_path, tiny_loaded):
+    db = tmp_path / "serve.duckdb"
+    talk = [{"role": "user", "content": "What does the archive keep of each key?"}, {"role": "assistant", "content": "A few codebook indices per head."}]
+    with kvdb.open(db, model=tiny_loaded) as archive:
+        archive.ingest(text=CALIBRATION, name="calibration")
+        archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
+        [stored] = archive.ingest(messages=talk, keep=KV)
+    running = serve(db=db, restore="archive", keep=KV)
+    reply = running.chat([*talk, {"role": "user", "content": "And of each value?"}])
+    recomputed = capture.SINKS + capture.RECENT  # tier K's exact window is computed, not restored
+    assert _kvdb(reply) == {"restored": "archive", "cached_tokens": stored.n_tokens - recomputed, "approximate": True}
+    assert reply.usage.prompt_tokens_details.cached_tokens == stored.n_tokens - recomputed

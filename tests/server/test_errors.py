@@ -1,0 +1,81 @@
+"""Every refusal in the OpenAI API's error shape, with the status of what went wrong, and the
+server still serving after each; a full queue refused at once while reads go on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kvdb
+
+CHAT = "/v1/chat/completions"
+ONE = [{"role": "user", "content": "hi"}]
+LONG = {"model": "kvdb", "messages": [{"role": "user", "content": "Tell me about the harbour."}], "max_tokens": 2000, "temperature": 0, "stream": True}  # no EOS for 2000 tokens (~6 s)
+
+
+def _still_serving(running) -> None:
+    assert running.get("/health") == {"status": "ok"}
+    assert running.chat(ONE, max_tokens=2).choices[0].message.role == "assistant"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("post", CHAT, b"{not json", 400, None),
+        ("post", CHAT, b"[1, 2]", 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": "hi"}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temperature": 7}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 400, "context_length_exceeded"),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', 400, "context_length_exceeded"),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}', 413, "request_too_large"),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "kvdb": {"session": "nosuch"}}', 404, "session_not_found"),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "kvdb": {"session": "story", "at": 999}}', 400, None),
+        ("post", "/v1/completions", b'{"model": "kvdb", "prompt": ""}', 400, None),
+        ("get", "/api/sessions/nosuch", None, 404, "session_not_found"),
+        ("get", "/api/sessions/story?start=5&end=2", None, 400, None),
+        ("get", "/api/search?k=0&q=x", None, 400, "invalid_request"),
+        ("get", "/no/such/route", None, 404, "not_found"),
+    ],
+)
+def test_refusals_are_openai_errors_and_the_server_keeps_serving(served_story, method, path, body, status, code):
+    with served_story.http() as client:
+        response = client.request(method.upper(), path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["message"] != "internal error"
+    assert error["code"] == code and error["type"] == "invalid_request_error"
+    _still_serving(served_story)
+
+
+@pytest.fixture(scope="module")
+def served_story(tmp_path_factory, tiny_loaded, start_server):
+    """One server for the refusals above (over an archive holding a short text session, "story")."""
+    db = tmp_path_factory.mktemp("errors") / "serve.duckdb"
+    with kvdb.open(db, model=tiny_loaded) as archive:
+        archive.ingest(text="a short story", name="story")
+    running = start_server(db)
+    yield running
+    running.stop()
+
+
+def test_a_full_queue_is_refused_and_reads_do_not_wait(serve, tmp_path):
+    running = serve(queue=0)
+    with running.http() as client, client.stream("POST", CHAT, json=LONG) as long:
+        lines = long.iter_lines()  # kept: an iterator dropped closes the response, which cancels the reply
+        next(lines)  # the model is taken: the reply has begun
+        began = time.monotonic()
+        assert client.get("/api/sessions").status_code == 200 and client.get("/api/stats").status_code == 200
+        assert time.monotonic() - began < 2  # reads answered while the model generates
+        refused = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "max_tokens": 2})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "queue_full" and "--queue" in refused.json()["error"]["message"]
+    _still_serving(running)  # the stream closed: its reply cancelled, the model free again
+
+    waiting = serve(tmp_path / "waiting.duckdb", queue=1, queue_timeout=0.2)
+    with waiting.http() as client, client.stream("POST", CHAT, json=LONG) as long:
+        lines = long.iter_lines()
+        next(lines)
+        refused = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "max_tokens": 2})
+        assert refused.status_code == 429 and "--queue-timeout" in refused.json()["error"]["message"]
+    _still_serving(waiting)
