@@ -64,6 +64,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self, timeout: float = 300) -> float:
+        """Seconds until the server answers its health route."""
         began = time.perf_counter()
         argv = [a.replace("{port}", str(self.port)) for a in self.argv]
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads would fill up and stop the server
@@ -133,11 +134,12 @@ def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart:
     for users in dialogues:
         messages, rows = [{"role": "system", "content": SYSTEM}], []
         for index, user in enumerate(users):
+            ready = None
             if restart and index:
                 server.kill()
-                server.start()
+                ready = server.start()
             messages.append({"role": "user", "content": user})
-            row = turn(client, messages, max_tokens)
+            row = dict(turn(client, messages, max_tokens), ready=ready)
             messages.append({"role": "assistant", "content": row["reply"]})
             rows.append(row)
         out.append(rows)
@@ -282,6 +284,7 @@ def main() -> None:
         *summarise(runs, args.turns),
         "",
         *ratios,
+        *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
         f"- 4 concurrent clients against (a): {failed} failed of {total} requests",
         "",
     ]

@@ -1,7 +1,8 @@
 """Archiving the journal's exchanges off the response path.
 
-A thread of its own takes each entry, oldest first (those a previous run left over first),
-ingests it with the server's tiers, keeps the exchange's exact cache in the prefix cache, and
+The entries a previous run left over are archived at start, before the server answers (so a
+conversation resumes from them at once); then a thread of its own takes each new entry, oldest
+first, when no request has used the model for a moment (``ModelGate.held``), ingests it with the server's tiers, keeps the exchange's exact cache in the prefix cache, and
 only then deletes the entry: whenever the process dies, an exchange is in the journal, in the
 archive, or both (archiving it again then finds it archived). On stop it finishes the entry in
 hand and leaves the rest to the next start.
@@ -47,7 +48,7 @@ class Archiver:
 
     def start(self) -> None:
         for path in self._journal.pending():
-            self._queue.put(path)
+            self._archive_safely(path)
         self._thread.start()
 
     def submit(self, path: Path) -> None:
@@ -64,12 +65,15 @@ class Archiver:
             path = self._queue.get()
             if path is None:
                 break
-            try:
-                self._archive(path)
-            except (KvdbError, ValueError, KeyError) as exc:  # the archive refuses it, or it is no entry: retrying cannot help
-                log.error("journal entry %s set aside as %s: %s", path.name, self._journal.set_aside(path).name, exc)
-            except Exception:  # noqa: BLE001 - the worker outlives one bad entry, which stays for the next start
-                log.exception("archiving journal entry %s failed; it stays in the journal for the next start", path.name)
+            self._archive_safely(path)
+
+    def _archive_safely(self, path: Path) -> None:
+        try:
+            self._archive(path)
+        except (KvdbError, ValueError, KeyError) as exc:  # the archive refuses it, or it is no entry: retrying cannot help
+            log.error("journal entry %s set aside as %s: %s", path.name, self._journal.set_aside(path).name, exc)
+        except Exception:  # noqa: BLE001 - the worker outlives one bad entry, which stays for the next start
+            log.exception("archiving journal entry %s failed; it stays in the journal for the next start", path.name)
 
     def _archive(self, path: Path) -> None:
         entry = self._journal.read(path)

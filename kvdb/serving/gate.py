@@ -3,16 +3,21 @@
 Generation and the archiver's model work never run at once (one model, one lock). A request
 that finds the model busy waits, but only if fewer than ``size`` others wait already and only
 for ``timeout`` seconds; otherwise it is refused with ``Busy`` at once, so a flood of requests
-turns into quick refusals instead of unbounded latency and threads.
+turns into quick refusals instead of unbounded latency and threads. The archiver gives way to
+requests: its work is durable in the journal already, and the next turn of a conversation
+usually follows its reply at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from kvdb.errors import Busy
+
+IDLE_SECONDS = 0.5  # background work waits until no request has used or waited for the model this long
 
 
 class ModelGate:
@@ -22,6 +27,7 @@ class ModelGate:
         self._lock = threading.Lock()
         self._waiting = 0
         self._count = threading.Lock()
+        self._released = float("-inf")  # when a request last let the model go (monotonic)
         self.closed = False
 
     def admit(self) -> Callable[[], None]:
@@ -29,7 +35,7 @@ class ModelGate:
         if self.closed:
             raise Busy("the server is shutting down; retry when it is back")
         if self._lock.acquire(blocking=False):
-            return self._lock.release
+            return self._release
         with self._count:
             if self._waiting >= self.size:
                 raise Busy(f"the model is busy and {self._waiting} requests wait for it already (the queue holds {self.size}); retry later, or start the server with a larger --queue")
@@ -44,7 +50,11 @@ class ModelGate:
         if self.closed:
             self._lock.release()
             raise Busy("the server is shutting down; retry when it is back")
-        return self._lock.release
+        return self._release
+
+    def _release(self) -> None:
+        self._released = time.monotonic()
+        self._lock.release()
 
     @contextlib.contextmanager
     def admitted(self):
@@ -55,7 +65,16 @@ class ModelGate:
             release()
 
     @contextlib.contextmanager
-    def held(self):
-        """The model for the archiver: it waits as long as it takes, outside the queue."""
-        with self._lock:
+    def held(self, idle: float = IDLE_SECONDS):
+        """The model for the archiver, outside the queue: taken once no request has held or
+        waited for it for ``idle`` seconds, however long that takes."""
+        while True:
+            self._lock.acquire()
+            if self._waiting == 0 and time.monotonic() - self._released >= idle:
+                break
+            self._lock.release()
+            time.sleep(idle / 10)
+        try:
             yield
+        finally:
+            self._lock.release()

@@ -51,3 +51,29 @@ def test_recent_caches_give_a_copy_cropped_to_the_shared_prefix(tiny_loaded):
     assert held == again.get_seq_length() == 19
     assert recent.best(np.array([5, 6]), limit=2) is None
     assert recent.best(ids, limit=5, exact_only=True)[0] == 5
+
+
+def test_the_archiver_gives_way_to_requests():
+    """Background work takes the model only once no request has held or waited for it for a
+    moment, so the next turn of a conversation is not queued behind archiving the last one."""
+    import threading
+    import time
+
+    from kvdb.serving.gate import ModelGate
+
+    gate, order = ModelGate(size=4, timeout=5), []
+    release = gate.admit()  # a reply in progress
+
+    def archive():
+        with gate.held(idle=0.2):
+            order.append(("archived", time.monotonic()))
+
+    worker = threading.Thread(target=archive)
+    worker.start()
+    time.sleep(0.05)
+    release()  # the reply ends; the next turn comes at once
+    with gate.admitted():
+        order.append(("next turn", time.monotonic()))
+    worker.join(timeout=5)
+    assert [what for what, _ in order] == ["next turn", "archived"]
+    assert order[1][1] - order[0][1] >= 0.2  # it waited for the model to be idle
