@@ -95,7 +95,7 @@ class Server:
 
 def conversations(n: int, turns: int, words: int) -> list[list[str]]:
     """``n`` conversations of ``turns`` user messages, each a distinct slice of real text."""
-    text = real_text(n * turns * words * 8).split()
+    text = real_text(n * turns * words * 16).split()
     assert len(text) >= n * turns * words, "not enough text on this machine"
     slices = [" ".join(text[i * words : (i + 1) * words]) for i in range(n * turns)]
     return [[f"Summarise this in one sentence:\n\n{s}" for s in slices[c * turns : (c + 1) * turns]] for c in range(n)]
