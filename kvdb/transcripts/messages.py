@@ -240,8 +240,9 @@ class Conversation:
         raise Invalid(f'a part\'s "type" must be a string, not {kind(part_type)}', part)
 
     def _reasoning(self, item: dict) -> str:
-        texts = [p for p in self._parts(item.get("summary")) + self._parts(item.get("content")) if isinstance(p, str)]
-        texts += [p["text"] for p in self._parts(item.get("content")) if isinstance(p, dict) and p["kind"] == "thinking"]
+        content = self._parts(item.get("content"))  # parsed once: a placeholder in it counts once
+        texts = [p for p in self._parts(item.get("summary")) + content if isinstance(p, str)]
+        texts += [p["text"] for p in content if isinstance(p, dict) and p["kind"] == "thinking"]
         if not texts and item.get("encrypted_content"):
             return placeholder("encrypted reasoning", self.dropped)
         return "\n".join(texts)

@@ -372,3 +372,9 @@ def test_every_text_of_each_example_reaches_the_rendering(name):
     assert texts
     for text in texts:
         assert text in rendered
+
+
+def test_a_placeholder_in_a_reasoning_item_is_counted_once():
+    transcript = transcript_from_messages([{"type": "reasoning", "summary": [], "content": [{"type": "image"}, {"type": "reasoning_text", "text": "x"}]}])
+    assert transcript.messages == ({"role": "assistant", "content": "", "thinking": "[image not archived]\nx"},)
+    assert transcript.dropped == {"image": 1}
