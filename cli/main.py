@@ -70,11 +70,17 @@ model_option = click.option(
     type=click.Path(dir_okay=False),
     envvar="KVDB_DB",
     default=None,
-    help="Archive file (env KVDB_DB). Default: archive.duckdb in the user data directory.",
+    help="Archive file, or a DuckLake: ducklake:postgres:<libpq conninfo> (env KVDB_DB). Default: archive.duckdb in the user data directory.",
+)
+@click.option(
+    "--data-path",
+    envvar="KVDB_DATA_PATH",
+    default=None,
+    help="Where a new DuckLake archive keeps its Parquet files: a folder every machine mounts, or s3://... (env KVDB_DATA_PATH). Needed only to create the lake.",
 )
 @click.version_option(kvdb.__version__, prog_name="kvdb")
 @click.pass_context
-def main(ctx, db):
+def main(ctx, db, data_path):
     """kvdb: archive language-model sessions, search them, and restore them into the model.
 
     \b
@@ -87,14 +93,15 @@ def main(ctx, db):
     Exit codes: 0 ok, 1 some input failed (or: search found no full match, verify found a
     problem), 2 bad input or argument, 3 no such session,
     4 model missing, mismatched or unsupported, 5 archive missing or unreadable, 6 archive in use by another
-    process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10), 70 internal error.
+    process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10) or, on a lake, changed by
+    another writer meanwhile (run it again), 70 internal error.
     """
-    ctx.obj = {"db": db}
+    ctx.obj = {"db": db, "data_path": data_path}
 
 
 def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
-    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only)
+    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"])
     ctx.call_on_close(archive.close)
     return archive
 

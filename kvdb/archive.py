@@ -24,29 +24,36 @@ from kvdb.services.reading import Reader
 from kvdb.services.searching import Searcher
 from kvdb.services.tier_l import TierL
 from kvdb.services.upkeep import Upkeep
-from kvdb.storage import open_storage
+from kvdb.storage import is_lake, open_storage
 from kvdb.tiers import DEFAULT_KEEP
 
 
-def default_path() -> Path:
+def default_path() -> str | Path:
     """``$KVDB_DB``, else ``archive.duckdb`` in the user data directory."""
-    return Path(os.environ.get("KVDB_DB") or Path(platformdirs.user_data_dir("kvdb")) / "archive.duckdb")
+    return _location(os.environ.get("KVDB_DB") or Path(platformdirs.user_data_dir("kvdb")) / "archive.duckdb")
 
 
-def open(path: str | Path | None = None, model=None, read_only: bool = False) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
-    return Archive(path, model, read_only)
+def _location(given: str | Path) -> str | Path:
+    """A lake's location as given; a file's as a path."""
+    return given if is_lake(given) else Path(given)
+
+
+def open(path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
+    return Archive(path, model, read_only, data_path)
 
 
 class Archive:
-    """An archive file. Several read-only Archives (processes) may read one file at once; a
-    writing one excludes them only while it touches the file, not while its model computes.
+    """An archive: a DuckDB file, or a DuckLake (``ducklake:postgres:<conninfo>``). Several
+    read-only Archives (processes) may read one file at once; a writing one excludes them only
+    while it touches the file, not while its model computes. A lake takes many writers at once.
 
     ``model``: a Hugging Face id or folder (default ``$KVDB_MODEL``, else the embedded model),
-    or a ``kvdb.model.LoadedModel`` already loaded, to share one model between archives."""
+    or a ``kvdb.model.LoadedModel`` already loaded, to share one model between archives.
+    ``data_path``: where a new lake keeps its Parquet files (default ``$KVDB_DATA_PATH``)."""
 
-    def __init__(self, path: str | Path | None = None, model=None, read_only: bool = False):
-        self.path = Path(path) if path is not None else default_path()
-        self._storage = open_storage(self.path, read_only=read_only)
+    def __init__(self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None):
+        self.path = _location(path) if path is not None else default_path()
+        self._storage = open_storage(self.path, read_only=read_only, data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
         self._models = ModelProvider(self._storage, model)
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
@@ -114,6 +121,15 @@ class Archive:
         ``progress(done, planned)`` hears of tokens archived and of tokens newly planned.
         """
         return self._ingester.ingest(source, text=text, messages=messages, name=name, keep=keep, progress=progress)
+
+    def local_path(self, suffix: str) -> Path:
+        """Where a file derived from this archive lives on this machine (beside a file archive;
+        under the kvdb cache directory for a lake)."""
+        return self._storage.derived_path(suffix)
+
+    def check_keep(self, keep: str | Iterable[str]) -> None:
+        """Refuse now, with what to run, a ``keep`` that a later ``ingest`` would refuse."""
+        self._ingester.check_keep(keep)
 
     def train_codebooks(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,

@@ -65,6 +65,12 @@ class ArchiveLocked(ArchiveError):
     exit_code = 6
 
 
+class StaleWrite(ArchiveError):
+    """Another writer committed while this plan was made (a lake admits many): plan again."""
+
+    exit_code = 6
+
+
 class NewerArchiveError(ArchiveError):
     """The archive was written by a newer kvdb whose schema this version does not know."""
 

@@ -26,6 +26,24 @@ def isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("KVDB_DB", str(tmp_path_factory.getbasetemp() / "must-not-be-used.duckdb"))
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """The tests' own PostgreSQL, stopped and removed after the run however it ends."""
+    from postgres import Cluster
+
+    cluster = Cluster()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def lake(postgres, tmp_path):
+    """A new, empty DuckLake location on the tests' PostgreSQL, and its data path."""
+    return f"ducklake:postgres:{postgres.new_database()}", tmp_path / "lake-data"
+
+
 @pytest.fixture
 def archive(tmp_path, tiny_model):
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:

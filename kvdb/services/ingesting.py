@@ -89,6 +89,12 @@ class Ingester:
                 results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
         return results
 
+    def check_keep(self, keep) -> None:
+        """Refuse tiers this archive cannot make yet (tier K before any codebooks), for a caller
+        that ingests later and unattended, such as a server, and must fail at start instead."""
+        if "kv" in parse_keep(keep):
+            self._tier_k().codebooks(self._models.get().identity.model_id)
+
     def _ingest_source(self, sessions: Callable[[], Iterable], optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
         """Archive the sessions of one source in two passes over it, so that memory holds one
         session at a time however large the file: the first checks every session (a failure

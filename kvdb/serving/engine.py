@@ -25,7 +25,7 @@ from kvdb import capture, chat, transcripts
 from kvdb import model as lm_ops
 from kvdb import tokenizer as tok
 from kvdb.archive import Archive
-from kvdb.errors import Busy, ContextTooLong, InvalidArgument, ModelMismatch
+from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelMismatch
 from kvdb.records import Session, Stats
 from kvdb.search import Hit
 from kvdb.services.models import ModelProvider
@@ -38,7 +38,7 @@ from kvdb.serving.params import Request, Sampling
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
 from kvdb.serving.records import Completion, Header, SessionView
 from kvdb.serving.reply import Reply
-from kvdb.tiers import DEFAULT_KEEP, parse_keep
+from kvdb.tiers import DEFAULT_KEEP
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
 RESTORE_MODES = ("exact", "archive")
@@ -87,17 +87,21 @@ class Engine:
             raise InvalidArgument(f"unknown restore mode {restore!r}; choose from {', '.join(RESTORE_MODES)}")
         if queue < 0 or queue_timeout < 0:
             raise InvalidArgument(f"the queue's size and timeout must be >= 0, got {queue} and {queue_timeout}")
-        parse_keep(keep)
         self._keep = keep
         self._restore = restore
         self._access = ArchiveAccess(archive)
+        try:
+            self._access(lambda a: a.check_keep(keep))  # tier K without codebooks: refused at start, not at each exchange
+        except KvdbError:
+            self._access.close()
+            raise
         self.model_name = archive.model_name
         self._loaded = self._access(lambda a: a.loaded_model)
         self.context = ModelProvider.context_tokens(self._loaded)
         self._gate = ModelGate(queue, queue_timeout)
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
-        self._journal = Journal(archive.path.with_name(archive.path.name + JOURNAL_SUFFIX))
+        self._journal = Journal(archive.local_path(JOURNAL_SUFFIX))
         self._archiver = Archiver(self._journal, self._access, self._gate, keep, self._exact_cache, self._recent.put)
 
     def start(self) -> None:

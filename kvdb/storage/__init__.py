@@ -6,9 +6,20 @@ from pathlib import Path
 
 from kvdb.storage.base import Storage
 
+LAKE_PREFIX = "ducklake:"
 
-def open_storage(location: str | Path, read_only: bool = False, lock_timeout: float | None = None) -> Storage:
-    """The backend for ``location``: today every location is a DuckDB file."""
+
+def is_lake(location) -> bool:
+    """A DuckLake location (``ducklake:postgres:<conninfo>``) rather than a file's path."""
+    return isinstance(location, str) and location.startswith(LAKE_PREFIX)
+
+
+def open_storage(location: str | Path, read_only: bool = False, lock_timeout: float | None = None, data_path: str | Path | None = None) -> Storage:
+    """The backend for ``location``: a DuckLake for ``ducklake:...``, else a DuckDB file."""
+    if is_lake(location):
+        from kvdb.storage.ducklake import DuckLake
+
+        return DuckLake(location, data_path, read_only)
     from kvdb.storage.duckdb_file import DuckDBFile
 
     return DuckDBFile(location, lock_timeout, read_only)

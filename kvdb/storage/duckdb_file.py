@@ -9,7 +9,6 @@ size and modification time (and its ``.wal``'s) tell.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
@@ -136,20 +135,6 @@ class DuckDBFile(SqlStorage):
             return st.st_size, st.st_mtime_ns
 
         return state(self.path), state(self.path.with_name(self.path.name + ".wal"))
-
-    @contextlib.contextmanager
-    def writable(self):
-        """The read-only connection is closed, the write lock taken, and given back after."""
-        if not self.read_only:
-            yield
-            return
-        self.release()
-        self.read_only = False
-        try:
-            yield
-        finally:
-            self.release()
-            self.read_only = True
 
     def derived_path(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)

@@ -7,6 +7,7 @@ version behave; the queries are the same on a DuckDB file and on a DuckLake cata
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -50,6 +51,20 @@ class SqlStorage(Storage):
 
     def _wrote(self) -> None:
         """Called after every committed plan: the storage's version moves."""
+
+    @contextlib.contextmanager
+    def writable(self):
+        """A read-only storage's connection is closed, opened again for writing, and given back after."""
+        if not self.read_only:
+            yield
+            return
+        self.close()
+        self.read_only = False
+        try:
+            yield
+        finally:
+            self.close()
+            self.read_only = True
 
     def apply(self, plan: Plan) -> dict | None:
         with self._write() as conn:

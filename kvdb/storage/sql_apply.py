@@ -8,6 +8,7 @@ import json
 import numpy as np
 import sqlalchemy as sa
 
+from kvdb.errors import StaleWrite
 from kvdb.storage import edits, schema, sql
 from kvdb.storage.base import (
     AddTiers,
@@ -67,6 +68,9 @@ def _session_write(conn, w: SessionWrite) -> None:
         run(conn, edits.new_node(w.node, w.session.model_id, w.alphabet))
     for node_id, (tokens, logprobs) in w.tokens_back.items():
         _tokens_back(conn, node_id, tokens, logprobs)
+    if conn.execute(sa.select(schema.sessions.c.session_id).where(schema.sessions.c.session_id == w.session.session_id)).first() is not None:
+        # a key would refuse it in a file; a lake has none: another writer archived it meanwhile
+        raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     conn.execute(schema.sessions.insert().values(**_session_values(w.session)))
     run(conn, [edits.Recount([n.node_id for n in sql.path_rows(conn, w.session.session_id)], +1)])
     if w.index is not None:

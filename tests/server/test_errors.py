@@ -79,3 +79,15 @@ def test_a_full_queue_is_refused_and_reads_do_not_wait(serve, tmp_path):
         refused = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "max_tokens": 2})
         assert refused.status_code == 429 and "--queue-timeout" in refused.json()["error"]["message"]
     _still_serving(waiting)
+
+
+def test_tier_k_without_codebooks_is_refused_at_start_and_the_archive_let_go(tmp_path, tiny_loaded):
+    """Every exchange would otherwise be set aside in the journal, one error per reply."""
+    from kvdb.errors import InvalidArgument
+    from kvdb.serving import Engine
+
+    db = tmp_path / "a.duckdb"
+    with pytest.raises(InvalidArgument, match="kvdb codebooks train"):
+        Engine(kvdb.open(db, model=tiny_loaded), keep="tokens,kv")
+    with kvdb.open(db, model=tiny_loaded) as archive:  # not held by the refused engine
+        assert archive.sessions() == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvdb import fractal, trie
-from kvdb.errors import ArchiveError
+from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.storage import Storage, open_storage
 from kvdb.storage.base import (
     AddTiers,
@@ -31,13 +31,18 @@ from kvdb.storage.base import (
 
 ALPHABET = 300
 MODEL = ModelRow("m" * 32, "tiny", "w" * 64, "t" * 64, {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16})
-BACKENDS = ["duckdb-file"]
+BACKENDS = ["duckdb-file", "ducklake"]
 
 
 @pytest.fixture(params=BACKENDS)
 def location(request, tmp_path):
-    """Where a fresh archive of this backend lives (a new one per test)."""
-    return tmp_path / "contract.duckdb"
+    """Where a fresh archive of this backend lives (a new one per test). The lake is created
+    here with its data path: every later open finds it without one."""
+    if request.param == "duckdb-file":
+        return tmp_path / "contract.duckdb"
+    where, data_path = request.getfixturevalue("lake")
+    open_storage(where, data_path=data_path).close()
+    return where
 
 
 @pytest.fixture
@@ -256,7 +261,7 @@ def test_a_failed_plan_changes_nothing(storage):
     add(storage, "first", ids)
     again = session_write("again", ids_of("a node that must not outlive the failed write"))
     clash = dataclasses.replace(again, session=dataclasses.replace(again.session, session_id=storage.list_sessions()[0].session_id))
-    with pytest.raises(Exception):  # the session row clashes after the node's rows went in: all of it rolls back
+    with pytest.raises(StaleWrite):  # the session row clashes after the node's rows went in: all of it rolls back
         storage.apply(clash)
     assert [s.name for s in storage.list_sessions()] == ["first"] and len(storage.node_shapes()) == 1
 
@@ -279,3 +284,30 @@ def test_derived_paths_sit_beside_the_archive(storage):
     index, prefix = storage.derived_path(".index"), storage.derived_path(".prefix")
     assert index != prefix and index.parent == prefix.parent
     assert storage.describe() and storage.footprint() > 0
+
+
+def test_two_commits_that_overlap_conflict_and_the_later_lands_nothing(lake, monkeypatch):
+    """A lake has no keys: what keeps a session from being stored twice by two writers is that
+    every commit changes one row, so DuckLake refuses the later of two overlapping ones."""
+    from kvdb.storage import sql_apply
+
+    where, data_path = lake
+    first, second = open_storage(where, data_path=data_path), open_storage(where)
+    try:
+        first.apply(PutModel(MODEL))
+        real = sql_apply.apply
+
+        def interleaved(conn, plan):  # the other writer commits while this transaction is open
+            monkeypatch.setattr(sql_apply, "apply", real)
+            add(first, "first", ids_of("committed meanwhile"))
+            return real(conn, plan)
+
+        monkeypatch.setattr(sql_apply, "apply", interleaved)
+        with pytest.raises(StaleWrite, match="another writer"):
+            second.apply(session_write("second", ids_of("planned on a snapshot that is gone")))
+        assert [s.name for s in second.list_sessions()] == ["first"]
+        add(second, "second", ids_of("planned again on a fresh snapshot"))
+        assert sorted(s.name for s in first.list_sessions()) == ["first", "second"]
+    finally:
+        first.close()
+        second.close()

@@ -1,5 +1,5 @@
 """SIGKILL during ingest, at random moments: the archive opens, verifies, and holds every
-session that was reported ingested."""
+session that was reported ingested; on a file and on a lake."""
 
 import os
 import random
@@ -8,23 +8,34 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import kvdb
 
 WRITER = """
 import sys, kvdb
-db = kvdb.open(sys.argv[1], model=sys.argv[2])
+db = kvdb.open(sys.argv[1], model=sys.argv[2], data_path=sys.argv[3])
 for i in range(10_000):
     [r] = db.ingest(text=f"Session {i}: the harbour lights were lit at dusk, ship {i * 7} came home.", name=f"s{i}")
     print(r.session_id, flush=True)
 """
 
 
-def test_kill_during_ingest_loses_nothing_reported(tmp_path, tiny_model):
-    path = tmp_path / "crash.duckdb"
+@pytest.fixture(params=["duckdb-file", "ducklake"])
+def where(request, tmp_path):
+    """(the archive's location, a data path for a lake)."""
+    if request.param == "duckdb-file":
+        return str(tmp_path / "crash.duckdb"), str(tmp_path / "unused")
+    location, data_path = request.getfixturevalue("lake")
+    return location, str(data_path)
+
+
+def test_kill_during_ingest_loses_nothing_reported(where, tiny_model):
+    path, data_path = where
     rng = random.Random(int(os.environ.get("KVDB_CRASH_SEED", 1234)))  # soak it: run with other seeds and more kills
     reported: set[str] = set()
     for attempt in range(int(os.environ.get("KVDB_CRASH_KILLS", 4))):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), tiny_model], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, path, tiny_model, data_path], stdout=subprocess.PIPE, text=True)
         started = time.monotonic()
         first = proc.stdout.readline()  # wait until it is really writing
         assert first, "the writer died before its first ingest"

@@ -1,0 +1,194 @@
+"""The DuckLake backend: an archive whose catalog is a PostgreSQL database and whose data are
+Parquet files under a data path (a folder every machine mounts, or object storage), so that
+processes on many machines read and write one archive at once, under snapshot isolation.
+
+DuckLake has no primary keys, unique constraints or indexes, and lets two transactions that
+only insert into a table both commit. What a file's keys guarantee is kept here instead:
+
+- the tables are those of :mod:`kvdb.storage.schema`, created without keys or indexes;
+- the schema revision is the one row of ``alembic_version``, as in a file: a lake at another
+  revision than this kvdb knows is refused (``NewerArchiveError``), exactly as a file is;
+- every kvdb commit also updates the one row of ``kvdb_commits``. DuckLake refuses to commit
+  the later of two transactions that changed a table, so two kvdb commits that overlap in time
+  conflict however disjoint their rows, and the later is refused with ``StaleWrite``: its plan
+  was made on a snapshot that is gone, and the caller makes it again on a fresh one. The
+  counter is also this storage's ``version()``.
+
+Files derived from the archive (the search sidecars, the prefix cache, a server's journal)
+are kept on this machine, under the kvdb cache directory, keyed by the lake.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import registry
+
+from kvdb.errors import ArchiveError, NewerArchiveError, StaleWrite
+from kvdb.storage import schema, sql_apply
+from kvdb.storage.base import Plan
+from kvdb.storage.sql import SqlStorage
+
+registry.register("duckdb", "duckdb_engine", "Dialect")
+
+ALIAS = "lake"
+EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
+# One row: the lake's own random id (what this machine's derived files are kept under, so that a
+# lake made again at the same conninfo never meets the files of the one before) and the commits.
+commits = sa.Table("kvdb_commits", sa.MetaData(), sa.Column("lake_id", sa.String, nullable=False), sa.Column("n", sa.BigInteger, nullable=False))
+
+
+class DuckLake(SqlStorage):
+    def __init__(self, location: str, data_path: str | Path | None = None, read_only: bool = False):
+        """Attach the lake at ``location`` (``ducklake:postgres:<libpq conninfo>``), creating it
+        under ``data_path`` if its catalog is empty. ``data_path`` is needed only then: the
+        catalog remembers it."""
+        self.location = location
+        self.data_path = None if data_path is None else str(data_path)
+        self.read_only = read_only
+        self._engine: sa.Engine | None = None
+        self._lake_id: str | None = None
+        self.connections = 0
+        try:
+            self._open_schema()
+        except BaseException:
+            self.close()
+            raise
+
+    # the connection -------------------------------------------------------------------
+    @property
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            engine = sa.create_engine("duckdb:///:memory:", poolclass=sa.pool.SingletonThreadPool)
+            sa.event.listen(engine, "connect", self._attach)
+            self._engine = engine
+        return self._engine
+
+    def _attach(self, dbapi_connection, _record) -> None:
+        from kvdb import tokenizer as tok
+
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET extension_directory = '{_quoted(tok.cache_dir() / 'duckdb-extensions')}'")
+        for name in EXTENSIONS:
+            cursor.execute(f"INSTALL '{_quoted(_extension_file(name))}'")
+            cursor.execute(f"LOAD {name}")
+        options = ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]  # rows go to Parquet, not into the catalog
+        if self.data_path is not None and not self.read_only:
+            options.append(f"DATA_PATH '{_quoted(self.data_path.rstrip('/') + '/')}'")
+        try:
+            cursor.execute(f"ATTACH '{_quoted(self.location)}' AS {ALIAS} ({', '.join(options)})")
+        except Exception as exc:  # duckdb's own error family; its first line says what failed
+            raise self._unattachable(str(exc)) from exc
+        cursor.execute(f"USE {ALIAS}")
+        self.connections += 1
+
+    def _unattachable(self, message: str) -> ArchiveError:
+        where = self.describe()
+        if "does not exist - and creating a new DuckLake is explicitly disabled" in message:
+            return ArchiveError(f"no archive at {where}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+        if "data_path is not set" in message:
+            return ArchiveError(f"{where} holds no archive yet: give --data-path DIR (or $KVDB_DATA_PATH) to create one there")
+        if "Unable to connect to Postgres" in message:
+            reason = message.split('": ', 1)[-1].strip().splitlines()[0]
+            return ArchiveError(f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db")
+        return ArchiveError(f"cannot open archive {where}: {_without_password(message.strip().splitlines()[0])}")
+
+    def release(self) -> None:
+        """Nothing to let go: DuckLake takes no lock while the model works."""
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def held_for(self) -> float:
+        return 0.0
+
+    def version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(commits.c.n)).scalar_one())
+
+    def derived_path(self, suffix: str) -> Path:
+        from kvdb import tokenizer as tok
+
+        if self._lake_id is None:
+            with self.engine.connect() as conn:
+                self._lake_id = conn.execute(sa.select(commits.c.lake_id)).scalar_one()
+        return tok.cache_dir() / "lakes" / self._lake_id / f"archive{suffix}"
+
+    def footprint(self) -> int:
+        """The data files' bytes (the catalog's rows are counted in ``byte_counts``)."""
+        with self.engine.connect() as conn:
+            return int(conn.exec_driver_sql(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')").scalar_one())
+
+    def describe(self) -> str:
+        return _without_password(self.location)
+
+    # writes ---------------------------------------------------------------------------
+    def apply(self, plan: Plan) -> dict | None:
+        self.check_writable()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(commits.update().values(n=commits.c.n + 1))
+                result = sql_apply.apply(conn, plan)
+        except sa.exc.DBAPIError as exc:
+            if "conflict" not in str(exc.orig).lower():
+                raise
+            raise StaleWrite(f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot") from exc
+        return result
+
+    # schema ---------------------------------------------------------------------------
+    def schema_revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            return _revision(conn)
+
+    def _open_schema(self) -> None:
+        with self.engine.begin() as conn:
+            revision = _revision(conn)
+            if revision == schema.REVISION:
+                return
+            if revision is not None:
+                raise NewerArchiveError(f"{self.describe()} has schema revision {revision}; this kvdb reads {schema.REVISION} (upgrade kvdb to open it)")
+            if self.read_only:
+                raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+            if conn.exec_driver_sql(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").scalar_one():
+                raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
+            for table in [*_keyless(schema.metadata), commits]:
+                conn.execute(sa.schema.CreateTable(table))
+            conn.execute(commits.insert().values(lake_id=uuid.uuid4().hex, n=0))
+            conn.exec_driver_sql("create table alembic_version (version_num varchar not null)")
+            conn.exec_driver_sql(f"insert into alembic_version values ('{schema.REVISION}')")
+
+
+def _keyless(metadata: sa.MetaData) -> list[sa.Table]:
+    """The schema's tables as DuckLake takes them: the same columns, no keys and no indexes."""
+    bare = sa.MetaData()
+    return [
+        sa.Table(t.name, bare, *[sa.Column(c.name, c.type, nullable=c.nullable and not c.primary_key, server_default=c.server_default) for c in t.columns])
+        for t in metadata.sorted_tables
+    ]
+
+
+def _revision(conn) -> str | None:
+    found = conn.exec_driver_sql(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}' and table_name = 'alembic_version'").scalar_one()
+    return conn.exec_driver_sql("select version_num from alembic_version").scalar() if found else None
+
+
+def _extension_file(name: str) -> Path:
+    try:
+        module = importlib.import_module(f"duckdb_extension_{name}")
+    except ImportError as exc:
+        raise ArchiveError(f"DuckLake archives need the DuckDB extension {name}: pip install duckdb-extension-{name}==1.5.5") from exc
+    return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
+
+
+def _quoted(text) -> str:
+    return str(text).replace("'", "''")
+
+
+def _without_password(text: str) -> str:
+    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", text)
