@@ -237,6 +237,16 @@ class Archive:
         """Rebuild what can be derived (the search indexes); report what cannot."""
         return self._upkeep.repair()
 
+    def copy_to(self, location: str | Path, data_path: str | Path | None = None) -> dict:
+        """Copy every session into a new archive at ``location`` (a file, or an empty lake with
+        its ``data_path``), verified table by table by content hashes; returns the rows copied
+        and the hashes."""
+        target = open_storage(_location(location), data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
+        try:
+            return self._upkeep.copy_to(target)
+        finally:
+            target.close()
+
     def gc(self) -> dict:
         """Free the trie nodes no session uses any more, and their prefix-cache entries."""
         return self._upkeep.gc()

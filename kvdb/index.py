@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import struct
 import zlib
 from dataclasses import dataclass
@@ -247,7 +248,7 @@ class Indexes:
     def _rebuild(self, key: str, tokenizer_hash: str, alphabet: int) -> WalkIndex:
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self.path(key))
-        generation = 1 + max(state.generation if state else 0, header.generation if header else 0)
+        generation = _fresh_generation(state.generation if state else 0, header.generation if header else 0)
         model_ids = self._store.model_ids_with_tokenizer(tokenizer_hash)
         index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
         first_slots = {}
@@ -262,7 +263,9 @@ class Indexes:
         self.rebuilt.append(key)
         return index
 
-    def commit(self, key: str, tokenizer_hash: str, plan: SessionWrite | AddTiers, joining: dict[str, tuple[np.ndarray, np.ndarray]], alphabet: int = 0) -> None:
+    def commit(
+        self, key: str, tokenizer_hash: str, plan: SessionWrite | AddTiers, joining: dict[str, tuple[np.ndarray, np.ndarray]], alphabet: int = 0, based_on=None
+    ) -> None:
         """Commit a plan whose nodes join the index (``joining``: node id -> its tokens, and the
         tokens before them on its path): a session's new node, or nodes given the search tier.
         The sidecar is saved first; if the database commit then fails, the file is one
@@ -270,13 +273,23 @@ class Indexes:
         index = self.get(key, tokenizer_hash, alphabet)
         try:
             first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
-            index.generation += 1
+            index.generation = _fresh_generation(index.generation)
             index.save(self.path(key))
             state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, first)
-            self._store.apply(dataclasses.replace(plan, index=state))
+            self._store.apply(dataclasses.replace(plan, index=state), based_on)
         except BaseException:
             self._loaded.pop(key, None)
             raise
 
     def _searchable(self, tokenizer_hash: str):
         return [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)) if "search" in n.keep]
+
+
+def _fresh_generation(*taken: int) -> int:
+    """A random generation, not a count: two writers of one lake that share this machine's
+    sidecar each number their own next index, and a count would give both the same number for
+    different contents, which the check of the sidecar against the catalog could not tell apart."""
+    while True:
+        generation = 1 + secrets.randbelow(2**31 - 2)  # the catalog's column is a 32-bit INTEGER
+        if generation not in taken:
+            return generation

@@ -35,12 +35,13 @@ class IngestResult:
     name: str
     source: str
     n_tokens: int
-    status: str  # "ingested" | "updated" (archived before; tiers added) | "unchanged" | "failed"
+    status: str  # "ingested" | "updated" (archived before; tiers added) | "unchanged" | "failed" | "claimed" (by another worker)
     error: str | None = None
     new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
     seconds: float = 0.0
     added: tuple[str, ...] = ()  # "updated": the tiers its path was given, which it was archived without
     dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
+    claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
 
     def to_dict(self) -> dict:
         out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
@@ -50,6 +51,8 @@ class IngestResult:
             out.update(added=list(self.added), seconds=round(self.seconds, 4))
         if self.dropped:
             out["dropped"] = dict(self.dropped)
+        if self.claimed_by is not None:
+            out["claimed_by"] = self.claimed_by
         if self.error is not None:
             out["error"] = self.error
         return out

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,7 +24,7 @@ import numpy as np
 
 from kvdb import tokenizer as tok
 from kvdb import chat, transcripts, trie
-from kvdb.errors import InvalidArgument, TranscriptError
+from kvdb.errors import InvalidArgument, StaleWrite, TranscriptError
 from kvdb.index import Indexes, index_key
 from kvdb.prefix_cache import PrefixCache
 from kvdb.records import IngestResult
@@ -47,6 +50,8 @@ LONGEST_CONTEXT_TOKENS = 1 << 17  # 128 MiB a session: a memory guard for the pa
 # then wait at most about a second, and a stream of short sessions does not pay a reconnect each.
 SHORT_WORK_TOKENS = 128
 HOLD_SECONDS = 1.0
+COMMIT_ATTEMPTS = 50  # another writer's commit won each time: past this, say so instead of trying forever
+CLAIM_LEASE_SECONDS = 600.0  # a claim outlives a dead worker by this long at most; renewed after each session
 
 
 class Ingester:
@@ -59,6 +64,7 @@ class Ingester:
         self._prefix_cache = prefix_cache
         self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
         self._pending_prefix = None  # (session id, ids, cache) of the last growing conversation, saved on close
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"  # who holds this process's claims on input files
 
     def close(self) -> None:
         if self._pending_prefix is not None:
@@ -83,11 +89,31 @@ class Ingester:
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
         for path in dict.fromkeys(found):
-            try:
-                results.extend(self._ingest_source(lambda p=path: transcripts.iter_transcripts(p, self._session_bytes()), optional, progress))
-            except TranscriptError as exc:
-                results.append(IngestResult(None, Path(path).stem, str(path), 0, "failed", str(exc)))
+            results.extend(self._ingest_file(path, optional, progress))
         return results
+
+    def _ingest_file(self, path: Path, optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
+        """One input file, claimed through the archive while it is archived (renewed after each
+        session), so that workers on other machines sharing the folder pass it by."""
+        key = _claim_key(path, optional)
+        holder = self._storage.claim(key, self._owner, CLAIM_LEASE_SECONDS)
+        if holder is not None and _gone_from_here(holder):  # a worker of this machine that died holding it
+            holder = self._storage.claim(key, self._owner, CLAIM_LEASE_SECONDS, steal_from=holder)
+        if holder is not None:
+            return [IngestResult(None, path.stem, str(path), 0, "claimed", claimed_by=holder)]
+
+        def renewing(done: int, planned: int) -> None:
+            if not planned:
+                self._storage.claim(key, self._owner, CLAIM_LEASE_SECONDS)
+            if progress:
+                progress(done, planned)
+
+        try:
+            return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, renewing)
+        except TranscriptError as exc:
+            return [IngestResult(None, path.stem, str(path), 0, "failed", str(exc))]
+        finally:
+            self._storage.release_claim(key, self._owner)
 
     def check_keep(self, keep) -> None:
         """Refuse tiers this archive cannot make yet (tier K before any codebooks), for a caller
@@ -128,28 +154,43 @@ class Ingester:
         def tokens_of(node: NodeRow) -> np.ndarray:  # this session's prefix is the context a tier-L node decodes in
             return self._tier_l.node_tokens(node, ids[: node.start])
 
-        while True:
+        planned = None  # (the match it was made for, the write, the cache): model work kept across retries
+        for _ in range(COMMIT_ATTEMPTS):
+            self._index_ready(loaded, optional)
+            seen = self._storage.version()  # the commit is refused if anything lands after this
             if self._storage.has_session(session_id):  # archived already: it may be asked for tiers its path lacks
                 added = self._add_tiers(loaded, session_id, ids, optional)
                 return IngestResult(session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added)
             match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
-            grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
-            planned_on = self._storage.version()
-            write, cache = self._session_write(loaded, item, session_id, ids, match, optional)
-            if self._storage.version() == planned_on:
+            if planned is None or planned[0] != _match_key(match):
+                planned = (_match_key(match), *self._session_write(loaded, item, session_id, ids, match, optional))
+            _, write, cache = planned
+            try:
+                self._commit(loaded, write, match, ids, seen)
                 break
-            again = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
-            if not self._storage.has_session(session_id) and _match_key(again) == _match_key(match):
-                break
-        if write.node is None or "search" not in write.node.keep:
-            self._storage.apply(write)
+            except StaleWrite:  # another writer committed meanwhile: match again; the write stands if the match is the same
+                continue
         else:
-            tok_hash = loaded.identity.tokenizer_hash
-            self._indexes.commit(index_key(tok_hash), tok_hash, write, {write.node.node_id: (write.node.tokens, ids[: match.matched])}, write.alphabet)
+            raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {session_id[:12]} in a row found another writer's first; run the ingest again")
+        grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
         self._add_tiers(loaded, session_id, ids, optional, cache)  # the shared prefix stored before with fewer tiers
         if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
             self._keep_prefix(session_id, ids, cache)
         return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
+
+    def _index_ready(self, loaded, optional: frozenset[str]) -> None:
+        """Bring the search index up to date (a rebuild commits) before the snapshot a commit
+        that adds to it rests on is read: else the rebuild itself would make that commit stale."""
+        if "search" in optional:
+            tok_hash = loaded.identity.tokenizer_hash
+            self._indexes.get(index_key(tok_hash), tok_hash, max(loaded.model.config.vocab_size, len(loaded.tokenizer)))
+
+    def _commit(self, loaded, write: SessionWrite, match: trie.PrefixMatch, ids: np.ndarray, based_on) -> None:
+        if write.node is None or "search" not in write.node.keep:
+            self._storage.apply(write, based_on)
+        else:
+            tok_hash = loaded.identity.tokenizer_hash
+            self._indexes.commit(index_key(tok_hash), tok_hash, write, {write.node.node_id: (write.node.tokens, ids[: match.matched])}, write.alphabet, based_on)
 
     def _session_write(self, loaded, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
         """(what the session adds to the storage, the model's cache over it): reads first, then
@@ -193,23 +234,30 @@ class Ingester:
         those tiers: a session archived before with fewer (ingested again after `kvdb codebooks
         train`, or for tier L before `kvdb compact`), or the shared prefix a new session runs
         through (``cache``: its ingest pass's, holding the whole session). A node that holds a
-        tier keeps it as it is. Reads first, then the model's work with the file let go; the path
-        is read again after it, and the file held from there to the commit (the work is redone
-        if another writer changed the path meanwhile)."""
-        path = self._storage.node_path(session_id)
-        while True:
-            lacking = _lacking(path, optional)
+        tier keeps it as it is. Reads first, then the model's work with the file let go; the
+        commit is refused if anything landed since the path was read, which is then read again
+        (the work is redone only if the path now lacks other tiers)."""
+        planned = None  # (what it was planned for, the plan, the nodes joining the index)
+        for _ in range(COMMIT_ATTEMPTS):
+            self._index_ready(loaded, optional)
+            seen = self._storage.version()
+            lacking = _lacking(self._storage.node_path(session_id), optional)
             if not lacking:
                 return ()
-            plan, joining, cache = self._tiers_plan(loaded, ids, path, lacking, cache)
-            path = self._storage.node_path(session_id)
-            if _lacking(path, optional) == lacking:
+            if planned is None or planned[0] != lacking:
+                planned = (lacking, *self._tiers_plan(loaded, ids, self._storage.node_path(session_id), lacking, cache))
+            _, plan, joining, cache = planned
+            try:
+                if joining:
+                    tok_hash = loaded.identity.tokenizer_hash
+                    self._indexes.commit(index_key(tok_hash), tok_hash, plan, joining, based_on=seen)
+                else:
+                    self._storage.apply(plan, seen)
                 break
-        if joining:
-            tok_hash = loaded.identity.tokenizer_hash
-            self._indexes.commit(index_key(tok_hash), tok_hash, plan, joining)
+            except StaleWrite:  # another writer committed meanwhile: the plan stands if the path lacks the same
+                continue
         else:
-            self._storage.apply(plan)
+            raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of tiers for session {session_id[:12]} in a row found another writer's first; run the ingest again")
         return tuple(t for t in TIERS if any(t in tiers for *_, tiers in lacking))
 
     def _tiers_plan(self, loaded, ids: np.ndarray, path: list[NodeRow], lacking: list[tuple], cache):
@@ -286,6 +334,30 @@ def _lacking(path: list[NodeRow], optional: frozenset[str]) -> list[tuple]:
     """(node id, start, length, tiers of ``optional`` it lacks) of each path node lacking some:
     what adding tiers depends on (not, say, a node's refcount)."""
     return [(n.node_id, n.start, n.n_tokens, optional - n.keep) for n in path if optional - n.keep]
+
+
+def _gone_from_here(owner: str) -> bool:
+    """Whether a claim's owner (host:pid) is a process of this machine that no longer runs."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _claim_key(path: Path, optional: frozenset[str]) -> str:
+    """A file's content and the tiers asked for: the same file under another mount point is the
+    same claim; the same file ingested for other tiers is another."""
+    digest = hashlib.sha256(",".join(sorted(optional)).encode() + b"\0")
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _match_key(match: trie.PrefixMatch) -> tuple:

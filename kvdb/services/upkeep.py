@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvdb import verify as verify_ops
-from kvdb.errors import InvalidArgument
+from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.index import Indexes, index_key
 from kvdb.prefix_cache import PrefixCache
 from kvdb.records import Session, Stats
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
-from kvdb.storage.base import CollectGarbage, DeleteSession, DropTiers
+from kvdb.storage.base import CollectGarbage, DeleteSession, DropTiers, ImportRows
 from kvdb.tiers import TIERS, parse_keep
 
 
@@ -24,6 +24,19 @@ class Upkeep:
         self._reader = reader
         self._indexes = indexes
         self._prefix_cache = prefix_cache
+
+    def copy_to(self, target: Storage) -> dict:
+        """Every row into ``target`` (an empty archive, of either backend) in one transaction,
+        then each table's content hash compared on both sides. The search sidecars and the
+        prefix cache are derived, and rebuilt there on first use."""
+        from kvdb.storage import schema
+
+        counts = target.apply(ImportRows({t.name: self._storage.table_rows(t.name) for t in schema.metadata.sorted_tables}))
+        source, copied = self._storage.content_hashes(), target.content_hashes()
+        differing = sorted(name for name in source if source[name] != copied[name])
+        if differing:
+            raise CorruptData(f"the copy in {target.describe()} differs from {self._storage.describe()} in {', '.join(differing)}; delete it and copy again")
+        return {"source": self._storage.describe(), "target": target.describe(), "rows": counts, "sha256": source}
 
     def delete(self, ref: str) -> Session:
         row = self._reader.resolve(ref)

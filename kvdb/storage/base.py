@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,7 +187,15 @@ class ReplaceIndexState:
     state: IndexState
 
 
-Plan = SessionWrite | PutModel | PutCodebooks | DeleteSession | CollectGarbage | DropTiers | AddTiers | ReplaceIndexState
+@dataclass(frozen=True)
+class ImportRows:
+    """Every row of another archive into an empty one (``kvdb copy``): table name -> the rows,
+    read while the one transaction runs, so that a copy lands whole or not at all."""
+
+    tables: dict[str, Iterable[dict]]
+
+
+Plan = SessionWrite | PutModel | PutCodebooks | DeleteSession | CollectGarbage | DropTiers | AddTiers | ReplaceIndexState | ImportRows
 
 
 # the protocol --------------------------------------------------------------------------------
@@ -222,6 +231,16 @@ class Storage(abc.ABC):
         """Write access for one repair of derived data, even when opened read-only."""
 
     @abc.abstractmethod
+    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
+        """Take (or renew) the claim on ``key`` (an input file) for ``owner`` until the lease
+        ends: None when taken, else the owner who holds it (unless it is ``steal_from``, known
+        dead). Where workers on many machines share one input folder, this is how each file
+        goes to one of them."""
+
+    @abc.abstractmethod
+    def release_claim(self, key: str, owner: str) -> None: ...
+
+    @abc.abstractmethod
     def derived_path(self, suffix: str) -> Path:
         """Where a file or folder derived from the archive lives (".index", ".prefix")."""
 
@@ -239,8 +258,10 @@ class Storage(abc.ABC):
 
     # writes
     @abc.abstractmethod
-    def apply(self, plan: Plan) -> dict | None:
-        """Apply a plan all or nothing; ``CollectGarbage`` returns what it freed."""
+    def apply(self, plan: Plan, based_on=None) -> dict | None:
+        """Apply a plan all or nothing; ``CollectGarbage`` returns what it freed. ``based_on``:
+        the ``version()`` the plan was made at; if anything was committed since, the plan is
+        refused with ``StaleWrite`` (make it again), however the engine admits writers."""
 
     # models and codebooks
     @abc.abstractmethod
@@ -347,6 +368,24 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def dangling_references(self) -> list[tuple[str, str, str, str]]:
         """(what refers, its id, what it names, the missing id)."""
+
+    @abc.abstractmethod
+    def table_rows(self, table: str) -> Iterator[dict]:
+        """Every row of one of the schema's tables, in the order of its columns' values: the
+        same rows read the same way from any backend."""
+
+    def content_hashes(self) -> dict[str, str]:
+        """Each table's SHA-256 over its rows in that order: equal on two archives exactly
+        when they hold the same rows."""
+        from kvdb.storage import schema
+
+        out = {}
+        for table in schema.metadata.sorted_tables:
+            digest = hashlib.sha256()
+            for row in self.table_rows(table.name):
+                digest.update(repr(sorted(row.items())).encode())
+            out[table.name] = digest.hexdigest()
+        return out
 
     @abc.abstractmethod
     def byte_counts(self) -> dict[str, int]:

@@ -136,6 +136,14 @@ class DuckDBFile(SqlStorage):
 
         return state(self.path), state(self.path.with_name(self.path.name + ".wal"))
 
+    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
+        """Always taken: a file's writers are on its one machine, where the process that starts
+        the workers hands each input file to one of them."""
+        return None
+
+    def release_claim(self, key: str, owner: str) -> None:
+        pass
+
     def derived_path(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
 

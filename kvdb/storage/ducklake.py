@@ -20,6 +20,7 @@ are kept on this machine, under the kvdb cache directory, keyed by the lake.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import re
 import uuid
@@ -30,16 +31,27 @@ from sqlalchemy.dialects import registry
 
 from kvdb.errors import ArchiveError, NewerArchiveError, StaleWrite
 from kvdb.storage import schema, sql_apply
-from kvdb.storage.base import Plan
+from kvdb.storage.base import Plan, utc_now
 from kvdb.storage.sql import SqlStorage
 
 registry.register("duckdb", "duckdb_engine", "Dialect")
 
 ALIAS = "lake"
+# How DuckDB's postgres extension says the catalog went away (no error code of its own).
+LOST_CATALOG = ("Unable to connect to Postgres", "server closed the connection", "terminating connection", 'Failed to execute query "ROLLBACK"', 'Failed to execute query "COMMIT"', "no connection to the server")
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
 # One row: the lake's own random id (what this machine's derived files are kept under, so that a
 # lake made again at the same conninfo never meets the files of the one before) and the commits.
 commits = sa.Table("kvdb_commits", sa.MetaData(), sa.Column("lake_id", sa.String, nullable=False), sa.Column("n", sa.BigInteger, nullable=False))
+# Input files being ingested, by content: taken in a transaction that updates ``kvdb_commits`` too,
+# so two workers claiming at once conflict and one of them is refused.
+claims = sa.Table(
+    "kvdb_claims",
+    sa.MetaData(),
+    sa.Column("claim_key", sa.String, nullable=False),
+    sa.Column("owner", sa.String, nullable=False),
+    sa.Column("until", sa.DateTime, nullable=False),
+)
 
 
 class DuckLake(SqlStorage):
@@ -65,6 +77,7 @@ class DuckLake(SqlStorage):
         if self._engine is None:
             engine = sa.create_engine("duckdb:///:memory:", poolclass=sa.pool.SingletonThreadPool)
             sa.event.listen(engine, "connect", self._attach)
+            sa.event.listen(engine, "handle_error", self._lost_catalog)
             self._engine = engine
         return self._engine
 
@@ -97,6 +110,16 @@ class DuckLake(SqlStorage):
             return ArchiveError(f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db")
         return ArchiveError(f"cannot open archive {where}: {_without_password(message.strip().splitlines()[0])}")
 
+    def _lost_catalog(self, context) -> None:
+        """PostgreSQL gone mid-command: the transaction in hand is lost whole (a commit either
+        landed or did not), and the next command reconnects by itself once the server is back."""
+        message = str(context.original_exception)
+        if any(sign in message for sign in LOST_CATALOG):
+            raise ArchiveError(
+                f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
+                "not half-written: run the command again when it is back (it finds what was committed)"
+            ) from context.original_exception
+
     def release(self) -> None:
         """Nothing to let go: DuckLake takes no lock while the model works."""
 
@@ -111,6 +134,34 @@ class DuckLake(SqlStorage):
     def version(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(sa.select(commits.c.n)).scalar_one())
+
+    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
+        self.check_writable()
+
+        def take(conn) -> str | None:
+            held = conn.execute(sa.select(claims.c.owner, claims.c.until).where(claims.c.claim_key == key)).first()
+            now = utc_now()
+            if held is not None and held.owner not in (owner, steal_from) and held.until > now:
+                return held.owner
+            conn.execute(commits.update().values(n=commits.c.n + 1))
+            conn.execute(claims.delete().where(claims.c.claim_key == key))
+            conn.execute(claims.insert().values(claim_key=key, owner=owner, until=now + dt.timedelta(seconds=lease_seconds)))
+            return None
+
+        return self._until_no_conflict(take)
+
+    def release_claim(self, key: str, owner: str) -> None:
+        self._until_no_conflict(lambda conn: conn.execute(claims.delete().where(claims.c.claim_key == key, claims.c.owner == owner)))
+
+    def _until_no_conflict(self, work):
+        """``work(conn)`` in a transaction, again from a fresh snapshot while another commit wins."""
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    return work(conn)
+            except sa.exc.DBAPIError as exc:
+                if not _conflict(exc):
+                    raise
 
     def derived_path(self, suffix: str) -> Path:
         from kvdb import tokenizer as tok
@@ -129,17 +180,28 @@ class DuckLake(SqlStorage):
         return _without_password(self.location)
 
     # writes ---------------------------------------------------------------------------
-    def apply(self, plan: Plan) -> dict | None:
+    def apply(self, plan: Plan, based_on=None) -> dict | None:
+        """A plan made on a snapshot (``based_on``) is refused once another commit lands first;
+        one that reads what it touches inside its transaction (registering a model, a rebuilt
+        index's state, a delete) is run again from a fresh snapshot instead, which is what it
+        would have done had it come second."""
         self.check_writable()
+
+        def commit(conn) -> dict | None:
+            if based_on is not None and conn.execute(sa.select(commits.c.n)).scalar_one() != based_on:
+                raise StaleWrite(f"another writer committed to {self.describe()} since this write was planned; plan again")
+            conn.execute(commits.update().values(n=commits.c.n + 1))
+            return sql_apply.apply(conn, plan)
+
+        if based_on is None:
+            return self._until_no_conflict(commit)
         try:
             with self.engine.begin() as conn:
-                conn.execute(commits.update().values(n=commits.c.n + 1))
-                result = sql_apply.apply(conn, plan)
+                return commit(conn)
         except sa.exc.DBAPIError as exc:
-            if "conflict" not in str(exc.orig).lower():
+            if not _conflict(exc):
                 raise
             raise StaleWrite(f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot") from exc
-        return result
 
     # schema ---------------------------------------------------------------------------
     def schema_revision(self) -> str | None:
@@ -157,11 +219,15 @@ class DuckLake(SqlStorage):
                 raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
             if conn.exec_driver_sql(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").scalar_one():
                 raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
-            for table in [*_keyless(schema.metadata), commits]:
+            for table in [*_keyless(schema.metadata), commits, claims]:
                 conn.execute(sa.schema.CreateTable(table))
             conn.execute(commits.insert().values(lake_id=uuid.uuid4().hex, n=0))
             conn.exec_driver_sql("create table alembic_version (version_num varchar not null)")
             conn.exec_driver_sql(f"insert into alembic_version values ('{schema.REVISION}')")
+
+
+def _conflict(exc: sa.exc.DBAPIError) -> bool:
+    return "conflict" in str(exc.orig).lower()
 
 
 def _keyless(metadata: sa.MetaData) -> list[sa.Table]:

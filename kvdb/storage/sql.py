@@ -15,7 +15,8 @@ import numpy as np
 import sqlalchemy as sa
 
 from kvdb import fractal
-from kvdb.storage import sql_apply
+from kvdb.errors import StaleWrite
+from kvdb.storage import schema, sql_apply
 from kvdb.storage.base import IndexState, ModelRow, NodeRow, Plan, SessionRow, Storage
 from kvdb.storage.edits import Stream, keep_from_text
 from kvdb.storage.schema import (
@@ -66,8 +67,10 @@ class SqlStorage(Storage):
             self.close()
             self.read_only = True
 
-    def apply(self, plan: Plan) -> dict | None:
+    def apply(self, plan: Plan, based_on=None) -> dict | None:
         with self._write() as conn:
+            if based_on is not None and self.version() != based_on:  # the write lock is held: nobody commits meanwhile
+                raise StaleWrite(f"{self.describe()} changed while this write was planned; plan again")
             result = sql_apply.apply(conn, plan)
         self._wrote()
         return result
@@ -254,6 +257,12 @@ class SqlStorage(Storage):
                 for what, ref_from, kind, ref, target in checks
                 for row_id, missing in conn.execute(sa.select(ref_from, ref).distinct().where(ref.not_in(sa.select(target))))
             ]
+
+    def table_rows(self, table: str) -> Iterator[dict]:
+        t = schema.metadata.tables[table]
+        with self.engine.connect() as conn:
+            for row in conn.execute(sa.select(t).order_by(*t.columns)).mappings():
+                yield dict(row)
 
     def byte_counts(self) -> dict[str, int]:
         """Payload bytes, not the engine's page overhead (that is ``footprint``)."""

@@ -8,13 +8,14 @@ import json
 import numpy as np
 import sqlalchemy as sa
 
-from kvdb.errors import StaleWrite
+from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.storage import edits, schema, sql
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
     DeleteSession,
     DropTiers,
+    ImportRows,
     NodeTiers,
     Plan,
     PutCodebooks,
@@ -149,6 +150,28 @@ def _session_values(row) -> dict:
     }
 
 
+IMPORT_BATCH_ROWS = 256
+
+
+def _import_rows(conn, plan: ImportRows) -> dict:
+    """Rows copied per table, into an archive that must hold none yet."""
+    if any(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() for t in schema.metadata.sorted_tables):
+        raise ArchiveError("the destination archive is not empty; copy into a new file or an empty lake")
+    counts = {}
+    for name in [t.name for t in schema.metadata.sorted_tables if t.name in plan.tables]:
+        table, batch, counts[name] = schema.metadata.tables[name], [], 0
+        for row in plan.tables[name]:
+            batch.append(row)
+            if len(batch) == IMPORT_BATCH_ROWS:
+                conn.execute(table.insert(), batch)
+                counts[name] += len(batch)
+                batch = []
+        if batch:
+            conn.execute(table.insert(), batch)
+            counts[name] += len(batch)
+    return counts
+
+
 _HANDLERS = {
     SessionWrite: _session_write,
     PutModel: _put_model,
@@ -158,4 +181,5 @@ _HANDLERS = {
     DropTiers: _drop_tiers,
     AddTiers: _add_tiers,
     ReplaceIndexState: _replace_index_state,
+    ImportRows: _import_rows,
 }

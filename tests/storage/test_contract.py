@@ -288,26 +288,35 @@ def test_derived_paths_sit_beside_the_archive(storage):
 
 def test_two_commits_that_overlap_conflict_and_the_later_lands_nothing(lake, monkeypatch):
     """A lake has no keys: what keeps a session from being stored twice by two writers is that
-    every commit changes one row, so DuckLake refuses the later of two overlapping ones."""
+    every commit changes one row, so DuckLake refuses the later of two overlapping ones. A plan
+    made on a snapshot is refused; one that reads what it touches in its transaction runs again."""
     from kvdb.storage import sql_apply
 
     where, data_path = lake
     first, second = open_storage(where, data_path=data_path), open_storage(where)
-    try:
-        first.apply(PutModel(MODEL))
-        real = sql_apply.apply
+    real = sql_apply.apply
 
-        def interleaved(conn, plan):  # the other writer commits while this transaction is open
+    def interleave(name: str) -> None:  # the other writer commits while this transaction is open
+        def interleaved(conn, plan):
             monkeypatch.setattr(sql_apply, "apply", real)
-            add(first, "first", ids_of("committed meanwhile"))
+            add(first, name, ids_of(f"committed meanwhile: {name}"))
             return real(conn, plan)
 
         monkeypatch.setattr(sql_apply, "apply", interleaved)
+
+    try:
+        first.apply(PutModel(MODEL))
+        planned_at = second.version()
+        interleave("first")
         with pytest.raises(StaleWrite, match="another writer"):
-            second.apply(session_write("second", ids_of("planned on a snapshot that is gone")))
+            second.apply(session_write("second", ids_of("planned on a snapshot that is gone")), planned_at)
         assert [s.name for s in second.list_sessions()] == ["first"]
+        with pytest.raises(StaleWrite):  # and a plan made before a commit that is over is refused as well
+            second.apply(session_write("second", ids_of("planned on a snapshot that is gone")), planned_at)
         add(second, "second", ids_of("planned again on a fresh snapshot"))
-        assert sorted(s.name for s in first.list_sessions()) == ["first", "second"]
+        interleave("third")
+        second.apply(DeleteSession(trie.path_id(MODEL.model_id, ids_of("planned again on a fresh snapshot"))))  # run again, and lands
+        assert sorted(s.name for s in first.list_sessions()) == ["first", "third"]
     finally:
         first.close()
         second.close()

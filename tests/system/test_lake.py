@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,116 @@ def test_the_cli_on_a_lake(lake, tiny_model, tmp_path):
     refused = _kvdb("--db", where.replace("host=", "port=1 host="), "sessions", env=env, check=False)
     assert refused.returncode == 5 and refused.stderr.count("\n") == 1 and "cannot reach the catalog" in refused.stderr
 
+
+
+def test_claims_keep_a_file_to_one_worker_until_released_or_expired(lake):
+    from kvdb.storage import open_storage
+
+    where, data_path = lake
+    first, second = open_storage(where, data_path=data_path), open_storage(where)
+    try:
+        assert first.claim("file-a", "host1:1", 60) is None
+        assert second.claim("file-a", "host2:7", 60) == "host1:1"
+        assert first.claim("file-a", "host1:1", 60) is None  # renewed by its owner
+        first.release_claim("file-a", "host1:1")
+        assert second.claim("file-a", "host2:7", 60) is None
+        assert first.claim("file-b", "host1:1", 0) is None  # a lease that is over: a dead worker's file is taken again
+        assert second.claim("file-b", "host2:7", 60) is None
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_file_another_worker_claimed_is_passed_by_and_said_so(lake, tiny_model, tmp_path):
+    from kvdb.services.ingesting import CLAIM_LEASE_SECONDS, _claim_key
+    from kvdb.storage import open_storage
+    from kvdb.tiers import DEFAULT_KEEP, parse_keep
+
+    where, data_path = lake
+    path = tmp_path / "busy.txt"
+    path.write_text(TEXTS["garden"])
+    other = open_storage(where, data_path=data_path)
+    try:
+        other.claim(_claim_key(path, parse_keep(DEFAULT_KEEP)), "elsewhere:1", CLAIM_LEASE_SECONDS)
+        with kvdb.open(where, model=tiny_model) as archive:
+            [result] = archive.ingest(path)
+            assert (result.status, result.claimed_by) == ("claimed", "elsewhere:1") and archive.sessions() == []
+            other.release_claim(_claim_key(path, parse_keep(DEFAULT_KEEP)), "elsewhere:1")
+            assert [r.status for r in archive.ingest(path)] == ["ingested"]
+    finally:
+        other.close()
+
+
+def test_two_workers_ingest_conversations_sharing_a_prefix_into_one_trie(lake, tiny_model, tmp_path):
+    """Workers commit at once; the shared opening ends up stored once, as in a file ingested by one process."""
+    where, data_path = lake
+    folder = tmp_path / "in"
+    folder.mkdir()
+    opening = "The keeper of the harbour lights kept a log of every ship. " * 6
+    for i in range(8):
+        (folder / f"c{i}.txt").write_text(opening + f"Entry {i}: " + " ".join(f"w{(i * 13 + j) % 40}" for j in range(30)))
+    env = dict(os.environ, KVDB_MODEL=tiny_model)
+    out = _kvdb("--db", where, "--data-path", str(data_path), "ingest", "--workers", "2", str(folder), "--json", env=env)
+    statuses = [json.loads(line)["status"] for line in out.stdout.splitlines()]
+    assert statuses == ["ingested"] * 8
+    _kvdb("--db", str(tmp_path / "one.duckdb"), "ingest", str(folder), env=env)
+    with kvdb.open(where, model=tiny_model) as on_lake, kvdb.open(tmp_path / "one.duckdb", model=tiny_model) as on_file:
+        lake_stats, file_stats = on_lake.stats().to_dict(), on_file.stats().to_dict()
+        assert (lake_stats["sessions"], lake_stats["tokens"], lake_stats["stored_tokens"]) == (file_stats["sessions"], file_stats["tokens"], file_stats["stored_tokens"])
+        assert sorted(s.session_id for s in on_lake.sessions()) == sorted(s.session_id for s in on_file.sessions())
+        assert on_lake.verify(deep=True).ok
+        def hits(archive):  # ingested in another order: a hit in the shared opening may name another session through it
+            return sorted((h.position, h.score, h.match) for h in archive.search("harbour lights", k=100))
+
+        assert hits(on_lake) == hits(on_file) != []
+        for h in on_lake.search("harbour lights", k=100):
+            assert on_lake.text(h.session_id, h.position, h.position + h.match_tokens) == h.match
+
+
+def test_copy_a_file_to_a_lake_and_back_verified_by_content_hashes(lake, tiny_model, tmp_path):
+    where, data_path = lake
+    with kvdb.open(tmp_path / "src.duckdb", model=tiny_model) as source:
+        _fill(source)
+        expected = [h.to_dict() for h in source.search("harbour lights", k=20)]
+    env = dict(os.environ, KVDB_MODEL=tiny_model)
+    there = json.loads(_kvdb("--data-path", str(data_path), "copy", str(tmp_path / "src.duckdb"), where, "--json", env=env).stdout)
+    assert there["rows"]["sessions"] == 3 and "password" not in there["target"]
+    back = json.loads(_kvdb("copy", where, str(tmp_path / "back.duckdb"), "--json", env=env).stdout)
+    assert back["sha256"] == there["sha256"]
+    with kvdb.open(tmp_path / "back.duckdb", model=tiny_model) as copied:
+        assert [h.to_dict() for h in copied.search("harbour lights", k=20)] == expected  # its index rebuilt from the rows
+        assert copied.text("garden") == TEXTS["garden"] and copied.verify(deep=True).ok
+    again = _kvdb("copy", str(tmp_path / "src.duckdb"), where, env=env, check=False)
+    assert again.returncode == 5 and "not empty" in again.stderr
+
+
+def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(postgres, lake, tiny_model, tmp_path):
+    where, data_path = lake
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"s{i:02}.txt").write_text(f"Session {i}: " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)))
+    env = dict(os.environ, KVDB_MODEL=tiny_model)
+    with kvdb.open(where, model=tiny_model, data_path=data_path):
+        pass
+    worker = subprocess.Popen([sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", where, "ingest", str(folder)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    from kvdb.storage import open_storage
+
+    watcher = open_storage(where, read_only=True)
+    try:
+        while len(watcher.list_sessions()) < 3 and worker.poll() is None:
+            time.sleep(0.2)
+    finally:
+        watcher.close()
+    postgres.pause()
+    try:
+        out, err = worker.communicate(timeout=120)
+    finally:
+        postgres.start_again()
+    assert worker.returncode == 5, (out, err)
+    assert "lost the catalog" in err and "run the command again" in err and "Traceback" not in err
+    again = [json.loads(line) for line in _kvdb("--db", where, "ingest", str(folder), "--json", env=env).stdout.splitlines()]
+    assert {r["status"] for r in again} <= {"ingested", "unchanged"} and len(again) == 40
+    with kvdb.open(where, model=tiny_model) as archive:
+        assert len(archive.sessions()) == 40 and archive.verify(deep=True).ok

@@ -1,0 +1,175 @@
+"""An archive on DuckLake against one in a file, side by side in one run:
+
+- ingest throughput of 1, 2 and 4 workers (`kvdb ingest --workers N`) on a lake, against one
+  process on a file, with the embedded model (CPU-bound model work);
+- search p50/p95 at 1e6 archived tokens (``--scales 1e6,1e7`` for more), the lake a `kvdb copy`
+  of the file, the queries interleaved between the two;
+- the storage bytes per token of each: the file; the lake's Parquet files and its catalog.
+
+    .venv/bin/python benchmarks/lake.py [--files 24] [--words 400] [--scales 1e6] [--queries 60] [--no-results]
+
+PostgreSQL is a cluster of the benchmark's own (tests/postgres.py: a temporary folder, a unix
+socket, removed after). Appends a section to benchmarks/RESULTS.md unless ``--no-results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+from corpus import real_text  # noqa: E402
+from postgres import Cluster  # noqa: E402
+from report import describe, publish  # noqa: E402
+from search import build_archive  # noqa: E402
+
+import kvdb  # noqa: E402
+from kvdb import tokenizer as tok  # noqa: E402
+from kvdb.storage import open_storage  # noqa: E402
+
+KVDB = Path(sys.executable).with_name("kvdb")
+SESSION_TOKENS = 4000
+
+
+def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -> list[dict]:
+    """One `kvdb ingest` per configuration, each into a new archive, timed whole (model loads included)."""
+    plans = [("file", 1, str(tmp / "ingest.duckdb"))] + [("lake", n, f"ducklake:postgres:{cluster.new_database()}") for n in workers]
+    rows = []
+    for backend, n, where in plans:
+        began = time.perf_counter()
+        out = subprocess.run([str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{n}"), "ingest", "--workers", str(n), str(folder), "--json"],
+                             capture_output=True, text=True, check=True)
+        seconds = time.perf_counter() - began
+        results = [json.loads(line) for line in out.stdout.splitlines()]
+        tokens = sum(r["n_tokens"] for r in results if r["status"] == "ingested")
+        rows.append({"backend": backend, "workers": n, "seconds": seconds, "tokens": tokens, "sessions": len(results), "tok_s": tokens / seconds})
+        print(f"ingest {backend} x{n}: {seconds:.1f} s, {tokens / seconds:.0f} tok/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def model_load_seconds() -> float:
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "from kvdb import model; model.load(None)"], check=True, capture_output=True)
+    return time.perf_counter() - began
+
+
+def search_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, queries: list[str], tmp: Path) -> dict:
+    sessions = [ids[i : i + SESSION_TOKENS] for i in range(0, n_tokens - SESSION_TOKENS + 1, SESSION_TOKENS)]
+    path = tmp / f"search-{n_tokens}.duckdb"
+    tok_hash = tok.fingerprint(tok.load(None))
+    build_archive(path, tok_hash, sessions)
+    where = f"ducklake:postgres:{cluster.new_database()}"
+    began = time.perf_counter()
+    with kvdb.open(path, read_only=True) as file:
+        file.copy_to(where, data_path=tmp / f"search-data-{n_tokens}")
+    copy_s = time.perf_counter() - began
+    times = {"file": [], "lake": []}
+    with kvdb.open(path, read_only=True) as file, kvdb.open(where, read_only=True) as lake:
+        began = time.perf_counter()
+        lake.search(queries[0], k=10)  # this machine's sidecar is built from the lake's rows, once
+        first_s = time.perf_counter() - began
+        file.search(queries[0], k=10)
+        for q in queries:
+            for name, archive in (("file", file), ("lake", lake)):
+                t = time.perf_counter()
+                hits = archive.search(q, k=10)
+                times[name].append(time.perf_counter() - t)
+            assert [h.to_dict() for h in file.search(q, k=10)] == [h.to_dict() for h in hits], q
+    store = open_storage(where, read_only=True)
+    try:
+        with store.engine.connect() as conn:
+            catalog = int(conn.exec_driver_sql("select * from postgres_query('__ducklake_metadata_lake', 'select pg_database_size(current_database())')").scalar_one())
+        parquet = store.footprint()
+    finally:
+        store.close()
+    total = len(sessions) * SESSION_TOKENS
+    return {
+        "tokens": total,
+        "file_p50": pct(times["file"], 50), "file_p95": pct(times["file"], 95),
+        "lake_p50": pct(times["lake"], 50), "lake_p95": pct(times["lake"], 95),
+        "copy_s": copy_s, "first_s": first_s,
+        "file_bpt": path.stat().st_size / total, "parquet_bpt": parquet / total, "catalog_bpt": catalog / total,
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=24)
+    parser.add_argument("--words", type=int, default=400)
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--scales", default="1e6")
+    parser.add_argument("--queries", type=int, default=60)
+    parser.add_argument("--no-results", action="store_true")
+    args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    scales = [int(float(s)) for s in args.scales.split(",")]
+    words = real_text(max(args.files * args.words * 8, 12_000_000)).split()
+    rng = np.random.default_rng(0)
+    cluster = Cluster().start()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            tmp = Path(folder)
+            inputs = tmp / "inputs"
+            inputs.mkdir()
+            for i in range(args.files):
+                (inputs / f"s{i:03}.txt").write_text(" ".join(words[i * args.words : (i + 1) * args.words]))
+            load_s = model_load_seconds()
+            ingest = ingest_runs(cluster, inputs, tmp, workers)
+            tokenizer = tok.load(None)
+            ids = np.asarray(tok.encode(tokenizer, " ".join(words)), dtype=np.int64)
+            queries = []
+            while len(queries) < args.queries:
+                at = int(rng.integers(0, len(words) - 4))
+                queries.append(" ".join(words[at : at + int(rng.integers(2, 5))]))
+            searches = []
+            for n in scales:
+                if len(ids) < n:
+                    ids = np.tile(ids, n // len(ids) + 1)  # past the real text: it again (the index sees repeats)
+                searches.append(search_scale(cluster, n, ids, queries, tmp))
+                print(f"search at {n:.0e}: {searches[-1]}", file=sys.stderr, flush=True)
+    finally:
+        cluster.stop()
+    one = next(r for r in ingest if r["backend"] == "lake" and r["workers"] == 1)
+    lines = [
+        "## DuckLake against a file (`benchmarks/lake.py`)",
+        "",
+        describe(),
+        "",
+        f"Command: `.venv/bin/python benchmarks/lake.py --files {args.files} --words {args.words} --workers {args.workers} --scales {args.scales} --queries {args.queries}`. "
+        f"PostgreSQL 15 on a unix socket on this machine; Parquet files on local disk.",
+        "",
+        f"Ingest: {args.files} files of {args.words} words of real text, embedded model, default tiers; wall time of the whole "
+        f"`kvdb ingest` (each worker loads the model: {load_s:.1f} s for one process).",
+        "",
+        "| archive | workers | seconds | tokens | tokens/s | vs 1 worker on the lake |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x |" for r in ingest),
+        "",
+        f"Search: {args.queries} phrases of 2-4 words from the text, k=10, file and lake queried in turn; sessions of {SESSION_TOKENS} tokens; "
+        "the lake is a `kvdb copy` of the file, and every query's hits are checked equal on both.",
+        "",
+        "| tokens | file p50 ms | file p95 ms | lake p50 ms | lake p95 ms | lake / file p50 | copy s | lake's first search s (sidecar built) | file B/token | lake Parquet B/token | lake catalog B/token |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {s['tokens']:.0e} | {s['file_p50'] * 1e3:.1f} | {s['file_p95'] * 1e3:.1f} | {s['lake_p50'] * 1e3:.1f} | {s['lake_p95'] * 1e3:.1f} | "
+          f"{s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | {s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |" for s in searches),
+        "",
+    ]
+    publish(lines, append=not args.no_results)
+
+
+if __name__ == "__main__":
+    main()
