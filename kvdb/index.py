@@ -230,10 +230,11 @@ class Indexes:
         index = self._loaded.get(key)
         if index is None or index.alphabet < alphabet:
             return False
-        if self._checked.get(key) != self._store.version():
+        version = self._store.version()
+        if self._checked.get(key) != version:
             if self._store.index_generation(key) != (index.generation, index.ntotal):
                 return False
-            self._checked[key] = self._store.version()
+            self._checked[key] = version
         return True
 
     def _keep(self, key: str, index: WalkIndex) -> None:

@@ -11,8 +11,8 @@ only insert into a table both commit. What a file's keys guarantee is kept here 
 - every kvdb commit also updates the one row of ``kvdb_commits``. DuckLake refuses to commit
   the later of two transactions that changed a table, so two kvdb commits that overlap in time
   conflict however disjoint their rows, and the later is refused with ``StaleWrite``: its plan
-  was made on a snapshot that is gone, and the caller makes it again on a fresh one. The
-  counter is also this storage's ``version()``.
+  was made on a snapshot that is gone, and the caller makes it again on a fresh one. The lake's
+  snapshot id is this storage's ``version()``.
 
 Files derived from the archive (the search sidecars, the prefix cache, a server's journal)
 are kept on this machine, under the kvdb cache directory, keyed by the lake.
@@ -132,8 +132,9 @@ class DuckLake(SqlStorage):
         return 0.0
 
     def version(self) -> int:
+        """The lake's snapshot: it moves with every commit of any writer (a catalog lookup, no data file read)."""
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(commits.c.n)).scalar_one())
+            return _snapshot(conn)
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         self.check_writable()
@@ -188,7 +189,7 @@ class DuckLake(SqlStorage):
         self.check_writable()
 
         def commit(conn) -> dict | None:
-            if based_on is not None and conn.execute(sa.select(commits.c.n)).scalar_one() != based_on:
+            if based_on is not None and _snapshot(conn) != based_on:  # the transaction's snapshot: what it reads
                 raise StaleWrite(f"another writer committed to {self.describe()} since this write was planned; plan again")
             conn.execute(commits.update().values(n=commits.c.n + 1))
             return sql_apply.apply(conn, plan)
@@ -224,6 +225,10 @@ class DuckLake(SqlStorage):
             conn.execute(commits.insert().values(lake_id=uuid.uuid4().hex, n=0))
             conn.exec_driver_sql("create table alembic_version (version_num varchar not null)")
             conn.exec_driver_sql(f"insert into alembic_version values ('{schema.REVISION}')")
+
+
+def _snapshot(conn) -> int:
+    return int(conn.exec_driver_sql(f"select id from ducklake_current_snapshot('{ALIAS}')").scalar_one())
 
 
 def _conflict(exc: sa.exc.DBAPIError) -> bool:
