@@ -36,6 +36,9 @@ def verify(store: Storage, index_paths, deep: bool = False, notes: list[str] = (
     """``index_paths``: key -> sidecar path of each search index the archive should have;
     ``prefix_entries``: node id -> the positions each prefix-cache entry says it holds."""
     report = Report(notes=list(notes))
+    report.problems += store.data_file_problems()
+    if report.problems:  # the rows below live in those files: reading them would only fail again
+        return report
     shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
     _check_blobs(store, report, shapes, deep)
     _check_trie(store, report, shapes, deep)

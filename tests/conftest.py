@@ -23,6 +23,7 @@ def isolated_env(tmp_path_factory, monkeypatch):
     """Never touch the user's archive; share one model cache across the run."""
     monkeypatch.delenv("KVDB_DB", raising=False)
     monkeypatch.delenv("KVDB_MODEL", raising=False)
+    monkeypatch.delenv("KVDB_DATA_PATH", raising=False)
     monkeypatch.setenv("KVDB_DB", str(tmp_path_factory.getbasetemp() / "must-not-be-used.duckdb"))
 
 

@@ -388,5 +388,10 @@ class Storage(abc.ABC):
         return out
 
     @abc.abstractmethod
+    def data_file_problems(self) -> list[str]:
+        """The files holding the archive's rows that are missing or damaged, each named, for a
+        backend whose rows live in files of their own (a lake's Parquet files)."""
+
+    @abc.abstractmethod
     def byte_counts(self) -> dict[str, int]:
         """Payload bytes stored per tier, and tokens archived."""

@@ -29,7 +29,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.dialects import registry
 
-from kvdb.errors import ArchiveError, NewerArchiveError, StaleWrite
+from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
 from kvdb.storage import schema, sql_apply
 from kvdb.storage.base import Plan, utc_now
 from kvdb.storage.sql import SqlStorage
@@ -114,6 +114,8 @@ class DuckLake(SqlStorage):
         """PostgreSQL gone mid-command: the transaction in hand is lost whole (a commit either
         landed or did not), and the next command reconnects by itself once the server is back."""
         message = str(context.original_exception)
+        if ".parquet" in message:
+            raise CorruptData(f"a data file of {self.describe()} cannot be read ({message.strip().splitlines()[0]}); `kvdb verify` names the damaged files") from context.original_exception
         if any(sign in message for sign in LOST_CATALOG):
             raise ArchiveError(
                 f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
@@ -163,6 +165,18 @@ class DuckLake(SqlStorage):
             except sa.exc.DBAPIError as exc:
                 if not _conflict(exc):
                     raise
+
+    def data_file_problems(self) -> list[str]:
+        """Each Parquet file the catalog lists, checked where it is local: there, of the size the
+        catalog recorded, and a Parquet file at both ends (a truncated or overwritten one is
+        not). Damage inside a file is what reading its rows (`verify --deep`) finds."""
+        problems = []
+        with self.engine.connect() as conn:
+            for table in [*schema.metadata.sorted_tables, commits, claims]:
+                listed = conn.exec_driver_sql(f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table.name}')")
+                for data_file, data_size, delete_file, delete_size in listed:
+                    problems += [f"table {table.name}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
+        return problems
 
     def derived_path(self, suffix: str) -> Path:
         from kvdb import tokenizer as tok
@@ -225,6 +239,26 @@ class DuckLake(SqlStorage):
             conn.execute(commits.insert().values(lake_id=uuid.uuid4().hex, n=0))
             conn.exec_driver_sql("create table alembic_version (version_num varchar not null)")
             conn.exec_driver_sql(f"insert into alembic_version values ('{schema.REVISION}')")
+
+
+def _file_problem(path: str | None, size: int | None) -> str | None:
+    if path is None or "://" in path:  # object storage: only reading it tells
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(-4, 2)
+            tail = f.read(4)
+            actual = f.seek(0, 2)
+    except FileNotFoundError:
+        return f"data file {path} is missing"
+    except OSError as exc:
+        return f"data file {path} is unreadable: {exc.strerror or exc}"
+    if size is not None and actual != size:
+        return f"data file {path} holds {actual} bytes, the catalog recorded {size}"
+    if head != b"PAR1" or tail != b"PAR1":
+        return f"data file {path} is not a whole Parquet file"
+    return None
 
 
 def _snapshot(conn) -> int:

@@ -230,3 +230,26 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
     assert {r["status"] for r in again} <= {"ingested", "unchanged"} and len(again) == 40
     with kvdb.open(where, model=tiny_model) as archive:
         assert len(archive.sessions()) == 40 and archive.verify(deep=True).ok
+
+
+def test_verify_names_a_data_file_deleted_or_damaged(lake, tiny_model):
+    where, data_path = lake
+    with kvdb.open(where, model=tiny_model, data_path=data_path) as archive:
+        _fill(archive)
+        assert archive.verify().ok
+    from kvdb.storage import open_storage
+
+    store = open_storage(where, read_only=True)
+    try:
+        with store.engine.connect() as conn:  # the files of the current snapshot (older ones may be left for time travel)
+            blocks, logprobs = ([Path(r[0]) for r in conn.exec_driver_sql(f"select data_file from ducklake_list_files('lake', '{t}')")] for t in ("token_blocks", "node_logprobs"))
+    finally:
+        store.close()
+    blocks[0].unlink()
+    logprobs[0].write_bytes(logprobs[0].read_bytes()[:-10])
+    with kvdb.open(where, model=tiny_model) as archive:
+        problems = archive.verify(deep=True).problems
+    assert any("token_blocks" in p and str(blocks[0]) in p and "missing" in p for p in problems), problems
+    assert any("node_logprobs" in p and str(logprobs[0]) in p for p in problems), problems
+    out = _kvdb("--db", where, "verify", env=dict(os.environ, KVDB_MODEL=tiny_model), check=False)
+    assert out.returncode == 1 and str(blocks[0]) in out.stdout + out.stderr
