@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -15,9 +16,20 @@ class DerivedCache:
         self._storage = storage
         self._values: dict = {}
         self._version: object = None
+        self._pinned: object = None
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """The version read once for the gets inside: the values of one answer agree with one
+        another, and a lake is asked for its snapshot once (a catalog round trip each)."""
+        self._pinned = self._storage.version()
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def get(self, key, compute: Callable[[], T]) -> T:
-        version = self._storage.version()
+        version = self._storage.version() if self._pinned is None else self._pinned
         if version != self._version:
             self._values.clear()
             self._version = version

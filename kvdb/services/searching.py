@@ -40,8 +40,9 @@ class Searcher:
         if longest > search_ops.MAX_PHRASE_TOKENS:
             raise InvalidArgument(f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}")
         key = index_key(tok_hash)
-        slots = self._derived.get(key, lambda: self._slot_map(key, tok_hash))
-        names, view = self._trie_view()
+        with self._derived.pinned():
+            slots = self._derived.get(key, lambda: self._slot_map(key, tok_hash))
+            names, view = self._trie_view()
         if not len(slots.first):
             return []
         index = self._indexes.get(key, tok_hash)
