@@ -248,8 +248,10 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
+    parser.add_argument("--modes", default="a,b,c,d,concurrency", help="which of a, b, c, d and the 4-client check to run")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
+    modes = set(args.modes.split(","))
     from kvdb import tokenizer as tok
 
     dialogues = conversations(args.conversations, args.turns, args.document_words, args.words)
@@ -268,7 +270,7 @@ def main() -> None:
             gguf = str(tok.embedded_gguf())
             llama = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--port", "{port}", "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]
             plans += [("(d) llama.cpp", Server(llama, env, health="/v1/models"), False), ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True)]
-        for name, server, restart in plans:
+        for name, server, restart in [p for p in plans if p[0][1] in modes]:
             server.start()
             try:
                 runs[name] = replay(server, dialogues, args.max_tokens, restart)
@@ -276,19 +278,20 @@ def main() -> None:
                 server.stop()
             print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
         concurrency = {}
-        for timeout in (None, 600):  # the default wait for the model (30 s), then one sized for 4 prompts of 3,000 tokens on 2 cores
+        clients = conversations(4, args.turns, args.document_words, args.words)  # four conversations, however many replayed above
+        for timeout in (None, 600) if "concurrency" in modes else ():  # the default wait for the model (30 s), then one sized for 4 prompts of 3,000 tokens on 2 cores
             concurrent = kvdb_server(f"concurrent-{timeout}")
             if timeout is not None:
                 concurrent.argv += ["--queue-timeout", str(timeout)]
             concurrent.start()
             try:
-                concurrency[timeout] = concurrent_failures(concurrent, dialogues, args.max_tokens)
+                concurrency[timeout] = concurrent_failures(concurrent, clients, args.max_tokens)
             finally:
                 concurrent.stop()
     last = args.turns - 1
     ttft = {n: statistics.median(conv[last]["ttft"] for conv in r) for n, r in runs.items()}
-    ratios = [f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x" for n in runs if n != "(c) no reuse"]
-    if "(d) llama.cpp restarted" in ttft:
+    ratios = [f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x" for n in runs if n != "(c) no reuse" and "(c) no reuse" in ttft]
+    if {"(d) llama.cpp restarted", "(a) kvdb", "(b) kvdb restarted"} <= set(ttft):
         ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
     lines = [
         "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
@@ -299,9 +302,9 @@ def main() -> None:
         f"{args.words} words a turn; greedy replies of at most "
         f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
         f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --document-words {args.document_words} --words {args.words}"
-        + (" --llama-python PY`" if args.llama_python else "`"),
+        + (" --llama-python PY" if args.llama_python else "") + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`"),
         "",
-        *summarise(runs, args.turns),
+        *(summarise(runs, args.turns) if runs else []),
         "",
         *ratios,
         *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
