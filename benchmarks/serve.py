@@ -279,7 +279,7 @@ def main() -> None:
             print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
         concurrency = {}
         clients = conversations(4, args.turns, args.document_words, args.words)  # four conversations, however many replayed above
-        for timeout in (None, 600) if "concurrency" in modes else ():  # the default wait for the model (30 s), then one sized for 4 prompts of 3,000 tokens on 2 cores
+        for timeout in (30, None) if "concurrency" in modes else ():  # 30 s (the default before), then the default (600 s)
             concurrent = kvdb_server(f"concurrent-{timeout}")
             if timeout is not None:
                 concurrent.argv += ["--queue-timeout", str(timeout)]
@@ -308,7 +308,7 @@ def main() -> None:
         "",
         *ratios,
         *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
-        *(f"- 4 concurrent clients against (a), `--queue-timeout {t or '30 (default)'}`: {f} failed of {n} requests"
+        *(f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"
           + (f" ({', '.join(why)})" if why else "") for t, (f, n, why) in concurrency.items()),
         "",
     ]

@@ -453,7 +453,7 @@ def gc(ctx, as_json):
 )
 @click.option("--api-key", envvar="KVDB_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).")
 @click.option("--queue", type=click.IntRange(min=0), default=8, show_default=True, help="Requests that may wait for the model; more are refused (429).")
-@click.option("--queue-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True, help="Seconds a request may wait for the model before it is refused (429).")
+@click.option("--queue-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.")
 @click.pass_context
 def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.

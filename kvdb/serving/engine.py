@@ -78,7 +78,7 @@ class Engine:
         keep: str = DEFAULT_KEEP,
         restore: str = "exact",
         queue: int = 8,
-        queue_timeout: float = 30.0,
+        queue_timeout: float = 600.0,
         cache_bytes: int = DEFAULT_BUDGET_BYTES,
     ):
         """``archive``: opened for writing; the engine closes it. ``keep``: the tiers each
