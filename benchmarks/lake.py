@@ -1,7 +1,9 @@
 """An archive on DuckLake against one in a file, side by side in one run:
 
 - ingest throughput of 1, 2 and 4 workers (`kvdb ingest --workers N`) on a lake, against one
-  process on a file, with the embedded model (CPU-bound model work);
+  process on a file, with the embedded model (CPU-bound model work); and one worker held to one
+  thread, since one process already uses both cores of 2 through torch's threads, while each of
+  N workers gets cores/N;
 - search p50/p95 at 1e6 archived tokens (``--scales 1e6,1e7`` for more), the lake a `kvdb copy`
   of the file, the queries interleaved between the two;
 - the storage bytes per token of each: the file; the lake's Parquet files and its catalog.
@@ -43,12 +45,14 @@ SESSION_TOKENS = 4000
 
 def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -> list[dict]:
     """One `kvdb ingest` per configuration, each into a new archive, timed whole (model loads included)."""
-    plans = [("file", 1, str(tmp / "ingest.duckdb"))] + [("lake", n, f"ducklake:postgres:{cluster.new_database()}") for n in workers]
+    plans = [("file", 1, str(tmp / "ingest.duckdb"), {})]
+    plans += [("lake, 1 thread", 1, f"ducklake:postgres:{cluster.new_database()}", {"OMP_NUM_THREADS": "1"})]  # what one core does: workers' scaling
+    plans += [("lake", n, f"ducklake:postgres:{cluster.new_database()}", {}) for n in workers]
     rows = []
-    for backend, n, where in plans:
+    for i, (backend, n, where, env) in enumerate(plans):
         began = time.perf_counter()
-        out = subprocess.run([str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{n}"), "ingest", "--workers", str(n), str(folder), "--json"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{i}"), "ingest", "--workers", str(n), str(folder), "--json"],
+                             capture_output=True, text=True, check=True, env=dict(os.environ, **env))
         seconds = time.perf_counter() - began
         results = [json.loads(line) for line in out.stdout.splitlines()]
         tokens = sum(r["n_tokens"] for r in results if r["status"] == "ingested")
