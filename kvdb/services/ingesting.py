@@ -93,8 +93,18 @@ class Ingester:
         return results
 
     def _ingest_file(self, path: Path, optional: frozenset[str], progress: Progress | None) -> list[IngestResult]:
-        """One input file, claimed through the archive while it is archived (renewed after each
-        session), so that workers on other machines sharing the folder pass it by."""
+        """One input file; where workers on other machines may share the folder (a lake), it is
+        claimed while it is archived (renewed after each session), so that they pass it by. A
+        file archive claims nothing, and so reads no file a second time to name its claim."""
+
+        def archive(progress: Progress | None) -> list[IngestResult]:
+            try:
+                return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, progress)
+            except TranscriptError as exc:
+                return [IngestResult(None, path.stem, str(path), 0, "failed", str(exc))]
+
+        if not self._storage.claims_inputs:
+            return archive(progress)
         key = _claim_key(path, optional)
         holder = self._storage.claim(key, self._owner, CLAIM_LEASE_SECONDS)
         if holder is not None and _gone_from_here(holder):  # a worker of this machine that died holding it
@@ -109,9 +119,7 @@ class Ingester:
                 progress(done, planned)
 
         try:
-            return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, renewing)
-        except TranscriptError as exc:
-            return [IngestResult(None, path.stem, str(path), 0, "failed", str(exc))]
+            return archive(renewing)
         finally:
             self._storage.release_claim(key, self._owner)
 

@@ -230,15 +230,17 @@ class Storage(abc.ABC):
     def writable(self) -> contextlib.AbstractContextManager:
         """Write access for one repair of derived data, even when opened read-only."""
 
-    @abc.abstractmethod
+    claims_inputs = False  # whether workers on other machines may share its input files, which are then claimed
+
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         """Take (or renew) the claim on ``key`` (an input file) for ``owner`` until the lease
         ends: None when taken, else the owner who holds it (unless it is ``steal_from``, known
         dead). Where workers on many machines share one input folder, this is how each file
-        goes to one of them."""
+        goes to one of them; a backend of one machine (``claims_inputs`` False) has none."""
+        raise NotImplementedError(f"{type(self).__name__} does not claim input files")
 
-    @abc.abstractmethod
-    def release_claim(self, key: str, owner: str) -> None: ...
+    def release_claim(self, key: str, owner: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not claim input files")
 
     @abc.abstractmethod
     def derived_path(self, suffix: str) -> Path:

@@ -136,14 +136,6 @@ class DuckDBFile(SqlStorage):
 
         return state(self.path), state(self.path.with_name(self.path.name + ".wal"))
 
-    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
-        """Always taken: a file's writers are on its one machine, where the process that starts
-        the workers hands each input file to one of them."""
-        return None
-
-    def release_claim(self, key: str, owner: str) -> None:
-        pass
-
     def data_file_problems(self) -> list[str]:
         """None: the one file is checked by opening it, and its blocks by DuckDB's checksums."""
         return []

@@ -55,6 +55,7 @@ claims = sa.Table(
 
 
 class DuckLake(SqlStorage):
+    claims_inputs = True
     def __init__(self, location: str, data_path: str | Path | None = None, read_only: bool = False):
         """Attach the lake at ``location`` (``ducklake:postgres:<libpq conninfo>``), creating it
         under ``data_path`` if its catalog is empty. ``data_path`` is needed only then: the
@@ -156,8 +157,9 @@ class DuckLake(SqlStorage):
     def release_claim(self, key: str, owner: str) -> None:
         self._until_no_conflict(lambda conn: conn.execute(claims.delete().where(claims.c.claim_key == key, claims.c.owner == owner)))
 
-    def _until_no_conflict(self, work):
-        """``work(conn)`` in a transaction, again from a fresh snapshot while another commit wins."""
+    def _until_no_conflict(self, work, refused: str | None = None):
+        """``work(conn)`` in a transaction, again from a fresh snapshot while another commit wins;
+        with ``refused``, a conflict is a ``StaleWrite`` saying so instead (its plan is gone)."""
         while True:
             try:
                 with self.engine.begin() as conn:
@@ -165,6 +167,8 @@ class DuckLake(SqlStorage):
             except sa.exc.DBAPIError as exc:
                 if not _conflict(exc):
                     raise
+                if refused is not None:
+                    raise StaleWrite(refused) from exc
 
     def data_file_problems(self) -> list[str]:
         """Each Parquet file the catalog lists, checked where it is local: there, of the size the
@@ -208,15 +212,8 @@ class DuckLake(SqlStorage):
             conn.execute(commits.update().values(n=commits.c.n + 1))
             return sql_apply.apply(conn, plan)
 
-        if based_on is None:
-            return self._until_no_conflict(commit)
-        try:
-            with self.engine.begin() as conn:
-                return commit(conn)
-        except sa.exc.DBAPIError as exc:
-            if not _conflict(exc):
-                raise
-            raise StaleWrite(f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot") from exc
+        refused = None if based_on is None else f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot"
+        return self._until_no_conflict(commit, refused)
 
     # schema ---------------------------------------------------------------------------
     def schema_revision(self) -> str | None:
