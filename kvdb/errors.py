@@ -71,6 +71,10 @@ class StaleWrite(ArchiveError):
     exit_code = 6
 
 
+class WorkerDied(KvdbError):
+    """An ingest worker process ended without a word (killed, or out of memory)."""
+
+
 class NewerArchiveError(ArchiveError):
     """The archive was written by a newer kvdb whose schema this version does not know."""
 

@@ -16,7 +16,7 @@ import queue
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kvdb.errors import InvalidArgument, TranscriptError
+from kvdb.errors import InvalidArgument, TranscriptError, WorkerDied
 from kvdb.records import IngestResult
 from kvdb.tiers import DEFAULT_KEEP
 
@@ -67,7 +67,7 @@ def ingest_with_workers(
             except queue.Empty:
                 dead = [p for p in processes if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"an ingest worker died (exit {dead[0].exitcode}); what it reported is archived, run the command again for the rest")
+                    raise WorkerDied(f"an ingest worker died (exit {dead[0].exitcode}); what it reported is archived, run the command again for the rest")
                 continue
             if kind == "progress" and progress:
                 progress(*payload)
