@@ -428,7 +428,11 @@ def compact(ctx, session, keep, as_json):
 @json_option
 @click.pass_context
 def gc(ctx, as_json):
-    """Free the stored prefixes that no session uses any more (after deletes)."""
+    """Free the stored prefixes that no session uses any more (after deletes).
+
+    It also renumbers a search index whose freed slots outnumber its live ones, and on a lake
+    merges the small Parquet files each commit leaves (the files a merge replaced are deleted by
+    a gc an hour or more later, so readers still scanning them finish)."""
     freed = _open(ctx).gc()
     if as_json:
         _emit(freed)
@@ -436,6 +440,7 @@ def gc(ctx, as_json):
         click.echo(
             f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks, "
             f"{freed['prefix_cache_entries']} prefix-cache entries"
+            + (f"; merged {freed['data_files_merged']} data files into {freed['data_files_written']}, deleted {freed['data_files_deleted']}" if "data_files_merged" in freed else "")
         )
 
 

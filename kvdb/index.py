@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kvdb import fractal
-from kvdb.errors import CorruptData
+from kvdb.errors import CorruptData, StaleWrite
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
@@ -76,15 +76,30 @@ class WalkIndex:
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
-        path); returns the first slot they occupy."""
+        path) at the next free slots; returns the first of them."""
         first = self.ntotal
-        keys = fractal.walk_keys(tokens, self.alphabet, () if context is None else context)
+        self.extend([(first, tokens, context)], first + len(tokens))
+        return first
+
+    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int) -> None:
+        """Merge slot runs (first slot, tokens, the tokens before them on their path) at or past
+        the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
+        run covers are tombstones (a node gone before this copy caught up with it)."""
+        runs = sorted(runs, key=lambda run: run[0])
+        ends = [first + len(tokens) for first, tokens, _ in runs]
+        if any(first < end for (first, _, _), end in zip(runs, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
+            raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
+        keys = [fractal.walk_keys(tokens, self.alphabet, () if context is None else context) for _, tokens, context in runs]
+        keys = np.concatenate(keys) if keys else np.zeros(0, _KEY)
+        slots = np.concatenate([first + np.arange(len(tokens)) for first, tokens, _ in runs]).astype(_SLOT) if runs else np.zeros(0, _SLOT)
         order = np.argsort(keys, kind="stable")
         at = np.searchsorted(self.keys, keys[order], side="right")
         self.keys = np.insert(self.keys, at, keys[order])
-        self.slots = np.insert(self.slots, at, (first + order).astype(_SLOT))
-        self.tokens = np.concatenate([self.tokens, np.asarray(tokens).astype(self.tokens.dtype)])
-        return first
+        self.slots = np.insert(self.slots, at, slots[order])
+        by_slot = np.zeros(ntotal - self.ntotal, self.tokens.dtype)
+        for first, tokens, _ in runs:
+            by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = tokens
+        self.tokens = np.concatenate([self.tokens, by_slot])
 
     def bounds(self, piece: np.ndarray) -> tuple[int, int]:
         """[a, b) in sorted-key order: the entries whose last ``len(piece)`` tokens are ``piece``.
@@ -185,111 +200,158 @@ class SlotMap:
 
 
 class Indexes:
-    """The search indexes of one archive, one per tokenizer (``key``), each in a sidecar file
-    bound to the database: loaded when the file agrees with the database, else rebuilt (a
-    read-only store takes the write lock for that moment: the file and the database must agree)."""
+    """The search indexes of one archive, one per tokenizer (``key``): each a copy, in memory and
+    in a sidecar file, of what the database's slot runs say, caught up with the runs other
+    writers committed since (on this machine or another), and built again only when the
+    database numbered the slots anew."""
 
     def __init__(self, storage: Storage):
         self._store = storage
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
-        self.rebuilt: list[str] = []  # keys rebuilt by this process, in order
+        self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
         return self._folder / f"{key}.keys"
 
-    def get(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
-        """The index, rebuilt if its file is missing, damaged or stale, if it was built for a
-        smaller ``alphabet`` than a new stream needs, or if tombstones outnumber live points."""
-        if self._current(key, alphabet):
-            return self._loaded[key]
-        state = self._store.index_state(key)
-        header = WalkIndex.read_header(self.path(key))
-        nodes = self._searchable(tokenizer_hash)
-        index = None
-        if (
-            state is not None
-            and header is not None
-            and (header.generation, header.ntotal) == (state.generation, state.ntotal)
-            and set(state.ranges) == {n.node_id for n in nodes}
-        ):
-            try:
-                index = WalkIndex.load(self.path(key))
-            except CorruptData:
-                index = None
-        live = sum(n.n_tokens for n in nodes)
-        if index is None or index.alphabet < alphabet or index.ntotal > 2 * live + fractal.DEFAULT_BLOCK:
-            index = self.rebuild(key, tokenizer_hash, alphabet)
-        self._keep(key, index)
+    def get(self, key: str, tokenizer_hash: str, alphabet: int = 0, version=None) -> WalkIndex:
+        """The index as the database has it at ``version`` (the storage's, read once by the
+        caller) or later: the copy in memory, else the sidecar's, caught up; else built again
+        in the database's numbering. Numbered anew (written to the database) only when there is
+        no numbering yet, or a new stream needs a larger ``alphabet``."""
+        version = self._store.version() if version is None else version
+        index = self._loaded.get(key)
+        if index is not None and index.alphabet >= alphabet and self._checked.get(key) == version:
+            return index
+        recorded = self._store.index_generation(key)
+        if recorded is None:
+            return self.rebuild(key, tokenizer_hash, alphabet)
+        if index is None or not _prefix_of(index, *recorded):
+            index = self._sidecar(key, *recorded)
+        index = self._follow(key, tokenizer_hash, index)
+        if index.alphabet < alphabet:
+            return self.rebuild(key, tokenizer_hash, alphabet)
+        self._loaded[key], self._checked[key] = index, version
         return index
 
-    def _current(self, key: str, alphabet: int) -> bool:
-        """Whether the loaded copy can serve: checked against the database once per storage
-        version, which moves whenever another process may have written."""
-        index = self._loaded.get(key)
-        if index is None or index.alphabet < alphabet:
-            return False
-        version = self._store.version()
-        if self._checked.get(key) != version:
-            if self._store.index_generation(key) != (index.generation, index.ntotal):
-                return False
-            self._checked[key] = version
-        return True
+    def _sidecar(self, key: str, generation: int, ntotal: int) -> WalkIndex | None:
+        header = WalkIndex.read_header(self.path(key))
+        if header is None or header.generation != generation or header.ntotal > ntotal:
+            return None
+        try:
+            return WalkIndex.load(self.path(key))
+        except CorruptData:
+            return None
 
-    def _keep(self, key: str, index: WalkIndex) -> None:
-        self._loaded[key] = index
-        self._checked[key] = self._store.version()
+    def _follow(self, key: str, tokenizer_hash: str, index: WalkIndex | None) -> WalkIndex:
+        """``index`` with the runs from its last slot on merged in, or, when it is None or the
+        database has numbered the slots anew meanwhile, every run from slot 0 into a new copy;
+        the sidecar saved when anything was added. Nothing is written to the database."""
+        state = self._store.index_state(key, index.ntotal if index is not None else 0)
+        if index is not None and index.generation != state.generation:
+            state, index = self._store.index_state(key), None
+        if index is None:
+            index = WalkIndex(state.alphabet, state.generation)
+            self.rebuilt.append(key)
+        elif index.ntotal == state.ntotal:
+            return index
+        self._merge(index, state.ranges, state.ntotal, tokenizer_hash)
+        index.save(self.path(key))
+        return index
+
+    def _merge(self, index: WalkIndex, ranges: dict[str, int], ntotal: int, tokenizer_hash: str) -> None:
+        """The runs' keys, from the nodes' tokens read in one go: a key is a function of a
+        position's last ``depth`` tokens, so deriving it costs less than storing it."""
+        shapes = {n.node_id: n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash))}
+        wanted = [node_id for node_id in ranges if node_id in shapes]  # a run's node gone already (gc): its slots are tombstones
+        tokens = self._store.nodes_tokens(wanted)
+        index.extend([(ranges[n], tokens[n], self._context(shapes[n], shapes, tokens, index.depth)) for n in wanted], ntotal)
+
+    def _context(self, node, shapes, tokens: dict[str, np.ndarray], depth: int) -> np.ndarray | None:
+        """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when they
+        were read already, else read."""
+        if node.parent_id is None:
+            return None
+        parent = tokens.get(node.parent_id)
+        if parent is not None and len(parent) >= depth - 1:
+            return parent[len(parent) - (depth - 1) :]
+        return self._store.load_tokens(node.parent_id, max(0, node.start - depth + 1), node.start)
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
-        """A new index from the token streams of every node that keeps the search tier."""
-        with self._store.writable():
-            return self._rebuild(key, tokenizer_hash, alphabet)
+        """A new numbering of the index's slots: every node that keeps the search tier, parents
+        first, tombstones gone. Built on a snapshot and refused if another commit lands first
+        (a node it did not see would lose its slots), then built again."""
+        while True:
+            with self._store.writable():
+                version = self._store.version()
+                index, ranges = self._numbered(key, tokenizer_hash, alphabet)
+                try:
+                    self._store.apply(ReplaceIndexState(_state(key, index, ranges)), based_on=version)
+                except StaleWrite:
+                    continue
+            index.save(self.path(key))
+            self._loaded[key], self._checked[key] = index, None
+            self.rebuilt.append(key)
+            return index
 
-    def _rebuild(self, key: str, tokenizer_hash: str, alphabet: int) -> WalkIndex:
+    def _numbered(self, key: str, tokenizer_hash: str, alphabet: int) -> tuple[WalkIndex, dict[str, int]]:
         state = self._store.index_state(key)
         header = WalkIndex.read_header(self.path(key))
         generation = _fresh_generation(state.generation if state else 0, header.generation if header else 0)
         model_ids = self._store.model_ids_with_tokenizer(tokenizer_hash)
         index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
-        first_slots = {}
-        for node in self._searchable(tokenizer_hash):  # parents first
-            context = None
-            if node.parent_id is not None:
-                context = self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
-            first_slots[node.node_id] = index.add(self._store.node_tokens(node.node_id), context)
-        index.save(self.path(key))
-        self._store.apply(ReplaceIndexState(IndexState(key, index.alphabet, index.depth, index.ntotal, generation, first_slots)))
-        self._keep(key, index)
-        self.rebuilt.append(key)
-        return index
+        nodes = self._searchable(tokenizer_hash)  # parents first
+        slots = np.cumsum([0] + [n.n_tokens for n in nodes]).tolist()
+        ranges = {n.node_id: first for n, first in zip(nodes, slots)}
+        self._merge(index, ranges, slots[-1], tokenizer_hash)
+        return index, ranges
+
+    def compact(self, key: str, tokenizer_hash: str) -> bool:
+        """Number the slots anew when tombstones (slots of nodes gc freed) outnumber the live
+        ones: every lookup's ranges span them until then."""
+        index = self.get(key, tokenizer_hash)
+        live = sum(n for _, _, n, _ in self._store.slot_runs(key))
+        if index.ntotal <= 2 * live + fractal.DEFAULT_BLOCK:
+            return False
+        self.rebuild(key, tokenizer_hash)
+        return True
 
     def commit(
         self, key: str, tokenizer_hash: str, plan: SessionWrite | AddTiers, joining: dict[str, tuple[np.ndarray, np.ndarray]], alphabet: int = 0, based_on=None
     ) -> None:
         """Commit a plan whose nodes join the index (``joining``: node id -> its tokens, and the
         tokens before them on its path): a session's new node, or nodes given the search tier.
-        The sidecar is saved first; if the database commit then fails, the file is one
-        generation ahead of the database, which the next ``get`` detects and rebuilds."""
+        They take the next slots; the sidecar is saved once the database has the commit (a
+        crash between the two leaves it behind, which the next ``get`` catches up)."""
         index = self.get(key, tokenizer_hash, alphabet)
         try:
             first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
-            index.generation = _fresh_generation(index.generation)
-            index.save(self.path(key))
-            state = IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, first)
-            self._store.apply(dataclasses.replace(plan, index=state), based_on)
+            self._store.apply(dataclasses.replace(plan, index=_state(key, index, first)), based_on)
         except BaseException:
-            self._loaded.pop(key, None)
+            self._loaded.pop(key, None)  # holds slots the database may not have
             raise
+        self._checked[key] = None
+        index.save(self.path(key))
 
     def _searchable(self, tokenizer_hash: str):
         return [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)) if "search" in n.keep]
 
 
+def _state(key: str, index: WalkIndex, ranges: dict[str, int]) -> IndexState:
+    return IndexState(key, index.alphabet, index.depth, index.ntotal, index.generation, ranges)
+
+
+def _prefix_of(index: WalkIndex, generation: int, ntotal: int) -> bool:
+    """Whether the database's index, ``ntotal`` slots of numbering ``generation``, begins with
+    ``index``: slots are only appended within one numbering."""
+    return index.generation == generation and index.ntotal <= ntotal
+
+
 def _fresh_generation(*taken: int) -> int:
-    """A random generation, not a count: two writers of one lake that share this machine's
-    sidecar each number their own next index, and a count would give both the same number for
-    different contents, which the check of the sidecar against the catalog could not tell apart."""
+    """A random numbering, not a count: two writers of one lake that share this machine's sidecar
+    may each number the slots anew, and a count would give both the same number for different
+    contents, which the check of the sidecar against the catalog could not tell apart."""
     while True:
         generation = 1 + secrets.randbelow(2**31 - 2)  # the catalog's column is a 32-bit INTEGER
         if generation not in taken:

@@ -24,7 +24,7 @@ class DerivedCache:
         another, and a lake is asked for its snapshot once (a catalog round trip each)."""
         self._pinned = self._storage.version()
         try:
-            yield
+            yield self._pinned
         finally:
             self._pinned = None
 

@@ -40,12 +40,12 @@ class Searcher:
         if longest > search_ops.MAX_PHRASE_TOKENS:
             raise InvalidArgument(f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}")
         key = index_key(tok_hash)
-        with self._derived.pinned():
-            slots = self._derived.get(key, lambda: self._slot_map(key, tok_hash))
+        with self._derived.pinned() as version:  # one version for the index, its slot runs and the trie
+            index = self._indexes.get(key, tok_hash, version=version)
+            slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
             names, view = self._trie_view()
         if not len(slots.first):
             return []
-        index = self._indexes.get(key, tok_hash)
         runs = dict(zip(slots.node_ids, slots.first.tolist()))
         sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
@@ -66,9 +66,10 @@ class Searcher:
             context=context,
         )
 
-    def _slot_map(self, key: str, tok_hash: str) -> SlotMap:
-        self._indexes.get(key, tok_hash)  # rebuilds the index (and its runs) when stale
-        return SlotMap.from_rows(self._storage.slot_runs(key))
+    def _slot_map(self, key: str, ntotal: int) -> SlotMap:
+        """The live slot runs the index in hand holds (a run another writer committed since the
+        index was caught up waits for the next version)."""
+        return SlotMap.from_rows([run for run in self._storage.slot_runs(key) if run[1] + run[2] <= ntotal])
 
     def _trie_view(self) -> tuple[dict[str, str], trie.TrieView]:
         """Session names and the trie's shape."""

@@ -98,10 +98,17 @@ class Upkeep:
     def gc(self) -> dict:
         """Free the trie nodes (and every tier stored for them) that no session uses any more,
         and the prefix-cache entries of the conversations they held (a deleted session's KV
-        must not outlive it on disk)."""
+        must not outlive it on disk). A search index whose freed slots then outnumber its live
+        ones is numbered anew, and the engine's small files are merged."""
         freed = self._storage.apply(CollectGarbage())
         freed["prefix_cache_entries"] = self._prefix_cache.prune(self._live_paths())
+        freed["renumbered_indexes"] = [key for key, tok_hash in self._index_keys() if self._indexes.compact(key, tok_hash)]
+        freed.update(self._storage.compact_files())
         return freed
+
+    def _index_keys(self) -> list[tuple[str, str]]:
+        indexed = set(self._storage.index_keys())
+        return [(index_key(t), t) for t in self._storage.tokenizer_hashes() if index_key(t) in indexed]
 
     def _live_paths(self) -> dict[str, int]:
         """Node id -> the positions its path holds: what a prefix-cache entry must match."""

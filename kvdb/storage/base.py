@@ -243,6 +243,11 @@ class Storage(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not claim input files")
 
     @abc.abstractmethod
+    def compact_files(self) -> dict:
+        """Merge the engine's small files (a lake's commits leave some Parquet files each, which
+        every scan opens) and delete those no snapshot in use reads; what it did, in counts."""
+
+    @abc.abstractmethod
     def derived_path(self, suffix: str) -> Path:
         """Where a file or folder derived from the archive lives (".index", ".prefix")."""
 
@@ -329,6 +334,10 @@ class Storage(abc.ABC):
         return self.path_tokens(self.node_path(session_id), start, end)
 
     @abc.abstractmethod
+    def nodes_tokens(self, node_ids: list[str]) -> dict[str, np.ndarray]:
+        """Whole nodes' token ids, read together (an index built or caught up reads many)."""
+
+    @abc.abstractmethod
     def load_blocks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
         """Token blocks by (node_id, block_no)."""
 
@@ -350,7 +359,9 @@ class Storage(abc.ABC):
 
     # search index bookkeeping
     @abc.abstractmethod
-    def index_state(self, index_key: str) -> IndexState | None: ...
+    def index_state(self, index_key: str, from_slot: int = 0) -> IndexState | None:
+        """The index's row, with the slot runs that begin at ``from_slot`` or later in ``ranges``
+        (a reader catching up reads only the runs it lacks)."""
 
     @abc.abstractmethod
     def index_generation(self, index_key: str) -> tuple[int, int] | None: ...

@@ -26,6 +26,7 @@ import re
 import uuid
 from pathlib import Path
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import registry
 
@@ -37,6 +38,8 @@ from kvdb.storage.sql import SqlStorage
 registry.register("duckdb", "duckdb_engine", "Dialect")
 
 ALIAS = "lake"
+CATALOG_PREFIX = "ducklake:postgres:"
+SNAPSHOT_RETENTION = "1 hour"  # what `kvdb gc` leaves of the files a merge replaced, for readers still scanning them
 # How DuckDB's postgres extension says the catalog went away (no error code of its own).
 LOST_CATALOG = ("Unable to connect to Postgres", "server closed the connection", "terminating connection", 'Failed to execute query "ROLLBACK"', 'Failed to execute query "COMMIT"', "no connection to the server")
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
@@ -60,11 +63,14 @@ class DuckLake(SqlStorage):
         """Attach the lake at ``location`` (``ducklake:postgres:<libpq conninfo>``), creating it
         under ``data_path`` if its catalog is empty. ``data_path`` is needed only then: the
         catalog remembers it."""
+        if not location.startswith(CATALOG_PREFIX):
+            raise ArchiveError(f"kvdb keeps a lake's catalog in PostgreSQL: give --db as {CATALOG_PREFIX}<libpq conninfo>, not {_without_password(location)}")
         self.location = location
         self.data_path = None if data_path is None else str(data_path)
         self.read_only = read_only
         self._engine: sa.Engine | None = None
         self._lake_id: str | None = None
+        self._catalog: psycopg.Connection | None = None  # libpq, for version() alone
         self.connections = 0
         try:
             self._open_schema()
@@ -127,6 +133,9 @@ class DuckLake(SqlStorage):
         """Nothing to let go: DuckLake takes no lock while the model works."""
 
     def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -135,9 +144,18 @@ class DuckLake(SqlStorage):
         return 0.0
 
     def version(self) -> int:
-        """The lake's snapshot: it moves with every commit of any writer (a catalog lookup, no data file read)."""
-        with self.engine.connect() as conn:
-            return _snapshot(conn)
+        """The lake's snapshot id: it moves with every commit of any writer. Asked of PostgreSQL
+        straight through libpq, since every search asks it once (measured: 0.10 ms a round trip,
+        against 2.1-3.7 ms through DuckDB, which plans a scan of the catalog each time)."""
+        for attempt in (1, 2):  # a connection that PostgreSQL dropped (a restart) is made again, once
+            try:
+                if self._catalog is None or self._catalog.closed:
+                    self._catalog = psycopg.connect(self.location.removeprefix(CATALOG_PREFIX), autocommit=True)
+                return int(self._catalog.execute("select max(snapshot_id) from ducklake_snapshot").fetchone()[0])
+            except psycopg.OperationalError as exc:
+                self._catalog = None
+                if attempt == 2:
+                    raise ArchiveError(f"cannot reach the catalog of {self.describe()}: {_without_password(str(exc).strip().splitlines()[0])}; start PostgreSQL, or check the conninfo in --db") from exc
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         self.check_writable()
@@ -181,6 +199,18 @@ class DuckLake(SqlStorage):
                 for data_file, data_size, delete_file, delete_size in listed:
                     problems += [f"table {table.name}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
         return problems
+
+    def compact_files(self) -> dict:
+        """Adjacent small Parquet files merged into larger ones; then snapshots older than
+        ``SNAPSHOT_RETENTION`` expired and the files scheduled for deletion before it deleted
+        (a reader still scanning one is given that long: a later gc deletes what this one merged)."""
+        self.check_writable()
+        older = f"older_than => now() - interval '{SNAPSHOT_RETENTION}'"
+        with self.engine.connect() as conn:  # the maintenance calls commit by themselves
+            merged = conn.exec_driver_sql(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
+            conn.exec_driver_sql(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").scalar_one()  # count(*): no timestamps to convert
+            deleted = conn.exec_driver_sql(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").scalar_one()
+        return {"data_files_merged": sum(int(r[2]) for r in merged), "data_files_written": sum(int(r[3]) for r in merged), "data_files_deleted": int(deleted)}
 
     def derived_path(self, suffix: str) -> Path:
         from kvdb import tokenizer as tok

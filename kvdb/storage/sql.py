@@ -162,6 +162,26 @@ class SqlStorage(Storage):
             ]
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
+    def nodes_tokens(self, node_ids: list[str]) -> dict[str, np.ndarray]:
+        if not node_ids:
+            return {}
+        with self.engine.connect() as conn:
+            coded = {r.node_id: r for r in conn.execute(sa.select(token_streams).where(token_streams.c.node_id.in_(node_ids)))}
+            blobs: dict[str, list[bytes]] = {node_id: [] for node_id in coded}
+            query = sa.select(token_blocks.c.node_id, token_blocks.c.data).where(token_blocks.c.node_id.in_(node_ids))
+            for node_id, data in conn.execute(query.order_by(token_blocks.c.node_id, token_blocks.c.block_no)):
+                blobs[node_id].append(data)
+        out = {}
+        for node_id in node_ids:
+            row = coded.get(node_id)
+            if row is not None and int(row.n_tokens) == 0:
+                out[node_id] = np.zeros(0, dtype=np.int64)
+                continue
+            if row is None or len(blobs[node_id]) != len(fractal.blocks_for_range(0, int(row.n_tokens), int(row.block_size))):
+                raise ValueError(f"node {node_id} holds no token blocks (held in tier L only: the services decode those)")
+            out[node_id] = fractal.decode_range(blobs[node_id], int(row.alphabet), int(row.block_size), 0, int(row.n_tokens))
+        return out
+
     def load_blocks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
         if not wanted:
             return {}
@@ -198,12 +218,14 @@ class SqlStorage(Storage):
             return kv_streams(conn, node_id)
 
     # search index bookkeeping ---------------------------------------------------------
-    def index_state(self, index_key: str) -> IndexState | None:
+    def index_state(self, index_key: str, from_slot: int = 0) -> IndexState | None:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(search_indexes).where(search_indexes.c.index_key == index_key)).first()
             if row is None:
                 return None
-            query = sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(search_ranges.c.index_key == index_key)
+            query = sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(
+                search_ranges.c.index_key == index_key, search_ranges.c.first_slot >= from_slot
+            )
             ranges = {r[0]: int(r[1]) for r in conn.execute(query).all()}
         return IndexState(index_key, row.alphabet, row.depth, int(row.ntotal), int(row.generation), ranges)
 

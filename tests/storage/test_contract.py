@@ -203,6 +203,28 @@ def test_index_state_round_trips(storage):
     assert storage.slot_runs("k") == []  # a node nobody uses drops out of search at once
 
 
+def test_index_state_from_a_slot_gives_the_runs_a_reader_lacks(storage):
+    a, b = ids_of("the first run of slots " * 2), ids_of("and a second one")
+    sid_a, sid_b = add(storage, "a", a), add(storage, "b", b)
+    storage.apply(ReplaceIndexState(IndexState("k", ALPHABET, 4, len(a), 3, {sid_a: 0})))
+    storage.apply(AddTiers({}, IndexState("k", ALPHABET, 4, len(a) + len(b), 3, {sid_b: len(a)})))
+    assert storage.index_state("k").ranges == {sid_a: 0, sid_b: len(a)}
+    assert storage.index_state("k", len(a)) == IndexState("k", ALPHABET, 4, len(a) + len(b), 3, {sid_b: len(a)})
+    assert storage.index_state("k", len(a) + len(b)).ranges == {}
+
+
+def test_nodes_tokens_reads_whole_nodes_at_once(storage):
+    a = ids_of("a shared opening, then one ending " * 3)
+    b = np.concatenate([a[:30], ids_of("and another ending, longer than a block of tokens " * 100)])
+    sid_a, sid_b = add(storage, "a", a), branch(storage, "b", b)
+    path = storage.node_path(sid_b)
+    got = storage.nodes_tokens([n.node_id for n in path] + [sid_a])
+    assert list(got) == [n.node_id for n in path] + [sid_a]
+    np.testing.assert_array_equal(np.concatenate([got[n.node_id] for n in path]), b)
+    np.testing.assert_array_equal(got[sid_a], a[30:])
+    assert storage.nodes_tokens([]) == {}
+
+
 def test_stored_blobs_and_their_sample(storage):
     ids = np.arange(5 * fractal.DEFAULT_BLOCK) % 250
     sid = add(storage, "s", ids)

@@ -253,3 +253,55 @@ def test_verify_names_a_data_file_deleted_or_damaged(lake, tiny_model):
     assert any("node_logprobs" in p and str(logprobs[0]) in p for p in problems), problems
     out = _kvdb("--db", where, "verify", env=dict(os.environ, KVDB_MODEL=tiny_model), check=False)
     assert out.returncode == 1 and str(blocks[0]) in out.stdout + out.stderr
+
+
+def test_machines_searching_one_lake_catch_up_with_each_others_commits_and_never_renumber(lake, tiny_model, tmp_path, monkeypatch):
+    """Each machine keeps its own copy of the search index (its cache directory); a commit by
+    one is merged into the other's copy from the lake's slot runs, with no rebuild written to
+    the catalog, and both answer as one file archive of the same sessions does."""
+    from kvdb.index import WalkIndex
+    from kvdb.storage import open_storage
+
+    where, data_path = lake
+    machines = []
+    for name in ("a", "b"):
+        monkeypatch.setenv("KVDB_CACHE", str(tmp_path / f"cache-{name}"))
+        machines.append(kvdb.open(where, model=tiny_model, data_path=data_path))
+    a, b = machines
+    with kvdb.open(tmp_path / "file.duckdb", model=tiny_model) as file:
+        store = open_storage(where, read_only=True)
+        try:
+            a.ingest(text=TEXTS["harbour"], name="harbour")
+            file.ingest(text=TEXTS["harbour"], name="harbour")
+            (key,) = store.index_keys()
+            numbering, _ = store.index_generation(key)
+            for phrase in ("harbour lights", "fog"):
+                assert [h.to_dict() for h in b.search(phrase)] == [h.to_dict() for h in file.search(phrase)]
+            for writer, name in ((a, "harbour-2"), (b, "garden")):  # each machine writes once more, the other searches
+                writer.ingest(text=TEXTS[name], name=name)
+                file.ingest(text=TEXTS[name], name=name)
+                for reader in (a, b):
+                    for phrase in ("harbour lights", "fog", "the garden", "basil"):
+                        assert [h.to_dict() for h in reader.search(phrase, k=20)] == [h.to_dict() for h in file.search(phrase, k=20)]
+            generation, ntotal = store.index_generation(key)
+            assert generation == numbering  # nobody numbered the slots anew
+            for name, machine in zip("ab", machines):  # each machine's sidecar holds the catalog's whole index
+                monkeypatch.setenv("KVDB_CACHE", str(tmp_path / f"cache-{name}"))
+                header = WalkIndex.read_header(machine.local_path(".index") / f"{key}.keys")
+                assert (header.generation, header.ntotal) == (generation, ntotal)
+        finally:
+            store.close()
+            for m in machines:
+                m.close()
+
+
+def test_gc_merges_the_small_parquet_files_commits_leave(lake, tiny_model):
+    where, data_path = lake
+    with kvdb.open(where, model=tiny_model, data_path=data_path) as archive:
+        _fill(archive)
+        hits = [h.to_dict() for h in archive.search("harbour lights", k=20)]
+        freed = archive.gc()
+        assert freed["data_files_written"] < freed["data_files_merged"]  # one commit per session wrote a file per table
+        assert freed["data_files_deleted"] == 0  # the merged ones stay for readers still scanning them, an hour
+        assert [h.to_dict() for h in archive.search("harbour lights", k=20)] == hits
+        assert archive.verify(deep=True).ok

@@ -1,0 +1,53 @@
+"""The walk index merges slot runs, in any order and any grouping, into one sorted index: what
+a reader catching up with other writers' commits relies on."""
+
+import numpy as np
+import pytest
+
+from kvdb import fractal
+from kvdb.errors import CorruptData
+from kvdb.index import WalkIndex
+
+ALPHABET = 300
+
+
+def _runs(rng):
+    """Three runs of slots with a hole between the second and third (a node freed meanwhile)."""
+    a, b, c = (rng.integers(0, 20, n) for n in (50, 30, 40))  # a small alphabet in use: many repeated keys
+    return [(0, a, None), (50, b, a[-5:]), (90, c, b[-5:])], 130
+
+
+def test_runs_merged_at_once_equal_runs_merged_one_by_one():
+    runs, ntotal = _runs(np.random.default_rng(0))
+    together = WalkIndex(ALPHABET)
+    together.extend(runs[::-1], ntotal)  # any order
+    one_by_one = WalkIndex(ALPHABET)
+    for i, run in enumerate(runs):
+        one_by_one.extend([run], ntotal if i == len(runs) - 1 else run[0] + len(run[1]))
+    for got in (together, one_by_one):
+        assert got.ntotal == ntotal and len(got.keys) == 120  # the hole's 10 slots hold no keys
+        assert np.all(np.diff(got.keys.astype(np.float64)) >= 0)
+        np.testing.assert_array_equal(got.tokens[80:90], 0)
+    np.testing.assert_array_equal(together.keys, one_by_one.keys)
+    np.testing.assert_array_equal(together.tokens, one_by_one.tokens)
+    for piece in ([3], [3, 4], list(runs[2][1][7:10])):
+        np.testing.assert_array_equal(together.within(np.array(piece)), one_by_one.within(np.array(piece)))
+    # every slot is found by its own last tokens
+    first, tokens, context = runs[1]
+    path = np.concatenate([context, tokens])
+    for i in range(0, len(tokens), 7):
+        piece = path[len(context) + i - min(i + len(context), together.depth) + 1 : len(context) + i + 1]
+        assert first + i in together.within(piece)
+    assert fractal.key_depth(ALPHABET) == together.depth
+
+
+def test_overlapping_runs_or_a_count_short_of_them_are_corrupt_data():
+    runs, ntotal = _runs(np.random.default_rng(1))
+    with pytest.raises(CorruptData, match="overlap"):
+        WalkIndex(ALPHABET).extend([runs[0], (40, runs[1][1], None)], ntotal)
+    with pytest.raises(CorruptData, match="slot count"):
+        WalkIndex(ALPHABET).extend(runs, ntotal - 1)
+    index = WalkIndex(ALPHABET)
+    index.extend(runs[:1], 50)
+    with pytest.raises(CorruptData):  # a run before the last slot the index holds
+        index.extend([(10, runs[1][1], None)], ntotal)
