@@ -114,6 +114,7 @@ class Codebooks:
     preset: str = ""
     meta: dict = field(default_factory=dict)
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> [layers, heads, dim] metric scales
+    _tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # kind -> gather_table()
 
     def stages(self, kind: str) -> list[tuple[int, ...]]:
         return [tuple(b.shape[1] for b in layer) for layer in self.books[kind]]
@@ -133,6 +134,26 @@ class Codebooks:
                     raise InvalidArgument(f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}")
                 books[kind].append(self.books[kind][layer][: len(sizes)])
         return Codebooks(self.layers, self.heads, self.dim, self.pre_rope, books, preset, dict(self.meta), dict(self.weights))
+
+    def gather_table(self, kind: str):
+        """(table, offsets): every centroid of ``kind`` as one float32 tensor ``[1 + total, dim]``,
+        row 0 zero, each divided by its metric scales; and ``offsets[layer, head, stage]``, the
+        row of that codebook's first centroid (0 where the layer has no such stage). Built once."""
+        if kind not in self._tables:
+            import torch
+
+            depth = self.max_stages(kind)
+            offsets = np.zeros((self.layers, self.heads, depth), np.int64)
+            rows, at = [np.zeros((1, self.dim), np.float32)], 1
+            for layer, books in enumerate(self.books[kind]):
+                scale = self.weights[kind][layer][:, None, :] if kind in self.weights else 1.0  # [heads, 1, dim]
+                for stage, book in enumerate(books):
+                    for head, centroids in enumerate(book / scale):
+                        offsets[layer, head, stage] = at
+                        rows.append(centroids)
+                        at += len(centroids)
+            self._tables[kind] = (torch.from_numpy(np.concatenate(rows).astype(np.float32)), offsets)
+        return self._tables[kind]
 
     @property
     def nbytes(self) -> int:
@@ -362,14 +383,22 @@ def _encode_kind(books: list[list[np.ndarray]], data: np.ndarray, beam: int = 1)
     return codes
 
 
-def _decode_kind(books: list[list[np.ndarray]], codes: np.ndarray, dim: int) -> np.ndarray:
-    layers, heads, _, n = codes.shape
-    out = np.zeros((layers, heads, n, dim), dtype=np.float32)
-    for layer in range(layers):
-        for stage, book in enumerate(books[layer]):
-            for head in range(heads):
-                out[layer, head] += book[head][codes[layer, head, stage]]
-    return out
+def _decode_kind(codebooks: Codebooks, kind: str, codes: np.ndarray) -> np.ndarray:
+    """Each position's vector, the sum of its stages' centroids, in one gather-and-sum over all
+    layers and heads at once (``embedding_bag`` over one table holding every centroid of the
+    kind, each (layer, head, stage) at its own offset; a stage a layer lacks points at a zero row).
+    ``codes`` may hold fewer stages than the codebooks: residual stages nest."""
+    import torch
+
+    layers, heads, stages, n = codes.shape
+    table, offsets = codebooks.gather_table(kind)
+    if stages == 0 or n == 0:
+        return np.zeros((layers, heads, n, codebooks.dim), np.float32)
+    offsets = offsets[:, :, :stages, None]
+    rows = np.where(offsets > 0, codes.astype(np.int64) + offsets, 0)  # [layers, heads, stages, n]
+    bags = torch.from_numpy(np.ascontiguousarray(rows.transpose(0, 1, 3, 2)).reshape(-1, stages))
+    summed = torch.nn.functional.embedding_bag(bags, table, mode="sum")
+    return summed.numpy().reshape(layers, heads, n, codebooks.dim)
 
 
 def encode(codebooks: Codebooks, keys: np.ndarray, values: np.ndarray, beam: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -396,17 +425,10 @@ def decode(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[
     """``(keys, values)`` float32 ``[layers, heads, seq, dim]`` from ``encode``'s codes.
 
     Codes with fewer stages than the codebooks (a stored prefix of stages) decode with the
-    stages they have: residual stages nest.
+    stages they have: residual stages nest. The metric scales are folded into the centroids
+    (each divided by its layer and head's scales), so no pass over the output divides them.
     """
-    kc, vc = codes
-    kb = [layer[: kc.shape[2]] for layer in codebooks.books["k"]]
-    vb = [layer[: vc.shape[2]] for layer in codebooks.books["v"]]
-    keys, values = _decode_kind(kb, kc, codebooks.dim), _decode_kind(vb, vc, codebooks.dim)
-    if "k" in codebooks.weights:
-        keys /= codebooks.weights["k"][:, :, None, :]
-    if "v" in codebooks.weights:
-        values /= codebooks.weights["v"][:, :, None, :]
-    return keys, values
+    return _decode_kind(codebooks, "k", codes[0]), _decode_kind(codebooks, "v", codes[1])
 
 
 # ------------------------------------------------------------------------------------------
