@@ -15,7 +15,7 @@ import click
 import kvdb
 from kvdb import quant
 from kvdb.errors import KvdbError
-from kvdb.tiers import DEFAULT_KEEP, RESTORE_MODES
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
 
@@ -227,19 +227,27 @@ def show(ctx, session, start, end, model, as_json):
     help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
     "decode: rebuild tokens and cache from tier L alone; auto: archive when the session has tier K, else exact.",
 )
+@click.option(
+    "--window",
+    type=click.Choice(WINDOWS),
+    default=DEFAULT_WINDOW,
+    show_default=True,
+    help="archive mode: stored runs no forward pass (exact sinks from this machine's cache, the rest from tier K); "
+    "recompute recomputes the sinks and the 32 most recent positions (slower, closer).",
+)
 @click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
 @model_option
 @json_option
 @click.pass_context
-def restore(ctx, session, at, prompt, max_new_tokens, mode, with_fidelity, model, as_json):
+def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelity, model, as_json):
     """Restore a session into the model and continue it greedily."""
     archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
-    restored = archive.restore(s.session_id, at=at, mode=mode)
+    restored = archive.restore(s.session_id, at=at, mode=mode, window=window)
     text = archive.generate(restored, prompt, max_new_tokens)
     out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
     if with_fidelity:
-        out["fidelity"] = archive.fidelity(s.session_id, at=at)
+        out["fidelity"] = archive.fidelity(s.session_id, at=at, window=window)
     if as_json:
         _emit(out)
     else:

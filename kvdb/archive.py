@@ -25,7 +25,7 @@ from kvdb.services.searching import Searcher
 from kvdb.services.tier_l import TierL
 from kvdb.services.upkeep import Upkeep
 from kvdb.storage import is_lake, open_storage
-from kvdb.tiers import DEFAULT_KEEP
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW
 
 
 def default_path() -> str | Path:
@@ -79,7 +79,7 @@ class Archive:
     def _restorer(self):
         from kvdb.services.restoring import Restorer
 
-        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l)
+        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, PrefixCache(self._storage.derived_path(".sinks")))
 
     @cached_property
     def _resumer(self):
@@ -169,19 +169,25 @@ class Archive:
         return self._reader.prefixes(words)
 
     # restore --------------------------------------------------------------------------
-    def restore(self, session: str, at: int | None = None, mode: str = "auto") -> RestoredSession:
+    def restore(self, session: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all).
 
         ``exact`` prefills from the token tier; ``archive`` builds the cache from tier K (no
         forward pass over the session, approximate: see ``fidelity``); ``decode`` rebuilds tokens
         and cache from tier L alone, one model step per token; ``auto`` takes the archive when
         every node on the path has tier K, else the exact prefill.
-        """
-        return self._restorer.restore(session, at, mode)
 
-    def fidelity(self, session: str, at: int | None = None, probe: int = 32) -> dict:
+        ``window`` is how an archive restore makes the exact window: ``stored`` runs no forward
+        pass (the 4 attention sinks come exact from this machine's cache of them, shared by every
+        session that opens with the same tokens and computed once; every other position from
+        tier K); ``recompute`` recomputes the sinks and the 32 most recent positions in one
+        forward pass over the restored prefix (slower, closer).
+        """
+        return self._restorer.restore(session, at, mode, window)
+
+    def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> dict:
         """How closely the archive restore follows the exact one, on a ``probe`` of the session's tokens."""
-        return self._restorer.fidelity(session, at, probe)
+        return self._restorer.fidelity(session, at, probe, window)
 
     def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""

@@ -79,10 +79,14 @@ def apply_rope(model, keys, start: int = 0, inverse: bool = False) -> np.ndarray
     the transposed rotation divided by ``cos² + sin²`` (1 unless the rope type scales
     attention), so it is exact up to float32 rounding.
     """
-    k = torch.as_tensor(np.asarray(keys, dtype=np.float32))
+    return _rotated(model, torch.as_tensor(np.asarray(keys, dtype=np.float32)), start, inverse).numpy()
+
+
+@torch.no_grad()
+def _rotated(model, k: torch.Tensor, start: int = 0, inverse: bool = False) -> torch.Tensor:
     tables = rope_tables(model, start, k.shape[-2])
     if tables is None:
-        return k.numpy()
+        return k
     cos, sin = tables
     rotary = cos.shape[-1]
     if rotary > k.shape[-1] or rotary % 2:
@@ -92,12 +96,7 @@ def apply_rope(model, keys, start: int = 0, inverse: bool = False) -> np.ndarray
         turned = (turn * cos - _rotate_half(turn) * sin) / (cos * cos + sin * sin)
     else:
         turned = turn * cos + _rotate_half(turn) * sin
-    return torch.cat([turned, rest], dim=-1).numpy()
-
-
-# ------------------------------------------------------------------------------------------
-# capture
-# ------------------------------------------------------------------------------------------
+    return turned if rotary == k.shape[-1] else torch.cat([turned, rest], dim=-1)
 
 
 def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,27 +153,37 @@ def build_cache(model, keys, values, pre_rope: bool = False, start: int = 0, cac
     """A ``DynamicCache`` holding ``keys``/``values`` ``[layers, kv_heads, seq, head_dim]``.
 
     ``pre_rope`` keys are rotated to positions ``start ..`` first. Passing ``cache`` appends to it
-    (its length must be ``start``). The tensors take the model's dtype.
+    (its length must be ``start``). The tensors take the model's dtype; a new cache's layers are
+    views of them (float32 arrays are not copied again: the cache takes them over).
     """
-    keys = np.asarray(keys, dtype=np.float32)
-    values = np.asarray(values, dtype=np.float32)
+    keys = torch.as_tensor(np.asarray(keys, dtype=np.float32))
+    values = torch.as_tensor(np.asarray(values, dtype=np.float32))
     if keys.shape != values.shape or keys.ndim != 4:
-        raise ValueError(f"keys and values must both be [layers, heads, seq, dim], got {keys.shape} and {values.shape}")
+        raise ValueError(f"keys and values must both be [layers, heads, seq, dim], got {tuple(keys.shape)} and {tuple(values.shape)}")
     if pre_rope:
-        keys = apply_rope(model, keys, start)
-    cache = new_cache(model) if cache is None else cache
+        keys = _rotated(model, keys, start)
+    return _into_cache(model, keys, values, cache)
+
+
+def _into_cache(model, keys: torch.Tensor, values: torch.Tensor, cache=None):
     dtype = next(model.parameters()).dtype
-    for layer in range(keys.shape[0]):
-        k = torch.from_numpy(np.ascontiguousarray(keys[layer]))[None].to(dtype)
-        v = torch.from_numpy(np.ascontiguousarray(values[layer]))[None].to(dtype)
-        cache.update(k, v, layer)
+    keys, values = keys.to(dtype), values.to(dtype)
+    if cache is not None:
+        for layer in range(keys.shape[0]):
+            cache.update(keys[layer][None], values[layer][None], layer)
+        return cache
+    cache = new_cache(model)
+    for layer in range(keys.shape[0]):  # references only: each layer a view of the restored tensors
+        cache.update(keys[layer][None, :, :0], values[layer][None, :, :0], layer)
+        cache.layers[layer].keys, cache.layers[layer].values = keys[layer][None], values[layer][None]
     return cache
 
 
 @torch.no_grad()
 def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int = SINKS, recent: int = RECENT,
-                  window: str = "recompute"):
-    """The approximate cache of ``ids`` from de-quantized ``keys``/``values`` (covering all of ``ids``).
+                  window: str = "recompute", exact_sinks: tuple[np.ndarray, np.ndarray] | None = None):
+    """The approximate cache of ``ids`` from de-quantized ``keys``/``values`` (covering all of
+    ``ids``; the cache takes the arrays over).
 
     ``window`` says what happens to the exact window:
 
@@ -183,6 +192,9 @@ def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int =
       arrays, and the last ``recent`` are recomputed by one forward pass of their tokens over
       that restored prefix (the same pass generation would make, so no bytes are stored for
       them; their values carry the prefix's quantization error only through attention).
+    * ``"stored"``: no forward pass. The first positions are ``exact_sinks`` (their exact keys,
+      as a cache holds them, and values: the same for every path that opens with the same
+      tokens), everything else from the arrays.
     * ``"quantized"``: sinks recomputed, everything else from the arrays.
     * ``"none"``: every position from the arrays.
 
@@ -195,8 +207,18 @@ def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int =
         raise ValueError(f"arrays cover {keys.shape[2]} positions, ids has {n}")
     if window == "none" or n == 0:
         return build_cache(model, keys[:, :, :n], values[:, :, :n], pre_rope)
+    if window == "stored":
+        if exact_sinks is None:
+            raise ValueError("window='stored' needs exact_sinks: the exact keys and values of the first positions")
+        k = torch.as_tensor(np.asarray(keys[:, :, :n], dtype=np.float32))
+        v = torch.as_tensor(np.asarray(values[:, :, :n], dtype=np.float32))
+        k = _rotated(model, k) if pre_rope else k
+        head = min(exact_sinks[0].shape[2], n)
+        k[:, :, :head] = torch.as_tensor(exact_sinks[0][:, :, :head])
+        v[:, :, :head] = torch.as_tensor(exact_sinks[1][:, :, :head])
+        return _into_cache(model, k, v)
     if window not in ("recompute", "quantized"):
-        raise ValueError(f"window must be 'recompute', 'quantized' or 'none', got {window!r}")
+        raise ValueError(f"window must be 'recompute', 'stored', 'quantized' or 'none', got {window!r}")
     head = min(sinks, n)
     tail = min(recent, n - head) if window == "recompute" else 0
     mid_end = n - tail

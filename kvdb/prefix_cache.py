@@ -44,11 +44,16 @@ class PrefixCache:
         from kvdb import capture  # torch: only the paths that hold a cache need it (gc and stats do not)
 
         for key, positions in wanted:
-            arrays = self._read(self.path(key), positions)
+            arrays = self.arrays(key, positions)
             if arrays is not None:
                 os.utime(self.path(key))  # recently used: evicted last
                 return positions, capture.build_cache(model, *arrays)
         return None
+
+    def arrays(self, key: str, positions: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Keys (as the cache held them) and values of entry ``key``, if it is sound and holds
+        exactly ``positions``."""
+        return self._read(self.path(key), positions) if self.budget > 0 else None
 
     def save(self, key: str, cache) -> None:
         """Keep a session's whole cache (atomically: temp file and rename), then trim to budget."""

@@ -17,6 +17,7 @@ from kvdb import tokenizer as tok
 from kvdb.errors import InvalidArgument
 from kvdb.model import LoadedModel
 from kvdb.records import RestoredSession
+from kvdb.tiers import DEFAULT_WINDOW
 
 
 def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
@@ -27,11 +28,13 @@ def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> R
 
 
 def restore_archive(
-    loaded: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float
+    loaded: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float,
+    window: str = DEFAULT_WINDOW, exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RestoredSession:
-    """The cache from de-quantized tier K (pre-RoPE keys): the attention sinks and the most recent
-    positions are recomputed from the tokens (measured best: docs/decisions/0009-tier-k-exact-window.md), the rest is read."""
-    cache = capture.restore_cache(loaded.model, prefix, keys, values, pre_rope=True)
+    """The cache from de-quantized tier K (pre-RoPE keys), the attention sinks exact: given
+    (``window="stored"``, no forward pass), or recomputed with the most recent positions
+    (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md and 0022)."""
+    cache = capture.restore_cache(loaded.model, prefix, keys, values, pre_rope=True, window=window, exact_sinks=exact_sinks)
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
 
 

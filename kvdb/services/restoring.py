@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from kvdb import capture
+from kvdb import capture, trie
+from kvdb import model as lm_ops
 from kvdb import restore as restore_ops
 from kvdb.errors import InvalidArgument
 from kvdb.records import RestoredSession
@@ -14,20 +15,24 @@ from kvdb.services.reading import Reader, clip_range
 from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
-from kvdb.tiers import RESTORE_MODES
+from kvdb.prefix_cache import PrefixCache
+from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
 
 class Restorer:
-    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, tier_k: TierK, tier_l: TierL):
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, tier_k: TierK, tier_l: TierL, sinks: PrefixCache):
+        self._sinks = sinks  # exact caches of paths' first positions, by content: every path that opens alike shares one
         self._storage = storage
         self._models = models
         self._reader = reader
         self._tier_k = tier_k
         self._tier_l = tier_l
 
-    def restore(self, ref: str, at: int | None = None, mode: str = "auto") -> RestoredSession:
+    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
         if mode not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
+        if window not in WINDOWS:
+            raise InvalidArgument(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
         row = self._reader.resolve(ref)
         at = row.n_tokens if at is None else at
         clip_range(row, 0, at)
@@ -47,9 +52,22 @@ class Restorer:
         start = time.perf_counter()
         keys, values = self._tier_k.arrays(row, nodes, at)
         self._storage.release()
-        return restore_ops.restore_archive(loaded, row.session_id, tokens, keys, values, start)
+        sinks = self._exact_sinks(loaded, tokens) if window == "stored" else None
+        return restore_ops.restore_archive(loaded, row.session_id, tokens, keys, values, start, window, sinks)
 
-    def fidelity(self, ref: str, at: int | None = None, probe: int = 32) -> dict:
+    def _exact_sinks(self, loaded, tokens):
+        """The exact cache of the path's first positions: from this machine's cache of them, or
+        computed once (a forward pass of 4 tokens) for each new opening and kept."""
+        head = tokens[: capture.SINKS]
+        key = trie.path_id(loaded.identity.model_id, head)
+        found = self._sinks.arrays(key, len(head))
+        if found is None:
+            cache = lm_ops.prefill(loaded.model, head)
+            self._sinks.save(key, cache)
+            found = capture.cache_arrays(cache)
+        return found
+
+    def fidelity(self, ref: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> dict:
         """Restore both ways ``probe`` tokens before ``at`` and teacher-force the session's next
         tokens through each."""
         row = self._reader.resolve(ref)
@@ -58,7 +76,7 @@ class Restorer:
         cut = max(capture.SINKS + 1, at - probe)
         if at - cut < 2:
             raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
-        archived = self.restore(row.session_id, at=cut, mode="archive")
+        archived = self.restore(row.session_id, at=cut, mode="archive", window=window)
         exact = self.restore(row.session_id, at=cut, mode="exact")
         return restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at))
 

@@ -60,7 +60,8 @@ class Resumer:
         nodes = [n for n in path if n.start < at]
         if mode == "archive" and leaf is not None and at - capture.SINKS - capture.RECENT > held and all("kv" in n.keep for n in nodes):
             keys, values = self._tier_k().arrays(leaf, nodes, at)
-            return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], keys, values, started)
+            # the server counts the window it recomputes as computed (not cached) tokens
+            return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], keys, values, started, window="recompute")
         if found is None:
             return None
         return RestoredSession(trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, "exact", time.perf_counter() - started, ids[:held])

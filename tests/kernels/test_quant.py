@@ -152,8 +152,9 @@ def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
     prefix, cont = ids[:80], ids[80:]
     lp_exact, am_exact = C.teacher_forced(tiny.model, M.prefill(tiny.model, prefix), cont)
     k, v = C.capture(tiny.model, prefix, chunk=32, pre_rope=pre_rope)
-    for window in ("none", "quantized", "recompute"):
-        cache = C.restore_cache(tiny.model, prefix, k, v, pre_rope=pre_rope, window=window)
+    exact = M.prefill(tiny.model, prefix[: C.SINKS])
+    for window in ("none", "quantized", "recompute", "stored"):
+        cache = C.restore_cache(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
         assert cache.get_seq_length() == 80
         lp, am = C.teacher_forced(tiny.model, cache, cont)
         np.testing.assert_allclose(lp, lp_exact, atol=1e-4)
@@ -194,6 +195,50 @@ def test_quantized_restore_end_to_end_tiny(tiny):
     # the recomputed window is exact at the sinks
     exact = M.prefill(tiny.model, ids)
     np.testing.assert_allclose(cache.layers[0].keys[0, :, :4].numpy(), exact.layers[0].keys[0, :, :4].numpy(), atol=1e-5)
+
+
+def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, monkeypatch):
+    ids = _ids(120, seed=6)
+    k, v = C.capture(tiny.model, ids, pre_rope=True)
+    cb = Q.train({"k": k, "v": v}, "k2x32v2x32", niter=6)
+    kq, vq = Q.decode(cb, Q.encode(cb, k, v))
+    exact = M.prefill(tiny.model, ids)
+    sinks = C.cache_arrays(M.prefill(tiny.model, ids[: C.SINKS]))
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the stored window ran the model")
+
+    monkeypatch.setattr(tiny.model, "forward", no_forward)
+    cache = C.restore_cache(tiny.model, ids, kq, vq, pre_rope=True, window="stored", exact_sinks=sinks)
+    monkeypatch.undo()
+    got_k, got_v = C.cache_arrays(cache)
+    want_k, want_v = C.cache_arrays(exact)
+    np.testing.assert_allclose(got_k[:, :, : C.SINKS], want_k[:, :, : C.SINKS], atol=1e-5)  # exact where stored exact
+    np.testing.assert_allclose(got_v[:, :, : C.SINKS], want_v[:, :, : C.SINKS], atol=1e-5)
+    np.testing.assert_allclose(got_k[:, :, C.SINKS :], C.apply_rope(tiny.model, kq)[:, :, C.SINKS :], atol=1e-5)  # the codes elsewhere
+    error = np.abs(got_v[:, :, C.SINKS :] - want_v[:, :, C.SINKS :]).mean() / np.abs(want_v).mean()
+    assert 0 < error < 1  # bounded, not exact
+    assert cache.get_seq_length() == len(ids) and M.generate(tiny.model, tiny.tokenizer, cache, np.concatenate([ids, ids[:1]]), 3)
+
+
+def test_decode_is_the_sum_of_each_stage_centroid_over_the_metric_scales(tiny):
+    """The one-gather decode against the equation, per layer, head and stage, with a stage a
+    layer lacks and codes holding fewer stages than the codebooks."""
+    ids = _ids(200, seed=7)
+    k, v = C.capture(tiny.model, ids, pre_rope=True)
+    layers = k.shape[0]
+    weights = {"k": np.random.default_rng(0).uniform(0.5, 2.0, k.shape[:2] + k.shape[3:]), "v": np.ones(v.shape[:2] + v.shape[3:])}
+    cb = Q.train({"k": k, "v": v}, f"k3x16v2x16+k1x16@{layers - 1}", niter=4, weights=weights)
+    codes = Q.encode(cb, k, v)
+    for kc, vc in ((codes[0], codes[1]), (codes[0][:, :, :2], codes[1][:, :, :1])):
+        got_k, got_v = Q.decode(cb, (kc, vc))
+        for kind, c, got in (("k", kc, got_k), ("v", vc, got_v)):
+            want = np.zeros(got.shape, np.float32)
+            for layer in range(layers):
+                for stage, book in enumerate(cb.books[kind][layer][: c.shape[2]]):
+                    for head in range(cb.heads):
+                        want[layer, head] += book[head][c[layer, head, stage]]
+            np.testing.assert_allclose(got, want / cb.weights[kind][:, :, None, :], rtol=1e-5, atol=1e-6)
 
 
 # -- embedded model ------------------------------------------------------------------------

@@ -29,15 +29,33 @@ def test_ingest_with_kv_restores_from_the_archive(kv_archive):
 
 
 def test_short_prefix_is_all_exact_window(kv_archive):
-    """Sinks (4) and the recent window (32) are recomputed, so a 36-token restore is exact."""
+    """Recomputed, the sinks (4) and the recent window (32) make a 36-token restore exact."""
     [r] = kv_archive.ingest(text="A short session with under forty tokens.", keep=KV, name="short")
     ids = kv_archive.tokens("short")
     assert len(ids) > 36
-    archived = kv_archive.restore("short", at=36, mode="archive")
+    archived = kv_archive.restore("short", at=36, mode="archive", window="recompute")
     with torch.no_grad():
         step = archived.model(torch.as_tensor(ids[36:37])[None], cache=archived.cache).logits[0, -1]
         fresh = archived.model(torch.as_tensor(ids[:37])[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_the_stored_window_takes_exact_sinks_kept_once_per_opening(kv_archive):
+    """No forward pass over the session: the sinks come exact from this machine's cache of
+    them, one entry for every session that opens with the same tokens."""
+    opening = "Every session here opens alike, "
+    for name, rest in (("one", "then says one thing at some length, to have a middle."), ("two", "and then another, of about the same length again.")):
+        kv_archive.ingest(text=opening + rest, keep=KV, name=name)
+    for name in ("one", "two"):
+        restored = kv_archive.restore(name, mode="archive", window="stored")
+        exact = kv_archive.restore(name, mode="exact")
+        for got, want in zip(restored.cache.layers, exact.cache.layers):
+            torch.testing.assert_close(got.keys[:, :, :4], want.keys[:, :, :4], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got.values[:, :, :4], want.values[:, :, :4], atol=1e-5, rtol=1e-5)
+        assert restored.cache.get_seq_length() == len(restored.tokens) == len(kv_archive.tokens(name))
+    assert len(list(kv_archive.local_path(".sinks").glob("*.kv"))) == 1
+    with pytest.raises(InvalidArgument, match="unknown window"):
+        kv_archive.restore("one", mode="archive", window="fp16")
 
 
 def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
