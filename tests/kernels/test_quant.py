@@ -209,7 +209,7 @@ def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, 
         raise AssertionError("the stored window ran the model")
 
     monkeypatch.setattr(tiny.model, "forward", no_forward)
-    cache = C.restore_cache(tiny.model, ids, kq, vq, pre_rope=True, window="stored", exact_sinks=sinks)
+    cache = C.restore_cache(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
     monkeypatch.undo()
     got_k, got_v = C.cache_arrays(cache)
     want_k, want_v = C.cache_arrays(exact)
