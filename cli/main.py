@@ -232,8 +232,8 @@ def show(ctx, session, start, end, model, as_json):
     type=click.Choice(WINDOWS),
     default=DEFAULT_WINDOW,
     show_default=True,
-    help="archive mode: stored runs no forward pass (exact sinks from this machine's cache, the rest from tier K); "
-    "recompute recomputes the sinks and the 32 most recent positions (slower, closer).",
+    help="archive mode: recompute recomputes the sinks and the 32 most recent positions in one forward pass; "
+    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).",
 )
 @click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
 @model_option

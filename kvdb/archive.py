@@ -177,11 +177,11 @@ class Archive:
         and cache from tier L alone, one model step per token; ``auto`` takes the archive when
         every node on the path has tier K, else the exact prefill.
 
-        ``window`` is how an archive restore makes the exact window: ``stored`` runs no forward
-        pass (the 4 attention sinks come exact from this machine's cache of them, shared by every
-        session that opens with the same tokens and computed once; every other position from
-        tier K); ``recompute`` recomputes the sinks and the 32 most recent positions in one
-        forward pass over the restored prefix (slower, closer).
+        ``window`` is how an archive restore makes the exact window: ``recompute`` recomputes
+        the sinks and the 32 most recent positions in one forward pass over the restored prefix;
+        ``stored`` runs no forward pass (the 4 attention sinks come exact from this machine's
+        cache of them, shared by every session that opens with the same tokens and computed
+        once; every other position from tier K): faster, and further from the exact cache.
         """
         return self._restorer.restore(session, at, mode, window)
 

@@ -257,8 +257,17 @@ class Indexes:
         elif index.ntotal == state.ntotal:
             return index
         self._merge(index, state.ranges, state.ntotal, tokenizer_hash)
-        index.save(self.path(key))
+        self._save(key, index)
         return index
+
+    def _save(self, key: str, index: WalkIndex) -> None:
+        """Keep the copy for the next process. The database holds what it is derived from, so a
+        sidecar that cannot be written (a read-only folder, a full disk) costs only the next
+        process's catching up, never this answer or a commit that landed."""
+        try:
+            index.save(self.path(key))
+        except OSError:
+            pass
 
     def _merge(self, index: WalkIndex, ranges: dict[str, int], ntotal: int, tokenizer_hash: str) -> None:
         """The runs' keys, from the nodes' tokens read in one go: a key is a function of a
@@ -290,7 +299,7 @@ class Indexes:
                     self._store.apply(ReplaceIndexState(_state(key, index, ranges)), based_on=version)
                 except StaleWrite:
                     continue
-            index.save(self.path(key))
+            self._save(key, index)
             self._loaded[key], self._checked[key] = index, None
             self.rebuilt.append(key)
             return index
@@ -332,7 +341,7 @@ class Indexes:
             self._loaded.pop(key, None)  # holds slots the database may not have
             raise
         self._checked[key] = None
-        index.save(self.path(key))
+        self._save(key, index)
 
     def _searchable(self, tokenizer_hash: str):
         return [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)) if "search" in n.keep]

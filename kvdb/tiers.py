@@ -10,11 +10,11 @@ from kvdb.errors import InvalidArgument
 TIERS = ("tokens", "search", "lm", "kv")
 DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
 RESTORE_MODES = ("auto", "exact", "archive", "decode")
-# How an archive restore makes the exact window: "stored" runs no forward pass (the sinks come
-# from this machine's cache of them, every other position from tier K); "recompute" runs one
-# forward pass over the sinks and the 32 most recent positions.
+# How an archive restore makes the exact window: "recompute" runs one forward pass over the
+# sinks and the 32 most recent positions; "stored" runs none (the sinks come from this machine's
+# cache of them, every other position from tier K).
 WINDOWS = ("stored", "recompute")
-DEFAULT_WINDOW = "stored"
+DEFAULT_WINDOW = "recompute"  # until the recent window is coded closer (docs/decisions/0022)
 
 
 def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
