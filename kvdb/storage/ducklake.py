@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import os
 import re
 import uuid
 from pathlib import Path
@@ -43,6 +44,8 @@ SNAPSHOT_RETENTION = "1 hour"  # what `kvdb gc` leaves of the files a merge repl
 # How DuckDB's postgres extension says the catalog went away (no error code of its own).
 LOST_CATALOG = ("Unable to connect to Postgres", "server closed the connection", "terminating connection", 'Failed to execute query "ROLLBACK"', 'Failed to execute query "COMMIT"', "no connection to the server")
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
+# How httpfs says an object store could not be reached or refused the request.
+UNREACHABLE_DATA = ("Could not connect to server", "HTTP Error", "HTTP PUT", "HTTP GET", "HTTP HEAD", "Could not resolve hostname")
 # One row: the lake's own random id (what this machine's derived files are kept under, so that a
 # lake made again at the same conninfo never meets the files of the one before) and the commits.
 commits = sa.Table("kvdb_commits", sa.MetaData(), sa.Column("lake_id", sa.String, nullable=False), sa.Column("n", sa.BigInteger, nullable=False))
@@ -93,9 +96,13 @@ class DuckLake(SqlStorage):
 
         cursor = dbapi_connection.cursor()
         cursor.execute(f"SET extension_directory = '{_quoted(tok.cache_dir() / 'duckdb-extensions')}'")
-        for name in EXTENSIONS:
+        remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
+        for name in EXTENSIONS + (("httpfs",) if remote else ()):  # object storage (s3://, https://...) through httpfs
             cursor.execute(f"INSTALL '{_quoted(_extension_file(name))}'")
             cursor.execute(f"LOAD {name}")
+        secret = _object_store_secret() if remote else None
+        if secret is not None:
+            cursor.execute(secret)
         options = ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]  # rows go to Parquet, not into the catalog
         if self.data_path is not None and not self.read_only:
             options.append(f"DATA_PATH '{_quoted(self.data_path.rstrip('/') + '/')}'")
@@ -121,6 +128,11 @@ class DuckLake(SqlStorage):
         """PostgreSQL gone mid-command: the transaction in hand is lost whole (a commit either
         landed or did not), and the next command reconnects by itself once the server is back."""
         message = str(context.original_exception)
+        if any(sign in message for sign in UNREACHABLE_DATA):
+            raise ArchiveError(
+                f"cannot reach the data path of {self.describe()} ({message.strip().splitlines()[0]}); check the object store's "
+                "address and the AWS_* credentials in the environment. The transaction in progress was not half-written"
+            ) from context.original_exception
         if ".parquet" in message:
             raise CorruptData(f"a data file of {self.describe()} cannot be read ({message.strip().splitlines()[0]}); `kvdb verify` names the damaged files") from context.original_exception
         if any(sign in message for sign in LOST_CATALOG):
@@ -147,14 +159,21 @@ class DuckLake(SqlStorage):
         """The lake's snapshot id: it moves with every commit of any writer. Asked of PostgreSQL
         straight through libpq, since every search asks it once (measured: 0.10 ms a round trip,
         against 2.1-3.7 ms through DuckDB, which plans a scan of the catalog each time)."""
+        return int(self._catalog_value("select max(snapshot_id) from ducklake_snapshot"))
+
+    def _catalog_value(self, query: str):
+        """One value from the catalog's own tables through libpq; None where the lake has none yet."""
         for attempt in (1, 2):  # a connection that PostgreSQL dropped (a restart) is made again, once
             try:
                 if self._catalog is None or self._catalog.closed:
                     self._catalog = psycopg.connect(self.location.removeprefix(CATALOG_PREFIX), autocommit=True)
-                return int(self._catalog.execute("select max(snapshot_id) from ducklake_snapshot").fetchone()[0])
-            except psycopg.OperationalError as exc:
+                row = self._catalog.execute(query).fetchone()
+                return None if row is None else row[0]
+            except psycopg.errors.UndefinedTable:
+                return None
+            except psycopg.Error as exc:  # OperationalError: down or unreachable; others: a conninfo libpq refuses
                 self._catalog = None
-                if attempt == 2:
+                if attempt == 2 or not isinstance(exc, psycopg.OperationalError):
                     raise ArchiveError(f"cannot reach the catalog of {self.describe()}: {_without_password(str(exc).strip().splitlines()[0])}; start PostgreSQL, or check the conninfo in --db") from exc
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
@@ -316,6 +335,27 @@ def _extension_file(name: str) -> Path:
     except ImportError as exc:
         raise ArchiveError(f"DuckLake archives need the DuckDB extension {name}: pip install duckdb-extension-{name}==1.5.5") from exc
     return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
+
+
+def _object_store_secret() -> str | None:
+    """An S3 secret from the environment's AWS_* variables (the names the AWS tools read), or
+    None where they give no key: httpfs then reads public objects only. ``AWS_ENDPOINT_URL``
+    names another S3-compatible store (MinIO and the like: path-style URLs)."""
+    env = os.environ
+    if not env.get("AWS_ACCESS_KEY_ID") or not env.get("AWS_SECRET_ACCESS_KEY"):
+        return None
+    options = {"KEY_ID": env["AWS_ACCESS_KEY_ID"], "SECRET": env["AWS_SECRET_ACCESS_KEY"]}
+    if env.get("AWS_SESSION_TOKEN"):
+        options["SESSION_TOKEN"] = env["AWS_SESSION_TOKEN"]
+    if env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"):
+        options["REGION"] = env.get("AWS_REGION") or env["AWS_DEFAULT_REGION"]
+    flags = []
+    if env.get("AWS_ENDPOINT_URL"):
+        scheme, _, host = env["AWS_ENDPOINT_URL"].rpartition("://")
+        options.update(ENDPOINT=host.rstrip("/"), URL_STYLE="path")
+        flags.append(f"USE_SSL {'false' if scheme == 'http' else 'true'}")
+    body = ", ".join(["TYPE s3", *(f"{k} '{_quoted(v)}'" for k, v in options.items()), *flags])
+    return f"CREATE OR REPLACE SECRET kvdb_s3 ({body})"
 
 
 def _quoted(text) -> str:

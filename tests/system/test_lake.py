@@ -305,3 +305,23 @@ def test_gc_merges_the_small_parquet_files_commits_leave(lake, tiny_model):
         assert freed["data_files_deleted"] == 0  # the merged ones stay for readers still scanning them, an hour
         assert [h.to_dict() for h in archive.search("harbour lights", k=20)] == hits
         assert archive.verify(deep=True).ok
+
+
+def test_an_object_store_that_cannot_be_reached_is_one_clear_error_and_nothing_is_written(lake, tiny_model, monkeypatch):
+    """A data path on object storage goes through httpfs, with the S3 credentials of the
+    environment; a store that answers nobody (here a closed local port) is an ArchiveError
+    naming the data path, and the lake is left as it was: empty."""
+    where, _ = lake
+    for name, value in {"AWS_ACCESS_KEY_ID": "kvdb", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ArchiveError, match="cannot reach the data path.*AWS_"):
+        kvdb.open(where, model=tiny_model, data_path="s3://kvdb-test/lake")
+    with pytest.raises(ArchiveError, match="no archive at"):
+        kvdb.open(where, model=tiny_model, read_only=True)
+
+
+def test_a_conninfo_libpq_refuses_is_one_clear_error(tiny_model):
+    with pytest.raises(ArchiveError, match="catalog in PostgreSQL: give --db as ducklake:postgres:"):
+        kvdb.open("ducklake:sqlite:somewhere.db", model=tiny_model)
+    with pytest.raises(ArchiveError, match="cannot reach the catalog"):
+        kvdb.open("ducklake:postgres:host=/nonexistent-socket-folder dbname=x connect_timeout=2", model=tiny_model, data_path="/tmp/x")
