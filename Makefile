@@ -36,7 +36,7 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not model"
 
-# Each benchmark appends its table to benchmarks/RESULTS.md (about an hour in all on 2 cores).
+# Each benchmark appends its table to benchmarks/RESULTS.md (about two hours in all on 2 cores).
 bench: install
 	$(PY) benchmarks/codec.py
 	$(PY) benchmarks/ingest.py
@@ -47,10 +47,13 @@ bench: install
 	$(PY) benchmarks/tiers.py
 	$(PY) benchmarks/kv.py
 	$(PY) benchmarks/restore.py
+	$(PY) benchmarks/window.py
 	$(PY) benchmarks/semantic.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readers.py
 	$(PY) benchmarks/cli.py
+	$(PY) benchmarks/lake.py
+	$(PY) benchmarks/serve.py  # (d), llama.cpp, only with --llama-python: not a dependency
 
 clean:
 	rm -rf $(VENV) build *.egg-info
