@@ -1,6 +1,7 @@
 """A PostgreSQL cluster of the tests' own: initialised in a temporary folder, listening on a
 unix socket there only (no port to collide with), run as a non-root user (PostgreSQL refuses
-root; as root, the ``postgres`` user Debian's package creates), stopped and removed after."""
+root; as root, the ``postgres`` user Debian's package creates), stopped and removed after, and
+by a watchdog process if the process that started it dies without stopping it (pytest killed)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,27 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 SUPERUSER = "kvdb"
+# Waits for the starting process to end; then, unless told the cluster was stopped (its stdin
+# closed with a word), stops it immediately and removes its folder.
+WATCHDOG = """
+import os, shutil, subprocess, sys, threading, time
+parent, folder, *stop = sys.argv[1:]
+done = threading.Event()
+threading.Thread(target=lambda: sys.stdin.read() and done.set(), daemon=True).start()
+while not done.is_set():
+    try:
+        os.kill(int(parent), 0)
+    except ProcessLookupError:
+        subprocess.run(stop, capture_output=True, cwd=folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        break
+    time.sleep(0.5)
+"""
 
 
 def _bindir() -> Path:
@@ -35,12 +53,17 @@ class Cluster:
         if self._as:
             os.chown(self.folder, pwd.getpwnam("postgres").pw_uid, -1)
         self._names = itertools.count(1)
+        self._watchdog: subprocess.Popen | None = None
 
     def _run(self, *argv: str) -> None:
         subprocess.run([*self._as, *argv], check=True, capture_output=True, cwd=self.folder)
 
     def start(self) -> Cluster:
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", SUPERUSER, "--no-sync")
+        stop = [*self._as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.folder), *stop], stdin=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.start_again()
         return self
 
@@ -49,6 +72,9 @@ class Cluster:
         if (self.data / "postmaster.pid").exists():
             subprocess.run([*self._as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True, cwd=self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self._watchdog is not None:
+            self._watchdog.communicate("stopped")  # its work is done
+            self._watchdog = None
 
     def pause(self) -> None:
         """Stop the server, keeping its data: ``start_again`` brings it back."""

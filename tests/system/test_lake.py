@@ -325,3 +325,27 @@ def test_a_conninfo_libpq_refuses_is_one_clear_error(tiny_model):
         kvdb.open("ducklake:sqlite:somewhere.db", model=tiny_model)
     with pytest.raises(ArchiveError, match="cannot reach the catalog"):
         kvdb.open("ducklake:postgres:host=/nonexistent-socket-folder dbname=x connect_timeout=2", model=tiny_model, data_path="/tmp/x")
+
+
+def test_the_tests_postgres_is_stopped_and_removed_when_its_starter_is_killed():
+    """pytest killed -9 runs no teardown: the cluster's watchdog stops it and removes its folder."""
+    script = f"import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r}); from postgres import Cluster; print(Cluster().start().folder, flush=True); time.sleep(120)"
+    starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    folder = Path(starter.stdout.readline().strip())
+    server = int((folder / "data" / "postmaster.pid").read_text().split()[0])
+    os.kill(server, 0)  # running
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 30
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not folder.exists()
+    assert _gone(server)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status left (a zombie nobody in this container reaps)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
