@@ -256,7 +256,7 @@ class Indexes:
             self.rebuilt.append(key)
         elif index.ntotal == state.ntotal:
             return index
-        self._merge(index, state.ranges, state.ntotal, tokenizer_hash)
+        self._merge(index, state.ranges, state.ntotal, self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)))
         self._save(key, index)
         return index
 
@@ -269,10 +269,11 @@ class Indexes:
         except OSError:
             pass
 
-    def _merge(self, index: WalkIndex, ranges: dict[str, int], ntotal: int, tokenizer_hash: str) -> None:
-        """The runs' keys, from the nodes' tokens read in one go: a key is a function of a
-        position's last ``depth`` tokens, so deriving it costs less than storing it."""
-        shapes = {n.node_id: n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash))}
+    def _merge(self, index: WalkIndex, ranges: dict[str, int], ntotal: int, nodes: list) -> None:
+        """The runs' keys, from the nodes' tokens read in one go (``nodes``: the rows of the
+        index's models): a key is a function of a position's last ``depth`` tokens, so deriving
+        it costs less than storing it."""
+        shapes = {n.node_id: n for n in nodes}
         wanted = [node_id for node_id in ranges if node_id in shapes]  # a run's node gone already (gc): its slots are tombstones
         tokens = self._store.nodes_tokens(wanted)
         index.extend([(ranges[n], tokens[n], self._context(shapes[n], shapes, tokens, index.depth)) for n in wanted], ntotal)
@@ -305,15 +306,16 @@ class Indexes:
             return index
 
     def _numbered(self, key: str, tokenizer_hash: str, alphabet: int) -> tuple[WalkIndex, dict[str, int]]:
-        state = self._store.index_state(key)
+        recorded = self._store.index_generation(key)
         header = WalkIndex.read_header(self.path(key))
-        generation = _fresh_generation(state.generation if state else 0, header.generation if header else 0)
+        generation = _fresh_generation(recorded[0] if recorded else 0, header.generation if header else 0)
         model_ids = self._store.model_ids_with_tokenizer(tokenizer_hash)
         index = WalkIndex(max(alphabet, self._store.max_alphabet(model_ids), fractal.MIN_ALPHABET), generation)
-        nodes = self._searchable(tokenizer_hash)  # parents first
-        slots = np.cumsum([0] + [n.n_tokens for n in nodes]).tolist()
-        ranges = {n.node_id: first for n, first in zip(nodes, slots)}
-        self._merge(index, ranges, slots[-1], tokenizer_hash)
+        nodes = self._store.nodes_of(model_ids)
+        searchable = [n for n in nodes if "search" in n.keep]  # parents first
+        slots = np.cumsum([0] + [n.n_tokens for n in searchable]).tolist()
+        ranges = {n.node_id: first for n, first in zip(searchable, slots)}
+        self._merge(index, ranges, slots[-1], nodes)
         return index, ranges
 
     def compact(self, key: str, tokenizer_hash: str) -> bool:
@@ -342,9 +344,6 @@ class Indexes:
             raise
         self._checked[key] = None
         self._save(key, index)
-
-    def _searchable(self, tokenizer_hash: str):
-        return [n for n in self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)) if "search" in n.keep]
 
 
 def _state(key: str, index: WalkIndex, ranges: dict[str, int]) -> IndexState:

@@ -174,9 +174,6 @@ class SqlStorage(Storage):
         out = {}
         for node_id in node_ids:
             row = coded.get(node_id)
-            if row is not None and int(row.n_tokens) == 0:
-                out[node_id] = np.zeros(0, dtype=np.int64)
-                continue
             if row is None or len(blobs[node_id]) != len(fractal.blocks_for_range(0, int(row.n_tokens), int(row.block_size))):
                 raise ValueError(f"node {node_id} holds no token blocks (held in tier L only: the services decode those)")
             out[node_id] = fractal.decode_range(blobs[node_id], int(row.alphabet), int(row.block_size), 0, int(row.n_tokens))
