@@ -1,13 +1,25 @@
-"""What every benchmark does with its results: describe the machine, print the table, append it
-to RESULTS.md."""
+"""What every benchmark does with its results: time a call, describe the machine, print the
+table, append it to RESULTS.md."""
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def median_seconds(call, runs: int) -> float:
+    """The median wall time of ``runs`` calls: one slow call on a shared machine moves it least."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def describe(*versions: str) -> str:

@@ -15,7 +15,6 @@ benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -29,18 +28,9 @@ import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kvdb import quant  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
-from report import describe, publish  # noqa: E402
+from report import describe, median_seconds, publish  # noqa: E402
 
 PROBE = 32  # teacher-forced tokens after the restored prefix
-
-
-def timed(call, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def copy_floor(nbytes: int, runs: int = 5) -> float:
@@ -78,9 +68,9 @@ def main() -> None:
             cut = session.n_tokens - PROBE
             db.restore(session.session_id, at=cut, mode="archive", window="stored")  # this machine's sink cache, filled once
             timing = {
-                "exact": timed(lambda: db.restore(session.session_id, at=cut, mode="exact"), args.runs),
-                "stored": timed(lambda: db.restore(session.session_id, at=cut, mode="archive", window="stored"), args.runs),
-                "recompute": timed(lambda: db.restore(session.session_id, at=cut, mode="archive", window="recompute"), args.runs),
+                "exact": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="exact"), args.runs),
+                "stored": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="archive", window="stored"), args.runs),
+                "recompute": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="archive", window="recompute"), args.runs),
             }
             fidelity = {w: db.fidelity(session.session_id, probe=PROBE, window=w) for w in ("stored", "recompute")}
             cache_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * cut * 4

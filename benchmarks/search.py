@@ -29,7 +29,6 @@ import hashlib
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from kvdb import trie  # noqa: E402
 from kvdb.services.searching import phrase_variants  # noqa: E402
 from kvdb.storage import open_storage  # noqa: E402
 from kvdb.storage.base import ModelRow, NewNode, PutModel, SessionRow, SessionWrite  # noqa: E402
+from report import median_seconds  # noqa: E402
 
 ALPHABET = 49152  # what ingest stores for SmolLM2 (max(config.vocab_size, len(tokenizer)))
 SESSION_MIN, SESSION_MAX = 2_000, 10_000
@@ -329,15 +329,6 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def timed(fn, reps: int) -> float:
-    best = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(best)
-
-
 def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarray, args, rng, tmp: Path) -> dict:
     print(f"\n== {n_tokens:,} archived tokens", flush=True)
     sessions = scale_sessions(corpus, n_tokens)
@@ -390,7 +381,7 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     lat = {"kvdb": [], "contains": [], "like": [], "sa": []}
     lat_by_kind: dict[str, list[float]] = {}
     for q in queries:
-        ms = timed(lambda: db.search(q.phrase, k=10), reps)
+        ms = 1e3 * median_seconds(lambda: db.search(q.phrase, k=10), reps)
         lat["kvdb"].append(ms)
         lat_by_kind.setdefault(q.kind, []).append(ms)
         lat["contains"].append(timed(lambda: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [q.phrase]).fetchall(), reps))
