@@ -114,7 +114,7 @@ def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archiv
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
     "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
-    "reads decode lm), kv (quantized KV cache for restores without a forward pass; needs `kvdb codebooks train` first).",
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks, else with the shipped ones, built on this machine's first use).",
 )
 @click.option(
     "--workers",
@@ -362,6 +362,47 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
                    f"({report['bytes']} bytes) in {report['seconds']}s")
 
 
+@codebooks.command("list")
+@json_option
+@click.pass_context
+def codebooks_list(ctx, as_json):
+    """List the codebooks the archive holds (trained) or references (shipped), oldest first.
+
+    Ingest codes tier K with the newest trained set of the model, else with the shipped one.
+    STORED is what the archive keeps; CENTROIDS what decoding uses (for shipped codebooks, a
+    file in this machine's kvdb cache, shared by every archive of the model).
+    """
+    for c in _open(ctx.parent, read_only=True).codebooks():
+        if as_json:
+            _emit(c.to_dict())
+        else:
+            where = "" if c.on_this_machine else "  (not built on this machine yet)"
+            click.echo(f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}")
+
+
+@codebooks.command("build")
+@model_option
+@json_option
+@click.pass_context
+def codebooks_build(ctx, model, as_json):
+    """Build this machine's shipped codebooks for the model now (once; a minute or two on 2 cores).
+
+    They are trained on the calibration text shipped with kvdb, cached in the kvdb cache
+    directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` on any archive with no trained
+    codebooks; otherwise the first such ingest builds them.
+    """
+    from tqdm import tqdm
+
+    archive = _open(ctx.parent, model)
+    with tqdm(unit="layer", desc="codebooks", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+        report = archive.build_shipped_codebooks(progress=lambda kind, layer: bar.update(1))
+    if as_json:
+        _emit(report)
+    else:
+        state = f"built in {report['seconds']}s" if report["built"] else "built already"
+        click.echo(f"shipped {report['preset']} codebooks ({report['bytes']} bytes) {state}: {report['path']}")
+
+
 @main.group()
 def index():
     """Maintain the search index (a sidecar file derived from the archived tokens)."""
@@ -395,6 +436,8 @@ def stats(ctx, as_json):
     for tier, n in st.bytes.items():
         per = st.bytes_per_token.get(tier)
         click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
+    if st.shipped_codebook_bytes:
+        click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
 
 
 @main.command()

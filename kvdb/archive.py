@@ -17,7 +17,7 @@ import platformdirs
 from kvdb import quant
 from kvdb.index import Indexes
 from kvdb.prefix_cache import PrefixCache
-from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats, Turn
+from kvdb.records import CodebookSet, IngestResult, Prefix, RestoredSession, Session, Stats, Turn
 from kvdb.search import Hit
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -135,6 +135,16 @@ class Archive:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,
         up to ``tokens`` positions)."""
         return self._tier_k.train(preset, tokens, niter)
+
+    def codebooks(self) -> list[CodebookSet]:
+        """The tier K codebooks the archive holds (trained) or references (shipped), oldest first;
+        ingest codes with the newest of the model's, else with the shipped ones."""
+        return self._upkeep.codebooks()
+
+    def build_shipped_codebooks(self, progress=None) -> dict:
+        """Build now (once per machine and model) the shipped codebooks that ``--keep kv`` uses
+        when the archive has none; ``progress(kind, layer)`` hears of each layer trained."""
+        return self._tier_k.build_shipped(progress)
 
     # reading --------------------------------------------------------------------------
     def sessions(self) -> list[Session]:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kvdb.storage.base import SessionRow
+from kvdb.storage.base import CodebookRow, SessionRow
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,36 @@ class IngestResult:
 
 
 @dataclass(frozen=True)
+class CodebookSet:
+    """Tier K codebooks an archive holds or references. ``source`` "trained" (`kvdb codebooks
+    train`: the centroids are in the archive) or "shipped" (kvdb.shipped: the archive holds a
+    reference of ``stored_bytes``; the ``centroid_bytes`` live in this machine's cache, shared
+    by every archive of the model, and ``on_this_machine`` says whether they are built here)."""
+
+    codebook_id: str
+    model_id: str
+    preset: str
+    created_at: dt.datetime
+    source: str
+    stored_bytes: int
+    centroid_bytes: int
+    on_this_machine: bool
+
+    @classmethod
+    def from_row(cls, row: CodebookRow) -> CodebookSet:
+        from kvdb import shipped
+
+        if row.small_blob is not None and shipped.is_reference(row.small_blob):
+            reference = shipped.Reference.from_bytes(row.small_blob)
+            on_machine = shipped.cache_path(reference.key).is_file()
+            return cls(row.codebook_id, row.model_id, row.preset, row.created_at, "shipped", row.stored_bytes, reference.nbytes, on_machine)
+        return cls(row.codebook_id, row.model_id, row.preset, row.created_at, "trained", row.stored_bytes, row.stored_bytes, True)
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), created_at=self.created_at.isoformat() if self.created_at else None)
+
+
+@dataclass(frozen=True)
 class Stats:
     sessions: int
     tokens: int  # summed over sessions
@@ -67,7 +97,8 @@ class Stats:
     bytes: dict
     bytes_per_token: dict
     kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
-    codebook_bytes: int = 0
+    codebook_bytes: int = 0  # stored in the archive
+    shipped_codebook_bytes: int = 0  # referenced: in this machine's cache, shared by every archive of the model
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -124,8 +124,9 @@ class Ingester:
             self._storage.release_claim(key, self._owner)
 
     def check_keep(self, keep) -> None:
-        """Refuse tiers this archive cannot make yet (tier K before any codebooks), for a caller
-        that ingests later and unattended, such as a server, and must fail at start instead."""
+        """Make ready at once what tier K needs (the model, and the shipped codebooks' first build
+        on this machine), for a caller that ingests later and unattended, such as a server, and
+        must fail at start instead."""
         if "kv" in parse_keep(keep):
             self._tier_k().codebooks(self._models.get().identity.model_id)
 
@@ -207,7 +208,7 @@ class Ingester:
         split_tokens = None
         if match.node is not None and match.offset < match.node.n_tokens and "lm" in match.node.keep:
             split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
-        books = self._tier_k().codebooks(model_id)[0] if "kv" in optional else None  # refused before any model work when there are none
+        books = self._tier_k().codebooks(model_id)[0] if "kv" in optional else None  # the shipped ones when the archive has none
         on_path = self._storage.node_path(match.node.node_id) if match.node is not None else []
         resumable = [(n.node_id, n.end) for n in reversed(on_path)]  # deepest first, with the positions each holds
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
@@ -274,7 +275,7 @@ class Ingester:
         missing = {node_id: tiers for node_id, _, _, tiers in lacking}
         nodes = [n for n in path if n.node_id in missing]
         back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
-        books = self._tier_k().codebooks(loaded.identity.model_id)[0] if kv else None  # refused before any model work when there are none
+        books = self._tier_k().codebooks(loaded.identity.model_id)[0] if kv else None  # the shipped ones when the archive has none
         scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
         if lm or (scoring and len(ids) >= SHORT_WORK_TOKENS) or self._storage.held_for() >= HOLD_SECONDS:
             self._storage.release()

@@ -91,7 +91,7 @@ class Searcher:
         if not len(nodes):
             raise TierMissing(
                 "semantic search compares the KV cache stored in tier K, and no session of this model has it; "
-                "train codebooks with `kvdb codebooks train`, then ingest sessions with `--keep tokens,search,kv`"
+                "ingest sessions with `--keep tokens,search,kv` (archived ones again, to add it)"
             )
         names, view = self._trie_view()
         hits = []

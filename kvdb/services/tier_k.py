@@ -1,5 +1,6 @@
 """Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.quant), keys rotated
-back to pre-RoPE. This service trains the codebooks on the archive's own sessions, codes a
+back to pre-RoPE. This service finds the codebooks (trained on the archive's own sessions, else
+the shipped ones of kvdb.shipped), trains them on request, codes a
 cache at ingest, and de-quantizes a path's positions for a restore; it keeps the codebooks it
 has parsed (content-addressed by id, so never stale)."""
 
@@ -10,7 +11,7 @@ import time
 
 import numpy as np
 
-from kvdb import capture, quant
+from kvdb import capture, quant, shipped
 from kvdb.errors import InvalidArgument
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -26,15 +27,62 @@ class TierK:
         self._books: dict[str, quant.Codebooks] = {}
 
     def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
-        """The named codebooks, or the model's newest; refused with what to run when there are none."""
+        """The named codebooks, else the model's newest, else the shipped ones (kvdb.shipped:
+        built on this machine's first use, and referenced in the archive)."""
         if codebook_id is None:
             found = self._storage.codebooks_for(model_id)
             if found is None:
-                raise InvalidArgument("no KV codebooks for this model yet: archive some sessions, then run `kvdb codebooks train`")
+                return self._shipped(model_id)
             codebook_id = found[0]
         if codebook_id not in self._books:
-            self._books[codebook_id] = quant.Codebooks.from_bytes(self._storage.codebook_data(codebook_id))
+            data = self._storage.codebook_data(codebook_id)
+            self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else quant.Codebooks.from_bytes(data)
         return codebook_id, self._books[codebook_id]
+
+    def build_shipped(self, progress=None) -> dict:
+        """This machine's shipped codebooks for the archive's model, built if missing (the archive
+        records a reference only once a session is coded with them)."""
+        start = time.perf_counter()
+        loaded = self._models.get()
+        self._storage.release()  # a first build takes a minute or two: nobody waits on the file meanwhile
+        reference, books, built = shipped.build(loaded, progress)
+        return {
+            "model_id": loaded.identity.model_id, "preset": books.preset, "bytes": reference.nbytes, "built": built,
+            "path": str(shipped.cache_path(reference.key)), "seconds": round(time.perf_counter() - start, 2),
+        }
+
+    def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
+        loaded = self._loaded(model_id)
+        if not shipped.is_built(loaded.identity):
+            self._storage.release()  # a first build takes a minute or two: nobody waits on the file meanwhile
+        reference, books, _ = shipped.build(loaded)
+        data = reference.to_bytes()
+        codebook_id = hashlib.sha256(data).hexdigest()[:32]
+        if not self._storage.read_only:
+            self._storage.apply(PutCodebooks(codebook_id, model_id, shipped.PRESET, data))
+        self._books[codebook_id] = books
+        return codebook_id, books
+
+    def _referenced(self, model_id: str, data: bytes) -> quant.Codebooks:
+        """The shipped codebooks an archive references: this machine's build, made if missing."""
+        reference = shipped.Reference.from_bytes(data)
+        books = shipped.cached(reference)
+        if books is None:
+            loaded = self._loaded(model_id)
+            if shipped.recipe(loaded.identity) != reference.recipe:
+                raise InvalidArgument(
+                    f"this archive's tier K uses shipped codebooks this kvdb cannot build (recipe {reference.recipe}); "
+                    f"restore with --mode exact, or open it with the kvdb version that wrote it"
+                )
+            self._storage.release()
+            _, books, _ = shipped.build(loaded)
+        return books
+
+    def _loaded(self, model_id: str):
+        loaded = self._models.get()
+        if loaded.identity.model_id != model_id:
+            raise InvalidArgument(f"tier K of model {model_id[:12]} needs that model; this archive is open with {loaded.identity.name}")
+        return loaded
 
     def codes(self, loaded, cache, start: int, end: int | None = None, codebook_id: str | None = None) -> tuple[str, dict[int, np.ndarray]]:
         """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code

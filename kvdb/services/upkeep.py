@@ -9,7 +9,7 @@ from kvdb import verify as verify_ops
 from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.index import Indexes, index_key
 from kvdb.prefix_cache import PrefixCache
-from kvdb.records import Session, Stats
+from kvdb.records import CodebookSet, Session, Stats
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -133,7 +133,11 @@ class Upkeep:
             counts["sessions"], n, counts["stored_tokens"], counts["nodes"],
             dict(tiers, file=self._storage.footprint(), codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
             per_token, ratio, counts["codebook_bytes"],
+            sum(c.centroid_bytes for c in self.codebooks() if c.source == "shipped"),
         )
+
+    def codebooks(self) -> list[CodebookSet]:
+        return [CodebookSet.from_row(row) for row in self._storage.codebook_rows()]
 
     def _fp16_bytes_per_token(self) -> int | None:
         """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""

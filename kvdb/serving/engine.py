@@ -91,7 +91,7 @@ class Engine:
         self._restore = restore
         self._access = ArchiveAccess(archive)
         try:
-            self._access(lambda a: a.check_keep(keep))  # tier K without codebooks: refused at start, not at each exchange
+            self._access(lambda a: a.check_keep(keep))  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
         except KvdbError:
             self._access.close()
             raise

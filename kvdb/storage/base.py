@@ -46,6 +46,19 @@ class ModelRow:
 
 
 @dataclass(frozen=True)
+class CodebookRow:
+    """A codebook set as listed: the stored blob only when it is small (a reference to shipped
+    codebooks, kvdb.shipped); trained centroids stay in the store."""
+
+    codebook_id: str
+    model_id: str
+    preset: str
+    created_at: object
+    stored_bytes: int
+    small_blob: bytes | None
+
+
+@dataclass(frozen=True)
 class SessionRow:
     session_id: str
     name: str
@@ -286,6 +299,10 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def codebook_data(self, codebook_id: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def codebook_rows(self) -> list[CodebookRow]:
+        """Every codebook set, oldest first."""
 
     # sessions
     @abc.abstractmethod

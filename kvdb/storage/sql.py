@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from kvdb import fractal
 from kvdb.errors import StaleWrite
 from kvdb.storage import schema, sql_apply
-from kvdb.storage.base import IndexState, ModelRow, NodeRow, Plan, SessionRow, Storage
+from kvdb.storage.base import CodebookRow, IndexState, ModelRow, NodeRow, Plan, SessionRow, Storage
 from kvdb.storage.edits import Stream, keep_from_text
 from kvdb.storage.schema import (
     codebooks,
@@ -34,6 +34,7 @@ from kvdb.storage.schema import (
 )
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
+SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
 NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
 
 
@@ -98,6 +99,13 @@ class SqlStorage(Storage):
     def codebook_data(self, codebook_id: str) -> bytes:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(codebooks.c.data).where(codebooks.c.codebook_id == codebook_id)).scalar_one()
+
+    def codebook_rows(self) -> list[CodebookRow]:
+        size = sa.func.octet_length(codebooks.c.data)
+        small = sa.case((size <= SMALL_BLOB, codebooks.c.data), else_=sa.null())
+        query = sa.select(codebooks.c.codebook_id, codebooks.c.model_id, codebooks.c.preset, codebooks.c.created_at, size, small)
+        with self.engine.connect() as conn:
+            return [CodebookRow(*row) for row in conn.execute(query.order_by(codebooks.c.created_at, codebooks.c.codebook_id))]
 
     # sessions -------------------------------------------------------------------------
     def has_session(self, session_id: str) -> bool:

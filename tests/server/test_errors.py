@@ -81,13 +81,23 @@ def test_a_full_queue_is_refused_and_reads_do_not_wait(serve, tmp_path):
     _still_serving(waiting)
 
 
-def test_tier_k_without_codebooks_is_refused_at_start_and_the_archive_let_go(tmp_path, tiny_loaded):
+def test_a_bad_keep_is_refused_at_start_and_the_archive_let_go(tmp_path, tiny_loaded):
     """Every exchange would otherwise be set aside in the journal, one error per reply."""
     from kvdb.errors import InvalidArgument
     from kvdb.serving import Engine
 
     db = tmp_path / "a.duckdb"
-    with pytest.raises(InvalidArgument, match="kvdb codebooks train"):
-        Engine(kvdb.open(db, model=tiny_loaded), keep="tokens,kv")
+    with pytest.raises(InvalidArgument, match="unknown tier"):
+        Engine(kvdb.open(db, model=tiny_loaded), keep="tokens,kvv")
     with kvdb.open(db, model=tiny_loaded) as archive:  # not held by the refused engine
         assert archive.sessions() == []
+
+
+def test_tier_k_is_made_ready_at_start_with_the_shipped_codebooks(tmp_path, tiny_loaded, monkeypatch):
+    from kvdb import shipped
+    from kvdb.serving import Engine
+
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))  # a machine that has not built them
+    assert not shipped.is_built(tiny_loaded.identity)
+    Engine(kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded), keep="tokens,kv").close()
+    assert shipped.is_built(tiny_loaded.identity)

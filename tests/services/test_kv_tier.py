@@ -68,9 +68,7 @@ def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
         assert restored.cache.get_seq_length() == len(restored.tokens)
 
 
-def test_without_codebooks_or_tier_k(archive):
-    with pytest.raises(InvalidArgument, match="codebooks train"):
-        archive.ingest(text="no codebooks yet", keep=KV)
+def test_without_tier_k(archive):
     archive.ingest(text="plain session", name="plain")
     assert archive.restore("plain").mode == "exact"
     with pytest.raises(InvalidArgument, match="no tier K"):

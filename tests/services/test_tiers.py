@@ -272,15 +272,22 @@ def test_advice_no_tier_k_ingest_with_kv_or_restore_exact(tmp_path, cli):
     assert restored.exit_code == 0 and json.loads(restored.stdout)["mode"] == "archive"
 
 
-def test_advice_no_codebooks_archive_sessions_then_train(tmp_path, cli):
+def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained(tmp_path, cli):
     session = write(tmp_path / "later.txt", "A session that wants its quantized KV cache archived.")
-    refused = cli("ingest", session, "--keep", KV)
-    assert refused.exit_code == 2 and "archive some sessions, then run `kvdb codebooks train`" in refused.stderr
-    assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
-    assert cli("codebooks", "train").exit_code == 0
     ingested = cli("ingest", session, "--keep", KV, "--json")
     assert ingested.exit_code == 0 and json.loads(ingested.stdout)["status"] == "ingested"
     assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
+    [shipped] = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
+    assert shipped["source"] == "shipped" and shipped["on_this_machine"] and shipped["stored_bytes"] < 1024 < shipped["centroid_bytes"]
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["codebook_bytes"] == shipped["stored_bytes"] and stats["shipped_codebook_bytes"] == shipped["centroid_bytes"]
+    assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
+    assert cli("codebooks", "train", "--preset", "k2v1", "--tokens", "2000").exit_code == 0
+    listed = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
+    assert [c["source"] for c in listed] == ["shipped", "trained"] and listed[1]["preset"] == "k2v1"
+    assert cli("ingest", write(tmp_path / "next.txt", "A later session, coded with the trained set."), "--keep", KV).exit_code == 0
+    assert json.loads(cli("restore", "next", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
+    assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"  # still the shipped set
 
 
 def test_advice_too_few_positions_archive_more_or_pass_tokens(tmp_path, cli):
@@ -474,12 +481,11 @@ def test_advice_unknown_model_omit_model_for_the_embedded_default(tmp_path, cli)
     assert cli("ingest", session, env={"KVDB_MODEL": None}).exit_code == 0
 
 
-def test_advice_semantic_search_without_tier_k_train_then_ingest_with_kv(tmp_path, cli):
+def test_advice_semantic_search_without_tier_k_ingest_with_kv(tmp_path, cli):
     calibration = write(tmp_path / "calibration.txt", CALIBRATION)
     assert cli("ingest", calibration).exit_code == 0
     refused = cli("search", "codebook indices", "--semantic")
-    assert refused.exit_code == 2 and "`kvdb codebooks train`, then ingest sessions with `--keep tokens,search,kv`" in refused.stderr
-    assert cli("codebooks", "train").exit_code == 0
+    assert refused.exit_code == 2 and "ingest sessions with `--keep tokens,search,kv`" in refused.stderr
     assert json.loads(cli("ingest", calibration, "--keep", "tokens,search,kv", "--json").stdout)["added"] == ["kv"]
     found = cli("search", "codebook indices", "--semantic", "--json")
     assert [json.loads(line)["name"] for line in found.stdout.splitlines()][:1] == ["calibration"], found.output

@@ -82,3 +82,19 @@ def test_every_format_ingests_and_show_and_search_hold_only_what_the_transcripts
     [hit] = [h for h in db.search("12 rows") if not h.partial]
     assert hit.session_id == by_name["anthropic"].session_id
     assert '<tool_call id="toolu_01A" name="count_rows">{"image": 0}</tool_call>' in db.text(hit.session_id)
+
+
+def test_tier_k_works_out_of_the_box_with_the_shipped_codebooks(db):
+    """No training step: the first `--keep kv` ingest builds kvdb's own codebooks (once per
+    machine: minutes on 2 cores, the first time) and the archive stores only a reference."""
+    import argparse
+
+    [result] = db.ingest(text=argparse.__doc__, name="shipped", keep="tokens,search,kv")  # text kvdb's calibration does not hold
+    [books] = db.codebooks()
+    assert books.source == "shipped" and books.preset == "k4v3" and books.stored_bytes < 512 < 20e6 < books.centroid_bytes
+    st = db.stats()
+    assert st.codebook_bytes == books.stored_bytes and st.shipped_codebook_bytes == books.centroid_bytes and st.kv_ratio_vs_fp16 > 30
+    restored = db.restore("shipped", mode="archive")
+    assert restored.mode == "archive" and restored.cache.get_seq_length() == result.n_tokens
+    report = db.fidelity("shipped", at=result.n_tokens - 32)
+    assert report["probe_tokens"] == 32 and report["ppl_ratio"] < 1.3 and report["top1_agreement"] > 0.6, report

@@ -1,0 +1,143 @@
+"""Tier K codebooks that need no training: built once per machine from the calibration text
+shipped in the package (``kvdb/data/calibration.txt``, provenance in ``kvdb/data/README.md``)
+and cached beside the converted model, so ``--keep kv`` works on a fresh archive.
+
+An archive never stores these centroids (20.6 MB for k4v3 on SmolLM2, ~1.6 times the fp16 cache
+of a 1,000-token session). It stores a *reference* (:class:`Reference`, a few hundred bytes):
+the recipe that builds them (model weights and tokenizer, the calibration text's hash, preset,
+sizes, trainer settings) and the hash of the bytes the writing machine built. Another machine
+builds the same recipe; its floating point may differ in the last bits (the model's forward
+pass), so its centroids may differ by rounding, which moves a restore's values by as much and
+never makes a code mean another centroid: the content hash is kept to tell the two apart, not
+to refuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvdb import quant
+from kvdb import tokenizer as tok
+from kvdb.errors import CorruptData
+
+CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
+RECIPE_VERSION = 1
+PRESET = quant.DEFAULT_PRESET
+CHUNK = 2048  # calibration contexts: long enough to hold states far from the sinks
+POSITIONS = 8192  # vectors per codebook, as `kvdb codebooks train` defaults to
+NITER = 12
+
+MAGIC = b"KVDBRVQR"
+VERSION = 1
+_PREFIX = struct.Struct("<8s I I")  # magic, version, JSON length
+_CRC = struct.Struct("<I")
+
+
+def is_reference(blob: bytes) -> bool:
+    return bytes(blob[:8]) == MAGIC
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What an archive stores in place of shipped codebooks."""
+
+    recipe: dict
+    content_sha256: str  # of the codebook bytes the writing machine built
+    nbytes: int  # their size
+
+    @property
+    def key(self) -> str:
+        """The recipe's name in the machine cache (machines that build it alike share it)."""
+        return hashlib.sha256(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()[:32]
+
+    def to_bytes(self) -> bytes:
+        """``MAGIC | u32 version | u32 JSON length | JSON | u32 CRC32`` (docs/formats.md)."""
+        body = json.dumps({"recipe": self.recipe, "content_sha256": self.content_sha256, "bytes": self.nbytes}, sort_keys=True, separators=(",", ":")).encode()
+        head = _PREFIX.pack(MAGIC, VERSION, len(body)) + body
+        return head + _CRC.pack(zlib.crc32(head))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Reference:
+        blob = bytes(blob)
+        if len(blob) < _PREFIX.size + _CRC.size or not is_reference(blob):
+            raise CorruptData("not a kvdb shipped-codebook reference (bad magic)")
+        _, version, length = _PREFIX.unpack_from(blob)
+        if version > VERSION:
+            raise CorruptData(f"shipped-codebook reference version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
+        (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
+        if len(blob) != _PREFIX.size + length + _CRC.size or zlib.crc32(blob[: -_CRC.size]) != crc:
+            raise CorruptData("shipped-codebook reference failed its length or CRC check")
+        body = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
+        return cls(body["recipe"], body["content_sha256"], body["bytes"])
+
+
+def recipe(identity) -> dict:
+    """The build recipe for a model (``identity``: its ModelRow): everything the centroids depend on."""
+    return {
+        "version": RECIPE_VERSION,
+        "weights_hash": identity.weights_hash,
+        "tokenizer_hash": identity.tokenizer_hash,
+        "calibration_sha256": hashlib.sha256(CALIBRATION.read_bytes()).hexdigest(),
+        "preset": PRESET,
+        "chunk": CHUNK,
+        "positions": POSITIONS,
+        "niter": NITER,
+    }
+
+
+def cache_path(key: str) -> Path:
+    return tok.cache_dir() / "codebooks" / f"{key}.rvq"
+
+
+def is_built(identity) -> bool:
+    """Whether this machine has built the shipped codebooks of a model (``identity``: its ModelRow)."""
+    return cache_path(Reference(recipe(identity), "", 0).key).is_file()
+
+
+def cached(reference: Reference) -> quant.Codebooks | None:
+    """This machine's build of a reference's recipe, if it has one."""
+    path = cache_path(reference.key)
+    return quant.Codebooks.from_bytes(path.read_bytes()) if path.is_file() else None
+
+
+def build(loaded, progress=None) -> tuple[Reference, quant.Codebooks, bool]:
+    """(reference, codebooks, whether they were built now) for a loaded model: this machine's
+    cached build, else a new one (about a minute and a half on 2 cores; written atomically, so
+    a concurrent first build is harmless). ``progress(kind, layer)`` hears of each layer trained."""
+    from kvdb import capture
+
+    wanted = recipe(loaded.identity)
+    key = Reference(wanted, "", 0).key
+    path = cache_path(key)
+    built = not path.is_file()
+    if built:
+        ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
+        keys, values, used = [], [], 0
+        for at in range(0, len(ids), CHUNK):
+            if used >= POSITIONS:
+                break
+            k, v = capture.capture(loaded.model, ids[at : at + CHUNK], pre_rope=True)
+            k, v = k[:, :, capture.SINKS :], v[:, :, capture.SINKS :]  # sinks are restored exact, never coded
+            take = min(k.shape[2], POSITIONS - used)
+            keys.append(k[:, :, :take])
+            values.append(v[:, :, :take])
+            used += take
+        books = quant.train(
+            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, PRESET, pre_rope=True, niter=NITER,
+            meta={"shipped": key, "tokens": used},
+            progress=progress, threads=min(2, os.cpu_count() or 1),
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(books.to_bytes())
+        os.replace(tmp, path)
+    data = path.read_bytes()
+    return Reference(wanted, hashlib.sha256(data).hexdigest(), len(data)), quant.Codebooks.from_bytes(data), built

@@ -1,0 +1,96 @@
+"""Shipped codebooks (kvdb.shipped): built once per machine from the packaged calibration text,
+referenced by archives (never stored in them), rebuilt alike on a machine that lacks them."""
+
+import hashlib
+import json
+from dataclasses import replace
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+import kvdb
+from kvdb import shipped
+from kvdb.errors import CorruptData, InvalidArgument
+
+from support import KV, storage_of
+
+TEXT = "A session archived with tier K on a fresh archive, with no codebooks trained at all. " * 3
+
+
+def test_reference_round_trips_and_refuses_damage_and_newer_versions():
+    ref = shipped.Reference({"version": 1, "preset": "k4v3", "weights_hash": "ab" * 32}, "cd" * 32, 20_643_840)
+    blob = ref.to_bytes()
+    assert shipped.is_reference(blob) and shipped.Reference.from_bytes(blob) == ref and len(blob) < 512
+    damaged = bytearray(blob)
+    damaged[20] ^= 1
+    with pytest.raises(CorruptData, match="CRC"):
+        shipped.Reference.from_bytes(bytes(damaged))
+    newer = bytearray(blob)
+    newer[8] = 2  # the u32 version after the magic
+    with pytest.raises(CorruptData, match="newer than this kvdb reads"):
+        shipped.Reference.from_bytes(bytes(newer))
+    with pytest.raises(CorruptData, match="bad magic"):
+        shipped.Reference.from_bytes(b"KVDBRVQ\x00" + blob[8:])
+
+
+def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-a"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        [r] = db.ingest(text=TEXT, name="s", keep=KV)
+        [listed] = db.codebooks()
+        built = shipped.cache_path(shipped.Reference(shipped.recipe(db.loaded_model.identity), "", 0).key)
+        assert listed.source == "shipped" and listed.on_this_machine and built.is_file()
+        assert listed.centroid_bytes == built.stat().st_size and listed.stored_bytes < 512
+        st = db.stats()
+        assert st.codebook_bytes == st.bytes["codebooks"] == listed.stored_bytes and st.shipped_codebook_bytes == listed.centroid_bytes
+        restored = db.restore("s", mode="archive")
+        assert restored.mode == "archive" and restored.cache.get_seq_length() == r.n_tokens
+        keys_a = torch.cat([layer.keys for layer in restored.cache.layers])
+        books_a = built.read_bytes()
+    # another machine (an empty cache) builds the same recipe, alike, and decodes the same values
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-b"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        [listed] = db.codebooks()
+        assert not listed.on_this_machine
+        restored = db.restore("s", mode="archive")
+        assert shipped.cache_path(built.stem).read_bytes() == books_a
+        torch.testing.assert_close(torch.cat([layer.keys for layer in restored.cache.layers]), keys_a)
+        reference = shipped.Reference.from_bytes(storage_of(db).codebook_data(listed.codebook_id))
+        assert reference.content_sha256 == hashlib.sha256(books_a).hexdigest()
+
+
+def test_trained_codebooks_take_over_for_later_sessions(kv_archive):
+    """kv_archive trained k2v1: the shipped ones are never built or referenced."""
+    kv_archive.ingest(text=TEXT, name="s", keep=KV)
+    assert [c.source for c in kv_archive.codebooks()] == ["trained"]
+    assert kv_archive.stats().shipped_codebook_bytes == 0
+
+
+def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-a"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text=TEXT, name="s", keep=KV)
+        [listed] = db.codebooks()
+        reference = shipped.Reference.from_bytes(storage_of(db).codebook_data(listed.codebook_id))
+    foreign = replace(reference, recipe=dict(reference.recipe, calibration_sha256="0" * 64))
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))  # as if a later kvdb, with another calibration text, had written it
+    con.execute("update codebooks set data = ? where codebook_id = ?", [foreign.to_bytes(), listed.codebook_id])
+    con.close()
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-b"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        with pytest.raises(InvalidArgument, match="shipped codebooks this kvdb cannot build.*--mode exact"):
+            db.restore("s", mode="archive")
+        assert db.restore("s", mode="exact").mode == "exact"
+
+
+def test_the_build_uses_the_packaged_calibration_text(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        report = db.build_shipped_codebooks()
+        again = db.build_shipped_codebooks()
+    assert report["built"] and not again["built"] and report["path"] == again["path"] and report["preset"] == shipped.PRESET
+    books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(db.loaded_model.identity))), "", 0))
+    assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
+    assert np.isfinite(books.books["k"][0][0]).all() and shipped.CALIBRATION.stat().st_size > 30_000
