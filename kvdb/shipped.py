@@ -80,7 +80,9 @@ class Reference:
 
 
 def recipe(identity) -> dict:
-    """The build recipe for a model (``identity``: its ModelRow): everything the centroids depend on."""
+    """This kvdb's build recipe for a model (``identity``: its ModelRow): everything the centroids
+    depend on. An archive's reference may hold another preset, chunk, size or iteration count
+    (an older kvdb's): :func:`build` follows the recipe it is given."""
     return {
         "version": RECIPE_VERSION,
         "weights_hash": identity.weights_hash,
@@ -108,30 +110,39 @@ def cached(reference: Reference) -> quant.Codebooks | None:
     return quant.Codebooks.from_bytes(path.read_bytes()) if path.is_file() else None
 
 
-def build(loaded, progress=None) -> tuple[Reference, quant.Codebooks, bool]:
-    """(reference, codebooks, whether they were built now) for a loaded model: this machine's
-    cached build, else a new one (about a minute and a half on 2 cores; written atomically, so
-    a concurrent first build is harmless). ``progress(kind, layer)`` hears of each layer trained."""
+def buildable(wanted: dict, identity) -> bool:
+    """Whether this kvdb can build a recipe for a model: its version, model and calibration text
+    are this kvdb's (the preset and sizes may be any)."""
+    ours = recipe(identity)
+    return all(wanted.get(field) == ours[field] for field in ("version", "weights_hash", "tokenizer_hash", "calibration_sha256"))
+
+
+def build(loaded, progress=None, wanted: dict | None = None) -> tuple[Reference, quant.Codebooks, bool]:
+    """(reference, codebooks, whether they were built now) for a loaded model and a recipe
+    (default: this kvdb's): this machine's cached build, else a new one (about a minute and a
+    half on 2 cores; written atomically, so a concurrent first build is harmless).
+    ``progress(kind, layer)`` hears of each layer trained."""
     from kvdb import capture
 
-    wanted = recipe(loaded.identity)
+    wanted = wanted or recipe(loaded.identity)
+    chunk, positions = wanted["chunk"], wanted["positions"]
     key = Reference(wanted, "", 0).key
     path = cache_path(key)
     built = not path.is_file()
     if built:
         ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
         keys, values, used = [], [], 0
-        for at in range(0, len(ids), CHUNK):
-            if used >= POSITIONS:
+        for at in range(0, len(ids), chunk):
+            if used >= positions:
                 break
-            k, v = capture.capture(loaded.model, ids[at : at + CHUNK], pre_rope=True)
+            k, v = capture.capture(loaded.model, ids[at : at + chunk], pre_rope=True)
             k, v = k[:, :, capture.SINKS :], v[:, :, capture.SINKS :]  # sinks are restored exact, never coded
-            take = min(k.shape[2], POSITIONS - used)
+            take = min(k.shape[2], positions - used)
             keys.append(k[:, :, :take])
             values.append(v[:, :, :take])
             used += take
         books = quant.train(
-            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, PRESET, pre_rope=True, niter=NITER,
+            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, wanted["preset"], pre_rope=True, niter=wanted["niter"],
             meta={"shipped": key, "tokens": used},
             progress=progress, threads=min(2, os.cpu_count() or 1),
         )

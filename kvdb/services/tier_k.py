@@ -69,13 +69,13 @@ class TierK:
         books = shipped.cached(reference)
         if books is None:
             loaded = self._loaded(model_id)
-            if shipped.recipe(loaded.identity) != reference.recipe:
+            if not shipped.buildable(reference.recipe, loaded.identity):
                 raise InvalidArgument(
                     f"this archive's tier K uses shipped codebooks this kvdb cannot build (recipe {reference.recipe}); "
                     f"restore with --mode exact, or open it with the kvdb version that wrote it"
                 )
             self._storage.release()
-            _, books, _ = shipped.build(loaded)
+            _, books, _ = shipped.build(loaded, wanted=reference.recipe)
         return books
 
     def _loaded(self, model_id: str):

@@ -94,3 +94,15 @@ def test_the_build_uses_the_packaged_calibration_text(tiny_model, tmp_path, monk
     books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(db.loaded_model.identity))), "", 0))
     assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
     assert np.isfinite(books.books["k"][0][0]).all() and shipped.CALIBRATION.stat().st_size > 30_000
+
+
+def test_a_reference_is_built_by_its_own_recipe_when_it_is_not_this_kvdbs(tiny_model, tmp_path, monkeypatch):
+    """An archive of an older kvdb may name another preset or size: built as recorded, beside."""
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        loaded = db.loaded_model
+    older = dict(shipped.recipe(loaded.identity), preset="k2v1", positions=1000)
+    assert shipped.buildable(older, loaded.identity) and not shipped.buildable(dict(older, version=99), loaded.identity)
+    reference, books, built = shipped.build(loaded, wanted=older)
+    assert built and books.preset == "k2v1" and books.meta["tokens"] == 1000 and reference.recipe == older
+    assert not shipped.is_built(loaded.identity)  # this kvdb's own recipe is another file
