@@ -49,6 +49,7 @@ bench: install
 	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/window.py
 	$(PY) benchmarks/semantic.py
+	$(PY) benchmarks/retrieval.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readers.py
 	$(PY) benchmarks/cli.py

@@ -46,6 +46,11 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
+# the layers whose keys, quantized alone, cost SmolLM2 the most on a verbatim-copy continuation
+# (a one-layer scan at 1,024 tokens, 2026-12-01: layer 18 x2.55, 7 x1.34, 8 x1.19, 20 x1.14,
+# 23 x1.14, 14 x1.11; every other layer under x1.03): deeper codes there only
+COPY_LAYERS = "7-8,14,18,20,23"
+COPY_PRESET = f"k4v3+k6@{COPY_LAYERS}+v4@{COPY_LAYERS}"
 # the paper's settings, expressed with the harness's own codebooks and window policy
 PAPER = [
     ("paper: per-head RVQ 256x2 post-RoPE K+V, window stored", "post", "k2v2", "stored", "kv"),
@@ -145,6 +150,89 @@ def _captured(model, ids):
     return k, v
 
 
+# Where the loss at long contexts comes from: the default preset with one part of the cache kept
+# exact (label, which positions or kinds or layers stay exact).
+DIAGNOSES = [
+    ("only the last 1,024 positions quantized", "old"),
+    ("the last 1,024 positions exact", "recent"),
+    ("keys exact", "keys"),
+    ("values exact", "values"),
+    ("layers 0-14 exact", "layers:0-15"),
+    ("layers 15-29 exact", "layers:15-30"),
+]
+
+
+def _exact_part(kq, vq, kpre, vals, part: str):
+    """Copies of the decoded arrays with one part replaced by the exact ones (a DIAGNOSES entry)."""
+    kq, vq = kq.copy(), vq.copy()
+    n = kq.shape[2]
+    if part == "old":
+        kq[:, :, : n - 1024], vq[:, :, : n - 1024] = kpre[:, :, : n - 1024], vals[:, :, : n - 1024]
+    elif part == "recent":
+        kq[:, :, n - 1024 :], vq[:, :, n - 1024 :] = kpre[:, :, n - 1024 :], vals[:, :, n - 1024 :]
+    elif part == "keys":
+        kq[:] = kpre
+    elif part == "values":
+        vq[:] = vals
+    else:
+        lo, hi = map(int, part.split(":")[1].split("-"))
+        kq[lo:hi], vq[lo:hi] = kpre[lo:hi], vals[lo:hi]
+    return kq, vq
+
+
+def _long_contexts(model, ids, lengths, n_long, calib_end, books, peers, check_held_out):
+    """Table rows at long contexts: the default preset (trained and shipped), its diagnoses, and
+    the peers, by the same teacher-forced protocol as the 1,024-token table."""
+    rows = []
+    for n in lengths:
+        start0 = calib_end + 20_000
+        stride = max(n + CONT + 1, (len(ids) - start0 - n - CONT - 1) // max(n_long, 1))
+        starts = [start0 + i * stride for i in range(n_long)]
+        assert starts[-1] + n + CONT + 1 <= len(ids), f"corpus too short for {n_long} contexts of {n}"
+        found = {}  # label -> (nll list, nll_exact list, agreement list)
+
+        def add(label, lp, am, lp_exact, am_exact):
+            r = found.setdefault(label, ([], [], []))
+            r[0].append(-lp)
+            r[1].append(-lp_exact)
+            r[2].append(am == am_exact)
+
+        for s in starts:
+            check_held_out(s, n)
+            prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
+            exact = M.new_cache(model)
+            parts = list(C.capture_chunks(model, prefix, pre_rope=True, cache=exact))
+            kpre = np.concatenate([p[1] for p in parts], axis=2)
+            vals = np.concatenate([p[2] for p in parts], axis=2)
+            lp_exact, am_exact = C.teacher_forced(model, exact, cont)
+            del exact, parts
+            for which, preset in (("pre", Q.DEFAULT_PRESET), ("shipped", Q.DEFAULT_PRESET), ("pre", COPY_PRESET)):
+                cb = books[which].truncate(preset)
+                kq, vq = Q.decode(cb, Q.encode(cb, kpre, vals))
+                diagnosed = which == "pre" and preset == Q.DEFAULT_PRESET
+                variants = [("", None)] + ([(f", {label}", part) for label, part in DIAGNOSES] if diagnosed else [])
+                for suffix, part in variants:
+                    k, v = (kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)
+                    lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
+                    add(f"{which} {preset}{suffix}", lp, am, lp_exact, am_exact)
+                del kq, vq
+            for backend, nbits in peers:
+                label = f"QuantizedCache {backend} {nbits}-bit"
+                try:
+                    lp, am = C.teacher_forced(model, _peer_cache(model, prefix, backend, nbits), cont)
+                except Exception as exc:  # noqa: BLE001 -- reported in the table, as in the 1,024-token one
+                    print(f"{label} at {n} failed: {exc}", flush=True)
+                    continue
+                add(label, lp, am, lp_exact, am_exact)
+            print(f"long context of {n} at {s} done", flush=True)
+        for label, (nll, nll_e, agree) in found.items():
+            ratio = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))
+            per = [float(np.exp(a.mean() - b.mean())) for a, b in zip(nll, nll_e)]
+            rows.append(f"| {n:,} | {label} | {ratio:.4f} | {min(per):.3f}–{max(per):.3f} | {float(np.concatenate(agree).mean()):.3f} | {len(nll)} |")
+        rows.append(f"| {n:,} | (offsets) | {starts} | | | |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 calibration contexts, 1 eval context, few presets; prints only")
@@ -154,6 +242,8 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip the transformers QuantizedCache (quanto, HQQ) peers")
     ap.add_argument("--plot", type=Path, default=None, help=f"rate-distortion PNG (default {PLOT.name}; not drawn with --quick unless given)")
     ap.add_argument("--x1024", action="store_true", help="also train and measure 1024-entry key codebooks")
+    ap.add_argument("--long", default="4096,8000", help="long context lengths for the default preset, its diagnoses and the peers ('' skips)")
+    ap.add_argument("--long-eval", type=int, default=2, help="held-out contexts per long length")
     args = ap.parse_args()
     n_calib, n_eval = (2, 1) if args.quick else (args.calib, args.eval)
     t_all = time.perf_counter()
@@ -177,10 +267,15 @@ def main() -> None:
     assert eval_starts[-1] + CTX + CONT + 1 <= len(ids), "corpus too short"
     print(f"corpus {len(text):,} chars, {len(ids):,} tokens; calib {len(calib_ids)} tokens; eval starts {eval_starts}", flush=True)
     shipped_text = SH.CALIBRATION.read_text(encoding="utf-8")
-    for s in eval_starts:  # the shipped codebooks' text must not hold what they are scored on
-        held_out = T.decode(lm.tokenizer, ids[s : s + CTX + CONT + 1].tolist())
+
+    def check_held_out(s: int, n: int) -> None:
+        """The shipped codebooks' text must not hold what they are scored on."""
+        held_out = T.decode(lm.tokenizer, ids[s : s + n + CONT + 1].tolist())
         shared = [held_out[i : i + 80] for i in range(0, max(len(held_out) - 80, 1), 40) if held_out[i : i + 80] in shipped_text]
         assert not shared, f"held-out context at {s} shares text with kvdb/data/calibration.txt: {shared[0]!r}"
+
+    for s in eval_starts:
+        check_held_out(s, CTX)
 
     # -- calibration vectors (pre-RoPE keys; post-RoPE keys by re-rotation, exact) --------------
     t = time.perf_counter()
@@ -195,7 +290,7 @@ def main() -> None:
     t_capture = time.perf_counter() - t
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
-    kmax, vmax = (4, 2) if args.quick else (6, 4)
+    kmax, vmax = (4, 3) if args.quick else (6, 4)
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})
     t_train_pre = time.perf_counter() - t
@@ -224,7 +319,7 @@ def main() -> None:
     if args.quick:
         presets = ["k2v1", "k4v2"]
     else:
-        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER]
+        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER, COPY_PRESET]
     configs = [(f"pre {p}", "pre", p, "recompute", "kv") for p in presets]
     configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([SH.PRESET] if args.quick else [SH.PRESET, "k4v2", "k2v1"])]
     configs += [(f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])]
@@ -376,6 +471,8 @@ def main() -> None:
             f"| {np.median(pr['restore_s']):.2f} |"
         )
         points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
+    lengths = [int(x) for x in args.long.split(",") if x.strip()]
+    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, [] if args.no_peers else PEERS, check_held_out) if lengths else []
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
         _plot(points, fp16_per_token, plot_path)
@@ -424,6 +521,17 @@ def main() -> None:
         "",
         *lines,
         "",
+        *([
+            f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each followed by the same "
+            f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at {Q.DEFAULT_PRESET}, and "
+            f"`pre` at {COPY_PRESET} (deeper codes in the layers a verbatim copy depends on). "
+            f"The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
+            "",
+            "| context tokens | configuration | ppl ratio (pooled) | per-context min–max | top-1 agreement | contexts |",
+            "|---:|---|---:|---:|---:|---:|",
+            *long_rows,
+            "",
+        ] if long_rows else []),
         f"Total benchmark time {total:.0f} s.",
         "",
     ]

@@ -72,7 +72,9 @@ class Corpus:
 
 def vocab_tables(tok) -> tuple[np.ndarray, np.ndarray]:
     """Per token id: starts with a space (a word start), ends a sentence or line."""
-    pieces = tok.convert_ids_to_tokens(list(range(ALPHABET)))
+    # T.load() gives a LightTokenizer (no transformers methods): ask its `tokenizers` backend
+    backend = tok.backend if isinstance(tok, T.LightTokenizer) else tok.backend_tokenizer
+    pieces = [backend.id_to_token(i) for i in range(ALPHABET)]
     space = np.array([p is not None and p.startswith("\u0120") for p in pieces])  # byte-level BPE: 'Ġ' is a space
     stop = np.array([p is not None and p.endswith((".", "!", "?", "\u010a")) for p in pieces])  # 'Ċ' is a newline
     return space, stop
@@ -384,10 +386,10 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         ms = 1e3 * median_seconds(lambda: db.search(q.phrase, k=10), reps)
         lat["kvdb"].append(ms)
         lat_by_kind.setdefault(q.kind, []).append(ms)
-        lat["contains"].append(timed(lambda: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [q.phrase]).fetchall(), reps))
+        lat["contains"].append(1e3 * median_seconds(lambda: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [q.phrase]).fetchall(), reps))
         pattern = like_pattern(q.phrase)
-        lat["like"].append(timed(lambda: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
-        lat["sa"].append(timed(lambda: sa.search(phrase_variants(tok, q.phrase), k=10), reps))
+        lat["like"].append(1e3 * median_seconds(lambda: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
+        lat["sa"].append(1e3 * median_seconds(lambda: sa.search(phrase_variants(tok, q.phrase), k=10), reps))
     db.close()
     con.close()
     out = {
