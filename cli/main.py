@@ -263,7 +263,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
-@click.option("--semantic", is_flag=True, help="Nearest contexts in the model's key space (sessions stored with tier K; loads the model).")
+@click.option("--semantic", is_flag=True, help="Experimental: nearest contexts in the model's key space (sessions stored with tier K; loads the model). "
+              "It loses to a sentence-embedding model on a retrieval set nobody here wrote (benchmarks/retrieval.py).")
 @click.option("--layer", type=int, default=None, help="With --semantic: the layer whose keys are compared (default: the middle one).")
 @model_option
 @json_option
