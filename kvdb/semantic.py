@@ -17,8 +17,8 @@ from kvdb import capture, quant
 
 def position_vectors(books: quant.Codebooks, streams: dict[int, np.ndarray], n: int, layer: int) -> np.ndarray:
     """[n, heads * dim] unit vectors of a node's positions, from its stored code streams."""
-    keys, _ = quant.decode(books, quant.codes_from_streams(books, streams, n))
-    return _unit(keys[layer].transpose(1, 0, 2).reshape(n, -1))
+    keys = quant.decode_layer(books, "k", quant.codes_from_streams(books, streams, n)[0], layer)
+    return _unit(keys.transpose(1, 0, 2).reshape(n, -1))
 
 
 def query_vector(model, ids: np.ndarray, layer: int) -> np.ndarray:

@@ -94,23 +94,18 @@ class Searcher:
                 "ingest sessions with `--keep tokens,search,kv` (archived ones again, to add it)"
             )
         names, view = self._trie_view()
-        hits = []
         rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(loaded.model, ids, layer), 4 * k)
+        found = []  # (session, position, cosine) of the nearest positions some session holds
         for row, score in zip(rows, scores):
             node = view.nodes[nodes[row]]
-            session_id = view.owner.get(node.node_id)
-            if session_id is None:
-                continue
-            position = node.start + int(offsets[row])
-            lo, hi = max(0, position - context), position + 1 + context
-            window = self._storage.load_tokens(session_id, lo, min(hi, view.path(session_id)[-1].end))
-            decode = lambda a, b: tok.decode(loaded.tokenizer, window[a - lo : b - lo])  # noqa: E731
-            hits.append(
-                Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False,
-                    decode(lo, position), decode(position, position + 1), decode(position + 1, hi), float(score))
-            )
-            if len(hits) == k:
-                break
+            if node.node_id in view.owner and len(found) < k:
+                found.append((view.owner[node.node_id], node.start + int(offsets[row]), float(score)))
+        spans = [(max(0, position - context), position + 1 + context) for _, position, _ in found]
+        windows = view.windows(self._storage, [(sid, lo, hi) for (sid, _, _), (lo, hi) in zip(found, spans)], {}, np.zeros(0, np.int64))
+        hits = []
+        for (session_id, position, score), (lo, hi), window in zip(found, spans, windows):  # one query for every window
+            text = lambda a, b: tok.decode(loaded.tokenizer, window[a - lo : b - lo])  # noqa: E731
+            hits.append(Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False, text(lo, position), text(position, position + 1), text(position + 1, hi), score))
         return hits
 
     def _semantic_table(self, semantic_ops, model_id: str, layer: int):
