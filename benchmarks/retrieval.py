@@ -420,10 +420,10 @@ def main() -> None:
         "",
         f"Semantic search asks k={K_SEMANTIC} positions, and neighbouring positions of one function tend to come together, so its "
         f"hit@10 looks at the distinct sessions those {K_SEMANTIC} name (the \"sessions\" column: fewer than 10 on average where it "
-        "is below 10). Its latency grows with k: "
+        "is below 10). Latency against k: "
         f"at layer {info['k1_layer']}, k=1 takes {info['k1_ms']:.0f} ms against {info['kn_ms']:.0f} ms at k={K_SEMANTIC} "
-        f"(medians over the first {info['k1_queries']} queries), {(info['kn_ms'] - info['k1_ms']) / (K_SEMANTIC - 1):.0f} ms a hit "
-        "more: the work done per hit after the vector search (each hit's token window is read from the store).",
+        f"(medians over the first {info['k1_queries']} queries), {(info['kn_ms'] - info['k1_ms']) / (K_SEMANTIC - 1):.1f} ms a hit "
+        "more (the hits' token windows are read in one query).",
     ]
     publish(lines, append=not (args.quick or args.no_results))
 
