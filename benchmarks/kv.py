@@ -47,8 +47,9 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
 # the layers whose keys, quantized alone, cost SmolLM2 the most on a verbatim-copy continuation
-# (a one-layer scan at 1,024 tokens, 2026-12-01: layer 18 x2.55, 7 x1.34, 8 x1.19, 20 x1.14,
-# 23 x1.14, 14 x1.11; every other layer under x1.03): deeper codes there only
+# (benchmarks/copy_scan.py, RESULTS.md "Which layers a verbatim copy depends on": layer 18 x1.37,
+# 7 x1.20, 8 x1.10, 20 x1.07, 14 x1.03, 23 x1.02; the others within 1.5%, and every layer within
+# 1.5% on a continuation that copies nothing): deeper codes there only
 COPY_LAYERS = "7-8,14,18,20,23"
 COPY_PRESET = f"k4v3+k6@{COPY_LAYERS}+v4@{COPY_LAYERS}"
 # the paper's settings, expressed with the harness's own codebooks and window policy
