@@ -44,7 +44,7 @@ class TierK:
         records a reference only once a session is coded with them)."""
         start = time.perf_counter()
         loaded = self._models.get()
-        self._storage.release()  # a first build takes a minute or two: nobody waits on the file meanwhile
+        self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, built = shipped.build(loaded, progress)
         return {
             "model_id": loaded.identity.model_id, "preset": books.preset, "bytes": reference.nbytes, "built": built,
@@ -54,7 +54,7 @@ class TierK:
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
         loaded = self._loaded(model_id)
         if not shipped.is_built(loaded.identity):
-            self._storage.release()  # a first build takes a minute or two: nobody waits on the file meanwhile
+            self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, _ = shipped.build(loaded)
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
