@@ -14,6 +14,7 @@ to refuse.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,8 +56,7 @@ class Reference:
 
     @property
     def key(self) -> str:
-        """The recipe's name in the machine cache (machines that build it alike share it)."""
-        return hashlib.sha256(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()[:32]
+        return recipe_key(self.recipe)
 
     def to_bytes(self) -> bytes:
         """``MAGIC | u32 version | u32 JSON length | JSON | u32 CRC32`` (docs/formats.md)."""
@@ -75,8 +75,11 @@ class Reference:
         (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
         if len(blob) != _PREFIX.size + length + _CRC.size or zlib.crc32(blob[: -_CRC.size]) != crc:
             raise CorruptData("shipped-codebook reference failed its length or CRC check")
-        body = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
-        return cls(body["recipe"], body["content_sha256"], body["bytes"])
+        try:
+            body = json.loads(blob[_PREFIX.size : _PREFIX.size + length])
+            return cls(dict(body["recipe"]), str(body["content_sha256"]), int(body["bytes"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptData(f"shipped-codebook reference holds no recipe ({type(exc).__name__}: {exc})") from exc
 
 
 def recipe(identity) -> dict:
@@ -87,12 +90,22 @@ def recipe(identity) -> dict:
         "version": RECIPE_VERSION,
         "weights_hash": identity.weights_hash,
         "tokenizer_hash": identity.tokenizer_hash,
-        "calibration_sha256": hashlib.sha256(CALIBRATION.read_bytes()).hexdigest(),
+        "calibration_sha256": _calibration_sha256(),
         "preset": PRESET,
         "chunk": CHUNK,
         "positions": POSITIONS,
         "niter": NITER,
     }
+
+
+@functools.cache
+def _calibration_sha256() -> str:
+    return hashlib.sha256(CALIBRATION.read_bytes()).hexdigest()
+
+
+def recipe_key(wanted: dict) -> str:
+    """A recipe's name in the machine cache (machines that build it alike share it)."""
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def cache_path(key: str) -> Path:
@@ -101,13 +114,23 @@ def cache_path(key: str) -> Path:
 
 def is_built(identity) -> bool:
     """Whether this machine has built the shipped codebooks of a model (``identity``: its ModelRow)."""
-    return cache_path(Reference(recipe(identity), "", 0).key).is_file()
+    return cache_path(recipe_key(recipe(identity))).is_file()
 
 
 def cached(reference: Reference) -> quant.Codebooks | None:
-    """This machine's build of a reference's recipe, if it has one."""
-    path = cache_path(reference.key)
-    return quant.Codebooks.from_bytes(path.read_bytes()) if path.is_file() else None
+    """This machine's build of a reference's recipe, if it has a sound one."""
+    found = _read(cache_path(reference.key))
+    return None if found is None else found[1]
+
+
+def _read(path: Path) -> tuple[bytes, quant.Codebooks] | None:
+    """A cached build, or None where there is none or it is damaged: it is derived data, built
+    again from the recipe (as the prefix cache ignores a damaged entry)."""
+    try:
+        data = path.read_bytes()
+        return data, quant.Codebooks.from_bytes(data)
+    except (OSError, CorruptData):
+        return None
 
 
 def buildable(wanted: dict, identity) -> bool:
@@ -122,33 +145,40 @@ def build(loaded, progress=None, wanted: dict | None = None) -> tuple[Reference,
     (default: this kvdb's): this machine's cached build, else a new one (157 s for SmolLM2 on
     2 idle cores; written atomically, so a concurrent first build is harmless).
     ``progress(kind, layer)`` hears of each layer trained."""
-    from kvdb import capture
-
     wanted = wanted or recipe(loaded.identity)
-    chunk, positions = wanted["chunk"], wanted["positions"]
-    key = Reference(wanted, "", 0).key
-    path = cache_path(key)
-    built = not path.is_file()
+    path = cache_path(recipe_key(wanted))
+    found = _read(path)
+    built = found is None
     if built:
-        ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
-        keys, values, used = [], [], 0
-        for at in range(0, len(ids), chunk):
-            if used >= positions:
-                break
-            k, v = capture.capture(loaded.model, ids[at : at + chunk], pre_rope=True)
-            k, v = k[:, :, capture.SINKS :], v[:, :, capture.SINKS :]  # sinks are restored exact, never coded
-            take = min(k.shape[2], positions - used)
-            keys.append(k[:, :, :take])
-            values.append(v[:, :, :take])
-            used += take
-        books = quant.train(
-            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, wanted["preset"], pre_rope=True, niter=wanted["niter"],
-            meta={"shipped": key, "tokens": used},
-            progress=progress, threads=min(2, os.cpu_count() or 1),
-        )
+        books = _train(loaded, wanted, progress)
+        data = books.to_bytes()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(books.to_bytes())
+        tmp.write_bytes(data)
         os.replace(tmp, path)
-    data = path.read_bytes()
-    return Reference(wanted, hashlib.sha256(data).hexdigest(), len(data)), quant.Codebooks.from_bytes(data), built
+        found = data, books
+    data, books = found
+    return Reference(wanted, hashlib.sha256(data).hexdigest(), len(data)), books, built
+
+
+def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
+    """The recipe's codebooks: pre-RoPE K/V of the calibration text in chunks, sinks left out."""
+    from kvdb import capture
+
+    chunk, positions = wanted["chunk"], wanted["positions"]
+    ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
+    keys, values, used = [], [], 0
+    for at in range(0, len(ids), chunk):
+        if used >= positions:
+            break
+        k, v = capture.capture(loaded.model, ids[at : at + chunk], pre_rope=True)
+        k, v = k[:, :, capture.SINKS :], v[:, :, capture.SINKS :]  # sinks are restored exact, never coded
+        take = min(k.shape[2], positions - used)
+        keys.append(k[:, :, :take])
+        values.append(v[:, :, :take])
+        used += take
+    return quant.train(
+        {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, wanted["preset"], pre_rope=True, niter=wanted["niter"],
+        meta={"shipped": recipe_key(wanted), "tokens": used},
+        progress=progress, threads=min(2, os.cpu_count() or 1),
+    )

@@ -53,8 +53,7 @@ class TierK:
 
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
         loaded = self._loaded(model_id)
-        if not shipped.is_built(loaded.identity):
-            self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
+        self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, _ = shipped.build(loaded)
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]

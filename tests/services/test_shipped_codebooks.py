@@ -3,6 +3,7 @@ referenced by archives (never stored in them), rebuilt alike on a machine that l
 
 import hashlib
 import json
+import zlib
 from dataclasses import replace
 
 import duckdb
@@ -33,6 +34,9 @@ def test_reference_round_trips_and_refuses_damage_and_newer_versions():
         shipped.Reference.from_bytes(bytes(newer))
     with pytest.raises(CorruptData, match="bad magic"):
         shipped.Reference.from_bytes(b"KVDBRVQ\x00" + blob[8:])
+    no_recipe = shipped._PREFIX.pack(shipped.MAGIC, 1, 2) + b"{}"
+    with pytest.raises(CorruptData, match="holds no recipe"):
+        shipped.Reference.from_bytes(no_recipe + shipped._CRC.pack(zlib.crc32(no_recipe)))
 
 
 def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_path, tiny_model, monkeypatch):
@@ -40,7 +44,7 @@ def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_pat
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         [r] = db.ingest(text=TEXT, name="s", keep=KV)
         [listed] = db.codebooks()
-        built = shipped.cache_path(shipped.Reference(shipped.recipe(db.loaded_model.identity), "", 0).key)
+        built = shipped.cache_path(shipped.recipe_key(shipped.recipe(db.loaded_model.identity)))
         assert listed.source == "shipped" and listed.on_this_machine and built.is_file()
         assert listed.centroid_bytes == built.stat().st_size and listed.stored_bytes < 512
         st = db.stats()
@@ -59,6 +63,13 @@ def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_pat
         torch.testing.assert_close(torch.cat([layer.keys for layer in restored.cache.layers]), keys_a)
         reference = shipped.Reference.from_bytes(storage_of(db).codebook_data(listed.codebook_id))
         assert reference.content_sha256 == hashlib.sha256(books_a).hexdigest()
+    # a damaged build in the cache is derived data: built again, not an error
+    rebuilt = shipped.cache_path(built.stem)
+    rebuilt.write_bytes(books_a[: len(books_a) // 2])
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        restored = db.restore("s", mode="archive")
+        torch.testing.assert_close(torch.cat([layer.keys for layer in restored.cache.layers]), keys_a)
+    assert rebuilt.read_bytes() == books_a
 
 
 def test_trained_codebooks_take_over_for_later_sessions(kv_archive):
