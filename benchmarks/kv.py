@@ -181,6 +181,17 @@ def _exact_part(kq, vq, kpre, vals, part: str):
     return kq, vq
 
 
+def _exact_pass(model, prefix, cont):
+    """The reference: pre-RoPE keys and values of ``prefix`` from one exact prefill, and the
+    log-probabilities and argmaxes of ``cont`` teacher-forced through that cache."""
+    exact = M.new_cache(model)
+    parts = list(C.capture_chunks(model, prefix, pre_rope=True, cache=exact))
+    kpre = np.concatenate([p[1] for p in parts], axis=2)
+    vals = np.concatenate([p[2] for p in parts], axis=2)
+    lp, am = C.teacher_forced(model, exact, cont)
+    return kpre, vals, lp, am
+
+
 def _long_contexts(model, ids, lengths, n_long, calib_end, books, peers, check_held_out):
     """Table rows at long contexts: the default preset (trained and shipped), its diagnoses, and
     the peers, by the same teacher-forced protocol as the 1,024-token table."""
@@ -201,12 +212,7 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, peers, check_h
         for s in starts:
             check_held_out(s, n)
             prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
-            exact = M.new_cache(model)
-            parts = list(C.capture_chunks(model, prefix, pre_rope=True, cache=exact))
-            kpre = np.concatenate([p[1] for p in parts], axis=2)
-            vals = np.concatenate([p[2] for p in parts], axis=2)
-            lp_exact, am_exact = C.teacher_forced(model, exact, cont)
-            del exact, parts
+            kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
             for which, preset in (("pre", Q.DEFAULT_PRESET), ("shipped", Q.DEFAULT_PRESET), ("pre", COPY_PRESET)):
                 cb = books[which].truncate(preset)
                 kq, vq = Q.decode(cb, Q.encode(cb, kpre, vals))
@@ -291,7 +297,7 @@ def main() -> None:
     t_capture = time.perf_counter() - t
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
-    kmax, vmax = (4, 3) if args.quick else (6, 4)
+    kmax, vmax = 6, 4  # every preset measured, the copy-layer one too, is a prefix of these stages
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})
     t_train_pre = time.perf_counter() - t
@@ -346,13 +352,8 @@ def main() -> None:
     rows = {c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs}
     for e, s in enumerate(eval_starts):
         prefix, cont = ids[s : s + CTX], ids[s + CTX : s + CTX + CONT + 1]
-        exact = M.new_cache(model)
-        parts = list(C.capture_chunks(model, prefix, pre_rope=True, cache=exact))
-        kpre = np.concatenate([p[1] for p in parts], axis=2)
-        vals = np.concatenate([p[2] for p in parts], axis=2)
+        kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
         kpost = C.apply_rope(model, kpre)
-        lp_exact, am_exact = C.teacher_forced(model, exact, cont)
-        del exact
         for plabel, pr in peer_rows.items():
             if pr["error"]:
                 continue

@@ -98,8 +98,10 @@ class Searcher:
         found = []  # (session, position, cosine) of the nearest positions some session holds
         for row, score in zip(rows, scores):
             node = view.nodes[nodes[row]]
-            if node.node_id in view.owner and len(found) < k:
+            if node.node_id in view.owner:
                 found.append((view.owner[node.node_id], node.start + int(offsets[row]), float(score)))
+                if len(found) == k:
+                    break
         spans = [(max(0, position - context), position + 1 + context) for _, position, _ in found]
         windows = view.windows(self._storage, [(sid, lo, hi) for (sid, _, _), (lo, hi) in zip(found, spans)], {}, np.zeros(0, np.int64))
         hits = []
