@@ -270,9 +270,21 @@ def decode_range(blobs: Sequence[bytes], alphabet: int, block_size: int, start: 
 
 
 def decode_blocks(blobs: Sequence[bytes], alphabet: int) -> np.ndarray:
-    """A whole stream back from all of its blocks."""
-    pieces = [decode_block(blob, alphabet) for blob in blobs]
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    """A whole stream back from all of its blocks: the symbols of whole-byte alphabets (256 or
+    65,536: tier K's codes) copied straight from each block into one array, with no int64
+    array a block and no join of them (a restore of 8,000 positions reads 5 million codes)."""
+    lay = layout(alphabet)
+    if lay.span or lay.low_bits not in (8, 16):
+        pieces = [decode_block(blob, alphabet) for blob in blobs]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    counts = [_open_block(blob, lay) for blob in blobs]
+    out = np.empty(sum(counts), dtype=np.int64)
+    width = np.dtype("<u1" if lay.low_bits == 8 else "<u2")
+    at = 0
+    for blob, count in zip(blobs, counts):
+        out[at : at + count] = np.frombuffer(blob, width, count, _HEADER.size)
+        at += count
+    return out
 
 
 def append_to_block(blob: bytes, alphabet: int, symbols: np.ndarray | Sequence[int]) -> bytes:

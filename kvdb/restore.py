@@ -7,6 +7,7 @@ computation ingest ran, so the restored cache gives the logits a fresh prefill g
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -28,13 +29,13 @@ def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> R
 
 
 def restore_archive(
-    loaded: LoadedModel, session_id: str, prefix: np.ndarray, keys: np.ndarray, values: np.ndarray, started: float,
+    loaded: LoadedModel, session_id: str, prefix: np.ndarray, layers: Iterable[tuple[np.ndarray, np.ndarray]], started: float,
     window: str = DEFAULT_WINDOW, exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RestoredSession:
-    """The cache from de-quantized tier K (pre-RoPE keys), the attention sinks exact: given
-    (``window="stored"``, no forward pass), or recomputed with the most recent positions
-    (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md and 0022)."""
-    cache = capture.restore_cache(loaded.model, prefix, keys, values, pre_rope=True, window=window, exact_sinks=exact_sinks)
+    """The cache from de-quantized tier K (each layer's pre-RoPE keys and values), the attention
+    sinks exact: given (``window="stored"``, no forward pass), or recomputed with the most recent
+    positions (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md, 0022 and 0024)."""
+    cache = capture.restore_layers(loaded.model, prefix, layers, pre_rope=True, window=window, exact_sinks=exact_sinks)
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
 
 

@@ -31,7 +31,7 @@ from kvdb.records import IngestResult
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.storage import Storage
-from kvdb.storage.base import AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
+from kvdb.storage.base import HOLD_SECONDS, AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
 from kvdb.tiers import TIERS, parse_keep
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is: a malformed file is refused without it
@@ -49,7 +49,6 @@ LONGEST_CONTEXT_TOKENS = 1 << 17  # 128 MiB a session: a memory guard for the pa
 # than this, ~0.3 s on 2 cores) and the file has been held for less than HOLD_SECONDS: readers
 # then wait at most about a second, and a stream of short sessions does not pay a reconnect each.
 SHORT_WORK_TOKENS = 128
-HOLD_SECONDS = 1.0
 COMMIT_ATTEMPTS = 50  # another writer's commit won each time: past this, say so instead of trying forever
 CLAIM_LEASE_SECONDS = 600.0  # a claim outlives a dead worker by this long at most; renewed after each session
 

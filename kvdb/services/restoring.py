@@ -15,6 +15,7 @@ from kvdb.services.reading import Reader, clip_range
 from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
+from kvdb.storage.base import HOLD_SECONDS
 from kvdb.prefix_cache import PrefixCache
 from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
@@ -50,10 +51,11 @@ class Restorer:
             self._storage.release()  # the forward passes need nothing more from the file
             return restore_ops.restore_exact(loaded, row.session_id, tokens)
         start = time.perf_counter()
-        keys, values = self._tier_k.arrays(row, nodes, at)
-        self._storage.release()
+        layers = self._tier_k.layers(row, nodes, at)
+        if window != "stored" or self._storage.held_for() >= HOLD_SECONDS:
+            self._storage.release()  # a forward pass follows; a stored window's restore is short work, like a search
         sinks = self._exact_sinks(loaded, tokens) if window == "stored" else None
-        return restore_ops.restore_archive(loaded, row.session_id, tokens, keys, values, start, window, sinks)
+        return restore_ops.restore_archive(loaded, row.session_id, tokens, layers, start, window, sinks)
 
     def _exact_sinks(self, loaded, tokens):
         """The exact cache of the path's first positions: from this machine's cache of them, or

@@ -59,9 +59,9 @@ class Resumer:
         leaf = self._storage.get_session(match.node.node_id)  # tier K is read through a session: the one ending in the match's node
         nodes = [n for n in path if n.start < at]
         if mode == "archive" and leaf is not None and at - capture.SINKS - capture.RECENT > held and all("kv" in n.keep for n in nodes):
-            keys, values = self._tier_k().arrays(leaf, nodes, at)
+            layers = self._tier_k().layers(leaf, nodes, at)
             # the server counts the window it recomputes as computed (not cached) tokens
-            return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], keys, values, started, window="recompute")
+            return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute")
         if found is None:
             return None
         return RestoredSession(trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, "exact", time.perf_counter() - started, ids[:held])

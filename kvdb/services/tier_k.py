@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -120,9 +121,11 @@ class TierK:
         self._storage.apply(PutCodebooks(codebook_id, loaded.identity.model_id, preset, data))
         return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
 
-    def arrays(self, row: SessionRow, nodes: list[NodeRow], at: int) -> tuple[np.ndarray, np.ndarray]:
-        """De-quantized pre-RoPE keys and values of positions [0, at), node by node."""
-        keys, values = [], []
+    def layers(self, row: SessionRow, nodes: list[NodeRow], at: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """De-quantized pre-RoPE keys and values of positions [0, at), layer by layer
+        (``quant.decode_streams``): every node's codes are read here, and decoded as the caller
+        takes each layer, so the caller may let the file go first."""
+        parts = []
         for node in nodes:
             stored = self._storage.node_kv(node.node_id)
             if stored is None:
@@ -131,11 +134,8 @@ class TierK:
                     f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
                 )
             _, books = self.codebooks(node.model_id, stored[0])
-            key_codes, value_codes = quant.codes_from_streams(books, stored[1], node.n_tokens)
             used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
-            k, v = quant.decode(books, (key_codes[..., :used], value_codes[..., :used]))
-            keys.append(k)
-            values.append(v)
-        if len(keys) == 1:  # one node (the common case): no copy into a joined array
-            return keys[0], values[0]
-        return np.concatenate(keys, axis=2), np.concatenate(values, axis=2)
+            parts.append(quant.decode_streams(books, stored[1], node.n_tokens, used))
+        if len(parts) == 1:  # one node (the common case): its layers as decoded, not joined
+            return parts[0]
+        return ((np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)) for ks, vs in (zip(*layer) for layer in zip(*parts)))

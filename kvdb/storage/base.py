@@ -26,6 +26,12 @@ import numpy as np
 
 from kvdb.errors import ArchiveError
 
+# Services let the lock go before long work (a model's forward pass, a build), and before short
+# work too once a hold has lasted this long: other processes then wait about a second at most,
+# and a stream of short calls does not pay a reconnect (~30 ms) each.
+HOLD_SECONDS = 1.0
+
+
 def utc_now() -> dt.datetime:
     """Rows carry UTC times without a zone (DuckDB's TIMESTAMP)."""
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

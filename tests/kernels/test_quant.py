@@ -111,6 +111,25 @@ def test_per_layer_training():
     assert Q.Codebooks.from_bytes(cb.to_bytes()).stages("k") == [(8,), (8, 8)]
 
 
+def test_decode_streams_gives_decode_layer_by_layer():
+    """The restore path decodes the stored streams a layer at a time: the same vectors as
+    decoding the codes, for a prefix of the positions, with stage counts and codebook sizes
+    (so streams) differing by layer, and a kind with no stages in a layer."""
+    k, v = _vectors(n=300, seed=9), _vectors(n=300, seed=10)
+    cb = Q.train({"k": k, "v": v}, "k2x16v1x8+k3x32@1+v2x16@0", niter=4)
+    codes = Q.encode(cb, k, v)
+    streams = Q.code_streams(cb, codes)
+    assert sorted(streams) == [8, 16, 32]
+    want_k, want_v = Q.decode(cb, codes)
+    for used in (300, 123, 0):
+        layers = list(Q.decode_streams(cb, streams, 300, used))
+        assert len(layers) == cb.layers
+        for layer, (got_k, got_v) in enumerate(layers):
+            assert got_k.shape == got_v.shape == (cb.heads, used, cb.dim) and got_k.dtype == np.float32
+            np.testing.assert_array_equal(got_k, want_k[layer, :, :used])
+            np.testing.assert_array_equal(got_v, want_v[layer, :, :used])
+
+
 # -- capture / restore on the tiny model ---------------------------------------------------
 
 

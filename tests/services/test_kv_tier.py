@@ -68,6 +68,33 @@ def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
         assert restored.cache.get_seq_length() == len(restored.tokens)
 
 
+def test_a_stored_window_restore_is_the_stored_codes_decoded_and_rotated(kv_archive):
+    """Past the exact sinks, the restored cache holds exactly what the stored codes decode to,
+    rotated to its positions: over one node, and over a path the second session split in two."""
+    from kvdb import capture, quant
+
+    head = "A common opening that two sessions share, long enough to be quantized. "
+    kv_archive.ingest(text=head + "Then the first one ends here, after a while.", keep=KV, name="a")
+    kv_archive.ingest(text=head + "But the second goes elsewhere entirely.", keep=KV, name="b")
+    storage, tier_k = kv_archive._storage, kv_archive._tier_k
+    for name in ("a", "b"):
+        restored = kv_archive.restore(name, mode="archive", window="stored")
+        nodes = storage.node_path(kv_archive.session(name).session_id)
+        assert len(nodes) == 2
+        keys, values = [], []
+        for node in nodes:
+            codebook_id, streams = storage.node_kv(node.node_id)
+            books = tier_k.codebooks(node.model_id, codebook_id)[1]
+            k, v = quant.decode(books, quant.codes_from_streams(books, streams, node.n_tokens))
+            keys.append(k)
+            values.append(v)
+        want_k = capture.apply_rope(restored.model, np.concatenate(keys, axis=2))
+        want_v = np.concatenate(values, axis=2)
+        got_k, got_v = capture.cache_arrays(restored.cache)
+        np.testing.assert_allclose(got_k[:, :, capture.SINKS :], want_k[:, :, capture.SINKS :], atol=1e-5)
+        np.testing.assert_array_equal(got_v[:, :, capture.SINKS :], want_v[:, :, capture.SINKS :])
+
+
 def test_without_tier_k(archive):
     archive.ingest(text="plain session", name="plain")
     assert archive.restore("plain").mode == "exact"
