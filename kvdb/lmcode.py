@@ -30,14 +30,18 @@ Quantisation, chosen so that nothing after the model's float32 logits depends on
 4. constriction's ``Categorical(perfect=False)`` receives these integers as float64 (exact) and
    maps them to its own 24-bit model, a deterministic function of exact inputs.
 
-What remains nondeterministic is the model's forward pass itself: a payload decodes only with the
-same weights, and with a torch build and CPU that compute the one-token step identically (see
-``docs/decisions/0005-tier-l-one-token-step-determinism.md`` for what was measured). A mismatch is never silent: the payload carries a
-digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
+That is payload version 1, whose forward pass is the float model's own: a version-1 payload
+decodes only with the same weights, and with a torch build and CPU that compute the one-token
+step identically (``docs/decisions/0005-tier-l-one-token-step-determinism.md``). Version 2, the
+default wherever :mod:`kvdb.integer_lm` covers the model, takes the logits from that module's
+integer forward pass instead: the same on every machine, and batched chunks give the bits of
+one-token steps, so the encoder runs chunks (:func:`_advance`) and only the decoder steps
+(``docs/decisions/0025-tier-l-integer-forward.md``). Either way a mismatch is never silent: the
+payload carries a digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
 
 Payload: a header of 20-24 bytes, then the range coder's 32-bit little-endian words::
 
-    magic "KL" | version u8 (1: PRECISION 24, LOGIT_SHIFT 8)
+    magic "KL" | version u8 (1 or 2; both PRECISION 24, LOGIT_SHIFT 8)
     vocab, context_len, n_tokens: unsigned LEB128 varints
     token digest: 8 bytes, blake2b-64 of the tokens as little-endian int32
     crc32: 4 bytes little-endian, of the header bytes before it and of the body
@@ -49,6 +53,8 @@ import contextlib
 import copy
 import hashlib
 import struct
+import warnings
+import weakref
 import zlib
 from dataclasses import dataclass
 
@@ -58,7 +64,8 @@ import numpy as np
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KL"
-VERSION = 1
+VERSIONS = (1, 2)  # 1: the float model's one-token step; 2: kvdb.integer_lm's forward pass (portable)
+CHUNK = 256  # tokens a version-2 encoder runs through the forward pass at once
 PRECISION = 24  # bits of the integer frequencies; constriction's Categorical codes at 24-bit precision
 LOGIT_SHIFT = 8  # logits are rounded to multiples of 2**-8 nats before quantisation
 WEIGHT_BITS = 32  # weight of the most probable symbol; with PRECISION 24 products stay below 2**56
@@ -119,18 +126,21 @@ class Context:
     and would not decode.
     """
 
-    cache: object  # transformers DynamicCache holding `length` tokens
-    logits: np.ndarray | None  # float32 next-token logits after the last token; None when length == 0
+    cache: object  # v1: a transformers DynamicCache holding `length` tokens; v2: an integer_lm.Cache
+    logits: np.ndarray | None  # next-token logits after the last token; None when length == 0
     length: int
+    version: int = 1  # the payload version whose forward pass built it
 
     @classmethod
-    def empty(cls, model) -> Context:
+    def empty(cls, model, version: int = 1) -> Context:
+        if version == 2:
+            return cls(_integer(model).new_cache(), None, 0, 2)
         from kvdb.model import new_cache
 
-        return cls(new_cache(model), None, 0)
+        return cls(new_cache(model), None, 0, 1)
 
     def copy(self) -> Context:
-        return Context(copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length)
+        return Context(copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length, self.version)
 
 
 @dataclass(frozen=True)
@@ -188,53 +198,105 @@ def _entropy_model(logits: np.ndarray | None, vocab: int, precision: int):
     return constriction.stream.model.Categorical(frequencies(logits, precision).astype(np.float64), perfect=False)
 
 
-def context_for(model, ids, *, context: Context | None = None) -> Context:
-    """The context after ``ids`` (following ``context`` if given), by the same steps coding runs."""
-    ids = _check_ids(ids, vocab_size(model))
-    ctx = context.copy() if context is not None else Context.empty(model)
+def version_for(model) -> int:
+    """The payload version new payloads of ``model`` get: 2 (portable) where kvdb.integer_lm
+    covers the model, else 1, with a warning that its payloads decode only on machines that
+    compute its forward pass alike."""
+    from kvdb.integer_lm import IntegerLM
+
+    reason = IntegerLM.unsupported(model)
+    if reason is None:
+        return 2
+    if id(model) not in _WARNED:
+        _WARNED.add(id(model))
+        warnings.warn(f"tier L falls back to payload version 1 (not portable across machines): {reason}", stacklevel=2)
+    return 1
+
+
+_WARNED: set[int] = set()
+_INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its IntegerLM (weights quantized once)
+
+
+def _integer(model):
+    from kvdb.integer_lm import IntegerLM
+
+    if model not in _INTEGER:
+        _INTEGER[model] = IntegerLM(model)
+    return _INTEGER[model]
+
+
+def _start(model, context: Context | None, version: int | None) -> Context:
+    """A copy of ``context`` to code on, or an empty one of ``version`` (default: ``version_for``)."""
+    if context is not None:
+        if version is not None and version != context.version:
+            raise InvalidArgument(f"a version-{context.version} context cannot code a version-{version} payload; build it with context_for(version={version})")
+        return context.copy()
+    return Context.empty(model, version_for(model) if version is None else version)
+
+
+def _advance(model, ctx: Context, ids: np.ndarray, each=None) -> None:
+    """Feed ``ids`` to the context's forward pass, calling ``each(i, logits before ids[i])``
+    first for every token: version 1 one token at a time, version 2 in chunks (the same bits)."""
+    if ctx.version == 2:
+        integer = _integer(model)
+        for at in range(0, ids.size, CHUNK):
+            chunk = ids[at : at + CHUNK]
+            rows = integer.forward(chunk, ctx.cache).numpy()
+            for j in range(chunk.size):
+                if each is not None:
+                    each(at + j, ctx.logits)
+                ctx.logits = rows[j]
+            ctx.length += chunk.size
+            ctx.logits = ctx.logits.copy()  # not a view keeping the chunk's rows alive
+        return
     with _pinned():
-        for token in ids.tolist():
+        for i, token in enumerate(ids.tolist()):
+            if each is not None:
+                each(i, ctx.logits)
             ctx.logits = _step(model, ctx.cache, token)
             ctx.length += 1
+
+
+def context_for(model, ids, *, context: Context | None = None, version: int | None = None) -> Context:
+    """The context after ``ids`` (following ``context`` if given, else of ``version``), by the
+    same forward pass coding runs."""
+    ids = _check_ids(ids, vocab_size(model))
+    ctx = _start(model, context, version)
+    _advance(model, ctx, ids)
     return ctx
 
 
 # -- encode / decode ------------------------------------------------------------------------
 
 
-def encode(model, ids, *, context: Context | None = None) -> bytes:
-    """The payload of ``ids`` coded given ``context`` (default: no context, first token uniform).
+def encode(model, ids, *, context: Context | None = None, version: int | None = None) -> bytes:
+    """The payload of ``ids`` coded given ``context`` (default: no context, first token uniform;
+    the payload version is the context's, else ``version``, else ``version_for(model)``).
 
     ``context`` is not modified.
     """
-    return _encode(model, ids, context, keep_context=False)[0]
+    return _encode(model, ids, context, version)[0]
 
 
-def encode_with_context(model, ids, *, context: Context | None = None) -> tuple[bytes, Context]:
+def encode_with_context(model, ids, *, context: Context | None = None, version: int | None = None) -> tuple[bytes, Context]:
     """:func:`encode`, also returning the context after ``ids`` (to code a child trie node given it)."""
-    return _encode(model, ids, context, keep_context=True)
+    return _encode(model, ids, context, version)
 
 
-def _encode(model, ids, context, keep_context):
+def _encode(model, ids, context, version):
     vocab = vocab_size(model)
-    precision = PRECISION
     _check_vocab(vocab)
     ids = _check_ids(ids, vocab)
     if ids.size > _MAX_COUNT:
         raise InvalidArgument(f"{ids.size} tokens do not fit one payload (at most {_MAX_COUNT})")
-    ctx = context.copy() if context is not None else Context.empty(model)
+    ctx = _start(model, context, version)
     context_len = ctx.length
     encoder = constriction.stream.queue.RangeEncoder()
-    with _pinned():
-        for i, token in enumerate(ids.tolist()):
-            encoder.encode(token, _entropy_model(ctx.logits, vocab, precision))
-            if keep_context or i + 1 < ids.size:  # the last step only feeds the returned context
-                ctx.logits = _step(model, ctx.cache, token)
-                ctx.length += 1
+    _advance(model, ctx, ids, lambda i, logits: encoder.encode(int(ids[i]), _entropy_model(logits, vocab, PRECISION)))
     body = encoder.get_compressed().astype("<u4").tobytes()
-    head = MAGIC + bytes([VERSION]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
+    head = MAGIC + bytes([ctx.version]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
     payload = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
-    return payload, (ctx if keep_context else None)
+    return payload, ctx
 
 
 def read_header(payload: bytes) -> Header:
@@ -242,8 +304,8 @@ def read_header(payload: bytes) -> Header:
     payload = bytes(payload)
     if len(payload) < 3 or payload[:2] != MAGIC:
         raise CorruptData("not a kvdb token-stream payload (bad magic or too short)")
-    if payload[2] != VERSION:
-        raise CorruptData(f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {VERSION})")
+    if payload[2] not in VERSIONS:
+        raise CorruptData(f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {', '.join(map(str, VERSIONS))})")
     vocab, at = _read_varint(payload, 3)
     context_len, at = _read_varint(payload, at)
     n_tokens, at = _read_varint(payload, at)
@@ -272,7 +334,7 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
     if header.vocab != vocab:
         raise InvalidArgument(f"payload was coded with a {header.vocab}-token vocabulary, the model has {vocab}")
     _check_vocab(vocab)
-    ctx = context.copy() if context is not None else Context.empty(model)
+    ctx = _start(model, context, header.version)
     if ctx.length != header.context_len:
         raise InvalidArgument(f"payload was coded after {header.context_len} context tokens, the context given holds {ctx.length}")
     words = np.frombuffer(bytes(payload)[header.size :], dtype="<u4").astype(np.uint32)
@@ -284,12 +346,10 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
     decoder = constriction.stream.queue.RangeDecoder(words)
     out = np.empty(header.n_tokens, dtype=np.int64)
     try:
-        with _pinned():
-            for i in range(header.n_tokens):
-                token = int(decoder.decode(_entropy_model(ctx.logits, vocab, PRECISION)))
-                out[i] = token
-                ctx.logits = _step(model, ctx.cache, token)
-                ctx.length += 1
+        with _pinned() if ctx.version == 1 else contextlib.nullcontext():  # pinned once, not once a token
+            for i in range(header.n_tokens):  # the decoder learns each token only by decoding it: one step at a time
+                out[i] = int(decoder.decode(_entropy_model(ctx.logits, vocab, PRECISION)))
+                _advance(model, ctx, out[i : i + 1])
     except (ValueError, RuntimeError, AssertionError) as exc:  # constriction reports exhausted/invalid data
         raise CorruptData(f"token-stream payload could not be decoded: {exc}") from exc
     if _digest(out) != header.digest:

@@ -54,20 +54,29 @@ def fidelity(loaded: LoadedModel, archived_cache, exact_cache, probe: np.ndarray
 
 def restore_decode(loaded: LoadedModel, session_id: str, parts: list[bytes | np.ndarray], at: int) -> RestoredSession:
     """Tokens and cache rebuilt along a path's nodes, root first: a tier-L payload is decoded
-    given the context its parent left; a node given as tokens (one without tier L) is stepped
-    through the same way, so the contexts are the ones the encoder saw."""
+    given the context its parent left (of the payload's version: where the version changes
+    along the path, that context is built again from the tokens so far); a node given as tokens
+    (one without tier L) is fed through the same forward pass, so the contexts are the ones the
+    encoder saw. The model's cache is version 1's own context; after version 2 (an integer
+    forward pass, not the model's), one prefill of the tokens."""
     start = time.perf_counter()
     context, pieces = None, []
     for part in parts:
         if isinstance(part, np.ndarray):
             ids, context = part, lmcode.context_for(loaded.model, part, context=context)
         else:
+            version = lmcode.read_header(part).version
+            if context is not None and context.version != version:
+                context = lmcode.context_for(loaded.model, np.concatenate(pieces), version=version)
             ids, context = lmcode.decode(loaded.model, part, context=context)
         pieces.append(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    cache = context.cache if context is not None else lm_ops.prefill(loaded.model, tokens[:0])
-    if len(tokens) > at:
-        cache.crop(at - len(tokens))
+    if context is not None and context.version == 1:
+        cache = context.cache
+        if len(tokens) > at:
+            cache.crop(at - len(tokens))
+    else:
+        cache = lm_ops.prefill(loaded.model, tokens[:at])
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
 
 

@@ -1,8 +1,9 @@
 """Tier L: a node's tokens range-coded against the model's own next-token distribution, given
-the context of its parent path (kvdb.lmcode). Coding and decoding run the model one token at
-a time, so this service keeps what it can reuse: the context after the last session it coded
-(a conversation ingested turn by turn resumes from it) and every token stream it decoded
-(content-addressed, so never stale)."""
+the context of its parent path (kvdb.lmcode; payload version 2, portable, where the model has
+kvdb.integer_lm's forward pass). Decoding runs the model one token at a time, so this service
+keeps what it can reuse: the context after the last session it coded (a conversation ingested
+turn by turn resumes from it) and every token stream it decoded (content-addressed, so never
+stale)."""
 
 from __future__ import annotations
 
@@ -46,12 +47,15 @@ class TierL:
             at = node.end
         return payloads
 
-    def context(self, loaded, ids: np.ndarray, length: int):
+    def context(self, loaded, ids: np.ndarray, length: int, version: int | None = None):
+        """The context of ids[:length] for payloads of ``version`` (default: what new payloads get)."""
         if length == 0:
             return None
-        if self._recent is not None and len(self._recent[0]) == length and np.array_equal(self._recent[0], ids[:length]):
-            return self._recent[1]
-        return lmcode.context_for(loaded.model, ids[:length])
+        version = lmcode.version_for(loaded.model) if version is None else version
+        recent = self._recent
+        if recent is not None and recent[1].version == version and len(recent[0]) == length and np.array_equal(recent[0], ids[:length]):
+            return recent[1]
+        return lmcode.context_for(loaded.model, ids[:length], version=version)
 
     def split(self, loaded, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
         """(the Split of the node the new session diverges in, the tier-L context after its head).
@@ -79,8 +83,9 @@ class TierL:
         key = (node.node_id, node.start, node.n_tokens)
         if key not in self._decoded:
             loaded = self._models.get()
-            context = self.context(loaded, before, len(before))
-            self._decoded[key], _ = lmcode.decode(loaded.model, self._storage.node_lm_payload(node.node_id), context=context)
+            payload = self._storage.node_lm_payload(node.node_id)
+            context = self.context(loaded, before, len(before), lmcode.read_header(payload).version)
+            self._decoded[key], _ = lmcode.decode(loaded.model, payload, context=context)
         return self._decoded[key]
 
     def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:

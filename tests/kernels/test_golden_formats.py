@@ -59,7 +59,7 @@ def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_bu
         golden.fractal_files() | golden.kl_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
-    assert committed == set(generated) | {f"kl/{golden.MODEL_CASE[0]}.bin"}
+    assert committed == set(generated) | {f"kl/{golden.MODEL_CASE[0]}.bin", f"kl/{golden.V2_CASE[0]}.bin"}
 
 
 # -- fractal token blocks (format tag 0xF1) -------------------------------------------------
@@ -124,16 +124,16 @@ def varint_length(value: int) -> int:
     return max(1, -(-value.bit_length() // 7))
 
 
-def check_kl(payload: bytes, model, vocab: int, context: int, n: int) -> None:
+def check_kl(payload: bytes, model, vocab: int, context: int, n: int, version: int = 1) -> None:
     """The payload's header says what was coded, and it decodes to the tokens."""
     before, ids = golden.kl_inputs(vocab, context, n)
     header = lmcode.read_header(payload)
-    assert payload[:3] == b"KL\x01"
-    assert (header.version, header.vocab, header.context_len, header.n_tokens) == (1, vocab, context, n)
+    assert payload[:3] == b"KL" + bytes([version])
+    assert (header.version, header.vocab, header.context_len, header.n_tokens) == (version, vocab, context, n)
     assert header.digest == golden.token_digest(ids)
     assert header.size == 3 + sum(varint_length(v) for v in (vocab, context, n)) + 8 + 4
     assert (len(payload) - header.size) % 4 == 0
-    decoded, after = lmcode.decode(model, payload, context=lmcode.context_for(model, before) if context else None)
+    decoded, after = lmcode.decode(model, payload, context=lmcode.context_for(model, before, version=version) if context else None)
     np.testing.assert_array_equal(decoded, ids)
     assert after.length == context + n
 
@@ -154,6 +154,15 @@ def test_kl_payload_of_the_committed_tiny_model():
     name, vocab, context, n = golden.MODEL_CASE
     assert_golden(golden.kl_model_files())
     check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n)
+
+
+def test_the_version_2_payload_is_the_same_bytes_on_every_machine():
+    """Version 2 codes against kvdb.integer_lm, whose results depend on the weights and tokens
+    alone: the committed tiny model's payload is written and read back byte for byte here,
+    whatever this CPU (tests/kernels/test_integer_lm.py checks other instruction sets)."""
+    name, vocab, context, n = golden.V2_CASE
+    assert_golden(golden.kl_v2_files())
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, version=2)
 
 
 # -- KV codebooks and code streams ----------------------------------------------------------

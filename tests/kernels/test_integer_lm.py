@@ -161,6 +161,7 @@ def test_the_embedded_models_logits_match_the_golden_digest_on_any_instruction_s
 def test_models_it_does_not_cover_are_refused_with_the_reason():
     gpt2 = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
     assert "Llama-family" in I.IntegerLM.unsupported(gpt2)
-    scaled = SimpleNamespace(config=SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}))
+    llama3 = SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "llama3", "rope_theta": 5e5})
+    scaled = SimpleNamespace(config=llama3, model=SimpleNamespace(layers=[]), lm_head=None)
     with pytest.raises(UnsupportedModel, match="llama3"):
         I.IntegerLM(scaled)
