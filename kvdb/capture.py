@@ -13,9 +13,11 @@ torch side of it:
   (GPT-2 and other absolute-position models) have nothing to undo: both are the identity.
 * :func:`build_cache` turns (de-quantized) arrays into a transformers ``DynamicCache`` usable
   with ``model(ids, cache=...)`` and ``generate``.
-* :func:`restore_cache` is the approximate-restore path with the exact window policy the
-  measurements chose: the attention sinks are recomputed exactly from their tokens, the most
-  recent tokens are recomputed by a short forward pass over the restored prefix.
+* :func:`restore_layers` (and :func:`restore_cache`, its form for whole arrays) is the
+  approximate-restore path with the exact window policies the measurements chose: the
+  attention sinks recomputed exactly from their tokens, or given exact, and the most recent
+  tokens recomputed by a short forward pass over the restored prefix, or taken as stored. It
+  builds the cache one layer at a time (docs/decisions/0024-restore-layer-by-layer.md).
 """
 
 from __future__ import annotations
