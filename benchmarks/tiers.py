@@ -13,6 +13,7 @@ Appends a table to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -40,8 +41,11 @@ def run(policy: str, texts: list[str], folder: Path) -> dict:
         exact = all(db.text(f"s{i}") == text for i, text in enumerate(texts))
         read = time.perf_counter() - start
         st = db.stats()
+        # the model's cross-entropy of every session (the first token at the uniform prior), from
+        # the log-probabilities ingest stored: what tier L's bytes are measured against
+        ce_bits = -sum(float(db.logprobs(f"s{i}").sum()) for i in range(len(texts))) / math.log(2) if "tokens" in policy else None
     index = sum(p.stat().st_size for p in path.with_name(path.name + ".index").glob("*"))
-    return {"stats": st, "index": index, "ingest": ingest, "read": read, "exact": exact}
+    return {"stats": st, "index": index, "ingest": ingest, "read": read, "exact": exact, "ce_bits": ce_bits}
 
 
 def main() -> None:
@@ -54,13 +58,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {policy: run(policy, texts, Path(tmp)) for policy in POLICIES}
     n = results[POLICIES[0]]["stats"].tokens
-    header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact |"
+    ce_bits = results[POLICIES[0]]["ce_bits"]
+    header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
     lines = [
         f"\n## Storage per tier policy ({time.strftime('%Y-%m-%d')})\n",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
         f"{args.sessions} real-text sessions, {n:,} tokens. Bytes per session token; `total` is every tier plus the "
         "search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is `text()` of every "
-        "session from a fresh read-only open.\n",
+        "session from a fresh read-only open. lm bits / CE: every byte of the stored tier-L payloads (headers and each "
+        f"session's first token included) over the model's cross-entropy of the sessions ({ce_bits / n:.3f} bits/token, "
+        "from the log-probabilities ingest stored).\n",
         header,
         "|" + "---|" * (header.count("|") - 1),
     ]
@@ -70,7 +77,8 @@ def main() -> None:
         total = sum(per.values()) + r["index"] / st.tokens
         lines.append(
             f"| `{policy}` | " + " | ".join(f"{per[t]:.3f}" for t in TIERS)
-            + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} |"
+            + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
+            + (f"{8 * st.bytes['lm'] / ce_bits:.4f} |" if st.bytes.get("lm") else "|")
         )
     publish(lines)
 
