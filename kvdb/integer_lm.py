@@ -24,7 +24,7 @@ The quantities that enter the integer sums are quantized:
 
 A row's quantization depends on that row alone, so a batched pass over a chunk of tokens gives
 bit for bit what one-token steps give, and an encoder can use the batched pass while a decoder
-steps. The Llama family is supported (``IntegerLM.supports`` says why another model is not).
+steps. The Llama family is supported (``IntegerLM.unsupported`` says why another model is not).
 """
 
 from __future__ import annotations
