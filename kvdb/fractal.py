@@ -157,11 +157,16 @@ def _bit_fields(blob: bytes, offset: int, start: int, end: int, low_bits: int) -
     first byte, shifted. The 4-byte CRC after the bit string keeps every load in bounds.
     """
     if low_bits in (8, 16):  # whole bytes (codes of 256- or 65,536-entry codebooks): a plain view
-        width = np.dtype("<u1" if low_bits == 8 else "<u2")
-        return np.frombuffer(blob, width, end - start, offset + start * width.itemsize).astype(np.int64)
+        return _whole_bytes(blob, offset, start, end, low_bits).astype(np.int64)
     loads = np.ndarray((len(blob) - offset - 3,), dtype="<u4", buffer=blob, offset=offset, strides=(1,))
     bits = np.arange(start * low_bits, end * low_bits, low_bits, dtype=np.int64)
     return (loads[bits >> 3] >> (bits & 7)) & ((1 << low_bits) - 1)
+
+
+def _whole_bytes(blob: bytes, offset: int, start: int, end: int, low_bits: int) -> np.ndarray:
+    """Fields [start, end) of 8 or 16 bits each, as a view of the bit string at byte ``offset``."""
+    width = np.dtype("<u1" if low_bits == 8 else "<u2")
+    return np.frombuffer(blob, width, end - start, offset + start * width.itemsize)
 
 
 def _assemble(lay: Layout, count: int, words: np.ndarray, low_bytes: np.ndarray) -> bytes:
@@ -279,10 +284,9 @@ def decode_blocks(blobs: Sequence[bytes], alphabet: int) -> np.ndarray:
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     counts = [_open_block(blob, lay) for blob in blobs]
     out = np.empty(sum(counts), dtype=np.int64)
-    width = np.dtype("<u1" if lay.low_bits == 8 else "<u2")
     at = 0
     for blob, count in zip(blobs, counts):
-        out[at : at + count] = np.frombuffer(blob, width, count, _HEADER.size)
+        out[at : at + count] = _whole_bytes(blob, _HEADER.size, 0, count, lay.low_bits)
         at += count
     return out
 

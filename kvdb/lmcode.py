@@ -234,9 +234,11 @@ def _start(model, context: Context | None, version: int | None) -> Context:
     return Context.empty(model, version_for(model) if version is None else version)
 
 
-def _advance(model, ctx: Context, ids: np.ndarray, each=None) -> None:
+def _advance(model, ctx: Context, ids: np.ndarray, each=None, feed_last: bool = True) -> None:
     """Feed ``ids`` to the context's forward pass, calling ``each(i, logits before ids[i])``
-    first for every token: version 1 one token at a time, version 2 in chunks (the same bits)."""
+    first for every token: version 1 one token at a time, version 2 in chunks (the same bits).
+    Without ``feed_last`` version 1 skips its step on the last token (whose logits nobody reads
+    when the context is thrown away); version 2's chunk holds it anyway."""
     if ctx.version == 2:
         integer = _integer(model)
         for at in range(0, ids.size, CHUNK):
@@ -253,8 +255,9 @@ def _advance(model, ctx: Context, ids: np.ndarray, each=None) -> None:
         for i, token in enumerate(ids.tolist()):
             if each is not None:
                 each(i, ctx.logits)
-            ctx.logits = _step(model, ctx.cache, token)
-            ctx.length += 1
+            if feed_last or i + 1 < ids.size:
+                ctx.logits = _step(model, ctx.cache, token)
+                ctx.length += 1
 
 
 def context_for(model, ids, *, context: Context | None = None, version: int | None = None) -> Context:
@@ -275,15 +278,15 @@ def encode(model, ids, *, context: Context | None = None, version: int | None = 
 
     ``context`` is not modified.
     """
-    return _encode(model, ids, context, version)[0]
+    return _encode(model, ids, context, version, keep_context=False)[0]
 
 
 def encode_with_context(model, ids, *, context: Context | None = None, version: int | None = None) -> tuple[bytes, Context]:
     """:func:`encode`, also returning the context after ``ids`` (to code a child trie node given it)."""
-    return _encode(model, ids, context, version)
+    return _encode(model, ids, context, version, keep_context=True)
 
 
-def _encode(model, ids, context, version):
+def _encode(model, ids, context, version, keep_context: bool):
     vocab = vocab_size(model)
     _check_vocab(vocab)
     ids = _check_ids(ids, vocab)
@@ -292,11 +295,11 @@ def _encode(model, ids, context, version):
     ctx = _start(model, context, version)
     context_len = ctx.length
     encoder = constriction.stream.queue.RangeEncoder()
-    _advance(model, ctx, ids, lambda i, logits: encoder.encode(int(ids[i]), _entropy_model(logits, vocab, PRECISION)))
+    _advance(model, ctx, ids, lambda i, logits: encoder.encode(int(ids[i]), _entropy_model(logits, vocab, PRECISION)), feed_last=keep_context)
     body = encoder.get_compressed().astype("<u4").tobytes()
     head = MAGIC + bytes([ctx.version]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
     payload = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
-    return payload, ctx
+    return payload, (ctx if keep_context else None)
 
 
 def read_header(payload: bytes) -> Header:

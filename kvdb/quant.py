@@ -470,18 +470,31 @@ def stream_columns(codebooks: Codebooks) -> dict[int, int]:
     return columns
 
 
+def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int]]]]:
+    """Where ``code_streams`` puts each stage: kind -> layer -> stage -> (the stream, i.e. the
+    codebook size, and the first of its ``heads`` columns there)."""
+    columns: dict[int, int] = {}
+    places: dict[str, list[list[tuple[int, int]]]] = {}
+    for kind in KINDS:
+        places[kind] = []
+        for sizes in codebooks.stages(kind):
+            places[kind].append([])
+            for size in sizes:
+                places[kind][-1].append((size, columns.get(size, 0)))
+                columns[size] = columns.get(size, 0) + codebooks.heads
+    return places
+
+
 def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
     rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]
-    used = dict.fromkeys(rows, 0)
+    places = _stream_places(codebooks)
     out = []
     for kind in KINDS:
-        stages = codebooks.stages(kind)
-        codes = np.zeros((codebooks.layers, codebooks.heads, max((len(s) for s in stages), default=0), n), dtype=np.uint16)
-        for layer, sizes in enumerate(stages):
-            for stage, size in enumerate(sizes):
-                codes[layer, :, stage] = rows[size][used[size] : used[size] + codebooks.heads]
-                used[size] += codebooks.heads
+        codes = np.zeros((codebooks.layers, codebooks.heads, codebooks.max_stages(kind), n), dtype=np.uint16)
+        for layer, stages in enumerate(places[kind]):
+            for stage, (size, column) in enumerate(stages):
+                codes[layer, :, stage] = rows[size][column : column + codebooks.heads]
         out.append(codes)
     return out[0], out[1]
 
@@ -500,19 +513,11 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
 
     used = n if used is None else used
     rows = {size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()}  # [used, columns]: views
-    columns = dict.fromkeys(rows, 0)  # the next column of each stream, in code_streams's order
-    first: dict[str, list[list[tuple[int, int]]]] = {}  # kind -> layer -> stage -> (stream, its first column)
-    for kind in KINDS:
-        first[kind] = []
-        for sizes in codebooks.stages(kind):
-            first[kind].append([])
-            for size in sizes:
-                first[kind][-1].append((size, columns[size]))
-                columns[size] += codebooks.heads
+    places = _stream_places(codebooks)
 
     def gather(kind: str, layer: int) -> np.ndarray:
         table, offsets = codebooks.gather_table(kind)
-        stages = first[kind][layer]
+        stages = places[kind][layer]
         if not stages or used == 0:
             return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
         bags = np.empty((codebooks.heads, used, len(stages)), np.int64)
