@@ -29,6 +29,7 @@ steps. The Llama family is supported (``IntegerLM.unsupported`` says why another
 
 from __future__ import annotations
 
+import copy
 import decimal
 import math
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from kvdb import integer_kernel
 from kvdb.errors import UnsupportedModel
 
 ACT_LIMIT = 32639  # 16-bit rows: |q| <= 127 * 256 + 127, so the high byte is in [-127, 127]
@@ -130,11 +132,12 @@ def quantize_rows(x: torch.Tensor, limit: float = ACT_LIMIT) -> tuple[torch.Tens
 
 @dataclass
 class Linear:
-    """int8 weights ``[in, out]`` (float32, each an integer) with per-output scales, and a bias."""
+    """int8 weights ``[out, in]`` (each row quantized alone) with per-output scales, and a bias."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor  # int8 [out, in]
     scale: torch.Tensor  # float64 [out]
     bias: torch.Tensor | None = None
+    _columns: torch.Tensor | None = field(default=None, repr=False)  # float32 [in, out], made on first reference call
 
     @classmethod
     def of(cls, *modules) -> Linear:
@@ -145,25 +148,34 @@ class Linear:
         bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach().to(torch.float64) if b is not None else torch.zeros(m.weight.shape[0], dtype=torch.float64) for b, m in zip(biases, modules)]
         )
-        return cls(q.t().contiguous().to(torch.float32), s[:, 0], bias)
+        return cls(q.to(torch.int8).contiguous(), s[:, 0].contiguous(), None if bias is None else bias.contiguous())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._columns is None:
+            self._columns = self.weight.t().to(torch.float32).contiguous()
         q, s = quantize_rows(x)
         high = torch.floor((q + 128) / 256)
         both = torch.cat([high, q - high * 256]).to(torch.float32)  # [2 rows, in]: bytes in [-128, 127]
         acc = None
         for a in range(0, both.shape[1], KCHUNK):
-            part = (both[:, a : a + KCHUNK] @ self.weight[a : a + KCHUNK]).to(torch.float64)
+            part = (both[:, a : a + KCHUNK] @ self._columns[a : a + KCHUNK]).to(torch.float64)
             acc = part if acc is None else acc + part
         rows = x.shape[0]
         y = ((acc[:rows] * 256 + acc[rows:]) * s) * self.scale
         return y if self.bias is None else y + self.bias
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root IEEE 754 requires. Not ``torch.sqrt``: for contiguous
+    float64 tensors it calls a vector math library that is off by one ulp in about 1% of values
+    (measured on this machine's torch 2.13 build), and such a library may differ by CPU."""
+    return torch.from_numpy(np.sqrt(x.numpy()))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, root=sqrt) -> torch.Tensor:
     q, s = quantize_rows(x)
     mean_square = (((q * q).sum(-1, keepdim=True) / x.shape[-1]) * s) * s
-    return (x * (1 / torch.sqrt(mean_square + eps))) * weight
+    return (x * (1 / root(mean_square + eps))) * weight
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -186,35 +198,40 @@ class Layer:
     mlp_norm: torch.Tensor
 
 
-@dataclass
 class Cache:
-    """Each layer's quantized keys and values (integers ``[kv_heads, positions, head_dim]`` and
-    scales ``[kv_heads, positions, 1]``), in buffers that double when full."""
+    """Every layer's quantized keys and values: integers (int16 ``[layers, kv_heads, capacity,
+    head_dim]``) and their scales (float64 ``[layers, kv_heads, capacity]``), in buffers that
+    double when full. The reference pass and the kernel read and write the same layout."""
 
-    length: int = 0
-    layers: list[list[torch.Tensor]] = field(default_factory=list)  # per layer: [k, k_scale, v, v_scale]
+    def __init__(self, layers: int, kv_heads: int, head_dim: int):
+        self.length = 0
+        self.k = torch.zeros((layers, kv_heads, 0, head_dim), dtype=torch.int16)
+        self.v = torch.zeros_like(self.k)
+        self.ks = torch.zeros((layers, kv_heads, 0), dtype=torch.float64)
+        self.vs = torch.zeros_like(self.ks)
 
-    def append(self, layer: int, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Add ``parts`` (new positions on axis 1) after ``self.length``; the layer's parts so far."""
-        n = parts[0].shape[1]
-        if layer == len(self.layers):
-            self.layers.append([torch.empty((p.shape[0], max(64, n), p.shape[2]), dtype=p.dtype) for p in parts])
-        held = self.layers[layer]
-        if self.length + n > held[0].shape[1]:
-            grown = max(2 * held[0].shape[1], self.length + n)
-            for i, p in enumerate(held):
-                bigger = torch.empty((p.shape[0], grown, p.shape[2]), dtype=p.dtype)
-                bigger[:, : self.length] = p[:, : self.length]
-                held[i] = bigger
-        for p, new in zip(held, parts):
-            p[:, self.length : self.length + n] = new
-        return [p[:, : self.length + n] for p in held]
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, end: int) -> None:
+        """Room for positions up to ``end`` (the ones held are kept)."""
+        if end <= self.capacity:
+            return
+        grown = max(64, 2 * self.capacity, end)
+        for name in ("k", "v", "ks", "vs"):
+            old = getattr(self, name)
+            new = torch.zeros(old.shape[:2] + (grown,) + old.shape[3:], dtype=old.dtype)
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
 
 
 class IntegerLM:
     """The deterministic forward pass of one model (weights quantized once, at construction)."""
 
-    def __init__(self, model):
+    def __init__(self, model, *, kernel: bool = True):
+        """``kernel=False`` runs the reference pass of this module even where the compiled
+        kernel (kvdb/integer_kernel.c, the same bits, many times faster) is built."""
         reason = self.unsupported(model)
         if reason:
             raise UnsupportedModel(reason)
@@ -237,6 +254,16 @@ class IntegerLM:
         self.inv_freq = inverse_frequencies(float(_rope(cfg)["rope_theta"]), self.head_dim)
         self.vocab = int(model.lm_head.weight.shape[0])
         self._tables = (torch.zeros(0, self.head_dim // 2, dtype=torch.float64),) * 2
+        self.root = sqrt
+        self.kernel = integer_kernel.Kernel.of(self, _EXP_TABLE, _EXP_COEFFS) if kernel else None
+
+    def with_torch_sqrt(self) -> IntegerLM:
+        """The pass of tier-L payload version 2, which took its norms' square roots from
+        ``torch.sqrt`` (see :func:`sqrt`), sharing this one's weights. Only the reference pass
+        computes it: version-2 payloads decode where they decoded before, slowly."""
+        legacy = copy.copy(self)
+        legacy.root, legacy.kernel = torch.sqrt, None
+        return legacy
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -255,7 +282,7 @@ class IntegerLM:
         return None
 
     def new_cache(self) -> Cache:
-        return Cache()
+        return Cache(len(self.layers), self.kv_heads, self.head_dim)
 
     def _rotary(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[positions, head_dim / 2]`` of positions up to ``end`` (grown in doublings)."""
@@ -269,26 +296,35 @@ class IntegerLM:
     def forward(self, ids, cache: Cache) -> torch.Tensor:
         """Logits (float64 ``[len(ids), vocab]``) of each next token, the cache extended by ``ids``."""
         ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))
-        n, start = len(ids), cache.length
-        cos, sin = self._rotary(start + n)
+        cache.reserve(cache.length + len(ids))
+        cos, sin = self._rotary(cache.length + len(ids))
+        run = self.kernel.forward if self.kernel is not None else self._reference
+        logits = run(self.embed[ids], cache, cos, sin)
+        cache.length += len(ids)
+        return logits
+
+    def _reference(self, h: torch.Tensor, cache: Cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n, start = h.shape[0], cache.length
         cos, sin = cos[start : start + n, None], sin[start : start + n, None]  # [n, 1, dim/2]
         causal = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]  # [n, keys]
-        h = self.embed[ids]
         for i, layer in enumerate(self.layers):
-            h = h + layer.out(self._attention(layer, i, rms_norm(h, layer.attn_norm, self.eps), cache, cos, sin, causal))
-            gate, up = layer.gate_up(rms_norm(h, layer.mlp_norm, self.eps)).chunk(2, dim=-1)
+            h = h + layer.out(self._attention(layer, i, rms_norm(h, layer.attn_norm, self.eps, self.root), cache, cos, sin, causal))
+            gate, up = layer.gate_up(rms_norm(h, layer.mlp_norm, self.eps, self.root)).chunk(2, dim=-1)
             h = h + layer.down(silu(gate) * up)
-        cache.length += n
-        return self.head(rms_norm(h, self.norm, self.eps))
+        return self.head(rms_norm(h, self.norm, self.eps, self.root))
 
     def _attention(self, layer: Layer, index: int, x: torch.Tensor, cache: Cache, cos, sin, causal) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
+        start, end = cache.length, cache.length + n
         q, k, v = layer.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q = _rotate(q.reshape(n, self.heads, d), cos, sin)
         k = _rotate(k.reshape(n, self.kv_heads, d), cos, sin)
         kq, ks = quantize_rows(k.transpose(0, 1))  # [kv_heads, n, d], [kv_heads, n, 1]
         vq, vs = quantize_rows(v.reshape(n, self.kv_heads, d).transpose(0, 1))
-        keys, key_scales, values, value_scales = cache.append(index, [kq, ks, vq, vs])
+        cache.k[index, :, start:end], cache.ks[index, :, start:end] = kq.to(torch.int16), ks[..., 0]
+        cache.v[index, :, start:end], cache.vs[index, :, start:end] = vq.to(torch.int16), vs[..., 0]
+        keys, key_scales = cache.k[index, :, :end].to(torch.float64), cache.ks[index, :, :end, None]
+        values, value_scales = cache.v[index, :, :end].to(torch.float64), cache.vs[index, :, :end, None]
         group = self.heads // self.kv_heads
         qq, qs = quantize_rows(q.transpose(0, 1).reshape(self.kv_heads, group * n, d))  # query heads by the KV head they read
         scores = ((qq @ keys.transpose(1, 2)) * qs) * key_scales.transpose(1, 2)  # [kv_heads, group * n, keys]

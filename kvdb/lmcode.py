@@ -32,16 +32,18 @@ Quantisation, chosen so that nothing after the model's float32 logits depends on
 
 That is payload version 1, whose forward pass is the float model's own: a version-1 payload
 decodes only with the same weights, and with a torch build and CPU that compute the one-token
-step identically (``docs/decisions/0005-tier-l-one-token-step-determinism.md``). Version 2, the
+step identically (``docs/decisions/0005-tier-l-one-token-step-determinism.md``). Version 3, the
 default wherever :mod:`kvdb.integer_lm` covers the model, takes the logits from that module's
 integer forward pass instead: the same on every machine, and batched chunks give the bits of
 one-token steps, so the encoder runs chunks (:func:`_advance`) and only the decoder steps
-(``docs/decisions/0025-tier-l-integer-forward.md``). Either way a mismatch is never silent: the
+(``docs/decisions/0025-tier-l-integer-forward.md``, ``0026-tier-l-integer-kernel.md``).
+Version 2 is that pass with ``torch.sqrt`` in its norms, which is not correctly rounded on every
+build: it is read (by the reference pass), never written. Either way a mismatch is never silent: the
 payload carries a digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
 
 Payload: a header of 20-24 bytes, then the range coder's 32-bit little-endian words::
 
-    magic "KL" | version u8 (1 or 2; both PRECISION 24, LOGIT_SHIFT 8)
+    magic "KL" | version u8 (1, 2 or 3; all PRECISION 24, LOGIT_SHIFT 8)
     vocab, context_len, n_tokens: unsigned LEB128 varints
     token digest: 8 bytes, blake2b-64 of the tokens as little-endian int32
     crc32: 4 bytes little-endian, of the header bytes before it and of the body
@@ -64,8 +66,11 @@ import numpy as np
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KL"
-VERSIONS = (1, 2)  # 1: the float model's one-token step; 2: kvdb.integer_lm's forward pass (portable)
-CHUNK = 256  # tokens a version-2 encoder runs through the forward pass at once
+# 1: the float model's one-token step; 3: kvdb.integer_lm's forward pass (portable); 2: that pass
+# with torch.sqrt in its norms, which is not correctly rounded everywhere (read, no longer written)
+VERSIONS = (1, 2, 3)
+INTEGER_VERSIONS = (2, 3)
+CHUNK = 256  # tokens a version-2/3 encoder runs through the forward pass at once
 PRECISION = 24  # bits of the integer frequencies; constriction's Categorical codes at 24-bit precision
 LOGIT_SHIFT = 8  # logits are rounded to multiples of 2**-8 nats before quantisation
 WEIGHT_BITS = 32  # weight of the most probable symbol; with PRECISION 24 products stay below 2**56
@@ -133,8 +138,8 @@ class Context:
 
     @classmethod
     def empty(cls, model, version: int = 1) -> Context:
-        if version == 2:
-            return cls(_integer(model).new_cache(), None, 0, 2)
+        if version in INTEGER_VERSIONS:
+            return cls(_integer(model, version).new_cache(), None, 0, version)
         from kvdb.model import new_cache
 
         return cls(new_cache(model), None, 0, 1)
@@ -199,14 +204,14 @@ def _entropy_model(logits: np.ndarray | None, vocab: int, precision: int):
 
 
 def version_for(model) -> int:
-    """The payload version new payloads of ``model`` get: 2 (portable) where kvdb.integer_lm
+    """The payload version new payloads of ``model`` get: 3 (portable) where kvdb.integer_lm
     covers the model, else 1, with a warning that its payloads decode only on machines that
     compute its forward pass alike."""
     from kvdb.integer_lm import IntegerLM
 
     reason = IntegerLM.unsupported(model)
     if reason is None:
-        return 2
+        return 3
     if id(model) not in _WARNED:
         _WARNED.add(id(model))
         warnings.warn(f"tier L falls back to payload version 1 (not portable across machines): {reason}", stacklevel=2)
@@ -214,15 +219,18 @@ def version_for(model) -> int:
 
 
 _WARNED: set[int] = set()
-_INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its IntegerLM (weights quantized once)
+_INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {version: its IntegerLM} (weights quantized once)
 
 
-def _integer(model):
+def _integer(model, version: int):
     from kvdb.integer_lm import IntegerLM
 
-    if model not in _INTEGER:
-        _INTEGER[model] = IntegerLM(model)
-    return _INTEGER[model]
+    passes = _INTEGER.setdefault(model, {})
+    if 3 not in passes:
+        passes[3] = IntegerLM(model)
+    if version == 2 and 2 not in passes:
+        passes[2] = passes[3].with_torch_sqrt()
+    return passes[version]
 
 
 def _start(model, context: Context | None, version: int | None) -> Context:
@@ -236,11 +244,11 @@ def _start(model, context: Context | None, version: int | None) -> Context:
 
 def _advance(model, ctx: Context, ids: np.ndarray, each=None, feed_last: bool = True) -> None:
     """Feed ``ids`` to the context's forward pass, calling ``each(i, logits before ids[i])``
-    first for every token: version 1 one token at a time, version 2 in chunks (the same bits).
-    Without ``feed_last`` version 1 skips its step on the last token (whose logits nobody reads
-    when the context is thrown away); version 2's chunk holds it anyway."""
-    if ctx.version == 2:
-        integer = _integer(model)
+    first for every token: version 1 one token at a time, versions 2 and 3 in chunks (the same
+    bits). Without ``feed_last`` version 1 skips its step on the last token (whose logits nobody
+    reads when the context is thrown away); a chunk of versions 2 and 3 holds it anyway."""
+    if ctx.version in INTEGER_VERSIONS:
+        integer = _integer(model, ctx.version)
         for at in range(0, ids.size, CHUNK):
             chunk = ids[at : at + CHUNK]
             rows = integer.forward(chunk, ctx.cache).numpy()

@@ -57,8 +57,8 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[bytes | np.
     given the context its parent left (of the payload's version: where the version changes
     along the path, that context is built again from the tokens so far); a node given as tokens
     (one without tier L) is fed through the same forward pass, so the contexts are the ones the
-    encoder saw. The model's cache is version 1's own context; after version 2 (an integer
-    forward pass, not the model's), one prefill of the tokens."""
+    encoder saw. The model's cache is version 1's own context; after versions 2 and 3 (an
+    integer forward pass, not the model's), one prefill of the tokens."""
     start = time.perf_counter()
     context, pieces = None, []
     for part in parts:

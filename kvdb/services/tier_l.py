@@ -1,5 +1,5 @@
 """Tier L: a node's tokens range-coded against the model's own next-token distribution, given
-the context of its parent path (kvdb.lmcode; payload version 2, portable, where the model has
+the context of its parent path (kvdb.lmcode; payload version 3, portable, where the model has
 kvdb.integer_lm's forward pass). Decoding runs the model one token at a time, so this service
 keeps what it can reuse: the context after the last session it coded (a conversation ingested
 turn by turn resumes from it) and every token stream it decoded (content-addressed, so never

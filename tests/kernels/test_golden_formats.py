@@ -59,7 +59,7 @@ def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_bu
         golden.fractal_files() | golden.kl_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
-    assert committed == set(generated) | {f"kl/{golden.MODEL_CASE[0]}.bin", f"kl/{golden.V2_CASE[0]}.bin"}
+    assert committed == set(generated) | {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE)}
 
 
 # -- fractal token blocks (format tag 0xF1) -------------------------------------------------
@@ -156,12 +156,20 @@ def test_kl_payload_of_the_committed_tiny_model():
     check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n)
 
 
-def test_the_version_2_payload_is_the_same_bytes_on_every_machine():
-    """Version 2 codes against kvdb.integer_lm, whose results depend on the weights and tokens
+def test_the_version_3_payload_is_the_same_bytes_on_every_machine():
+    """Version 3 codes against kvdb.integer_lm, whose results depend on the weights and tokens
     alone: the committed tiny model's payload is written and read back byte for byte here,
     whatever this CPU (tests/kernels/test_integer_lm.py checks other instruction sets)."""
+    name, vocab, context, n = golden.V3_CASE
+    assert_golden(golden.kl_integer_files(golden.V3_CASE, 3))
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, version=3)
+
+
+def test_a_version_2_payload_still_reads_and_writes_the_same_bytes():
+    """Version 2 (the integer pass with torch.sqrt, written before version 3) is still read, by
+    the reference pass, and that pass still writes the committed bytes on this machine."""
     name, vocab, context, n = golden.V2_CASE
-    assert_golden(golden.kl_v2_files())
+    assert_golden(golden.kl_integer_files(golden.V2_CASE, 2))
     check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, version=2)
 
 

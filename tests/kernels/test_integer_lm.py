@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvdb import integer_kernel
 from kvdb import integer_lm as I
 from kvdb import model as M
 from kvdb import tokenizer as tok
@@ -24,10 +25,12 @@ from kvdb.errors import UnsupportedModel
 from support import REPO
 
 # sha256 of the embedded model's integer logits (float64, little-endian) over GOLDEN_TEXT's
-# tokens, computed when the forward pass was specified (decision 0025). It changes only if the
-# specification does, and then payloads written under the old one would no longer decode.
+# tokens, computed when the forward pass was specified (payload version 3, decision 0026). It
+# changes only if the specification does, and then payloads written under the old one would no
+# longer decode. GOLDEN_DIGEST_V2 is version 2's (torch.sqrt in the norms, decision 0025).
 GOLDEN_TEXT = "The lighthouse keeper wrote: 'Storm at dusk; lamp lit at 18:40, ships safe.' Ünïcode → ok.\n"
-GOLDEN_DIGEST = "794e2885525262ef4eee6038ec0d673eca33353d14f85bd451f76c7281fbbefb"
+GOLDEN_DIGEST = "fa64a05fa5b4f107f163b9d57083450a21ad392b84554e1fc3db365e0838bd23"
+GOLDEN_DIGEST_V2 = "794e2885525262ef4eee6038ec0d673eca33353d14f85bd451f76c7281fbbefb"
 
 
 def digest(logits: torch.Tensor) -> str:
@@ -53,8 +56,8 @@ def test_a_linear_layer_is_its_integer_equation():
     lin = I.Linear.of(layer)
     x = torch.randn(5, 1500, dtype=torch.float64) * 3
     q, s = I.quantize_rows(x)
-    w = lin.weight.to(torch.float64)
-    assert w.abs().max() <= I.WEIGHT_LIMIT and torch.equal(w, torch.round(w))
+    w = lin.weight.to(torch.float64).t()
+    assert lin.weight.dtype == torch.int8 and w.abs().max() <= I.WEIGHT_LIMIT
     want = ((q @ w) * s) * lin.scale + lin.bias  # float64: exact, every sum below 2**53
     assert torch.equal(lin(x), want)
     np.testing.assert_allclose(lin(x).numpy(), layer(x.float()).detach().double().numpy(), rtol=0.05, atol=0.05)
@@ -83,9 +86,19 @@ def one_layer(tmp_path_factory):
     return M.load(str(make_tiny_model(tmp_path_factory.mktemp("one-layer"), num_hidden_layers=1)))
 
 
+def test_the_kernel_is_built_and_its_square_root_is_correctly_rounded():
+    """make install builds kvdb/integer_kernel.c; without it every test below would compare the
+    reference pass with itself. torch.sqrt is not the specification's root (I.sqrt's docstring)."""
+    assert integer_kernel.available(), integer_kernel.ISA
+    x = torch.rand(50_000, dtype=torch.float64) * 1e3
+    assert I.sqrt(x).tolist() == [math.sqrt(v) for v in x.tolist()]  # C's sqrt: IEEE 754 requires it correctly rounded
+
+
 def test_batched_chunks_give_the_one_token_steps_bits_on_20000_positions(one_layer):
-    """The encoder may cut a sequence into any chunks; the decoder steps one token at a time."""
-    ilm = I.IntegerLM(one_layer.model)
+    """The encoder may cut a sequence into any chunks; the decoder steps one token at a time.
+    The kernel's chunks, the kernel's steps and the reference pass in one batch: one result."""
+    ilm, reference = I.IntegerLM(one_layer.model), I.IntegerLM(one_layer.model, kernel=False)
+    assert ilm.kernel is not None
     rng = np.random.default_rng(1)
     checked = 0
     for text in _texts():
@@ -97,9 +110,21 @@ def test_batched_chunks_give_the_one_token_steps_bits_on_20000_positions(one_lay
             chunks = torch.cat([ilm.forward(seq[a:b], batched) for a, b in zip(cuts[:-1], cuts[1:])])
             stepped = ilm.new_cache()
             steps = torch.cat([ilm.forward(seq[i : i + 1], stepped) for i in range(len(seq))])
-            assert torch.equal(chunks, steps), f"text {text[:20]!r}, positions {start}.."
+            whole = reference.forward(seq, reference.new_cache())
+            assert torch.equal(chunks, steps) and torch.equal(steps, whole), f"text {text[:20]!r}, positions {start}.."
             checked += len(seq)
     assert checked >= 20_000
+
+
+def test_the_reference_steps_give_the_kernels_bits(one_layer):
+    """The reference pass one token at a time (its cache written and read by rows) against the kernel."""
+    ilm, reference = I.IntegerLM(one_layer.model), I.IntegerLM(one_layer.model, kernel=False)
+    ids = np.asarray(tok.encode(one_layer.tokenizer, _texts()[1][:600]), dtype=np.int64)[:150]
+    cache, kernel_cache = reference.new_cache(), ilm.new_cache()
+    steps = torch.cat([reference.forward(ids[i : i + 1], cache) for i in range(len(ids))])
+    assert torch.equal(steps, ilm.forward(ids, kernel_cache))
+    for name in ("k", "v", "ks", "vs"):
+        assert torch.equal(getattr(cache, name)[:, :, : len(ids)], getattr(kernel_cache, name)[:, :, : len(ids)])
 
 
 _SCRIPT = """
@@ -108,7 +133,8 @@ from kvdb import model, integer_lm
 given = json.loads(sys.argv[1])
 lm = model.load(given["model"])
 ids = np.asarray(given["ids"], dtype=np.int64)
-ilm = integer_lm.IntegerLM(lm.model)
+ilm = integer_lm.IntegerLM(lm.model, kernel=given["kernel"])
+assert (ilm.kernel is not None) == given["kernel"]
 for settings in given["runs"]:  # each run under the settings before it too
     torch.set_num_threads(settings.get("threads", 1))
     if settings.get("no_mkldnn"):
@@ -121,28 +147,35 @@ for settings in given["runs"]:  # each run under the settings before it too
 """
 
 
-def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None) -> list[str]:
+def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, kernel: bool = True, simd: bool = True) -> list[str]:
     """The logits' digest in a fresh process, once per entry of ``runs`` (thread count, oneDNN
-    off, float32 matmul precision), under ``ATEN_CPU_CAPABILITY=capability`` if given."""
+    off, float32 matmul precision), under ``ATEN_CPU_CAPABILITY=capability`` if given, by the
+    kernel (with its plain C dot products unless ``simd``) or the reference pass."""
     env = dict(os.environ)
     env.pop("ATEN_CPU_CAPABILITY", None)
+    env.pop("KVDB_INTEGER_SIMD", None)
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability
-    args = json.dumps({"model": model, "ids": ids.tolist(), "runs": runs})
+    if not simd:
+        env["KVDB_INTEGER_SIMD"] = "0"
+    args = json.dumps({"model": model, "ids": ids.tolist(), "runs": runs, "kernel": kernel})
     done = subprocess.run([sys.executable, "-c", _SCRIPT, args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
 
 
 def test_other_processes_compute_the_same_bits(tiny, tiny_model):
-    """The plain C++ kernels (ATEN_CPU_CAPABILITY=default) and this CPU's best, 1 and 2
-    threads, oneDNN off, float32 matmuls allowed lower precision: one digest."""
+    """The reference pass under torch's plain C++ kernels (ATEN_CPU_CAPABILITY=default) and this
+    CPU's best, 1 and 2 threads, oneDNN off, float32 matmuls allowed lower precision; the kernel
+    with its AVX2 and its plain C dot products, 1 and 2 threads: one digest."""
     ids = np.asarray(tok.encode(tiny.tokenizer, "Portable: the same bits on any CPU. " * 8), dtype=np.int64)
     ilm = I.IntegerLM(tiny.model)
     here = digest(ilm.forward(ids, ilm.new_cache()))
-    plain = _digests_elsewhere(tiny_model, ids, [{"threads": 1}, {"threads": 2}], capability="default")
-    best = _digests_elsewhere(tiny_model, ids, [{"threads": 2}, {"threads": 1, "no_mkldnn": True, "precision": "medium"}])
-    assert plain + best == [here] * 4
+    plain = _digests_elsewhere(tiny_model, ids, [{"threads": 1}, {"threads": 2}], capability="default", kernel=False)
+    best = _digests_elsewhere(tiny_model, ids, [{"threads": 2}, {"threads": 1, "no_mkldnn": True, "precision": "medium"}], kernel=False)
+    fast = _digests_elsewhere(tiny_model, ids, [{"threads": 1}, {"threads": 2}])
+    no_simd = _digests_elsewhere(tiny_model, ids, [{"threads": 2}, {"threads": 1}], simd=False)
+    assert plain + best + fast + no_simd == [here] * 8
 
 
 @pytest.mark.model
@@ -151,7 +184,9 @@ def test_the_embedded_models_logits_match_the_golden_digest_on_any_instruction_s
     ilm = I.IntegerLM(embedded.model)
     logits = ilm.forward(ids, ilm.new_cache())
     assert digest(logits) == GOLDEN_DIGEST
-    assert _digests_elsewhere(None, ids, [{"threads": 2}], capability="default") == [GOLDEN_DIGEST]
+    assert digest(ilm.with_torch_sqrt().forward(ids, ilm.new_cache())) == GOLDEN_DIGEST_V2
+    assert _digests_elsewhere(None, ids, [{"threads": 2}], capability="default", kernel=False) == [GOLDEN_DIGEST]
+    assert _digests_elsewhere(None, ids, [{"threads": 1}], simd=False) == [GOLDEN_DIGEST]
     with torch.no_grad():
         exact = embedded.model(torch.as_tensor(ids)[None]).logits[0].double()
     nll = lambda lg: -torch.log_softmax(lg, -1)[:-1].gather(1, torch.as_tensor(ids[1:])[:, None]).mean().item()  # noqa: E731

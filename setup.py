@@ -1,0 +1,18 @@
+"""The one compiled part of kvdb: the integer forward pass's kernel (everything else is in pyproject.toml).
+
+-ffp-contract=off is part of the specification: a fused multiply-add rounds once where
+kvdb.integer_lm rounds twice, and payloads would decode differently (docs/formats.md).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "kvdb._integer_kernel",
+            sources=["kvdb/integer_kernel.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall"],
+            libraries=["pthread"],
+        )
+    ]
+)
