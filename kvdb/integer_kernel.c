@@ -65,10 +65,15 @@ static const double LN2_64_HI = 0x1.62e42feep-7;
 static const double LN2_64_LO = 0x1.a39ef35793c76p-39;
 static const double INV_LN2_64 = 0x1.71547652b82fep+6;
 
+/* round half to even, as torch.round and rint do, for |x| < 2**51: adding 1.5 * 2**52 puts x
+ * where doubles are integers (the sum rounds to the nearest, ties to even), and subtracting it
+ * is exact. Every value rounded here is below 2**17. Inline, where rint is a library call. */
+static inline double round_even(double x) { return (x + 0x1.8p52) - 0x1.8p52; }
+
 static inline double exp_nonpositive(const Model *m, double d) {
     d = d < EXP_FLOOR ? EXP_FLOOR : d;
     d = d > 0.0 ? 0.0 : d;
-    double kf = nearbyint(d * INV_LN2_64);
+    double kf = round_even(d * INV_LN2_64);
     double r = (d - kf * LN2_64_HI) - kf * LN2_64_LO;
     int64_t k = (int64_t)kf;
     int64_t bits = ((k >> 6) + 1023) << 52;
@@ -95,7 +100,7 @@ static double quantize_row(const double *x, int64_t len, int16_t *q) {
         peak = a > peak ? a : peak;
     }
     double s = peak > 0 ? peak / ACT_LIMIT : 1.0;
-    for (int64_t i = 0; i < len; i++) q[i] = (int16_t)nearbyint(x[i] / s);
+    for (int64_t i = 0; i < len; i++) q[i] = (int16_t)round_even(x[i] / s);
     return s;
 }
 
@@ -164,6 +169,33 @@ __attribute__((target("avx2"))) static void dot4_avx2(const int16_t *a, const in
     memcpy(out, total, sizeof total);
 }
 
+/* two activation rows against a panel of four weight rows already widened to int16 (in L1):
+ * each load feeds two or four madds */
+__attribute__((target("avx2"))) static void dot2x4_avx2(const int16_t *a0, const int16_t *a1, const int16_t *w, int64_t len, int64_t *out) {
+    int64_t total[8] = {0};
+    for (int64_t base = 0; base < len; base += DOT_BLOCK) {
+        int64_t end = base + DOT_BLOCK < len ? base + DOT_BLOCK : len;
+        __m256i acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
+        int64_t k = base;
+        for (; k + 16 <= end; k += 16) {
+            __m256i x0 = _mm256_loadu_si256((const __m256i *)(a0 + k)), x1 = _mm256_loadu_si256((const __m256i *)(a1 + k));
+            for (int c = 0; c < 4; c++) {
+                __m256i wc = _mm256_loadu_si256((const __m256i *)(w + c * len + k));
+                acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(x0, wc));
+                acc[4 + c] = _mm256_add_epi32(acc[4 + c], _mm256_madd_epi16(x1, wc));
+            }
+        }
+        for (int c = 0; c < 8; c++) total[c] += hsum32(acc[c]);
+        for (; k < end; k++)
+            for (int c = 0; c < 4; c++) {
+                total[c] += (int64_t)a0[k] * w[c * len + k];
+                total[4 + c] += (int64_t)a1[k] * w[c * len + k];
+            }
+    }
+    memcpy(out, total, sizeof total);
+}
+
 /* int16 x int16: a pair's sum (<= 2 * 32639^2) fits int32, so each madd is widened to int64 */
 __attribute__((target("avx2"))) static int64_t dot16_avx2(const int16_t *a, const int16_t *b, int64_t len) {
     __m256i acc = _mm256_setzero_si256();
@@ -182,6 +214,7 @@ __attribute__((target("avx2"))) static int64_t dot16_avx2(const int16_t *a, cons
 #endif
 
 static void (*dot4)(const int16_t *, const int8_t *, int64_t, int64_t, int64_t *) = dot4_plain;
+static void (*dot2x4)(const int16_t *, const int16_t *, const int16_t *, int64_t, int64_t *) = NULL; /* NULL: no SIMD */
 static int64_t (*dot16)(const int16_t *, const int16_t *, int64_t) = dot16_plain;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -238,31 +271,55 @@ typedef struct {
     double *y;
 } LinearJob;
 
+static void store(const LinearJob *job, int64_t r, int64_t j, int64_t width, const int64_t *acc) {
+    const Linear *lin = job->lin;
+    for (int64_t c = 0; c < width; c++) {
+        double y = ((double)acc[c] * job->s[r]) * lin->scale[j + c];
+        job->y[r * lin->out + j + c] = lin->bias ? y + lin->bias[j + c] : y;
+    }
+}
+
+#define GROUP 4 /* panels widened together: 16 weight rows (int16) in L1, each activation row pair read once for them */
+
 static void linear_columns(void *arg, int64_t begin, int64_t end) {
-    /* columns [4 * begin, 4 * end): a panel of four weight rows stays in L1 across all rows */
+    /* columns [4 * begin, 4 * end) in panels of four weight rows. With two rows or more and SIMD,
+     * a group of panels is widened to int16 once and met by two activation rows at a time. */
     const LinearJob *job = (const LinearJob *)arg;
     const Linear *lin = job->lin;
     int64_t in = lin->in, out = lin->out;
-    int64_t acc[4];
-    for (int64_t panel = begin; panel < end; panel++) {
-        int64_t j = panel * 4;
-        int64_t width = out - j < 4 ? out - j : 4;
-        for (int64_t r = 0; r < job->rows; r++) {
-            const int16_t *q = job->q + r * in;
-            if (width == 4) {
-                dot4(q, lin->weight + j * in, in, in, acc);
-            } else {
-                for (int64_t c = 0; c < width; c++) {
-                    acc[c] = 0;
-                    for (int64_t k = 0; k < in; k++) acc[c] += (int64_t)q[k] * lin->weight[(j + c) * in + k];
+    int64_t acc[8];
+    int16_t *group16 = dot2x4 && job->rows > 1 ? malloc(sizeof(int16_t) * 4 * GROUP * in) : NULL;
+    for (int64_t first = begin; first < end; first += GROUP) {
+        int64_t last = first + GROUP < end ? first + GROUP : end;
+        int64_t full = last; /* panels [first, full) have four columns */
+        if (full > first && out - 4 * (full - 1) < 4) full--;
+        int64_t r = 0;
+        if (group16 && full > first) {
+            for (int64_t k = 0; k < 4 * (full - first) * in; k++) group16[k] = lin->weight[4 * first * in + k];
+            for (; r + 2 <= job->rows; r += 2)
+                for (int64_t panel = first; panel < full; panel++) {
+                    dot2x4(job->q + r * in, job->q + (r + 1) * in, group16 + 4 * (panel - first) * in, in, acc);
+                    store(job, r, 4 * panel, 4, acc);
+                    store(job, r + 1, 4 * panel, 4, acc + 4);
                 }
-            }
-            for (int64_t c = 0; c < width; c++) {
-                double y = ((double)acc[c] * job->s[r]) * lin->scale[j + c];
-                job->y[r * out + j + c] = lin->bias ? y + lin->bias[j + c] : y;
+        }
+        for (int64_t panel = first; panel < last; panel++) {
+            int64_t j = panel * 4, width = out - j < 4 ? out - j : 4;
+            for (int64_t rr = panel < full ? r : 0; rr < job->rows; rr++) {
+                const int16_t *q = job->q + rr * in;
+                if (width == 4) {
+                    dot4(q, lin->weight + j * in, in, in, acc);
+                } else {
+                    for (int64_t c = 0; c < width; c++) {
+                        acc[c] = 0;
+                        for (int64_t k = 0; k < in; k++) acc[c] += (int64_t)q[k] * lin->weight[(j + c) * in + k];
+                    }
+                }
+                store(job, rr, j, width, acc);
             }
         }
     }
+    free(group16);
 }
 
 static void linear(const Model *m, const Linear *lin, const double *x, int64_t rows, double *y, int16_t *q, double *s) {
@@ -286,6 +343,9 @@ typedef struct {
     double *scratch;   /* per head: 2 * (start + n) doubles */
 } AttentionJob;
 
+#ifdef KVDB_X86
+__attribute__((target_clones("avx2", "default")))
+#endif
 static void attention_heads(void *arg, int64_t begin, int64_t end) {
     const AttentionJob *job = (const AttentionJob *)arg;
     const Model *m = job->m;
@@ -313,14 +373,14 @@ static void attention_heads(void *arg, int64_t begin, int64_t end) {
                 e[j] = exp_nonpositive(m, e[j] - top);
                 weighted[j] = e[j] * vs[j];
                 peak = weighted[j] > peak ? weighted[j] : peak;
-                total += (int64_t)nearbyint(e[j] * ATTN_ONE);
+                total += (int64_t)round_even(e[j] * ATTN_ONE);
             }
             double per_one = (1.0 / peak) * ATTN_ONE;
             memset(acc, 0, sizeof(int64_t) * d);
             for (int64_t j = 0; j < keys_n; j++) {
-                int64_t w = (int64_t)nearbyint(weighted[j] * per_one);
+                int32_t w = (int32_t)round_even(weighted[j] * per_one); /* <= 65536: w * v fits int32, not the sum */
                 const int16_t *vj = values + j * d;
-                for (int64_t i = 0; i < d; i++) acc[i] += w * vj[i];
+                for (int64_t i = 0; i < d; i++) acc[i] += (int64_t)(w * (int32_t)vj[i]);
             }
             double norm = (double)total / ATTN_ONE;
             double *o = job->out + (r * m->heads + h) * d;
@@ -417,11 +477,13 @@ done:
 /* which dot products this machine runs: "avx2" or "plain" (the same integers either way) */
 const char *kvdb_kernel_isa(int allow_simd) {
     dot4 = dot4_plain;
+    dot2x4 = NULL;
     dot16 = dot16_plain;
 #ifdef KVDB_X86
     __builtin_cpu_init();
     if (allow_simd && __builtin_cpu_supports("avx2")) {
         dot4 = dot4_avx2;
+        dot2x4 = dot2x4_avx2;
         dot16 = dot16_avx2;
         return "avx2";
     }
