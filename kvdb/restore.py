@@ -12,11 +12,12 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from kvdb import capture, chat, lmcode
+from kvdb import capture, chat, lmcode, trie
 from kvdb import model as lm_ops
 from kvdb import tokenizer as tok
-from kvdb.errors import InvalidArgument
+from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.model import LoadedModel
+from kvdb.storage.base import NodeRow
 from kvdb.records import RestoredSession
 from kvdb.tiers import DEFAULT_WINDOW
 
@@ -52,23 +53,42 @@ def fidelity(loaded: LoadedModel, archived_cache, exact_cache, probe: np.ndarray
     }
 
 
-def restore_decode(loaded: LoadedModel, session_id: str, parts: list[bytes | np.ndarray], at: int) -> RestoredSession:
-    """Tokens and cache rebuilt along a path's nodes, root first: a tier-L payload is decoded
-    given the context its parent left (of the payload's version: where the version changes
-    along the path, that context is built again from the tokens so far); a node given as tokens
-    (one without tier L) is fed through the same forward pass, so the contexts are the ones the
-    encoder saw. The model's cache is version 1's own context; after versions 2 and 3 (an
-    integer forward pass, not the model's), one prefill of the tokens."""
+def decode_node(loaded: LoadedModel, node: NodeRow, payload: bytes, before: np.ndarray, context) -> tuple[np.ndarray, lmcode.Context]:
+    """A node's tokens from its tier-L payload, given ``before`` (its path's tokens) and their
+    ``context``. A node payload is checked against the node's id, which hashes the path's tokens;
+    a self-describing "KL" payload (what kvdb wrote before node payloads) against its digest."""
+    if len(before) != node.start:
+        raise InvalidArgument(f"node {node.node_id[:12]} starts at token {node.start}; {len(before)} tokens were given before it")
+    if not lmcode.is_node_payload(payload):
+        return lmcode.decode(loaded.model, payload, context=context)
+    ids, after = lmcode.decode_node(loaded.model, payload, node.n_tokens, context=context)
+    if trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id:
+        raise CorruptData(
+            f"tier L payload of node {node.node_id[:12]} decodes to tokens its id does not hash: the payload is damaged, "
+            "or this machine computes the model's forward pass differently from the encoder's"
+        )
+    return ids, after
+
+
+def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> RestoredSession:
+    """Tokens and cache rebuilt along a path's nodes, root first, each with its tier-L payload or
+    its tokens: a payload is decoded given the context its parent left (of the payload's
+    version: where the version changes along the path, that context is built again from the
+    tokens so far); a node given as tokens (one without tier L) is fed through the same forward
+    pass, so the contexts are the ones the encoder saw. The model's cache is version 1's own
+    context; after versions 2 and 3 (an integer forward pass, not the model's), one prefill of
+    the tokens."""
     start = time.perf_counter()
     context, pieces = None, []
-    for part in parts:
+    for node, part in parts:
         if isinstance(part, np.ndarray):
             ids, context = part, lmcode.context_for(loaded.model, part, context=context)
         else:
-            version = lmcode.read_header(part).version
+            version = lmcode.payload_version(part)
+            before = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
             if context is not None and context.version != version:
-                context = lmcode.context_for(loaded.model, np.concatenate(pieces), version=version)
-            ids, context = lmcode.decode(loaded.model, part, context=context)
+                context = lmcode.context_for(loaded.model, before, version=version)
+            ids, context = decode_node(loaded, node, part, before, context)
         pieces.append(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     if context is not None and context.version == 1:

@@ -106,7 +106,7 @@ def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
         _guard(report, f"KV code block of node {node_id[:12]}", lambda: fractal.block_count(data, alphabet))
     for node_id, _, data in store.stored_blobs("lm", sample):
         report.checked["lm payloads"] += 1
-        _guard(report, f"tier L payload of node {node_id[:12]}", lambda: lmcode.read_header(data))
+        _guard(report, f"tier L payload of node {node_id[:12]}", lambda: lmcode.payload_version(data))
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         report.checked["codebooks"] += 1
         _guard(report, f"codebooks {codebook_id[:12]}", lambda: quant.Codebooks.from_bytes(data))
@@ -140,8 +140,9 @@ def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
         if path[0].end != session.n_tokens:
             report.problems.append(f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}")
         if deep and not all("tokens" in n.keep for n in path):
-            # decoding tier L needs the model; `kvdb restore --mode decode` (or `show`) does it
-            report.checked["sessions held in tier L (headers checked, not decoded)"] += 1
+            # decoding tier L needs the model; `kvdb restore --mode decode` (or `show`) does it, and
+            # checks the tokens against the node ids
+            report.checked["sessions held in tier L (framing checked, not decoded)"] += 1
         elif deep:
             try:
                 ids = store.load_tokens(session.session_id)

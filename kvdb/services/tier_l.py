@@ -31,7 +31,7 @@ class TierL:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
         ended exactly there, as a conversation ingested turn by turn does; else recomputed)."""
         context = context if context is not None else self.context(loaded, ids, start)
-        payload, after = lmcode.encode_with_context(loaded.model, ids[start:], context=context)
+        payload, after = lmcode.encode_node(loaded.model, ids[start:], context=context)
         self._recent = (ids, after) if len(ids) <= RECENT_CACHE_TOKENS else None
         return payload
 
@@ -43,7 +43,7 @@ class TierL:
         for node in nodes:
             if node.start > at:
                 context = lmcode.context_for(loaded.model, ids[at : node.start], context=context)
-            payloads[node.node_id], context = lmcode.encode_with_context(loaded.model, ids[node.start : node.end], context=context)
+            payloads[node.node_id], context = lmcode.encode_node(loaded.model, ids[node.start : node.end], context=context)
             at = node.end
         return payloads
 
@@ -67,8 +67,8 @@ class TierL:
         if "lm" not in node.keep:
             return Split(node.node_id, head_id, match.offset), None
         parent = self.context(loaded, ids, node.start)
-        head, after_head = lmcode.encode_with_context(loaded.model, tokens[: match.offset], context=parent)
-        tail = lmcode.encode(loaded.model, tokens[match.offset :], context=after_head)
+        head, after_head = lmcode.encode_node(loaded.model, tokens[: match.offset], context=parent)
+        tail, _ = lmcode.encode_node(loaded.model, tokens[match.offset :], context=after_head)
         if "tokens" in node.keep:
             return Split(node.node_id, head_id, match.offset, head, tail), after_head
         from kvdb import model as lm_ops
@@ -84,8 +84,10 @@ class TierL:
         if key not in self._decoded:
             loaded = self._models.get()
             payload = self._storage.node_lm_payload(node.node_id)
-            context = self.context(loaded, before, len(before), lmcode.read_header(payload).version)
-            self._decoded[key], _ = lmcode.decode(loaded.model, payload, context=context)
+            context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
+            from kvdb import restore as restore_ops
+
+            self._decoded[key], _ = restore_ops.decode_node(loaded, node, payload, before, context)
         return self._decoded[key]
 
     def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:
@@ -96,7 +98,7 @@ class TierL:
                 f"session {row.session_id[:12]} ({row.name}) has no tier L on its first {at} tokens; "
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
-        parts = [self._storage.node_lm_payload(n.node_id) if "lm" in n.keep else self._storage.node_tokens(n.node_id) for n in nodes]
+        parts = [(n, self._storage.node_lm_payload(n.node_id) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
         self._storage.release()
         from kvdb import restore as restore_ops
 

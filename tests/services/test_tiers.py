@@ -108,6 +108,33 @@ def test_cli_keep_mode_and_compact(tmp_path, tiny_model):
     assert bad.exit_code == 2 and "keep `tokens` or `lm`" in bad.stderr
 
 
+def test_a_damaged_node_payload_is_caught_by_the_node_id_and_an_old_framed_one_still_reads(tmp_path, tiny_model):
+    """A node payload has no digest or CRC of its own: the node id, a hash of the path's tokens,
+    checks what it decodes to. Payloads written before node payloads ("KL" framed) still read."""
+    import duckdb
+
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as archive:
+        [r] = archive.ingest(text="A session whose tokens live in tier L alone, one flipped bit from lost.", keep="lm", name="l")
+        ids = archive.tokens("l")
+        loaded = archive._models.get()
+    con = duckdb.connect(str(path))
+    [(node_id, payload)] = con.execute("select node_id, payload from node_lm").fetchall()
+    assert lmcode.is_node_payload(payload) and len(payload) < 8 + len(ids)  # a tag byte, then about 8 bits a token here
+    framed = lmcode.encode(loaded.model, ids, version=lmcode.payload_version(payload))  # what an older kvdb stored
+    con.execute("update node_lm set payload = ?", [payload[:-1] + bytes([payload[-1] ^ 0x10])])
+    con.close()
+    with kvdb.open(path, model=tiny_model) as archive:
+        with pytest.raises(kvdb.errors.CorruptData, match="does not hash"):
+            archive.restore("l", mode="decode")
+    con = duckdb.connect(str(path))
+    con.execute("update node_lm set payload = ?", [framed])
+    con.close()
+    with kvdb.open(path, model=tiny_model) as archive:
+        np.testing.assert_array_equal(archive.restore("l", mode="decode").tokens, ids)
+        np.testing.assert_array_equal(archive.tokens(r.session_id), ids)
+
+
 def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(tmp_path, tiny_model):
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as first:
         one = first.ingest(messages=TURN1, keep=ALL, name="one")[0]
@@ -126,7 +153,7 @@ def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(tmp_path, tiny_
         assert [h for h in archive.search("strawberry") if h.exact] == []
         np.testing.assert_allclose(archive.logprobs("one"), logprobs, atol=1e-4)
         report = archive.verify(deep=True)
-        assert report.ok and report.checked["sessions held in tier L (headers checked, not decoded)"] == 1
+        assert report.ok and report.checked["sessions held in tier L (framing checked, not decoded)"] == 1
 
         two = archive.ingest(messages=TURN2, keep=ALL, name="two")[0]  # grows "one": its node is shared now
         assert archive.stats().stored_tokens == two.n_tokens
@@ -175,8 +202,8 @@ def test_ingesting_an_archived_session_again_adds_the_tiers_its_path_lacks(archi
     b = archive.ingest(text=shared + "Then another ending!", keep="tokens", name="b")[0]
     assert archive.search("another ending") == []
     coded = []  # the length of every stretch tier L codes
-    encode = lmcode.encode_with_context
-    monkeypatch.setattr(lmcode, "encode_with_context", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
+    encode = lmcode.encode_node
+    monkeypatch.setattr(lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
     [again] = archive.ingest(text=shared + "Then the first ending.", keep=ALL)
     assert (again.status, again.added, again.new_tokens) == ("updated", ("search", "lm"), 0)
     assert again.to_dict()["added"] == ["search", "lm"] and "new_tokens" not in again.to_dict()
@@ -222,10 +249,10 @@ def test_tiers_are_added_with_the_file_let_go(kv_archive, monkeypatch):
     text = "A session long enough that adding its tiers is long work for the model. " * 4
     [r] = kv_archive.ingest(text=text, keep="lm", name="long")
     held = []  # whether the file was held when each piece of the model's work ended
-    score, encode, codes = kv_archive._ingester._score_suffix, lmcode.encode_with_context, TierK.codes
+    score, encode, codes = kv_archive._ingester._score_suffix, lmcode.encode_node, TierK.codes
     note = lambda out: held.append(storage_of(kv_archive).held_for() > 0) or out  # noqa: E731
     monkeypatch.setattr(kv_archive._ingester, "_score_suffix", lambda *args: note(score(*args)))
-    monkeypatch.setattr(lmcode, "encode_with_context", lambda *args, **kw: note(encode(*args, **kw)))
+    monkeypatch.setattr(lmcode, "encode_node", lambda *args, **kw: note(encode(*args, **kw)))
     monkeypatch.setattr(TierK, "codes", lambda *args, **kw: note(codes(*args, **kw)))
     assert kv_archive.ingest(text=text, keep="tokens,search,kv")[0].added == ("tokens", "search", "kv")
     assert held == [False, False]  # the scoring pass (its cache serves tier K too), then tier K
