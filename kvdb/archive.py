@@ -61,7 +61,7 @@ class Archive:
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes, lambda: self._tier_k)
-        self._upkeep = Upkeep(self._storage, self._models, self._reader, self._indexes, self._prefix_cache)
+        self._upkeep = Upkeep(self._storage, self._models, self._reader, self._tier_l, self._indexes, self._prefix_cache)
 
     @cached_property
     def _tier_k(self):

@@ -12,16 +12,18 @@ from kvdb.prefix_cache import PrefixCache
 from kvdb.records import CodebookSet, Session, Stats
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
+from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
 from kvdb.storage.base import CollectGarbage, DeleteSession, DropTiers, ImportRows
 from kvdb.tiers import TIERS, parse_keep
 
 
 class Upkeep:
-    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, indexes: Indexes, prefix_cache: PrefixCache):
+    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, tier_l: TierL, indexes: Indexes, prefix_cache: PrefixCache):
         self._storage = storage
         self._models = models
         self._reader = reader
+        self._tier_l = tier_l
         self._indexes = indexes
         self._prefix_cache = prefix_cache
 
@@ -50,6 +52,9 @@ class Upkeep:
         The token tier is the exception: only the nodes no other session uses drop it, and only
         where tier L holds their tokens, since every session sharing a node reads and matches
         through its tokens. Keeping ``tokens`` on a session held in tier L decodes them back.
+        A node left with tier L alone whose payload is not what this kvdb writes for the model
+        (version 1 or 2, or a "KL" framed one, from before version 3) is re-coded from its tokens
+        first: version 3 decodes on any machine, the others only where they were written.
         """
         keep = parse_keep(keep)
         row = self._reader.resolve(ref)
@@ -64,6 +69,7 @@ class Upkeep:
                             f"session {row.session_id[:12]} ({row.name}) has no tier L on tokens [{node.start}, {node.end}): "
                             "dropping the token tier would lose them; re-ingest it with --keep tokens,search,lm first"
                         )
+        recoded = self._recode_for_tier_l_alone(row, [n for n in path if "tokens" in drops[n.node_id] and "tokens" in n.keep])
         restored = {}
         if "tokens" in keep and any("tokens" not in n.keep for n in path):
             from kvdb import model as lm_ops  # scoring the decoded tokens runs the model
@@ -71,8 +77,29 @@ class Upkeep:
             ids = self._reader.path_tokens(row)
             logprobs = lm_ops.score(self._models.for_session(row).model, ids)[0]
             restored = {n.node_id: (ids[n.start : n.end], logprobs[n.start : n.end]) for n in path if "tokens" not in n.keep}
-        self._storage.apply(DropTiers(drops, restored))
+        self._storage.apply(DropTiers(drops, restored, recoded))
         return Session.from_row(row)
+
+    def _recode_for_tier_l_alone(self, row, nodes) -> dict[str, bytes]:
+        """New payloads for ``nodes`` (about to keep tier L alone) whose stored one is not the
+        node payload new ingests write for the model; each coded given its path's context. The
+        model loads only when some payload is not version 3's already."""
+        from kvdb import lmcode
+
+        def current(payload: bytes, version: int) -> bool:
+            return lmcode.is_node_payload(payload) and lmcode.payload_version(payload) == version
+
+        stale = [n for n in nodes if not current(self._storage.node_lm_payload(n.node_id), 3)]
+        if not stale:
+            return {}
+        loaded = self._models.for_session(row)
+        version = lmcode.version_for(loaded.model)
+        stale = [n for n in stale if not current(self._storage.node_lm_payload(n.node_id), version)]
+        if not stale:
+            return {}
+        ids = self._reader.path_tokens(row)
+        self._storage.release()  # the model's work reads nothing from the file
+        return self._tier_l.encode_nodes(loaded, ids, stale)
 
     def verify(self, deep: bool = False) -> verify_ops.Report:
         """A search index behind or ahead of the database (a crash between writing the two) is

@@ -172,11 +172,13 @@ class CollectGarbage:
 
 @dataclass(frozen=True)
 class DropTiers:
-    """Drop tiers from nodes (node id -> tiers), and give nodes held in tier L only their tokens
-    and log-probabilities back (node id -> both), in one transaction."""
+    """Drop tiers from nodes (node id -> tiers), give nodes held in tier L only their tokens and
+    log-probabilities back (node id -> both), and replace tier-L payloads re-coded (a node about
+    to be held in tier L alone gets the portable version), in one transaction."""
 
     drops: dict[str, set[str]]
     tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    recoded: dict[str, bytes] = field(default_factory=dict)  # node id -> a tier-L payload replacing the stored one
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,8 @@ def _drop_tiers(conn, plan: DropTiers) -> None:
         run(conn, edits.drop_tiers(node, plan.drops[node.node_id]))
     for node_id, (tokens, logprobs) in plan.tokens_back.items():
         _tokens_back(conn, node_id, tokens, logprobs)
+    for node_id, payload in plan.recoded.items():
+        run(conn, [edits.Delete("node_lm", "node_id", [node_id]), edits.Insert("node_lm", [{"node_id": node_id, "payload": payload}])])
 
 
 def _add_tiers(conn, plan: AddTiers) -> None:

@@ -135,6 +135,32 @@ def test_a_damaged_node_payload_is_caught_by_the_node_id_and_an_old_framed_one_s
         np.testing.assert_array_equal(archive.tokens(r.session_id), ids)
 
 
+def test_compact_to_tier_l_alone_recodes_a_payload_only_its_machine_can_read(tmp_path, tiny_model):
+    """A session archived with a version-2 "KL" payload (what kvdb wrote before version 3) and its
+    tokens: compacting it to tier L alone re-codes the payload as a version-3 node payload first,
+    since version 2 decodes only where torch computes its square roots alike."""
+    import duckdb
+
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as archive:
+        [r] = archive.ingest(text="Archived before version 3, then compacted to its tier L alone.", keep="tokens,lm", name="old")
+        ids = archive.tokens("old")
+        old = lmcode.encode(archive._models.get().model, ids, version=2)
+    con = duckdb.connect(str(path))
+    con.execute("update node_lm set payload = ?", [old])
+    con.close()
+    with kvdb.open(path, model=tiny_model) as archive:
+        store = storage_of(archive)
+        [node] = store.node_path(r.session_id)
+        archive.compact("old", "lm")
+        payload = store.node_lm_payload(node.node_id)
+        assert lmcode.is_node_payload(payload) and lmcode.payload_version(payload) == 3 and len(payload) < len(old)
+        assert store.node_path(r.session_id)[0].keep == {"lm"}
+        np.testing.assert_array_equal(archive.restore("old", mode="decode").tokens, ids)
+        archive.compact("old", "lm")  # nothing left to re-code
+        assert store.node_lm_payload(node.node_id) == payload
+
+
 def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(tmp_path, tiny_model):
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as first:
         one = first.ingest(messages=TURN1, keep=ALL, name="one")[0]
