@@ -271,7 +271,7 @@ class IntegerLM:
         cfg = getattr(model, "config", None)
         name = getattr(cfg, "model_type", type(model).__name__)
         if name != "llama" or not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
-            return f"the deterministic forward of tier L v2 covers Llama-family models; {type(model).__name__} ({name}) is not one"
+            return f"tier L's deterministic forward (payload version 3) covers Llama-family models; {type(model).__name__} ({name}) is not one"
         rope = _rope(cfg)
         if rope.get("rope_type", "default") != "default":
             return f"the deterministic forward covers the default rotary embedding, not {rope.get('rope_type')!r} scaling"
