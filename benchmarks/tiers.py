@@ -1,13 +1,15 @@
 """Storage per tier policy on the same sessions: every byte an archive keeps, per session token.
 
-    .venv/bin/python benchmarks/tiers.py [--sessions 3] [--chars 1500]
+    .venv/bin/python benchmarks/tiers.py [--sessions 3] [--chars 1500] [--chat 0]
 
 Three archives of the same real-text sessions on the embedded model: the default
 (`tokens,search`), with tier L added (`tokens,search,lm`), and tier L as the only copy of the
 tokens (`lm`). Reports the bytes of each table (as `kvdb stats` counts them), the search
 sidecar and the DuckDB file, the ingest time, and the time to read every session back (a
-decode of tier L where it is the only copy), checking the text comes back exactly.
-Appends a table to benchmarks/RESULTS.md.
+decode of tier L where it is the only copy), checking the tokens (and a text session's text) come back exactly.
+With ``--chat N`` the sessions are instead N conversations of 6 turns after one system prompt
+(`sharing.py`'s), archived after every turn: trie nodes of one turn each, where tier L's
+per-node overhead weighs most. Appends a table to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -19,55 +21,86 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import describe, publish  # noqa: E402
+from kvdb.trie import common_prefix  # noqa: E402
 
 POLICIES = ("tokens,search", "tokens,search,lm", "lm")
 TIERS = ("tokens", "lm", "logprobs", "metadata")  # as `kvdb stats` counts them; search slot rows are metadata
 
 
-def run(policy: str, texts: list[str], folder: Path) -> dict:
+def run(policy: str, sessions: dict[str, dict], folder: Path, expected: dict[str, np.ndarray] | None) -> dict:
+    """One archive of ``sessions`` (name -> ingest arguments) kept as ``policy``; ``expected``:
+    each session's tokens from an archive that keeps them (None: this one keeps them)."""
     path = folder / f"{policy.replace(',', '-')}.duckdb"
     with kvdb.open(path) as db:
         db.loaded_model  # the model loads outside the timings
         start = time.perf_counter()
-        for i, text in enumerate(texts):
-            db.ingest(text=text, name=f"s{i}", keep=policy)
+        for name, given in sessions.items():
+            db.ingest(**given, name=name, keep=policy)
         ingest = time.perf_counter() - start
     with kvdb.open(path, read_only=True) as db:  # a fresh process's view: nothing decoded yet
         start = time.perf_counter()
-        exact = all(db.text(f"s{i}") == text for i, text in enumerate(texts))
+        tokens = {name: db.tokens(name) for name in sessions}
         read = time.perf_counter() - start
+        exact = expected is None or all(np.array_equal(tokens[name], expected[name]) for name in sessions)
+        exact = exact and all(db.text(name) == given["text"] for name, given in sessions.items() if "text" in given)
         st = db.stats()
-        # the model's cross-entropy of every session (the first token at the uniform prior), from
-        # the log-probabilities ingest stored: what tier L's bytes are measured against
-        ce_bits = -sum(float(db.logprobs(f"s{i}").sum()) for i in range(len(texts))) / math.log(2) if "tokens" in policy else None
+        ce_bits = stored_cross_entropy(db, tokens, st.stored_tokens) if "tokens" in policy else None
     index = sum(p.stat().st_size for p in path.with_name(path.name + ".index").glob("*"))
-    return {"stats": st, "index": index, "ingest": ingest, "read": read, "exact": exact, "ce_bits": ce_bits}
+    return {"stats": st, "index": index, "ingest": ingest, "read": read, "exact": exact, "ce_bits": ce_bits, "tokens": tokens}
+
+
+def stored_cross_entropy(db, tokens: dict[str, np.ndarray], stored: int) -> float:
+    """The model's cross-entropy in bits of every token the trie stores once (a session's first
+    token at the uniform prior), from the log-probabilities ingest stored: what tier L's bytes
+    are measured against. A session that is a prefix of another adds nothing; the prefix all
+    sessions share is counted once (which is all they share, in both workloads: checked)."""
+    leaves = [name for name, ids in tokens.items() if not any(
+        other != name and len(o) > len(ids) and np.array_equal(o[: len(ids)], ids) for other, o in tokens.items())]
+    shared = min(common_prefix(tokens[leaves[0]], tokens[n]) for n in leaves)
+    counted = sum(len(tokens[n]) for n in leaves) - (len(leaves) - 1) * shared
+    assert counted == stored, f"the sessions share more than one common prefix ({counted} tokens counted, {stored} stored)"
+    nats = sum(float(db.logprobs(n).sum()) for n in leaves) - (len(leaves) - 1) * float(db.logprobs(leaves[0])[:shared].sum())
+    return -nats / math.log(2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--chars", type=int, default=1500, help="characters of real text per session")
+    parser.add_argument("--chat", type=int, default=0, help="N conversations of 6 turns instead, archived after every turn")
     args = parser.parse_args()
-    corpus = real_text(args.sessions * args.chars + 10_000)[10_000:]
-    texts = [corpus[i * args.chars : (i + 1) * args.chars] for i in range(args.sessions)]
+    if args.chat:
+        from sharing import conversations
+
+        sessions = {f"c{c}t{t}": {"messages": conv[: t + 2]} for c, conv in enumerate(conversations(args.chat, 6)) for t in range(6)}
+        what = f"{args.chat} conversations of 6 turns of real sentences after one system prompt, archived after every turn ({len(sessions)} sessions)"
+    else:
+        corpus = real_text(args.sessions * args.chars + 10_000)[10_000:]
+        sessions = {f"s{i}": {"text": corpus[i * args.chars : (i + 1) * args.chars]} for i in range(args.sessions)}
+        what = f"{args.sessions} real-text sessions"
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        results = {policy: run(policy, texts, Path(tmp)) for policy in POLICIES}
+        for policy in POLICIES:
+            results[policy] = run(policy, sessions, Path(tmp), results[POLICIES[0]]["tokens"] if results else None)
     n = results[POLICIES[0]]["stats"].tokens
     ce_bits = results[POLICIES[0]]["ce_bits"]
+    stored = results[POLICIES[0]]["stats"].stored_tokens
     header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
     lines = [
         f"\n## Storage per tier policy ({time.strftime('%Y-%m-%d')})\n",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
-        f"{args.sessions} real-text sessions, {n:,} tokens. Bytes per session token; `total` is every tier plus the "
-        "search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is `text()` of every "
-        "session from a fresh read-only open. lm bits / CE: every byte of the stored tier-L payloads (headers and each "
-        f"session's first token included) over the model's cross-entropy of the sessions ({ce_bits / n:.3f} bits/token, "
-        "from the log-probabilities ingest stored).\n",
+        f"{what}, {n:,} session tokens, {stored:,} stored once in the trie. Bytes per session token; `total` is every "
+        "tier plus the search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is the "
+        "tokens of every session from a fresh read-only open, checked against the first archive's. lm bits / CE: every "
+        "byte of the stored tier-L payloads (node framing, the coder's flush and each root's first token included) over "
+        f"the model's cross-entropy of the tokens stored ({ce_bits / stored:.3f} bits/token, from the log-probabilities "
+        "ingest stored).\n",
         header,
         "|" + "---|" * (header.count("|") - 1),
     ]
