@@ -58,14 +58,17 @@ def run(policy: str, sessions: dict[str, dict], folder: Path, expected: dict[str
 def stored_cross_entropy(db, tokens: dict[str, np.ndarray], stored: int) -> float:
     """The model's cross-entropy in bits of every token the trie stores once (a session's first
     token at the uniform prior), from the log-probabilities ingest stored: what tier L's bytes
-    are measured against. A session that is a prefix of another adds nothing; the prefix all
-    sessions share is counted once (which is all they share, in both workloads: checked)."""
-    leaves = [name for name, ids in tokens.items() if not any(
-        other != name and len(o) > len(ids) and np.array_equal(o[: len(ids)], ids) for other, o in tokens.items())]
-    shared = min(common_prefix(tokens[leaves[0]], tokens[n]) for n in leaves)
-    counted = sum(len(tokens[n]) for n in leaves) - (len(leaves) - 1) * shared
-    assert counted == stored, f"the sessions share more than one common prefix ({counted} tokens counted, {stored} stored)"
-    nats = sum(float(db.logprobs(n).sum()) for n in leaves) - (len(leaves) - 1) * float(db.logprobs(leaves[0])[:shared].sum())
+    are measured against. In lexicographic order each session shares with the one before it the
+    longest prefix it shares with any, so the positions past that are the ones it adds."""
+    ordered = sorted(tokens, key=lambda name: tokens[name].tolist())
+    nats, counted, previous = 0.0, 0, np.zeros(0, dtype=np.int64)
+    for name in ordered:
+        ids = tokens[name]
+        shared = common_prefix(previous, ids)
+        nats += float(db.logprobs(name)[shared:].sum())
+        counted += len(ids) - shared
+        previous = ids
+    assert counted == stored, f"{counted} tokens counted, the trie stores {stored}"
     return -nats / math.log(2)
 
 

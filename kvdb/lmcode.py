@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import constriction
 import numpy as np
 
+from kvdb import rangecoder
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KL"
@@ -296,15 +297,19 @@ def encode_with_context(model, ids, *, context: Context | None = None, version: 
 
 
 def _encode(model, ids, context, version, keep_context: bool):
-    body, ctx, context_len = _code(model, ids, context, version, keep_context)
+    vocab = vocab_size(model)
+    encoder = constriction.stream.queue.RangeEncoder()
+    ctx, context_len = _code(model, ids, context, version, keep_context, lambda logits, token: encoder.encode(token, _entropy_model(logits, vocab, PRECISION)))
+    body = encoder.get_compressed().astype("<u4").tobytes()
     ids = np.asarray(ids)
     head = MAGIC + bytes([ctx.version]) + _varint(vocab_size(model)) + _varint(context_len) + _varint(ids.size) + _digest(ids)
     payload = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
     return payload, (ctx if keep_context else None)
 
 
-def _code(model, ids, context, version, keep_context: bool) -> tuple[bytes, Context, int]:
-    """(the range coder's words for ``ids`` as bytes, the context after them, the context's length before)."""
+def _code(model, ids, context, version, keep_context: bool, code_token) -> tuple[Context, int]:
+    """Run ``ids`` through a copy of ``context`` calling ``code_token(logits before it, token)``
+    for each; (the context after them, its length before)."""
     vocab = vocab_size(model)
     _check_vocab(vocab)
     ids = _check_ids(ids, vocab)
@@ -312,17 +317,27 @@ def _code(model, ids, context, version, keep_context: bool) -> tuple[bytes, Cont
         raise InvalidArgument(f"{ids.size} tokens do not fit one payload (at most {_MAX_COUNT})")
     ctx = _start(model, context, version)
     context_len = ctx.length
-    encoder = constriction.stream.queue.RangeEncoder()
-    _advance(model, ctx, ids, lambda i, logits: encoder.encode(int(ids[i]), _entropy_model(logits, vocab, PRECISION)), feed_last=keep_context)
-    return encoder.get_compressed().astype("<u4").tobytes(), ctx, context_len
+    _advance(model, ctx, ids, lambda i, logits: code_token(logits, int(ids[i])), feed_last=keep_context)
+    return ctx, context_len
 
 
 def encode_node(model, ids, *, context: Context | None = None, version: int | None = None) -> tuple[bytes, Context]:
-    """A trie node's payload of ``ids`` (one tag byte, then the coder's words) and the context
-    after them. It holds no count, context length, digest or CRC: the node row holds the first
-    two, and its id, a hash of the path's tokens, checks a decode (:func:`decode_node`)."""
-    body, ctx, _ = _code(model, ids, context, version, keep_context=True)
-    return bytes([NODE_TAG | ctx.version]) + body, ctx
+    """A trie node's payload of ``ids`` (one tag byte, then the exact coder's bytes,
+    :mod:`kvdb.rangecoder`) and the context after them. It holds no count, context length,
+    digest or CRC: the node row holds the first two, and its id, a hash of the path's tokens,
+    checks a decode (:func:`decode_node`)."""
+    vocab = vocab_size(model)
+    encoder = rangecoder.Encoder()
+
+    def code_token(logits, token: int) -> None:
+        if logits is None:
+            encoder.encode(token, 1, vocab)
+        else:
+            freq = frequencies(logits, PRECISION)
+            encoder.encode(int(freq[:token].sum()), int(freq[token]), 1 << PRECISION)
+
+    ctx, _ = _code(model, ids, context, version, True, code_token)
+    return bytes([NODE_TAG | ctx.version]) + encoder.finish(), ctx
 
 
 def is_node_payload(payload: bytes) -> bool:
@@ -335,7 +350,7 @@ def payload_version(payload: bytes) -> int:
     if not is_node_payload(payload):
         return read_header(payload).version
     tag = payload[0]
-    if tag & 0x80 != NODE_TAG or tag & 0x7F not in VERSIONS or (len(payload) - 1) % 4:
+    if tag & 0x80 != NODE_TAG or tag & 0x7F not in VERSIONS:
         raise CorruptData(f"not a kvdb tier-L payload (first byte {tag:#04x}, {len(payload)} bytes)")
     return tag & 0x7F
 
@@ -377,7 +392,14 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
     ctx = _start(model, context, header.version)
     if ctx.length != header.context_len:
         raise InvalidArgument(f"payload was coded after {header.context_len} context tokens, the context given holds {ctx.length}")
-    out = _decode_body(model, bytes(payload)[header.size :], header.n_tokens, ctx)
+    words = np.frombuffer(bytes(payload)[header.size :], dtype="<u4").astype(np.uint32)
+    # Every symbol keeps a floor frequency, so no token costs less than -log2(1 - (V-1)/2**P) bits:
+    # a header claiming more tokens than the body can hold is refused before the model runs.
+    min_bits = -np.log2(1.0 - (vocab - 1) / float(1 << PRECISION))
+    if header.n_tokens > 1 and (header.n_tokens - 1) * min_bits > 2 * (32 * words.size + 64):
+        raise CorruptData(f"token-stream payload claims {header.n_tokens} tokens, more than its {4 * words.size}-byte body can hold")
+    decoder = constriction.stream.queue.RangeDecoder(words)
+    out = _decode_tokens(model, header.n_tokens, ctx, lambda logits: int(decoder.decode(_entropy_model(logits, vocab, PRECISION))))
     if _digest(out) != header.digest:
         raise CorruptData(
             "decoded tokens fail the payload's digest: the payload is damaged, or it was coded with another "
@@ -390,27 +412,26 @@ def decode_node(model, payload: bytes, n_tokens: int, *, context: Context | None
     """The ``n_tokens`` tokens of a node payload (:func:`encode_node`) and the context after them.
     Nothing in the payload checks them: the caller compares them with the node's id."""
     ctx = _start(model, context, payload_version(payload))
-    return _decode_body(model, bytes(payload)[1:], n_tokens, ctx), ctx
-
-
-def _decode_body(model, body: bytes, n_tokens: int, ctx: Context) -> np.ndarray:
-    """``n_tokens`` tokens from the coder's words, advancing ``ctx`` (a copy of the caller's) through them."""
     vocab = vocab_size(model)
-    _check_vocab(vocab)
-    if len(body) % 4:
-        raise CorruptData("token-stream payload body is not a whole number of 32-bit words")
-    words = np.frombuffer(body, dtype="<u4").astype(np.uint32)
-    # Every symbol keeps a floor frequency, so no token costs less than -log2(1 - (V-1)/2**P) bits:
-    # a count claiming more tokens than the body can hold is refused before the model runs.
-    min_bits = -np.log2(1.0 - (vocab - 1) / float(1 << PRECISION))
-    if n_tokens > 1 and (n_tokens - 1) * min_bits > 2 * (32 * words.size + 64):
-        raise CorruptData(f"token-stream payload claims {n_tokens} tokens, more than its {4 * words.size}-byte body can hold")
-    decoder = constriction.stream.queue.RangeDecoder(words)
+    decoder = rangecoder.Decoder(bytes(payload)[1:])
+
+    def next_token(logits) -> int:
+        if logits is None:
+            return decoder.decode_uniform(vocab)
+        return decoder.decode(np.concatenate([[0], np.cumsum(frequencies(logits, PRECISION))]))
+
+    return _decode_tokens(model, n_tokens, ctx, next_token), ctx
+
+
+def _decode_tokens(model, n_tokens: int, ctx: Context, next_token) -> np.ndarray:
+    """``n_tokens`` tokens, each ``next_token(the logits before it)``, advancing ``ctx`` (a copy of
+    the caller's) through them."""
+    _check_vocab(vocab_size(model))
     out = np.empty(n_tokens, dtype=np.int64)
     try:
         with _pinned() if ctx.version == 1 else contextlib.nullcontext():  # pinned once, not once a token
             for i in range(n_tokens):  # the decoder learns each token only by decoding it: one step at a time
-                out[i] = int(decoder.decode(_entropy_model(ctx.logits, vocab, PRECISION)))
+                out[i] = next_token(ctx.logits)
                 _advance(model, ctx, out[i : i + 1])
     except (ValueError, RuntimeError, AssertionError) as exc:  # constriction reports exhausted/invalid data
         raise CorruptData(f"token-stream payload could not be decoded: {exc}") from exc

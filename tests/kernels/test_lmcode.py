@@ -180,20 +180,22 @@ def test_version_2_is_the_integer_pass_with_torch_sqrt(tiny):
     assert not torch.equal(v2.forward(ids, v2.new_cache()), v3.forward(ids, v3.new_cache()))
 
 
-def test_a_node_payload_is_a_tag_byte_and_the_coders_words(tiny, version):
-    """A trie node's payload keeps no header: its count and context length are the node's, and
-    its id checks a decode. Its body is the self-describing payload's, bit for bit."""
+def test_a_node_payload_is_a_tag_byte_and_about_the_information_it_codes(tiny, version):
+    """A trie node's payload keeps no header (its count and context length are the node's, and
+    its id checks a decode) and its coder ends on a byte: within two bytes of the
+    -log2 p of its tokens under the integer frequencies both sides compute."""
     prefix, ids = ids_of(tiny, PROSE[:120]), ids_of(tiny, CODE[:200])
     ctx = lmcode.context_for(tiny.model, prefix, version=version)
     node, after = lmcode.encode_node(tiny.model, ids, context=ctx)
-    framed = lmcode.encode(tiny.model, ids, context=ctx)
-    assert node == bytes([lmcode.NODE_TAG | version]) + framed[lmcode.read_header(framed).size :]
-    assert lmcode.is_node_payload(node) and not lmcode.is_node_payload(framed)
-    assert lmcode.payload_version(node) == lmcode.payload_version(framed) == version
+    bits = []
+    lmcode._code(tiny.model, ids, ctx, None, True, lambda logits, t: bits.append(lmcode.PRECISION - math.log2(lmcode.frequencies(logits)[t])))
+    assert node[0] == lmcode.NODE_TAG | version and len(node) - 1 <= math.ceil(sum(bits) / 8) + 2
+    assert len(node) < len(lmcode.encode(tiny.model, ids, context=ctx)) - 16  # a "KL" payload's header alone is 20 bytes
+    assert lmcode.is_node_payload(node) and lmcode.payload_version(node) == version
     out, decoded = lmcode.decode_node(tiny.model, node, ids.size, context=ctx)
     assert np.array_equal(out, ids) and ctx.length == prefix.size  # the context given is not modified
     assert_same_context(after, decoded)
-    for bad in (b"\x05" + node[1:], bytes([lmcode.NODE_TAG | 9]) + node[1:], node[:-1]):
+    for bad in (b"\x05" + node[1:], bytes([lmcode.NODE_TAG | 9]) + node[1:]):
         with pytest.raises(CorruptData, match="not a kvdb tier-L payload"):
             lmcode.payload_version(bad)
 
