@@ -56,10 +56,10 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
-    assert committed == set(generated) | {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE)}
+    assert committed == set(generated) | {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)}
 
 
 # -- fractal token blocks (format tag 0xF1) -------------------------------------------------
@@ -171,6 +171,25 @@ def test_a_version_2_payload_still_reads_and_writes_the_same_bytes():
     name, vocab, context, n = golden.V2_CASE
     assert_golden(golden.kl_integer_files(golden.V2_CASE, 2))
     check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, version=2)
+
+
+def check_node(payload: bytes, model, vocab: int, context: int, n: int, version: int) -> None:
+    """A node payload: its tag, and the tokens it decodes to given the context."""
+    before, ids = golden.kl_inputs(vocab, context, n)
+    assert payload[0] == lmcode.NODE_TAG | version
+    decoded, after = lmcode.decode_node(model, payload, n, context=lmcode.context_for(model, before, version=version) if context else None)
+    np.testing.assert_array_equal(decoded, ids)
+    assert after.length == context + n
+
+
+def test_node_payloads_are_the_same_bytes_on_every_machine():
+    """Trie-node payloads (tag byte, kvdb.rangecoder's stream): the table model's at version 1
+    and the committed tiny model's at version 3, written and read back byte for byte."""
+    assert_golden(golden.kl_node_files() | golden.kl_model_node_files())
+    name, vocab, context, n = golden.NODE_CASE
+    check_node((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.TableModel(vocab), vocab, context, n, 1)
+    name, vocab, context, n = golden.MODEL_NODE_CASE
+    check_node((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, 3)
 
 
 # -- KV codebooks and code streams ----------------------------------------------------------
