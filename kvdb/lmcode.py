@@ -38,15 +38,21 @@ integer forward pass instead: the same on every machine, and batched chunks give
 one-token steps, so the encoder runs chunks (:func:`_advance`) and only the decoder steps
 (``docs/decisions/0025-tier-l-integer-forward.md``, ``0026-tier-l-integer-kernel.md``).
 Version 2 is that pass with ``torch.sqrt`` in its norms, which is not correctly rounded on every
-build: it is read (by the reference pass), never written. Either way a mismatch is never silent: the
-payload carries a digest of the token stream and decoding raises :class:`~kvdb.errors.CorruptData`.
+build: it is read (by the reference pass), never written. Either way a mismatch is never silent: a
+"KL" payload carries a digest of the token stream, a node's id hashes its path's tokens, and
+decoding raises :class:`~kvdb.errors.CorruptData`.
 
-Payload: a header of 20-24 bytes, then the range coder's 32-bit little-endian words::
+Two framings. A "KL" payload (:func:`encode`, :func:`decode`) describes itself: a header of 20-24
+bytes, then constriction's range coder's 32-bit little-endian words::
 
     magic "KL" | version u8 (1, 2 or 3; all PRECISION 24, LOGIT_SHIFT 8)
     vocab, context_len, n_tokens: unsigned LEB128 varints
     token digest: 8 bytes, blake2b-64 of the tokens as little-endian int32
     crc32: 4 bytes little-endian, of the header bytes before it and of the body
+
+A trie node's payload (:func:`encode_node`, :func:`decode_node`) is a tag byte
+``NODE_TAG | version`` and the stream of :mod:`kvdb.rangecoder`, which ends on a byte: the node
+row holds its count and context length, and its id checks the decode.
 """
 
 from __future__ import annotations
