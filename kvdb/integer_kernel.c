@@ -417,8 +417,8 @@ int kvdb_forward(const Model *m, Cache *cache, int64_t start, int64_t n, double 
     double *x = malloc(sizeof(double) * n * (size_t)(hidden > H * d ? hidden : H * d));
     double *wide = malloc(sizeof(double) * n * widest);
     double *act = malloc(sizeof(double) * n * (size_t)(m->inter > H * d ? m->inter : H * d));
-    int16_t *q = malloc(sizeof(int16_t) * n * (in_widest > (size_t)(H * d) ? in_widest : (size_t)(H * d)));
-    double *s = malloc(sizeof(double) * n * (size_t)(H > 1 ? H : 1));
+    int16_t *q = malloc(sizeof(int16_t) * n * in_widest);
+    double *s = malloc(sizeof(double) * n); /* a linear layer's row scales */
     int16_t *qq = malloc(sizeof(int16_t) * n * H * d);
     double *qs = malloc(sizeof(double) * n * H);
     double *scratch = malloc(sizeof(double) * H * 2 * (start + n));

@@ -78,6 +78,7 @@ NODE_TAG = 0x80  # a node payload's first byte is NODE_TAG | version ("KL" paylo
 # with torch.sqrt in its norms, which is not correctly rounded everywhere (read, no longer written)
 VERSIONS = (1, 2, 3)
 INTEGER_VERSIONS = (2, 3)
+PORTABLE_VERSION = 3  # what new payloads get wherever kvdb.integer_lm covers the model
 CHUNK = 256  # tokens a version-2/3 encoder runs through the forward pass at once
 PRECISION = 24  # bits of the integer frequencies; constriction's Categorical codes at 24-bit precision
 LOGIT_SHIFT = 8  # logits are rounded to multiples of 2**-8 nats before quantisation
@@ -219,7 +220,7 @@ def version_for(model) -> int:
 
     reason = IntegerLM.unsupported(model)
     if reason is None:
-        return 3
+        return PORTABLE_VERSION
     if id(model) not in _WARNED:
         _WARNED.add(id(model))
         warnings.warn(f"tier L falls back to payload version 1 (not portable across machines): {reason}", stacklevel=2)
@@ -234,10 +235,10 @@ def _integer(model, version: int):
     from kvdb.integer_lm import IntegerLM
 
     passes = _INTEGER.setdefault(model, {})
-    if 3 not in passes:
-        passes[3] = IntegerLM(model)
+    if PORTABLE_VERSION not in passes:
+        passes[PORTABLE_VERSION] = IntegerLM(model)
     if version == 2 and 2 not in passes:
-        passes[2] = passes[3].with_torch_sqrt()
+        passes[2] = passes[PORTABLE_VERSION].with_torch_sqrt()
     return passes[version]
 
 
@@ -308,7 +309,7 @@ def _encode(model, ids, context, version, keep_context: bool):
     ctx, context_len = _code(model, ids, context, version, keep_context, lambda logits, token: encoder.encode(token, _entropy_model(logits, vocab, PRECISION)))
     body = encoder.get_compressed().astype("<u4").tobytes()
     ids = np.asarray(ids)
-    head = MAGIC + bytes([ctx.version]) + _varint(vocab_size(model)) + _varint(context_len) + _varint(ids.size) + _digest(ids)
+    head = MAGIC + bytes([ctx.version]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
     payload = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
     return payload, (ctx if keep_context else None)
 

@@ -83,18 +83,21 @@ class Upkeep:
     def _recode_for_tier_l_alone(self, row, nodes) -> dict[str, bytes]:
         """New payloads for ``nodes`` (about to keep tier L alone) whose stored one is not the
         node payload new ingests write for the model; each coded given its path's context. The
-        model loads only when some payload is not version 3's already."""
+        model loads only when some payload is not the portable version's already."""
         from kvdb import lmcode
 
-        def current(payload: bytes, version: int) -> bool:
+        payloads = {n.node_id: self._storage.node_lm_payload(n.node_id) for n in nodes}
+
+        def current(node, version: int) -> bool:
+            payload = payloads[node.node_id]
             return lmcode.is_node_payload(payload) and lmcode.payload_version(payload) == version
 
-        stale = [n for n in nodes if not current(self._storage.node_lm_payload(n.node_id), 3)]
+        stale = [n for n in nodes if not current(n, lmcode.PORTABLE_VERSION)]
         if not stale:
             return {}
         loaded = self._models.for_session(row)
         version = lmcode.version_for(loaded.model)
-        stale = [n for n in stale if not current(self._storage.node_lm_payload(n.node_id), version)]
+        stale = [n for n in stale if not current(n, version)]
         if not stale:
             return {}
         ids = self._reader.path_tokens(row)
