@@ -19,6 +19,8 @@ from ctypes import POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_voi
 
 import torch
 
+from kvdb.errors import Busy
+
 
 class _Linear(Structure):
     _fields_ = [("inputs", c_int64), ("outputs", c_int64), ("weight", c_void_p), ("scale", c_void_p), ("bias", c_void_p)]
@@ -110,5 +112,5 @@ class Kernel:
         held = _Cache(cache.capacity, _ptr(cache.k), _ptr(cache.v), _ptr(cache.ks), _ptr(cache.vs))
         status = _LIB.kvdb_forward(ctypes.byref(self._model), ctypes.byref(held), cache.length, n, _ptr(h), _ptr(cos), _ptr(sin), _ptr(logits))
         if status != 0:
-            raise MemoryError(f"the integer kernel could not allocate its scratch memory for {n} positions (status {status})")
+            raise Busy(f"tier L's integer kernel could not allocate its scratch memory for {n} positions after {cache.length}: free memory and retry")
         return logits
