@@ -49,6 +49,7 @@ bench: install
 	$(PY) benchmarks/tiers.py
 	$(PY) benchmarks/kv.py
 	$(PY) benchmarks/copy_scan.py
+	$(PY) benchmarks/kv_ideas.py
 	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/window.py
 	$(PY) benchmarks/semantic.py

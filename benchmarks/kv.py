@@ -46,12 +46,9 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
-# the layers whose keys, quantized alone, cost SmolLM2 the most on a verbatim-copy continuation
-# (benchmarks/copy_scan.py, RESULTS.md "Which layers a verbatim copy depends on": layer 18 x1.37,
-# 7 x1.20, 8 x1.10, 20 x1.07, 14 x1.03, 23 x1.02; the others within 1.5%, and every layer within
-# 1.5% on a continuation that copies nothing): deeper codes there only
-COPY_LAYERS = "7-8,14,18,20,23"
-COPY_PRESET = f"k4v3+k6@{COPY_LAYERS}+v4@{COPY_LAYERS}"
+# the preset of a model nobody measured; the embedded model's own default (quant.MEASURED_PRESETS,
+# from benchmarks/kv_ideas.py's scan at 8,000 tokens) is measured beside it
+UNIFORM = Q.DEFAULT_PRESET
 # the paper's settings, expressed with the harness's own codebooks and window policy
 PAPER = [
     ("paper: per-head RVQ 256x2 post-RoPE K+V, window stored", "post", "k2v2", "stored", "kv"),
@@ -192,9 +189,10 @@ def _exact_pass(model, prefix, cont):
     return kpre, vals, lp, am
 
 
-def _long_contexts(model, ids, lengths, n_long, calib_end, books, peers, check_held_out):
-    """Table rows at long contexts: the default preset (trained and shipped), its diagnoses, and
-    the peers, by the same teacher-forced protocol as the 1,024-token table."""
+def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, peers, check_held_out):
+    """Table rows at long contexts: the model's default preset (trained and shipped) and its
+    diagnoses, the uniform preset, and the peers, by the same teacher-forced protocol as the
+    1,024-token table."""
     rows = []
     for n in lengths:
         start0 = calib_end + 20_000
@@ -213,10 +211,10 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, peers, check_h
             check_held_out(s, n)
             prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
-            for which, preset in (("pre", Q.DEFAULT_PRESET), ("shipped", Q.DEFAULT_PRESET), ("pre", COPY_PRESET)):
+            for which, preset in (("pre", default), ("shipped", default), ("pre", UNIFORM)):
                 cb = books[which].truncate(preset)
                 kq, vq = Q.decode(cb, Q.encode(cb, kpre, vals))
-                diagnosed = which == "pre" and preset == Q.DEFAULT_PRESET
+                diagnosed = which == "pre" and preset == default
                 variants = [("", None)] + ([(f", {label}", part) for label, part in DIAGNOSES] if diagnosed else [])
                 for suffix, part in variants:
                     k, v = (kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)
@@ -297,14 +295,15 @@ def main() -> None:
     t_capture = time.perf_counter() - t
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
-    kmax, vmax = 6, 4  # every preset measured, the copy-layer one too, is a prefix of these stages
+    default = Q.default_preset(lm.identity.weights_hash)
+    kmax, vmax = 12, 4  # every preset measured, the model's default too, is a prefix of these stages
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})
     t_train_pre = time.perf_counter() - t
     print(f"trained pre-RoPE k{kmax}v{vmax} in {t_train_pre:.0f} s", flush=True)
     t = time.perf_counter()
-    post_k = Q.train({"k": ckpost}, f"k{kmax}v0", pre_rope=False)
-    post = Q.Codebooks(L, H, D, False, {"k": post_k.books["k"], "v": pre.books["v"]}, f"k{kmax}v{vmax}")
+    post_k = Q.train({"k": ckpost}, "k6v0", pre_rope=False)
+    post = Q.Codebooks(L, H, D, False, {"k": post_k.books["k"], "v": pre.books["v"]}, f"k6v{vmax}")
     t_train_post = time.perf_counter() - t
     print(f"trained post-RoPE keys in {t_train_post:.0f} s", flush=True)
     big = None
@@ -326,9 +325,9 @@ def main() -> None:
     if args.quick:
         presets = ["k2v1", "k4v2"]
     else:
-        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER, COPY_PRESET]
+        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER] + ([default] if default != UNIFORM else [])
     configs = [(f"pre {p}", "pre", p, "recompute", "kv") for p in presets]
-    configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([SH.PRESET] if args.quick else [SH.PRESET, "k4v2", "k2v1"])]
+    configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([default] if args.quick else [default, "k2v2", "k2v1"])]
     configs += [(f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])]
     base = "k4v2"
     configs += [
@@ -474,7 +473,7 @@ def main() -> None:
         )
         points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
     lengths = [int(x) for x in args.long.split(",") if x.strip()]
-    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, [] if args.no_peers else PEERS, check_held_out) if lengths else []
+    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, [] if args.no_peers else PEERS, check_held_out) if lengths else []
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
         _plot(points, fp16_per_token, plot_path)
@@ -525,8 +524,8 @@ def main() -> None:
         "",
         *([
             f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each followed by the same "
-            f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at {Q.DEFAULT_PRESET}, and "
-            f"`pre` at {COPY_PRESET} (deeper codes in the layers a verbatim copy depends on). "
+            f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at the model's default "
+            f"{default}, and `pre` at {UNIFORM} (every layer alike). "
             f"The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
             "",
             "| context tokens | configuration | ppl ratio (pooled) | per-context min–max | top-1 agreement | contexts |",

@@ -2,7 +2,7 @@
 the token tier against the cache built from tier K (the archive) with each window policy, at
 1,024, 4,096 and 8,000 tokens, beside the memory-bandwidth floor of writing that cache.
 
-    .venv/bin/python benchmarks/restore.py [--tokens 1024,4096,8000] [--preset k4v3] [--runs 3]
+    .venv/bin/python benchmarks/restore.py [--tokens 1024,4096,8000] [--preset P] [--runs 3]
 
 Codebooks are trained on one real text and the sessions restored are others (one session per
 length, each restored whole). The archive's "stored" window runs no forward pass (the sinks come
@@ -26,7 +26,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
-from kvdb import quant  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
 from report import describe, median_seconds, publish  # noqa: E402
 
@@ -49,7 +48,7 @@ def copy_floor(nbytes: int, runs: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1024,4096,8000", help="session lengths restored")
-    parser.add_argument("--preset", default=quant.DEFAULT_PRESET, help="default: the archive's default")
+    parser.add_argument("--preset", default=None, help="default: the model's (quant.default_preset)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     lengths = [int(t) for t in args.tokens.split(",")]
@@ -80,7 +79,7 @@ def main() -> None:
     lines = [
         f"\n## Restore by mode and window ({time.strftime('%Y-%m-%d')})\n",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` — {describe(f'torch {torch.__version__}')}; "
-        f"SmolLM2-135M-Instruct; {args.preset} codebooks trained on 4,096 tokens of one text ({trained['seconds']} s); each session "
+        f"SmolLM2-135M-Instruct; {trained['preset']} codebooks trained on 4,096 tokens of one text ({trained['seconds']} s); each session "
         f"another stretch of text, restored at its length less a {PROBE}-token probe; median of {args.runs}. "
         f"Archive, stored window: no forward pass (4 exact sinks from this machine's sink cache, the rest from tier K). "
         f"Archive, recomputed window: sinks and the 32 most recent positions recomputed in one forward pass. "

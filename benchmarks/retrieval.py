@@ -267,7 +267,7 @@ def default_codebooks(db) -> str | None:
     try:
         from kvdb import shipped
 
-        preset = f"preset {shipped.PRESET}, "
+        preset = f"preset {shipped.recipe(db.loaded_model.identity)['preset']}, "
     except ImportError:
         preset = ""
     return (

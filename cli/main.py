@@ -345,9 +345,9 @@ def codebooks():
 @codebooks.command("train")
 @click.option(
     "--preset",
-    default=quant.DEFAULT_PRESET,
-    show_default=True,
-    help="Residual stages of 256 centroids for keys and values, e.g. k4v3 (36.6x at +9.7% perplexity on SmolLM2), k4v2, k2v1.",
+    default=None,
+    help="Residual stages of 256 centroids for keys and values, e.g. k4v3, k4v2, k2v1; overrides per layer as "
+    f"k3v3+k8@7,18+k2@0-5.  [default: the model's measured preset where kvdb has one (SmolLM2-135M-Instruct), else {quant.DEFAULT_PRESET}]",
 )
 @click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
 @model_option

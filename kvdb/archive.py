@@ -14,7 +14,6 @@ from pathlib import Path
 
 import platformdirs
 
-from kvdb import quant
 from kvdb.index import Indexes
 from kvdb.prefix_cache import PrefixCache
 from kvdb.records import CodebookSet, IngestResult, Prefix, RestoredSession, Session, Stats, Turn
@@ -131,9 +130,9 @@ class Archive:
         """Refuse now, with what to run, a ``keep`` that a later ``ingest`` would refuse."""
         self._ingester.check_keep(keep)
 
-    def train_codebooks(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
+    def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,
-        up to ``tokens`` positions)."""
+        up to ``tokens`` positions); ``preset`` defaults to the model's (``quant.default_preset``)."""
         return self._tier_k.train(preset, tokens, niter)
 
     def codebooks(self) -> list[CodebookSet]:

@@ -40,10 +40,20 @@ VERSION = 1
 _PREFIX = struct.Struct("<8s I I")  # magic, version, header length
 _CRC = struct.Struct("<I")
 
-# The smallest preset within +10% perplexity on SmolLM2 (benchmarks/kv.py, 4 held-out contexts:
-# k4v3 36.6x at +9.7%; k4v2 42.7x at +11.0%; codes only, the window recomputed).
+# Every layer alike: the preset of a model nobody has measured (decision 0010).
 DEFAULT_PRESET = "k4v3"
-COMPACT_PRESET = "k2v1+k4@6-29+v2@2-29"  # 30-layer models: 46.3x, ppl x1.26
+# Presets measured on one model's weights (by their hash): deeper key codes on the layers whose
+# keys its copy heads read, fewer where keys barely matter (benchmarks/kv_ideas.py, decision 0027).
+# The layers are that model's, so no other model gets them.
+MEASURED_PRESETS = {
+    # SmolLM2-135M-Instruct, the embedded model
+    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": "k3v3+k12@18+k8@7,20,23+k2@0-5+v2@0-1",
+}
+
+
+def default_preset(weights_hash: str) -> str:
+    """The preset tier K uses for a model when nobody names one."""
+    return MEASURED_PRESETS.get(weights_hash, DEFAULT_PRESET)
 
 
 # ------------------------------------------------------------------------------------------

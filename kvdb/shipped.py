@@ -2,8 +2,8 @@
 shipped in the package (``kvdb/data/calibration.txt``, provenance in ``kvdb/data/README.md``)
 and cached beside the converted model, so ``--keep kv`` works on a fresh archive.
 
-An archive never stores these centroids (20.6 MB for k4v3 on SmolLM2, ~1.6 times the fp16 cache
-of a 1,000-token session). It stores a *reference* (:class:`Reference`, a few hundred bytes):
+An archive never stores these centroids (19.3 MB for SmolLM2's default preset, about 0.8 times
+the fp16 cache of a 1,000-token session). It stores a *reference* (:class:`Reference`, a few hundred bytes):
 the recipe that builds them (model weights and tokenizer, the calibration text's hash, preset,
 sizes, trainer settings) and the hash of the bytes the writing machine built. Another machine
 builds the same recipe; its floating point may differ in the last bits (the model's forward
@@ -31,7 +31,6 @@ from kvdb.errors import CorruptData
 
 CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
 RECIPE_VERSION = 1
-PRESET = quant.DEFAULT_PRESET
 CHUNK = 2048  # calibration contexts: long enough to hold states far from the sinks
 POSITIONS = 8192  # vectors per codebook, as `kvdb codebooks train` defaults to
 NITER = 12
@@ -91,7 +90,7 @@ def recipe(identity) -> dict:
         "weights_hash": identity.weights_hash,
         "tokenizer_hash": identity.tokenizer_hash,
         "calibration_sha256": _calibration_sha256(),
-        "preset": PRESET,
+        "preset": quant.default_preset(identity.weights_hash),
         "chunk": CHUNK,
         "positions": POSITIONS,
         "niter": NITER,

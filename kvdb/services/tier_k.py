@@ -59,7 +59,7 @@ class TierK:
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
         if not self._storage.read_only:
-            self._storage.apply(PutCodebooks(codebook_id, model_id, shipped.PRESET, data))
+            self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, data))
         self._books[codebook_id] = books
         return codebook_id, books
 
@@ -94,10 +94,12 @@ class TierK:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
         return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
 
-    def train(self, preset: str = quant.DEFAULT_PRESET, tokens: int = 8192, niter: int = 12) -> dict:
+    def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
-        (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed)."""
+        (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed),
+        with the model's own preset (``quant.default_preset``) unless one is named."""
         loaded = self._models.get()
+        preset = preset or quant.default_preset(loaded.identity.weights_hash)
         start = time.perf_counter()
         keys, values, used = [], [], 0
         for row in self._storage.list_sessions():

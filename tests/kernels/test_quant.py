@@ -306,3 +306,34 @@ def test_beam_encoding_never_worse_and_weights_round_trip(trained):
     np.testing.assert_array_equal(back.weights["k"], cw.weights["k"])
     kq, _ = Q.decode(back, Q.encode(back, k, v))
     assert err(kq) < float(((k - k.mean(2, keepdims=True)) ** 2).sum(-1).mean())
+
+
+def test_the_measured_default_is_the_embedded_models_alone():
+    """A preset whose layers were measured on one model's weights goes to that model only."""
+    [(weights, preset)] = Q.MEASURED_PRESETS.items()
+    assert Q.default_preset(weights) == preset != Q.DEFAULT_PRESET
+    assert Q.default_preset("0" * 64) == Q.DEFAULT_PRESET
+    alloc = Q.allocation(preset, 30)
+    assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 8] + [3] * 10 + [12, 3, 8, 3, 3, 8] + [3] * 6
+    assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
+
+
+def test_the_measured_preset_round_trips_through_its_streams():
+    """Layers of different depths in one set: codes -> token-major streams -> codes, and decode
+    equals the sum of the centroids each layer has."""
+    [preset] = Q.MEASURED_PRESETS.values()
+    k, v = _vectors(layers=30, heads=1, n=300, dim=4, seed=3), _vectors(layers=30, heads=1, n=300, dim=4, seed=4)
+    cb = Q.train({"k": k, "v": v}, preset, niter=2)
+    codes = Q.encode(cb, k, v)
+    assert [len(s) for s in cb.stages("k")] == [len(s) for s in Q.allocation(preset, 30)["k"]]
+    streams = Q.code_streams(cb, codes, start=4)
+    assert len(streams[256]) == 296 * (sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v"))))  # heads = 1
+    back = Q.codes_from_streams(cb, streams, 296)
+    for kind, (a, b) in enumerate(zip(codes, back)):
+        np.testing.assert_array_equal(a[..., 4:], b, err_msg=Q.KINDS[kind])
+    keys, _ = Q.decode(cb, codes)
+    for layer in (0, 7, 8):
+        want = sum(cb.books["k"][layer][s][0][codes[0][layer, 0, s]] for s in range(len(cb.stages("k")[layer])))
+        np.testing.assert_allclose(keys[layer, 0], want, rtol=1e-6, atol=1e-6)
+    codes_per_position = sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v")))
+    assert Q.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers

@@ -1,0 +1,348 @@
+"""Issue 16's ideas for a better tier K curve, each measured on kv.py's held-out protocol, and
+where the loss at 8,000 tokens comes from.
+
+    .venv/bin/python benchmarks/kv_ideas.py [--no-results]
+
+The protocol is kv.py's: codebooks calibrated on the first 8 x 1,024 tokens of
+``corpus.real_text`` (sinks left out), scored on the same held-out contexts (4 of 1,024 tokens
+and 2 of 8,000, at kv.py's offsets), each followed by 128 teacher-forced tokens through
+``capture.teacher_forced`` with the window recomputed, against the exact prefill cache. One
+pre-RoPE k12v4 training serves every preset (stages nest). Bytes are the code streams as stored
+(``quant.stored_code_bytes``) plus the codebooks amortised over 1e6 tokens.
+
+1. **Where the loss at 8,000 tokens comes from**: k4v3 everywhere, the keys of one layer exact;
+   then one head at a time of the four layers that matter most.
+2. **Bits by importance, per layer and head**: presets built from that scan (deeper key codes
+   on the layers found, fewer elsewhere), SmolLM2's default among them
+   (``quant.default_preset``); the default and k4v3 also on two more 8,000-token contexts that
+   no choice here looked at (validation).
+3. **Bits by importance, per position**: each position's attention mass received in the ingest
+   pass (every later query, head and layer); the upper half gets k6v4, the lower k2v2, against
+   k4v3 for every position (the same bytes). At 1,024 tokens only (eager attention).
+4. **Layer 0 from the tokens**: in a Llama-style model layer 0's keys and values are a function
+   of the token alone; computed from the embedding, checked against the captured ones, and
+   their bytes left out.
+5. **A rotation before VQ**: a random orthogonal rotation per (layer, head, kind), k4v3 trained
+   and scored in the rotated space.
+6. **Cross-layer prediction**: the share of the variance of layer l's keys (values) that a
+   least-squares linear map from layer l-1's exact ones predicts, fitted on the calibration
+   text, measured on the 8,000-token contexts (the best case: a decoder has only the decoded
+   previous layer).
+7. **Entropy coding of the code indices**: cross-entropy of the held-out k4v3 codes under
+   tables counted on the calibration codes (add-1/2 smoothing toward the order-0 table), the
+   tables' bytes (2 per count) counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import real_text  # noqa: E402
+from kv import CONT, CTX, _exact_pass  # noqa: E402
+from report import describe, publish  # noqa: E402
+
+from kvdb import capture as C  # noqa: E402
+from kvdb import model as M  # noqa: E402
+from kvdb import quant as Q  # noqa: E402
+from kvdb import tokenizer as T  # noqa: E402
+
+BASE = "k4v3"
+LONG = 8000
+VALIDATION = (54_000, 110_000)  # 8,000-token contexts clear of every other context here
+
+
+def _held_out(ids: np.ndarray, calib_end: int) -> list[tuple[int, int]]:
+    """kv.py's offsets: 4 contexts of 1,024 past a third of the corpus, 2 of 8,000 past the calibration."""
+    start0 = max(calib_end + 20_000, len(ids) // 3)
+    stride = max(CTX + CONT + 1, (len(ids) - start0 - CTX - CONT - 1) // 4)
+    out = [(start0 + i * stride, CTX) for i in range(4)]
+    start0 = calib_end + 20_000
+    stride = max(LONG + CONT + 1, (len(ids) - start0 - LONG - CONT - 1) // 2)
+    return out + [(start0 + i * stride, LONG) for i in range(2)]
+
+
+def _layer0_from_tokens(model, ids) -> tuple[np.ndarray, np.ndarray]:
+    """Layer 0's pre-RoPE keys and values of each token alone: embedding, norm, projections."""
+    layer = model.model.layers[0]
+    attn = layer.self_attn
+    with torch.no_grad():
+        x = layer.input_layernorm(model.model.embed_tokens(torch.as_tensor(np.asarray(ids, np.int64))))
+        heads, dim = model.config.num_key_value_heads, attn.head_dim
+        k = attn.k_proj(x).view(len(ids), heads, dim).transpose(0, 1)
+        v = attn.v_proj(x).view(len(ids), heads, dim).transpose(0, 1)
+    return k.float().numpy(), v.float().numpy()
+
+
+def _attention_mass(model, ids) -> np.ndarray:
+    """Attention each position receives in one prefill of ``ids``, summed over queries, heads and layers."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(torch.as_tensor(np.asarray(ids, np.int64))[None], output_attentions=True)
+        return sum(a[0].sum(dim=(0, 1)).float().numpy() for a in out.attentions)
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def _xent_bits(train_ctx, train_sym, test_ctx, test_sym, contexts: int, size: int = 256) -> float:
+    """Bits per symbol of ``test_sym`` under counts of (context, symbol) from the training codes,
+    smoothed toward their order-0 frequencies (weight size/2)."""
+    p0 = np.bincount(train_sym, minlength=size) + 1.0
+    p0 /= p0.sum()
+    counts = np.zeros((contexts, size))
+    np.add.at(counts, (train_ctx, train_sym), 1)
+    lam = size / 2
+    p = (counts[test_ctx, test_sym] + lam * p0[test_sym]) / (counts.sum(1)[test_ctx] + lam)
+    return float(-np.log2(p).mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-results", action="store_true", help="print the tables without appending them to RESULTS.md")
+    args = parser.parse_args()
+    t_all = time.perf_counter()
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    lm = M.load()
+    model = lm.model
+    cfg = model.config
+    L, H = cfg.num_hidden_layers, cfg.num_key_value_heads
+    fp16 = L * 2 * H * model.model.layers[0].self_attn.head_dim * 2
+    ids = np.asarray(T.encode(lm.tokenizer, real_text(600_000)), dtype=np.int64)
+    calib_ids = ids[: 8 * CTX]
+    ck, cv = [], []
+    for c in range(8):
+        k, v = C.capture(model, calib_ids[c * CTX : (c + 1) * CTX], pre_rope=True)
+        ck.append(k[:, :, C.SINKS :])
+        cv.append(v[:, :, C.SINKS :])
+    ck, cv = np.concatenate(ck, 2), np.concatenate(cv, 2)
+    t = time.perf_counter()
+    deep = Q.train({"k": ck, "v": cv}, "k12v4", pre_rope=True)
+    t_train = time.perf_counter() - t
+    print(f"trained k12v4 in {t_train:.0f} s", flush=True)
+
+    contexts = []  # dicts: prefix, cont, k, v (exact pre-RoPE), lp, am (exact), codes (k12v4)
+    for s, n in _held_out(ids, len(calib_ids)) + [(s, -LONG) for s in VALIDATION]:  # n < 0: validation
+        prefix, cont = ids[s : s + abs(n)], ids[s + abs(n) : s + abs(n) + CONT + 1]
+        k, v, lp, am = _exact_pass(model, prefix, cont)
+        contexts.append({"start": s, "n": n, "prefix": prefix, "cont": cont, "k": k, "v": v, "lp": lp, "am": am,
+                         "codes": Q.encode(deep, k, v)})
+        print(f"context {s} of {n} captured ({time.perf_counter() - t_all:.0f} s)", flush=True)
+
+    def decoded(ctx, preset):
+        cb = deep.truncate(preset)
+        kc, vc = ctx["codes"]
+        return Q.decode(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]))
+
+    def ratio(n, arrays):
+        """Pooled perplexity ratio, per-context ratios and top-1 agreement over the contexts of length ``n``;
+        ``arrays(ctx)`` gives the (keys, values) to restore."""
+        nll, nll_e, agree, per = [], [], [], []
+        for ctx in (c for c in contexts if c["n"] == n):
+            k, v = arrays(ctx)
+            lp, am = C.teacher_forced(model, C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
+            nll.append(-lp)
+            nll_e.append(-ctx["lp"])
+            agree.append(am == ctx["am"])
+            per.append(float(np.exp(nll[-1].mean() - nll_e[-1].mean())))
+        r = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))
+        return r, per, float(np.concatenate(agree).mean())
+
+    def cell(r) -> str:
+        return f"{r[0]:.4f} ({min(r[1]):.3f}–{max(r[1]):.3f}) | {r[2]:.3f}"
+
+    def bytes_per_token(preset: str, layer0: bool = False) -> float:
+        """Code bytes as stored per token of the 1,024-token contexts (identical for each), codebooks over 1e6 tokens."""
+        if layer0:
+            preset += "+k0@0+v0@0"
+        cb = deep.truncate(preset)
+        ctx = contexts[0]
+        kc, vc = ctx["codes"]
+        code = Q.stored_code_bytes(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]), start=C.SINKS)
+        return code / ctx["n"] + cb.nbytes / 1e6
+
+    # -- 1. where the loss at 8,000 comes from -----------------------------------------------------
+    base_long = {id(c): decoded(c, BASE) for c in contexts if c["n"] == LONG}
+
+    def keys_exact(units):
+        def arrays(ctx):
+            kq, vq = base_long[id(ctx)]
+            k = kq.copy()
+            for layer, head in units:
+                k[layer, head] = ctx["k"][layer, head]
+            return k, vq
+        return arrays
+
+    scan = [(layer, ratio(LONG, keys_exact([(layer, slice(None))]))) for layer in range(L)]
+    print("layer scan done", flush=True)
+    worst = sorted(range(L), key=lambda layer: scan[layer][1][0])
+    top, nxt = sorted(worst[:4]), sorted(worst[4:8])
+    heads = [((layer, h), ratio(LONG, keys_exact([(layer, h)]))) for layer in top for h in range(H)]
+    best_heads = [u for u, _ in sorted(heads, key=lambda x: x[1][0])[:4]]
+    both_exact = ratio(LONG, keys_exact(best_heads))
+    base_r = ratio(LONG, lambda ctx: base_long[id(ctx)])
+    del base_long
+    print("head scan done", flush=True)
+
+    # -- 2. presets from the scan; 4. layer 0 from the tokens --------------------------------------
+    top_s, nxt_s = ",".join(map(str, top)), ",".join(map(str, nxt))
+    default = Q.default_preset(lm.identity.weights_hash)
+    presets = [BASE, f"k4v3+k8@{top_s}", f"k3v3+k8@{top_s}+k2@0-5", f"k3v3+k12@{top_s}+k2@0-5", f"k3v4+k8@{top_s}+k2@0-5+v2@0-5",
+               f"k2v3+k8@{top_s}+k4@{nxt_s}", f"k2v2+k8@{top_s}+k4@{nxt_s}", default]
+    layer0_err = max(float(np.abs(np.stack(_layer0_from_tokens(model, c["prefix"])) - np.stack([c["k"][0], c["v"][0]])).max())
+                     for c in contexts)
+
+    def with_layer0(preset):
+        def arrays(ctx):
+            k, v = decoded(ctx, preset)
+            k[0], v[0] = _layer0_from_tokens(model, ctx["prefix"])
+            return k, v
+        return arrays
+
+    preset_rows = []
+    for p in presets:
+        arrays = lambda ctx, p=p: decoded(ctx, p)  # noqa: E731
+        preset_rows.append((p, bytes_per_token(p), ratio(CTX, arrays), ratio(LONG, arrays)))
+        print(f"preset {p} done", flush=True)
+    for p in (BASE, default):
+        preset_rows.append((f"{p}, layer 0 from the tokens", bytes_per_token(p, layer0=True), ratio(CTX, with_layer0(p)), ratio(LONG, with_layer0(p))))
+    validation = [(p, ratio(-LONG, lambda ctx, p=p: decoded(ctx, p))) for p in (BASE, f"k3v3+k8@{top_s}+k2@0-5", default)]
+    print("validation done", flush=True)
+
+    # -- 3. bits by attention mass received --------------------------------------------------------
+    def by_mass(ctx):
+        mass = _attention_mass(model, ctx["prefix"])
+        mass[: C.SINKS] = np.inf  # recomputed anyway
+        upper = mass >= np.median(mass)
+        (k6, v6), (k2, v2) = decoded(ctx, "k6v4"), decoded(ctx, "k2v2")
+        return np.where(upper[None, None, :, None], k6, k2), np.where(upper[None, None, :, None], v6, v2)
+
+    mass_r = ratio(CTX, by_mass)
+    print("attention-mass allocation done", flush=True)
+
+    # -- 5. a rotation before VQ -------------------------------------------------------------------
+    rng = np.random.default_rng(0)
+    dim = ck.shape[-1]
+    rot = {kind: np.linalg.qr(rng.standard_normal((L, H, dim, dim)))[0].astype(np.float32) for kind in Q.KINDS}
+    turned = Q.train({"k": ck @ rot["k"], "v": cv @ rot["v"]}, BASE, pre_rope=True)
+
+    def rotated(ctx):
+        kq, vq = Q.decode(turned, Q.encode(turned, ctx["k"] @ rot["k"], ctx["v"] @ rot["v"]))
+        return kq @ rot["k"].transpose(0, 1, 3, 2), vq @ rot["v"].transpose(0, 1, 3, 2)
+
+    rot_rows = (ratio(CTX, rotated), ratio(LONG, rotated))
+    print("rotation done", flush=True)
+
+    # -- 6. cross-layer prediction ------------------------------------------------------------------
+    long = [c for c in contexts if c["n"] == LONG]
+    explained = {}
+    for kind, calib in (("k", ck), ("v", cv)):
+        shares = []
+        for layer in range(1, L):
+            x = calib[layer - 1].transpose(1, 0, 2).reshape(calib.shape[2], -1)
+            y = calib[layer].transpose(1, 0, 2).reshape(calib.shape[2], -1)
+            x1 = np.hstack([x, np.ones((len(x), 1), np.float32)])
+            w = np.linalg.lstsq(x1, y, rcond=None)[0]
+            err = tot = 0.0
+            for c in long:
+                a = c[kind][layer - 1].transpose(1, 0, 2).reshape(c["n"], -1)
+                b = c[kind][layer].transpose(1, 0, 2).reshape(c["n"], -1)
+                err += float(((np.hstack([a, np.ones((len(a), 1), np.float32)]) @ w - b) ** 2).sum())
+                tot += float(((b - b.mean(0)) ** 2).sum())
+            shares.append(1 - err / tot)
+        explained[kind] = shares
+
+    # -- 7. entropy coding of the code indices -------------------------------------------------------
+    base_cb = deep.truncate(BASE)
+    calib_codes = Q.encode(base_cb, ck, cv)
+    held = [Q.encode(base_cb, c["k"][:, :, C.SINKS :], c["v"][:, :, C.SINKS :]) for c in long]
+    bits = {"order 0": [], "previous head, same stage": [], "previous stage, same head": [], "previous position": []}
+    tables = {name: 0 for name in bits}
+    for ki, kind in enumerate(Q.KINDS):
+        for layer in range(L):
+            for stage in range(len(base_cb.stages(kind)[layer])):
+                for h in range(H):
+                    tr = calib_codes[ki][layer, h, stage].astype(np.int64)
+                    te = np.concatenate([x[ki][layer, h, stage] for x in held]).astype(np.int64)
+                    zero_tr, zero_te = np.zeros_like(tr), np.zeros_like(te)
+                    bits["order 0"].append(_xent_bits(zero_tr, tr, zero_te, te, 1))
+                    tables["order 0"] += 256 * 2
+                    prev_h = h - 1 if h else None
+                    if prev_h is None:
+                        ctx_tr, ctx_te, n_ctx = zero_tr, zero_te, 1
+                    else:
+                        ctx_tr = calib_codes[ki][layer, prev_h, stage].astype(np.int64)
+                        ctx_te = np.concatenate([x[ki][layer, prev_h, stage] for x in held]).astype(np.int64)
+                        n_ctx = 256
+                    bits["previous head, same stage"].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
+                    tables["previous head, same stage"] += n_ctx * 256 * 2
+                    if stage:
+                        ctx_tr = calib_codes[ki][layer, h, stage - 1].astype(np.int64)
+                        ctx_te = np.concatenate([x[ki][layer, h, stage - 1] for x in held]).astype(np.int64)
+                        bits["previous stage, same head"].append(_xent_bits(ctx_tr, tr, ctx_te, te, 256))
+                        tables["previous stage, same head"] += 256 * 256 * 2
+                    else:
+                        bits["previous stage, same head"].append(bits["order 0"][-1])
+                        tables["previous stage, same head"] += 256 * 2
+                    # previous position within each context (the calibration as one run)
+                    bits["previous position"].append(float(np.mean([_xent_bits(tr[:-1], tr[1:], x[ki][layer, h, stage][:-1].astype(np.int64),
+                                                                            x[ki][layer, h, stage][1:].astype(np.int64), 256) for x in held])))
+                    tables["previous position"] += 256 * 256 * 2
+    codes_per_token = len(bits["order 0"])
+    base_bpt = bytes_per_token(BASE)
+
+    # -- tables ---------------------------------------------------------------------------------------
+    head = (f"`.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
+            f"pre-RoPE k12v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
+            f"held-out contexts at kv.py's offsets: {[c['start'] for c in contexts if c['n'] == CTX]} (1,024 tokens) and "
+            f"{[c['start'] for c in long]} (8,000), each followed by 128 teacher-forced tokens; window recomputed; ppl ratio "
+            f"pooled over the contexts (min–max per context), top-1 = agreement of the argmax with the exact cache's. "
+            f"B/token all-inclusive = code streams as stored + codebooks over 1e6 tokens; fp16 = {fp16:,} B/token. "
+            f"Total {time.perf_counter() - t_all:.0f} s.")
+    lines = ["", f"## Tier K ideas on kv.py's held-out protocol (`benchmarks/kv_ideas.py`, {datetime.date.today()})", "", head, "",
+             f"### Where the loss at {LONG:,} tokens comes from: {BASE} everywhere, the keys of one layer (head) exact", "",
+             f"{BASE}, nothing exact: ppl ratio {cell(base_r)} (top-1).", "",
+             "| keys exact | ppl ratio (min–max) | top-1 |", "|---|---:|---:|"]
+    lines += [f"| layer {layer} | {cell(r)} |" for layer, r in sorted(scan, key=lambda x: x[1][0])[:10]]
+    lines.append(f"| (the other {L - 10} layers) | {min(r[0] for _, r in scan if _ not in worst[:10]):.4f}–"
+                 f"{max(r[0] for _, r in scan if _ not in worst[:10]):.4f} | |")
+    lines += [f"| layer {layer}, head {h} | {cell(r)} |" for (layer, h), r in heads]
+    lines += [f"| heads {', '.join(f'{a}.{b}' for a, b in best_heads)} together (fp16: +{4 * 128} B/token) | {cell(both_exact)} |", ""]
+    lines += ["### Bits by importance per layer (from the scan above), and layer 0 from the tokens", "",
+              f"Layer 0 computed from each token alone (embedding, `input_layernorm`, `k_proj`/`v_proj`): largest difference from the "
+              f"captured keys and values {layer0_err:.2e}.", "",
+              f"| preset | all-incl. B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {p}{' (the default)' if p == default else ''} | {b:,.1f} | {fp16 / b:.1f}x | {cell(r1)} | {cell(r2)} |" for p, b, r1, r2 in preset_rows]
+    lines += ["", f"Validation: {LONG:,}-token contexts at {list(VALIDATION)}, which chose nothing above:", "",
+              f"| preset | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|"]
+    lines += [f"| {p} | {cell(r)} |" for p, r in validation]
+    lines += ["", "### Bits by attention mass received, a rotation before VQ", "",
+              f"| configuration | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|---:|---:|",
+              f"| {BASE} (every position alike) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} |",
+              f"| k6v4 on the half of positions that receive the most attention, k2v2 on the rest (mean {BASE}) | {cell(mass_r)} | — | — |",
+              f"| {BASE} after a random orthogonal rotation per (layer, head, kind) | {cell(rot_rows[0])} | {cell(rot_rows[1])} |", "",
+              "### Cross-layer prediction", "",
+              f"Share of the variance of layer l's keys (values), all heads, that a linear map from layer l-1's exact ones predicts "
+              f"(fitted on the calibration, measured on the {LONG:,}-token contexts): keys mean {np.mean(explained['k']):.3f} "
+              f"(min {np.min(explained['k']):.3f}, max {np.max(explained['k']):.3f}), values mean {np.mean(explained['v']):.3f} "
+              f"(min {np.min(explained['v']):.3f}, max {np.max(explained['v']):.3f}).", "",
+              f"### Entropy coding of the {BASE} code indices ({codes_per_token} codes a token, stored at 8 bits each: {base_bpt:,.1f} B/token all-inclusive)", "",
+              "| context model | bits / code (held-out) | tables MB | B/token all-inclusive | ratio vs fp16 |", "|---|---:|---:|---:|---:|"]
+    for name, b in bits.items():
+        bpt = base_bpt - codes_per_token + np.mean(b) * codes_per_token / 8 + tables[name] / 1e6  # 8 bits a code now
+        lines.append(f"| {name} | {np.mean(b):.3f} | {tables[name] / 1e6:.2f} | {bpt:,.1f} | {fp16 / bpt:.1f}x |")
+    publish(lines, append=not args.no_results)
+
+
+if __name__ == "__main__":
+    main()
