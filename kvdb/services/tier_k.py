@@ -100,6 +100,10 @@ class TierK:
         with the model's own preset (``quant.default_preset``) unless one is named."""
         loaded = self._models.get()
         preset = preset or quant.default_preset(loaded.identity.weights_hash)
+        alloc = quant.allocation(preset, loaded.model.config.num_hidden_layers)
+        bare = [f"{kind}@{layer}" for kind, per_layer in alloc.items() for layer, sizes in enumerate(per_layer) if not sizes]
+        if bare:  # a layer without codes would restore as zeros
+            raise InvalidArgument(f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every layer needs at least one of keys and of values")
         start = time.perf_counter()
         keys, values, used = [], [], 0
         for row in self._storage.list_sessions():
@@ -110,7 +114,7 @@ class TierK:
             keys.append(k[:, :, capture.SINKS :])
             values.append(v[:, :, capture.SINKS :])
             used += k.shape[2] - capture.SINKS
-        largest = max(size for kind in quant.allocation(preset, loaded.model.config.num_hidden_layers).values() for stage in kind for size in stage)
+        largest = max(size for kind in alloc.values() for stage in kind for size in stage)
         if used < largest:  # too few under the --tokens cap, or in the archive
             advice = f"pass --tokens {largest} or more" if tokens < largest else "archive more sessions first, then run `kvdb codebooks train` again"
             raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions (attention sinks left out), and {used} were read; {advice}")
