@@ -131,6 +131,18 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def load_model():
+    """(the embedded model, layers, KV heads, head dim), with faiss on one thread: k-means on a
+    few thousand points only contends with more."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    lm = M.load()
+    cfg = lm.model.config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return lm, cfg.num_hidden_layers, cfg.num_key_value_heads, dim
+
+
 def _captured(model, ids):
     """Pre-RoPE keys and values of one context; cached under $KVBENCH_CACHE (a folder) when set."""
     folder = os.environ.get("KVBENCH_CACHE")
@@ -252,14 +264,8 @@ def main() -> None:
     args = ap.parse_args()
     n_calib, n_eval = (2, 1) if args.quick else (args.calib, args.eval)
     t_all = time.perf_counter()
-    import faiss
-
-    faiss.omp_set_num_threads(1)
-    lm = M.load()
+    lm, L, H, D = load_model()
     model = lm.model
-    cfg = model.config
-    L, H = cfg.num_hidden_layers, cfg.num_key_value_heads
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     fp16_per_token = L * 2 * H * D * 2
 
     text = real_text(600_000)

@@ -46,11 +46,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
-from kv import CONT, CTX, _exact_pass  # noqa: E402
+from kv import CONT, CTX, _exact_pass, load_model  # noqa: E402
 from report import describe, publish  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
-from kvdb import model as M  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
 from kvdb import tokenizer as T  # noqa: E402
 
@@ -109,14 +108,9 @@ def main() -> None:
     parser.add_argument("--no-results", action="store_true", help="print the tables without appending them to RESULTS.md")
     args = parser.parse_args()
     t_all = time.perf_counter()
-    import faiss
-
-    faiss.omp_set_num_threads(1)
-    lm = M.load()
+    lm, L, H, D = load_model()
     model = lm.model
-    cfg = model.config
-    L, H = cfg.num_hidden_layers, cfg.num_key_value_heads
-    fp16 = L * 2 * H * model.model.layers[0].self_attn.head_dim * 2
+    fp16 = L * 2 * H * D * 2
     ids = np.asarray(T.encode(lm.tokenizer, real_text(600_000)), dtype=np.int64)
     calib_ids = ids[: 8 * CTX]
     ck, cv = [], []
