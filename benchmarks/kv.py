@@ -35,6 +35,7 @@ from corpus import real_text  # noqa: E402
 from report import describe  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
+from kvdb import code_layout as CL  # noqa: E402
 from kvdb import model as M  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
 from kvdb import shipped as SH  # noqa: E402
@@ -404,15 +405,15 @@ def main() -> None:
             del cache
             # bytes as stored
             if window == "stored":
-                code_b = Q.stored_code_bytes(cb, (kc[..., : CTX - C.RECENT], vc[..., : CTX - C.RECENT]), start=C.SINKS)
+                code_b = CL.stored_code_bytes(cb, (kc[..., : CTX - C.RECENT], vc[..., : CTX - C.RECENT]), start=C.SINKS)
                 win_b = (C.SINKS + C.RECENT) * fp16_per_token
             elif window == "none":
-                code_b, win_b = Q.stored_code_bytes(cb, (kc, vc)), 0
+                code_b, win_b = CL.stored_code_bytes(cb, (kc, vc)), 0
             else:  # sinks recomputed from tier-T tokens; codes kept for every later position
-                code_b, win_b = Q.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
+                code_b, win_b = CL.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
             if kinds != "kv":  # the exact kind would be stored in fp16
                 only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS})
-                code_b = Q.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
+                code_b = CL.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
             r = rows[label]
             r["nll"].append(-lp)
             r["nll_exact"].append(-lp_exact)

@@ -8,7 +8,7 @@ The protocol is kv.py's: codebooks calibrated on the first 8 x 1,024 tokens of
 and 2 of 8,000, at kv.py's offsets), each followed by 128 teacher-forced tokens through
 ``capture.teacher_forced`` with the window recomputed, against the exact prefill cache. One
 pre-RoPE k12v4 training serves every preset (stages nest). Bytes are the code streams as stored
-(``quant.stored_code_bytes``) plus the codebooks amortised over 1e6 tokens.
+(``code_layout.stored_code_bytes``) plus the codebooks amortised over 1e6 tokens.
 
 1. **Where the loss at 8,000 tokens comes from**: k4v3 everywhere, the keys of one layer exact;
    then one head at a time of the four layers that matter most.
@@ -50,6 +50,7 @@ from kv import CONT, CTX, _exact_pass, load_model  # noqa: E402
 from report import describe, publish  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
+from kvdb import code_layout as CL  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
 from kvdb import tokenizer as T  # noqa: E402
 
@@ -161,7 +162,7 @@ def main() -> None:
         cb = deep.truncate(preset)
         ctx = contexts[0]
         kc, vc = ctx["codes"]
-        code = Q.stored_code_bytes(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]), start=C.SINKS)
+        code = CL.stored_code_bytes(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]), start=C.SINKS)
         return code / ctx["n"] + cb.nbytes / 1e6
 
     # -- 1. where the loss at 8,000 comes from -----------------------------------------------------

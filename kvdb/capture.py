@@ -231,7 +231,7 @@ def restore_layers(model, ids, layers, pre_rope: bool = False, sinks: int = SINK
     """The approximate cache of ``ids`` from de-quantized keys and values: ``layers`` gives each
     layer's ``(keys, values)``, float32 ``[kv_heads, seq, head_dim]`` covering all of ``ids``
     (the cache takes them over), and is consumed one layer at a time, so a layer is rotated and
-    placed while its decode is still in the CPU's cache (``quant.decode_streams``).
+    placed while its decode is still in the CPU's cache (``code_layout.decode_streams``).
 
     ``window`` says what happens to the exact window:
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvdb import capture, quant
+from kvdb import capture, code_layout, quant
 
 
 def position_vectors(books: quant.Codebooks, streams: dict[int, np.ndarray], n: int, layer: int) -> np.ndarray:
     """[n, heads * dim] unit vectors of a node's positions, from its stored code streams."""
-    keys = quant.decode_layer(books, "k", quant.codes_from_streams(books, streams, n)[0], layer)
+    keys = quant.decode_layer(books, "k", code_layout.codes_from_streams(books, streams, n)[0], layer)
     return _unit(keys.transpose(1, 0, 2).reshape(n, -1))
 
 

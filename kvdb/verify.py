@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kvdb import fractal, lmcode, quant, trie
+from kvdb import code_layout, fractal, lmcode, quant, trie
 from kvdb.errors import KvdbError
 from kvdb.storage import Storage
 
@@ -67,7 +67,7 @@ def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
         codebook_id, streams = stored
         if codebook_id not in books:
             continue  # a missing or damaged codebook is reported by the reference and blob checks
-        expected = {size: node.n_tokens * columns for size, columns in quant.stream_columns(books[codebook_id]).items()}
+        expected = {size: node.n_tokens * columns for size, columns in code_layout.stream_columns(books[codebook_id]).items()}
         held = {size: len(symbols) for size, symbols in streams.items()}
         if held != expected:
             report.problems.append(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb import capture, quant, shipped
+from kvdb import capture, code_layout, quant, shipped
 from kvdb.errors import InvalidArgument
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -92,7 +92,7 @@ class TierK:
         keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
-        return codebook_id, quant.code_streams(books, quant.encode(books, keys, values))
+        return codebook_id, code_layout.code_streams(books, quant.encode(books, keys, values))
 
     def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
@@ -129,7 +129,7 @@ class TierK:
 
     def layers(self, row: SessionRow, nodes: list[NodeRow], at: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """De-quantized pre-RoPE keys and values of positions [0, at), layer by layer
-        (``quant.decode_streams``): every node's codes are read here, and decoded as the caller
+        (``code_layout.decode_streams``): every node's codes are read here, and decoded as the caller
         takes each layer, so the caller may let the file go first."""
         parts = []
         for node in nodes:
@@ -141,7 +141,7 @@ class TierK:
                 )
             _, books = self.codebooks(node.model_id, stored[0])
             used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
-            parts.append(quant.decode_streams(books, stored[1], node.n_tokens, used))
+            parts.append(code_layout.decode_streams(books, stored[1], node.n_tokens, used))
         if len(parts) == 1:  # one node (the common case): its layers as decoded, not joined
             return parts[0]
         return ((np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)) for ks, vs in (zip(*layer) for layer in zip(*parts)))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdb import capture, fractal, lmcode, quant
+from kvdb import capture, code_layout, fractal, lmcode, quant
 from kvdb.index import WalkIndex
 from kvdb.prefix_cache import PrefixCache
 from kvdb_migrations import _frozen_0002_fractal as frozen
@@ -220,7 +220,7 @@ def test_golden_code_streams_read_back():
     books = golden.codebooks()
     sizes = sorted({size for kind in quant.KINDS for sizes in golden.STAGES[kind] for size in sizes})
     streams = {size: fractal.decode_blocks(blocks(f"quant/streams/a{size}"), size) for size in sizes}
-    for ours, theirs in zip(quant.codes_from_streams(books, streams, golden.SEQ), golden.codes(), strict=True):
+    for ours, theirs in zip(code_layout.codes_from_streams(books, streams, golden.SEQ), golden.codes(), strict=True):
         np.testing.assert_array_equal(ours, theirs)
 
 

@@ -8,6 +8,7 @@ import pytest
 from kvdb import tokenizer as tok
 from kvdb import capture as C
 from kvdb import model as M
+from kvdb import code_layout as CL
 from kvdb import quant as Q
 from kvdb.errors import CorruptData, InvalidArgument
 
@@ -89,15 +90,15 @@ def test_encode_decode_shapes_and_error_drops_with_stages(trained):
 def test_stored_code_bytes_match_fractal(trained):
     cb, _, _ = trained
     kc, vc = Q.encode(cb, _vectors(n=100, seed=5), _vectors(n=100, seed=6))
-    streams = Q.code_streams(cb, (kc, vc))
+    streams = CL.code_streams(cb, (kc, vc))
     assert list(streams) == [16]
     assert len(streams[16]) == 100 * 2 * 2 * (3 + 2)
     # token-major: position 0's symbols first, kind > layer > stage > head
     first = np.concatenate([kc[0, :, :, 0].T.reshape(-1), kc[1, :, :, 0].T.reshape(-1), vc[0, :, :, 0].T.reshape(-1), vc[1, :, :, 0].T.reshape(-1)])
     assert np.array_equal(streams[16][:20], first)
     # 16-ary symbols cost 4 bits; one block (12 B header + CRC)
-    assert Q.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
-    assert Q.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
+    assert CL.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
+    assert CL.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
 
 
 def test_per_layer_training():
@@ -107,7 +108,7 @@ def test_per_layer_training():
     kc, vc = Q.encode(cb, k, v)
     assert kc.shape == (2, 2, 2, 200)
     assert not kc[0, :, 1].any()  # layer 0 has no second stage: zero rows, never stored
-    assert len(Q.code_streams(cb, (kc, vc))[8]) == 200 * 2 * (1 + 2 + 1 + 1)
+    assert len(CL.code_streams(cb, (kc, vc))[8]) == 200 * 2 * (1 + 2 + 1 + 1)
     assert Q.Codebooks.from_bytes(cb.to_bytes()).stages("k") == [(8,), (8, 8)]
 
 
@@ -118,11 +119,11 @@ def test_decode_streams_gives_decode_layer_by_layer():
     k, v = _vectors(n=300, seed=9), _vectors(n=300, seed=10)
     cb = Q.train({"k": k, "v": v}, "k2x16v1x8+k3x32@1+v2x16@0", niter=4)
     codes = Q.encode(cb, k, v)
-    streams = Q.code_streams(cb, codes)
+    streams = CL.code_streams(cb, codes)
     assert sorted(streams) == [8, 16, 32]
     want_k, want_v = Q.decode(cb, codes)
     for used in (300, 123, 0):
-        layers = list(Q.decode_streams(cb, streams, 300, used))
+        layers = list(CL.decode_streams(cb, streams, 300, used))
         assert len(layers) == cb.layers
         for layer, (got_k, got_v) in enumerate(layers):
             assert got_k.shape == got_v.shape == (cb.heads, used, cb.dim) and got_k.dtype == np.float32
@@ -326,9 +327,9 @@ def test_the_measured_preset_round_trips_through_its_streams():
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)
     assert [len(s) for s in cb.stages("k")] == [len(s) for s in Q.allocation(preset, 30)["k"]]
-    streams = Q.code_streams(cb, codes, start=4)
+    streams = CL.code_streams(cb, codes, start=4)
     assert len(streams[256]) == 296 * (sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v"))))  # heads = 1
-    back = Q.codes_from_streams(cb, streams, 296)
+    back = CL.codes_from_streams(cb, streams, 296)
     for kind, (a, b) in enumerate(zip(codes, back)):
         np.testing.assert_array_equal(a[..., 4:], b, err_msg=Q.KINDS[kind])
     keys, _ = Q.decode(cb, codes)
@@ -336,4 +337,4 @@ def test_the_measured_preset_round_trips_through_its_streams():
         want = sum(cb.books["k"][layer][s][0][codes[0][layer, 0, s]] for s in range(len(cb.stages("k")[layer])))
         np.testing.assert_allclose(keys[layer, 0], want, rtol=1e-6, atol=1e-6)
     codes_per_position = sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v")))
-    assert Q.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers
+    assert CL.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers

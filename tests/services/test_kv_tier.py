@@ -71,7 +71,7 @@ def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
 def test_a_stored_window_restore_is_the_stored_codes_decoded_and_rotated(kv_archive):
     """Past the exact sinks, the restored cache holds exactly what the stored codes decode to,
     rotated to its positions: over one node, and over a path the second session split in two."""
-    from kvdb import capture, quant
+    from kvdb import capture, code_layout, quant
 
     head = "A common opening that two sessions share, long enough to be quantized. "
     kv_archive.ingest(text=head + "Then the first one ends here, after a while.", keep=KV, name="a")
@@ -85,7 +85,7 @@ def test_a_stored_window_restore_is_the_stored_codes_decoded_and_rotated(kv_arch
         for node in nodes:
             codebook_id, streams = storage.node_kv(node.node_id)
             books = tier_k.codebooks(node.model_id, codebook_id)[1]
-            k, v = quant.decode(books, quant.codes_from_streams(books, streams, node.n_tokens))
+            k, v = quant.decode(books, code_layout.codes_from_streams(books, streams, node.n_tokens))
             keys.append(k)
             values.append(v)
         want_k = capture.apply_rope(restored.model, np.concatenate(keys, axis=2))

@@ -1,0 +1,108 @@
+"""Tier K's stored layout: a session's codes as one token-major stream per codebook size, and
+back; the streams' exact stored bytes; and the restore's decode straight from the streams,
+layer by layer (docs/formats.md, "KV code layout in the store")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from kvdb import fractal
+from kvdb.quant import KINDS, Codebooks
+
+
+def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
+    """The symbols to store, one token-major stream per codebook size: ``{alphabet: symbols}``.
+
+    Token-major (for each position: kind > layer > stage > head) means a session prefix is a
+    prefix of each stream, so restore-at-position reads a prefix of blocks and append only
+    re-walks the open block. Stages a layer does not have are skipped. ``start`` drops the first
+    positions (e.g. recomputed sinks).
+    """
+    columns: dict[int, list[np.ndarray]] = {}
+    for kind, c in zip(KINDS, codes):
+        for layer, sizes in enumerate(codebooks.stages(kind)):
+            for stage, size in enumerate(sizes):
+                columns.setdefault(size, []).append(c[layer, :, stage, start:])  # [heads, seq]
+    return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
+
+
+def stream_columns(codebooks: Codebooks) -> dict[int, int]:
+    """Codes per position in each stream of ``code_streams``: {codebook size: columns}."""
+    columns: dict[int, int] = {}
+    for kind in KINDS:
+        for sizes in codebooks.stages(kind):
+            for size in sizes:
+                columns[size] = columns.get(size, 0) + codebooks.heads
+    return columns
+
+
+def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int]]]]:
+    """Where ``code_streams`` puts each stage: kind -> layer -> stage -> (the stream, i.e. the
+    codebook size, and the first of its ``heads`` columns there)."""
+    columns: dict[int, int] = {}
+    places: dict[str, list[list[tuple[int, int]]]] = {}
+    for kind in KINDS:
+        places[kind] = []
+        for sizes in codebooks.stages(kind):
+            places[kind].append([])
+            for size in sizes:
+                places[kind][-1].append((size, columns.get(size, 0)))
+                columns[size] = columns.get(size, 0) + codebooks.heads
+    return places
+
+
+def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
+    rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]
+    places = _stream_places(codebooks)
+    out = []
+    for kind in KINDS:
+        codes = np.zeros((codebooks.layers, codebooks.heads, codebooks.max_stages(kind), n), dtype=np.uint16)
+        for layer, stages in enumerate(places[kind]):
+            for stage, (size, column) in enumerate(stages):
+                codes[layer, :, stage] = rows[size][column : column + codebooks.heads]
+        out.append(codes)
+    return out[0], out[1]
+
+
+def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``, of the first ``used`` of
+    the ``n`` positions whose ``code_streams`` these are, one layer at a time.
+
+    A restore builds the cache layer by layer from this: one layer's gather is a few MB, still in
+    the CPU's cache when the caller rotates it, where one gather over every layer writes the
+    whole cache to memory and reads it back (at 8,000 positions of SmolLM2, 85-100 ms against
+    240-260 ms for the gather and rotation of the keys; decision 0024). Each layer's gather is
+    one ``embedding_bag`` over all its heads and positions; no code array is built.
+    """
+    import torch
+
+    used = n if used is None else used
+    rows = {size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()}  # [used, columns]: views
+    places = _stream_places(codebooks)
+
+    def gather(kind: str, layer: int) -> np.ndarray:
+        table, offsets = codebooks.gather_table(kind)
+        stages = places[kind][layer]
+        if not stages or used == 0:
+            return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
+        bags = np.empty((codebooks.heads, used, len(stages)), np.int64)
+        for stage, (size, column) in enumerate(stages):
+            np.add(rows[size][:, column : column + codebooks.heads].T, offsets[layer, :, stage, None], out=bags[:, :, stage])
+        summed = torch.nn.functional.embedding_bag(torch.from_numpy(bags.reshape(-1, len(stages))), table, mode="sum")
+        return summed.numpy().reshape(codebooks.heads, used, codebooks.dim)
+
+    for layer in range(codebooks.layers):
+        yield gather("k", layer), gather("v", layer)
+
+
+def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0,
+                      block_size: int = fractal.DEFAULT_BLOCK) -> int:
+    """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs included)."""
+    total = 0
+    for size, symbols in code_streams(codebooks, codes, start).items():
+        if len(symbols):
+            total += len(b"".join(fractal.encode_blocks(symbols, size, block_size)))
+    return total
