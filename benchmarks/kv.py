@@ -144,6 +144,13 @@ def load_model():
     return lm, cfg.num_hidden_layers, cfg.num_key_value_heads, dim
 
 
+def spaced_starts(ids, first: int, n: int, count: int) -> list[int]:
+    """Where ``count`` held-out contexts of ``n`` tokens (each followed by the CONT + 1 scored)
+    start: evenly spaced from ``first`` to the end of ``ids``."""
+    stride = max(n + CONT + 1, (len(ids) - first - n - CONT - 1) // max(count, 1))
+    return [first + i * stride for i in range(count)]
+
+
 def _captured(model, ids):
     """Pre-RoPE keys and values of one context; cached under $KVBENCH_CACHE (a folder) when set."""
     folder = os.environ.get("KVBENCH_CACHE")
@@ -208,9 +215,7 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, peers
     1,024-token table."""
     rows = []
     for n in lengths:
-        start0 = calib_end + 20_000
-        stride = max(n + CONT + 1, (len(ids) - start0 - n - CONT - 1) // max(n_long, 1))
-        starts = [start0 + i * stride for i in range(n_long)]
+        starts = spaced_starts(ids, calib_end + 20_000, n, n_long)
         assert starts[-1] + n + CONT + 1 <= len(ids), f"corpus too short for {n_long} contexts of {n}"
         found = {}  # label -> (nll list, nll_exact list, agreement list)
 
@@ -273,9 +278,7 @@ def main() -> None:
     ids = np.asarray(T.encode(lm.tokenizer, text), dtype=np.int64)
     calib_ids = ids[: n_calib * CTX]
     # held-out: contexts far past the calibration text (different files), spaced apart
-    start0 = max(len(calib_ids) + 20_000, len(ids) // 3)
-    stride = max(CTX + CONT + 1, (len(ids) - start0 - CTX - CONT - 1) // max(n_eval, 1))
-    eval_starts = [start0 + i * stride for i in range(n_eval)]
+    eval_starts = spaced_starts(ids, max(len(calib_ids) + 20_000, len(ids) // 3), CTX, n_eval)
     assert eval_starts[-1] + CTX + CONT + 1 <= len(ids), "corpus too short"
     print(f"corpus {len(text):,} chars, {len(ids):,} tokens; calib {len(calib_ids)} tokens; eval starts {eval_starts}", flush=True)
     shipped_text = SH.CALIBRATION.read_text(encoding="utf-8")

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
-from kv import CONT, CTX, _exact_pass, load_model  # noqa: E402
+from kv import CONT, CTX, _exact_pass, load_model, spaced_starts  # noqa: E402
 from report import describe, publish  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
@@ -61,12 +61,8 @@ VALIDATION = (54_000, 110_000)  # 8,000-token contexts clear of every other cont
 
 def _held_out(ids: np.ndarray, calib_end: int) -> list[tuple[int, int]]:
     """kv.py's offsets: 4 contexts of 1,024 past a third of the corpus, 2 of 8,000 past the calibration."""
-    start0 = max(calib_end + 20_000, len(ids) // 3)
-    stride = max(CTX + CONT + 1, (len(ids) - start0 - CTX - CONT - 1) // 4)
-    out = [(start0 + i * stride, CTX) for i in range(4)]
-    start0 = calib_end + 20_000
-    stride = max(LONG + CONT + 1, (len(ids) - start0 - LONG - CONT - 1) // 2)
-    return out + [(start0 + i * stride, LONG) for i in range(2)]
+    short = spaced_starts(ids, max(calib_end + 20_000, len(ids) // 3), CTX, 4)
+    return [(s, CTX) for s in short] + [(s, LONG) for s in spaced_starts(ids, calib_end + 20_000, LONG, 2)]
 
 
 def _layer0_from_tokens(model, ids) -> tuple[np.ndarray, np.ndarray]:
@@ -262,32 +258,24 @@ def main() -> None:
     held = [Q.encode(base_cb, c["k"][:, :, C.SINKS :], c["v"][:, :, C.SINKS :]) for c in long]
     bits = {"order 0": [], "previous head, same stage": [], "previous stage, same head": [], "previous position": []}
     tables = {name: 0 for name in bits}
+
+    def stream(ki: int, layer: int, h: int, stage: int) -> tuple[np.ndarray, np.ndarray]:
+        """One codebook's codes, int64: (the calibration's, the held-out contexts' joined)."""
+        return (calib_codes[ki][layer, h, stage].astype(np.int64),
+                np.concatenate([x[ki][layer, h, stage] for x in held]).astype(np.int64))
+
     for ki, kind in enumerate(Q.KINDS):
         for layer in range(L):
             for stage in range(len(base_cb.stages(kind)[layer])):
                 for h in range(H):
-                    tr = calib_codes[ki][layer, h, stage].astype(np.int64)
-                    te = np.concatenate([x[ki][layer, h, stage] for x in held]).astype(np.int64)
-                    zero_tr, zero_te = np.zeros_like(tr), np.zeros_like(te)
-                    bits["order 0"].append(_xent_bits(zero_tr, tr, zero_te, te, 1))
-                    tables["order 0"] += 256 * 2
-                    prev_h = h - 1 if h else None
-                    if prev_h is None:
-                        ctx_tr, ctx_te, n_ctx = zero_tr, zero_te, 1
-                    else:
-                        ctx_tr = calib_codes[ki][layer, prev_h, stage].astype(np.int64)
-                        ctx_te = np.concatenate([x[ki][layer, prev_h, stage] for x in held]).astype(np.int64)
-                        n_ctx = 256
-                    bits["previous head, same stage"].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
-                    tables["previous head, same stage"] += n_ctx * 256 * 2
-                    if stage:
-                        ctx_tr = calib_codes[ki][layer, h, stage - 1].astype(np.int64)
-                        ctx_te = np.concatenate([x[ki][layer, h, stage - 1] for x in held]).astype(np.int64)
-                        bits["previous stage, same head"].append(_xent_bits(ctx_tr, tr, ctx_te, te, 256))
-                        tables["previous stage, same head"] += 256 * 256 * 2
-                    else:
-                        bits["previous stage, same head"].append(bits["order 0"][-1])
-                        tables["previous stage, same head"] += 256 * 2
+                    tr, te = stream(ki, layer, h, stage)
+                    none = (np.zeros_like(tr), np.zeros_like(te)), 1  # no context: the order-0 model
+                    contexts = {"order 0": none,
+                                "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
+                                "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none}
+                    for name, ((ctx_tr, ctx_te), n_ctx) in contexts.items():
+                        bits[name].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
+                        tables[name] += n_ctx * 256 * 2
                     # previous position within each context (the calibration as one run)
                     bits["previous position"].append(float(np.mean([_xent_bits(tr[:-1], tr[1:], x[ki][layer, h, stage][:-1].astype(np.int64),
                                                                             x[ki][layer, h, stage][1:].astype(np.int64), 256) for x in held])))
