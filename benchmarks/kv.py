@@ -60,13 +60,13 @@ PEERS = [("quanto", 4), ("quanto", 2), ("hqq", 4), ("hqq", 2)]
 PLOT = Path(__file__).with_name("kv_rate_distortion.png")
 
 
-def _bits_per_vector(preset: str, kinds: str, layers: int, dim: int) -> str:
+def _bits_per_vector(preset: str, kinds: str, layers: int, heads: int, dim: int) -> str:
     """Mean code bits per archived head vector, keys/values (fp16 = 16·dim for a kind kept exact)."""
-    alloc = Q.allocation(preset, layers)
+    alloc = Q.head_allocation(preset, layers, heads)
     out = []
     for kind in Q.KINDS:
         if kind in kinds:
-            out.append(float(np.mean([sum(np.log2(s) for s in sizes) for sizes in alloc[kind]])))
+            out.append(float(np.mean([sum(np.log2(s) for s in sizes) for layer in alloc[kind] for sizes in layer])))
         else:
             out.append(16.0 * dim)
     return "/".join(f"{b:g}" if float(b).is_integer() else f"{b:.1f}" for b in out)
@@ -306,7 +306,7 @@ def main() -> None:
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
     default = Q.default_preset(lm.identity.weights_hash)
-    kmax, vmax = 12, 4  # every preset measured, the model's default too, is a prefix of these stages
+    kmax, vmax = 16, 4  # every preset measured, the model's default too, is a prefix of these stages
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})
     t_train_pre = time.perf_counter() - t
@@ -415,7 +415,8 @@ def main() -> None:
             else:  # sinks recomputed from tier-T tokens; codes kept for every later position
                 code_b, win_b = CL.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
             if kinds != "kv":  # the exact kind would be stored in fp16
-                only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS})
+                only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
+                                   depths={kk: d for kk, d in cb.depths.items() if kk in kinds})
                 code_b = CL.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
             r = rows[label]
             r["nll"].append(-lp)
@@ -450,7 +451,7 @@ def main() -> None:
         win = {"recompute": "sinks+recent recomputed", "stored": "36 tok fp16 stored", "quantized": "sinks recomputed, recent VQ",
                "none": "none (all VQ)"}[r["window"]]
         lines.append(
-            f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, D)} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} "
+            f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, H, D)} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} "
             f"| {allin:,.1f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
             f"| {fp16_per_token / allin:.1f}x | {ppl_exact * ratio_ppl:.2f} | {100 * (ratio_ppl - 1):+.1f}% | {ratio_ppl:.4f} "
             f"| {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} | {np.median(r['restore_s']):.2f} |"

@@ -7,13 +7,13 @@ The protocol is kv.py's: codebooks calibrated on the first 8 x 1,024 tokens of
 ``corpus.real_text`` (sinks left out), scored on the same held-out contexts (4 of 1,024 tokens
 and 2 of 8,000, at kv.py's offsets), each followed by 128 teacher-forced tokens through
 ``capture.teacher_forced`` with the window recomputed, against the exact prefill cache. One
-pre-RoPE k12v4 training serves every preset (stages nest). Bytes are the code streams as stored
+pre-RoPE k16v4 training serves every preset (stages nest). Bytes are the code streams as stored
 (``code_layout.stored_code_bytes``) plus the codebooks amortised over 1e6 tokens.
 
 1. **Where the loss at 8,000 tokens comes from**: k4v3 everywhere, the keys of one layer exact;
    then one head at a time of the four layers that matter most.
 2. **Bits by importance, per layer and head**: presets built from that scan (deeper key codes
-   on the layers found, fewer elsewhere), SmolLM2's default among them
+   on the layers or only the heads found, fewer elsewhere), SmolLM2's default among them
    (``quant.default_preset``); the default and k4v3 also on two more 8,000-token contexts that
    no choice here looked at (validation).
 3. **Bits by importance, per position**: each position's attention mass received in the ingest
@@ -31,6 +31,8 @@ pre-RoPE k12v4 training serves every preset (stages nest). Bytes are the code st
 7. **Entropy coding of the code indices**: cross-entropy of the held-out k4v3 codes under
    tables counted on the calibration codes (add-1/2 smoothing toward the order-0 table), the
    tables' bytes (2 per count) counted.
+8. **How much the codebooks' training moves the figures**: k4v3 trained again with two other
+   k-means seeds, and on the next 8,192 tokens of the corpus instead, all scored alike.
 """
 
 from __future__ import annotations
@@ -117,11 +119,11 @@ def main() -> None:
         cv.append(v[:, :, C.SINKS :])
     ck, cv = np.concatenate(ck, 2), np.concatenate(cv, 2)
     t = time.perf_counter()
-    deep = Q.train({"k": ck, "v": cv}, "k12v4", pre_rope=True)
+    deep = Q.train({"k": ck, "v": cv}, "k16v4", pre_rope=True)
     t_train = time.perf_counter() - t
-    print(f"trained k12v4 in {t_train:.0f} s", flush=True)
+    print(f"trained k16v4 in {t_train:.0f} s", flush=True)
 
-    contexts = []  # dicts: prefix, cont, k, v (exact pre-RoPE), lp, am (exact), codes (k12v4)
+    contexts = []  # dicts: prefix, cont, k, v (exact pre-RoPE), lp, am (exact), codes (k16v4)
     for s, n in _held_out(ids, len(calib_ids)) + [(s, -LONG) for s in VALIDATION]:  # n < 0: validation
         prefix, cont = ids[s : s + abs(n)], ids[s + abs(n) : s + abs(n) + CONT + 1]
         k, v, lp, am = _exact_pass(model, prefix, cont)
@@ -186,9 +188,14 @@ def main() -> None:
 
     # -- 2. presets from the scan; 4. layer 0 from the tokens --------------------------------------
     top_s, nxt_s = ",".join(map(str, top)), ",".join(map(str, nxt))
+    first, rest = f"{best_heads[0][0]}", ",".join(str(layer) for layer, _ in best_heads[1:])
+    first_h, rest_h = f"{best_heads[0][0]}.{best_heads[0][1]}", ",".join(f"{layer}.{h}" for layer, h in best_heads[1:])
     default = Q.default_preset(lm.identity.weights_hash)
+    by_head = [f"k3v3+k12@{first}+k8@{rest}+k2@0-5+v2@0-1", f"k3v3+k12@{first_h}+k8@{rest_h}+k2@0-5+v2@0-1",
+               f"k3v3+k16@{first_h}+k12@{rest_h}+k2@0-5+v2@0-1", f"k3v3+k16@{first_h},{rest_h}+k2@0-5+v2@0-1"]
     presets = [BASE, f"k4v3+k8@{top_s}", f"k3v3+k8@{top_s}+k2@0-5", f"k3v3+k12@{top_s}+k2@0-5", f"k3v4+k8@{top_s}+k2@0-5+v2@0-5",
-               f"k2v3+k8@{top_s}+k4@{nxt_s}", f"k2v2+k8@{top_s}+k4@{nxt_s}", default]
+               f"k2v3+k8@{top_s}+k4@{nxt_s}", f"k2v2+k8@{top_s}+k4@{nxt_s}", *by_head]
+    presets += [default] if default not in presets else []
     layer0_err = max(float(np.abs(np.stack(_layer0_from_tokens(model, c["prefix"])) - np.stack([c["k"][0], c["v"][0]])).max())
                      for c in contexts)
 
@@ -206,8 +213,20 @@ def main() -> None:
         print(f"preset {p} done", flush=True)
     for p in (BASE, default):
         preset_rows.append((f"{p}, layer 0 from the tokens", bytes_per_token(p, layer0=True), ratio(CTX, with_layer0(p)), ratio(LONG, with_layer0(p))))
-    validation = [(p, ratio(-LONG, lambda ctx, p=p: decoded(ctx, p))) for p in (BASE, f"k3v3+k8@{top_s}+k2@0-5", default)]
+    validation = [(p, ratio(-LONG, lambda ctx, p=p: decoded(ctx, p))) for p in dict.fromkeys((BASE, f"k3v3+k8@{top_s}+k2@0-5", by_head[0], default))]
     print("validation done", flush=True)
+
+    # -- 8. how much the codebooks' training moves the figures ------------------------------------
+    retrained = []
+    other_ids = ids[8 * CTX : 16 * CTX]  # clear of every held-out context (they start 20,000 tokens past the calibration)
+    ok, ov = zip(*(C.capture(model, other_ids[c * CTX : (c + 1) * CTX], pre_rope=True) for c in range(8)))
+    other = {"k": np.concatenate([k[:, :, C.SINKS :] for k in ok], 2), "v": np.concatenate([v[:, :, C.SINKS :] for v in ov], 2)}
+    for label, data, seed in (("seed 1", {"k": ck, "v": cv}, 1), ("seed 2", {"k": ck, "v": cv}, 2), ("the next 8,192 tokens", other, 1234)):
+        cb = Q.train(data, BASE, pre_rope=True, seed=seed)
+        arrays = lambda ctx, cb=cb: Q.decode(cb, Q.encode(cb, ctx["k"], ctx["v"]))  # noqa: E731
+        retrained.append((label, ratio(CTX, arrays), ratio(LONG, arrays), ratio(-LONG, arrays)))
+    del other, ok, ov
+    print("retraining done", flush=True)
 
     # -- 3. bits by attention mass received --------------------------------------------------------
     def by_mass(ctx):
@@ -270,10 +289,10 @@ def main() -> None:
                 for h in range(H):
                     tr, te = stream(ki, layer, h, stage)
                     none = (np.zeros_like(tr), np.zeros_like(te)), 1  # no context: the order-0 model
-                    contexts = {"order 0": none,
+                    models = {"order 0": none,
                                 "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
                                 "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none}
-                    for name, ((ctx_tr, ctx_te), n_ctx) in contexts.items():
+                    for name, ((ctx_tr, ctx_te), n_ctx) in models.items():
                         bits[name].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
                         tables[name] += n_ctx * 256 * 2
                     # previous position within each context (the calibration as one run)
@@ -285,7 +304,7 @@ def main() -> None:
 
     # -- tables ---------------------------------------------------------------------------------------
     head = (f"`.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
-            f"pre-RoPE k12v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
+            f"pre-RoPE k16v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
             f"held-out contexts at kv.py's offsets: {[c['start'] for c in contexts if c['n'] == CTX]} (1,024 tokens) and "
             f"{[c['start'] for c in long]} (8,000), each followed by 128 teacher-forced tokens; window recomputed; ppl ratio "
             f"pooled over the contexts (min–max per context), top-1 = agreement of the argmax with the exact cache's. "
@@ -309,6 +328,12 @@ def main() -> None:
     lines += ["", f"Validation: {LONG:,}-token contexts at {list(VALIDATION)}, which chose nothing above:", "",
               f"| preset | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|"]
     lines += [f"| {p} | {cell(r)} |" for p, r in validation]
+    lines += ["", f"### How much the codebooks' training moves the figures ({BASE}, calibration as above unless named)", "",
+              f"| training | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 | validation at {LONG:,} (min–max) | top-1 |",
+              "|---|---:|---:|---:|---:|---:|---:|",
+              f"| seed 1234 (every table above) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} | "
+              f"{cell(next(r for p, r in validation if p == BASE))} |"]
+    lines += [f"| {label} | {cell(a)} | {cell(b)} | {cell(c)} |" for label, a, b, c in retrained]
     lines += ["", "### Bits by attention mass received, a rotation before VQ", "",
               f"| configuration | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|---:|---:|",
               f"| {BASE} (every position alike) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} |",

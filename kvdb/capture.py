@@ -173,7 +173,7 @@ def capture(model, ids, chunk: int = CHUNK, pre_rope: bool = False) -> tuple[np.
     """All of ``ids``' keys and values, float32 ``[layers, kv_heads, seq, head_dim]`` each."""
     parts = list(capture_chunks(model, ids, chunk, pre_rope))
     if not parts:
-        layers, _, kv, dim = _shape(model)
+        layers, _, kv, dim = attention_shape(model)
         empty = np.zeros((layers, kv, 0, dim), dtype=np.float32)
         return empty, empty.copy()
     return np.concatenate([p[1] for p in parts], axis=2), np.concatenate([p[2] for p in parts], axis=2)
@@ -276,8 +276,8 @@ def restore_layers(model, ids, layers, pre_rope: bool = False, sinks: int = SINK
         cache.update(k[:, :, :0], v[:, :, :0], layer)  # references only: each layer a view of the restored tensors
         cache.layers[layer].keys, cache.layers[layer].values = k, v
         restored += 1
-    if restored != _shape(model)[0]:
-        raise ValueError(f"{restored} layers of keys and values given; the model has {_shape(model)[0]}")
+    if restored != attention_shape(model)[0]:
+        raise ValueError(f"{restored} layers of keys and values given; the model has {attention_shape(model)[0]}")
     _recompute_ends(model, cache, ids, head, tail)
     return cache
 
@@ -349,7 +349,7 @@ def _attention_modules(model):
     return [layer.self_attn for layer in inner.layers]
 
 
-def _shape(model) -> tuple[int, int, int, int]:
+def attention_shape(model) -> tuple[int, int, int, int]:
     """(layers, query heads, KV heads, head dim); configs without ``num_key_value_heads`` (GPT-2,
     GPT-NeoX) have one KV head per query head."""
     cfg = model.config
@@ -369,7 +369,7 @@ def key_weights(model, ids, chunk: int = CHUNK) -> np.ndarray:
     heads that share a KV head and, for RoPE models, over each rotated pair (d, d + dim/2): a
     relative rotation mixes the two, so only their mean matters to pre-RoPE keys.
     """
-    layers, heads, kv, dim = _shape(model)
+    layers, heads, kv, dim = attention_shape(model)
     sums = torch.zeros(layers, heads, dim, dtype=torch.float64)
     count = [0]
     hooks = []
@@ -405,7 +405,7 @@ def value_weights(model) -> np.ndarray:
     A value error ``e`` reaches the residual stream as ``W_o[:, head] e`` for each query head of the
     group; the diagonal of ``sum_h W_h^T W_h`` (column norms) is its expected square per dimension.
     """
-    layers, heads, kv, dim = _shape(model)
+    layers, heads, kv, dim = attention_shape(model)
     out = np.empty((layers, kv, dim), dtype=np.float32)
     for i, attn in enumerate(_attention_modules(model)):
         w = attn.o_proj.weight.detach().double()  # [hidden, heads * dim]

@@ -17,39 +17,43 @@ def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], sta
 
     Token-major (for each position: kind > layer > stage > head) means a session prefix is a
     prefix of each stream, so restore-at-position reads a prefix of blocks and append only
-    re-walks the open block. Stages a layer does not have are skipped. ``start`` drops the first
-    positions (e.g. recomputed sinks).
+    re-walks the open block. Stages a layer or a head does not have are skipped. ``start``
+    drops the first positions (e.g. recomputed sinks).
     """
     columns: dict[int, list[np.ndarray]] = {}
+    places = _stream_places(codebooks)
     for kind, c in zip(KINDS, codes):
-        for layer, sizes in enumerate(codebooks.stages(kind)):
-            for stage, size in enumerate(sizes):
-                columns.setdefault(size, []).append(c[layer, :, stage, start:])  # [heads, seq]
+        for layer, stages in enumerate(places[kind]):
+            for stage, (size, _, heads) in enumerate(stages):
+                columns.setdefault(size, []).append(c[layer, heads, stage, start:])  # [heads, seq]
     return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
 
 
 def stream_columns(codebooks: Codebooks) -> dict[int, int]:
     """Codes per position in each stream of ``code_streams``: {codebook size: columns}."""
     columns: dict[int, int] = {}
-    for kind in KINDS:
-        for sizes in codebooks.stages(kind):
-            for size in sizes:
-                columns[size] = columns.get(size, 0) + codebooks.heads
+    for stages in _stream_places(codebooks).values():
+        for layer in stages:
+            for size, _, heads in layer:
+                columns[size] = columns.get(size, 0) + len(heads)
     return columns
 
 
-def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int]]]]:
+def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int, np.ndarray]]]]:
     """Where ``code_streams`` puts each stage: kind -> layer -> stage -> (the stream, i.e. the
-    codebook size, and the first of its ``heads`` columns there)."""
+    codebook size; the first of the stage's columns there; the heads that take the stage, one
+    column each, in order)."""
     columns: dict[int, int] = {}
-    places: dict[str, list[list[tuple[int, int]]]] = {}
+    places: dict[str, list[list[tuple[int, int, np.ndarray]]]] = {}
     for kind in KINDS:
         places[kind] = []
-        for sizes in codebooks.stages(kind):
+        depth = codebooks.depth(kind)
+        for layer, sizes in enumerate(codebooks.stages(kind)):
             places[kind].append([])
-            for size in sizes:
-                places[kind][-1].append((size, columns.get(size, 0)))
-                columns[size] = columns.get(size, 0) + codebooks.heads
+            for stage, size in enumerate(sizes):
+                heads = np.flatnonzero(depth[layer] > stage)
+                places[kind][-1].append((size, columns.get(size, 0), heads))
+                columns[size] = columns.get(size, 0) + len(heads)
     return places
 
 
@@ -61,8 +65,8 @@ def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: 
     for kind in KINDS:
         codes = np.zeros((codebooks.layers, codebooks.heads, codebooks.max_stages(kind), n), dtype=np.uint16)
         for layer, stages in enumerate(places[kind]):
-            for stage, (size, column) in enumerate(stages):
-                codes[layer, :, stage] = rows[size][column : column + codebooks.heads]
+            for stage, (size, column, heads) in enumerate(stages):
+                codes[layer, heads, stage] = rows[size][column : column + len(heads)]
         out.append(codes)
     return out[0], out[1]
 
@@ -88,9 +92,9 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
         stages = places[kind][layer]
         if not stages or used == 0:
             return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
-        bags = np.empty((codebooks.heads, used, len(stages)), np.int64)
-        for stage, (size, column) in enumerate(stages):
-            np.add(rows[size][:, column : column + codebooks.heads].T, offsets[layer, :, stage, None], out=bags[:, :, stage])
+        bags = np.zeros((codebooks.heads, used, len(stages)), np.int64)  # a head without a stage reads row 0, zero
+        for stage, (size, column, heads) in enumerate(stages):
+            bags[heads, :, stage] = rows[size][:, column : column + len(heads)].T + offsets[layer, heads, stage, None]
         summed = torch.nn.functional.embedding_bag(torch.from_numpy(bags.reshape(-1, len(stages))), table, mode="sum")
         return summed.numpy().reshape(codebooks.heads, used, codebooks.dim)
 

@@ -12,9 +12,12 @@ A preset names how many stages, of which sizes, each kind gets in each layer::
     "k4v2"            keys 4 stages of 256, values 2 stages of 256, every layer
     "k2x1024v1x1024"  1024-entry codebooks
     "k3v2+k5@0-1"     as k3v2, but keys get 5 stages in layers 0 and 1 (``@a-b,c``; ``+v3@..`` too)
+    "k3v3+k12@18.2"   as k3v3, but the keys of layer 18's KV head 2 get 12 stages (``@layer.head``)
 
-Codes are uint16 ``[layers, heads, stages, seq]`` per kind; where layers have fewer stages than
-the deepest one the unused rows hold 0 and are never stored (``kvdb.code_layout``).
+A layer holds as many stages as its deepest head; a head with fewer uses a prefix of them (its
+*depth*), so the heads of a layer share codebook sizes. Codes are uint16
+``[layers, heads, stages, seq]`` per kind; rows past a layer's or a head's depth hold 0 and are
+never stored (``kvdb.code_layout``).
 
 Codebooks serialize to a versioned, self-describing byte format (no pickle), see
 :meth:`Codebooks.to_bytes`.
@@ -35,18 +38,18 @@ from kvdb.errors import CorruptData, InvalidArgument
 
 KINDS = ("k", "v")
 MAGIC = b"KVDBRVQ\x00"
-VERSION = 1
+VERSION = 2  # the newest this kvdb reads; a set whose heads all take their layer's stages is written as version 1
 _PREFIX = struct.Struct("<8s I I")  # magic, version, header length
 _CRC = struct.Struct("<I")
 
 # Every layer alike: the preset of a model nobody has measured (decision 0010).
 DEFAULT_PRESET = "k4v3"
-# Presets measured on one model's weights (by their hash): deeper key codes on the layers whose
-# keys its copy heads read, fewer where keys barely matter (benchmarks/kv_ideas.py, decision 0027).
-# The layers are that model's, so no other model gets them.
+# Presets measured on one model's weights (by their hash): deeper key codes for its copy heads,
+# fewer where keys barely matter (benchmarks/kv_ideas.py, decisions 0027 and 0028). The heads
+# are that model's, so no other model gets them.
 MEASURED_PRESETS = {
     # SmolLM2-135M-Instruct, the embedded model
-    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": "k3v3+k12@18+k8@7,20,23+k2@0-5+v2@0-1",
+    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
 }
 
 
@@ -60,47 +63,83 @@ def default_preset(weights_hash: str) -> str:
 # ------------------------------------------------------------------------------------------
 
 _BASE = re.compile(r"^k(\d+)(?:x(\d+))?v(\d+)(?:x(\d+))?$")
-_OVERRIDE = re.compile(r"^([kv])(\d+)(?:x(\d+))?@([\d,\-]+)$")
+_OVERRIDE = re.compile(r"^([kv])(\d+)(?:x(\d+))?@([\d,.\-]+)$")
 
 
-def _layers_of(spec: str, layers: int) -> list[int]:
-    out = []
+def _targets(spec: str, layers: int, heads: int | None) -> list[tuple[int, int | None]]:
+    """``(layer, head)`` pairs an override names; head None means every head of the layer."""
+    out: list[tuple[int, int | None]] = []
     for part in spec.split(","):
+        if "." in part:
+            a, _, h = part.partition(".")
+            if not a.isdigit() or not h.isdigit():
+                raise InvalidArgument(f"bad head {part!r}: expected layer.head, e.g. '18.2'")
+            layer, head = int(a), int(h)
+            if not 0 <= layer < layers or (heads is not None and not 0 <= head < heads):
+                raise InvalidArgument(f"head {part!r} is outside layers 0..{layers - 1}" + (f", heads 0..{heads - 1}" if heads is not None else ""))
+            out.append((layer, head))
+            continue
         a, _, b = part.partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            raise InvalidArgument(f"bad layer range {part!r}: expected e.g. '3', '0-5' or '18.2'")
         lo, hi = int(a), int(b) if b else int(a)
         if not 0 <= lo <= hi < layers:
             raise InvalidArgument(f"layer range {part!r} is outside 0..{layers - 1}")
-        out.extend(range(lo, hi + 1))
+        out.extend((layer, None) for layer in range(lo, hi + 1))
     return out
 
 
-def allocation(preset: str, layers: int) -> dict[str, list[tuple[int, ...]]]:
-    """Codebook sizes per stage, per layer, per kind: ``{"k": [(256, 256, ...), ...], "v": [...]}``."""
+def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list[tuple[int, ...]]]]:
+    """Codebook sizes per stage, per kind, per layer, per head: ``{"k": [[(256, ...), ...], ...], "v": ...}``."""
     base, *overrides = preset.strip().split("+")
     m = _BASE.match(base)
     if not m:
-        raise InvalidArgument(f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1'")
+        raise InvalidArgument(f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1', 'k3v3+k12@18.2'")
     ks, kn, vs, vn = int(m[1]), int(m[2] or 256), int(m[3]), int(m[4] or 256)
-    alloc = {"k": [(kn,) * ks for _ in range(layers)], "v": [(vn,) * vs for _ in range(layers)]}
+    alloc = {"k": [[(kn,) * ks] * heads for _ in range(layers)], "v": [[(vn,) * vs] * heads for _ in range(layers)]}
     for o in overrides:
         mo = _OVERRIDE.match(o)
         if not mo:
-            raise InvalidArgument(f"bad preset override {o!r} in {preset!r}: expected e.g. 'k5@0-1'")
-        size = int(mo[3] or 256)
-        for layer in _layers_of(mo[4], layers):
-            alloc[mo[1]][layer] = (size,) * int(mo[2])
+            raise InvalidArgument(f"bad preset override {o!r} in {preset!r}: expected e.g. 'k5@0-1' or 'k12@18.2'")
+        sizes = (int(mo[3] or 256),) * int(mo[2])
+        for layer, head in _targets(mo[4], layers, heads):
+            for h in range(heads) if head is None else (head,):
+                alloc[mo[1]][layer][h] = sizes
     for kind in KINDS:
-        for sizes in alloc[kind]:
-            for s in sizes:
-                if not 2 <= s <= 65536:
-                    raise InvalidArgument(f"codebook size {s} in {preset!r} is outside 2..65536 (codes are uint16)")
+        for layer, per_head in enumerate(alloc[kind]):
+            longest = max(per_head, key=len)
+            for head, sizes in enumerate(per_head):
+                if sizes != longest[: len(sizes)]:
+                    raise InvalidArgument(f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
+                                          "a layer's heads share its codebook sizes and differ only in how many stages they take")
+                if any(not 2 <= s <= 65536 for s in sizes):
+                    raise InvalidArgument(f"codebook size {sizes[0]} in {preset!r} is outside 2..65536 (codes are uint16)")
     return alloc
+
+
+def allocation(preset: str, layers: int, heads: int = 1) -> dict[str, list[tuple[int, ...]]]:
+    """Codebook sizes per stage, per layer, per kind, as many as the layer's deepest head takes:
+    ``{"k": [(256, 256, ...), ...], "v": [...]}`` (``heads`` only bounds ``@layer.head``)."""
+    per_head = head_allocation(preset, layers, max(heads, _named_heads(preset)))
+    return {kind: [max(layer, key=len) for layer in per_head[kind]] for kind in KINDS}
+
+
+def depths(preset: str, layers: int, heads: int) -> dict[str, np.ndarray]:
+    """How many of its layer's stages each head takes: int ``[layers, heads]`` per kind."""
+    per_head = head_allocation(preset, layers, heads)
+    return {kind: np.array([[len(s) for s in layer] for layer in per_head[kind]], dtype=np.int64).reshape(layers, heads) for kind in KINDS}
+
+
+def _named_heads(preset: str) -> int:
+    """One more than the highest head a preset names (0 if it names none)."""
+    found = [int(h) for h in re.findall(r"\d+\.(\d+)", preset)]
+    return max(found) + 1 if found else 0
 
 
 def code_bytes_per_token(preset: str, layers: int, heads: int) -> float:
     """Ideal packed bytes per token of a preset's codes (fractal blocks add 12 B per 4096 symbols)."""
-    alloc = allocation(preset, layers)
-    return sum(fractal.layout(s).bits_per_symbol for kind in KINDS for sizes in alloc[kind] for s in sizes) * heads / 8
+    alloc = head_allocation(preset, layers, heads)
+    return sum(fractal.layout(s).bits_per_symbol for kind in KINDS for layer in alloc[kind] for sizes in layer for s in sizes) / 8
 
 
 # ------------------------------------------------------------------------------------------
@@ -114,6 +153,8 @@ class Codebooks:
 
     ``pre_rope`` records whether keys were quantized before the rotary embedding (the restore path
     must then re-rotate them). ``meta`` is free-form JSON (model id, calibration text, ...).
+    ``depths`` (kind -> int ``[layers, heads]``) holds, for a kind whose heads differ, how many of
+    the layer's stages each head takes; a head's centroids past its depth are zero and never stored.
     """
 
     layers: int
@@ -124,6 +165,7 @@ class Codebooks:
     preset: str = ""
     meta: dict = field(default_factory=dict)
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> [layers, heads, dim] metric scales
+    depths: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> [layers, heads], where heads differ
     _tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # kind -> gather_table()
 
     def stages(self, kind: str) -> list[tuple[int, ...]]:
@@ -132,18 +174,35 @@ class Codebooks:
     def max_stages(self, kind: str) -> int:
         return max((len(s) for s in self.stages(kind)), default=0)
 
+    def depth(self, kind: str) -> np.ndarray:
+        """How many stages each head takes: int ``[layers, heads]``."""
+        if kind in self.depths:
+            return self.depths[kind]
+        return np.repeat(np.array([len(s) for s in self.stages(kind)], dtype=np.int64)[:, None], self.heads, axis=1)
+
     def truncate(self, preset: str) -> Codebooks:
-        """The codebooks of a preset that takes a prefix of these stages in every layer (no retraining)."""
-        alloc = allocation(preset, self.layers)
-        books = {}
+        """The codebooks of a preset that takes a prefix of these stages in every head (no retraining)."""
+        alloc = allocation(preset, self.layers, self.heads)
+        want = depths(preset, self.layers, self.heads)
+        books, kept = {}, {}
         for kind in KINDS:
+            have_depth = self.depth(kind)
+            if (want[kind] > have_depth).any():
+                layer, head = np.argwhere(want[kind] > have_depth)[0]
+                raise InvalidArgument(f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages in layer {layer} head {head}; trained: {have_depth[layer, head]}")
             books[kind] = []
             for layer, sizes in enumerate(alloc[kind]):
                 have = self.stages(kind)[layer]
                 if tuple(have[: len(sizes)]) != tuple(sizes):
                     raise InvalidArgument(f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}")
-                books[kind].append(self.books[kind][layer][: len(sizes)])
-        return Codebooks(self.layers, self.heads, self.dim, self.pre_rope, books, preset, dict(self.meta), dict(self.weights))
+                stages = self.books[kind][layer][: len(sizes)]
+                short = want[kind][layer] < have_depth[layer].clip(max=len(sizes))
+                if short.any():  # keep the invariant: a head's centroids past its depth are zero
+                    stages = [np.where((want[kind][layer] > stage)[:, None, None], book, 0).astype(np.float32) for stage, book in enumerate(stages)]
+                books[kind].append(stages)
+            if not _uniform(want[kind], alloc[kind]):
+                kept[kind] = want[kind]
+        return Codebooks(self.layers, self.heads, self.dim, self.pre_rope, books, preset, dict(self.meta), dict(self.weights), kept)
 
     def gather_table(self, kind: str):
         """(table, offsets): every centroid of ``kind`` as one float32 tensor ``[1 + total, dim]``,
@@ -155,10 +214,13 @@ class Codebooks:
             depth = self.max_stages(kind)
             offsets = np.zeros((self.layers, self.heads, depth), np.int64)
             rows, at = [np.zeros((1, self.dim), np.float32)], 1
+            depth = self.depth(kind)
             for layer, books in enumerate(self.books[kind]):
                 scale = self.weights[kind][layer][:, None, :] if kind in self.weights else 1.0  # [heads, 1, dim]
                 for stage, book in enumerate(books):
                     for head, centroids in enumerate(book / scale):
+                        if stage >= depth[layer, head]:
+                            continue
                         offsets[layer, head, stage] = at
                         rows.append(centroids)
                         at += len(centroids)
@@ -167,8 +229,9 @@ class Codebooks:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the centroids take when stored (fp16)."""
-        return sum(b.size * 2 for kind in KINDS for layer in self.books[kind] for b in layer)
+        """Bytes the centroids take when stored (fp16): only the heads that take each stage."""
+        return sum(int((self.depth(kind)[layer] > stage).sum()) * b.shape[1] * self.dim * 2
+                   for kind in KINDS for layer, books in enumerate(self.books[kind]) for stage, b in enumerate(books))
 
     # serialization ------------------------------------------------------------------------
 
@@ -182,6 +245,11 @@ class Codebooks:
         ``[heads, size, dim]``, then for each kind listed in ``weights`` its float32 metric
         scales ``[layers, heads, dim]`` (vectors are multiplied by them before quantizing and
         divided after decoding). The CRC (zlib) covers every byte before it.
+
+        Version 2 is written only where some head takes fewer stages than its layer: the header
+        adds ``depths`` (per kind, per layer, each head's stage count) and each codebook holds
+        only the heads that take its stage, ``[those heads, size, dim]``. Every other set is
+        written as version 1, byte for byte as before.
         """
         header = {
             "format": "kvdb-rvq",
@@ -197,12 +265,16 @@ class Codebooks:
             "weights": [kind for kind in KINDS if kind in self.weights],
             "weights_dtype": "<f4",
         }
+        if self.depths:
+            header["depths"] = {kind: self.depth(kind).tolist() for kind in KINDS}
+            header["order"] = "kind>layer>stage; each [heads that take the stage, size, dim] C-order"
         head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        parts = [_PREFIX.pack(MAGIC, VERSION, len(head)), head]
+        parts = [_PREFIX.pack(MAGIC, 2 if self.depths else 1, len(head)), head]
         for kind in KINDS:
-            for layer in self.books[kind]:
-                for book in layer:
-                    parts.append(np.ascontiguousarray(book, dtype="<f2").tobytes())
+            depth = self.depth(kind)
+            for layer, books in enumerate(self.books[kind]):
+                for stage, book in enumerate(books):
+                    parts.append(np.ascontiguousarray(book[depth[layer] > stage], dtype="<f2").tobytes())
         for kind in header["weights"]:
             parts.append(np.ascontiguousarray(self.weights[kind], dtype="<f4").tobytes())
         body = b"".join(parts)
@@ -223,15 +295,18 @@ class Codebooks:
         heads, dim = header["heads"], header["dim"]
         dtype = np.dtype(header["dtype"])
         offset = _PREFIX.size + hlen
+        given = {kind: np.asarray(d, dtype=np.int64).reshape(header["layers"], heads) for kind, d in header.get("depths", {}).items()}
         books = {}
         for kind in KINDS:
             books[kind] = []
-            for sizes in header["stages"][kind]:
+            for layer_no, sizes in enumerate(header["stages"][kind]):
                 layer = []
-                for size in sizes:
-                    count = heads * size * dim
-                    arr = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(heads, size, dim)
-                    layer.append(arr.astype(np.float32))
+                for stage, size in enumerate(sizes):
+                    has = given[kind][layer_no] > stage if kind in given else np.ones(heads, bool)
+                    count = int(has.sum()) * size * dim
+                    arr = np.zeros((heads, size, dim), np.float32)
+                    arr[has] = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(-1, size, dim)
+                    layer.append(arr)
                     offset += count * dtype.itemsize
                 books[kind].append(layer)
         weights = {}
@@ -242,7 +317,13 @@ class Codebooks:
             offset += count * wdtype.itemsize
         if offset != len(blob) - _CRC.size:
             raise CorruptData(f"codebook blob has {len(blob) - _CRC.size - offset} unexpected bytes")
-        return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights)
+        kept = {kind: d for kind, d in given.items() if not _uniform(d, header["stages"][kind])}
+        return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights, kept)
+
+
+def _uniform(depth: np.ndarray, stages: list) -> bool:
+    """Whether every head takes all of its layer's stages."""
+    return all((depth[layer] == len(sizes)).all() for layer, sizes in enumerate(stages))
 
 
 # ------------------------------------------------------------------------------------------
@@ -289,7 +370,8 @@ def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope
     if not shapes or any(len(s) != 4 for s in shapes.values()) or len({(s[0], s[1], s[3]) for s in shapes.values()}) != 1:
         raise InvalidArgument(f"vectors must map 'k'/'v' to [layers, heads, n, dim] arrays of equal layers/heads/dim, got {shapes}")
     layers, heads, _, dim = next(iter(shapes.values()))
-    alloc = allocation(preset, layers)
+    alloc = allocation(preset, layers, heads)
+    depth = depths(preset, layers, heads)
     rng = np.random.default_rng(seed)
     norm = {kind: normalise_weights(w) for kind, w in (weights or {}).items()}
     books: dict[str, list[list[np.ndarray]]] = {}
@@ -305,13 +387,13 @@ def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope
                 data = data * norm[kind][:, :, None, :]
             for layer in range(layers):
                 sizes = alloc[kind][layer]
-                per_stage = [np.empty((heads, s, dim), np.float32) for s in sizes]
+                per_stage = [np.zeros((heads, s, dim), np.float32) for s in sizes]
                 for head in range(heads) if sizes else ():
                     x = data[layer, head]
                     if len(x) > max_points:
                         x = x[rng.choice(len(x), max_points, replace=False)]
                     resid = x.copy()
-                    for stage, size in enumerate(sizes):
+                    for stage, size in enumerate(sizes[: depth[kind][layer, head]]):
                         c = _fp16(_kmeans(resid, size, niter, seed + 7919 * stage + 31 * head + layer, max_points // max(size, 1) + 1))
                         per_stage[stage][head] = c
                         resid -= c[_nearest(resid, c)]
@@ -320,7 +402,8 @@ def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope
                     progress(kind, layer)
     finally:
         faiss.omp_set_num_threads(previous)
-    return Codebooks(layers, heads, dim, pre_rope, books, preset, dict(meta or {}), norm)
+    uneven = {kind: d for kind, d in depth.items() if not _uniform(d, alloc[kind])}
+    return Codebooks(layers, heads, dim, pre_rope, books, preset, dict(meta or {}), norm, uneven)
 
 
 def normalise_weights(w: np.ndarray) -> np.ndarray:
@@ -381,15 +464,15 @@ def _beam_codes(x: np.ndarray, books: list[np.ndarray], beam: int, block: int = 
     return out
 
 
-def _encode_kind(books: list[list[np.ndarray]], data: np.ndarray, beam: int = 1) -> np.ndarray:
+def _encode_kind(codebooks: Codebooks, kind: str, data: np.ndarray, beam: int = 1) -> np.ndarray:
     layers, heads, n, _ = data.shape
-    depth = max((len(b) for b in books), default=0)
-    codes = np.zeros((layers, heads, depth, n), dtype=np.uint16)
+    books, depth = codebooks.books[kind], codebooks.depth(kind)
+    codes = np.zeros((layers, heads, codebooks.max_stages(kind), n), dtype=np.uint16)
     for layer in range(layers):
-        stages = len(books[layer])
         for head in range(heads):
+            stages = depth[layer, head]
             if stages:
-                codes[layer, head, :stages] = _beam_codes(data[layer, head], [b[head] for b in books[layer]], beam)
+                codes[layer, head, :stages] = _beam_codes(data[layer, head], [b[head] for b in books[layer][:stages]], beam)
     return codes
 
 
@@ -429,7 +512,7 @@ def encode(codebooks: Codebooks, keys: np.ndarray, values: np.ndarray, beam: int
         keys = keys * codebooks.weights["k"][:, :, None, :]
     if "v" in codebooks.weights:
         values = values * codebooks.weights["v"][:, :, None, :]
-    return _encode_kind(codebooks.books["k"], keys, beam), _encode_kind(codebooks.books["v"], values, beam)
+    return _encode_kind(codebooks, "k", keys, beam), _encode_kind(codebooks, "v", values, beam)
 
 
 def decode(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,7 @@
 shipped in the package (``kvdb/data/calibration.txt``, provenance in ``kvdb/data/README.md``)
 and cached beside the converted model, so ``--keep kv`` works on a fresh archive.
 
-An archive never stores these centroids (19.3 MB for SmolLM2's default preset, about 0.8 times
+An archive never stores these centroids (18.2 MB for SmolLM2's default preset, about 0.8 times
 the fp16 cache of a 1,000-token session). It stores a *reference* (:class:`Reference`, a few hundred bytes):
 the recipe that builds them (model weights and tokenizer, the calibration text's hash, preset,
 sizes, trainer settings) and the hash of the bytes the writing machine built. Another machine

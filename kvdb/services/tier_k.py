@@ -100,10 +100,12 @@ class TierK:
         with the model's own preset (``quant.default_preset``) unless one is named."""
         loaded = self._models.get()
         preset = preset or quant.default_preset(loaded.identity.weights_hash)
-        alloc = quant.allocation(preset, loaded.model.config.num_hidden_layers)
-        bare = [f"{kind}@{layer}" for kind, per_layer in alloc.items() for layer, sizes in enumerate(per_layer) if not sizes]
-        if bare:  # a layer without codes would restore as zeros
-            raise InvalidArgument(f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every layer needs at least one of keys and of values")
+        layers, _, heads, _ = capture.attention_shape(loaded.model)
+        alloc = quant.allocation(preset, layers, heads)
+        depth = quant.depths(preset, layers, heads)
+        bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
+        if bare:  # a head without codes would restore as zeros
+            raise InvalidArgument(f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values")
         start = time.perf_counter()
         keys, values, used = [], [], 0
         for row in self._storage.list_sessions():

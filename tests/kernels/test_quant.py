@@ -39,9 +39,23 @@ def test_allocation_presets():
     assert a["v"] == [(256,), (16, 16, 16), (256,)]
     assert Q.code_bytes_per_token("k4v2", 30, 3) == 540.0
     assert Q.code_bytes_per_token("k2x1024v1", 30, 3) == pytest.approx(30 * 3 * (2 * 1.25 + 1))
-    for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1"):
+    for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1", "k4v2+k5@1.x", "k4v2+k5@3.0"):
         with pytest.raises(InvalidArgument):
             Q.allocation(bad, 3)
+
+
+def test_per_head_presets():
+    """``@layer.head`` deepens one head; its layer holds the deepest head's stages and the others
+    take a prefix of them, so a layer's heads must share codebook sizes."""
+    a = Q.allocation("k2v1+k5@1.1+k3@0", 3, heads=2)
+    assert a["k"] == [(256,) * 3, (256,) * 5, (256,) * 2] and a["v"] == [(256,)] * 3
+    d = Q.depths("k2v1+k5@1.1+k3@0+k4@0.0", 3, 2)
+    assert d["k"].tolist() == [[4, 3], [2, 5], [2, 2]] and d["v"].tolist() == [[1, 1]] * 3
+    assert Q.code_bytes_per_token("k2v1+k5@1.1", 3, 2) == 3 * 2 * 3 + 3
+    with pytest.raises(InvalidArgument, match="outside"):
+        Q.depths("k2v1+k5@1.2", 3, 2)
+    with pytest.raises(InvalidArgument, match="share"):
+        Q.allocation("k2v1+k3x16@1.1", 3, 2)
 
 
 def test_codebook_bytes_round_trip(trained):
@@ -110,6 +124,49 @@ def test_per_layer_training():
     assert not kc[0, :, 1].any()  # layer 0 has no second stage: zero rows, never stored
     assert len(CL.code_streams(cb, (kc, vc))[8]) == 200 * 2 * (1 + 2 + 1 + 1)
     assert Q.Codebooks.from_bytes(cb.to_bytes()).stages("k") == [(8,), (8, 8)]
+
+
+def test_heads_with_fewer_stages_than_their_layer():
+    """A per-head preset: each head is coded with its own stages only, stores only those (codes,
+    streams and centroids: codebook format version 2) and decodes to the sum of its centroids;
+    a preset whose heads all take their layers' stages is still written as version 1."""
+    k, v = _vectors(layers=3, n=300, seed=11), _vectors(layers=3, n=300, seed=12)
+    cb = Q.train({"k": k, "v": v}, "k1x16v1x8+k3x16@1.1+v2x8@2.0", niter=4)
+    assert cb.stages("k") == [(16,), (16,) * 3, (16,)] and cb.depth("k").tolist() == [[1, 1], [1, 3], [1, 1]]
+    assert not cb.books["k"][1][1][0].any() and cb.books["k"][1][1][1].any()  # head 0 has no stage 1
+    uniform = Q.train({"k": k, "v": v}, "k1x16v1x8+k3x16@1+v2x8@2", niter=4)
+    assert cb.nbytes == uniform.nbytes - 2 * 16 * 8 * 2 - 8 * 8 * 2  # 2 key stages and 1 value stage of one head fewer
+    blob = cb.to_bytes()
+    assert blob[8:12] == (2).to_bytes(4, "little") and uniform.to_bytes()[8:12] == (1).to_bytes(4, "little")
+    back = Q.Codebooks.from_bytes(blob)
+    assert back.to_bytes() == blob and back.nbytes == cb.nbytes
+    for kind in Q.KINDS:
+        np.testing.assert_array_equal(back.depth(kind), cb.depth(kind))
+        for a, b in zip(back.books[kind], cb.books[kind]):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    kc, vc = Q.encode(cb, k, v)
+    assert kc.shape == (3, 2, 3, 300) and not kc[1, 0, 1:].any() and not kc[0, :, 1:].any()
+    keys, values = Q.decode(cb, (kc, vc))
+    for head in range(2):
+        want = sum(cb.books["k"][1][s][head][kc[1, head, s]] for s in range(cb.depth("k")[1, head]))
+        np.testing.assert_allclose(keys[1, head], want, rtol=1e-6, atol=1e-6)
+    streams = CL.code_streams(cb, (kc, vc), start=4)
+    assert len(streams[16]) == 296 * (2 + 2 + 2 + 2) and len(streams[8]) == 296 * (2 + 2 + 3)
+    assert CL.stream_columns(cb) == {16: 8, 8: 7}
+    for a, b in zip((kc, vc), CL.codes_from_streams(cb, streams, 296)):
+        np.testing.assert_array_equal(a[..., 4:], b)
+    for layer, (got_k, got_v) in enumerate(CL.decode_streams(cb, CL.code_streams(cb, (kc, vc)), 300, 200)):
+        np.testing.assert_array_equal(got_k, keys[layer, :, :200])
+        np.testing.assert_array_equal(got_v, values[layer, :, :200])
+    shallow = cb.truncate("k1x16v1x8+k2x16@1.1")
+    assert shallow.depth("k")[1].tolist() == [1, 2] and shallow.depths.keys() == {"k"}
+    assert shallow.stages("v")[2] == (8,) and not shallow.books["k"][1][1][0].any()
+    # stages nest per head too: cutting the uniform set down is training the per-head preset
+    assert uniform.truncate("k1x16v1x8+k3x16@1.1+v2x8@2.0").to_bytes() == blob
+    assert cb.truncate("k1x16v1x8").to_bytes()[8:12] == (1).to_bytes(4, "little")
+    with pytest.raises(InvalidArgument, match="needs 3 k stages in layer 1 head 0"):
+        cb.truncate("k1x16v1x8+k3x16@1")
 
 
 def test_decode_streams_gives_decode_layer_by_layer():
@@ -314,27 +371,29 @@ def test_the_measured_default_is_the_embedded_models_alone():
     [(weights, preset)] = Q.MEASURED_PRESETS.items()
     assert Q.default_preset(weights) == preset != Q.DEFAULT_PRESET
     assert Q.default_preset("0" * 64) == Q.DEFAULT_PRESET
-    alloc = Q.allocation(preset, 30)
-    assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 8] + [3] * 10 + [12, 3, 8, 3, 3, 8] + [3] * 6
+    alloc = Q.allocation(preset, 30, 3)
+    assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 12] + [3] * 10 + [16, 3, 12, 3, 3, 12] + [3] * 6
     assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
+    depth = Q.depths(preset, 30, 3)["k"]
+    assert depth[18].tolist() == [3, 3, 16] and depth[7].tolist() == [3, 3, 12] and depth[23].tolist() == [12, 3, 3]
 
 
 def test_the_measured_preset_round_trips_through_its_streams():
-    """Layers of different depths in one set: codes -> token-major streams -> codes, and decode
-    equals the sum of the centroids each layer has."""
+    """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
+    decode equals the sum of the centroids each head has."""
     [preset] = Q.MEASURED_PRESETS.values()
-    k, v = _vectors(layers=30, heads=1, n=300, dim=4, seed=3), _vectors(layers=30, heads=1, n=300, dim=4, seed=4)
+    k, v = _vectors(layers=30, heads=3, n=300, dim=4, seed=3), _vectors(layers=30, heads=3, n=300, dim=4, seed=4)
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)
-    assert [len(s) for s in cb.stages("k")] == [len(s) for s in Q.allocation(preset, 30)["k"]]
+    assert [len(s) for s in cb.stages("k")] == [len(s) for s in Q.allocation(preset, 30, 3)["k"]]
+    codes_per_position = int(cb.depth("k").sum() + cb.depth("v").sum())
     streams = CL.code_streams(cb, codes, start=4)
-    assert len(streams[256]) == 296 * (sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v"))))  # heads = 1
+    assert len(streams[256]) == 296 * codes_per_position
     back = CL.codes_from_streams(cb, streams, 296)
     for kind, (a, b) in enumerate(zip(codes, back)):
         np.testing.assert_array_equal(a[..., 4:], b, err_msg=Q.KINDS[kind])
     keys, _ = Q.decode(cb, codes)
-    for layer in (0, 7, 8):
-        want = sum(cb.books["k"][layer][s][0][codes[0][layer, 0, s]] for s in range(len(cb.stages("k")[layer])))
-        np.testing.assert_allclose(keys[layer, 0], want, rtol=1e-6, atol=1e-6)
-    codes_per_position = sum(map(len, cb.stages("k"))) + sum(map(len, cb.stages("v")))
+    for layer, head in ((0, 0), (7, 2), (7, 0), (18, 2), (8, 1)):
+        want = sum(cb.books["k"][layer][s][head][codes[0][layer, head, s]] for s in range(cb.depth("k")[layer, head]))
+        np.testing.assert_allclose(keys[layer, head], want, rtol=1e-6, atol=1e-6)
     assert CL.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers

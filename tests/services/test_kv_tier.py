@@ -102,7 +102,7 @@ def test_without_tier_k(archive):
         archive.restore("plain", mode="archive")
     with pytest.raises(InvalidArgument, match="archived positions"):
         archive.train_codebooks(preset="k2v1", tokens=5000)
-    for bare in ("k2v0", "k2v1+k0@1"):  # a layer without codes would restore as zeros
+    for bare in ("k2v0", "k2v1+k0@1", "k2v1+k0@1.0"):  # a head without codes would restore as zeros
         with pytest.raises(InvalidArgument, match="no stages"):
             archive.train_codebooks(preset=bare)
 
