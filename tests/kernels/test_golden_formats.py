@@ -199,15 +199,16 @@ def test_codebooks_and_code_streams_encode_to_the_golden_bytes():
     assert_golden(golden.quant_files())
 
 
-@pytest.mark.parametrize("weights", [True, False])
-def test_golden_codebooks_read_back(weights):
-    name = "quant/codebooks.bin" if weights else "quant/codebooks_no_weights.bin"
-    read, made = quant.Codebooks.from_bytes((GOLDEN / name).read_bytes()), golden.codebooks(weights)
+@pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),
+                                                     ("codebooks_v2.bin", True, True)])
+def test_golden_codebooks_read_back(name, weights, per_head):
+    read, made = quant.Codebooks.from_bytes((GOLDEN / "quant" / name).read_bytes()), golden.codebooks(weights, per_head)
     assert (read.layers, read.heads, read.dim, read.pre_rope, read.preset, read.meta) == (
         made.layers, made.heads, made.dim, made.pre_rope, made.preset, made.meta
     )
     for kind in quant.KINDS:
         assert read.stages(kind) == golden.STAGES[kind]
+        assert read.depth(kind).tolist() == (golden.DEPTHS[kind] if per_head else [[len(s)] * golden.HEADS for s in golden.STAGES[kind]])
         for layer_read, layer_made in zip(read.books[kind], made.books[kind], strict=True):
             for a, b in zip(layer_read, layer_made, strict=True):
                 np.testing.assert_array_equal(a, b)
@@ -216,11 +217,12 @@ def test_golden_codebooks_read_back(weights):
         np.testing.assert_array_equal(read.weights[kind], scales)
 
 
-def test_golden_code_streams_read_back():
-    books = golden.codebooks()
+@pytest.mark.parametrize("folder, per_head", [("streams", False), ("streams_v2", True)])
+def test_golden_code_streams_read_back(folder, per_head):
+    books = golden.codebooks(per_head=per_head)
     sizes = sorted({size for kind in quant.KINDS for sizes in golden.STAGES[kind] for size in sizes})
-    streams = {size: fractal.decode_blocks(blocks(f"quant/streams/a{size}"), size) for size in sizes}
-    for ours, theirs in zip(code_layout.codes_from_streams(books, streams, golden.SEQ), golden.codes(), strict=True):
+    streams = {size: fractal.decode_blocks(blocks(f"quant/{folder}/a{size}"), size) for size in sizes}
+    for ours, theirs in zip(code_layout.codes_from_streams(books, streams, golden.SEQ), golden.codes(per_head), strict=True):
         np.testing.assert_array_equal(ours, theirs)
 
 
