@@ -207,12 +207,11 @@ class Codebooks:
     def gather_table(self, kind: str):
         """(table, offsets): every centroid of ``kind`` as one float32 tensor ``[1 + total, dim]``,
         row 0 zero, each divided by its metric scales; and ``offsets[layer, head, stage]``, the
-        row of that codebook's first centroid (0 where the layer has no such stage). Built once."""
+        row of that codebook's first centroid (0 where the layer or the head has no such stage). Built once."""
         if kind not in self._tables:
             import torch
 
-            depth = self.max_stages(kind)
-            offsets = np.zeros((self.layers, self.heads, depth), np.int64)
+            offsets = np.zeros((self.layers, self.heads, self.max_stages(kind)), np.int64)
             rows, at = [np.zeros((1, self.dim), np.float32)], 1
             depth = self.depth(kind)
             for layer, books in enumerate(self.books[kind]):
