@@ -92,9 +92,13 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
         stages = places[kind][layer]
         if not stages or used == 0:
             return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
-        bags = np.zeros((codebooks.heads, used, len(stages)), np.int64)  # a head without a stage reads row 0, zero
+        every = all(len(heads) == codebooks.heads for _, _, heads in stages)
+        bags = (np.empty if every else np.zeros)((codebooks.heads, used, len(stages)), np.int64)  # a head without a stage reads row 0, zero
         for stage, (size, column, heads) in enumerate(stages):
-            bags[heads, :, stage] = rows[size][:, column : column + len(heads)].T + offsets[layer, heads, stage, None]
+            if len(heads) == codebooks.heads:  # in place: no temporary (this is most of a stored-window restore)
+                np.add(rows[size][:, column : column + len(heads)].T, offsets[layer, :, stage, None], out=bags[:, :, stage])
+            else:
+                bags[heads, :, stage] = rows[size][:, column : column + len(heads)].T + offsets[layer, heads, stage, None]
         summed = torch.nn.functional.embedding_bag(torch.from_numpy(bags.reshape(-1, len(stages))), table, mode="sum")
         return summed.numpy().reshape(codebooks.heads, used, codebooks.dim)
 
