@@ -66,7 +66,7 @@ _BASE = re.compile(r"^k(\d+)(?:x(\d+))?v(\d+)(?:x(\d+))?$")
 _OVERRIDE = re.compile(r"^([kv])(\d+)(?:x(\d+))?@([\d,.\-]+)$")
 
 
-def _targets(spec: str, layers: int, heads: int | None) -> list[tuple[int, int | None]]:
+def _targets(spec: str, layers: int, heads: int) -> list[tuple[int, int | None]]:
     """``(layer, head)`` pairs an override names; head None means every head of the layer."""
     out: list[tuple[int, int | None]] = []
     for part in spec.split(","):
@@ -75,8 +75,8 @@ def _targets(spec: str, layers: int, heads: int | None) -> list[tuple[int, int |
             if not a.isdigit() or not h.isdigit():
                 raise InvalidArgument(f"bad head {part!r}: expected layer.head, e.g. '18.2'")
             layer, head = int(a), int(h)
-            if not 0 <= layer < layers or (heads is not None and not 0 <= head < heads):
-                raise InvalidArgument(f"head {part!r} is outside layers 0..{layers - 1}" + (f", heads 0..{heads - 1}" if heads is not None else ""))
+            if not 0 <= layer < layers or not 0 <= head < heads:
+                raise InvalidArgument(f"head {part!r} is outside layers 0..{layers - 1}, heads 0..{heads - 1}")
             out.append((layer, head))
             continue
         a, _, b = part.partition("-")
@@ -117,10 +117,10 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
     return alloc
 
 
-def allocation(preset: str, layers: int, heads: int = 1) -> dict[str, list[tuple[int, ...]]]:
+def allocation(preset: str, layers: int, heads: int) -> dict[str, list[tuple[int, ...]]]:
     """Codebook sizes per stage, per layer, per kind, as many as the layer's deepest head takes:
-    ``{"k": [(256, 256, ...), ...], "v": [...]}`` (``heads`` only bounds ``@layer.head``)."""
-    per_head = head_allocation(preset, layers, max(heads, _named_heads(preset)))
+    ``{"k": [(256, 256, ...), ...], "v": [...]}``."""
+    per_head = head_allocation(preset, layers, heads)
     return {kind: [max(layer, key=len) for layer in per_head[kind]] for kind in KINDS}
 
 
@@ -128,12 +128,6 @@ def depths(preset: str, layers: int, heads: int) -> dict[str, np.ndarray]:
     """How many of its layer's stages each head takes: int ``[layers, heads]`` per kind."""
     per_head = head_allocation(preset, layers, heads)
     return {kind: np.array([[len(s) for s in layer] for layer in per_head[kind]], dtype=np.int64).reshape(layers, heads) for kind in KINDS}
-
-
-def _named_heads(preset: str) -> int:
-    """One more than the highest head a preset names (0 if it names none)."""
-    found = [int(h) for h in re.findall(r"\d+\.(\d+)", preset)]
-    return max(found) + 1 if found else 0
 
 
 def code_bytes_per_token(preset: str, layers: int, heads: int) -> float:

@@ -32,16 +32,16 @@ def trained():
 
 
 def test_allocation_presets():
-    a = Q.allocation("k4v2", 3)
+    a = Q.allocation("k4v2", 3, 1)
     assert a["k"] == [(256,) * 4] * 3 and a["v"] == [(256, 256)] * 3
-    a = Q.allocation("k2x1024v1+k5@0,2+v3x16@1", 3)
+    a = Q.allocation("k2x1024v1+k5@0,2+v3x16@1", 3, 1)
     assert a["k"] == [(256,) * 5, (1024, 1024), (256,) * 5]
     assert a["v"] == [(256,), (16, 16, 16), (256,)]
     assert Q.code_bytes_per_token("k4v2", 30, 3) == 540.0
     assert Q.code_bytes_per_token("k2x1024v1", 30, 3) == pytest.approx(30 * 3 * (2 * 1.25 + 1))
     for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1", "k4v2+k5@1.x", "k4v2+k5@3.0"):
         with pytest.raises(InvalidArgument):
-            Q.allocation(bad, 3)
+            Q.allocation(bad, 3, 1)
 
 
 def test_per_head_presets():
