@@ -67,6 +67,12 @@ def _held_out(ids: np.ndarray, calib_end: int) -> list[tuple[int, int]]:
     return [(s, CTX) for s in short] + [(s, LONG) for s in spaced_starts(ids, calib_end + 20_000, LONG, 2)]
 
 
+def _calibration(model, ids) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-RoPE keys and values of ``ids`` as contexts of 1,024 tokens, sinks left out (kv.py's calibration)."""
+    parts = [C.capture(model, ids[at : at + CTX], pre_rope=True) for at in range(0, len(ids), CTX)]
+    return tuple(np.concatenate([p[i][:, :, C.SINKS :] for p in parts], 2) for i in (0, 1))
+
+
 def _layer0_from_tokens(model, ids) -> tuple[np.ndarray, np.ndarray]:
     """Layer 0's pre-RoPE keys and values of each token alone: embedding, norm, projections."""
     layer = model.model.layers[0]
@@ -112,12 +118,7 @@ def main() -> None:
     fp16 = L * 2 * H * D * 2
     ids = np.asarray(T.encode(lm.tokenizer, real_text(600_000)), dtype=np.int64)
     calib_ids = ids[: 8 * CTX]
-    ck, cv = [], []
-    for c in range(8):
-        k, v = C.capture(model, calib_ids[c * CTX : (c + 1) * CTX], pre_rope=True)
-        ck.append(k[:, :, C.SINKS :])
-        cv.append(v[:, :, C.SINKS :])
-    ck, cv = np.concatenate(ck, 2), np.concatenate(cv, 2)
+    ck, cv = _calibration(model, calib_ids)
     t = time.perf_counter()
     deep = Q.train({"k": ck, "v": cv}, "k16v4", pre_rope=True)
     t_train = time.perf_counter() - t
@@ -218,9 +219,8 @@ def main() -> None:
 
     # -- 8. how much the codebooks' training moves the figures ------------------------------------
     retrained = []
-    other_ids = ids[8 * CTX : 16 * CTX]  # clear of every held-out context (they start 20,000 tokens past the calibration)
-    ok, ov = zip(*(C.capture(model, other_ids[c * CTX : (c + 1) * CTX], pre_rope=True) for c in range(8)))
-    other = {"k": np.concatenate([k[:, :, C.SINKS :] for k in ok], 2), "v": np.concatenate([v[:, :, C.SINKS :] for v in ov], 2)}
+    ok, ov = _calibration(model, ids[8 * CTX : 16 * CTX])  # clear of every held-out context (they start 20,000 tokens past the calibration)
+    other = {"k": ok, "v": ov}
     for label, data, seed in (("seed 1", {"k": ck, "v": cv}, 1), ("seed 2", {"k": ck, "v": cv}, 2), ("the next 8,192 tokens", other, 1234)):
         cb = Q.train(data, BASE, pre_rope=True, seed=seed)
         arrays = lambda ctx, cb=cb: Q.decode(cb, Q.encode(cb, ctx["k"], ctx["v"]))  # noqa: E731
@@ -290,8 +290,8 @@ def main() -> None:
                     tr, te = stream(ki, layer, h, stage)
                     none = (np.zeros_like(tr), np.zeros_like(te)), 1  # no context: the order-0 model
                     models = {"order 0": none,
-                                "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
-                                "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none}
+                              "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
+                              "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none}
                     for name, ((ctx_tr, ctx_te), n_ctx) in models.items():
                         bits[name].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
                         tables[name] += n_ctx * 256 * 2
