@@ -37,6 +37,7 @@ from report import describe  # noqa: E402
 from kvdb import capture as C  # noqa: E402
 from kvdb import code_layout as CL  # noqa: E402
 from kvdb import model as M  # noqa: E402
+from kvdb import presets as P  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
 from kvdb import shipped as SH  # noqa: E402
 from kvdb import tokenizer as T  # noqa: E402
@@ -47,9 +48,9 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
-# the preset of a model nobody measured; the embedded model's own default (quant.MEASURED_PRESETS,
+# the preset of a model nobody measured; the embedded model's own default (presets.MEASURED_PRESETS,
 # from benchmarks/kv_ideas.py's scan at 8,000 tokens) is measured beside it
-UNIFORM = Q.DEFAULT_PRESET
+UNIFORM = P.DEFAULT_PRESET
 # the paper's settings, expressed with the harness's own codebooks and window policy
 PAPER = [
     ("paper: per-head RVQ 256x2 post-RoPE K+V, window stored", "post", "k2v2", "stored", "kv"),
@@ -62,7 +63,7 @@ PLOT = Path(__file__).with_name("kv_rate_distortion.png")
 
 def _bits_per_vector(preset: str, kinds: str, layers: int, heads: int, dim: int) -> str:
     """Mean code bits per archived head vector, keys/values (fp16 = 16·dim for a kind kept exact)."""
-    alloc = Q.head_allocation(preset, layers, heads)
+    alloc = P.head_allocation(preset, layers, heads)
     out = []
     for kind in Q.KINDS:
         if kind in kinds:
@@ -305,7 +306,7 @@ def main() -> None:
     t_capture = time.perf_counter() - t
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
-    default = Q.default_preset(lm.identity.weights_hash)
+    default = P.default_preset(lm.identity.weights_hash)
     kmax, vmax = 16, 4  # every preset measured, the model's default too, is a prefix of these stages
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})

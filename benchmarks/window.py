@@ -31,6 +31,7 @@ from report import describe, publish  # noqa: E402
 
 from kvdb import capture as C  # noqa: E402
 from kvdb import model as M  # noqa: E402
+from kvdb import presets as P  # noqa: E402
 from kvdb import quant as Q  # noqa: E402
 from kvdb import tokenizer as tok  # noqa: E402
 
@@ -41,7 +42,7 @@ OFFSETS = [47436, 70865, 94294, 117723]  # benchmarks/kv.py's held-out contexts
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deep", default="k8v7")
-    parser.add_argument("--body", default=Q.DEFAULT_PRESET)
+    parser.add_argument("--body", default=P.DEFAULT_PRESET)
     parser.add_argument("--contexts", type=int, default=len(OFFSETS))
     args = parser.parse_args()
     loaded = M.load(None)

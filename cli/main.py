@@ -13,7 +13,7 @@ import sys
 import click
 
 import kvdb
-from kvdb import quant
+from kvdb import presets
 from kvdb.errors import KvdbError
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
@@ -347,7 +347,7 @@ def codebooks():
     "--preset",
     default=None,
     help="Residual stages of 256 centroids for keys and values, e.g. k4v3, k4v2, k2v1; overrides per layer as "
-    f"k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  [default: the model's measured preset where kvdb has one (SmolLM2-135M-Instruct), else {quant.DEFAULT_PRESET}]",
+    f"k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  [default: the model's measured preset where kvdb has one (SmolLM2-135M-Instruct), else {presets.DEFAULT_PRESET}]",
 )
 @click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
 @model_option

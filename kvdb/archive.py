@@ -132,7 +132,7 @@ class Archive:
 
     def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,
-        up to ``tokens`` positions); ``preset`` defaults to the model's (``quant.default_preset``)."""
+        up to ``tokens`` positions); ``preset`` defaults to the model's (``presets.default_preset``)."""
         return self._tier_k.train(preset, tokens, niter)
 
     def codebooks(self) -> list[CodebookSet]:

@@ -1,4 +1,4 @@
-"""Residual vector quantization of KV caches: codebooks, bit allocation presets, codes (pure numpy + faiss).
+"""Residual vector quantization of KV caches: codebooks, their bytes, training, codes (pure numpy + faiss).
 
 One residual quantizer per (layer, KV head, kind), kind ``k`` (keys) or ``v`` (values), trained
 with faiss k-means on the model's own vectors (choices and measurements in
@@ -7,15 +7,8 @@ chosen centroids. Stages nest: the first n stages of a deeper quantizer are exac
 quantizer a shallower preset would train, so one training run serves every preset that takes a
 prefix of its stages (:meth:`Codebooks.truncate`).
 
-A preset names how many stages, of which sizes, each kind gets in each layer::
-
-    "k4v2"            keys 4 stages of 256, values 2 stages of 256, every layer
-    "k2x1024v1x1024"  1024-entry codebooks
-    "k3v2+k5@0-1"     as k3v2, but keys get 5 stages in layers 0 and 1 (``@a-b,c``; ``+v3@..`` too)
-    "k3v3+k12@18.2"   as k3v3, but the keys of layer 18's KV head 2 get 12 stages (``@layer.head``)
-
-A layer holds as many stages as its deepest head; a head with fewer uses a prefix of them (its
-*depth*), so the heads of a layer share codebook sizes. Codes are uint16
+A preset (``kvdb.presets``) names how many stages, of which sizes, each kind gets in each layer
+and head; a head with fewer stages than its layer uses a prefix of them. Codes are uint16
 ``[layers, heads, stages, seq]`` per kind; rows past a layer's or a head's depth hold 0 and are
 never stored (``kvdb.code_layout``).
 
@@ -26,114 +19,19 @@ Codebooks serialize to a versioned, self-describing byte format (no pickle), see
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvdb import fractal
 from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.presets import DEFAULT_PRESET, KINDS, allocation, depths
 
-KINDS = ("k", "v")
 MAGIC = b"KVDBRVQ\x00"
 VERSION = 2  # the newest this kvdb reads; a set whose heads all take their layer's stages is written as version 1
 _PREFIX = struct.Struct("<8s I I")  # magic, version, header length
 _CRC = struct.Struct("<I")
-
-# Every layer alike: the preset of a model nobody has measured (decision 0010).
-DEFAULT_PRESET = "k4v3"
-# Presets measured on one model's weights (by their hash): deeper key codes for its copy heads,
-# fewer where keys barely matter (benchmarks/kv_ideas.py, decisions 0027 and 0028). The heads
-# are that model's, so no other model gets them.
-MEASURED_PRESETS = {
-    # SmolLM2-135M-Instruct, the embedded model
-    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
-}
-
-
-def default_preset(weights_hash: str) -> str:
-    """The preset tier K uses for a model when nobody names one."""
-    return MEASURED_PRESETS.get(weights_hash, DEFAULT_PRESET)
-
-
-# ------------------------------------------------------------------------------------------
-# presets
-# ------------------------------------------------------------------------------------------
-
-_BASE = re.compile(r"^k(\d+)(?:x(\d+))?v(\d+)(?:x(\d+))?$")
-_OVERRIDE = re.compile(r"^([kv])(\d+)(?:x(\d+))?@([\d,.\-]+)$")
-
-
-def _targets(spec: str, layers: int, heads: int) -> list[tuple[int, int | None]]:
-    """``(layer, head)`` pairs an override names; head None means every head of the layer."""
-    out: list[tuple[int, int | None]] = []
-    for part in spec.split(","):
-        if "." in part:
-            a, _, h = part.partition(".")
-            if not a.isdigit() or not h.isdigit():
-                raise InvalidArgument(f"bad head {part!r}: expected layer.head, e.g. '18.2'")
-            layer, head = int(a), int(h)
-            if not 0 <= layer < layers or not 0 <= head < heads:
-                raise InvalidArgument(f"head {part!r} is outside layers 0..{layers - 1}, heads 0..{heads - 1}")
-            out.append((layer, head))
-            continue
-        a, _, b = part.partition("-")
-        if not a.isdigit() or (b and not b.isdigit()):
-            raise InvalidArgument(f"bad layer range {part!r}: expected e.g. '3', '0-5' or '18.2'")
-        lo, hi = int(a), int(b) if b else int(a)
-        if not 0 <= lo <= hi < layers:
-            raise InvalidArgument(f"layer range {part!r} is outside 0..{layers - 1}")
-        out.extend((layer, None) for layer in range(lo, hi + 1))
-    return out
-
-
-def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list[tuple[int, ...]]]]:
-    """Codebook sizes per stage, per kind, per layer, per head: ``{"k": [[(256, ...), ...], ...], "v": ...}``."""
-    base, *overrides = preset.strip().split("+")
-    m = _BASE.match(base)
-    if not m:
-        raise InvalidArgument(f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1', 'k3v3+k12@18.2'")
-    ks, kn, vs, vn = int(m[1]), int(m[2] or 256), int(m[3]), int(m[4] or 256)
-    alloc = {"k": [[(kn,) * ks] * heads for _ in range(layers)], "v": [[(vn,) * vs] * heads for _ in range(layers)]}
-    for o in overrides:
-        mo = _OVERRIDE.match(o)
-        if not mo:
-            raise InvalidArgument(f"bad preset override {o!r} in {preset!r}: expected e.g. 'k5@0-1' or 'k12@18.2'")
-        sizes = (int(mo[3] or 256),) * int(mo[2])
-        for layer, head in _targets(mo[4], layers, heads):
-            for h in range(heads) if head is None else (head,):
-                alloc[mo[1]][layer][h] = sizes
-    for kind in KINDS:
-        for layer, per_head in enumerate(alloc[kind]):
-            longest = max(per_head, key=len)
-            for head, sizes in enumerate(per_head):
-                if sizes != longest[: len(sizes)]:
-                    raise InvalidArgument(f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
-                                          "a layer's heads share its codebook sizes and differ only in how many stages they take")
-                if any(not 2 <= s <= 65536 for s in sizes):
-                    raise InvalidArgument(f"codebook size {sizes[0]} in {preset!r} is outside 2..65536 (codes are uint16)")
-    return alloc
-
-
-def allocation(preset: str, layers: int, heads: int) -> dict[str, list[tuple[int, ...]]]:
-    """Codebook sizes per stage, per layer, per kind, as many as the layer's deepest head takes:
-    ``{"k": [(256, 256, ...), ...], "v": [...]}``."""
-    per_head = head_allocation(preset, layers, heads)
-    return {kind: [max(layer, key=len) for layer in per_head[kind]] for kind in KINDS}
-
-
-def depths(preset: str, layers: int, heads: int) -> dict[str, np.ndarray]:
-    """How many of its layer's stages each head takes: int ``[layers, heads]`` per kind."""
-    per_head = head_allocation(preset, layers, heads)
-    return {kind: np.array([[len(s) for s in layer] for layer in per_head[kind]], dtype=np.int64).reshape(layers, heads) for kind in KINDS}
-
-
-def code_bytes_per_token(preset: str, layers: int, heads: int) -> float:
-    """Ideal packed bytes per token of a preset's codes (fractal blocks add 12 B per 4096 symbols)."""
-    alloc = head_allocation(preset, layers, heads)
-    return sum(fractal.layout(s).bits_per_symbol for kind in KINDS for layer in alloc[kind] for sizes in layer for s in sizes) / 8
 
 
 # ------------------------------------------------------------------------------------------

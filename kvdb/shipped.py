@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdb import quant
+from kvdb import presets, quant
 from kvdb import tokenizer as tok
 from kvdb.errors import CorruptData
 
@@ -90,7 +90,7 @@ def recipe(identity) -> dict:
         "weights_hash": identity.weights_hash,
         "tokenizer_hash": identity.tokenizer_hash,
         "calibration_sha256": _calibration_sha256(),
-        "preset": quant.default_preset(identity.weights_hash),
+        "preset": presets.default_preset(identity.weights_hash),
         "chunk": CHUNK,
         "positions": POSITIONS,
         "niter": NITER,

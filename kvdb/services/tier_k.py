@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb import capture, code_layout, quant, shipped
+from kvdb import capture, code_layout, presets, quant, shipped
 from kvdb.errors import InvalidArgument
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -97,12 +97,12 @@ class TierK:
     def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
         (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed),
-        with the model's own preset (``quant.default_preset``) unless one is named."""
+        with the model's own preset (``presets.default_preset``) unless one is named."""
         loaded = self._models.get()
-        preset = preset or quant.default_preset(loaded.identity.weights_hash)
+        preset = preset or presets.default_preset(loaded.identity.weights_hash)
         layers, _, heads, _ = capture.attention_shape(loaded.model)
-        alloc = quant.allocation(preset, layers, heads)
-        depth = quant.depths(preset, layers, heads)
+        alloc = presets.allocation(preset, layers, heads)
+        depth = presets.depths(preset, layers, heads)
         bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
         if bare:  # a head without codes would restore as zeros
             raise InvalidArgument(f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values")

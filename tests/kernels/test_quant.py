@@ -9,6 +9,7 @@ from kvdb import tokenizer as tok
 from kvdb import capture as C
 from kvdb import model as M
 from kvdb import code_layout as CL
+from kvdb import presets as P
 from kvdb import quant as Q
 from kvdb.errors import CorruptData, InvalidArgument
 
@@ -29,33 +30,6 @@ def _vectors(layers=2, heads=2, n=600, dim=8, seed=0):
 def trained():
     k, v = _vectors(seed=1), _vectors(seed=2)
     return Q.train({"k": k, "v": v}, "k3x16v2x16", niter=8), k, v
-
-
-def test_allocation_presets():
-    a = Q.allocation("k4v2", 3, 1)
-    assert a["k"] == [(256,) * 4] * 3 and a["v"] == [(256, 256)] * 3
-    a = Q.allocation("k2x1024v1+k5@0,2+v3x16@1", 3, 1)
-    assert a["k"] == [(256,) * 5, (1024, 1024), (256,) * 5]
-    assert a["v"] == [(256,), (16, 16, 16), (256,)]
-    assert Q.code_bytes_per_token("k4v2", 30, 3) == 540.0
-    assert Q.code_bytes_per_token("k2x1024v1", 30, 3) == pytest.approx(30 * 3 * (2 * 1.25 + 1))
-    for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1", "k4v2+k5@1.x", "k4v2+k5@3.0"):
-        with pytest.raises(InvalidArgument):
-            Q.allocation(bad, 3, 1)
-
-
-def test_per_head_presets():
-    """``@layer.head`` deepens one head; its layer holds the deepest head's stages and the others
-    take a prefix of them, so a layer's heads must share codebook sizes."""
-    a = Q.allocation("k2v1+k5@1.1+k3@0", 3, heads=2)
-    assert a["k"] == [(256,) * 3, (256,) * 5, (256,) * 2] and a["v"] == [(256,)] * 3
-    d = Q.depths("k2v1+k5@1.1+k3@0+k4@0.0", 3, 2)
-    assert d["k"].tolist() == [[4, 3], [2, 5], [2, 2]] and d["v"].tolist() == [[1, 1]] * 3
-    assert Q.code_bytes_per_token("k2v1+k5@1.1", 3, 2) == 3 * 2 * 3 + 3
-    with pytest.raises(InvalidArgument, match="outside"):
-        Q.depths("k2v1+k5@1.2", 3, 2)
-    with pytest.raises(InvalidArgument, match="share"):
-        Q.allocation("k2v1+k3x16@1.1", 3, 2)
 
 
 def test_codebook_bytes_round_trip(trained):
@@ -366,26 +340,14 @@ def test_beam_encoding_never_worse_and_weights_round_trip(trained):
     assert err(kq) < float(((k - k.mean(2, keepdims=True)) ** 2).sum(-1).mean())
 
 
-def test_the_measured_default_is_the_embedded_models_alone():
-    """A preset whose layers were measured on one model's weights goes to that model only."""
-    [(weights, preset)] = Q.MEASURED_PRESETS.items()
-    assert Q.default_preset(weights) == preset != Q.DEFAULT_PRESET
-    assert Q.default_preset("0" * 64) == Q.DEFAULT_PRESET
-    alloc = Q.allocation(preset, 30, 3)
-    assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 12] + [3] * 10 + [16, 3, 12, 3, 3, 12] + [3] * 6
-    assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
-    depth = Q.depths(preset, 30, 3)["k"]
-    assert depth[18].tolist() == [3, 3, 16] and depth[7].tolist() == [3, 3, 12] and depth[23].tolist() == [12, 3, 3]
-
-
 def test_the_measured_preset_round_trips_through_its_streams():
     """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
     decode equals the sum of the centroids each head has."""
-    [preset] = Q.MEASURED_PRESETS.values()
+    [preset] = P.MEASURED_PRESETS.values()
     k, v = _vectors(layers=30, heads=3, n=300, dim=4, seed=3), _vectors(layers=30, heads=3, n=300, dim=4, seed=4)
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)
-    assert [len(s) for s in cb.stages("k")] == [len(s) for s in Q.allocation(preset, 30, 3)["k"]]
+    assert [len(s) for s in cb.stages("k")] == [len(s) for s in P.allocation(preset, 30, 3)["k"]]
     codes_per_position = int(cb.depth("k").sum() + cb.depth("v").sum())
     streams = CL.code_streams(cb, codes, start=4)
     assert len(streams[256]) == 296 * codes_per_position

@@ -6,7 +6,7 @@ import torch
 
 import kvdb
 from kvdb import model as lm_ops
-from kvdb import quant
+from kvdb import presets
 
 pytestmark = pytest.mark.model
 
@@ -92,7 +92,7 @@ def test_tier_k_works_out_of_the_box_with_the_shipped_codebooks(db):
 
     [result] = db.ingest(text=argparse.__doc__, name="shipped", keep="tokens,search,kv")  # text kvdb's calibration does not hold
     [books] = db.codebooks()
-    assert books.source == "shipped" and books.preset == quant.MEASURED_PRESETS[db.loaded_model.identity.weights_hash]
+    assert books.source == "shipped" and books.preset == presets.MEASURED_PRESETS[db.loaded_model.identity.weights_hash]
     assert books.stored_bytes < 512 < 10e6 < books.centroid_bytes
     st = db.stats()
     assert st.codebook_bytes == books.stored_bytes and st.shipped_codebook_bytes == books.centroid_bytes and st.kv_ratio_vs_fp16 > 30

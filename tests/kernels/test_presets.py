@@ -1,0 +1,45 @@
+"""Tier K presets: the grammar, per-head depths, bytes per token, and the measured default."""
+
+import pytest
+
+from kvdb import presets as P
+from kvdb.errors import InvalidArgument
+
+
+def test_allocation_presets():
+    a = P.allocation("k4v2", 3, 1)
+    assert a["k"] == [(256,) * 4] * 3 and a["v"] == [(256, 256)] * 3
+    a = P.allocation("k2x1024v1+k5@0,2+v3x16@1", 3, 1)
+    assert a["k"] == [(256,) * 5, (1024, 1024), (256,) * 5]
+    assert a["v"] == [(256,), (16, 16, 16), (256,)]
+    assert P.code_bytes_per_token("k4v2", 30, 3) == 540.0
+    assert P.code_bytes_per_token("k2x1024v1", 30, 3) == pytest.approx(30 * 3 * (2 * 1.25 + 1))
+    for bad in ("k4", "q4v2", "k4v2+k5@99", "k2x70000v1", "k4v2+k5@1.x", "k4v2+k5@3.0"):
+        with pytest.raises(InvalidArgument):
+            P.allocation(bad, 3, 1)
+
+
+def test_per_head_presets():
+    """``@layer.head`` deepens one head; its layer holds the deepest head's stages and the others
+    take a prefix of them, so a layer's heads must share codebook sizes."""
+    a = P.allocation("k2v1+k5@1.1+k3@0", 3, heads=2)
+    assert a["k"] == [(256,) * 3, (256,) * 5, (256,) * 2] and a["v"] == [(256,)] * 3
+    d = P.depths("k2v1+k5@1.1+k3@0+k4@0.0", 3, 2)
+    assert d["k"].tolist() == [[4, 3], [2, 5], [2, 2]] and d["v"].tolist() == [[1, 1]] * 3
+    assert P.code_bytes_per_token("k2v1+k5@1.1", 3, 2) == 3 * 2 * 3 + 3
+    with pytest.raises(InvalidArgument, match="outside"):
+        P.depths("k2v1+k5@1.2", 3, 2)
+    with pytest.raises(InvalidArgument, match="share"):
+        P.allocation("k2v1+k3x16@1.1", 3, 2)
+
+
+def test_the_measured_default_is_the_embedded_models_alone():
+    """A preset whose layers were measured on one model's weights goes to that model only."""
+    [(weights, preset)] = P.MEASURED_PRESETS.items()
+    assert P.default_preset(weights) == preset != P.DEFAULT_PRESET
+    assert P.default_preset("0" * 64) == P.DEFAULT_PRESET
+    alloc = P.allocation(preset, 30, 3)
+    assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 12] + [3] * 10 + [16, 3, 12, 3, 3, 12] + [3] * 6
+    assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
+    depth = P.depths(preset, 30, 3)["k"]
+    assert depth[18].tolist() == [3, 3, 16] and depth[7].tolist() == [3, 3, 12] and depth[23].tolist() == [12, 3, 3]
