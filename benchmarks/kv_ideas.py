@@ -33,6 +33,10 @@ pre-RoPE k16v4 training serves every preset (stages nest). Bytes are the code st
    tables' bytes (2 per count) counted.
 8. **How much the codebooks' training moves the figures**: k4v3 trained again with two other
    k-means seeds, and on the next 8,192 tokens of the corpus instead, all scored alike.
+9. **Sharpened keys** (``Codebooks.sharpened``, decision 0029): the default preset's keys moved
+   1.05 and 1.1 times further from each head's centre, in every head or only the four found in
+   1.; with the KL divergence from the exact cache's next-token distributions beside the
+   perplexity, and the same move on exact keys as a control (what it does to the model itself).
 """
 
 from __future__ import annotations
@@ -86,6 +90,14 @@ def _layer0_from_tokens(model, ids) -> tuple[np.ndarray, np.ndarray]:
     return k.float().numpy(), v.float().numpy()
 
 
+@torch.no_grad()
+def _logp(model, cache, cont) -> np.ndarray:
+    """Natural-log next-token distributions ``[len(cont), vocab]`` of ``cont`` teacher-forced after
+    ``cache`` (``capture.teacher_forced``'s, whole)."""
+    t = torch.as_tensor(np.asarray(cont, dtype=np.int64)).reshape(1, -1)
+    return torch.log_softmax(model(t, cache=cache, use_cache=True).logits[0].float(), dim=-1).numpy()
+
+
 def _attention_mass(model, ids) -> np.ndarray:
     """Attention each position receives in one prefill of ``ids``, summed over queries, heads and layers."""
     model.set_attn_implementation("eager")
@@ -133,24 +145,30 @@ def main() -> None:
                          "codes": Q.encode(deep, k, v)})
         print(f"context {s} of {n} captured ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
-    def decoded(ctx, preset):
-        cb = deep.truncate(preset)
+    def decoded(ctx, preset, sharpen=1.0):
+        cb = deep.truncate(preset).sharpened(sharpen)
         kc, vc = ctx["codes"]
         return Q.decode(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]))
 
-    def ratio(n, arrays):
+    def ratio(n, arrays, kl=False):
         """Pooled perplexity ratio, per-context ratios and top-1 agreement over the contexts of length ``n``;
-        ``arrays(ctx)`` gives the (keys, values) to restore."""
-        nll, nll_e, agree, per = [], [], [], []
+        ``arrays(ctx)`` gives the (keys, values) to restore. ``kl``: and the mean KL divergence of the
+        next-token distributions from the exact cache's (nats per token)."""
+        nll, nll_e, agree, per, kls = [], [], [], [], []
         for ctx in (c for c in contexts if c["n"] == n):
             k, v = arrays(ctx)
-            lp, am = C.teacher_forced(model, C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
-            nll.append(-lp)
+            logp = _logp(model, C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
+            nll.append(-logp[np.arange(len(ctx["cont"]) - 1), ctx["cont"][1:]])
             nll_e.append(-ctx["lp"])
-            agree.append(am == ctx["am"])
+            agree.append(logp.argmax(-1) == ctx["am"])
             per.append(float(np.exp(nll[-1].mean() - nll_e[-1].mean())))
+            if kl:
+                if "exact logp" not in ctx:  # the exact cache's distributions, through the same restore path
+                    ctx["exact logp"] = _logp(model, C.restore_cache(model, ctx["prefix"], ctx["k"], ctx["v"], pre_rope=True), ctx["cont"])
+                ref = ctx["exact logp"]
+                kls.append(float((np.exp(ref) * (ref - logp)).sum(-1).mean()))
         r = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))
-        return r, per, float(np.concatenate(agree).mean())
+        return (r, per, float(np.concatenate(agree).mean())) + ((float(np.mean(kls)),) if kl else ())
 
     def cell(r) -> str:
         return f"{r[0]:.4f} ({min(r[1]):.3f}–{max(r[1]):.3f}) | {r[2]:.3f}"
@@ -228,6 +246,39 @@ def main() -> None:
         retrained.append((label, ratio(CTX, arrays), ratio(LONG, arrays), ratio(-LONG, arrays)))
     del other, ok, ov
     print("retraining done", flush=True)
+
+    # -- 9. sharpened keys --------------------------------------------------------------------------
+    factor = P.key_sharpening(lm.identity.weights_hash)
+    default_cb = deep.truncate(default)
+    centre = np.stack([layer[0].mean(1) for layer in default_cb.books["k"]])[:, :, None, :]  # Codebooks.sharpened's centres
+
+    def on_heads(keys, s, heads):
+        """Keys with only ``heads`` (None: all) moved ``s`` times further from their centres."""
+        far = centre + s * (keys - centre)
+        if heads is None:
+            return far
+        out = keys.copy()
+        for layer, h in heads:
+            out[layer, h] = far[layer, h]
+        return out
+
+    def sharpened(s, heads=None):
+        def arrays(ctx):
+            k, v = decoded(ctx, default)
+            return on_heads(k, s, heads), v
+        return arrays
+
+    def exact_sharpened(s, heads=None):
+        return lambda ctx: (on_heads(ctx["k"], s, heads), ctx["v"])
+
+    sharpen_rows = [(f"{default}, as trained", lambda ctx: decoded(ctx, default))]
+    sharpen_rows += [(f"{default}, keys sharpened x{s}{' (the default restore)' if s == factor else ''}", lambda ctx, s=s: decoded(ctx, default, s))
+                     for s in dict.fromkeys((1.05, factor, 1.1))]
+    sharpen_rows += [(f"{default}, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1", sharpened(1.1, best_heads)),
+                     (f"exact keys and values, keys sharpened x{factor} (control)", exact_sharpened(factor)),
+                     (f"exact keys and values, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1 (control)", exact_sharpened(1.1, best_heads))]
+    sharpen_rows = [(label, ratio(CTX, arrays, kl=True), ratio(LONG, arrays, kl=True), ratio(-LONG, arrays, kl=True)) for label, arrays in sharpen_rows]
+    print("sharpening done", flush=True)
 
     # -- 3. bits by attention mass received --------------------------------------------------------
     def by_mass(ctx):
@@ -335,6 +386,12 @@ def main() -> None:
               f"| seed 1234 (every table above) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} | "
               f"{cell(next(r for p, r in validation if p == BASE))} |"]
     lines += [f"| {label} | {cell(a)} | {cell(b)} | {cell(c)} |" for label, a, b, c in retrained]
+    lines += ["", f"### Sharpened keys: each head's de-quantized keys moved s times further from its centre (the mean of its first-stage centroids)", "",
+              f"KL = mean KL divergence of the 128 next-token distributions from the exact cache's, nats per token. The controls apply the "
+              f"same move to exact keys: what it does to the model itself.", "",
+              f"| keys | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | validation at {LONG:,} (min–max) | top-1 | KL |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {cell(a)} | {a[3]:.4f} | {cell(b)} | {b[3]:.4f} | {cell(c)} | {c[3]:.4f} |" for label, a, b, c in sharpen_rows]
     lines += ["", "### Bits by attention mass received, a rotation before VQ", "",
               f"| configuration | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|---:|---:|",
               f"| {BASE} (every position alike) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} |",

@@ -34,9 +34,22 @@ MEASURED_PRESETS = {
 }
 
 
+# How much a restore sharpens de-quantized keys (``quant.Codebooks.sharpened``), measured on one
+# model's weights (benchmarks/kv_ideas.py, decision 0029); 1.0, none, for a model nobody measured.
+MEASURED_KEY_SHARPENING = {
+    # SmolLM2-135M-Instruct, the embedded model
+    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": 1.05,
+}
+
+
 def default_preset(weights_hash: str) -> str:
     """The preset tier K uses for a model when nobody names one."""
     return MEASURED_PRESETS.get(weights_hash, DEFAULT_PRESET)
+
+
+def key_sharpening(weights_hash: str) -> float:
+    """The factor a restore sharpens a model's de-quantized keys by."""
+    return MEASURED_KEY_SHARPENING.get(weights_hash, 1.0)
 
 
 _BASE = re.compile(r"^k(\d+)(?:x(\d+))?v(\d+)(?:x(\d+))?$")

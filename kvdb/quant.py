@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -118,6 +118,28 @@ class Codebooks:
             self._tables[kind] = (torch.from_numpy(np.concatenate(rows).astype(np.float32)), offsets)
         return self._tables[kind]
 
+    def sharpened(self, factor: float) -> Codebooks:
+        """Codebooks for decoding only, whose keys come out ``factor`` times further from their
+        head's centre (the mean of its first-stage centroids): ``c + factor * (sum - c)``.
+
+        A centroid is the mean of the keys it stands for, so de-quantized keys spread less than
+        the keys did, and attention over them is flatter than the model's: its copy heads lose
+        the position they copy from (docs/decisions/0029-sharpened-keys.md). Folded into the
+        centroids (the first stage moves toward ``c + factor * (centroid - c)``, later stages
+        scale by ``factor``), so decoding is still the sum of one centroid per stage. Never
+        encode with or store the result: its centroids are not the trained ones.
+        """
+        if factor == 1.0:
+            return self
+        books = dict(self.books)
+        books["k"] = []
+        for stages in self.books["k"]:
+            if stages:
+                centre = stages[0].mean(1, keepdims=True)  # [heads, 1, dim]
+                stages = [centre + factor * (stages[0] - centre)] + [factor * stage for stage in stages[1:]]
+            books["k"].append([stage.astype(np.float32) for stage in stages])
+        return replace(self, books=books, meta={**self.meta, "sharpened": factor})
+
     @property
     def nbytes(self) -> int:
         """Bytes the centroids take when stored (fp16): only the heads that take each stage."""
@@ -142,6 +164,7 @@ class Codebooks:
         only the heads that take its stage, ``[those heads, size, dim]``. Every other set is
         written as version 1, byte for byte as before.
         """
+        _refuse_sharpened(self, "stored")
         header = {
             "format": "kvdb-rvq",
             "layers": self.layers,
@@ -210,6 +233,11 @@ class Codebooks:
             raise CorruptData(f"codebook blob has {len(blob) - _CRC.size - offset} unexpected bytes")
         kept = {kind: d for kind, d in given.items() if not _uniform(d, header["stages"][kind])}
         return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights, kept)
+
+
+def _refuse_sharpened(codebooks: Codebooks, what: str) -> None:
+    if "sharpened" in codebooks.meta:
+        raise InvalidArgument(f"codebooks sharpened for decoding (x{codebooks.meta['sharpened']}) cannot be {what}; use the trained ones")
 
 
 def _uniform(depth: np.ndarray, stages: list) -> bool:
@@ -394,6 +422,7 @@ def encode(codebooks: Codebooks, keys: np.ndarray, values: np.ndarray, beam: int
 
     ``keys`` must be in the space the codebooks were trained in (pre-RoPE when ``codebooks.pre_rope``).
     """
+    _refuse_sharpened(codebooks, "used to encode")
     keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
     expect = (codebooks.layers, codebooks.heads)
     for name, a in (("keys", keys), ("values", values)):

@@ -26,6 +26,7 @@ class TierK:
         self._models = models
         self._reader = reader
         self._books: dict[str, quant.Codebooks] = {}
+        self._decoding: dict[str, quant.Codebooks] = {}  # codebook id -> sharpened for restores
 
     def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
         """The named codebooks, else the model's newest, else the shipped ones (kvdb.shipped:
@@ -77,6 +78,15 @@ class TierK:
             self._storage.release()
             _, books, _ = shipped.build(loaded, wanted=reference.recipe)
         return books
+
+    def _restoring(self, model_id: str, codebook_id: str) -> quant.Codebooks:
+        """The codebooks a restore decodes with: the stored ones, keys sharpened by the model's
+        measured factor (``presets.key_sharpening``). Search and coding use the stored ones."""
+        if codebook_id not in self._decoding:
+            _, books = self.codebooks(model_id, codebook_id)
+            row = self._storage.get_model(model_id)
+            self._decoding[codebook_id] = books.sharpened(presets.key_sharpening(row.weights_hash))
+        return self._decoding[codebook_id]
 
     def _loaded(self, model_id: str):
         loaded = self._models.get()
@@ -141,9 +151,8 @@ class TierK:
                     f"session {row.session_id[:12]} ({row.name}) has no tier K on all of its first {at} tokens; "
                     f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
                 )
-            _, books = self.codebooks(node.model_id, stored[0])
             used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
-            parts.append(code_layout.decode_streams(books, stored[1], node.n_tokens, used))
+            parts.append(code_layout.decode_streams(self._restoring(node.model_id, stored[0]), stored[1], node.n_tokens, used))
         if len(parts) == 1:  # one node (the common case): its layers as decoded, not joined
             return parts[0]
         return ((np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)) for ks, vs in (zip(*layer) for layer in zip(*parts)))

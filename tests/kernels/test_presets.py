@@ -43,3 +43,9 @@ def test_the_measured_default_is_the_embedded_models_alone():
     assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
     depth = P.depths(preset, 30, 3)["k"]
     assert depth[18].tolist() == [3, 3, 16] and depth[7].tolist() == [3, 3, 12] and depth[23].tolist() == [12, 3, 3]
+
+
+def test_key_sharpening_is_the_embedded_models_alone():
+    [(weights, factor)] = P.MEASURED_KEY_SHARPENING.items()
+    assert weights in P.MEASURED_PRESETS and P.key_sharpening(weights) == factor > 1.0
+    assert P.key_sharpening("0" * 64) == 1.0

@@ -340,6 +340,26 @@ def test_beam_encoding_never_worse_and_weights_round_trip(trained):
     assert err(kq) < float(((k - k.mean(2, keepdims=True)) ** 2).sum(-1).mean())
 
 
+def test_sharpened_codebooks_decode_keys_further_from_each_heads_centre():
+    """Decoding with ``sharpened(f)`` gives ``c + f * (key - c)``, c the mean of the head's
+    first-stage centroids, for every head whatever its depth; values do not move; f = 1 is the
+    codebooks themselves; and the sharpened set can neither encode nor be stored."""
+    k, v = _vectors(layers=3, heads=2, n=400, dim=4, seed=5), _vectors(layers=3, heads=2, n=400, dim=4, seed=6)
+    cb = Q.train({"k": k, "v": v}, "k3x16v1x16+k1x16@2.1", niter=4)
+    codes = Q.encode(cb, k, v)
+    keys, values = Q.decode(cb, codes)
+    centre = np.stack([layer[0].mean(1) for layer in cb.books["k"]])[:, :, None, :]
+    sharp = cb.sharpened(1.25)
+    sk, sv = Q.decode(sharp, codes)
+    np.testing.assert_allclose(sk, centre + 1.25 * (keys - centre), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(sv, values)
+    assert cb.sharpened(1.0) is cb and "sharpened" not in cb.meta
+    with pytest.raises(InvalidArgument, match="sharpened"):
+        Q.encode(sharp, k, v)
+    with pytest.raises(InvalidArgument, match="sharpened"):
+        sharp.to_bytes()
+
+
 def test_the_measured_preset_round_trips_through_its_streams():
     """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
     decode equals the sum of the centroids each head has."""

@@ -95,6 +95,29 @@ def test_a_stored_window_restore_is_the_stored_codes_decoded_and_rotated(kv_arch
         np.testing.assert_array_equal(got_v[:, :, capture.SINKS :], want_v[:, :, capture.SINKS :])
 
 
+def test_a_restore_sharpens_keys_by_the_models_measured_factor(kv_archive, monkeypatch):
+    """The model's factor (here set for the tiny model) moves each restored key away from its
+    head's centre, the mean of its first-stage centroids; values and the stored codebooks stay
+    as trained."""
+    from kvdb import capture, code_layout, presets, quant
+
+    weights = kv_archive._models.get().identity.weights_hash
+    monkeypatch.setitem(presets.MEASURED_KEY_SHARPENING, weights, 1.5)
+    kv_archive.ingest(text="A session long enough to be quantized past its sinks, and then some more words.", keep=KV, name="a")
+    restored = kv_archive.restore("a", mode="archive", window="stored")
+    [node] = kv_archive._storage.node_path(kv_archive.session("a").session_id)
+    codebook_id, streams = kv_archive._storage.node_kv(node.node_id)
+    books = kv_archive._tier_k.codebooks(node.model_id, codebook_id)[1]
+    assert "sharpened" not in books.meta
+    k, v = quant.decode(books, code_layout.codes_from_streams(books, streams, node.n_tokens))
+    centre = np.stack([layer[0].mean(1) for layer in books.books["k"]])[:, :, None, :]  # [layers, heads, 1, dim]
+    got_k, got_v = capture.cache_arrays(restored.cache)
+    want_k = capture.apply_rope(restored.model, centre + 1.5 * (k - centre))
+    np.testing.assert_allclose(got_k[:, :, capture.SINKS :], want_k[:, :, capture.SINKS :], atol=1e-4)
+    np.testing.assert_array_equal(got_v[:, :, capture.SINKS :], v[:, :, capture.SINKS :])
+    assert np.abs(got_k[:, :, capture.SINKS :] - capture.apply_rope(restored.model, k)[:, :, capture.SINKS :]).max() > 1e-2
+
+
 def test_without_tier_k(archive):
     archive.ingest(text="plain session", name="plain")
     assert archive.restore("plain").mode == "exact"
