@@ -6,9 +6,10 @@ Calibrates codebooks on one real text (licences/READMEs, ``corpus.real_text``), 
 held-out 1024-token contexts from *other* files of that corpus. Every configuration is measured
 through the restore path: codes -> ``quant.decode`` -> ``capture.restore_cache`` (a
 DynamicCache) -> teacher-forced continuation of the next 128 tokens, compared with the exact
-prefill cache. Bytes are the fractal-coded code streams as stored (``fractal.encode_blocks``),
-plus the exact window when it is stored (fp16), over the context's tokens; codebooks separately
-and amortised. Appends a section to benchmarks/RESULTS.md.
+prefill cache. The model's default preset is also measured with its keys sharpened as a restore
+decodes them (``Codebooks.sharpened`` by ``presets.key_sharpening``, decision 0029). Bytes are
+the fractal-coded code streams as stored (``fractal.encode_blocks``), plus the exact window when
+it is stored (fp16), over the context's tokens; codebooks separately and amortised. Appends a section to benchmarks/RESULTS.md.
 
 Also measured, with the same teacher-forcing protocol and metric code: fp16 (the reference), the
 paper's two settings (per-head RVQ 256x2 on post-RoPE keys and values, and hybrid keys x4 / values
@@ -210,8 +211,9 @@ def _exact_pass(model, prefix, cont):
     return kpre, vals, lp, am
 
 
-def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, peers, check_held_out):
-    """Table rows at long contexts: the model's default preset (trained and shipped) and its
+def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharpen, peers, check_held_out):
+    """Table rows at long contexts: the model's default preset (trained and shipped; as trained
+    and, where the model has a factor, with keys sharpened as a restore decodes them) and its
     diagnoses, the uniform preset, and the peers, by the same teacher-forced protocol as the
     1,024-token table."""
     rows = []
@@ -232,7 +234,13 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, peers
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
             for which, preset in (("pre", default), ("shipped", default), ("pre", UNIFORM)):
                 cb = books[which].truncate(preset)
-                kq, vq = Q.decode(cb, Q.encode(cb, kpre, vals))
+                codes = Q.encode(cb, kpre, vals)
+                kq, vq = Q.decode(cb, codes)
+                if preset == default and sharpen != 1.0:
+                    k, v = Q.decode(cb.sharpened(sharpen), codes)
+                    lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
+                    add(f"{which} {preset}, keys sharpened x{sharpen}", lp, am, lp_exact, am_exact)
+                    del k, v
                 diagnosed = which == "pre" and preset == default
                 variants = [("", None)] + ([(f", {label}", part) for label, part in DIAGNOSES] if diagnosed else [])
                 for suffix, part in variants:
@@ -307,6 +315,7 @@ def main() -> None:
     print(f"captured calibration in {t_capture:.0f} s", flush=True)
 
     default = P.default_preset(lm.identity.weights_hash)
+    sharpen = P.key_sharpening(lm.identity.weights_hash)  # what a restore decodes the model's keys with (decision 0029)
     kmax, vmax = 16, 4  # every preset measured, the model's default too, is a prefix of these stages
     t = time.perf_counter()
     pre = Q.train({"k": ck, "v": cv}, f"k{kmax}v{vmax}", pre_rope=True, meta={"calib_tokens": int(ck.shape[2])})
@@ -339,6 +348,10 @@ def main() -> None:
         presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER] + ([default] if default != UNIFORM else [])
     configs = [(f"pre {p}", "pre", p, "recompute", "kv") for p in presets]
     configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([default] if args.quick else [default, "k2v2", "k2v1"])]
+    sharpened = [(f"pre {default}, keys sharpened x{sharpen}", "pre", default, "recompute", "kv"),
+                 (f"shipped {default} (packaged calibration text), keys sharpened x{sharpen}", "shipped", default, "recompute", "kv")] if sharpen != 1.0 else []
+    configs += sharpened
+    factors = {c[0]: sharpen for c in sharpened}
     configs += [(f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])]
     base = "k4v2"
     configs += [
@@ -390,8 +403,9 @@ def main() -> None:
             cb = books[which].truncate(preset)
             kc, vc = encoded[which]
             kc, vc = kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]
+            decoding = cb.sharpened(factors.get(label, 1.0))  # folded once per codebook set in a restore, not timed
             t = time.perf_counter()
-            kq, vq = Q.decode(cb, (kc, vc))
+            kq, vq = Q.decode(decoding, (kc, vc))
             if "k" not in kinds:
                 kq = kpre if cb.pre_rope else kpost
             if "v" not in kinds:
@@ -485,7 +499,7 @@ def main() -> None:
         )
         points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
     lengths = [int(x) for x in args.long.split(",") if x.strip()]
-    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, [] if args.no_peers else PEERS, check_held_out) if lengths else []
+    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, sharpen, [] if args.no_peers else PEERS, check_held_out) if lengths else []
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
         _plot(points, fp16_per_token, plot_path)
