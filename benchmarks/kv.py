@@ -9,7 +9,8 @@ DynamicCache) -> teacher-forced continuation of the next 128 tokens, compared wi
 prefill cache. The model's default preset is also measured with its keys sharpened as a restore
 decodes them (``Codebooks.sharpened`` by ``presets.key_sharpening``, decision 0029). Bytes are
 the fractal-coded code streams as stored (``fractal.encode_blocks``), plus the exact window when
-it is stored (fp16), over the context's tokens; codebooks separately and amortised. Appends a section to benchmarks/RESULTS.md.
+it is stored (fp16), over the context's tokens; codebooks separately and amortised. Appends a
+section to benchmarks/RESULTS.md.
 
 Also measured, with the same teacher-forcing protocol and metric code: fp16 (the reference), the
 paper's two settings (per-head RVQ 256x2 on post-RoPE keys and values, and hybrid keys x4 / values

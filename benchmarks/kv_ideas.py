@@ -90,14 +90,6 @@ def _layer0_from_tokens(model, ids) -> tuple[np.ndarray, np.ndarray]:
     return k.float().numpy(), v.float().numpy()
 
 
-@torch.no_grad()
-def _logp(model, cache, cont) -> np.ndarray:
-    """Natural-log next-token distributions ``[len(cont), vocab]`` of ``cont`` teacher-forced after
-    ``cache`` (``capture.teacher_forced``'s, whole)."""
-    t = torch.as_tensor(np.asarray(cont, dtype=np.int64)).reshape(1, -1)
-    return torch.log_softmax(model(t, cache=cache, use_cache=True).logits[0].float(), dim=-1).numpy()
-
-
 def _attention_mass(model, ids) -> np.ndarray:
     """Attention each position receives in one prefill of ``ids``, summed over queries, heads and layers."""
     model.set_attn_implementation("eager")
@@ -150,6 +142,10 @@ def main() -> None:
         kc, vc = ctx["codes"]
         return Q.decode(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]))
 
+    def _logp(cache, cont) -> np.ndarray:
+        """Natural-log next-token distributions ``[len(cont), vocab]`` of ``cont`` after ``cache``."""
+        return torch.log_softmax(C.next_token_logits(model, cache, cont), dim=-1).numpy()
+
     def ratio(n, arrays, kl=False):
         """Pooled perplexity ratio, per-context ratios and top-1 agreement over the contexts of length ``n``;
         ``arrays(ctx)`` gives the (keys, values) to restore. ``kl``: and the mean KL divergence of the
@@ -157,14 +153,14 @@ def main() -> None:
         nll, nll_e, agree, per, kls = [], [], [], [], []
         for ctx in (c for c in contexts if c["n"] == n):
             k, v = arrays(ctx)
-            logp = _logp(model, C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
+            logp = _logp(C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
             nll.append(-logp[np.arange(len(ctx["cont"]) - 1), ctx["cont"][1:]])
             nll_e.append(-ctx["lp"])
             agree.append(logp.argmax(-1) == ctx["am"])
             per.append(float(np.exp(nll[-1].mean() - nll_e[-1].mean())))
             if kl:
                 if "exact logp" not in ctx:  # the exact cache's distributions, through the same restore path
-                    ctx["exact logp"] = _logp(model, C.restore_cache(model, ctx["prefix"], ctx["k"], ctx["v"], pre_rope=True), ctx["cont"])
+                    ctx["exact logp"] = _logp(C.restore_cache(model, ctx["prefix"], ctx["k"], ctx["v"], pre_rope=True), ctx["cont"])
                 ref = ctx["exact logp"]
                 kls.append(float((np.exp(ref) * (ref - logp)).sum(-1).mean()))
         r = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))

@@ -326,16 +326,22 @@ def _masks(model, allowed: torch.Tensor, queries_at: torch.Tensor, keys_at: torc
 
 
 @torch.no_grad()
+def next_token_logits(model, cache, ids) -> torch.Tensor:
+    """Run ``ids`` after ``cache`` (which it extends): the next-token logits at each step, float32
+    ``[n, vocab]``; row i predicts ``ids[i+1]`` (the last row, what follows them)."""
+    t = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
+    return model(t, cache=cache, use_cache=True).logits[0].float()
+
+
 def teacher_forced(model, cache, ids) -> tuple[np.ndarray, np.ndarray]:
     """Run ``ids`` after ``cache`` (which it extends): natural-log probability of ``ids[1:]`` and the argmax at each step.
 
     Returns ``(logp [n-1], argmax [n])``; position i predicts ``ids[i+1]``. The first id is the
     one following the cached prefix (its own probability belongs to the prefix's last logits).
     """
-    t = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
-    logits = model(t, cache=cache, use_cache=True).logits[0].float()
+    logits = next_token_logits(model, cache, ids)
     logp = torch.log_softmax(logits, dim=-1)
-    picked = logp[:-1].gather(1, t[0, 1:, None])[:, 0]
+    picked = logp[:-1].gather(1, torch.as_tensor(np.asarray(ids, dtype=np.int64))[1:, None])[:, 0]
     return picked.numpy(), logits.argmax(-1).numpy()
 
 

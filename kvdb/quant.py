@@ -137,7 +137,7 @@ class Codebooks:
             if stages:
                 centre = stages[0].mean(1, keepdims=True)  # [heads, 1, dim]
                 stages = [centre + factor * (stages[0] - centre)] + [factor * stage for stage in stages[1:]]
-            books["k"].append([stage.astype(np.float32) for stage in stages])
+            books["k"].append(stages)
         return replace(self, books=books, meta={**self.meta, "sharpened": factor})
 
     @property
