@@ -25,9 +25,12 @@ pre-RoPE k16v4 training serves every preset (stages nest). Bytes are the code st
 5. **A rotation before VQ**: a random orthogonal rotation per (layer, head, kind), k4v3 trained
    and scored in the rotated space.
 6. **Cross-layer prediction**: the share of the variance of layer l's keys (values) that a
-   least-squares linear map from layer l-1's exact ones predicts, fitted on the calibration
-   text, measured on the 8,000-token contexts (the best case: a decoder has only the decoded
-   previous layer).
+   least-squares linear map from layer l-1's exact ones predicts (the best case); then, on the
+   protocol, closed-loop prediction: from layer 1 on, each layer's keys are coded as the residual
+   of an fp16 affine map of the *decoded* previous layer's keys (every head's, side by side), and
+   its values of the decoded previous layer's values, or of those and this layer's decoded keys;
+   each residual gets its own k3v3 codebooks. The maps' bytes are counted, and the time of their
+   products at 8,000 positions is set beside the restore's.
 7. **Entropy coding of the code indices**: cross-entropy of the held-out k4v3 codes under
    tables counted on the calibration codes (add-1/2 smoothing toward the order-0 table), the
    tables' bytes (2 per count) counted.
@@ -37,6 +40,8 @@ pre-RoPE k16v4 training serves every preset (stages nest). Bytes are the code st
    1.05 and 1.1 times further from each head's centre, in every head or only the four found in
    1.; with the KL divergence from the exact cache's next-token distributions beside the
    perplexity, and the same move on exact keys as a control (what it does to the model itself).
+10. **The sharpening factor by preset**: KL divergence from the exact cache for factors 1 to 1.15
+   on presets from k2v1 to k8v4: whether one factor per model serves every preset.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ from kvdb import tokenizer as T  # noqa: E402
 
 BASE = "k4v3"
 LONG = 8000
-VALIDATION = (54_000, 110_000)  # 8,000-token contexts clear of every other context here
+VALIDATION = (54_000, 110_000)
+PREDICTED_STAGES = 3  # the cross-layer prediction's residual codebooks: k3v3  # 8,000-token contexts clear of every other context here
 
 
 def _held_out(ids: np.ndarray, calib_end: int) -> list[tuple[int, int]]:
@@ -99,6 +105,72 @@ def _attention_mass(model, ids) -> np.ndarray:
         return sum(a[0].sum(dim=(0, 1)).float().numpy() for a in out.attentions)
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def _side_by_side(*layers: np.ndarray) -> np.ndarray:
+    """``[n, sum of heads * dim, + 1]``: every head's vector of each ``[heads, n, dim]`` layer side by side, then a 1."""
+    n = layers[0].shape[1]
+    return np.hstack([x.transpose(1, 0, 2).reshape(n, -1) for x in layers] + [np.ones((n, 1), np.float32)])
+
+
+def _predict(w: np.ndarray | None, *sources: np.ndarray) -> np.ndarray | float:
+    """The affine prediction ``[heads, n, dim]`` of a layer from ``sources`` (0 where there is no map)."""
+    if w is None:
+        return 0.0
+    y = _side_by_side(*sources) @ w
+    return y.reshape(len(y), -1, sources[0].shape[2]).transpose(1, 0, 2)
+
+
+def _fit(sources: tuple, target: np.ndarray) -> np.ndarray | None:
+    """The least-squares affine map from ``sources`` to ``target`` (``[heads, n, dim]`` each), rounded to fp16 as stored."""
+    if not sources:
+        return None
+    y = target.transpose(1, 0, 2).reshape(target.shape[1], -1)
+    return np.linalg.lstsq(_side_by_side(*sources), y, rcond=None)[0].astype(np.float16).astype(np.float32)
+
+
+def _one_layer(kind: str, x: np.ndarray, stages: int, seed: int) -> Q.Codebooks:
+    """k``stages`` (or v) RVQ codebooks of one layer's ``[heads, n, dim]`` vectors, trained as every set here is."""
+    return Q.train({kind: x[None]}, f"k{stages}v0" if kind == "k" else f"k0v{stages}", pre_rope=True, seed=seed)
+
+
+def _quantized(cb: Q.Codebooks, kind: str, x: np.ndarray) -> np.ndarray:
+    """``x`` ``[heads, n, dim]`` through one layer's codebooks of one kind."""
+    other = np.zeros_like(x[None])
+    pair = (x[None], other) if kind == "k" else (other, x[None])
+    return Q.decode(cb, Q.encode(cb, *pair))[Q.KINDS.index(kind)][0]
+
+
+def _train_predicted(keys: np.ndarray, values: np.ndarray, stages: int, values_from_keys: bool) -> list[tuple]:
+    """Closed-loop cross-layer prediction, trained on ``[layers, heads, n, dim]`` keys and values:
+    per layer, (key map, key codebooks, value map, value codebooks). A map is the least-squares
+    affine map (rounded to fp16) from the decoded previous layer's keys (values; and with
+    ``values_from_keys`` this layer's decoded keys) to this layer's; layer 0's keys have none."""
+    out, prev_k, prev_v = [], None, None
+    for layer in range(keys.shape[0]):
+        k_src = () if layer == 0 else (prev_k,)
+        wk = _fit(k_src, keys[layer])
+        pk = _predict(wk, *k_src)
+        cbk = _one_layer("k", keys[layer] - pk, stages, 1234 + layer)
+        k_hat = pk + _quantized(cbk, "k", keys[layer] - pk)
+        v_src = ((k_hat,) if values_from_keys else ()) + (() if layer == 0 else (prev_v,))
+        wv = _fit(v_src, values[layer])
+        pv = _predict(wv, *v_src)
+        cbv = _one_layer("v", values[layer] - pv, stages, 4321 + layer)
+        out.append((wk, cbk, wv, cbv))
+        prev_k, prev_v = k_hat, pv + _quantized(cbv, "v", values[layer] - pv)
+    return out
+
+
+def _decode_predicted(trained: list[tuple], keys: np.ndarray, values: np.ndarray, values_from_keys: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and values coded and decoded layer by layer, as ``_train_predicted`` trained them."""
+    k_out, v_out = np.zeros_like(keys), np.zeros_like(values)
+    for layer, (wk, cbk, wv, cbv) in enumerate(trained):
+        pk = _predict(wk, *(() if layer == 0 else (k_out[layer - 1],)))
+        k_out[layer] = pk + _quantized(cbk, "k", keys[layer] - pk)
+        pv = _predict(wv, *(((k_out[layer],) if values_from_keys else ()) + (() if layer == 0 else (v_out[layer - 1],))))
+        v_out[layer] = pv + _quantized(cbv, "v", values[layer] - pv)
+    return k_out, v_out
 
 
 def _xent_bits(train_ctx, train_sym, test_ctx, test_sym, contexts: int, size: int = 256) -> float:
@@ -319,6 +391,38 @@ def main() -> None:
             shares.append(1 - err / tot)
         explained[kind] = shares
 
+    plain = f"k{PREDICTED_STAGES}v{PREDICTED_STAGES}"
+    plain_bpt = bytes_per_token(plain)
+    t = time.perf_counter()
+    decoded(long[0], plain)
+    t_gather = time.perf_counter() - t
+    plain_rows = (f"{plain}, every layer alone", plain_bpt, ratio(CTX, lambda ctx: decoded(ctx, plain), kl=True),
+                  ratio(LONG, lambda ctx: decoded(ctx, plain), kl=True), ratio(-LONG, lambda ctx: decoded(ctx, plain), kl=True), t_gather)
+    predicted_rows = [plain_rows]
+    for label, from_keys in ((f"{plain}, each kind from the decoded previous layer", False),
+                             (f"{plain}, keys from the decoded previous layer, values from it and this layer's decoded keys", True)):
+        trained = _train_predicted(ck, cv, PREDICTED_STAGES, from_keys)
+        side = sum(w.size * 2 for wk, _, wv, _ in trained for w in (wk, wv) if w is not None)  # the maps, fp16
+        side += sum(cb.nbytes for _, cbk, _, cbv in trained for cb in (cbk, cbv))
+        bpt = plain_bpt - deep.truncate(plain).nbytes / 1e6 + side / 1e6
+        k_hat, v_hat = _decode_predicted(trained, long[0]["k"], long[0]["v"], from_keys)
+        t = time.perf_counter()  # the products a restore would add: one per layer and kind
+        for layer, (wk, _, wv, _) in enumerate(trained):
+            _predict(wk, *(() if layer == 0 else (k_hat[layer - 1],)))
+            _predict(wv, *(((k_hat[layer],) if from_keys else ()) + (() if layer == 0 else (v_hat[layer - 1],))))
+        t_pred = time.perf_counter() - t
+        arrays = lambda ctx, trained=trained, from_keys=from_keys: _decode_predicted(trained, ctx["k"], ctx["v"], from_keys)  # noqa: E731
+        predicted_rows.append((label, bpt, ratio(CTX, arrays, kl=True), ratio(LONG, arrays, kl=True), ratio(-LONG, arrays, kl=True), t_pred))
+    del k_hat, v_hat
+    print("cross-layer prediction done", flush=True)
+
+    # -- 10. the sharpening factor by preset ---------------------------------------------------------
+    factors = (1.0, 1.05, 1.1, 1.15)
+    by_preset = [(p, [(ratio(CTX, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3],
+                       ratio(LONG, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3]) for s in factors])
+                 for p in dict.fromkeys(("k2v1", "k3v2", BASE, default, "k6v4", "k8v4"))]
+    print("sharpening by preset done", flush=True)
+
     # -- 7. entropy coding of the code indices -------------------------------------------------------
     base_cb = deep.truncate(BASE)
     calib_codes = Q.encode(base_cb, ck, cv)
@@ -398,6 +502,25 @@ def main() -> None:
               f"(fitted on the calibration, measured on the {LONG:,}-token contexts): keys mean {np.mean(explained['k']):.3f} "
               f"(min {np.min(explained['k']):.3f}, max {np.max(explained['k']):.3f}), values mean {np.mean(explained['v']):.3f} "
               f"(min {np.min(explained['v']):.3f}, max {np.max(explained['v']):.3f}).", "",
+              f"Closed loop on the protocol: each layer from layer 1 on coded as the residual of an fp16 affine map of decoded vectors "
+              f"(every head's side by side), the residuals in their own {plain} codebooks; B/token counts the maps and those codebooks. "
+              f"s at {LONG:,}: for one {LONG:,}-token context, the plain row's decode (every layer's gather and sum of centroids), and "
+              f"for the others the maps' matrix products alone, every layer one after another (numpy float32), which a restore would add "
+              f"to such a decode: measured side by side in this run. KL as in the sharpened-keys table.", "",
+              f"| configuration | B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | "
+              f"validation at {LONG:,} (min–max) | top-1 | KL | s at {LONG:,} |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {b:,.1f} | {fp16 / b:.1f}x | {cell(x)} | {x[3]:.4f} | {cell(y)} | {y[3]:.4f} | {cell(z)} | {z[3]:.4f} | {t:.3f} |"
+              for label, b, x, y, z, t in predicted_rows]
+    lines += ["", "### The sharpening factor by preset: KL divergence from the exact cache's next-token distributions (nats per token)", "",
+              "| preset | " + " | ".join(f"x{s} at {CTX:,}" for s in factors) + " | " + " | ".join(f"x{s} at {LONG:,}" for s in factors) + " |",
+              "|---|" + "---:|" * (2 * len(factors))]
+    for p, kls in by_preset:
+        cols = []
+        for i in (0, 1):
+            best = min(k[i] for k in kls)
+            cols += [f"**{k[i]:.4f}**" if k[i] == best else f"{k[i]:.4f}" for k in kls]
+        lines.append(f"| {p}{' (the default)' if p == default else ''} | " + " | ".join(cols) + " |")
+    lines += ["",
               f"### Entropy coding of the {BASE} code indices ({codes_per_token} codes a token, stored at 8 bits each: {base_bpt:,.1f} B/token all-inclusive)", "",
               "| context model | bits / code (held-out) | tables MB | B/token all-inclusive | ratio vs fp16 |", "|---|---:|---:|---:|---:|"]
     for name, b in bits.items():
