@@ -86,8 +86,12 @@ def _peer_cache(model, prefix, backend: str, nbits: int):
     return cache
 
 
-def _plot(points, fp16_per_token: int, path: Path) -> None:
-    """points: (label, group, all-inclusive B/token, ppl increase %)."""
+_AROUND = [(5, 3), (5, -10), (-13, 3), (-13, -10), (17, 3), (17, -10)]  # where a point's number goes, the nth close point's at n
+
+
+def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
+    """points: (label, group, all-inclusive B/token, ppl increase %). Each point is numbered, and a key
+    beside the axes names it: the kvdb points sit close together, and their labels would overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,32 +100,39 @@ def _plot(points, fp16_per_token: int, path: Path) -> None:
 
     style = {"kvdb preset": ("o", "tab:blue"), "kvdb window variant": ("s", "tab:cyan"), "paper setting": ("D", "tab:red"),
              "QuantizedCache peer": ("^", "tab:green"), "fp16": ("*", "black")}
-    fig, ax = plt.subplots(figsize=(12, 7.5))
+    fig = plt.figure(figsize=(15, 8))
+    ax = fig.add_axes((0.055, 0.08, 0.55, 0.80))
+    key = fig.add_axes((0.63, 0.02, 0.36, 0.96))
+    key.axis("off")
     for group, (marker, color) in style.items():
         pts = [p for p in points if p[1] == group]
         if pts:
             ax.scatter([p[2] for p in pts], [p[3] for p in pts], marker=marker, color=color, s=60 if group != "fp16" else 140,
                        label=group, zorder=3)
-    placed = []  # stagger the labels of points that sit close together
-    for label, group, x, y in sorted(points, key=lambda p: (p[2], p[3])):
-        near = sum(abs(np.log10(x / px)) < 0.12 and abs(np.arcsinh(y / 10) - np.arcsinh(py / 10)) < 0.6 for px, py in placed)
+    numbered = sorted(points, key=lambda p: (p[2], p[3]))
+    placed = []  # stagger the numbers of points that sit close together
+    rows = [(f"default = {default}", "black"), ("", "black")]
+    for n, (label, group, x, y) in enumerate(numbered, 1):
+        near = sum(abs(np.log10(x / px)) < 0.05 and abs(np.arcsinh(y / 10) - np.arcsinh(py / 10)) < 0.3 for px, py in placed)
         placed.append((x, y))
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 3 + 9 * near), fontsize=7, color=style[group][1],
-                    arrowprops={"arrowstyle": "-", "color": style[group][1], "lw": 0.4} if near else None)
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=_AROUND[near % len(_AROUND)], fontsize=7, color=style[group][1])
+        rows.append((f"{n:>2}  {label}: {fp16_per_token / x:.1f}x, {y:+.1f}%", style[group][1]))
+    for i, (text, color) in enumerate(rows):
+        key.text(0, 1 - i / max(len(rows), 44), text, fontsize=7, color=color, va="top", family="monospace")
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=20, linscale=3)  # linear up to +20%, log beyond: the 2-bit peers sit far above
     top = max(p[3] for p in points)
     ax.set_ylim(-1.5, top * 1.6)
     ax.set_yticks([t for t in (0, 5, 10, 15, 20, 30, 50, 100, 200, 400, 800) if t <= top * 1.6])
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("all-inclusive bytes / token (codes + stored window + codebooks amortised over 1e6 tokens; log scale)")
+    ax.set_xlabel("all-inclusive bytes / token (codes + stored window + codebooks over 1e6 tokens; log scale)")
     ax.set_ylabel("perplexity increase vs exact cache (%; linear to 20, log above)")
     sec = ax.secondary_xaxis("top", functions=(lambda b: fp16_per_token / np.maximum(b, 1e-9), lambda r: fp16_per_token / np.maximum(r, 1e-9)))
     sec.set_xlabel("compression ratio vs fp16")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"KV cache rate–distortion, {M.DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(f"KV cache rate–distortion, {M.DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9,
+                 x=0.33, y=0.99)
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
@@ -479,7 +490,7 @@ def main() -> None:
         else:
             group, short = "kvdb preset", label
         if kinds == "kv":  # the one-kind rows sit at ~2x and would squash the axis; they stay in the table
-            points.append((short, group, allin, 100 * (ratio_ppl - 1)))
+            points.append((short.replace(default, "default").replace(" (packaged calibration text)", ""), group, allin, 100 * (ratio_ppl - 1)))
     peer_failures = []
     for plabel, pr in peer_rows.items():
         if pr["error"] or not pr["nll"]:
@@ -503,7 +514,7 @@ def main() -> None:
     long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, sharpen, [] if args.no_peers else PEERS, check_held_out) if lengths else []
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
-        _plot(points, fp16_per_token, plot_path)
+        _plot(points, fp16_per_token, plot_path, default)
         print(f"wrote {plot_path}", flush=True)
     total = time.perf_counter() - t_all
     section = [
