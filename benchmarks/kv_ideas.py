@@ -68,8 +68,8 @@ from kvdb import tokenizer as T  # noqa: E402
 
 BASE = "k4v3"
 LONG = 8000
-VALIDATION = (54_000, 110_000)
-PREDICTED_STAGES = 3  # the cross-layer prediction's residual codebooks: k3v3  # 8,000-token contexts clear of every other context here
+VALIDATION = (54_000, 110_000)  # 8,000-token contexts clear of every other context here
+PREDICTED_STAGES = 3  # the cross-layer prediction's residual codebooks: k3v3
 
 
 def _held_out(ids: np.ndarray, calib_end: int) -> list[tuple[int, int]]:
@@ -141,36 +141,32 @@ def _quantized(cb: Q.Codebooks, kind: str, x: np.ndarray) -> np.ndarray:
     return Q.decode(cb, Q.encode(cb, *pair))[Q.KINDS.index(kind)][0]
 
 
-def _train_predicted(keys: np.ndarray, values: np.ndarray, stages: int, values_from_keys: bool) -> list[tuple]:
-    """Closed-loop cross-layer prediction, trained on ``[layers, heads, n, dim]`` keys and values:
-    per layer, (key map, key codebooks, value map, value codebooks). A map is the least-squares
-    affine map (rounded to fp16) from the decoded previous layer's keys (values; and with
-    ``values_from_keys`` this layer's decoded keys) to this layer's; layer 0's keys have none."""
-    out, prev_k, prev_v = [], None, None
-    for layer in range(keys.shape[0]):
-        k_src = () if layer == 0 else (prev_k,)
-        wk = _fit(k_src, keys[layer])
-        pk = _predict(wk, *k_src)
-        cbk = _one_layer("k", keys[layer] - pk, stages, 1234 + layer)
-        k_hat = pk + _quantized(cbk, "k", keys[layer] - pk)
-        v_src = ((k_hat,) if values_from_keys else ()) + (() if layer == 0 else (prev_v,))
-        wv = _fit(v_src, values[layer])
-        pv = _predict(wv, *v_src)
-        cbv = _one_layer("v", values[layer] - pv, stages, 4321 + layer)
-        out.append((wk, cbk, wv, cbv))
-        prev_k, prev_v = k_hat, pv + _quantized(cbv, "v", values[layer] - pv)
-    return out
+def _sources(kind: str, layer: int, k_hat: np.ndarray, v_hat: np.ndarray, values_from_keys: bool) -> tuple:
+    """What predicts a layer of ``kind``: the decoded previous layer of that kind (layer 0 has none)
+    and, for values with ``values_from_keys``, this layer's decoded keys."""
+    previous = () if layer == 0 else ((k_hat if kind == "k" else v_hat)[layer - 1],)
+    return ((k_hat[layer],) if kind == "v" and values_from_keys else ()) + previous
 
 
-def _decode_predicted(trained: list[tuple], keys: np.ndarray, values: np.ndarray, values_from_keys: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and values coded and decoded layer by layer, as ``_train_predicted`` trained them."""
-    k_out, v_out = np.zeros_like(keys), np.zeros_like(values)
-    for layer, (wk, cbk, wv, cbv) in enumerate(trained):
-        pk = _predict(wk, *(() if layer == 0 else (k_out[layer - 1],)))
-        k_out[layer] = pk + _quantized(cbk, "k", keys[layer] - pk)
-        pv = _predict(wv, *(((k_out[layer],) if values_from_keys else ()) + (() if layer == 0 else (v_out[layer - 1],))))
-        v_out[layer] = pv + _quantized(cbv, "v", values[layer] - pv)
-    return k_out, v_out
+def _predicted(keys: np.ndarray, values: np.ndarray, values_from_keys: bool, trained: list | None = None) -> tuple[list, np.ndarray, np.ndarray]:
+    """Closed-loop cross-layer prediction of ``[layers, heads, n, dim]`` keys and values, layer by
+    layer: ``(trained, decoded keys, decoded values)``, ``trained`` holding per layer [key map, key
+    codebooks, value map, value codebooks]. Without ``trained``, each map (the least-squares affine
+    map from ``_sources``, rounded to fp16) and each residual's k3v3 codebooks are fitted on these
+    vectors as they are reached, so training sees what a decoder sees."""
+    fit = trained is None
+    trained = trained or [[None] * 4 for _ in range(keys.shape[0])]
+    k_hat, v_hat = np.zeros_like(keys), np.zeros_like(values)
+    for layer, parts in enumerate(trained):
+        for i, (kind, x, hat, seed) in enumerate((("k", keys, k_hat, 1234), ("v", values, v_hat, 4321))):
+            sources = _sources(kind, layer, k_hat, v_hat, values_from_keys)
+            if fit:
+                parts[2 * i] = _fit(sources, x[layer])
+            guess = _predict(parts[2 * i], *sources)
+            if fit:
+                parts[2 * i + 1] = _one_layer(kind, x[layer] - guess, PREDICTED_STAGES, seed + layer)
+            hat[layer] = guess + _quantized(parts[2 * i + 1], kind, x[layer] - guess)
+    return trained, k_hat, v_hat
 
 
 def _xent_bits(train_ctx, train_sym, test_ctx, test_sym, contexts: int, size: int = 256) -> float:
@@ -401,17 +397,17 @@ def main() -> None:
     predicted_rows = [plain_rows]
     for label, from_keys in ((f"{plain}, each kind from the decoded previous layer", False),
                              (f"{plain}, keys from the decoded previous layer, values from it and this layer's decoded keys", True)):
-        trained = _train_predicted(ck, cv, PREDICTED_STAGES, from_keys)
+        trained, _, _ = _predicted(ck, cv, from_keys)
         side = sum(w.size * 2 for wk, _, wv, _ in trained for w in (wk, wv) if w is not None)  # the maps, fp16
         side += sum(cb.nbytes for _, cbk, _, cbv in trained for cb in (cbk, cbv))
         bpt = plain_bpt - deep.truncate(plain).nbytes / 1e6 + side / 1e6
-        k_hat, v_hat = _decode_predicted(trained, long[0]["k"], long[0]["v"], from_keys)
+        _, k_hat, v_hat = _predicted(long[0]["k"], long[0]["v"], from_keys, trained)
         t = time.perf_counter()  # the products a restore would add: one per layer and kind
         for layer, (wk, _, wv, _) in enumerate(trained):
-            _predict(wk, *(() if layer == 0 else (k_hat[layer - 1],)))
-            _predict(wv, *(((k_hat[layer],) if from_keys else ()) + (() if layer == 0 else (v_hat[layer - 1],))))
+            _predict(wk, *_sources("k", layer, k_hat, v_hat, from_keys))
+            _predict(wv, *_sources("v", layer, k_hat, v_hat, from_keys))
         t_pred = time.perf_counter() - t
-        arrays = lambda ctx, trained=trained, from_keys=from_keys: _decode_predicted(trained, ctx["k"], ctx["v"], from_keys)  # noqa: E731
+        arrays = lambda ctx, trained=trained, from_keys=from_keys: _predicted(ctx["k"], ctx["v"], from_keys, trained)[1:]  # noqa: E731
         predicted_rows.append((label, bpt, ratio(CTX, arrays, kl=True), ratio(LONG, arrays, kl=True), ratio(-LONG, arrays, kl=True), t_pred))
     del k_hat, v_hat
     print("cross-layer prediction done", flush=True)
