@@ -244,21 +244,21 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
             check_held_out(s, n)
             prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
+
+            def restored(label, k, v):
+                lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
+                add(label, lp, am, lp_exact, am_exact)
+
             for which, preset in (("pre", default), ("shipped", default), ("pre", UNIFORM)):
                 cb = books[which].truncate(preset)
                 codes = Q.encode(cb, kpre, vals)
                 kq, vq = Q.decode(cb, codes)
                 if preset == default and sharpen != 1.0:
-                    k, v = Q.decode(cb.sharpened(sharpen), codes)
-                    lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
-                    add(f"{which} {preset}, keys sharpened x{sharpen}", lp, am, lp_exact, am_exact)
-                    del k, v
+                    restored(f"{which} {preset}, keys sharpened x{sharpen}", *Q.decode(cb.sharpened(sharpen), codes))
                 diagnosed = which == "pre" and preset == default
                 variants = [("", None)] + ([(f", {label}", part) for label, part in DIAGNOSES] if diagnosed else [])
                 for suffix, part in variants:
-                    k, v = (kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)
-                    lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
-                    add(f"{which} {preset}{suffix}", lp, am, lp_exact, am_exact)
+                    restored(f"{which} {preset}{suffix}", *((kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)))
                 del kq, vq
             for backend, nbits in peers:
                 label = f"QuantizedCache {backend} {nbits}-bit"

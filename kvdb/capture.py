@@ -333,6 +333,7 @@ def next_token_logits(model, cache, ids) -> torch.Tensor:
     return model(t, cache=cache, use_cache=True).logits[0].float()
 
 
+@torch.no_grad()
 def teacher_forced(model, cache, ids) -> tuple[np.ndarray, np.ndarray]:
     """Run ``ids`` after ``cache`` (which it extends): natural-log probability of ``ids[1:]`` and the argmax at each step.
 
