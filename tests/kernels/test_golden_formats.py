@@ -147,13 +147,25 @@ def test_golden_kl_payloads_read_back(name, vocab, context, n):
     check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.TableModel(vocab), vocab, context, n)
 
 
+def require_golden_frequencies(model, case, version: int) -> None:
+    """Skip, saying why, where this CPU derives other coding frequencies for ``case`` than the
+    machine that wrote its golden file: its bytes cannot be written here, by design of its version."""
+    if golden.frequency_digest(model, *case[1:], version=version) != golden.FREQUENCIES_AS_GOLDEN[case[0]]:
+        pytest.skip(
+            f"premise does not hold on this CPU: its float kernels give the committed model other coding frequencies for kl/{case[0]}.bin "
+            f"than the machine that wrote it (payload version {version} is not portable; version 3 is checked on every machine)"
+        )
+
+
 def test_kl_payload_of_the_committed_tiny_model():
     """Machine-dependent: the payload follows the model's one-token forward pass, which is
     bit-exact only on CPU kernels that compute it as the machine that wrote the golden file did
     (see kvdb/lmcode.py). The table-model payloads above are the machine-independent check."""
     name, vocab, context, n = golden.MODEL_CASE
+    model = golden.load_committed_model()
+    require_golden_frequencies(model, golden.MODEL_CASE, 1)
     assert_golden(golden.kl_model_files())
-    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n)
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), model, vocab, context, n)
 
 
 def test_the_version_3_payload_is_the_same_bytes_on_every_machine():
@@ -167,10 +179,13 @@ def test_the_version_3_payload_is_the_same_bytes_on_every_machine():
 
 def test_a_version_2_payload_still_reads_and_writes_the_same_bytes():
     """Version 2 (the integer pass with torch.sqrt, written before version 3) is still read, by
-    the reference pass, and that pass still writes the committed bytes on this machine."""
+    the reference pass, and that pass still writes the committed bytes where torch.sqrt gives the
+    coder the frequencies it gave on the machine that wrote them."""
     name, vocab, context, n = golden.V2_CASE
+    model = golden.load_committed_model()
+    require_golden_frequencies(model, golden.V2_CASE, 2)
     assert_golden(golden.kl_integer_files(golden.V2_CASE, 2))
-    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), golden.load_committed_model(), vocab, context, n, version=2)
+    check_kl((GOLDEN / f"kl/{name}.bin").read_bytes(), model, vocab, context, n, version=2)
 
 
 def check_node(payload: bytes, model, vocab: int, context: int, n: int, version: int) -> None:

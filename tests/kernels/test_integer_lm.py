@@ -22,7 +22,7 @@ from kvdb import model as M
 from kvdb import tokenizer as tok
 from kvdb.errors import UnsupportedModel
 
-from support import REPO
+from support import REPO, SQRT_PROBE_AS_GOLDEN, sqrt_probe
 
 # sha256 of the embedded model's integer logits (float64, little-endian) over GOLDEN_TEXT's
 # tokens, computed when the forward pass was specified (payload version 3, decision 0026). It
@@ -180,11 +180,16 @@ def test_other_processes_compute_the_same_bits(tiny, tiny_model):
 
 @pytest.mark.model
 def test_the_embedded_models_logits_match_the_golden_digest_on_any_instruction_set(embedded):
+    """Version 3's digest everywhere, in this process and under other instruction sets and thread
+    counts. Version 2's only where torch.sqrt gives the roots it gave where that digest was taken
+    (tests/support.py's probe): elsewhere (an Intel Xeon with AVX-512, for one) torch's vector
+    math library rounds differently, which is why version 3 exists."""
     ids = np.asarray(tok.encode(embedded.tokenizer, GOLDEN_TEXT), dtype=np.int64)
     ilm = I.IntegerLM(embedded.model)
     logits = ilm.forward(ids, ilm.new_cache())
     assert digest(logits) == GOLDEN_DIGEST
-    assert digest(ilm.with_torch_sqrt().forward(ids, ilm.new_cache())) == GOLDEN_DIGEST_V2
+    if sqrt_probe()[0] == SQRT_PROBE_AS_GOLDEN:  # version 2's premise: torch.sqrt rounds as where its digest was taken
+        assert digest(ilm.with_torch_sqrt().forward(ids, ilm.new_cache())) == GOLDEN_DIGEST_V2
     assert _digests_elsewhere(None, ids, [{"threads": 2}], capability="default", kernel=False) == [GOLDEN_DIGEST]
     assert _digests_elsewhere(None, ids, [{"threads": 1}], simd=False) == [GOLDEN_DIGEST]
     with torch.no_grad():

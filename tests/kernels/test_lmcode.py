@@ -18,6 +18,7 @@ from kvdb import tokenizer as tok
 from kvdb import lmcode
 from kvdb import model as lm_ops
 from kvdb.errors import CorruptData, InvalidArgument
+from support import sqrt_probe
 
 UNICODE = "Ünïcödé — «quotes», naïve café, Straße, 東京の春、한국어 텍스트, emoji 🚀🧪, math ∑∫≈≠.\r\n\ttab"
 CODE = textwrap.dedent(
@@ -176,6 +177,8 @@ def test_version_2_is_the_integer_pass_with_torch_sqrt(tiny):
     and parts from it in a last bit somewhere, which is why it keeps a version of its own."""
     v2, v3 = lmcode._integer(tiny.model, 2), lmcode._integer(tiny.model, 3)
     assert v2.kernel is None and v2.layers is v3.layers and v2.root is torch.sqrt
+    if sqrt_probe()[1]:
+        pytest.skip("premise does not hold on this CPU: torch.sqrt is correctly rounded here, so the two passes may agree")
     ids = ids_of(tiny, PROSE * 2 + CODE)
     assert not torch.equal(v2.forward(ids, v2.new_cache()), v3.forward(ids, v3.new_cache()))
 
