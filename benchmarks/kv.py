@@ -36,13 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import real_text  # noqa: E402
 from report import describe  # noqa: E402
 
-from kvdb import capture as C  # noqa: E402
-from kvdb import code_layout as CL  # noqa: E402
-from kvdb import model as M  # noqa: E402
-from kvdb import presets as P  # noqa: E402
-from kvdb import quant as Q  # noqa: E402
-from kvdb import shipped as SH  # noqa: E402
-from kvdb import tokenizer as T  # noqa: E402
+from kvdb.codecs import code_layout as CL  # noqa: E402
+from kvdb.codecs import presets as P  # noqa: E402
+from kvdb.codecs import quant as Q  # noqa: E402
+from kvdb.model import capture as C  # noqa: E402
+from kvdb.model import loading as M  # noqa: E402
+from kvdb.model import tokenizer as T  # noqa: E402
+from kvdb.model.source import DEFAULT_MODEL  # noqa: E402
+from kvdb.services import shipped_codebooks as SH  # noqa: E402
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 CTX = 1024
@@ -131,7 +132,7 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     sec.set_xlabel("compression ratio vs fp16")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"KV cache rate–distortion, {M.DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9,
+    fig.suptitle(f"KV cache rate–distortion, {DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9,
                  x=0.33, y=0.99)
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -523,7 +524,7 @@ def main() -> None:
         "",
         f"`.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
         "",
-        f"Model {M.DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
+        f"Model {DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
         f"Codebooks calibrated on the first {n_calib * CTX:,} tokens of `corpus.real_text` ({n_calib} contexts of {CTX}); "
         f"faiss k-means, 12 iterations, greedy encoding, centroids stored fp16, sink positions left out of training. Evaluated on {n_eval} held-out contexts of {CTX} tokens "
         f"(token offsets {eval_starts}, other files), each followed by {CONT} teacher-forced tokens; exact-prefill perplexity "
@@ -532,7 +533,7 @@ def main() -> None:
         f"they are recomputed from the token tier (~1.95 B/token, stored by every archive anyway). "
         f"ppl ratio = exp(mean NLL restored − mean NLL exact) pooled over all scored tokens; top-1 = share of the "
         f"{CONT + 1} positions whose argmax equals the exact cache's. Restore s = decode + DynamicCache build + window recompute. "
-        f"Shipped rows: kvdb's own codebooks (`kvdb.shipped`, what `--keep kv` uses on an archive with none), trained on "
+        f"Shipped rows: kvdb's own codebooks (`kvdb.services.shipped_codebooks`, what `--keep kv` uses on an archive with none), trained on "
         f"`kvdb/data/calibration.txt` (CC0 legal text and two chapters of the Vim manual; no 80-character span of it occurs in the "
         f"held-out contexts), ready in {t_shipped:.0f} s (0 when this machine had built them). "
         f"Calibration capture {t_capture:.0f} s{' (KVBENCH_CACHE)' if os.environ.get('KVBENCH_CACHE') else ''}, training (pre-RoPE k{kmax}v{vmax}) {t_train_pre:.0f} s, post-RoPE keys "

@@ -60,11 +60,11 @@ from corpus import real_text  # noqa: E402
 from kv import CONT, CTX, _exact_pass, load_model, spaced_starts  # noqa: E402
 from report import describe, publish  # noqa: E402
 
-from kvdb import capture as C  # noqa: E402
-from kvdb import code_layout as CL  # noqa: E402
-from kvdb import presets as P  # noqa: E402
-from kvdb import quant as Q  # noqa: E402
-from kvdb import tokenizer as T  # noqa: E402
+from kvdb.codecs import code_layout as CL  # noqa: E402
+from kvdb.codecs import presets as P  # noqa: E402
+from kvdb.codecs import quant as Q  # noqa: E402
+from kvdb.model import capture as C  # noqa: E402
+from kvdb.model import tokenizer as T  # noqa: E402
 
 BASE = "k4v3"
 LONG = 8000

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from report import describe, publish  # noqa: E402
 from search import build_archive  # noqa: E402
 
 import kvdb  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
 from kvdb.storage import open_storage  # noqa: E402
 
 KVDB = Path(sys.executable).with_name("kvdb")
@@ -64,7 +63,7 @@ def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -
 
 SCORING = """
 import sys, time, numpy as np, torch
-from kvdb import model, tokenizer as tok
+from kvdb.model import loading as model, tokenizer as tok
 loaded = model.load(None)
 ids = np.asarray(tok.encode(loaded.tokenizer, sys.argv[1]), dtype=np.int64)
 model.score(loaded.model, ids[:64])
@@ -88,7 +87,7 @@ def core_scaling(text: str, seconds: float = 30.0) -> tuple[float, float]:
 
 def model_load_seconds() -> float:
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from kvdb import model; model.load(None)"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", "from kvdb.model import loading; loading.load(None)"], check=True, capture_output=True)
     return time.perf_counter() - began
 
 

@@ -38,11 +38,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from corpus import real_text  # noqa: E402
 from report import describe  # noqa: E402
 
-from kvdb import integer_kernel  # noqa: E402
-from kvdb import lmcode  # noqa: E402
-from kvdb import model as lm_ops  # noqa: E402
-from kvdb import chat  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
+from kvdb.model import lmcode  # noqa: E402
+from kvdb.model import (
+    chat,  # noqa: E402
+    integer_kernel,  # noqa: E402
+)
+from kvdb.model import loading as lm_ops  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 CODE_FILES = ("json/decoder.py", "textwrap.py", "heapq.py", "bisect.py")
@@ -238,7 +240,7 @@ def table(results: list[dict]) -> list[str]:
 
 
 def v3_table(results: list[dict]) -> list[str]:
-    """Payload version 3 (kvdb.integer_lm, by its compiled kernel) beside version 1, on the same tokens."""
+    """Payload version 3 (kvdb.model.integer_lm, by its compiled kernel) beside version 1, on the same tokens."""
     lines = [
         "| sample | tokens | xz -9e B | v1 B (body) | v3 B (body) | xz / v3 | v1 body / CE | v3 body / CE | v3 payload / CE | "
         "v1 encode tok/s | v3 encode tok/s | v1 decode tok/s | v3 decode tok/s |",
@@ -304,8 +306,8 @@ def main() -> None:
         "",
         *table(results),
         "",
-        "Payload version 3 (the default where the model has kvdb.integer_lm's forward pass: portable) beside version 1, "
-        "on the same tokens. v3 runs the pass's compiled kernel (kvdb/integer_kernel.c, "
+        "Payload version 3 (the default where the model has kvdb.model.integer_lm's forward pass: portable) beside version 1, "
+        "on the same tokens. v3 runs the pass's compiled kernel (kvdb/model/integer_kernel.c, "
         f"{integer_kernel.ISA} dot products): it encodes with batched chunks of 256 tokens on 2 threads and decodes one "
         "integer step per token; CE is the float model's cross-entropy as above; the payload column counts v3's header. "
         f"Quantizing the model's weights for it took {integer_build_s:.1f} s, once a process, before the timings.",

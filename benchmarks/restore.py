@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
 from report import describe, median_seconds, publish  # noqa: E402
+
+import kvdb  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
 
 PROBE = 32  # teacher-forced tokens after the restored prefix
 

@@ -265,7 +265,7 @@ def default_codebooks(db) -> str | None:
         print(f"  codebooks to train ({exc})", flush=True)
         return None
     try:
-        from kvdb import shipped
+        from kvdb.services import shipped_codebooks as shipped
 
         preset = f"preset {shipped.recipe(db.loaded_model.identity)['preset']}, "
     except ImportError:

@@ -40,14 +40,15 @@ import duckdb
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
-from kvdb import tokenizer as T  # noqa: E402
-from kvdb import trie  # noqa: E402
+from report import median_seconds  # noqa: E402
+
+import kvdb  # noqa: E402
+from kvdb.index import trie  # noqa: E402
+from kvdb.model import tokenizer as T  # noqa: E402
 from kvdb.services.searching import phrase_variants  # noqa: E402
 from kvdb.storage import open_storage  # noqa: E402
 from kvdb.storage.base import ModelRow, NewNode, PutModel, SessionRow, SessionWrite  # noqa: E402
-from report import median_seconds  # noqa: E402
 
 ALPHABET = 49152  # what ingest stores for SmolLM2 (max(config.vocab_size, len(tokenizer)))
 SESSION_MIN, SESSION_MAX = 2_000, 10_000

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kvdb  # noqa: E402
 from report import describe, publish  # noqa: E402
+
+import kvdb  # noqa: E402
 
 DATA = Path(__file__).with_name("data") / "paraphrases.json"
 

@@ -194,7 +194,7 @@ import torch, uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from transformers import TextIteratorStreamer
-from kvdb import model as lm_ops, chat
+from kvdb.model import chat, loading as lm_ops
 loaded = lm_ops.load(None)
 app = FastAPI()
 lock = threading.Lock()
@@ -252,7 +252,7 @@ def main() -> None:
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     modes = set(args.modes.split(","))
-    from kvdb import tokenizer as tok
+    from kvdb.model import source
 
     dialogues = conversations(args.conversations, args.turns, args.document_words, args.words)
     env = dict(os.environ)
@@ -267,7 +267,7 @@ def main() -> None:
             ("(c) no reuse", Server([sys.executable, "-c", STOCK, "{port}"], env), False),
         ]
         if args.llama_python:
-            gguf = str(tok.embedded_gguf())
+            gguf = str(source.embedded_gguf())
             llama = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--port", "{port}", "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]
             plans += [("(d) llama.cpp", Server(llama, env, health="/v1/models"), False), ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True)]
         for name, server, restart in [p for p in plans if p[0][1] in modes]:

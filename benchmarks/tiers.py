@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kvdb  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import describe, publish  # noqa: E402
-from kvdb.trie import common_prefix  # noqa: E402
+
+import kvdb  # noqa: E402
+from kvdb.index.trie import common_prefix  # noqa: E402
 
 POLICIES = ("tokens,search", "tokens,search,lm", "lm")
 TIERS = ("tokens", "lm", "logprobs", "metadata")  # as `kvdb stats` counts them; search slot rows are metadata

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from corpus import real_text  # noqa: E402
 from report import describe, publish  # noqa: E402
 
-from kvdb import capture as C  # noqa: E402
-from kvdb import model as M  # noqa: E402
-from kvdb import presets as P  # noqa: E402
-from kvdb import quant as Q  # noqa: E402
-from kvdb import tokenizer as tok  # noqa: E402
+from kvdb.codecs import presets as P  # noqa: E402
+from kvdb.codecs import quant as Q  # noqa: E402
+from kvdb.model import capture as C  # noqa: E402
+from kvdb.model import loading as M  # noqa: E402
+from kvdb.model import tokenizer as tok  # noqa: E402
 
 CONTEXT, PROBE = 1024, 128
 OFFSETS = [47436, 70865, 94294, 117723]  # benchmarks/kv.py's held-out contexts

@@ -13,7 +13,7 @@ import sys
 import click
 
 import kvdb
-from kvdb import presets
+from kvdb.codecs import presets
 from kvdb.errors import KvdbError
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
@@ -25,19 +25,25 @@ class KvdbGroup(click.Group):
         try:
             return super().invoke(ctx)
         except KvdbError as exc:
-            _fail(str(exc), exc.exit_code)
+            _fail(ctx, str(exc), exc.exit_code, type(exc).__name__)
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail(ctx, "interrupted", 130, "Interrupted")
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
-        except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
+        except Exception as exc:  # the CLI promises one line, never a traceback
             if os.environ.get("KVDB_DEBUG"):
                 raise
-            _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+            _fail(ctx, f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)", EXIT_INTERNAL, "InternalError")
 
 
-def _fail(message: str, code: int):
-    click.echo(f"kvdb: error: {message.splitlines()[0] if message else 'unknown error'}", err=True)
+def _fail(ctx: click.Context, message: str, code: int, kind: str):
+    """One line on stderr and the exit code; under --json that line is a JSON object, so a script
+    reading JSON never has to parse prose."""
+    line = message.splitlines()[0] if message else "unknown error"
+    if ctx.meta.get(JSON_META):
+        click.echo(json.dumps({"error": line, "type": kind, "exit_code": code}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"kvdb: error: {line}", err=True)
     sys.exit(code)
 
 
@@ -55,7 +61,17 @@ def _printable(text: str) -> str:
     return text.translate(_CONTROL)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per line) instead of text.")
+JSON_META = "kvdb.json"  # ctx.meta, shared by every context of one invocation: errors are JSON too
+
+
+def _remember_json(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[JSON_META] = ctx.meta.get(JSON_META) or value
+    return value
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON (one object per line) instead of text; errors too, on stderr."
+)
 model_option = click.option(
     "--model",
     envvar="KVDB_MODEL",
@@ -160,7 +176,7 @@ def ingest(ctx, paths, keep, workers, model, as_json):
         if archive is not None:
             results = archive.ingest(list(paths), keep=keep, progress=progress)
         else:
-            from kvdb.workers import ingest_with_workers
+            from kvdb.services.workers import ingest_with_workers
 
             location = ctx.obj["db"] or kvdb.default_path()
             results = ingest_with_workers(location, paths, workers, model=model, keep=keep, data_path=ctx.obj["data_path"], progress=progress)
@@ -278,7 +294,7 @@ def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
     """
     archive = _open(ctx, model, read_only=True)
     if not archive.sessions():
-        _fail("the archive is empty; ingest transcripts first with `kvdb ingest PATH`", 1)
+        raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
     if semantic:
         if session is not None:
             raise click.UsageError("--session and --semantic cannot be combined yet")

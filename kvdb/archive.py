@@ -14,10 +14,18 @@ from pathlib import Path
 
 import platformdirs
 
-from kvdb.index import Indexes
-from kvdb.prefix_cache import PrefixCache
-from kvdb.records import CodebookSet, IngestResult, Prefix, RestoredSession, Session, Stats, Turn
-from kvdb.search import Hit
+from kvdb.index.phrase import Hit
+from kvdb.index.walk import Indexes
+from kvdb.model.prefix_cache import PrefixCache
+from kvdb.records import (
+    CodebookSet,
+    IngestResult,
+    Prefix,
+    RestoredSession,
+    Session,
+    Stats,
+    Turn,
+)
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.services.searching import Searcher
@@ -47,7 +55,7 @@ class Archive:
     while it touches the file, not while its model computes. A lake takes many writers at once.
 
     ``model``: a Hugging Face id or folder (default ``$KVDB_MODEL``, else the embedded model),
-    or a ``kvdb.model.LoadedModel`` already loaded, to share one model between archives.
+    or a ``kvdb.model.loading.LoadedModel`` already loaded, to share one model between archives.
     ``data_path``: where a new lake keeps its Parquet files (default ``$KVDB_DATA_PATH``)."""
 
     def __init__(self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None):
@@ -99,7 +107,7 @@ class Archive:
 
     @property
     def loaded_model(self):
-        """The archive's model (a ``kvdb.model.LoadedModel``), loaded on first use."""
+        """The archive's model (a ``kvdb.model.loading.LoadedModel``), loaded on first use."""
         return self._models.get()
 
     # ingest ---------------------------------------------------------------------------

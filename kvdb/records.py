@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kvdb.storage.base import CodebookRow, SessionRow
+from kvdb.storage.base import SessionRow
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class IngestResult:
 @dataclass(frozen=True)
 class CodebookSet:
     """Tier K codebooks an archive holds or references. ``source`` "trained" (`kvdb codebooks
-    train`: the centroids are in the archive) or "shipped" (kvdb.shipped: the archive holds a
+    train`: the centroids are in the archive) or "shipped" (kvdb.services.shipped_codebooks: the archive holds a
     reference of ``stored_bytes``; the ``centroid_bytes`` live in this machine's cache, shared
     by every archive of the model, and ``on_this_machine`` says whether they are built here)."""
 
@@ -73,16 +73,6 @@ class CodebookSet:
     stored_bytes: int
     centroid_bytes: int
     on_this_machine: bool
-
-    @classmethod
-    def from_row(cls, row: CodebookRow) -> CodebookSet:
-        from kvdb import shipped
-
-        if row.small_blob is not None and shipped.is_reference(row.small_blob):
-            reference = shipped.Reference.from_bytes(row.small_blob)
-            on_machine = shipped.cache_path(reference.key).is_file()
-            return cls(row.codebook_id, row.model_id, row.preset, row.created_at, "shipped", row.stored_bytes, reference.nbytes, on_machine)
-        return cls(row.codebook_id, row.model_id, row.preset, row.created_at, "trained", row.stored_bytes, row.stored_bytes, True)
 
     def to_dict(self) -> dict:
         return dict(asdict(self), created_at=self.created_at.isoformat() if self.created_at else None)

@@ -13,7 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from kvdb.errors import AmbiguousSession, ArchiveError, Busy, ContextTooLong, KvdbError, SessionNotFound
+from kvdb.errors import (
+    AmbiguousSession,
+    ArchiveError,
+    Busy,
+    ContextTooLong,
+    KvdbError,
+    SessionNotFound,
+)
 
 log = logging.getLogger("kvdb.serve")
 

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from support import CALIBRATION, make_tiny_model
+from hypothesis import settings
+from support import CALIBRATION, examples, make_tiny_model
 
 import kvdb
+
+# properties without settings of their own: hypothesis' 100 examples scaled like the others, and no
+# deadline (a loaded 2-core machine would fail a property on time, not on its claim)
+settings.register_profile("kvdb", max_examples=examples(100), deadline=None)
+settings.load_profile("kvdb")
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +36,12 @@ def isolated_env(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def postgres():
     """The tests' own PostgreSQL, stopped and removed after the run however it ends."""
-    from postgres import Cluster
+    from postgres import Cluster, PostgresMissing
 
-    cluster = Cluster()
+    try:
+        cluster = Cluster()
+    except PostgresMissing as exc:
+        pytest.skip(str(exc))
     try:
         yield cluster.start()
     finally:
@@ -62,6 +71,6 @@ def kv_archive(archive):
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2 (converted once into the user cache dir, then reused)."""
-    from kvdb import model
+    from kvdb.model import loading as model
 
     return model.load()

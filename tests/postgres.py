@@ -34,13 +34,17 @@ while not done.is_set():
 """
 
 
+class PostgresMissing(RuntimeError):
+    """PostgreSQL's binaries are not on this machine."""
+
+
 def _bindir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if found:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
     if initdb is None:
-        raise RuntimeError("PostgreSQL is not installed: run `make install` (it installs Debian's postgresql)")
+        raise PostgresMissing("needs Debian's postgresql (the DuckLake tests start a cluster of their own): `sudo apt-get install postgresql`, or `make install` as root")
     return Path(initdb).resolve().parent
 
 

@@ -119,3 +119,11 @@ def sqrt_probe() -> tuple[str, bool]:
     x = torch.from_numpy(np.random.default_rng(0).uniform(1e-5, 100.0, (100_000, 1)))
     roots = torch.sqrt(x)
     return hashlib.sha256(roots.numpy().astype("<f8").tobytes()).hexdigest(), bool(np.array_equal(roots.numpy(), np.sqrt(x.numpy())))
+
+
+def examples(full: int) -> int:
+    """A property's example count: ``full`` under ``KVDB_TESTS=thorough``, a fifth of it (at least
+    10) by default, so make test stays short on 2 cores while every property still runs."""
+    import os
+
+    return full if os.environ.get("KVDB_TESTS") == "thorough" else max(10, full // 5)

@@ -22,16 +22,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvdb import tokenizer as tok
-from kvdb import chat, transcripts, trie
+from kvdb import transcripts
 from kvdb.errors import InvalidArgument, StaleWrite, TranscriptError
-from kvdb.index import Indexes, index_key
-from kvdb.prefix_cache import PrefixCache
+from kvdb.index import trie
+from kvdb.index.walk import Indexes, index_key
+from kvdb.model import chat
+from kvdb.model import tokenizer as tok
+from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import IngestResult
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.storage import Storage
-from kvdb.storage.base import HOLD_SECONDS, AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
+from kvdb.storage.base import (
+    HOLD_SECONDS,
+    AddTiers,
+    NewNode,
+    NodeRow,
+    NodeTiers,
+    SessionRow,
+    SessionWrite,
+    utc_now,
+)
 from kvdb.tiers import TIERS, parse_keep
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is: a malformed file is refused without it
@@ -303,7 +314,7 @@ class Ingester:
         """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
         session ingested in this process, else from the prefix cache on disk (the deepest of the
         ``resumable`` path nodes it holds), else prefilling it."""
-        from kvdb import model as lm_ops
+        from kvdb.model import loading as lm_ops
 
         fed = start - 1  # the cache to resume holds ids[:fed]; the logits at fed predict ids[start]
         cache, held = None, 0

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from kvdb import identity
-from kvdb import tokenizer as tok
 from kvdb.errors import ModelMismatch
+from kvdb.model import identity, source
+from kvdb.model import tokenizer as tok
 from kvdb.storage import Storage
 from kvdb.storage.base import PutModel, SessionRow
 
@@ -20,11 +20,11 @@ DEFAULT_CONTEXT_TOKENS = 8192  # for a model config that does not say
 class ModelProvider:
     def __init__(self, storage: Storage, model=None):
         """``model``: a name (Hugging Face id or folder; default: ``$KVDB_MODEL``, else the
-        embedded model), or a model loaded already (``kvdb.model.LoadedModel``) to share."""
+        embedded model), or a model loaded already (``kvdb.model.loading.LoadedModel``) to share."""
         self._storage = storage
         named = model is None or isinstance(model, (str, os.PathLike))
         self._loaded = None if named else model
-        self.name = tok.model_name(str(model) if model else None) if named else model.identity.name
+        self.name = source.model_name(str(model) if model else None) if named else model.identity.name
         self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
         self._full_tokenizer = None  # transformers' tokenizer without the model, once a chat template had to be read
         self._placed = False  # whether the model's identity in this archive was looked up
@@ -37,10 +37,10 @@ class ModelProvider:
 
     def get(self):
         """The model, loaded on first use, as this archive knows it (an archive of kvdb 0.1.0 keeps
-        its model ids: kvdb.identity), and registered in the archive."""
+        its model ids: kvdb.model.identity), and registered in the archive."""
         if self._loaded is None:
-            tok.require_local(self.name)  # a name that is not here fails without importing torch
-            from kvdb import model as lm_ops
+            source.require_local(self.name)  # a name that is not here fails without importing torch
+            from kvdb.model import loading as lm_ops
 
             self._storage.release()  # loading takes seconds: nobody waits on the file meanwhile
             self._loaded = lm_ops.load(self.name)

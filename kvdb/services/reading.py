@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 
-from kvdb import chat
-from kvdb import tokenizer as tok
 from kvdb.errors import AmbiguousSession, InvalidArgument, SessionNotFound
+from kvdb.model import chat
+from kvdb.model import tokenizer as tok
 from kvdb.records import Prefix, Session, Turn
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
@@ -102,7 +102,7 @@ class Reader:
         path = self._storage.node_path(row.session_id)
         if all("tokens" in n.keep for n in path):
             return self._storage.load_logprobs(row.session_id)
-        from kvdb import model as lm_ops
+        from kvdb.model import loading as lm_ops
 
         return lm_ops.score(self._models.for_session(row).model, self.path_tokens(row, path=path))[0]
 

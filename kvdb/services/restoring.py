@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import time
 
-from kvdb import capture, trie
-from kvdb import model as lm_ops
-from kvdb import restore as restore_ops
 from kvdb.errors import InvalidArgument
+from kvdb.index import trie
+from kvdb.model import capture
+from kvdb.model import loading as lm_ops
+from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import RestoredSession
+from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader, clip_range
 from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
 from kvdb.storage.base import HOLD_SECONDS
-from kvdb.prefix_cache import PrefixCache
 from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
 

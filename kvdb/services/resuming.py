@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvdb import capture, trie
-from kvdb import restore as restore_ops
 from kvdb.errors import InvalidArgument
-from kvdb.prefix_cache import PrefixCache
+from kvdb.index import trie
+from kvdb.model import capture
+from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import RestoredSession
+from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage

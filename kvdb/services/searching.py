@@ -10,17 +10,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvdb import search as search_ops
-from kvdb import tokenizer as tok
-from kvdb import trie
 from kvdb.errors import InvalidArgument, TierMissing
-from kvdb.index import Indexes, SlotMap, index_key
-from kvdb.search import Hit
+from kvdb.index import phrase as search_ops
+from kvdb.index import trie
+from kvdb.index.phrase import Hit
+from kvdb.index.walk import Indexes, SlotMap, index_key
+from kvdb.model import tokenizer as tok
 from kvdb.services.cache import DerivedCache
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
 
+_NO_TIER_K = (
+    "semantic search compares the KV cache stored in tier K, and no session of this model has it; "
+    "ingest sessions with `--keep tokens,search,kv` (archived ones again, to add it)"
+)
 
 class Searcher:
     def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, indexes: Indexes, tier_k: Callable):
@@ -78,7 +82,9 @@ class Searcher:
     def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
         if not phrase or not phrase.strip():
             raise InvalidArgument("empty search phrase; give some text to look for")
-        from kvdb import semantic as semantic_ops  # runs the model
+        if not self._storage.codebook_rows():  # no session can hold tier K: say so before loading the model
+            raise TierMissing(_NO_TIER_K)
+        from kvdb.index import semantic as semantic_ops  # runs the model
 
         loaded = self._models.get()
         layers = loaded.model.config.num_hidden_layers
@@ -89,10 +95,7 @@ class Searcher:
         model_id = loaded.identity.model_id
         nodes, offsets, vectors = self._derived.get(("semantic", model_id, layer), lambda: self._semantic_table(semantic_ops, model_id, layer))
         if not len(nodes):
-            raise TierMissing(
-                "semantic search compares the KV cache stored in tier K, and no session of this model has it; "
-                "ingest sessions with `--keep tokens,search,kv` (archived ones again, to add it)"
-            )
+            raise TierMissing(_NO_TIER_K)
         names, view = self._trie_view()
         rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(loaded.model, ids, layer), 4 * k)
         found = []  # (session, position, cosine) of the nearest positions some session holds
@@ -105,9 +108,9 @@ class Searcher:
         spans = [(max(0, position - context), position + 1 + context) for _, position, _ in found]
         windows = view.windows(self._storage, [(sid, lo, hi) for (sid, _, _), (lo, hi) in zip(found, spans)], {}, np.zeros(0, np.int64))
         hits = []
-        for (session_id, position, score), (lo, hi), window in zip(found, spans, windows):  # one query for every window
-            text = lambda a, b: tok.decode(loaded.tokenizer, window[a - lo : b - lo])  # noqa: E731
-            hits.append(Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False, text(lo, position), text(position, position + 1), text(position + 1, hi), score))
+        for (session_id, position, score), (lo, _), window in zip(found, spans, windows):  # one query for every window
+            before, at, after = (tok.decode(loaded.tokenizer, part) for part in np.split(window, [position - lo, position + 1 - lo]))
+            hits.append(Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False, before, at, after, score))
         return hits
 
     def _semantic_table(self, semantic_ops, model_id: str, layer: int):

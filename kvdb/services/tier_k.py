@@ -1,6 +1,6 @@
-"""Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.quant), keys rotated
+"""Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.codecs.quant), keys rotated
 back to pre-RoPE. This service finds the codebooks (trained on the archive's own sessions, else
-the shipped ones of kvdb.shipped), trains them on request, codes a
+the shipped ones of kvdb.services.shipped_codebooks), trains them on request, codes a
 cache at ingest, and de-quantizes a path's positions for a restore; it keeps the codebooks it
 has parsed (content-addressed by id, so never stale)."""
 
@@ -12,8 +12,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb import capture, code_layout, presets, quant, shipped
+from kvdb.codecs import code_layout, presets, quant
 from kvdb.errors import InvalidArgument
+from kvdb.model import capture
+from kvdb.services import shipped_codebooks as shipped
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -29,7 +31,7 @@ class TierK:
         self._decoding: dict[str, quant.Codebooks] = {}  # codebook id -> sharpened for restores
 
     def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
-        """The named codebooks, else the model's newest, else the shipped ones (kvdb.shipped:
+        """The named codebooks, else the model's newest, else the shipped ones (kvdb.services.shipped_codebooks:
         built on this machine's first use, and referenced in the archive)."""
         if codebook_id is None:
             found = self._storage.codebooks_for(model_id)

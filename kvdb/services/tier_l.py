@@ -1,6 +1,6 @@
 """Tier L: a node's tokens range-coded against the model's own next-token distribution, given
-the context of its parent path (kvdb.lmcode; payload version 3, portable, where the model has
-kvdb.integer_lm's forward pass). Decoding runs the model one token at a time, so this service
+the context of its parent path (kvdb.model.lmcode; payload version 3, portable, where the model has
+kvdb.model.integer_lm's forward pass). Decoding runs the model one token at a time, so this service
 keeps what it can reuse: the context after the last session it coded (a conversation ingested
 turn by turn resumes from it) and every token stream it decoded (content-addressed, so never
 stale)."""
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvdb import lmcode
 from kvdb.errors import InvalidArgument
+from kvdb.index.trie import PrefixMatch
+from kvdb.model import lmcode
 from kvdb.records import RestoredSession
 from kvdb.services.models import ModelProvider
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow, SessionRow, Split
-from kvdb.trie import PrefixMatch
 
 RECENT_CACHE_TOKENS = 8192  # the last session's context is kept for reuse up to this length (~46 KB/token for SmolLM2)
 
@@ -71,7 +71,7 @@ class TierL:
         tail, _ = lmcode.encode_node(loaded.model, tokens[match.offset :], context=after_head)
         if "tokens" in node.keep:
             return Split(node.node_id, head_id, match.offset, head, tail), after_head
-        from kvdb import model as lm_ops
+        from kvdb.model import loading as lm_ops
 
         logprobs, _ = lm_ops.score(loaded.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
         return Split(node.node_id, head_id, match.offset, head, tail, tokens, logprobs), after_head
@@ -85,7 +85,7 @@ class TierL:
             loaded = self._models.get()
             payload = self._storage.node_lm_payload(node.node_id)
             context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
-            from kvdb import restore as restore_ops
+            from kvdb.services import restore_modes as restore_ops
 
             self._decoded[key], _ = restore_ops.decode_node(loaded, node, payload, before, context)
         return self._decoded[key]
@@ -100,7 +100,7 @@ class TierL:
             )
         parts = [(n, self._storage.node_lm_payload(n.node_id) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
         self._storage.release()
-        from kvdb import restore as restore_ops
+        from kvdb.services import restore_modes as restore_ops
 
         return restore_ops.restore_decode(self._models.for_session(row), row.session_id, parts, at)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvdb import verify as verify_ops
 from kvdb.errors import CorruptData, InvalidArgument
-from kvdb.index import Indexes, index_key
-from kvdb.prefix_cache import PrefixCache
+from kvdb.index.walk import Indexes, index_key
+from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import CodebookSet, Session, Stats
+from kvdb.services import integrity as verify_ops
+from kvdb.services import shipped_codebooks
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.services.tier_l import TierL
@@ -72,7 +73,9 @@ class Upkeep:
         recoded = self._recode_for_tier_l_alone(row, [n for n in path if "tokens" in drops[n.node_id] and "tokens" in n.keep])
         restored = {}
         if "tokens" in keep and any("tokens" not in n.keep for n in path):
-            from kvdb import model as lm_ops  # scoring the decoded tokens runs the model
+            from kvdb.model import (
+                loading as lm_ops,  # scoring the decoded tokens runs the model
+            )
 
             ids = self._reader.path_tokens(row)
             logprobs = lm_ops.score(self._models.for_session(row).model, ids)[0]
@@ -84,7 +87,7 @@ class Upkeep:
         """New payloads for ``nodes`` (about to keep tier L alone) whose stored one is not the
         node payload new ingests write for the model; each coded given its path's context. The
         model loads only when some payload is not the portable version's already."""
-        from kvdb import lmcode
+        from kvdb.model import lmcode
 
         payloads = {n.node_id: self._storage.node_lm_payload(n.node_id) for n in nodes}
 
@@ -167,7 +170,7 @@ class Upkeep:
         )
 
     def codebooks(self) -> list[CodebookSet]:
-        return [CodebookSet.from_row(row) for row in self._storage.codebook_rows()]
+        return [shipped_codebooks.codebook_set(row) for row in self._storage.codebook_rows()]
 
     def _fp16_bytes_per_token(self) -> int | None:
         """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""

@@ -3,7 +3,7 @@ whose exchanges are archived (``kvdb serve``; the HTTP layer is ``kvdb_server``)
 
 from kvdb.serving.engine import Engine
 from kvdb.serving.params import Request, Sampling
-from kvdb.serving.records import Chunk, Completion, Header, SessionView
 from kvdb.serving.reply import Reply
+from kvdb.serving.responses import Chunk, Completion, Header, SessionView
 
 __all__ = ["Chunk", "Completion", "Engine", "Header", "Reply", "Request", "Sampling", "SessionView"]

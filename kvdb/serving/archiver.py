@@ -72,7 +72,7 @@ class Archiver:
             self._archive(path)
         except (KvdbError, ValueError, KeyError) as exc:  # the archive refuses it, or it is no entry: retrying cannot help
             log.error("journal entry %s set aside as %s: %s", path.name, self._journal.set_aside(path).name, exc)
-        except Exception:  # noqa: BLE001 - the worker outlives one bad entry, which stays for the next start
+        except Exception:  # the worker outlives one bad entry, which stays for the next start
             log.exception("archiving journal entry %s failed; it stays in the journal for the next start", path.name)
 
     def _archive(self, path: Path) -> None:

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdb import capture, chat, transcripts
-from kvdb import model as lm_ops
-from kvdb import tokenizer as tok
+from kvdb import transcripts
 from kvdb.archive import Archive
 from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelMismatch
+from kvdb.index.phrase import Hit
+from kvdb.model import capture, chat
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
 from kvdb.records import Session, Stats
-from kvdb.search import Hit
 from kvdb.services.models import ModelProvider
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
@@ -36,8 +37,8 @@ from kvdb.serving.generation import Generation
 from kvdb.serving.journal import Journal
 from kvdb.serving.params import Request, Sampling
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
-from kvdb.serving.records import Completion, Header, SessionView
 from kvdb.serving.reply import Reply
+from kvdb.serving.responses import Completion, Header, SessionView
 from kvdb.tiers import DEFAULT_KEEP
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from kvdb import model as lm_ops
-from kvdb.model import LoadedModel
+from kvdb.model import loading as lm_ops
+from kvdb.model.loading import LoadedModel
 from kvdb.serving.params import Sampling
 
 UNFINISHED = "\ufffd"

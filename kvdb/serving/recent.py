@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdb import trie
+from kvdb.index import trie
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20
 

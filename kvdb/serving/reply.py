@@ -11,7 +11,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-from kvdb.serving.records import Completion, Header
+from kvdb.serving.responses import Completion, Header
 
 Work = Callable[[Callable[[str], None], Callable[[], bool]], Completion]  # (emit a delta, cancelled?) -> the completion
 

@@ -34,7 +34,7 @@ HOLD_SECONDS = 1.0
 
 def utc_now() -> dt.datetime:
     """Rows carry UTC times without a zone (DuckDB's TIMESTAMP)."""
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 # rows ----------------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ class ModelRow:
 @dataclass(frozen=True)
 class CodebookRow:
     """A codebook set as listed: the stored blob only when it is small (a reference to shipped
-    codebooks, kvdb.shipped); trained centroids stay in the store."""
+    codebooks, kvdb.services.shipped_codebooks); trained centroids stay in the store."""
 
     codebook_id: str
     model_id: str

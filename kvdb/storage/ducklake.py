@@ -35,6 +35,7 @@ from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
 from kvdb.storage import schema, sql_apply
 from kvdb.storage.base import Plan, utc_now
 from kvdb.storage.sql import SqlStorage
+from kvdb.user_cache import cache_dir
 
 registry.register("duckdb", "duckdb_engine", "Dialect")
 
@@ -92,10 +93,9 @@ class DuckLake(SqlStorage):
         return self._engine
 
     def _attach(self, dbapi_connection, _record) -> None:
-        from kvdb import tokenizer as tok
 
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"SET extension_directory = '{_quoted(tok.cache_dir() / 'duckdb-extensions')}'")
+        cursor.execute(f"SET extension_directory = '{_quoted(cache_dir() / 'duckdb-extensions')}'")
         remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
         for name in EXTENSIONS + (("httpfs",) if remote else ()):  # object storage (s3://, https://...) through httpfs
             cursor.execute(f"INSTALL '{_quoted(_extension_file(name))}'")
@@ -232,12 +232,11 @@ class DuckLake(SqlStorage):
         return {"data_files_merged": sum(int(r[2]) for r in merged), "data_files_written": sum(int(r[3]) for r in merged), "data_files_deleted": int(deleted)}
 
     def derived_path(self, suffix: str) -> Path:
-        from kvdb import tokenizer as tok
 
         if self._lake_id is None:
             with self.engine.connect() as conn:
                 self._lake_id = conn.execute(sa.select(commits.c.lake_id)).scalar_one()
-        return tok.cache_dir() / "lakes" / self._lake_id / f"archive{suffix}"
+        return cache_dir() / "lakes" / self._lake_id / f"archive{suffix}"
 
     def footprint(self) -> int:
         """The data files' bytes (the catalog's rows are counted in ``byte_counts``)."""

@@ -3,7 +3,7 @@
 A backend reads the rows a plan touches inside its transaction, asks these functions which
 rows to insert, delete and update, and runs the edits in order. Nothing here knows an engine:
 the edits name tables and key columns, and the values are the bytes to store (token blocks
-coded by :mod:`kvdb.fractal`, log-probabilities as little-endian float32).
+coded by :mod:`kvdb.codecs.fractal`, log-probabilities as little-endian float32).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdb import fractal
+from kvdb.codecs import fractal
 from kvdb.storage.base import IndexState, NewNode, NodeRow, NodeTiers, Split
 
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv")  # every tier a node can hold

@@ -50,7 +50,7 @@ nodes = sa.Table(
     sa.Column("keep", sa.String, server_default="search"),  # tiers the node holds, comma-separated: "tokens", "search", "lm", "kv"
 )
 
-# Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.lmcode),
+# Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.model.lmcode),
 # given the context of its parent path.
 node_lm = sa.Table(
     "node_lm",
@@ -59,7 +59,7 @@ node_lm = sa.Table(
     sa.Column("payload", sa.LargeBinary, nullable=False),
 )
 
-# A node's token stream: fractal-coded blocks of anchors (kvdb.fractal), one row per block,
+# A node's token stream: fractal-coded blocks of anchors (kvdb.codecs.fractal), one row per block,
 # so reading a range fetches only the blocks it touches.
 token_streams = sa.Table(
     "token_streams",
@@ -86,7 +86,7 @@ node_logprobs = sa.Table(
     sa.Column("logprobs", sa.LargeBinary, nullable=False),
 )
 
-# Search index bookkeeping (kvdb.index): the sorted walk keys live in a sidecar file bound to the
+# Search index bookkeeping (kvdb.index.walk): the sorted walk keys live in a sidecar file bound to the
 # database by generation and slot count; these rows map slot runs to nodes.
 search_indexes = sa.Table(
     "search_indexes",
@@ -107,7 +107,7 @@ search_ranges = sa.Table(
     sa.Column("n_tokens", sa.Integer, nullable=False),
 )
 
-# Tier K: residual-VQ codebooks (kvdb.quant) and each node's code streams, one fractal-coded
+# Tier K: residual-VQ codebooks (kvdb.codecs.quant) and each node's code streams, one fractal-coded
 # stream per codebook size, token-major so that a node's positions can be sliced.
 codebooks = sa.Table(
     "codebooks",

@@ -9,7 +9,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from kvdb.errors import ArchiveError, StaleWrite
-from kvdb.storage import edits, schema, sql
+from kvdb.storage import edits, schema, sql_rows
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
@@ -49,16 +49,16 @@ def run(conn, changes: list[edits.Edit]) -> None:
 
 
 def _held(conn, node_id: str) -> edits.Held:
-    node = sql.node(conn, node_id)
+    node = sql_rows.node(conn, node_id)
     tokens = logprobs = None
     if "tokens" in node.keep:
-        tokens = sql.node_tokens(conn, node_id)
-        logprobs = np.frombuffer(sql.logprobs_blob(conn, node_id), "<f4")
-    return edits.Held(node, tokens, logprobs, sql.kv_streams(conn, node_id), sql.search_run(conn, node_id))
+        tokens = sql_rows.node_tokens(conn, node_id)
+        logprobs = np.frombuffer(sql_rows.logprobs_blob(conn, node_id), "<f4")
+    return edits.Held(node, tokens, logprobs, sql_rows.kv_streams(conn, node_id), sql_rows.search_run(conn, node_id))
 
 
 def _tokens_back(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:
-    run(conn, edits.add_tiers(sql.node(conn, node_id), sql.stream(conn, node_id), NodeTiers(tokens=(tokens, logprobs))))
+    run(conn, edits.add_tiers(sql_rows.node(conn, node_id), sql_rows.stream(conn, node_id), NodeTiers(tokens=(tokens, logprobs))))
 
 
 def _session_write(conn, w: SessionWrite) -> None:
@@ -73,7 +73,7 @@ def _session_write(conn, w: SessionWrite) -> None:
         # a key would refuse it in a file; a lake has none: another writer archived it meanwhile
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     conn.execute(schema.sessions.insert().values(**_session_values(w.session)))
-    run(conn, [edits.Recount([n.node_id for n in sql.path_rows(conn, w.session.session_id)], +1)])
+    run(conn, [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)], +1)])
     if w.index is not None:
         _index_state(conn, w.index)
 
@@ -92,7 +92,7 @@ def _replace_index_state(conn, plan: ReplaceIndexState) -> None:
 def _delete_session(conn, plan: DeleteSession) -> None:
     """Nodes no session uses drop out of search at once (their refcount is 0) and off the disk
     at gc; re-ingesting revives them."""
-    run(conn, [edits.Recount([n.node_id for n in sql.path_rows(conn, plan.session_id)], -1), edits.Delete("sessions", "session_id", [plan.session_id])])
+    run(conn, [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, plan.session_id)], -1), edits.Delete("sessions", "session_id", [plan.session_id])])
 
 
 def _collect_garbage(conn, plan: CollectGarbage) -> dict:
@@ -109,7 +109,7 @@ def _collect_garbage(conn, plan: CollectGarbage) -> dict:
 def _drop_tiers(conn, plan: DropTiers) -> None:
     nodes = schema.nodes
     for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(list(plan.drops)))).all():
-        node = sql.node_row(row)
+        node = sql_rows.node_row(row)
         run(conn, edits.drop_tiers(node, plan.drops[node.node_id]))
     for node_id, (tokens, logprobs) in plan.tokens_back.items():
         _tokens_back(conn, node_id, tokens, logprobs)
@@ -121,8 +121,8 @@ def _add_tiers(conn, plan: AddTiers) -> None:
     searched = set(plan.index.ranges) if plan.index is not None else set()
     for node_id in dict.fromkeys([*plan.nodes, *searched]):
         tiers = plan.nodes.get(node_id, NodeTiers())
-        stream = sql.stream(conn, node_id) if tiers.tokens is not None else None
-        run(conn, edits.add_tiers(sql.node(conn, node_id), stream, tiers, node_id in searched))
+        stream = sql_rows.stream(conn, node_id) if tiers.tokens is not None else None
+        run(conn, edits.add_tiers(sql_rows.node(conn, node_id), stream, tiers, node_id in searched))
     if plan.index is not None:
         _index_state(conn, plan.index)
 

@@ -2,7 +2,7 @@
 export (OpenAI, Anthropic, ChatGPT, agent event logs, ShareGPT, LMSYS, Alpaca), read from
 files or given directly. Every problem is a ``TranscriptError`` naming the file and, where
 known, the line; indexes in names and messages (``#0``, ``messages[0]``) count from 0, lines
-from 1. ``kvdb.chat`` renders the messages for a model.
+from 1. ``kvdb.model.chat`` renders the messages for a model.
 """
 
 from kvdb.transcripts.files import (

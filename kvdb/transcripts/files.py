@@ -206,7 +206,7 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Trans
                 conversation, sessions = stream.parse("session #0", lambda value: _first_in_list(value, stem, shown))
                 yield from sessions
             elif conversation is not None:
-                stream.parse(f"messages[{count}]", lambda value, c=count: conversation.add(value, f"messages[{c}]: "))
+                stream.parse(f"messages[{count}]", lambda value, c=count, into=conversation: into.add(value, f"messages[{c}]: "))
             else:
                 yield from stream.parse(f"session #{count}", lambda value, c=count: from_object(value, f"{stem}#{c}", f"{shown}#{c}"), f"session #{count}: ")
             count += 1

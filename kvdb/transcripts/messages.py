@@ -1,4 +1,4 @@
-"""Messages of every export format, reduced to one shape that ``kvdb.chat`` renders.
+"""Messages of every export format, reduced to one shape that ``kvdb.model.chat`` renders.
 
 A message is ``{"role", "content"}``, plus what a turn may carry besides its text:
 ``name`` (who spoke), ``tool_calls`` (``[{"id", "name", "arguments"}]``, arguments as the

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from kvdb_cli.main import main
+from support import write, write_jsonl
 
 from kvdb.errors import AmbiguousSession, SessionNotFound
-from kvdb_cli.main import main
-
-from support import write, write_jsonl
 
 TEXT = "Line one — ünïcode ☕\nline two\n"
 
@@ -147,11 +146,16 @@ def test_one_bad_path_in_a_batch_fails_alone(run, tmp_path):
 
 
 def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
-    """No download at run time: the hub client is offline unless the user says otherwise, so an
-    unknown --model is one error line (exit 4), not a minute of retries."""
-    code = "import kvdb, huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"
+    """No download at run time: kvdb's loading stays off the hub unless the user says otherwise,
+    so an unknown --model is one error line (exit 4), not a minute of retries; and importing or
+    using kvdb leaves the host process's environment (and its own hub access) alone."""
+    code = (
+        "import os, kvdb, huggingface_hub.constants as c; from kvdb.model import tokenizer; tokenizer.load(); "
+        "print('HF_HUB_OFFLINE' in os.environ, c.HF_HUB_OFFLINE)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout.strip() == "True"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
     result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"])
     assert result.exit_code == 4, result.output
     assert "Retrying" not in result.output and "no-such-org/no-such-model" in result.output
@@ -200,6 +204,18 @@ def test_semantic_search_without_tier_k_says_how_to_store_it(run, tmp_path):
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "tier K" in result.stderr and "--keep tokens,search,kv" in result.stderr
     assert "no match" not in result.stderr
+
+
+def test_errors_under_json_are_one_json_object_on_stderr(run, tmp_path):
+    """Issue 30: a script that asked for --json got prose on failure."""
+    assert run("ingest", str(write(tmp_path / "plain.txt", TEXT))).exit_code == 0
+    missing = run("show", "no-such-session", "--json")
+    assert missing.exit_code == 3 and missing.stdout == ""
+    [line] = missing.stderr.splitlines()
+    error = json.loads(line)
+    assert error["exit_code"] == 3 and error["type"] == "SessionNotFound" and "no-such-session" in error["error"]
+    plain = run("show", "no-such-session")
+    assert plain.exit_code == 3 and plain.stderr.startswith("kvdb: error: ") and "no-such-session" in plain.stderr
 
 
 def test_sessions_of_one_name_are_listed_with_their_source_and_numbered(run, tmp_path):

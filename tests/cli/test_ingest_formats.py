@@ -5,7 +5,6 @@ import codecs
 import json
 
 from click.testing import CliRunner
-
 from kvdb_cli.main import main
 from support import EXAMPLES, write
 

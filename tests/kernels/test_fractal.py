@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from support import examples
 from hypothesis import strategies as st
 
-from kvdb import fractal
-from kvdb import search_points
+from benchmarks import search_points
+from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALPHABETS = st.one_of(
     st.integers(fractal.MIN_ALPHABET, fractal.MAX_ALPHABET),
     st.sampled_from([2, 3, 255, 256, 257, 1024, 49152, 50257, fractal.MAX_ALPHABET]),

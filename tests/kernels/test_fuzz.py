@@ -5,13 +5,16 @@ import json
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
+from support import examples
 from hypothesis import strategies as st
 
-from kvdb import fractal, lmcode, quant, transcripts
+from kvdb import transcripts
+from kvdb.codecs import fractal, quant
 from kvdb.errors import CorruptData, InvalidArgument, KvdbError, TranscriptError
-from kvdb.index import WalkIndex
+from kvdb.index.walk import WalkIndex
+from kvdb.model import lmcode
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from kvdb import capture, code_layout, fractal, lmcode, quant
-from kvdb.index import WalkIndex
-from kvdb.prefix_cache import PrefixCache
 from kvdb_migrations import _frozen_0002_fractal as frozen
+
+from kvdb.codecs import code_layout, fractal, quant
+from kvdb.index.walk import WalkIndex
+from kvdb.model import capture, lmcode
+from kvdb.model.prefix_cache import PrefixCache
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 _spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
@@ -101,7 +102,7 @@ def test_the_frozen_migration_codec_writes_and_reads_the_golden_blocks(alphabet,
 
 @pytest.mark.parametrize("alphabet", [259, 49152, 65537])
 def test_the_frozen_migration_codec_is_todays_kvdb_fractal(alphabet):
-    """Format 1 today. When kvdb.fractal writes a new format this fails, on purpose: the frozen
+    """Format 1 today. When kvdb.codecs.fractal writes a new format this fails, on purpose: the frozen
     copy keeps writing format 1 for migration 0002, and this comparison is then dropped."""
     stream = golden.symbols(3 * fractal.DEFAULT_BLOCK + 5, alphabet, salt=9)
     assert (frozen.FORMAT_TAG, frozen.DEFAULT_BLOCK, frozen.MIN_ALPHABET) == (fractal.FORMAT_TAG, fractal.DEFAULT_BLOCK, fractal.MIN_ALPHABET)
@@ -160,7 +161,7 @@ def require_golden_frequencies(model, case, version: int) -> None:
 def test_kl_payload_of_the_committed_tiny_model():
     """Machine-dependent: the payload follows the model's one-token forward pass, which is
     bit-exact only on CPU kernels that compute it as the machine that wrote the golden file did
-    (see kvdb/lmcode.py). The table-model payloads above are the machine-independent check."""
+    (see kvdb/model/lmcode.py). The table-model payloads above are the machine-independent check."""
     name, vocab, context, n = golden.MODEL_CASE
     model = golden.load_committed_model()
     require_golden_frequencies(model, golden.MODEL_CASE, 1)
@@ -169,7 +170,7 @@ def test_kl_payload_of_the_committed_tiny_model():
 
 
 def test_the_version_3_payload_is_the_same_bytes_on_every_machine():
-    """Version 3 codes against kvdb.integer_lm, whose results depend on the weights and tokens
+    """Version 3 codes against kvdb.model.integer_lm, whose results depend on the weights and tokens
     alone: the committed tiny model's payload is written and read back byte for byte here,
     whatever this CPU (tests/kernels/test_integer_lm.py checks other instruction sets)."""
     name, vocab, context, n = golden.V3_CASE
@@ -198,7 +199,7 @@ def check_node(payload: bytes, model, vocab: int, context: int, n: int, version:
 
 
 def test_node_payloads_are_the_same_bytes_on_every_machine():
-    """Trie-node payloads (tag byte, kvdb.rangecoder's stream): the table model's at version 1
+    """Trie-node payloads (tag byte, kvdb.codecs.rangecoder's stream): the table model's at version 1
     and the committed tiny model's at version 3, written and read back byte for byte."""
     assert_golden(golden.kl_node_files() | golden.kl_model_node_files())
     name, vocab, context, n = golden.NODE_CASE

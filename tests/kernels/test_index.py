@@ -4,9 +4,9 @@ a reader catching up with other writers' commits relies on."""
 import numpy as np
 import pytest
 
-from kvdb import fractal
+from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
-from kvdb.index import WalkIndex
+from kvdb.index.walk import WalkIndex
 
 ALPHABET = 300
 

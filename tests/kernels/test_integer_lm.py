@@ -1,4 +1,4 @@
-"""The deterministic forward pass (kvdb.integer_lm): its functions against libm, batched against
+"""The deterministic forward pass (kvdb.model.integer_lm): its functions against libm, batched against
 one-token steps, the same bits in other processes (instruction set, threads, matmul settings),
 and a golden digest of the embedded model's logits that must never change."""
 
@@ -15,14 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
-from kvdb import integer_kernel
-from kvdb import integer_lm as I
-from kvdb import model as M
-from kvdb import tokenizer as tok
-from kvdb.errors import UnsupportedModel
-
 from support import REPO, SQRT_PROBE_AS_GOLDEN, sqrt_probe
+
+from kvdb.errors import UnsupportedModel
+from kvdb.model import integer_kernel
+from kvdb.model import integer_lm as I
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as tok
 
 # sha256 of the embedded model's integer logits (float64, little-endian) over GOLDEN_TEXT's
 # tokens, computed when the forward pass was specified (payload version 3, decision 0026). It
@@ -72,7 +71,7 @@ def _texts() -> list[str]:
     """Prose, code, a chat transcript and unicode: nobody's fixed values, only agreement is checked."""
     rng = np.random.default_rng(0)
     prose = (REPO / "kvdb" / "data" / "calibration.txt").read_text()
-    code = (REPO / "kvdb" / "integer_lm.py").read_text()
+    code = (REPO / "kvdb" / "model" / "integer_lm.py").read_text()
     chat = "".join(f"<|im_start|>{role}\n{line}<|im_end|>\n" for role, line in zip(("user", "assistant") * 20, prose.splitlines()[:40]))
     unicode = "".join(chr(c) for c in rng.integers(0x20, 0x2FFF, size=3000) if not 0xD800 <= c < 0xE000)
     return [prose[:7000], code[:5000], chat, unicode]
@@ -87,7 +86,7 @@ def one_layer(tmp_path_factory):
 
 
 def test_the_kernel_is_built_and_its_square_root_is_correctly_rounded():
-    """make install builds kvdb/integer_kernel.c; without it every test below would compare the
+    """make install builds kvdb/model/integer_kernel.c; without it every test below would compare the
     reference pass with itself. torch.sqrt is not the specification's root (I.sqrt's docstring)."""
     assert integer_kernel.available(), integer_kernel.ISA
     x = torch.rand(50_000, dtype=torch.float64) * 1e3
@@ -129,7 +128,7 @@ def test_the_reference_steps_give_the_kernels_bits(one_layer):
 
 _SCRIPT = """
 import hashlib, json, sys, numpy as np, torch
-from kvdb import model, integer_lm
+from kvdb.model import integer_lm, loading as model
 given = json.loads(sys.argv[1])
 lm = model.load(given["model"])
 ids = np.asarray(given["ids"], dtype=np.int64)

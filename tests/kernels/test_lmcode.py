@@ -13,12 +13,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import sqrt_probe, examples
 
-from kvdb import tokenizer as tok
-from kvdb import lmcode
-from kvdb import model as lm_ops
 from kvdb.errors import CorruptData, InvalidArgument
-from support import sqrt_probe
+from kvdb.model import lmcode
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
 
 UNICODE = "Ünïcödé — «quotes», naïve café, Straße, 東京の春、한국어 텍스트, emoji 🚀🧪, math ∑∫≈≠.\r\n\ttab"
 CODE = textwrap.dedent(
@@ -89,7 +89,7 @@ def cached_length(ctx: lmcode.Context) -> int:
 
 @pytest.fixture(params=[1, 2, 3], ids=["v1", "v2", "v3"])
 def version(request):
-    """Payload version 1 (the float model's one-token step), 3 (kvdb.integer_lm, the default) and
+    """Payload version 1 (the float model's one-token step), 3 (kvdb.model.integer_lm, the default) and
     2 (the same with torch.sqrt, read and no longer written by default: its reference pass)."""
     return request.param
 
@@ -107,7 +107,7 @@ def test_weight_table_follows_exp():
 
 
 @given(st.lists(st.floats(-60, 60, width=32), min_size=2, max_size=300))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_frequencies_are_a_valid_integer_cdf(values):
     logits = np.asarray(values, dtype=np.float32)
     freq = lmcode.frequencies(logits)
@@ -211,7 +211,7 @@ def test_empty_stream(tiny):
 
 
 @given(st.lists(st.integers(0, 258), max_size=40))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_token_sequence_round_trips(tiny, tokens):
     ids = np.asarray(tokens, dtype=np.int64)
     out, _ = lmcode.decode(tiny.model, lmcode.encode(tiny.model, ids))
@@ -321,7 +321,8 @@ def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model,
         f"""
         import sys, numpy as np, torch
         torch.set_num_threads(2)
-        from kvdb import lmcode, model
+        from kvdb.model import lmcode
+        from kvdb.model import loading as model
         lm = model.load({tiny_model!r})
         out, ctx = lmcode.decode(lm.model, open({str(tmp_path / 'p.bin')!r}, 'rb').read())
         assert torch.get_num_threads() == 2

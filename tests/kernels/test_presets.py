@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvdb import presets as P
+from kvdb.codecs import presets as P
 from kvdb.errors import InvalidArgument
 
 

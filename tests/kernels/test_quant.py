@@ -1,19 +1,18 @@
-"""KV tier: residual VQ codebooks (kvdb.quant) and capture/restore of K/V (kvdb.capture)."""
+"""KV tier: residual VQ codebooks (kvdb.codecs.quant) and capture/restore of K/V (kvdb.model.capture)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kvdb import tokenizer as tok
-from kvdb import capture as C
-from kvdb import model as M
-from kvdb import code_layout as CL
-from kvdb import presets as P
-from kvdb import quant as Q
-from kvdb.errors import CorruptData, InvalidArgument
-
 from support import REPO
+
+from kvdb.codecs import code_layout as CL
+from kvdb.codecs import presets as P
+from kvdb.codecs import quant as Q
+from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.model import capture as C
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as tok
 
 
 def _vectors(layers=2, heads=2, n=600, dim=8, seed=0):

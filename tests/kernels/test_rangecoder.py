@@ -1,4 +1,4 @@
-"""kvdb.rangecoder: exact round trips, and streams within a byte or so of the information coded."""
+"""kvdb.codecs.rangecoder: exact round trips, and streams within a byte or so of the information coded."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from support import examples
 from hypothesis import strategies as st
 
-from kvdb import rangecoder
+from kvdb.codecs import rangecoder
 from kvdb.errors import CorruptData
 
 
@@ -52,7 +53,7 @@ def symbol_lists(draw):
 
 
 @given(symbol_lists())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_any_symbols_round_trip_within_two_bytes_of_their_information(symbols):
     stream, bits = _code(symbols)
     assert _decode(stream, symbols) == [s for _, s, _ in symbols]

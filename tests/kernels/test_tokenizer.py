@@ -1,4 +1,4 @@
-"""kvdb.tokenizer: the light tokenizer (``tokenizers`` alone) must be transformers' tokenizer for
+"""kvdb.model.tokenizer: the light tokenizer (``tokenizers`` alone) must be transformers' tokenizer for
 every purpose the read-only commands have: the same fingerprint (archives store it as
 ``tokenizer_hash``), the same ids for a text and the same text for ids; and loading it must
 import neither torch nor transformers."""
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvdb import model as lm_ops
-from kvdb import chat
-from kvdb import tokenizer as tok
-from kvdb.tokenizer import LightTokenizer
+from kvdb.model import chat
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
+from kvdb.model.tokenizer import LightTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -82,7 +82,7 @@ def imports_after_load(name: str | None) -> dict:
     """In a fresh interpreter: load, fingerprint, encode, decode; which heavy modules got imported."""
     code = (
         "import json, sys\n"
-        "from kvdb import tokenizer as tok\n"
+        "from kvdb.model import tokenizer as tok\n"
         f"t = tok.load({name!r})\n"
         "ids = tok.encode(t, 'hello <|im_start|> wörld 😀')\n"
         "out = {'light': type(t).__name__, 'fingerprint': tok.fingerprint(t), 'ids': ids, 'text': tok.decode(t, ids),\n"

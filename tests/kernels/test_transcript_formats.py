@@ -5,12 +5,12 @@ import codecs
 import json
 
 import pytest
-
-from kvdb import chat
-from kvdb import tokenizer as tok
-from kvdb.errors import TranscriptError
-from kvdb.transcripts import read_transcripts, transcript_from_messages
 from support import CHAT_TEMPLATE, EXAMPLES, conversation_texts, write, write_jsonl
+
+from kvdb.errors import TranscriptError
+from kvdb.model import chat
+from kvdb.model import tokenizer as tok
+from kvdb.transcripts import read_transcripts, transcript_from_messages
 
 
 def one(path):

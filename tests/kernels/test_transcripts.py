@@ -5,21 +5,19 @@ from unittest import mock
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from support import EXAMPLES, examples
 
-from kvdb import transcripts
-from kvdb.transcripts import json_stream
 from kvdb.errors import TranscriptError
 from kvdb.transcripts import (
     ROLE_ALIASES,
     SUPPORTED_SUFFIXES,
     Transcript,
     find_transcript_files,
+    json_stream,
     read_transcripts,
     transcript_from_messages,
     transcript_from_text,
 )
-from support import EXAMPLES
-
 
 
 def write(path: Path, content: str | bytes) -> Path:
@@ -59,7 +57,7 @@ def test_text_keeps_a_byte_order_mark_so_it_round_trips(tmp_path):
     assert transcript.text.encode("utf-8") == raw
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1))
 def test_any_nonblank_text_round_trips_byte_exact(tmp_path_factory, text):
     assume(text.strip())

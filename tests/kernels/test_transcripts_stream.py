@@ -8,14 +8,14 @@ from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from support import examples
 from hypothesis import strategies as st
 
-from kvdb.transcripts import json_stream
 from kvdb.errors import TranscriptError
-from kvdb.transcripts import iter_transcripts, read_transcripts
+from kvdb.transcripts import iter_transcripts, json_stream, read_transcripts
 
 TINY_CHUNKS = (1, 2, 3, 5, 7)
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPERTY = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 MB = 1 << 20
 USER_A = {"messages": [{"role": "user", "content": "a"}]}
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import httpx2
 import pytest
 import uvicorn
+from kvdb_server import create_app
 from openai import OpenAI
 
 import kvdb
 from kvdb.serving import Engine
-from kvdb_server import create_app
 
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model):
-    from kvdb import model
+    from kvdb.model import loading as model
 
     return model.load(tiny_model)
 

@@ -4,7 +4,7 @@ the chat template's turn openings, and search hits split for highlighting."""
 from __future__ import annotations
 
 import kvdb
-from kvdb.search import Hit
+from kvdb.index.phrase import Hit
 from kvdb.serving import SessionView
 
 CHAT = [{"role": "user", "content": "Where is the lighthouse?"}, {"role": "assistant", "content": "On the cliff by the harbour."}]

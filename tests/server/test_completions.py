@@ -6,9 +6,9 @@ from __future__ import annotations
 from support import CALIBRATION, KV
 
 import kvdb
-from kvdb import capture
-from kvdb import chat as chat_template
-from kvdb import tokenizer as tok
+from kvdb.model import capture
+from kvdb.model import chat as chat_template
+from kvdb.model import tokenizer as tok
 
 HELLO = [{"role": "user", "content": "Tell me about the harbour."}]
 

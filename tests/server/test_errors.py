@@ -94,7 +94,7 @@ def test_a_bad_keep_is_refused_at_start_and_the_archive_let_go(tmp_path, tiny_lo
 
 
 def test_tier_k_is_made_ready_at_start_with_the_shipped_codebooks(tmp_path, tiny_loaded, monkeypatch):
-    from kvdb import shipped
+    from kvdb.services import shipped_codebooks as shipped
     from kvdb.serving import Engine
 
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))  # a machine that has not built them

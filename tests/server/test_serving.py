@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvdb import model as lm_ops
 from kvdb.errors import InvalidArgument
+from kvdb.model import loading as lm_ops
 from kvdb.serving import Request, Sampling
 from kvdb.serving.generation import pick
 from kvdb.serving.recent import RecentCaches

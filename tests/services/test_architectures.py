@@ -12,13 +12,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from support import make_tiny_model
 
 import kvdb
-from kvdb import model as lm_ops
 from kvdb.errors import ModelMismatch
-from kvdb.prefix_cache import PrefixCache
-
-from support import make_tiny_model
+from kvdb.model import loading as lm_ops
+from kvdb.model.prefix_cache import PrefixCache
 
 WINDOW = 24  # tokens; every session below is several windows long
 ARCHITECTURES = {  # name -> (transformers' prefix, config overrides)
@@ -151,7 +150,7 @@ def archive_of(tmp_path, arch_model):
 def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_model):
     """The rotary module is found wherever the architecture keeps it (GPT-NeoX: ``gpt_neox``), so
     tier K quantizes pre-RoPE keys as its codebooks say; GPT-2 has none to undo."""
-    from kvdb import capture
+    from kvdb.model import capture
 
     loaded = lm_ops.load(arch_model)
     ids = np.arange(2 * WINDOW) % 200 + 3
@@ -166,7 +165,7 @@ def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_mo
 def test_the_recomputed_window_is_the_model_own_computation(arch_model):
     """From exact arrays, the archive restore (sinks and recent window recomputed in one masked
     pass) must give the cache a fresh prefill gives, sliding layers included."""
-    from kvdb import capture
+    from kvdb.model import capture
 
     loaded = lm_ops.load(arch_model)
     ids = np.arange(6 * WINDOW) % 200 + 3

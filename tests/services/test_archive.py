@@ -3,13 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from support import write, write_jsonl
 
 import kvdb
-from kvdb import chat
-from kvdb import tokenizer as tok
-from kvdb import fractal
-from kvdb import model as lm_ops
-from kvdb.storage.sql import STREAM_ROW_BYTES
+from kvdb.codecs import fractal
 from kvdb.errors import (
     AmbiguousSession,
     InvalidArgument,
@@ -18,8 +15,10 @@ from kvdb.errors import (
     SessionNotFound,
     TranscriptError,
 )
-
-from support import write, write_jsonl
+from kvdb.model import chat
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
+from kvdb.storage.sql import STREAM_ROW_BYTES
 
 TEXT = "Héllo wörld — naïve café ☕, 日本語 and an emoji 🚀.\r\nSecond line\n"
 MESSAGES = [

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from kvdb_cli.main import main
+from support import CALIBRATION, KV, write
 
 from kvdb.errors import InvalidArgument
-from kvdb_cli.main import main
-
-from support import CALIBRATION, KV, write
 
 
 def test_ingest_with_kv_restores_from_the_archive(kv_archive):
@@ -71,7 +70,8 @@ def test_shared_prefix_and_split_keep_codes_per_node(kv_archive):
 def test_a_stored_window_restore_is_the_stored_codes_decoded_and_rotated(kv_archive):
     """Past the exact sinks, the restored cache holds exactly what the stored codes decode to,
     rotated to its positions: over one node, and over a path the second session split in two."""
-    from kvdb import capture, code_layout, quant
+    from kvdb.codecs import code_layout, quant
+    from kvdb.model import capture
 
     head = "A common opening that two sessions share, long enough to be quantized. "
     kv_archive.ingest(text=head + "Then the first one ends here, after a while.", keep=KV, name="a")
@@ -99,7 +99,8 @@ def test_a_restore_sharpens_keys_by_the_models_measured_factor(kv_archive, monke
     """The model's factor (here set for the tiny model) moves each restored key away from its
     head's centre, the mean of its first-stage centroids; values and the stored codebooks stay
     as trained."""
-    from kvdb import capture, code_layout, presets, quant
+    from kvdb.codecs import code_layout, presets, quant
+    from kvdb.model import capture
 
     weights = kv_archive._models.get().identity.weights_hash
     monkeypatch.setitem(presets.MEASURED_KEY_SHARPENING, weights, 1.5)

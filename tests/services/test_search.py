@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
+from support import write
 
 import kvdb
-from kvdb import search as search_ops
-from kvdb import tokenizer as tok
 from kvdb.errors import InvalidArgument
-
-from support import write
+from kvdb.index import phrase as search_ops
+from kvdb.model import tokenizer as tok
 
 TEXTS = {
     "harbour": "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, and the harbour lights answered.",
@@ -144,7 +143,6 @@ def test_cli_search(tmp_path, tiny_model):
     import json
 
     from click.testing import CliRunner
-
     from kvdb_cli.main import main
 
     write(tmp_path / "t" / "harbour.txt", TEXTS["harbour"])

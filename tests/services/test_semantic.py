@@ -4,11 +4,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from kvdb_cli.main import main
+from support import CALIBRATION, KV, write
 
 from kvdb.errors import InvalidArgument, TierMissing
-from kvdb_cli.main import main
-
-from support import CALIBRATION, KV, write
 
 
 def test_semantic_hits_point_at_positions_with_tier_k(kv_archive):

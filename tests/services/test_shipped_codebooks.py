@@ -1,4 +1,4 @@
-"""Shipped codebooks (kvdb.shipped): built once per machine from the packaged calibration text,
+"""Shipped codebooks (kvdb.services.shipped_codebooks): built once per machine from the packaged calibration text,
 referenced by archives (never stored in them), rebuilt alike on a machine that lacks them."""
 
 import hashlib
@@ -10,12 +10,11 @@ import duckdb
 import numpy as np
 import pytest
 import torch
+from support import KV, storage_of
 
 import kvdb
-from kvdb import shipped
 from kvdb.errors import CorruptData, InvalidArgument
-
-from support import KV, storage_of
+from kvdb.services import shipped_codebooks as shipped
 
 TEXT = "A session archived with tier K on a fresh archive, with no codebooks trained at all. " * 3
 
@@ -117,3 +116,24 @@ def test_a_reference_is_built_by_its_own_recipe_when_it_is_not_this_kvdbs(tiny_m
     reference, books, built = shipped.build(loaded, wanted=older)
     assert built and books.preset == "k2v1" and books.meta["tokens"] == 1000 and reference.recipe == older
     assert not shipped.is_built(loaded.identity)  # this kvdb's own recipe is another file
+
+
+def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(tmp_path, tiny_model, monkeypatch):
+    """Issue 30: verify read the reference as centroids ("bad magic") and failed every such archive."""
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text=TEXT, name="s", keep=KV)
+        report = db.verify(deep=True)
+        assert report.ok, report.problems
+        assert report.checked["codebooks"] == 1 and report.checked["kv streams"] == 1
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "another-machine"))  # not built here: the reference alone is checked
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        report = db.verify()
+        assert report.ok, report.problems
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    [(blob,)] = con.execute("select data from codebooks").fetchall()
+    con.execute("update codebooks set data = ?", [bytes(blob[:-1]) + bytes([blob[-1] ^ 1])])
+    con.close()
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        report = db.verify()
+        assert not report.ok and any("CRC" in p for p in report.problems)

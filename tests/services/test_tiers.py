@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from kvdb_cli.main import main
+from support import CALIBRATION, KV, storage_of, write
 
 import kvdb
-from kvdb import capture, lmcode
 from kvdb.errors import ArchiveError, ArchiveLocked, InvalidArgument
+from kvdb.model import capture, lmcode
 from kvdb.services.tier_k import TierK
-from kvdb_cli.main import main
-
-from support import CALIBRATION, KV, storage_of, write
 
 ALL = "tokens,search,lm"
 TURN1 = [{"role": "user", "content": "Name a red fruit."}, {"role": "assistant", "content": "A strawberry."}]

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import kvdb
-from kvdb import chat
-from kvdb import tokenizer as tok
-from kvdb import model as lm_ops
-from kvdb import trie
+from kvdb.index import trie
+from kvdb.model import chat
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph."}
 TURNS = [

@@ -5,9 +5,10 @@ import json
 import duckdb
 import pytest
 from click.testing import CliRunner
+from kvdb_cli.main import main
 
 import kvdb
-from kvdb_cli.main import main
+
 
 @pytest.fixture
 def archived(tmp_path, tiny_model):

@@ -8,8 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvdb import fractal, trie
+from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError, StaleWrite
+from kvdb.index import trie
 from kvdb.storage import Storage, open_storage
 from kvdb.storage.base import (
     AddTiers,

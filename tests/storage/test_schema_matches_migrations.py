@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import kvdb_migrations
 import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-import kvdb_migrations
 from kvdb.storage.schema import metadata
 
 

@@ -7,14 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from support import storage_of, write_jsonl
 
 import kvdb
 import kvdb.services.ingesting
-from kvdb import model as lm_ops
 from kvdb.errors import ArchiveError, ArchiveLocked
+from kvdb.model import loading as lm_ops
 from kvdb.storage.duckdb_file import DuckDBFile
-
-from support import storage_of, write_jsonl
 
 READER = "from kvdb.storage.duckdb_file import DuckDBFile; print(len(DuckDBFile({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import kvdb
-from kvdb import model as lm_ops
-from kvdb import presets
+from kvdb.codecs import presets
+from kvdb.model.source import DEFAULT_MODEL
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +25,7 @@ def db(tmp_path_factory, embedded):
 
 def test_identity_is_recorded(db):
     identity = db.loaded_model.identity
-    assert identity.name == lm_ops.DEFAULT_MODEL
+    assert identity.name == DEFAULT_MODEL
     assert identity.config["num_hidden_layers"] == 30 and identity.config["vocab_size"] == 49152
     assert len(identity.weights_hash) == 64 and len(identity.tokenizer_hash) == 64
 

@@ -71,7 +71,7 @@ def test_restore_continues_as_it_did(folder, name):
     """notes restores exactly (a prefill of the token tier), tier-k from its KV codes, tier-l by
     decoding its tier-L payload. Machine-dependent, like every tier-L decode: tier-l decodes only
     where the one-token forward pass computes as on the machine that wrote the fixture (see
-    kvdb/lmcode.py), and each continuation is greedy decoding of that machine's logits."""
+    kvdb/model/lmcode.py), and each continuation is greedy decoding of that machine's logits."""
     expected = EXPECTED["restore"][name]
     with open_copy(folder) as db:
         restored = db.restore(name, at=expected["at"], mode=expected["mode"])

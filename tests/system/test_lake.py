@@ -47,7 +47,7 @@ def test_a_lake_archive_matches_a_file_archive(tmp_path, lake, tiny_model):
         assert shared["sessions"] == 3 and shared["stored_tokens"] < shared["tokens"]  # the shared opening is stored once
         restored, again = lake_archive.restore("harbour", at=20, mode="exact"), file.restore("harbour", at=20, mode="exact")
         assert restored.position == again.position == 20 and np.array_equal(restored.tokens, again.tokens)
-        from kvdb import capture
+        from kvdb.model import capture
 
         assert all(np.array_equal(a, b) for a, b in zip(capture.cache_arrays(restored.cache), capture.cache_arrays(again.cache)))
         assert lake_archive.verify(deep=True).ok
@@ -259,7 +259,7 @@ def test_machines_searching_one_lake_catch_up_with_each_others_commits_and_never
     """Each machine keeps its own copy of the search index (its cache directory); a commit by
     one is merged into the other's copy from the lake's slot runs, with no rebuild written to
     the catalog, and both answer as one file archive of the same sessions does."""
-    from kvdb.index import WalkIndex
+    from kvdb.index.walk import WalkIndex
     from kvdb.storage import open_storage
 
     where, data_path = lake

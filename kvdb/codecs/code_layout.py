@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb import fractal
-from kvdb.quant import KINDS, Codebooks
+from kvdb.codecs import fractal
+from kvdb.codecs.quant import KINDS, Codebooks
 
 
 def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:

@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from kvdb import fractal
+from kvdb.codecs import fractal
 from kvdb.errors import InvalidArgument
 
 KINDS = ("k", "v")
@@ -98,7 +98,7 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
     for kind in KINDS:
         for layer, per_head in enumerate(alloc[kind]):
             longest = max(per_head, key=len)
-            for head, sizes in enumerate(per_head):
+            for sizes in per_head:
                 if sizes != longest[: len(sizes)]:
                     raise InvalidArgument(f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
                                           "a layer's heads share its codebook sizes and differ only in how many stages they take")

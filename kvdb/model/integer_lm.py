@@ -38,8 +38,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from kvdb import integer_kernel
 from kvdb.errors import UnsupportedModel
+from kvdb.model import integer_kernel
 
 ACT_LIMIT = 32639  # 16-bit rows: |q| <= 127 * 256 + 127, so the high byte is in [-127, 127]
 WEIGHT_LIMIT = 127
@@ -231,7 +231,7 @@ class IntegerLM:
 
     def __init__(self, model, *, kernel: bool = True):
         """``kernel=False`` runs the reference pass of this module even where the compiled
-        kernel (kvdb/integer_kernel.c, the same bits, many times faster) is built."""
+        kernel (kvdb/model/integer_kernel.c, the same bits, many times faster) is built."""
         reason = self.unsupported(model)
         if reason:
             raise UnsupportedModel(reason)
@@ -243,11 +243,11 @@ class IntegerLM:
         self.embed = inner.embed_tokens.weight.detach().to(torch.float64)
         self.layers = [
             Layer(
-                Linear.of(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj), Linear.of(l.self_attn.o_proj),
-                Linear.of(l.mlp.gate_proj, l.mlp.up_proj), Linear.of(l.mlp.down_proj),
-                l.input_layernorm.weight.detach().to(torch.float64), l.post_attention_layernorm.weight.detach().to(torch.float64),
+                Linear.of(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), Linear.of(layer.self_attn.o_proj),
+                Linear.of(layer.mlp.gate_proj, layer.mlp.up_proj), Linear.of(layer.mlp.down_proj),
+                layer.input_layernorm.weight.detach().to(torch.float64), layer.post_attention_layernorm.weight.detach().to(torch.float64),
             )
-            for l in inner.layers
+            for layer in inner.layers
         ]
         self.norm = inner.norm.weight.detach().to(torch.float64)
         self.head = Linear.of(model.lm_head)

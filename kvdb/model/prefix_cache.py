@@ -41,7 +41,9 @@ class PrefixCache:
         with sliding-window layers saved only the last window: such an entry is not used.)"""
         if self.budget <= 0:
             return None
-        from kvdb import capture  # torch: only the paths that hold a cache need it (gc and stats do not)
+        from kvdb.model import (
+            capture,  # torch: only the paths that hold a cache need it (gc and stats do not)
+        )
 
         for key, positions in wanted:
             arrays = self.arrays(key, positions)
@@ -59,7 +61,7 @@ class PrefixCache:
         """Keep a session's whole cache (atomically: temp file and rename), then trim to budget."""
         if self.budget <= 0:
             return
-        from kvdb import capture
+        from kvdb.model import capture
 
         keys, values = capture.cache_arrays(cache)
         if 2 * keys.nbytes > self.budget:

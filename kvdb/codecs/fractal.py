@@ -3,7 +3,7 @@
 A symbol c of an N-ary alphabet is a contractive map of a box onto its own cell; walking a
 stream through the maps gives points whose most significant part is the latest symbol. We
 use two members of that family, each where it measured best (a third, float search points,
-is :mod:`kvdb.search_points`):
+is :mod:`benchmarks/search_points.py`):
 
 * Archive anchors (lossless, random access): a 2-D grid walk whose axes contract by
   ``1/M`` and ``1/2**t`` (``M * 2**t >= N``). Symbol ``c`` moves ``c >> t`` along the radix
@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def _span_of(radix: int) -> int:
     return span
 
 
-@lru_cache(maxsize=None)
+@cache
 def layout(alphabet: int) -> Layout:
     """The split minimising bits per symbol; ties go to more binary bits (cheaper to decode)."""
     check_alphabet(alphabet)

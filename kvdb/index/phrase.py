@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.errors import InvalidArgument
-from kvdb.index import SlotMap, WalkIndex
+from kvdb.index.walk import SlotMap, WalkIndex
 
 MAX_PHRASE_TOKENS = 256
 

@@ -7,10 +7,10 @@ chosen centroids. Stages nest: the first n stages of a deeper quantizer are exac
 quantizer a shallower preset would train, so one training run serves every preset that takes a
 prefix of its stages (:meth:`Codebooks.truncate`).
 
-A preset (``kvdb.presets``) names how many stages, of which sizes, each kind gets in each layer
+A preset (``kvdb.codecs.presets``) names how many stages, of which sizes, each kind gets in each layer
 and head; a head with fewer stages than its layer uses a prefix of them. Codes are uint16
 ``[layers, heads, stages, seq]`` per kind; rows past a layer's or a head's depth hold 0 and are
-never stored (``kvdb.code_layout``).
+never stored (``kvdb.codecs.code_layout``).
 
 Codebooks serialize to a versioned, self-describing byte format (no pickle), see
 :meth:`Codebooks.to_bytes`.
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvdb.codecs.presets import DEFAULT_PRESET, KINDS, allocation, depths
 from kvdb.errors import CorruptData, InvalidArgument
-from kvdb.presets import DEFAULT_PRESET, KINDS, allocation, depths
 
 MAGIC = b"KVDBRVQ\x00"
 VERSION = 2  # the newest this kvdb reads; a set whose heads all take their layer's stages is written as version 1

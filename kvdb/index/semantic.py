@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvdb import capture, code_layout, quant
+from kvdb.codecs import code_layout, quant
+from kvdb.model import capture
 
 
 def position_vectors(books: quant.Codebooks, streams: dict[int, np.ndarray], n: int, layer: int) -> np.ndarray:

@@ -12,13 +12,14 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from kvdb import capture, chat, lmcode, trie
-from kvdb import model as lm_ops
-from kvdb import tokenizer as tok
 from kvdb.errors import CorruptData, InvalidArgument
-from kvdb.model import LoadedModel
-from kvdb.storage.base import NodeRow
+from kvdb.index import trie
+from kvdb.model import capture, chat, lmcode
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
+from kvdb.model.loading import LoadedModel
 from kvdb.records import RestoredSession
+from kvdb.storage.base import NodeRow
 from kvdb.tiers import DEFAULT_WINDOW
 
 

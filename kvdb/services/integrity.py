@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kvdb import code_layout, fractal, lmcode, quant, trie
+from kvdb.codecs import code_layout, fractal, quant
 from kvdb.errors import KvdbError
+from kvdb.index import trie
+from kvdb.model import lmcode
+from kvdb.services import shipped_codebooks
 from kvdb.storage import Storage
 
 SAMPLE = 64  # blobs per tier checked without --deep
@@ -56,7 +59,12 @@ def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
     books = {}
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         try:
-            books[codebook_id] = quant.Codebooks.from_bytes(data)
+            if shipped_codebooks.is_reference(data):  # the centroids, where this machine has built them
+                built = shipped_codebooks.cached(shipped_codebooks.Reference.from_bytes(data))
+                if built is not None:
+                    books[codebook_id] = built
+            else:
+                books[codebook_id] = quant.Codebooks.from_bytes(data)
         except (KvdbError, ValueError, KeyError):
             pass  # reported by the blob check
     for node, _, _ in shapes.values():
@@ -100,16 +108,18 @@ def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
     sample = None if deep else SAMPLE
     for node_id, block_no, data in store.stored_blobs("tokens", sample):
         report.checked["token blocks"] += 1
-        _guard(report, f"token block {block_no} of node {node_id[:12]}", lambda: fractal.block_count(data, shapes[node_id][1]))
+        _guard(report, f"token block {block_no} of node {node_id[:12]}", fractal.block_count, data, shapes[node_id][1])
     for node_id, alphabet, data in store.stored_blobs("kv", sample):
         report.checked["kv blocks"] += 1
-        _guard(report, f"KV code block of node {node_id[:12]}", lambda: fractal.block_count(data, alphabet))
+        _guard(report, f"KV code block of node {node_id[:12]}", fractal.block_count, data, alphabet)
     for node_id, _, data in store.stored_blobs("lm", sample):
         report.checked["lm payloads"] += 1
-        _guard(report, f"tier L payload of node {node_id[:12]}", lambda: lmcode.payload_version(data))
+        _guard(report, f"tier L payload of node {node_id[:12]}", lmcode.payload_version, data)
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         report.checked["codebooks"] += 1
-        _guard(report, f"codebooks {codebook_id[:12]}", lambda: quant.Codebooks.from_bytes(data))
+        # a reference to shipped codebooks stands for centroids this machine builds; its own bytes are checked
+        read = shipped_codebooks.Reference.from_bytes if shipped_codebooks.is_reference(data) else quant.Codebooks.from_bytes
+        _guard(report, f"codebooks {codebook_id[:12]}", read, data)
 
 
 def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
@@ -157,7 +167,7 @@ def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
 
 
 def _check_indexes(store: Storage, report: Report, index_paths) -> None:
-    from kvdb.index import WalkIndex
+    from kvdb.index.walk import WalkIndex
 
     for key, path in index_paths.items():
         state = store.index_state(key)
@@ -174,9 +184,9 @@ def _check_indexes(store: Storage, report: Report, index_paths) -> None:
             report.problems.append(f"search index {key}: {exc} (run `kvdb repair`)")
 
 
-def _guard(report: Report, what: str, check) -> None:
+def _guard(report: Report, what: str, check, *args) -> None:
     try:
-        check()
+        check(*args)
     except KvdbError as exc:
         report.problems.append(f"{what}: {exc}")
     except (ValueError, KeyError, IndexError) as exc:

@@ -19,8 +19,8 @@ import weakref
 
 import numpy as np
 
-from kvdb import tokenizer as tok
-from kvdb.tokenizer import LightTokenizer
+from kvdb.model import tokenizer as tok
+from kvdb.model.tokenizer import LightTokenizer
 
 TEXTUAL = {
     "name": "{name}: {content}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdb import fractal
+from kvdb.codecs import fractal
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdb import fractal
+from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite

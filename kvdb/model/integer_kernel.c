@@ -1,6 +1,6 @@
-/* The fast path of kvdb.integer_lm's forward pass: the same equations, fused per row.
+/* The fast path of kvdb.model.integer_lm's forward pass: the same equations, fused per row.
  *
- * kvdb/integer_lm.py is the specification (and the reference implementation): every sum there is
+ * kvdb/model/integer_lm.py is the specification (and the reference implementation): every sum there is
  * a sum of integers held exactly in floats, so here it is an int32/int64 sum, exact in any order
  * and any SIMD width; every other operation is the same IEEE-754 binary64 operation in the same
  * order. That is why this file must be compiled with -ffp-contract=off and without -ffast-math
@@ -492,8 +492,8 @@ const char *kvdb_kernel_isa(int allow_simd) {
 }
 
 /* An importable module, so that setuptools builds and installs this file like any extension;
- * kvdb.integer_lm loads the same shared object with ctypes for the functions above. */
+ * kvdb.model.integer_lm loads the same shared object with ctypes for the functions above. */
 static struct PyModuleDef kernel_module = {
-    PyModuleDef_HEAD_INIT, .m_name = "_integer_kernel", .m_doc = "kvdb.integer_lm's fused forward pass (see integer_kernel.c)", .m_size = -1};
+    PyModuleDef_HEAD_INIT, .m_name = "_integer_kernel", .m_doc = "kvdb.model.integer_lm's fused forward pass (see integer_kernel.c)", .m_size = -1};
 
 PyMODINIT_FUNC PyInit__integer_kernel(void) { return PyModule_Create(&kernel_module); }

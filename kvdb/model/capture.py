@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from kvdb.errors import UnsupportedModel
-from kvdb.model import CHUNK, new_cache
+from kvdb.model.loading import CHUNK, new_cache
 
 SINKS = 4  # attention-sink positions kept exact
 RECENT = 32  # most recent positions kept exact

@@ -1,9 +1,9 @@
-"""The compiled fast path of :mod:`kvdb.integer_lm` (``kvdb/integer_kernel.c``), bound with ctypes.
+"""The compiled fast path of :mod:`kvdb.model.integer_lm` (``kvdb/model/integer_kernel.c``), bound with ctypes.
 
 The C file computes the reference pass's equations with exact integer sums and the same IEEE-754
 operations in the same order, so its logits are the reference's bit for bit (tests check it on
 every text they run) while a one-token step costs one call instead of thousands of small torch
-operations. It is built by ``pip install`` as the extension ``kvdb._integer_kernel``; where it is
+operations. It is built by ``pip install`` as the extension ``kvdb.model._integer_kernel``; where it is
 missing (no compiler when kvdb was installed) :class:`Kernel.of` returns None and the reference
 pass runs: slower, the same payloads.
 
@@ -49,9 +49,9 @@ class _Cache(Structure):
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """The built kernel and the dot products it chose ("avx2" or "plain"), or (None, why not)."""
     try:
-        from kvdb import _integer_kernel
+        from kvdb.model import _integer_kernel
     except ImportError as exc:
-        return None, f"kvdb._integer_kernel is not built ({exc}); reinstall kvdb with a C compiler"
+        return None, f"kvdb.model._integer_kernel is not built ({exc}); reinstall kvdb with a C compiler"
     lib = ctypes.CDLL(_integer_kernel.__file__)
     lib.kvdb_forward.restype = c_int
     lib.kvdb_forward.argtypes = [POINTER(_Model), POINTER(_Cache), c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_void_p]
@@ -87,7 +87,7 @@ class Kernel:
         self._coeffs = torch.tensor(exp_coeffs, dtype=torch.float64)
         self._exp_table = exp_table.contiguous()
         self._layers = (_Layer * len(ilm.layers))(
-            *[_Layer(_linear(l.qkv), _linear(l.out), _linear(l.gate_up), _linear(l.down), _ptr(l.attn_norm), _ptr(l.mlp_norm)) for l in ilm.layers]
+            *[_Layer(_linear(x.qkv), _linear(x.out), _linear(x.gate_up), _linear(x.down), _ptr(x.attn_norm), _ptr(x.mlp_norm)) for x in ilm.layers]
         )
         self._ilm = ilm  # keeps every buffer the structures point into alive
         self._model = _Model(

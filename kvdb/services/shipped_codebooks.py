@@ -25,11 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdb import presets, quant
-from kvdb import tokenizer as tok
+from kvdb.codecs import presets, quant
 from kvdb.errors import CorruptData
+from kvdb.model import tokenizer as tok
+from kvdb.records import CodebookSet
+from kvdb.storage.base import CodebookRow
+from kvdb.user_cache import cache_dir
 
-CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
+CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"  # kvdb/data/
 RECIPE_VERSION = 1
 CHUNK = 2048  # calibration contexts: long enough to hold states far from the sinks
 POSITIONS = 8192  # vectors per codebook, as `kvdb codebooks train` defaults to
@@ -108,7 +111,7 @@ def recipe_key(wanted: dict) -> str:
 
 
 def cache_path(key: str) -> Path:
-    return tok.cache_dir() / "codebooks" / f"{key}.rvq"
+    return cache_dir() / "codebooks" / f"{key}.rvq"
 
 
 def is_built(identity) -> bool:
@@ -162,7 +165,7 @@ def build(loaded, progress=None, wanted: dict | None = None) -> tuple[Reference,
 
 def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
     """The recipe's codebooks: pre-RoPE K/V of the calibration text in chunks, sinks left out."""
-    from kvdb import capture
+    from kvdb.model import capture
 
     chunk, positions = wanted["chunk"], wanted["positions"]
     ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
@@ -181,3 +184,13 @@ def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
         meta={"shipped": recipe_key(wanted), "tokens": used},
         progress=progress, threads=min(2, os.cpu_count() or 1),
     )
+
+
+def codebook_set(row: CodebookRow) -> CodebookSet:
+    """The record of a codebooks row: a reference to shipped codebooks says so, with the bytes
+    of the centroids it stands for and whether this machine has built them."""
+    if row.small_blob is not None and is_reference(row.small_blob):
+        reference = Reference.from_bytes(row.small_blob)
+        on_machine = cache_path(reference.key).is_file()
+        return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, "shipped", row.stored_bytes, reference.nbytes, on_machine)
+    return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, "trained", row.stored_bytes, row.stored_bytes, True)

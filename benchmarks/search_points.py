@@ -1,6 +1,6 @@
 """Search points: the dense float walk of a symbol stream through d-D contractive maps, and the
 query point of a phrase (a studied variant of the search index: docs/decisions/0003-float-walk-search-points.md;
-the archive's own index uses the exact keys of :mod:`kvdb.fractal`).
+the archive's own index uses the exact keys of :mod:`kvdb.codecs.fractal`).
 
 Lossy beyond ``capacity``: a d-D grid walk, ``k`` vertices per axis (``k**d >= N``), ratio
 ``r = 1/m`` with ``m > k``, in float32 (or float64/float16). The empty cells between vertices
@@ -16,9 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from kvdb.codecs.fractal import check_alphabet, check_symbols
 from kvdb.errors import InvalidArgument
-from kvdb.fractal import check_alphabet, check_symbols
-
 
 _UNIT_ROUNDOFF = {np.dtype(np.float64): 2.0**-53, np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11}
 _FLOAT16_MAX = 65504.0

@@ -33,7 +33,7 @@ Quantisation, chosen so that nothing after the model's float32 logits depends on
 That is payload version 1, whose forward pass is the float model's own: a version-1 payload
 decodes only with the same weights, and with a torch build and CPU that compute the one-token
 step identically (``docs/decisions/0005-tier-l-one-token-step-determinism.md``). Version 3, the
-default wherever :mod:`kvdb.integer_lm` covers the model, takes the logits from that module's
+default wherever :mod:`kvdb.model.integer_lm` covers the model, takes the logits from that module's
 integer forward pass instead: the same on every machine, and batched chunks give the bits of
 one-token steps, so the encoder runs chunks (:func:`_advance`) and only the decoder steps
 (``docs/decisions/0025-tier-l-integer-forward.md``, ``0026-tier-l-integer-kernel.md``).
@@ -51,7 +51,7 @@ bytes, then constriction's range coder's 32-bit little-endian words::
     crc32: 4 bytes little-endian, of the header bytes before it and of the body
 
 A trie node's payload (:func:`encode_node`, :func:`decode_node`) is a tag byte
-``NODE_TAG | version`` and the stream of :mod:`kvdb.rangecoder`, which ends on a byte: the node
+``NODE_TAG | version`` and the stream of :mod:`kvdb.codecs.rangecoder`, which ends on a byte: the node
 row holds its count and context length, and its id checks the decode.
 """
 
@@ -69,16 +69,16 @@ from dataclasses import dataclass
 import constriction
 import numpy as np
 
-from kvdb import rangecoder
+from kvdb.codecs import rangecoder
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KL"
 NODE_TAG = 0x80  # a node payload's first byte is NODE_TAG | version ("KL" payloads start with 0x4B)
-# 1: the float model's one-token step; 3: kvdb.integer_lm's forward pass (portable); 2: that pass
+# 1: the float model's one-token step; 3: kvdb.model.integer_lm's forward pass (portable); 2: that pass
 # with torch.sqrt in its norms, which is not correctly rounded everywhere (read, no longer written)
 VERSIONS = (1, 2, 3)
 INTEGER_VERSIONS = (2, 3)
-PORTABLE_VERSION = 3  # what new payloads get wherever kvdb.integer_lm covers the model
+PORTABLE_VERSION = 3  # what new payloads get wherever kvdb.model.integer_lm covers the model
 CHUNK = 256  # tokens a version-2/3 encoder runs through the forward pass at once
 PRECISION = 24  # bits of the integer frequencies; constriction's Categorical codes at 24-bit precision
 LOGIT_SHIFT = 8  # logits are rounded to multiples of 2**-8 nats before quantisation
@@ -149,7 +149,7 @@ class Context:
     def empty(cls, model, version: int = 1) -> Context:
         if version in INTEGER_VERSIONS:
             return cls(_integer(model, version).new_cache(), None, 0, version)
-        from kvdb.model import new_cache
+        from kvdb.model.loading import new_cache
 
         return cls(new_cache(model), None, 0, 1)
 
@@ -213,10 +213,10 @@ def _entropy_model(logits: np.ndarray | None, vocab: int, precision: int):
 
 
 def version_for(model) -> int:
-    """The payload version new payloads of ``model`` get: 3 (portable) where kvdb.integer_lm
+    """The payload version new payloads of ``model`` get: 3 (portable) where kvdb.model.integer_lm
     covers the model, else 1, with a warning that its payloads decode only on machines that
     compute its forward pass alike."""
-    from kvdb.integer_lm import IntegerLM
+    from kvdb.model.integer_lm import IntegerLM
 
     reason = IntegerLM.unsupported(model)
     if reason is None:
@@ -232,7 +232,7 @@ _INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {v
 
 
 def _integer(model, version: int):
-    from kvdb.integer_lm import IntegerLM
+    from kvdb.model.integer_lm import IntegerLM
 
     passes = _INTEGER.setdefault(model, {})
     if PORTABLE_VERSION not in passes:
@@ -330,7 +330,7 @@ def _code(model, ids, context, version, keep_context: bool, code_token) -> tuple
 
 def encode_node(model, ids, *, context: Context | None = None, version: int | None = None) -> tuple[bytes, Context]:
     """A trie node's payload of ``ids`` (one tag byte, then the exact coder's bytes,
-    :mod:`kvdb.rangecoder`) and the context after them. It holds no count, context length,
+    :mod:`kvdb.codecs.rangecoder`) and the context after them. It holds no count, context length,
     digest or CRC: the node row holds the first two, and its id, a hash of the path's tokens,
     checks a decode (:func:`decode_node`)."""
     vocab = vocab_size(model)

