@@ -469,7 +469,7 @@ def prefixes(ctx, as_json):
         if as_json:
             _emit(p.to_dict())
         else:
-            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(p.text)}")
+            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")
 
 
 @main.command()

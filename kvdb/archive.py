@@ -7,6 +7,8 @@ use, so listing, showing, searching, deleting and stats never import torch.
 
 from __future__ import annotations
 
+import warnings
+
 import os
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -181,8 +183,11 @@ class Archive:
         """d_T(a, b) = -log2 P_M(shared prefix) of two sessions."""
         return self._reader.prefix_bits(a, b)
 
-    def prefixes(self, words: int = 8) -> list[Prefix]:
-        """Every prefix two or more sessions share, with its length, bits and first words."""
+    def prefixes(self, words: int | None = None) -> list[Prefix]:
+        """Every prefix two or more sessions share, with its length, bits and whole text.
+        ``words`` (deprecated, the 0.1 behaviour) cuts the text to its first words, spaces folded."""
+        if words is not None:
+            warnings.warn("prefixes(words=...) is deprecated: Prefix.text is now the whole prefix; cut it yourself", DeprecationWarning, stacklevel=2)
         return self._reader.prefixes(words)
 
     # restore --------------------------------------------------------------------------
@@ -211,7 +216,8 @@ class Archive:
         return self.generate(self.restore(session, at), prompt, max_new_tokens)
 
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
-        """Continue a restored session greedily; consumes ``restored.cache``."""
+        """Continue a restored session greedily. ``restored.cache`` is cut back to its restored
+        positions afterwards, so calling it again continues from the same state."""
         return self._restorer.generate(restored, prompt, max_new_tokens)
 
     def resume(self, ids, better_than: int = 0, mode: str = "exact") -> RestoredSession | None:

@@ -114,13 +114,17 @@ class Reader:
         shared = [n for n in path_a if n.node_id in on_b]  # nodes two sessions share hold their log-probabilities
         return bits(self._storage.load_logprobs(shared[-1].node_id)) if shared else 0.0
 
-    def prefixes(self, words: int = 8) -> list[Prefix]:
-        """Every prefix two or more sessions share, with its length, bits and first words."""
+    def prefixes(self, words: int | None = None) -> list[Prefix]:
+        """Every prefix two or more sessions share, with its length, bits and text (whole, as
+        archived; the first ``words`` words with spaces folded where asked, the 0.1 shape)."""
         out = []
         for node in self._storage.shared_nodes():
             logprobs = self._storage.load_logprobs(node.node_id)
-            head = self._storage.load_tokens(node.node_id, 0, min(node.end, 4 * words))
-            text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
+            if words is None:
+                text = self._models.text_of_tokens(node.model_id, self._storage.load_tokens(node.node_id, 0, node.end))
+            else:
+                head = self._storage.load_tokens(node.node_id, 0, min(node.end, 4 * words))
+                text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
             out.append(Prefix(node.node_id, node.end, bits(logprobs), node.refcount, text))
         return out
 

@@ -119,5 +119,10 @@ def continue_restored(loaded: LoadedModel, restored: RestoredSession, prompt_ids
     if len(prompt_ids) == 0:
         # generate() needs one token it has not seen; hand it the last restored one again.
         restored.cache.crop(-1)
-    new = lm_ops.generate(loaded.model, loaded.tokenizer, restored.cache, ids, max_new_tokens)
+    try:
+        new = lm_ops.generate(loaded.model, loaded.tokenizer, restored.cache, ids, max_new_tokens)
+    finally:  # back to the restored positions: a second call continues from the same state
+        extra = restored.cache.get_seq_length() - restored.position
+        if extra:
+            restored.cache.crop(-extra)
     return loaded.tokenizer.decode(new, skip_special_tokens=True)

@@ -84,7 +84,7 @@ class Restorer:
         return restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at))
 
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
-        """Continue a restored session greedily; consumes ``restored.cache``."""
+        """Continue a restored session greedily, from the same state however often it is called."""
         loaded = self._models.get()
         chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
         prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat)

@@ -209,6 +209,17 @@ def test_continue_matches_generation_from_scratch(archive):
     assert reply == archive.loaded_model.tokenizer.decode(ref[0, full.shape[1]:], skip_special_tokens=True)
 
 
+def test_generate_twice_on_one_restore_continues_from_the_same_state(archive):
+    """Issue 30: the second call ran on a cache the first had consumed, and answered otherwise."""
+    [r] = archive.ingest(text=TEXT)
+    restored = archive.restore(r.session_id)
+    for prompt in ("xy", None):
+        first = archive.generate(restored, prompt, max_new_tokens=6)
+        assert restored.cache.get_seq_length() == restored.position
+        assert archive.generate(restored, prompt, max_new_tokens=6) == first
+        assert first == archive.continue_session(r.session_id, prompt=prompt, max_new_tokens=6)
+
+
 def test_restore_with_another_model_is_refused(tmp_path, tiny_model, other_tiny_model):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:

@@ -51,6 +51,11 @@ def test_shared_system_prompt_is_stored_once(archive):
         assert archive.text(r.session_id) == chat.render(archive.loaded_model.tokenizer, messages)
     [prefix] = archive.prefixes()
     assert prefix.tokens == shared and prefix.sessions == 2
+    # issue 30: the whole prefix, newlines and all (it was cut to 8 words, spaces folded)
+    assert prefix.text == archive.text(a.session_id)[: len(prefix.text)] and "\n" in prefix.text
+    with pytest.warns(DeprecationWarning):
+        [head] = archive.prefixes(words=3)
+    assert " ".join(prefix.text.split()[:3]).startswith(head.text) and head.text.split()[0] == prefix.text.split()[0]  # 0.1: at most 3 words
 
 
 def test_one_more_turn_stores_and_computes_only_the_turn(archive):
