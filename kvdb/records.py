@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvdb.storage.base import SessionRow
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class IngestResult:
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
 
     def to_dict(self) -> dict:
-        out = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
+        out: dict[str, Any] = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
         if self.status == "ingested":
             out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
         if self.status == "updated":
@@ -133,7 +137,7 @@ class RestoredSession:
     session_id: str
     model: object
     tokenizer: object
-    cache: object
+    cache: DynamicCache
     position: int
     mode: str
     seconds: float

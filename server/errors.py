@@ -70,11 +70,13 @@ def install(app: FastAPI) -> None:
     async def known(request: Request, exc: Exception) -> JSONResponse:
         return _respond(exc)
 
-    async def starlette(request: Request, exc: HTTPException) -> JSONResponse:
+    async def starlette(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)  # registered for HTTPException only
         message = f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/chat/completions, GET /api/sessions" if exc.status_code == 404 else str(exc.detail)
         return _respond(HttpError(exc.status_code, message, "not_found" if exc.status_code == 404 else None))
 
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)  # registered for RequestValidationError only
         problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())[1:])) or 'request'}: {e.get('msg')}" for e in exc.errors())
         return _respond(HttpError(400, f"invalid request: {problems}", "invalid_request"))
 

@@ -90,6 +90,7 @@ def layout(alphabet: int) -> Layout:
         cost = low_bits + (64 / _span_of(radix) if radix > 1 else 0.0)
         if best is None or cost < best[0] - 1e-12:
             best = (cost, low_bits)
+    assert best is not None  # low_bits = 0 is always tried
     low_bits = best[1]
     radix = -(-alphabet // (1 << low_bits))
     span = _span_of(radix) if radix > 1 else 0

@@ -22,6 +22,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,8 @@ class Codebooks:
         """The codebooks of a preset that takes a prefix of these stages in every head (no retraining)."""
         alloc = allocation(preset, self.layers, self.heads)
         want = depths(preset, self.layers, self.heads)
-        books, kept = {}, {}
+        books: dict[str, list[list[np.ndarray]]] = {}
+        kept: dict[str, np.ndarray] = {}
         for kind in KINDS:
             have_depth = self.depth(kind)
             if (want[kind] > have_depth).any():
@@ -165,7 +167,7 @@ class Codebooks:
         written as version 1, byte for byte as before.
         """
         _refuse_sharpened(self, "stored")
-        header = {
+        header: dict[str, Any] = {
             "format": "kvdb-rvq",
             "layers": self.layers,
             "heads": self.heads,
@@ -210,7 +212,7 @@ class Codebooks:
         dtype = np.dtype(header["dtype"])
         offset = _PREFIX.size + hlen
         given = {kind: np.asarray(d, dtype=np.int64).reshape(header["layers"], heads) for kind, d in header.get("depths", {}).items()}
-        books = {}
+        books: dict[str, list[list[np.ndarray]]] = {}
         for kind in KINDS:
             books[kind] = []
             for layer_no, sizes in enumerate(header["stages"][kind]):
@@ -260,6 +262,7 @@ def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, max_points: int) -> np
     km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max_points,
                      min_points_per_centroid=1, verbose=False)
     km.train(np.ascontiguousarray(x, dtype=np.float32))
+    assert km.centroids is not None  # set by train
     return km.centroids.reshape(k, x.shape[1]).copy()
 
 
@@ -308,6 +311,7 @@ def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope
                 sizes = alloc[kind][layer]
                 per_stage = [np.zeros((heads, s, dim), np.float32) for s in sizes]
                 for head in range(heads) if sizes else ():
+                    assert data is not None  # a kind given stages was given vectors (checked above)
                     x = data[layer, head]
                     if len(x) > max_points:
                         x = x[rng.choice(len(x), max_points, replace=False)]

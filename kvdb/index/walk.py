@@ -23,6 +23,7 @@ import os
 import secrets
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +90,8 @@ class WalkIndex:
         ends = [first + len(tokens) for first, tokens, _ in runs]
         if any(first < end for (first, _, _), end in zip(runs, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
             raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
-        keys = [fractal.walk_keys(tokens, self.alphabet, () if context is None else context) for _, tokens, context in runs]
-        keys = np.concatenate(keys) if keys else np.zeros(0, _KEY)
+        per_run = [fractal.walk_keys(tokens, self.alphabet, () if context is None else context) for _, tokens, context in runs]
+        keys = np.concatenate(per_run) if per_run else np.zeros(0, _KEY)
         slots = np.concatenate([first + np.arange(len(tokens)) for first, tokens, _ in runs]).astype(_SLOT) if runs else np.zeros(0, _SLOT)
         order = np.argsort(keys, kind="stable")
         at = np.searchsorted(self.keys, keys[order], side="right")
@@ -186,7 +187,7 @@ class SlotMap:
     def from_rows(cls, rows) -> SlotMap:
         """From (node_id, first_slot, n_tokens, start) rows."""
         rows = sorted(rows, key=lambda r: r[1])
-        columns = list(zip(*rows)) if rows else [[], [], [], []]
+        columns: list[Sequence] = list(zip(*rows)) if rows else [[], [], [], []]
         return cls(np.array(columns[0], dtype=object), *(np.array(c, dtype=np.int64) for c in columns[1:]))
 
     def locate(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -249,8 +250,10 @@ class Indexes:
         database has numbered the slots anew meanwhile, every run from slot 0 into a new copy;
         the sidecar saved when anything was added. Nothing is written to the database."""
         state = self._store.index_state(key, index.ntotal if index is not None else 0)
+        assert state is not None  # the caller found the index's row
         if index is not None and index.generation != state.generation:
             state, index = self._store.index_state(key), None
+            assert state is not None
         if index is None:
             index = WalkIndex(state.alphabet, state.generation)
             self.rebuilt.append(key)

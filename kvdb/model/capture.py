@@ -257,7 +257,7 @@ def restore_layers(model, ids, layers, pre_rope: bool = False, sinks: int = SINK
     n = len(ids)
     head = min(sinks, n) if window in ("recompute", "quantized") else 0
     tail = min(recent, n - head) if window == "recompute" else 0
-    given = min(exact_sinks[0].shape[2], n) if window == "stored" else 0  # positions taken from exact_sinks
+    given = min(exact_sinks[0].shape[2], n) if window == "stored" and exact_sinks is not None else 0  # positions taken from exact_sinks
     rotate = rotator(model, head, n - head - tail) if pre_rope else None
     dtype = next(model.parameters()).dtype
     cache = new_cache(model)
@@ -269,7 +269,7 @@ def restore_layers(model, ids, layers, pre_rope: bool = False, sinks: int = SINK
         k, v = k[:, head : n - tail], v[:, head : n - tail]
         if rotate is not None:
             rotate(k, layer)
-        if given:
+        if given and exact_sinks is not None:
             k[:, :given] = torch.as_tensor(exact_sinks[0][layer, :, :given])
             v[:, :given] = torch.as_tensor(exact_sinks[1][layer, :, :given])
         k, v = k.to(dtype)[None], v.to(dtype)[None]

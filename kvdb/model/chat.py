@@ -80,6 +80,7 @@ def turns(tokenizer, ids: np.ndarray) -> list[tuple[str | None, int, int]]:
     for start, end in zip(starts.tolist(), ends.tolist()):  # a few turns per session, not tokens
         role = None
         if start in opened:
+            assert markers is not None  # turns open only where markers were found
             head = tok.decode(tokenizer, ids[start + len(markers[0]) : min(end, start + len(markers[0]) + ROLE_TOKENS)])
             word = re.match(r"\s*(\w+)", head)
             role = markers[1].get(word[1], word[1]) if word else None
@@ -165,17 +166,19 @@ def _find_turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
     (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``); the word after it names the role."""
     probe = {"content": _PROBE}
     try:
-        heads = {
+        rendered = {
             "user": _appended(tokenizer, list(_HISTORY), [{"role": "user"} | probe]),
             "assistant": _appended(tokenizer, [{"role": "user", "content": "x"}], [{"role": "assistant"} | probe]),
         }
     except Exception:  # noqa: BLE001 - a template that refuses these turns has no turns kvdb can cut
         return None
-    heads = {role: head[: head.find(_PROBE)] for role, head in heads.items() if head and _PROBE in head}
+    heads = {role: head[: head.find(_PROBE)] for role, head in rendered.items() if head and _PROBE in head}
     if len(heads) < 2:
         return None
     opening = os.path.commonprefix(list(heads.values()))
-    opening = opening[: len(opening) - len(re.search(r"\w*$", opening)[0])]  # the role word is not part of it
+    role_word = re.search(r"\w*$", opening)
+    assert role_word is not None  # it matches, if only the empty string at the end
+    opening = opening[: len(opening) - len(role_word[0])]  # the role word is not part of it
     ids = np.asarray(tok.encode(tokenizer, opening), dtype=np.int64) if opening.strip() else np.zeros(0, dtype=np.int64)
     if not ids.size or any(tok.encode(tokenizer, head)[: ids.size] != ids.tolist() for head in heads.values()):
         return None

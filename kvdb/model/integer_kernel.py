@@ -49,7 +49,7 @@ class _Cache(Structure):
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """The built kernel and the dot products it chose ("avx2" or "plain"), or (None, why not)."""
     try:
-        from kvdb.model import _integer_kernel
+        import kvdb.model._integer_kernel as _integer_kernel
     except ImportError as exc:
         return None, f"kvdb.model._integer_kernel is not built ({exc}); reinstall kvdb with a C compiler"
     lib = ctypes.CDLL(_integer_kernel.__file__)
@@ -109,6 +109,7 @@ class Kernel:
         n = h.shape[0]
         logits = torch.empty((n, self._model.vocab), dtype=torch.float64)
         self._model.threads = torch.get_num_threads()
+        assert _LIB is not None  # a Kernel is only made where the library loaded
         held = _Cache(cache.capacity, _ptr(cache.k), _ptr(cache.v), _ptr(cache.ks), _ptr(cache.vs))
         status = _LIB.kvdb_forward(ctypes.byref(self._model), ctypes.byref(held), cache.length, n, _ptr(h), _ptr(cos), _ptr(sin), _ptr(logits))
         if status != 0:

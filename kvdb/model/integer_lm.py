@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import decimal
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -160,6 +161,7 @@ class Linear:
         for a in range(0, both.shape[1], KCHUNK):
             part = (both[:, a : a + KCHUNK] @ self._columns[a : a + KCHUNK]).to(torch.float64)
             acc = part if acc is None else acc + part
+        assert acc is not None  # a layer has at least one input column
         rows = x.shape[0]
         y = ((acc[:rows] * 256 + acc[rows:]) * s) * self.scale
         return y if self.bias is None else y + self.bias
@@ -254,7 +256,7 @@ class IntegerLM:
         self.inv_freq = inverse_frequencies(float(_rope(cfg)["rope_theta"]), self.head_dim)
         self.vocab = int(model.lm_head.weight.shape[0])
         self._tables = (torch.zeros(0, self.head_dim // 2, dtype=torch.float64),) * 2
-        self.root = sqrt
+        self.root: Callable[[torch.Tensor], torch.Tensor] = sqrt
         self.kernel = integer_kernel.Kernel.of(self, _EXP_TABLE, _EXP_COEFFS) if kernel else None
 
     def with_torch_sqrt(self) -> IntegerLM:

@@ -266,6 +266,7 @@ def _advance(model, ctx: Context, ids: np.ndarray, each=None, feed_last: bool = 
                     each(at + j, ctx.logits)
                 ctx.logits = rows[j]
             ctx.length += chunk.size
+            assert ctx.logits is not None  # the chunk holds a token
             ctx.logits = ctx.logits.copy()  # not a view keeping the chunk's rows alive
         return
     with _pinned():

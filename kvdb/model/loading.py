@@ -9,6 +9,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,13 +21,16 @@ from kvdb.model.source import causal_lm, model_folder, model_name
 from kvdb.storage.base import ModelRow
 from kvdb.user_cache import read_cached, stamp_key, write_cached
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 CHUNK = 512  # tokens per forward pass: bounds the logits tensor (CHUNK x vocab floats)
 
 
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     identity: ModelRow  # what the archive records about it
 
 
@@ -101,22 +105,22 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
     uniform prior ``-ln(vocab)``, the cost any coder without context pays, so sums over a
     token path stay meaningful.
     """
-    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
-    n = ids.shape[1]
+    batch = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
+    n = batch.shape[1]
     out = np.empty(max(n - start, 0), dtype=np.float32)
     if start == 0 and n:
         out[0] = -math.log(model.config.vocab_size)
     fed = max(start - 1, 0)
-    cache = prefill(model, ids[0, :fed].numpy(), chunk) if cache is None else cache
+    cache = prefill(model, batch[0, :fed].numpy(), chunk) if cache is None else cache
     if cache.get_seq_length() != fed:
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected {fed}")
     for a in range(fed, n, chunk):
         b = min(a + chunk, n)
-        logits = model(ids[:, a:b], cache=cache, use_cache=True).logits[0].float()
+        logits = model(batch[:, a:b], cache=cache, use_cache=True).logits[0].float()
         lo, hi = max(a + 1, start), min(b + 1, n)  # logits of position j predict token j + 1
         if hi > lo:
             logp = torch.log_softmax(logits[lo - 1 - a : hi - 1 - a], dim=-1)
-            out[lo - start : hi - start] = logp.gather(1, ids[0, lo:hi, None])[:, 0].numpy()
+            out[lo - start : hi - start] = logp.gather(1, batch[0, lo:hi, None])[:, 0].numpy()
     return out, cache
 
 
@@ -124,10 +128,10 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
 def prefill(model, ids: np.ndarray, chunk: int = CHUNK, cache=None):
     """A DynamicCache holding ``ids`` exactly as one fresh forward pass would compute it; given a
     ``cache`` holding a prefix of ``ids``, only the rest is computed, onto it."""
-    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
+    batch = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
     cache = new_cache(model) if cache is None else cache
-    for start in range(cache.get_seq_length(), ids.shape[1], chunk):
-        model(ids[:, start : start + chunk], cache=cache, use_cache=True)
+    for start in range(cache.get_seq_length(), batch.shape[1], chunk):
+        model(batch[:, start : start + chunk], cache=cache, use_cache=True)
     return cache
 
 

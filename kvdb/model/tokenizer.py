@@ -31,6 +31,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdb.model.source import (
     DEFAULT_MODEL,
@@ -43,6 +44,9 @@ from kvdb.model.source import (
 )
 from kvdb.user_cache import read_cached, stamp_key, write_cached
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 
@@ -53,7 +57,7 @@ class LightTokenizer:
     tokenizer's methods, so it cannot be taken for one: use the functions of this module."""
 
     name: str
-    backend: object = field(repr=False)  # tokenizers.Tokenizer, truncation and padding off
+    backend: Tokenizer = field(repr=False)  # truncation and padding off
     chat_template: str | dict | None = field(repr=False)  # part of the fingerprint; never rendered here
     fingerprint: str
 
@@ -85,9 +89,11 @@ def load_full(name: str | None = None):
     """
     name = model_name(name)
     require_local(name)
-    folder = embedded_folder() if name == DEFAULT_MODEL else name
-    if name == DEFAULT_MODEL and not (folder / "config.json").is_file():
-        folder = model_folder(name)  # the first use converts the embedded GGUF (torch, ~30 s)
+    folder: str | Path = name
+    if name == DEFAULT_MODEL:
+        folder = embedded_folder()
+        if not (folder / "config.json").is_file():
+            folder = model_folder(name)  # the first use converts the embedded GGUF (torch, ~30 s)
     with loading(name):
         if _tokenizer_class(folder) in GENERIC_FAST:
             from transformers import TokenizersBackend

@@ -46,6 +46,8 @@ from kvdb.storage.base import (
 from kvdb.tiers import TIERS, parse_keep
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is: a malformed file is refused without it
+    from transformers import DynamicCache
+
     from kvdb.services.tier_k import TierK
 
 # progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
@@ -72,8 +74,8 @@ class Ingester:
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
         self._indexes = indexes
         self._prefix_cache = prefix_cache
-        self._recent = None  # (ids, cache) of the last session scored, for the next one's shared prefix
-        self._pending_prefix = None  # (session id, ids, cache) of the last growing conversation, saved on close
+        self._recent: tuple[np.ndarray, DynamicCache] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
+        self._pending_prefix: tuple[str, np.ndarray, DynamicCache] | None = None  # (session id, ids, cache) of the last growing conversation, saved on close
         self._owner = f"{socket.gethostname()}:{os.getpid()}"  # who holds this process's claims on input files
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ breaks.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvdb.codecs import code_layout, fractal, quant
@@ -17,6 +18,7 @@ from kvdb.index import trie
 from kvdb.model import lmcode
 from kvdb.services import shipped_codebooks
 from kvdb.storage import Storage
+from kvdb.storage.base import NodeRow
 
 SAMPLE = 64  # blobs per tier checked without --deep
 
@@ -35,7 +37,7 @@ class Report:
         return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems, "notes": self.notes}
 
 
-def verify(store: Storage, index_paths, deep: bool = False, notes: list[str] = (), prefix_entries: dict | None = None) -> Report:
+def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str] = (), prefix_entries: dict | None = None) -> Report:
     """``index_paths``: key -> sidecar path of each search index the archive should have;
     ``prefix_entries``: node id -> the positions each prefix-cache entry says it holds."""
     report = Report(notes=list(notes))
@@ -124,7 +126,7 @@ def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
 
 def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
     sessions = store.list_sessions()
-    through = Counter()
+    through: Counter[str] = Counter()
     lengths = store.logprob_lengths()
     for node, _, _ in shapes.values():
         report.checked["nodes"] += 1
@@ -139,7 +141,8 @@ def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
             report.problems.append(f"node {node.node_id[:12]} holds neither token blocks nor tier L: tokens [{node.start}, {node.end}) are lost")
     for session in sessions:
         report.checked["sessions"] += 1
-        path, node_id = [], session.session_id
+        path: list[NodeRow] = []
+        node_id: str | None = session.session_id
         while node_id is not None and node_id in shapes and len(path) <= len(shapes):
             path.append(shapes[node_id][0])
             node_id = shapes[node_id][0].parent_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ from kvdb.model.loading import LoadedModel
 from kvdb.records import RestoredSession
 from kvdb.storage.base import NodeRow
 from kvdb.tiers import DEFAULT_WINDOW
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> RestoredSession:
@@ -80,7 +84,8 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
     context; after versions 2 and 3 (an integer forward pass, not the model's), one prefill of
     the tokens."""
     start = time.perf_counter()
-    context, pieces = None, []
+    context: lmcode.Context | None = None
+    pieces: list[np.ndarray] = []
     for node, part in parts:
         if isinstance(part, np.ndarray):
             ids, context = part, lmcode.context_for(loaded.model, part, context=context)
@@ -93,7 +98,7 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
         pieces.append(ids)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     if context is not None and context.version == 1:
-        cache = context.cache
+        cache = cast("DynamicCache", context.cache)  # version 1's context is the model's own cache
         if len(tokens) > at:
             cache.crop(at - len(tokens))
     else:
@@ -125,4 +130,4 @@ def continue_restored(loaded: LoadedModel, restored: RestoredSession, prompt_ids
         extra = restored.cache.get_seq_length() - restored.position
         if extra:
             restored.cache.crop(-extra)
-    return loaded.tokenizer.decode(new, skip_special_tokens=True)
+    return cast(str, loaded.tokenizer.decode(new, skip_special_tokens=True))  # one sequence: one string

@@ -147,7 +147,7 @@ class Searcher:
 
 def phrase_variants(tokenizer, phrase: str) -> list[np.ndarray]:
     """The token sequences a phrase can have inside text: as typed, and after a space."""
-    variants = []
+    variants: list[np.ndarray] = []
     for text in (phrase, " " + phrase if not phrase.startswith(" ") else None):
         if text is not None:
             ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)

@@ -151,7 +151,7 @@ def build(loaded, progress=None, wanted: dict | None = None) -> tuple[Reference,
     path = cache_path(recipe_key(wanted))
     found = _read(path)
     built = found is None
-    if built:
+    if found is None:
         books = _train(loaded, wanted, progress)
         data = books.to_bytes()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,7 @@ class TierK:
         if codebook_id not in self._decoding:
             _, books = self.codebooks(model_id, codebook_id)
             row = self._storage.get_model(model_id)
+            assert row is not None  # the model of stored codebooks is stored
             self._decoding[codebook_id] = books.sharpened(presets.key_sharpening(row.weights_hash))
         return self._decoding[codebook_id]
 

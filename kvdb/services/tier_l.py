@@ -24,7 +24,7 @@ class TierL:
     def __init__(self, storage: Storage, models: ModelProvider):
         self._storage = storage
         self._models = models
-        self._recent = None  # (ids, lmcode.Context) after the last session coded
+        self._recent: tuple[np.ndarray, lmcode.Context] | None = None  # (ids, context) after the last session coded
         self._decoded: dict = {}  # tokens decoded: by session id, or by (node id, start, length)
 
     def encode(self, loaded, ids: np.ndarray, start: int, context=None) -> bytes:
@@ -64,8 +64,10 @@ class TierL:
         stream cannot be cut; one held in tier L only brings its tokens and log-probabilities,
         which both halves hold from now on."""
         node = match.node
+        assert node is not None  # a split is of the node the match ends in
         if "lm" not in node.keep:
             return Split(node.node_id, head_id, match.offset), None
+        assert tokens is not None  # given for a node with tier L
         parent = self.context(loaded, ids, node.start)
         head, after_head = lmcode.encode_node(loaded.model, tokens[: match.offset], context=parent)
         tail, _ = lmcode.encode_node(loaded.model, tokens[match.offset :], context=after_head)
@@ -83,12 +85,18 @@ class TierL:
         key = (node.node_id, node.start, node.n_tokens)
         if key not in self._decoded:
             loaded = self._models.get()
-            payload = self._storage.node_lm_payload(node.node_id)
+            payload = self._lm_payload(node)
             context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
             from kvdb.services import restore_modes as restore_ops
 
             self._decoded[key], _ = restore_ops.decode_node(loaded, node, payload, before, context)
         return self._decoded[key]
+
+    def _lm_payload(self, node: NodeRow) -> bytes:
+        """The tier-L payload of a node that keeps one (any node whose token blocks are dropped does)."""
+        payload = self._storage.node_lm_payload(node.node_id)
+        assert payload is not None
+        return payload
 
     def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:
         """Tokens and cache rebuilt from tier L along the path; a node without it (a prefix shared
@@ -98,7 +106,7 @@ class TierL:
                 f"session {row.session_id[:12]} ({row.name}) has no tier L on its first {at} tokens; "
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
-        parts = [(n, self._storage.node_lm_payload(n.node_id) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
+        parts = [(n, self._lm_payload(n) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
         self._storage.release()
         from kvdb.services import restore_modes as restore_ops
 

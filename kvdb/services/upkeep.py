@@ -93,6 +93,7 @@ class Upkeep:
 
         def current(node, version: int) -> bool:
             payload = payloads[node.node_id]
+            assert payload is not None  # only nodes that keep tier L lose their token blocks
             return lmcode.is_node_payload(payload) and lmcode.payload_version(payload) == version
 
         stale = [n for n in nodes if not current(n, lmcode.PORTABLE_VERSION)]
@@ -134,6 +135,7 @@ class Upkeep:
         must not outlive it on disk). A search index whose freed slots then outnumber its live
         ones is numbered anew, and the engine's small files are merged."""
         freed = self._storage.apply(CollectGarbage())
+        assert freed is not None  # CollectGarbage returns what it freed
         freed["prefix_cache_entries"] = self._prefix_cache.prune(self._live_paths())
         freed["renumbered_indexes"] = [key for key, tok_hash in self._index_keys() if self._indexes.compact(key, tok_hash)]
         freed.update(self._storage.compact_files())
@@ -175,7 +177,9 @@ class Upkeep:
     def _fp16_bytes_per_token(self) -> int | None:
         """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
         for row in self._storage.list_sessions()[:1]:
-            c = self._storage.get_model(row.model_id).config
+            model = self._storage.get_model(row.model_id)
+            assert model is not None  # a session's model is stored with it
+            c = model.config
             kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")  # GPT-2, GPT-NeoX: one per query head
             if c.get("num_hidden_layers") and kv_heads:
                 head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]

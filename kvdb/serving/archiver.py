@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Archiver:
         source = {entry["kind"]: entry["content"]}
         with self._gate.held():
             result = self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep))[0]
-            ids = self._access(lambda a: a.tokens(result.session_id))
+            ids = self._access(lambda a: a.tokens(cast(str, result.session_id)))
             cache = self._exact_cache(ids)
             self._access(lambda a: a.keep_cache(ids, cache))
         self._remember(ids, cache)

@@ -165,22 +165,27 @@ class Engine:
     def _prompt(self, request: Request) -> Prompt:
         """The request's token ids, and what its exchange is archived as."""
         tokenizer = self._loaded.tokenizer
-        messages = list(transcripts.transcript_from_messages(request.messages).messages) if request.chat else None
-        if request.session is None:
-            if request.chat:
-                ids = tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True))
+        sent, prompt, ref = request.messages, request.prompt, request.session  # exactly one of sent and prompt is None
+        messages: list[dict] = []
+        if sent is not None:
+            transcript = transcripts.transcript_from_messages(sent)
+            assert transcript.messages is not None  # a chat transcript holds messages
+            messages = list(transcript.messages)
+        if ref is None:
+            if sent is not None:
+                ids = np.asarray(tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
                 users = [m["content"] for m in messages if m["role"] == "user"] or [messages[0]["content"]]
-                return Prompt(np.asarray(ids, dtype=np.int64), request.name or _title(users[0], "chat"), "messages",
-                              lambda reply: [*request.messages, {"role": "assistant", "content": reply}])
-            ids = tok.encode(tokenizer, request.prompt)
-            return Prompt(np.asarray(ids, dtype=np.int64), request.name or _title(request.prompt, "completion"), "text", lambda reply: request.prompt + reply)
-        session, before, before_text = self._access(lambda a: self._archived_prefix(a, request.session, request.at))
-        added = chat.turns_suffix(tokenizer, messages) if request.chat else request.prompt
+                return Prompt(ids, request.name or _title(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}])
+            assert prompt is not None
+            ids = np.asarray(tok.encode(tokenizer, prompt), dtype=np.int64)
+            return Prompt(ids, request.name or _title(prompt, "completion"), "text", lambda reply: prompt + reply)
+        session, before, before_text = self._access(lambda a: self._archived_prefix(a, ref, request.at))
+        added = chat.turns_suffix(tokenizer, messages) if prompt is None else prompt
         ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
 
         def exchange(reply: str) -> str:  # the continued session's text, the new turns and the reply, as one text session
-            if not request.chat:
-                return before_text + request.prompt + reply
+            if prompt is not None:
+                return before_text + prompt + reply
             return before_text + chat.turns_suffix(tokenizer, [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False)
 
         return Prompt(ids, request.name or f"{session.name}@{len(before)}", "text", exchange)

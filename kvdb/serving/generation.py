@@ -8,6 +8,7 @@ as U+FFFD until its last byte comes) and the last characters that might begin a 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class Generation:
             if token in eos:
                 self.finish_reason = "stop"
                 break
-            text = tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            text = cast(str, tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False))  # one sequence: one string
             cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
             if cut >= 0:
                 text, self.finish_reason = text[:cut], "stop"

@@ -9,10 +9,14 @@ import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvdb.index import trie
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 DEFAULT_BUDGET_BYTES = 512 * 2**20
 
@@ -20,7 +24,7 @@ DEFAULT_BUDGET_BYTES = 512 * 2**20
 @dataclass(frozen=True)
 class Recent:
     ids: np.ndarray
-    cache: object
+    cache: DynamicCache
     approximate: bool  # built on a tier-K restore somewhere before: not the exact cache of ids
     nbytes: int
 
@@ -32,7 +36,7 @@ class RecentCaches:
         self._lock = threading.Lock()
         self._next = 0
 
-    def best(self, ids: np.ndarray, limit: int, exact_only: bool = False) -> tuple[int, object, bool] | None:
+    def best(self, ids: np.ndarray, limit: int, exact_only: bool = False) -> tuple[int, DynamicCache, bool] | None:
         """(positions held, a cache of ids[:positions], approximate) from the entry sharing the
         longest prefix with ``ids``, at most ``limit`` positions; None when none shares any."""
         with self._lock:
@@ -40,6 +44,7 @@ class RecentCaches:
             held, key = max(scored, default=(0, None), key=lambda pair: pair[0])
             if not held:
                 return None
+            assert key is not None  # held > 0 came from an entry
             self._entries.move_to_end(key)
             entry = self._entries[key]
         cache = copy.deepcopy(entry.cache)  # outside the lock: nobody changes an entry's cache

@@ -44,6 +44,7 @@ class Reply:
     def result(self) -> Completion:
         for _ in self.deltas():
             pass
+        assert self.completion is not None  # deltas() ends only once it is set
         return self.completion
 
     def cancel(self) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeGuard
 
 from kvdb.storage.base import Storage
 
 LAKE_PREFIX = "ducklake:"
 
 
-def is_lake(location) -> bool:
+def is_lake(location) -> TypeGuard[str]:
     """A DuckLake location (``ducklake:postgres:<conninfo>``) rather than a file's path."""
     return isinstance(location, str) and location.startswith(LAKE_PREFIX)
 

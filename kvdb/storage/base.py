@@ -59,7 +59,7 @@ class CodebookRow:
     codebook_id: str
     model_id: str
     preset: str
-    created_at: object
+    created_at: dt.datetime
     stored_bytes: int
     small_blob: bytes | None
 

@@ -333,6 +333,7 @@ def _extension_file(name: str) -> Path:
         module = importlib.import_module(f"duckdb_extension_{name}")
     except ImportError as exc:
         raise ArchiveError(f"DuckLake archives need the DuckDB extension {name}: pip install duckdb-extension-{name}==1.5.5") from exc
+    assert module.__file__ is not None  # a package installed from a wheel, not a namespace
     return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
 
 

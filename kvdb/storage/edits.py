@@ -143,6 +143,7 @@ def add_tiers(node: NodeRow, stream: Stream | None, tiers: NodeTiers, search: bo
     edits: list[Edit] = []
     added = {"search"} if search else set()
     if tiers.tokens is not None:
+        assert stream is not None  # given whenever tokens are
         edits += token_rows(node.node_id, stream, *tiers.tokens)
         added.add("tokens")
     if tiers.lm is not None:
@@ -165,6 +166,7 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
             raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities")
         tokens, logprobs = np.asarray(cut.tokens), np.asarray(cut.logprobs, dtype=np.float32)
     else:
+        assert held.logprobs is not None  # read with the tokens
         tokens, logprobs = held.tokens, held.logprobs
     edits: list[Edit] = [Delete(table, "node_id", [node.node_id]) for table in ("token_blocks", "token_streams", "node_logprobs")]
     edits += tier_rows(node.node_id, tokens[k:], logprobs[k:], alphabet)

@@ -23,7 +23,9 @@ class DuckDBImpl(DefaultImpl):
 
 
 def script_directory() -> tuple[ScriptDirectory, Config]:
-    location = importlib.util.find_spec("kvdb_migrations").submodule_search_locations[0]
+    spec = importlib.util.find_spec("kvdb_migrations")
+    assert spec is not None and spec.submodule_search_locations is not None  # a package installed with kvdb
+    location = spec.submodule_search_locations[0]
     config = Config()
     config.set_main_option("script_location", location)
     return ScriptDirectory.from_config(config), config

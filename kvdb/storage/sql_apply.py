@@ -4,6 +4,8 @@ for the row edits, execute them in order."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -174,7 +176,7 @@ def _import_rows(conn, plan: ImportRows) -> dict:
     return counts
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     SessionWrite: _session_write,
     PutModel: _put_model,
     PutCodebooks: _put_codebooks,

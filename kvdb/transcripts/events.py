@@ -31,7 +31,7 @@ class EventLog:
         self._stem, self._shown = stem, shown
         self._events: dict[str, dict] = {}  # uuid -> event, in file order
         self._lines: dict[str, int] = {}
-        self._summaries: dict[str, str] = {}  # leaf uuid -> summary
+        self._summaries: dict[str | None, str] = {}  # leaf uuid -> summary
         self._skipped: Counter = Counter()
 
     def add(self, event, line: int) -> None:
@@ -64,8 +64,8 @@ class EventLog:
         for session_id, session_leaves in by_session.items():
             for branch, leaf in enumerate(session_leaves, start=1):
                 chain = [leaf]
-                while parent_message[chain[-1]] is not None:
-                    chain.append(parent_message[chain[-1]])
+                while (parent := parent_message[chain[-1]]) is not None:
+                    chain.append(parent)
                 name = self._summaries.get(leaf, session_id)
                 metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[-1]]}
                 conversation = self._conversation(chain[::-1])

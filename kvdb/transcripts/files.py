@@ -89,7 +89,7 @@ def _walk(root: Path) -> list[Path]:
     def unreadable(error: OSError):
         raise TranscriptError(error.filename, f"cannot read directory: {error.strerror or error}")
 
-    files = []
+    files: list[Path] = []
     for directory, subdirectories, names in os.walk(root, onerror=unreadable):
         subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
         files.extend(Path(directory, name) for name in names if not name.startswith(".") and _suffix(Path(name)) in SUPPORTED_SUFFIXES)

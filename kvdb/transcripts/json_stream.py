@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from json.decoder import JSONObject
-from json.scanner import py_make_scanner
+from json.decoder import JSONObject  # type: ignore[attr-defined]  # typeshed's json stubs omit the pure-Python parser
+from json.scanner import py_make_scanner  # type: ignore[attr-defined]  # typeshed's json stubs omit the pure-Python scanner
 
 from kvdb.errors import TranscriptError
 from kvdb.transcripts.encoding import decode, utf8_cut
@@ -67,7 +67,9 @@ class JsonStream:
     def skip(self, space: re.Pattern = _JSON_SPACE) -> str:
         """Move past whitespace; the next character, or "" at the end of the file."""
         while True:
-            self.pos = space.match(self.buf, self.pos).end()
+            spaces = space.match(self.buf, self.pos)
+            assert spaces is not None  # a run of spaces matches, if only an empty one
+            self.pos = spaces.end()
             if self.pos < len(self.buf) or not self.read(CHUNK):
                 return self.buf[self.pos : self.pos + 1]
 

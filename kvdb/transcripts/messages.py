@@ -273,7 +273,7 @@ def _openai_call(call_id, function, node) -> dict:
 
 
 def _tool_result(call_id, text: str, is_error: bool = False) -> dict:
-    out = {"role": "tool", "content": text}
+    out: dict[str, str | bool] = {"role": "tool", "content": text}
     if call_id is not None:
         out["tool_call_id"] = str(call_id)
     if is_error:

@@ -143,7 +143,7 @@ def _chatgpt(obj: dict, default_name: str, source: str) -> list[Transcript]:
     if current in mapping:
         leaves = [current] + [leaf for leaf in leaves if leaf != current]
     name = _session_name(obj, default_name)
-    metadata = {"format": "chatgpt-export"}
+    metadata: dict[str, object] = {"format": "chatgpt-export"}
     if obj.get("conversation_id", obj.get("id")) is not None:
         metadata["id"] = obj.get("conversation_id", obj.get("id"))
     sessions = []
