@@ -270,7 +270,9 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
         click.echo(f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
         if with_fidelity:
             f = out["fidelity"]
-            click.echo(f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True)
+            click.echo(
+                f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True
+            )
         click.echo(text)
 
 
@@ -279,8 +281,12 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
-@click.option("--semantic", is_flag=True, help="Experimental: nearest contexts in the model's key space (sessions stored with tier K; loads the model). "
-              "It loses to a sentence-embedding model on a retrieval set nobody here wrote (benchmarks/retrieval.py).")
+@click.option(
+    "--semantic",
+    is_flag=True,
+    help="Experimental: nearest contexts in the model's key space (sessions stored with tier K; loads the model). "
+    "It loses to a sentence-embedding model on a retrieval set nobody here wrote (benchmarks/retrieval.py).",
+)
 @click.option("--layer", type=int, default=None, help="With --semantic: the layer whose keys are compared (default: the middle one).")
 @model_option
 @json_option
@@ -375,8 +381,10 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
     if as_json:
         _emit(report)
     else:
-        click.echo(f"trained {report['preset']} codebooks {report['codebook_id'][:12]} on {report['tokens']} positions "
-                   f"({report['bytes']} bytes) in {report['seconds']}s")
+        click.echo(
+            f"trained {report['preset']} codebooks {report['codebook_id'][:12]} on {report['tokens']} positions "
+            f"({report['bytes']} bytes) in {report['seconds']}s"
+        )
 
 
 @codebooks.command("list")
@@ -510,12 +518,18 @@ def gc(ctx, as_json):
         click.echo(
             f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks, "
             f"{freed['prefix_cache_entries']} prefix-cache entries"
-            + (f"; merged {freed['data_files_merged']} data files into {freed['data_files_written']}, deleted {freed['data_files_deleted']}" if "data_files_merged" in freed else "")
+            + (
+                f"; merged {freed['data_files_merged']} data files into {freed['data_files_written']}, deleted {freed['data_files_deleted']}"
+                if "data_files_merged" in freed
+                else ""
+            )
         )
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others).")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others)."
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @model_option
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each exchange is archived with (as `kvdb ingest --keep`).")
@@ -528,7 +542,13 @@ def gc(ctx, as_json):
 )
 @click.option("--api-key", envvar="KVDB_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).")
 @click.option("--queue", type=click.IntRange(min=0), default=8, show_default=True, help="Requests that may wait for the model; more are refused (429).")
-@click.option("--queue-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.")
+@click.option(
+    "--queue-timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.",
+)
 @click.pass_context
 def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
@@ -567,7 +587,9 @@ def copy(ctx, source, target, as_json):
     if as_json:
         _emit(report)
     else:
-        click.echo(f"copied {report['source']} to {report['target']}: {sum(report['rows'].values())} rows in {len(report['rows'])} tables, content hashes equal")
+        click.echo(
+            f"copied {report['source']} to {report['target']}: {sum(report['rows'].values())} rows in {len(report['rows'])} tables, content hashes equal"
+        )
 
 
 @main.command()

@@ -1,11 +1,11 @@
 """kvdb: a persistent archive for the KV caches of transformer language models.
 
-    import kvdb
-    with kvdb.open("my.duckdb") as db:
-        db.ingest("examples/transcripts")
-        session = db.sessions()[0]
-        print(db.text(session.session_id))
-        print(db.continue_session(session.session_id, prompt="And then?"))
+import kvdb
+with kvdb.open("my.duckdb") as db:
+    db.ingest("examples/transcripts")
+    session = db.sessions()[0]
+    print(db.text(session.session_id))
+    print(db.continue_session(session.session_id, prompt="And then?"))
 """
 
 from kvdb.archive import Archive, default_path, open

@@ -7,9 +7,8 @@ use, so listing, showing, searching, deleting and stats never import torch.
 
 from __future__ import annotations
 
-import warnings
-
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path

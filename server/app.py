@@ -97,7 +97,11 @@ def _authorize(api_key: str | None):
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise HttpError(401, "this server needs an API key: send `Authorization: Bearer KEY` with the key it was started with (--api-key or $KVDB_API_KEY)", "missing_api_key")
+            raise HttpError(
+                401,
+                "this server needs an API key: send `Authorization: Bearer KEY` with the key it was started with (--api-key or $KVDB_API_KEY)",
+                "missing_api_key",
+            )
         if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
             raise HttpError(401, "incorrect API key; send the key the server was started with (--api-key or $KVDB_API_KEY)", "invalid_api_key")
 

@@ -72,7 +72,11 @@ def install(app: FastAPI) -> None:
 
     async def starlette(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)  # registered for HTTPException only
-        message = f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/chat/completions, GET /api/sessions" if exc.status_code == 404 else str(exc.detail)
+        message = (
+            f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/chat/completions, GET /api/sessions"
+            if exc.status_code == 404
+            else str(exc.detail)
+        )
         return _respond(HttpError(exc.status_code, message, "not_found" if exc.status_code == 404 else None))
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:

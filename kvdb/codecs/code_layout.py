@@ -106,8 +106,7 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
         yield gather("k", layer), gather("v", layer)
 
 
-def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0,
-                      block_size: int = fractal.DEFAULT_BLOCK) -> int:
+def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0, block_size: int = fractal.DEFAULT_BLOCK) -> int:
     """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs included)."""
     total = 0
     for size, symbols in code_streams(codebooks, codes, start).items():

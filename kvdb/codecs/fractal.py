@@ -323,9 +323,7 @@ def append_to_block(blob: bytes, alphabet: int, symbols: np.ndarray | Sequence[i
     return _assemble(lay, total, words, bits)
 
 
-def append_blocks(
-    last_blob: bytes | None, alphabet: int, symbols: np.ndarray | Sequence[int], block_size: int = DEFAULT_BLOCK
-) -> list[bytes]:
+def append_blocks(last_blob: bytes | None, alphabet: int, symbols: np.ndarray | Sequence[int], block_size: int = DEFAULT_BLOCK) -> list[bytes]:
     """Append to a stream whose last block is ``last_blob`` (None for an empty stream).
 
     Returns the replacement for the last block (if there was a partial one) followed by the

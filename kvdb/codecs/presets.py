@@ -100,8 +100,10 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
             longest = max(per_head, key=len)
             for sizes in per_head:
                 if sizes != longest[: len(sizes)]:
-                    raise InvalidArgument(f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
-                                          "a layer's heads share its codebook sizes and differ only in how many stages they take")
+                    raise InvalidArgument(
+                        f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
+                        "a layer's heads share its codebook sizes and differ only in how many stages they take"
+                    )
                 if any(not 2 <= s <= 65536 for s in sizes):
                     raise InvalidArgument(f"codebook size {sizes[0]} in {preset!r} is outside 2..65536 (codes are uint16)")
     return alloc

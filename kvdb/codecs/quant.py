@@ -83,7 +83,9 @@ class Codebooks:
             have_depth = self.depth(kind)
             if (want[kind] > have_depth).any():
                 layer, head = np.argwhere(want[kind] > have_depth)[0]
-                raise InvalidArgument(f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages in layer {layer} head {head}; trained: {have_depth[layer, head]}")
+                raise InvalidArgument(
+                    f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages in layer {layer} head {head}; trained: {have_depth[layer, head]}"
+                )
             books[kind] = []
             for layer, sizes in enumerate(alloc[kind]):
                 have = self.stages(kind)[layer]
@@ -145,8 +147,12 @@ class Codebooks:
     @property
     def nbytes(self) -> int:
         """Bytes the centroids take when stored (fp16): only the heads that take each stage."""
-        return sum(int((self.depth(kind)[layer] > stage).sum()) * b.shape[1] * self.dim * 2
-                   for kind in KINDS for layer, books in enumerate(self.books[kind]) for stage, b in enumerate(books))
+        return sum(
+            int((self.depth(kind)[layer] > stage).sum()) * b.shape[1] * self.dim * 2
+            for kind in KINDS
+            for layer, books in enumerate(self.books[kind])
+            for stage, b in enumerate(books)
+        )
 
     # serialization ------------------------------------------------------------------------
 
@@ -259,8 +265,7 @@ def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, max_points: int) -> np
         out = np.repeat(x.mean(0, keepdims=True), k, axis=0)
         out[: len(x)] = x
         return out.astype(np.float32)
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max_points,
-                     min_points_per_centroid=1, verbose=False)
+    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max_points, min_points_per_centroid=1, verbose=False)
     km.train(np.ascontiguousarray(x, dtype=np.float32))
     assert km.centroids is not None  # set by train
     return km.centroids.reshape(k, x.shape[1]).copy()
@@ -270,9 +275,18 @@ def _fp16(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
-def train(vectors: dict[str, np.ndarray], preset: str = DEFAULT_PRESET, pre_rope: bool = True, niter: int = 12,
-          seed: int = 1234, max_points: int = 50_000, meta: dict | None = None, progress=None, threads: int = 1,
-          weights: dict[str, np.ndarray] | None = None) -> Codebooks:
+def train(
+    vectors: dict[str, np.ndarray],
+    preset: str = DEFAULT_PRESET,
+    pre_rope: bool = True,
+    niter: int = 12,
+    seed: int = 1234,
+    max_points: int = 50_000,
+    meta: dict | None = None,
+    progress=None,
+    threads: int = 1,
+    weights: dict[str, np.ndarray] | None = None,
+) -> Codebooks:
     """Residual VQ codebooks for ``vectors = {"k": keys, "v": values}``, each ``[layers, heads, n, dim]``.
 
     A kind the preset gives no stages (``"k4v0"``) may be left out.

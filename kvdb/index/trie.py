@@ -51,8 +51,7 @@ def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Ca
         if not kids:
             break
         scored = [
-            (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k)
-            for k in kids
+            (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k) for k in kids
         ]
         common, kid = max(scored, key=lambda pair: pair[0])
         best = PrefixMatch(start + common, kid, common)
@@ -87,9 +86,7 @@ class TrieView:
             node = self.nodes.get(node.parent_id) if node.parent_id else None
         return out[::-1]
 
-    def windows(
-        self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray
-    ) -> list[np.ndarray]:
+    def windows(self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray) -> list[np.ndarray]:
         """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
         search index's copy where the node is in it (``runs``: node_id -> first slot), else from
         the token blocks, all of them in one query."""
@@ -101,9 +98,7 @@ class TrieView:
             ]
             for sid, lo, hi in requests
         ]
-        wanted = sorted(
-            {(nid, k) for ps in parts for nid, a, b in ps if nid not in runs for k in fractal.blocks_for_range(a, b, self.streams[nid][1])}
-        )
+        wanted = sorted({(nid, k) for ps in parts for nid, a, b in ps if nid not in runs for k in fractal.blocks_for_range(a, b, self.streams[nid][1])})
         blobs = store.load_blocks(wanted)
         out = []
         for ps in parts:

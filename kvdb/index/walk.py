@@ -40,7 +40,6 @@ _KEY = np.dtype("<u8")
 _SLOT = np.dtype("<u4")  # up to 2**32 positions per index
 
 
-
 def index_key(tokenizer_hash: str) -> str:
     """One search index per tokenizer: token ids mean the same thing only under one tokenizer."""
     return tokenizer_hash[:16]

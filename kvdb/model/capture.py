@@ -214,8 +214,17 @@ def _into_cache(model, keys: torch.Tensor, values: torch.Tensor, cache=None):
     return cache
 
 
-def restore_cache(model, ids, keys, values, pre_rope: bool = False, sinks: int = SINKS, recent: int = RECENT,
-                  window: str = "recompute", exact_sinks: tuple[np.ndarray, np.ndarray] | None = None):
+def restore_cache(
+    model,
+    ids,
+    keys,
+    values,
+    pre_rope: bool = False,
+    sinks: int = SINKS,
+    recent: int = RECENT,
+    window: str = "recompute",
+    exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
+):
     """``restore_layers`` of arrays ``[layers, kv_heads, seq, head_dim]``, left as they were (each
     layer copied as it is restored)."""
     copies = ((np.array(k, np.float32), np.array(v, np.float32)) for k, v in zip(keys, values))
@@ -226,8 +235,16 @@ WINDOWS = ("recompute", "stored", "quantized", "none")
 
 
 @torch.no_grad()
-def restore_layers(model, ids, layers, pre_rope: bool = False, sinks: int = SINKS, recent: int = RECENT,
-                   window: str = "recompute", exact_sinks: tuple[np.ndarray, np.ndarray] | None = None):
+def restore_layers(
+    model,
+    ids,
+    layers,
+    pre_rope: bool = False,
+    sinks: int = SINKS,
+    recent: int = RECENT,
+    window: str = "recompute",
+    exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
+):
     """The approximate cache of ``ids`` from de-quantized keys and values: ``layers`` gives each
     layer's ``(keys, values)``, float32 ``[kv_heads, seq, head_dim]`` covering all of ``ids``
     (the cache takes them over), and is consumed one layer at a time, so a layer is rotated and
@@ -387,6 +404,7 @@ def key_weights(model, ids, chunk: int = CHUNK) -> np.ndarray:
             sums[i] += (q * q).sum(0)
             if i == 0:
                 count[0] += q.shape[0]
+
         return fn
 
     for i, attn in enumerate(_attention_modules(model)):

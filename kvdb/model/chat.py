@@ -25,7 +25,7 @@ from kvdb.model.tokenizer import LightTokenizer
 TEXTUAL = {
     "name": "{name}: {content}",
     "thinking": "<thinking>\n{thinking}\n</thinking>\n{content}",
-    "tool_call": '<tool_call id={id} name={name}>{arguments}</tool_call>',
+    "tool_call": "<tool_call id={id} name={name}>{arguments}</tool_call>",
     "tool_result": "<tool_result id={id} name={name}{error}>\n{content}\n</tool_result>",
 }
 _PROBE = "\u2063kvdb probe\u2063"
@@ -110,8 +110,7 @@ def _for_template(message: dict, native_tools: bool) -> dict:
         return turn | {k: message[k] for k in ("tool_call_id", "name") if k in message}
     turn = _textual({k: v for k, v in message.items() if k != "tool_calls"})
     turn["tool_calls"] = [
-        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": _arguments(call["arguments"])}}
-        for call in message["tool_calls"]
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": _arguments(call["arguments"])}} for call in message["tool_calls"]
     ]
     return turn
 

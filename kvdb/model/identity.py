@@ -21,9 +21,22 @@ from kvdb.storage.base import ModelRow
 RECORDED = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
 # What attention computes depends on these too, where a config has them.
 ATTENTION = (
-    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "attention_chunk_size",
-    "rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq", "partial_rotary_factor", "rotary_pct", "rotary_emb_base",
-    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "position_embedding_type",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "attention_chunk_size",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rope_local_base_freq",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_emb_base",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+    "position_embedding_type",
 )
 
 

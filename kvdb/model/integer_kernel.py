@@ -91,8 +91,20 @@ class Kernel:
         )
         self._ilm = ilm  # keeps every buffer the structures point into alive
         self._model = _Model(
-            len(ilm.layers), ilm.embed.shape[1], ilm.heads, ilm.kv_heads, ilm.head_dim, ilm.layers[0].gate_up.weight.shape[0] // 2,
-            ilm.vocab, 1, ilm.eps, self._layers, _linear(ilm.head), _ptr(ilm.norm), _ptr(self._exp_table), _ptr(self._coeffs),
+            len(ilm.layers),
+            ilm.embed.shape[1],
+            ilm.heads,
+            ilm.kv_heads,
+            ilm.head_dim,
+            ilm.layers[0].gate_up.weight.shape[0] // 2,
+            ilm.vocab,
+            1,
+            ilm.eps,
+            self._layers,
+            _linear(ilm.head),
+            _ptr(ilm.norm),
+            _ptr(self._exp_table),
+            _ptr(self._coeffs),
         )
 
     @classmethod

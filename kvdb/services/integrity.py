@@ -80,9 +80,7 @@ def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
         expected = {size: node.n_tokens * columns for size, columns in code_layout.stream_columns(books[codebook_id]).items()}
         held = {size: len(symbols) for size, symbols in streams.items()}
         if held != expected:
-            report.problems.append(
-                f"KV codes of node {node.node_id[:12]} hold {held} symbols per codebook size, its {node.n_tokens} tokens need {expected}"
-            )
+            report.problems.append(f"KV codes of node {node.node_id[:12]} hold {held} symbols per codebook size, its {node.n_tokens} tokens need {expected}")
 
 
 def _check_prefix_cache(report: Report, shapes, entries: dict) -> None:

@@ -35,8 +35,13 @@ def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> R
 
 
 def restore_archive(
-    loaded: LoadedModel, session_id: str, prefix: np.ndarray, layers: Iterable[tuple[np.ndarray, np.ndarray]], started: float,
-    window: str = DEFAULT_WINDOW, exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
+    loaded: LoadedModel,
+    session_id: str,
+    prefix: np.ndarray,
+    layers: Iterable[tuple[np.ndarray, np.ndarray]],
+    started: float,
+    window: str = DEFAULT_WINDOW,
+    exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RestoredSession:
     """The cache from de-quantized tier K (each layer's pre-RoPE keys and values), the attention
     sinks exact: given (``window="stored"``, no forward pass), or recomputed with the most recent

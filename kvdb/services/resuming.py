@@ -65,7 +65,9 @@ class Resumer:
             return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute")
         if found is None:
             return None
-        return RestoredSession(trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, "exact", time.perf_counter() - started, ids[:held])
+        return RestoredSession(
+            trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, "exact", time.perf_counter() - started, ids[:held]
+        )
 
     def keep(self, ids: np.ndarray, cache) -> None:
         """Keep ``cache``, the exact cache of ``ids`` (an archived path's tokens), in the prefix

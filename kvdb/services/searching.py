@@ -26,6 +26,7 @@ _NO_TIER_K = (
     "ingest sessions with `--keep tokens,search,kv` (archived ones again, to add it)"
 )
 
+
 class Searcher:
     def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, indexes: Indexes, tier_k: Callable):
         self._storage = storage

@@ -180,9 +180,13 @@ def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
         values.append(v[:, :, :take])
         used += take
     return quant.train(
-        {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, wanted["preset"], pre_rope=True, niter=wanted["niter"],
+        {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)},
+        wanted["preset"],
+        pre_rope=True,
+        niter=wanted["niter"],
         meta={"shipped": recipe_key(wanted), "tokens": used},
-        progress=progress, threads=min(2, os.cpu_count() or 1),
+        progress=progress,
+        threads=min(2, os.cpu_count() or 1),
     )
 
 

@@ -51,8 +51,12 @@ class TierK:
         self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, built = shipped.build(loaded, progress)
         return {
-            "model_id": loaded.identity.model_id, "preset": books.preset, "bytes": reference.nbytes, "built": built,
-            "path": str(shipped.cache_path(reference.key)), "seconds": round(time.perf_counter() - start, 2),
+            "model_id": loaded.identity.model_id,
+            "preset": books.preset,
+            "bytes": reference.nbytes,
+            "built": built,
+            "path": str(shipped.cache_path(reference.key)),
+            "seconds": round(time.perf_counter() - start, 2),
         }
 
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
@@ -118,7 +122,9 @@ class TierK:
         depth = presets.depths(preset, layers, heads)
         bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
         if bare:  # a head without codes would restore as zeros
-            raise InvalidArgument(f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values")
+            raise InvalidArgument(
+                f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values"
+            )
         start = time.perf_counter()
         keys, values, used = [], [], 0
         for row in self._storage.list_sessions():
@@ -132,9 +138,14 @@ class TierK:
         largest = max(size for kind in alloc.values() for stage in kind for size in stage)
         if used < largest:  # too few under the --tokens cap, or in the archive
             advice = f"pass --tokens {largest} or more" if tokens < largest else "archive more sessions first, then run `kvdb codebooks train` again"
-            raise InvalidArgument(f"training {preset} codebooks needs at least {largest} archived positions (attention sinks left out), and {used} were read; {advice}")
+            raise InvalidArgument(
+                f"training {preset} codebooks needs at least {largest} archived positions (attention sinks left out), and {used} were read; {advice}"
+            )
         books = quant.train(
-            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)}, preset, pre_rope=True, niter=niter,
+            {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)},
+            preset,
+            pre_rope=True,
+            niter=niter,
             meta={"model_id": loaded.identity.model_id, "tokens": used},
         )
         data = books.to_bytes()

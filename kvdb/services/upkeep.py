@@ -165,9 +165,14 @@ class Upkeep:
         fp16 = self._fp16_bytes_per_token()
         ratio = fp16 / per_token["kv"] if per_token["kv"] and fp16 else None
         return Stats(
-            counts["sessions"], n, counts["stored_tokens"], counts["nodes"],
+            counts["sessions"],
+            n,
+            counts["stored_tokens"],
+            counts["nodes"],
             dict(tiers, file=self._storage.footprint(), codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
-            per_token, ratio, counts["codebook_bytes"],
+            per_token,
+            ratio,
+            counts["codebook_bytes"],
             sum(c.centroid_bytes for c in self.codebooks() if c.source == "shipped"),
         )
 

@@ -67,7 +67,9 @@ def ingest_with_workers(
             except queue.Empty:
                 dead = [p for p in processes if p.exitcode not in (None, 0)]
                 if dead:
-                    raise WorkerDied(f"an ingest worker died (exit {dead[0].exitcode}); what it reported is archived, run the command again for the rest") from None
+                    raise WorkerDied(
+                        f"an ingest worker died (exit {dead[0].exitcode}); what it reported is archived, run the command again for the rest"
+                    ) from None
                 continue
             if kind == "progress" and progress:
                 progress(*payload)

@@ -193,7 +193,9 @@ class Engine:
     def _archived_prefix(self, archive: Archive, ref: str, at: int | None) -> tuple[Session, np.ndarray, str]:
         session = archive.session(ref)
         if session.model_id != self._loaded.identity.model_id:
-            raise ModelMismatch(f"session {session.session_id[:12]} ({session.name}) was archived with another model than {self.model_name!r}, which this server runs; serve it with that session's --model")
+            raise ModelMismatch(
+                f"session {session.session_id[:12]} ({session.name}) was archived with another model than {self.model_name!r}, which this server runs; serve it with that session's --model"
+            )
         at = session.n_tokens if at is None else at
         return session, archive.tokens(session.session_id, 0, at), archive.text(session.session_id, 0, at)
 

@@ -38,7 +38,9 @@ class ModelGate:
             return self._release
         with self._count:
             if self._waiting >= self.size:
-                raise Busy(f"the model is busy and {self._waiting} requests wait for it already (the queue holds {self.size}); retry later, or start the server with a larger --queue")
+                raise Busy(
+                    f"the model is busy and {self._waiting} requests wait for it already (the queue holds {self.size}); retry later, or start the server with a larger --queue"
+                )
             self._waiting += 1
         try:
             taken = self._lock.acquire(timeout=self.timeout)

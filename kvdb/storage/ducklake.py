@@ -43,7 +43,14 @@ ALIAS = "lake"
 CATALOG_PREFIX = "ducklake:postgres:"
 SNAPSHOT_RETENTION = "1 hour"  # what `kvdb gc` leaves of the files a merge replaced, for readers still scanning them
 # How DuckDB's postgres extension says the catalog went away (no error code of its own).
-LOST_CATALOG = ("Unable to connect to Postgres", "server closed the connection", "terminating connection", 'Failed to execute query "ROLLBACK"', 'Failed to execute query "COMMIT"', "no connection to the server")
+LOST_CATALOG = (
+    "Unable to connect to Postgres",
+    "server closed the connection",
+    "terminating connection",
+    'Failed to execute query "ROLLBACK"',
+    'Failed to execute query "COMMIT"',
+    "no connection to the server",
+)
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
 # How httpfs says an object store could not be reached or refused the request.
 UNREACHABLE_DATA = ("Could not connect to server", "HTTP Error", "HTTP PUT", "HTTP GET", "HTTP HEAD", "Could not resolve hostname")
@@ -63,6 +70,7 @@ claims = sa.Table(
 
 class DuckLake(SqlStorage):
     claims_inputs = True
+
     def __init__(self, location: str, data_path: str | Path | None = None, read_only: bool = False):
         """Attach the lake at ``location`` (``ducklake:postgres:<libpq conninfo>``), creating it
         under ``data_path`` if its catalog is empty. ``data_path`` is needed only then: the
@@ -134,7 +142,9 @@ class DuckLake(SqlStorage):
                 "address and the AWS_* credentials in the environment. The transaction in progress was not half-written"
             ) from context.original_exception
         if ".parquet" in message:
-            raise CorruptData(f"a data file of {self.describe()} cannot be read ({message.strip().splitlines()[0]}); `kvdb verify` names the damaged files") from context.original_exception
+            raise CorruptData(
+                f"a data file of {self.describe()} cannot be read ({message.strip().splitlines()[0]}); `kvdb verify` names the damaged files"
+            ) from context.original_exception
         if any(sign in message for sign in LOST_CATALOG):
             raise ArchiveError(
                 f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
@@ -174,7 +184,9 @@ class DuckLake(SqlStorage):
             except psycopg.Error as exc:  # OperationalError: down or unreachable; others: a conninfo libpq refuses
                 self._catalog = None
                 if attempt == 2 or not isinstance(exc, psycopg.OperationalError):
-                    raise ArchiveError(f"cannot reach the catalog of {self.describe()}: {_without_password(str(exc).strip().splitlines()[0])}; start PostgreSQL, or check the conninfo in --db") from exc
+                    raise ArchiveError(
+                        f"cannot reach the catalog of {self.describe()}: {_without_password(str(exc).strip().splitlines()[0])}; start PostgreSQL, or check the conninfo in --db"
+                    ) from exc
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         self.check_writable()
@@ -214,7 +226,9 @@ class DuckLake(SqlStorage):
         problems = []
         with self.engine.connect() as conn:
             for table in [*schema.metadata.sorted_tables, commits, claims]:
-                listed = conn.exec_driver_sql(f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table.name}')")
+                listed = conn.exec_driver_sql(
+                    f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table.name}')"
+                )
                 for data_file, data_size, delete_file, delete_size in listed:
                     problems += [f"table {table.name}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
         return problems
@@ -324,7 +338,9 @@ def _keyless(metadata: sa.MetaData) -> list[sa.Table]:
 
 
 def _revision(conn) -> str | None:
-    found = conn.exec_driver_sql(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}' and table_name = 'alembic_version'").scalar_one()
+    found = conn.exec_driver_sql(
+        f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}' and table_name = 'alembic_version'"
+    ).scalar_one()
     return conn.exec_driver_sql("select version_num from alembic_version").scalar() if found else None
 
 

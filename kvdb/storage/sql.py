@@ -178,11 +178,7 @@ class SqlStorage(Storage):
     def path_tokens(self, path: list[NodeRow], start: int = 0, end: int | None = None) -> np.ndarray:
         end = path[-1].end if end is None else end
         with self.engine.connect() as conn:
-            pieces = [
-                node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start)
-                for n in path
-                if n.start < end and n.end > start
-            ]
+            pieces = [node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start) for n in path if n.start < end and n.end > start]
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
     def nodes_tokens(self, node_ids: list[str]) -> dict[str, np.ndarray]:
@@ -315,14 +311,22 @@ class SqlStorage(Storage):
         text_bytes = _text_bytes(sessions.c.metadata) + _text_bytes(sessions.c.name) + _text_bytes(sessions.c.source)
         with self.engine.connect() as conn:
             row = conn.execute(
-                sa.select(sa.func.count(sessions.c.session_id), sa.func.coalesce(sa.func.sum(sessions.c.n_tokens), 0), sa.func.coalesce(sa.func.sum(text_bytes), 0))
+                sa.select(
+                    sa.func.count(sessions.c.session_id), sa.func.coalesce(sa.func.sum(sessions.c.n_tokens), 0), sa.func.coalesce(sa.func.sum(text_bytes), 0)
+                )
             ).one()
             streams = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(token_streams.c.n_tokens), 0))).one()
             n_nodes = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
-            blobs = {name: conn.execute(total(column)).scalar_one() for name, column in (
-                ("blocks", token_blocks.c.data), ("logprobs", node_logprobs.c.logprobs), ("lm", node_lm.c.payload),
-                ("kv", node_kv.c.data), ("codebooks", codebooks.c.data),
-            )}
+            blobs = {
+                name: conn.execute(total(column)).scalar_one()
+                for name, column in (
+                    ("blocks", token_blocks.c.data),
+                    ("logprobs", node_logprobs.c.logprobs),
+                    ("lm", node_lm.c.payload),
+                    ("kv", node_kv.c.data),
+                    ("codebooks", codebooks.c.data),
+                )
+            }
             kv_tokens = conn.execute(
                 sa.select(sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.node_id.in_(sa.select(node_kv.c.node_id)))
             ).scalar_one()

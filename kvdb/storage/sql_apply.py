@@ -101,9 +101,11 @@ def _collect_garbage(conn, plan: CollectGarbage) -> dict:
     nodes, blocks = schema.nodes, schema.token_blocks
     dead = [r[0] for r in conn.execute(sa.select(nodes.c.node_id).where(nodes.c.refcount <= 0))]
     tokens = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.refcount <= 0)).scalar_one()
-    freed = conn.execute(
-        sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(blocks.c.data)), 0)).where(blocks.c.node_id.in_(dead))
-    ).scalar_one() if dead else 0
+    freed = (
+        conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(blocks.c.data)), 0)).where(blocks.c.node_id.in_(dead))).scalar_one()
+        if dead
+        else 0
+    )
     run(conn, edits.collect(dead))
     return {"nodes": len(dead), "tokens": int(tokens), "token_bytes": int(freed)}
 

@@ -44,11 +44,15 @@ def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> n
     needed = fractal.blocks_for_range(start, end, coded.block_size)
     if not needed:
         return np.zeros(0, dtype=np.int64)
-    blobs = conn.execute(
-        sa.select(token_blocks.c.data)
-        .where(token_blocks.c.node_id == node_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
-        .order_by(token_blocks.c.block_no)
-    ).scalars().all()
+    blobs = (
+        conn.execute(
+            sa.select(token_blocks.c.data)
+            .where(token_blocks.c.node_id == node_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
+            .order_by(token_blocks.c.block_no)
+        )
+        .scalars()
+        .all()
+    )
     if len(blobs) != len(needed):  # a node held in tier L only: the services decode those
         raise ValueError(f"node {node_id} holds no token blocks for tokens [{start}, {end})")
     return fractal.decode_range(blobs, coded.alphabet, coded.block_size, start, end)

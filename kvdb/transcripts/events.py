@@ -93,7 +93,12 @@ class EventLog:
         for uuid in chain:
             message = self._events[uuid]["message"]
             previous = merged[-1][0] if merged else None
-            if previous is not None and message.get("id") is not None and message.get("id") == previous.get("id") and message.get("role") == previous.get("role"):
+            if (
+                previous is not None
+                and message.get("id") is not None
+                and message.get("id") == previous.get("id")
+                and message.get("role") == previous.get("role")
+            ):
                 previous["content"] = _blocks(previous.get("content")) + _blocks(message.get("content"))
             else:
                 merged.append((dict(message), uuid))

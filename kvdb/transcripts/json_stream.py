@@ -175,5 +175,3 @@ class LocatingDecoder(json.JSONDecoder):
 
         self.parse_object = parse_object
         self.scan_once = py_make_scanner(self)
-
-

@@ -56,7 +56,17 @@ PLACEHOLDER_PARTS = {
     "redacted_thinking": "redacted thinking",
 }
 # Responses API items that are a hosted tool's work, with no text of the transcript's own
-HOSTED_CALLS = ("web_search_call", "file_search_call", "computer_call", "computer_call_output", "image_generation_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "local_shell_call")
+HOSTED_CALLS = (
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "image_generation_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "local_shell_call",
+)
 
 
 class Invalid(Exception):
@@ -140,7 +150,13 @@ class Conversation:
         if "from" in message:
             return self._sharegpt_message(message)
         if item_type == "function_call":
-            return [{"role": "assistant", "content": "", "tool_calls": [_call(message.get("call_id") or message.get("id"), message.get("name"), message.get("arguments"), message)]}]
+            return [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call(message.get("call_id") or message.get("id"), message.get("name"), message.get("arguments"), message)],
+                }
+            ]
         if item_type == "function_call_output":
             return [_tool_result(message.get("call_id"), _string(message.get("output"), "output", message))]
         if item_type == "reasoning":
