@@ -108,6 +108,7 @@ def test_out_of_range_and_missing_model(run, tmp_path):
     assert missing.exit_code == 4 and "cannot load model" in missing.stderr
 
 
+@pytest.mark.slow
 def test_real_script_in_subprocess(tmp_path, tiny_model):
     script = Path(sys.executable).with_name("kvdb")
     story = write(tmp_path / "story.md", TEXT)

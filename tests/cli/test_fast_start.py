@@ -56,6 +56,7 @@ def test_read_commands_import_neither_torch_nor_transformers(archive_path, tiny_
     assert report["heavy"] == [], f"imported {report['heavy']} for commands that need no model"
 
 
+@pytest.mark.slow
 def test_the_same_commands_on_a_restore_do_import_torch(archive_path, tiny_model):
     """The check above can fail: a command that runs the model is seen importing torch."""
     commands = [["--db", str(archive_path), "restore", "harbour", "--model", tiny_model, "--max-new-tokens", "1"]]

@@ -93,6 +93,7 @@ def test_the_kernel_is_built_and_its_square_root_is_correctly_rounded():
     assert I.sqrt(x).tolist() == [math.sqrt(v) for v in x.tolist()]  # C's sqrt: IEEE 754 requires it correctly rounded
 
 
+@pytest.mark.slow
 def test_batched_chunks_give_the_one_token_steps_bits_on_20000_positions(one_layer):
     """The encoder may cut a sequence into any chunks; the decoder steps one token at a time.
     The kernel's chunks, the kernel's steps and the reference pass in one batch: one result."""
@@ -163,6 +164,7 @@ def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], cap
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_other_processes_compute_the_same_bits(tiny, tiny_model):
     """The reference pass under torch's plain C++ kernels (ATEN_CPU_CAPABILITY=default) and this
     CPU's best, 1 and 2 threads, oneDNN off, float32 matmuls allowed lower precision; the kernel

@@ -87,7 +87,7 @@ def cached_length(ctx: lmcode.Context) -> int:
     return ctx.cache.length if ctx.version in lmcode.INTEGER_VERSIONS else ctx.cache.get_seq_length()
 
 
-@pytest.fixture(params=[1, 2, 3], ids=["v1", "v2", "v3"])
+@pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow), 3], ids=["v1", "v2", "v3"])  # v2: the slow reference pass
 def version(request):
     """Payload version 1 (the float model's one-token step), 3 (kvdb.model.integer_lm, the default) and
     2 (the same with torch.sqrt, read and no longer written by default: its reference pass)."""
@@ -313,6 +313,7 @@ def test_bad_arguments(tiny):
     assert header.n_tokens == 3
 
 
+@pytest.mark.slow
 def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model, tmp_path, version):
     """The encoder's process ran with torch's default threads; the decoder starts with 2 and no shared state."""
     ids = ids_of(tiny, PROSE + CODE)

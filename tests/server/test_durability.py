@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from kvdb.serving.journal import Journal
+
+pytestmark = pytest.mark.slow  # a server killed with -9
 
 KVDB = Path(sys.executable).with_name("kvdb")
 HELLO = [{"role": "user", "content": "Where do the ships go?"}]

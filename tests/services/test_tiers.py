@@ -511,6 +511,7 @@ def test_advice_unknown_model_give_a_local_folder(tmp_path, cli, tiny_model):
     assert cli("ingest", session, "--model", tiny_model).exit_code == 0
 
 
+@pytest.mark.slow
 def test_advice_unknown_model_give_a_hugging_face_id_in_the_local_cache(tmp_path, tiny_model):
     """A model id resolves, offline, from the Hugging Face cache: a process of its own, since the
     hub reads where its cache is once, at import."""

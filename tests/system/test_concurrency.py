@@ -15,6 +15,8 @@ from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.model import loading as lm_ops
 from kvdb.storage.duckdb_file import DuckDBFile
 
+pytestmark = pytest.mark.slow  # several processes on one archive
+
 READER = "from kvdb.storage.duckdb_file import DuckDBFile; print(len(DuckDBFile({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
 
 

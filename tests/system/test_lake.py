@@ -19,6 +19,8 @@ import sqlalchemy as sa
 import kvdb
 from kvdb.errors import ArchiveError, NewerArchiveError
 
+pytestmark = pytest.mark.slow  # a PostgreSQL cluster and subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = {
     "harbour": "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, and the harbour lights answered.",

@@ -4,7 +4,10 @@ with no deprecated call (FutureWarning) along the way."""
 import re
 import warnings
 
+import pytest
 from support import REPO
+
+pytestmark = pytest.mark.slow  # the README's Python block, end to end
 
 
 def python_block() -> str:

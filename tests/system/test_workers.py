@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kvdb
+
+pytestmark = pytest.mark.slow  # worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
