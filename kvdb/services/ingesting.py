@@ -34,7 +34,6 @@ from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.storage import Storage
 from kvdb.storage.base import (
-    HOLD_SECONDS,
     AddTiers,
     NewNode,
     NodeRow,
@@ -230,8 +229,7 @@ class Ingester:
         # a node held in tier L only that this session now shares gets its tokens back, from the session's own
         back = [n for n in on_path if "tokens" not in n.keep and n.end <= match.matched]
         first = min((n.start for n in back), default=match.matched)  # scored from here: those nodes need log-probabilities
-        if len(ids) - first >= SHORT_WORK_TOKENS or "lm" in optional or self._storage.held_for() >= HOLD_SECONDS:
-            self._storage.release()  # reconnecting costs ~30 ms: short work in a fresh hold keeps the file
+        self._storage.before_compute(short=len(ids) - first < SHORT_WORK_TOKENS and "lm" not in optional)
         split, parent_id, node, lm_context = None, None, None, None
         if match.node is not None and match.offset < match.node.n_tokens:
             parent_id = trie.path_id(model_id, ids[: match.matched])
@@ -293,8 +291,7 @@ class Ingester:
         back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
         books = self._tier_k().codebooks(loaded.identity.model_id)[0] if kv else None  # the shipped ones when the archive has none
         scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
-        if lm or (scoring and len(ids) >= SHORT_WORK_TOKENS) or self._storage.held_for() >= HOLD_SECONDS:
-            self._storage.release()
+        self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:
             first = min((n.start for n in back), default=len(ids))

@@ -42,7 +42,7 @@ class ModelProvider:
             source.require_local(self.name)  # a name that is not here fails without importing torch
             from kvdb.model import loading as lm_ops
 
-            self._storage.release()  # loading takes seconds: nobody waits on the file meanwhile
+            self._storage.before_compute()  # loading takes seconds: nobody waits on the file meanwhile
             self._loaded = lm_ops.load(self.name)
         if not self._placed:
             here = identity.in_archive(self._storage, self._loaded.identity)

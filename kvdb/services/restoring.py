@@ -17,7 +17,6 @@ from kvdb.services.reading import Reader, clip_range
 from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
-from kvdb.storage.base import HOLD_SECONDS
 from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 
 
@@ -49,12 +48,11 @@ class Restorer:
             return self._tier_l.restore(row, nodes, at)
         tokens = self._reader.path_tokens(row, 0, at, path)
         if mode == "exact" or not nodes:  # nothing before position 0 to read from any tier
-            self._storage.release()  # the forward passes need nothing more from the file
+            self._storage.before_compute()  # the forward passes need nothing more from the file
             return restore_ops.restore_exact(loaded, row.session_id, tokens)
         start = time.perf_counter()
         layers = self._tier_k.layers(row, nodes, at)
-        if window != "stored" or self._storage.held_for() >= HOLD_SECONDS:
-            self._storage.release()  # a forward pass follows; a stored window's restore is short work, like a search
+        self._storage.before_compute(short=window == "stored")  # a stored window's restore is short work, like a search
         sinks = self._exact_sinks(loaded, tokens) if window == "stored" else None
         return restore_ops.restore_archive(loaded, row.session_id, tokens, layers, start, window, sinks)
 

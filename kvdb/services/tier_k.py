@@ -48,7 +48,7 @@ class TierK:
         records a reference only once a session is coded with them)."""
         start = time.perf_counter()
         loaded = self._models.get()
-        self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
+        self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, built = shipped.build(loaded, progress)
         return {
             "model_id": loaded.identity.model_id,
@@ -61,7 +61,7 @@ class TierK:
 
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
         loaded = self._loaded(model_id)
-        self._storage.release()  # a first build takes minutes: nobody waits on the file meanwhile
+        self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, _ = shipped.build(loaded)
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
@@ -81,7 +81,7 @@ class TierK:
                     f"this archive's tier K uses shipped codebooks this kvdb cannot build (recipe {reference.recipe}); "
                     f"restore with --mode exact, or open it with the kvdb version that wrote it"
                 )
-            self._storage.release()
+            self._storage.before_compute()
             _, books, _ = shipped.build(loaded, wanted=reference.recipe)
         return books
 

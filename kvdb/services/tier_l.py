@@ -107,7 +107,7 @@ class TierL:
                 f"ingest it with --keep tokens,search,lm, or restore with --mode exact"
             )
         parts = [(n, self._lm_payload(n) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
-        self._storage.release()
+        self._storage.before_compute()
         from kvdb.services import restore_modes as restore_ops
 
         return restore_ops.restore_decode(self._models.for_session(row), row.session_id, parts, at)

@@ -105,7 +105,7 @@ class Upkeep:
         if not stale:
             return {}
         ids = self._reader.path_tokens(row)
-        self._storage.release()  # the model's work reads nothing from the file
+        self._storage.before_compute()  # the model's work reads nothing from the file
         return self._tier_l.encode_nodes(loaded, ids, stale)
 
     def verify(self, deep: bool = False) -> verify_ops.Report:

@@ -247,6 +247,13 @@ class Storage(abc.ABC):
     def held_for(self) -> float:
         """Seconds the current hold of the lock has lasted (0 when not held)."""
 
+    def before_compute(self, short: bool = False) -> None:
+        """The one place a service's work decides about the lock: about to compute without the
+        file (a forward pass, a model load, a build), hand the lock back, unless the work is
+        ``short`` and the hold fresh (see HOLD_SECONDS)."""
+        if not short or self.held_for() >= HOLD_SECONDS:
+            self.release()
+
     @abc.abstractmethod
     def writable(self) -> contextlib.AbstractContextManager:
         """Write access for one repair of derived data, even when opened read-only."""

@@ -343,3 +343,20 @@ def test_two_commits_that_overlap_conflict_and_the_later_lands_nothing(lake, mon
     finally:
         first.close()
         second.close()
+
+
+def test_before_compute_keeps_a_fresh_hold_for_short_work_only(storage, monkeypatch):
+    """The lock policy lives here, not in the services: long work hands the lock back; short
+    work keeps a hold younger than HOLD_SECONDS (a reconnect costs more than the work)."""
+    from kvdb.storage import base
+
+    storage.list_sessions()
+    held = storage.held_for()
+    storage.before_compute(short=True)
+    assert storage.held_for() >= held  # kept (0 where the engine holds no lock at all)
+    storage.before_compute()
+    assert storage.held_for() == 0.0
+    storage.list_sessions()
+    monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a hold as old as the limit: even short work lets go
+    storage.before_compute(short=True)
+    assert storage.held_for() == 0.0
