@@ -34,7 +34,7 @@ from sqlalchemy.dialects import registry
 from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
 from kvdb.storage import schema, sql_apply
 from kvdb.storage.base import Plan, utc_now
-from kvdb.storage.sql import SqlStorage
+from kvdb.storage.sql import SqlStorage, quoted
 from kvdb.user_cache import cache_dir
 
 registry.register("duckdb", "duckdb_engine", "Dialect")
@@ -103,19 +103,19 @@ class DuckLake(SqlStorage):
     def _attach(self, dbapi_connection, _record) -> None:
 
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"SET extension_directory = '{_quoted(cache_dir() / 'duckdb-extensions')}'")
+        cursor.execute(f"SET extension_directory = '{quoted(cache_dir() / 'duckdb-extensions')}'")
         remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
         for name in EXTENSIONS + (("httpfs",) if remote else ()):  # object storage (s3://, https://...) through httpfs
-            cursor.execute(f"INSTALL '{_quoted(_extension_file(name))}'")
+            cursor.execute(f"INSTALL '{quoted(_extension_file(name))}'")
             cursor.execute(f"LOAD {name}")
         secret = _object_store_secret() if remote else None
         if secret is not None:
             cursor.execute(secret)
         options = ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]  # rows go to Parquet, not into the catalog
         if self.data_path is not None and not self.read_only:
-            options.append(f"DATA_PATH '{_quoted(self.data_path.rstrip('/') + '/')}'")
+            options.append(f"DATA_PATH '{quoted(self.data_path.rstrip('/') + '/')}'")
         try:
-            cursor.execute(f"ATTACH '{_quoted(self.location)}' AS {ALIAS} ({', '.join(options)})")
+            cursor.execute(f"ATTACH '{quoted(self.location)}' AS {ALIAS} ({', '.join(options)})")
         except Exception as exc:  # duckdb's own error family; its first line says what failed
             raise self._unattachable(str(exc)) from exc
         cursor.execute(f"USE {ALIAS}")
@@ -370,12 +370,8 @@ def _object_store_secret() -> str | None:
         scheme, _, host = env["AWS_ENDPOINT_URL"].rpartition("://")
         options.update(ENDPOINT=host.rstrip("/"), URL_STYLE="path")
         flags.append(f"USE_SSL {'false' if scheme == 'http' else 'true'}")
-    body = ", ".join(["TYPE s3", *(f"{k} '{_quoted(v)}'" for k, v in options.items()), *flags])
+    body = ", ".join(["TYPE s3", *(f"{k} '{quoted(v)}'" for k, v in options.items()), *flags])
     return f"CREATE OR REPLACE SECRET kvdb_s3 ({body})"
-
-
-def _quoted(text) -> str:
-    return str(text).replace("'", "''")
 
 
 def _without_password(text: str) -> str:

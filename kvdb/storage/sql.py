@@ -347,3 +347,8 @@ class SqlStorage(Storage):
 
 def _text_bytes(column):
     return sa.func.octet_length(sa.cast(column, sa.LargeBinary))
+
+
+def quoted(text) -> str:
+    """A value inside a SQL string literal, for the statements DuckDB takes no parameters in (ATTACH, SET)."""
+    return str(text).replace("'", "''")

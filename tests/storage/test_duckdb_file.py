@@ -3,7 +3,9 @@
 import duckdb
 import pytest
 import sqlalchemy as sa
+from support import CALIBRATION
 
+import kvdb
 from kvdb.errors import ArchiveError, NewerArchiveError
 from kvdb.storage import schema
 from kvdb.storage.duckdb_file import DuckDBFile
@@ -92,3 +94,22 @@ def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
         holder.wait()
     DuckDBFile(path, lock_timeout=5).close()  # once the holder is gone the archive opens again
     assert os.path.exists(path)
+
+
+def test_gc_gives_the_freed_blocks_back_to_the_file_system(tmp_path, tiny_model):
+    """Issue 30: DuckDB reuses freed blocks but never shrinks its file; gc rewrites it when much is free."""
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        for i in range(30):
+            db.ingest(text=f"session {i}: " + CALIBRATION[:3000], name=f"s{i}")
+        kept = {f"s{i}": db.text(f"s{i}") for i in range(25, 30)}
+        for i in range(25):
+            db.delete(f"s{i}")
+        freed = db.gc()  # frees the nodes, then gives their blocks back
+        assert freed["file_bytes"] == path.stat().st_size < 0.8 * freed["file_bytes_before"]
+        assert {s.name: db.text(s.session_id) for s in db.sessions()} == kept
+        assert db.search("session 27")[0].name == "s27" and db.verify(deep=True).ok
+        assert "file_bytes_before" not in db.gc()  # nothing left to give back
+    assert not list(tmp_path.glob(".a.duckdb.compacting-*"))
+    with kvdb.open(path, model=tiny_model) as db:  # the rewritten file opens as an archive of this schema
+        assert len(db.sessions()) == 5 and db.verify().ok
