@@ -40,13 +40,13 @@ demo: install
 	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
 	$(VENV)/bin/kvdb --db examples/demo.duckdb stats --json
 
-# Lint and types first (seconds), then the whole suite.
+# Lint and types first (seconds), then the whole suite on both cores.
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # The inner loop: no model, no browser, no PostgreSQL, smaller property runs (under 3 minutes).
 test-fast: install
-	$(PY) -m pytest -q -m "not model and not slow"
+	$(PY) -m pytest -q -n 2 -m "not model and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check kvdb cli server

@@ -54,9 +54,17 @@ def lake(postgres, tmp_path):
     return f"ducklake:postgres:{postgres.new_database()}", tmp_path / "lake-data"
 
 
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model):
+    """The tiny model loaded once: an archive opened with a loaded model shares it (0.5 s a test otherwise)."""
+    from kvdb.model import loading
+
+    return loading.load(tiny_model)
+
+
 @pytest.fixture
-def archive(tmp_path, tiny_model):
-    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+def archive(tmp_path, tiny_loaded):
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
         yield db
 
 

@@ -4,6 +4,7 @@ placeholders counted in the result, and other encodings read or refused with the
 import codecs
 import json
 
+import pytest
 from click.testing import CliRunner
 from kvdb_cli.main import main
 from support import EXAMPLES, write
@@ -22,6 +23,7 @@ def test_a_malformed_file_is_refused_before_the_model_loads(tmp_path):
     assert result.exit_code == 1
 
 
+@pytest.mark.slow
 def test_every_example_format_ingests_with_placeholders_counted(tmp_path, tiny_model):
     result = invoke(tmp_path, "ingest", str(EXAMPLES), "--json", model=tiny_model)
     assert result.exit_code == 0, result.stderr

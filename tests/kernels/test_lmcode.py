@@ -87,7 +87,7 @@ def cached_length(ctx: lmcode.Context) -> int:
     return ctx.cache.length if ctx.version in lmcode.INTEGER_VERSIONS else ctx.cache.get_seq_length()
 
 
-@pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow), 3], ids=["v1", "v2", "v3"])  # v2: the slow reference pass
+@pytest.fixture(params=[pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3], ids=["v1", "v2", "v3"])  # v1 steps one token at a time, v2 is the reference pass: both slow
 def version(request):
     """Payload version 1 (the float model's one-token step), 3 (kvdb.model.integer_lm, the default) and
     2 (the same with torch.sqrt, read and no longer written by default: its reference pass)."""

@@ -52,6 +52,7 @@ def turns(n: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, arch_model):
     """Each turn from a new Archive (as a new process would): the shared prefix resumes from the
     prefix cache on disk, which must hold every position of every layer."""
@@ -116,6 +117,7 @@ def test_tier_k_codes_every_position_of_every_layer(archive_of):
     assert db.verify(deep=True).ok
 
 
+@pytest.mark.slow
 def test_tier_l_as_the_only_copy_reads_and_restores(tmp_path, arch_model):
     with kvdb.open(tmp_path / "lm.duckdb", model=arch_model) as db:
         [chat] = db.ingest(messages=turns(1), name="chat", keep="tokens,search,lm")

@@ -38,6 +38,7 @@ def test_reference_round_trips_and_refuses_damage_and_newer_versions():
         shipped.Reference.from_bytes(no_recipe + shipped._CRC.pack(zlib.crc32(no_recipe)))
 
 
+@pytest.mark.slow
 def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-a"))
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
@@ -78,6 +79,7 @@ def test_trained_codebooks_take_over_for_later_sessions(kv_archive):
     assert kv_archive.stats().shipped_codebook_bytes == 0
 
 
+@pytest.mark.slow
 def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-a"))
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
@@ -95,6 +97,7 @@ def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, ti
         assert db.restore("s", mode="exact").mode == "exact"
 
 
+@pytest.mark.slow
 def test_the_build_uses_the_packaged_calibration_text(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
@@ -118,6 +121,7 @@ def test_a_reference_is_built_by_its_own_recipe_when_it_is_not_this_kvdbs(tiny_m
     assert not shipped.is_built(loaded.identity)  # this kvdb's own recipe is another file
 
 
+@pytest.mark.slow
 def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(tmp_path, tiny_model, monkeypatch):
     """Issue 30: verify read the reference as centroids ("bad magic") and failed every such archive."""
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))

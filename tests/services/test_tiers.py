@@ -343,6 +343,7 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
     assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"  # still the shipped set
 
 
+@pytest.mark.slow
 def test_advice_too_few_positions_archive_more_or_pass_tokens(tmp_path, cli):
     assert cli("ingest", write(tmp_path / "short.txt", "Too short to train codebooks on.")).exit_code == 0
     refused = cli("codebooks", "train", "--preset", "k2v1")
@@ -474,6 +475,7 @@ def test_advice_unknown_session_list_them_or_give_one_of_the_matches(tmp_path, c
     assert cli("show", "notes#2").stdout == "notes kept in folder b"
 
 
+@pytest.mark.slow
 def test_advice_archive_in_use_raise_lock_timeout_or_retry(tmp_path, tiny_model, monkeypatch):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:

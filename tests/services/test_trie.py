@@ -176,6 +176,7 @@ def test_a_turn_ingested_by_another_process_computes_only_the_turn(tmp_path, tin
     assert computed <= third.n_tokens - second.n_tokens + 1
 
 
+@pytest.mark.slow
 def test_a_damaged_or_disabled_prefix_cache_costs_time_never_correctness(tmp_path, tiny_model, monkeypatch):
     path = tmp_path / "a.duckdb"
     _ingest_in_new_archive(path, tiny_model, [SYSTEM, *TURNS[:2]])

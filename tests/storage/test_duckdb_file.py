@@ -96,6 +96,7 @@ def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
     assert os.path.exists(path)
 
 
+@pytest.mark.slow
 def test_gc_gives_the_freed_blocks_back_to_the_file_system(tmp_path, tiny_model):
     """Issue 30: DuckDB reuses freed blocks but never shrinks its file; gc rewrites it when much is free."""
     path = tmp_path / "a.duckdb"

@@ -12,10 +12,10 @@ import pytest
 
 import kvdb
 
+pytestmark = pytest.mark.slow  # processes killed mid-write
+
 WRITER = """
 import sys, kvdb
-
-pytestmark = pytest.mark.slow  # processes killed mid-write
 db = kvdb.open(sys.argv[1], model=sys.argv[2], data_path=sys.argv[3])
 for i in range(10_000):
     [r] = db.ingest(text=f"Session {i}: the harbour lights were lit at dusk, ship {i * 7} came home.", name=f"s{i}")
