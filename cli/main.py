@@ -6,16 +6,18 @@ error's exit code; anything else becomes one line too, with KVDB_DEBUG=1 for the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 
 import click
 
 import kvdb
 from kvdb.codecs import presets
 from kvdb.errors import KvdbError
-from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS, parse_keep
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
 
@@ -45,6 +47,20 @@ def _fail(ctx: click.Context, message: str, code: int, kind: str):
     else:
         click.echo(f"kvdb: error: {line}", err=True)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def _layer_progress(what: str):
+    """A ``progress(kind, layer)`` for long one-time work: a bar on a terminal, else a line per
+    layer on stderr, so a log or a CI run hears of minutes of work as it goes."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        with tqdm(unit="layer", desc=what, file=sys.stderr, dynamic_ncols=True) as bar:
+            yield lambda kind, layer: bar.update(1)
+        return
+    started = time.monotonic()
+    yield lambda kind, layer: click.echo(f"kvdb: {what}: {kind} layer {layer} trained ({time.monotonic() - started:.0f}s)", err=True)
 
 
 def _emit(obj: dict) -> None:
@@ -165,6 +181,9 @@ def ingest(ctx, paths, keep, workers, model, as_json):
     from tqdm import tqdm
 
     archive = _open(ctx, model) if workers == 1 else None
+    if archive is not None and "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
+        with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
+            archive.build_shipped_codebooks(progress=heard)
     with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
 
         def progress(done: int, planned: int) -> None:
@@ -416,11 +435,9 @@ def codebooks_build(ctx, model, as_json):
     directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` on any archive with no trained
     codebooks; otherwise the first such ingest builds them.
     """
-    from tqdm import tqdm
-
     archive = _open(ctx.parent, model)
-    with tqdm(unit="layer", desc="codebooks", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
-        report = archive.build_shipped_codebooks(progress=lambda kind, layer: bar.update(1))
+    with _layer_progress("shipped codebooks") as heard:
+        report = archive.build_shipped_codebooks(progress=heard)
     if as_json:
         _emit(report)
     else:

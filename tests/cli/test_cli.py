@@ -219,6 +219,19 @@ def test_errors_under_json_are_one_json_object_on_stderr(run, tmp_path):
     assert plain.exit_code == 3 and plain.stderr.startswith("kvdb: error: ") and "no-such-session" in plain.stderr
 
 
+@pytest.mark.slow
+def test_the_first_kv_ingest_says_it_builds_the_shipped_codebooks_off_a_terminal(run, tmp_path, monkeypatch):
+    """Issue 30: minutes of a one-time build went unsaid when stderr was not a terminal, and were
+    charged to the first session's seconds."""
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "fresh-cache"))
+    first = run("ingest", str(write(tmp_path / "a.txt", TEXT)), "--keep", "tokens,search,kv", "--json")
+    assert first.exit_code == 0, first.stderr
+    said = [line for line in first.stderr.splitlines() if line.startswith("kvdb: shipped codebooks (once per machine): ")]
+    assert said and all(" layer " in line and line.endswith("s)") for line in said)
+    again = run("ingest", str(write(tmp_path / "b.txt", TEXT + " again")), "--keep", "tokens,search,kv", "--json")
+    assert again.exit_code == 0 and "shipped codebooks" not in again.stderr  # built once per machine
+
+
 def test_sessions_of_one_name_are_listed_with_their_source_and_numbered(run, tmp_path):
     first = write(tmp_path / "a" / "notes.md", "first notes\n")
     second = write(tmp_path / "b" / "notes.md", "second notes\n")
