@@ -59,9 +59,17 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
 
     app.mount("/static", StaticFiles(directory=static, check_dir=False), name="static")
 
+    served = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvdb"}
+
     @api.get("/v1/models")
     def models() -> dict:
-        return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvdb"}]}
+        return {"object": "list", "data": [served]}
+
+    @api.get("/v1/models/{model_id:path}")
+    def model(model_id: str) -> dict:
+        if model_id != engine.model_name:
+            raise HttpError(404, f"model {model_id!r} is not served here; this server serves {engine.model_name!r} (GET /v1/models)", "model_not_found")
+        return served
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -14,6 +14,41 @@ from kvdb_server.errors import HttpError
 
 MAX_BODY_BYTES = 4 * 2**20
 
+# Fields the OpenAI API defines that this server does not honour: accepted only at their
+# defaults, refused otherwise (a reply that silently ignored them would mislead the client).
+NOT_HONOURED: dict[str, object] = {
+    "tools": [],
+    "tool_choice": "none",
+    "functions": [],
+    "function_call": "none",
+    "parallel_tool_calls": None,
+    "logprobs": False,
+    "top_logprobs": 0,
+    "response_format": {"type": "text"},
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logit_bias": {},
+    "echo": False,
+    "best_of": 1,
+    "suffix": None,
+}
+KNOWN = {
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "kvdb",
+    "user",
+}
+
 
 @dataclass(frozen=True)
 class Parsed:
@@ -46,6 +81,11 @@ async def json_body(request: HttpRequest, limit: int) -> dict:
 
 def completion(body: dict, chat: bool) -> Parsed:
     """A chat (``messages``) or text (``prompt``) completion request."""
+    for key, value in body.items():
+        if key in NOT_HONOURED and value is not None and value != NOT_HONOURED[key]:
+            raise InvalidArgument(f"{key} is not supported by this server (got {value!r}); leave it out")
+        if key not in NOT_HONOURED and key not in KNOWN:
+            raise InvalidArgument(f"unknown field {key!r}; this server reads {', '.join(sorted(KNOWN))}")
     if body.get("n", 1) != 1:
         raise InvalidArgument(f"n must be 1 (one reply per request), got {body['n']!r}")
     options = body.get("stream_options") or {}
@@ -65,7 +105,7 @@ def completion(body: dict, chat: bool) -> Parsed:
     if isinstance(prompt, list) and len(prompt) == 1:  # the API's list form, of one prompt
         prompt = prompt[0]
     given = {"messages": _default(body.get("messages"), [])} if chat else {"prompt": _default(prompt, "")}
-    request = Request(**given, sampling=sampling, session=extension.get("session"), at=extension.get("at"), name=extension.get("name"))
+    request = Request(**given, sampling=sampling, session=extension.get("session"), at=extension.get("at"), name=extension.get("name"), model=body.get("model"))
     return Parsed(request, _default(body.get("stream"), False), bool(options.get("include_usage")))
 
 

@@ -126,7 +126,7 @@ class Engine:
         prompt = self._prompt(request)
         max_tokens = self._room(len(prompt.ids), request.sampling.max_tokens)
         release = self._gate.admit()
-        header = Header(f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name, request.chat)
+        header = Header(f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), request.model or self.model_name, request.chat)
         return Reply(header, lambda emit, cancelled: self._reply(header, prompt, request.sampling, max_tokens, emit, cancelled, release))
 
     def _reply(self, header: Header, prompt: Prompt, sampling: Sampling, max_tokens: int, emit, cancelled, release) -> Completion:

@@ -59,6 +59,7 @@ class Request:
     session: str | None = None
     at: int | None = None
     name: str | None = None
+    model: str | None = None  # what the client named; the reply echoes it (one model is served, whatever the name)
 
     def __post_init__(self):
         if (self.messages is None) == (self.prompt is None):
@@ -71,6 +72,8 @@ class Request:
             raise InvalidArgument(f"kvdb.session must be a session id, id prefix or name, got {self.session!r}")
         if self.at is not None and (self.session is None or not (_integer(self.at) and self.at >= 0)):
             raise InvalidArgument(f"kvdb.at must be a token position (an integer >= 0) in kvdb.session, got {self.at!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise InvalidArgument(f"model must be a string, got {self.model!r}")
         if self.name is not None and not (isinstance(self.name, str) and self.name.strip()):
             raise InvalidArgument(f"kvdb.name must be a non-empty string, got {self.name!r}")
 

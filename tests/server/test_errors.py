@@ -36,6 +36,14 @@ def _still_serving(running) -> None:
         ("get", "/api/sessions/story?start=5&end=2", None, 400, None),
         ("get", "/api/search?k=0&q=x", None, 400, "invalid_request"),
         ("get", "/no/such/route", None, 404, "not_found"),
+        # issue 30: fields the server does not honour are refused, not silently ignored
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temprature": 0}', 400, None),
+        ("post", "/v1/completions", b'{"model": "kvdb", "prompt": "hi", "echo": true}', 400, None),
+        ("get", "/v1/models/no-such-model", None, 404, "model_not_found"),
     ],
 )
 def test_refusals_are_openai_errors_and_the_server_keeps_serving(served_story, method, path, body, status, code):
@@ -46,6 +54,23 @@ def test_refusals_are_openai_errors_and_the_server_keeps_serving(served_story, m
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["message"] != "internal error"
     assert error["code"] == code and error["type"] == "invalid_request_error"
     _still_serving(served_story)
+
+
+def test_the_field_a_refusal_names_and_defaults_that_pass(served_story):
+    with served_story.http() as client:
+        refused = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "presence_penalty": 1.0}).json()["error"]
+        assert "presence_penalty" in refused["message"] and "leave it out" in refused["message"]
+        typo = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "max_token": 2}).json()["error"]
+        assert "'max_token'" in typo["message"] and "max_tokens" in typo["message"]
+        at_defaults = {"model": "kvdb", "messages": ONE, "max_tokens": 2, "logprobs": False, "frequency_penalty": 0, "tools": [], "user": "u1"}
+        assert client.post(CHAT, json=at_defaults).status_code == 200
+
+
+def test_the_requested_model_is_echoed_and_the_served_one_answers_by_id(served_story):
+    reply = served_story.openai().chat.completions.create(model="any-name-the-client-uses", messages=ONE, max_tokens=2)
+    assert reply.model == "any-name-the-client-uses"
+    served = served_story.get("/v1/models")["data"][0]["id"]
+    assert served_story.get(f"/v1/models/{served}")["id"] == served
 
 
 @pytest.fixture(scope="module")
