@@ -8,9 +8,9 @@ with kvdb.open("my.duckdb") as db:
     print(db.continue_session(session.session_id, prompt="And then?"))
 """
 
-from kvdb.archive import Archive, default_path, open
+from kvdb.archive import Archive, SessionHandle, default_path, open
 from kvdb.errors import KvdbError
 from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats
 
-__all__ = ["Archive", "IngestResult", "KvdbError", "Prefix", "RestoredSession", "Session", "Stats", "default_path", "open"]
+__all__ = ["Archive", "IngestResult", "KvdbError", "Prefix", "RestoredSession", "Session", "SessionHandle", "Stats", "default_path", "open"]
 __version__ = "0.1.0"

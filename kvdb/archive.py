@@ -7,6 +7,7 @@ use, so listing, showing, searching, deleting and stats never import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -158,9 +159,11 @@ class Archive:
     def sessions(self) -> list[Session]:
         return self._reader.sessions()
 
-    def session(self, ref: str) -> Session:
-        """A session by full id, unique id prefix, or name."""
-        return Session.from_row(self._reader.resolve(ref))
+    def session(self, ref: str) -> SessionHandle:
+        """A session by full id, unique id prefix, or name: its record, with what can be done to
+        it (``.text()``, ``.tokens()``, ``.restore()``, ``.search()``, ``.delete()``)."""
+        record = Session.from_row(self._reader.resolve(ref))
+        return SessionHandle(**{f.name: getattr(record, f.name) for f in dataclasses.fields(Session)}, archive=self)
 
     def tokens(self, session: str, start: int | None = None, end: int | None = None):
         return self._reader.tokens(session, start, end)
@@ -281,3 +284,29 @@ class Archive:
 
     def stats(self) -> Stats:
         return self._upkeep.stats()
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionHandle(Session):
+    """One session of an open archive, as sqlite-utils' ``Database`` hands out a ``Table``: the
+    record (its ``to_dict()`` is the same) and the archive's calls with the session filled in."""
+
+    archive: Archive = dataclasses.field(repr=False, compare=False, kw_only=True)
+
+    def text(self, start: int | None = None, end: int | None = None) -> str:
+        return self.archive.text(self.session_id, start, end)
+
+    def tokens(self, start: int | None = None, end: int | None = None):
+        return self.archive.tokens(self.session_id, start, end)
+
+    def turns(self, start: int | None = None, end: int | None = None) -> list[Turn]:
+        return self.archive.turns(self.session_id, start, end)
+
+    def restore(self, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
+        return self.archive.restore(self.session_id, at, mode, window)
+
+    def search(self, phrase: str, k: int = 10, context: int = 32) -> list[Hit]:
+        return self.archive.search(phrase, k, context, session=self.session_id)
+
+    def delete(self) -> Session:
+        return self.archive.delete(self.session_id)

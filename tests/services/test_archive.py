@@ -259,3 +259,16 @@ def test_reopen_keeps_sessions(tmp_path, tiny_model):
         sid = db.ingest(text=TEXT)[0].session_id
     with kvdb.open(path, model=tiny_model) as db:
         assert db.text(sid) == TEXT
+
+
+def test_a_session_handle_is_its_record_and_the_archives_calls(archive):
+    """Issue 30: archive.session(ref) hands out a session as sqlite-utils hands out a Table."""
+    [r] = archive.ingest(text=TEXT, name="notes")
+    notes = archive.session("notes")
+    assert isinstance(notes, kvdb.Session) and notes.session_id == r.session_id
+    assert notes.to_dict() == next(s.to_dict() for s in archive.sessions() if s.name == "notes")
+    assert notes.text() == TEXT and notes.text(0, 5) == archive.text("notes", 0, 5)
+    np.testing.assert_array_equal(notes.tokens(2, 9), archive.tokens("notes", 2, 9))
+    assert notes.restore(at=7).position == 7
+    assert [h.to_dict() for h in notes.search(TEXT[:12])] == [h.to_dict() for h in archive.search(TEXT[:12], session="notes")]
+    assert notes.delete().session_id == r.session_id and archive.sessions() == []
