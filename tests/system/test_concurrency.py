@@ -11,6 +11,7 @@ from support import storage_of, write_jsonl
 
 import kvdb
 import kvdb.services.ingesting
+import kvdb.storage.base
 from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.model import loading as lm_ops
 from kvdb.storage.duckdb_file import DuckDBFile
@@ -127,7 +128,7 @@ def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monk
     path = write_jsonl(tmp_path / "three.jsonl", sessions)
     opened = []
     for hold in (60.0, 0.0):
-        monkeypatch.setattr(kvdb.services.ingesting, "HOLD_SECONDS", hold)
+        monkeypatch.setattr(kvdb.storage.base, "HOLD_SECONDS", hold)  # the policy lives in storage (before_compute)
         with kvdb.open(tmp_path / f"{hold}.duckdb", model=tiny_model) as db:
             before = storage_of(db).connections
             assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
