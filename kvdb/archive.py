@@ -286,7 +286,7 @@ class Archive:
         return self._upkeep.stats()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # Session's equality: by value, so a handle equals its record
 class SessionHandle(Session):
     """One session of an open archive, as sqlite-utils' ``Database`` hands out a ``Table``: the
     record (its ``to_dict()`` is the same) and the archive's calls with the session filled in."""

@@ -4,7 +4,7 @@ lines and the server's bodies are these dictionaries."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +28,12 @@ class Session:
     @classmethod
     def from_row(cls, row: SessionRow) -> Session:
         return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata)
+
+    def __eq__(self, other: object) -> bool:
+        """By value, whatever the subclass: a session handle equals the record it stands for."""
+        if not isinstance(other, Session):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Session) if f.compare)
 
     def to_dict(self) -> dict:
         return {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
