@@ -3,9 +3,12 @@ place a test looks at what is stored beneath the public API."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +107,7 @@ def conversation_texts(value, key=None):
 # checks it only where this machine computes its inputs as the machine that wrote it did,
 # and says so when it does not (the portable formats are checked everywhere).
 
-# torch.sqrt over SQRT_PROBE on the machine where tier-L version 2's golden values were made (an
+# sqrt_probe()'s fingerprint on the machine where tier-L version 2's golden values were made (an
 # AMD EPYC: a vector math library that is off by one ulp in about 1% of float64 roots).
 SQRT_PROBE_AS_GOLDEN = "8b5c34d0812d88917d9ce60ff10c12c1d825b700613aed970eed7161dcd23c9c"
 
@@ -112,10 +115,6 @@ SQRT_PROBE_AS_GOLDEN = "8b5c34d0812d88917d9ce60ff10c12c1d825b700613aed970eed7161
 def sqrt_probe() -> tuple[str, bool]:
     """(sha256 of torch.sqrt over 100,000 float64 values shaped like a norm's mean squares,
     whether every one of them is the correctly rounded root)."""
-    import hashlib
-
-    import numpy as np
-
     x = torch.from_numpy(np.random.default_rng(0).uniform(1e-5, 100.0, (100_000, 1)))
     roots = torch.sqrt(x)
     return hashlib.sha256(roots.numpy().astype("<f8").tobytes()).hexdigest(), bool(np.array_equal(roots.numpy(), np.sqrt(x.numpy())))
@@ -124,6 +123,4 @@ def sqrt_probe() -> tuple[str, bool]:
 def examples(full: int) -> int:
     """A property's example count: ``full`` under ``KVDB_TESTS=thorough``, a fifth of it (at least
     10) by default, so make test stays short on 2 cores while every property still runs."""
-    import os
-
     return full if os.environ.get("KVDB_TESTS") == "thorough" else max(10, full // 5)

@@ -19,13 +19,6 @@ import kvdb
 from kvdb.serving import Engine
 
 
-@pytest.fixture(scope="session")
-def tiny_loaded(tiny_model):
-    from kvdb.model import loading as model
-
-    return model.load(tiny_model)
-
-
 @dataclass
 class Running:
     url: str
