@@ -525,9 +525,11 @@ def compact(ctx, session, keep, as_json):
 def gc(ctx, as_json):
     """Free the stored prefixes that no session uses any more (after deletes).
 
-    It also renumbers a search index whose freed slots outnumber its live ones, and on a lake
-    merges the small Parquet files each commit leaves (the files a merge replaced are deleted by
-    a gc an hour or more later, so readers still scanning them finish)."""
+    It also renumbers a search index whose freed slots outnumber its live ones. An archive file
+    whose free space is over a quarter of it (and 1 MiB) is rewritten smaller, since DuckDB
+    never shrinks a file; on a lake it merges the small Parquet files each commit leaves (the
+    files a merge replaced are deleted by a gc an hour or more later, so readers still scanning
+    them finish)."""
     freed = _open(ctx).gc()
     if as_json:
         _emit(freed)
