@@ -133,6 +133,12 @@ class DuckDBFile(SqlStorage):
                 conn.exec_driver_sql("detach kvdb_compacted")
                 conn.commit()
                 os.replace(staging, self.path)
+        except (sa.exc.DBAPIError, OSError) as exc:  # a full disk, say: the archive file was not touched
+            message = _first_line(getattr(exc, "orig", None) or exc)
+            self.release()  # not to keep the half-made copy attached
+            raise ArchiveError(
+                f"gc freed what no session uses, but could not rewrite {self.path} smaller ({message}); the archive is whole, run gc again with more free disk"
+            ) from exc
         finally:
             staging.unlink(missing_ok=True)
         self.release()  # the next call opens the new file

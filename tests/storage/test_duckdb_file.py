@@ -114,3 +114,24 @@ def test_gc_gives_the_freed_blocks_back_to_the_file_system(tmp_path, tiny_model)
     assert not list(tmp_path.glob(".a.duckdb.compacting-*"))
     with kvdb.open(path, model=tiny_model) as db:  # the rewritten file opens as an archive of this schema
         assert len(db.sessions()) == 5 and db.verify().ok
+
+
+@pytest.mark.slow
+def test_a_rewrite_that_fails_is_a_clear_error_and_the_archive_stays_whole(tmp_path, tiny_model, monkeypatch):
+    import kvdb.storage.duckdb_file as duckdb_file
+
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        for i in range(30):
+            db.ingest(text=f"session {i}: " + CALIBRATION[:3000], name=f"s{i}")
+        for i in range(25):
+            db.delete(f"s{i}")
+
+        # the copy cannot be made (as on a full disk): DuckDB refuses the staging file
+        monkeypatch.setattr(duckdb_file, "quoted", lambda _: str(tmp_path / "no-such-folder" / "copy.duckdb"))
+        with pytest.raises(ArchiveError, match="could not rewrite .* smaller .*the archive is whole"):
+            db.gc()
+        monkeypatch.undo()
+        assert [s.name for s in db.sessions()] == [f"s{i}" for i in range(25, 30)] and db.verify(deep=True).ok
+    assert not list(tmp_path.glob(".a.duckdb.compacting-*"))
+
