@@ -38,7 +38,10 @@ class EventLog:
         if not isinstance(event, dict):
             raise Invalid(f"expected an event object, got {kind(event)}")
         if event.get("type") == "summary" and isinstance(event.get("summary"), str):
-            self._summaries[event.get("leafUuid")] = event["summary"]
+            leaf = event.get("leafUuid")
+            if leaf is not None and not isinstance(leaf, str):
+                raise Invalid(f'a summary event needs a string "leafUuid", got {kind(leaf)}')
+            self._summaries[leaf] = event["summary"]
             return
         uuid = event.get("uuid")
         if event.get("type") not in MESSAGE_EVENTS or not isinstance(event.get("message"), dict):

@@ -225,6 +225,14 @@ def test_agent_event_without_uuid_is_refused_with_its_line(tmp_path):
     assert (caught.value.line, "needs a string \"uuid\"" in caught.value.reason) == (2, True)
 
 
+def test_a_summary_whose_leaf_is_not_a_string_is_refused_with_its_line(tmp_path):
+    """It raised TypeError (an internal error) from using a list as a key."""
+    path = write_jsonl(tmp_path / "log.jsonl", [event("u1", None, "user", "a"), {"type": "summary", "summary": "x", "leafUuid": ["u1"]}])
+    with pytest.raises(TranscriptError) as caught:
+        read_transcripts(path)
+    assert (caught.value.line, 'needs a string "leafUuid"' in caught.value.reason) == (2, True)
+
+
 # --- LMSYS, Alpaca, ShareGPT ----------------------------------------------------------------------
 
 
