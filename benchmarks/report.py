@@ -37,10 +37,27 @@ def describe(*versions: str) -> str:
 
 
 def publish(lines: list[str], append: bool = True) -> str:
-    """Print a results section and (unless ``append`` is False) append it to benchmarks/RESULTS.md."""
+    """Print a results section and (unless ``append`` is False) write it to benchmarks/RESULTS.md:
+    in place of the sections with the same heading (its first line) when there are some, a rerun
+    replacing its last results, else at the end."""
     text = "\n".join(lines) + "\n"
     print(text)
     if append:
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(text)
+        RESULTS.write_text(replaced(RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "", text), encoding="utf-8")
     return text
+
+
+def replaced(document: str, section: str) -> str:
+    """``document`` with ``section`` in place of the first section of the same heading, and any
+    later ones of that heading removed; appended when there is none."""
+    heading = section.split("\n", 1)[0]
+    parts = document.split("\n## ")
+    head, sections = parts[0], ["## " + p for p in parts[1:]]
+    if document.startswith("## "):
+        head, sections = "", [document] if len(parts) == 1 else [parts[0]] + ["## " + p for p in parts[1:]]
+    same = [i for i, s in enumerate(sections) if s.split("\n", 1)[0] == heading]
+    if not same:
+        return document.rstrip("\n") + "\n\n" + section if document.strip() else section
+    kept = [s for i, s in enumerate(sections) if i not in same[1:]]
+    kept[same[0]] = section.rstrip("\n") + "\n"
+    return "\n".join(x.rstrip("\n") + "\n" for x in ([head] if head else []) + kept)

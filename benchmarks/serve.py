@@ -9,7 +9,13 @@
         (when ``--llama-python`` names a Python with ``llama_cpp.server`` installed).
 
     .venv/bin/python benchmarks/serve.py [--conversations 6] [--turns 8] [--document-words 1800]
-        [--words 60] [--max-tokens 16] [--llama-python /path/to/python] [--no-results]
+        [--words 60] [--max-tokens 16] [--llama-python /path/to/python] [--baseline SRC] [--no-results]
+
+``--baseline SRC`` runs (a) once more from another checkout of kvdb (its source tree, with its
+kernel built), side by side in the same run: a before/after of a change. The ``archive`` mode
+measures what each exchange costs after its reply, per server: the seconds until the archive
+holds it (the journal emptied), and the time to first token of a follow-up sent 1.5 s after a
+long first exchange, while that exchange is being archived.
 
 Each conversation opens with a document of ``--document-words`` words of real text (licences and
 docs on this machine) to summarise, then asks about ``--words`` more words in each later turn:
@@ -157,6 +163,38 @@ def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart:
     return out
 
 
+def journal_entries(db: Path) -> int:
+    return len(list(db.with_name(db.name + ".serve").glob("*.json")))
+
+
+def archiving(server: Server, db: Path, dialogues: list[list[str]], max_tokens: int, pause: float = 1.5) -> dict:
+    """Per conversation: the reply's total seconds and the seconds until the archive holds the
+    exchange, turn by turn; then, on a new conversation of the same first turn, the TTFT of a
+    follow-up sent ``pause`` seconds after the first reply (the archiving of which it meets)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+    rows = []
+    for users in dialogues:
+        messages = [{"role": "system", "content": SYSTEM}]
+        for user in users:
+            messages.append({"role": "user", "content": user})
+            row = turn(client, messages, max_tokens)
+            began = time.perf_counter()
+            while journal_entries(db) and time.perf_counter() - began < 600:
+                time.sleep(0.02)
+            rows.append({"total": row["total"], "archive": time.perf_counter() - began, "prompt_tokens": row["prompt_tokens"]})
+            messages.append({"role": "assistant", "content": row["reply"]})
+    follow = []
+    for users in dialogues:
+        messages = [{"role": "system", "content": SYSTEM + " "}, {"role": "user", "content": users[0]}]  # not archived before: a new conversation
+        first = turn(client, messages, max_tokens)
+        time.sleep(pause)
+        messages += [{"role": "assistant", "content": first["reply"]}, {"role": "user", "content": users[1]}]
+        follow.append(turn(client, messages, max_tokens))
+    return {"turns": rows, "follow_ttft": [f["ttft"] for f in follow], "follow_prompt": [f["prompt_tokens"] for f in follow]}
+
+
 def concurrent_failures(server: Server, dialogues: list[list[str]], max_tokens: int, clients: int = 4) -> tuple[int, int, list[str]]:
     """(failed, total, the kinds of failure) of requests with ``clients`` conversations replayed at once."""
     from openai import OpenAI
@@ -240,6 +278,30 @@ def summarise(runs: dict[str, list[list[dict]]], turns: int) -> list[str]:
     return lines
 
 
+def archive_table(costs: dict[str, dict], turns: int) -> list[str]:
+    """Per turn, each server's reply seconds and the seconds until its archive held the
+    exchange (medians over the conversations); then the follow-up TTFTs."""
+    names = list(costs)
+    lines = [
+        "Each exchange's cost after its reply (a fresh server each, turns sent one after another once the last is archived):",
+        "",
+        "| turn | prompt tokens | " + " | ".join(f"{n} reply s | {n} archived after s" for n in names) + " |",
+        "|" + "---:|" * (2 + 2 * len(names)),
+    ]
+    for t in range(turns):
+        rows = {n: costs[n]["turns"][t::turns] for n in names}
+        prompt = statistics.mean(r["prompt_tokens"] or 0 for r in rows[names[0]])
+        cells = " | ".join(f"{statistics.median(r['total'] for r in rows[n]):.3f} | {statistics.median(r['archive'] for r in rows[n]):.3f}" for n in names)
+        lines.append(f"| {t + 1} | {prompt:.0f} | {cells} |")
+    lines += [
+        "",
+        *(f"- {n}: a follow-up sent 1.5 s after a first exchange of {statistics.mean(costs[n]['follow_prompt']):.0f} prompt tokens: "
+          f"TTFT median {statistics.median(costs[n]['follow_ttft']):.3f} s, max {max(costs[n]['follow_ttft']):.3f} s" for n in names),
+        "",
+    ]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=6)
@@ -248,7 +310,8 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
-    parser.add_argument("--modes", default="a,b,c,d,concurrency", help="which of a, b, c, d and the 4-client check to run")
+    parser.add_argument("--modes", default="a,b,c,d,concurrency,archive", help="which of a, b, c, d, the 4-client check and the archive costs to run")
+    parser.add_argument("--baseline", default=None, help="another kvdb source tree to run (a) and the archive costs from, side by side")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     modes = set(args.modes.split(","))
@@ -257,12 +320,15 @@ def main() -> None:
     dialogues = conversations(args.conversations, args.turns, args.document_words, args.words)
     env = dict(os.environ)
     runs: dict[str, list[list[dict]]] = {}
+    archive_costs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
-        def kvdb_server(name: str) -> Server:
-            return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], env)
+        def kvdb_server(name: str, source: str | None = None) -> Server:
+            here = dict(env, PYTHONPATH=source) if source else env
+            return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], here)
 
         plans = [
             ("(a) kvdb", kvdb_server("a"), False),
+            *([("(a0) kvdb before", kvdb_server("a0", args.baseline), False)] if args.baseline else []),
             ("(b) kvdb restarted", kvdb_server("b"), True),
             ("(c) no reuse", Server([sys.executable, "-c", STOCK, "{port}"], env), False),
         ]
@@ -277,6 +343,14 @@ def main() -> None:
             finally:
                 server.stop()
             print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
+        for name, source in [("(a) kvdb", None), *([("(a0) kvdb before", args.baseline)] if args.baseline else [])] if "archive" in modes else []:
+            server = kvdb_server(f"archive-{name[1:3].strip(')')}", source)
+            server.start()
+            try:
+                archive_costs[name] = archiving(server, Path(server.argv[2]), dialogues, args.max_tokens)
+            finally:
+                server.stop()
+            print(f"{name} archive costs:", archive_costs[name], file=sys.stderr, flush=True)
         concurrency = {}
         clients = conversations(4, args.turns, args.document_words, args.words)  # four conversations, however many replayed above
         for timeout in (30, None) if "concurrency" in modes else ():  # 30 s (the default before), then the default (600 s)
@@ -306,6 +380,7 @@ def main() -> None:
         "",
         *(summarise(runs, args.turns) if runs else []),
         "",
+        *(archive_table(archive_costs, args.turns) if archive_costs else []),
         *ratios,
         *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
         *(f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
@@ -35,6 +36,9 @@ from kvdb.services.tier_l import TierL
 from kvdb.services.upkeep import Upkeep
 from kvdb.storage import is_lake, open_storage
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW
+
+if TYPE_CHECKING:
+    from kvdb.services.write_compute import Computed
 
 
 def default_path() -> str | Path:
@@ -122,14 +126,21 @@ class Archive:
         name: str | None = None,
         keep: str | Iterable[str] = DEFAULT_KEEP,
         progress=None,
+        computed: Computed | None = None,
+        keep_cache: bool = False,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
         A file that fails to parse is reported as ``failed`` and writes nothing; the others still
         ingest. Sessions already archived (same model, same tokens) are reported ``unchanged``.
         ``progress(done, planned)`` hears of tokens archived and of tokens newly planned.
+        ``computed``: the model's pass over this one session's tokens made already (a server's
+        generation: ``kvdb.services.write_compute.Computed``), used as far as it agrees with them.
+        ``keep_cache``: keep each new session's exact cache in the prefix cache at once (a
+        server's exchange, whose next turn may come to another process); without it, only a
+        conversation seen growing leaves its last cache there.
         """
-        return self._ingester.ingest(source, text=text, messages=messages, name=name, keep=keep, progress=progress)
+        return self._ingester.ingest(source, text=text, messages=messages, name=name, keep=keep, progress=progress, computed=computed, keep_cache=keep_cache)
 
     def local_path(self, suffix: str) -> Path:
         """Where a file derived from this archive lives on this machine (beside a file archive;
@@ -137,8 +148,10 @@ class Archive:
         return self._storage.derived_path(suffix)
 
     def check_keep(self, keep: str | Iterable[str]) -> None:
-        """Refuse now, with what to run, a ``keep`` that a later ``ingest`` would refuse."""
-        self._ingester.check_keep(keep)
+        """Refuse now, with what to run, a ``keep`` that a later ``ingest`` would refuse, and make
+        ready what it needs (the model; tier K's codebooks, built on this machine's first use):
+        for a caller that ingests later and unattended, such as a server, and must fail at start."""
+        self._ingester.prepare(keep)
 
     def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,

@@ -38,6 +38,7 @@ MAGIC = b"KVDBIDX3"
 _LENGTH = struct.Struct("<I")
 _KEY = np.dtype("<u8")
 _SLOT = np.dtype("<u4")  # up to 2**32 positions per index
+REBUILD_ATTEMPTS = 50  # another writer committed first each time: past this, say so instead of trying forever
 
 
 def index_key(tokenizer_hash: str) -> str:
@@ -215,25 +216,30 @@ class Indexes:
     def path(self, key: str) -> Path:
         return self._folder / f"{key}.keys"
 
-    def get(self, key: str, tokenizer_hash: str, alphabet: int = 0, version=None) -> WalkIndex:
+    def get(self, key: str, tokenizer_hash: str, version=None) -> WalkIndex:
         """The index as the database has it at ``version`` (the storage's, read once by the
-        caller) or later: the copy in memory, else the sidecar's, caught up; else built again
-        in the database's numbering. Numbered anew (written to the database) only when there is
-        no numbering yet, or a new stream needs a larger ``alphabet``."""
+        caller) or later: the copy in memory, else the sidecar's, caught up; an empty one when
+        nothing was ever indexed. A read: nothing is written to the database."""
         version = self._store.version() if version is None else version
         index = self._loaded.get(key)
-        if index is not None and index.alphabet >= alphabet and self._checked.get(key) == version:
+        if index is not None and self._checked.get(key) == version:
             return index
         recorded = self._store.index_generation(key)
         if recorded is None:
-            return self.rebuild(key, tokenizer_hash, alphabet)
+            return WalkIndex(fractal.MIN_ALPHABET, 0)
         if index is None or not _prefix_of(index, *recorded):
             index = self._sidecar(key, *recorded)
         index = self._follow(key, tokenizer_hash, index)
-        if index.alphabet < alphabet:
-            return self.rebuild(key, tokenizer_hash, alphabet)
         self._loaded[key], self._checked[key] = index, version
         return index
+
+    def ready(self, key: str, tokenizer_hash: str, alphabet: int) -> WalkIndex:
+        """``get``, for a writer about to add streams of ``alphabet`` symbols: numbered (a commit)
+        when there is no numbering yet, or anew when the streams need a larger alphabet."""
+        if self._store.index_generation(key) is None:
+            return self.rebuild(key, tokenizer_hash, alphabet)
+        index = self.get(key, tokenizer_hash)
+        return index if index.alphabet >= alphabet else self.rebuild(key, tokenizer_hash, alphabet)
 
     def _sidecar(self, key: str, generation: int, ntotal: int) -> WalkIndex | None:
         header = WalkIndex.read_header(self.path(key))
@@ -293,8 +299,8 @@ class Indexes:
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new numbering of the index's slots: every node that keeps the search tier, parents
         first, tombstones gone. Built on a snapshot and refused if another commit lands first
-        (a node it did not see would lose its slots), then built again."""
-        while True:
+        (a node it did not see would lose its slots), then built again, a bounded number of times."""
+        for _ in range(REBUILD_ATTEMPTS):
             with self._store.writable():
                 version = self._store.version()
                 index, ranges = self._numbered(key, tokenizer_hash, alphabet)
@@ -306,6 +312,9 @@ class Indexes:
             self._loaded[key], self._checked[key] = index, None
             self.rebuilt.append(key)
             return index
+        raise StaleWrite(
+            f"the search index {key} was numbered {REBUILD_ATTEMPTS} times and another writer's commit landed first each time; run `kvdb repair` again"
+        )
 
     def _numbered(self, key: str, tokenizer_hash: str, alphabet: int) -> tuple[WalkIndex, dict[str, int]]:
         recorded = self._store.index_generation(key)
@@ -337,7 +346,7 @@ class Indexes:
         tokens before them on its path): a session's new node, or nodes given the search tier.
         They take the next slots; the sidecar is saved once the database has the commit (a
         crash between the two leaves it behind, which the next ``get`` catches up)."""
-        index = self.get(key, tokenizer_hash, alphabet)
+        index = self.ready(key, tokenizer_hash, alphabet)
         try:
             first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
             self._store.apply(dataclasses.replace(plan, index=_state(key, index, first)), based_on)

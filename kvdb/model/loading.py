@@ -96,7 +96,6 @@ def weights_hash(model) -> str:
 # forward passes ---------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK):
     """(ln p(ids[i] | ids[:i]) for i in [start, n) as float32, a cache holding all of ``ids``).
 
@@ -105,6 +104,14 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
     uniform prior ``-ln(vocab)``, the cost any coder without context pays, so sums over a
     token path stay meaningful.
     """
+    logprobs, cache, _ = score_and_next(model, ids, start, cache, chunk)
+    return logprobs, cache
+
+
+@torch.no_grad()
+def score_and_next(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK):
+    """``score``, and the logits that follow ``ids`` (what a generation picks its first token
+    from): a prompt scored and prefilled in one pass."""
     batch = torch.as_tensor(np.asarray(ids, dtype=np.int64)).reshape(1, -1)
     n = batch.shape[1]
     out = np.empty(max(n - start, 0), dtype=np.float32)
@@ -114,6 +121,7 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
     cache = prefill(model, batch[0, :fed].numpy(), chunk) if cache is None else cache
     if cache.get_seq_length() != fed:
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected {fed}")
+    logits = None
     for a in range(fed, n, chunk):
         b = min(a + chunk, n)
         logits = model(batch[:, a:b], cache=cache, use_cache=True).logits[0].float()
@@ -121,7 +129,7 @@ def score(model, ids: np.ndarray, start: int = 0, cache=None, chunk: int = CHUNK
         if hi > lo:
             logp = torch.log_softmax(logits[lo - 1 - a : hi - 1 - a], dim=-1)
             out[lo - start : hi - start] = logp.gather(1, batch[0, lo:hi, None])[:, 0].numpy()
-    return out, cache
+    return out, cache, None if logits is None else logits[-1]
 
 
 @torch.no_grad()

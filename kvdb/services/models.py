@@ -1,5 +1,5 @@
-"""The archive's model: loaded on first use (seconds; a first conversion, tens), registered by
-the first write that uses it, and checked against the model each session was archived with.
+"""The archive's model: loaded on first use (seconds; a first conversion, tens), registered
+before the first write that uses it, and checked against the model each session was archived with.
 Commands that only show text load the tokenizer alone, which imports neither torch nor
 transformers."""
 
@@ -37,7 +37,7 @@ class ModelProvider:
 
     def get(self):
         """The model, loaded on first use, as this archive knows it (an archive of kvdb 0.1.0 keeps
-        its model ids: kvdb.model.identity), and registered in the archive."""
+        its model ids: kvdb.model.identity). A read: ``register`` records it."""
         if self._loaded is None:
             source.require_local(self.name)  # a name that is not here fails without importing torch
             from kvdb.model import loading as lm_ops
@@ -49,10 +49,14 @@ class ModelProvider:
             if here != self._loaded.identity:  # a view for this archive: a shared model keeps its own identity
                 self._loaded = dataclasses.replace(self._loaded, identity=here)
             self._placed = True
-        if not self._registered and not self._storage.read_only:  # a model is registered by the first write that uses it
-            self._storage.apply(PutModel(self._loaded.identity))
-            self._registered = True
         return self._loaded
+
+    def register(self) -> None:
+        """Record the model in the archive: the write path does, before its first write that uses it."""
+        loaded = self.get()
+        if not self._registered:
+            self._storage.apply(PutModel(loaded.identity))
+            self._registered = True
 
     def tokenizer(self):
         """(tokenizer, its hash): the loaded model's, else the tokenizer alone (hashed once)."""

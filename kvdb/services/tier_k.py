@@ -29,10 +29,11 @@ class TierK:
         self._reader = reader
         self._books: dict[str, quant.Codebooks] = {}
         self._decoding: dict[str, quant.Codebooks] = {}  # codebook id -> sharpened for restores
+        self._references: dict[str, bytes] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
 
     def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
         """The named codebooks, else the model's newest, else the shipped ones (kvdb.services.shipped_codebooks:
-        built on this machine's first use, and referenced in the archive)."""
+        built on this machine's first use; ``ensure_codebooks`` references them in the archive)."""
         if codebook_id is None:
             found = self._storage.codebooks_for(model_id)
             if found is None:
@@ -59,15 +60,24 @@ class TierK:
             "seconds": round(time.perf_counter() - start, 2),
         }
 
+    def ensure_codebooks(self, model_id: str) -> str:
+        """The id of the codebooks new sessions are coded with: the model's newest, else the
+        shipped ones, whose reference is written to the archive here (their first build on this
+        machine takes minutes, with the file let go)."""
+        codebook_id, books = self.codebooks(model_id)
+        if self._storage.codebooks_for(model_id) is None:
+            reference = self._references[codebook_id]
+            self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, reference))
+        return codebook_id
+
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
         loaded = self._loaded(model_id)
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, _ = shipped.build(loaded)
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
-        if not self._storage.read_only:
-            self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, data))
         self._books[codebook_id] = books
+        self._references[codebook_id] = data
         return codebook_id, books
 
     def _referenced(self, model_id: str, data: bytes) -> quant.Codebooks:
@@ -150,6 +160,7 @@ class TierK:
         )
         data = books.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
+        self._models.register()
         self._storage.apply(PutCodebooks(codebook_id, loaded.identity.model_id, preset, data))
         return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
 

@@ -103,7 +103,7 @@ class Engine:
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
         self._journal = Journal(archive.local_path(JOURNAL_SUFFIX))
-        self._archiver = Archiver(self._journal, self._access, self._gate, keep, self._exact_cache, self._recent.put)
+        self._archiver = Archiver(self._journal, self._access, self._gate, keep)
 
     def start(self) -> None:
         """Start archiving, beginning with the exchanges an earlier run left in the journal."""
@@ -138,7 +138,8 @@ class Engine:
             if generation.finish_reason == "cancelled":
                 raise Busy("the reply was cancelled: the client went away, or the server is shutting down")
             self._recent.put(generation.fed, generation.cache, start.approximate)
-            self._archiver.submit(self._journal.write(prompt.entry(generation.text)))  # durable before the reply is
+            # durable before the reply is; generation's pass handed over unless a tier-K restore made it inexact
+            self._archiver.submit(self._journal.write(prompt.entry(generation.text)), None if start.approximate else generation.computed)
         finally:
             release()
         return Completion(
@@ -157,10 +158,6 @@ class Engine:
         if hit is not None:
             return Start(hit[1], held, hit[2], held)
         return Start(lm_ops.new_cache(self._loaded.model), 0, False, 0)
-
-    def _exact_cache(self, ids: np.ndarray):
-        """The exact cache of all of ``ids``, computing only what no cache holds."""
-        return lm_ops.prefill(self._loaded.model, ids, cache=self._start(ids, len(ids), "exact").cache)
 
     def _prompt(self, request: Request) -> Prompt:
         """The request's token ids, and what its exchange is archived as."""

@@ -15,6 +15,7 @@ import torch
 
 from kvdb.model import loading as lm_ops
 from kvdb.model.loading import LoadedModel
+from kvdb.services.write_compute import Computed
 from kvdb.serving.params import Sampling
 
 UNFINISHED = "\ufffd"
@@ -47,7 +48,8 @@ class Generation:
     Iterate ``deltas()`` for its text as it grows. Afterwards: ``text``; ``finish_reason``
     ("stop": EOS or a stop string, "length": ``max_tokens``, "cancelled": ``cancelled()`` said
     so); ``tokens``, the ids generated; ``cache``, holding ``fed`` (the prompt and every
-    generated token but the last, which was never run)."""
+    generated token but the last, which was never run); ``computed``, the whole pass as the
+    archive takes it, so the exchange is archived without running the model over it again."""
 
     def __init__(self, loaded: LoadedModel, cache, ids: np.ndarray, sampling: Sampling, max_tokens: int, cancelled: Callable[[], bool]):
         self._loaded = loaded
@@ -57,12 +59,19 @@ class Generation:
         self._max_tokens = max_tokens
         self._cancelled = cancelled
         self.tokens: list[int] = []
+        self._logprobs: list[np.ndarray] = []  # ln p of the prompt's tokens from ``_scored``, then of each generated token
+        self._scored = 0
         self.text = ""
         self.finish_reason = "length"
 
     @property
     def fed(self) -> np.ndarray:
         return np.concatenate([self._ids, np.asarray(self.tokens, dtype=np.int64)])[: len(self._ids) + len(self.tokens) - 1]
+
+    @property
+    def computed(self) -> Computed:
+        ids = np.concatenate([self._ids, np.asarray(self.tokens, dtype=np.int64)])
+        return Computed(ids, np.concatenate(self._logprobs).astype(np.float32), self._scored, self.cache)
 
     @torch.no_grad()
     def deltas(self) -> Iterator[str]:
@@ -74,14 +83,22 @@ class Generation:
             generator.seed()
         else:
             generator.manual_seed(self._sampling.seed)
-        self.cache = lm_ops.prefill(model, self._ids[:-1], cache=self.cache)
-        step, sent, text = torch.as_tensor(self._ids[-1:]).reshape(1, 1), 0, ""
+        held = self.cache.get_seq_length()
+        if held:  # its last token is run again: the logits before the first new token give its log-probability too
+            self.cache.crop(-1)
+        self._scored = held
+        prompt, self.cache, logits = lm_ops.score_and_next(model, self._ids, self._scored, self.cache)
+        self._logprobs.append(prompt)
+        step, sent, text = None, 0, ""
         for _ in range(self._max_tokens):
             if self._cancelled():
                 self.finish_reason = "cancelled"
                 return
-            token = pick(model(step, cache=self.cache, use_cache=True).logits[0, -1], self._sampling, generator)
+            if step is not None:
+                logits = model(step, cache=self.cache, use_cache=True).logits[0, -1]
+            token = pick(logits, self._sampling, generator)
             self.tokens.append(token)
+            self._logprobs.append(torch.log_softmax(logits.float(), dim=-1)[token : token + 1].numpy())
             if token in eos:
                 self.finish_reason = "stop"
                 break

@@ -77,3 +77,61 @@ def test_the_archiver_gives_way_to_requests():
     worker.join(timeout=5)
     assert [what for what, _ in order] == ["next turn", "archived"]
     assert order[1][1] - order[0][1] >= 0.2  # it waited for the model to be idle
+
+
+def _generated(loaded, messages, cache=None):
+    from kvdb.model import chat
+    from kvdb.model import tokenizer as tok
+    from kvdb.serving.generation import Generation
+
+    ids = np.asarray(tok.encode(loaded.tokenizer, chat.render(loaded.tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
+    generation = Generation(loaded, lm_ops.new_cache(loaded.model) if cache is None else cache(ids), ids, Sampling(temperature=0), 12, lambda: False)
+    list(generation.deltas())
+    return ids, generation
+
+
+@pytest.mark.parametrize("held", [0, 10])
+def test_generation_hands_over_the_log_probabilities_of_all_it_ran(tiny_loaded, held):
+    """What the archive takes from a reply: the log-probabilities of the prompt's tokens past the
+    cache it started from (the cache's last token is run again for the first of them) and of each
+    generated token, as a fresh scoring pass gives them, and the cache of all but the last token."""
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    ids, generation = _generated(tiny_loaded, messages, (lambda ids: lm_ops.prefill(tiny_loaded.model, ids[:held])) if held else None)
+    computed = generation.computed
+    everything = np.concatenate([ids, generation.tokens])
+    assert np.array_equal(computed.ids, everything) and computed.start == held and len(generation.tokens) > 1
+    assert computed.cache.get_seq_length() == len(everything) - 1
+    expected, _ = lm_ops.score(tiny_loaded.model, everything)
+    np.testing.assert_allclose(computed.logprobs, expected[held:], atol=2e-3)
+
+
+def test_an_exchange_is_archived_from_the_pass_that_generated_it(tiny_loaded, tmp_path, monkeypatch):
+    """One model pass per reply: the archive takes generation's log-probabilities and cache, and
+    runs the model only past where the archived tokens part from the generated ones (the chat
+    template's closing tokens; more where the reply's text tokenizes otherwise, as the tiny
+    model's broken UTF-8 does); what it stores is what an ingest of the exchange alone stores,
+    and the exchange's cache is kept for a later process."""
+    import kvdb
+    from kvdb.index import trie
+
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    prompt, generation = _generated(tiny_loaded, messages)
+    exchange = [*messages, {"role": "assistant", "content": generation.text}]
+    ran: list[int] = []
+    score, prefill = lm_ops.score_and_next, lm_ops.prefill
+    monkeypatch.setattr(
+        lm_ops, "score_and_next", lambda model, ids, start=0, cache=None, *rest: ran.append(len(ids) - start) or score(model, ids, start, cache, *rest)
+    )
+    monkeypatch.setattr(lm_ops, "prefill", lambda model, ids, *args, cache=None, **kw: ran.append(len(ids)) or prefill(model, ids, *args, cache=cache, **kw))
+    with kvdb.open(tmp_path / "served.duckdb", model=tiny_loaded) as served:
+        [r] = served.ingest(messages=exchange, computed=generation.computed, keep_cache=True)
+        handed_over = served.logprobs(r.session_id)
+        archived = served.tokens(r.session_id)
+        assert len(served._prefix_cache.entries()) == 1
+    shared = trie.common_prefix(generation.computed.ids, archived)
+    assert r.status == "ingested" and shared >= len(prompt) and sum(ran) == len(archived) - shared, ran
+    ran.clear()
+    with kvdb.open(tmp_path / "plain.duckdb", model=tiny_loaded) as plain:
+        [again] = plain.ingest(messages=exchange)
+        np.testing.assert_allclose(handed_over, plain.logprobs(again.session_id), atol=2e-3)
+    assert again.session_id == r.session_id and sum(ran) >= r.n_tokens - 1

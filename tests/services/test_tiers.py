@@ -275,9 +275,10 @@ def test_tiers_are_added_with_the_file_let_go(kv_archive, monkeypatch):
     text = "A session long enough that adding its tiers is long work for the model. " * 4
     [r] = kv_archive.ingest(text=text, keep="lm", name="long")
     held = []  # whether the file was held when each piece of the model's work ended
-    score, encode, codes = kv_archive._ingester._score_suffix, lmcode.encode_node, TierK.codes
+    compute = kv_archive._ingester._compute
+    score, encode, codes = compute._score, lmcode.encode_node, TierK.codes
     note = lambda out: held.append(storage_of(kv_archive).held_for() > 0) or out  # noqa: E731
-    monkeypatch.setattr(kv_archive._ingester, "_score_suffix", lambda *args: note(score(*args)))
+    monkeypatch.setattr(compute, "_score", lambda *args: note(score(*args)))
     monkeypatch.setattr(lmcode, "encode_node", lambda *args, **kw: note(encode(*args, **kw)))
     monkeypatch.setattr(TierK, "codes", lambda *args, **kw: note(codes(*args, **kw)))
     assert kv_archive.ingest(text=text, keep="tokens,search,kv")[0].added == ("tokens", "search", "kv")

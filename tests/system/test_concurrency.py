@@ -10,7 +10,7 @@ import pytest
 from support import storage_of, write_jsonl
 
 import kvdb
-import kvdb.services.ingesting
+import kvdb.services.write_compute
 import kvdb.storage.base
 from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.model import loading as lm_ops
@@ -74,7 +74,7 @@ def test_read_only_search_rebuilds_a_missing_index(tmp_path, tiny_model):
 
 
 def test_ingest_lets_readers_in_while_the_model_works(tmp_path, tiny_model, monkeypatch):
-    monkeypatch.setattr(kvdb.services.ingesting, "SHORT_WORK_TOKENS", 0)  # these sessions are short; the real threshold is 128 tokens
+    monkeypatch.setattr(kvdb.services.write_compute, "SHORT_WORK_TOKENS", 0)  # these sessions are short; the real threshold is 128 tokens
     path = tmp_path / "a.duckdb"
     seen = []
     score = lm_ops.score
@@ -94,7 +94,7 @@ def test_ingest_lets_readers_in_while_the_model_works(tmp_path, tiny_model, monk
 def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_path, tiny_model, monkeypatch):
     """While this ingest's model runs, another writer splits the node it was going to extend:
     the ingest redoes its plan against the new trie, and every session stays whole."""
-    monkeypatch.setattr(kvdb.services.ingesting, "SHORT_WORK_TOKENS", 0)
+    monkeypatch.setattr(kvdb.services.write_compute, "SHORT_WORK_TOKENS", 0)
     path = tmp_path / "a.duckdb"
     prompt = "System: you are a careful assistant who answers briefly.\n"
     texts = {"base": prompt + "User: hi", "grown": prompt + "User: hi\nAssistant: hello", "other": prompt + "User: bye"}

@@ -140,7 +140,7 @@ def test_claims_keep_a_file_to_one_worker_until_released_or_expired(lake):
 
 
 def test_a_file_another_worker_claimed_is_passed_by_and_said_so(lake, tiny_model, tmp_path):
-    from kvdb.services.ingesting import CLAIM_LEASE_SECONDS, _claim_key
+    from kvdb.services.claims import CLAIM_LEASE_SECONDS, _claim_key
     from kvdb.storage import open_storage
     from kvdb.tiers import DEFAULT_KEEP, parse_keep
 

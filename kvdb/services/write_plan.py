@@ -1,0 +1,111 @@
+"""The first stage of the write path: what a source holds and what archiving it takes.
+
+A source is parsed, rendered and tokenized once, here, into ``Planned`` sessions; each is then
+matched against the trie into a ``SessionPlan``, the work still to do. Planning reads the
+archive and never writes or runs the model (but to decode a tier-L-only node the match runs
+through, which is reading). The plan is made again whenever a commit finds the trie moved; the
+model's work is kept when the new plan asks for the same (``SessionPlan.key``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvdb.errors import TranscriptError
+from kvdb.index import trie
+from kvdb.model import chat
+from kvdb.model import tokenizer as tok
+from kvdb.storage import Storage
+from kvdb.storage.base import NodeRow
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One parsed session and its token ids."""
+
+    item: object  # a transcripts.Transcript
+    ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What archiving one session takes, against the trie as it was read at ``version``.
+
+    ``match`` is None when the session is archived already; then only ``lacking`` (path nodes
+    without some of the tiers asked for) is left to do."""
+
+    session_id: str
+    ids: np.ndarray
+    keep: frozenset[str]
+    version: object
+    match: trie.PrefixMatch | None
+    path: list[NodeRow]  # the matched node's path (or the archived session's), root first
+    lacking: list[tuple[NodeRow, frozenset[str]]]  # path nodes and the tiers of ``keep`` each lacks
+
+    @property
+    def done(self) -> bool:
+        return self.match is None and not self.lacking
+
+    @property
+    def back(self) -> list[NodeRow]:
+        """Nodes held in tier L only that a new session runs through whole: they get their tokens back."""
+        assert self.match is not None
+        return [n for n in self.path if "tokens" not in n.keep and n.end <= self.match.matched]
+
+    @property
+    def scored_from(self) -> int:
+        """The first position whose log-probability the new session's write needs."""
+        assert self.match is not None
+        return min((n.start for n in self.back), default=self.match.matched)
+
+    @property
+    def splits(self) -> bool:
+        return self.match is not None and self.match.node is not None and self.match.offset < self.match.node.n_tokens
+
+    @property
+    def key(self) -> tuple:
+        """What the model's work for this plan depends on (not, say, a node's refcount)."""
+        if self.match is None:
+            return ("tiers", tuple((n.node_id, n.start, n.n_tokens, tiers) for n, tiers in self.lacking))
+        node = self.match.node
+        return ("session", self.match.matched, self.match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep))
+
+
+def plan_sessions(sessions: Iterable, render: Callable[[object], np.ndarray]) -> list[Planned]:
+    """Every session of a source, rendered and tokenized once; a failure anywhere (a malformed
+    file) raises before anything is written. A file's sessions are held in memory together."""
+    return [Planned(item, render(item)) for item in sessions]
+
+
+def render_ids(tokenizer, item, context_tokens: int) -> np.ndarray:
+    """A session's token ids, refused when empty or longer than the model can attend to (a cache
+    past its context would restore a state the model was never trained on)."""
+    text = item.text if item.text is not None else chat.render(tokenizer, item.messages)
+    ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
+    if len(ids) == 0:
+        raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
+    if len(ids) > context_tokens:
+        raise TranscriptError(
+            item.source, f"renders to {len(ids):,} tokens, more than the {context_tokens:,} of the model's context; split it into smaller sessions"
+        )
+    return ids
+
+
+def plan_session(storage: Storage, model_id: str, ids: np.ndarray, keep: frozenset[str], tokens_of: Callable[[NodeRow], np.ndarray]) -> SessionPlan:
+    """The work of archiving ``ids`` with the tiers ``keep``, as the archive stands now.
+    ``tokens_of(node)``: a node's tokens (decoded from tier L for a node held only there)."""
+    version = storage.version()  # a commit of this plan is refused if anything lands after this
+    session_id = trie.path_id(model_id, ids)
+    if storage.has_session(session_id):
+        path = storage.node_path(session_id)
+        return SessionPlan(session_id, ids, keep, version, None, path, _lacking(path, keep))
+    match = trie.longest_prefix(storage, model_id, ids, tokens_of)
+    path = storage.node_path(match.node.node_id) if match.node is not None else []
+    return SessionPlan(session_id, ids, keep, version, match, path, [])
+
+
+def _lacking(path: list[NodeRow], keep: frozenset[str]) -> list[tuple[NodeRow, frozenset[str]]]:
+    return [(n, keep - n.keep) for n in path if keep - n.keep]
