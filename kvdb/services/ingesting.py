@@ -74,12 +74,14 @@ class Ingester:
         self._indexes = indexes
         self._prefix_cache = prefix_cache
         self._recent: tuple[np.ndarray, DynamicCache] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
-        self._pending_prefix: tuple[str, np.ndarray, DynamicCache] | None = None  # (session id, ids, cache) of the last growing conversation, saved on close
+        # (session id, ids, cache, its path's shorter nodes) of the last growing conversation, saved on close
+        self._pending_prefix: tuple[str, np.ndarray, DynamicCache, list[tuple[str, int]]] | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}"  # who holds this process's claims on input files
 
     def close(self) -> None:
         if self._pending_prefix is not None:
-            self._prefix_cache.save(self._pending_prefix[0], self._pending_prefix[2])
+            session_id, _, cache, shorter = self._pending_prefix
+            self._prefix_cache.save(session_id, cache, shorter)
             self._pending_prefix = None
 
     def ingest(self, source, *, text: str | None, messages: Sequence[dict] | None, name: str | None, keep, progress: Progress | None) -> list[IngestResult]:
@@ -310,8 +312,8 @@ class Ingester:
         process extends in turn replaces it unsaved; the last is saved on close."""
         pending = self._pending_prefix
         if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
-            self._prefix_cache.save(pending[0], pending[2])
-        self._pending_prefix = (session_id, ids, cache)
+            self._prefix_cache.save(pending[0], pending[2], pending[3])
+        self._pending_prefix = (session_id, ids, cache, [(n.node_id, n.end) for n in reversed(self._storage.node_path(session_id))])
 
     def _score_suffix(self, loaded, ids: np.ndarray, start: int, resumable: list[tuple[str, int]]):
         """Log-probabilities of ids[start:], resuming the shared prefix's cache from the last
