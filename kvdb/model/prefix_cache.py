@@ -191,13 +191,18 @@ class PrefixCache:
         limit), the least recently used. An entry counts as used when any entry that chains to
         it was, and parents come before children, so no kept entry loses its parent."""
         links: dict[str, _Link] = {}
+        stats: dict[str, os.stat_result] = {}
         gone = Trimmed()
         for path in self._entries():
             link = self._link(path)
             if link is None:
                 gone += _delete(path)
-            else:
-                links[path.stem] = link
+                continue
+            try:
+                stats[path.stem] = path.stat()
+            except OSError:  # deleted meanwhile (another process trimming)
+                continue
+            links[path.stem] = link
         by_end = sorted(links, key=lambda k: links[k].end)
         sound: set[str] = set()
         for key in by_end:  # a parent ends before its children: it is settled first
@@ -205,7 +210,7 @@ class PrefixCache:
             parent = links.get(link.parent) if link.parent is not None else None
             if (link.parent is None and link.start == 0) or (parent is not None and link.parent in sound and parent.end == link.start):
                 sound.add(key)
-        used = {key: links[key].path.stat().st_mtime for key in sound}
+        used = {key: stats[key].st_mtime for key in sound}
         for key in reversed(by_end):
             above = links[key].parent
             if key in sound and above is not None:
@@ -215,7 +220,7 @@ class PrefixCache:
         over = False
         for key in sorted(sound, key=lambda k: (-used[k], links[k].end)):
             link = links[key]
-            size = link.path.stat().st_size
+            size = stats[key].st_size
             over = over or (budget is not None and total + size > budget)
             if over or (link.parent is not None and link.parent not in kept):
                 gone += _delete(link.path)
