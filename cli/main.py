@@ -17,6 +17,7 @@ import click
 import kvdb
 from kvdb.codecs import presets
 from kvdb.errors import KvdbError
+from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS, parse_keep
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
@@ -131,9 +132,9 @@ def main(ctx, db, data_path):
     ctx.obj = {"db": db, "data_path": data_path}
 
 
-def _open(ctx, model: str | None = None, read_only: bool = False) -> kvdb.Archive:
+def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
-    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"])
+    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb)
     ctx.call_on_close(archive.close)
     return archive
 
@@ -568,8 +569,16 @@ def gc(ctx, as_json):
     show_default=True,
     help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.",
 )
+@click.option(
+    "--prefix-cache-mb",
+    type=click.FloatRange(min=0),
+    envvar="KVDB_PREFIX_CACHE_MB",
+    default=DEFAULT_PREFIX_CACHE_MB,
+    show_default=True,
+    help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
+)
 @click.pass_context
-def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout):
+def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout, prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
 
     Prompts resume from the longest prefix already computed or archived; each reply is in the
@@ -579,7 +588,7 @@ def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout):
     from kvdb.serving import Engine
     from kvdb_server import serve as run_server
 
-    engine = Engine(_open(ctx, model), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
+    engine = Engine(_open(ctx, model, prefix_cache_mb=prefix_cache_mb), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
     click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
     run_server(engine, host, port, api_key)
 

@@ -51,8 +51,10 @@ def _location(given: str | Path) -> str | Path:
     return given if is_lake(given) else Path(given)
 
 
-def open(path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None) -> Archive:  # noqa: A001 (mirrors builtins.open on purpose)
-    return Archive(path, model, read_only, data_path)
+def open(  # noqa: A001 (mirrors builtins.open on purpose)
+    path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None, prefix_cache_mb: float | None = None
+) -> Archive:
+    return Archive(path, model, read_only, data_path, prefix_cache_mb)
 
 
 class Archive:
@@ -62,15 +64,19 @@ class Archive:
 
     ``model``: a Hugging Face id or folder (default ``$KVDB_MODEL``, else the embedded model),
     or a ``kvdb.model.loading.LoadedModel`` already loaded, to share one model between archives.
-    ``data_path``: where a new lake keeps its Parquet files (default ``$KVDB_DATA_PATH``)."""
+    ``data_path``: where a new lake keeps its Parquet files (default ``$KVDB_DATA_PATH``).
+    ``prefix_cache_mb``: the cap of the prefix cache beside the archive (default
+    ``$KVDB_PREFIX_CACHE_MB``, else 1024; 0 turns it off)."""
 
-    def __init__(self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None):
+    def __init__(
+        self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None, prefix_cache_mb: float | None = None
+    ):
         self.path = _location(path) if path is not None else default_path()
         self._storage = open_storage(self.path, read_only=read_only, data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
         self._models = ModelProvider(self._storage, model)
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
-        self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"))
+        self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"), prefix_cache_mb)
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes, lambda: self._tier_k)
@@ -92,7 +98,7 @@ class Archive:
     def _restorer(self):
         from kvdb.services.restoring import Restorer
 
-        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, PrefixCache(self._storage.derived_path(".sinks")))
+        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4"))
 
     @cached_property
     def _resumer(self):

@@ -134,8 +134,8 @@ async def _events(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
     deltas = reply.deltas()
     try:
         yield _event(Chunk(header, first=True).to_dict())
-        while (text := await run_in_threadpool(next, deltas, None)) is not None:
-            yield _event(Chunk(header, text=text).to_dict())
+        while (delta := await run_in_threadpool(next, deltas, None)) is not None:
+            yield _event(Chunk(header, text=delta.text, logprobs=delta.logprobs).to_dict())
         yield _event(Chunk(header, done=reply.completion).to_dict())
         if include_usage:
             yield _event(Chunk(header, done=reply.completion, usage=True).to_dict())

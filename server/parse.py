@@ -14,40 +14,62 @@ from kvdb_server.errors import HttpError
 
 MAX_BODY_BYTES = 4 * 2**20
 
-# Fields the OpenAI API defines that this server does not honour: accepted only at their
-# defaults, refused otherwise (a reply that silently ignored them would mislead the client).
-NOT_HONOURED: dict[str, object] = {
-    "tools": [],
-    "tool_choice": "none",
-    "functions": [],
-    "function_call": "none",
-    "parallel_tool_calls": None,
-    "logprobs": False,
-    "top_logprobs": 0,
-    "response_format": {"type": "text"},
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "logit_bias": {},
-    "echo": False,
-    "best_of": 1,
-    "suffix": None,
+# Fields of the OpenAI API (its request schemas, openai-python 2.x/3.x) that this server does not
+# honour: accepted when null or at the values that ask for nothing (their defaults), refused
+# otherwise: a reply that silently ignored them would mislead the client.
+NOT_HONOURED: dict[str, tuple] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (),
+    "response_format": ({"type": "text"},),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logit_bias": ({},),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "web_search_options": (),
+    "moderation": (),
+    "store": (False,),  # OpenAI's stored completions; kvdb archives every exchange (its own store)
+    "service_tier": ("auto", "default"),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
 }
-KNOWN = {
-    "model",
+# Fields that ask nothing of the reply: read and let be. (Abuse identifiers, metadata for
+# OpenAI's stored completions, and prompt-caching hints: every prefix is cached here anyway.)
+IGNORED = {"user", "safety_identifier", "metadata", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"}
+HONOURED = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "logprobs", "kvdb"}
+# Each endpoint's own fields (OpenAI's schemas); the rest of the fields above are common to both.
+CHAT_ONLY = {
     "messages",
-    "prompt",
-    "max_tokens",
     "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "stream",
-    "stream_options",
-    "n",
-    "kvdb",
-    "user",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "audio",
+    "modalities",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "web_search_options",
+    "moderation",
+    "store",
+    "service_tier",
+    *(IGNORED - {"user"}),
 }
+TEXT_ONLY = {"prompt", "echo", "best_of", "suffix"}
+MAX_TEXT_LOGPROBS = 5  # /v1/completions' logprobs, as OpenAI's API
+STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
+EXTENSION = {"session", "at", "name"}
 
 
 @dataclass(frozen=True)
@@ -81,17 +103,28 @@ async def json_body(request: HttpRequest, limit: int) -> dict:
 
 def completion(body: dict, chat: bool) -> Parsed:
     """A chat (``messages``) or text (``prompt``) completion request."""
+    endpoint, other = ("/v1/chat/completions", TEXT_ONLY) if chat else ("/v1/completions", CHAT_ONLY)
+    known = (HONOURED | IGNORED | set(NOT_HONOURED) | CHAT_ONLY | TEXT_ONLY) - other
     for key, value in body.items():
-        if key in NOT_HONOURED and value is not None and value != NOT_HONOURED[key]:
+        if key in other:
+            raise InvalidArgument(f"{key} is not a field of {endpoint} (the other completions endpoint reads it); leave it out")
+        if key not in known:
+            raise InvalidArgument(f"unknown field {key!r}; {endpoint} reads {', '.join(sorted(known))}")
+        if key in NOT_HONOURED and value is not None and value not in NOT_HONOURED[key]:
             raise InvalidArgument(f"{key} is not supported by this server (got {value!r}); leave it out")
-        if key not in NOT_HONOURED and key not in KNOWN:
-            raise InvalidArgument(f"unknown field {key!r}; this server reads {', '.join(sorted(KNOWN))}")
     if body.get("n", 1) != 1:
         raise InvalidArgument(f"n must be 1 (one reply per request), got {body['n']!r}")
-    options = body.get("stream_options") or {}
-    extension = body.get("kvdb") or {}
+    options = _default(body.get("stream_options"), {})
+    extension = _default(body.get("kvdb"), {})
     if not isinstance(options, dict) or not isinstance(extension, dict):
         raise InvalidArgument("stream_options and kvdb must be JSON objects")
+    for key, value in options.items():
+        if key not in STREAM_OPTIONS:
+            raise InvalidArgument(f"unknown stream_options field {key!r}; this server reads {', '.join(sorted(STREAM_OPTIONS))}")
+        if key == "include_obfuscation" and value:
+            raise InvalidArgument("stream_options.include_obfuscation is not supported by this server (chunks are not padded); leave it out")
+    if unknown := set(extension) - EXTENSION:
+        raise InvalidArgument(f"unknown kvdb field {sorted(unknown)[0]!r}; the kvdb object reads {', '.join(sorted(EXTENSION))}")
     if not isinstance(_default(body.get("stream"), False), bool):
         raise InvalidArgument(f"stream must be true or false, got {body['stream']!r}")
     sampling = Sampling(
@@ -105,8 +138,31 @@ def completion(body: dict, chat: bool) -> Parsed:
     if isinstance(prompt, list) and len(prompt) == 1:  # the API's list form, of one prompt
         prompt = prompt[0]
     given = {"messages": _default(body.get("messages"), [])} if chat else {"prompt": _default(prompt, "")}
-    request = Request(**given, sampling=sampling, session=extension.get("session"), at=extension.get("at"), name=extension.get("name"), model=body.get("model"))
+    request = Request(
+        **given,
+        sampling=sampling,
+        session=extension.get("session"),
+        at=extension.get("at"),
+        name=extension.get("name"),
+        model=body.get("model"),
+        logprobs=_logprobs(body, chat),
+    )
     return Parsed(request, _default(body.get("stream"), False), bool(options.get("include_usage")))
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives each reply token's log-probability comes with, None for none: the
+    chat API asks with ``logprobs: true`` and ``top_logprobs``, the text API with ``logprobs: N``."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if not chat:
+        if asked is not None and not (isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked <= MAX_TEXT_LOGPROBS):
+            raise InvalidArgument(f"logprobs must be an integer from 0 to {MAX_TEXT_LOGPROBS} (alternatives per token), got {asked!r}")
+        return asked
+    if not isinstance(_default(asked, False), bool):
+        raise InvalidArgument(f"logprobs must be true or false, got {asked!r}")
+    if top and not asked:
+        raise InvalidArgument("top_logprobs needs logprobs: true")
+    return _default(top, 0) if asked else None
 
 
 def _default(value, default):

@@ -60,11 +60,13 @@ class Ingester:
         self._prefix_cache = prefix_cache
         self._compute = WriteCompute(storage, tier_l, tier_k, prefix_cache)
         self._claims = InputClaims(storage)
-        self._pending_prefix: tuple[str, np.ndarray, object] | None = None  # (session id, ids, cache) of the last growing conversation, saved on close
+        # (session id, ids, cache, its path's nodes deepest first) of the last growing conversation, saved on close
+        self._pending_prefix: tuple[str, np.ndarray, object, list[tuple[str, int]]] | None = None
 
     def close(self) -> None:
         if self._pending_prefix is not None:
-            self._prefix_cache.save(self._pending_prefix[0], self._pending_prefix[2])
+            session_id, _, cache, shorter = self._pending_prefix
+            self._prefix_cache.save(session_id, cache, shorter)
             self._pending_prefix = None
 
     def ingest(
@@ -226,13 +228,14 @@ class Ingester:
         grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
         if cache is None or not (grows or now):
             return
+        path = [(n.node_id, n.end) for n in reversed(self._storage.node_path(plan.session_id))]  # an entry stores what it adds to its path's
         if now:
-            self._prefix_cache.save(plan.session_id, cache)
+            self._prefix_cache.save(plan.session_id, cache, path)
             return
         pending, ids = self._pending_prefix, plan.ids
         if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
-            self._prefix_cache.save(pending[0], pending[2])
-        self._pending_prefix = (plan.session_id, ids, cache)
+            self._prefix_cache.save(pending[0], pending[2], pending[3])
+        self._pending_prefix = (plan.session_id, ids, cache, path)
 
     def _session_bytes(self) -> int:
         """The most bytes of a file one session may take: what the model's context can hold, or,

@@ -71,7 +71,9 @@ class Resumer:
 
     def keep(self, ids: np.ndarray, cache) -> None:
         """Keep ``cache``, the exact cache of ``ids`` (an archived path's tokens), in the prefix
-        cache, so that a later process resumes the path without computing it."""
+        cache, so that a later process resumes the path without computing it. Only what it adds
+        to the deepest node of its path with an entry is stored: a conversation's turns share."""
         if cache.get_seq_length() != len(ids):
             raise ValueError(f"the cache holds {cache.get_seq_length()} positions, the tokens are {len(ids)}")
-        self._prefix_cache.save(trie.path_id(self._models.get().identity.model_id, np.asarray(ids, dtype=np.int64)), cache)
+        key = trie.path_id(self._models.get().identity.model_id, np.asarray(ids, dtype=np.int64))
+        self._prefix_cache.save(key, cache, [(n.node_id, n.end) for n in reversed(self._storage.node_path(key))])

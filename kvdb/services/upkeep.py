@@ -136,7 +136,7 @@ class Upkeep:
         ones is numbered anew, and the engine's small files are merged."""
         freed = self._storage.apply(CollectGarbage())
         assert freed is not None  # CollectGarbage returns what it freed
-        freed["prefix_cache_entries"] = self._prefix_cache.prune(self._live_paths())
+        freed["prefix_cache_entries"] = self._prefix_cache.prune(self._live_paths()) + self._prefix_cache.trim().entries
         freed["renumbered_indexes"] = [key for key, tok_hash in self._index_keys() if self._indexes.compact(key, tok_hash)]
         freed.update(self._storage.compact_files())
         return freed

@@ -35,7 +35,7 @@ from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
 from kvdb.serving.generation import Generation
 from kvdb.serving.journal import Journal
-from kvdb.serving.params import Request, Sampling
+from kvdb.serving.params import Request
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
 from kvdb.serving.reply import Reply
 from kvdb.serving.responses import Completion, Header, SessionView
@@ -127,12 +127,14 @@ class Engine:
         max_tokens = self._room(len(prompt.ids), request.sampling.max_tokens)
         release = self._gate.admit()
         header = Header(f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), request.model or self.model_name, request.chat)
-        return Reply(header, lambda emit, cancelled: self._reply(header, prompt, request.sampling, max_tokens, emit, cancelled, release))
+        return Reply(header, lambda emit, cancelled: self._reply(header, prompt, request, max_tokens, emit, cancelled, release))
 
-    def _reply(self, header: Header, prompt: Prompt, sampling: Sampling, max_tokens: int, emit, cancelled, release) -> Completion:
+    def _reply(self, header: Header, prompt: Prompt, request: Request, max_tokens: int, emit, cancelled, release) -> Completion:
         try:
             start = self._start(prompt.ids, len(prompt.ids) - 1, self._restore)
-            generation = Generation(self._loaded, start.cache, prompt.ids, sampling, max_tokens, lambda: cancelled() or self._stopping.is_set())
+            generation = Generation(
+                self._loaded, start.cache, prompt.ids, request.sampling, max_tokens, lambda: cancelled() or self._stopping.is_set(), request.logprobs
+            )
             for delta in generation.deltas():
                 emit(delta)
             if generation.finish_reason == "cancelled":
@@ -143,7 +145,15 @@ class Engine:
         finally:
             release()
         return Completion(
-            header, generation.text, generation.finish_reason, len(prompt.ids), len(generation.tokens), start.cached, start.restored, start.approximate
+            header,
+            generation.text,
+            generation.finish_reason,
+            len(prompt.ids),
+            len(generation.tokens),
+            start.cached,
+            start.restored,
+            start.approximate,
+            tuple(generation.logprobs) if request.logprobs is not None else None,
         )
 
     def _start(self, ids: np.ndarray, limit: int, mode: str) -> Start:

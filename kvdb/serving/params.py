@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kvdb.errors import InvalidArgument
 
 MAX_STOPS = 4  # as OpenAI's API
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
 def _integer(value) -> bool:
@@ -51,7 +52,8 @@ class Request:
     """A completion: chat ``messages`` (any shape ``kvdb.transcripts`` reads) or a text
     ``prompt``. With ``session``, the first ``at`` tokens of that archived session (default:
     all) come first, and the messages are new turns after them. ``name`` names the archived
-    exchange (default: the first words of the conversation)."""
+    exchange (default: the first words of the conversation). ``logprobs``: the reply's tokens'
+    log-probabilities are reported, each with that many most likely alternatives (None: not)."""
 
     messages: list | None = None
     prompt: str | None = None
@@ -60,6 +62,7 @@ class Request:
     at: int | None = None
     name: str | None = None
     model: str | None = None  # what the client named; the reply echoes it (one model is served, whatever the name)
+    logprobs: int | None = None
 
     def __post_init__(self):
         if (self.messages is None) == (self.prompt is None):
@@ -76,6 +79,8 @@ class Request:
             raise InvalidArgument(f"model must be a string, got {self.model!r}")
         if self.name is not None and not (isinstance(self.name, str) and self.name.strip()):
             raise InvalidArgument(f"kvdb.name must be a non-empty string, got {self.name!r}")
+        if self.logprobs is not None and not (_integer(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidArgument(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
 
     @property
     def chat(self) -> bool:

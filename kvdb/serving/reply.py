@@ -11,9 +11,10 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
+from kvdb.serving.generation import Delta
 from kvdb.serving.responses import Completion, Header
 
-Work = Callable[[Callable[[str], None], Callable[[], bool]], Completion]  # (emit a delta, cancelled?) -> the completion
+Work = Callable[[Callable[[Delta], None], Callable[[], bool]], Completion]  # (emit a delta, cancelled?) -> the completion
 
 
 class Reply:
@@ -30,8 +31,8 @@ class Reply:
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             self._events.put(("error", exc))
 
-    def deltas(self) -> Iterator[str]:
-        """The reply's text as it comes; ``completion`` is set once it ends. Raises what the work raised."""
+    def deltas(self) -> Iterator[Delta]:
+        """The reply's text (and its tokens' log-probabilities, when asked for) as it comes; ``completion`` is set once it ends. Raises what the work raised."""
         while self.completion is None:
             kind, value = self._events.get()
             if kind == "error":

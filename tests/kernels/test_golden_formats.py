@@ -60,7 +60,8 @@ def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_bu
         golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
-    assert committed == set(generated) | {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)}
+    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1}
+    assert committed == set(generated) | kept
 
 
 # -- fractal token blocks (format tag 0xF1) -------------------------------------------------
@@ -275,21 +276,29 @@ def test_golden_search_sidecar_reads_back(alphabet, generation, first, second):
         assert index.within(piece).tolist() == ends
 
 
-# -- the prefix cache ("KVDBPFX1") ----------------------------------------------------------
+# -- the prefix cache ("KVDBPFX2"; "KVDBPFX1" read) ------------------------------------------
 
 
 def test_prefix_cache_writes_the_golden_bytes(tmp_path, prefix_budget):
     assert_golden(golden.prefix_files(tmp_path))
 
 
-def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget):
+@pytest.mark.parametrize(
+    "files, key",
+    [
+        ({golden.PREFIX_V1: golden.PREFIX_KEY}, golden.PREFIX_KEY),  # a whole float32 cache, as kvdb 0.1.0 wrote it
+        ({f"prefix/{k}.kv": k for k in (golden.PREFIX_KEY, golden.PREFIX_CHILD_KEY)}, golden.PREFIX_CHILD_KEY),  # a float16 chain
+    ],
+)
+def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget, files, key):
     folder = PrefixCache(tmp_path / "a.duckdb.prefix")
     folder.folder.mkdir()
-    shutil.copy(GOLDEN / f"prefix/{golden.PREFIX_KEY}.kv", folder.path(golden.PREFIX_KEY))  # load() touches the file
+    for name, as_key in files.items():
+        shutil.copy(GOLDEN / name, folder.path(as_key))  # load() touches the files
     keys, values = golden.prefix_arrays()
     model = golden.TableModel(16, golden.LAYERS, golden.HEADS, golden.DIM)
-    assert folder.load(model, [(golden.PREFIX_KEY, keys.shape[2] + 1)]) is None  # an entry must hold what its node holds
-    held, cache = folder.load(model, [("absent", 3), (golden.PREFIX_KEY, keys.shape[2])])
+    assert folder.load(model, [(key, keys.shape[2] + 1)]) is None  # an entry must hold what its node holds
+    held, cache = folder.load(model, [("absent", 3), (key, keys.shape[2])])
     assert held == keys.shape[2]
     for ours, theirs in zip(capture.cache_arrays(cache), (keys, values), strict=True):
         np.testing.assert_array_equal(ours, theirs)

@@ -3,12 +3,15 @@ and stop strings, and prompts resumed from what was computed or archived before.
 
 from __future__ import annotations
 
+import numpy as np
 from support import CALIBRATION, KV
 
 import kvdb
 from kvdb.model import capture
 from kvdb.model import chat as chat_template
+from kvdb.model import loading as lm_ops
 from kvdb.model import tokenizer as tok
+from kvdb.serving.generation import token_bytes
 
 HELLO = [{"role": "user", "content": "Tell me about the harbour."}]
 
@@ -103,3 +106,58 @@ def test_restore_archive_resumes_from_tier_k_and_says_it_is_approximate(serve, t
     recomputed = capture.SINKS + capture.RECENT  # tier K's exact window is computed, not restored
     assert _kvdb(reply) == {"restored": "archive", "cached_tokens": stored.n_tokens - recomputed, "approximate": True}
     assert reply.usage.prompt_tokens_details.cached_tokens == stored.n_tokens - recomputed
+
+
+def _legacy_bytes(token: str) -> bytes:
+    """A legacy logprobs token back to its bytes (a part of a character is written ``bytes:\\x98``)."""
+    return bytes.fromhex(token[len("bytes:") :].replace("\\x", "")) if token.startswith("bytes:") else token.encode()
+
+
+def test_chat_logprobs_are_the_models_own_streamed_and_not(serve, tiny_loaded):
+    running = serve()
+    reply = running.chat(HELLO, max_tokens=6, logprobs=True, top_logprobs=3)
+    choice = reply.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == reply.usage.completion_tokens - (choice.finish_reason == "stop")  # EOS is not part of the reply
+    assert b"".join(bytes(t.bytes) for t in content).decode(errors="replace") == choice.message.content  # the random model's bytes need not be UTF-8
+    tokenizer = tiny_loaded.tokenizer
+    id_of = {token_bytes(tokenizer, i): i for i in range(len(tokenizer))}
+    ids = tok.encode(tokenizer, chat_template.render(tokenizer, HELLO, add_generation_prompt=True))
+    expected, _ = lm_ops.score(tiny_loaded.model, np.asarray(ids + [id_of[bytes(t.bytes)] for t in content]), start=len(ids))
+    np.testing.assert_allclose([t.logprob for t in content], expected, atol=1e-4)
+    for t in content:  # greedy: the chosen token is the most likely, listed first among 3
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+
+    chunks = list(running.chat(HELLO, max_tokens=6, logprobs=True, top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content]
+    plain = running.chat(HELLO, max_tokens=6)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == choice.message.content
+
+
+def test_text_logprobs_in_the_legacy_shape_streamed_and_not(serve):
+    client = serve().openai()
+    reply = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=6, temperature=0, logprobs=2)
+    choice = reply.choices[0]
+    got = choice.logprobs
+    assert b"".join(map(_legacy_bytes, got.tokens)).decode(errors="replace") == choice.text
+    assert len(got.token_logprobs) == len(got.tokens) == len(got.top_logprobs) == len(got.text_offset)
+    assert got.text_offset[0] == 0 and got.text_offset == sorted(got.text_offset)
+    for token, logprob, top in zip(got.tokens, got.token_logprobs, got.top_logprobs, strict=True):
+        assert len(top) == 2 and max(top.values()) == logprob == top[token]  # greedy: the most likely
+    streamed = list(client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=6, temperature=0, logprobs=2, stream=True))
+    pieces = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs]
+    assert [t for p in pieces for t in p.tokens] == got.tokens and [o for p in pieces for o in p.text_offset] == got.text_offset
+
+
+def test_logprobs_end_where_a_stop_string_cuts_the_reply(serve):
+    client = serve().openai()
+    whole = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0, logprobs=0)
+    text, got = whole.choices[0].text, whole.choices[0].logprobs
+    assert len(got.tokens) >= 4 and not any(t.startswith("bytes:") for t in got.tokens[:4]), "the greedy reply does not suit a cut"
+    stop = "".join(got.tokens[2:4])
+    cut = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0, logprobs=0, stop=[stop])
+    at = text.index(stop)
+    assert cut.choices[0].text == text[:at] and cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].logprobs.tokens == [t for t, o in zip(got.tokens, got.text_offset, strict=True) if o < at]  # none of the stop string's

@@ -6,10 +6,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from kvdb_server import parse
+from openai.types import completion_create_params as text_params
+from openai.types.chat import completion_create_params as chat_params
 
 import kvdb
 
 CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
 ONE = [{"role": "user", "content": "hi"}]
 LONG = {"model": "kvdb", "messages": [{"role": "user", "content": "Tell me about the harbour."}], "max_tokens": 2000, "temperature": 0, "stream": True}  # no EOS for 2000 tokens (~6 s)
 
@@ -38,7 +42,7 @@ def _still_serving(running) -> None:
         ("get", "/no/such/route", None, 404, "not_found"),
         # issue 30: fields the server does not honour are refused, not silently ignored
         ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400, None),
+        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}', 400, None),
         ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}', 400, None),
         ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}', 400, None),
         ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temprature": 0}', 400, None),
@@ -64,6 +68,68 @@ def test_the_field_a_refusal_names_and_defaults_that_pass(served_story):
         assert "'max_token'" in typo["message"] and "max_tokens" in typo["message"]
         at_defaults = {"model": "kvdb", "messages": ONE, "max_tokens": 2, "logprobs": False, "frequency_penalty": 0, "tools": [], "user": "u1"}
         assert client.post(CHAT, json=at_defaults).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        (CHAT, "prompt", "hi"),  # the other endpoint's field: it was ignored
+        (TEXT, "messages", ONE),
+        (TEXT, "max_completion_tokens", 2),  # ...and honoured
+        (TEXT, "top_logprobs", 2),
+        (CHAT, "top_logprobs", 2),  # without logprobs: true
+        (CHAT, "logprobs", 2),
+        (TEXT, "logprobs", 6),
+        (TEXT, "logprobs", True),
+        (CHAT, "store", True),
+        (CHAT, "service_tier", "flex"),
+        (CHAT, "modalities", ["text", "audio"]),
+        (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
+        (CHAT, "prediction", {"type": "content", "content": "hi"}),
+        (CHAT, "reasoning_effort", "low"),
+        (CHAT, "verbosity", "low"),
+        (CHAT, "web_search_options", {}),
+        (CHAT, "moderation", {"input": {"mode": "block"}}),
+        (CHAT, "parallel_tool_calls", True),
+        (TEXT, "suffix", "the end"),
+        (TEXT, "best_of", 2),
+        (CHAT, "stream_options", {"include_usage": True, "include_obfuscation": True}),  # it was ignored
+        (CHAT, "stream_options", {"include_usag": True}),
+        (CHAT, "kvdb", {"sesion": "story"}),
+    ],
+)
+def test_a_field_not_honoured_is_refused_by_name(served_story, path, field, value):
+    body = {"model": "kvdb", "max_tokens": 2} | ({"messages": ONE} if path == CHAT else {"prompt": "hi"})
+    with served_story.http() as client:
+        response = client.post(path, json=body | {field: value})
+    assert response.status_code == 400, response.text
+    assert field in response.json()["error"]["message"] or (field == "kvdb" and "sesion" in response.json()["error"]["message"])
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        (CHAT, {"store": False, "service_tier": "auto", "metadata": {"k": "v"}, "safety_identifier": "u1", "prompt_cache_key": "c1"}),
+        (CHAT, {"prompt_cache_retention": "24h", "modalities": ["text"], "stream_options": {"include_obfuscation": False}, "top_logprobs": 0}),
+        (TEXT, {"echo": False, "best_of": 1, "suffix": None, "logprobs": None, "user": "u1"}),
+    ],
+)
+def test_fields_that_ask_nothing_of_the_reply_pass(served_story, path, fields):
+    body = {"model": "kvdb", "max_tokens": 2} | ({"messages": ONE} if path == CHAT else {"prompt": "hi"})
+    with served_story.http() as client:
+        response = client.post(path, json=body | fields)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_every_field_of_the_openai_request_schema_is_read_or_refused_by_name(chat):
+    """The official client's request fields: each one this endpoint reads (honoured, refused
+    unless it asks nothing, or let be) is in parse's lists; a field the client gains is then
+    noticed here, not left to the catch-all "unknown field"."""
+    schema = set((chat_params if chat else text_params).CompletionCreateParamsBase.__annotations__) | {"stream"}
+    read = parse.HONOURED | parse.IGNORED | set(parse.NOT_HONOURED) | (parse.CHAT_ONLY if chat else parse.TEXT_ONLY)
+    assert schema - read == set()
+    assert schema & (parse.TEXT_ONLY if chat else parse.CHAT_ONLY) == set()
 
 
 def test_the_requested_model_is_echoed_and_the_served_one_answers_by_id(served_story):
