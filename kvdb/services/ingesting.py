@@ -29,7 +29,7 @@ from kvdb.index.walk import Indexes, index_key
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
 from kvdb.model.prefix_cache import PrefixCache
-from kvdb.records import IngestResult
+from kvdb.records import IngestResult, IngestStatus
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.storage import Storage
@@ -98,7 +98,7 @@ class Ingester:
             try:
                 found += transcripts.find_transcript_files([given])
             except TranscriptError as exc:
-                results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
+                results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         for path in dict.fromkeys(found):
             results.extend(self._ingest_file(path, optional, progress))
         return results
@@ -112,7 +112,7 @@ class Ingester:
             try:
                 return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, progress)
             except TranscriptError as exc:
-                return [IngestResult(None, path.stem, str(path), 0, "failed", str(exc))]
+                return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
 
         if not self._storage.claims_inputs:
             return archive(progress)
@@ -121,7 +121,7 @@ class Ingester:
         if holder is not None and _gone_from_here(holder):  # a worker of this machine that died holding it
             holder = self._storage.claim(key, self._owner, CLAIM_LEASE_SECONDS, steal_from=holder)
         if holder is not None:
-            return [IngestResult(None, path.stem, str(path), 0, "claimed", claimed_by=holder)]
+            return [IngestResult(None, path.stem, str(path), 0, IngestStatus.CLAIMED, claimed_by=holder)]
 
         def renewing(done: int, planned: int) -> None:
             if not planned:
@@ -181,7 +181,13 @@ class Ingester:
             if self._storage.has_session(session_id):  # archived already: it may be asked for tiers its path lacks
                 added = self._add_tiers(loaded, session_id, ids, optional)
                 return IngestResult(
-                    session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added
+                    session_id,
+                    item.name,
+                    item.source,
+                    len(ids),
+                    IngestStatus.UPDATED if added else IngestStatus.UNCHANGED,
+                    seconds=time.perf_counter() - began,
+                    added=added,
                 )
             match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
             if planned is None or planned[0] != _match_key(match):
@@ -198,7 +204,7 @@ class Ingester:
         self._add_tiers(loaded, session_id, ids, optional, cache)  # the shared prefix stored before with fewer tiers
         if grows and cache is not None:  # a conversation that grows: its next turn may come in another process
             self._keep_prefix(session_id, ids, cache)
-        return IngestResult(session_id, item.name, item.source, len(ids), "ingested", None, len(ids) - match.matched, time.perf_counter() - began)
+        return IngestResult(session_id, item.name, item.source, len(ids), IngestStatus.INGESTED, None, len(ids) - match.matched, time.perf_counter() - began)
 
     def _index_ready(self, loaded, optional: frozenset[str]) -> None:
         """Bring the search index up to date (a rebuild commits) before the snapshot a commit
