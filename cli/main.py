@@ -282,16 +282,17 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
     restored = archive.restore(s.session_id, at=at, mode=mode, window=window)
     text = archive.generate(restored, prompt, max_new_tokens)
     out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
-    if with_fidelity:
-        out["fidelity"] = archive.fidelity(s.session_id, at=at, window=window)
+    fidelity = archive.fidelity(s.session_id, at=at, window=window) if with_fidelity else None
+    if fidelity is not None:
+        out["fidelity"] = fidelity.to_dict()
     if as_json:
         _emit(out)
     else:
         click.echo(f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
-        if with_fidelity:
-            f = out["fidelity"]
+        if fidelity is not None:
             click.echo(
-                f"[fidelity: top-1 agreement {f['top1_agreement']:.3f}, perplexity ratio {f['ppl_ratio']:.4f} over {f['probe_tokens']} tokens]", err=True
+                f"[fidelity: top-1 agreement {fidelity.top1_agreement:.3f}, perplexity ratio {fidelity.ppl_ratio:.4f} over {fidelity.probe_tokens} tokens]",
+                err=True,
             )
         click.echo(text)
 
@@ -370,12 +371,12 @@ def repair(ctx, as_json):
     """Rebuild what can be derived (search indexes), then say what cannot be repaired."""
     result = _open(ctx).repair()
     if as_json:
-        _emit(result)
+        _emit(result.to_dict())
     else:
-        click.echo(f"rebuilt {len(result['rebuilt_indexes'])} search index(es)")
-        for problem in result["unrepairable"]:
+        click.echo(f"rebuilt {len(result.rebuilt_indexes)} search index(es)")
+        for problem in result.unrepairable:
             click.echo(f"cannot repair: {problem}")
-    if not result["ok"]:
+    if not result.ok:
         sys.exit(1)
 
 
@@ -399,12 +400,9 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
     """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` uses them."""
     report = _open(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
     if as_json:
-        _emit(report)
+        _emit(report.to_dict())
     else:
-        click.echo(
-            f"trained {report['preset']} codebooks {report['codebook_id'][:12]} on {report['tokens']} positions "
-            f"({report['bytes']} bytes) in {report['seconds']}s"
-        )
+        click.echo(f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s")
 
 
 @codebooks.command("list")
@@ -440,10 +438,10 @@ def codebooks_build(ctx, model, as_json):
     with _layer_progress("shipped codebooks") as heard:
         report = archive.build_shipped_codebooks(progress=heard)
     if as_json:
-        _emit(report)
+        _emit(report.to_dict())
     else:
-        state = f"built in {report['seconds']}s" if report["built"] else "built already"
-        click.echo(f"shipped {report['preset']} codebooks ({report['bytes']} bytes) {state}: {report['path']}")
+        state = f"built in {report.seconds}s" if report.built else "built already"
+        click.echo(f"shipped {report.preset} codebooks ({report.bytes} bytes) {state}: {report.path}")
 
 
 @main.group()
@@ -459,9 +457,9 @@ def index_rebuild(ctx, model, as_json):
     """Rebuild the search index from the archived token streams."""
     report = _open(ctx.parent, model).rebuild_index()
     if as_json:
-        _emit(report)
+        _emit(report.to_dict())
     else:
-        click.echo(f"rebuilt index {report['index_key']}: {report['sessions']} sessions, {report['points']} points in {report['seconds']}s")
+        click.echo(f"rebuilt index {report.index_key}: {report.sessions} sessions, {report.points} points in {report.seconds}s")
 
 
 @main.command()
@@ -515,7 +513,7 @@ def compact(ctx, session, keep, as_json):
     """
     s = _open(ctx).compact(session, keep)
     if as_json:
-        _emit({"session_id": s.session_id, "name": s.name, "keep": keep, "status": "compacted"})
+        _emit(s.to_dict())
     else:
         click.echo(f"compacted {s.session_id[:12]} ({_printable(s.name)}) to {keep}")
 
@@ -533,14 +531,14 @@ def gc(ctx, as_json):
     them finish)."""
     freed = _open(ctx).gc()
     if as_json:
-        _emit(freed)
+        _emit(freed.to_dict())
     else:
         click.echo(
-            f"freed {freed['nodes']} nodes, {freed['tokens']} tokens, {freed['token_bytes']} bytes of token blocks, "
-            f"{freed['prefix_cache_entries']} prefix-cache entries"
+            f"freed {freed.nodes} nodes, {freed.tokens} tokens, {freed.token_bytes} bytes of token blocks, "
+            f"{freed.prefix_cache_entries} prefix-cache entries"
             + (
-                f"; merged {freed['data_files_merged']} data files into {freed['data_files_written']}, deleted {freed['data_files_deleted']}"
-                if "data_files_merged" in freed
+                f"; merged {freed.data_files_merged} data files into {freed.data_files_written}, deleted {freed.data_files_deleted}"
+                if freed.data_files_merged is not None
                 else ""
             )
         )
@@ -613,11 +611,9 @@ def copy(ctx, source, target, as_json):
     ctx.call_on_close(archive.close)
     report = archive.copy_to(target, data_path=ctx.obj["data_path"])
     if as_json:
-        _emit(report)
+        _emit(report.to_dict())
     else:
-        click.echo(
-            f"copied {report['source']} to {report['target']}: {sum(report['rows'].values())} rows in {len(report['rows'])} tables, content hashes equal"
-        )
+        click.echo(f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal")
 
 
 @main.command()
@@ -628,6 +624,6 @@ def delete(ctx, session, as_json):
     """Delete a session. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
     s = _open(ctx).delete(session)
     if as_json:
-        _emit({"session_id": s.session_id, "name": s.name, "status": "deleted"})
+        _emit(s.to_dict())
     else:
         click.echo(f"deleted {s.session_id[:12]} ({_printable(s.name)})")

@@ -22,18 +22,31 @@ from kvdb.index.walk import Indexes
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import (
     CodebookSet,
+    Compacted,
+    CopyReport,
+    Deleted,
+    Fidelity,
+    GcReport,
     IngestResult,
     Prefix,
+    RebuiltIndex,
+    RepairReport,
     RestoredSession,
     Session,
+    ShippedCodebooks,
     Stats,
+    TrainedCodebooks,
     Turn,
+    VerifyReport,
 )
+from kvdb.services.editing import Editor
+from kvdb.services.housekeeping import Housekeeping
+from kvdb.services.integrity import Integrity
+from kvdb.services.inventory import Inventory
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.services.searching import Searcher
 from kvdb.services.tier_l import TierL
-from kvdb.services.upkeep import Upkeep
 from kvdb.storage import is_lake, open_storage
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW
 
@@ -80,7 +93,10 @@ class Archive:
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes, lambda: self._tier_k)
-        self._upkeep = Upkeep(self._storage, self._models, self._reader, self._tier_l, self._indexes, self._prefix_cache)
+        self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
+        self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache)
+        self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache)
+        self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
     def _tier_k(self):
@@ -159,7 +175,7 @@ class Archive:
         for a caller that ingests later and unattended, such as a server, and must fail at start."""
         self._ingester.prepare(keep)
 
-    def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
+    def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,
         up to ``tokens`` positions); ``preset`` defaults to the model's (``presets.default_preset``)."""
         return self._tier_k.train(preset, tokens, niter)
@@ -167,9 +183,9 @@ class Archive:
     def codebooks(self) -> list[CodebookSet]:
         """The tier K codebooks the archive holds (trained) or references (shipped), oldest first;
         ingest codes with the newest of the model's, else with the shipped ones."""
-        return self._upkeep.codebooks()
+        return self._inventory.codebooks()
 
-    def build_shipped_codebooks(self, progress=None) -> dict:
+    def build_shipped_codebooks(self, progress=None) -> ShippedCodebooks:
         """Build now (once per machine and model) the shipped codebooks that ``--keep kv`` uses
         when the archive has none; ``progress(kind, layer)`` hears of each layer trained."""
         return self._tier_k.build_shipped(progress)
@@ -228,7 +244,7 @@ class Archive:
         """
         return self._restorer.restore(session, at, mode, window)
 
-    def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> dict:
+    def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> Fidelity:
         """How closely the archive restore follows the exact one, on a ``probe`` of the session's tokens."""
         return self._restorer.fidelity(session, at, probe, window)
 
@@ -265,44 +281,44 @@ class Archive:
         phrase is run through it)."""
         return self._searcher.search_semantic(phrase, k, context, layer)
 
-    def rebuild_index(self) -> dict:
+    def rebuild_index(self) -> RebuiltIndex:
         """Rebuild the search index of the archive's tokenizer from the token streams."""
         return self._searcher.rebuild_index()
 
     # upkeep ---------------------------------------------------------------------------
-    def delete(self, session: str) -> Session:
+    def delete(self, session: str) -> Deleted:
         """Remove a session. Prefix nodes other sessions share stay; `gc` frees the rest."""
-        return self._upkeep.delete(session)
+        return self._editor.delete(session)
 
-    def compact(self, session: str, keep: str | Iterable[str]) -> Session:
-        """Drop the tiers not in ``keep`` from the session's stored nodes (see Upkeep.compact)."""
-        return self._upkeep.compact(session, keep)
+    def compact(self, session: str, keep: str | Iterable[str]) -> Compacted:
+        """Drop the tiers not in ``keep`` from the session's stored nodes (see Editor.compact)."""
+        return self._editor.compact(session, keep)
 
-    def verify(self, deep: bool = False):
+    def verify(self, deep: bool = False) -> VerifyReport:
         """Check stored blocks (a sample of each tier, or all with ``deep``), the trie, reference
         counts and the search indexes; ``deep`` also decodes every session and checks its hash."""
-        return self._upkeep.verify(deep)
+        return self._integrity.verify(deep)
 
-    def repair(self) -> dict:
+    def repair(self) -> RepairReport:
         """Rebuild what can be derived (the search indexes); report what cannot."""
-        return self._upkeep.repair()
+        return self._integrity.repair()
 
-    def copy_to(self, location: str | Path, data_path: str | Path | None = None) -> dict:
+    def copy_to(self, location: str | Path, data_path: str | Path | None = None) -> CopyReport:
         """Copy every session into a new archive at ``location`` (a file, or an empty lake with
         its ``data_path``), verified table by table by content hashes; returns the rows copied
         and the hashes."""
         target = open_storage(_location(location), data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
         try:
-            return self._upkeep.copy_to(target)
+            return self._housekeeping.copy_to(target)
         finally:
             target.close()
 
-    def gc(self) -> dict:
+    def gc(self) -> GcReport:
         """Free the trie nodes no session uses any more, and their prefix-cache entries."""
-        return self._upkeep.gc()
+        return self._housekeeping.gc()
 
     def stats(self) -> Stats:
-        return self._upkeep.stats()
+        return self._inventory.stats()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Session's equality: by value, so a handle equals its record
@@ -327,5 +343,5 @@ class SessionHandle(Session):
     def search(self, phrase: str, k: int = 10, context: int = 32) -> list[Hit]:
         return self.archive.search(phrase, k, context, session=self.session_id)
 
-    def delete(self) -> Session:
+    def delete(self) -> Deleted:
         return self.archive.delete(self.session_id)

@@ -4,12 +4,17 @@ lines and the server's bodies are these dictionaries."""
 from __future__ import annotations
 
 import datetime as dt
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
 from kvdb.storage.base import SessionRow
+from kvdb.tiers import RestoreMode, Tier
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -26,8 +31,9 @@ class Session:
     metadata: dict = field(repr=False)
 
     @classmethod
-    def from_row(cls, row: SessionRow) -> Session:
-        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata)
+    def from_row(cls, row: SessionRow, **extra) -> Self:
+        """``extra``: the fields a subclass adds (what was done to the session)."""
+        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata, **extra)
 
     def __eq__(self, other: object) -> bool:
         """By value, whatever the subclass: a session handle equals the record it stands for."""
@@ -39,13 +45,47 @@ class Session:
         return {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
 
 
+class SessionChange(StrEnum):
+    DELETED = "deleted"
+    COMPACTED = "compacted"
+
+
+@dataclass(frozen=True, eq=False)  # Session's equality: the record equals the session it was
+class Deleted(Session):
+    """A session ``delete`` removed, as it was."""
+
+    status: ClassVar[SessionChange] = SessionChange.DELETED
+
+    def to_dict(self) -> dict:
+        return {"session_id": self.session_id, "name": self.name, "status": self.status.value}
+
+
+@dataclass(frozen=True, eq=False)
+class Compacted(Session):
+    """A session ``compact`` left with the tiers ``keep`` (in the order of ``Tier``)."""
+
+    keep: tuple[Tier, ...] = field(kw_only=True)
+    status: ClassVar[SessionChange] = SessionChange.COMPACTED
+
+    def to_dict(self) -> dict:
+        return {"session_id": self.session_id, "name": self.name, "keep": ",".join(self.keep), "status": self.status.value}
+
+
+class IngestStatus(StrEnum):
+    INGESTED = "ingested"
+    UPDATED = "updated"  # archived before; tiers added
+    UNCHANGED = "unchanged"
+    FAILED = "failed"
+    CLAIMED = "claimed"  # by another worker
+
+
 @dataclass(frozen=True)
 class IngestResult:
     session_id: str | None
     name: str
     source: str
     n_tokens: int
-    status: str  # "ingested" | "updated" (archived before; tiers added) | "unchanged" | "failed" | "claimed" (by another worker)
+    status: IngestStatus  # a name given as a plain string is taken as its member
     error: str | None = None
     new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
     seconds: float = 0.0
@@ -53,8 +93,11 @@ class IngestResult:
     dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", IngestStatus(self.status))
+
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status}
+        out: dict[str, Any] = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status.value}
         if self.status == "ingested":
             out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
         if self.status == "updated":
@@ -68,6 +111,11 @@ class IngestResult:
         return out
 
 
+class CodebookSource(StrEnum):
+    TRAINED = "trained"
+    SHIPPED = "shipped"
+
+
 @dataclass(frozen=True)
 class CodebookSet:
     """Tier K codebooks an archive holds or references. ``source`` "trained" (`kvdb codebooks
@@ -79,13 +127,16 @@ class CodebookSet:
     model_id: str
     preset: str
     created_at: dt.datetime
-    source: str
+    source: CodebookSource
     stored_bytes: int
     centroid_bytes: int
     on_this_machine: bool
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", CodebookSource(self.source))
+
     def to_dict(self) -> dict:
-        return dict(asdict(self), created_at=self.created_at.isoformat() if self.created_at else None)
+        return dict(asdict(self), created_at=self.created_at.isoformat() if self.created_at else None, source=self.source.value)
 
 
 @dataclass(frozen=True)
@@ -145,9 +196,170 @@ class RestoredSession:
     tokenizer: object
     cache: DynamicCache
     position: int
-    mode: str
+    mode: RestoreMode  # the mode it took: never ``auto``
     seconds: float
     tokens: np.ndarray = field(repr=False)
 
+    def __post_init__(self) -> None:
+        self.mode = RestoreMode(self.mode)
+
     def to_dict(self) -> dict:
-        return {"session_id": self.session_id, "mode": self.mode, "restored_tokens": self.position, "seconds": round(self.seconds, 4)}
+        return {"session_id": self.session_id, "mode": self.mode.value, "restored_tokens": self.position, "seconds": round(self.seconds, 4)}
+
+
+class _ReadAsDict:
+    """Reading a record as the dict its method returned before it was a record: deprecated, kept
+    for one release. ``to_dict()`` is that dict."""
+
+    to_dict: Callable[[], dict]
+
+    def _deprecated(self, how: str) -> dict:
+        warnings.warn(
+            f"reading {type(self).__name__} as a dict ({how}) is deprecated and goes in the next release: use its attributes, or to_dict()",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._deprecated(f"[{key!r}]")[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._deprecated("in")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._deprecated("iter"))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._deprecated(f".get({key!r})").get(key, default)
+
+    def keys(self):
+        return self._deprecated(".keys()").keys()
+
+
+@dataclass(frozen=True)
+class TrainedCodebooks(_ReadAsDict):
+    """Codebooks ``codebooks train`` stored: on ``tokens`` archived positions, ``bytes`` long."""
+
+    codebook_id: str
+    preset: str
+    tokens: int
+    bytes: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ShippedCodebooks(_ReadAsDict):
+    """This machine's shipped codebooks of a model; ``built`` when this call built them."""
+
+    model_id: str
+    preset: str
+    bytes: int  # of the centroids, in this machine's kvdb cache
+    built: bool
+    path: str
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Fidelity(_ReadAsDict):
+    """How closely an archive restore follows the exact one over ``probe_tokens`` of the session."""
+
+    top1_agreement: float
+    ppl_ratio: float  # perplexity of the archive restore over the exact one's
+    probe_tokens: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RebuiltIndex(_ReadAsDict):
+    index_key: str
+    sessions: int
+    nodes: int
+    points: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify`` checked (a count per kind), the problems found (one line a user can act
+    on, each), and what it mended on the way (a stale index rebuilt). The checks fill the
+    counter and the lists in place."""
+
+    checked: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checked": dict(self.checked), "problems": list(self.problems), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class RepairReport(_ReadAsDict):
+    """The search indexes rebuilt, the prefix-cache entries deleted, and the problems a deep
+    verify still finds afterwards: what cannot be derived again."""
+
+    rebuilt_indexes: tuple[str, ...]
+    pruned_prefix_cache_entries: int
+    unrepairable: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.unrepairable
+
+    def to_dict(self) -> dict:
+        return {
+            "rebuilt_indexes": list(self.rebuilt_indexes),
+            "pruned_prefix_cache_entries": self.pruned_prefix_cache_entries,
+            "unrepairable": list(self.unrepairable),
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True)
+class CopyReport(_ReadAsDict):
+    """An archive copied: the rows of each table, and each table's SHA-256, equal on both sides."""
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    sha256: dict[str, str]
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "target": self.target, "rows": dict(self.rows), "sha256": dict(self.sha256)}
+
+
+@dataclass(frozen=True)
+class GcReport(_ReadAsDict):
+    """What ``gc`` freed. The last fields are the storage's own upkeep, None where it has none:
+    a file's bytes (``file_bytes_before`` only when it was rewritten smaller), a lake's Parquet
+    files merged and deleted."""
+
+    nodes: int
+    tokens: int
+    token_bytes: int
+    prefix_cache_entries: int
+    renumbered_indexes: tuple[str, ...]
+    file_bytes_before: int | None = None
+    file_bytes: int | None = None
+    data_files_merged: int | None = None
+    data_files_written: int | None = None
+    data_files_deleted: int | None = None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return dict(out, renumbered_indexes=list(self.renumbered_indexes))

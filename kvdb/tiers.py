@@ -4,20 +4,45 @@ the server and the library share."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import StrEnum
 
 from kvdb.errors import InvalidArgument
 
-TIERS = ("tokens", "search", "lm", "kv")
+
+# StrEnum: each member is its name as a str, so comparisons with the names, f-strings and JSON
+# see the plain names, as they did when these were bare strings.
+class Tier(StrEnum):
+    TOKENS = "tokens"
+    SEARCH = "search"
+    LM = "lm"
+    KV = "kv"
+
+
+class RestoreMode(StrEnum):
+    AUTO = "auto"  # resolved before the restore: a restored session names the mode it took
+    EXACT = "exact"
+    ARCHIVE = "archive"
+    DECODE = "decode"
+
+
+class Window(StrEnum):
+    """How an archive restore makes the exact window: ``recompute`` runs one forward pass over
+    the sinks and the 32 most recent positions; ``stored`` runs none (the sinks come from this
+    machine's cache of them, every other position from tier K)."""
+
+    STORED = "stored"
+    RECOMPUTE = "recompute"
+
+
+# plain strings: click lists a Choice of enum members by their upper-case names
+TIERS = tuple(t.value for t in Tier)
 DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
-RESTORE_MODES = ("auto", "exact", "archive", "decode")
-# How an archive restore makes the exact window: "recompute" runs one forward pass over the
-# sinks and the 32 most recent positions; "stored" runs none (the sinks come from this machine's
-# cache of them, every other position from tier K).
-WINDOWS = ("stored", "recompute")
-DEFAULT_WINDOW = "recompute"  # until the recent window is coded closer (docs/decisions/0022)
+RESTORE_MODES = tuple(m.value for m in RestoreMode)
+WINDOWS = tuple(w.value for w in Window)
+DEFAULT_WINDOW = Window.RECOMPUTE.value  # until the recent window is coded closer (docs/decisions/0022)
 
 
-def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
+def parse_keep(keep: str | Iterable[str]) -> frozenset[Tier]:
     """The tiers of a --keep list. The tokens must survive in one of two forms: their blocks
     (``tokens``) or tier L (``lm``); the search tier is built from, and copies, the tokens."""
     tiers = {t.strip() for t in (keep.split(",") if isinstance(keep, str) else keep) if t.strip()}
@@ -28,4 +53,4 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
         raise InvalidArgument("keep `tokens` or `lm` (the tokens coded against the model): without either the session is lost")
     if "search" in tiers and "tokens" not in tiers:
         raise InvalidArgument("the search tier needs the token tier (its index is built from the tokens, and holds a copy of them)")
-    return frozenset(tiers)
+    return frozenset(Tier(t) for t in tiers)

@@ -72,7 +72,7 @@ def archive(tmp_path, tiny_loaded):
 def kv_archive(archive):
     archive.ingest(text=CALIBRATION, name="calibration")
     report = archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
-    assert report["tokens"] == len(CALIBRATION.encode()) - 4 and report["bytes"] > 0
+    assert report.tokens == len(CALIBRATION.encode()) - 4 and report.bytes > 0
     return archive
 
 

@@ -26,7 +26,7 @@ from kvdb import transcripts
 from kvdb.errors import InvalidArgument, StaleWrite, TranscriptError
 from kvdb.index.walk import Indexes, index_key
 from kvdb.model.prefix_cache import PrefixCache
-from kvdb.records import IngestResult
+from kvdb.records import IngestResult, IngestStatus
 from kvdb.services.claims import InputClaims
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
@@ -98,7 +98,7 @@ class Ingester:
             try:
                 found += transcripts.find_transcript_files([given])
             except TranscriptError as exc:
-                results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
+                results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         for path in dict.fromkeys(found):
             results.extend(self._ingest_file(path, optional, progress, keep_cache))
         return results
@@ -108,13 +108,13 @@ class Ingester:
             try:
                 return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, progress, keep_cache=keep_cache)
             except TranscriptError as exc:
-                return [IngestResult(None, path.stem, str(path), 0, "failed", str(exc))]
+                return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
 
         if not self._claims.needed:
             return archive(progress)
         with self._claims.held(path, optional) as (holder, renew):
             if holder is not None:
-                return [IngestResult(None, path.stem, str(path), 0, "claimed", claimed_by=holder)]
+                return [IngestResult(None, path.stem, str(path), 0, IngestStatus.CLAIMED, claimed_by=holder)]
 
             def renewing(done: int, planned: int) -> None:
                 if not planned and renew is not None:
@@ -165,7 +165,7 @@ class Ingester:
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
-        status, new_tokens, cache = "unchanged", 0, None
+        status, new_tokens, cache = IngestStatus.UNCHANGED, 0, None
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)
 
@@ -186,15 +186,15 @@ class Ingester:
                 continue
             work = None
             if plan.match is not None:
-                status, new_tokens = "ingested", len(ids) - plan.match.matched
+                status, new_tokens = IngestStatus.INGESTED, len(ids) - plan.match.matched
                 self._keep_prefix(plan, cache, now=keep_cache)
             else:
                 added = tuple(t for t in TIERS if any(t in tiers for _, tiers in plan.lacking))
-                status = "updated" if status == "unchanged" else status
+                status = IngestStatus.UPDATED if status == IngestStatus.UNCHANGED else status
         else:
             raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again")
         seconds = time.perf_counter() - began
-        return IngestResult(plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == "updated" else ())  # type: ignore[attr-defined]
+        return IngestResult(plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == IngestStatus.UPDATED else ())  # type: ignore[attr-defined]
 
     def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache) -> tuple:
         """(the edit, the nodes joining the search index, the session's cache) of ``plan``."""

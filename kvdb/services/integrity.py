@@ -1,5 +1,6 @@
-"""Checking an archive: every stored block's integrity, the trie's shape and reference counts,
-the search index against the database, and (deep) a lossless decode of every token stream.
+"""Checking an archive, and repairing what can be derived again: every stored block's
+integrity, the trie's shape and reference counts, the search index against the database, and
+(deep) a lossless decode of every token stream.
 
 Each problem is one line a user can act on. What can be derived again (the search index) is
 what `repair` rebuilds; what cannot (a damaged token block) is reported with the sessions it
@@ -10,38 +11,54 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from kvdb.codecs import code_layout, fractal, quant
 from kvdb.errors import KvdbError
 from kvdb.index import trie
+from kvdb.index.walk import Indexes, index_key
 from kvdb.model import lmcode
+from kvdb.model.prefix_cache import PrefixCache
+from kvdb.records import RepairReport, VerifyReport
 from kvdb.services import shipped_codebooks
+from kvdb.services.housekeeping import live_paths
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
 
 SAMPLE = 64  # blobs per tier checked without --deep
 
 
-@dataclass
-class Report:
-    checked: Counter = field(default_factory=Counter)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what was found and mended on the way (a stale index rebuilt)
+class Integrity:
+    def __init__(self, storage: Storage, indexes: Indexes, prefix_cache: PrefixCache):
+        self._storage = storage
+        self._indexes = indexes
+        self._prefix_cache = prefix_cache
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    def verify(self, deep: bool = False) -> VerifyReport:
+        """A search index behind or ahead of the database (a crash between writing the two) is
+        what opening the index detects and rebuilds anyway; verify does that first and notes it."""
+        before = len(self._indexes.rebuilt)
+        for tok_hash in self._storage.tokenizer_hashes():
+            self._indexes.get(index_key(tok_hash), tok_hash)
+        notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
+        indexes = {key: self._indexes.path(key) for key in self._storage.index_keys()}
+        return verify(self._storage, indexes, deep, notes, self._prefix_cache.entries())
 
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "checked": dict(self.checked), "problems": self.problems, "notes": self.notes}
+    def repair(self) -> RepairReport:
+        """Rebuild what can be derived (the search indexes; the prefix cache loses the entries
+        it would never resume); report what cannot."""
+        rebuilt = []
+        for tok_hash in self._storage.tokenizer_hashes():
+            self._indexes.rebuild(index_key(tok_hash), tok_hash)
+            rebuilt.append(index_key(tok_hash))
+        pruned = self._prefix_cache.prune(live_paths(self._storage))
+        return RepairReport(tuple(rebuilt), pruned, tuple(self.verify(deep=True).problems))
 
 
-def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str] = (), prefix_entries: dict | None = None) -> Report:
+def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str] = (), prefix_entries: dict | None = None) -> VerifyReport:
     """``index_paths``: key -> sidecar path of each search index the archive should have;
     ``prefix_entries``: node id -> the positions each prefix-cache entry says it holds."""
-    report = Report(notes=list(notes))
-    report.problems += store.data_file_problems()
+    report = VerifyReport(notes=list(notes))
+    report.problems.extend(store.data_file_problems())
     if report.problems:  # the rows below live in those files: reading them would only fail again
         return report
     shapes = {n.node_id: (n, a, b) for n, a, b in store.node_shapes()}
@@ -55,7 +72,7 @@ def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str]
     return report
 
 
-def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
+def _check_kv_streams(store: Storage, report: VerifyReport, shapes) -> None:
     """Each node's tier-K streams hold n_tokens x columns codes, for the columns its codebooks
     define (a cache that kept only its last window once stored fewer positions than the node)."""
     books = {}
@@ -83,7 +100,7 @@ def _check_kv_streams(store: Storage, report: Report, shapes) -> None:
             report.problems.append(f"KV codes of node {node.node_id[:12]} hold {held} symbols per codebook size, its {node.n_tokens} tokens need {expected}")
 
 
-def _check_prefix_cache(report: Report, shapes, entries: dict) -> None:
+def _check_prefix_cache(report: VerifyReport, shapes, entries: dict) -> None:
     """An entry must hold every position of its node's path: ingest would pass over one that
     does not (a sliding-window cache saved by kvdb 0.1.0 held only the last window)."""
     for node_id, positions in entries.items():
@@ -96,7 +113,7 @@ def _check_prefix_cache(report: Report, shapes, entries: dict) -> None:
             )
 
 
-def _check_references(store: Storage, report: Report) -> None:
+def _check_references(store: Storage, report: VerifyReport) -> None:
     """Model and codebook references: a session whose model row is gone cannot be checked
     against the model it is opened with; KV codes without their codebooks cannot be restored."""
     report.checked["references"] += 1
@@ -104,7 +121,7 @@ def _check_references(store: Storage, report: Report) -> None:
         report.problems.append(f"{what} {row_id[:12]} names {kind} {missing[:12]}, which is not stored")
 
 
-def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
+def _check_blobs(store: Storage, report: VerifyReport, shapes, deep: bool) -> None:
     sample = None if deep else SAMPLE
     for node_id, block_no, data in store.stored_blobs("tokens", sample):
         report.checked["token blocks"] += 1
@@ -122,7 +139,7 @@ def _check_blobs(store: Storage, report: Report, shapes, deep: bool) -> None:
         _guard(report, f"codebooks {codebook_id[:12]}", read, data)
 
 
-def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
+def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> None:
     sessions = store.list_sessions()
     through: Counter[str] = Counter()
     lengths = store.logprob_lengths()
@@ -167,7 +184,7 @@ def _check_trie(store: Storage, report: Report, shapes, deep: bool) -> None:
             report.problems.append(f"node {node.node_id[:12]} counts {node.refcount} sessions, {through[node.node_id]} run through it")
 
 
-def _check_indexes(store: Storage, report: Report, index_paths) -> None:
+def _check_indexes(store: Storage, report: VerifyReport, index_paths) -> None:
     from kvdb.index.walk import WalkIndex
 
     for key, path in index_paths.items():
@@ -185,7 +202,7 @@ def _check_indexes(store: Storage, report: Report, index_paths) -> None:
             report.problems.append(f"search index {key}: {exc} (run `kvdb repair`)")
 
 
-def _guard(report: Report, what: str, check, *args) -> None:
+def _guard(report: VerifyReport, what: str, check, *args) -> None:
     try:
         check(*args)
     except KvdbError as exc:

@@ -21,7 +21,7 @@ from kvdb.model import tokenizer as tok
 from kvdb.model.loading import LoadedModel
 from kvdb.records import RestoredSession
 from kvdb.storage.base import NodeRow
-from kvdb.tiers import DEFAULT_WINDOW
+from kvdb.tiers import DEFAULT_WINDOW, RestoreMode
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -31,7 +31,7 @@ def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> R
     """The cache of ``prefix`` (a session's first tokens), recomputed by one chunked prefill."""
     start = time.perf_counter()
     cache = lm_ops.prefill(loaded.model, prefix)
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "exact", time.perf_counter() - start, prefix)
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.EXACT, time.perf_counter() - start, prefix)
 
 
 def restore_archive(
@@ -47,7 +47,7 @@ def restore_archive(
     sinks exact: given (``window="stored"``, no forward pass), or recomputed with the most recent
     positions (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md, 0022 and 0024)."""
     cache = capture.restore_layers(loaded.model, prefix, layers, pre_rope=True, window=window, exact_sinks=exact_sinks)
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), "archive", time.perf_counter() - started, prefix)
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.ARCHIVE, time.perf_counter() - started, prefix)
 
 
 @torch.no_grad()
@@ -108,7 +108,7 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
             cache.crop(at - len(tokens))
     else:
         cache = lm_ops.prefill(loaded.model, tokens[:at])
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens[:at])
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens[:at])
 
 
 def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool) -> np.ndarray:

@@ -10,7 +10,7 @@ from kvdb.index import trie
 from kvdb.model import capture
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
-from kvdb.records import RestoredSession
+from kvdb.records import Fidelity, RestoredSession
 from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader, clip_range
@@ -68,7 +68,7 @@ class Restorer:
             found = capture.cache_arrays(cache)
         return found
 
-    def fidelity(self, ref: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> dict:
+    def fidelity(self, ref: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> Fidelity:
         """Restore both ways ``probe`` tokens before ``at`` and teacher-force the session's next
         tokens through each."""
         row = self._reader.resolve(ref)
@@ -79,7 +79,7 @@ class Restorer:
             raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
         archived = self.restore(row.session_id, at=cut, mode="archive", window=window)
         exact = self.restore(row.session_id, at=cut, mode="exact")
-        return restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at))
+        return Fidelity(**restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at)))
 
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily, from the same state however often it is called."""

@@ -20,6 +20,7 @@ from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
+from kvdb.tiers import RestoreMode
 
 if TYPE_CHECKING:
     from kvdb.services.tier_k import TierK
@@ -66,7 +67,7 @@ class Resumer:
         if found is None:
             return None
         return RestoredSession(
-            trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, "exact", time.perf_counter() - started, ids[:held]
+            trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, RestoreMode.EXACT, time.perf_counter() - started, ids[:held]
         )
 
     def keep(self, ids: np.ndarray, cache) -> None:

@@ -16,6 +16,7 @@ from kvdb.index import trie
 from kvdb.index.phrase import Hit
 from kvdb.index.walk import Indexes, SlotMap, index_key
 from kvdb.model import tokenizer as tok
+from kvdb.records import RebuiltIndex
 from kvdb.services.cache import DerivedCache
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -131,19 +132,13 @@ class Searcher:
             np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32),
         )
 
-    def rebuild_index(self) -> dict:
+    def rebuild_index(self) -> RebuiltIndex:
         """Rebuild the search index of the archive's tokenizer from the token streams."""
         _, tok_hash = self._models.tokenizer()
         key = index_key(tok_hash)
         start = time.perf_counter()
         index = self._indexes.rebuild(key, tok_hash)
-        return {
-            "index_key": key,
-            "sessions": len(self._storage.list_sessions()),
-            "nodes": len(self._storage.slot_runs(key)),
-            "points": index.ntotal,
-            "seconds": round(time.perf_counter() - start, 3),
-        }
+        return RebuiltIndex(key, len(self._storage.list_sessions()), len(self._storage.slot_runs(key)), index.ntotal, round(time.perf_counter() - start, 3))
 
 
 def phrase_variants(tokenizer, phrase: str) -> list[np.ndarray]:

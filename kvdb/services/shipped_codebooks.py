@@ -28,7 +28,7 @@ import numpy as np
 from kvdb.codecs import presets, quant
 from kvdb.errors import CorruptData
 from kvdb.model import tokenizer as tok
-from kvdb.records import CodebookSet
+from kvdb.records import CodebookSet, CodebookSource
 from kvdb.storage.base import CodebookRow
 from kvdb.user_cache import cache_dir
 
@@ -196,5 +196,5 @@ def codebook_set(row: CodebookRow) -> CodebookSet:
     if row.small_blob is not None and is_reference(row.small_blob):
         reference = Reference.from_bytes(row.small_blob)
         on_machine = cache_path(reference.key).is_file()
-        return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, "shipped", row.stored_bytes, reference.nbytes, on_machine)
-    return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, "trained", row.stored_bytes, row.stored_bytes, True)
+        return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, CodebookSource.SHIPPED, row.stored_bytes, reference.nbytes, on_machine)
+    return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, CodebookSource.TRAINED, row.stored_bytes, row.stored_bytes, True)

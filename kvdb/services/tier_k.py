@@ -15,6 +15,7 @@ import numpy as np
 from kvdb.codecs import code_layout, presets, quant
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture
+from kvdb.records import ShippedCodebooks, TrainedCodebooks
 from kvdb.services import shipped_codebooks as shipped
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -44,21 +45,16 @@ class TierK:
             self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else quant.Codebooks.from_bytes(data)
         return codebook_id, self._books[codebook_id]
 
-    def build_shipped(self, progress=None) -> dict:
+    def build_shipped(self, progress=None) -> ShippedCodebooks:
         """This machine's shipped codebooks for the archive's model, built if missing (the archive
         records a reference only once a session is coded with them)."""
         start = time.perf_counter()
         loaded = self._models.get()
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, built = shipped.build(loaded, progress)
-        return {
-            "model_id": loaded.identity.model_id,
-            "preset": books.preset,
-            "bytes": reference.nbytes,
-            "built": built,
-            "path": str(shipped.cache_path(reference.key)),
-            "seconds": round(time.perf_counter() - start, 2),
-        }
+        return ShippedCodebooks(
+            loaded.identity.model_id, books.preset, reference.nbytes, built, str(shipped.cache_path(reference.key)), round(time.perf_counter() - start, 2)
+        )
 
     def ensure_codebooks(self, model_id: str) -> str:
         """The id of the codebooks new sessions are coded with: the model's newest, else the
@@ -121,7 +117,7 @@ class TierK:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
         return codebook_id, code_layout.code_streams(books, quant.encode(books, keys, values))
 
-    def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> dict:
+    def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
         (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed),
         with the model's own preset (``presets.default_preset``) unless one is named."""
@@ -162,7 +158,7 @@ class TierK:
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
         self._models.register()
         self._storage.apply(PutCodebooks(codebook_id, loaded.identity.model_id, preset, data))
-        return {"codebook_id": codebook_id, "preset": preset, "tokens": used, "bytes": len(data), "seconds": round(time.perf_counter() - start, 2)}
+        return TrainedCodebooks(codebook_id, preset, used, len(data), round(time.perf_counter() - start, 2))
 
     def layers(self, row: SessionRow, nodes: list[NodeRow], at: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """De-quantized pre-RoPE keys and values of positions [0, at), layer by layer

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kvdb.errors import InvalidArgument, TranscriptError, WorkerDied
-from kvdb.records import IngestResult
+from kvdb.records import IngestResult, IngestStatus
 from kvdb.tiers import DEFAULT_KEEP
 
 
@@ -42,7 +42,7 @@ def ingest_with_workers(
         try:
             files += transcripts.find_transcript_files([given])
         except TranscriptError as exc:
-            results.append(IngestResult(None, Path(given).stem, str(given), 0, "failed", str(exc)))
+            results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
     files = list(dict.fromkeys(files))
     from kvdb.storage import open_storage
 

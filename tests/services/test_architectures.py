@@ -85,9 +85,9 @@ def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_mode
         db.ingest(messages=turns(2), name="two")
         np.testing.assert_allclose(db.logprobs("two"), lm_ops.score(model, db.tokens("two"))[0], atol=1e-4)
         repaired = db.repair()
-        assert repaired["pruned_prefix_cache_entries"] == 1 and repaired["ok"]
+        assert repaired.pruned_prefix_cache_entries == 1 and repaired.ok
         entries.save(first.session_id, short)
-        assert db.gc()["prefix_cache_entries"] == 1
+        assert db.gc().prefix_cache_entries == 1
     assert first.session_id not in entries.entries()
 
 
@@ -107,7 +107,7 @@ def test_restore_past_the_window_continues_as_a_fresh_prefill(archive_of):
 def test_tier_k_codes_every_position_of_every_layer(archive_of):
     db, ids = archive_of
     report = db.train_codebooks(preset="k2v1", tokens=2000, niter=2)
-    assert report["tokens"] == len(ids) - 4  # every archived position but the sinks
+    assert report.tokens == len(ids) - 4  # every archived position but the sinks
     [kv] = db.ingest(text="A second long session, coded with tier K. " * 8, name="kv", keep="tokens,search,kv")
     for at in (WINDOW - 1, 2 * WINDOW + 3, kv.n_tokens):
         restored = db.restore("kv", at=at, mode="archive")

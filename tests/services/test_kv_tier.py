@@ -23,8 +23,8 @@ def test_ingest_with_kv_restores_from_the_archive(kv_archive):
     restored = kv_archive.restore("s")
     assert restored.mode == "archive" and restored.position == r.n_tokens
     report = kv_archive.fidelity("s")
-    assert set(report) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report["probe_tokens"] == 32
-    assert 0 <= report["top1_agreement"] <= 1 and report["ppl_ratio"] > 0
+    assert set(report.to_dict()) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report.probe_tokens == 32
+    assert 0 <= report.top1_agreement <= 1 and report.ppl_ratio > 0
 
 
 def test_short_prefix_is_all_exact_window(kv_archive):

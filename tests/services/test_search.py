@@ -82,7 +82,7 @@ def test_rebuilt_index_answers_as_the_incremental_one(db):
     db.delete("garden")
     after_delete = [h.to_dict() for h in db.search("harbour lights", k=50)]
     report = db.rebuild_index()
-    assert report["sessions"] == len(TEXTS) - 1
+    assert report.sessions == len(TEXTS) - 1
     assert [h.to_dict() for h in db.search("harbour lights", k=50)] == after_delete
     assert len(before) > len(after_delete)
 

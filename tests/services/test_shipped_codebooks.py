@@ -103,7 +103,7 @@ def test_the_build_uses_the_packaged_calibration_text(tiny_model, tmp_path, monk
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         report = db.build_shipped_codebooks()
         again = db.build_shipped_codebooks()
-    assert report["built"] and not again["built"] and report["path"] == again["path"] and report["preset"] == shipped.recipe(db.loaded_model.identity)["preset"] == "k4v3"
+    assert report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(db.loaded_model.identity)["preset"] == "k4v3"
     books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(db.loaded_model.identity))), "", 0))
     assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
     assert np.isfinite(books.books["k"][0][0]).all() and shipped.CALIBRATION.stat().st_size > 30_000

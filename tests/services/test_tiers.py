@@ -561,4 +561,4 @@ def test_advice_fidelity_probe_needs_more_tokens_up_to_at(kv_archive):
     with pytest.raises(InvalidArgument, match="needs at least 7 tokens up to --at") as refused:
         kv_archive.fidelity("s", at=6)
     needed = int(re.search(r"at least (\d+) tokens", str(refused.value))[1])
-    assert kv_archive.fidelity("s", at=needed)["probe_tokens"] == needed - capture.SINKS - 1
+    assert kv_archive.fidelity("s", at=needed).probe_tokens == needed - capture.SINKS - 1

@@ -94,7 +94,7 @@ def test_delete_and_gc_never_break_a_sharing_session(archive):
     assert archive.text("b") == common + "Nobody sailed."
     assert all(h.session_id != a.session_id for h in archive.search("Ships came home", k=20))
     freed = archive.gc()
-    assert freed["nodes"] == 1 and freed["tokens"] == len("Ships came home.")
+    assert freed.nodes == 1 and freed.tokens == len("Ships came home.")
     assert archive.text("b") == common + "Nobody sailed."
     assert {h.name for h in archive.search("harbour lights", k=5) if h.exact} == {"b"}
     restored = archive.restore("b", at=b.n_tokens - 1)
@@ -103,7 +103,7 @@ def test_delete_and_gc_never_break_a_sharing_session(archive):
         step = restored.model(torch.as_tensor(ids[-1:])[None], cache=restored.cache).logits[0, -1]
         fresh = restored.model(torch.as_tensor(ids)[None]).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
-    assert archive.gc()["nodes"] == 0
+    assert archive.gc().nodes == 0
     again = archive.ingest(text=common + "Ships came home.", name="a again")[0]
     assert again.session_id == a.session_id and archive.text(again.session_id) == common + "Ships came home."
 
@@ -202,7 +202,7 @@ def test_gc_deletes_the_prefix_cache_of_deleted_conversations(tmp_path, tiny_mod
     assert len(list((tmp_path / "a.duckdb.prefix").iterdir())) == 1
     with kvdb.open(path, model=tiny_model) as db:
         db.delete("t2")
-        assert db.gc()["prefix_cache_entries"] == 0  # t4's entry: its session is alive
+        assert db.gc().prefix_cache_entries == 0  # t4's entry: its session is alive
         db.delete("t4")
-        assert db.gc()["prefix_cache_entries"] == 1
+        assert db.gc().prefix_cache_entries == 1
     assert list((tmp_path / "a.duckdb.prefix").iterdir()) == []

@@ -49,7 +49,7 @@ def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
         assert any("disagreed with the database; rebuilt" in n for n in report.notes)  # detected and mended
         assert not any("stale" in p for p in report.problems)
         result = db.repair()
-    assert result["rebuilt_indexes"] and any("run through it" in p for p in result["unrepairable"])
+    assert result.rebuilt_indexes and any("run through it" in p for p in result.unrepairable)
 
 def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
     runner = CliRunner()

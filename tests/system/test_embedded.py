@@ -99,4 +99,4 @@ def test_tier_k_works_out_of_the_box_with_the_shipped_codebooks(db):
     restored = db.restore("shipped", mode="archive")
     assert restored.mode == "archive" and restored.cache.get_seq_length() == result.n_tokens
     report = db.fidelity("shipped", at=result.n_tokens - 32)
-    assert report["probe_tokens"] == 32 and report["ppl_ratio"] < 1.3 and report["top1_agreement"] > 0.6, report
+    assert report.probe_tokens == 32 and report.ppl_ratio < 1.3 and report.top1_agreement > 0.6, report

@@ -303,8 +303,8 @@ def test_gc_merges_the_small_parquet_files_commits_leave(lake, tiny_model):
         _fill(archive)
         hits = [h.to_dict() for h in archive.search("harbour lights", k=20)]
         freed = archive.gc()
-        assert freed["data_files_written"] < freed["data_files_merged"]  # one commit per session wrote a file per table
-        assert freed["data_files_deleted"] == 0  # the merged ones stay for readers still scanning them, an hour
+        assert freed.data_files_written < freed.data_files_merged  # one commit per session wrote a file per table
+        assert freed.data_files_deleted == 0  # the merged ones stay for readers still scanning them, an hour
         assert [h.to_dict() for h in archive.search("harbour lights", k=20)] == hits
         assert archive.verify(deep=True).ok
 

@@ -1,0 +1,56 @@
+"""What an archive holds: its sessions, tokens and bytes per tier, and its codebooks."""
+
+from __future__ import annotations
+
+from kvdb.model.prefix_cache import PrefixCache
+from kvdb.records import CodebookSet, CodebookSource, Stats
+from kvdb.services import shipped_codebooks
+from kvdb.storage import Storage
+
+
+class Inventory:
+    def __init__(self, storage: Storage, prefix_cache: PrefixCache):
+        self._storage = storage
+        self._prefix_cache = prefix_cache
+
+    def stats(self) -> Stats:
+        counts = self._storage.byte_counts()
+        tiers = {
+            "tokens": counts["token_bytes"],
+            "lm": counts["lm_bytes"],
+            "kv": counts["kv_bytes"],
+            "logprobs": counts["logprob_bytes"],
+            "metadata": counts["metadata_bytes"],
+        }
+        n = counts["tokens"]
+        per_token = {k: (v / n if n else 0.0) for k, v in tiers.items()}
+        # tier K is optional per node: its bytes are spread over the tokens stored with it
+        per_token["kv"] = counts["kv_bytes"] / counts["kv_tokens"] if counts["kv_tokens"] else 0.0
+        fp16 = self._fp16_bytes_per_token()
+        ratio = fp16 / per_token["kv"] if per_token["kv"] and fp16 else None
+        return Stats(
+            counts["sessions"],
+            n,
+            counts["stored_tokens"],
+            counts["nodes"],
+            dict(tiers, file=self._storage.footprint(), codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
+            per_token,
+            ratio,
+            counts["codebook_bytes"],
+            sum(c.centroid_bytes for c in self.codebooks() if c.source is CodebookSource.SHIPPED),
+        )
+
+    def codebooks(self) -> list[CodebookSet]:
+        return [shipped_codebooks.codebook_set(row) for row in self._storage.codebook_rows()]
+
+    def _fp16_bytes_per_token(self) -> int | None:
+        """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
+        for row in self._storage.list_sessions()[:1]:
+            model = self._storage.get_model(row.model_id)
+            assert model is not None  # a session's model is stored with it
+            c = model.config
+            kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")  # GPT-2, GPT-NeoX: one per query head
+            if c.get("num_hidden_layers") and kv_heads:
+                head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+                return 2 * c["num_hidden_layers"] * kv_heads * head_dim * 2
+        return None
