@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import RESULTS, describe  # noqa: E402
+from report import RESULTS, describe
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = REPO / "examples" / "transcripts"
@@ -96,7 +96,7 @@ def main() -> None:
         }
         times: dict = {}
         baseline, floor = [], []
-        for rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
+        for _rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
             baseline.append(_timed([sys.executable, "-c", "import duckdb"], envs["after"], tmp))
             floor.append(_timed([sys.executable, "-c", FLOOR], envs["after"], tmp))
             for label, argv, archive, fresh in commands:
@@ -120,7 +120,7 @@ def main() -> None:
     names = list(trees)[::-1]  # before first, when there is one
     header = " | ".join(f"{n} median s | {n} x baseline | {n} imports {', '.join(HEAVY)}" for n in names)
     lines += [f"| command | {header} | after within target |", "|---|" + "---:|---:|---|" * len(names) + "---|"]
-    lines.append(f"| `python -c \"import duckdb\"` (baseline) | " + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
+    lines.append("| `python -c \"import duckdb\"` (baseline) | " + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
     floor_median = statistics.median(floor)
     lines.append(f"| `python -c \"{FLOOR}\"` (the stack's floor) | " + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |")
     for label, *_ in commands:
