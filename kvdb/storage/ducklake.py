@@ -278,7 +278,7 @@ class DuckLake(Engine):
         if self.read_only:
             raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
         with transaction(self.connection()) as conn:
-            (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()  # type: ignore[misc]
+            (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()
             if tables:
                 raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
             for statement in _keyless_tables():

@@ -158,7 +158,10 @@ class Storage:
     # models and codebooks -----------------------------------------------------------------
     def get_model(self, model_id: str) -> ModelRow | None:
         rows = self._rows("select model_id, name, weights_hash, tokenizer_hash, config from models where model_id = ?", [model_id])
-        return None if not rows else ModelRow(*rows[0][:4], json.loads(rows[0][4]))
+        if not rows:
+            return None
+        model_id, name, weights_hash, tokenizer_hash, config = rows[0]
+        return ModelRow(model_id, name, weights_hash, tokenizer_hash, json.loads(config))
 
     def model_ids_with_tokenizer(self, tokenizer_hash: str) -> list[str]:
         return [r[0] for r in self._rows("select model_id from models where tokenizer_hash = ?", [tokenizer_hash])]
