@@ -62,7 +62,9 @@ PROBE = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per command and tree")
-    parser.add_argument("--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)"
+    )
     parser.add_argument("--label", default="", help="what --before is, said in the heading")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
@@ -114,15 +116,17 @@ def main() -> None:
         f"each command a fresh process, {args.reps} repetitions, round-robin over commands and trees; delete and gc on a fresh "
         f"copy each time (copy not timed); imports seen by one in-process run of the click entry point"
         f"{'; PYTHONDONTWRITEBYTECODE set, so kvdb compiles its own modules at each start' if os.environ.get('PYTHONDONTWRITEBYTECODE') else ''}. "
-        f"Target: every command at most {TARGET:g}x the baseline `python -c \"import duckdb\"` "
+        f'Target: every command at most {TARGET:g}x the baseline `python -c "import duckdb"` '
         f"(median {base_median:.3f} s, min {min(baseline):.3f} s). Benchmark run {time.monotonic() - started:.0f} s.\n",
     ]
     names = list(trees)[::-1]  # before first, when there is one
     header = " | ".join(f"{n} median s | {n} x baseline | {n} imports {', '.join(HEAVY)}" for n in names)
     lines += [f"| command | {header} | after within target |", "|---|" + "---:|---:|---|" * len(names) + "---|"]
-    lines.append("| `python -c \"import duckdb\"` (baseline) | " + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
+    lines.append('| `python -c "import duckdb"` (baseline) | ' + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
     floor_median = statistics.median(floor)
-    lines.append(f"| `python -c \"{FLOOR}\"` (the stack's floor) | " + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |")
+    lines.append(
+        f'| `python -c "{FLOOR}"` (the stack\'s floor) | ' + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |"
+    )
     for label, *_ in commands:
         cells = []
         for name in names:
