@@ -1,20 +1,23 @@
-"""CLI start-up: the wall time of each command that must not load the model, as a fresh process,
+"""CLI startup: the wall time of each command that must not load the model, as a fresh process,
 beside ``python -c "import duckdb"`` (the floor any command pays).
 
-    .venv/bin/python benchmarks/cli.py [--reps 5] [--before DIR] [--label TEXT] [--no-results]
+    .venv/bin/python benchmarks/cli.py [--reps 7] [--before DIR] [--label TEXT] [--no-results]
 
 First builds a small archive with the CLI (``kvdb ingest`` of a few transcripts from
-examples/transcripts on the embedded model), then times, in one run and round-robin, ``--reps``
-repetitions of each command (median): ``--help``, ``sessions``, ``show``, lexical ``search``, ``stats``,
-``prefixes``, ``verify``, ``delete`` and ``gc``. ``delete`` and ``gc`` run on a fresh copy of
-the archive each repetition (the copy is not timed; ``gc`` gets a copy with one session already
-deleted, so it has prefixes to free). Each command also runs once untimed, in-process through
-the click entry point, to record whether it imported torch or transformers (that run is the
-warm-up). Target: every command within 6x the baseline.
+examples/transcripts; ingest scores every token, so it loads the embedded model, once), then
+times, in one run and round-robin, ``--reps`` repetitions of each command (median): ``--help``,
+``sessions``, ``show SESSION --end 10``, lexical ``search``, ``stats``, ``prefixes``, ``verify``,
+``delete`` and ``gc``. ``delete`` and ``gc`` run on a fresh copy of the archive each repetition
+(the copy is not timed; ``gc`` gets a copy with one session already deleted, so it has
+prefixes to free). Each command also runs once untimed, in-process through the click entry
+point, to record which of torch, transformers, sqlalchemy and alembic it imported (that run is
+the warm-up). Target: every command within 6x the baseline.
 
+The CLI timed is this checkout's (the folder above this script), whatever is installed.
 ``--before DIR`` also times the CLI of another source tree (a checkout, or ``git archive`` of a
-commit, unpacked), side by side with the installed one, e.g. the code before a change. Appends
-a section to benchmarks/RESULTS.md unless ``--no-results``.
+commit, unpacked) side by side, e.g. the code before a change. Prints the table and puts it in
+benchmarks/RESULTS.md in place of the section "## CLI startup" (appended if there is none),
+unless ``--no-results``.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import describe, publish  # noqa: E402
+from report import RESULTS, describe
 
-TRANSCRIPTS = Path(__file__).resolve().parents[1] / "examples" / "transcripts"
+REPO = Path(__file__).resolve().parents[1]
+TRANSCRIPTS = REPO / "examples" / "transcripts"
+HEADING = "## CLI startup"
 INGESTED = ("sessions.jsonl", "chat.jsonl", "story.txt", "notes.md")  # 3 sessions sharing a system prompt, and 3 more
 PHRASE = "lighthouse keeper"  # in story.txt
 TARGET = 6.0  # at most this many times the baseline
-FLOOR = "import duckdb_engine, sqlalchemy, numpy, click"  # what any command of this stack imports before its own code
-HEAVY = ("torch", "transformers")
+FLOOR = "import duckdb, numpy, click"  # what any command of this stack imports before its own code
+HEAVY = ("torch", "transformers", "sqlalchemy", "alembic")  # none belongs on a command that needs no model and no migration
 # Runs the click entry point in-process, then writes which heavy modules it imported to $KVDB_BENCH_IMPORTS.
 PROBE = (
     "import json, os, sys\n"
@@ -56,13 +61,15 @@ PROBE = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per command and tree")
-    parser.add_argument("--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)")
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per command and tree")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)"
+    )
     parser.add_argument("--label", default="", help="what --before is, said in the heading")
-    parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     started = time.monotonic()
-    trees = {"after": None, **({"before": args.before} if args.before else {})}
+    trees = {"after": REPO, **({"before": args.before} if args.before else {})}
     with tempfile.TemporaryDirectory(prefix="kvdb-cli-bench-") as tmp:
         tmp = Path(tmp)
         envs = {name: _env(tmp / name, source) for name, source in trees.items()}
@@ -76,7 +83,7 @@ def main() -> None:
         commands = [  # (label, argv, archive each repetition starts from, fresh copy per repetition)
             ("kvdb --help", ["--help"], base, False),
             ("kvdb sessions", ["sessions"], base, False),
-            ("kvdb show SESSION", ["show", session], base, False),
+            ("kvdb show SESSION --end 10", ["show", session, "--end", "10"], base, False),
             (f'kvdb search "{PHRASE}"', ["search", PHRASE], base, False),
             ("kvdb stats", ["stats"], base, False),
             ("kvdb prefixes", ["prefixes"], base, False),
@@ -91,7 +98,7 @@ def main() -> None:
         }
         times: dict = {}
         baseline, floor = [], []
-        for rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
+        for _rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
             baseline.append(_timed([sys.executable, "-c", "import duckdb"], envs["after"], tmp))
             floor.append(_timed([sys.executable, "-c", FLOOR], envs["after"], tmp))
             for label, argv, archive, fresh in commands:
@@ -101,47 +108,61 @@ def main() -> None:
     base_median = statistics.median(baseline)
     before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
     lines = [
-        f"\n## CLI start-up per command ({time.strftime('%Y-%m-%d')})\n",
+        f"{HEADING} ({time.strftime('%Y-%m-%d')})\n",
         f"`{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
         f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'sqlalchemy', 'torch', 'transformers', 'tokenizers')))}; "
-        f"after: the installed CLI{before}; archive of {len(listed)} sessions "
+        f"after: this checkout's CLI{before}; archive of {len(listed)} sessions "
         f"({sum(s['n_tokens'] for s in listed):,} tokens) ingested from examples/transcripts with SmolLM2-135M-Instruct; "
         f"each command a fresh process, {args.reps} repetitions, round-robin over commands and trees; delete and gc on a fresh "
         f"copy each time (copy not timed); imports seen by one in-process run of the click entry point"
         f"{'; PYTHONDONTWRITEBYTECODE set, so kvdb compiles its own modules at each start' if os.environ.get('PYTHONDONTWRITEBYTECODE') else ''}. "
-        f"Target: every command at most {TARGET:g}x the baseline `python -c \"import duckdb\"` "
+        f'Target: every command at most {TARGET:g}x the baseline `python -c "import duckdb"` '
         f"(median {base_median:.3f} s, min {min(baseline):.3f} s). Benchmark run {time.monotonic() - started:.0f} s.\n",
     ]
     names = list(trees)[::-1]  # before first, when there is one
-    header = " | ".join(f"{n} median s | {n} x baseline | {n} imports torch, transformers" for n in names)
+    header = " | ".join(f"{n} median s | {n} x baseline | {n} imports {', '.join(HEAVY)}" for n in names)
     lines += [f"| command | {header} | after within target |", "|---|" + "---:|---:|---|" * len(names) + "---|"]
-    lines.append(f"| `python -c \"import duckdb\"` (baseline) | " + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
+    lines.append('| `python -c "import duckdb"` (baseline) | ' + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
     floor_median = statistics.median(floor)
-    lines.append(f"| `python -c \"{FLOOR}\"` (the stack's floor) | " + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |")
+    lines.append(
+        f'| `python -c "{FLOOR}"` (the stack\'s floor) | ' + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |"
+    )
     for label, *_ in commands:
         cells = []
         for name in names:
             median = statistics.median(times[(label, name)])
-            heavy = ", ".join(m for m in HEAVY if imports[(label, name)][m]) or "neither"
+            heavy = ", ".join(m for m in HEAVY if imports[(label, name)][m]) or "none"
             cells.append(f"{median:.3f} | {median / base_median:.1f} | {heavy}")
         within = statistics.median(times[(label, "after")]) / base_median <= TARGET
         lines.append(f"| `{label}` | {' | '.join(cells)} | {'yes' if within else 'no'} |")
-    if args.no_results:
-        print("\n".join(lines))
-    else:
-        publish(lines)
+    print("\n".join(lines))
+    if not args.no_results:
+        _replace_section("\n".join(lines) + "\n")
 
 
-def _env(tmp: Path, source: Path | None) -> dict:
+def _replace_section(text: str) -> None:
+    """The section under HEADING (to the next "## " heading) replaced by ``text``, or ``text``
+    appended: the table of the last run is the one kept."""
+    old = RESULTS.read_text(encoding="utf-8")
+    start = old.find(f"\n{HEADING}")
+    if start < 0:
+        RESULTS.write_text(old.rstrip("\n") + "\n\n" + text, encoding="utf-8")
+        return
+    end = old.find("\n## ", start + 1)
+    RESULTS.write_text(old[: start + 1] + text + ("" if end < 0 else old[end:]), encoding="utf-8")
+
+
+def _env(tmp: Path, source: Path) -> dict:
+    """The environment that runs the CLI of ``source``: the import names the editable install
+    maps to folders of another name, linked to that tree's folders."""
     env = {k: v for k, v in os.environ.items() if k not in ("KVDB_DB", "KVDB_MODEL", "PYTHONPATH")}
     tmp.mkdir(parents=True, exist_ok=True)
     env["KVDB_BENCH_IMPORTS"] = str(tmp / "imports.json")
-    if source is not None:  # the import names the editable install maps to folders of another name
-        shim = tmp / "source"
-        shim.mkdir()
-        for name, folder in (("kvdb", "kvdb"), ("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")):
-            (shim / name).symlink_to(source.resolve() / folder)
-        env["PYTHONPATH"] = str(shim)
+    shim = tmp / "source"
+    shim.mkdir()
+    for name, folder in (("kvdb", "kvdb"), ("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")):
+        (shim / name).symlink_to(source.resolve() / folder)
+    env["PYTHONPATH"] = str(shim)
     return env
 
 

@@ -50,8 +50,13 @@ def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -
     rows = []
     for i, (backend, n, where, env) in enumerate(plans):
         began = time.perf_counter()
-        out = subprocess.run([str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{i}"), "ingest", "--workers", str(n), str(folder), "--json"],
-                             capture_output=True, text=True, check=True, env=dict(os.environ, **env))
+        out = subprocess.run(
+            [str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{i}"), "ingest", "--workers", str(n), str(folder), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, **env),
+        )
         seconds = time.perf_counter() - began
         results = [json.loads(line) for line in out.stdout.splitlines()]
         tokens = sum(r["n_tokens"] for r in results if r["status"] == "ingested")
@@ -124,18 +129,27 @@ def search_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, queries: list
     total = len(sessions) * SESSION_TOKENS
     return {
         "tokens": total,
-        "file_p50": pct(times["file"], 50), "file_p95": pct(times["file"], 95),
-        "lake_p50": pct(times["lake"], 50), "lake_p95": pct(times["lake"], 95),
-        "copy_s": copy_s, "first_s": first_s,
-        "file_bpt": path.stat().st_size / total, "parquet_bpt": parquet / total, "catalog_bpt": catalog / total,
+        "file_p50": pct(times["file"], 50),
+        "file_p95": pct(times["file"], 95),
+        "lake_p50": pct(times["lake"], 50),
+        "lake_p95": pct(times["lake"], 95),
+        "copy_s": copy_s,
+        "first_s": first_s,
+        "file_bpt": path.stat().st_size / total,
+        "parquet_bpt": parquet / total,
+        "catalog_bpt": catalog / total,
     }
 
 
 def catalog_bytes(where: str) -> int:
     store = open_storage(where, read_only=True)
     try:
-        with store.engine.connect() as conn:
-            return int(conn.exec_driver_sql("select * from postgres_query('__ducklake_metadata_lake', 'select pg_database_size(current_database())')").scalar_one())
+        (size,) = (
+            store.engine.connection()
+            .execute("select * from postgres_query('__ducklake_metadata_lake', 'select pg_database_size(current_database())')")
+            .fetchone()
+        )
+        return int(size)
     finally:
         store.close()
 
@@ -210,7 +224,10 @@ def ingest_table(args, load_s: float, ingest: list[dict], ceiling: tuple[float, 
         "",
         "| archive | workers | seconds | tokens | tokens/s | vs 1 worker on the lake | sessions' own s, summed (model work and commits) |",
         "|---|---:|---:|---:|---:|---:|---:|",
-        *(f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x | {r['busy']:.1f} |" for r in ingest),
+        *(
+            f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x | {r['busy']:.1f} |"
+            for r in ingest
+        ),
         "",
         *([f"2 workers against 1 worker held to one thread: {two['tok_s'] / thread['tok_s']:.2f}x."] if two else []),
         f"What the cores allow: the model's scoring pass on one thread, {ceiling[0]:.0f} tokens/s in one process alone, "
@@ -226,8 +243,11 @@ def search_table(args, searches: list[dict]) -> list[str]:
         "",
         "| tokens | file p50 ms | file p95 ms | lake p50 ms | lake p95 ms | lake / file p50 | copy s | lake's first search s (this machine's copy of the index built) | file B/token | lake Parquet B/token | lake catalog B/token (over an empty lake's) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {s['tokens']:.0e} | {s['file_p50'] * 1e3:.1f} | {s['file_p95'] * 1e3:.1f} | {s['lake_p50'] * 1e3:.1f} | {s['lake_p95'] * 1e3:.1f} | "
-          f"{s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | {s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |" for s in searches),
+        *(
+            f"| {s['tokens']:.0e} | {s['file_p50'] * 1e3:.1f} | {s['file_p95'] * 1e3:.1f} | {s['lake_p50'] * 1e3:.1f} | {s['lake_p95'] * 1e3:.1f} | "
+            f"{s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | {s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |"
+            for s in searches
+        ),
         "",
     ]
 

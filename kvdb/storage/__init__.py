@@ -1,11 +1,11 @@
-"""Where an archive's tables live. One backend per engine, all behind :class:`Storage`."""
+"""Where an archive's tables live: one :class:`Storage` of rows and plans over the engine that holds them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TypeGuard
 
-from kvdb.storage.base import Storage
+from kvdb.storage.sql import Storage
 
 LAKE_PREFIX = "ducklake:"
 
@@ -20,7 +20,7 @@ def open_storage(location: str | Path, read_only: bool = False, lock_timeout: fl
     if is_lake(location):
         from kvdb.storage.ducklake import DuckLake
 
-        return DuckLake(location, data_path, read_only)
+        return Storage(DuckLake(location, data_path, read_only))
     from kvdb.storage.duckdb_file import DuckDBFile
 
-    return DuckDBFile(location, lock_timeout, read_only)
+    return Storage(DuckDBFile(location, lock_timeout, read_only))

@@ -14,21 +14,15 @@ import re
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import registry
+import duckdb
 
-from kvdb.errors import ArchiveError, ArchiveLocked
-from kvdb.storage import schema
-from kvdb.storage.sql import SqlStorage, quoted
-
-# Named here, SQLAlchemy finds the dialect without scanning every installed package's entry
-# points (~12 ms of a read-only command's start).
-registry.register("duckdb", "duckdb_engine", "Dialect")
+from kvdb.errors import ArchiveError, ArchiveLocked, StaleWrite
+from kvdb.storage.engine import REVISION, Engine, first_line, quoted, revision, transaction
 
 COMPACT_MIN_BYTES = 1 << 20  # gc rewrites the file only to give back at least this much (and a quarter of it)
 
 
-class DuckDBFile(SqlStorage):
+class DuckDBFile(Engine):
     def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False):
         """Open (creating and migrating as needed). While another process holds the file, wait up
         to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
@@ -41,37 +35,30 @@ class DuckDBFile(SqlStorage):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
         self.read_only = read_only
-        self._engine: sa.Engine | None = None
+        self._conn: duckdb.DuckDBPyConnection | None = None
         self._released: tuple | None = None  # the file's state when this storage last let it go
         self._held_since = 0.0
         self._epoch = 0  # moves on each own write, and when the file changed while let go
         self.connections = 0  # connections opened so far (each one costs ~30 ms)
         try:
-            if read_only and self.schema_revision() != schema.REVISION:
-                self.release()
-                DuckDBFile(self.path, self.timeout).close()
-            if not read_only:
+            if self.schema_revision() != REVISION:
                 self._migrate()
         except BaseException:  # a refused file (foreign, newer) is let go: the next open of it must not find it held
             self.release()
             raise
 
-    @property
-    def engine(self) -> sa.Engine:
-        if self._engine is None:
-            self._engine = self._connect()
-        return self._engine
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
 
-    def _connect(self) -> sa.Engine:
+    def _connect(self) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.timeout
         while True:
-            engine = sa.create_engine(f"duckdb:///{self.path}", poolclass=sa.pool.SingletonThreadPool, connect_args={"read_only": self.read_only})
             try:
-                with engine.connect() as conn:
-                    conn.exec_driver_sql("select 1")
-            except Exception as exc:  # duckdb raises its own IOException family for locks and bad files
-                engine.dispose()
-                message = _first_line(getattr(exc, "orig", None) or exc)  # the driver's error, not SQLAlchemy's wrapping of it
+                conn = duckdb.connect(str(self.path), read_only=self.read_only)
+            except duckdb.Error as exc:  # duckdb raises its own IOException family for locks and bad files
+                message = first_line(exc)
                 if "lock" not in message.lower():
                     raise self._unopenable(message) from exc
                 if time.monotonic() >= deadline:
@@ -86,7 +73,7 @@ class DuckDBFile(SqlStorage):
             self.connections += 1
             self._held_since = time.monotonic()
             self._check_file()
-            return engine
+            return conn
 
     def _unopenable(self, message: str) -> ArchiveError:
         """Why DuckDB refused the file (for another reason than its lock), naming it as the user
@@ -102,9 +89,9 @@ class DuckDBFile(SqlStorage):
         return ArchiveError(f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}")
 
     def release(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
             self._released = self._file_state()
 
     def close(self) -> None:
@@ -116,25 +103,21 @@ class DuckDBFile(SqlStorage):
         that takes its place, since DuckDB reuses freed blocks but never gives them back. The copy
         replaces the file while this storage still holds the old one's lock, so no writer can come
         between; a crash before the rename leaves the old file whole and a staging file to ignore."""
-        self.check_writable()
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("checkpoint")
-            size = conn.exec_driver_sql("pragma database_size").mappings().one()
+        conn = self.connection()
+        conn.execute("checkpoint")
+        database, block_size, free_blocks = conn.execute("select database_name, block_size, free_blocks from pragma_database_size()").fetchone()  # type: ignore[misc]
         before = self.path.stat().st_size
-        if int(size["free_blocks"]) * int(size["block_size"]) < max(COMPACT_MIN_BYTES, before // 4):
+        if int(free_blocks) * int(block_size) < max(COMPACT_MIN_BYTES, before // 4):
             return {"file_bytes": before}
         staging = self.path.with_name(f".{self.path.name}.compacting-{os.getpid()}")
         staging.unlink(missing_ok=True)
         try:
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql(f"attach '{quoted(staging)}' as kvdb_compacted")
-                conn.exec_driver_sql(f'copy from database "{_quoted_name(size["database_name"])}" to kvdb_compacted')
-                conn.commit()
-                conn.exec_driver_sql("detach kvdb_compacted")
-                conn.commit()
-                os.replace(staging, self.path)
-        except (sa.exc.DBAPIError, OSError) as exc:  # a full disk, say: the archive file was not touched
-            message = _first_line(getattr(exc, "orig", None) or exc)
+            conn.execute(f"attach '{quoted(staging)}' as kvdb_compacted")
+            conn.execute(f'copy from database "{_quoted_name(database)}" to kvdb_compacted')
+            conn.execute("detach kvdb_compacted")
+            os.replace(staging, self.path)
+        except (duckdb.Error, OSError) as exc:  # a full disk, say: the archive file was not touched
+            message = first_line(exc)
             self.release()  # not to keep the half-made copy attached
             raise ArchiveError(
                 f"gc freed what no session uses, but could not rewrite {self.path} smaller ({message}); the archive is whole, run gc again with more free disk"
@@ -145,15 +128,21 @@ class DuckDBFile(SqlStorage):
         return {"file_bytes_before": before, "file_bytes": self.path.stat().st_size}
 
     def held_for(self) -> float:
-        return time.monotonic() - self._held_since if self._engine is not None else 0.0
+        return time.monotonic() - self._held_since if self._conn is not None else 0.0
 
     def version(self) -> int:
-        if self._engine is None:
+        if self._conn is None:
             self._check_file()
         return self._epoch
 
-    def _wrote(self) -> None:
+    def write(self, work, based_on=None):
+        """The file's lock is held from the connection on: nobody else commits meanwhile."""
+        with transaction(self.connection()) as conn:
+            if based_on is not None and self.version() != based_on:
+                raise StaleWrite(f"{self.path} changed while this write was planned; plan again")
+            result = work(conn)
         self._epoch += 1
+        return result
 
     def _check_file(self) -> None:
         """Nobody else can write while this storage holds the file; once it let go, whoever
@@ -187,27 +176,18 @@ class DuckDBFile(SqlStorage):
 
     # schema ---------------------------------------------------------------------------
     def schema_revision(self) -> str | None:
-        """Read without alembic: its import alone would cost a read-only command most of its time."""
-        with self.engine.connect() as conn:
-            return _revision(conn)
+        return revision(self.connection())
 
     def _migrate(self) -> None:
-        with self.engine.begin() as conn:
-            if _revision(conn) == schema.REVISION:
-                return
-            from kvdb.storage import migrate
+        """Alembic, on this storage's own connection (the lock stays held). A read-only storage
+        has its file upgraded by a writable one first, then reads on."""
+        if self.read_only:
+            self.release()
+            DuckDBFile(self.path, self.timeout).close()
+            return
+        from kvdb.storage import migrate
 
-            migrate.upgrade(conn, str(self.path))
-
-
-def _revision(conn) -> str | None:
-    found = conn.exec_driver_sql("select count(*) from information_schema.tables where table_name = 'alembic_version'").scalar_one()
-    return conn.exec_driver_sql("select version_num from alembic_version").scalar() if found else None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        migrate.upgrade(self.connection(), str(self.path))
 
 
 def _quoted_name(name: str) -> str:

@@ -27,17 +27,14 @@ import re
 import uuid
 from pathlib import Path
 
+import duckdb
 import psycopg
-import sqlalchemy as sa
-from sqlalchemy.dialects import registry
 
 from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
-from kvdb.storage import schema, sql_apply
-from kvdb.storage.base import Plan, utc_now
-from kvdb.storage.sql import SqlStorage, quoted
+from kvdb.storage import edits
+from kvdb.storage.base import utc_now
+from kvdb.storage.engine import REVISION, Engine, first_line, quoted, revision, transaction
 from kvdb.user_cache import cache_dir
-
-registry.register("duckdb", "duckdb_engine", "Dialect")
 
 ALIAS = "lake"
 CATALOG_PREFIX = "ducklake:postgres:"
@@ -54,21 +51,19 @@ LOST_CATALOG = (
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
 # How httpfs says an object store could not be reached or refused the request.
 UNREACHABLE_DATA = ("Could not connect to server", "HTTP Error", "HTTP PUT", "HTTP GET", "HTTP HEAD", "Could not resolve hostname")
-# One row: the lake's own random id (what this machine's derived files are kept under, so that a
-# lake made again at the same conninfo never meets the files of the one before) and the commits.
-commits = sa.Table("kvdb_commits", sa.MetaData(), sa.Column("lake_id", sa.String, nullable=False), sa.Column("n", sa.BigInteger, nullable=False))
-# Input files being ingested, by content: taken in a transaction that updates ``kvdb_commits`` too,
-# so two workers claiming at once conflict and one of them is refused.
-claims = sa.Table(
-    "kvdb_claims",
-    sa.MetaData(),
-    sa.Column("claim_key", sa.String, nullable=False),
-    sa.Column("owner", sa.String, nullable=False),
-    sa.Column("until", sa.DateTime, nullable=False),
-)
+# Two tables of kvdb's own beside the schema's. ``kvdb_commits``, one row: the lake's own random
+# id (what this machine's derived files are kept under, so that a lake made again at the same
+# conninfo never meets the files of the one before) and the commits. ``kvdb_claims``: input
+# files being ingested, by content, taken in a transaction that updates ``kvdb_commits`` too, so
+# two workers claiming at once conflict and one of them is refused.
+OWN_TABLES = {
+    "kvdb_commits": "lake_id varchar not null, n bigint not null",
+    "kvdb_claims": "claim_key varchar not null, owner varchar not null, until timestamp not null",
+}
+COUNT_COMMIT = "update kvdb_commits set n = n + 1"
 
 
-class DuckLake(SqlStorage):
+class DuckLake(Engine):
     claims_inputs = True
 
     def __init__(self, location: str, data_path: str | Path | None = None, read_only: bool = False):
@@ -80,7 +75,7 @@ class DuckLake(SqlStorage):
         self.location = location
         self.data_path = None if data_path is None else str(data_path)
         self.read_only = read_only
-        self._engine: sa.Engine | None = None
+        self._conn: duckdb.DuckDBPyConnection | None = None
         self._lake_id: str | None = None
         self._catalog: psycopg.Connection | None = None  # libpq, for version() alone
         self.connections = 0
@@ -91,18 +86,18 @@ class DuckLake(SqlStorage):
             raise
 
     # the connection -------------------------------------------------------------------
-    @property
-    def engine(self) -> sa.Engine:
-        if self._engine is None:
-            engine = sa.create_engine("duckdb:///:memory:", poolclass=sa.pool.SingletonThreadPool)
-            sa.event.listen(engine, "connect", self._attach)
-            sa.event.listen(engine, "handle_error", self._lost_catalog)
-            self._engine = engine
-        return self._engine
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        if self._conn is None:
+            conn = duckdb.connect(":memory:")
+            try:
+                self._attach(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
 
-    def _attach(self, dbapi_connection, _record) -> None:
-
-        cursor = dbapi_connection.cursor()
+    def _attach(self, cursor: duckdb.DuckDBPyConnection) -> None:
         cursor.execute(f"SET extension_directory = '{quoted(cache_dir() / 'duckdb-extensions')}'")
         remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
         for name in EXTENSIONS + (("httpfs",) if remote else ()):  # object storage (s3://, https://...) through httpfs
@@ -116,7 +111,7 @@ class DuckLake(SqlStorage):
             options.append(f"DATA_PATH '{quoted(self.data_path.rstrip('/') + '/')}'")
         try:
             cursor.execute(f"ATTACH '{quoted(self.location)}' AS {ALIAS} ({', '.join(options)})")
-        except Exception as exc:  # duckdb's own error family; its first line says what failed
+        except duckdb.Error as exc:  # its first line says what failed
             raise self._unattachable(str(exc)) from exc
         cursor.execute(f"USE {ALIAS}")
         self.connections += 1
@@ -132,24 +127,23 @@ class DuckLake(SqlStorage):
             return ArchiveError(f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db")
         return ArchiveError(f"cannot open archive {where}: {_without_password(message.strip().splitlines()[0])}")
 
-    def _lost_catalog(self, context) -> None:
+    def explain(self, exc: duckdb.Error) -> Exception | None:
         """PostgreSQL gone mid-command: the transaction in hand is lost whole (a commit either
         landed or did not), and the next command reconnects by itself once the server is back."""
-        message = str(context.original_exception)
+        message = str(exc)
         if any(sign in message for sign in UNREACHABLE_DATA):
-            raise ArchiveError(
-                f"cannot reach the data path of {self.describe()} ({message.strip().splitlines()[0]}); check the object store's "
+            return ArchiveError(
+                f"cannot reach the data path of {self.describe()} ({first_line(exc)}); check the object store's "
                 "address and the AWS_* credentials in the environment. The transaction in progress was not half-written"
-            ) from context.original_exception
+            )
         if ".parquet" in message:
-            raise CorruptData(
-                f"a data file of {self.describe()} cannot be read ({message.strip().splitlines()[0]}); `kvdb verify` names the damaged files"
-            ) from context.original_exception
+            return CorruptData(f"a data file of {self.describe()} cannot be read ({first_line(exc)}); `kvdb verify` names the damaged files")
         if any(sign in message for sign in LOST_CATALOG):
-            raise ArchiveError(
+            return ArchiveError(
                 f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
                 "not half-written: run the command again when it is back (it finds what was committed)"
-            ) from context.original_exception
+            )
+        return None
 
     def release(self) -> None:
         """Nothing to let go: DuckLake takes no lock while the model works."""
@@ -158,9 +152,9 @@ class DuckLake(SqlStorage):
         if self._catalog is not None:
             self._catalog.close()
             self._catalog = None
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def held_for(self) -> float:
         return 0.0
@@ -189,31 +183,29 @@ class DuckLake(SqlStorage):
                     ) from exc
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
-        self.check_writable()
-
         def take(conn) -> str | None:
-            held = conn.execute(sa.select(claims.c.owner, claims.c.until).where(claims.c.claim_key == key)).first()
+            held = conn.execute("select owner, until from kvdb_claims where claim_key = ?", [key]).fetchone()
             now = utc_now()
-            if held is not None and held.owner not in (owner, steal_from) and held.until > now:
-                return held.owner
-            conn.execute(commits.update().values(n=commits.c.n + 1))
-            conn.execute(claims.delete().where(claims.c.claim_key == key))
-            conn.execute(claims.insert().values(claim_key=key, owner=owner, until=now + dt.timedelta(seconds=lease_seconds)))
+            if held is not None and held[0] not in (owner, steal_from) and held[1] > now:
+                return held[0]
+            conn.execute(COUNT_COMMIT)
+            conn.execute("delete from kvdb_claims where claim_key = ?", [key])
+            conn.execute("insert into kvdb_claims (claim_key, owner, until) values (?, ?, ?)", [key, owner, now + dt.timedelta(seconds=lease_seconds)])
             return None
 
         return self._until_no_conflict(take)
 
     def release_claim(self, key: str, owner: str) -> None:
-        self._until_no_conflict(lambda conn: conn.execute(claims.delete().where(claims.c.claim_key == key, claims.c.owner == owner)))
+        self._until_no_conflict(lambda conn: conn.execute("delete from kvdb_claims where claim_key = ? and owner = ?", [key, owner]))
 
     def _until_no_conflict(self, work, refused: str | None = None):
         """``work(conn)`` in a transaction, again from a fresh snapshot while another commit wins;
         with ``refused``, a conflict is a ``StaleWrite`` saying so instead (its plan is gone)."""
         while True:
             try:
-                with self.engine.begin() as conn:
+                with transaction(self.connection()) as conn:
                     return work(conn)
-            except sa.exc.DBAPIError as exc:
+            except duckdb.Error as exc:
                 if not _conflict(exc):
                     raise
                 if refused is not None:
@@ -224,80 +216,78 @@ class DuckLake(SqlStorage):
         catalog recorded, and a Parquet file at both ends (a truncated or overwritten one is
         not). Damage inside a file is what reading its rows (`verify --deep`) finds."""
         problems = []
-        with self.engine.connect() as conn:
-            for table in [*schema.metadata.sorted_tables, commits, claims]:
-                listed = conn.exec_driver_sql(
-                    f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table.name}')"
-                )
-                for data_file, data_size, delete_file, delete_size in listed:
-                    problems += [f"table {table.name}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
+        conn = self.connection()
+        for table in [*edits.TABLES, *OWN_TABLES]:
+            listed = conn.execute(
+                f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table}')"
+            ).fetchall()
+            for data_file, data_size, delete_file, delete_size in listed:
+                problems += [f"table {table}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
         return problems
 
     def compact_files(self) -> dict:
         """Adjacent small Parquet files merged into larger ones; then snapshots older than
         ``SNAPSHOT_RETENTION`` expired and the files scheduled for deletion before it deleted
         (a reader still scanning one is given that long: a later gc deletes what this one merged)."""
-        self.check_writable()
         older = f"older_than => now() - interval '{SNAPSHOT_RETENTION}'"
-        with self.engine.connect() as conn:  # the maintenance calls commit by themselves
-            merged = conn.exec_driver_sql(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
-            conn.exec_driver_sql(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").scalar_one()  # count(*): no timestamps to convert
-            deleted = conn.exec_driver_sql(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").scalar_one()
+        conn = self.connection()  # the maintenance calls commit by themselves
+        merged = conn.execute(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
+        conn.execute(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").fetchall()  # count(*): no timestamps to convert
+        (deleted,) = conn.execute(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").fetchone()  # type: ignore[misc]
         return {"data_files_merged": sum(int(r[2]) for r in merged), "data_files_written": sum(int(r[3]) for r in merged), "data_files_deleted": int(deleted)}
 
     def derived_path(self, suffix: str) -> Path:
-
         if self._lake_id is None:
-            with self.engine.connect() as conn:
-                self._lake_id = conn.execute(sa.select(commits.c.lake_id)).scalar_one()
+            (self._lake_id,) = self.connection().execute("select lake_id from kvdb_commits").fetchone()  # type: ignore[misc]
         return cache_dir() / "lakes" / self._lake_id / f"archive{suffix}"
 
     def footprint(self) -> int:
         """The data files' bytes (the catalog's rows are counted in ``byte_counts``)."""
-        with self.engine.connect() as conn:
-            return int(conn.exec_driver_sql(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')").scalar_one())
+        (size,) = self.connection().execute(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')").fetchone()  # type: ignore[misc]
+        return int(size)
 
     def describe(self) -> str:
         return _without_password(self.location)
 
     # writes ---------------------------------------------------------------------------
-    def apply(self, plan: Plan, based_on=None) -> dict | None:
-        """A plan made on a snapshot (``based_on``) is refused once another commit lands first;
-        one that reads what it touches inside its transaction (registering a model, a rebuilt
+    def write(self, work, based_on=None):
+        """Work planned on a snapshot (``based_on``) is refused once another commit lands first;
+        work that reads what it touches inside its transaction (registering a model, a rebuilt
         index's state, a delete) is run again from a fresh snapshot instead, which is what it
         would have done had it come second."""
-        self.check_writable()
 
-        def commit(conn) -> dict | None:
+        def commit(conn):
             if based_on is not None and _snapshot(conn) != based_on:  # the transaction's snapshot: what it reads
                 raise StaleWrite(f"another writer committed to {self.describe()} since this write was planned; plan again")
-            conn.execute(commits.update().values(n=commits.c.n + 1))
-            return sql_apply.apply(conn, plan)
+            conn.execute(COUNT_COMMIT)
+            return work(conn)
 
         refused = None if based_on is None else f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot"
         return self._until_no_conflict(commit, refused)
 
     # schema ---------------------------------------------------------------------------
     def schema_revision(self) -> str | None:
-        with self.engine.connect() as conn:
-            return _revision(conn)
+        return revision(self.connection(), ALIAS)
 
     def _open_schema(self) -> None:
-        with self.engine.begin() as conn:
-            revision = _revision(conn)
-            if revision == schema.REVISION:
-                return
-            if revision is not None:
-                raise NewerArchiveError(f"{self.describe()} has schema revision {revision}; this kvdb reads {schema.REVISION} (upgrade kvdb to open it)")
-            if self.read_only:
-                raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
-            if conn.exec_driver_sql(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").scalar_one():
+        found = self.schema_revision()
+        if found == REVISION:
+            return
+        if found is not None:
+            raise NewerArchiveError(f"{self.describe()} has schema revision {found}; this kvdb reads {REVISION} (upgrade kvdb to open it)")
+        if self.read_only:
+            raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+        with transaction(self.connection()) as conn:
+            (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()
+            if tables:
                 raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
-            for table in [*_keyless(schema.metadata), commits, claims]:
-                conn.execute(sa.schema.CreateTable(table))
-            conn.execute(commits.insert().values(lake_id=uuid.uuid4().hex, n=0))
-            conn.exec_driver_sql("create table alembic_version (version_num varchar not null)")
-            conn.exec_driver_sql(f"insert into alembic_version values ('{schema.REVISION}')")
+            for statement in _keyless_tables():
+                conn.execute(statement)
+            for name, columns in OWN_TABLES.items():
+                conn.execute(f"create table {name} ({columns})")
+            conn.execute("insert into kvdb_commits (lake_id, n) values (?, 0)", [uuid.uuid4().hex])
+            conn.execute("create table alembic_version (version_num varchar not null)")
+            conn.execute("insert into alembic_version values (?)", [REVISION])
 
 
 def _file_problem(path: str | None, size: int | None) -> str | None:
@@ -321,27 +311,28 @@ def _file_problem(path: str | None, size: int | None) -> str | None:
 
 
 def _snapshot(conn) -> int:
-    return int(conn.exec_driver_sql(f"select id from ducklake_current_snapshot('{ALIAS}')").scalar_one())
+    (snapshot,) = conn.execute(f"select id from ducklake_current_snapshot('{ALIAS}')").fetchone()
+    return int(snapshot)
 
 
-def _conflict(exc: sa.exc.DBAPIError) -> bool:
-    return "conflict" in str(exc.orig).lower()
+def _conflict(exc: duckdb.Error) -> bool:
+    return "conflict" in str(exc).lower()
 
 
-def _keyless(metadata: sa.MetaData) -> list[sa.Table]:
-    """The schema's tables as DuckLake takes them: the same columns, no keys and no indexes."""
-    bare = sa.MetaData()
-    return [
+def _keyless_tables() -> list[str]:
+    """The schema's tables as DuckLake takes them: the same columns, no keys and no indexes
+    (written by SQLAlchemy from kvdb.storage.schema, imported only to create a lake)."""
+    import sqlalchemy as sa
+    from duckdb_engine import Dialect
+
+    from kvdb.storage import schema
+
+    bare, dialect = sa.MetaData(), Dialect()
+    tables = [
         sa.Table(t.name, bare, *[sa.Column(c.name, c.type, nullable=c.nullable and not c.primary_key, server_default=c.server_default) for c in t.columns])
-        for t in metadata.sorted_tables
+        for t in schema.metadata.sorted_tables
     ]
-
-
-def _revision(conn) -> str | None:
-    found = conn.exec_driver_sql(
-        f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}' and table_name = 'alembic_version'"
-    ).scalar_one()
-    return conn.exec_driver_sql("select version_num from alembic_version").scalar() if found else None
+    return [str(sa.schema.CreateTable(t).compile(dialect=dialect)) for t in tables]
 
 
 def _extension_file(name: str) -> Path:

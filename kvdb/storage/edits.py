@@ -15,6 +15,9 @@ import numpy as np
 from kvdb.codecs import fractal
 from kvdb.storage.base import IndexState, NewNode, NodeRow, NodeTiers, Split
 
+# Every table of kvdb.storage.schema, in its metadata's order (a test keeps the two equal): what
+# reads and copies every row names them from here, without importing SQLAlchemy.
+TABLES = ("codebooks", "models", "node_kv", "node_lm", "node_logprobs", "nodes", "search_indexes", "search_ranges", "sessions", "token_blocks", "token_streams")
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv")  # every tier a node can hold
 TIER_TABLES = (("search", "search_ranges"), ("lm", "node_lm"), ("kv", "node_kv"), ("tokens", "token_blocks"), ("tokens", "node_logprobs"))
 

@@ -1,16 +1,18 @@
-"""Alembic, for the archives whose schema is behind this kvdb's: imported only then (it costs
-~0.4 s, more than a read-only command's whole budget)."""
+"""Alembic, for the archives whose schema is behind this kvdb's: imported only then (it and
+SQLAlchemy cost ~0.5 s, more than a read-only command's whole budget)."""
 
 from __future__ import annotations
 
 import importlib.util
 
+import duckdb
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.ddl.impl import DefaultImpl
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from duckdb_engine import ConnectionWrapper
 
 from kvdb.errors import ArchiveError, NewerArchiveError
 
@@ -31,8 +33,25 @@ def script_directory() -> tuple[ScriptDirectory, Config]:
     return ScriptDirectory.from_config(config), config
 
 
-def upgrade(conn, where: str) -> None:
-    """Bring the schema on ``conn`` to the head revision, refusing newer and foreign databases."""
+class _Borrowed(ConnectionWrapper):
+    """The storage's own DuckDB connection, lent to SQLAlchemy: closing it is the storage's."""
+
+    def close(self) -> None:
+        pass
+
+
+def upgrade(raw: duckdb.DuckDBPyConnection, where: str) -> None:
+    """Bring the schema on ``raw`` to the head revision in one transaction, refusing newer and
+    foreign databases."""
+    engine = sa.create_engine("duckdb://", creator=lambda: _Borrowed(raw), poolclass=sa.pool.StaticPool)
+    try:
+        with engine.begin() as conn:
+            _upgrade(conn, where)
+    finally:
+        engine.dispose()
+
+
+def _upgrade(conn: sa.Connection, where: str) -> None:
     script, config = script_directory()
     current = MigrationContext.configure(conn).get_current_revision()
     if current == script.get_current_head():

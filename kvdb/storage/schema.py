@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-REVISION = "0007"  # the head of migrations/versions
+from kvdb.storage.engine import REVISION  # noqa: F401 (the head of migrations/versions, named where the tables are)
 
 metadata = sa.MetaData()
 

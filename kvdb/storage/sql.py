@@ -1,354 +1,410 @@
-"""The reads every SQL backend shares, through SQLAlchemy Core with bound parameters only.
+"""The one repository of an archive's rows: every read as DuckDB SQL, every change as a plan
+run in one transaction (:mod:`kvdb.storage.sql_apply`), on whichever engine holds the tables.
 
-A subclass says how to reach the engine (``engine`` and ``_write``) and how its lock and
-version behave; the queries are the same on a DuckDB file and on a DuckLake catalog.
+The services above never see an engine, a connection or a file. They read rows through the
+methods of :class:`Storage`, describe every change as a plan (:mod:`kvdb.storage.base`) and
+hand it to ``apply``, which applies it all or nothing. What differs between a DuckDB file and
+a DuckLake (the lock, the version, compaction, where derived files go) is the engine's
+(:class:`kvdb.storage.engine.Engine`); the contract suite (tests/storage/test_contract.py)
+runs the same checks on both.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
+import duckdb
 import numpy as np
-import sqlalchemy as sa
 
 from kvdb.codecs import fractal
-from kvdb.errors import StaleWrite
-from kvdb.storage import schema, sql_apply
-from kvdb.storage.base import (
-    CodebookRow,
-    IndexState,
-    ModelRow,
-    NodeRow,
-    Plan,
-    SessionRow,
-    Storage,
-)
-from kvdb.storage.schema import (
-    codebooks,
-    models,
-    node_kv,
-    node_lm,
-    node_logprobs,
-    nodes,
-    search_indexes,
-    search_ranges,
-    sessions,
-    token_blocks,
-    token_streams,
-)
-from kvdb.storage.sql_rows import (
-    kv_streams,
-    logprobs_blob,
-    node_row,
-    node_tokens,
-    path_rows,
-    session_row,
-)
+from kvdb.errors import ArchiveError
+from kvdb.storage import base, edits, sql_apply
+from kvdb.storage.base import CodebookRow, IndexState, ModelRow, NodeRow, Plan, SessionRow
+from kvdb.storage.engine import Engine, transaction
+from kvdb.storage.sql_rows import ANY, NODE, SESSION, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
 NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
+FETCH_ROWS = 256  # rows a streamed read holds at once
+# What each tier's stored blobs are: table, owner column, part column, data column, order.
+BLOBS = {
+    "tokens": ("token_blocks", "node_id", "block_no", "data", "node_id, block_no"),
+    "kv": ("node_kv", "node_id", "alphabet", "data", "node_id, alphabet, block_no"),
+    "lm": ("node_lm", "node_id", "0", "payload", "node_id"),
+    "codebooks": ("codebooks", "codebook_id", "0", "data", "codebook_id"),
+}
 
 
-class SqlStorage(Storage):
-    """Reads as queries; ``apply`` runs a plan's edits in one write transaction."""
+class Storage:
+    """One open archive. Reads return rows; every change is a plan given to :meth:`apply`."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # lifecycle: the engine's -----------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self.engine.read_only
 
     @property
-    @abc.abstractmethod
-    def engine(self) -> sa.Engine:
-        """The engine, connected (a backend with a lock takes it here)."""
+    def claims_inputs(self) -> bool:
+        return self.engine.claims_inputs
 
-    def _write(self):
-        """A write transaction; refused on a read-only storage with a message saying what to do."""
-        self.check_writable()
-        return self.engine.begin()
+    def close(self) -> None:
+        self.engine.close()
 
-    def _wrote(self) -> None:
-        """Called after every committed plan: the storage's version moves."""
+    def version(self) -> object:
+        return self.engine.version()
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def held_for(self) -> float:
+        return self.engine.held_for()
+
+    def before_compute(self, short: bool = False) -> None:
+        """The one place a service's work decides about the lock: about to compute without the
+        file (a forward pass, a model load, a build), hand the lock back, unless the work is
+        ``short`` and the hold fresh (see base.HOLD_SECONDS)."""
+        if not short or self.held_for() >= base.HOLD_SECONDS:
+            self.release()
 
     @contextlib.contextmanager
     def writable(self):
-        """A read-only storage's connection is closed, opened again for writing, and given back after."""
+        """Write access for one repair of derived data, even when opened read-only: the
+        read-only connection is closed, opened again for writing, and given back after."""
         if not self.read_only:
             yield
             return
-        self.close()
-        self.read_only = False
+        self.engine.close()
+        self.engine.read_only = False
         try:
             yield
         finally:
-            self.close()
-            self.read_only = True
+            self.engine.close()
+            self.engine.read_only = True
 
+    def check_writable(self) -> None:
+        if self.read_only:
+            raise ArchiveError(f"archive {self.describe()} is open read-only; open it without read_only=True to change it")
+
+    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
+        self.check_writable()
+        with self._explained():
+            return self.engine.claim(key, owner, lease_seconds, steal_from)
+
+    def release_claim(self, key: str, owner: str) -> None:
+        with self._explained():
+            self.engine.release_claim(key, owner)
+
+    def compact_files(self) -> dict:
+        self.check_writable()
+        with self._explained():
+            return self.engine.compact_files()
+
+    def derived_path(self, suffix: str) -> Path:
+        with self._explained():
+            return self.engine.derived_path(suffix)
+
+    def footprint(self) -> int:
+        with self._explained():
+            return self.engine.footprint()
+
+    def describe(self) -> str:
+        return self.engine.describe()
+
+    def data_file_problems(self) -> list[str]:
+        with self._explained():
+            return self.engine.data_file_problems()
+
+    # writes -----------------------------------------------------------------------------
     def apply(self, plan: Plan, based_on=None) -> dict | None:
-        with self._write() as conn:
-            if based_on is not None and self.version() != based_on:  # the write lock is held: nobody commits meanwhile
-                raise StaleWrite(f"{self.describe()} changed while this write was planned; plan again")
-            result = sql_apply.apply(conn, plan)
-        self._wrote()
-        return result
+        """Apply a plan all or nothing; ``CollectGarbage`` returns what it freed. ``based_on``:
+        the ``version()`` the plan was made at; if anything was committed since, the plan is
+        refused with ``StaleWrite`` (make it again)."""
+        self.check_writable()
+        with self._explained():
+            return self.engine.write(lambda conn: sql_apply.apply(conn, plan), based_on)
 
-    # models and codebooks -----------------------------------------------------------
+    @contextlib.contextmanager
+    def _explained(self):
+        try:
+            yield
+        except duckdb.Error as exc:
+            explained = self.engine.explain(exc)
+            if explained is None:
+                raise
+            raise explained from exc
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read transaction: the statements of one read see one snapshot."""
+        with self._explained(), transaction(self.engine.connection()) as conn:
+            yield conn
+
+    def _rows(self, query: str, params=()) -> list[tuple]:
+        with self._read() as conn:
+            return conn.execute(query, list(params)).fetchall()
+
+    def _value(self, query: str, params=()):
+        rows = self._rows(query, params)
+        return rows[0][0] if rows else None
+
+    # models and codebooks -----------------------------------------------------------------
     def get_model(self, model_id: str) -> ModelRow | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(models).where(models.c.model_id == model_id)).first()
-        return None if row is None else ModelRow(row.model_id, row.name, row.weights_hash, row.tokenizer_hash, json.loads(row.config))
+        rows = self._rows("select model_id, name, weights_hash, tokenizer_hash, config from models where model_id = ?", [model_id])
+        if not rows:
+            return None
+        model_id, name, weights_hash, tokenizer_hash, config = rows[0]
+        return ModelRow(model_id, name, weights_hash, tokenizer_hash, json.loads(config))
 
     def model_ids_with_tokenizer(self, tokenizer_hash: str) -> list[str]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(sa.select(models.c.model_id).where(models.c.tokenizer_hash == tokenizer_hash)).scalars())
+        return [r[0] for r in self._rows("select model_id from models where tokenizer_hash = ?", [tokenizer_hash])]
 
     def tokenizer_hashes(self) -> list[str]:
-        with self.engine.connect() as conn:
-            return sorted(set(conn.execute(sa.select(models.c.tokenizer_hash)).scalars()))
+        return sorted({r[0] for r in self._rows("select tokenizer_hash from models")})
 
     def codebooks_for(self, model_id: str) -> tuple[str, bytes] | None:
-        query = sa.select(codebooks.c.codebook_id, codebooks.c.data).where(codebooks.c.model_id == model_id)
-        with self.engine.connect() as conn:
-            row = conn.execute(query.order_by(codebooks.c.created_at.desc()).limit(1)).first()
-        return None if row is None else (row[0], row[1])
+        """The newest codebook set trained for a model: (codebook_id, serialized codebooks)."""
+        rows = self._rows("select codebook_id, data from codebooks where model_id = ? order by created_at desc limit 1", [model_id])
+        return None if not rows else (rows[0][0], rows[0][1])
 
     def codebook_data(self, codebook_id: str) -> bytes:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(codebooks.c.data).where(codebooks.c.codebook_id == codebook_id)).scalar_one()
+        rows = self._rows("select data from codebooks where codebook_id = ?", [codebook_id])
+        if not rows:
+            raise LookupError(f"codebooks {codebook_id} are not in the archive")
+        return rows[0][0]
 
     def codebook_rows(self) -> list[CodebookRow]:
-        size = sa.func.octet_length(codebooks.c.data)
-        small = sa.case((size <= SMALL_BLOB, codebooks.c.data), else_=sa.null())
-        query = sa.select(codebooks.c.codebook_id, codebooks.c.model_id, codebooks.c.preset, codebooks.c.created_at, size, small)
-        with self.engine.connect() as conn:
-            return [CodebookRow(*row) for row in conn.execute(query.order_by(codebooks.c.created_at, codebooks.c.codebook_id))]
+        """Every codebook set, oldest first."""
+        query = (
+            "select codebook_id, model_id, preset, created_at, octet_length(data), case when octet_length(data) <= ? then data end "
+            "from codebooks order by created_at, codebook_id"
+        )
+        return [CodebookRow(*row) for row in self._rows(query, [SMALL_BLOB])]
 
-    # sessions -------------------------------------------------------------------------
+    # sessions ---------------------------------------------------------------------------
     def has_session(self, session_id: str) -> bool:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
+        return bool(self._rows("select 1 from sessions where session_id = ?", [session_id]))
 
     def get_session(self, session_id: str) -> SessionRow | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(sessions).where(sessions.c.session_id == session_id)).first()
-        return None if row is None else session_row(row)
+        rows = self._rows(f"select {SESSION} from sessions where session_id = ?", [session_id])
+        return session_row(rows[0]) if rows else None
 
     def list_sessions(self) -> list[SessionRow]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(sessions).order_by(sessions.c.created_at, sessions.c.session_id)).all()
-        return [session_row(r) for r in rows]
+        """Oldest first (ties by id)."""
+        return [session_row(r) for r in self._rows(f"select {SESSION} from sessions order by created_at, session_id")]
 
     def match_sessions(self, ref: str) -> list[SessionRow]:
-        named_or_prefixed = sa.or_(sessions.c.name == ref, sa.func.starts_with(sessions.c.session_id, ref.lower()))
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(sessions).where(named_or_prefixed)).all()
-        return [session_row(r) for r in rows]
+        """Sessions whose id starts with ``ref`` or whose name equals it."""
+        return [session_row(r) for r in self._rows(f"select {SESSION} from sessions where name = ? or starts_with(session_id, ?)", [ref, ref.lower()])]
 
-    # the trie -------------------------------------------------------------------------
+    # the trie ---------------------------------------------------------------------------
     def children(self, parent_id: str | None, model_id: str, first_token: int) -> list[NodeRow]:
-        parent = nodes.c.parent_id.is_(None) if parent_id is None else nodes.c.parent_id == parent_id
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(nodes).where(parent, nodes.c.model_id == model_id, nodes.c.first_token == first_token)).all()
-        return [node_row(r) for r in rows]
+        parent = "parent_id is null" if parent_id is None else "parent_id = ?"
+        params = [*([] if parent_id is None else [parent_id]), model_id, int(first_token)]
+        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where {parent} and model_id = ? and first_token = ?", params)]
 
     def node_path(self, node_id: str) -> list[NodeRow]:
-        with self.engine.connect() as conn:
+        """The nodes from the root down to ``node_id`` (a session id names its leaf)."""
+        with self._read() as conn:
             return path_rows(conn, node_id)
 
     def nodes_of(self, model_ids: list[str]) -> list[NodeRow]:
-        query = sa.select(nodes).where(nodes.c.model_id.in_(model_ids)).order_by(nodes.c.start, nodes.c.node_id)
-        with self.engine.connect() as conn:
-            return [node_row(r) for r in conn.execute(query).all()]
+        """Every node of these models (unused ones too, until gc), parents before children."""
+        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where model_id {ANY} order by start, node_id", [list(model_ids)])]
 
     def shared_nodes(self) -> list[NodeRow]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(nodes).where(nodes.c.refcount >= 2).order_by(nodes.c.start, nodes.c.node_id)).all()
-        return [node_row(r) for r in rows]
+        """Nodes on the paths of two or more sessions, shortest first."""
+        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where refcount >= 2 order by start, node_id")]
 
     def node_shapes(self) -> list[tuple[NodeRow, int, int]]:
-        query = sa.select(nodes, token_streams.c.alphabet, token_streams.c.block_size).join(token_streams, token_streams.c.node_id == nodes.c.node_id)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return [(node_row(r), int(r.alphabet), int(r.block_size)) for r in rows]
+        """Every node with its token stream's alphabet and block size."""
+        columns = ", ".join(f"n.{c}" for c in NODE.split(", "))
+        query = f"select {columns}, s.alphabet, s.block_size from nodes n join token_streams s on s.node_id = n.node_id"
+        return [(node_row(r), int(r[8]), int(r[9])) for r in self._rows(query)]
 
-    # tiers ----------------------------------------------------------------------------
+    # tiers ------------------------------------------------------------------------------
     def node_tokens(self, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return node_tokens(conn, node_id, start, end)
 
     def path_tokens(self, path: list[NodeRow], start: int = 0, end: int | None = None) -> np.ndarray:
+        """Token ids [start, end) along a node path the caller has read already."""
         end = path[-1].end if end is None else end
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             pieces = [node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start) for n in path if n.start < end and n.end > start]
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
+    def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
+        return self.path_tokens(self.node_path(session_id), start, end)
+
     def nodes_tokens(self, node_ids: list[str]) -> dict[str, np.ndarray]:
+        """Whole nodes' token ids, read together (an index built or caught up reads many)."""
         if not node_ids:
             return {}
-        with self.engine.connect() as conn:
-            coded = {r.node_id: r for r in conn.execute(sa.select(token_streams).where(token_streams.c.node_id.in_(node_ids)))}
+        with self._read() as conn:
+            coded = {
+                r[0]: r[1:]
+                for r in conn.execute(f"select node_id, alphabet, block_size, n_tokens from token_streams where node_id {ANY}", [node_ids]).fetchall()
+            }
             blobs: dict[str, list[bytes]] = {node_id: [] for node_id in coded}
-            query = sa.select(token_blocks.c.node_id, token_blocks.c.data).where(token_blocks.c.node_id.in_(node_ids))
-            for node_id, data in conn.execute(query.order_by(token_blocks.c.node_id, token_blocks.c.block_no)):
+            query = f"select node_id, data from token_blocks where node_id {ANY} order by node_id, block_no"
+            for node_id, data in conn.execute(query, [node_ids]).fetchall():
                 blobs[node_id].append(data)
         out = {}
         for node_id in node_ids:
             row = coded.get(node_id)
-            if row is None or len(blobs[node_id]) != len(fractal.blocks_for_range(0, int(row.n_tokens), int(row.block_size))):
+            if row is None or len(blobs[node_id]) != len(fractal.blocks_for_range(0, int(row[2]), int(row[1]))):
                 raise ValueError(f"node {node_id} holds no token blocks (held in tier L only: the services decode those)")
-            out[node_id] = fractal.decode_range(blobs[node_id], int(row.alphabet), int(row.block_size), 0, int(row.n_tokens))
+            out[node_id] = fractal.decode_range(blobs[node_id], int(row[0]), int(row[1]), 0, int(row[2]))
         return out
 
     def load_blocks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """Token blocks by (node_id, block_no)."""
         if not wanted:
             return {}
-        key = sa.tuple_(token_blocks.c.node_id, token_blocks.c.block_no)
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data).where(key.in_(wanted)))
-            return {(r[0], int(r[1])): r[2] for r in rows}
+        query = (
+            "select b.node_id, b.block_no, b.data from token_blocks b "
+            "join (select unnest(?) as node_id, unnest(?) as block_no) w on b.node_id = w.node_id and b.block_no = w.block_no"
+        )
+        rows = self._rows(query, [[w[0] for w in wanted], [int(w[1]) for w in wanted]])
+        return {(r[0], int(r[1])): r[2] for r in rows}
 
     def load_logprobs(self, session_id: str) -> np.ndarray:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             blobs = [logprobs_blob(conn, n.node_id) for n in path_rows(conn, session_id)]
         return np.frombuffer(b"".join(blobs), dtype="<f4").copy()
 
     def logprob_lengths(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(node_logprobs.c.node_id, sa.func.octet_length(node_logprobs.c.logprobs)))
-            return {r[0]: int(r[1]) // 4 for r in rows}
+        return {r[0]: int(r[1]) // 4 for r in self._rows("select node_id, octet_length(logprobs) from node_logprobs")}
 
     def max_alphabet(self, model_ids: list[str]) -> int:
-        query = (
-            sa.select(sa.func.coalesce(sa.func.max(token_streams.c.alphabet), 0))
-            .join(nodes, nodes.c.node_id == token_streams.c.node_id)
-            .where(nodes.c.model_id.in_(model_ids))
-        )
-        with self.engine.connect() as conn:
-            return int(conn.execute(query).scalar_one())
+        query = f"select coalesce(max(s.alphabet), 0) from token_streams s join nodes n on n.node_id = s.node_id where n.model_id {ANY}"
+        return int(self._value(query, [list(model_ids)]))
 
     def node_lm_payload(self, node_id: str) -> bytes | None:
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(node_lm.c.payload).where(node_lm.c.node_id == node_id)).scalar()
+        return self._value("select payload from node_lm where node_id = ?", [node_id])
 
     def node_kv(self, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
-        with self.engine.connect() as conn:
+        """(codebook_id, {codebook size: token-major code symbols}) of a node, or None."""
+        with self._read() as conn:
             return kv_streams(conn, node_id)
 
-    # search index bookkeeping ---------------------------------------------------------
+    # search index bookkeeping ---------------------------------------------------------------
     def index_state(self, index_key: str, from_slot: int = 0) -> IndexState | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(search_indexes).where(search_indexes.c.index_key == index_key)).first()
+        """The index's row, with the slot runs that begin at ``from_slot`` or later in ``ranges``
+        (a reader catching up reads only the runs it lacks)."""
+        with self._read() as conn:
+            row = conn.execute("select alphabet, depth, ntotal, generation from search_indexes where index_key = ?", [index_key]).fetchone()
             if row is None:
                 return None
-            query = sa.select(search_ranges.c.node_id, search_ranges.c.first_slot).where(
-                search_ranges.c.index_key == index_key, search_ranges.c.first_slot >= from_slot
-            )
-            ranges = {r[0]: int(r[1]) for r in conn.execute(query).all()}
-        return IndexState(index_key, row.alphabet, row.depth, int(row.ntotal), int(row.generation), ranges)
+            query = "select node_id, first_slot from search_ranges where index_key = ? and first_slot >= ?"
+            ranges = {r[0]: int(r[1]) for r in conn.execute(query, [index_key, int(from_slot)]).fetchall()}
+        return IndexState(index_key, int(row[0]), int(row[1]), int(row[2]), int(row[3]), ranges)
 
     def index_generation(self, index_key: str) -> tuple[int, int] | None:
-        query = sa.select(search_indexes.c.generation, search_indexes.c.ntotal).where(search_indexes.c.index_key == index_key)
-        with self.engine.connect() as conn:
-            row = conn.execute(query).first()
-        return None if row is None else (int(row[0]), int(row[1]))
+        rows = self._rows("select generation, ntotal from search_indexes where index_key = ?", [index_key])
+        return None if not rows else (int(rows[0][0]), int(rows[0][1]))
 
     def index_keys(self) -> list[str]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(sa.select(search_indexes.c.index_key)).scalars())
+        return [r[0] for r in self._rows("select index_key from search_indexes")]
 
     def slot_runs(self, index_key: str) -> list[tuple[str, int, int, int]]:
+        """(node_id, first_slot, n_tokens, node start) of every live node in an index."""
         query = (
-            sa.select(search_ranges.c.node_id, search_ranges.c.first_slot, search_ranges.c.n_tokens, nodes.c.start)
-            .join(nodes, nodes.c.node_id == search_ranges.c.node_id)
-            .where(search_ranges.c.index_key == index_key, nodes.c.refcount > 0)
+            "select r.node_id, r.first_slot, r.n_tokens, n.start from search_ranges r join nodes n on n.node_id = r.node_id "
+            "where r.index_key = ? and n.refcount > 0"
         )
-        with self.engine.connect() as conn:
-            return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in conn.execute(query).all()]
+        return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in self._rows(query, [index_key])]
 
-    # checks and accounting ------------------------------------------------------------
+    # checks and accounting ------------------------------------------------------------------
     def stored_blobs(self, tier: str, sample: int | None = None) -> Iterator[tuple[str, int, bytes]]:
-        """The part is the block number for "tokens", the alphabet the block was coded for for
+        """(owner id, part, bytes) of every stored blob of a tier, or an evenly spread sample.
+        The part is the block number for "tokens", the alphabet the block was coded for for
         "kv", and 0 for "lm" and "codebooks"."""
-        table, key, part, data, order = {
-            "tokens": (token_blocks, token_blocks.c.node_id, token_blocks.c.block_no, token_blocks.c.data, (token_blocks.c.node_id, token_blocks.c.block_no)),
-            "kv": (node_kv, node_kv.c.node_id, node_kv.c.alphabet, node_kv.c.data, (node_kv.c.node_id, node_kv.c.alphabet, node_kv.c.block_no)),
-            "lm": (node_lm, node_lm.c.node_id, sa.literal_column("0"), node_lm.c.payload, (node_lm.c.node_id,)),
-            "codebooks": (codebooks, codebooks.c.codebook_id, sa.literal_column("0"), codebooks.c.data, (codebooks.c.codebook_id,)),
-        }[tier]
-        numbered = sa.select(key.label("owner"), part.label("part"), data.label("data"), sa.func.row_number().over(order_by=order).label("n")).subquery()
-        query = sa.select(numbered.c.owner, numbered.c.part, numbered.c.data).order_by(numbered.c.n)
-        with self.engine.connect() as conn:
+        table, owner, part, data, order = BLOBS[tier]
+        numbered = f"select {owner} as owner, {part} as part, {data} as data, row_number() over (order by {order}) as n from {table}"
+        with self._read() as conn:
+            every = 1
             if sample is not None:
-                count = conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
-                query = query.where((numbered.c.n - 1) % max(1, count // max(sample, 1)) == 0)
-            yield from conn.execute(query)
+                (count,) = conn.execute(f"select count(*) from {table}").fetchone()  # type: ignore[misc]
+                every = max(1, count // max(sample, 1))
+            yield from _streamed(conn.execute(f"select owner, part, data from ({numbered}) where (n - 1) % ? = 0 order by n", [every]))
 
     def dangling_references(self) -> list[tuple[str, str, str, str]]:
-        """Sessions and nodes naming an unregistered model, KV codes naming codebooks that are gone."""
+        """(what refers, its id, what it names, the missing id): sessions and nodes naming an
+        unregistered model, KV codes naming codebooks that are gone."""
         checks = (
-            ("session", sessions.c.session_id, "model", sessions.c.model_id, models.c.model_id),
-            ("node", nodes.c.node_id, "model", nodes.c.model_id, models.c.model_id),
-            ("KV codes of node", node_kv.c.node_id, "codebooks", node_kv.c.codebook_id, codebooks.c.codebook_id),
+            ("session", "sessions", "session_id", "model", "model_id", "models", "model_id"),
+            ("node", "nodes", "node_id", "model", "model_id", "models", "model_id"),
+            ("KV codes of node", "node_kv", "node_id", "codebooks", "codebook_id", "codebooks", "codebook_id"),
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 (what, row_id, kind, missing)
-                for what, ref_from, kind, ref, target in checks
-                for row_id, missing in conn.execute(sa.select(ref_from, ref).distinct().where(ref.not_in(sa.select(target))))
+                for what, table, key, kind, ref, target, target_key in checks
+                for row_id, missing in conn.execute(
+                    f"select distinct {key}, {ref} from {table} where {ref} not in (select {target_key} from {target})"
+                ).fetchall()
             ]
 
     def table_rows(self, table: str) -> Iterator[dict]:
-        t = schema.metadata.tables[table]
-        with self.engine.connect() as conn:
-            for row in conn.execute(sa.select(t).order_by(*t.columns)).mappings():
-                yield dict(row)
+        """Every row of one of the schema's tables, in the order of its columns' values: the
+        same rows read the same way from any backend."""
+        from kvdb.storage import schema  # the columns' order as declared; a copy is no read-only command
+
+        columns = [c.name for c in schema.metadata.tables[table].columns]
+        with self._read() as conn:
+            for row in _streamed(conn.execute(f"select {', '.join(columns)} from {table} order by {', '.join(columns)}")):
+                yield dict(zip(columns, row, strict=True))
+
+    def content_hashes(self) -> dict[str, str]:
+        """Each table's SHA-256 over its rows in that order: equal on two archives exactly
+        when they hold the same rows."""
+        out = {}
+        for table in edits.TABLES:
+            digest = hashlib.sha256()
+            for row in self.table_rows(table):
+                digest.update(repr(sorted(row.items())).encode())
+            out[table] = digest.hexdigest()
+        return out
 
     def byte_counts(self) -> dict[str, int]:
-        """Payload bytes, not the engine's page overhead (that is ``footprint``)."""
+        """Payload bytes stored per tier, and tokens archived: not the engine's page overhead
+        (that is ``footprint``)."""
 
-        def total(column):
-            return sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(column)), 0))
+        def total(table: str, column: str) -> str:
+            return f"(select coalesce(sum(octet_length({column})), 0) from {table})"
 
-        text_bytes = _text_bytes(sessions.c.metadata) + _text_bytes(sessions.c.name) + _text_bytes(sessions.c.source)
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(
-                    sa.func.count(sessions.c.session_id), sa.func.coalesce(sa.func.sum(sessions.c.n_tokens), 0), sa.func.coalesce(sa.func.sum(text_bytes), 0)
-                )
-            ).one()
-            streams = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(token_streams.c.n_tokens), 0))).one()
-            n_nodes = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
-            blobs = {
-                name: conn.execute(total(column)).scalar_one()
-                for name, column in (
-                    ("blocks", token_blocks.c.data),
-                    ("logprobs", node_logprobs.c.logprobs),
-                    ("lm", node_lm.c.payload),
-                    ("kv", node_kv.c.data),
-                    ("codebooks", codebooks.c.data),
-                )
-            }
-            kv_tokens = conn.execute(
-                sa.select(sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.node_id.in_(sa.select(node_kv.c.node_id)))
-            ).scalar_one()
+        query = (
+            "select (select count(*) from sessions), (select coalesce(sum(n_tokens), 0) from sessions), "
+            "(select coalesce(sum(strlen(metadata) + strlen(name) + strlen(source)), 0) from sessions), "  # strlen: UTF-8 bytes
+            "(select count(*) from token_streams), (select coalesce(sum(n_tokens), 0) from token_streams), (select count(*) from nodes), "
+            f"{total('token_blocks', 'data')}, {total('node_logprobs', 'logprobs')}, {total('node_lm', 'payload')}, {total('node_kv', 'data')}, "
+            f"{total('codebooks', 'data')}, (select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv))"
+        )
+        sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens = (int(v) for v in self._rows(query)[0])
         return {
-            "sessions": int(row[0]),
-            "tokens": int(row[1]),
-            "stored_tokens": int(streams[1]),
-            "nodes": int(n_nodes),
-            "metadata_bytes": int(row[2]) + NODE_ROW_BYTES * int(n_nodes),
-            "token_bytes": int(blobs["blocks"]) + STREAM_ROW_BYTES * int(streams[0]),
-            "logprob_bytes": int(blobs["logprobs"]),
-            "lm_bytes": int(blobs["lm"]),
-            "kv_bytes": int(blobs["kv"]),
-            "kv_tokens": int(kv_tokens),
-            "codebook_bytes": int(blobs["codebooks"]),
+            "sessions": sessions,
+            "tokens": tokens,
+            "stored_tokens": stored,
+            "nodes": nodes,
+            "metadata_bytes": text + NODE_ROW_BYTES * nodes,
+            "token_bytes": blocks + STREAM_ROW_BYTES * streams,
+            "logprob_bytes": logprobs,
+            "lm_bytes": lm,
+            "kv_bytes": kv,
+            "kv_tokens": kv_tokens,
+            "codebook_bytes": books,
         }
 
 
-def _text_bytes(column):
-    return sa.func.octet_length(sa.cast(column, sa.LargeBinary))
-
-
-def quoted(text) -> str:
-    """A value inside a SQL string literal, for the statements DuckDB takes no parameters in (ATTACH, SET)."""
-    return str(text).replace("'", "''")
+def _streamed(result: duckdb.DuckDBPyConnection) -> Iterator[tuple]:
+    while rows := result.fetchmany(FETCH_ROWS):
+        yield from rows

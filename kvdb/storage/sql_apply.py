@@ -1,5 +1,6 @@
 """Running a plan inside one SQL transaction: read what it touches, ask :mod:`kvdb.storage.edits`
-for the row edits, execute them in order."""
+for the row edits, execute them in order. ``conn`` is a DuckDB connection in a transaction;
+the SQL is written out as in :mod:`kvdb.storage.sql_rows`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 
 from kvdb.errors import ArchiveError, StaleWrite
-from kvdb.storage import edits, schema, sql_rows
+from kvdb.storage import edits, sql_rows
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
@@ -26,6 +26,7 @@ from kvdb.storage.base import (
     SessionWrite,
     utc_now,
 )
+from kvdb.storage.sql_rows import ANY
 
 
 def apply(conn, plan: Plan) -> dict | None:
@@ -37,17 +38,25 @@ def run(conn, changes: list[edits.Edit]) -> None:
     for change in changes:
         if isinstance(change, edits.Recount):
             if change.node_ids:
-                nodes = schema.nodes
-                conn.execute(nodes.update().where(nodes.c.node_id.in_(change.node_ids)).values(refcount=nodes.c.refcount + change.delta))
-            continue
-        table = schema.metadata.tables[change.table]
-        if isinstance(change, edits.Insert):
+                conn.execute(f"update nodes set refcount = refcount + ? where node_id {ANY}", [change.delta, list(change.node_ids)])
+        elif isinstance(change, edits.Insert):
             if change.rows:
-                conn.execute(table.insert(), change.rows)
+                columns = list(change.rows[0])
+                statement = f"insert into {change.table} ({', '.join(columns)}) values ({', '.join('?' * len(columns))})"
+                conn.executemany(statement, [[_value(row[c]) for c in columns] for row in change.rows])
         elif isinstance(change, edits.Delete):
-            conn.execute(table.delete().where(table.c[change.column].in_(change.values)))
+            conn.execute(f"delete from {change.table} where {change.column} {ANY}", [[_value(v) for v in change.values]])
         else:
-            conn.execute(table.update().where(table.c[change.column] == change.key).values(**change.values))
+            columns = list(change.values)
+            assignments = ", ".join(f"{c} = ?" for c in columns)
+            conn.execute(
+                f"update {change.table} set {assignments} where {change.column} = ?", [*(_value(change.values[c]) for c in columns), _value(change.key)]
+            )
+
+
+def _value(value):
+    """NumPy scalars as Python's: DuckDB binds no NumPy scalar."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _held(conn, node_id: str) -> edits.Held:
@@ -71,18 +80,18 @@ def _session_write(conn, w: SessionWrite) -> None:
         run(conn, edits.new_node(w.node, w.session.model_id, w.alphabet))
     for node_id, (tokens, logprobs) in w.tokens_back.items():
         _tokens_back(conn, node_id, tokens, logprobs)
-    if conn.execute(sa.select(schema.sessions.c.session_id).where(schema.sessions.c.session_id == w.session.session_id)).first() is not None:
+    if conn.execute("select 1 from sessions where session_id = ?", [w.session.session_id]).fetchone() is not None:
         # a key would refuse it in a file; a lake has none: another writer archived it meanwhile
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
-    conn.execute(schema.sessions.insert().values(**_session_values(w.session)))
+    run(conn, [edits.Insert("sessions", [_session_values(w.session)])])
     run(conn, [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)], +1)])
     if w.index is not None:
         _index_state(conn, w.index)
 
 
 def _index_state(conn, state) -> None:
-    nodes = schema.nodes
-    lengths = dict(conn.execute(sa.select(nodes.c.node_id, nodes.c.n_tokens).where(nodes.c.node_id.in_(list(state.ranges)))).all()) if state.ranges else {}
+    query = f"select node_id, n_tokens from nodes where node_id {ANY}"
+    lengths = {r[0]: int(r[1]) for r in conn.execute(query, [list(state.ranges)]).fetchall()} if state.ranges else {}
     run(conn, edits.index_state(state, lengths))
 
 
@@ -98,21 +107,15 @@ def _delete_session(conn, plan: DeleteSession) -> None:
 
 
 def _collect_garbage(conn, plan: CollectGarbage) -> dict:
-    nodes, blocks = schema.nodes, schema.token_blocks
-    dead = [r[0] for r in conn.execute(sa.select(nodes.c.node_id).where(nodes.c.refcount <= 0))]
-    tokens = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(nodes.c.n_tokens), 0)).where(nodes.c.refcount <= 0)).scalar_one()
-    freed = (
-        conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sa.func.octet_length(blocks.c.data)), 0)).where(blocks.c.node_id.in_(dead))).scalar_one()
-        if dead
-        else 0
-    )
+    dead = [r[0] for r in conn.execute("select node_id from nodes where refcount <= 0").fetchall()]
+    (tokens,) = conn.execute("select coalesce(sum(n_tokens), 0) from nodes where refcount <= 0").fetchone()
+    freed = conn.execute(f"select coalesce(sum(octet_length(data)), 0) from token_blocks where node_id {ANY}", [dead]).fetchone()[0] if dead else 0
     run(conn, edits.collect(dead))
     return {"nodes": len(dead), "tokens": int(tokens), "token_bytes": int(freed)}
 
 
 def _drop_tiers(conn, plan: DropTiers) -> None:
-    nodes = schema.nodes
-    for row in conn.execute(sa.select(nodes).where(nodes.c.node_id.in_(list(plan.drops)))).all():
+    for row in conn.execute(f"select {sql_rows.NODE} from nodes where node_id {ANY}", [list(plan.drops)]).fetchall():
         node = sql_rows.node_row(row)
         run(conn, edits.drop_tiers(node, plan.drops[node.node_id]))
     for node_id, (tokens, logprobs) in plan.tokens_back.items():
@@ -132,16 +135,16 @@ def _add_tiers(conn, plan: AddTiers) -> None:
 
 
 def _put_model(conn, plan: PutModel) -> None:
-    row, models = plan.row, schema.models
-    if conn.execute(sa.select(models.c.model_id).where(models.c.model_id == row.model_id)).first() is None:
+    row = plan.row
+    if conn.execute("select 1 from models where model_id = ?", [row.model_id]).fetchone() is None:
         values = dict(model_id=row.model_id, name=row.name, weights_hash=row.weights_hash, tokenizer_hash=row.tokenizer_hash)
-        conn.execute(models.insert().values(**values, config=json.dumps(row.config, sort_keys=True), created_at=utc_now()))
+        run(conn, [edits.Insert("models", [{**values, "config": json.dumps(row.config, sort_keys=True), "created_at": utc_now()}])])
 
 
 def _put_codebooks(conn, plan: PutCodebooks) -> None:
-    books = schema.codebooks
-    if conn.execute(sa.select(books.c.codebook_id).where(books.c.codebook_id == plan.codebook_id)).first() is None:
-        conn.execute(books.insert().values(codebook_id=plan.codebook_id, model_id=plan.model_id, preset=plan.preset, created_at=utc_now(), data=plan.data))
+    if conn.execute("select 1 from codebooks where codebook_id = ?", [plan.codebook_id]).fetchone() is None:
+        row = {"codebook_id": plan.codebook_id, "model_id": plan.model_id, "preset": plan.preset, "created_at": utc_now(), "data": plan.data}
+        run(conn, [edits.Insert("codebooks", [row])])
 
 
 def _session_values(row) -> dict:
@@ -161,19 +164,19 @@ IMPORT_BATCH_ROWS = 256
 
 def _import_rows(conn, plan: ImportRows) -> dict:
     """Rows copied per table, into an archive that must hold none yet."""
-    if any(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() for t in schema.metadata.sorted_tables):
+    if any(conn.execute(f"select count(*) from {name}").fetchone()[0] for name in edits.TABLES):
         raise ArchiveError("the destination archive is not empty; copy into a new file or an empty lake")
     counts = {}
-    for name in [t.name for t in schema.metadata.sorted_tables if t.name in plan.tables]:
-        table, batch, counts[name] = schema.metadata.tables[name], [], 0
+    for name in [name for name in edits.TABLES if name in plan.tables]:
+        batch, counts[name] = [], 0
         for row in plan.tables[name]:
             batch.append(row)
             if len(batch) == IMPORT_BATCH_ROWS:
-                conn.execute(table.insert(), batch)
+                run(conn, [edits.Insert(name, batch)])
                 counts[name] += len(batch)
                 batch = []
         if batch:
-            conn.execute(table.insert(), batch)
+            run(conn, [edits.Insert(name, batch)])
             counts[name] += len(batch)
     return counts
 

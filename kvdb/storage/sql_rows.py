@@ -1,40 +1,49 @@
-"""Rows read on a connection: the readers of :class:`kvdb.storage.sql.SqlStorage` and the plan
-executor (:mod:`kvdb.storage.sql_apply`, inside its transaction) share them."""
+"""Rows read on a connection: the reads of :class:`kvdb.storage.sql.Storage` and the plan
+executor (:mod:`kvdb.storage.sql_apply`, inside its transaction) share them.
+
+The SQL is DuckDB's, written out, with ``?`` parameters: both engines are DuckDB (a file, or
+DuckLake attached to an in-memory DuckDB), and SQLAlchemy's import alone cost a read-only
+command more than its whole budget (decisions/0031). Columns are always named: an archive
+migrated from an older revision need not hold them in the order a new one does.
+"""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-import sqlalchemy as sa
 
 from kvdb.codecs import fractal
 from kvdb.storage.base import NodeRow, SessionRow
 from kvdb.storage.edits import Stream, keep_from_text
-from kvdb.storage.schema import (
-    node_kv,
-    node_logprobs,
-    nodes,
-    search_ranges,
-    token_blocks,
-    token_streams,
-)
+
+NODE = "node_id, parent_id, model_id, start, n_tokens, first_token, refcount, keep"
+SESSION = "session_id, name, source, model_id, created_at, n_tokens, metadata"
+ANY = "in (select unnest(?))"  # a column's value among a list parameter's
 
 
 def path_rows(conn, node_id: str) -> list[NodeRow]:
     """The nodes from the root down to ``node_id``, by a recursive walk up."""
-    path = sa.select(nodes).where(nodes.c.node_id == node_id).cte(recursive=True)
-    path = path.union_all(sa.select(nodes).join(path, nodes.c.node_id == path.c.parent_id))
-    return [node_row(r) for r in conn.execute(sa.select(path).order_by(path.c.start))]
+    query = (
+        f"with recursive path as (select {NODE} from nodes where node_id = ? "
+        f"union all select {', '.join('n.' + c for c in NODE.split(', '))} from nodes n join path on n.node_id = path.parent_id) "
+        f"select {NODE} from path order by start"
+    )
+    return [node_row(r) for r in conn.execute(query, [node_id]).fetchall()]
 
 
 def node(conn, node_id: str) -> NodeRow:
-    return node_row(conn.execute(sa.select(nodes).where(nodes.c.node_id == node_id)).one())
+    row = conn.execute(f"select {NODE} from nodes where node_id = ?", [node_id]).fetchone()
+    if row is None:
+        raise LookupError(f"node {node_id} is not in the archive")
+    return node_row(row)
 
 
 def stream(conn, node_id: str) -> Stream:
-    row = conn.execute(sa.select(token_streams).where(token_streams.c.node_id == node_id)).one()
-    return Stream(int(row.alphabet), int(row.block_size), int(row.n_tokens))
+    row = conn.execute("select alphabet, block_size, n_tokens from token_streams where node_id = ?", [node_id]).fetchone()
+    if row is None:
+        raise LookupError(f"node {node_id} has no token stream")
+    return Stream(int(row[0]), int(row[1]), int(row[2]))
 
 
 def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
@@ -44,30 +53,22 @@ def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> n
     needed = fractal.blocks_for_range(start, end, coded.block_size)
     if not needed:
         return np.zeros(0, dtype=np.int64)
-    blobs = (
-        conn.execute(
-            sa.select(token_blocks.c.data)
-            .where(token_blocks.c.node_id == node_id, token_blocks.c.block_no.between(needed.start, needed.stop - 1))
-            .order_by(token_blocks.c.block_no)
-        )
-        .scalars()
-        .all()
-    )
+    query = "select data from token_blocks where node_id = ? and block_no between ? and ? order by block_no"
+    blobs = [r[0] for r in conn.execute(query, [node_id, needed.start, needed.stop - 1]).fetchall()]
     if len(blobs) != len(needed):  # a node held in tier L only: the services decode those
         raise ValueError(f"node {node_id} holds no token blocks for tokens [{start}, {end})")
     return fractal.decode_range(blobs, coded.alphabet, coded.block_size, start, end)
 
 
 def logprobs_blob(conn, node_id: str) -> bytes:
-    return conn.execute(sa.select(node_logprobs.c.logprobs).where(node_logprobs.c.node_id == node_id)).scalar_one()
+    row = conn.execute("select logprobs from node_logprobs where node_id = ?", [node_id]).fetchone()
+    if row is None:
+        raise LookupError(f"node {node_id} has no log-probabilities")
+    return row[0]
 
 
 def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
-    rows = conn.execute(
-        sa.select(node_kv.c.alphabet, node_kv.c.codebook_id, node_kv.c.data)
-        .where(node_kv.c.node_id == node_id)
-        .order_by(node_kv.c.alphabet, node_kv.c.block_no)
-    ).all()
+    rows = conn.execute("select alphabet, codebook_id, data from node_kv where node_id = ? order by alphabet, block_no", [node_id]).fetchall()
     if not rows:
         return None
     blobs: dict[int, list[bytes]] = {}
@@ -77,13 +78,15 @@ def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
 
 
 def search_run(conn, node_id: str) -> tuple[str, int, int] | None:
-    row = conn.execute(sa.select(search_ranges).where(search_ranges.c.node_id == node_id)).first()
-    return None if row is None else (row.index_key, int(row.first_slot), int(row.n_tokens))
+    row = conn.execute("select index_key, first_slot, n_tokens from search_ranges where node_id = ?", [node_id]).fetchone()
+    return None if row is None else (row[0], int(row[1]), int(row[2]))
 
 
 def node_row(r) -> NodeRow:
-    return NodeRow(r.node_id, r.parent_id, r.model_id, int(r.start), int(r.n_tokens), int(r.first_token), int(r.refcount), keep_from_text(r.keep))
+    """A row selected as ``NODE`` names its columns."""
+    return NodeRow(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), int(r[6]), keep_from_text(r[7]))
 
 
 def session_row(r) -> SessionRow:
-    return SessionRow(r.session_id, r.name, r.source, r.model_id, r.created_at, int(r.n_tokens), json.loads(r.metadata))
+    """A row selected as ``SESSION`` names its columns."""
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], int(r[5]), json.loads(r[6]))

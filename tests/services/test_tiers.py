@@ -254,7 +254,9 @@ def test_ingesting_again_after_codebooks_train_adds_tier_k(kv_archive, monkeypat
     assert kv_archive.restore("a").mode == "exact"
     quantized = []  # the node ranges tier K codes
     codes = TierK.codes
-    monkeypatch.setattr(TierK, "codes", lambda self, loaded, cache, start, end, **kw: quantized.append((start, end)) or codes(self, loaded, cache, start, end, **kw))
+    monkeypatch.setattr(
+        TierK, "codes", lambda self, loaded, cache, start, end, **kw: quantized.append((start, end)) or codes(self, loaded, cache, start, end, **kw)
+    )
     [again] = kv_archive.ingest(text=shared + "Its first ending.", keep=KV)
     assert (again.status, again.added, again.to_dict()["added"]) == ("updated", ("kv",), ["kv"])
     assert quantized == [(n.start, n.end) for n in storage_of(kv_archive).node_path(a.session_id)]
@@ -481,7 +483,7 @@ def test_advice_archive_in_use_raise_lock_timeout_or_retry(tmp_path, tiny_model,
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="an archive another process is writing")
-    hold = f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(3)"
+    hold = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(3)"
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"

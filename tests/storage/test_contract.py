@@ -4,6 +4,7 @@ same way on each (the ``backend`` fixture names them). Rows in, rows out; plans 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -62,7 +63,9 @@ def logprobs_of(ids: np.ndarray) -> np.ndarray:
     return -np.linspace(0.5, 3.0, len(ids)).astype(np.float32)
 
 
-def session_write(name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), **node) -> SessionWrite:
+def session_write(
+    name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), **node
+) -> SessionWrite:
     """A session whose node holds ids[matched:], under ``parent`` (the path's node before it)."""
     sid = trie.path_id(MODEL.model_id, ids)
     row = SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
@@ -126,6 +129,17 @@ def test_a_session_reads_back_whole_and_in_ranges(storage):
     assert counts["sessions"] == 1 and counts["tokens"] == counts["stored_tokens"] == len(ids) and counts["logprob_bytes"] == 4 * len(ids)
 
 
+def test_byte_counts_count_text_in_utf8_bytes(storage):
+    """A session named outside ASCII (a file called café.txt) is counted, not a conversion error:
+    the text was once cast to a blob, which DuckDB refuses for any byte above 0x7f."""
+    empty = storage.byte_counts()["metadata_bytes"]
+    add(storage, "café", ids_of("a session named outside ascii"))
+    counts = storage.byte_counts()
+    [row] = storage.list_sessions()
+    expected = len(row.name.encode()) + len(row.source.encode()) + len(json.dumps(row.metadata, sort_keys=True).encode())
+    assert counts["metadata_bytes"] - empty == expected + 112 and storage.match_sessions("café") == [row]
+
+
 def test_a_split_keeps_both_paths_and_their_tiers(storage):
     a = ids_of("shared system prompt; then one story " * 4)
     b = np.concatenate([a[:50], ids_of("another turn entirely, longer than before")])
@@ -169,7 +183,9 @@ def test_dropping_and_adding_tiers(storage):
     storage.apply(DropTiers({sid: {"search", "lm"}}))
     assert storage.node_path(sid)[0].keep == {"tokens"} and storage.node_lm_payload(sid) is None
     storage.apply(PutCodebooks("books", MODEL.model_id, "k2v1", b"codebook bytes"))
-    storage.apply(AddTiers({sid: NodeTiers(lm=b"coded again", kv=("books", {16: np.arange(len(ids)) % 16}))}, IndexState("k", ALPHABET, 4, len(ids), 1, {sid: 0})))
+    storage.apply(
+        AddTiers({sid: NodeTiers(lm=b"coded again", kv=("books", {16: np.arange(len(ids)) % 16}))}, IndexState("k", ALPHABET, 4, len(ids), 1, {sid: 0}))
+    )
     assert storage.node_path(sid)[0].keep == {"tokens", "search", "lm", "kv"} and storage.node_lm_payload(sid) == b"coded again"
     assert storage.slot_runs("k") == [(sid, 0, len(ids), 0)] and storage.index_generation("k") == (1, len(ids))
     codebook_id, streams = storage.node_kv(sid)

@@ -2,12 +2,11 @@
 
 import duckdb
 import pytest
-import sqlalchemy as sa
 from support import CALIBRATION
 
 import kvdb
 from kvdb.errors import ArchiveError, NewerArchiveError
-from kvdb.storage import schema
+from kvdb.storage import edits, open_storage, schema
 from kvdb.storage.duckdb_file import DuckDBFile
 from kvdb.storage.migrate import script_directory
 
@@ -19,11 +18,31 @@ def test_the_tables_name_the_head_revision():
     assert schema.REVISION == HEAD
 
 
+def test_the_tables_every_read_names_are_the_schemas():
+    assert edits.TABLES == tuple(t.name for t in schema.metadata.sorted_tables)
+
+
+def test_opening_and_reading_an_archive_imports_neither_sqlalchemy_nor_alembic(tmp_path):
+    """Their import was most of a read-only command's start (decisions/0031): an archive at
+    the head revision opens and reads on DuckDB alone; one behind it still migrates."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.duckdb"
+    open_storage(path).close()
+    probe = (
+        "import sys; from kvdb.storage import open_storage; "
+        f"s = open_storage({str(path)!r}, read_only=True); s.list_sessions(); s.byte_counts(); s.index_keys(); s.close(); "
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'duckdb_engine') if m in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
 def test_new_archive_is_migrated_to_head(tmp_path):
-    store = DuckDBFile(tmp_path / "a.duckdb")
+    store = open_storage(tmp_path / "a.duckdb")
     try:
-        assert store.schema_revision() == HEAD
-        tables = set(sa.inspect(store.engine).get_table_names())
+        assert store.engine.schema_revision() == HEAD
+        tables = {r[0] for r in store.engine.connection().execute("select table_name from information_schema.tables").fetchall()}
         assert {"models", "sessions", "nodes", "token_streams", "token_blocks", "node_logprobs", "alembic_version"} <= tables
         assert set(store.byte_counts().values()) == {0}
     finally:
@@ -79,7 +98,11 @@ def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
     path = tmp_path / "a.duckdb"
     DuckDBFile(path).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); print('ready', flush=True); import time; time.sleep(30)"],
+        [
+            sys.executable,
+            "-c",
+            f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); print('ready', flush=True); import time; time.sleep(30)",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -134,4 +157,3 @@ def test_a_rewrite_that_fails_is_a_clear_error_and_the_archive_stays_whole(tmp_p
         monkeypatch.undo()
         assert [s.name for s in db.sessions()] == [f"s{i}" for i in range(25, 30)] and db.verify(deep=True).ok
     assert not list(tmp_path.glob(".a.duckdb.compacting-*"))
-

@@ -6,7 +6,7 @@ import numpy as np
 import sqlalchemy as sa
 from alembic import command
 
-from kvdb.storage.duckdb_file import DuckDBFile
+from kvdb.storage import open_storage
 from kvdb.storage.migrate import script_directory
 
 
@@ -29,9 +29,7 @@ def write_v0001_archive(path, sessions):
             {"c": json.dumps({"vocab_size": 300})},
         )
         for sid, ids, logprobs in sessions:
-            conn.execute(
-                sa.text("insert into sessions values (:s, :s, 'src', 'm1', now(), :n, '{}')"), {"s": sid, "n": len(ids)}
-            )
+            conn.execute(sa.text("insert into sessions values (:s, :s, 'src', 'm1', now(), :n, '{}')"), {"s": sid, "n": len(ids)})
             conn.execute(
                 sa.text("insert into session_tokens values (:s, :t, :l)"),
                 {"s": sid, "t": ids.astype("<i4").tobytes(), "l": logprobs.astype("<f4").tobytes()},
@@ -48,9 +46,9 @@ def test_0001_archive_moves_to_fractal_blocks(tmp_path):
     path = tmp_path / "old.duckdb"
     write_v0001_archive(path, sessions)
 
-    store = DuckDBFile(path)  # opening upgrades to head
+    store = open_storage(path)  # opening upgrades to head
     try:
-        assert store.schema_revision() == script_directory()[0].get_current_head()
+        assert store.engine.schema_revision() == script_directory()[0].get_current_head()
         for sid, ids, logprobs in sessions:
             np.testing.assert_array_equal(store.load_tokens(sid), ids)
             lo, hi = min(4090, len(ids)), min(4100, len(ids))  # across the first block boundary

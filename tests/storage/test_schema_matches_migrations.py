@@ -33,10 +33,12 @@ def catalog(path: Path) -> dict[str, dict]:
             "select table_name, column_name, data_type, is_nullable, column_default from duckdb_columns() "
             "where database_name = current_database() and schema_name = 'main' order by table_name, column_index"
         ).fetchall()
-        keys = dict(conn.execute(
-            "select table_name, constraint_column_names from duckdb_constraints() "
-            "where database_name = current_database() and constraint_type = 'PRIMARY KEY'"
-        ).fetchall())
+        keys = dict(
+            conn.execute(
+                "select table_name, constraint_column_names from duckdb_constraints() "
+                "where database_name = current_database() and constraint_type = 'PRIMARY KEY'"
+            ).fetchall()
+        )
         indexes = conn.execute(
             "select table_name, index_name, expressions from duckdb_indexes() where database_name = current_database() order by index_name"
         ).fetchall()

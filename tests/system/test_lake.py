@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sqlalchemy as sa
 
 import kvdb
 from kvdb.errors import ArchiveError, NewerArchiveError
@@ -77,8 +76,7 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
     from kvdb.storage.ducklake import DuckLake
 
     store = DuckLake(where)
-    with store.engine.begin() as conn:
-        conn.execute(sa.text("update alembic_version set version_num = '9999'"))
+    store.connection().execute("update alembic_version set version_num = '9999'")
     store.close()
     with pytest.raises(NewerArchiveError, match="9999"):
         kvdb.open(where, model=tiny_model)
@@ -99,7 +97,9 @@ def test_a_catalog_that_is_down_is_a_clear_error_and_nothing_is_half_written(pos
 
 
 def _kvdb(*args, env=None, check=True):
-    return subprocess.run([sys.executable, "-c", "from kvdb_cli.main import main; main()", *args], capture_output=True, text=True, env=env, check=check, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", "from kvdb_cli.main import main; main()", *args], capture_output=True, text=True, env=env, check=check, cwd=ROOT
+    )
 
 
 def test_the_cli_on_a_lake(lake, tiny_model, tmp_path):
@@ -118,7 +118,6 @@ def test_the_cli_on_a_lake(lake, tiny_model, tmp_path):
     assert stats["sessions"] == 3 and "password" not in json.dumps(stats)
     refused = _kvdb("--db", where.replace("host=", "port=1 host="), "sessions", env=env, check=False)
     assert refused.returncode == 5 and refused.stderr.count("\n") == 1 and "cannot reach the catalog" in refused.stderr
-
 
 
 def test_claims_keep_a_file_to_one_worker_until_released_or_expired(lake):
@@ -174,9 +173,14 @@ def test_two_workers_ingest_conversations_sharing_a_prefix_into_one_trie(lake, t
     _kvdb("--db", str(tmp_path / "one.duckdb"), "ingest", str(folder), env=env)
     with kvdb.open(where, model=tiny_model) as on_lake, kvdb.open(tmp_path / "one.duckdb", model=tiny_model) as on_file:
         lake_stats, file_stats = on_lake.stats().to_dict(), on_file.stats().to_dict()
-        assert (lake_stats["sessions"], lake_stats["tokens"], lake_stats["stored_tokens"]) == (file_stats["sessions"], file_stats["tokens"], file_stats["stored_tokens"])
+        assert (lake_stats["sessions"], lake_stats["tokens"], lake_stats["stored_tokens"]) == (
+            file_stats["sessions"],
+            file_stats["tokens"],
+            file_stats["stored_tokens"],
+        )
         assert sorted(s.session_id for s in on_lake.sessions()) == sorted(s.session_id for s in on_file.sessions())
         assert on_lake.verify(deep=True).ok
+
         def hits(archive):  # ingested in another order: a hit in the shared opening may name another session through it
             return sorted((h.position, h.score, h.match) for h in archive.search("harbour lights", k=100))
 
@@ -211,8 +215,14 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
     env = dict(os.environ, KVDB_MODEL=tiny_model)
     with kvdb.open(where, model=tiny_model, data_path=data_path):
         pass
-    worker = subprocess.Popen([sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", where, "ingest", str(folder)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", where, "ingest", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     from kvdb.storage import open_storage
 
     watcher = open_storage(where, read_only=True)
@@ -243,8 +253,11 @@ def test_verify_names_a_data_file_deleted_or_damaged(lake, tiny_model):
 
     store = open_storage(where, read_only=True)
     try:
-        with store.engine.connect() as conn:  # the files of the current snapshot (older ones may be left for time travel)
-            blocks, logprobs = ([Path(r[0]) for r in conn.exec_driver_sql(f"select data_file from ducklake_list_files('lake', '{t}')")] for t in ("token_blocks", "node_logprobs"))
+        conn = store.engine.connection()  # the files of the current snapshot (older ones may be left for time travel)
+        blocks, logprobs = (
+            [Path(r[0]) for r in conn.execute(f"select data_file from ducklake_list_files('lake', '{t}')").fetchall()]
+            for t in ("token_blocks", "node_logprobs")
+        )
     finally:
         store.close()
     blocks[0].unlink()
@@ -314,7 +327,12 @@ def test_an_object_store_that_cannot_be_reached_is_one_clear_error_and_nothing_i
     environment; a store that answers nobody (here a closed local port) is an ArchiveError
     naming the data path, and the lake is left as it was: empty."""
     where, _ = lake
-    for name, value in {"AWS_ACCESS_KEY_ID": "kvdb", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "kvdb",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ArchiveError, match="cannot reach the data path.*AWS_"):
         kvdb.open(where, model=tiny_model, data_path="s3://kvdb-test/lake")

@@ -1,0 +1,125 @@
+"""What differs between the engines an archive's tables live in: the small protocol under the
+one repository of reads and plans (:class:`kvdb.storage.sql.Storage`).
+
+Both engines are DuckDB: a file, or DuckLake attached to an in-memory DuckDB (catalog in
+PostgreSQL, data in Parquet files). So the SQL is shared whole, and an engine says only how
+to reach a connection and how its files, locks and commits behave.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+# The migration the tables of kvdb.storage.schema correspond to, the head of migrations/versions:
+# an archive at it opens without importing alembic or SQLAlchemy.
+REVISION = "0007"
+
+
+class Engine(abc.ABC):
+    """Where the tables live. The repository calls ``connection()`` for every read and
+    ``write(work)`` for every plan; everything else here is about files and locks."""
+
+    read_only: bool
+    claims_inputs = False  # whether workers on other machines may share its input files, which are then claimed
+
+    @abc.abstractmethod
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The connection, made if there is none (a file's lock is taken, a lake attached)."""
+
+    @abc.abstractmethod
+    def write(self, work: Callable[[duckdb.DuckDBPyConnection], Any], based_on=None) -> Any:
+        """``work(conn)`` in one write transaction, committed whole. ``based_on``: the
+        ``version()`` the work was planned at; if anything was committed since, it is refused
+        with ``StaleWrite`` (plan again), however the engine admits writers."""
+
+    @abc.abstractmethod
+    def version(self) -> object:
+        """A value that changes whenever what this process read may be stale: after its own
+        writes, and after any other process may have written."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Hand back the engine's lock (if it has one) until the next call needs it."""
+
+    @abc.abstractmethod
+    def held_for(self) -> float:
+        """Seconds the current hold of the lock has lasted (0 when not held)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def explain(self, exc: duckdb.Error) -> Exception | None:
+        """An error DuckDB raised in the engine's own terms (a catalog gone, a data file
+        unreadable), or None to let it through."""
+        return None
+
+    @abc.abstractmethod
+    def compact_files(self) -> dict:
+        """Merge the engine's small files (a lake's commits leave some Parquet files each, which
+        every scan opens) or give its free space back; delete what no snapshot in use reads;
+        what it did, in counts."""
+
+    @abc.abstractmethod
+    def data_file_problems(self) -> list[str]:
+        """The files holding the archive's rows that are missing or damaged, each named, for an
+        engine whose rows live in files of their own (a lake's Parquet files)."""
+
+    @abc.abstractmethod
+    def derived_path(self, suffix: str) -> Path:
+        """Where a file or folder derived from the archive lives (".index", ".prefix")."""
+
+    @abc.abstractmethod
+    def footprint(self) -> int:
+        """Bytes the engine takes on disk for the tables (pages and overhead included)."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The archive's location, as error messages name it."""
+
+    def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
+        """Take (or renew) the claim on ``key`` (an input file) for ``owner`` until the lease
+        ends: None when taken, else the owner who holds it (unless it is ``steal_from``, known
+        dead). Where workers on many machines share one input folder, this is how each file
+        goes to one of them; an engine of one machine (``claims_inputs`` False) has none."""
+        raise NotImplementedError(f"{type(self).__name__} does not claim input files")
+
+    def release_claim(self, key: str, owner: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not claim input files")
+
+
+@contextlib.contextmanager
+def transaction(conn: duckdb.DuckDBPyConnection):
+    """One transaction on ``conn``: committed when the block ends, rolled back when it raises."""
+    conn.begin()
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # a connection DuckDB already gave up on has nothing to roll back
+            conn.rollback()
+        raise
+    conn.commit()
+
+
+def revision(conn: duckdb.DuckDBPyConnection, catalog: str | None = None) -> str | None:
+    """The schema revision alembic recorded (without alembic: its import alone would cost a
+    read-only command most of its time); None where no ``alembic_version`` table exists."""
+    where = "table_name = 'alembic_version'" + (f" and table_catalog = '{quoted(catalog)}'" if catalog else "")
+    (found,) = conn.execute(f"select count(*) from information_schema.tables where {where}").fetchone()  # type: ignore[misc]
+    row = conn.execute("select version_num from alembic_version").fetchone() if found else None
+    return None if row is None else row[0]
+
+
+def quoted(text) -> str:
+    """A value inside a SQL string literal, for the statements DuckDB takes no parameters in (ATTACH, SET)."""
+    return str(text).replace("'", "''")
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
