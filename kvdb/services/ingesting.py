@@ -150,7 +150,7 @@ class Ingester:
         try:
             for one in planned:
                 result = self._archive(loaded, one, optional, books, computed, keep_cache)
-                results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)  # type: ignore[attr-defined]
+                results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)
                 if progress:
                     progress(len(one.ids), 0)
         finally:
@@ -194,7 +194,9 @@ class Ingester:
         else:
             raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again")
         seconds = time.perf_counter() - began
-        return IngestResult(plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == IngestStatus.UPDATED else ())  # type: ignore[attr-defined]
+        return IngestResult(
+            plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == IngestStatus.UPDATED else ()
+        )
 
     def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache) -> tuple:
         """(the edit, the nodes joining the search index, the session's cache) of ``plan``."""

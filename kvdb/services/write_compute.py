@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,10 +43,10 @@ class Computed:
     ids: np.ndarray
     logprobs: np.ndarray
     start: int
-    cache: object
+    cache: Any  # a transformers DynamicCache
 
     def __post_init__(self) -> None:
-        if len(self.logprobs) != len(self.ids) - self.start or self.cache.get_seq_length() < len(self.ids) - 1:  # type: ignore[attr-defined]
+        if len(self.logprobs) != len(self.ids) - self.start or self.cache.get_seq_length() < len(self.ids) - 1:
             raise ValueError("Computed: logprobs must cover ids[start:] and the cache all of ids but the last at least")
 
 
@@ -56,7 +56,7 @@ class SessionWork:
     the prefix cache)."""
 
     write: SessionWrite
-    cache: object
+    cache: Any  # a transformers DynamicCache
 
 
 class WriteCompute:
@@ -93,10 +93,10 @@ class WriteCompute:
             kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in keep else None
             node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], keep, payload, kv)
         item = planned.item
-        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")  # type: ignore[attr-defined]
-        if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:  # type: ignore[attr-defined]
-            metadata["text"] = item.text  # type: ignore[attr-defined]  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
-        row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)  # type: ignore[attr-defined]
+        metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
+        if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:
+            metadata["text"] = item.text  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
+        row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
         alphabet = max(loaded.model.config.vocab_size, len(loaded.tokenizer))
         return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache)
 
@@ -147,13 +147,14 @@ class WriteCompute:
 
         if fed <= 0:
             return None
-        cache, held = None, 0
+        cache: Any = None
+        held = 0
         if self._recent is not None and np.array_equal(self._recent[0][:fed], ids[:fed]):
             cache, held = copy.deepcopy(self._recent[1]), len(self._recent[0])
         else:
             held, cache = self._prefix_cache.load(loaded.model, resumable) or (0, None)
         if cache is not None and held > fed:
-            cache.crop(fed - held)  # type: ignore[attr-defined]
+            cache.crop(fed - held)
         if cache is not None and held < fed:  # held only an earlier turn: compute the rest onto it
             cache = lm_ops.prefill(loaded.model, ids[:fed], cache=cache)
         return cache
@@ -167,8 +168,8 @@ def _reuse(given: Computed | None, ids: np.ndarray, start: int) -> tuple[np.ndar
     at = trie.common_prefix(given.ids, ids)
     if at <= start:
         return None
-    cache = copy.deepcopy(given.cache)  # the caller's stays as it was
-    held = cache.get_seq_length()  # type: ignore[attr-defined]
+    cache: Any = copy.deepcopy(given.cache)  # the caller's stays as it was
+    held = cache.get_seq_length()
     if held > at - 1:
-        cache.crop(at - 1 - held)  # type: ignore[attr-defined]
+        cache.crop(at - 1 - held)
     return given.logprobs[start - given.start : at - given.start], at, cache

@@ -20,13 +20,14 @@ from kvdb.model import chat
 from kvdb.model import tokenizer as tok
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
+from kvdb.transcripts import Transcript
 
 
 @dataclass(frozen=True)
 class Planned:
     """One parsed session and its token ids."""
 
-    item: object  # a transcripts.Transcript
+    item: Transcript
     ids: np.ndarray
 
 
@@ -74,13 +75,13 @@ class SessionPlan:
         return ("session", self.match.matched, self.match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep))
 
 
-def plan_sessions(sessions: Iterable, render: Callable[[object], np.ndarray]) -> list[Planned]:
+def plan_sessions(sessions: Iterable[Transcript], render: Callable[[Transcript], np.ndarray]) -> list[Planned]:
     """Every session of a source, rendered and tokenized once; a failure anywhere (a malformed
     file) raises before anything is written. A file's sessions are held in memory together."""
     return [Planned(item, render(item)) for item in sessions]
 
 
-def render_ids(tokenizer, item, context_tokens: int) -> np.ndarray:
+def render_ids(tokenizer, item: Transcript, context_tokens: int) -> np.ndarray:
     """A session's token ids, refused when empty or longer than the model can attend to (a cache
     past its context would restore a state the model was never trained on)."""
     text = item.text if item.text is not None else chat.render(tokenizer, item.messages)
