@@ -163,6 +163,17 @@ def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart:
     return out
 
 
+def shim(source: str, folder: str) -> str:
+    """A folder that maps the installed names of kvdb's front ends (``kvdb_cli``, ``kvdb_server``,
+    ``kvdb_migrations``) to ``source``'s folders, so that a baseline runs its own CLI and server."""
+    path = Path(folder) / "baseline-shim"
+    path.mkdir(exist_ok=True)
+    for name, where in (("kvdb_cli", "cli"), ("kvdb_server", "server"), ("kvdb_migrations", "migrations")):
+        if not (path / name).exists():
+            (path / name).symlink_to(Path(source).resolve() / where)
+    return str(path)
+
+
 def journal_entries(db: Path) -> int:
     return len(list(db.with_name(db.name + ".serve").glob("*.json")))
 
@@ -323,7 +334,7 @@ def main() -> None:
     archive_costs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
         def kvdb_server(name: str, source: str | None = None) -> Server:
-            here = dict(env, PYTHONPATH=source) if source else env
+            here = dict(env, PYTHONPATH=f"{source}{os.pathsep}{shim(source, folder)}") if source else env
             return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], here)
 
         plans = [
