@@ -174,15 +174,15 @@ def ingest(ctx, paths, keep, workers, model, as_json):
     as a "[image not archived]" placeholder and counted ("dropped" in --json). A file that fails is reported with its line and writes nothing; the others still ingest
     (exit status 1). Ingesting the same transcript again reports it `unchanged`, or
     `updated` when --keep names tiers it was archived without, which it is then given.
-    Files are read one session at a time (to check, to count tokens, to archive), so a file of
-    any size ingests in bounded memory; one session may hold at most the model's context
-    (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
+    A file is parsed once, and its sessions rendered and tokenized once, all before the first
+    write: memory holds one file's sessions at a time. One session may hold at most the model's
+    context (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
     between sessions, while the model computes.
     """
     from tqdm import tqdm
 
-    archive = _open(ctx, model) if workers == 1 else None
-    if archive is not None and "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
+    archive = _open(ctx, model)
+    if "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
         with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
             archive.build_shipped_codebooks(progress=heard)
     with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
@@ -193,13 +193,7 @@ def ingest(ctx, paths, keep, workers, model, as_json):
                 bar.refresh()
             bar.update(done)
 
-        if archive is not None:
-            results = archive.ingest(list(paths), keep=keep, progress=progress)
-        else:
-            from kvdb.services.workers import ingest_with_workers
-
-            location = ctx.obj["db"] or kvdb.default_path()
-            results = ingest_with_workers(location, paths, workers, model=model, keep=keep, data_path=ctx.obj["data_path"], progress=progress)
+        results = archive.ingest(list(paths), keep=keep, progress=progress, workers=workers)
     for r in results:
         if as_json:
             _emit(r.to_dict())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
+from kvdb.errors import InvalidArgument
 from kvdb.index.phrase import Hit
 from kvdb.index.walk import Indexes
 from kvdb.model.prefix_cache import PrefixCache
@@ -85,7 +86,8 @@ class Archive:
         self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None, prefix_cache_mb: float | None = None
     ):
         self.path = _location(path) if path is not None else default_path()
-        self._storage = open_storage(self.path, read_only=read_only, data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
+        self._data_path = data_path or os.environ.get("KVDB_DATA_PATH")
+        self._storage = open_storage(self.path, read_only=read_only, data_path=self._data_path)
         self._models = ModelProvider(self._storage, model)
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
@@ -150,6 +152,7 @@ class Archive:
         progress=None,
         computed: Computed | None = None,
         keep_cache: bool = False,
+        workers: int = 1,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -161,7 +164,17 @@ class Archive:
         ``keep_cache``: keep each new session's exact cache in the prefix cache at once (a
         server's exchange, whose next turn may come to another process); without it, only a
         conversation seen growing leaves its last cache there.
+        ``workers``: files (``source``) ingested by this many processes of this machine at once,
+        each with its own model (``kvdb.services.workers``); results come in the order files finish.
         """
+        if workers != 1:
+            from kvdb.services.workers import ingest_with_workers
+
+            if source is None or computed is not None or keep_cache:
+                raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed= and keep_cache= go with one process")
+            self._storage.release()  # the workers open the archive themselves
+            paths = [source] if isinstance(source, (str, Path)) else list(source)
+            return ingest_with_workers(self.path, paths, workers, model=self.model_name, keep=keep, data_path=self._data_path, progress=progress)
         return self._ingester.ingest(source, text=text, messages=messages, name=name, keep=keep, progress=progress, computed=computed, keep_cache=keep_cache)
 
     def local_path(self, suffix: str) -> Path:

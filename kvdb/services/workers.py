@@ -27,7 +27,7 @@ def ingest_with_workers(
     workers: int,
     *,
     model: str | None = None,
-    keep: str = DEFAULT_KEEP,
+    keep: str | Iterable[str] = DEFAULT_KEEP,
     data_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[IngestResult]:
@@ -87,7 +87,7 @@ def ingest_with_workers(
     return results
 
 
-def _work(location: str, model: str | None, keep: str, data_path: str | None, threads: int, tasks, events) -> None:
+def _work(location: str, model: str | None, keep: str | Iterable[str], data_path: str | None, threads: int, tasks, events) -> None:
     import dataclasses
 
     import torch

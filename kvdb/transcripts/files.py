@@ -4,7 +4,7 @@ whose layout is read from their content.
 ``iter_transcripts`` streams a file one session at a time, so memory holds about one session
 (plus a read buffer) however large the file is, and ``max_session_bytes`` refuses a session
 before it is read into memory. Its errors come when reached, after the sessions before them,
-so a caller that must not archive half a file reads it twice: once to check, once to ingest.
+so a caller that must not archive half a file takes them all before writing any (the ingest does).
 """
 
 from __future__ import annotations

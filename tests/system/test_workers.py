@@ -46,3 +46,14 @@ def test_a_workers_error_is_one_line_with_its_exit_code(tmp_path):
     (folder / "b.txt").write_text("more text")
     out = _kvdb("--db", str(tmp_path / "a.duckdb"), "ingest", "--workers", "2", "--model", str(tmp_path / "no-such-model"), str(folder), env=dict(os.environ))
     assert out.returncode == 4 and out.stderr.count("\n") == 1 and "no-such-model" in out.stderr
+
+
+def test_workers_take_files_only(tmp_path):
+    """Workers are a facade option of ``Archive.ingest`` (the CLI's --workers calls it): they share files out, so a text is refused."""
+    import pytest
+
+    import kvdb
+    from kvdb.errors import InvalidArgument
+
+    with kvdb.open(tmp_path / "a.duckdb") as archive, pytest.raises(InvalidArgument, match="workers= ingests files"):
+        archive.ingest(text="one session", workers=2)
