@@ -136,6 +136,11 @@ class Archive:
         self._storage.close()
 
     @property
+    def context_tokens(self) -> int:
+        """How many tokens the archive's model attends to (loads it): no session is longer."""
+        return self._models.context_tokens(self._models.get())
+
+    @property
     def loaded_model(self):
         """The archive's model (a ``kvdb.model.loading.LoadedModel``), loaded on first use."""
         return self._models.get()

@@ -26,10 +26,8 @@ from kvdb.archive import Archive
 from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelMismatch
 from kvdb.index.phrase import Hit
 from kvdb.model import capture, chat
-from kvdb.model import loading as lm_ops
 from kvdb.model import tokenizer as tok
 from kvdb.records import Session, Stats
-from kvdb.services.models import ModelProvider
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
@@ -51,7 +49,7 @@ JOURNAL_SUFFIX = ".serve"
 class Start:
     """Where a prompt's computation begins: ``cache`` holds its first ``held`` tokens."""
 
-    cache: object
+    cache: object  # None: nothing held
     held: int
     approximate: bool  # tier K somewhere in the cache's making
     cached: int  # tokens not computed for this prompt (tier K's recomputed window is computed)
@@ -98,7 +96,7 @@ class Engine:
             raise
         self.model_name = archive.model_name
         self._loaded = self._access(lambda a: a.loaded_model)
-        self.context = ModelProvider.context_tokens(self._loaded)
+        self.context = archive.context_tokens
         self._gate = ModelGate(queue, queue_timeout)
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
@@ -167,7 +165,7 @@ class Engine:
             return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))
         if hit is not None:
             return Start(hit[1], held, hit[2], held)
-        return Start(lm_ops.new_cache(self._loaded.model), 0, False, 0)
+        return Start(None, 0, False, 0)
 
     def _prompt(self, request: Request) -> Prompt:
         """The request's token ids, and what its exchange is archived as."""

@@ -80,7 +80,7 @@ _BYTE_LEVEL = _byte_level()
 
 
 class Generation:
-    """A reply to ``ids``, generated onto ``cache`` (which holds a prefix of them).
+    """A reply to ``ids``, generated onto ``cache`` (which holds a prefix of them; None: nothing).
 
     Iterate ``deltas()`` for its text as it grows. Afterwards: ``text``; ``finish_reason``
     ("stop": EOS or a stop string, "length": ``max_tokens``, "cancelled": ``cancelled()`` said
@@ -133,7 +133,7 @@ class Generation:
             generator.seed()
         else:
             generator.manual_seed(self._sampling.seed)
-        held = self.cache.get_seq_length()
+        held = 0 if self.cache is None else self.cache.get_seq_length()
         if held:  # its last token is run again: the logits before the first new token give its log-probability too
             self.cache.crop(-1)
         self._scored = held
