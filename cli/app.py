@@ -1,0 +1,136 @@
+"""The `kvdb` group and what its commands share: opening the archive, --json, errors, progress.
+
+Errors the library raises on purpose (kvdb.errors) become one line on stderr and the
+error's exit code; anything else becomes one line too, with KVDB_DEBUG=1 for the traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+import click
+
+import kvdb
+from kvdb.errors import KvdbError
+
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
+
+
+class KvdbGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KvdbError as exc:
+            _fail(ctx, str(exc), exc.exit_code, type(exc).__name__)
+        except KeyboardInterrupt:
+            _fail(ctx, "interrupted", 130, "Interrupted")
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # the CLI promises one line, never a traceback
+            if os.environ.get("KVDB_DEBUG"):
+                raise
+            _fail(ctx, f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)", EXIT_INTERNAL, "InternalError")
+
+
+def _fail(ctx: click.Context, message: str, code: int, kind: str):
+    """One line on stderr and the exit code; under --json that line is a JSON object, so a script
+    reading JSON never has to parse prose."""
+    line = message.splitlines()[0] if message else "unknown error"
+    if ctx.meta.get(JSON_META):
+        click.echo(json.dumps({"error": line, "type": kind, "exit_code": code}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"kvdb: error: {line}", err=True)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def _layer_progress(what: str):
+    """A ``progress(kind, layer)`` for long one-time work: a bar on a terminal, else a line per
+    layer on stderr, so a log or a CI run hears of minutes of work as it goes."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        with tqdm(unit="layer", desc=what, file=sys.stderr, dynamic_ncols=True) as bar:
+            yield lambda kind, layer: bar.update(1)
+        return
+    started = time.monotonic()
+    yield lambda kind, layer: click.echo(f"kvdb: {what}: {kind} layer {layer} trained ({time.monotonic() - started:.0f}s)", err=True)
+
+
+def _emit(obj: dict) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def _printable(text: str) -> str:
+    """``text`` kept on its one line of a listing: control characters (a CRLF file's ``\\r``, a
+    newline inside a snippet, an escape sequence) print as escapes instead of moving the cursor
+    or restyling the terminal. ``show`` and ``--json`` print text as it is."""
+    return text.translate(_CONTROL)
+
+
+JSON_META = "kvdb.json"  # ctx.meta, shared by every context of one invocation: errors are JSON too
+
+
+def _remember_json(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[JSON_META] = ctx.meta.get(JSON_META) or value
+    return value
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON (one object per line) instead of text; errors too, on stderr."
+)
+model_option = click.option(
+    "--model",
+    envvar="KVDB_MODEL",
+    default=None,
+    help="Hugging Face model id or local folder (env KVDB_MODEL). Default: the embedded SmolLM2-135M-Instruct.",
+)
+
+
+@click.group(cls=KvdbGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    envvar="KVDB_DB",
+    default=None,
+    help="Archive file, or a DuckLake: ducklake:postgres:<libpq conninfo> (env KVDB_DB). Default: archive.duckdb in the user data directory.",
+)
+@click.option(
+    "--data-path",
+    envvar="KVDB_DATA_PATH",
+    default=None,
+    help="Where a new DuckLake archive keeps its Parquet files: a folder every machine mounts, or s3://... (env KVDB_DATA_PATH). Needed only to create the lake.",
+)
+@click.version_option(kvdb.__version__, prog_name="kvdb")
+@click.pass_context
+def main(ctx, db, data_path):
+    """kvdb: archive language-model sessions, search them, and restore them into the model.
+
+    \b
+    Ingest transcripts:    kvdb ingest examples/transcripts
+    List sessions:         kvdb sessions
+    Show one back:         kvdb show SESSION
+    Restore and continue:  kvdb restore SESSION --prompt "What next?"
+
+    SESSION is a full id, a session name (NAME#2: the second session of that name), or a unique id prefix.
+    Exit codes: 0 ok, 1 some input failed (or: search found no full match, verify found a
+    problem), 2 bad input or argument, 3 no such session,
+    4 model missing, mismatched or unsupported, 5 archive missing or unreadable, 6 archive in use by another
+    process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10) or, on a lake, changed by
+    another writer meanwhile (run it again), 70 internal error.
+    """
+    ctx.obj = {"db": db, "data_path": data_path}
+
+
+def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None) -> kvdb.Archive:
+    """Commands that only read open the file read-only, so that several can run at once."""
+    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb)
+    ctx.call_on_close(archive.close)
+    return archive

@@ -1,0 +1,171 @@
+"""Commands that read: sessions, show, restore, search, stats, prefixes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kvdb.errors import KvdbError
+from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
+from kvdb_cli.app import _emit, _open, _printable, json_option, main, model_option
+
+
+@main.command()
+@json_option
+@click.pass_context
+def sessions(ctx, as_json):
+    """List archived sessions, oldest first, each with the file it came from (sessions of one name
+    are NAME#1, NAME#2, ... in this order)."""
+    for s in _open(ctx, read_only=True).sessions():
+        if as_json:
+            _emit(s.to_dict())
+        else:
+            click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
+
+
+@main.command()
+@click.argument("session")
+@click.option("--start", type=int, default=None, help="First token (default 0).")
+@click.option("--end", type=int, default=None, help="One past the last token (default: the session's end).")
+@model_option
+@json_option
+@click.pass_context
+def show(ctx, session, start, end, model, as_json):
+    """Print the text of a session's tokens [START, END). A whole text session prints exactly as ingested."""
+    archive = _open(ctx, model, read_only=True)
+    s = archive.session(session)
+    text = archive.text(s.session_id, start, end)
+    if as_json:
+        start = 0 if start is None else start
+        end = s.n_tokens if end is None else end
+        _emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": archive.tokens(s.session_id, start, end).tolist()})
+    else:
+        click.echo(text, nl=False)
+        if sys.stdout.isatty() and not text.endswith("\n"):
+            click.echo()
+
+
+@main.command()
+@click.argument("session")
+@click.option("--at", type=int, default=None, help="Restore the first AT tokens (default: all).")
+@click.option("--prompt", default=None, help="Text to add before continuing (a new user turn for chat sessions).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(RESTORE_MODES),
+    default="auto",
+    show_default=True,
+    help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
+    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session has tier K, else exact.",
+)
+@click.option(
+    "--window",
+    type=click.Choice(WINDOWS),
+    default=DEFAULT_WINDOW,
+    show_default=True,
+    help="archive mode: recompute recomputes the sinks and the 32 most recent positions in one forward pass; "
+    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).",
+)
+@click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
+@model_option
+@json_option
+@click.pass_context
+def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelity, model, as_json):
+    """Restore a session into the model and continue it greedily."""
+    archive = _open(ctx, model, read_only=True)
+    s = archive.session(session)
+    restored = archive.restore(s.session_id, at=at, mode=mode, window=window)
+    text = archive.generate(restored, prompt, max_new_tokens)
+    out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
+    fidelity = archive.fidelity(s.session_id, at=at, window=window) if with_fidelity else None
+    if fidelity is not None:
+        out["fidelity"] = fidelity.to_dict()
+    if as_json:
+        _emit(out)
+    else:
+        click.echo(f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
+        if fidelity is not None:
+            click.echo(
+                f"[fidelity: top-1 agreement {fidelity.top1_agreement:.3f}, perplexity ratio {fidelity.ppl_ratio:.4f} over {fidelity.probe_tokens} tokens]",
+                err=True,
+            )
+        click.echo(text)
+
+
+@main.command()
+@click.argument("phrase")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
+@click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
+@click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
+@click.option(
+    "--semantic",
+    is_flag=True,
+    help="Experimental: nearest contexts in the model's key space (sessions stored with tier K; loads the model). "
+    "It loses to a sentence-embedding model on a retrieval set nobody here wrote (benchmarks/retrieval.py).",
+)
+@click.option("--layer", type=int, default=None, help="With --semantic: the layer whose keys are compared (default: the middle one).")
+@model_option
+@json_option
+@click.pass_context
+def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
+    """Find PHRASE in the archived sessions.
+
+    Full matches come first, then the places that share the longest end of the phrase
+    (marked partial). Each hit gives the session and the position of its first token, which
+    `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
+    """
+    archive = _open(ctx, model, read_only=True)
+    if not archive.sessions():
+        raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
+    if semantic:
+        if session is not None:
+            raise click.UsageError("--session and --semantic cannot be combined yet")
+        hits = archive.search_semantic(phrase, k=k, context=context, layer=layer)
+    else:
+        hits = archive.search(phrase, k=k, context=context, session=session)
+    for h in hits:
+        if as_json:
+            _emit(h.to_dict())
+            continue
+        grade = "exact" if h.exact else f"cosine {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        click.echo(f"{_printable(h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
+        click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
+    if all(h.partial for h in hits):
+        if not as_json:
+            click.echo("no full match; the hits above share only the end of the phrase" if hits else "no match", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@json_option
+@click.pass_context
+def stats(ctx, as_json):
+    """Sessions, tokens, and bytes stored per tier."""
+    st = _open(ctx, read_only=True).stats()
+    if as_json:
+        _emit(st.to_dict())
+        return
+    click.echo(f"sessions       {st.sessions}")
+    click.echo(f"tokens         {st.tokens}  (summed over sessions)")
+    click.echo(f"stored_tokens  {st.stored_tokens}  (after prefix sharing, in {st.nodes} trie nodes)")
+    for tier, n in st.bytes.items():
+        per = st.bytes_per_token.get(tier)
+        click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
+    if st.shipped_codebook_bytes:
+        click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
+
+
+@main.command()
+@json_option
+@click.pass_context
+def prefixes(ctx, as_json):
+    """List token prefixes that several sessions share (each stored once).
+
+    BITS is d_T = -log2 P(prefix) under the model: what the sessions have in common.
+    """
+    for p in _open(ctx, read_only=True).prefixes():
+        if as_json:
+            _emit(p.to_dict())
+        else:
+            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")

@@ -1,0 +1,56 @@
+"""`kvdb serve`."""
+
+from __future__ import annotations
+
+import click
+
+from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
+from kvdb.tiers import DEFAULT_KEEP
+from kvdb_cli.app import _open, main, model_option
+
+
+@main.command()
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others)."
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@model_option
+@click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each exchange is archived with (as `kvdb ingest --keep`).")
+@click.option(
+    "--restore",
+    type=click.Choice(["exact", "archive"]),
+    default="exact",
+    show_default=True,
+    help="Where prompts resume from: exact caches only, or also tier K (approximate; replies say so).",
+)
+@click.option("--api-key", envvar="KVDB_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).")
+@click.option("--queue", type=click.IntRange(min=0), default=8, show_default=True, help="Requests that may wait for the model; more are refused (429).")
+@click.option(
+    "--queue-timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.",
+)
+@click.option(
+    "--prefix-cache-mb",
+    type=click.FloatRange(min=0),
+    envvar="KVDB_PREFIX_CACHE_MB",
+    default=DEFAULT_PREFIX_CACHE_MB,
+    show_default=True,
+    help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
+)
+@click.pass_context
+def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout, prefix_cache_mb):
+    """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
+
+    Prompts resume from the longest prefix already computed or archived; each reply is in the
+    journal (<archive>.serve/) before its last bytes are sent, and is archived in the background.
+    Serves until SIGINT or SIGTERM; the journal left over is archived at the next start.
+    """
+    from kvdb.serving import Engine
+    from kvdb_server import serve as run_server
+
+    engine = Engine(_open(ctx, model, prefix_cache_mb=prefix_cache_mb), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
+    click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
+    run_server(engine, host, port, api_key)

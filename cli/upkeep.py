@@ -1,0 +1,157 @@
+"""Commands that look after the archive: verify, repair, codebooks, index, gc."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kvdb.codecs import presets
+from kvdb_cli.app import _emit, _layer_progress, _open, json_option, main, model_option
+
+
+@main.command()
+@click.option("--deep", is_flag=True, help="Check every stored block and decode every session (else a sample of each tier).")
+@json_option
+@click.pass_context
+def verify(ctx, deep, as_json):
+    """Check the archive: stored blocks, the trie, reference counts, search indexes.
+
+    Exit status 0 when everything holds, 1 when a problem was found (one line each).
+    """
+    report = _open(ctx, read_only=True).verify(deep=deep)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        for note in report.notes:
+            click.echo(f"note: {note}")
+        for problem in report.problems:
+            click.echo(f"problem: {problem}")
+        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+        click.echo(f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}: checked {checked}", err=not report.ok)
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@json_option
+@click.pass_context
+def repair(ctx, as_json):
+    """Rebuild what can be derived (search indexes), then say what cannot be repaired."""
+    result = _open(ctx).repair()
+    if as_json:
+        _emit(result.to_dict())
+    else:
+        click.echo(f"rebuilt {len(result.rebuilt_indexes)} search index(es)")
+        for problem in result.unrepairable:
+            click.echo(f"cannot repair: {problem}")
+    if not result.ok:
+        sys.exit(1)
+
+
+@main.group()
+def codebooks():
+    """KV codebooks (tier K): residual-VQ centroids per layer, head and K/V."""
+
+
+@codebooks.command("train")
+@click.option(
+    "--preset",
+    default=None,
+    help="Residual stages of 256 centroids for keys and values, e.g. k4v3, k4v2, k2v1; overrides per layer as "
+    f"k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  [default: the model's measured preset where kvdb has one (SmolLM2-135M-Instruct), else {presets.DEFAULT_PRESET}]",
+)
+@click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
+@model_option
+@json_option
+@click.pass_context
+def codebooks_train(ctx, preset, tokens, model, as_json):
+    """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` uses them."""
+    report = _open(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        click.echo(f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s")
+
+
+@codebooks.command("list")
+@json_option
+@click.pass_context
+def codebooks_list(ctx, as_json):
+    """List the codebooks the archive holds (trained) or references (shipped), oldest first.
+
+    Ingest codes tier K with the newest trained set of the model, else with the shipped one.
+    STORED is what the archive keeps; CENTROIDS what decoding uses (for shipped codebooks, a
+    file in this machine's kvdb cache, shared by every archive of the model).
+    """
+    for c in _open(ctx.parent, read_only=True).codebooks():
+        if as_json:
+            _emit(c.to_dict())
+        else:
+            where = "" if c.on_this_machine else "  (not built on this machine yet)"
+            click.echo(f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}")
+
+
+@codebooks.command("build")
+@model_option
+@json_option
+@click.pass_context
+def codebooks_build(ctx, model, as_json):
+    """Build this machine's shipped codebooks for the model now (once; about 2.5 minutes for SmolLM2 on 2 cores).
+
+    They are trained on the calibration text shipped with kvdb, cached in the kvdb cache
+    directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` on any archive with no trained
+    codebooks; otherwise the first such ingest builds them.
+    """
+    archive = _open(ctx.parent, model)
+    with _layer_progress("shipped codebooks") as heard:
+        report = archive.build_shipped_codebooks(progress=heard)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        state = f"built in {report.seconds}s" if report.built else "built already"
+        click.echo(f"shipped {report.preset} codebooks ({report.bytes} bytes) {state}: {report.path}")
+
+
+@main.group()
+def index():
+    """Maintain the search index (a sidecar file derived from the archived tokens)."""
+
+
+@index.command("rebuild")
+@model_option
+@json_option
+@click.pass_context
+def index_rebuild(ctx, model, as_json):
+    """Rebuild the search index from the archived token streams."""
+    report = _open(ctx.parent, model).rebuild_index()
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        click.echo(f"rebuilt index {report.index_key}: {report.sessions} sessions, {report.points} points in {report.seconds}s")
+
+
+@main.command()
+@json_option
+@click.pass_context
+def gc(ctx, as_json):
+    """Free the stored prefixes that no session uses any more (after deletes).
+
+    It also renumbers a search index whose freed slots outnumber its live ones. An archive file
+    whose free space is over a quarter of it (and 1 MiB) is rewritten smaller, since DuckDB
+    never shrinks a file; on a lake it merges the small Parquet files each commit leaves (the
+    files a merge replaced are deleted by a gc an hour or more later, so readers still scanning
+    them finish)."""
+    freed = _open(ctx).gc()
+    if as_json:
+        _emit(freed.to_dict())
+    else:
+        click.echo(
+            f"freed {freed.nodes} nodes, {freed.tokens} tokens, {freed.token_bytes} bytes of token blocks, "
+            f"{freed.prefix_cache_entries} prefix-cache entries"
+            + (
+                f"; merged {freed.data_files_merged} data files into {freed.data_files_written}, deleted {freed.data_files_deleted}"
+                if freed.data_files_merged is not None
+                else ""
+            )
+        )

@@ -1,0 +1,141 @@
+"""Commands that write sessions: ingest, compact, delete, copy."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+import kvdb
+from kvdb.tiers import DEFAULT_KEEP, parse_keep
+from kvdb_cli.app import _emit, _layer_progress, _open, _printable, json_option, main, model_option
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option(
+    "--keep",
+    default=DEFAULT_KEEP,
+    show_default=True,
+    help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
+    "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks, else with the shipped ones, built on this machine's first use).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes, each with the model loaded, taking the input files in turn (on 2 cores, 2). "
+    "On a DuckLake archive, workers on other machines may share the folder: each file is claimed by one.",
+)
+@model_option
+@json_option
+@click.pass_context
+def ingest(ctx, paths, keep, workers, model, as_json):
+    """Archive transcripts: files or directories (searched recursively).
+
+    \b
+    .txt / .md      one session, text verbatim (UTF-8, or UTF-16/32 with a byte order mark)
+    .json / .jsonl  read from their content: OpenAI Chat Completions or Responses, Anthropic
+                    Messages, a ChatGPT export (conversations.json), agent event logs (Claude
+                    Code), ShareGPT, LMSYS-Chat, Alpaca; a session or a message per line,
+                    or a list of either (the README lists each format)
+
+    Every file is checked before the model loads. What has no text (an image, say) is kept
+    as a "[image not archived]" placeholder and counted ("dropped" in --json). A file that fails is reported with its line and writes nothing; the others still ingest
+    (exit status 1). Ingesting the same transcript again reports it `unchanged`, or
+    `updated` when --keep names tiers it was archived without, which it is then given.
+    A file is parsed once, and its sessions rendered and tokenized once, all before the first
+    write: memory holds one file's sessions at a time. One session may hold at most the model's
+    context (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
+    between sessions, while the model computes.
+    """
+    from tqdm import tqdm
+
+    archive = _open(ctx, model)
+    if "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
+        with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
+            archive.build_shipped_codebooks(progress=heard)
+    with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+
+        def progress(done: int, planned: int) -> None:
+            if planned:
+                bar.total = (bar.total or 0) + planned
+                bar.refresh()
+            bar.update(done)
+
+        results = archive.ingest(list(paths), keep=keep, progress=progress, workers=workers)
+    for r in results:
+        if as_json:
+            _emit(r.to_dict())
+        elif r.status == "failed":
+            click.echo(f"failed     {r.error}", err=True)
+        elif r.status == "claimed":
+            click.echo(f"claimed    {_printable(r.source)}  (being archived by {r.claimed_by})")
+        else:
+            new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
+            dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{new}{dropped}")
+    if any(r.status == "failed" for r in results):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("session")
+@click.option("--keep", required=True, help="Tiers to keep, e.g. tokens, tokens,search, or lm (tier L as the only copy of the tokens).")
+@json_option
+@click.pass_context
+def compact(ctx, session, keep, as_json):
+    """Drop tiers (search, lm, kv, tokens) from a session's stored nodes.
+
+    Prefix nodes the session shares with others are compacted for all of them: they are
+    stored once. The token tier is the exception: only the session's own nodes drop it, and
+    only where tier L holds their tokens (reads then decode tier L, ~50 tokens/s on 2 cores).
+    A tier-L payload written before payload version 3 is re-coded from the tokens first, so
+    what remains decodes on any machine. What remains keeps show, search (if kept) and
+    restore working.
+    """
+    s = _open(ctx).compact(session, keep)
+    if as_json:
+        _emit(s.to_dict())
+    else:
+        click.echo(f"compacted {s.session_id[:12]} ({_printable(s.name)}) to {keep}")
+
+
+@main.command()
+@click.argument("session")
+@json_option
+@click.pass_context
+def delete(ctx, session, as_json):
+    """Delete a session. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
+    s = _open(ctx).delete(session)
+    if as_json:
+        _emit(s.to_dict())
+    else:
+        click.echo(f"deleted {s.session_id[:12]} ({_printable(s.name)})")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("target")
+@json_option
+@click.pass_context
+def copy(ctx, source, target, as_json):
+    """Copy the archive SOURCE into TARGET, a new file or an empty lake, either way round.
+
+    \b
+    kvdb copy archive.duckdb "ducklake:postgres:dbname=kvdb host=db" --data-path /mnt/kvdb
+    kvdb copy "ducklake:postgres:dbname=kvdb host=db" backup.duckdb
+
+    Every row goes over in one transaction (the target holds all of it or nothing), then each
+    table's SHA-256 is compared on both sides. --data-path (before the command) is the new
+    lake's. Search indexes and the prefix cache are derived: rebuilt in TARGET on first use.
+    """
+    archive = kvdb.open(source, read_only=True)
+    ctx.call_on_close(archive.close)
+    report = archive.copy_to(target, data_path=ctx.obj["data_path"])
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        click.echo(f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal")
