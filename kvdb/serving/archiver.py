@@ -2,10 +2,11 @@
 
 The entries a previous run left over are archived at start, before the server answers (so a
 conversation resumes from them at once); then a thread of its own takes each new entry, oldest
-first, when no request has used the model for a moment (``ModelGate.held``), and ingests it with
+first, when no request has used the model for a moment (``ModelGate``), and ingests it with
 the server's tiers and with the pass generation made over it (``Computed``): the model runs
-again only over what the chat template adds after the reply, and the ingest keeps the
-exchange's exact cache in the prefix cache. Only then is the entry deleted: whenever the
+again only over what the chat template adds after the reply, so no request waits for it (the
+model is held only for an exchange computed whole: one replayed from the journal, or one kept
+with tier L or K), and the ingest keeps the exchange's exact cache in the prefix cache. Only then is the entry deleted: whenever the
 process dies, an exchange is in the journal, in the archive, or both (archiving it again then
 finds it archived). On stop it finishes the entry in hand and leaves the rest to the next start.
 """
@@ -22,6 +23,7 @@ from kvdb.services.write_compute import Computed
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.gate import ModelGate
 from kvdb.serving.journal import Journal
+from kvdb.tiers import parse_keep
 
 log = logging.getLogger("kvdb.serve")
 HANDED_OVER = 4  # exchanges waiting with generation's cache in memory (up to ~46 KB a token each for SmolLM2)
@@ -39,6 +41,7 @@ class Archiver:
         self._access = access
         self._gate = gate
         self._keep = keep
+        self._keep_runs_model = bool(parse_keep(keep) & {"lm", "kv"})  # tier L codes, and tier K quantizes, with the model
         self._queue: queue.Queue[tuple[Path, Computed | None] | None] = queue.Queue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvdb-archiver", daemon=True)
@@ -77,6 +80,10 @@ class Archiver:
     def _archive(self, path: Path, computed: Computed | None) -> None:
         entry = self._journal.read(path)
         source = {entry["kind"]: entry["content"]}
-        with self._gate.held():
+        if computed is None or self._keep_runs_model:  # the whole exchange to compute: requests wait for the model meanwhile
+            with self._gate.held():
+                self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, computed=computed, keep_cache=True))
+        else:  # the model runs over the template's closing tokens only: no request waits for that
+            self._gate.wait_idle()
             self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, computed=computed, keep_cache=True))
         self._journal.done(path)

@@ -159,7 +159,10 @@ class Engine:
         or the archive gives back; else an empty cache."""
         hit = self._recent.best(ids, limit, exact_only=mode == "exact")
         held = hit[0] if hit is not None else 0
-        found = self._access(lambda a: a.resume(ids[:limit], better_than=held, mode=mode)) if held < limit else None
+        # The archive is not waited for while it is busy (archiving, most likely, this process's
+        # last exchange, which the hit in memory holds already): a follow-up starts at once.
+        ask = held < limit and not (hit is not None and self._access.busy)
+        found = self._access(lambda a: a.resume(ids[:limit], better_than=held, mode=mode)) if ask else None
         if found is not None:
             approximate = found.mode == "archive"
             return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))

@@ -66,6 +66,12 @@ class ModelGate:
         finally:
             release()
 
+    def wait_idle(self, idle: float = IDLE_SECONDS) -> None:
+        """Return once no request has held or waited for the model for ``idle`` seconds: for
+        background work that runs the model too little to hold it (requests are not kept out)."""
+        with self.held(idle):
+            pass
+
     @contextlib.contextmanager
     def held(self, idle: float = IDLE_SECONDS):
         """The model for the archiver, outside the queue: taken once no request has held or

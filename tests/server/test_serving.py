@@ -135,3 +135,33 @@ def test_an_exchange_is_archived_from_the_pass_that_generated_it(tiny_loaded, tm
         [again] = plain.ingest(messages=exchange)
         np.testing.assert_allclose(handed_over, plain.logprobs(again.session_id), atol=2e-3)
     assert again.session_id == r.session_id and sum(ran) >= r.n_tokens - 1
+
+
+def test_a_follow_up_does_not_wait_for_a_busy_archive(tiny_loaded, tmp_path):
+    """A follow-up whose start the server holds in memory starts from it while the archive is
+    busy (archiving the last exchange, here held busy by a call that waits for the reply): it
+    waits for neither the archive call nor the model being held for it."""
+    import threading
+
+    import kvdb
+    from kvdb.serving import Engine
+
+    engine = Engine(kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded))
+    engine.start()
+    try:
+        first = [{"role": "user", "content": "Tell me about the harbour."}]
+        reply = engine.complete(Request(messages=first, sampling=Sampling(max_tokens=4, temperature=0))).result()
+        replied, busy = threading.Event(), threading.Event()
+        blocker = threading.Thread(target=lambda: engine._access(lambda _: busy.set() or replied.wait(60)), daemon=True)
+        blocker.start()
+        assert busy.wait(30)
+        follow = [*first, {"role": "assistant", "content": reply.text}, {"role": "user", "content": "And then?"}]
+        result: list = []
+        worker = threading.Thread(target=lambda: result.append(engine.complete(Request(messages=follow, sampling=Sampling(max_tokens=4, temperature=0))).result()))
+        worker.start()
+        worker.join(60)  # a follow-up that waited for the archive would wait here until the blocker's 60 s ran out
+        replied.set()
+        assert result and result[0].cached_tokens > 0 and result[0].restored == "exact"
+    finally:
+        replied.set()
+        engine.close()
