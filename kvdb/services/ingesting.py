@@ -172,7 +172,7 @@ class Ingester:
         session_id = trie.path_id(model_id, ids)
 
         def tokens_of(node: NodeRow) -> np.ndarray:  # this session's prefix is the context a tier-L node decodes in
-            return self._tier_l.node_tokens(node, ids[: node.start])
+            return self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :])
 
         planned = None  # (the match it was made for, the write, the cache): model work kept across retries
         for _ in range(COMMIT_ATTEMPTS):
@@ -183,7 +183,7 @@ class Ingester:
                 return IngestResult(
                     session_id, item.name, item.source, len(ids), "updated" if added else "unchanged", seconds=time.perf_counter() - began, added=added
                 )
-            match = trie.longest_prefix(self._storage, model_id, ids, tokens_of)
+            match = trie.longest_prefix(self._storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT)
             if planned is None or planned[0] != _match_key(match):
                 planned = (_match_key(match), *self._session_write(loaded, item, session_id, ids, match, optional))
             _, write, cache = planned
