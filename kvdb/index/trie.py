@@ -19,7 +19,6 @@ from kvdb.codecs import fractal
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
 
-
 # A new session is stored under a node it shares fewer tokens of than this as its sibling, and
 # the node is not cut: a cut re-codes the whole node's tier L (a range-coded stream cannot be cut)
 # and rewrites its other tiers, to share a few tokens (a chat template's turn opening, a text's
@@ -45,9 +44,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def longest_prefix(
-    store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None, min_split: int = 0
-) -> PrefixMatch:
+def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None, min_split: int = 0) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens
     from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store.
