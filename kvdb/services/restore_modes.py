@@ -120,7 +120,9 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
     tokens, context = decode_path(loaded, parts, at)
     if context is not None and context.version == 1:
         cache = cast("DynamicCache", context.cache)
-        cache.crop(at)  # of more tokens only after a "KL" payload, which decodes whole
+        extra = cache.get_seq_length() - at  # only after a "KL" payload, which decodes whole
+        if extra:
+            cache.crop(-extra)
     else:
         cache = lm_ops.prefill(loaded.model, tokens)
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, "decode", time.perf_counter() - start, tokens)
