@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvdb.errors import InvalidArgument
-from kvdb.index.trie import PrefixMatch
+from kvdb.index import trie
 from kvdb.model import lmcode
 from kvdb.records import RestoredSession
 from kvdb.services.models import ModelProvider
@@ -57,7 +57,7 @@ class TierL:
             return recent[1]
         return lmcode.context_for(loaded.model, ids[:length], version=version)
 
-    def split(self, loaded, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
+    def split(self, loaded, match: trie.PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
         """(the Split of the node the new session diverges in, the tier-L context after its head).
 
         A node with tier L (its ``tokens`` given) gets both halves re-coded, since a range-coded
@@ -81,8 +81,10 @@ class TierL:
     def node_tokens(self, node: NodeRow, before: np.ndarray, like: np.ndarray | None = None) -> np.ndarray:
         """A node's tokens: its blocks, or tier L decoded given ``before`` (its path's tokens).
         With ``like`` (a new stream's tokens from the node's start on), a decode stops at the
-        first token that differs from them: all a prefix match compares, where the node may hold
-        thousands of tokens more at a model step each."""
+        first token that differs from them within the first ``trie.MIN_SPLIT``, or where they
+        end before that: such a prefix match does not cut the node, whose thousands of tokens more
+        would cost a model step each. A longer one cuts it, which needs all its tokens (and a
+        resume decodes them all, as it did before, keeping them for the next prompt)."""
         if "tokens" in node.keep:
             return self._storage.node_tokens(node.node_id)
         key = (node.node_id, node.start, node.n_tokens)
@@ -93,7 +95,9 @@ class TierL:
         context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
         from kvdb.services import restore_modes as restore_ops
 
-        ids, _ = restore_ops.decode_node(loaded, node, payload, before, context, expect=like)
+        end = node.n_tokens if like is None or len(like) >= trie.MIN_SPLIT else min(node.n_tokens, len(like))
+        expect = None if like is None else like[: trie.MIN_SPLIT]
+        ids, _ = restore_ops.decode_node(loaded, node, payload, before, context, end, expect)
         if len(ids) == node.n_tokens:  # only a whole node is kept, and checked against its id
             self._decoded[key] = ids
         return ids

@@ -106,6 +106,16 @@ def test_a_new_session_sharing_a_few_tokens_of_a_tier_l_node_leaves_it_whole(arc
     assert c.new_tokens == len(" and more") and archive.verify(deep=True).ok
 
 
+def test_a_session_cutting_a_tier_l_only_node_decodes_it_once(archive, monkeypatch):
+    archive.ingest(text=ESSAY, keep="lm", name="essay")
+    decoded = []  # the tokens of every tier-L node decode
+    decode = lmcode.decode_node
+    monkeypatch.setattr(lmcode, "decode_node", lambda *a, **kw: (out := decode(*a, **kw), decoded.append(len(out[0])))[0])
+    archive.ingest(text=ESSAY[:40] + "a turn of its own", name="c")  # shares 40 tokens: the match goes on to decode the node the cut needs
+    assert decoded == [len(ESSAY)]
+    assert archive.text("c") == ESSAY[:40] + "a turn of its own" and archive.text("essay") == ESSAY and archive.stats().nodes == 3
+
+
 def test_a_new_session_sharing_a_few_tokens_of_a_node_with_tier_l_does_not_recode_it(archive, monkeypatch):
     archive.ingest(text=ESSAY, keep=ALL, name="essay")
     coded = []  # the length of every stretch tier L codes
