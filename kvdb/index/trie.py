@@ -19,6 +19,12 @@ from kvdb.codecs import fractal
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
 
+# A new session is stored under a node it shares fewer tokens of than this as its sibling, and
+# the node is not cut: a cut re-codes the whole node's tier L (a range-coded stream cannot be cut)
+# and rewrites its other tiers, to share a few tokens (a chat template's turn opening, a text's
+# first word) that cost about 2 bytes each to store twice (650 with tier K).
+MIN_SPLIT = 8
+
 
 @dataclass(frozen=True)
 class PrefixMatch:
@@ -38,10 +44,12 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None) -> PrefixMatch:
+def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None, min_split: int = 0) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens
-    from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store."""
+    from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store.
+    A match that would end fewer than ``min_split`` tokens into a node ends at the node's start
+    instead: where a new session is stored, that node is not cut (see ``MIN_SPLIT``)."""
     tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
     best = PrefixMatch(0, None, 0)
     parent = None
@@ -54,9 +62,9 @@ def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Ca
             (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k) for k in kids
         ]
         common, kid = max(scored, key=lambda pair: pair[0])
-        best = PrefixMatch(start + common, kid, common)
         if common < kid.n_tokens:
-            break
+            return PrefixMatch(start + common, kid, common) if common >= min_split else best
+        best = PrefixMatch(start + common, kid, common)
         parent = kid.node_id
     return best
 

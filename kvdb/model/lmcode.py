@@ -416,9 +416,13 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
     return out, ctx
 
 
-def decode_node(model, payload: bytes, n_tokens: int, *, context: Context | None = None) -> tuple[np.ndarray, Context]:
-    """The ``n_tokens`` tokens of a node payload (:func:`encode_node`) and the context after them.
-    Nothing in the payload checks them: the caller compares them with the node's id."""
+def decode_node(model, payload: bytes, n_tokens: int, *, context: Context | None = None, expect: np.ndarray | None = None) -> tuple[np.ndarray, Context]:
+    """The first ``n_tokens`` tokens of a node payload (:func:`encode_node`) and the context after
+    them. ``n_tokens`` may be fewer than the node holds: a range coder decodes in order, so a read
+    of a node's start costs a model step per token read, not per token stored. With ``expect``,
+    decoding also stops after the first token that differs from it (only its tokens are compared:
+    past them decoding goes on), which is all a prefix match needs. Nothing in the payload checks
+    the tokens: the caller compares a whole node's with the node's id."""
     ctx = _start(model, context, payload_version(payload))
     vocab = vocab_size(model)
     decoder = rangecoder.Decoder(bytes(payload)[1:])
@@ -428,12 +432,13 @@ def decode_node(model, payload: bytes, n_tokens: int, *, context: Context | None
             return decoder.decode_uniform(vocab)
         return decoder.decode(np.concatenate([[0], np.cumsum(frequencies(logits, PRECISION))]))
 
-    return _decode_tokens(model, n_tokens, ctx, next_token), ctx
+    return _decode_tokens(model, n_tokens, ctx, next_token, expect), ctx
 
 
-def _decode_tokens(model, n_tokens: int, ctx: Context, next_token) -> np.ndarray:
+def _decode_tokens(model, n_tokens: int, ctx: Context, next_token, expect: np.ndarray | None = None) -> np.ndarray:
     """``n_tokens`` tokens, each ``next_token(the logits before it)``, advancing ``ctx`` (a copy of
-    the caller's) through them."""
+    the caller's) through them; with ``expect``, only up to the first that differs from it."""
+    expected = np.zeros(0, dtype=np.int64) if expect is None else np.asarray(expect)[:n_tokens]
     _check_vocab(vocab_size(model))
     out = np.empty(n_tokens, dtype=np.int64)
     try:
@@ -441,6 +446,8 @@ def _decode_tokens(model, n_tokens: int, ctx: Context, next_token) -> np.ndarray
             for i in range(n_tokens):  # the decoder learns each token only by decoding it: one step at a time
                 out[i] = next_token(ctx.logits)
                 _advance(model, ctx, out[i : i + 1])
+                if i < len(expected) and out[i] != expected[i]:
+                    return out[: i + 1]
     except (ValueError, RuntimeError, AssertionError) as exc:  # constriction reports exhausted/invalid data
         raise CorruptData(f"token-stream payload could not be decoded: {exc}") from exc
     return out

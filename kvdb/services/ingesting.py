@@ -169,8 +169,8 @@ class Ingester:
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)
 
-        def tokens_of(node):  # this session's prefix is the context a tier-L node decodes in
-            return self._tier_l.node_tokens(node, ids[: node.start])
+        def tokens_of(node):  # this session's prefix is the context a tier-L node decodes in; its own tokens, how far to decode
+            return self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :])
 
         for _ in range(COMMIT_ATTEMPTS):
             self._index_ready(loaded, keep)  # a rebuild commits: before the snapshot the plan rests on

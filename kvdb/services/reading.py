@@ -93,7 +93,7 @@ class Reader:
         path = self._storage.node_path(row.session_id) if path is None else path
         if all("tokens" in n.keep for n in path if n.start < end):
             return self._storage.path_tokens(path, start, end)
-        return self._tier_l.session_tokens(row, path)[start:end]
+        return self._tier_l.session_tokens(row, path, end)[start:]
 
     def logprobs(self, ref: str) -> np.ndarray:
         """Natural-log probability of each token under the archive's model, as computed at ingest

@@ -63,16 +63,23 @@ def fidelity(loaded: LoadedModel, archived_cache, exact_cache, probe: np.ndarray
     }
 
 
-def decode_node(loaded: LoadedModel, node: NodeRow, payload: bytes, before: np.ndarray, context) -> tuple[np.ndarray, lmcode.Context]:
-    """A node's tokens from its tier-L payload, given ``before`` (its path's tokens) and their
-    ``context``. A node payload is checked against the node's id, which hashes the path's tokens;
-    a self-describing "KL" payload (what kvdb wrote before node payloads) against its digest."""
+def decode_node(
+    loaded: LoadedModel, node: NodeRow, payload: bytes, before: np.ndarray, context, end: int | None = None, expect: np.ndarray | None = None
+) -> tuple[np.ndarray, lmcode.Context]:
+    """A node's tokens [0, ``end``) (default: all of them) from its tier-L payload, given ``before``
+    (its path's tokens) and their ``context``; with ``expect``, only up to the first token that
+    differs from it (see ``lmcode.decode_node``). A node decoded whole is checked against the
+    node's id, which hashes the path's tokens; a part of one cannot be, since the id covers them
+    all. A self-describing "KL" payload (what kvdb wrote before node payloads) is decoded whole,
+    against its digest."""
     if len(before) != node.start:
         raise InvalidArgument(f"node {node.node_id[:12]} starts at token {node.start}; {len(before)} tokens were given before it")
+    end = node.n_tokens if end is None else end
     if not lmcode.is_node_payload(payload):
-        return lmcode.decode(loaded.model, payload, context=context)
-    ids, after = lmcode.decode_node(loaded.model, payload, node.n_tokens, context=context)
-    if trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id:
+        ids, after = lmcode.decode(loaded.model, payload, context=context)
+        return ids[:end], after
+    ids, after = lmcode.decode_node(loaded.model, payload, end, context=context, expect=expect)
+    if len(ids) == node.n_tokens and trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id:
         raise CorruptData(
             f"tier L payload of node {node.node_id[:12]} decodes to tokens its id does not hash: the payload is damaged, "
             "or this machine computes the model's forward pass differently from the encoder's"
@@ -80,35 +87,45 @@ def decode_node(loaded: LoadedModel, node: NodeRow, payload: bytes, before: np.n
     return ids, after
 
 
-def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> RestoredSession:
-    """Tokens and cache rebuilt along a path's nodes, root first, each with its tier-L payload or
-    its tokens: a payload is decoded given the context its parent left (of the payload's
-    version: where the version changes along the path, that context is built again from the
-    tokens so far); a node given as tokens (one without tier L) is fed through the same forward
-    pass, so the contexts are the ones the encoder saw. The model's cache is version 1's own
-    context; after versions 2 and 3 (an integer forward pass, not the model's), one prefill of
-    the tokens."""
-    start = time.perf_counter()
+def decode_path(loaded: LoadedModel, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> tuple[np.ndarray, lmcode.Context | None]:
+    """Tokens [0, ``at``) of a path's nodes, root first, each with its tier-L payload or its
+    tokens, and the context after them. A payload is decoded given the context its parent left
+    (of the payload's version: where the version changes along the path, that context is built
+    again from the tokens so far), and only as far as ``at``, since a token costs a model step; a
+    node given as tokens (one without tier L) is fed through the same forward pass, so the
+    contexts are the ones the encoder saw."""
     context: lmcode.Context | None = None
     pieces: list[np.ndarray] = []
     for node, part in parts:
+        if node.start >= at:
+            break
+        end = min(node.n_tokens, at - node.start)
         if isinstance(part, np.ndarray):
-            ids, context = part, lmcode.context_for(loaded.model, part, context=context)
+            ids, context = part[:end], lmcode.context_for(loaded.model, part[:end], context=context)
         else:
             version = lmcode.payload_version(part)
             before = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
             if context is not None and context.version != version:
                 context = lmcode.context_for(loaded.model, before, version=version)
-            ids, context = decode_node(loaded, node, part, before, context)
+            ids, context = decode_node(loaded, node, part, before, context, end)
         pieces.append(ids)
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return (np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)), context
+
+
+def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> RestoredSession:
+    """The cache of tokens [0, ``at``) rebuilt from tier L along a path (``decode_path``): version
+    1's own context, which is the model's cache; after versions 2 and 3 (an integer forward pass,
+    not the model's), one prefill of the tokens."""
+    start = time.perf_counter()
+    tokens, context = decode_path(loaded, parts, at)
     if context is not None and context.version == 1:
-        cache = cast("DynamicCache", context.cache)  # version 1's context is the model's own cache
-        if len(tokens) > at:
-            cache.crop(at - len(tokens))
+        cache = cast("DynamicCache", context.cache)
+        extra = cache.get_seq_length() - at  # only after a "KL" payload, which decodes whole
+        if extra:
+            cache.crop(-extra)
     else:
-        cache = lm_ops.prefill(loaded.model, tokens[:at])
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens[:at])
+        cache = lm_ops.prefill(loaded.model, tokens)
+    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens)
 
 
 def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool) -> np.ndarray:

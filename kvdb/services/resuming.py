@@ -48,7 +48,7 @@ class Resumer:
         model_id = loaded.identity.model_id
         ids = np.asarray(ids, dtype=np.int64)
         started = time.perf_counter()
-        match = trie.longest_prefix(self._storage, model_id, ids, lambda node: self._tier_l.node_tokens(node, ids[: node.start]))
+        match = trie.longest_prefix(self._storage, model_id, ids, lambda node: self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :]))
         if match.node is None or match.matched <= better_than:
             return None
         path = self._storage.node_path(match.node.node_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvdb.errors import InvalidArgument
-from kvdb.index.trie import PrefixMatch
+from kvdb.index import trie
 from kvdb.model import lmcode
 from kvdb.records import RestoredSession
 from kvdb.services.models import ModelProvider
@@ -25,7 +25,7 @@ class TierL:
         self._storage = storage
         self._models = models
         self._recent: tuple[np.ndarray, lmcode.Context] | None = None  # (ids, context) after the last session coded
-        self._decoded: dict = {}  # tokens decoded: by session id, or by (node id, start, length)
+        self._decoded: dict = {}  # tokens decoded: a session's first ones by its id, a whole node's by (node id, start, length)
 
     def encode(self, loaded, ids: np.ndarray, start: int, context=None) -> bytes:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it
@@ -57,7 +57,7 @@ class TierL:
             return recent[1]
         return lmcode.context_for(loaded.model, ids[:length], version=version)
 
-    def split(self, loaded, match: PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
+    def split(self, loaded, match: trie.PrefixMatch, ids: np.ndarray, head_id: str, tokens: np.ndarray | None):
         """(the Split of the node the new session diverges in, the tier-L context after its head).
 
         A node with tier L (its ``tokens`` given) gets both halves re-coded, since a range-coded
@@ -78,19 +78,29 @@ class TierL:
         logprobs, _ = lm_ops.score(loaded.model, np.concatenate([ids[: node.start], tokens]), start=node.start)
         return Split(node.node_id, head_id, match.offset, head, tail, tokens, logprobs), after_head
 
-    def node_tokens(self, node: NodeRow, before: np.ndarray) -> np.ndarray:
-        """A node's tokens: its blocks, or tier L decoded given ``before`` (its path's tokens)."""
+    def node_tokens(self, node: NodeRow, before: np.ndarray, like: np.ndarray | None = None) -> np.ndarray:
+        """A node's tokens: its blocks, or tier L decoded given ``before`` (its path's tokens).
+        With ``like`` (a new stream's tokens from the node's start on), a decode stops at the
+        first token that differs from them within the first ``trie.MIN_SPLIT``, or where they
+        end before that: such a prefix match does not cut the node, whose thousands of tokens more
+        would cost a model step each. A longer one cuts it, which needs all its tokens (and a
+        resume decodes them all, as it did before, keeping them for the next prompt)."""
         if "tokens" in node.keep:
             return self._storage.node_tokens(node.node_id)
         key = (node.node_id, node.start, node.n_tokens)
-        if key not in self._decoded:
-            loaded = self._models.get()
-            payload = self._lm_payload(node)
-            context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
-            from kvdb.services import restore_modes as restore_ops
+        if key in self._decoded:
+            return self._decoded[key]
+        loaded = self._models.get()
+        payload = self._lm_payload(node)
+        context = self.context(loaded, before, len(before), lmcode.payload_version(payload))
+        from kvdb.services import restore_modes as restore_ops
 
-            self._decoded[key], _ = restore_ops.decode_node(loaded, node, payload, before, context)
-        return self._decoded[key]
+        end = node.n_tokens if like is None or len(like) >= trie.MIN_SPLIT else min(node.n_tokens, len(like))
+        expect = None if like is None else like[: trie.MIN_SPLIT]
+        ids, _ = restore_ops.decode_node(loaded, node, payload, before, context, end, expect)
+        if len(ids) == node.n_tokens:  # only a whole node is kept, and checked against its id
+            self._decoded[key] = ids
+        return ids
 
     def _lm_payload(self, node: NodeRow) -> bytes:
         """The tier-L payload of a node that keeps one (any node whose token blocks are dropped does)."""
@@ -99,8 +109,27 @@ class TierL:
         return payload
 
     def restore(self, row: SessionRow, nodes: list[NodeRow], at: int) -> RestoredSession:
-        """Tokens and cache rebuilt from tier L along the path; a node without it (a prefix shared
-        with a session archived without tier L) is read from its tokens instead."""
+        """Tokens and cache rebuilt from tier L along the path up to ``at``; a node without it (a
+        prefix shared with a session archived without tier L) is read from its tokens instead."""
+        from kvdb.services import restore_modes as restore_ops
+
+        return restore_ops.restore_decode(self._models.for_session(row), row.session_id, self._parts(row, nodes, at), at)
+
+    def session_tokens(self, row: SessionRow, path: list[NodeRow], end: int) -> np.ndarray:
+        """A session's tokens [0, ``end``), decoding tier L where the path holds some only there:
+        one model step per token, none past ``end``. The longest read is kept for the next."""
+        have = self._decoded.get(row.session_id)
+        if have is None or len(have) < end:
+            from kvdb.services import restore_modes as restore_ops
+
+            have, _ = restore_ops.decode_path(self._models.for_session(row), self._parts(row, path, end), end)
+            self._decoded[row.session_id] = have
+        return have[:end]
+
+    def _parts(self, row: SessionRow, path: list[NodeRow], at: int) -> list[tuple[NodeRow, bytes | np.ndarray]]:
+        """The nodes that hold tokens [0, ``at``), each with its tier-L payload or, without one, its
+        tokens; read before the file is let go for the model's work."""
+        nodes = [n for n in path if n.start < at]
         if not any("lm" in n.keep for n in nodes):
             raise InvalidArgument(
                 f"session {row.session_id[:12]} ({row.name}) has no tier L on its first {at} tokens; "
@@ -108,13 +137,4 @@ class TierL:
             )
         parts = [(n, self._lm_payload(n) if "lm" in n.keep else self._storage.node_tokens(n.node_id)) for n in nodes]
         self._storage.before_compute()
-        from kvdb.services import restore_modes as restore_ops
-
-        return restore_ops.restore_decode(self._models.for_session(row), row.session_id, parts, at)
-
-    def session_tokens(self, row: SessionRow, path: list[NodeRow]) -> np.ndarray:
-        """All of a session's tokens, decoding tier L where the path holds some only there (one
-        model step per token; kept for the next read)."""
-        if row.session_id not in self._decoded:
-            self._decoded[row.session_id] = self.restore(row, path, row.n_tokens).tokens
-        return self._decoded[row.session_id]
+        return parts

@@ -103,7 +103,7 @@ def plan_session(storage: Storage, model_id: str, ids: np.ndarray, keep: frozens
     if storage.has_session(session_id):
         path = storage.node_path(session_id)
         return SessionPlan(session_id, ids, keep, version, None, path, _lacking(path, keep))
-    match = trie.longest_prefix(storage, model_id, ids, tokens_of)
+    match = trie.longest_prefix(storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT)  # a node is cut only where MIN_SPLIT of its tokens are shared
     path = storage.node_path(match.node.node_id) if match.node is not None else []
     return SessionPlan(session_id, ids, keep, version, match, path, [])
 

@@ -16,6 +16,7 @@ from support import CALIBRATION, KV, storage_of, write
 
 import kvdb
 from kvdb.errors import ArchiveError, ArchiveLocked, InvalidArgument
+from kvdb.index import trie
 from kvdb.model import capture, lmcode
 from kvdb.services.tier_k import TierK
 
@@ -58,6 +59,77 @@ def test_splitting_a_node_recodes_both_halves(archive):
     b = archive.ingest(text="The same opening line, then another ending!", keep=ALL, name="b")[0]  # cuts a's node
     for r in (a, b):
         np.testing.assert_array_equal(archive.restore(r.session_id, mode="decode").tokens, archive.tokens(r.session_id))
+
+
+class StepCounter:
+    """Counts the tokens tier L runs through the model (encoding, decoding and contexts alike)."""
+
+    def __init__(self, monkeypatch):
+        self.tokens = 0
+        advance = lmcode._advance
+
+        def counted(model, ctx, ids, *args, **kwargs):
+            self.tokens += len(ids)
+            return advance(model, ctx, ids, *args, **kwargs)
+
+        monkeypatch.setattr(lmcode, "_advance", counted)
+
+
+ESSAY = "An essay held in tier L alone: every token of it costs a model step to read back. " * 4
+
+
+def test_reading_the_start_of_a_tier_l_session_decodes_only_that_start(archive, monkeypatch):
+    [r] = archive.ingest(text=ESSAY, keep="lm", name="essay")
+    assert r.n_tokens > 300
+    steps = StepCounter(monkeypatch)
+    assert archive.text("essay", 0, 10) == ESSAY[:10]  # one byte a token
+    assert steps.tokens == 10
+    assert archive.text("essay", 2, 6) == ESSAY[2:6] and steps.tokens == 10  # kept
+    restored = archive.restore("essay", at=30, mode="decode")
+    assert steps.tokens == 10 + 30 and restored.position == 30
+    ids = archive.tokens("essay")  # the whole session: decoded, and checked against its node's id
+    assert steps.tokens == 40 + r.n_tokens and archive.text("essay") == ESSAY
+    np.testing.assert_array_equal(restored.tokens, ids[:30])
+    assert_cache_matches_prefill(restored, ids)
+
+
+def test_a_new_session_sharing_a_few_tokens_of_a_tier_l_node_leaves_it_whole(archive, monkeypatch):
+    a = archive.ingest(text=ESSAY, keep="lm", name="essay")[0]
+    b_text = ESSAY[: trie.MIN_SPLIT - 1] + "?! something else entirely"
+    steps = StepCounter(monkeypatch)
+    b = archive.ingest(text=b_text, name="b")[0]
+    assert steps.tokens == trie.MIN_SPLIT  # the match decoded the essay's node up to the first token that differs, no further
+    assert b.new_tokens == b.n_tokens and archive.stats().nodes == 2  # stored beside the essay, which is not cut
+    assert [n.n_tokens for n in storage_of(archive).node_path(a.session_id)] == [a.n_tokens]
+    assert archive.text("b") == b_text and archive.text("essay") == ESSAY
+    c = archive.ingest(text=b_text + " and more", keep=ALL, name="c")[0]  # sharing all of b: the trie finds b among two first-token kids
+    assert c.new_tokens == len(" and more") and archive.verify(deep=True).ok
+
+
+def test_a_session_cutting_a_tier_l_only_node_decodes_it_once(archive, monkeypatch):
+    archive.ingest(text=ESSAY, keep="lm", name="essay")
+    decoded = []  # the tokens of every tier-L node decode
+    decode = lmcode.decode_node
+    monkeypatch.setattr(lmcode, "decode_node", lambda *a, **kw: (out := decode(*a, **kw), decoded.append(len(out[0])))[0])
+    archive.ingest(text=ESSAY[:40] + "a turn of its own", name="c")  # shares 40 tokens: the match goes on to decode the node the cut needs
+    assert decoded == [len(ESSAY)]
+    assert archive.text("c") == ESSAY[:40] + "a turn of its own" and archive.text("essay") == ESSAY and archive.stats().nodes == 3
+
+
+def test_a_new_session_sharing_a_few_tokens_of_a_node_with_tier_l_does_not_recode_it(archive, monkeypatch):
+    archive.ingest(text=ESSAY, keep=ALL, name="essay")
+    coded = []  # the length of every stretch tier L codes
+    encode = lmcode.encode_node
+    monkeypatch.setattr(lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
+    b = archive.ingest(text="An other text", keep=ALL, name="b")[0]  # shares "An " only
+    assert coded == [b.n_tokens] and archive.stats().nodes == 2
+    np.testing.assert_array_equal(archive.restore("b", mode="decode").tokens, archive.tokens("b"))
+    coded.clear()
+    archive.ingest(text=ESSAY[:40] + "a turn of its own", keep=ALL, name="c")  # shares 40 tokens: worth a cut
+    assert sorted(coded) == sorted([40, len(ESSAY) - 40, len("a turn of its own")])  # both halves, then c's own node
+    for name, text in (("essay", ESSAY), ("b", "An other text"), ("c", ESSAY[:40] + "a turn of its own")):
+        assert archive.text(name) == text
+        np.testing.assert_array_equal(archive.restore(name, mode="decode").tokens, archive.tokens(name))
 
 
 def test_compact_drops_tiers_and_reads_keep_working(archive):

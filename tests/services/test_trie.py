@@ -4,6 +4,7 @@ a session that shares nodes, and d_T as a sum along the path."""
 import numpy as np
 import pytest
 import torch
+from support import storage_of
 
 import kvdb
 from kvdb.index import trie
@@ -84,6 +85,16 @@ def test_a_prefix_of_an_archived_session_needs_no_model_run(archive):
     assert archive.text("short") == "abcdefghij" and archive.text("long") == "abcdefghijklmnopqrstuvwxyz"
     assert archive.stats().stored_tokens == long.n_tokens
     np.testing.assert_array_equal(archive.logprobs(short.session_id), archive.logprobs(long.session_id)[:10])
+
+
+def test_a_node_is_cut_only_where_a_new_session_shares_min_split_of_its_tokens(archive):
+    letters, k = "abcdefghijklmnopqrstuvwxyz", trie.MIN_SPLIT  # one byte a token
+    texts = {"a": letters, "few": letters[: k - 1] + "XYZ", "enough": letters[:k] + "XYZ", "short": letters[:3]}
+    results = {name: archive.ingest(text=text, name=name)[0] for name, text in texts.items()}
+    assert {name: r.new_tokens for name, r in results.items()} == {"a": 26, "few": k + 2, "enough": 3, "short": 3}
+    assert archive.stats().nodes == 5  # a cut in two at k, and three nodes of their own: few and short beside it
+    assert [n.n_tokens for n in storage_of(archive).node_path(results["enough"].session_id)] == [k, 3]
+    assert {name: archive.text(name) for name in texts} == texts and archive.verify(deep=True).ok
 
 
 def test_delete_and_gc_never_break_a_sharing_session(archive):
