@@ -15,6 +15,7 @@ import torch
 from support import make_tiny_model
 
 import kvdb
+from benchmarks import kv_support
 from kvdb.errors import ModelMismatch
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
@@ -172,7 +173,7 @@ def test_the_recomputed_window_is_the_model_own_computation(arch_model):
     loaded = lm_ops.load(arch_model)
     ids = np.arange(6 * WINDOW) % 200 + 3
     keys, values = capture.capture(loaded.model, ids, pre_rope=True)
-    restored = capture.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
+    restored = kv_support.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
     fresh = lm_ops.prefill(loaded.model, ids)
     for ours, theirs in zip(restored.layers, fresh.layers, strict=True):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-4, rtol=1e-4)
