@@ -165,9 +165,10 @@ def test_decode_streams_gives_decode_layer_by_layer():
 # -- capture / restore on the tiny model ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model):
-    return M.load(tiny_model)
+@pytest.fixture
+def tiny(tiny_loaded):
+    """The session's loaded tiny model (and the integer passes lmcode builds of it once)."""
+    return tiny_loaded
 
 
 def _ids(n, seed=0):
