@@ -40,9 +40,10 @@ demo: install
 	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
 	$(VENV)/bin/kvdb --db examples/demo.duckdb stats --json
 
-# Lint and types first (seconds), then the whole suite on both cores.
+# Lint and types first (seconds), then the whole suite on both cores; the tests of the embedded
+# model all run on one of them (tests/conftest.py groups them), so it is loaded once.
 test: install lint
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # The inner loop: no model, no browser, no PostgreSQL, smaller property runs (under 3 minutes).
 test-fast: install

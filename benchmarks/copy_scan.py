@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import kv_support as KS  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import describe, publish  # noqa: E402
 
@@ -73,7 +74,7 @@ def main() -> None:
         key_q, value_q = Q.decode(books, Q.encode(books, keys, values))
 
         def ratio(k: np.ndarray, v: np.ndarray) -> float:
-            logp, _ = C.teacher_forced(model, C.restore_cache(model, context, k, v, pre_rope=True), probe)
+            logp, _ = C.teacher_forced(model, KS.restore_cache(model, context, k, v, pre_rope=True), probe)
             return float(np.exp(logp_exact.mean() - logp.mean()))
 
         scan = {"all": ratio(key_q.copy(), value_q.copy())}

@@ -4,7 +4,7 @@
 
 Calibrates codebooks on one real text (licences/READMEs, ``corpus.real_text``), evaluates on
 held-out 1024-token contexts from *other* files of that corpus. Every configuration is measured
-through the restore path: codes -> ``quant.decode`` -> ``capture.restore_cache`` (a
+through the restore path: codes -> ``quant.decode`` -> ``kv_support.restore_cache`` (a
 DynamicCache) -> teacher-forced continuation of the next 128 tokens, compared with the exact
 prefill cache. The model's default preset is also measured with its keys sharpened as a restore
 decodes them (``Codebooks.sharpened`` by ``presets.key_sharpening``, decision 0029). Bytes are
@@ -33,10 +33,10 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_support as KS  # noqa: E402
 from corpus import real_text  # noqa: E402
 from report import describe  # noqa: E402
 
-from kvdb.codecs import code_layout as CL  # noqa: E402
 from kvdb.codecs import presets as P  # noqa: E402
 from kvdb.codecs import quant as Q  # noqa: E402
 from kvdb.model import capture as C  # noqa: E402
@@ -247,11 +247,11 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
 
             def restored(label, k, v):
-                lp, am = C.teacher_forced(model, C.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
+                lp, am = C.teacher_forced(model, KS.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
                 add(label, lp, am, lp_exact, am_exact)
 
             for which, preset in (("pre", default), ("shipped", default), ("pre", UNIFORM)):
-                cb = books[which].truncate(preset)
+                cb = KS.truncate(books[which], preset)
                 codes = Q.encode(cb, kpre, vals)
                 kq, vq = Q.decode(cb, codes)
                 if preset == default and sharpen != 1.0:
@@ -413,7 +413,7 @@ def main() -> None:
             encoded[name] = Q.encode(cb, kpre if cb.pre_rope else kpost, vals)
             encoded[name + ":s"] = time.perf_counter() - t
         for label, which, preset, window, kinds in configs:
-            cb = books[which].truncate(preset)
+            cb = KS.truncate(books[which], preset)
             kc, vc = encoded[which]
             kc, vc = kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]
             decoding = cb.sharpened(factors.get(label, 1.0))  # folded once per codebook set in a restore, not timed
@@ -428,24 +428,24 @@ def main() -> None:
                 ke = kpre if cb.pre_rope else kpost
                 for sl in (slice(0, C.SINKS), slice(CTX - C.RECENT, CTX)):
                     kq[:, :, sl], vq[:, :, sl] = ke[:, :, sl], vals[:, :, sl]
-                cache = C.restore_cache(model, prefix, kq, vq, pre_rope=cb.pre_rope, window="none")
+                cache = KS.restore_cache(model, prefix, kq, vq, pre_rope=cb.pre_rope, window="none")
             else:
-                cache = C.restore_cache(model, prefix, kq, vq, pre_rope=cb.pre_rope, window=window)
+                cache = KS.restore_cache(model, prefix, kq, vq, pre_rope=cb.pre_rope, window=window)
             restore_s = time.perf_counter() - t
             lp, am = C.teacher_forced(model, cache, cont)
             del cache
             # bytes as stored
             if window == "stored":
-                code_b = CL.stored_code_bytes(cb, (kc[..., : CTX - C.RECENT], vc[..., : CTX - C.RECENT]), start=C.SINKS)
+                code_b = KS.stored_code_bytes(cb, (kc[..., : CTX - C.RECENT], vc[..., : CTX - C.RECENT]), start=C.SINKS)
                 win_b = (C.SINKS + C.RECENT) * fp16_per_token
             elif window == "none":
-                code_b, win_b = CL.stored_code_bytes(cb, (kc, vc)), 0
+                code_b, win_b = KS.stored_code_bytes(cb, (kc, vc)), 0
             else:  # sinks recomputed from tier-T tokens; codes kept for every later position
-                code_b, win_b = CL.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
+                code_b, win_b = KS.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
             if kinds != "kv":  # the exact kind would be stored in fp16
                 only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
                                    depths={kk: d for kk, d in cb.depths.items() if kk in kinds})
-                code_b = CL.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
+                code_b = KS.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
             r = rows[label]
             r["nll"].append(-lp)
             r["nll_exact"].append(-lp_exact)

@@ -56,11 +56,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_support as KS  # noqa: E402
 from corpus import real_text  # noqa: E402
 from kv import CONT, CTX, _exact_pass, load_model, spaced_starts  # noqa: E402
 from report import describe, publish  # noqa: E402
 
-from kvdb.codecs import code_layout as CL  # noqa: E402
 from kvdb.codecs import presets as P  # noqa: E402
 from kvdb.codecs import quant as Q  # noqa: E402
 from kvdb.model import capture as C  # noqa: E402
@@ -206,7 +206,7 @@ def main() -> None:
         print(f"context {s} of {n} captured ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
     def decoded(ctx, preset, sharpen=1.0):
-        cb = deep.truncate(preset).sharpened(sharpen)
+        cb = KS.truncate(deep, preset).sharpened(sharpen)
         kc, vc = ctx["codes"]
         return Q.decode(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]))
 
@@ -221,14 +221,14 @@ def main() -> None:
         nll, nll_e, agree, per, kls = [], [], [], [], []
         for ctx in (c for c in contexts if c["n"] == n):
             k, v = arrays(ctx)
-            logp = _logp(C.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
+            logp = _logp(KS.restore_cache(model, ctx["prefix"], k, v, pre_rope=True), ctx["cont"])
             nll.append(-logp[np.arange(len(ctx["cont"]) - 1), ctx["cont"][1:]])
             nll_e.append(-ctx["lp"])
             agree.append(logp.argmax(-1) == ctx["am"])
             per.append(float(np.exp(nll[-1].mean() - nll_e[-1].mean())))
             if kl:
                 if "exact logp" not in ctx:  # the exact cache's distributions, through the same restore path
-                    ctx["exact logp"] = _logp(C.restore_cache(model, ctx["prefix"], ctx["k"], ctx["v"], pre_rope=True), ctx["cont"])
+                    ctx["exact logp"] = _logp(KS.restore_cache(model, ctx["prefix"], ctx["k"], ctx["v"], pre_rope=True), ctx["cont"])
                 ref = ctx["exact logp"]
                 kls.append(float((np.exp(ref) * (ref - logp)).sum(-1).mean()))
         r = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))
@@ -241,10 +241,10 @@ def main() -> None:
         """Code bytes as stored per token of the 1,024-token contexts (identical for each), codebooks over 1e6 tokens."""
         if layer0:
             preset += "+k0@0+v0@0"
-        cb = deep.truncate(preset)
+        cb = KS.truncate(deep, preset)
         ctx = contexts[0]
         kc, vc = ctx["codes"]
-        code = CL.stored_code_bytes(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]), start=C.SINKS)
+        code = KS.stored_code_bytes(cb, (kc[:, :, : cb.max_stages("k")], vc[:, :, : cb.max_stages("v")]), start=C.SINKS)
         return code / ctx["n"] + cb.nbytes / 1e6
 
     # -- 1. where the loss at 8,000 comes from -----------------------------------------------------
@@ -313,7 +313,7 @@ def main() -> None:
 
     # -- 9. sharpened keys --------------------------------------------------------------------------
     factor = P.key_sharpening(lm.identity.weights_hash)
-    default_cb = deep.truncate(default)
+    default_cb = KS.truncate(deep, default)
     centre = np.stack([layer[0].mean(1) for layer in default_cb.books["k"]])[:, :, None, :]  # Codebooks.sharpened's centres
 
     def on_heads(keys, s, heads):
@@ -400,7 +400,7 @@ def main() -> None:
         trained, _, _ = _predicted(ck, cv, from_keys)
         side = sum(w.size * 2 for wk, _, wv, _ in trained for w in (wk, wv) if w is not None)  # the maps, fp16
         side += sum(cb.nbytes for _, cbk, _, cbv in trained for cb in (cbk, cbv))
-        bpt = plain_bpt - deep.truncate(plain).nbytes / 1e6 + side / 1e6
+        bpt = plain_bpt - KS.truncate(deep, plain).nbytes / 1e6 + side / 1e6
         _, k_hat, v_hat = _predicted(long[0]["k"], long[0]["v"], from_keys, trained)
         t = time.perf_counter()  # the products a restore would add: one per layer and kind
         for layer, (wk, _, wv, _) in enumerate(trained):
@@ -420,7 +420,7 @@ def main() -> None:
     print("sharpening by preset done", flush=True)
 
     # -- 7. entropy coding of the code indices -------------------------------------------------------
-    base_cb = deep.truncate(BASE)
+    base_cb = KS.truncate(deep, BASE)
     calib_codes = Q.encode(base_cb, ck, cv)
     held = [Q.encode(base_cb, c["k"][:, :, C.SINKS :], c["v"][:, :, C.SINKS :]) for c in long]
     bits = {"order 0": [], "previous head, same stage": [], "previous stage, same head": [], "previous position": []}

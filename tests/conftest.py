@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 from support import CALIBRATION, examples, make_tiny_model
@@ -22,6 +25,14 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def other_tiny_model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("other-tiny-model"), seed=1))
+
+
+def pytest_collection_modifyitems(items):
+    """Under make test's ``-n 2 --dist loadgroup``, every test of the loaded embedded model runs on
+    one worker: it is loaded (and on a fresh machine converted) once, not once per worker."""
+    for item in items:
+        if "embedded" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("embedded"))
 
 
 @pytest.fixture(autouse=True)
@@ -68,12 +79,25 @@ def archive(tmp_path, tiny_loaded):
         yield db
 
 
-@pytest.fixture
-def kv_archive(archive):
-    archive.ingest(text=CALIBRATION, name="calibration")
-    report = archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
+@pytest.fixture(scope="session")
+def kv_template(tmp_path_factory, tiny_loaded) -> Path:
+    """An archive holding the calibration text and codebooks trained on it, built once: training
+    costs a second or more a test, and a copy of the closed files is the same archive."""
+    folder = tmp_path_factory.mktemp("kv-template")
+    with kvdb.open(folder / "a.duckdb", model=tiny_loaded) as db:
+        db.ingest(text=CALIBRATION, name="calibration")
+        report = db.train_codebooks(preset="k2v1", tokens=2000, niter=4)
     assert report.tokens == len(CALIBRATION.encode()) - 4 and report.bytes > 0
-    return archive
+    return folder
+
+
+@pytest.fixture
+def kv_archive(tmp_path, tiny_loaded, kv_template):
+    """A fresh copy of ``kv_template`` (the archive file and every file derived beside it), opened."""
+    for made in kv_template.iterdir():
+        (shutil.copytree if made.is_dir() else shutil.copy2)(made, tmp_path / made.name)
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
+        yield db
 
 
 @pytest.fixture(scope="session")

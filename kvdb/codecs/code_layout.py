@@ -1,6 +1,6 @@
 """Tier K's stored layout: a session's codes as one token-major stream per codebook size, and
-back; the streams' exact stored bytes; and the restore's decode straight from the streams,
-layer by layer (docs/formats.md, "KV code layout in the store")."""
+back; and the restore's decode straight from the streams, layer by layer (docs/formats.md,
+"KV code layout in the store")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import fractal
 from kvdb.codecs.quant import KINDS, Codebooks
 
 
@@ -104,12 +103,3 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
 
     for layer in range(codebooks.layers):
         yield gather("k", layer), gather("v", layer)
-
-
-def stored_code_bytes(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0, block_size: int = fractal.DEFAULT_BLOCK) -> int:
-    """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs included)."""
-    total = 0
-    for size, symbols in code_streams(codebooks, codes, start).items():
-        if len(symbols):
-            total += len(b"".join(fractal.encode_blocks(symbols, size, block_size)))
-    return total

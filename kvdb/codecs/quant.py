@@ -5,7 +5,7 @@ with faiss k-means on the model's own vectors (choices and measurements in
 docs/decisions/0010-tier-k-default-preset.md; byte layout in docs/formats.md). Stage s quantizes what stages < s left over; the decoded vector is the sum of the
 chosen centroids. Stages nest: the first n stages of a deeper quantizer are exactly the
 quantizer a shallower preset would train, so one training run serves every preset that takes a
-prefix of its stages (:meth:`Codebooks.truncate`).
+prefix of its stages (the benchmarks cut them down with ``benchmarks/kv_support.truncate``).
 
 A preset (``kvdb.codecs.presets``) names how many stages, of which sizes, each kind gets in each layer
 and head; a head with fewer stages than its layer uses a prefix of them. Codes are uint16
@@ -72,33 +72,6 @@ class Codebooks:
         if kind in self.depths:
             return self.depths[kind]
         return np.repeat(np.array([len(s) for s in self.stages(kind)], dtype=np.int64)[:, None], self.heads, axis=1)
-
-    def truncate(self, preset: str) -> Codebooks:
-        """The codebooks of a preset that takes a prefix of these stages in every head (no retraining)."""
-        alloc = allocation(preset, self.layers, self.heads)
-        want = depths(preset, self.layers, self.heads)
-        books: dict[str, list[list[np.ndarray]]] = {}
-        kept: dict[str, np.ndarray] = {}
-        for kind in KINDS:
-            have_depth = self.depth(kind)
-            if (want[kind] > have_depth).any():
-                layer, head = np.argwhere(want[kind] > have_depth)[0]
-                raise InvalidArgument(
-                    f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages in layer {layer} head {head}; trained: {have_depth[layer, head]}"
-                )
-            books[kind] = []
-            for layer, sizes in enumerate(alloc[kind]):
-                have = self.stages(kind)[layer]
-                if tuple(have[: len(sizes)]) != tuple(sizes):
-                    raise InvalidArgument(f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}")
-                stages = self.books[kind][layer][: len(sizes)]
-                short = want[kind][layer] < have_depth[layer].clip(max=len(sizes))
-                if short.any():  # keep the invariant: a head's centroids past its depth are zero
-                    stages = [np.where((want[kind][layer] > stage)[:, None, None], book, 0).astype(np.float32) for stage, book in enumerate(stages)]
-                books[kind].append(stages)
-            if not _uniform(want[kind], alloc[kind]):
-                kept[kind] = want[kind]
-        return Codebooks(self.layers, self.heads, self.dim, self.pre_rope, books, preset, dict(self.meta), dict(self.weights), kept)
 
     def gather_table(self, kind: str):
         """(table, offsets): every centroid of ``kind`` as one float32 tensor ``[1 + total, dim]``,

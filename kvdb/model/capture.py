@@ -13,7 +13,7 @@ torch side of it:
   (GPT-2 and other absolute-position models) have nothing to undo: both are the identity.
 * :func:`build_cache` turns (de-quantized) arrays into a transformers ``DynamicCache`` usable
   with ``model(ids, cache=...)`` and ``generate``.
-* :func:`restore_layers` (and :func:`restore_cache`, its form for whole arrays) is the
+* :func:`restore_layers` is the
   approximate-restore path with the exact window policies the measurements chose: the
   attention sinks recomputed exactly from their tokens, or given exact, and the most recent
   tokens recomputed by a short forward pass over the restored prefix, or taken as stored. It
@@ -212,23 +212,6 @@ def _into_cache(model, keys: torch.Tensor, values: torch.Tensor, cache=None):
         cache.update(keys[layer][None, :, :0], values[layer][None, :, :0], layer)
         cache.layers[layer].keys, cache.layers[layer].values = keys[layer][None], values[layer][None]
     return cache
-
-
-def restore_cache(
-    model,
-    ids,
-    keys,
-    values,
-    pre_rope: bool = False,
-    sinks: int = SINKS,
-    recent: int = RECENT,
-    window: str = "recompute",
-    exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
-):
-    """``restore_layers`` of arrays ``[layers, kv_heads, seq, head_dim]``, left as they were (each
-    layer copied as it is restored)."""
-    copies = ((np.array(k, np.float32), np.array(v, np.float32)) for k, v in zip(keys, values))
-    return restore_layers(model, ids, copies, pre_rope, sinks, recent, window, exact_sinks)
 
 
 WINDOWS = ("recompute", "stored", "quantized", "none")

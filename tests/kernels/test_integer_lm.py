@@ -62,9 +62,10 @@ def test_a_linear_layer_is_its_integer_equation():
     np.testing.assert_allclose(lin(x).numpy(), layer(x.float()).detach().double().numpy(), rtol=0.05, atol=0.05)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model):
-    return M.load(tiny_model)
+@pytest.fixture
+def tiny(tiny_loaded):
+    """The session's loaded tiny model (and the integer passes lmcode builds of it once)."""
+    return tiny_loaded
 
 
 def _texts() -> list[str]:
@@ -147,7 +148,9 @@ for settings in given["runs"]:  # each run under the settings before it too
 """
 
 
-def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, kernel: bool = True, simd: bool = True) -> list[str]:
+def _digests_elsewhere(
+    model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, kernel: bool = True, simd: bool = True
+) -> list[str]:
     """The logits' digest in a fresh process, once per entry of ``runs`` (thread count, oneDNN
     off, float32 matmul precision), under ``ATEN_CPU_CAPABILITY=capability`` if given, by the
     kernel (with its plain C dot products unless ``simd``) or the reference pass."""

@@ -41,9 +41,10 @@ PROSE = (
 )
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model):
-    return lm_ops.load(tiny_model)
+@pytest.fixture
+def tiny(tiny_loaded):
+    """The session's loaded tiny model (and the integer passes lmcode builds of it once)."""
+    return tiny_loaded
 
 
 def ids_of(lm, text: str) -> np.ndarray:
@@ -87,7 +88,9 @@ def cached_length(ctx: lmcode.Context) -> int:
     return ctx.cache.length if ctx.version in lmcode.INTEGER_VERSIONS else ctx.cache.get_seq_length()
 
 
-@pytest.fixture(params=[pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3], ids=["v1", "v2", "v3"])  # v1 steps one token at a time, v2 is the reference pass: both slow
+@pytest.fixture(
+    params=[pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3], ids=["v1", "v2", "v3"]
+)  # v1 steps one token at a time, v2 is the reference pass: both slow
 def version(request):
     """Payload version 1 (the float model's one-token step), 3 (kvdb.model.integer_lm, the default) and
     2 (the same with torch.sqrt, read and no longer written by default: its reference pass)."""
@@ -236,14 +239,17 @@ def test_suffix_given_prefix_round_trip(tiny, version):
 
     # a second child of the same parent, and a context rebuilt from the prefix's ids, both work
     other = ids_of(tiny, "another branch")
-    got_other, _ = lmcode.decode(tiny.model, lmcode.encode(tiny.model, other, context=root_ctx), context=lmcode.context_for(tiny.model, prefix, version=version))
+    got_other, _ = lmcode.decode(
+        tiny.model, lmcode.encode(tiny.model, other, context=root_ctx), context=lmcode.context_for(tiny.model, prefix, version=version)
+    )
     assert np.array_equal(got_other, other)
 
     # the state after a token sequence does not depend on where it was cut: the same cache as one whole decode
-    _, whole = lmcode.decode(tiny.model, lmcode.encode(tiny.model, np.concatenate([prefix, suffix]), version=version))
+    whole_payload = lmcode.encode(tiny.model, np.concatenate([prefix, suffix]), version=version)
+    _, whole = lmcode.decode(tiny.model, whole_payload)
     assert_same_context(whole, full)
     # and coding it whole or cut costs the same bits up to the coder's flush and the second header
-    whole_bits = len(lmcode.encode(tiny.model, np.concatenate([prefix, suffix]), version=version)) * 8
+    whole_bits = len(whole_payload) * 8
     assert len(root) * 8 + len(child) * 8 - whole_bits <= (lmcode.read_header(child).size + 8) * 8
 
 
@@ -314,10 +320,13 @@ def test_bad_arguments(tiny):
 
 
 @pytest.mark.slow
-def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model, tmp_path, version):
-    """The encoder's process ran with torch's default threads; the decoder starts with 2 and no shared state."""
+def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model, tmp_path):
+    """The encoder's process ran with torch's default threads; the decoder starts with 2 and no
+    shared state. One process decodes a payload of each version (it starts in seconds)."""
     ids = ids_of(tiny, PROSE + CODE)
-    (tmp_path / "p.bin").write_bytes(lmcode.encode(tiny.model, ids, version=version))
+    versions = (1, 2, 3)
+    for version in versions:
+        (tmp_path / f"p{version}.bin").write_bytes(lmcode.encode(tiny.model, ids, version=version))
     script = textwrap.dedent(
         f"""
         import sys, numpy as np, torch
@@ -325,13 +334,15 @@ def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model,
         from kvdb.model import lmcode
         from kvdb.model import loading as model
         lm = model.load({tiny_model!r})
-        out, ctx = lmcode.decode(lm.model, open({str(tmp_path / 'p.bin')!r}, 'rb').read())
-        assert torch.get_num_threads() == 2
-        np.save({str(tmp_path / 'out.npy')!r}, out)
+        for version in {versions!r}:
+            out, ctx = lmcode.decode(lm.model, open({str(tmp_path)!r} + f"/p{{version}}.bin", 'rb').read())
+            assert torch.get_num_threads() == 2 and ctx.version == version
+            np.save({str(tmp_path)!r} + f"/out{{version}}.npy", out)
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
-    assert np.array_equal(np.load(tmp_path / "out.npy"), ids)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    for version in versions:
+        assert np.array_equal(np.load(tmp_path / f"out{version}.npy"), ids), version
 
 
 # -- the embedded model ---------------------------------------------------------------------

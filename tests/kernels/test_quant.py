@@ -1,4 +1,5 @@
-"""KV tier: residual VQ codebooks (kvdb.codecs.quant) and capture/restore of K/V (kvdb.model.capture)."""
+"""KV tier: residual VQ codebooks (kvdb.codecs.quant) and capture/restore of K/V (kvdb.model.capture),
+with the benchmarks' helpers over them (benchmarks/kv_support.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 from support import REPO
 
+from benchmarks import kv_support as KS
 from kvdb.codecs import code_layout as CL
 from kvdb.codecs import presets as P
 from kvdb.codecs import quant as Q
@@ -37,8 +39,7 @@ def test_codebook_bytes_round_trip(trained):
     blob = cb.to_bytes()
     back = Q.Codebooks.from_bytes(blob)
     assert back.to_bytes() == blob
-    assert (back.layers, back.heads, back.dim, back.pre_rope, back.preset, back.meta) == (
-        cb.layers, cb.heads, cb.dim, cb.pre_rope, cb.preset, cb.meta)
+    assert (back.layers, back.heads, back.dim, back.pre_rope, back.preset, back.meta) == (cb.layers, cb.heads, cb.dim, cb.pre_rope, cb.preset, cb.meta)
     for kind in Q.KINDS:
         assert back.stages(kind) == cb.stages(kind)
         for a, b in zip(back.books[kind], cb.books[kind]):
@@ -61,7 +62,7 @@ def test_encode_decode_shapes_and_error_drops_with_stages(trained):
     assert kc.max() < 16
     errors = []
     for stages in (1, 2, 3):
-        sub = cb.truncate(f"k{stages}x16v1x16")
+        sub = KS.truncate(cb, f"k{stages}x16v1x16")
         kq, vq = Q.decode(sub, (kc[:, :, :stages], vc[:, :, :1]))
         assert kq.shape == k.shape and vq.shape == v.shape and kq.dtype == np.float32
         errors.append(float(((kq - k) ** 2).mean()))
@@ -69,7 +70,7 @@ def test_encode_decode_shapes_and_error_drops_with_stages(trained):
     assert errors[2] < 0.5 * float(((k - k.mean(2, keepdims=True)) ** 2).mean())
     # nested stages: decoding a prefix of the codes equals decoding with truncated codebooks
     full_k, _ = Q.decode(cb, (kc[:, :, :2], vc))
-    np.testing.assert_array_equal(full_k, Q.decode(cb.truncate("k2x16v2x16"), (kc[:, :, :2], vc))[0])
+    np.testing.assert_array_equal(full_k, Q.decode(KS.truncate(cb, "k2x16v2x16"), (kc[:, :, :2], vc))[0])
     with pytest.raises(InvalidArgument):
         Q.encode(cb, k[:, :, :, :4], v)
 
@@ -84,8 +85,8 @@ def test_stored_code_bytes_match_fractal(trained):
     first = np.concatenate([kc[0, :, :, 0].T.reshape(-1), kc[1, :, :, 0].T.reshape(-1), vc[0, :, :, 0].T.reshape(-1), vc[1, :, :, 0].T.reshape(-1)])
     assert np.array_equal(streams[16][:20], first)
     # 16-ary symbols cost 4 bits; one block (12 B header + CRC)
-    assert CL.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
-    assert CL.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
+    assert KS.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
+    assert KS.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
 
 
 def test_per_layer_training():
@@ -132,14 +133,14 @@ def test_heads_with_fewer_stages_than_their_layer():
     for layer, (got_k, got_v) in enumerate(CL.decode_streams(cb, CL.code_streams(cb, (kc, vc)), 300, 200)):
         np.testing.assert_array_equal(got_k, keys[layer, :, :200])
         np.testing.assert_array_equal(got_v, values[layer, :, :200])
-    shallow = cb.truncate("k1x16v1x8+k2x16@1.1")
+    shallow = KS.truncate(cb, "k1x16v1x8+k2x16@1.1")
     assert shallow.depth("k")[1].tolist() == [1, 2] and shallow.depths.keys() == {"k"}
     assert shallow.stages("v")[2] == (8,) and not shallow.books["k"][1][1][0].any()
     # stages nest per head too: cutting the uniform set down is training the per-head preset
-    assert uniform.truncate("k1x16v1x8+k3x16@1.1+v2x8@2.0").to_bytes() == blob
-    assert cb.truncate("k1x16v1x8").to_bytes()[8:12] == (1).to_bytes(4, "little")
+    assert KS.truncate(uniform, "k1x16v1x8+k3x16@1.1+v2x8@2.0").to_bytes() == blob
+    assert KS.truncate(cb, "k1x16v1x8").to_bytes()[8:12] == (1).to_bytes(4, "little")
     with pytest.raises(InvalidArgument, match="needs 3 k stages in layer 1 head 0"):
-        cb.truncate("k1x16v1x8+k3x16@1")
+        KS.truncate(cb, "k1x16v1x8+k3x16@1")
 
 
 def test_decode_streams_gives_decode_layer_by_layer():
@@ -164,9 +165,10 @@ def test_decode_streams_gives_decode_layer_by_layer():
 # -- capture / restore on the tiny model ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model):
-    return M.load(tiny_model)
+@pytest.fixture
+def tiny(tiny_loaded):
+    """The session's loaded tiny model (and the integer passes lmcode builds of it once)."""
+    return tiny_loaded
 
 
 def _ids(n, seed=0):
@@ -204,7 +206,7 @@ def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
     k, v = C.capture(tiny.model, prefix, chunk=32, pre_rope=pre_rope)
     exact = M.prefill(tiny.model, prefix[: C.SINKS])
     for window in ("none", "quantized", "recompute", "stored"):
-        cache = C.restore_cache(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
+        cache = KS.restore_cache(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
         assert cache.get_seq_length() == 80
         lp, am = C.teacher_forced(tiny.model, cache, cont)
         np.testing.assert_allclose(lp, lp_exact, atol=1e-4)
@@ -220,7 +222,7 @@ def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
     ids = _ids(n + 8, seed=5)
     k, v = C.capture(tiny.model, ids[:n], pre_rope=True)
     lp_exact, _ = C.teacher_forced(tiny.model, M.prefill(tiny.model, ids[:n]), ids[n:])
-    cache = C.restore_cache(tiny.model, ids[:n], k, v, pre_rope=True)
+    cache = KS.restore_cache(tiny.model, ids[:n], k, v, pre_rope=True)
     assert cache.get_seq_length() == n
     np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, ids[n:])[0], lp_exact, atol=1e-4)
 
@@ -228,7 +230,7 @@ def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
 def test_restored_cache_generates(tiny):
     ids = _ids(40, seed=3)
     k, v = C.capture(tiny.model, ids[:-1], pre_rope=True)
-    cache = C.restore_cache(tiny.model, ids[:-1], k, v, pre_rope=True)
+    cache = KS.restore_cache(tiny.model, ids[:-1], k, v, pre_rope=True)
     out = M.generate(tiny.model, tiny.tokenizer, cache, ids, 5)
     expect = M.generate(tiny.model, tiny.tokenizer, M.prefill(tiny.model, ids[:-1]), ids, 5)
     assert out == expect
@@ -240,7 +242,7 @@ def test_quantized_restore_end_to_end_tiny(tiny):
     cb = Q.train({"k": k, "v": v}, "k2x32v2x32", niter=6)
     cb2 = Q.Codebooks.from_bytes(cb.to_bytes())
     kq, vq = Q.decode(cb2, Q.encode(cb2, k, v))
-    cache = C.restore_cache(tiny.model, ids, kq, vq, pre_rope=True)
+    cache = KS.restore_cache(tiny.model, ids, kq, vq, pre_rope=True)
     assert cache.get_seq_length() == 300
     # the recomputed window is exact at the sinks
     exact = M.prefill(tiny.model, ids)
@@ -259,7 +261,7 @@ def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, 
         raise AssertionError("the stored window ran the model")
 
     monkeypatch.setattr(tiny.model, "forward", no_forward)
-    cache = C.restore_cache(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
+    cache = KS.restore_cache(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
     monkeypatch.undo()
     got_k, got_v = C.cache_arrays(cache)
     want_k, want_v = C.cache_arrays(exact)
@@ -307,18 +309,18 @@ def test_embedded_fidelity_smoke(embedded):
     ids = np.asarray(tok.encode(embedded.tokenizer, real_text(40_000)), dtype=np.int64)
     model = embedded.model
     k, v = C.capture(model, ids[:512], pre_rope=True)
-    cb = Q.train({"k": k[:, :, C.SINKS:], "v": v[:, :, C.SINKS:]}, "k2x64v1x64", niter=6)
+    cb = Q.train({"k": k[:, :, C.SINKS :], "v": v[:, :, C.SINKS :]}, "k2x64v1x64", niter=6)
     prefix, cont = ids[2000:2256], ids[2256:2289]
     kp, vp = C.capture(model, prefix, pre_rope=True)
     lp_exact, am_exact = C.teacher_forced(model, M.prefill(model, prefix), cont)
     kq, vq = Q.decode(cb, Q.encode(cb, kp, vp))
-    cache = C.restore_cache(model, prefix, kq, vq, pre_rope=True)
+    cache = KS.restore_cache(model, prefix, kq, vq, pre_rope=True)
     lp, am = C.teacher_forced(model, cache, cont)
     ratio = float(np.exp(lp_exact.mean() - lp.mean()))
     assert ratio < 3.0, ratio  # coarse codebooks: damage is bounded, not zero
     assert (am == am_exact).mean() > 0.4
     # unquantized arrays through the same path are exact
-    exact_cache = C.restore_cache(model, prefix, kp, vp, pre_rope=True)
+    exact_cache = KS.restore_cache(model, prefix, kp, vp, pre_rope=True)
     np.testing.assert_allclose(C.teacher_forced(model, exact_cache, cont)[0], lp_exact, atol=2e-3)
 
 
@@ -377,4 +379,4 @@ def test_the_measured_preset_round_trips_through_its_streams():
     for layer, head in ((0, 0), (7, 2), (7, 0), (18, 2), (8, 1)):
         want = sum(cb.books["k"][layer][s][head][codes[0][layer, head, s]] for s in range(cb.depth("k")[layer, head]))
         np.testing.assert_allclose(keys[layer, head], want, rtol=1e-6, atol=1e-6)
-    assert CL.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers
+    assert KS.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers

@@ -15,6 +15,7 @@ import torch
 from support import make_tiny_model
 
 import kvdb
+from benchmarks import kv_support
 from kvdb.errors import ModelMismatch
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
@@ -42,6 +43,13 @@ def arch_model(request, tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp(request.param), arch=arch, **config))
 
 
+@pytest.fixture(scope="module")
+def arch_loaded(arch_model):
+    """``arch_model`` loaded once: an Archive opened with it is still a new one (its state is on
+    disk, as a new process finds it), without loading the model again for each."""
+    return lm_ops.load(arch_model)
+
+
 def turns(n: int) -> list[dict]:
     out = []
     for i in range(n):
@@ -53,15 +61,15 @@ def turns(n: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, arch_model):
+def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, arch_loaded):
     """Each turn from a new Archive (as a new process would): the shared prefix resumes from the
     prefix cache on disk, which must hold every position of every layer."""
     path = tmp_path / "grow.duckdb"
     for n in (1, 2, 3):
-        with kvdb.open(path, model=arch_model) as db:
+        with kvdb.open(path, model=arch_loaded) as db:
             [result] = db.ingest(messages=turns(n), name=f"turn{n}")
             assert result.status == "ingested"
-    with kvdb.open(path, model=arch_model) as db:
+    with kvdb.open(path, model=arch_loaded) as db:
         model = db.loaded_model.model
         for n in (1, 2, 3):
             ids = db.tokens(f"turn{n}")
@@ -69,18 +77,18 @@ def test_a_conversation_growing_across_processes_stores_true_logprobs(tmp_path, 
             np.testing.assert_allclose(db.logprobs(f"turn{n}"), lm_ops.score(model, ids)[0], atol=1e-4)
 
 
-def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_model):
+def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_loaded):
     """An entry that holds fewer positions than its node (what a sliding layer's cache saved
     before caches were full-length) is passed over; verify names it, repair and gc delete it."""
     path = tmp_path / "stale.duckdb"
-    with kvdb.open(path, model=arch_model) as db:
+    with kvdb.open(path, model=arch_loaded) as db:
         first = db.ingest(messages=turns(1), name="one")[0]
         model = db.loaded_model.model
         ids = db.tokens("one")
     entries = PrefixCache(path.with_name(path.name + ".prefix"))
     short = lm_ops.prefill(model, ids[:WINDOW])  # claims the session, holds one window
     entries.save(first.session_id, short)
-    with kvdb.open(path, model=arch_model) as db:
+    with kvdb.open(path, model=arch_loaded) as db:
         assert any(f"holds {WINDOW} positions" in p for p in db.verify().problems)
         db.ingest(messages=turns(2), name="two")
         np.testing.assert_allclose(db.logprobs("two"), lm_ops.score(model, db.tokens("two"))[0], atol=1e-4)
@@ -118,12 +126,12 @@ def test_tier_k_codes_every_position_of_every_layer(archive_of):
 
 
 @pytest.mark.slow
-def test_tier_l_as_the_only_copy_reads_and_restores(tmp_path, arch_model):
-    with kvdb.open(tmp_path / "lm.duckdb", model=arch_model) as db:
+def test_tier_l_as_the_only_copy_reads_and_restores(tmp_path, arch_loaded):
+    with kvdb.open(tmp_path / "lm.duckdb", model=arch_loaded) as db:
         [chat] = db.ingest(messages=turns(1), name="chat", keep="tokens,search,lm")
         text, ids = db.text("chat"), db.tokens("chat")
         db.compact("chat", "lm")
-    with kvdb.open(tmp_path / "lm.duckdb", model=arch_model) as db:  # nothing decoded before
+    with kvdb.open(tmp_path / "lm.duckdb", model=arch_loaded) as db:  # nothing decoded before
         assert db.text("chat") == text
         restored = db.restore("chat")
         assert restored.mode == "decode" and restored.cache.get_seq_length() == chat.n_tokens
@@ -142,19 +150,19 @@ def test_a_model_without_a_per_layer_kv_cache_is_refused_before_anything_is_writ
 
 
 @pytest.fixture
-def archive_of(tmp_path, arch_model):
-    with kvdb.open(tmp_path / "long.duckdb", model=arch_model) as db:
+def archive_of(tmp_path, arch_loaded):
+    with kvdb.open(tmp_path / "long.duckdb", model=arch_loaded) as db:
         text = "The harbour lights come on one by one as the boats return. " * 6
         db.ingest(text=text, name="long")
         yield db, db.tokens("long")
 
 
-def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_model):
+def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_loaded):
     """The rotary module is found wherever the architecture keeps it (GPT-NeoX: ``gpt_neox``), so
     tier K quantizes pre-RoPE keys as its codebooks say; GPT-2 has none to undo."""
     from kvdb.model import capture
 
-    loaded = lm_ops.load(arch_model)
+    loaded = arch_loaded
     ids = np.arange(2 * WINDOW) % 200 + 3
     post, _ = capture.capture(loaded.model, ids)
     pre, _ = capture.capture(loaded.model, ids, pre_rope=True)
@@ -164,15 +172,15 @@ def test_keys_are_taken_back_to_pre_rope_wherever_the_model_rotates_them(arch_mo
     np.testing.assert_allclose(capture.apply_rope(loaded.model, pre, 0), post, atol=1e-5)
 
 
-def test_the_recomputed_window_is_the_model_own_computation(arch_model):
+def test_the_recomputed_window_is_the_model_own_computation(arch_loaded):
     """From exact arrays, the archive restore (sinks and recent window recomputed in one masked
     pass) must give the cache a fresh prefill gives, sliding layers included."""
     from kvdb.model import capture
 
-    loaded = lm_ops.load(arch_model)
+    loaded = arch_loaded
     ids = np.arange(6 * WINDOW) % 200 + 3
     keys, values = capture.capture(loaded.model, ids, pre_rope=True)
-    restored = capture.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
+    restored = kv_support.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
     fresh = lm_ops.prefill(loaded.model, ids)
     for ours, theirs in zip(restored.layers, fresh.layers, strict=True):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-4, rtol=1e-4)

@@ -3,6 +3,7 @@ referenced by archives (never stored in them), rebuilt alike on a machine that l
 
 import hashlib
 import json
+import shutil
 import zlib
 from dataclasses import replace
 
@@ -17,6 +18,25 @@ from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.services import shipped_codebooks as shipped
 
 TEXT = "A session archived with tier K on a fresh archive, with no codebooks trained at all. " * 3
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model):
+    """(a machine's cache that built this kvdb's shipped codebooks of the tiny model, the reports
+    of that first build and of a second one, the model's identity): a build takes seconds, and
+    the tests that only need them built start from a copy of that cache."""
+    cache = tmp_path_factory.mktemp("built-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVDB_CACHE", str(cache))
+        with kvdb.open(tmp_path_factory.mktemp("build") / "a.duckdb", model=tiny_model) as db:
+            reports = db.build_shipped_codebooks(), db.build_shipped_codebooks()
+            identity = db.loaded_model.identity
+    return cache, reports, identity
+
+
+def a_machine_that_built_them(built, folder, monkeypatch) -> None:
+    shutil.copytree(built[0], folder)
+    monkeypatch.setenv("KVDB_CACHE", str(folder))
 
 
 def test_reference_round_trips_and_refuses_damage_and_newer_versions():
@@ -80,8 +100,8 @@ def test_trained_codebooks_take_over_for_later_sessions(kv_archive):
 
 
 @pytest.mark.slow
-def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, tiny_model, monkeypatch):
-    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-a"))
+def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, tiny_model, monkeypatch, built):
+    a_machine_that_built_them(built, tmp_path / "machine-a", monkeypatch)
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         db.ingest(text=TEXT, name="s", keep=KV)
         [listed] = db.codebooks()
@@ -98,13 +118,11 @@ def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, ti
 
 
 @pytest.mark.slow
-def test_the_build_uses_the_packaged_calibration_text(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
-    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
-        report = db.build_shipped_codebooks()
-        again = db.build_shipped_codebooks()
-    assert report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(db.loaded_model.identity)["preset"] == "k4v3"
-    books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(db.loaded_model.identity))), "", 0))
+def test_the_build_uses_the_packaged_calibration_text(built, monkeypatch):
+    cache, (report, again), identity = built
+    monkeypatch.setenv("KVDB_CACHE", str(cache))
+    assert report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(identity)["preset"] == "k4v3"
+    books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(identity))), "", 0))
     assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
     assert np.isfinite(books.books["k"][0][0]).all() and shipped.CALIBRATION.stat().st_size > 30_000
 
@@ -122,9 +140,9 @@ def test_a_reference_is_built_by_its_own_recipe_when_it_is_not_this_kvdbs(tiny_m
 
 
 @pytest.mark.slow
-def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(tmp_path, tiny_model, monkeypatch):
+def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(tmp_path, tiny_model, monkeypatch, built):
     """Issue 30: verify read the reference as centroids ("bad magic") and failed every such archive."""
-    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    a_machine_that_built_them(built, tmp_path / "cache", monkeypatch)
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         db.ingest(text=TEXT, name="s", keep=KV)
         report = db.verify(deep=True)
