@@ -323,6 +323,7 @@ def main() -> None:
     parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
     parser.add_argument("--modes", default="a,b,c,d,concurrency,archive", help="which of a, b, c, d, the 4-client check and the archive costs to run")
     parser.add_argument("--baseline", default=None, help="another kvdb source tree to run (a) and the archive costs from, side by side")
+    parser.add_argument("--baseline-label", default=None, help="what the baseline is (a commit), for the results")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
     modes = set(args.modes.split(","))
@@ -379,7 +380,7 @@ def main() -> None:
     if {"(d) llama.cpp restarted", "(a) kvdb", "(b) kvdb restarted"} <= set(ttft):
         ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
     lines = [
-        "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
+        "## kvdb serve: this checkout against a baseline (`benchmarks/serve.py --baseline`)" if args.baseline else "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
         "",
         describe(),
         "",
@@ -387,7 +388,8 @@ def main() -> None:
         f"{args.words} words a turn; greedy replies of at most "
         f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
         f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --document-words {args.document_words} --words {args.words}"
-        + (" --llama-python PY" if args.llama_python else "") + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`"),
+        + (" --llama-python PY" if args.llama_python else "") + (" --baseline SRC" if args.baseline else "")
+        + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`") + (f"; SRC is a checkout of {args.baseline_label}" if args.baseline_label else ""),
         "",
         *(summarise(runs, args.turns) if runs else []),
         "",

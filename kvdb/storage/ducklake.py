@@ -277,17 +277,20 @@ class DuckLake(Engine):
             raise NewerArchiveError(f"{self.describe()} has schema revision {found}; this kvdb reads {REVISION} (upgrade kvdb to open it)")
         if self.read_only:
             raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
-        with transaction(self.connection()) as conn:
-            (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()
-            if tables:
-                raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
-            for statement in _keyless_tables():
-                conn.execute(statement)
-            for name, columns in OWN_TABLES.items():
-                conn.execute(f"create table {name} ({columns})")
-            conn.execute("insert into kvdb_commits (lake_id, n) values (?, 0)", [uuid.uuid4().hex])
-            conn.execute("create table alembic_version (version_num varchar not null)")
-            conn.execute("insert into alembic_version values (?)", [REVISION])
+        try:
+            with transaction(self.connection()) as conn:
+                (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()
+                if tables:
+                    raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
+                for statement in _keyless_tables():
+                    conn.execute(statement)
+                for name, columns in OWN_TABLES.items():
+                    conn.execute(f"create table {name} ({columns})")
+                conn.execute("insert into kvdb_commits (lake_id, n) values (?, 0)", [uuid.uuid4().hex])
+                conn.execute("create table alembic_version (version_num varchar not null)")
+                conn.execute("insert into alembic_version values (?)", [REVISION])
+        except duckdb.Error as exc:  # an object store nobody answers at, say: the creation rolled back whole
+            raise (self.explain(exc) or ArchiveError(f"cannot create archive {self.describe()}: {first_line(exc)}")) from exc
 
 
 def _file_problem(path: str | None, size: int | None) -> str | None:

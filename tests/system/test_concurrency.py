@@ -14,15 +14,15 @@ import kvdb.services.write_compute
 import kvdb.storage.base
 from kvdb.errors import ArchiveError, ArchiveLocked
 from kvdb.model import loading as lm_ops
-from kvdb.storage.duckdb_file import DuckDBFile
+from kvdb.storage import open_storage
 
 pytestmark = pytest.mark.slow  # several processes on one archive
 
-READER = "from kvdb.storage.duckdb_file import DuckDBFile; print(len(DuckDBFile({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
+READER = "from kvdb.storage import open_storage; print(len(open_storage({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
 
 
 def _hold(path, read_only: bool) -> subprocess.Popen:
-    code = f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}, read_only={read_only}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(30)"
+    code = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only={read_only}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(30)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "ready"
     return holder
@@ -30,14 +30,14 @@ def _hold(path, read_only: bool) -> subprocess.Popen:
 
 def test_read_only_opens_share_the_file_and_exclude_a_writer(tmp_path):
     path = tmp_path / "a.duckdb"
-    DuckDBFile(path).close()
+    open_storage(path).close()
     holder = _hold(path, read_only=True)
     try:
-        reader = DuckDBFile(path, lock_timeout=0.5, read_only=True)
+        reader = open_storage(path, lock_timeout=0.5, read_only=True)
         assert reader.list_sessions() == []
         reader.close()
         with pytest.raises(ArchiveLocked, match="read-only"):
-            DuckDBFile(path, lock_timeout=0.5).list_sessions()
+            open_storage(path, lock_timeout=0.5).list_sessions()
     finally:
         holder.kill()
         holder.wait()
@@ -130,7 +130,7 @@ def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monk
     for hold in (60.0, 0.0):
         monkeypatch.setattr(kvdb.storage.base, "HOLD_SECONDS", hold)  # the policy lives in storage (before_compute)
         with kvdb.open(tmp_path / f"{hold}.duckdb", model=tiny_model) as db:
-            before = storage_of(db).connections
+            before = storage_of(db).engine.connections
             assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
-            opened.append(storage_of(db).connections - before)
+            opened.append(storage_of(db).engine.connections - before)
     assert opened == [2, 4]  # a held through a and b, let go for c; or let go for each
