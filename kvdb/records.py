@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -209,9 +209,10 @@ class RestoredSession:
 
 class _ReadAsDict:
     """Reading a record as the dict its method returned before it was a record: deprecated, kept
-    for one release. ``to_dict()`` is that dict."""
+    for one release. ``to_dict()`` is that dict (its fields, unless the record says otherwise)."""
 
-    to_dict: Callable[[], dict]
+    def to_dict(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
 
     def _deprecated(self, how: str) -> dict:
         warnings.warn(
@@ -247,9 +248,6 @@ class TrainedCodebooks(_ReadAsDict):
     bytes: int
     seconds: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ShippedCodebooks(_ReadAsDict):
@@ -262,9 +260,6 @@ class ShippedCodebooks(_ReadAsDict):
     path: str
     seconds: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Fidelity(_ReadAsDict):
@@ -274,9 +269,6 @@ class Fidelity(_ReadAsDict):
     ppl_ratio: float  # perplexity of the archive restore over the exact one's
     probe_tokens: int
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class RebuiltIndex(_ReadAsDict):
@@ -285,9 +277,6 @@ class RebuiltIndex(_ReadAsDict):
     nodes: int
     points: int
     seconds: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
