@@ -43,7 +43,7 @@ demo: install
 # Lint and types first (seconds), then the whole suite on both cores; the tests of the embedded
 # model all run on one of them (tests/conftest.py groups them), so it is loaded once.
 test: install lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # The inner loop: no model, no browser, no PostgreSQL, smaller property runs (under 3 minutes).
 test-fast: install
