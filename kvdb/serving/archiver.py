@@ -80,10 +80,9 @@ class Archiver:
     def _archive(self, path: Path, computed: Computed | None) -> None:
         entry = self._journal.read(path)
         source = {entry["kind"]: entry["content"]}
-        if computed is None or self._keep_runs_model:  # the whole exchange to compute: requests wait for the model meanwhile
-            with self._gate.held():
-                self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, computed=computed, keep_cache=True))
-        else:  # the model runs over the template's closing tokens only: no request waits for that
-            self._gate.wait_idle()
+        # The whole exchange to compute: requests wait for the model meanwhile. Else the model runs
+        # over the template's closing tokens only, and no request waits for that.
+        whole = computed is None or self._keep_runs_model
+        with self._gate.held() if whole else self._gate.idle():
             self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, computed=computed, keep_cache=True))
         self._journal.done(path)

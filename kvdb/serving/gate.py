@@ -66,11 +66,13 @@ class ModelGate:
         finally:
             release()
 
-    def wait_idle(self, idle: float = IDLE_SECONDS) -> None:
-        """Return once no request has held or waited for the model for ``idle`` seconds: for
-        background work that runs the model too little to hold it (requests are not kept out)."""
+    @contextlib.contextmanager
+    def idle(self, idle: float = IDLE_SECONDS):
+        """Entered once no request has held or waited for the model for ``idle`` seconds, without
+        holding it: for background work that runs the model too little to keep requests out."""
         with self.held(idle):
             pass
+        yield
 
     @contextlib.contextmanager
     def held(self, idle: float = IDLE_SECONDS):
