@@ -60,11 +60,10 @@ class TierK:
         """The id of the codebooks new sessions are coded with: the model's newest, else the
         shipped ones, whose reference is written to the archive here (their first build on this
         machine takes minutes, with the file let go)."""
-        found = self._storage.codebooks_for(model_id)
-        if found is not None:
-            return found[0]
-        codebook_id, books = self._shipped(model_id)
-        self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, self._references[codebook_id]))
+        codebook_id, books = self.codebooks(model_id)  # parsed now, with the file held: coding later reads nothing from it
+        if self._storage.codebooks_for(model_id) is None:
+            reference = self._references[codebook_id]
+            self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, reference))
         return codebook_id
 
     def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
