@@ -48,6 +48,7 @@ LOST_CATALOG = (
     'Failed to execute query "COMMIT"',
     "no connection to the server",
 )
+ABORTED = "Current transaction is aborted"  # may be a lost catalog: ``DuckLake._catalog_answers`` tells
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
 # How httpfs says an object store could not be reached or refused the request.
 UNREACHABLE_DATA = ("Could not connect to server", "HTTP Error", "HTTP PUT", "HTTP GET", "HTTP HEAD", "Could not resolve hostname")
@@ -138,12 +139,22 @@ class DuckLake(Engine):
             )
         if ".parquet" in message:
             return CorruptData(f"a data file of {self.describe()} cannot be read ({first_line(exc)}); `kvdb verify` names the damaged files")
-        if any(sign in message for sign in LOST_CATALOG):
+        if any(sign in message for sign in LOST_CATALOG) or (ABORTED in message and not self._catalog_answers()):
             return ArchiveError(
                 f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
                 "not half-written: run the command again when it is back (it finds what was committed)"
             )
         return None
+
+    def _catalog_answers(self) -> bool:
+        """Whether PostgreSQL takes a new connection now. DuckLake reports a connection it lost
+        inside a transaction as that transaction being aborted, the same words as any earlier
+        failure: only asking the server tells the two apart."""
+        try:
+            psycopg.connect(self.location.removeprefix(CATALOG_PREFIX), autocommit=True, connect_timeout=5).close()
+        except psycopg.Error:
+            return False
+        return True
 
     def release(self) -> None:
         """Nothing to let go: DuckLake takes no lock while the model works."""

@@ -95,16 +95,18 @@ def test_the_kernel_is_built_and_its_square_root_is_correctly_rounded():
 
 
 @pytest.mark.slow
-def test_batched_chunks_give_the_one_token_steps_bits_on_20000_positions(one_layer):
+def test_batched_chunks_give_the_one_token_steps_bits(one_layer):
     """The encoder may cut a sequence into any chunks; the decoder steps one token at a time.
-    The kernel's chunks, the kernel's steps and the reference pass in one batch: one result."""
+    The kernel's chunks, the kernel's steps and the reference pass in one batch: one result, on
+    the first 1,500 positions of each text (20,000 positions, all of them, under KVDB_TESTS=thorough)."""
+    thorough = os.environ.get("KVDB_TESTS") == "thorough"
     ilm, reference = I.IntegerLM(one_layer.model), I.IntegerLM(one_layer.model, kernel=False)
     assert ilm.kernel is not None
     rng = np.random.default_rng(1)
     checked = 0
     for text in _texts():
         ids = np.asarray(tok.encode(one_layer.tokenizer, text), dtype=np.int64)
-        for start in range(0, len(ids) - 64, 1500):  # sequences of up to 1,500 positions
+        for start in range(0, len(ids) - 64, 1500)[: None if thorough else 1]:  # sequences of up to 1,500 positions
             seq = ids[start : start + 1500]
             cuts = np.unique(np.concatenate([[0, len(seq)], rng.integers(1, len(seq), size=len(seq) // 150)]))
             batched = ilm.new_cache()
@@ -114,7 +116,7 @@ def test_batched_chunks_give_the_one_token_steps_bits_on_20000_positions(one_lay
             whole = reference.forward(seq, reference.new_cache())
             assert torch.equal(chunks, steps) and torch.equal(steps, whole), f"text {text[:20]!r}, positions {start}.."
             checked += len(seq)
-    assert checked >= 20_000
+    assert checked >= (20_000 if thorough else 6_000)
 
 
 def test_the_reference_steps_give_the_kernels_bits(one_layer):

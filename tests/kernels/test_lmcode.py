@@ -347,24 +347,23 @@ def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model,
 
 # -- the embedded model ---------------------------------------------------------------------
 
-VARIED = (
-    "The archive keeps every session it has seen, so a later question can be answered from the exact context.\n\n"
-    + CODE
-    + "\n"
-    + UNICODE
-    + "\n| model | bits/token |\n|---|---:|\n| SmolLM2 | 3.9 |\n"
-)
+SENTENCE = "The archive keeps every session it has seen, so a later question can be answered from the exact context.\n\n"
+TABLE = "\n| model | bits/token |\n|---|---:|\n| SmolLM2 | 3.9 |\n"
+VARIED = SENTENCE + CODE + "\n" + UNICODE + TABLE
 
 
 @pytest.mark.model
 def test_embedded_round_trip_near_cross_entropy(embedded):
+    """Prose, unicode and a table (the version 3 test below codes the code): version 1 steps the
+    float model one token at a time both ways, 75 ms a token on 2 plain cores."""
     model = embedded.model
-    ids = ids_of(embedded, VARIED)
-    assert 200 <= ids.size <= 400
+    text = SENTENCE + UNICODE + TABLE
+    ids = ids_of(embedded, text)
+    assert 100 <= ids.size <= 200
     payload = lmcode.encode(model, ids, version=1)
     out, ctx = lmcode.decode(model, payload)
     assert np.array_equal(out, ids)
-    assert tok.decode(embedded.tokenizer, out) == VARIED
+    assert tok.decode(embedded.tokenizer, out) == text
     assert ctx.cache.get_seq_length() == ids.size
     reference = next_logits_after_prefill(model, ids)
     np.testing.assert_allclose(ctx.logits, reference.numpy(), atol=2e-3, rtol=1e-3)

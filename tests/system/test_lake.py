@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pytest
 
@@ -26,6 +27,9 @@ TEXTS = {
     "harbour-2": "The keeper watched the harbour lights. Then the fog came in and nobody saw them again.",
     "garden": "In the garden the basil grew tall. The harbour lights were far away from the garden.",
 }
+
+# PostgreSQL is stopped once 3 are in: the rest (about a second each) leave the stop time to land
+SESSIONS_WHEN_STOPPED = 15
 
 
 def _fill(archive) -> None:
@@ -210,7 +214,7 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
     where, data_path = lake
     folder = tmp_path / "in"
     folder.mkdir()
-    for i in range(40):
+    for i in range(SESSIONS_WHEN_STOPPED):
         (folder / f"s{i:02}.txt").write_text(f"Session {i}: " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)))
     env = dict(os.environ, KVDB_MODEL=tiny_model)
     with kvdb.open(where, model=tiny_model, data_path=data_path):
@@ -239,9 +243,33 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
     assert worker.returncode == 5, (out, err)
     assert "lost the catalog" in err and "run the command again" in err and "Traceback" not in err
     again = [json.loads(line) for line in _kvdb("--db", where, "ingest", str(folder), "--json", env=env).stdout.splitlines()]
-    assert {r["status"] for r in again} <= {"ingested", "unchanged"} and len(again) == 40
+    assert {r["status"] for r in again} <= {"ingested", "unchanged"} and len(again) == SESSIONS_WHEN_STOPPED
     with kvdb.open(where, model=tiny_model) as archive:
-        assert len(archive.sessions()) == 40 and archive.verify(deep=True).ok
+        assert len(archive.sessions()) == SESSIONS_WHEN_STOPPED and archive.verify(deep=True).ok
+
+
+def test_an_aborted_transaction_is_a_lost_catalog_only_while_postgres_is_down(postgres, lake, tiny_model):
+    """DuckLake says "transaction is aborted" both for a connection PostgreSQL dropped and for any
+    earlier failure in the transaction: only the first is the lost catalog (the rerun's advice)."""
+    where, data_path = lake
+    with kvdb.open(where, model=tiny_model, data_path=data_path):
+        pass
+    from kvdb.storage import open_storage
+
+    aborted = duckdb.TransactionException(
+        "TransactionContext Error: Failed to get global stats information from DuckLake: Current transaction is aborted (please ROLLBACK)"
+    )
+    store = open_storage(where, read_only=True)
+    try:
+        assert store.engine.explain(aborted) is None  # PostgreSQL answers: some other failure, reported as it was
+        postgres.pause()
+        try:
+            explained = store.engine.explain(aborted)
+        finally:
+            postgres.start_again()
+        assert isinstance(explained, ArchiveError) and "lost the catalog" in str(explained) and "run the command again" in str(explained)
+    finally:
+        store.close()
 
 
 def test_verify_names_a_data_file_deleted_or_damaged(lake, tiny_model):
