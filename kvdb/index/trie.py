@@ -44,6 +44,12 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+def ends_deepest_first(path: list[NodeRow], after: int = 0) -> list[tuple[str, int]]:
+    """(node id, end position) of each node of ``path`` (root first) ending past ``after``,
+    deepest first: the order the prefix cache looks for an entry in, and stores one against."""
+    return [(n.node_id, n.end) for n in reversed(path) if n.end > after]
+
+
 def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None, min_split: int = 0) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -212,6 +213,21 @@ def _into_cache(model, keys: torch.Tensor, values: torch.Tensor, cache=None):
         cache.update(keys[layer][None, :, :0], values[layer][None, :, :0], layer)
         cache.layers[layer].keys, cache.layers[layer].values = keys[layer][None], values[layer][None]
     return cache
+
+
+def prefix_view(cache, positions: int):
+    """A cache of the first ``positions`` positions of ``cache`` that shares its tensors (views,
+    no copy): a cache layer grows by concatenation and crops by slicing, into new tensors, so
+    neither cache changes what the other holds. A server resumes a turn from memory this way
+    (measured on SmolLM2 at 2,750 positions: a copy of its 120 MB took 0.05-0.1 s of the turn)."""
+    from transformers import DynamicCache
+
+    view: Any = DynamicCache()  # its layers are made by update(): full-attention layers, which hold keys
+    for index, layer in enumerate(cache.layers):
+        keys, values = layer.keys[:, :, :positions], layer.values[:, :, :positions]
+        view.update(keys[:, :, :0], values[:, :, :0], index)
+        view.layers[index].keys, view.layers[index].values = keys, values
+    return view
 
 
 WINDOWS = ("recompute", "stored", "quantized", "none")

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvdb import transcripts
 from kvdb.errors import InvalidArgument, StaleWrite, TranscriptError
+from kvdb.index import trie
 from kvdb.index.walk import Indexes, index_key
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import IngestResult, IngestStatus
@@ -230,7 +231,7 @@ class Ingester:
         grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
         if cache is None or not (grows or now):
             return
-        path = [(n.node_id, n.end) for n in reversed(self._storage.node_path(plan.session_id))]  # an entry stores what it adds to its path's
+        path = trie.ends_deepest_first(self._storage.node_path(plan.session_id))  # an entry stores what it adds to its path's
         if now:
             self._prefix_cache.save(plan.session_id, cache, path)
             return

@@ -53,7 +53,7 @@ class Resumer:
             return None
         path = self._storage.node_path(match.node.node_id)
         at = match.matched
-        found = self._prefix_cache.load(loaded.model, [(n.node_id, n.end) for n in reversed(path) if n.end > better_than])
+        found = self._prefix_cache.load(loaded.model, trie.ends_deepest_first(path, better_than))
         if found is not None and found[0] > at:
             found[1].crop(at - found[0])
             found = (at, found[1])
@@ -77,4 +77,4 @@ class Resumer:
         if cache.get_seq_length() != len(ids):
             raise ValueError(f"the cache holds {cache.get_seq_length()} positions, the tokens are {len(ids)}")
         key = trie.path_id(self._models.get().identity.model_id, np.asarray(ids, dtype=np.int64))
-        self._prefix_cache.save(key, cache, [(n.node_id, n.end) for n in reversed(self._storage.node_path(key))])
+        self._prefix_cache.save(key, cache, trie.ends_deepest_first(self._storage.node_path(key)))

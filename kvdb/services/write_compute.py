@@ -76,7 +76,7 @@ class WriteCompute:
         split_tokens = None
         if plan.splits and match.node is not None and "lm" in match.node.keep:
             split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
-        resumable = [(n.node_id, n.end) for n in reversed(plan.path)]  # deepest first, with the positions each holds
+        resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
         self._storage.before_compute(short=len(ids) - first < SHORT_WORK_TOKENS and "lm" not in keep)  # reads done: the model's work needs no file
         split, parent_id, lm_context = None, None, None
@@ -113,7 +113,7 @@ class WriteCompute:
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:
             first = min((n.start for n in back), default=len(ids))
-            logprobs, cache = self._score(loaded, ids, first, [(n.node_id, n.end) for n in reversed(plan.path)])
+            logprobs, cache = self._score(loaded, ids, first, trie.ends_deepest_first(plan.path))
             for n in back:
                 given[n.node_id]["tokens"] = (ids[n.start : n.end], logprobs[n.start - first : n.end - first])
         for node_id, payload in self._tier_l.encode_nodes(loaded, ids, lm).items():

@@ -1,11 +1,10 @@
 """The caches of the last conversations this process computed, in memory, by their token ids:
-where a next turn resumes first, without a query or a disk read. A lookup gives a copy cropped
-to the prefix it shares with the entry (generation extends a cache in place); entries go least
-recently used first once they pass the byte budget."""
+where a next turn resumes first, without a query or a disk read. A lookup gives a view of the
+prefix it shares with the entry, no copy (``capture.prefix_view``); entries go least recently
+used first once they pass the byte budget."""
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvdb.index import trie
+from kvdb.model import capture
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -47,10 +47,7 @@ class RecentCaches:
             assert key is not None  # held > 0 came from an entry
             self._entries.move_to_end(key)
             entry = self._entries[key]
-        cache = copy.deepcopy(entry.cache)  # outside the lock: nobody changes an entry's cache
-        if cache.get_seq_length() > held:
-            cache.crop(held - cache.get_seq_length())
-        return held, cache, entry.approximate
+        return held, capture.prefix_view(entry.cache, held), entry.approximate
 
     def put(self, ids: np.ndarray, cache, approximate: bool = False) -> None:
         """Keep ``cache`` (the cache of ``ids``, taken over: the caller must not change it); an

@@ -41,14 +41,21 @@ def test_bad_requests_are_refused_with_the_field_named(make):
         make()
 
 
-def test_recent_caches_give_a_copy_cropped_to_the_shared_prefix(tiny_loaded):
+def test_recent_caches_give_a_view_of_the_shared_prefix_that_generation_cannot_change(tiny_loaded):
     ids = np.arange(10, 30)
+    whole = lm_ops.prefill(tiny_loaded.model, ids)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in whole.layers]
     recent = RecentCaches()
-    recent.put(ids, lm_ops.prefill(tiny_loaded.model, ids))
+    recent.put(ids, whole)
     held, cache, approximate = recent.best(np.concatenate([ids[:12], [1, 2, 3]]), limit=14)
     assert (held, cache.get_seq_length(), approximate) == (12, 12, False)
-    held, again, _ = recent.best(ids, limit=len(ids) - 1)  # the entry itself was not cropped
+    assert cache.layers[0].keys.untyped_storage().data_ptr() == whole.layers[0].keys.untyped_storage().data_ptr()  # no copy
+    cache.crop(-1)  # what generation does: crop the last position, run it again and the new ones
+    lm_ops.prefill(tiny_loaded.model, np.concatenate([ids[:12], [1, 2, 3]]), cache=cache)
+    assert cache.get_seq_length() == 15
+    held, again, _ = recent.best(ids, limit=len(ids) - 1)  # the entry itself was neither cropped nor overwritten
     assert held == again.get_seq_length() == 19
+    assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v) for layer, (k, v) in zip(whole.layers, before, strict=True))
     assert recent.best(np.array([5, 6]), limit=2) is None
     assert recent.best(ids, limit=5, exact_only=True)[0] == 5
 
