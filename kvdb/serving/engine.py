@@ -43,6 +43,9 @@ DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the c
 RESTORE_MODES = ("exact", "archive")
 TITLE_WORDS = 8  # an archived exchange is named by its conversation's first words
 JOURNAL_SUFFIX = ".serve"
+# Reading a position of the archive's exact cache costs about 1/32 of computing one more token
+# at the end of a prompt (SmolLM2 at 2,400 positions, 2 cores: 0.12 ms against 4.5 ms)
+ARCHIVE_READ_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,14 @@ class Engine:
         or the archive gives back; else an empty cache."""
         hit = self._recent.best(ids, limit, exact_only=mode == "exact")
         held = hit[0] if hit is not None else 0
+        # Past a hit in memory, the archive's cache must hold enough more to pay for reading all
+        # of it: its last exchange ends a few tokens past what generation fed, and reading those
+        # 2,400 positions took 0.3 s where computing the 3 more took 0.015 s.
+        worth = held + limit // ARCHIVE_READ_PER_TOKEN if held else 0
         # The archive is not waited for while it is busy (archiving, most likely, this process's
         # last exchange, which the hit in memory holds already): a follow-up starts at once.
-        ask = held < limit and not (hit is not None and self._access.busy)
-        found = self._access(lambda a: a.resume(ids[:limit], better_than=held, mode=mode)) if ask else None
+        ask = worth < limit and not (hit is not None and self._access.busy)
+        found = self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode)) if ask else None
         if found is not None:
             approximate = found.mode == "archive"
             return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))

@@ -172,3 +172,46 @@ def test_a_follow_up_does_not_wait_for_a_busy_archive(tiny_loaded, tmp_path):
     finally:
         replied.set()
         engine.close()
+
+
+def test_a_next_turn_starts_from_memory_rather_than_read_an_archived_cache_a_few_tokens_longer(tiny_loaded, tmp_path, monkeypatch):
+    """The archived exchange ends with the template's closing tokens, past what generation fed:
+    reading all of its cache back for those few costs far more than computing them (engine.py's
+    ARCHIVE_READ_PER_TOKEN). Only after a restart, with nothing in memory, is it read."""
+    import time
+
+    import kvdb
+    from kvdb.model.prefix_cache import PrefixCache
+    from kvdb.serving import Engine
+
+    reads: list = []
+    load = PrefixCache.load
+    monkeypatch.setattr(PrefixCache, "load", lambda self, model, wanted: reads.append(wanted) or load(self, model, wanted))
+    first = [{"role": "user", "content": "Tell me about the harbour lights and the keeper who kept them lit. " * 5}]
+
+    def turn(engine, messages):
+        return engine.complete(Request(messages=messages, sampling=Sampling(max_tokens=4, temperature=0))).result()
+
+    def archived(engine):
+        began = time.monotonic()
+        while list(engine._journal.pending()) and time.monotonic() - began < 60:
+            time.sleep(0.05)
+        assert not list(engine._journal.pending())
+
+    engine = Engine(kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded))
+    engine.start()
+    try:
+        reply = turn(engine, first)
+        archived(engine)
+        follow = [*first, {"role": "assistant", "content": reply.text}, {"role": "user", "content": "And then?"}]
+        reads.clear()
+        again = turn(engine, follow)
+        assert again.cached_tokens >= reply.prompt_tokens and reads == []  # memory's, the archive's not read
+    finally:
+        engine.close()
+    engine = Engine(kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded))
+    try:
+        restarted = turn(engine, follow)
+        assert restarted.cached_tokens > again.cached_tokens and reads != []  # the archive's whole exchange
+    finally:
+        engine.close()
