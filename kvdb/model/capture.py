@@ -162,12 +162,14 @@ def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache
         yield lo, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32)
 
 
-def cache_arrays(cache, start: int = 0, end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Keys (post-RoPE, as cached) and values of positions [start, end) of a DynamicCache, float32
-    ``[layers, kv_heads, seq, head_dim]``: ingest takes tier K from the pass it scores with."""
-    keys = np.stack([_layer_kv(cache, i)[0][0, :, start:end].float().numpy() for i in range(len(cache.layers))])
-    values = np.stack([_layer_kv(cache, i)[1][0, :, start:end].float().numpy() for i in range(len(cache.layers))])
-    return np.ascontiguousarray(keys), np.ascontiguousarray(values)
+def cache_arrays(cache, start: int = 0, end: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Keys (post-RoPE, as cached) and values of positions [start, end) of a DynamicCache,
+    ``[layers, kv_heads, seq, head_dim]`` in ``dtype``: ingest takes tier K from the pass it
+    scores with, and the prefix cache float16 straight from the cache (one copy, not three)."""
+    layers = range(len(cache.layers))
+    keys = torch.stack([_layer_kv(cache, i)[0][0, :, start:end].to(dtype) for i in layers])
+    values = torch.stack([_layer_kv(cache, i)[1][0, :, start:end].to(dtype) for i in layers])
+    return keys.numpy(), values.numpy()
 
 
 def capture(model, ids, chunk: int = CHUNK, pre_rope: bool = False) -> tuple[np.ndarray, np.ndarray]:
