@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -29,10 +30,15 @@ from kvdb_cli.app import _emit, _layer_progress, _open, _printable, json_option,
     help="Worker processes, each with the model loaded, taking the input files in turn (on 2 cores, 2). "
     "On a DuckLake archive, workers on other machines may share the folder: each file is claimed by one.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a whole file for one malformed JSON Lines record. Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
+)
 @model_option
 @json_option
 @click.pass_context
-def ingest(ctx, paths, keep, workers, model, as_json):
+def ingest(ctx, paths, keep, workers, strict, model, as_json):
     """Archive transcripts: files or directories (searched recursively).
 
     \b
@@ -43,8 +49,12 @@ def ingest(ctx, paths, keep, workers, model, as_json):
                     or a list of either (the README lists each format)
 
     Every file is checked before the model loads. What has no text (an image, say) is kept
-    as a "[image not archived]" placeholder and counted ("dropped" in --json). A file that fails is reported with its line and writes nothing; the others still ingest
-    (exit status 1). Ingesting the same transcript again reports it `unchanged`, or
+    as a "[image not archived]" placeholder and counted ("dropped" in --json). A malformed
+    JSON Lines record (a bad line of an agent log, say) is left out and named with its line
+    ("skipped" in --json), and the rest of its file ingests; --strict refuses the file instead.
+    A file that fails is reported with its line and writes nothing; the others still ingest.
+    Exit status 1 when a file failed or a record was skipped. A file with nothing to archive
+    (no text; an agent log of summaries alone) is reported `empty`, which is no failure. Ingesting the same transcript again reports it `unchanged`, or
     `updated` when --keep names tiers it was archived without, which it is then given.
     A file is parsed once, and its sessions rendered and tokenized once, all before the first
     write: memory holds one file's sessions at a time. One session may hold at most the model's
@@ -65,19 +75,22 @@ def ingest(ctx, paths, keep, workers, model, as_json):
                 bar.refresh()
             bar.update(done)
 
-        results = archive.ingest(list(paths), keep=keep, progress=progress, workers=workers)
+        results = archive.ingest(list(paths), keep=keep, progress=progress, workers=workers, strict=strict)
     for r in results:
         if as_json:
             _emit(r.to_dict())
-        elif r.status == "failed":
-            click.echo(f"failed     {r.error}", err=True)
+        elif r.status in ("failed", "empty"):
+            click.echo(f"{r.status:<10} {r.error}", err=r.status == "failed")
         elif r.status == "claimed":
             click.echo(f"claimed    {_printable(r.source)}  (being archived by {r.claimed_by})")
         else:
             new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
             dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
             click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{new}{dropped}")
-    if any(r.status == "failed" for r in results):
+        if not as_json:
+            for skip in r.skipped:
+                click.echo(f"skipped    {_printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
+    if any(r.status == "failed" or r.skipped for r in results):
         sys.exit(1)
 
 

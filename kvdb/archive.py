@@ -158,11 +158,15 @@ class Archive:
         computed: Computed | None = None,
         keep_cache: bool = False,
         workers: int = 1,
+        strict: bool = False,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
-        A file that fails to parse is reported as ``failed`` and writes nothing; the others still
-        ingest. Sessions already archived (same model, same tokens) are reported ``unchanged``.
+        A JSON Lines record that is malformed is left out and named in the file's first result
+        (``skipped``: line and reason), and the rest of the file ingests; with ``strict`` it
+        fails the file instead. A file that fails is reported ``failed`` and writes nothing; one
+        with nothing to archive (no text, a log of summaries alone) is ``empty``; the others
+        still ingest. Sessions already archived (same model, same tokens) are reported ``unchanged``.
         ``progress(done, planned)`` hears of tokens archived and of tokens newly planned.
         ``computed``: the model's pass over this one session's tokens made already (a server's
         generation: ``kvdb.services.write_compute.Computed``), used as far as it agrees with them.
@@ -179,8 +183,10 @@ class Archive:
                 raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed= and keep_cache= go with one process")
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
-            return ingest_with_workers(self.path, paths, workers, model=self.model_name, keep=keep, data_path=self._data_path, progress=progress)
-        return self._ingester.ingest(source, text=text, messages=messages, name=name, keep=keep, progress=progress, computed=computed, keep_cache=keep_cache)
+            return ingest_with_workers(self.path, paths, workers, model=self.model_name, keep=keep, data_path=self._data_path, progress=progress, strict=strict)
+        return self._ingester.ingest(
+            source, text=text, messages=messages, name=name, keep=keep, progress=progress, computed=computed, keep_cache=keep_cache, strict=strict
+        )
 
     def local_path(self, suffix: str) -> Path:
         """Where a file derived from this archive lives on this machine (beside a file archive;

@@ -23,6 +23,11 @@ class TranscriptError(KvdbError):
         super().__init__(f"{where}: {message}")
 
 
+class EmptyTranscript(TranscriptError):
+    """A transcript file with nothing to archive (no text; an agent log of summaries alone):
+    reported ``empty``, not ``failed``. Nothing in it was malformed."""
+
+
 class SessionNotFound(KvdbError):
     """No session matches what the user typed (id, id prefix or name)."""
 

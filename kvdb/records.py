@@ -76,6 +76,7 @@ class IngestStatus(StrEnum):
     UPDATED = "updated"  # archived before; tiers added
     UNCHANGED = "unchanged"
     FAILED = "failed"
+    EMPTY = "empty"  # a file with nothing to archive (no text; a log of summaries alone): not a failure
     CLAIMED = "claimed"  # by another worker
 
 
@@ -92,9 +93,11 @@ class IngestResult:
     added: tuple[str, ...] = ()  # "updated": the tiers its path was given, which it was archived without
     dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
+    skipped: tuple[dict, ...] = ()  # the file's first result: its malformed records left out, each {"line", "reason"}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", IngestStatus(self.status))
+        object.__setattr__(self, "skipped", tuple(self.skipped))
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status.value}
@@ -106,6 +109,8 @@ class IngestResult:
             out["dropped"] = dict(self.dropped)
         if self.claimed_by is not None:
             out["claimed_by"] = self.claimed_by
+        if self.skipped:
+            out["skipped"] = [dict(s) for s in self.skipped]
         if self.error is not None:
             out["error"] = self.error
         return out

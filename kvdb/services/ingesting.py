@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvdb import transcripts
-from kvdb.errors import InvalidArgument, StaleWrite, TranscriptError
+from kvdb.errors import EmptyTranscript, InvalidArgument, StaleWrite, TranscriptError
 from kvdb.index import trie
 from kvdb.index.walk import Indexes, index_key
 from kvdb.model.prefix_cache import PrefixCache
@@ -81,6 +81,7 @@ class Ingester:
         progress: Progress | None,
         computed: Computed | None = None,
         keep_cache: bool = False,
+        strict: bool = False,
     ) -> list[IngestResult]:
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
@@ -101,15 +102,21 @@ class Ingester:
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         for path in dict.fromkeys(found):
-            results.extend(self._ingest_file(path, optional, progress, keep_cache))
+            results.extend(self._ingest_file(path, optional, progress, keep_cache, strict))
         return results
 
-    def _ingest_file(self, path: Path, optional: frozenset[str], progress: Progress | None, keep_cache: bool) -> list[IngestResult]:
+    def _ingest_file(self, path: Path, optional: frozenset[str], progress: Progress | None, keep_cache: bool, strict: bool) -> list[IngestResult]:
         def archive(progress: Progress | None) -> list[IngestResult]:
+            skipped: list[dict] | None = None if strict else []  # malformed records left out, named in the file's first result
             try:
-                return self._ingest_source(lambda: transcripts.iter_transcripts(path, self._session_bytes()), optional, progress, keep_cache=keep_cache)
+                results = self._ingest_source(
+                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped), optional, progress, keep_cache=keep_cache
+                )
+            except EmptyTranscript as exc:
+                results = [IngestResult(None, path.stem, str(path), 0, IngestStatus.EMPTY, str(exc))]
             except TranscriptError as exc:
-                return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
+                results = [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
+            return [dataclasses.replace(results[0], skipped=tuple(skipped)), *results[1:]] if skipped else results
 
         if not self._claims.needed:
             return archive(progress)

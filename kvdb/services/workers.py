@@ -30,6 +30,7 @@ def ingest_with_workers(
     keep: str | Iterable[str] = DEFAULT_KEEP,
     data_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    strict: bool = False,
 ) -> list[IngestResult]:
     """What ``Archive.ingest(paths)`` returns, in the order the files finish."""
     from kvdb import transcripts
@@ -55,7 +56,7 @@ def ingest_with_workers(
     for _ in range(count):
         tasks.put(None)
     threads = max(1, (os.cpu_count() or 1) // count)  # the cores shared out: more threads than cores only contend
-    args = (str(location), model, keep, None if data_path is None else str(data_path), threads, tasks, events)
+    args = (str(location), model, keep, None if data_path is None else str(data_path), threads, strict, tasks, events)
     processes = [context.Process(target=_work, args=args, daemon=True) for _ in range(count)]
     for p in processes:
         p.start()
@@ -87,7 +88,7 @@ def ingest_with_workers(
     return results
 
 
-def _work(location: str, model: str | None, keep: str | Iterable[str], data_path: str | None, threads: int, tasks, events) -> None:
+def _work(location: str, model: str | None, keep: str | Iterable[str], data_path: str | None, threads: int, strict: bool, tasks, events) -> None:
     import dataclasses
 
     import torch
@@ -99,7 +100,7 @@ def _work(location: str, model: str | None, keep: str | Iterable[str], data_path
     try:
         with kvdb.open(location, model=model, data_path=data_path) as archive:
             while (path := tasks.get()) is not None:
-                done = archive.ingest(path, keep=keep, progress=lambda d, p: events.put(("progress", d, p)))
+                done = archive.ingest(path, keep=keep, progress=lambda d, p: events.put(("progress", d, p)), strict=strict)
                 events.put(("results", [dataclasses.asdict(r) for r in done]))
     except KvdbError as exc:
         events.put(("error", type(exc).__name__, str(exc)))

@@ -59,7 +59,7 @@ class EventLog:
         has_child = set(parent_message.values())
         leaves = [uuid for uuid in self._lines if uuid not in has_child]
         if not leaves:
-            raise Invalid("the event log holds no user or assistant messages")
+            return []
         by_session: dict[str, list[str]] = {}
         for leaf in reversed(leaves):  # the leaf written last comes first
             by_session.setdefault(str(self._events[leaf].get("sessionId") or self._stem), []).append(leaf)
@@ -78,6 +78,13 @@ class EventLog:
                     metadata["branch"] = branch
                 out.append(chat(name if branch == 1 else f"{name} [branch {branch}]", self._shown, conversation, metadata))
         return out
+
+    def why_empty(self) -> str:
+        """What a log without messages holds instead (``sessions`` gave none)."""
+        held = [f"{count} {kind}{'s' if count > 1 else ''}" for kind, count in self._skipped.items()]
+        if self._summaries:
+            held.insert(0, f"{len(self._summaries)} summar{'ies' if len(self._summaries) > 1 else 'y'} of sessions in other files")
+        return f"the event log holds no user or assistant messages{' (only ' + ', '.join(held) + ')' if held else ''}"
 
     def _message_parent(self, uuid: str) -> str | None:
         """The nearest ancestor that holds a message, passing over the events that do not."""

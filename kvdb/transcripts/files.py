@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from kvdb.errors import TranscriptError
+from kvdb.errors import EmptyTranscript, TranscriptError
 from kvdb.transcripts.encoding import decode, open_utf8, transcoding_error
 from kvdb.transcripts.events import EventLog, is_event
 from kvdb.transcripts.json_stream import JsonStream
@@ -48,11 +48,15 @@ def find_transcript_files(paths: Iterable[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def iter_transcripts(path: str | Path, max_session_bytes: int | None = None) -> Iterator[Transcript]:
-    """Yield the sessions of one file as they are read; a TranscriptError comes when reached.
+def iter_transcripts(path: str | Path, max_session_bytes: int | None = None, skipped: list[dict] | None = None) -> Iterator[Transcript]:
+    """Yield the sessions of one file as they are read; a TranscriptError comes when reached
+    (``EmptyTranscript`` for a file with nothing to archive).
 
     A session taking more than ``max_session_bytes`` bytes of the file is refused, naming the
     line where it starts, after reading at most about that many bytes (plus one chunk).
+    ``skipped``: given a list, a JSON Lines record that is malformed (not JSON, or not a
+    record of the file's layout) is left out and named there as ``{"line", "reason"}``, and
+    the rest of the file is read; without one, it fails the file.
     """
     shown = os.fspath(path)
     suffix = _suffix(Path(shown))
@@ -64,7 +68,7 @@ def iter_transcripts(path: str | Path, max_session_bytes: int | None = None) -> 
             if suffix in (".txt", ".md"):
                 yield from _iter_text(file, shown, max_session_bytes)
             else:
-                yield from _iter_json_file(file, shown, max_session_bytes, jsonl=suffix == ".jsonl")
+                yield from _iter_json_file(file, shown, max_session_bytes, suffix == ".jsonl", skipped)
     except OSError as error:
         raise TranscriptError(shown, f"cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
@@ -101,16 +105,16 @@ def _iter_text(file, shown: str, limit: int | None) -> Iterator[Transcript]:
         raise TranscriptError(shown, too_large("the session", limit), 1)
     text = decode(file.read(), shown)
     if not text.strip():
-        raise TranscriptError(shown, "empty transcript")
+        raise EmptyTranscript(shown, "empty transcript")
     yield Transcript(Path(shown).stem, shown, text, None, {"format": "text"})
 
 
-def _iter_json_file(file, shown: str, limit: int | None, jsonl: bool) -> Iterator[Transcript]:
+def _iter_json_file(file, shown: str, limit: int | None, jsonl: bool, skipped: list[dict] | None) -> Iterator[Transcript]:
     """JSON Lines or one JSON value, whichever the content is: a ``.json`` holding one object per
     line reads as JSONL, and a ``.jsonl`` holding one value over several lines reads as JSON."""
     as_jsonl = _looks_like_jsonl(file, jsonl)
     file.seek(0)  # a byte order mark read again is skipped by both readers
-    yield from (_iter_jsonl(file, shown, limit) if as_jsonl else _iter_json(file, shown, limit))
+    yield from (_iter_jsonl(file, shown, limit, skipped) if as_jsonl else _iter_json(file, shown, limit))
 
 
 def _looks_like_jsonl(file, jsonl: bool) -> bool:
@@ -129,8 +133,9 @@ def _looks_like_jsonl(file, jsonl: bool) -> bool:
     return isinstance(value, dict) and second.lstrip().startswith(b"{")
 
 
-def _iter_jsonl(file, shown: str, limit: int | None) -> Iterator[Transcript]:
-    """The first object decides the layout: a session per line, one message per line, or agent events.
+def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None) -> Iterator[Transcript]:
+    """The first record decides the layout: a session per line, one message per line, or agent
+    events. A malformed record fails the file, or with ``skipped`` is named there and left out.
 
     Lines are read with a bounded ``readline`` so that an oversized one never sits in memory;
     when the whole file is one session (messages or events), its lines count together.
@@ -155,30 +160,42 @@ def _iter_jsonl(file, shown: str, limit: int | None) -> Iterator[Transcript]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise TranscriptError(shown, f"invalid JSON: {error.msg} (column {error.colno})", line) from None
-        except RecursionError:
-            raise TranscriptError(shown, "invalid JSON: nested too deeply", line) from None
-        if layout is None:
-            layout = "events" if is_event(obj) else "sessions" if _is_session(obj) else "messages"
-            first = line
-        try:
-            if layout == "sessions":
-                yield from from_object(obj, f"{stem}#{line}", f"{shown}#L{line}")
-            elif layout == "events":
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise Invalid(f"invalid JSON: {error.msg} (column {error.colno})") from None
+            except RecursionError:
+                raise Invalid("invalid JSON: nested too deeply") from None
+            kind_of_line = layout or ("events" if is_event(obj) else "sessions" if _is_session(obj) else "messages")
+            if kind_of_line == "sessions":
+                sessions = from_object(obj, f"{stem}#{line}", f"{shown}#L{line}")
+            elif kind_of_line == "events":
                 events.add(obj, line)
             else:
                 conversation.add(obj)
         except Invalid as error:
-            raise TranscriptError(shown, str(error), line) from None
+            if skipped is None:
+                raise TranscriptError(shown, str(error), line) from None
+            skipped.append({"line": line, "reason": str(error)})
+            continue
+        if layout is None:
+            layout, first = kind_of_line, line
+        if layout == "sessions":
+            yield from sessions
     if layout is None:
-        raise TranscriptError(shown, "empty transcript")
+        if skipped:
+            raise TranscriptError(
+                shown, f"no line holds a record kvdb reads ({len(skipped)} skipped; the first, line {skipped[0]['line']}: {skipped[0]['reason']})"
+            )
+        raise EmptyTranscript(shown, "empty transcript")
     try:
         if layout == "messages":
             yield chat(stem, shown, conversation, {"format": "jsonl-messages"})
         elif layout == "events":
-            yield from events.sessions()
+            found = events.sessions()
+            if not found:
+                raise EmptyTranscript(shown, events.why_empty())
+            yield from found
     except Invalid as error:
         raise TranscriptError(shown, str(error)) from None
 
@@ -219,7 +236,7 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Trans
             stream.skip()
     stream.pos += 1
     if not count:
-        raise TranscriptError(shown, "empty transcript (the list holds no sessions)")
+        raise EmptyTranscript(shown, "empty transcript (the list holds no sessions)")
     if conversation is not None:
         yield chat(stem, shown, conversation, {"format": "json-messages"})
 

@@ -13,7 +13,7 @@ import re
 from json.decoder import JSONObject  # type: ignore[attr-defined]  # typeshed's json stubs omit the pure-Python parser
 from json.scanner import py_make_scanner  # type: ignore[attr-defined]  # typeshed's json stubs omit the pure-Python scanner
 
-from kvdb.errors import TranscriptError
+from kvdb.errors import EmptyTranscript, TranscriptError
 from kvdb.transcripts.encoding import decode, utf8_cut
 from kvdb.transcripts.limits import longer_than, too_large
 from kvdb.transcripts.messages import Invalid
@@ -85,7 +85,7 @@ class JsonStream:
             if first:
                 raise error
         if not first:
-            raise TranscriptError(self.shown, "empty transcript")
+            raise EmptyTranscript(self.shown, "empty transcript")
         return first
 
     def where(self, at: int) -> tuple[int, int]:

@@ -284,3 +284,25 @@ def test_a_file_that_is_not_an_archive_is_refused_by_the_name_given(tmp_path, mo
     with pytest.raises(ArchiveError, match="x.duckdb .*not a kvdb archive") as raised:
         kvdb.open("x.duckdb", read_only=command == "sessions")
     assert raised.value.exit_code == 5
+
+
+def test_a_bad_line_is_skipped_and_named_the_rest_ingested_and_strict_refuses_the_file(run, tmp_path):
+    write(tmp_path / "in" / "chat.jsonl", '{"role": "user", "content": "first question"}\n{"role": \n{"role": "assistant", "content": "an answer"}\n')
+    result = run("ingest", str(tmp_path / "in"), "--json")
+    assert result.exit_code == 1
+    [r] = lines(result)
+    assert r["status"] == "ingested" and r["skipped"] == [{"line": 2, "reason": r["skipped"][0]["reason"]}] and "invalid JSON" in r["skipped"][0]["reason"]
+    shown = run("show", r["session_id"])
+    assert "first question" in shown.stdout and "an answer" in shown.stdout
+    human = run("ingest", str(tmp_path / "in"))
+    assert human.exit_code == 1 and "chat.jsonl:2: invalid JSON" in human.stderr
+    strict = run("ingest", str(tmp_path / "in" / "chat.jsonl"), "--strict", "--json")
+    assert strict.exit_code == 1 and [x["status"] for x in lines(strict)] == ["failed"] and "chat.jsonl:2" in lines(strict)[0]["error"]
+
+
+def test_a_log_of_summaries_alone_is_empty_and_no_failure(run, tmp_path):
+    write(tmp_path / "summaries.jsonl", '{"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"}\n')
+    result = run("ingest", str(tmp_path / "summaries.jsonl"), "--json")
+    assert result.exit_code == 0
+    [r] = lines(result)
+    assert r["status"] == "empty" and r["session_id"] is None and "1 summary of sessions in other files" in r["error"]

@@ -66,10 +66,11 @@ def test_the_same_commands_on_a_restore_do_import_torch(archive_path, tiny_model
 
 
 def test_a_malformed_transcript_is_refused_without_torch_or_transformers(tmp_path, tiny_model):
-    """Ingest parses every file before the model loads: refusing a bad one costs no model import."""
+    """Ingest parses every file before the model loads: refusing a bad one (--strict: one bad
+    line refuses the file) costs no model import."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"role": "user", "content": "a"}\n{"role": \n')
-    commands = [["--db", str(tmp_path / "a.duckdb"), "ingest", str(bad), "--model", tiny_model]]
+    commands = [["--db", str(tmp_path / "a.duckdb"), "ingest", str(bad), "--strict", "--model", tiny_model]]
     out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])

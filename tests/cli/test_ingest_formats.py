@@ -16,7 +16,7 @@ def invoke(tmp_path, *args, model):
 
 def test_a_malformed_file_is_refused_before_the_model_loads(tmp_path):
     bad = write(tmp_path / "bad.jsonl", '{"role": "user", "content": "a"}\n{"role": \n')
-    result = invoke(tmp_path, "ingest", str(bad), "--json", model=str(tmp_path / "no-such-model"))
+    result = invoke(tmp_path, "ingest", str(bad), "--strict", "--json", model=str(tmp_path / "no-such-model"))
     [line] = [json.loads(x) for x in result.stdout.splitlines()]
     assert line["status"] == "failed" and line["error"].startswith(f"{bad}:2: invalid JSON: Expecting value")
     assert "cannot load model" not in result.stderr

@@ -136,9 +136,11 @@ from kvdb.model import integer_lm, loading as model
 given = json.loads(sys.argv[1])
 lm = model.load(given["model"])
 ids = np.asarray(given["ids"], dtype=np.int64)
-ilm = integer_lm.IntegerLM(lm.model, kernel=given["kernel"])
-assert (ilm.kernel is not None) == given["kernel"]
+passes = {}
 for settings in given["runs"]:  # each run under the settings before it too
+    kernel = settings.get("kernel", True)
+    ilm = passes.get(kernel) or passes.setdefault(kernel, integer_lm.IntegerLM(lm.model, kernel=kernel))
+    assert (ilm.kernel is not None) == kernel
     torch.set_num_threads(settings.get("threads", 1))
     if settings.get("no_mkldnn"):
         torch.backends.mkldnn.enabled = False
@@ -150,12 +152,11 @@ for settings in given["runs"]:  # each run under the settings before it too
 """
 
 
-def _digests_elsewhere(
-    model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, kernel: bool = True, simd: bool = True
-) -> list[str]:
-    """The logits' digest in a fresh process, once per entry of ``runs`` (thread count, oneDNN
-    off, float32 matmul precision), under ``ATEN_CPU_CAPABILITY=capability`` if given, by the
-    kernel (with its plain C dot products unless ``simd``) or the reference pass."""
+def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, simd: bool = True) -> list[str]:
+    """The logits' digest in a fresh process, once per entry of ``runs`` (the kernel or, with
+    ``"kernel": False``, the reference pass; thread count, oneDNN off, float32 matmul
+    precision), under ``ATEN_CPU_CAPABILITY=capability`` if given, the kernel with its plain C
+    dot products unless ``simd``. One process serves several runs: each costs a model load."""
     env = dict(os.environ)
     env.pop("ATEN_CPU_CAPABILITY", None)
     env.pop("KVDB_INTEGER_SIMD", None)
@@ -163,7 +164,7 @@ def _digests_elsewhere(
         env["ATEN_CPU_CAPABILITY"] = capability
     if not simd:
         env["KVDB_INTEGER_SIMD"] = "0"
-    args = json.dumps({"model": model, "ids": ids.tolist(), "runs": runs, "kernel": kernel})
+    args = json.dumps({"model": model, "ids": ids.tolist(), "runs": runs})
     done = subprocess.run([sys.executable, "-c", _SCRIPT, args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
@@ -177,11 +178,11 @@ def test_other_processes_compute_the_same_bits(tiny, tiny_model):
     ids = np.asarray(tok.encode(tiny.tokenizer, "Portable: the same bits on any CPU. " * 8), dtype=np.int64)
     ilm = I.IntegerLM(tiny.model)
     here = digest(ilm.forward(ids, ilm.new_cache()))
-    plain = _digests_elsewhere(tiny_model, ids, [{"threads": 1}, {"threads": 2}], capability="default", kernel=False)
-    best = _digests_elsewhere(tiny_model, ids, [{"threads": 2}, {"threads": 1, "no_mkldnn": True, "precision": "medium"}], kernel=False)
-    fast = _digests_elsewhere(tiny_model, ids, [{"threads": 1}, {"threads": 2}])
-    no_simd = _digests_elsewhere(tiny_model, ids, [{"threads": 2}, {"threads": 1}], simd=False)
-    assert plain + best + fast + no_simd == [here] * 8
+    reference = [{"threads": 1, "kernel": False}, {"threads": 2, "kernel": False}]
+    kernel = [{"threads": 2}, {"threads": 1}]
+    plain = _digests_elsewhere(tiny_model, ids, kernel + reference, capability="default", simd=False)  # no SIMD anywhere
+    best = _digests_elsewhere(tiny_model, ids, [*kernel, reference[1], {"threads": 1, "kernel": False, "no_mkldnn": True, "precision": "medium"}])
+    assert plain + best == [here] * 8
 
 
 @pytest.mark.model
@@ -196,8 +197,7 @@ def test_the_embedded_models_logits_match_the_golden_digest_on_any_instruction_s
     assert digest(logits) == GOLDEN_DIGEST
     if sqrt_probe()[0] == SQRT_PROBE_AS_GOLDEN:  # version 2's premise: torch.sqrt rounds as where its digest was taken
         assert digest(ilm.with_torch_sqrt().forward(ids, ilm.new_cache())) == GOLDEN_DIGEST_V2
-    assert _digests_elsewhere(None, ids, [{"threads": 2}], capability="default", kernel=False) == [GOLDEN_DIGEST]
-    assert _digests_elsewhere(None, ids, [{"threads": 1}], simd=False) == [GOLDEN_DIGEST]
+    assert _digests_elsewhere(None, ids, [{"threads": 2, "kernel": False}, {"threads": 1}], capability="default", simd=False) == [GOLDEN_DIGEST] * 2
     with torch.no_grad():
         exact = embedded.model(torch.as_tensor(ids)[None]).logits[0].double()
     nll = lambda lg: -torch.log_softmax(lg, -1)[:-1].gather(1, torch.as_tensor(ids[1:])[:, None]).mean().item()  # noqa: E731

@@ -404,3 +404,53 @@ def test_examples_share_a_system_prompt_for_prefix_sharing():
     sessions = [t for p in find_transcript_files([EXAMPLES]) for t in read_transcripts(p) if t.messages]
     system_prompts = [t.messages[0]["content"] for t in sessions if t.messages[0]["role"] == "system"]
     assert len(system_prompts) > len(set(system_prompts))
+
+
+# --- one bad record never costs a file (the ingest's default; read_transcripts stays strict) ---
+
+
+def _lenient(path) -> tuple[list[Transcript], list[dict]]:
+    from kvdb.transcripts import iter_transcripts
+
+    skipped: list[dict] = []
+    return list(iter_transcripts(path, skipped=skipped)), skipped
+
+
+def test_a_malformed_line_is_left_out_and_named_and_the_rest_is_read(tmp_path):
+    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "one"}) + '{"role": \n' + jsonl({"role": "narrator", "content": "x"}, {"role": "assistant", "content": "two"}))
+    [session], skipped = _lenient(path)
+    assert [m["content"] for m in session.messages] == ["one", "two"]
+    assert [s["line"] for s in skipped] == [2, 3]
+    assert "invalid JSON" in skipped[0]["reason"] and "unknown role 'narrator'" in skipped[1]["reason"]
+    assert read_error(path).line == 2  # strict: the file fails at its first bad line, as before
+
+
+def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_the_layout(tmp_path):
+    event = lambda uuid, parent, role, text: {"type": role, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": {"role": role, "content": text}}  # noqa: E731
+    path = write(
+        tmp_path / "log.jsonl",
+        "not json at all\n"
+        + jsonl(event("a", None, "user", "hello"), "a bare string line", {"type": "user", "uuid": None, "parentUuid": "a", "message": {"role": "user", "content": "[Request interrupted by user]"}}, event("b", "a", "assistant", "hi there")),
+    )
+    [session], skipped = _lenient(path)
+    assert [m["content"] for m in session.messages] == ["hello", "hi there"]
+    assert [s["line"] for s in skipped] == [1, 3, 4]
+
+
+def test_a_log_of_summaries_alone_is_empty_not_failed(tmp_path):
+    from kvdb.errors import EmptyTranscript
+
+    path = write(tmp_path / "summaries.jsonl", jsonl({"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"}, {"type": "summary", "summary": "Docs", "leafUuid": "x2"}))
+    with pytest.raises(EmptyTranscript, match="2 summaries of sessions in other files"):
+        _lenient(path)
+    with pytest.raises(EmptyTranscript):
+        _lenient(write(tmp_path / "blank.txt", "\n"))
+
+
+def test_a_file_of_bad_lines_alone_fails_naming_the_first(tmp_path):
+    from kvdb.errors import EmptyTranscript
+
+    path = write(tmp_path / "bad.jsonl", "{oops\n[1, 2\n")
+    with pytest.raises(TranscriptError, match="no line holds a record kvdb reads \\(2 skipped; the first, line 1: invalid JSON") as caught:
+        _lenient(path)
+    assert not isinstance(caught.value, EmptyTranscript)

@@ -65,11 +65,13 @@ def test_files_and_directories(archive, tmp_path):
 def test_failed_file_writes_nothing_and_others_ingest(archive, tmp_path):
     good = write(tmp_path / "good.md", "# fine\n")
     bad = write(tmp_path / "bad.jsonl", '{"role": "user", "content": "ok"}\n{"role": "user", "content": 5}\n')
-    results = {r.source: r for r in archive.ingest([bad, good])}
+    results = {r.source: r for r in archive.ingest([bad, good], strict=True)}
     assert results[str(bad)].status == "failed"
     assert "bad.jsonl:2" in results[str(bad)].error
     assert results[str(good)].status == "ingested"
     assert [s.name for s in archive.sessions()] == ["good"]
+    [lenient] = archive.ingest(bad)  # by default the bad line is left out and named; the rest ingests
+    assert lenient.status == "ingested" and [s["line"] for s in lenient.skipped] == [2] and "must be a string" in lenient.skipped[0]["reason"]
 
 
 def test_a_bad_session_late_in_a_file_writes_none_of_the_file(archive, tmp_path):
