@@ -79,6 +79,10 @@ class EventLog:
                 out.append(chat(name if branch == 1 else f"{name} [branch {branch}]", self._shown, conversation, metadata))
         return out
 
+    def summaries_only(self) -> bool:
+        """Whether every record was a summary event (Claude Code writes such files routinely)."""
+        return bool(self._summaries) and not self._skipped and not self._events
+
     def why_empty(self) -> str:
         """What a log without messages holds instead (``sessions`` gave none)."""
         held = [f"{count} {kind}{'s' if count > 1 else ''}" for kind, count in self._skipped.items()]

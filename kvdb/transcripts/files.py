@@ -143,6 +143,7 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
     stem = Path(shown).stem
     conversation, events = Conversation(), EventLog(stem, shown)
     layout = first = None
+    waiting: list[tuple[int, object]] = []  # (line, record) read before any record set the layout
     offset = used = 0
     for line in itertools.count(1):
         if layout in (None, "sessions"):
@@ -160,28 +161,46 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
         if not text.strip():
             continue
         try:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise Invalid(f"invalid JSON: {error.msg} (column {error.colno})") from None
-            except RecursionError:
-                raise Invalid("invalid JSON: nested too deeply") from None
-            kind_of_line = layout or ("events" if is_event(obj) else "sessions" if _is_session(obj) else "messages")
-            if kind_of_line == "sessions":
-                sessions = from_object(obj, f"{stem}#{line}", f"{shown}#L{line}")
-            elif kind_of_line == "events":
-                events.add(obj, line)
-            else:
-                conversation.add(obj)
-        except Invalid as error:
-            if skipped is None:
-                raise TranscriptError(shown, str(error), line) from None
-            skipped.append({"line": line, "reason": str(error)})
+            obj = json.loads(text)
+        except json.JSONDecodeError as error:
+            obj = Invalid(f"invalid JSON: {error.msg} (column {error.colno})")
+        except RecursionError:
+            obj = Invalid("invalid JSON: nested too deeply")
+        if layout is None and _undecided(obj):  # a typed record of no layout yet (an agent log's snapshot line): the next decides
+            waiting.append((line, obj))
             continue
-        if layout is None:
-            layout, first = kind_of_line, line
-        if layout == "sessions":
-            yield from sessions
+        decided = layout is None
+        for at, record in [(line, obj), *(waiting if decided else ())]:  # the record that sets the layout, then those read before it
+            try:
+                if isinstance(record, Invalid):
+                    raise record
+                kind_of_line = layout or ("events" if is_event(record) else "sessions" if _is_session(record) else "messages")
+                if kind_of_line == "sessions":
+                    sessions = from_object(record, f"{stem}#{at}", f"{shown}#L{at}")
+                elif kind_of_line == "events":
+                    events.add(record, at)
+                else:
+                    conversation.add(record)
+            except Invalid as error:
+                if skipped is None:
+                    raise TranscriptError(shown, str(error), at) from None
+                skipped.append({"line": at, "reason": str(error)})
+                if layout is None:
+                    break  # it set nothing: those read before wait for the next
+                continue
+            if layout is None:
+                layout, first = kind_of_line, at
+            if layout == "sessions":
+                yield from sessions
+        if decided and layout is not None:
+            waiting.clear()
+    for at, record in waiting:  # nothing decided the layout: they are what they looked like, records of none
+        reason = str(record if isinstance(record, Invalid) else _as_message_error(record))
+        if skipped is None:
+            raise TranscriptError(shown, reason, at)
+        skipped.append({"line": at, "reason": reason})
+    if skipped:
+        skipped.sort(key=lambda skip: skip["line"])  # the records waiting for a layout were taken after the one that set it
     if layout is None:
         if skipped:
             raise TranscriptError(
@@ -193,8 +212,8 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             yield chat(stem, shown, conversation, {"format": "jsonl-messages"})
         elif layout == "events":
             found = events.sessions()
-            if not found:
-                raise EmptyTranscript(shown, events.why_empty())
+            if not found:  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
+                raise (EmptyTranscript if events.summaries_only() else TranscriptError)(shown, events.why_empty())
             yield from found
     except Invalid as error:
         raise TranscriptError(shown, str(error)) from None
@@ -251,6 +270,21 @@ def _first_in_list(value, stem: str, shown: str) -> tuple[Conversation | None, l
     conversation = Conversation()
     conversation.add(value, "messages[0]: ")
     return conversation, []
+
+
+def _undecided(obj) -> bool:
+    """A record that sets no layout: an object with a string "type" that is neither an agent
+    event, a session nor a message (Claude Code opens logs with "file-history-snapshot")."""
+    return isinstance(obj, dict) and isinstance(obj.get("type"), str) and not is_event(obj) and not _is_session(obj) and _as_message_error(obj) is not None
+
+
+def _as_message_error(obj) -> Invalid | None:
+    """Why ``obj`` is no message (None when it is one)."""
+    try:
+        Conversation().add(obj)
+    except Invalid as error:
+        return error
+    return None
 
 
 def _is_session(obj) -> bool:

@@ -454,3 +454,47 @@ def test_a_file_of_bad_lines_alone_fails_naming_the_first(tmp_path):
     with pytest.raises(TranscriptError, match="no line holds a record kvdb reads \\(2 skipped; the first, line 1: invalid JSON") as caught:
         _lenient(path)
     assert not isinstance(caught.value, EmptyTranscript)
+
+
+def test_every_export_fixture_names_its_source_and_licence():
+    """Fixtures from other projects come in with where they came from (tests/fixtures/README.md)."""
+    root = Path(__file__).resolve().parents[1] / "fixtures"
+    readme = (root / "README.md").read_text()
+    files = sorted(p for p in (root / "exports").rglob("*") if p.is_file() and not p.name.startswith("LAYOUTS"))
+    assert len(files) >= 30
+    unlisted = [p.name for p in files if f"`{p.name}`" not in readme]
+    assert unlisted == []
+    licensed, heading = [], ""
+    for line in readme.splitlines():  # a row names its licence, or the heading of its table does for all of them
+        heading = line if line.startswith("#") else heading
+        if line.startswith("| `") and any(f"`{p.name}`" in line for p in files):
+            licensed.append(any(word in line + heading for word in ("MIT", "Apache-2.0", "SYNTHETIC", "CC0", "| same |")))
+    assert len(licensed) >= len(files) and all(licensed)
+
+
+def test_a_claude_code_log_that_opens_with_a_snapshot_record_reads_whole():
+    """Claude Code 2.1 opens a log with a "file-history-snapshot" record, which is no event of
+    the chain (no uuid): it waits for the next record to set the layout, and is counted."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "claude-code" / "spotter-short.jsonl"
+    sessions, skipped = _lenient(path)
+    assert skipped == [] and sessions and sessions[0].metadata["format"] == "agent-events"
+    assert sessions[0].dropped.get("file-history-snapshot event") == 1
+    assert read_transcripts(path)  # strict reads it too
+
+
+def test_records_that_wait_for_a_layout_are_named_when_none_comes(tmp_path):
+    path = write(tmp_path / "odd.jsonl", jsonl({"type": "file-history-snapshot", "snapshot": {}}) + "{oops\n")
+    with pytest.raises(TranscriptError, match="2 skipped; the first, line 1"):
+        _lenient(path)
+    assert read_error(path).line == 2
+
+
+def test_an_event_log_of_records_kvdb_does_not_read_fails_rather_than_reads_as_empty():
+    """Gemini CLI's JSONL carries "sessionId" like Claude Code's events, and its messages are no
+    Claude Code messages: "empty" (exit 0) would drop its text silently, so it fails, named."""
+    from kvdb.errors import EmptyTranscript
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "gemini-cli" / "vct-session-2026-04-23.jsonl"
+    with pytest.raises(TranscriptError, match="no user or assistant messages") as caught:
+        _lenient(path)
+    assert not isinstance(caught.value, EmptyTranscript)
