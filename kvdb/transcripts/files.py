@@ -24,6 +24,7 @@ from kvdb.transcripts.messages import Conversation, Invalid
 from kvdb.transcripts.sessions import Transcript, chat, from_object
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".jsonl", ".json")
+WAITING_RECORDS = 64  # records held while none has set a JSONL file's layout; past them, the next decides as it can
 # JSON keys that make an object a session, not a message, wherever they appear
 _SESSION_MARKS = ("messages", "conversations", "conversation", "mapping", "instruction", "input", "instructions")
 
@@ -166,7 +167,9 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             obj = Invalid(f"invalid JSON: {error.msg} (column {error.colno})")
         except RecursionError:
             obj = Invalid("invalid JSON: nested too deeply")
-        if layout is None and _undecided(obj):  # a typed record of no layout yet (an agent log's snapshot line): the next decides
+        if (
+            layout is None and _undecided(obj) and len(waiting) < WAITING_RECORDS
+        ):  # a typed record of no layout (an agent log's snapshot line): the next decides
             waiting.append((line, obj))
             continue
         decided = layout is None
