@@ -65,19 +65,42 @@ class EventLog:
             by_session.setdefault(str(self._events[leaf].get("sessionId") or self._stem), []).append(leaf)
         out = []
         for session_id, session_leaves in by_session.items():
-            for branch, leaf in enumerate(session_leaves, start=1):
+            chains: list[tuple[str, list[str]]] = []  # (leaf, its messages from the root), the leaf written last first
+            for leaf in session_leaves:
                 chain = [leaf]
                 while (parent := parent_message[chain[-1]]) is not None:
                     chain.append(parent)
+                main = set(chains[0][1]) if chains else set()
+                own = [uuid for uuid in chain if chains and uuid not in main]
+                replies = {self._events[uuid]["message"].get("id") for uuid in main} - {None}
+                if own and all(self._tool_results_only(uuid) or self._events[uuid]["message"].get("id") in replies for uuid in own):
+                    # parallel tool calls: a reply is written as one event per call, and each result
+                    # as the child of its own call, so all but one look like branches; they belong
+                    # to the conversation, in file order
+                    chains[0] = (chains[0][0], sorted({*chains[0][1], *own}, key=self._lines.__getitem__))
+                else:
+                    chains.append((leaf, chain[::-1]))
+            for branch, (leaf, chain) in enumerate(chains, start=1):
                 name = self._summaries.get(leaf, session_id)
-                metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[-1]]}
-                conversation = self._conversation(chain[::-1])
+                metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[0]]}
+                conversation = self._conversation(chain)
                 if branch == 1:
                     conversation.dropped.update(self._skipped)
                 else:
                     metadata["branch"] = branch
                 out.append(chat(name if branch == 1 else f"{name} [branch {branch}]", self._shown, conversation, metadata))
         return out
+
+    def _tool_results_only(self, uuid: str) -> bool:
+        """Whether the event is a user message of tool results and nothing else."""
+        message = self._events[uuid]["message"]
+        content = message.get("content")
+        return (
+            message.get("role") == "user"
+            and isinstance(content, list)
+            and bool(content)
+            and all(isinstance(part, dict) and part.get("type") == "tool_result" for part in content)
+        )
 
     def summaries_only(self) -> bool:
         """Whether every record was a summary event (Claude Code writes such files routinely)."""

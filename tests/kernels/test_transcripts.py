@@ -498,3 +498,24 @@ def test_an_event_log_of_records_kvdb_does_not_read_fails_rather_than_reads_as_e
     with pytest.raises(TranscriptError, match="no user or assistant messages") as caught:
         _lenient(path)
     assert not isinstance(caught.value, EmptyTranscript)
+
+
+def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branches():
+    """With parallel tool calls Claude Code writes a reply as one event per call and each result
+    as the child of its own call: read by links alone, all but one result looked like branches
+    (this sub-agent log read as 10 sessions). Every call and every result is in the one."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "claude-code" / "spotter-subagent-agent-aac57f5.jsonl"
+    [session], skipped = _lenient(path)
+    assert skipped == []
+    calls, results = {}, {}
+    for line in path.read_text().splitlines():
+        for part in (json.loads(line).get("message") or {}).get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "tool_use":
+                calls[part["id"]] = part["name"]
+            if isinstance(part, dict) and part.get("type") == "tool_result":
+                text = part["content"] if isinstance(part["content"], str) else "".join(p.get("text", "") for p in part["content"])
+                results[part["tool_use_id"]] = text
+    assert len(calls) == len(results) == 12
+    held = json.dumps(session.messages)
+    texts = "".join(m["content"] for m in session.messages if isinstance(m.get("content"), str))
+    assert all(call in held for call in calls) and all(text[:200] in texts for text in results.values())
