@@ -152,7 +152,7 @@ class PrefixCache:
         if keys.dtype == np.float16 and not (np.isfinite(keys).all() and np.isfinite(values).all()):  # past float16's range
             keys, values = capture.cache_arrays(cache, start)
         dtype = "<f2" if keys.dtype == np.float16 else "<f4"
-        body = [np.ascontiguousarray(a, dtype).data.cast("B") for a in (keys, values)]
+        body = [np.ascontiguousarray(a, dtype).reshape(-1).view(np.uint8).data for a in (keys, values)]
         if body[0].nbytes + body[1].nbytes > self.budget:
             return
         crc32 = zlib.crc32(body[1], zlib.crc32(body[0]))

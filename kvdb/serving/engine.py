@@ -165,7 +165,8 @@ class Engine:
         # Past a hit in memory, the archive's cache must hold enough more to pay for reading all
         # of it: its last exchange ends a few tokens past what generation fed, and reading those
         # 2,400 positions took 0.3 s where computing the 3 more took 0.015 s.
-        worth = held + limit // ARCHIVE_READ_PER_TOKEN if held else 0
+        # An approximate hit (tier K in its making) takes the archive's exact cache however short its gain.
+        worth = held + limit // ARCHIVE_READ_PER_TOKEN if hit is not None and not hit[2] else held
         # The archive is not waited for while it is busy (archiving, most likely, this process's
         # last exchange, which the hit in memory holds already): a follow-up starts at once.
         ask = worth < limit and not (hit is not None and self._access.busy)

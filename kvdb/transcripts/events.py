@@ -67,9 +67,10 @@ class EventLog:
         for session_id, session_leaves in by_session.items():
             chains: list[tuple[str, list[str]]] = []  # (leaf, its messages from the root), the leaf written last first
             for leaf in session_leaves:
-                chain = [leaf]
-                while (parent := parent_message[chain[-1]]) is not None:
+                chain, seen = [leaf], {leaf}
+                while (parent := parent_message[chain[-1]]) is not None and parent not in seen:  # a cycle of links ends the chain
                     chain.append(parent)
+                    seen.add(parent)
                 main = set(chains[0][1]) if chains else set()
                 own = [uuid for uuid in chain if chains and uuid not in main]
                 replies = {self._events[uuid]["message"].get("id") for uuid in main} - {None}

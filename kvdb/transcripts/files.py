@@ -147,7 +147,7 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
     waiting: list[tuple[int, object]] = []  # (line, record) read before any record set the layout
     offset = used = 0
     for line in itertools.count(1):
-        if layout in (None, "sessions"):
+        if layout in (None, "sessions") and not waiting:  # records waiting for a layout count together
             used = 0
         raw = file.readline(-1 if limit is None else limit - used + 1)
         if not raw:

@@ -99,9 +99,11 @@ class Conversation:
         return self
 
     def add(self, message, where: str = "") -> None:
+        counted = Counter(self.dropped)
         try:
             normalised = self._normalise(message)
         except Invalid as error:
+            self.dropped = counted  # a message refused whole leaves no placeholder counted
             raise Invalid(f"{where}{error}", error.node or self.owner) from None
         for item in normalised:
             for call in item.get("tool_calls", ()):

@@ -519,3 +519,27 @@ def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branc
     held = json.dumps(session.messages)
     texts = "".join(m["content"] for m in session.messages if isinstance(m.get("content"), str))
     assert all(call in held for call in calls) and all(text[:200] in texts for text in results.values())
+
+
+def test_a_skipped_message_counts_no_placeholder_and_waiting_records_count_against_the_limit(tmp_path):
+    from kvdb.transcripts import iter_transcripts
+
+    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": 5}]}, {"role": "assistant", "content": "a"}))
+    [session], skipped = _lenient(path)
+    assert [s["line"] for s in skipped] == [2] and session.dropped == {}  # the image of the refused message is not counted
+    snapshot = json.dumps({"type": "file-history-snapshot", "snapshot": {"pad": "x" * 200}}) + "\n"
+    event = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": "s", "message": {"role": "user", "content": "hi"}}
+    big = write(tmp_path / "log.jsonl", snapshot * 3 + jsonl(event))
+    with pytest.raises(TranscriptError, match="larger than"):
+        list(iter_transcripts(big, max_session_bytes=400, skipped=[]))
+
+
+def test_a_cycle_of_parent_links_ends_the_chain():
+    """A damaged log whose links loop (A -> B -> A) is read, not looped over forever."""
+    from kvdb.transcripts.events import EventLog
+
+    log = EventLog("s", "s.jsonl")
+    for line, (uuid, parent, role) in enumerate([("a", "b", "user"), ("b", "a", "assistant"), ("c", "b", "user")], start=1):
+        log.add({"type": role, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": {"role": role, "content": uuid}}, line)
+    [session] = log.sessions()
+    assert [m["content"] for m in session.messages] == ["a", "b", "c"]
