@@ -211,10 +211,16 @@ def _into_cache(model, keys: torch.Tensor, values: torch.Tensor, cache=None):
             cache.update(keys[layer][None], values[layer][None], layer)
         return cache
     cache = new_cache(model)
-    for layer in range(keys.shape[0]):  # references only: each layer a view of the restored tensors
-        cache.update(keys[layer][None, :, :0], values[layer][None, :, :0], layer)
-        cache.layers[layer].keys, cache.layers[layer].values = keys[layer][None], values[layer][None]
+    for layer in range(keys.shape[0]):
+        _hold(cache, layer, keys[layer][None], values[layer][None])
     return cache
+
+
+def _hold(cache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make ``layer`` of ``cache`` hold these tensors by reference (views, no copy): update()
+    creates the layer, then its tensors are these."""
+    cache.update(keys[:, :, :0], values[:, :, :0], layer)
+    cache.layers[layer].keys, cache.layers[layer].values = keys, values
 
 
 def prefix_view(cache, positions: int):
@@ -226,9 +232,7 @@ def prefix_view(cache, positions: int):
 
     view: Any = DynamicCache()  # its layers are made by update(): full-attention layers, which hold keys
     for index, layer in enumerate(cache.layers):
-        keys, values = layer.keys[:, :, :positions], layer.values[:, :, :positions]
-        view.update(keys[:, :, :0], values[:, :, :0], index)
-        view.layers[index].keys, view.layers[index].values = keys, values
+        _hold(view, index, layer.keys[:, :, :positions], layer.values[:, :, :positions])
     return view
 
 
@@ -291,8 +295,7 @@ def restore_layers(
             k[:, :given] = torch.as_tensor(exact_sinks[0][layer, :, :given])
             v[:, :given] = torch.as_tensor(exact_sinks[1][layer, :, :given])
         k, v = k.to(dtype)[None], v.to(dtype)[None]
-        cache.update(k[:, :, :0], v[:, :, :0], layer)  # references only: each layer a view of the restored tensors
-        cache.layers[layer].keys, cache.layers[layer].values = k, v
+        _hold(cache, layer, k, v)
         restored += 1
     if restored != attention_shape(model)[0]:
         raise ValueError(f"{restored} layers of keys and values given; the model has {attention_shape(model)[0]}")

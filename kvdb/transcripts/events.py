@@ -66,21 +66,26 @@ class EventLog:
         out = []
         for session_id, session_leaves in by_session.items():
             chains: list[tuple[str, list[str]]] = []  # (leaf, its messages from the root), the leaf written last first
+            main: set[str] = set()  # the first chain's messages, with what is folded into it
+            replies: set[str] = set()  # the ids of their replies
             for leaf in session_leaves:
                 chain, seen = [leaf], {leaf}
                 while (parent := parent_message[chain[-1]]) is not None and parent not in seen:  # a cycle of links ends the chain
                     chain.append(parent)
                     seen.add(parent)
-                main = set(chains[0][1]) if chains else set()
-                own = [uuid for uuid in chain if chains and uuid not in main]
-                replies = {self._events[uuid]["message"].get("id") for uuid in main} - {None}
-                if own and all(self._tool_results_only(uuid) or self._events[uuid]["message"].get("id") in replies for uuid in own):
-                    # parallel tool calls: a reply is written as one event per call, and each result
-                    # as the child of its own call, so all but one look like branches; they belong
-                    # to the conversation, in file order
-                    chains[0] = (chains[0][0], sorted({*chains[0][1], *own}, key=self._lines.__getitem__))
-                else:
+                own = [uuid for uuid in chain if uuid not in main]
+                if not chains:
                     chains.append((leaf, chain[::-1]))
+                elif not (own and all(self._tool_results_only(uuid) or self._events[uuid]["message"].get("id") in replies for uuid in own)):
+                    chains.append((leaf, chain[::-1]))
+                    continue
+                # parallel tool calls: a reply is written as one event per call, and each result
+                # as the child of its own call, so all but one look like branches; they belong
+                # to the conversation, in file order
+                main.update(own)
+                replies.update(i for i in (self._events[uuid]["message"].get("id") for uuid in own) if i is not None)
+            if chains and len(main) > len(chains[0][1]):
+                chains[0] = (chains[0][0], sorted(main, key=self._lines.__getitem__))
             for branch, (leaf, chain) in enumerate(chains, start=1):
                 name = self._summaries.get(leaf, session_id)
                 metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[0]]}
