@@ -28,12 +28,12 @@ TRANSCRIPTS = Path(__file__).resolve().parents[1] / "examples" / "transcripts"
 KVDB = Path(sys.executable).with_name("kvdb")
 RENDERED = {
     "text": "verbatim",
-    "jsonl-messages": "chat template",
+    "messages": "chat template",
     "openai": "chat template; tool calls and results as <tool_call>/<tool_result> text; name as `name: text`",
     "openai-responses": "chat template; reasoning as <thinking>, calls joined to their assistant turn",
-    "chatgpt-export": "chat template along current_node; other branches as `[branch N]` sessions",
+    "chatgpt": "chat template along current_node; other branches as `[branch N]` sessions",
     "anthropic": "chat template; system first; tool_use/tool_result as text, thinking as <thinking>, image as a placeholder",
-    "agent-events": "chat template along the parentUuid chain; named by its summary",
+    "claude-code": "chat template along the parentUuid chain; named by its summary",
     "lmsys": "chat template",
     "alpaca": "chat template; input after the instruction and a blank line",
     "sharegpt": "chat template; function_call as a tool call, observation as a tool turn",

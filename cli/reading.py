@@ -32,14 +32,18 @@ def sessions(ctx, as_json):
 @json_option
 @click.pass_context
 def show(ctx, session, start, end, model, as_json):
-    """Print the text of a session's tokens [START, END). A whole text session prints exactly as ingested."""
+    """Print the text of a session's tokens [START, END). A whole text session prints exactly as ingested.
+
+    --json adds "side": the text of the session's file that is no turn (a title, summaries,
+    tool schemas, alternative replies, hook output, attachment names)."""
     archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
     text = archive.text(s.session_id, start, end)
     if as_json:
         start = 0 if start is None else start
         end = s.n_tokens if end is None else end
-        _emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": archive.tokens(s.session_id, start, end).tolist()})
+        tokens = archive.tokens(s.session_id, start, end).tolist()
+        _emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": tokens, "side": s.side})
     else:
         click.echo(text, nl=False)
         if sys.stdout.isatty() and not text.endswith("\n"):

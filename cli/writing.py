@@ -12,6 +12,26 @@ from kvdb.tiers import DEFAULT_KEEP, parse_keep
 from kvdb_cli.app import _emit, _layer_progress, _open, _printable, json_option, main, model_option
 
 
+@main.command("formats")
+@click.option("--example", metavar="NAME", help="Print the example file of format NAME, as it would be ingested.")
+@json_option
+def formats_command(example, as_json):
+    """List the export formats `kvdb ingest` reads: each file's format is told from its content,
+    never from its name. Packages add formats through the "kvdb.formats" entry point group."""
+    known = kvdb.formats()
+    if example is not None:
+        chosen = next((f for f in known if f.name == example), None)
+        if chosen is None:
+            raise click.BadParameter(f"no format {example!r}; known: {', '.join(f.name for f in known)}", param_hint="--example")
+        click.echo(chosen.example, nl=False)
+        return
+    for f in known:
+        if as_json:
+            _emit(f.to_dict())
+        else:
+            click.echo(f"{f.name:<18} {f.reads}")
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option(

@@ -11,6 +11,7 @@ with kvdb.open("my.duckdb") as db:
 from kvdb.archive import Archive, SessionHandle, default_path, open
 from kvdb.errors import KvdbError
 from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats
+from kvdb.transcripts.formats import registered as formats
 
-__all__ = ["Archive", "IngestResult", "KvdbError", "Prefix", "RestoredSession", "Session", "SessionHandle", "Stats", "default_path", "open"]
+__all__ = ["Archive", "IngestResult", "KvdbError", "Prefix", "RestoredSession", "Session", "SessionHandle", "Stats", "default_path", "formats", "open"]
 __version__ = "0.1.0"

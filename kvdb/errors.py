@@ -28,6 +28,12 @@ class EmptyTranscript(TranscriptError):
     reported ``empty``, not ``failed``. Nothing in it was malformed."""
 
 
+class FormatPluginError(KvdbError):
+    """A package's ``kvdb.formats`` entry point failed to load or to register its formats."""
+
+    exit_code = 2
+
+
 class SessionNotFound(KvdbError):
     """No session matches what the user typed (id, id prefix or name)."""
 

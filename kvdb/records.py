@@ -41,6 +41,12 @@ class Session:
             return NotImplemented
         return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Session) if f.compare)
 
+    @property
+    def side(self) -> dict:
+        """The text of its file that is no turn (a title, summaries, tool schemas, ...): see
+        ``kvdb.transcripts.Transcript``; ``{}`` for most sessions."""
+        return self.metadata.get("side", {})
+
     def to_dict(self) -> dict:
         return {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
 

@@ -138,4 +138,11 @@ class SessionView:
     turns: list[Turn]
 
     def to_dict(self) -> dict:
-        return {"session": self.session.to_dict(), "start": self.start, "end": self.end, "text": self.text, "turns": [t.to_dict() for t in self.turns]}
+        return {
+            "session": self.session.to_dict(),
+            "start": self.start,
+            "end": self.end,
+            "text": self.text,
+            "turns": [t.to_dict() for t in self.turns],
+            "side": self.session.side,
+        }

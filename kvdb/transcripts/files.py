@@ -17,16 +17,15 @@ from pathlib import Path
 
 from kvdb.errors import EmptyTranscript, TranscriptError
 from kvdb.transcripts.encoding import decode, open_utf8, transcoding_error
-from kvdb.transcripts.events import EventLog, is_event
+from kvdb.transcripts.formats import Format, Log, read_session, registered
+from kvdb.transcripts.formats.messages import MESSAGES
 from kvdb.transcripts.json_stream import JsonStream
 from kvdb.transcripts.limits import too_large
-from kvdb.transcripts.messages import Conversation, Invalid
-from kvdb.transcripts.sessions import Transcript, chat, from_object
+from kvdb.transcripts.messages import Conversation, Invalid, message_error
+from kvdb.transcripts.sessions import Transcript, chat
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".jsonl", ".json")
 WAITING_RECORDS = 64  # records held while none has set a JSONL file's layout; past them, the next decides as it can
-# JSON keys that make an object a session, not a message, wherever they appear
-_SESSION_MARKS = ("messages", "conversations", "conversation", "mapping", "instruction", "input", "instructions")
 
 
 def find_transcript_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -135,15 +134,16 @@ def _looks_like_jsonl(file, jsonl: bool) -> bool:
 
 
 def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None) -> Iterator[Transcript]:
-    """The first record decides the layout: a session per line, one message per line, or agent
-    events. A malformed record fails the file, or with ``skipped`` is named there and left out.
+    """The first record a format takes decides the layout: a session per line, or the records
+    of one log (agent events, one message per line). A malformed record fails the file, or
+    with ``skipped`` is named there and left out.
 
     Lines are read with a bounded ``readline`` so that an oversized one never sits in memory;
-    when the whole file is one session (messages or events), its lines count together.
+    when the whole file is one log, its lines count together.
     """
     stem = Path(shown).stem
-    conversation, events = Conversation(), EventLog(stem, shown)
-    layout = first = None
+    log: Log | None = None
+    layout = first = None  # "sessions" or "log", and the line that set it
     waiting: list[tuple[int, object]] = []  # (line, record) read before any record set the layout
     offset = used = 0
     for line in itertools.count(1):
@@ -177,13 +177,13 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             try:
                 if isinstance(record, Invalid):
                     raise record
-                kind_of_line = layout or ("events" if is_event(record) else "sessions" if _is_session(record) else "messages")
-                if kind_of_line == "sessions":
-                    sessions = from_object(record, f"{stem}#{at}", f"{shown}#L{at}")
-                elif kind_of_line == "events":
-                    events.add(record, at)
+                target = log if layout is not None else _opened(_decide(record), stem, shown)
+                if target is None:
+                    sessions = read_session(record, f"{stem}#{at}", f"{shown}#L{at}")
+                    kind_of_line = "sessions"
                 else:
-                    conversation.add(record)
+                    target.add(record, at)
+                    log, kind_of_line = target, "log"
             except Invalid as error:
                 if skipped is None:
                     raise TranscriptError(shown, str(error), at) from None
@@ -198,7 +198,7 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
         if decided and layout is not None:
             waiting.clear()
     for at, record in waiting:  # nothing decided the layout: they are what they looked like, records of none
-        reason = str(record if isinstance(record, Invalid) else _as_message_error(record))
+        reason = str(record if isinstance(record, Invalid) else message_error(record))
         if skipped is None:
             raise TranscriptError(shown, reason, at)
         skipped.append({"line": at, "reason": reason})
@@ -210,25 +210,35 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
                 shown, f"no line holds a record kvdb reads ({len(skipped)} skipped; the first, line {skipped[0]['line']}: {skipped[0]['reason']})"
             )
         raise EmptyTranscript(shown, "empty transcript")
-    try:
-        if layout == "messages":
-            yield chat(stem, shown, conversation, {"format": "jsonl-messages"})
-        elif layout == "events":
-            found = events.sessions()
-            if not found:  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
-                raise (EmptyTranscript if events.summaries_only() else TranscriptError)(shown, events.why_empty())
-            yield from found
-    except Invalid as error:
-        raise TranscriptError(shown, str(error)) from None
+    if log is not None:
+        try:
+            yield from log.sessions()
+        except Invalid as error:
+            raise TranscriptError(shown, str(error)) from None
+
+
+def _decide(record) -> Format | None:
+    """The format of the first record one takes: None when one takes it as a session object,
+    the format whose log it opens otherwise (messages, when none takes it: its error says why)."""
+    for candidate in registered():
+        if candidate.opens_log(record):
+            return candidate
+        if candidate.claims(record):
+            return None
+    return MESSAGES
+
+
+def _opened(found: Format | None, stem: str, shown: str) -> Log | None:
+    return None if found is None else found.log(stem, shown)
 
 
 def _iter_json(file, shown: str, limit: int | None) -> Iterator[Transcript]:
-    """A top-level list of sessions yields each as it is read, a list of messages is one session,
-    and any other value is one session."""
+    """A top-level list of sessions yields each as it is read, a list of a log's records (of
+    messages) is that log's sessions, and any other value is one session object."""
     stream = JsonStream(file, shown, limit)
     stem = Path(shown).stem
     if stream.start() != "[":
-        yield from stream.parse("the session", lambda value: from_object(value, stem, shown))
+        yield from stream.parse("the session", lambda value: read_session(value, stem, shown))
     else:
         yield from _iter_json_list(stream, stem, shown)
     if stream.skip():
@@ -236,18 +246,19 @@ def _iter_json(file, shown: str, limit: int | None) -> Iterator[Transcript]:
 
 
 def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Transcript]:
-    """The first element decides: a message makes the list one session, else each element is one."""
+    """The first element decides: a session object makes each element a session, any other
+    object makes the list one log's records."""
     stream.pos += 1
-    count, conversation = 0, None
+    count, log = 0, None
     if stream.skip() != "]":
         while True:
             if count == 0:
-                conversation, sessions = stream.parse("session #0", lambda value: _first_in_list(value, stem, shown))
+                log, sessions = stream.parse("session #0", lambda value: _first_in_list(value, stem, shown))
                 yield from sessions
-            elif conversation is not None:
-                stream.parse(f"messages[{count}]", lambda value, c=count, into=conversation: into.add(value, f"messages[{c}]: "))
+            elif log is not None:
+                stream.parse(f"{log.label}[{count}]", lambda value, c=count, into=log: into.add(value, c), f"{log.label}[{count}]: ")
             else:
-                yield from stream.parse(f"session #{count}", lambda value, c=count: from_object(value, f"{stem}#{c}", f"{shown}#{c}"), f"session #{count}: ")
+                yield from stream.parse(f"session #{count}", lambda value, c=count: read_session(value, f"{stem}#{c}", f"{shown}#{c}"), f"session #{count}: ")
             count += 1
             separator = stream.skip()
             if separator == "]":
@@ -259,39 +270,38 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Trans
     stream.pos += 1
     if not count:
         raise EmptyTranscript(shown, "empty transcript (the list holds no sessions)")
-    if conversation is not None:
-        yield chat(stem, shown, conversation, {"format": "json-messages"})
-
-
-def _first_in_list(value, stem: str, shown: str) -> tuple[Conversation | None, list[Transcript]]:
-    """(the conversation a list of messages builds, None for a list of sessions; the sessions read)."""
-    if _is_session(value) or not isinstance(value, dict):
+    if log is not None:
         try:
-            return None, from_object(value, f"{stem}#0", f"{shown}#0")
+            yield from log.sessions()
+        except Invalid as error:
+            raise TranscriptError(shown, str(error)) from None
+
+
+def _first_in_list(value, stem: str, shown: str) -> tuple[Log | None, list[Transcript]]:
+    """(the log a list of records builds, None for a list of sessions; the sessions read)."""
+    found = _decide(value) if isinstance(value, dict) else None
+    if found is None:
+        try:
+            return None, read_session(value, f"{stem}#0", f"{shown}#0")
         except Invalid as error:
             raise Invalid(f"session #0: {error}", error.node) from None
-    conversation = Conversation()
-    conversation.add(value, "messages[0]: ")
-    return conversation, []
+    log = found.log(stem, shown)
+    try:
+        log.add(value, 0)
+    except Invalid as error:
+        raise Invalid(f"{log.label}[0]: {error}", error.node) from None
+    return log, []
 
 
 def _undecided(obj) -> bool:
-    """A record that sets no layout: an object with a string "type" that is neither an agent
-    event, a session nor a message (Claude Code opens logs with "file-history-snapshot")."""
-    return isinstance(obj, dict) and isinstance(obj.get("type"), str) and not is_event(obj) and not _is_session(obj) and _as_message_error(obj) is not None
-
-
-def _as_message_error(obj) -> Invalid | None:
-    """Why ``obj`` is no message (None when it is one)."""
-    try:
-        Conversation().add(obj)
-    except Invalid as error:
-        return error
-    return None
-
-
-def _is_session(obj) -> bool:
-    return isinstance(obj, dict) and any(key in obj for key in _SESSION_MARKS) and "role" not in obj and "from" not in obj
+    """A record that sets no layout: an object with a string "type" that no format takes and
+    that is no message (Claude Code opens logs with "file-history-snapshot")."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("type"), str)
+        and not any(f.opens_log(obj) or f.claims(obj) for f in registered())
+        and message_error(obj) is not None
+    )
 
 
 def transcript_from_text(text: str, name: str = "text") -> Transcript:

@@ -266,6 +266,15 @@ class Conversation:
         return "\n".join(texts)
 
 
+def message_error(obj) -> Invalid | None:
+    """Why ``obj`` is no message in any of the shapes above (None when it is one)."""
+    try:
+        Conversation().add(obj)
+    except Invalid as error:
+        return error
+    return None
+
+
 def _role(message: dict, key: str) -> str:
     role = message[key]
     if not isinstance(role, str):

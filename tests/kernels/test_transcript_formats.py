@@ -108,8 +108,8 @@ def test_responses_string_input_hosted_calls_and_jsonl_items(tmp_path):
 def test_chatgpt_export_follows_current_node_and_keeps_edited_branches_as_forks():
     main, fork = read_transcripts(EXAMPLES / "conversations.json")
     assert (main.name, fork.name) == ("Sourdough timing", "Sourdough timing [branch 2]")
-    assert main.metadata == {"format": "chatgpt-export", "id": "6a1f-sourdough"}
-    assert fork.metadata == {"format": "chatgpt-export", "id": "6a1f-sourdough", "branch": 2}
+    assert main.metadata == {"format": "chatgpt", "id": "6a1f-sourdough"}
+    assert fork.metadata == {"format": "chatgpt", "id": "6a1f-sourdough", "branch": 2}
     assert [m["content"] for m in main.messages] == [
         "How long should sourdough rise in a cold kitchen (17 C)?",
         "Plan on 8 to 10 hours at 17 C, or leave it in the fridge overnight and bake in the morning.",
@@ -192,7 +192,7 @@ def event(uuid, parent, role, content, session="s1", **extra):
 
 def test_agent_events_follow_the_parent_chain_and_name_the_session_by_its_summary():
     transcript = one(EXAMPLES / "claude-code.jsonl")
-    assert (transcript.name, transcript.metadata) == ("Find the failing test", {"format": "agent-events", "id": "9c2d-cc", "line": 2})
+    assert (transcript.name, transcript.metadata) == ("Find the failing test", {"format": "claude-code", "id": "9c2d-cc", "line": 2})
     assert [m["role"] for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
     assert transcript.messages[1]["tool_calls"] == [{"id": "toolu_1", "name": "Bash", "arguments": '{"command": "pytest -q"}'}]
     assert transcript.messages[2]["name"] == "Bash"
@@ -273,7 +273,7 @@ def test_layout_is_read_from_the_content_not_the_suffix(tmp_path):
     assert one(indented).messages == ({"role": "user", "content": "a"},)
     message_list = write(tmp_path / "list.json", json.dumps([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]))
     transcript = one(message_list)
-    assert (transcript.name, transcript.metadata, len(transcript.messages)) == ("list", {"format": "json-messages"}, 2)
+    assert (transcript.name, transcript.metadata, len(transcript.messages)) == ("list", {"format": "messages"}, 2)
 
 
 @pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])

@@ -1,4 +1,4 @@
-"""Agent event logs: JSONL with one event per line, in the shape Claude Code writes.
+"""Claude Code session logs (``~/.claude/projects/PROJECT/SESSION.jsonl``): one event per line.
 
 Events carry ``uuid`` and ``parentUuid``; those of type ``user`` and ``assistant`` hold a
 message (Anthropic-shaped). A session is the chain of messages from a root to a leaf, for
@@ -14,17 +14,36 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kvdb.errors import EmptyTranscript
+from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind
 from kvdb.transcripts.sessions import Transcript, chat
 
 MESSAGE_EVENTS = ("user", "assistant")
 
 
-def is_event(obj) -> bool:
-    return isinstance(obj, dict) and ("parentUuid" in obj or "sessionId" in obj or (obj.get("type") == "summary" and "leafUuid" in obj))
+class ClaudeCode(Format):
+    name = "claude-code"
+    reads = "Claude Code session logs (~/.claude/projects/PROJECT/SESSION.jsonl): events linked by uuid and parentUuid"
+    suffix = ".jsonl"
+    example = (
+        '{"type": "user", "uuid": "u1", "parentUuid": null, "sessionId": "s1", "message": {"role": "user", "content": "List the files"}}\n'
+        '{"type": "assistant", "uuid": "a1", "parentUuid": "u1", "sessionId": "s1", "message": {"id": "m1", "role": "assistant", '
+        '"content": [{"type": "text", "text": "Here they are."}]}}\n'
+    )
+
+    def opens_log(self, record) -> bool:
+        return isinstance(record, dict) and ("parentUuid" in record or "sessionId" in record or (record.get("type") == "summary" and "leafUuid" in record))
+
+    def log(self, stem: str, shown: str) -> EventLog:
+        return EventLog(stem, shown)
 
 
-class EventLog:
+def register(add) -> None:
+    add(ClaudeCode())
+
+
+class EventLog(Log):
     """The events of one file, added line by line; ``sessions`` builds the chains once all are read."""
 
     def __init__(self, stem: str, shown: str):
@@ -58,8 +77,8 @@ class EventLog:
         parent_message = {uuid: self._message_parent(uuid) for uuid in self._lines}
         has_child = set(parent_message.values())
         leaves = [uuid for uuid in self._lines if uuid not in has_child]
-        if not leaves:
-            return []
+        if not leaves:  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
+            raise EmptyTranscript(self._shown, self._why_empty()) if self._summaries_only() else Invalid(self._why_empty())
         by_session: dict[str, list[str]] = {}
         for leaf in reversed(leaves):  # the leaf written last comes first
             by_session.setdefault(str(self._events[leaf].get("sessionId") or self._stem), []).append(leaf)
@@ -88,7 +107,7 @@ class EventLog:
                 chains[0] = (chains[0][0], sorted(main, key=self._lines.__getitem__))
             for branch, (leaf, chain) in enumerate(chains, start=1):
                 name = self._summaries.get(leaf, session_id)
-                metadata = {"format": "agent-events", "id": session_id, "line": self._lines[chain[0]]}
+                metadata = {"format": "claude-code", "id": session_id, "line": self._lines[chain[0]]}
                 conversation = self._conversation(chain)
                 if branch == 1:
                     conversation.dropped.update(self._skipped)
@@ -108,11 +127,11 @@ class EventLog:
             and all(isinstance(part, dict) and part.get("type") == "tool_result" for part in content)
         )
 
-    def summaries_only(self) -> bool:
+    def _summaries_only(self) -> bool:
         """Whether every record was a summary event (Claude Code writes such files routinely)."""
         return bool(self._summaries) and not self._skipped and not self._events
 
-    def why_empty(self) -> str:
+    def _why_empty(self) -> str:
         """What a log without messages holds instead (``sessions`` gave none)."""
         held = [f"{count} {kind}{'s' if count > 1 else ''}" for kind, count in self._skipped.items()]
         if self._summaries:

@@ -1,0 +1,111 @@
+"""The ChatGPT data export (``conversations.json``): a list of conversations, each a tree of
+message nodes in ``"mapping"``. Its session follows ``current_node``, and each branch the user
+left by editing a message is a session of its own (the prefix trie stores what they share once).
+"""
+
+from __future__ import annotations
+
+from kvdb.transcripts.formats.base import Format
+from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
+from kvdb.transcripts.sessions import Transcript, chat, session_name
+
+
+class ChatGPT(Format):
+    name = "chatgpt"
+    reads = 'the ChatGPT data export\'s conversations.json: [{"title", "mapping": {id: {"message", "parent", "children"}}, "current_node"}]'
+    example = (
+        '[{"title": "Greeting", "current_node": "b", "mapping": {\n'
+        '  "a": {"id": "a", "parent": null, "children": ["b"], "message": {"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["Hi"]}}},\n'
+        '  "b": {"id": "b", "parent": "a", "children": [], "message": {"author": {"role": "assistant"}, "content": {"content_type": "text", "parts": ["Hello!"]}}}}}]\n'
+    )
+    marks = ("title", "mapping", "current_node", "create_time")
+
+    def claims(self, obj) -> bool:
+        return isinstance(obj, dict) and "mapping" in obj
+
+    def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
+        mapping = obj["mapping"]
+        if not isinstance(mapping, dict) or not all(isinstance(node, dict) for node in mapping.values()):
+            raise Invalid(f'"mapping" must be an object of message nodes, not {kind(mapping)}', obj)
+        leaves = [node_id for node_id, node in mapping.items() if not node.get("children")]
+        current = obj.get("current_node")
+        if current in mapping:
+            leaves = [current] + [leaf for leaf in leaves if leaf != current]
+        title = session_name(obj, name)
+        metadata: dict[str, object] = {"format": "chatgpt"}
+        if obj.get("conversation_id", obj.get("id")) is not None:
+            metadata["id"] = obj.get("conversation_id", obj.get("id"))
+        sessions = []
+        for branch, leaf in enumerate(leaves, start=1):
+            conversation = Conversation(obj)
+            for node_id in _path_to(mapping, leaf):
+                message = mapping[node_id].get("message")
+                if message is not None:
+                    turn = _message(message, conversation)
+                    if turn is not None:
+                        conversation.add(turn, f"mapping[{node_id!r}]: ")
+            if conversation.empty:  # a branch of hidden, empty nodes holds nothing to keep
+                continue
+            extra = {"branch": branch} if branch > 1 else {}
+            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra)))
+        if not sessions:
+            raise Invalid("the conversation holds no messages", obj)
+        return sessions
+
+
+def _path_to(mapping: dict, leaf: str) -> list[str]:
+    path, seen, node_id = [], set(), leaf
+    while node_id is not None:
+        if node_id in seen or node_id not in mapping:
+            raise Invalid(f"the mapping's parent links from {leaf!r} are broken at {node_id!r}", mapping.get(leaf))
+        seen.add(node_id)
+        path.append(node_id)
+        node_id = mapping[node_id].get("parent")
+    return path[::-1]
+
+
+def _message(message: dict, conversation: Conversation) -> dict | None:
+    """A ChatGPT message as an OpenAI-shaped one; None for one with no text (the hidden root)."""
+    if not isinstance(message, dict):
+        raise Invalid(f"a node's message must be an object, not {kind(message)}")
+    author = message.get("author") or {}
+    role = author.get("role", "user")
+    content = message.get("content") or {}
+    content_type = content.get("content_type", "text")
+    if content_type in ("text", "multimodal_text"):
+        parts = [_part(part, conversation) for part in content.get("parts") or []]
+        text = "\n".join(p for p in parts if p)
+    elif content_type == "user_editable_context":
+        text = "\n\n".join(content[key] for key in ("user_profile", "user_instructions") if content.get(key))
+    elif content_type == "thoughts":
+        thinking = "\n\n".join("\n".join(filter(None, (t.get("summary"), t.get("content")))) for t in content.get("thoughts") or [])
+        return {"role": "assistant", "content": [{"type": "thinking", "thinking": thinking}]} if thinking else None
+    elif content_type == "reasoning_recap":
+        text = content.get("content") or ""
+    elif isinstance(content.get("text"), str):
+        text = "\n".join(filter(None, (content.get("title"), content["text"])))
+    else:
+        text = placeholder(content_type, conversation.dropped)
+    recipient = message.get("recipient", "all")
+    if role == "assistant" and recipient not in (None, "all") and text:
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": None, "function": {"name": recipient, "arguments": text}}]}
+    if not text:
+        return None
+    turn = {"role": role, "content": text}
+    if author.get("name"):
+        turn["name"] = author["name"]
+    return turn
+
+
+def _part(part, conversation: Conversation) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and isinstance(part.get("text"), str):  # an audio transcription
+        return part["text"]
+    content_type = part.get("content_type", "part") if isinstance(part, dict) else kind(part)
+    kind_name = "image" if "image" in content_type else "audio" if "audio" in content_type else content_type
+    return placeholder(kind_name, conversation.dropped)
+
+
+def register(add) -> None:
+    add(ChatGPT())
