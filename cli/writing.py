@@ -53,7 +53,7 @@ def formats_command(example, as_json):
 @click.option(
     "--strict",
     is_flag=True,
-    help="Refuse a whole file for one malformed JSON Lines record. Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
+    help="Refuse a whole file for one malformed record (a JSON Lines line, an element of a JSON list). Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
 )
 @model_option
 @json_option
@@ -63,14 +63,13 @@ def ingest(ctx, paths, keep, workers, strict, model, as_json):
 
     \b
     .txt / .md      one session, text verbatim (UTF-8, or UTF-16/32 with a byte order mark)
-    .json / .jsonl  read from their content: OpenAI Chat Completions or Responses, Anthropic
-                    Messages, a ChatGPT export (conversations.json), agent event logs (Claude
-                    Code), ShareGPT, LMSYS-Chat, Alpaca; a session or a message per line,
-                    or a list of either (the README lists each format)
+    .json / .jsonl  read from their content, never their name: chat app exports, coding
+                    agent logs and datasets (`kvdb formats` lists every format, with an
+                    example); a session or a record per line, or a list of either
 
     Every file is checked before the model loads. What has no text (an image, say) is kept
     as a "[image not archived]" placeholder and counted ("dropped" in --json). A malformed
-    JSON Lines record (a bad line of an agent log, say) is left out and named with its line
+    record (a bad line of an agent log, a bad conversation of an export) is left out and named with its line
     ("skipped" in --json), and the rest of its file ingests; --strict refuses the file instead.
     A file that fails is reported with its line and writes nothing; the others still ingest.
     Exit status 1 when a file failed or a record was skipped. A file with nothing to archive

@@ -55,8 +55,9 @@ def iter_transcripts(path: str | Path, max_session_bytes: int | None = None, ski
     A session taking more than ``max_session_bytes`` bytes of the file is refused, naming the
     line where it starts, after reading at most about that many bytes (plus one chunk).
     ``skipped``: given a list, a JSON Lines record that is malformed (not JSON, or not a
-    record of the file's layout) is left out and named there as ``{"line", "reason"}``, and
-    the rest of the file is read; without one, it fails the file.
+    record of the file's layout), or an element of a JSON list that is not of the list's
+    shape, is left out and named there as ``{"line", "reason"}``, and the rest of the file is
+    read; without one, it fails the file.
     """
     shown = os.fspath(path)
     suffix = _suffix(Path(shown))
@@ -114,7 +115,7 @@ def _iter_json_file(file, shown: str, limit: int | None, jsonl: bool, skipped: l
     line reads as JSONL, and a ``.jsonl`` holding one value over several lines reads as JSON."""
     as_jsonl = _looks_like_jsonl(file, jsonl)
     file.seek(0)  # a byte order mark read again is skipped by both readers
-    yield from (_iter_jsonl(file, shown, limit, skipped) if as_jsonl else _iter_json(file, shown, limit))
+    yield from (_iter_jsonl(file, shown, limit, skipped) if as_jsonl else _iter_json(file, shown, limit, skipped))
 
 
 def _looks_like_jsonl(file, jsonl: bool) -> bool:
@@ -232,20 +233,25 @@ def _opened(found: Format | None, stem: str, shown: str) -> Log | None:
     return None if found is None else found.log(stem, shown)
 
 
-def _iter_json(file, shown: str, limit: int | None) -> Iterator[Transcript]:
+def _iter_json(file, shown: str, limit: int | None, skipped: list[dict] | None) -> Iterator[Transcript]:
     """A top-level list of sessions yields each as it is read, a list of a log's records (of
-    messages) is that log's sessions, and any other value is one session object."""
+    messages) is that log's sessions, and any other value is one session object.
+
+    ``skipped``: given a list, an element of a list after the first that has the wrong shape
+    is named there and left out (the first sets what the list holds); JSON that does not
+    parse fails the file, since nothing after it can be trusted to be read right.
+    """
     stream = JsonStream(file, shown, limit)
     stem = Path(shown).stem
     if stream.start() != "[":
         yield from stream.parse("the session", lambda value: read_session(value, stem, shown))
     else:
-        yield from _iter_json_list(stream, stem, shown)
+        yield from _iter_json_list(stream, stem, shown, skipped)
     if stream.skip():
         raise stream.invalid("Extra data", stream.pos)
 
 
-def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Transcript]:
+def _iter_json_list(stream: JsonStream, stem: str, shown: str, skipped: list[dict] | None) -> Iterator[Transcript]:
     """The first element decides: a session object makes each element a session, any other
     object makes the list one log's records."""
     stream.pos += 1
@@ -256,9 +262,10 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str) -> Iterator[Trans
                 log, sessions = stream.parse("session #0", lambda value: _first_in_list(value, stem, shown))
                 yield from sessions
             elif log is not None:
-                stream.parse(f"{log.label}[{count}]", lambda value, c=count, into=log: into.add(value, c), f"{log.label}[{count}]: ")
+                stream.parse(f"{log.label}[{count}]", lambda value, c=count, into=log: into.add(value, c), f"{log.label}[{count}]: ", skipped)
             else:
-                yield from stream.parse(f"session #{count}", lambda value, c=count: read_session(value, f"{stem}#{c}", f"{shown}#{c}"), f"session #{count}: ")
+                read = lambda value, c=count: read_session(value, f"{stem}#{c}", f"{shown}#{c}")  # noqa: E731 - bound to this element
+                yield from stream.parse(f"session #{count}", read, f"session #{count}: ", skipped, instead=[])
             count += 1
             separator = stream.skip()
             if separator == "]":

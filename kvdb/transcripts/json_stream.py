@@ -98,10 +98,11 @@ class JsonStream:
         line, column = self.where(at)
         return TranscriptError(self.shown, f"invalid JSON: {message} (column {column})", line)
 
-    def parse(self, label: str, parse, prefix: str = ""):
+    def parse(self, label: str, parse, prefix: str = "", skipped: list[dict] | None = None, instead=None):
         """``parse`` of the value at ``pos`` (``label`` names it in size errors); its shape error
         (``Invalid``) becomes a TranscriptError starting with ``prefix``, on the line of the
-        object at fault where that can be found."""
+        object at fault where that can be found. ``skipped``: given a list, the error is named
+        there as ``{"line", "reason"}`` instead, and ``instead`` is returned."""
         value, start, end = self._value(label)
         self.pos = end
         try:
@@ -109,7 +110,10 @@ class JsonStream:
         except Invalid as error:
             lines_before = _lines_before_fault(self.buf[start:end], parse)
             line = None if lines_before is None else self.where(start)[0] + lines_before
-            raise TranscriptError(self.shown, f"{prefix}{error}", line) from None
+            if skipped is None:
+                raise TranscriptError(self.shown, f"{prefix}{error}", line) from None
+            skipped.append({"line": line or self.where(start)[0], "reason": f"{prefix}{error}"})
+            return instead
 
     def _value(self, label: str) -> tuple[object, int, int]:
         """(value, start, end) of the value at ``pos``, read on while the buffer's end may have cut it short.

@@ -425,6 +425,18 @@ def test_a_malformed_line_is_left_out_and_named_and_the_rest_is_read(tmp_path):
     assert read_error(path).line == 2  # strict: the file fails at its first bad line, as before
 
 
+def test_a_bad_session_of_a_json_list_is_left_out_and_named_and_the_rest_is_read(tmp_path):
+    good = lambda text: {"messages": [{"role": "user", "content": text}]}  # noqa: E731
+    path = write(tmp_path / "list.json", "[\n" + ",\n".join(json.dumps(s) for s in [good("one"), {"colour": "blue"}, good("three")]) + "\n]\n")
+    sessions, skipped = _lenient(path)
+    assert [s.messages[0]["content"] for s in sessions] == ["one", "three"]
+    assert skipped == [{"line": 3, "reason": skipped[0]["reason"]}] and skipped[0]["reason"].startswith("session #1: an object with keys")
+    assert read_error(path).line == 3  # strict: the file fails there, as before
+    broken = write(tmp_path / "broken.json", '[{"messages": [{"role": "user", "content": "a"}]}, {"messages": ]')
+    with pytest.raises(TranscriptError, match="invalid JSON"):  # JSON that does not parse is never skipped past
+        _lenient(broken)
+
+
 def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_the_layout(tmp_path):
     event = lambda uuid, parent, role, text: {"type": role, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": {"role": role, "content": text}}  # noqa: E731
     path = write(
