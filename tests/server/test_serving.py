@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from kvdb.errors import InvalidArgument
 from kvdb.model import loading as lm_ops
 from kvdb.serving import Request, Sampling
+from kvdb.serving.engine import ARCHIVE_READ_PER_TOKEN, Engine
 from kvdb.serving.generation import pick
 from kvdb.serving.recent import RecentCaches
 
@@ -215,3 +218,42 @@ def test_a_next_turn_starts_from_memory_rather_than_read_an_archived_cache_a_few
         assert restarted.cached_tokens > again.cached_tokens and reads != []  # the archive's whole exchange
     finally:
         engine.close()
+
+
+class _Archive:
+    """What ``Engine._start`` asks of the archive: a cache of more than ``better_than`` tokens, exact."""
+
+    def __init__(self, position: int):
+        self.position, self.asked = position, []
+
+    def resume(self, ids, better_than, mode):
+        self.asked.append(better_than)
+        return SimpleNamespace(cache="archive's", position=self.position, mode="exact") if self.position > better_than else None
+
+
+class _Access:
+    busy = False
+
+    def __init__(self, archive: _Archive):
+        self.archive = archive
+
+    def __call__(self, read):
+        return read(self.archive)
+
+
+def _engine_over(hit, archive: _Archive):
+    """An Engine with only what ``_start`` reads: the caches in memory and the archive."""
+    engine = object.__new__(Engine)
+    engine._recent = SimpleNamespace(best=lambda ids, limit, exact_only: hit)
+    engine._access = _Access(archive)
+    return engine
+
+
+def test_an_approximate_hit_in_memory_takes_the_archives_exact_cache_however_short_its_gain():
+    limit = 3200  # the archive must hold limit // ARCHIVE_READ_PER_TOKEN = 100 more than an exact hit
+    approximate = _Archive(position=1002)
+    start = _engine_over((1000, "memory's", True), approximate)._start(np.arange(limit), limit, "auto")
+    assert approximate.asked == [1000] and (start.cache, start.held, start.approximate) == ("archive's", 1002, False)
+    exact = _Archive(position=1002)
+    start = _engine_over((1000, "memory's", False), exact)._start(np.arange(limit), limit, "auto")
+    assert exact.asked == [1000 + limit // ARCHIVE_READ_PER_TOKEN] and (start.cache, start.held) == ("memory's", 1000)
