@@ -26,8 +26,6 @@ NOT_YET_WHOLE = {
     "ai-studio/polylogue-branching_session.json",
     "ai-studio/polylogue-code_execution_session.json",
     "ai-studio/polylogue-multimodal_session.json",
-    "chatgpt/polylogue-native-conversation-v1.json",
-    "chatgpt/synthetic-chatgpt-reasoning-tools-branch.json",
     "claude-ai/openwebui-importer-claude_example.cut.json",
     "claude-ai/openwebui-importer-claude_thinking_example.json",
     "claude-ai/openwebui-importer-claude_tooluse_example.json",
