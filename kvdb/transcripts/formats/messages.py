@@ -28,7 +28,7 @@ class MessageLog(Log):
         self._conversation.add(record)
 
     def sessions(self) -> list[Transcript]:
-        return [chat(self._stem, self._shown, self._conversation, {"format": "messages"})]
+        return [chat(self._stem, self._shown, self._conversation, {"format": "messages"}, {"attachments": self._conversation.attachments})]
 
 
 class Messages(Format):
