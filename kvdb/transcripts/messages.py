@@ -11,11 +11,14 @@ JSON text the model wrote), ``tool_call_id`` and ``is_error`` (on a tool's resul
   ``function_call``, ``function_call_output``, ``reasoning``;
 - Anthropic content blocks: ``text``, ``tool_use``, ``tool_result`` (a user message holding
   results becomes one tool message per result, in order), ``thinking``;
-- ShareGPT ``{"from", "value"}``, including ``function_call`` and ``observation`` turns.
+- ShareGPT ``{"from", "value"}``, including ``function_call`` and ``observation`` turns;
+- LLaMA-Factory v1's part lists: ``{"type", "value"}`` parts of type ``text``, ``reasoning``,
+  ``tool_call`` (the value the JSON text ``{"name", "arguments"}``) and media.
 
 What has no text (an image, audio, a file, redacted thinking, a hosted tool's call) becomes
 the visible placeholder ``[KIND not archived]`` and is counted in ``dropped``, so that no
-part of a transcript disappears without the ingest result saying so.
+part of a transcript disappears without the ingest result saying so; where a file names it,
+its name (or path) is kept in ``attachments``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ PLACEHOLDER_PARTS = {
     "document": "document",
     "redacted_thinking": "redacted thinking",
 }
+# LLaMA-Factory v1's media parts, whose "value" is the file's path or URL
+VALUE_MEDIA = {"image_url": "image", "video_url": "video", "audio_url": "audio", "image": "image", "video": "video", "audio": "audio"}
 # Responses API items that are a hosted tool's work, with no text of the transcript's own
 HOSTED_CALLS = (
     "web_search_call",
@@ -88,22 +93,25 @@ class Conversation:
     def __init__(self, owner=None):
         self.owner = owner  # the object the list of messages belongs to, for error lines
         self.dropped: Counter = Counter()
+        self.attachments: list[str] = []  # names or paths of the files placeholders stand for
         self._messages: list[dict] = []
         self._tool_names: dict[str, str] = {}  # call id -> function name, to name each result
 
-    def add_all(self, messages) -> Conversation:
+    def add_all(self, messages, key: str = "messages", start: int = 0) -> Conversation:
+        """``key`` and ``start`` name the list and its first message's index in errors."""
         if not isinstance(messages, (list, tuple)):
-            raise Invalid(f"messages must be a list, not {kind(messages)}", self.owner)
-        for index, message in enumerate(messages):
-            self.add(message, f"messages[{index}]: ")
+            raise Invalid(f"{key} must be a list, not {kind(messages)}", self.owner)
+        for index, message in enumerate(messages, start=start):
+            self.add(message, f"{key}[{index}]: ")
         return self
 
     def add(self, message, where: str = "") -> None:
-        counted = Counter(self.dropped)
+        counted, attached = Counter(self.dropped), len(self.attachments)
         try:
             normalised = self._normalise(message)
         except Invalid as error:
             self.dropped = counted  # a message refused whole leaves no placeholder counted
+            del self.attachments[attached:]
             raise Invalid(f"{where}{error}", error.node or self.owner) from None
         for item in normalised:
             for call in item.get("tool_calls", ()):
@@ -118,19 +126,45 @@ class Conversation:
         turn that follows it, and a call joins the assistant turn just before it."""
         last = self._messages[-1] if self._messages else None
         if last is not None and last.get("pending") and item["role"] == "assistant":
-            del last["pending"]
             item = dict(item, thinking="\n".join(filter(None, (last["thinking"], item.get("thinking")))))
-            self._messages[-1] = item
-            return
-        if item_type == "function_call" and last is not None and last["role"] == "assistant" and not last.get("pending"):
+            self._messages.pop()
+        elif item_type == "function_call" and last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).extend(item["tool_calls"])
             return
-        if item_type == "reasoning":
+        if item_type == "reasoning":  # reasoning after reasoning still waits for its turn
             item["pending"] = True
         self._messages.append(item)
 
     def add_text(self, role: str, text: str) -> None:
         self._messages.append({"role": role, "content": text})
+
+    def add_thinking(self, text: str) -> None:
+        """Reasoning a transcript keeps apart from the reply it led to (ChatGPT's thought nodes):
+        it becomes the thinking of the assistant turn that follows."""
+        self._append({"role": "assistant", "content": "", "thinking": text}, "reasoning")
+
+    def add_media(self, media_kind: str, paths, key: str) -> None:
+        """Files listed beside the turns (LLaMA-Factory's ``images``), which markers such as
+        ``<image>`` in the text stand for: counted as dropped, their paths kept as attachments."""
+        if paths is None:
+            return
+        if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
+            raise Invalid(f'"{key}" must be a list of file paths, not {kind(paths)}', self.owner)
+        self.dropped[media_kind] += len(paths)
+        self.attachments += paths
+
+    def alternatives(self, replies, turn: int, key: str, start: int = 0) -> list[dict]:
+        """Replies not taken (a preference set's rejected answer), read in any shape above, as
+        side ``alternatives`` from ``turn`` on; what they hold without text is counted here."""
+        if not replies:
+            return []
+        other = Conversation(self.owner).add_all(replies, key, start)
+        self.dropped.update(other.dropped)
+        self.attachments += other.attachments
+        return [{"turn": turn + index, "text": plain(message)} for index, message in enumerate(other.messages())]
+
+    def __len__(self) -> int:
+        return len(self._messages)
 
     @property
     def empty(self) -> bool:
@@ -212,13 +246,9 @@ class Conversation:
         if "value" not in message:
             raise Invalid('message has no "value"', message)
         value = message["value"]
-        if message["from"].lower() == "function_call" and isinstance(value, str):
-            try:
-                call = json.loads(value)
-            except ValueError:
-                call = None
-            if isinstance(call, dict) and isinstance(call.get("name"), str):
-                return [{"role": "assistant", "content": "", "tool_calls": [_call(call.get("id"), call["name"], call.get("arguments", {}), message)]}]
+        call = _written_call(value, message) if message["from"].lower() == "function_call" else None
+        if call is not None:
+            return [{"role": "assistant", "content": "", "tool_calls": [call]}]
         try:
             parts = self._parts(value)
         except Invalid as error:
@@ -241,6 +271,8 @@ class Conversation:
         if not isinstance(part, dict):
             raise Invalid(f'each part must be a string or an object such as {{"type": "text", "text": "..."}}, not {kind(part)}')
         part_type = part.get("type", "text")
+        if "value" in part:
+            return self._value_part(part_type, part)
         if part_type in TEXT_PARTS:
             return _string(part.get(TEXT_PARTS[part_type]), TEXT_PARTS[part_type], part, f"a {part_type} part needs")
         if part_type in THINKING_PARTS:
@@ -256,6 +288,22 @@ class Conversation:
         if isinstance(part_type, str):
             return placeholder(f"{part_type} part", self.dropped)
         raise Invalid(f'a part\'s "type" must be a string, not {kind(part_type)}', part)
+
+    def _value_part(self, part_type, part: dict):
+        value = part["value"]
+        if part_type in VALUE_MEDIA:
+            if isinstance(value, str) and not value.startswith("data:"):  # a path or URL, not the file's bytes
+                self.attachments.append(value)
+            return placeholder(VALUE_MEDIA[part_type], self.dropped)
+        text = _string(value, "value", part, f"a {part_type} part needs")
+        if part_type == "reasoning":
+            return {"kind": "thinking", "text": text}
+        call = _written_call(text, part) if part_type == "tool_call" else None
+        if call is not None:
+            return dict(call, kind="call")
+        if part_type in ("text", "tool_call"):  # a call that is no JSON {"name", ...} stays the text it is
+            return text
+        raise Invalid(f'unknown part type {part_type!r} of a {{"type", "value"}} part; known: text, reasoning, tool_call, {", ".join(VALUE_MEDIA)}', part)
 
     def _reasoning(self, item: dict) -> str:
         content = self._parts(item.get("content"))  # parsed once: a placeholder in it counts once
@@ -273,6 +321,25 @@ def message_error(obj) -> Invalid | None:
     except Invalid as error:
         return error
     return None
+
+
+def plain(message: dict) -> str:
+    """A normalised message's text, its thinking and calls included, for a side field."""
+    calls = [f"{call['name']}({call['arguments']})" for call in message.get("tool_calls", ())]
+    return "\n".join(filter(None, (message.get("thinking"), message["content"], *calls)))
+
+
+def _written_call(text, node) -> dict | None:
+    """A call a dataset writes as the JSON text ``{"name", "arguments"}``; None for other text."""
+    if not isinstance(text, str):
+        return None
+    try:
+        call = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    return _call(call.get("id"), call["name"], call.get("arguments", {}), node)
 
 
 def _role(message: dict, key: str) -> str:

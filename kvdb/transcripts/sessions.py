@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from kvdb.transcripts.messages import Conversation, Invalid, kind
@@ -29,6 +30,7 @@ class Transcript:
 
 
 SIDE_FIELDS = ("title", "summaries", "tools", "alternatives", "events", "attachments")
+MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio"}
 
 
 def chat(name: str, source: str, conversation: Conversation, metadata: dict, side: dict | None = None) -> Transcript:
@@ -78,3 +80,23 @@ def session_metadata(obj: dict, format_name: str) -> dict:
 def is_session_object(obj) -> bool:
     """An object, and not a message: formats whose marks a message could also carry check this first."""
     return isinstance(obj, dict) and "role" not in obj and "from" not in obj
+
+
+def tool_schemas(tools, owner) -> list[str]:
+    """Tool schemas offered to the model as side ``tools``: a JSON string stays the text it is, a
+    list gives one JSON text per schema."""
+    if tools is None or tools == "":
+        return []
+    if isinstance(tools, str):
+        return [tools]
+    if isinstance(tools, list):
+        return [json.dumps(tool, ensure_ascii=False) for tool in tools]
+    raise Invalid(f'"tools" must be a JSON string or a list of tool schemas, not {kind(tools)}', owner)
+
+
+def dataset_side(obj: dict, conversation: Conversation) -> dict:
+    """What a training set (LLaMA-Factory and friends) holds beside its turns: the tool schemas,
+    and the media files that ``<image>``-style markers in the text stand for (counted as dropped)."""
+    for key, media_kind in MEDIA_LISTS.items():
+        conversation.add_media(media_kind, obj.get(key), key)
+    return {"tools": tool_schemas(obj.get("tools"), obj), "attachments": conversation.attachments}

@@ -136,8 +136,7 @@ def test_chatgpt_export_content_types(tmp_path):
     assert transcript.messages == (
         {"role": "system", "content": "I am a chemist.\n\nBe terse."},
         {"role": "user", "content": "[image not archived]\nWhat is this?"},
-        {"role": "assistant", "content": "", "thinking": "Looking\nA flask."},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": None, "name": "python", "arguments": "print(1)"}]},
+        {"role": "assistant", "content": "", "thinking": "Looking\nA flask.", "tool_calls": [{"id": None, "name": "python", "arguments": "print(1)"}]},
         {"role": "tool", "content": "1"},
         {"role": "assistant", "content": "An Erlenmeyer flask."},
     )

@@ -41,13 +41,12 @@ class ChatGPT(Format):
             for node_id in _path_to(mapping, leaf):
                 message = mapping[node_id].get("message")
                 if message is not None:
-                    turn = _message(message, conversation)
-                    if turn is not None:
-                        conversation.add(turn, f"mapping[{node_id!r}]: ")
+                    _add(message, conversation, f"mapping[{node_id!r}]: ")
             if conversation.empty:  # a branch of hidden, empty nodes holds nothing to keep
                 continue
             extra = {"branch": branch} if branch > 1 else {}
-            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra)))
+            name = title if branch == 1 else f"{title} [branch {branch}]"
+            sessions.append(chat(name, source, conversation, dict(metadata, **extra), {"attachments": conversation.attachments}))
         if not sessions:
             raise Invalid("the conversation holds no messages", obj)
         return sessions
@@ -64,37 +63,68 @@ def _path_to(mapping: dict, leaf: str) -> list[str]:
     return path[::-1]
 
 
-def _message(message: dict, conversation: Conversation) -> dict | None:
-    """A ChatGPT message as an OpenAI-shaped one; None for one with no text (the hidden root)."""
+# Where content types other than (multimodal) text hold their text: code and its output, browsing
+# and file-search quotes, custom instructions and memory, errors, reasoning recaps. Their other
+# fields are ids, URLs, sizes and flags.
+TEXT_FIELDS = (
+    "title",
+    "name",
+    "summary",
+    "user_profile",
+    "user_instructions",
+    "model_set_context",
+    "repository",
+    "repo_summary",
+    "result",
+    "snippet",
+    "text",
+    "content",
+)
+REASONING = ("thoughts", "reasoning_recap")
+
+
+def _add(message, conversation: Conversation, where: str) -> None:
+    """A ChatGPT message added as an OpenAI-shaped one. A thought or a reasoning recap becomes
+    the thinking of the assistant turn after it; one with no text (the hidden root) adds nothing.
+    The names of the files attached to it are kept as the session's attachments."""
     if not isinstance(message, dict):
-        raise Invalid(f"a node's message must be an object, not {kind(message)}")
+        raise Invalid(f"{where}a node's message must be an object, not {kind(message)}")
     author = message.get("author") or {}
     role = author.get("role", "user")
     content = message.get("content") or {}
     content_type = content.get("content_type", "text")
+    attached = (message.get("metadata") or {}).get("attachments") or []
+    conversation.attachments += [a["name"] for a in attached if isinstance(a, dict) and isinstance(a.get("name"), str)]
+    if content_type in REASONING:
+        thinking = _reasoning(content)
+        if thinking:
+            conversation.add_thinking(thinking)
+        return
     if content_type in ("text", "multimodal_text"):
-        parts = [_part(part, conversation) for part in content.get("parts") or []]
-        text = "\n".join(p for p in parts if p)
-    elif content_type == "user_editable_context":
-        text = "\n\n".join(content[key] for key in ("user_profile", "user_instructions") if content.get(key))
-    elif content_type == "thoughts":
-        thinking = "\n\n".join("\n".join(filter(None, (t.get("summary"), t.get("content")))) for t in content.get("thoughts") or [])
-        return {"role": "assistant", "content": [{"type": "thinking", "thinking": thinking}]} if thinking else None
-    elif content_type == "reasoning_recap":
-        text = content.get("content") or ""
-    elif isinstance(content.get("text"), str):
-        text = "\n".join(filter(None, (content.get("title"), content["text"])))
+        text = "\n".join(filter(None, (_part(part, conversation) for part in content.get("parts") or [])))
     else:
-        text = placeholder(content_type, conversation.dropped)
+        text = "\n\n".join(content[key] for key in TEXT_FIELDS if isinstance(content.get(key), str) and content[key])
+        text = text or placeholder(content_type, conversation.dropped)
     recipient = message.get("recipient", "all")
     if role == "assistant" and recipient not in (None, "all") and text:
-        return {"role": "assistant", "content": None, "tool_calls": [{"id": None, "function": {"name": recipient, "arguments": text}}]}
-    if not text:
-        return None
-    turn = {"role": role, "content": text}
-    if author.get("name"):
-        turn["name"] = author["name"]
-    return turn
+        turn: dict = {"role": "assistant", "content": None, "tool_calls": [{"id": None, "function": {"name": recipient, "arguments": text}}]}
+    elif text:
+        turn = {"role": role, "content": text} | ({"name": author["name"]} if author.get("name") else {})
+    else:
+        return
+    conversation.add(turn, where)
+
+
+def _reasoning(content: dict) -> str:
+    """A thoughts node's thoughts (each a heading and a body), or the text of a reasoning recap;
+    some exports hold either in "parts"."""
+    thoughts = content.get("thoughts") or []
+    if not isinstance(thoughts, list) or not all(isinstance(t, dict) for t in thoughts):
+        raise Invalid(f'"thoughts" must be a list of objects with "summary" and "content", not {kind(thoughts)}', content)
+    texts = ["\n".join(filter(None, (t.get("summary"), t.get("content")))) for t in thoughts]
+    texts += [part for part in content.get("parts") or [] if isinstance(part, str)]
+    texts.append(content["content"] if isinstance(content.get("content"), str) else "")
+    return "\n\n".join(filter(None, texts))
 
 
 def _part(part, conversation: Conversation) -> str:
