@@ -39,8 +39,6 @@ NOT_YET_WHOLE = {
     "codex-cli/agent-sessions-stage0-codex-small.jsonl",
     "codex-cli/synthetic-legacy-rollout-2025-05.jsonl",
     "codex-cli/vct-rollout-2025-09-19-codex_vscode-0.39.0.jsonl",
-    "datasets/llamafactory-glaive_toolcall_en_demo.cut.json",
-    "datasets/llamafactory-reason_tool_use_demo_50.cut.jsonl",
     "gemini-cli/agent-sessions-stage0-gemini-jsonl_v040.jsonl",
     "gemini-cli/synthetic-checkpoint-tag.json",
     "gemini-cli/synthetic-logs.json",
@@ -74,6 +72,19 @@ def texts_under(value, keys: set[str], key=None):
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from texts_under(v, keys, k)
+
+
+def comes_back(text: str, held: str) -> bool:
+    """Whether ``text`` is in ``held``; a text that is itself a JSON object (a dataset's tool
+    call, ``{"name": ..., "arguments": {...}}``, read as a structured call) comes back when
+    each of its values does: a string as written, anything else as JSON text."""
+    if text in held:
+        return True
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and bool(value) and all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in held for v in value.values())
 
 
 def strings(value):
@@ -127,5 +138,5 @@ def test_every_text_of_a_fixture_comes_back(path):
     )
     texts = list(texts_under(parsed(path), text_keys(path.parent)))
     assert texts
-    lost = [text for text in texts if text not in held]
+    lost = [text for text in texts if not comes_back(text, held)]
     assert not lost, f"{len(lost)} of {len(texts)} texts lost, the first: {lost[0][:200]!r}"
