@@ -136,6 +136,10 @@ class Conversation:
     def empty(self) -> bool:
         return not self._messages
 
+    def __len__(self) -> int:
+        """The messages so far: where the next one added will stand (a side field's ``turn``)."""
+        return len(self._messages)
+
     def messages(self) -> tuple[dict, ...]:
         if not self._messages:
             raise Invalid("no messages (the list is empty)", self.owner)
