@@ -84,7 +84,7 @@ def storage_of(archive):
 
 
 # keys under which a transcript of any format holds conversation text (not ids, types or data)
-TEXT_KEYS = {"content", "text", "value", "thinking", "arguments", "output", "instruction", "input", "system", "instructions", "parts"}
+TEXT_KEYS = {"content", "text", "value", "thinking", "arguments", "output", "instruction", "input", "system", "instructions", "parts", "message", "mes"}
 
 
 def conversation_texts(value, key=None):

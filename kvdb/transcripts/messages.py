@@ -163,12 +163,13 @@ class Conversation:
         self.attachments += other.attachments
         return [{"turn": turn + index, "text": plain(message)} for index, message in enumerate(other.messages())]
 
-    def __len__(self) -> int:
-        return len(self._messages)
-
     @property
     def empty(self) -> bool:
         return not self._messages
+
+    def __len__(self) -> int:
+        """The messages so far: where the next one added will stand (a side field's ``turn``)."""
+        return len(self._messages)
 
     def messages(self) -> tuple[dict, ...]:
         if not self._messages:

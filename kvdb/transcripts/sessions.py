@@ -17,7 +17,8 @@ class Transcript:
     model sees, so that ``show --json`` gives back everything the file held. Its keys, each a
     list (``SIDE_FIELDS``): ``title`` (a title that is not the session's name), ``summaries``,
     ``tools`` (the schemas offered to the model, as JSON text), ``alternatives`` (``{"turn",
-    "text"}``: replies not taken, such as swipes or a rejected answer), ``events`` (``{"type",
+    "text"}``, and ``"thinking"`` where the reply had its own: replies not taken, such as
+    swipes or a rejected answer, ``turn`` the index of the message taken in their place), ``events`` (``{"type",
     "text"}``: hook output, notices, tool output beyond what the model was shown) and
     ``attachments`` (file names)."""
 
@@ -75,6 +76,47 @@ def session_metadata(obj: dict, format_name: str) -> dict:
     if session_id is not None:
         metadata["id"] = session_id
     return metadata
+
+
+def tree_paths(parents: dict, current=None) -> list[list]:
+    """Each leaf's path from its root in a tree of messages given as ``{id: parent id}`` (a
+    parent that is not there, or a cycle, ends a path): the ``current`` leaf's first (else the
+    leaf given last's), then the others in the order given. Chat apps keep regenerations and
+    edits this way, and the leaf the user last saw is the conversation."""
+    has_child = set(parents.values())
+    leaves = [node for node in parents if node not in has_child]
+    if current not in parents:
+        current = leaves[-1] if leaves else next(iter(parents), None)
+    paths = []
+    for leaf in [current, *(leaf for leaf in leaves if leaf != current)]:
+        path, seen, node = [], set(), leaf
+        while node in parents and node not in seen:
+            seen.add(node)
+            path.append(node)
+            node = parents[node]
+        paths.append(path[::-1])
+    return [path for path in paths if path]
+
+
+def alternative_replies(paths: list[list], is_reply) -> tuple[list[list], list[tuple]]:
+    """(the paths after the first that are branches of their own, the ``(reply on the first
+    path, reply not taken)`` pairs): a path that leaves the first only for its last message, a
+    reply (``is_reply``) in place of the first path's reply, is a regeneration not taken."""
+    main, branches, alternatives = paths[0], [], []
+    for path in paths[1:]:
+        at = len(path) - 1
+        if at < len(main) and path[:at] == main[:at] and is_reply(path[at]) and is_reply(main[at]):
+            alternatives.append((main[at], path[at]))
+        else:
+            branches.append(path)
+    return branches, alternatives
+
+
+def object_at(obj: dict, key: str) -> dict:
+    """``obj[key]`` where it is an object, else an empty one: for optional parts of an export
+    whose absence, or a shape kvdb does not read, leaves no text behind."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def is_session_object(obj) -> bool:

@@ -22,14 +22,6 @@ from kvdb.transcripts import SUPPORTED_SUFFIXES, iter_transcripts
 EXPORTS = REPO / "tests" / "fixtures" / "exports"
 # Fixtures not yet read whole while issue 31 is under way: each comes off this list with the reader that reads it
 NOT_YET_WHOLE = {
-    "ai-studio/openwebui-importer-aistudio_example.json",
-    "ai-studio/polylogue-branching_session.json",
-    "ai-studio/polylogue-code_execution_session.json",
-    "ai-studio/polylogue-multimodal_session.json",
-    "claude-ai/openwebui-importer-claude_example.cut.json",
-    "claude-ai/openwebui-importer-claude_thinking_example.json",
-    "claude-ai/openwebui-importer-claude_tooluse_example.json",
-    "claude-ai/simonw-claude-to-sqlite-example.json",
     "claude-code/agent-sessions-stage0-claude-small.jsonl",
     "claude-code/spotter-ae4a77f8-lines1456-1500-compaction.jsonl",
     "claude-code/spotter-ae4a77f8-lines65-101-task-subagent.jsonl",
@@ -46,13 +38,6 @@ NOT_YET_WHOLE = {
     "gemini-cli/vct-legacy-session-2025-10-11.json",
     "gemini-cli/vct-legacy-session-2026-03-27-cut.json",
     "gemini-cli/vct-session-2026-04-23.jsonl",
-    "grok/openwebui-importer-grok_example.json",
-    "grok/polylogue-grok-native-bundle.json",
-    "grok/synthetic-grok-export-2025.json",
-    "open-webui/openwebui-importer-claude_thinking_output.json",
-    "open-webui/openwebui-importer-webui-json.json",
-    "open-webui/synthetic-openwebui-export.json",
-    "sillytavern/synthetic-modern-chat.jsonl",
 }
 FIXTURES = sorted(p for p in EXPORTS.rglob("*") if p.suffix in SUPPORTED_SUFFIXES and p.suffix not in (".md", ".txt"))
 

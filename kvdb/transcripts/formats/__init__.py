@@ -27,6 +27,11 @@ GROUP = "kvdb.formats"
 BUILT_IN = (
     "kvdb.transcripts.formats.claude_code",
     "kvdb.transcripts.formats.chatgpt",
+    "kvdb.transcripts.formats.sillytavern",
+    "kvdb.transcripts.formats.claude_ai",
+    "kvdb.transcripts.formats.open_webui",
+    "kvdb.transcripts.formats.grok",
+    "kvdb.transcripts.formats.ai_studio",
     "kvdb.transcripts.formats.messages",
     "kvdb.transcripts.formats.sharegpt",
     "kvdb.transcripts.formats.lmsys",

@@ -1,0 +1,149 @@
+"""SillyTavern chats (``data/USER/chats/CHARACTER/NAME.jsonl``): a header line (``user_name``,
+``character_name``, ``chat_metadata``), then one message a line (``name``, ``is_user``,
+``mes``). Each turn keeps its speaker's ``name`` (the header's may be ``"unused"``). The swipe
+shown (``mes``) is the turn; the other swipes are ``alternatives``, each with its own
+reasoning. A function call's message is the calls and their results as turns (what the model
+was sent), its HTML dump an event; other ``is_system`` messages were kept out of the prompt,
+so they are ``events`` too. A file attached to a message is known by name (``attachments``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvdb.errors import EmptyTranscript
+from kvdb.transcripts.formats.base import Format, Log
+from kvdb.transcripts.messages import Conversation, Invalid, kind
+from kvdb.transcripts.sessions import Transcript, chat, object_at
+
+
+class SillyTavern(Format):
+    name = "sillytavern"
+    reads = 'SillyTavern chats (*.jsonl): a header {"user_name", "character_name", "chat_metadata"}, then {"name", "is_user", "mes", "swipes"} a line'
+    suffix = ".jsonl"
+    example = (
+        '{"user_name": "User", "character_name": "Aqua", "create_date": "2025-03-01@10h15m02s", "chat_metadata": {}}\n'
+        '{"name": "Aqua", "is_user": false, "mes": "Hello!", "swipe_id": 0, "swipes": ["Hello!", "Hi there."]}\n'
+        '{"name": "User", "is_user": true, "mes": "Hi"}\n'
+    )
+    marks = ("user_name", "character_name", "chat_metadata", "mes", "is_user")
+
+    def opens_log(self, record) -> bool:
+        return isinstance(record, dict) and (_header(record) or _is_message(record))
+
+    def log(self, stem: str, shown: str) -> ChatLog:
+        return ChatLog(stem, shown)
+
+
+def _header(record) -> bool:
+    return "chat_metadata" in record or ("user_name" in record and "character_name" in record)
+
+
+def _is_message(record) -> bool:
+    return isinstance(record, dict) and "mes" in record and "is_user" in record
+
+
+class ChatLog(Log):
+    def __init__(self, stem: str, shown: str):
+        self._stem, self._shown = stem, shown
+        self._conversation = Conversation()
+        self._side: dict[str, list] = {"alternatives": [], "events": [], "attachments": []}
+        self._metadata: dict[str, object] = {"format": "sillytavern"}
+        self._lines = 0  # message lines taken
+        self._headed = False
+
+    def add(self, record, line: int) -> None:
+        if not isinstance(record, dict):
+            raise Invalid(f"expected a message object, got {kind(record)}")
+        if not _is_message(record):
+            if self._lines or self._headed or not _header(record):  # a header opens the file, once
+                raise Invalid(f'expected a message with "mes" and "is_user", got an object with keys {", ".join(sorted(map(str, record)))}', record)
+            self._headed = True
+            if record.get("create_date") is not None:
+                self._metadata["created"] = record["create_date"]
+            return
+        text = _string(record, "mes")
+        speaker = record.get("name")
+        if speaker is not None and not isinstance(speaker, str):
+            raise Invalid(f'"name" must be a string, not {kind(speaker)}', record)
+        extra = object_at(record, "extra")
+        invocations = extra.get("tool_invocations")
+        turns, events = [], []
+        said = f"{speaker}: {text}" if speaker else text  # an event keeps its speaker as a turn does
+        if record.get("is_system") and isinstance(invocations, list) and invocations:
+            turns = _tool_turns(invocations, record)
+            events.append({"type": "tool calls", "text": said})
+        elif record.get("is_system"):
+            events.append({"type": str(extra.get("type") or "system"), "text": said})
+        else:
+            turn: dict = {"role": "user" if record["is_user"] else "assistant", "content": text}
+            if speaker:
+                turn["name"] = speaker
+            if isinstance(extra.get("reasoning"), str) and extra["reasoning"]:
+                turn["reasoning_content"] = extra["reasoning"]
+            turns = [turn]
+        alternatives = _alternatives(record, len(self._conversation))
+        for turn in turns:  # only the first may be refused: _tool_turns checks the rest
+            self._conversation.add(turn, f"line {line}: ")
+        self._lines += 1
+        self._side["alternatives"] += alternatives
+        self._side["events"] += events
+        file = object_at(extra, "file")
+        if file.get("name"):
+            self._side["attachments"].append(str(file["name"]))
+
+    def sessions(self) -> list[Transcript]:
+        if not self._lines:
+            raise EmptyTranscript(self._shown, "the chat holds no messages (only its header)")
+        if self._conversation.empty:
+            raise Invalid(f"the chat's {self._lines} messages are all system notes, none a turn the model was sent")
+        return [chat(self._stem, self._shown, self._conversation, self._metadata, self._side)]
+
+
+def _tool_turns(invocations: list, record: dict) -> list[dict]:
+    """The calls as the assistant's turn and each result as a tool's, as SillyTavern sends them."""
+    calls, results = [], []
+    for invocation in invocations:
+        if not isinstance(invocation, dict) or not isinstance(invocation.get("name"), str) or not invocation["name"]:
+            raise Invalid('each of "extra.tool_invocations" needs a string "name"', record)
+        call_id = None if invocation.get("id") is None else str(invocation["id"])
+        arguments = invocation.get("parameters", "")
+        calls.append({"id": call_id, "function": {"name": invocation["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+        result = invocation.get("result", "")
+        results.append(
+            {"role": "tool", "tool_call_id": call_id, "name": invocation["name"], "content": result if isinstance(result, str) else json.dumps(result)}
+        )
+    return [{"role": "assistant", "content": "", "tool_calls": calls}, *results]
+
+
+def _alternatives(record: dict, turn: int) -> list[dict]:
+    """The swipes not shown, each with the reasoning it came with."""
+    swipes = record.get("swipes")
+    if swipes is None:
+        return []
+    if not isinstance(swipes, list) or not all(isinstance(s, str) for s in swipes):
+        raise Invalid(f'"swipes" must be a list of strings, not {kind(swipes)}', record)
+    shown = record.get("swipe_id", 0)
+    info = record.get("swipe_info")
+    info = info if isinstance(info, list) else []
+    out = []
+    for index, text in enumerate(swipes):
+        if index == shown and text == record["mes"]:
+            continue
+        alternative = {"turn": turn, "text": text}
+        extra = object_at(info[index], "extra") if index < len(info) and isinstance(info[index], dict) else {}
+        if isinstance(extra.get("reasoning"), str) and extra["reasoning"]:
+            alternative["thinking"] = extra["reasoning"]
+        out.append(alternative)
+    return out
+
+
+def _string(record: dict, key: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str):
+        raise Invalid(f'"{key}" must be a string, not {kind(value)}', record)
+    return value
+
+
+def register(add) -> None:
+    add(SillyTavern())
