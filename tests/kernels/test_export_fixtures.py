@@ -32,12 +32,6 @@ NOT_YET_WHOLE = {
     "claude-ai/openwebui-importer-claude_thinking_example.json",
     "claude-ai/openwebui-importer-claude_tooluse_example.json",
     "claude-ai/simonw-claude-to-sqlite-example.json",
-    "claude-code/agent-sessions-stage0-claude-small.jsonl",
-    "claude-code/spotter-ae4a77f8-lines1456-1500-compaction.jsonl",
-    "claude-code/spotter-ae4a77f8-lines65-101-task-subagent.jsonl",
-    "claude-code/spotter-short.jsonl",
-    "claude-code/spotter-subagent-agent-aac57f5.jsonl",
-    "claude-code/spotter-tool_heavy.jsonl",
     "codex-cli/agent-sessions-stage0-codex-small.jsonl",
     "codex-cli/synthetic-legacy-rollout-2025-05.jsonl",
     "codex-cli/vct-rollout-2025-09-19-codex_vscode-0.39.0.jsonl",
@@ -132,5 +126,6 @@ def test_every_text_of_a_fixture_comes_back(path):
     )
     texts = list(texts_under(parsed(path), text_keys(path.parent)))
     assert texts
-    lost = [text for text in texts if text not in held]
+    # a tool call's arguments are rendered as the JSON text the model wrote, where a string is escaped
+    lost = [text for text in texts if text not in held and json.dumps(text, ensure_ascii=False)[1:-1] not in held]
     assert not lost, f"{len(lost)} of {len(texts)} texts lost, the first: {lost[0][:200]!r}"
