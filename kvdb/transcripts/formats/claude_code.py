@@ -10,7 +10,7 @@ events (``isSidechain``, in its own file or inline) are a session of their own, 
 streamed as several events sharing its message id is one message again.
 
 A link that points at no event of the file (the line that held it was bad, or the file is a
-cut) joins the event to the one written before it, as does a missing ``parentUuid``: one bad
+cut) joins the event to the one of its session written before it, as does a missing ``parentUuid``: one bad
 line never splits a conversation, and a log without links is one session in file order.
 
 What the model never saw as a turn stays with the session as side fields: ``summaries`` (the
@@ -71,8 +71,8 @@ class EventLog(Log):
         self._messages: dict[str, dict] = {}  # uuid -> message event, in file order
         self._lines: dict[str, int] = {}
         self._parents: dict[str, str | None] = {}  # uuid -> the uuid it links to, for every event that has one
-        self._previous: dict[str, str | None] = {}  # uuid -> the event written before it
-        self._last: str | None = None
+        self._previous: dict[str, str | None] = {}  # uuid -> the event of its session written before it
+        self._last: dict[tuple[str, str | None], str] = {}  # (session, agent) -> the uuid of its event written last
         self._names: dict[str | None, str] = {}  # leaf uuid -> summary
         self._summaries: list[str] = []
         self._side: dict[tuple[str, str | None], dict[str, list]] = {}  # (session, agent) -> side fields
@@ -138,10 +138,11 @@ class EventLog(Log):
             self._keep(event, "events", {"type": "tool output", "text": text})
 
     def _link(self, event: dict, uuid: str) -> None:
-        """An event without ``parentUuid`` (a log written without links) follows the one before it."""
-        self._parents[uuid] = event["parentUuid"] if "parentUuid" in event else self._last
-        self._previous[uuid] = self._last
-        self._last = uuid
+        """An event without ``parentUuid`` (a log written without links) follows the one of its session before it."""
+        session = self._group(event)
+        self._previous[uuid] = self._last.get(session)
+        self._parents[uuid] = event["parentUuid"] if "parentUuid" in event else self._previous[uuid]
+        self._last[session] = uuid
 
     def _keep(self, event: dict, field: str, value) -> None:
         self._side.setdefault(self._group(event), {}).setdefault(field, []).append(value)
