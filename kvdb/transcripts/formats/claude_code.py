@@ -109,11 +109,11 @@ class EventLog(Log):
             self._keep(event, "title", event[TITLES[record]])
             self._held[record] += 1
         else:
-            texts = list(_texts(event, EVENT_TEXT))
-            if not texts:
+            texts, label = list(_texts(event, EVENT_TEXT)), _label(event)
+            if texts:
+                self._held[label] += 1
+            else:
                 self._skipped[f"{event.get('type', 'untyped')} event"] += 1
-            label = _label(event)
-            self._held[label] += bool(texts)
             for key, text in texts:
                 self._keep(event, "events", {"type": label if key in ("content", "text") else f"{label} {key}", "text": text})
         if isinstance(uuid, str):  # a link of the chain all the same
