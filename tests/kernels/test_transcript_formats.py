@@ -213,7 +213,8 @@ def test_agent_events_group_sessions_merge_streamed_replies_and_keep_branches(tm
     assert set(by_name) == {"s1", "s1 [branch 2]", "s2"}
     assert [m["content"] for m in by_name["s1"].messages] == ["first question", "part one\npart two", "follow-up, edited"]
     assert [m["content"] for m in by_name["s1 [branch 2]"].messages] == ["first question", "part one\npart two", "follow-up"]
-    assert by_name["s1"].dropped == {"file-history-snapshot event": 1, "system event": 1}
+    assert by_name["s1"].dropped == {"file-history-snapshot event": 1}  # the system event's text is kept, as a side event
+    assert by_name["s1"].metadata["side"] == {"events": [{"type": "system", "text": "hook ran"}]}
     assert by_name["s2"].messages == ({"role": "user", "content": "other session"},)
 
 
