@@ -45,3 +45,17 @@ def test_utf16_transcripts_round_trip_and_latin1_is_refused_with_the_fix(tmp_pat
     refused = invoke(tmp_path, "ingest", str(latin), model=tiny_model)
     assert refused.exit_code == 1
     assert f"looks like LATIN1 text. Convert it with: iconv -f LATIN1 -t UTF-8 {latin} > converted.txt" in refused.stderr
+
+
+def test_a_side_field_comes_back_from_show_json(tmp_path, tiny_model):
+    """Swipes not taken are no turn the model saw: `show --json` returns them beside the text."""
+    chat = write(
+        tmp_path / "tavern.jsonl",
+        '{"user_name": "User", "character_name": "Aqua", "chat_metadata": {}}\n'
+        '{"name": "User", "is_user": true, "mes": "Hi"}\n'
+        '{"name": "Aqua", "is_user": false, "mes": "Hello!", "swipe_id": 0, "swipes": ["Hello!", "Good evening."]}\n',
+    )
+    assert invoke(tmp_path, "ingest", str(chat), model=tiny_model).exit_code == 0
+    shown = json.loads(invoke(tmp_path, "show", "tavern", "--json", model=tiny_model).stdout)
+    assert "Hello!" in shown["text"] and "Good evening." not in shown["text"]
+    assert shown["side"]["alternatives"] == [{"turn": 1, "text": "Good evening."}]

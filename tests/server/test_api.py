@@ -24,7 +24,7 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     assert [m.id for m in running.openai().models.list().data] == [tiny_model]
 
     view = running.get("/api/sessions/chat")
-    assert set(view) == set(SessionView.__dataclass_fields__) and view["session"]["name"] == "chat"
+    assert set(view) == {*SessionView.__dataclass_fields__, "side"} and view["session"]["name"] == "chat" and view["side"] == {}
     assert [t["role"] for t in view["turns"]] == ["user", "assistant"]
     assert "".join(t["text"] for t in view["turns"]) == view["text"] and view["turns"][-1]["end"] == view["end"] == view["session"]["n_tokens"]
     assert CHAT[1]["content"] in view["turns"][1]["text"] and CHAT[0]["content"] in view["turns"][0]["text"]
