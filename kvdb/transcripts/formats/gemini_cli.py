@@ -95,7 +95,7 @@ class GeminiCli(Format):
         return log.checkpoint(obj)
 
     def opens_log(self, record) -> bool:
-        return _header(record) or _message(record) or _prompt(record) or _content(record)
+        return _header(record) or _message(record) or _patch(record) or _prompt(record) or _content(record)
 
     def log(self, stem: str, shown: str) -> GeminiLog:
         return GeminiLog(stem, shown)
@@ -112,7 +112,7 @@ class GeminiLog(Log):
         self._stem, self._shown = stem, shown
         self._meta: dict = {}
         self._records: dict[str, tuple[list[dict], list[dict]]] = {}  # message id -> (its turns, its events), the last written
-        self._order: list[str] = []  # the session's message ids
+        self._order: dict[str, None] = {}  # the session's message ids, in order
         self._branches: list[list[tuple[list[dict], list[dict]]]] = []  # what rewinds and replacements left behind
         self._notes: list[dict] = []
         self._title: list[str] = []
@@ -122,8 +122,7 @@ class GeminiLog(Log):
     def add(self, record, line: int) -> None:
         if _message(record):
             entry = _entry(record)
-            if record["id"] not in self._records or record["id"] not in self._order:
-                self._order.append(record["id"])
+            self._order.setdefault(record["id"])
             self._records[record["id"]] = entry
         elif _patch(record):
             self._patch(record)
@@ -147,7 +146,8 @@ class GeminiLog(Log):
             if target not in self._order:
                 raise Invalid(f'"$rewindTo" names message {target!r}, which the session does not hold', record)
             self._branches.append([self._records[i] for i in self._order])
-            del self._order[self._order.index(target) :]
+            kept = list(self._order)
+            self._order = dict.fromkeys(kept[: kept.index(target)])
             return
         update = record["$set"]
         if not isinstance(update, dict):
@@ -163,7 +163,7 @@ class GeminiLog(Log):
             entries = [(m["id"], _entry(m)) for m in messages]
             if self._order:
                 self._branches.append([self._records[i] for i in self._order])
-            self._order = [i for i, _ in entries]
+            self._order = dict.fromkeys(i for i, _ in entries)
             self._records.update(entries)
         if isinstance(update.get("summary"), str) and update["summary"]:
             self._title.append(update["summary"])
