@@ -187,3 +187,15 @@ def test_every_fixture_reads_without_skipping():
         sessions, skipped = read(path)
         assert sessions and skipped == [], path.name
         assert all(s.metadata["format"] == "codex-cli" for s in sessions)
+
+
+def test_the_2025_instructions_are_a_system_turn_unless_the_first_item_repeats_them(tmp_path):
+    meta = envelope("session_meta", {"id": "thread-2", "instructions": "Use uv run."})
+    injected = said("user", "<user_instructions>\n\nUse uv run.\n\n</user_instructions>")
+    [repeated], _ = read(write(tmp_path, meta, injected, said("user", "Test it"), name="a.jsonl"))
+    assert [m["role"] for m in repeated.messages] == ["user", "user"] and everything(repeated).count("Use uv run.") == 1
+    [sent], _ = read(write(tmp_path, meta, said("user", "Test it"), name="b.jsonl"))
+    assert sent.messages[0] == {"role": "system", "content": "Use uv run."}
+    refused = item({"type": "message", "role": "user", "content": 42})
+    [alone], skipped = read(write(tmp_path, meta, refused, name="c.jsonl"))  # a refused item leaves no trace, and the instructions stay
+    assert alone.messages == ({"role": "system", "content": "Use uv run."},) and [s["line"] for s in skipped] == [2]

@@ -73,6 +73,7 @@ class Rollout(Log):
         self._tools: list[str] = []
         self._title: list[str] = []
         self._model: str | None = None
+        self._instructions: str | None = None  # the 2025 "instructions", until the first item says whether it repeats them
 
     def add(self, record, line: int) -> None:
         if not isinstance(record, dict):
@@ -105,24 +106,28 @@ class Rollout(Log):
     # records ---------------------------------------------------------------------------
 
     def _session(self, meta: dict, line: int) -> None:
-        instructions = meta.get("instructions")
+        """The thread's first meta gives the system turn: its base instructions (sent as the
+        request's instructions), and the 2025 ``instructions`` (AGENTS.md) unless the first
+        item repeats them, as 0.39 builds sent them in a ``<user_instructions>`` message."""
         base = meta.get("base_instructions")
-        if isinstance(base, dict):
-            base = base.get("text")
-        text = "\n\n".join(t for t in (base, instructions) if isinstance(t, str) and t)
+        base = base.get("text") if isinstance(base, dict) else base
+        texts = [t for t in (base, meta.get("instructions")) if isinstance(t, str) and t]
         conversation, events = self._windows[-1]
-        if self._meta is None:
+        if self._meta is None and conversation.empty:
             self._meta, self._line = meta, line
-            if text:
-                conversation.add_text("system", text)
-                self._said.add(text)
-        elif text and text not in self._said:  # a resumed or forked thread's own meta: its instructions, if new
-            events.append(("session_meta", [text]))
+            if isinstance(base, str) and base:
+                conversation.add_text("system", base)
+                self._said.add(base)
+            if isinstance(meta.get("instructions"), str) and meta["instructions"]:
+                self._instructions = meta["instructions"]
+        else:  # a resumed or forked thread's own meta: its instructions, if new
+            self._meta = self._meta or meta
+            events += [("session_meta", [text]) for text in texts if text not in self._said]
         if meta.get("dynamic_tools"):
             self._tools.append(json.dumps(meta["dynamic_tools"], ensure_ascii=False))
 
     def _item(self, item: dict) -> None:
-        conversation, events = self._windows[-1]
+        conversation = self._windows[-1][0]
         item_type = item.get("type")
         if item_type in NO_TEXT_ITEMS:
             return
@@ -130,15 +135,18 @@ class Rollout(Log):
         if shaped is None:
             self._note(str(item_type), item)
             return
+        if self._instructions is not None:
+            Conversation().add(shaped)  # refused before the instructions go in, so that a refused item leaves no trace
+            if not any(self._instructions in text for text in _part_texts(item)):
+                conversation.add_text("system", self._instructions)
+                self._said.add(self._instructions)
+            self._instructions = None
         conversation.add(shaped)
         self._remember(item)
 
     def _remember(self, item: dict) -> None:
         """The texts of an item the model saw, so that an event repeating one is not kept twice."""
-        for key in ("content", "summary"):
-            for part in item.get(key) or ():
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    self._said.add(part["text"])
+        self._said.update(_part_texts(item))
         output = item.get("output")
         if isinstance(output, str):
             self._said.add(output)
@@ -197,6 +205,10 @@ class Rollout(Log):
     # sessions --------------------------------------------------------------------------
 
     def sessions(self) -> list[Transcript]:
+        if self._instructions is not None:  # no item came to say whether it repeats them
+            self._windows[0][0].add_text("system", self._instructions)
+            self._said.add(self._instructions)
+            self._instructions = None
         meta = self._meta or {}
         session_id = meta.get("id")
         name = session_id if isinstance(session_id, str) and session_id else self._stem
@@ -269,6 +281,18 @@ def _shaped(item, conversation: Conversation) -> dict | None:
     if item_type in ("compaction", "compaction_summary", "context_compaction"):
         return {"role": "user", "content": placeholder("compaction", conversation.dropped)}
     return None
+
+
+def _part_texts(item: dict) -> list[str]:
+    """The texts of a message's content (a string or parts) and of a reasoning item's summary."""
+    texts = [item["content"]] if isinstance(item.get("content"), str) else []
+    return texts + [
+        part["text"]
+        for key in ("content", "summary")
+        if isinstance(item.get(key), list)
+        for part in item[key]
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
 
 
 def _string(value, key: str, node) -> str:
