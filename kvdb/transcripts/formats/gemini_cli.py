@@ -172,7 +172,7 @@ class GeminiLog(Log):
 
     def sessions(self) -> list[Transcript]:
         if self._contents:
-            return [self._content_session(self._contents, self._stem, {})]
+            return [self._content_session(self._contents, {})]
         if self._prompts:
             return [chat(sid, self._shown, _user_turns(prompts), {"format": "gemini-cli", "id": sid}) for sid, prompts in self._prompts.items()]
         session_id = self._meta.get("sessionId")
@@ -211,9 +211,9 @@ class GeminiLog(Log):
                     f"{'clientHistory' if restore else 'history'}[{index}]: expected a Content object {{role: user|model, parts}}, got {kind(content)}", obj
                 )
         extra = {"id": obj["messageId"]} if isinstance(obj.get("messageId"), str) else {}
-        return [self._content_session(contents, self._stem, extra, obj if restore else None)]
+        return [self._content_session(contents, extra, obj if restore else None)]
 
-    def _content_session(self, contents: list[dict], name: str, extra: dict, restore: dict | None = None) -> Transcript:
+    def _content_session(self, contents: list[dict], extra: dict, restore: dict | None = None) -> Transcript:
         conversation = Conversation(restore)
         for index, content in enumerate(contents):
             for turn in _turns(content["role"], content["parts"]):
@@ -234,7 +234,7 @@ class GeminiLog(Log):
                 events.append({"type": "toolCall", "text": json.dumps(call, ensure_ascii=False)})
         if conversation.empty:
             raise EmptyTranscript(self._shown, "the checkpoint holds no history")
-        return chat(name, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events})
+        return chat(self._stem, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events})
 
 
 def _user_turns(prompts: list[str]) -> Conversation:
