@@ -20,19 +20,6 @@ from kvdb.model import tokenizer as tok
 from kvdb.transcripts import SUPPORTED_SUFFIXES, iter_transcripts
 
 EXPORTS = REPO / "tests" / "fixtures" / "exports"
-# Fixtures not yet read whole while issue 31 is under way: each comes off this list with the reader that reads it
-NOT_YET_WHOLE = {
-    "codex-cli/agent-sessions-stage0-codex-small.jsonl",
-    "codex-cli/synthetic-legacy-rollout-2025-05.jsonl",
-    "codex-cli/vct-rollout-2025-09-19-codex_vscode-0.39.0.jsonl",
-    "gemini-cli/agent-sessions-stage0-gemini-jsonl_v040.jsonl",
-    "gemini-cli/synthetic-checkpoint-tag.json",
-    "gemini-cli/synthetic-logs.json",
-    "gemini-cli/synthetic-restore-checkpoint.json",
-    "gemini-cli/vct-legacy-session-2025-10-11.json",
-    "gemini-cli/vct-legacy-session-2026-03-27-cut.json",
-    "gemini-cli/vct-session-2026-04-23.jsonl",
-}
 FIXTURES = sorted(p for p in EXPORTS.rglob("*") if p.suffix in SUPPORTED_SUFFIXES and p.suffix not in (".md", ".txt"))
 
 
@@ -101,11 +88,7 @@ def fixture_id(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
-@pytest.mark.parametrize(
-    "path",
-    [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="not yet read whole")) if fixture_id(p) in NOT_YET_WHOLE else p for p in FIXTURES],
-    ids=fixture_id,
-)
+@pytest.mark.parametrize("path", FIXTURES, ids=fixture_id)
 def test_every_text_of_a_fixture_comes_back(path):
     tokenizer = tok.load_full(None)
     skipped: list[dict] = []

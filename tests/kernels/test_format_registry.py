@@ -48,6 +48,8 @@ def test_every_format_reads_its_own_example_whole(tmp_path, known):
 def test_the_built_ins_register_through_the_hook_in_order():
     names = [f.name for f in formats.registered()]
     assert names[: len(formats.BUILT_IN)] == [
+        "gemini-cli",
+        "codex-cli",
         "claude-code",
         "chatgpt",
         "sillytavern",
@@ -119,7 +121,7 @@ def test_formats_lists_each_with_what_it_reads_and_its_example():
     example = runner.invoke(kvdb_cli_main(), ["formats", "--example", "chatgpt"])
     assert example.exit_code == 0 and json.loads(example.stdout)[0]["title"] == "Greeting"
     unknown = runner.invoke(kvdb_cli_main(), ["formats", "--example", "nope"])
-    assert unknown.exit_code == 2 and "known: claude-code" in unknown.output
+    assert unknown.exit_code == 2 and "known: gemini-cli, codex-cli, claude-code" in unknown.output
 
 
 def kvdb_cli_main():

@@ -501,12 +501,13 @@ def test_records_that_wait_for_a_layout_are_named_when_none_comes(tmp_path):
     assert read_error(path).line == 2
 
 
-def test_an_event_log_of_records_kvdb_does_not_read_fails_rather_than_reads_as_empty():
-    """Gemini CLI's JSONL carries "sessionId" like Claude Code's events, and its messages are no
-    Claude Code messages: "empty" (exit 0) would drop its text silently, so it fails, named."""
+def test_an_event_log_of_records_kvdb_does_not_read_fails_rather_than_reads_as_empty(tmp_path):
+    """Records that carry "sessionId" like Claude Code's events but hold no Claude Code message
+    (a tool's log kvdb does not know): "empty" (exit 0) would drop their text silently, so it fails, named."""
     from kvdb.errors import EmptyTranscript
 
-    path = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "gemini-cli" / "vct-session-2026-04-23.jsonl"
+    note = {"sessionId": "s1", "type": "note", "uuid": "n1", "parentUuid": None, "text": "a note kvdb does not read"}
+    path = write(tmp_path / "notes.jsonl", jsonl(note, dict(note, uuid="n2", parentUuid="n1")))
     with pytest.raises(TranscriptError, match="no user or assistant messages") as caught:
         _lenient(path)
     assert not isinstance(caught.value, EmptyTranscript)

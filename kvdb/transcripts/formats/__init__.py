@@ -25,6 +25,8 @@ from kvdb.transcripts.sessions import Transcript
 
 GROUP = "kvdb.formats"
 BUILT_IN = (
+    "kvdb.transcripts.formats.gemini_cli",
+    "kvdb.transcripts.formats.codex_cli",
     "kvdb.transcripts.formats.claude_code",
     "kvdb.transcripts.formats.chatgpt",
     "kvdb.transcripts.formats.sillytavern",
