@@ -142,3 +142,18 @@ def dataset_side(obj: dict, conversation: Conversation) -> dict:
     for key, media_kind in MEDIA_LISTS.items():
         conversation.add_media(media_kind, obj.get(key), key)
     return {"tools": tool_schemas(obj.get("tools"), obj), "attachments": conversation.attachments}
+
+
+def strings_under(value, keeps, key: str | None = None):
+    """(key, string) for each non-blank string whose key ``keeps(key)`` accepts, however deep in
+    ``value`` (a list's items are under the list's key): the text of a record whose layout
+    changes from version to version, such as an agent's notices."""
+    if isinstance(value, str):
+        if key is not None and value.strip() and keeps(key):
+            yield key, value
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_under(item, keeps, key)
+    elif isinstance(value, dict):
+        for inner, item in value.items():
+            yield from strings_under(item, keeps, str(inner))

@@ -28,7 +28,7 @@ from collections import Counter
 from kvdb.errors import EmptyTranscript
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind, message_error
-from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.sessions import Transcript, chat, strings_under
 
 MESSAGE_EVENTS = ("user", "assistant")
 TITLES = {"custom-title": "customTitle", "ai-title": "aiTitle"}
@@ -109,7 +109,7 @@ class EventLog(Log):
             self._keep(event, "title", event[TITLES[record]])
             self._held[record] += 1
         else:
-            texts, label = list(_texts(event, EVENT_TEXT)), _label(event)
+            texts, label = list(strings_under(event, EVENT_TEXT.__contains__)), _label(event)
             if texts:
                 self._held[label] += 1
             else:
@@ -292,22 +292,9 @@ def _tool_output(event: dict) -> list[str]:
     result = event.get("toolUseResult")
     if result is None:
         return []
-    shown = "\n".join(text for _, text in _texts(event["message"].get("content"), frozenset({"content", "text"}), "content"))
-    texts = [result] if isinstance(result, str) else [text for _, text in _texts(result, TOOL_OUTPUT)]
+    shown = "\n".join(text for _, text in strings_under(event["message"].get("content"), {"content", "text"}.__contains__, "content"))
+    texts = [result] if isinstance(result, str) else [text for _, text in strings_under(result, TOOL_OUTPUT.__contains__)]
     return [text for text in texts if text.strip() and text not in shown]
-
-
-def _texts(value, keys: frozenset[str], key: str | None = None):
-    """(key, string) for each non-blank string under one of ``keys``, however deep (a list's items are under its key)."""
-    if isinstance(value, str):
-        if key in keys and value.strip():
-            yield key, value
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item, keys, key)
-    elif isinstance(value, dict):
-        for inner, item in value.items():
-            yield from _texts(item, keys, inner)
 
 
 def _blocks(content) -> list:

@@ -17,7 +17,7 @@ import json
 
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.sessions import Transcript, chat, strings_under
 
 ENVELOPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")
 HEADER_KEYS = {"id", "timestamp", "instructions", "git", "cwd", "originator", "cli_version"}
@@ -171,14 +171,14 @@ class Rollout(Log):
             self._note(event_type, payload)
 
     def _note(self, note_type: str, payload) -> None:
-        texts = list(_texts(payload))
+        texts = [text for _, text in strings_under(payload, _text_key)]
         if texts:
             self._windows[-1][1].append((note_type, texts))
 
     def _context(self, context: dict) -> None:
         if isinstance(context.get("model"), str):
             self._model = context["model"]
-        texts = [text for key, value in context.items() if key.endswith("instructions") for text in _texts(value, key)]
+        texts = [text for key, value in context.items() if key.endswith("instructions") for _, text in strings_under(value, _text_key, key)]
         if texts:
             self._windows[-1][1].append(("turn_context", texts))
 
@@ -301,14 +301,5 @@ def _string(value, key: str, node) -> str:
     raise Invalid(f'the item needs a string "{key}", not {kind(value)}', node)
 
 
-def _texts(value, key: str | None = None):
-    """The non-empty strings under a value's text keys (``TEXT_KEYS``), however deep."""
-    if isinstance(value, str):
-        if value and key is not None and key.lower().endswith(TEXT_KEYS):
-            yield value
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item, key)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _texts(v, str(k))
+def _text_key(key: str) -> bool:
+    return key.lower().endswith(TEXT_KEYS)
