@@ -247,3 +247,23 @@ def test_a_sillytavern_chat_without_its_header_reads_and_a_bad_line_is_skipped_a
 def test_a_sillytavern_header_alone_is_nothing_to_archive(tmp_path):
     with pytest.raises(TranscriptError, match="only its header"):
         read_transcripts(write_jsonl(tmp_path / "chat.jsonl", [HEADER]))
+
+
+def test_a_sillytavern_group_chat_keeps_its_scenario_display_text_and_counts_its_image(tmp_path):
+    header = {"user_name": "User", "character_name": "unused", "chat_metadata": {"scenario": "A night watch.", "note_prompt": "Keep it short."}}
+    path = write_jsonl(
+        tmp_path / "group.jsonl",
+        [
+            header,
+            {"name": "User", "is_user": True, "mes": "What did you see?", "extra": {"image": "user/images/map.png"}},
+            {"name": "Scout", "is_user": False, "mes": "Torches.", "extra": {"display_text": "Torches, east."}},
+        ],
+    )
+    [session] = read_transcripts(path)
+    assert [m["content"] for m in session.messages] == ["What did you see?\n[image not archived]", "Torches."] and session.dropped == {"image": 1}
+    assert session.metadata["side"]["events"] == [
+        {"type": "scenario", "text": "A night watch."},
+        {"type": "author's note", "text": "Keep it short."},
+        {"type": "display text", "text": "Torches, east."},
+    ]
+    assert session.metadata["side"]["attachments"] == ["user/images/map.png"]

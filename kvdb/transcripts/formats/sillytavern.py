@@ -35,6 +35,10 @@ class SillyTavern(Format):
         return ChatLog(stem, shown)
 
 
+# a chat's own text the prompt carries beside its turns (chat_metadata), as side events of these types
+PROMPT_NOTES = (("scenario", "scenario"), ("note_prompt", "author's note"))
+
+
 def _header(record) -> bool:
     return "chat_metadata" in record or ("user_name" in record and "character_name" in record)
 
@@ -61,6 +65,10 @@ class ChatLog(Log):
             self._headed = True
             if record.get("create_date") is not None:
                 self._metadata["created"] = record["create_date"]
+            settings = object_at(record, "chat_metadata")
+            self._side["events"] += [
+                {"type": label, "text": settings[key]} for key, label in PROMPT_NOTES if isinstance(settings.get(key), str) and settings[key].strip()
+            ]
             return
         text = _string(record, "mes")
         speaker = record.get("name")
@@ -76,7 +84,8 @@ class ChatLog(Log):
         elif record.get("is_system"):
             events.append({"type": str(extra.get("type") or "system"), "text": said})
         else:
-            turn: dict = {"role": "user" if record["is_user"] else "assistant", "content": text}
+            image = extra.get("image")  # shown with the message, and sent to a model that sees images
+            turn: dict = {"role": "user" if record["is_user"] else "assistant", "content": [text, {"type": "image"}] if image else text}
             if speaker:
                 turn["name"] = speaker
             if isinstance(extra.get("reasoning"), str) and extra["reasoning"]:
@@ -88,9 +97,10 @@ class ChatLog(Log):
         self._lines += 1
         self._side["alternatives"] += alternatives
         self._side["events"] += events
+        if isinstance(extra.get("display_text"), str) and extra["display_text"].strip():
+            self._side["events"].append({"type": "display text", "text": extra["display_text"]})
         file = object_at(extra, "file")
-        if file.get("name"):
-            self._side["attachments"].append(str(file["name"]))
+        self._side["attachments"] += [str(name) for name in (file.get("name"), extra.get("image")) if isinstance(name, str) and name]
 
     def sessions(self) -> list[Transcript]:
         if not self._lines:
