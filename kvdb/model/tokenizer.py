@@ -132,6 +132,15 @@ def decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def plain_text(tokenizer, ids) -> str:
+    """The text of ``ids`` without special tokens (a chat template's turn markers): what a
+    sentence-embedding model or a reader of a snippet is given."""
+    ids = list(map(int, ids))
+    if isinstance(tokenizer, LightTokenizer):
+        return tokenizer.backend.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 # the light tokenizer --------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ from kvdb.storage.base import AddTiers, SessionWrite
 from kvdb.tiers import TIERS, parse_keep
 
 if TYPE_CHECKING:
+    from kvdb.services.semantic_tier import SemanticTier
     from kvdb.services.tier_k import TierK
 
 # progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
@@ -52,14 +53,23 @@ COMMIT_ATTEMPTS = 50  # another writer's commit won each time: past this, say so
 
 
 class Ingester:
-    def __init__(self, storage: Storage, models: ModelProvider, tier_l: TierL, tier_k: Callable[[], TierK], indexes: Indexes, prefix_cache: PrefixCache):
+    def __init__(
+        self,
+        storage: Storage,
+        models: ModelProvider,
+        tier_l: TierL,
+        tier_k: Callable[[], TierK],
+        semantic: Callable[[], SemanticTier],
+        indexes: Indexes,
+        prefix_cache: PrefixCache,
+    ):
         self._storage = storage
         self._models = models
         self._tier_l = tier_l
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
         self._indexes = indexes
         self._prefix_cache = prefix_cache
-        self._compute = WriteCompute(storage, tier_l, tier_k, prefix_cache)
+        self._compute = WriteCompute(storage, tier_l, tier_k, semantic, prefix_cache)
         self._claims = InputClaims(storage)
         # (session id, ids, cache, its path's nodes deepest first) of the last growing conversation, saved on close
         self._pending_prefix: tuple[str, np.ndarray, object, list[tuple[str, int]]] | None = None

@@ -26,6 +26,7 @@ from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, NewNode, NodeTiers, SessionRow, SessionWrite, utc_now
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is
+    from kvdb.services.semantic_tier import SemanticTier
     from kvdb.services.tier_k import TierK
 
 # Work shorter than this many new tokens (~0.3 s on 2 cores) keeps the file while the hold is
@@ -60,10 +61,11 @@ class SessionWork:
 
 
 class WriteCompute:
-    def __init__(self, storage: Storage, tier_l: TierL, tier_k: Callable[[], TierK], prefix_cache: PrefixCache):
+    def __init__(self, storage: Storage, tier_l: TierL, tier_k: Callable[[], TierK], semantic: Callable[[], SemanticTier], prefix_cache: PrefixCache):
         self._storage = storage
         self._tier_l = tier_l
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
+        self._semantic = semantic  # likewise: its embedder loads when a session keeps the semantic tier
         self._prefix_cache = prefix_cache
         self._recent: tuple[np.ndarray, object] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
 
@@ -91,7 +93,8 @@ class WriteCompute:
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in keep else None
             kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in keep else None
-            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], keep, payload, kv)
+            chunks = self._semantic().chunks(loaded.tokenizer, ids, match.matched, len(ids)) if "semantic" in keep else None
+            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], keep, payload, kv, chunks)
         item = planned.item
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:
@@ -107,7 +110,7 @@ class WriteCompute:
         ids = plan.ids
         missing = {n.node_id: tiers for n, tiers in plan.lacking}
         nodes = [n for n, _ in plan.lacking]
-        back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
+        back, lm, kv, semantic = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv", "semantic"))
         scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
         self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
@@ -120,6 +123,8 @@ class WriteCompute:
             given[node_id]["lm"] = payload
         for n in kv:
             given[n.node_id]["kv"] = self._tier_k().codes(loaded, cache, n.start, n.end, codebook_id=books)
+        for n in semantic:
+            given[n.node_id]["chunks"] = self._semantic().chunks(loaded.tokenizer, ids, n.start, n.end)
         joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
         return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
 

@@ -106,6 +106,16 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Chunks:
+    """A node's semantic tier: the spans [start, stop) on the path of the chunks whose last token
+    it holds, and each chunk's unit embedding (one row of ``vectors``) by ``embedder``."""
+
+    embedder: str
+    spans: list[tuple[int, int]]
+    vectors: np.ndarray
+
+
+@dataclass(frozen=True)
 class NewNode:
     node_id: str
     parent_id: str | None
@@ -115,6 +125,7 @@ class NewNode:
     keep: frozenset[str]  # no default: which tiers a node holds is always the caller's decision
     lm: bytes | None = None
     kv: tuple[str, dict[int, np.ndarray]] | None = None  # (codebook_id, {codebook size: token-major codes})
+    chunks: Chunks | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,7 @@ class NodeTiers:
     tokens: tuple[np.ndarray, np.ndarray] | None = None  # its tokens and log-probabilities (a node held in tier L only)
     lm: bytes | None = None
     kv: tuple[str, dict[int, np.ndarray]] | None = None  # (codebook_id, {codebook size: token-major codes})
+    chunks: Chunks | None = None
 
 
 @dataclass(frozen=True)

@@ -277,12 +277,29 @@ class DuckLake(Engine):
         return self._until_no_conflict(commit, refused)
 
     # schema ---------------------------------------------------------------------------
+    def _upgrade(self, found: str) -> None:
+        """A lake of an older revision gets the tables added since, in one commit. A lake has no
+        alembic (its tables carry no keys): each revision that only adds tables is listed in
+        ``LAKE_UPGRADES``; any other change needs an upgrade written here."""
+        if self.read_only:
+            raise ArchiveError(
+                f"{self.describe()} has schema revision {found}; open it once with a command that writes (`kvdb ingest`, `kvdb repair`) to upgrade it to {REVISION}"
+            )
+        added = tuple(name for since, names in LAKE_UPGRADES.items() if since >= found for name in names)
+        with transaction(self.connection()) as conn:
+            for statement in _keyless_tables(added):
+                conn.execute(statement)
+            conn.execute("update alembic_version set version_num = ?", [REVISION])
+
     def schema_revision(self) -> str | None:
         return revision(self.connection(), ALIAS)
 
     def _open_schema(self) -> None:
         found = self.schema_revision()
         if found == REVISION:
+            return
+        if found in LAKE_UPGRADES:
+            self._upgrade(found)
             return
         if found is not None:
             raise NewerArchiveError(f"{self.describe()} has schema revision {found}; this kvdb reads {REVISION} (upgrade kvdb to open it)")
@@ -333,7 +350,11 @@ def _conflict(exc: duckdb.Error) -> bool:
     return "conflict" in str(exc).lower()
 
 
-def _keyless_tables() -> list[str]:
+# revision -> the tables the next revisions add (revisions that only add tables upgrade a lake)
+LAKE_UPGRADES = {"0007": ("node_chunks",)}
+
+
+def _keyless_tables(only: tuple[str, ...] | None = None) -> list[str]:
     """The schema's tables as DuckLake takes them: the same columns, no keys and no indexes
     (written by SQLAlchemy from kvdb.storage.schema, imported only to create a lake)."""
     import sqlalchemy as sa
@@ -345,6 +366,7 @@ def _keyless_tables() -> list[str]:
     tables = [
         sa.Table(t.name, bare, *[sa.Column(c.name, c.type, nullable=c.nullable and not c.primary_key, server_default=c.server_default) for c in t.columns])
         for t in schema.metadata.sorted_tables
+        if only is None or t.name in only
     ]
     return [str(sa.schema.CreateTable(t).compile(dialect=dialect)) for t in tables]
 

@@ -13,13 +13,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.codecs import fractal
-from kvdb.storage.base import IndexState, NewNode, NodeRow, NodeTiers, Split
+from kvdb.storage.base import Chunks, IndexState, NewNode, NodeRow, NodeTiers, Split
 
 # Every table of kvdb.storage.schema, in its metadata's order (a test keeps the two equal): what
 # reads and copies every row names them from here, without importing SQLAlchemy.
-TABLES = ("codebooks", "models", "node_kv", "node_lm", "node_logprobs", "nodes", "search_indexes", "search_ranges", "sessions", "token_blocks", "token_streams")
-NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv")  # every tier a node can hold
-TIER_TABLES = (("search", "search_ranges"), ("lm", "node_lm"), ("kv", "node_kv"), ("tokens", "token_blocks"), ("tokens", "node_logprobs"))
+TABLES = (
+    "codebooks",
+    "models",
+    "node_chunks",
+    "node_kv",
+    "node_lm",
+    "node_logprobs",
+    "nodes",
+    "search_indexes",
+    "search_ranges",
+    "sessions",
+    "token_blocks",
+    "token_streams",
+)
+NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")  # every tier a node can hold
+TIER_TABLES = (
+    ("search", "search_ranges"),
+    ("lm", "node_lm"),
+    ("kv", "node_kv"),
+    ("semantic", "node_chunks"),
+    ("tokens", "token_blocks"),
+    ("tokens", "node_logprobs"),
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class Held:
     logprobs: np.ndarray | None
     kv: tuple[str, dict[int, np.ndarray]] | None
     search_run: tuple[str, int, int] | None  # (index_key, first_slot, n_tokens)
+    chunks: list[dict]  # its node_chunks rows
 
 
 def keep_text(keep) -> str:
@@ -119,6 +140,16 @@ def kv_rows(node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> l
     return [Insert("node_kv", rows)] if rows else []
 
 
+def chunk_rows(node_id: str, chunks: Chunks) -> list[Edit]:
+    """A node's semantic tier: its chunks' spans and vectors, float16."""
+    vectors = np.asarray(chunks.vectors, dtype="<f2")
+    rows = [
+        {"node_id": node_id, "chunk_no": k, "start": int(a), "stop": int(b), "embedder": chunks.embedder, "vector": vectors[k].tobytes()}
+        for k, (a, b) in enumerate(chunks.spans)
+    ]
+    return [Insert("node_chunks", rows)] if rows else []
+
+
 def new_node(node: NewNode, model_id: str, alphabet: int) -> list[Edit]:
     row = {
         "node_id": node.node_id,
@@ -136,6 +167,8 @@ def new_node(node: NewNode, model_id: str, alphabet: int) -> list[Edit]:
         edits.append(Insert("node_lm", [{"node_id": node.node_id, "payload": node.lm}]))
     if node.kv is not None:
         edits += kv_rows(node.node_id, *node.kv)
+    if node.chunks is not None:
+        edits += chunk_rows(node.node_id, node.chunks)
     return edits
 
 
@@ -155,6 +188,9 @@ def add_tiers(node: NodeRow, stream: Stream | None, tiers: NodeTiers, search: bo
     if tiers.kv is not None:
         edits += kv_rows(node.node_id, *tiers.kv)
         added.add("kv")
+    if tiers.chunks is not None:
+        edits += chunk_rows(node.node_id, tiers.chunks)
+        added.add("semantic")
     return edits + [Update("nodes", "node_id", node.node_id, {"keep": keep_text(node.keep | added)})]
 
 
@@ -191,6 +227,11 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
         edits.append(Delete("node_kv", "node_id", [node.node_id]))
         edits += kv_rows(cut.head_id, codebook_id, {size: r[:k].reshape(-1) for size, r in rows.items()})
         edits += kv_rows(node.node_id, codebook_id, {size: r[k:].reshape(-1) for size, r in rows.items()})
+    if held.chunks:  # a chunk stays with the half that holds its last token
+        edits.append(Delete("node_chunks", "node_id", [node.node_id]))
+        head_rows = [dict(row, node_id=cut.head_id) for row in held.chunks if row["stop"] <= node.start + k]
+        tail_rows = [row for row in held.chunks if row["stop"] > node.start + k]
+        edits += [Insert("node_chunks", rows) for rows in (head_rows, tail_rows) if rows]
     edits.append(Delete("node_lm", "node_id", [node.node_id]))
     if "lm" in node.keep:
         if cut.lm_head is None or cut.lm_tail is None:

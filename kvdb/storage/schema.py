@@ -129,6 +129,19 @@ node_kv = sa.Table(
     sa.Column("data", sa.LargeBinary, nullable=False),
 )
 
+# The semantic tier: chunks of text (positions [start, stop) on the path, stop inside the node: a
+# chunk is stored with the node holding its last token) and their sentence embeddings, float16.
+node_chunks = sa.Table(
+    "node_chunks",
+    metadata,
+    sa.Column("node_id", sa.String, primary_key=True),
+    sa.Column("chunk_no", sa.Integer, primary_key=True),
+    sa.Column("start", sa.Integer, nullable=False),
+    sa.Column("stop", sa.Integer, nullable=False),
+    sa.Column("embedder", sa.String, nullable=False),
+    sa.Column("vector", sa.LargeBinary, nullable=False),
+)
+
 # Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.
 sa.Index("ix_sessions_name", sessions.c.name)
 sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)

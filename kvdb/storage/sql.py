@@ -291,6 +291,19 @@ class Storage:
     def node_lm_payload(self, node_id: str) -> bytes | None:
         return self._value("select payload from node_lm where node_id = ?", [node_id])
 
+    def chunks_of(self, embedder: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(node ids, [n, 2] spans on the path, [n, dim] float16 unit vectors) of the semantic
+        tier's chunks by ``embedder`` in nodes some session still uses."""
+        query = (
+            "select c.node_id, c.start, c.stop, c.vector from node_chunks c join nodes n on n.node_id = c.node_id "
+            "where c.embedder = ? and n.refcount > 0 order by c.node_id, c.chunk_no"
+        )
+        rows = self._rows(query, [embedder])
+        if not rows:
+            return [], np.zeros((0, 2), np.int64), np.zeros((0, 0), np.float16)
+        spans = np.array([(r[1], r[2]) for r in rows], dtype=np.int64)
+        return [r[0] for r in rows], spans, np.frombuffer(b"".join(r[3] for r in rows), "<f2").reshape(len(rows), -1)
+
     def node_kv(self, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
         """(codebook_id, {codebook size: token-major code symbols}) of a node, or None."""
         with self._read() as conn:

@@ -65,7 +65,7 @@ def _held(conn, node_id: str) -> edits.Held:
     if "tokens" in node.keep:
         tokens = sql_rows.node_tokens(conn, node_id)
         logprobs = np.frombuffer(sql_rows.logprobs_blob(conn, node_id), "<f4")
-    return edits.Held(node, tokens, logprobs, sql_rows.kv_streams(conn, node_id), sql_rows.search_run(conn, node_id))
+    return edits.Held(node, tokens, logprobs, sql_rows.kv_streams(conn, node_id), sql_rows.search_run(conn, node_id), sql_rows.chunk_rows(conn, node_id))
 
 
 def _tokens_back(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:

@@ -77,6 +77,15 @@ def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
     return rows[0][1], {size: fractal.decode_blocks(b, size) for size, b in blobs.items()}
 
 
+CHUNK = "node_id, chunk_no, start, stop, embedder, vector"
+
+
+def chunk_rows(conn, node_id: str) -> list[dict]:
+    """A node's node_chunks rows, as the edits write them."""
+    names = CHUNK.split(", ")
+    return [dict(zip(names, row)) for row in conn.execute(f"select {CHUNK} from node_chunks where node_id = ? order by chunk_no", [node_id]).fetchall()]
+
+
 def search_run(conn, node_id: str) -> tuple[str, int, int] | None:
     row = conn.execute("select index_key, first_slot, n_tokens from search_ranges where node_id = ?", [node_id]).fetchone()
     return None if row is None else (row[0], int(row[1]), int(row[2]))
