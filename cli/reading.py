@@ -8,7 +8,7 @@ import click
 
 from kvdb.errors import KvdbError
 from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
-from kvdb_cli.app import _emit, _open, _printable, json_option, main, model_option
+from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
 
 @main.command()
@@ -105,27 +105,36 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
 @click.option(
     "--semantic",
     is_flag=True,
-    help="Experimental: nearest contexts in the model's key space (sessions stored with tier K; loads the model). "
-    "It loses to a sentence-embedding model on a retrieval set nobody here wrote (benchmarks/retrieval.py).",
+    help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
+    "semantic tier (ingest with --keep tokens,search,semantic); one hit per session, at its nearest chunk.",
 )
-@click.option("--layer", type=int, default=None, help="With --semantic: the layer whose keys are compared (default: the middle one).")
+@click.option(
+    "--layer",
+    type=int,
+    default=None,
+    help="Experimental: instead, the nearest contexts in the model's key space at this layer (sessions stored with tier K; "
+    "loads the model). It loses to the semantic tier (benchmarks/retrieval.py).",
+)
+@embedder_option
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, semantic, layer, model, as_json):
+def search(ctx, phrase, k, context, session, semantic, layer, embedder, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
     (marked partial). Each hit gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
-    archive = _open(ctx, model, read_only=True)
+    archive = _open(ctx, model, read_only=True, embedder=embedder)
     if not archive.sessions():
         raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
-    if semantic:
+    if layer is not None:
         if session is not None:
-            raise click.UsageError("--session and --semantic cannot be combined yet")
+            raise click.UsageError("--session and --layer cannot be combined")
         hits = archive.search_semantic(phrase, k=k, context=context, layer=layer)
+    elif semantic:
+        hits = archive.search_meaning(phrase, k=k, session=session)
     else:
         hits = archive.search(phrase, k=k, context=context, session=session)
     for h in hits:

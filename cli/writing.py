@@ -9,7 +9,7 @@ import click
 
 import kvdb
 from kvdb.tiers import DEFAULT_KEEP, parse_keep
-from kvdb_cli.app import _emit, _layer_progress, _open, _printable, json_option, main, model_option
+from kvdb_cli.app import _emit, _layer_progress, _open, _printable, embedder_option, json_option, main, model_option
 
 
 @main.command("formats")
@@ -40,7 +40,8 @@ def formats_command(example, as_json):
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
     "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
-    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks, else with the shipped ones, built on this machine's first use).",
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks, else with the shipped ones, built on this machine's first use), "
+    "semantic (each turn's chunks embedded for search by meaning: search --semantic; needs tokens).",
 )
 @click.option(
     "--workers",
@@ -55,10 +56,11 @@ def formats_command(example, as_json):
     is_flag=True,
     help="Refuse a whole file for one malformed record (a JSON Lines line, an element of a JSON list). Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
 )
+@embedder_option
 @model_option
 @json_option
 @click.pass_context
-def ingest(ctx, paths, keep, workers, strict, model, as_json):
+def ingest(ctx, paths, keep, workers, strict, embedder, model, as_json):
     """Archive transcripts: files or directories (searched recursively).
 
     \b
@@ -82,7 +84,7 @@ def ingest(ctx, paths, keep, workers, strict, model, as_json):
     """
     from tqdm import tqdm
 
-    archive = _open(ctx, model)
+    archive = _open(ctx, model, embedder=embedder)
     if "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
         with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
             archive.build_shipped_codebooks(progress=heard)

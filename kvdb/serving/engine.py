@@ -228,7 +228,7 @@ class Engine:
             )
         return wanted
 
-    # reads: the archive only, never the model (but semantic search, which runs it) ------
+    # reads: the archive only, never the model (search by meaning runs the embedder, not the model) ------
     def sessions(self) -> list[Session]:
         return self._access(lambda a: a.sessions())
 
@@ -244,8 +244,7 @@ class Engine:
     def search(self, phrase: str, k: int = 10, semantic: bool = False) -> list[Hit]:
         if not semantic:
             return self._access(lambda a: a.search(phrase, k=k))
-        with self._gate.admitted():
-            return self._access(lambda a: a.search_semantic(phrase, k=k))
+        return self._access(lambda a: a.search_meaning(phrase, k=k))
 
     def stats(self) -> Stats:
         return self._access(lambda a: a.stats())

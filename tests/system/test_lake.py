@@ -34,12 +34,15 @@ SESSIONS_WHEN_STOPPED = 15
 
 def _fill(archive) -> None:
     for name, text in TEXTS.items():
-        archive.ingest(text=text, name=name, keep="tokens,search,lm")
+        archive.ingest(text=text, name=name, keep="tokens,search,lm,semantic")
 
 
 def test_a_lake_archive_matches_a_file_archive(tmp_path, lake, tiny_model):
     where, data_path = lake
-    with kvdb.open(tmp_path / "file.duckdb", model=tiny_model) as file, kvdb.open(where, model=tiny_model, data_path=data_path) as lake_archive:
+    with (
+        kvdb.open(tmp_path / "file.duckdb", model=tiny_model, embedder=tiny_model) as file,
+        kvdb.open(where, model=tiny_model, data_path=data_path, embedder=tiny_model) as lake_archive,
+    ):
         _fill(file)
         _fill(lake_archive)
         assert [(s.session_id, s.name, s.n_tokens) for s in lake_archive.sessions()] == [(s.session_id, s.name, s.n_tokens) for s in file.sessions()]
@@ -48,6 +51,7 @@ def test_a_lake_archive_matches_a_file_archive(tmp_path, lake, tiny_model):
             assert lake_archive.text(s.session_id) == TEXTS[s.name]
         for phrase in ("harbour lights", "the garden", "fog"):
             assert [h.to_dict() for h in lake_archive.search(phrase, k=20)] == [h.to_dict() for h in file.search(phrase, k=20)]
+            assert [h.to_dict() for h in lake_archive.search_meaning(phrase)] == [h.to_dict() for h in file.search_meaning(phrase)]
         shared = lake_archive.stats().to_dict()
         assert shared["sessions"] == 3 and shared["stored_tokens"] < shared["tokens"]  # the shared opening is stored once
         restored, again = lake_archive.restore("harbour", at=20, mode="exact"), file.restore("harbour", at=20, mode="exact")
@@ -79,6 +83,14 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
         archive.sessions()
     from kvdb.storage.ducklake import DuckLake
 
+    store = DuckLake(where)
+    store.connection().execute("drop table node_chunks")  # a lake kvdb wrote before the semantic tier
+    store.connection().execute("update alembic_version set version_num = '0007'")
+    store.close()
+    with pytest.raises(ArchiveError, match="revision 0007; open it once with a command that writes"):
+        kvdb.open(where, model=tiny_model, read_only=True)
+    with kvdb.open(where, model=tiny_model, embedder=tiny_model) as archive:  # upgraded: the semantic tier's table added
+        archive.ingest(text=TEXTS["garden"], name="garden", keep="tokens,search,semantic")
     store = DuckLake(where)
     store.connection().execute("update alembic_version set version_num = '9999'")
     store.close()

@@ -1,0 +1,104 @@
+"""The semantic tier's mechanics on the tiny model, which also serves as its embedder (mean
+pooling over its last hidden states): chunking, the tier's round trip, adding it later, a
+split, and the search's hits. Quality is measured by benchmarks/retrieval.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from kvdb_cli.main import main
+
+import kvdb
+from kvdb.errors import InvalidArgument, TierMissing
+from kvdb.index import chunks as chunk_ops
+from kvdb.model.embedder import Embedder
+
+SEMANTIC = "tokens,search,semantic"
+TRIP = [
+    {"role": "user", "content": "Plan a three day walking trip through the Lake District."},
+    {"role": "assistant", "content": "Day one: Keswick to Buttermere over Cat Bells. Day two: Honister. Day three: back by the lake."},
+]
+BREAD = [
+    {"role": "user", "content": "Why did my sourdough come out flat?"},
+    {"role": "assistant", "content": "The starter was weak or the dough over-proofed; try a shorter rise."},
+]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model):
+    return Embedder(tiny_model)
+
+
+@pytest.fixture
+def db(tmp_path, tiny_loaded, embedder):
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded, embedder=embedder) as archive:
+        yield archive
+
+
+def chunk_rows(archive) -> list[tuple]:
+    from kvdb.storage.sql_rows import CHUNK
+
+    with archive._storage._read() as conn:
+        return conn.execute(f"select {CHUNK} from node_chunks order by start, stop").fetchall()
+
+
+def test_turns_are_cut_into_overlapping_windows_that_depend_only_on_the_prefix():
+    spans = chunk_ops.spans([(0, 10), (10, 300)], window=128, overlap=32)
+    assert spans.tolist() == [[0, 10], [10, 138], [106, 234], [202, 300]]
+    assert all(b - a <= 128 for a, b in spans) and np.all(np.diff(spans[:, 0]) > 0)
+    longer = chunk_ops.spans([(0, 10), (10, 500)], window=128, overlap=32)
+    assert longer[:3].tolist() == spans[:3].tolist()  # a longer session keeps the chunks that end where the shorter one's do
+    assert chunk_ops.ending_in(spans, 100, 234).tolist() == [[10, 138], [106, 234]]
+    with pytest.raises(ValueError):
+        chunk_ops.spans([(0, 10)], window=8, overlap=8)
+
+
+def test_a_chunks_own_words_find_it_and_its_position_restores(db):
+    db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+    db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+    [hit, *rest] = db.search_meaning(BREAD[1]["content"], k=2)
+    assert (hit.name, [h.name for h in rest]) == ("bread", ["trip"])
+    assert hit.score > rest[0].score and BREAD[1]["content"] in hit.context and "<|im_start|>" not in hit.context  # the text, no template tokens
+    assert BREAD[1]["content"] in db.text("bread", hit.position, hit.position + hit.match_tokens)  # a chunk is its turn
+    assert db.restore("bread", at=hit.position, mode="exact").position == hit.position
+    assert [h.name for h in db.search_meaning(TRIP[0]["content"], k=5, session="bread")] == ["bread"]
+    assert json.loads(json.dumps(hit.to_dict()))["position"] == hit.position
+    with pytest.raises(InvalidArgument):
+        db.search_meaning("  ")
+
+
+def test_the_tier_is_added_later_like_any_other(db):
+    db.ingest(messages=TRIP, name="trip")
+    with pytest.raises(TierMissing, match="--keep tokens,search,semantic"):
+        db.search_meaning("walking")
+    [result] = db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+    assert (result.status, result.added) == ("updated", ("semantic",))
+    assert db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+
+
+def test_a_shared_prefix_is_embedded_once_and_a_split_keeps_each_chunk_whole(db):
+    db.ingest(messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
+    before = chunk_rows(db)
+    db.ingest(messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)  # splits the first node
+    after = chunk_rows(db)
+    spans = [(row[2], row[3]) for row in after]
+    assert len(spans) == len(set(spans)) == len(before) + 1  # the shared turns once, the new turn added
+    nodes = {n.node_id: n for n in db._storage.nodes_of([db.sessions()[0].model_id])}
+    assert all(nodes[row[0]].start < row[3] <= nodes[row[0]].start + nodes[row[0]].n_tokens for row in after)  # each with the node of its last token
+    assert db.search_meaning("What should I pack?", k=1)[0].name == "pack"
+    assert db.search_meaning("And in winter?", k=1)[0].name == "winter"
+
+
+def test_search_semantic_on_the_command_line(tmp_path, tiny_model):
+    env = {"KVDB_MODEL": tiny_model, "KVDB_EMBEDDER": tiny_model}
+    chat = tmp_path / "bread.json"
+    chat.write_text(json.dumps({"messages": BREAD}))
+    runner = CliRunner()
+    args = ["--db", str(tmp_path / "c.duckdb")]
+    assert runner.invoke(main, [*args, "ingest", str(chat), "--keep", SEMANTIC], env=env).exit_code == 0
+    found = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"], "--json"], env=env)
+    [line] = [json.loads(x) for x in found.stdout.splitlines()]
+    assert found.exit_code == 0 and line["name"] == "bread" and BREAD[0]["content"] in line["context"]
