@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from kvdb.model.embedder import Embedder
 
 CANDIDATES = 4  # nearest chunks read per hit asked for: several chunks of one session make one hit
-_NO_TIER = "no session of this model has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
+_NO_TIER = "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
 
 
 class SemanticTier:
@@ -58,7 +58,15 @@ class SemanticTier:
         """The chunks nearest ``query`` in meaning, one hit per session (its nearest chunk)."""
         if not query or not query.strip():
             raise InvalidArgument("empty search query; give some text to look for")
+        embedded_with = self._storage.chunk_embedders()
+        if not embedded_with:  # said before the embedder loads (seconds: torch and transformers)
+            raise TierMissing(_NO_TIER)
         embedder = self._embedder()
+        if embedder.embedder_id not in embedded_with:
+            raise InvalidArgument(
+                f"the semantic tier was embedded with {', '.join(embedded_with)}, not {embedder.embedder_id}: search with that embedder (--embedder), "
+                "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
+            )
         with self._derived.pinned():
             nodes, spans, index = self._derived.get(("chunks", embedder.embedder_id), lambda: self._index(embedder.embedder_id))
             names, view = self._derived.get("trie", lambda: ({s.session_id: s.name for s in self._storage.list_sessions()}, trie.TrieView.load(self._storage)))

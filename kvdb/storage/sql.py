@@ -291,6 +291,10 @@ class Storage:
     def node_lm_payload(self, node_id: str) -> bytes | None:
         return self._value("select payload from node_lm where node_id = ?", [node_id])
 
+    def chunk_embedders(self) -> list[str]:
+        """The embedders the semantic tier's chunks were embedded with (none: no session has the tier)."""
+        return [r[0] for r in self._rows("select distinct embedder from node_chunks order by embedder")]
+
     def chunks_of(self, embedder: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         """(node ids, [n, 2] spans on the path, [n, dim] float16 unit vectors) of the semantic
         tier's chunks by ``embedder`` in nodes some session still uses."""

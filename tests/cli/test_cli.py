@@ -199,11 +199,13 @@ def test_listings_escape_control_characters_but_show_and_json_do_not(run, tmp_pa
     assert b"\\x07bell shared" in prefixes.stdout_bytes and b"\x07" not in prefixes.stdout_bytes
 
 
-def test_semantic_search_without_tier_k_says_how_to_store_it(run, tmp_path):
+def test_semantic_search_without_the_tier_says_how_to_store_it(run, tmp_path):
     assert run("ingest", str(write(tmp_path / "plain.txt", TEXT))).exit_code == 0
     result = run("search", "line", "--semantic")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "tier K" in result.stderr and "--keep tokens,search,kv" in result.stderr
+    assert "semantic tier" in result.stderr and "--keep tokens,search,semantic" in result.stderr
+    keys = run("search", "line", "--layer", "1")
+    assert keys.exit_code == 2 and "tier K" in keys.stderr and "--keep tokens,search,kv" in keys.stderr
     assert "no match" not in result.stderr
 
 

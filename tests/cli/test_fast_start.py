@@ -90,7 +90,8 @@ def test_a_model_that_is_not_here_is_refused_without_torch_or_transformers(tmp_p
 
 
 def test_semantic_search_on_an_archive_without_tier_k_is_refused_before_the_model_loads(archive_path, tiny_model):
-    """Issue 30: it loaded the model (22 s for SmolLM2) before saying there was nothing to search."""
+    """Issue 30: it loaded the model (22 s for SmolLM2) before saying there was nothing to search; so
+    does search by meaning, whose embedder is refused before it loads."""
     commands = [["--db", str(archive_path), "search", "harbour", "--semantic", "--model", tiny_model]]
     out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
