@@ -17,6 +17,7 @@ import numpy as np
 from kvdb.errors import InvalidArgument, TierMissing
 from kvdb.index import chunks as chunk_ops
 from kvdb.index import trie
+from kvdb.index import vectors as vector_ops
 from kvdb.index.phrase import Hit
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
@@ -80,8 +81,10 @@ class SemanticTier:
         found: dict[str, tuple[int, int, float]] = {}  # session -> (start, stop, cosine) of its nearest chunk
         asked = min(len(nodes), CANDIDATES * k)
         while True:
-            scores, rows = index.search(query_vector, asked)
+            scores, rows = vector_ops.nearest(index, query_vector, asked)
             for row, score in zip(rows[0].tolist(), scores[0].tolist()):
+                if row < 0:
+                    continue
                 node_id = nodes[row]
                 owner = wanted if on_path is not None and node_id in on_path else None if on_path is not None else view.owner.get(node_id)
                 if owner is not None and owner not in found:
@@ -97,13 +100,6 @@ class SemanticTier:
         ]
 
     def _index(self, embedder_id: str):
-        """(node id of each chunk, [n, 2] spans, a FAISS inner-product index over the unit
-        vectors; None when there are none)."""
-        import faiss
-
+        """(node id of each chunk, [n, 2] spans, the index over their vectors; None when there are none)."""
         nodes, spans, vectors = self._storage.chunks_of(embedder_id)
-        if not nodes:
-            return nodes, spans, None
-        index = faiss.IndexFlatIP(vectors.shape[1])
-        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-        return nodes, spans, index
+        return nodes, spans, vector_ops.build(vectors) if nodes else None
