@@ -19,6 +19,7 @@ class Inventory:
             "tokens": counts["token_bytes"],
             "lm": counts["lm_bytes"],
             "kv": counts["kv_bytes"],
+            "semantic": counts["semantic_bytes"],
             "logprobs": counts["logprob_bytes"],
             "metadata": counts["metadata_bytes"],
         }

@@ -29,6 +29,7 @@ from kvdb.storage.sql_rows import ANY, NODE, SESSION, kv_streams, logprobs_blob,
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
+CHUNK_ROW_BYTES = 56  # a chunk's node id (32 hex chars), number, span and embedder reference, beside its vector
 NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
 FETCH_ROWS = 256  # rows a streamed read holds at once
 # What each tier's stored blobs are: table, owner column, part column, data column, order.
@@ -404,9 +405,10 @@ class Storage:
             "(select coalesce(sum(strlen(metadata) + strlen(name) + strlen(source)), 0) from sessions), "  # strlen: UTF-8 bytes
             "(select count(*) from token_streams), (select coalesce(sum(n_tokens), 0) from token_streams), (select count(*) from nodes), "
             f"{total('token_blocks', 'data')}, {total('node_logprobs', 'logprobs')}, {total('node_lm', 'payload')}, {total('node_kv', 'data')}, "
-            f"{total('codebooks', 'data')}, (select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv))"
+            f"{total('codebooks', 'data')}, (select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv)), "
+            f"{total('node_chunks', 'vector')} + {CHUNK_ROW_BYTES} * (select count(*) from node_chunks)"
         )
-        sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens = (int(v) for v in self._rows(query)[0])
+        sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens, semantic = (int(v) for v in self._rows(query)[0])
         return {
             "sessions": sessions,
             "tokens": tokens,
@@ -419,6 +421,7 @@ class Storage:
             "kv_bytes": kv,
             "kv_tokens": kv_tokens,
             "codebook_bytes": books,
+            "semantic_bytes": semantic,
         }
 
 

@@ -88,6 +88,7 @@ def test_a_shared_prefix_is_embedded_once_and_a_split_keeps_each_chunk_whole(db)
     assert len(spans) == len(set(spans)) == len(before) + 1  # the shared turns once, the new turn added
     nodes = {n.node_id: n for n in db._storage.nodes_of([db.sessions()[0].model_id])}
     assert all(nodes[row[0]].start < row[3] <= nodes[row[0]].start + nodes[row[0]].n_tokens for row in after)  # each with the node of its last token
+    assert db.stats().bytes["semantic"] == len(after) * (2 * 64 + 56)  # float16 vectors of the tiny model's 64 dimensions, and each row's keys
     assert db.search_meaning("What should I pack?", k=1)[0].name == "pack"
     assert db.search_meaning("And in winter?", k=1)[0].name == "winter"
 
