@@ -300,7 +300,7 @@ def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path,
         start = time.perf_counter()
         tokens = 0
         for i, item in enumerate(items):
-            result = db.ingest(text=item.document, name=item.name, keep="tokens,search,kv")[0]
+            result = db.ingest(text=item.document, name=item.name, keep="tokens,search,kv,semantic")[0]
             assert result.status == "ingested", result
             tokens += result.n_tokens
             if (i + 1) % 50 == 0:
@@ -309,6 +309,7 @@ def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path,
         layers = db.loaded_model.model.config.num_hidden_layers
         info["layers"] = layers
         rows = [measure("lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)])]
+        rows.append(measure("semantic tier: `Archive.search_meaning` (all-MiniLM-L6-v2 over 128-token chunks)", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
         for layer in layers_wanted(layers):
             rows.append(
                 measure(f"semantic: `Archive.search_semantic`, layer {layer}", items,

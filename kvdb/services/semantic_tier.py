@@ -77,7 +77,7 @@ class SemanticTier:
         if session is not None:
             wanted = self._reader.resolve(session).session_id
             on_path = {n.node_id for n in view.path(wanted)}
-        query_vector = embedder.embed([query])
+        query_vector = embedder.embed([query], kind="query")
         found: dict[str, tuple[int, int, float]] = {}  # session -> (start, stop, cosine) of its nearest chunk
         asked = min(len(nodes), CANDIDATES * k)
         while True:
