@@ -1,0 +1,279 @@
+"""Ranking kernels for hybrid search: BM25 over chunk texts, rank and score fusion, and a rerank
+by the archive's own LM (the query's likelihood after each candidate's context).
+
+Kernels take and return arrays; none reads or writes the archive. Chunks are numbered in the
+order they are added (0, 1, ...); callers map those ids to sessions and positions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+# words ------------------------------------------------------------------------------------------
+
+# a run of capitals before a capitalised word (HTTP in HTTPServer), a word with at most one
+# leading capital, a run of capitals, a run of digits; underscores, dots and all else separate.
+# Non-ASCII letters count as lower case: code rarely capitalises them, and prose keeps its words whole.
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][^\W\dA-Z_])|[A-Z]?[^\W\dA-Z_]+|[A-Z]+|\d+")
+
+
+def words(text: str) -> list[str]:
+    """The lower-cased words of ``text``, identifiers split where code joins words
+    (``snake_case``, ``camelCase``, ``HTTPServer``, ``os.path.join``): a docstring says
+    "split the path" where the code says ``splitpath`` or ``split_path``, and only the parts can meet."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+# BM25 -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """Postings of consecutive chunks, term-major: the chunks and counts of ``terms[i]`` are
+    ``docs[starts[i]:starts[i + 1]]`` and ``tf[...]`` (chunks ascending within a term)."""
+
+    terms: np.ndarray  # int64, sorted, unique
+    starts: np.ndarray  # int64, len(terms) + 1
+    docs: np.ndarray  # int64 chunk ids
+    tf: np.ndarray  # float64 term counts in the chunk
+
+    def expanded_terms(self) -> np.ndarray:
+        return np.repeat(self.terms, np.diff(self.starts))
+
+
+def _segment(terms: np.ndarray, docs: np.ndarray, tf: np.ndarray) -> _Segment:
+    """A segment from postings already sorted by (term, chunk)."""
+    edges = np.flatnonzero(np.diff(terms)) + 1
+    starts = np.concatenate(([0], edges, [len(terms)])).astype(np.int64)
+    return _Segment(terms[starts[:-1]] if len(terms) else terms, starts, docs, tf)
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, e)`` over the pairs, without a loop over them."""
+    lengths = ends - starts
+    total = int(lengths.sum())
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return offsets + np.arange(total)
+
+
+class BM25:
+    """Okapi BM25 over chunk texts, appendable.
+
+    score(q, d) = Σ_{t ∈ q} idf(t) · tf(t, d) · (k1 + 1) / (tf(t, d) + k1 · (1 − b + b · |d| / avgdl)),
+    idf(t) = ln(1 + (N − df(t) + 0.5) / (df(t) + 0.5))   (Lucene's, never negative).
+
+    Each :meth:`add` writes a segment of postings and updates the document frequencies and
+    lengths; idf and avgdl are read at query time, so scores after any sequence of adds equal
+    those of one build over all the chunks. Segments merge as a binary counter does (the last
+    two when the older holds at most twice the newer's postings), so a chunk's postings are
+    rewritten O(log n) times and a query visits O(log n) segments.
+    """
+
+    def __init__(self, k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.vocab: dict[str, int] = {}
+        self.df = np.zeros(0, np.int64)
+        self.lengths = np.zeros(0, np.int64)  # words per chunk
+        self.segments: list[_Segment] = []
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def add(self, texts: Sequence[str]) -> np.ndarray:
+        """Index ``texts`` as the next chunks; their ids."""
+        first, n = len(self.lengths), len(texts)
+        split = [words(text) for text in texts]
+        lengths = np.fromiter(map(len, split), np.int64, n)
+        flat = list(chain.from_iterable(split))
+        vocab = self.vocab
+        terms = np.fromiter((vocab.setdefault(w, len(vocab)) for w in flat), np.int64, len(flat))
+        local = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        pairs, tf = np.unique(terms * max(n, 1) + local, return_counts=True)  # sorted by (term, chunk)
+        segment = _segment(pairs // max(n, 1), first + pairs % max(n, 1), tf.astype(np.float64))
+        self.df = np.concatenate((self.df, np.zeros(len(vocab) - len(self.df), np.int64)))
+        self.df[segment.terms] += np.diff(segment.starts)
+        self.lengths = np.concatenate((self.lengths, lengths))
+        if len(segment.docs):
+            self.segments.append(segment)
+        while len(self.segments) > 1 and len(self.segments[-2].docs) <= 2 * len(self.segments[-1].docs):
+            newer = self.segments.pop()
+            self.segments[-1] = _merged(self.segments[-1], newer)
+        return np.arange(first, first + n)
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 of ``query`` against every chunk (float64, one per chunk; 0 where no word meets)."""
+        n = len(self.lengths)
+        out = np.zeros(n)
+        known = [self.vocab[w] for w in words(query) if w in self.vocab]
+        if not known or not n:
+            return out
+        qt, qtf = np.unique(np.asarray(known, np.int64), return_counts=True)
+        df = self.df[qt]
+        idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf  # a word said twice counts twice
+        avgdl = self.lengths.mean()
+        for seg in self.segments:
+            at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
+            hit = seg.terms[at] == qt
+            if not hit.any():
+                continue
+            starts, ends = seg.starts[at[hit]], seg.starts[at[hit] + 1]
+            rows = _ranges(starts, ends)
+            docs, tf = seg.docs[rows], seg.tf[rows]
+            w = np.repeat(idf[hit], ends - starts)
+            norm = self.k1 * (1 - self.b + self.b * self.lengths[docs] / avgdl)
+            out += np.bincount(docs, weights=w * tf * (self.k1 + 1) / (tf + norm), minlength=n)
+        return out
+
+    def top(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, scores) of the ``k`` best chunks with a positive score, best first (ties: lower id)."""
+        return top_k(self.scores(query), k)
+
+
+def _merged(older: _Segment, newer: _Segment) -> _Segment:
+    """One segment of two whose chunks are consecutive (``older``'s first): a stable sort by
+    term keeps each term's chunks ascending."""
+    terms = np.concatenate((older.expanded_terms(), newer.expanded_terms()))
+    order = np.argsort(terms, kind="stable")
+    return _segment(terms[order], np.concatenate((older.docs, newer.docs))[order], np.concatenate((older.tf, newer.tf))[order])
+
+
+def top_k(scores: np.ndarray, k: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, scores) of the ``k`` highest ``scores`` above ``floor``, best first, ties to the lower
+    id (BM25's 0 is "no word met"; a cosine passes ``-inf``)."""
+    kept = np.flatnonzero(scores > floor)
+    if len(kept) > k:
+        cut = -np.partition(-scores[kept], k - 1)[k - 1]
+        kept = kept[scores[kept] >= cut]  # every tie at the cut, trimmed after the sort
+    order = np.lexsort((kept, -scores[kept]))[:k]
+    return kept[order], scores[kept[order]]
+
+
+# fusion -----------------------------------------------------------------------------------------
+
+
+def _ranked(ids: np.ndarray, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.lexsort((ids, -fused))
+    return ids[order], fused[order]
+
+
+def rrf(rankings: Sequence[np.ndarray], k: float = 60, weights: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion: (ids, fused scores) best first, fused(d) = Σ_r w_r / (k + rank_r(d))
+    with ranks from 1 over the rankings that hold d (each ranking's ids distinct).
+
+    Ranks, not scores, so retrievers on unrelated scales need no calibration; ``k`` damps the
+    difference between the first places (Cormack et al. 2009 found 60 good across tasks)."""
+    weights = np.ones(len(rankings)) if weights is None else np.asarray(weights, np.float64)
+    lengths = np.array([len(r) for r in rankings], np.int64)
+    if not lengths.sum():
+        return np.zeros(0, np.int64), np.zeros(0)
+    ids = np.concatenate([np.asarray(r, np.int64) for r in rankings])
+    ranks = _ranges(np.zeros_like(lengths), lengths) + 1
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    fused = np.bincount(inverse, weights=np.repeat(weights, lengths) / (k + ranks), minlength=len(uniq))
+    return _ranked(uniq, fused)
+
+
+def normalised(scores: np.ndarray, how: str = "minmax") -> np.ndarray:
+    """``scores`` on a common scale: "minmax" maps them onto [0, 1] (all equal: all 1), "zscore"
+    to (s − mean) / std (all equal: all 0)."""
+    scores = np.asarray(scores, np.float64)
+    if not len(scores):
+        return scores
+    if how == "minmax":
+        span = scores.max() - scores.min()
+        return (scores - scores.min()) / span if span > 0 else np.ones_like(scores)
+    if how == "zscore":
+        std = scores.std()
+        return (scores - scores.mean()) / std if std > 0 else np.zeros_like(scores)
+    raise ValueError(f"unknown normalisation {how!r} (minmax, zscore)")
+
+
+def weighted(results: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float] | None = None, how: str = "minmax") -> tuple[np.ndarray, np.ndarray]:
+    """Weighted-score fusion of (ids, scores) candidate lists: (ids, fused scores) best first,
+    fused(d) = Σ_r w_r · norm_r(d), each list normalised on its own (:func:`normalised`).
+
+    An id a list does not hold gets that list's lowest normalised score: a candidate list is
+    its retriever's best, so what it left out scored at most that."""
+    weights = np.ones(len(results)) if weights is None else np.asarray(weights, np.float64)
+    lists = [(np.asarray(ids, np.int64), normalised(scores, how)) for ids, scores in results]
+    if not sum(len(ids) for ids, _ in lists):
+        return np.zeros(0, np.int64), np.zeros(0)
+    uniq = np.unique(np.concatenate([ids for ids, _ in lists]))
+    fused = np.zeros(len(uniq))
+    for w, (ids, norm) in zip(weights, lists):
+        column = np.full(len(uniq), norm.min() if len(norm) else 0.0)
+        column[np.searchsorted(uniq, ids)] = norm
+        fused += w * column
+    return _ranked(uniq, fused)
+
+
+# LM rerank --------------------------------------------------------------------------------------
+
+TOKENS_PER_BATCH = 4096  # padded positions a forward pass takes: bounds the activations
+
+
+def query_logprob(
+    model, contexts: Sequence[np.ndarray], query: np.ndarray, max_context: int | None = None, tokens_per_batch: int = TOKENS_PER_BATCH
+) -> np.ndarray:
+    """Mean ln p(query tokens | context) per context (float64, one per context), in batches.
+
+    Each row is the context's last ``max_context`` tokens followed by the query, right-padded
+    (a causal model's real positions never see the padding after them, and their position ids
+    stay 0..n−1); the logits are taken only at the positions that predict a query token, so the
+    vocabulary projection costs |query| rows a candidate instead of the whole row. Rows are
+    batched longest first, so a batch pads little.
+
+    The mean, not the sum, so ranks compare across queries of any length; the query's own
+    (context-free) likelihood is the same for every candidate, so ranking by this equals ranking
+    by the pointwise mutual information of query and context.
+
+    Fed the candidates' stored KV caches instead of their tokens, only the |query| positions
+    would be computed per candidate (their attention reading the cached keys and values): the
+    context's forward pass, here ~(context / (context + query)) of the work, 90% for a
+    200-token chunk and a 20-token query, would be a read instead.
+    """
+    import torch
+
+    query = np.asarray(query, np.int64)
+    q = len(query)
+    if not q:
+        raise ValueError("an empty query has no likelihood")
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("a context must hold at least one token (the one that predicts the query's first)")
+    rows = [np.asarray(c, np.int64)[-max_context:] if max_context else np.asarray(c, np.int64) for c in contexts]
+    lengths = np.array([len(r) for r in rows], np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    out = np.zeros(len(rows))
+    head = model.get_output_embeddings()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    query_t = torch.as_tensor(query)
+    at = 0
+    with torch.inference_mode():
+        while at < len(order):
+            width = int(lengths[order[at]]) + q
+            size = max(1, tokens_per_batch // width)
+            batch = order[at : at + size]
+            at += size
+            ids = np.zeros((len(batch), width), np.int64)
+            mask = np.zeros((len(batch), width), np.int64)
+            for i, j in enumerate(batch):  # one copy per row, not per token
+                n = lengths[j]
+                ids[i, :n], ids[i, n : n + q] = rows[j], query
+                mask[i, : n + q] = 1
+            ids_t, mask_t = torch.as_tensor(ids), torch.as_tensor(mask)
+            # position n_i − 1 + j predicts the query's token j
+            where = torch.as_tensor(lengths[batch, None] - 1 + np.arange(q)[None, :])
+            pick = torch.arange(len(batch))[:, None]
+            if softcap:
+                logits = model(input_ids=ids_t, attention_mask=mask_t).logits[pick, where].float()
+            else:
+                hidden = model.base_model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                logits = head(hidden[pick, where]).float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, query_t.expand(len(batch), q)[..., None])[..., 0]
+            out[batch] = logp.mean(-1).double().numpy()
+    return out
