@@ -167,14 +167,14 @@ def rrf(rankings: Sequence[np.ndarray], k: float = 60, weights: Sequence[float] 
 
     Ranks, not scores, so retrievers on unrelated scales need no calibration; ``k`` damps the
     difference between the first places (Cormack et al. 2009 found 60 good across tasks)."""
-    weights = np.ones(len(rankings)) if weights is None else np.asarray(weights, np.float64)
+    given = np.ones(len(rankings)) if weights is None else np.asarray(weights, np.float64)
     lengths = np.array([len(r) for r in rankings], np.int64)
     if not lengths.sum():
         return np.zeros(0, np.int64), np.zeros(0)
     ids = np.concatenate([np.asarray(r, np.int64) for r in rankings])
     ranks = _ranges(np.zeros_like(lengths), lengths) + 1
     uniq, inverse = np.unique(ids, return_inverse=True)
-    fused = np.bincount(inverse, weights=np.repeat(weights, lengths) / (k + ranks), minlength=len(uniq))
+    fused = np.bincount(inverse, weights=np.repeat(given, lengths) / (k + ranks), minlength=len(uniq))
     return _ranked(uniq, fused)
 
 
@@ -199,13 +199,13 @@ def weighted(results: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence
 
     An id a list does not hold gets that list's lowest normalised score: a candidate list is
     its retriever's best, so what it left out scored at most that."""
-    weights = np.ones(len(results)) if weights is None else np.asarray(weights, np.float64)
+    given = np.ones(len(results)) if weights is None else np.asarray(weights, np.float64)
     lists = [(np.asarray(ids, np.int64), normalised(scores, how)) for ids, scores in results]
     if not sum(len(ids) for ids, _ in lists):
         return np.zeros(0, np.int64), np.zeros(0)
     uniq = np.unique(np.concatenate([ids for ids, _ in lists]))
     fused = np.zeros(len(uniq))
-    for w, (ids, norm) in zip(weights, lists):
+    for w, (ids, norm) in zip(given, lists):
         column = np.full(len(uniq), norm.min() if len(norm) else 0.0)
         column[np.searchsorted(uniq, ids)] = norm
         fused += w * column
