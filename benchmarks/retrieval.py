@@ -276,12 +276,14 @@ def default_codebooks(db) -> str | None:
     )
 
 
-def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path, train: bool) -> tuple[list[Row], dict]:
+def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path, train: bool, kv: bool = True) -> tuple[list[Row], dict]:
     import kvdb
 
     info = {}
+    keep = "tokens,search,kv,semantic" if kv else "tokens,search,semantic"
+    info["keep"] = keep
     with kvdb.open(tmp / "bench.duckdb") as db:
-        info["codebooks"] = None if train else default_codebooks(db)
+        info["codebooks"] = (None if train else default_codebooks(db)) if kv else "none (--no-kv)"
         if info["codebooks"] is None:
             start, used, names = time.perf_counter(), 0, []
             for item in spare:
@@ -300,7 +302,7 @@ def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path,
         start = time.perf_counter()
         tokens = 0
         for i, item in enumerate(items):
-            result = db.ingest(text=item.document, name=item.name, keep="tokens,search,kv,semantic")[0]
+            result = db.ingest(text=item.document, name=item.name, keep=keep)[0]
             assert result.status == "ingested", result
             tokens += result.n_tokens
             if (i + 1) % 50 == 0:
@@ -309,12 +311,14 @@ def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path,
         layers = db.loaded_model.model.config.num_hidden_layers
         info["layers"] = layers
         rows = [measure("lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)])]
-        rows.append(measure("semantic tier: `Archive.search_meaning` (all-MiniLM-L6-v2 over 128-token chunks)", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
+        rows.append(measure("semantic tier: `Archive.search_meaning` (cosine 0.7 + BM25 0.3 over 128-token chunks)", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
         for layer in layers_wanted(layers):
             rows.append(
                 measure(f"semantic: `Archive.search_semantic`, layer {layer}", items,
                         lambda q, layer=layer: [h.name for h in db.search_semantic(q, k=K_SEMANTIC, context=0, layer=layer)])
             )
+        if not kv:
+            return rows, info
         # what one more hit costs: k=1 against k=K_SEMANTIC on a few queries, in the middle layer
         middle = layers // 2
         few = items[:30]
@@ -356,6 +360,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED, help=f"the pick's random seed (default {SEED})")
     parser.add_argument("--train", action="store_true", help=f"train {PRESET} codebooks on non-target functions even where the archive has default ones")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument("--no-kv", action="store_true", help="leave tier K and its KV-state search out (ingest without it: minutes, not an hour)")
     args = parser.parse_args()
     n = args.queries or (40 if args.quick else QUERIES)
 
@@ -366,28 +371,31 @@ def main() -> None:
     load = describe(f"torch {torch.__version__}")
     items, spare, pool = retrieval_set(n, args.seed)
     print(f"retrieval set: {len(items)} of {pool} eligible functions from {len(MODULES)} modules", flush=True)
-    if args.quick:
+    if args.no_kv:
+        layers_wanted = lambda layers: []  # noqa: E731
+    elif args.quick:
         layers_wanted = lambda layers: [0, layers // 2]  # noqa: E731
     else:
         # semantic.py's layers less layers // 6: each layer is ~0.7 s a query here (0, 10, 15, 20, 29 of 30)
         layers_wanted = lambda layers: sorted({0, layers // 3, layers // 2, 2 * layers // 3, layers - 1})  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        rows, info = archive_rows(items, spare, layers_wanted, Path(tmp), args.train)
+        rows, info = archive_rows(items, spare, layers_wanted, Path(tmp), args.train, kv=not args.no_kv)
     minilm, mini = minilm_row(items)
     rows.append(minilm)
     elapsed = time.perf_counter() - started
 
     best = max(rows, key=lambda r: (r.hit10, r.hit1))
-    semantic = [r for r in rows if r.method.startswith("semantic")]
+    semantic = [r for r in rows if r.method.startswith("semantic:")]
     lexical = rows[0]
     verbatim = sum(item.query in item.document for item in items)
-    best_kv = max(semantic, key=lambda r: (r.hit10, r.hit1))
+    best_kv = max(semantic, key=lambda r: (r.hit10, r.hit1)) if semantic else None
     chance = 1 / len(items)
-    flags = (" --quick" if args.quick else "") + (f" --queries {n}" if args.queries else "") + (" --train" if args.train else "")
+    flags = (" --quick" if args.quick else "") + (f" --queries {n}" if args.queries else "") + (" --train" if args.train else "") + (" --no-kv" if args.no_kv else "")
     command = f"`.venv/bin/python benchmarks/retrieval.py{flags}`"
-    verdict = (
-        f"**{best.method.split(':')[0].split(' (')[0]} wins** (hit@1 {best.hit1:.3f}, hit@10 {best.hit10:.3f}). "
-        + (
+    verdict = f"**{best.method.split(':')[0].split(' (')[0]} wins** (hit@1 {best.hit1:.3f}, hit@10 {best.hit10:.3f}). " + (
+        ""
+        if best_kv is None
+        else (
             f"KV-state search loses: its best layer ({best_kv.method.rsplit(' ', 1)[1]}) finds the target first for "
             f"{best_kv.hit1:.3f} of queries and among 10 for {best_kv.hit10:.3f}, against {minilm.hit1:.3f} / {minilm.hit10:.3f} "
             f"for the sentence-embedding model."
@@ -397,14 +405,18 @@ def main() -> None:
         )
     )
     lines = [
-        f"\n## Semantic search on a retrieval set nobody here wrote: standard-library docstrings ({time.strftime('%Y-%m-%d')})\n",
+        (
+            "\n## Search by meaning on standard-library docstrings: the semantic tier (`benchmarks/retrieval.py --no-kv`)\n"
+            if args.no_kv
+            else f"\n## Semantic search on a retrieval set nobody here wrote: standard-library docstrings ({time.strftime('%Y-%m-%d')})\n"
+        ),
         f"{command} — {load}; one torch thread; SmolLM2-135M-Instruct "
         f"({info['layers']} layers). Total {elapsed / 60:.1f} min.\n",
         f"Retrieval set: {len(items)} functions picked (seed {args.seed}) from {pool} eligible in {len(MODULES)} pure-Python modules "
         f"of this machine's Python {sys.version.split()[0]} standard library (selection rule: the module docstring of "
         f"`benchmarks/retrieval.py`). Query = the docstring's first line (≥ {MIN_WORDS} words); target = the function's "
         f"source without its docstring ({MIN_LINES}–{MAX_LINES} body lines), one session each: {info['tokens']:,} tokens in all, "
-        f"ingested with `keep=\"tokens,search,kv\"` in {info['ingest_s']:.0f} s. Codebooks: {info['codebooks']}. "
+        f"ingested with `keep=\"{info['keep']}\"` in {info['ingest_s']:.0f} s. Codebooks: {info['codebooks']}. "
         f"Chance hit@1 = {chance:.4f}.\n",
         f"hit@1: the target is the session of the first hit; hit@10: among the first {DEPTH} distinct sessions of the hits "
         f"(lexical asks k={K_LEXICAL} hits, semantic k={K_SEMANTIC} positions, both `context=0`; \"sessions\" is the mean number "
