@@ -6,7 +6,7 @@ import click
 
 from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from kvdb.tiers import DEFAULT_KEEP
-from kvdb_cli.app import _open, main, model_option
+from kvdb_cli.app import _open, embedder_option, main, model_option
 
 
 @main.command()
@@ -14,6 +14,7 @@ from kvdb_cli.app import _open, main, model_option
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others)."
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@embedder_option
 @model_option
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each exchange is archived with (as `kvdb ingest --keep`).")
 @click.option(
@@ -41,7 +42,7 @@ from kvdb_cli.app import _open, main, model_option
     help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
 )
 @click.pass_context
-def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout, prefix_cache_mb):
+def serve(ctx, host, port, embedder, model, keep, restore, api_key, queue, queue_timeout, prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
 
     Prompts resume from the longest prefix already computed or archived; each reply is in the
@@ -51,6 +52,6 @@ def serve(ctx, host, port, model, keep, restore, api_key, queue, queue_timeout, 
     from kvdb.serving import Engine
     from kvdb_server import serve as run_server
 
-    engine = Engine(_open(ctx, model, prefix_cache_mb=prefix_cache_mb), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
+    engine = Engine(_open(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
     click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
     run_server(engine, host, port, api_key)

@@ -52,6 +52,8 @@ from kvdb.storage import is_lake, open_storage
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from kvdb.services.write_compute import Computed
 
 
@@ -324,6 +326,22 @@ class Archive:
         """Where ``phrase`` occurs in the archived sessions: full matches first, then the
         positions sharing the longest suffix of it. Only the tokenizer is loaded."""
         return self._searcher.search(phrase, k, context, session)
+
+    @property
+    def embedder_name(self) -> str:
+        """The semantic tier's embedder, as named (without loading it)."""
+        from kvdb.model.embedder import DEFAULT_EMBEDDER
+
+        given = self._embedder_given
+        return given if isinstance(given, str) else given.name if given is not None else DEFAULT_EMBEDDER
+
+    def embed(self, texts: list[str], kind: str = "document") -> tuple[np.ndarray, int]:
+        """(the semantic tier's vectors of ``texts``, the tokens the embedder read): what
+        ``kvdb serve`` answers ``/v1/embeddings`` with. ``kind``: "query" or "document", for an
+        embedder that prefixes them differently."""
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidArgument("give one text or a list of texts to embed")
+        return self._embedder.embed(texts, kind), self._embedder.count_tokens(texts)
 
     def search_meaning(self, query: str, k: int = 10, session: str | None = None) -> list[Hit]:
         """The sessions whose chunks are nearest ``query`` in meaning (the semantic tier; its

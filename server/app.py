@@ -1,7 +1,8 @@
 """The FastAPI application of `kvdb serve`.
 
 - ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: the OpenAI API's shapes (with
-  server-sent events when ``stream``), plus a ``kvdb`` object in each reply.
+  server-sent events when ``stream``), plus a ``kvdb`` object in each reply; ``/v1/embeddings``:
+  the semantic tier's embedder, as the OpenAI API's embeddings.
 - ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/stats``: the archive,
   read while the model generates (the engine's reads never wait for it).
 - ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
@@ -59,17 +60,19 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
 
     app.mount("/static", StaticFiles(directory=static, check_dir=False), name="static")
 
-    served = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvdb"}
+    served = {name: {"id": name, "object": "model", "created": 0, "owned_by": "kvdb"} for name in (engine.model_name, engine.embedder_name)}
 
     @api.get("/v1/models")
     def models() -> dict:
-        return {"object": "list", "data": [served]}
+        return {"object": "list", "data": list(served.values())}
 
     @api.get("/v1/models/{model_id:path}")
     def model(model_id: str) -> dict:
-        if model_id != engine.model_name:
-            raise HttpError(404, f"model {model_id!r} is not served here; this server serves {engine.model_name!r} (GET /v1/models)", "model_not_found")
-        return served
+        if model_id not in served:
+            raise HttpError(
+                404, f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)", "model_not_found"
+            )
+        return served[model_id]
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -78,6 +81,11 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
     @api.post("/v1/completions")
     async def completions(request: Request):
         return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=False)
+
+    @api.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        texts, encoding = parse.embeddings(await parse.json_body(request, max_body_bytes), engine.embedder_name)
+        return (await run_in_threadpool(engine.embeddings, texts, encoding)).to_dict()
 
     @api.get("/api/sessions")
     def sessions() -> dict:

@@ -167,3 +167,26 @@ def _logprobs(body: dict, chat: bool) -> int | None:
 
 def _default(value, default):
     return default if value is None else value
+
+
+EMBEDDING_FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
+
+
+def embeddings(body: dict, served: str) -> tuple[list[str], str]:
+    """(the texts, "float" or "base64") of an embeddings request, for the model ``served``."""
+    for key in body:
+        if key not in EMBEDDING_FIELDS:
+            raise InvalidArgument(f"unknown field {key!r}; /v1/embeddings reads {', '.join(sorted(EMBEDDING_FIELDS))}")
+    model = body.get("model")
+    if model is not None and model != served:
+        raise InvalidArgument(f"model {model!r} is not served here; this server embeds with {served!r}")
+    if body.get("dimensions") is not None:
+        raise InvalidArgument(f"dimensions is not supported: {served} gives vectors of its own size; leave it out")
+    encoding = _default(body.get("encoding_format"), "float")
+    if encoding not in ("float", "base64"):
+        raise InvalidArgument(f"encoding_format must be float or base64, got {encoding!r}")
+    given = body.get("input")
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidArgument("input must be a string or a non-empty list of strings (token arrays are not read: give the text)")
+    return texts, encoding

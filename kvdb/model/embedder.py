@@ -51,6 +51,10 @@ class Embedder:
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
+    def count_tokens(self, texts: list[str]) -> int:
+        """Word pieces the model reads of ``texts`` (each cut at ``max_tokens``)."""
+        return sum(min(len(ids), self.max_tokens) for ids in self.tokenizer(texts, truncation=False)["input_ids"])
+
     @torch.inference_mode()
     def embed(self, texts: list[str], kind: str = "document") -> np.ndarray:
         """[len(texts), dim] float32 vectors (unit length where the model normalises): each

@@ -36,7 +36,7 @@ from kvdb.serving.journal import Journal
 from kvdb.serving.params import Request
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
 from kvdb.serving.reply import Reply
-from kvdb.serving.responses import Completion, Header, SessionView
+from kvdb.serving.responses import Completion, Embeddings, Header, SessionView
 from kvdb.tiers import DEFAULT_KEEP
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
@@ -98,6 +98,7 @@ class Engine:
             self._access.close()
             raise
         self.model_name = archive.model_name
+        self.embedder_name = archive.embedder_name
         self._loaded = self._access(lambda a: a.loaded_model)
         self.context = archive.context_tokens
         self._gate = ModelGate(queue, queue_timeout)
@@ -245,6 +246,11 @@ class Engine:
         if not semantic:
             return self._access(lambda a: a.search(phrase, k=k))
         return self._access(lambda a: a.search_meaning(phrase, k=k))
+
+    def embeddings(self, texts: list[str], encoding: str = "float") -> Embeddings:
+        """The semantic tier's vectors of ``texts``: the embedder runs on the archive's thread, not the model's."""
+        vectors, tokens = self._access(lambda a: a.embed(texts))
+        return Embeddings(self.embedder_name, vectors, tokens, encoding)
 
     def stats(self) -> Stats:
         return self._access(lambda a: a.stats())

@@ -3,7 +3,10 @@ shapes, plus a ``kvdb`` object saying where the prompt's cache came from."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvdb.records import Session, Turn
 
@@ -145,4 +148,29 @@ class SessionView:
             "text": self.text,
             "turns": [t.to_dict() for t in self.turns],
             "side": self.session.side,
+        }
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The semantic tier's vectors of some texts, as the OpenAI API's embeddings list: each
+    vector as floats, or as the base64 of its little-endian float32 bytes (what the official
+    client asks for)."""
+
+    model: str
+    vectors: np.ndarray
+    tokens: int
+    encoding: str = "float"
+
+    def to_dict(self) -> dict:
+        def encoded(vector: np.ndarray):
+            if self.encoding == "base64":
+                return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            return [float(x) for x in vector]
+
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(self.vectors)],
+            "model": self.model,
+            "usage": {"prompt_tokens": self.tokens, "total_tokens": self.tokens},
         }

@@ -3,6 +3,8 @@ the chat template's turn openings, and search hits split for highlighting."""
 
 from __future__ import annotations
 
+import pytest
+
 import kvdb
 from kvdb.index.phrase import Hit
 from kvdb.serving import SessionView
@@ -21,7 +23,7 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     running = serve(db=db)
     assert running.get("/api/sessions") == {"sessions": sessions}
     assert running.get("/api/stats").keys() == expected_stats.keys()
-    assert [m.id for m in running.openai().models.list().data] == [tiny_model]
+    assert [m.id for m in running.openai().models.list().data] == [tiny_model, "all-MiniLM-L6-v2"]  # the model, and the embedder
 
     view = running.get("/api/sessions/chat")
     assert set(view) == {*SessionView.__dataclass_fields__, "side"} and view["session"]["name"] == "chat" and view["side"] == {}
@@ -41,3 +43,27 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
 
 def _a_hit() -> Hit:
     return Hit("id", "name", 0, 1, 1, True, "", "x", "")
+
+
+def test_embeddings_with_the_official_client(start_server, tmp_path):
+    """/v1/embeddings answers with the semantic tier's embedder: the client's default base64
+    and plain floats alike, the vectors Archive.embed gives."""
+    import numpy as np
+    from openai import BadRequestError
+
+    db = tmp_path / "e.duckdb"
+    running = start_server(db)
+    try:
+        client = running.openai()
+        got = client.embeddings.create(model="all-MiniLM-L6-v2", input=["the harbour at dusk", "a recipe for bread"])
+        floats = client.embeddings.create(model="all-MiniLM-L6-v2", input="the harbour at dusk", encoding_format="float")
+        with pytest.raises(BadRequestError, match="this server embeds with 'all-MiniLM-L6-v2'"):
+            client.embeddings.create(model="text-embedding-3-small", input="x")
+    finally:
+        running.stop()
+    vectors = np.array([d.embedding for d in got.data])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5) and got.usage.prompt_tokens > 0
+    assert np.allclose(floats.data[0].embedding, vectors[0], atol=1e-6)
+    with kvdb.open(db) as archive:
+        local, _ = archive.embed(["the harbour at dusk"])
+    assert np.allclose(local[0], vectors[0], atol=1e-5)
