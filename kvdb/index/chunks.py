@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-WINDOW = 128  # tokens per chunk at most (all-MiniLM-L6-v2 reads 256 word pieces)
-OVERLAP = 32
+WINDOW = 256  # tokens per chunk at most: 256 found more than 64 or 128 and as much as 512 (benchmarks/chunk_sizes.py)
+OVERLAP = 64
 
 
 def spans(turns: list[tuple[int, int]], window: int = WINDOW, overlap: int = OVERLAP) -> np.ndarray:

@@ -13,6 +13,7 @@ compared with vectors of the same model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -28,6 +29,13 @@ from kvdb.model.source import loading
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 BATCH = 32  # texts per forward pass: padding to the longest of 32 chunks costs little
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length; a longer chunk is cut (the chunker keeps them shorter)
+
+
+@functools.lru_cache(maxsize=4)
+def shared(name: str | None = None) -> Embedder:
+    """The embedder of that name, loaded once per process: archives opened one after another
+    (a test suite, a server's archive and a script's) share it, as they may share a model."""
+    return Embedder(name)
 
 
 class Embedder:
