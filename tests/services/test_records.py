@@ -67,7 +67,7 @@ def test_enums_are_their_old_strings_everywhere_a_string_went():
     assert json.dumps(result.to_dict()["status"]) == '"failed"' and type(result.to_dict()["status"]) is str
     with pytest.raises(ValueError):
         IngestResult(None, "n", "s.txt", 0, "lost")
-    assert TIERS == ("tokens", "search", "lm", "kv") and all(type(t) is str for t in TIERS)  # click lists these
+    assert TIERS == ("tokens", "search", "lm", "kv", "semantic") and all(type(t) is str for t in TIERS)  # click lists these
     assert parse_keep("tokens,search") == {"tokens", "search"} == {Tier.TOKENS, Tier.SEARCH}
     assert RestoreMode("archive") == "archive" and ", ".join(RestoreMode) == "auto, exact, archive, decode"
 
