@@ -141,7 +141,8 @@ def search(ctx, phrase, k, context, session, semantic, layer, embedder, model, a
         if as_json:
             _emit(h.to_dict())
             continue
-        grade = "exact" if h.exact else f"cosine {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        measure = "cosine" if layer is not None else "score"  # --semantic ranks by cosine and words fused
+        grade = "exact" if h.exact else f"{measure} {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
         click.echo(f"{_printable(h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
         click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
     if all(h.partial for h in hits):

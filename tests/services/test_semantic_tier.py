@@ -103,3 +103,5 @@ def test_search_semantic_on_the_command_line(tmp_path, tiny_model):
     found = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"], "--json"], env=env)
     [line] = [json.loads(x) for x in found.stdout.splitlines()]
     assert found.exit_code == 0 and line["name"] == "bread" and BREAD[0]["content"] in line["context"]
+    shown = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"]], env=env)
+    assert shown.exit_code == 0 and shown.stdout.startswith("bread ") and "[score " in shown.stdout  # fused, not a cosine
