@@ -83,12 +83,14 @@ class TrieView:
     nodes: dict[str, NodeRow]
     streams: dict[str, tuple[int, int]]  # node_id -> (alphabet, block_size)
     owner: dict[str, str]  # node_id -> the oldest live session through it
+    names: dict[str, str]  # session_id -> its name, for the hits
 
     @classmethod
     def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()
-        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {})
-        for session in sorted(store.list_sessions(), key=lambda s: (s.created_at, s.session_id), reverse=True):
+        sessions = store.list_sessions()
+        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {}, {s.session_id: s.name for s in sessions})
+        for session in sorted(sessions, key=lambda s: (s.created_at, s.session_id), reverse=True):
             for node in view.path(session.session_id):  # newest first, so the oldest owner is written last
                 view.owner[node.node_id] = session.session_id
         return view

@@ -49,7 +49,7 @@ class Searcher:
         with self._derived.pinned() as version:  # one version for the index, its slot runs and the trie
             index = self._indexes.get(key, tok_hash, version=version)
             slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
-            names, view = self._trie_view()
+            view = self._trie_view()
         if not len(slots.first):
             return []
         runs = dict(zip(slots.node_ids, slots.first.tolist()))
@@ -64,7 +64,7 @@ class Searcher:
             index,
             slots,
             variants,
-            names,
+            view.names,
             sessions_of=sessions_of,
             fetch=lambda requests: view.windows(self._storage, requests, runs, index.tokens),
             decode=lambda ids: tok.decode(tokenizer, ids),
@@ -77,9 +77,8 @@ class Searcher:
         index was caught up waits for the next version)."""
         return SlotMap.from_rows([run for run in self._storage.slot_runs(key) if run[1] + run[2] <= ntotal])
 
-    def _trie_view(self) -> tuple[dict[str, str], trie.TrieView]:
-        """Session names and the trie's shape."""
-        return self._derived.get("trie", lambda: ({s.session_id: s.name for s in self._storage.list_sessions()}, trie.TrieView.load(self._storage)))
+    def _trie_view(self) -> trie.TrieView:
+        return self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
 
     def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
         if not phrase or not phrase.strip():
@@ -98,7 +97,7 @@ class Searcher:
         nodes, offsets, vectors = self._derived.get(("semantic", model_id, layer), lambda: self._semantic_table(semantic_ops, model_id, layer))
         if not len(nodes):
             raise TierMissing(_NO_TIER_K)
-        names, view = self._trie_view()
+        view = self._trie_view()
         rows, scores = semantic_ops.nearest(vectors, semantic_ops.query_vector(loaded.model, ids, layer), 4 * k)
         found = []  # (session, position, cosine) of the nearest positions some session holds
         for row, score in zip(rows, scores):
@@ -112,7 +111,7 @@ class Searcher:
         hits = []
         for (session_id, position, score), (lo, _), window in zip(found, spans, windows):  # one query for every window
             before, at, after = (tok.decode(loaded.tokenizer, part) for part in np.split(window, [position - lo, position + 1 - lo]))
-            hits.append(Hit(session_id, names.get(session_id, ""), position, 1, len(ids), False, before, at, after, score))
+            hits.append(Hit(session_id, view.names.get(session_id, ""), position, 1, len(ids), False, before, at, after, score))
         return hits
 
     def _semantic_table(self, semantic_ops, model_id: str, layer: int):

@@ -44,18 +44,26 @@ class SemanticTier:
         self._embedder = embedder  # loaded on first use: a search of phrases never needs it
         self._derived = DerivedCache(storage)
 
-    def chunks(self, tokenizer, ids: np.ndarray, lo: int, hi: int) -> Chunks:
-        """The chunks of a session (``ids``) whose last token lies in [lo, hi), embedded: what a
-        node holding those positions stores."""
+    def chunks(self, tokenizer, ids: np.ndarray, nodes: list[tuple[int, int]]) -> list[Chunks]:
+        """For each node [lo, hi) of a session's path (``ids``), the session's chunks whose last
+        token it holds, embedded: what the node stores. The turns are found, and the texts
+        embedded, once for all the nodes."""
         turns = chat.turns(tokenizer, ids)
-        spans = chunk_ops.ending_in(chunk_ops.spans([(a, b) for _, a, b in turns]), lo, hi)
-        texts = [tok.plain_text(tokenizer, ids[a:b]) for a, b in spans]
+        every = chunk_ops.spans([(a, b) for _, a, b in turns])
         roles = {a: role for role, a, _ in turns if role}
-        said = [bool(text.strip()) and text.strip() != roles.get(int(a)) for text, (a, _) in zip(texts, spans)]  # an empty turn says nothing
-        spans, texts = spans[said], [text for text, keep in zip(texts, said) if keep]
+        held = []
+        for lo, hi in nodes:
+            spans = chunk_ops.ending_in(every, lo, hi)
+            texts = [tok.plain_text(tokenizer, ids[a:b]) for a, b in spans]
+            said = [bool(text.strip()) and text.strip() != roles.get(int(a)) for text, (a, _) in zip(texts, spans)]  # an empty turn says nothing
+            held.append((spans[said], [text for text, keep in zip(texts, said) if keep]))
         embedder = self._embedder()
+        texts = [text for _, node_texts in held for text in node_texts]
         vectors = embedder.embed(texts) if texts else np.zeros((0, embedder.dim), np.float32)
-        return Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], vectors)
+        cuts = np.cumsum([len(node_texts) for _, node_texts in held])[:-1]
+        return [
+            Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], node_vectors) for (spans, _), node_vectors in zip(held, np.split(vectors, cuts))
+        ]
 
     def search(self, query: str, k: int = 10, session: str | None = None) -> list[Hit]:
         """The sessions whose chunks best match ``query``, one hit per session at its best chunk:
@@ -74,7 +82,7 @@ class SemanticTier:
                 "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
             )
         with self._derived.pinned():
-            names, view = self._derived.get("trie", lambda: ({s.session_id: s.name for s in self._storage.list_sessions()}, trie.TrieView.load(self._storage)))
+            view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
             table = self._derived.get(("chunks", embedder.embedder_id), lambda: self._table(embedder.embedder_id, view))
         if table is None:
             raise TierMissing(_NO_TIER)
@@ -90,8 +98,9 @@ class SemanticTier:
             cosines = table.vectors[rows].astype(np.float32) @ query_vector[0]
             order = np.argsort(-cosines, kind="stable")[:CANDIDATES]
             dense_rows, dense_scores = rows[order], cosines[order]
-            word_scores = table.words.scores(query)
-            words = ranking.top_k(np.where(np.isin(np.arange(len(word_scores)), rows), word_scores, 0.0), CANDIDATES)
+            on_path = np.zeros(len(table.nodes), dtype=bool)
+            on_path[rows] = True
+            words = ranking.top_k(np.where(on_path, table.words.scores(query), 0.0), CANDIDATES)
             owners = lambda node_id: wanted  # noqa: E731 - every chunk of the path is in this session
         keep = dense_rows >= 0
         fused_rows, fused = ranking.weighted([(dense_rows[keep], dense_scores[keep]), words], [DENSE_WEIGHT, WORDS_WEIGHT])
@@ -103,11 +112,8 @@ class SemanticTier:
                 if len(found) == k:
                     break
         best = list(found.items())
-        windows = view.windows(self._storage, [(sid, a, b) for sid, (a, b, _) in best], {}, np.zeros(0, np.int64))
-        return [
-            Hit(sid, names.get(sid, ""), a, b - a, 0, False, "", tok.plain_text(self._models.tokenizer_for(self._reader.resolve(sid)), window), "", score)
-            for (sid, (a, b, score)), window in zip(best, windows)
-        ]
+        texts = self._texts(view, [(sid, a, b) for sid, (a, b, _) in best])
+        return [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, (a, b, score)), text in zip(best, texts)]
 
     def _table(self, embedder_id: str, view: trie.TrieView) -> ChunkTable | None:
         """The chunks embedded by ``embedder_id`` with their vector index and the BM25 index of
@@ -116,16 +122,21 @@ class SemanticTier:
         if not nodes:
             return None
         readable = [(i, owner) for i, owner in enumerate(view.owner.get(node_id) for node_id in nodes) if owner is not None]
-        windows = view.windows(self._storage, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable], {}, np.zeros(0, np.int64))
         texts = [""] * len(nodes)
-        tokenizers: dict[str, object] = {}
-        for (i, owner), window in zip(readable, windows):
-            if owner not in tokenizers:
-                tokenizers[owner] = self._models.tokenizer_for(self._reader.resolve(owner))
-            texts[i] = tok.plain_text(tokenizers[owner], window)
+        for (i, _), text in zip(readable, self._texts(view, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable])):
+            texts[i] = text
         words = ranking.BM25()
         words.add(texts)
         return ChunkTable(np.array(nodes, dtype=object), spans, vectors, vector_ops.build(vectors), words)
+
+    def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
+        """The text, without special tokens, of tokens [start, stop) of each (session, start, stop)."""
+        windows = view.windows(self._storage, requests, {}, np.zeros(0, np.int64))
+        tokenizers: dict[str, object] = {}
+        for session_id, _, _ in requests:
+            if session_id not in tokenizers:
+                tokenizers[session_id] = self._models.tokenizer_for(self._reader.resolve(session_id))
+        return [tok.plain_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
 
 
 @dataclass(frozen=True)

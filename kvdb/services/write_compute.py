@@ -93,7 +93,7 @@ class WriteCompute:
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in keep else None
             kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in keep else None
-            chunks = self._semantic().chunks(loaded.tokenizer, ids, match.matched, len(ids)) if "semantic" in keep else None
+            chunks = self._semantic().chunks(loaded.tokenizer, ids, [(match.matched, len(ids))])[0] if "semantic" in keep else None
             node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], keep, payload, kv, chunks)
         item = planned.item
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
@@ -123,8 +123,9 @@ class WriteCompute:
             given[node_id]["lm"] = payload
         for n in kv:
             given[n.node_id]["kv"] = self._tier_k().codes(loaded, cache, n.start, n.end, codebook_id=books)
-        for n in semantic:
-            given[n.node_id]["chunks"] = self._semantic().chunks(loaded.tokenizer, ids, n.start, n.end)
+        if semantic:
+            for n, chunks in zip(semantic, self._semantic().chunks(loaded.tokenizer, ids, [(n.start, n.end) for n in semantic])):
+                given[n.node_id]["chunks"] = chunks
         joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
         return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
 

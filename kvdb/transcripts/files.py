@@ -212,10 +212,15 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             )
         raise EmptyTranscript(shown, "empty transcript")
     if log is not None:
-        try:
-            yield from log.sessions()
-        except Invalid as error:
-            raise TranscriptError(shown, str(error)) from None
+        yield from _log_sessions(log, shown)
+
+
+def _log_sessions(log: Log, shown: str) -> list[Transcript]:
+    """A log's sessions, once all its records are read; what it could not read fails the file."""
+    try:
+        return log.sessions()
+    except Invalid as error:
+        raise TranscriptError(shown, str(error)) from None
 
 
 def _decide(record) -> Format | None:
@@ -278,10 +283,7 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str, skipped: list[dic
     if not count:
         raise EmptyTranscript(shown, "empty transcript (the list holds no sessions)")
     if log is not None:
-        try:
-            yield from log.sessions()
-        except Invalid as error:
-            raise TranscriptError(shown, str(error)) from None
+        yield from _log_sessions(log, shown)
 
 
 def _first_in_list(value, stem: str, shown: str) -> tuple[Log | None, list[Transcript]]:

@@ -77,6 +77,16 @@ def test_the_tier_is_added_later_like_any_other(db):
     [result] = db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
     assert (result.status, result.added) == ("updated", ("semantic",))
     assert db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+    db.ingest(messages=[*BREAD, {"role": "user", "content": "And rye?"}], name="rye")
+    db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt")  # a path of two nodes, both without the tier
+    [result] = db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt", keep=SEMANTIC)
+    assert result.added == ("semantic",)
+    nodes = {n.node_id: n for n in db._storage.nodes_of([db.sessions()[0].model_id])}
+    spans = [(row[2], row[3]) for row in chunk_rows(db)]
+    assert len(spans) == len(set(spans)) and all(nodes[row[0]].start < row[3] <= nodes[row[0]].end for row in chunk_rows(db))
+    assert len({row[0] for row in chunk_rows(db)}) == 3  # trip's node, and both nodes of spelt's path, in one pass
+    # rye's own turn has no chunk, but the shared turns, which rye (the older) owns, do
+    assert {h.name for h in db.search_meaning("And spelt?", k=3)} == {"trip", "rye", "spelt"}
 
 
 def test_a_shared_prefix_is_embedded_once_and_a_split_keeps_each_chunk_whole(db):
