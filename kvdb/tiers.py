@@ -37,7 +37,9 @@ class Window(StrEnum):
 
 # plain strings: click lists a Choice of enum members by their upper-case names
 TIERS = tuple(t.value for t in Tier)
-DEFAULT_KEEP = "tokens,search"  # tier L codes ~10 tokens/s on 2 cores: opt in with --keep tokens,search,lm
+# the semantic tier adds 9% to ingest (benchmarks/semantic_ingest.py); tier L codes ~10 tokens/s on
+# 2 cores: opt in with --keep tokens,search,semantic,lm
+DEFAULT_KEEP = "tokens,search,semantic"
 RESTORE_MODES = tuple(m.value for m in RestoreMode)
 WINDOWS = tuple(w.value for w in Window)
 DEFAULT_WINDOW = Window.RECOMPUTE.value  # until the recent window is coded closer (docs/decisions/0022)

@@ -36,11 +36,14 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(autouse=True)
-def isolated_env(tmp_path_factory, monkeypatch):
-    """Never touch the user's archive; share one model cache across the run."""
+def isolated_env(tmp_path_factory, monkeypatch, tiny_model):
+    """Never touch the user's archive; share one model cache across the run. The tiny model embeds
+    the default semantic tier (mean pooling over its hidden states): the tier's mechanics at a
+    fraction of all-MiniLM-L6-v2's cost; the tests of the real embedder name it."""
     monkeypatch.delenv("KVDB_DB", raising=False)
     monkeypatch.delenv("KVDB_MODEL", raising=False)
     monkeypatch.delenv("KVDB_DATA_PATH", raising=False)
+    monkeypatch.setenv("KVDB_EMBEDDER", tiny_model)
     monkeypatch.setenv("KVDB_DB", str(tmp_path_factory.getbasetemp() / "must-not-be-used.duckdb"))
 
 

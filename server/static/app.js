@@ -119,23 +119,37 @@ async function openSession(id) {
 }
 
 // the hit's session around its position, the match marked: its first character is where the
-// text of the tokens before the hit ends
+// text of the tokens before the hit ends; the composer is set to continue after the match
 async function openHit(hit) {
   const end = hit.position + hit.match_tokens;
   const start = Math.max(0, hit.position - AROUND_HIT);
-  const [view, lead] = await Promise.all([
+  const [view, lead, match] = await Promise.all([
     getJSON(sessionPath(hit.session_id, { start, end: Math.min(end + AROUND_HIT, listed.get(hit.session_id).n_tokens) })),
     getJSON(sessionPath(hit.session_id, { start, end: hit.position })),
+    getJSON(sessionPath(hit.session_id, { start: hit.position, end })), // as the view renders it: a chunk's snippet leaves template tokens out
   ]);
-  renderSession(view, [lead.text.length, lead.text.length + hit.match.length], end);
+  renderSession(view, [lead.text.length, lead.text.length + match.text.length], end);
 }
 
-async function search(q) {
+// one click from a hit to the composer: the hit opened, the reply to come after it
+async function continueFromHit(hit) {
+  await openHit(hit);
+  $("continue-prompt").focus();
+}
+
+// a hit by meaning has a fused score and no exact match; a phrase hit is exact or partial
+function gradeOf(hit, semantic) {
+  if (semantic) return `score ${hit.score.toFixed(3)}`;
+  return hit.partial ? `partial: ${hit.match_tokens}/${hit.query_tokens} tokens` : "exact";
+}
+
+async function search(q, semantic) {
   // the list again too: the hits' sessions are listed, with their lengths, for openHit
-  const [{ hits }] = await Promise.all([getJSON(`/api/search?${new URLSearchParams({ q, k: 10 })}`), loadSessions()]);
+  const query = new URLSearchParams({ q, k: 10, semantic: semantic ? 1 : 0 });
+  const [{ hits }] = await Promise.all([getJSON(`/api/search?${query}`), loadSessions()]);
   $("hits").replaceChildren(
     ...hits.map((hit) => {
-      const grade = hit.partial ? `partial: ${hit.match_tokens}/${hit.query_tokens} tokens` : "exact";
+      const grade = gradeOf(hit, semantic);
       return el(
         "li",
         { class: hit.partial ? "hit partial" : "hit", "data-testid": "hit" },
@@ -146,12 +160,15 @@ async function search(q) {
           ` @${hit.position} · `,
           el("span", { class: "grade" }, grade),
           button("open", { "data-testid": "hit-open" }, () => run(() => openHit(hit))),
+          button("continue from here", { "data-testid": "hit-continue", title: `continue after token ${hit.position + hit.match_tokens}` }, () =>
+            run(() => continueFromHit(hit)),
+          ),
         ),
         el("p", { class: "snippet" }, hit.before, el("mark", {}, hit.match), hit.after),
       );
     }),
   );
-  if (!hits.length) status(`no match for “${q}”`);
+  if (!hits.length) status(semantic ? `nothing found by meaning for “${q}”` : `no match for “${q}”`);
 }
 
 // POST /v1/chat/completions with stream: server-sent events, one `data: {chunk}` line each,
@@ -198,7 +215,7 @@ $("key-form").addEventListener("submit", (event) => {
 });
 $("search-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  run(() => search($("search-q").value));
+  run(() => search($("search-q").value, $("search-meaning").checked));
 });
 $("session-all").addEventListener("click", () => run(() => openSession(shown.session.session_id)));
 $("continue-form").addEventListener("submit", (event) => {

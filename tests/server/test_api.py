@@ -23,7 +23,7 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     running = serve(db=db)
     assert running.get("/api/sessions") == {"sessions": sessions}
     assert running.get("/api/stats").keys() == expected_stats.keys()
-    assert [m.id for m in running.openai().models.list().data] == [tiny_model, "all-MiniLM-L6-v2"]  # the model, and the embedder
+    assert [m.id for m in running.openai().models.list().data] == [tiny_model]  # the model, here also the embedder
 
     view = running.get("/api/sessions/chat")
     assert set(view) == {*SessionView.__dataclass_fields__, "side"} and view["session"]["name"] == "chat" and view["side"] == {}
@@ -45,16 +45,19 @@ def _a_hit() -> Hit:
     return Hit("id", "name", 0, 1, 1, True, "", "x", "")
 
 
-def test_embeddings_with_the_official_client(start_server, tmp_path):
-    """/v1/embeddings answers with the semantic tier's embedder: the client's default base64
-    and plain floats alike, the vectors Archive.embed gives."""
+def test_embeddings_with_the_official_client(start_server, tmp_path, monkeypatch):
+    """/v1/embeddings answers with the semantic tier's embedder, the default one here: the
+    client's default base64 and plain floats alike, the vectors Archive.embed gives."""
     import numpy as np
     from openai import BadRequestError
+
+    monkeypatch.delenv("KVDB_EMBEDDER")
 
     db = tmp_path / "e.duckdb"
     running = start_server(db)
     try:
         client = running.openai()
+        assert "all-MiniLM-L6-v2" in [m.id for m in client.models.list().data]  # the embedder is listed beside the model
         got = client.embeddings.create(model="all-MiniLM-L6-v2", input=["the harbour at dusk", "a recipe for bread"])
         floats = client.embeddings.create(model="all-MiniLM-L6-v2", input="the harbour at dusk", encoding_format="float")
         with pytest.raises(BadRequestError, match="this server embeds with 'all-MiniLM-L6-v2'"):

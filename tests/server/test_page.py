@@ -175,3 +175,22 @@ def test_partial_hits_marked_partial(page):
     assert "partial" in hit.get_attribute("class").split()
     assert hit.locator(".grade").text_content().startswith("partial: ")
     assert "the keys" in hit.locator("mark").text_content()
+
+
+def test_search_by_meaning_and_one_click_to_continue_from_a_hit(page, running):
+    page.check("#search-meaning")
+    page.fill("#search-q", "ships counted at night")
+    page.click("#search-form button")
+    hits = page.get_by_test_id("hit")
+    hits.first.wait_for()
+    found = _api(running, "/api/search", q="ships counted at night", k=10, semantic=1)["hits"]
+    expect(hits).to_have_count(len(found))
+    first = found[0]
+    assert hits.first.locator(".grade").text_content() == f"score {first['score']:.3f}"
+
+    hits.first.get_by_test_id("hit-continue").click()
+    expect(page.locator("#continue-prompt")).to_be_focused()
+    at = first["position"] + first["match_tokens"]
+    assert page.input_value("#continue-at") == str(at) and page.text_content("#session-title") == first["name"]
+    shown = _api(running, f"/api/sessions/{first['session_id']}", start=first["position"], end=at)
+    expect(page.locator("#turns mark")).to_have_text(shown["text"])  # the chunk marked as the view renders it

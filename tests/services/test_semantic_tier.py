@@ -17,6 +17,7 @@ from kvdb.index import chunks as chunk_ops
 from kvdb.model.embedder import Embedder
 
 SEMANTIC = "tokens,search,semantic"
+PHRASES = "tokens,search"
 TRIP = [
     {"role": "user", "content": "Plan a three day walking trip through the Lake District."},
     {"role": "assistant", "content": "Day one: Keswick to Buttermere over Cat Bells. Day two: Honister. Day three: back by the lake."},
@@ -71,14 +72,14 @@ def test_a_chunks_own_words_find_it_and_its_position_restores(db):
 
 
 def test_the_tier_is_added_later_like_any_other(db):
-    db.ingest(messages=TRIP, name="trip")
+    db.ingest(messages=TRIP, name="trip", keep=PHRASES)
     with pytest.raises(TierMissing, match="--keep tokens,search,semantic"):
         db.search_meaning("walking")
     [result] = db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
     assert (result.status, result.added) == ("updated", ("semantic",))
     assert db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
-    db.ingest(messages=[*BREAD, {"role": "user", "content": "And rye?"}], name="rye")
-    db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt")  # a path of two nodes, both without the tier
+    db.ingest(messages=[*BREAD, {"role": "user", "content": "And rye?"}], name="rye", keep=PHRASES)
+    db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt", keep=PHRASES)  # a path of two nodes, both without the tier
     [result] = db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt", keep=SEMANTIC)
     assert result.added == ("semantic",)
     nodes = {n.node_id: n for n in db._storage.nodes_of([db.sessions()[0].model_id])}
