@@ -200,7 +200,7 @@ def test_listings_escape_control_characters_but_show_and_json_do_not(run, tmp_pa
 
 
 def test_semantic_search_without_the_tier_says_how_to_store_it(run, tmp_path):
-    assert run("ingest", str(write(tmp_path / "plain.txt", TEXT))).exit_code == 0
+    assert run("ingest", str(write(tmp_path / "plain.txt", TEXT)), "--keep", "tokens,search").exit_code == 0
     result = run("search", "line", "--semantic")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "semantic tier" in result.stderr and "--keep tokens,search,semantic" in result.stderr

@@ -29,8 +29,8 @@ print(json.dumps({"codes": codes, "heavy": sorted(m for m in ("torch", "transfor
 def archive_path(tmp_path, tiny_model):
     path = tmp_path / "fast.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
-        db.ingest(text="the harbour lights at night, and the harbour at dawn", name="harbour")
-        db.ingest(text="the harbour lights at night, then the sea", name="sea")
+        db.ingest(text="the harbour lights at night, and the harbour at dawn", name="harbour", keep="tokens,search")
+        db.ingest(text="the harbour lights at night, then the sea", name="sea", keep="tokens,search")
     return path
 
 
@@ -89,7 +89,7 @@ def test_a_model_that_is_not_here_is_refused_without_torch_or_transformers(tmp_p
     assert not {"torch", "transformers"} & set(report["heavy"])
 
 
-def test_semantic_search_on_an_archive_without_tier_k_is_refused_before_the_model_loads(archive_path, tiny_model):
+def test_semantic_search_on_an_archive_without_the_tiers_is_refused_before_the_model_loads(archive_path, tiny_model):
     """Issue 30: it loaded the model (22 s for SmolLM2) before saying there was nothing to search; so
     does search by meaning, whose embedder is refused before it loads."""
     commands = [["--db", str(archive_path), "search", "harbour", "--semantic", "--model", tiny_model]]
