@@ -59,6 +59,7 @@ class ChunkIndex:
         self.words = ranking.BM25()
         self.index = vector_ops.build(np.zeros((0, dim), np.float32))
         self.trained_for = 0  # rows when the inverted file was trained; 0: a flat scan
+        self.unsaved = 0  # rows appended or made tombstones since the file was read or written
 
     @classmethod
     def build(cls, embedder: str, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> ChunkIndex:
@@ -67,6 +68,7 @@ class ChunkIndex:
         built.index = vector_ops.build(vectors)
         built.trained_for = len(vectors) if vector_ops.trained(built.index) else 0
         built._rows(nodes, spans, vectors, texts)
+        built.unsaved = built.rows
         return built
 
     @property
@@ -90,6 +92,7 @@ class ChunkIndex:
             return
         vector_ops.add(self.index, vectors)
         self._rows(nodes, spans, vectors, texts)
+        self.unsaved += len(nodes)
 
     def _rows(self, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> None:
         numbers = self._numbers
@@ -108,6 +111,7 @@ class ChunkIndex:
         rows = self.rows_of(nodes)
         self.live[rows] = False
         self.words.remove(rows)
+        self.unsaved += len(rows)
 
     def rows_of(self, nodes: Sequence[str]) -> np.ndarray:
         """The live rows of ``nodes``."""
@@ -172,6 +176,7 @@ class ChunkIndex:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+        self.unsaved = 0
 
     @classmethod
     def load(cls, path: Path) -> ChunkIndex:

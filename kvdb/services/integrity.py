@@ -65,6 +65,7 @@ class Integrity:
         view = trie.TrieView.load(self._storage)
         for embedder_id in embedders:
             chunk_indexes.get(embedder_id, view)
+            chunk_indexes.flush(embedder_id)
             report.checked["semantic indexes"] += 1
             header = ChunkIndex.read_header(chunk_indexes.path(embedder_id))
             if header is None or header.live != sum(self._storage.chunk_counts(embedder_id).values()):

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 CANDIDATES = 100  # chunks each retriever hands to the fusion (benchmarks/hybrid.py)
 DENSE_WEIGHT, WORDS_WEIGHT = 0.7, 0.3  # min-max fusion of cosine and BM25, measured best of those tried (benchmarks/hybrid.py)
+# A catch-up rewrites the sidecar (2.8 GB at 1e6 chunks: 39 s under load, benchmarks/semantic_latency.py)
+# only once the rows it changed since the file was written reach this share of them: until then
+# each new process reads those few nodes again, which costs less than the rewrite.
+SAVE_SHARE = 1 / 64
 _NO_TIER = "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
 
 
@@ -157,6 +161,7 @@ class ChunkIndexes:
         changed = [node_id for node_id, n in counts.items() if held.get(node_id) != n]
         gone = [node_id for node_id, n in held.items() if counts.get(node_id) != n]
         if changed or gone:
+            self._loaded.pop(embedder_id, None)  # half caught up until the end: never kept so
             index.drop(gone)
             if index.outgrown(sum(counts[node_id] for node_id in changed)):
                 return self.rebuild(embedder_id, view)
@@ -164,9 +169,16 @@ class ChunkIndexes:
                 nodes, spans, vectors = self._store.chunks_of(embedder_id, changed)
                 index.append(nodes, spans, vectors, self._chunk_texts(view, nodes, spans))
                 self.read.extend(changed)
-            self._save(index)
+            if index.unsaved >= SAVE_SHARE * index.rows:
+                self._save(index)
         self._loaded[embedder_id] = index
         return index
+
+    def flush(self, embedder_id: str) -> None:
+        """Write the copy in memory when the sidecar lags behind it (a catch-up too small to save)."""
+        index = self._loaded.get(embedder_id)
+        if index is not None and index.unsaved:
+            self._save(index)
 
     def rebuild(self, embedder_id: str, view: trie.TrieView | None = None) -> ChunkIndex | None:
         """The index built from every chunk by ``embedder_id``, and saved."""

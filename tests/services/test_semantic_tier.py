@@ -212,3 +212,22 @@ def test_repair_rebuilds_the_semantic_index_and_verify_checks_it(tmp_path, tiny_
         repaired = db.repair()
         assert repaired.ok and f"semantic {embedder.embedder_id}" in repaired.rebuilt_indexes
         assert _indexes(db).rebuilt == [embedder.embedder_id] * 2 and db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+
+
+def test_a_small_catch_up_is_not_saved_until_it_is_worth_it_and_verify_writes_it(tmp_path, tiny_loaded, embedder, monkeypatch):
+    from kvdb.services import semantic_tier
+
+    monkeypatch.setattr(semantic_tier, "SAVE_SHARE", 1.0)  # save once the rows changed since the file equal all of them
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        for i in range(3):
+            db.ingest(messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
+        db.search_meaning("walking", k=1)
+        sidecar = _indexes(db).path(embedder.embedder_id)
+        written = sidecar.read_bytes()
+        db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+        assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread" and sidecar.read_bytes() == written
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"  # caught up again from the older file
+        assert _indexes(db).rebuilt == [] and _indexes(db).read and sidecar.read_bytes() == written
+        assert db.verify().ok and sidecar.read_bytes() != written  # verify writes what it caught up
