@@ -113,7 +113,7 @@ class Archive:
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes, lambda: self._tier_k)
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
-        self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache)
+        self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
         self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache)
         self._inventory = Inventory(self._storage, self._prefix_cache)
 

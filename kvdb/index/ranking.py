@@ -79,6 +79,7 @@ class BM25:
         self.vocab: dict[str, int] = {}
         self.df = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)  # words per chunk
+        self.gone = np.zeros(0, dtype=bool)  # chunks removed: their postings stay until a rebuild, their words no longer count
         self.segments: list[_Segment] = []
 
     def __len__(self) -> int:
@@ -98,6 +99,7 @@ class BM25:
         self.df = np.concatenate((self.df, np.zeros(len(vocab) - len(self.df), np.int64)))
         self.df[segment.terms] += np.diff(segment.starts)
         self.lengths = np.concatenate((self.lengths, lengths))
+        self.gone = np.concatenate((self.gone, np.zeros(n, dtype=bool)))
         if len(segment.docs):
             self.segments.append(segment)
         while len(self.segments) > 1 and len(self.segments[-2].docs) <= 2 * len(self.segments[-1].docs):
@@ -105,17 +107,33 @@ class BM25:
             self.segments[-1] = _merged(self.segments[-1], newer)
         return np.arange(first, first + n)
 
+    def remove(self, ids: np.ndarray) -> None:
+        """Take chunks out of the counts (document frequencies, N, the mean length), so scores
+        equal those of a build over the chunks left; their ids stay taken and score 0."""
+        ids = np.asarray(ids, np.int64)
+        leaving = np.zeros(len(self.lengths), dtype=bool)
+        leaving[ids] = True
+        leaving &= ~self.gone
+        if not leaving.any():
+            return
+        for seg in self.segments:
+            hit = leaving[seg.docs]
+            if hit.any():
+                self.df = self.df - np.bincount(seg.expanded_terms()[hit], minlength=len(self.df))
+        self.gone = self.gone | leaving
+
     def scores(self, query: str) -> np.ndarray:
-        """BM25 of ``query`` against every chunk (float64, one per chunk; 0 where no word meets)."""
-        n = len(self.lengths)
-        out = np.zeros(n)
+        """BM25 of ``query`` against every chunk (float64, one per chunk; 0 where no word meets,
+        and for removed chunks)."""
+        out = np.zeros(len(self.lengths))
+        n = len(self.lengths) - int(self.gone.sum())
         known = [self.vocab[w] for w in words(query) if w in self.vocab]
         if not known or not n:
             return out
         qt, qtf = np.unique(np.asarray(known, np.int64), return_counts=True)
         df = self.df[qt]
         idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf  # a word said twice counts twice
-        avgdl = self.lengths.mean()
+        avgdl = self.lengths[~self.gone].mean()
         for seg in self.segments:
             at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
             hit = seg.terms[at] == qt
@@ -126,8 +144,42 @@ class BM25:
             docs, tf = seg.docs[rows], seg.tf[rows]
             w = np.repeat(idf[hit], ends - starts)
             norm = self.k1 * (1 - self.b + self.b * self.lengths[docs] / avgdl)
-            out += np.bincount(docs, weights=w * tf * (self.k1 + 1) / (tf + norm), minlength=n)
+            out += np.bincount(docs, weights=w * tf * (self.k1 + 1) / (tf + norm), minlength=len(out))
+        out[self.gone] = 0.0
         return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The index as flat arrays (for a file): the words in id order, newline-separated
+        (a word never holds one), and the segments concatenated with their sizes."""
+        words_ = sorted(self.vocab, key=self.vocab.__getitem__)
+        segments = self.segments or [_segment(*(np.zeros(0, t) for t in (np.int64, np.int64, np.float64)))]
+        return {
+            "words": np.frombuffer("\n".join(words_).encode(), np.uint8),
+            "df": self.df,
+            "lengths": self.lengths,
+            "gone": self.gone,
+            "segment_sizes": np.array([(len(s.terms), len(s.docs)) for s in segments], np.int64).reshape(-1, 2),
+            "terms": np.concatenate([s.terms for s in segments]),
+            "starts": np.concatenate([s.starts for s in segments]),
+            "docs": np.concatenate([s.docs for s in segments]),
+            "tf": np.concatenate([s.tf for s in segments]),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], k1: float = 1.2, b: float = 0.75) -> BM25:
+        """The index :meth:`arrays` gave. The postings stay as given (memory-mapped, a query
+        reads only its words' pages); the small arrays it updates in place are copied."""
+        index = cls(k1, b)
+        text = bytes(arrays["words"]).decode()
+        index.vocab = {w: i for i, w in enumerate(text.split("\n"))} if text else {}
+        index.df, index.lengths, index.gone = (np.array(arrays[name]) for name in ("df", "lengths", "gone"))
+        t = p = 0
+        for i, (n_terms, n_postings) in enumerate(np.asarray(arrays["segment_sizes"]).tolist()):
+            if n_postings:  # a segment's starts hold one more than its terms
+                starts = arrays["starts"][t + i : t + i + n_terms + 1]
+                index.segments.append(_Segment(arrays["terms"][t : t + n_terms], starts, arrays["docs"][p : p + n_postings], arrays["tf"][p : p + n_postings]))
+            t, p = t + n_terms, p + n_postings
+        return index
 
     def top(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, scores) of the ``k`` best chunks with a positive score, best first (ties: lower id)."""

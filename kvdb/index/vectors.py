@@ -44,9 +44,52 @@ def build(vectors: np.ndarray, seed: int = 0):
     return index
 
 
-def nearest(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inner products, rows) of the ``k`` nearest rows to each query, best first; -1 rows pad."""
+def add(index, vectors: np.ndarray) -> None:
+    """Append rows: an inverted file files them in the cells it was trained with (no retraining)."""
     import faiss
 
     faiss.omp_set_num_threads(1)
-    return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+
+
+def trained(index) -> bool:
+    """Whether ``index`` is an inverted file (trained cells) rather than a flat scan of its rows."""
+    return hasattr(index, "nprobe")
+
+
+def to_bytes(index) -> np.ndarray:
+    """An inverted file, serialised by FAISS (its version checks what it reads back)."""
+    import faiss
+
+    return faiss.serialize_index(index)
+
+
+def read(read_bytes) -> object:
+    """An inverted file from FAISS's serialised bytes, read through ``read_bytes(n)`` (a file's
+    ``read``): no second copy of a GB-sized index on the way in."""
+    import faiss
+
+    index = faiss.read_index(faiss.PyCallbackIOReader(read_bytes))  # type: ignore[attr-defined]  # missing from FAISS's stubs
+    faiss.extract_index_ivf(index).nprobe = NPROBE
+    return index
+
+
+def nearest(index, queries: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(inner products, rows) of the ``k`` nearest rows to each query, best first; -1 rows pad.
+    ``allowed``: a mask of the rows that may be returned (the others are tombstones)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if allowed is None or allowed.all():
+        return index.search(queries, k)
+    bits = np.packbits(allowed, bitorder="little")
+    selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
+    if trained(index):
+        ivf = faiss.SearchParametersIVF()
+        ivf.nprobe = NPROBE
+        ivf.sel = selector
+        return index.search(queries, k, params=ivf)
+    flat = faiss.SearchParameters()
+    flat.sel = selector
+    return index.search(queries, k, params=flat)

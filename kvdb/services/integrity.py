@@ -10,7 +10,8 @@ breaks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kvdb.codecs import code_layout, fractal, quant
 from kvdb.errors import KvdbError
@@ -24,32 +25,66 @@ from kvdb.services.housekeeping import live_paths
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
 
+if TYPE_CHECKING:
+    from kvdb.services.semantic_tier import ChunkIndexes
+
 SAMPLE = 64  # blobs per tier checked without --deep
 
 
 class Integrity:
-    def __init__(self, storage: Storage, indexes: Indexes, prefix_cache: PrefixCache):
+    def __init__(self, storage: Storage, indexes: Indexes, prefix_cache: PrefixCache, chunk_indexes: Callable[[], ChunkIndexes]):
         self._storage = storage
         self._indexes = indexes
         self._prefix_cache = prefix_cache
+        self._chunk_indexes = chunk_indexes  # the semantic tier's, made on first use (it imports FAISS)
 
     def verify(self, deep: bool = False) -> VerifyReport:
         """A search index behind or ahead of the database (a crash between writing the two) is
-        what opening the index detects and rebuilds anyway; verify does that first and notes it."""
+        what opening the index detects and rebuilds anyway; verify does that first and notes it.
+        So for the semantic tier's: caught up, then its sidecar checked against the database."""
         before = len(self._indexes.rebuilt)
         for tok_hash in self._storage.tokenizer_hashes():
             self._indexes.get(index_key(tok_hash), tok_hash)
         notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
         indexes = {key: self._indexes.path(key) for key in self._storage.index_keys()}
-        return verify(self._storage, indexes, deep, notes, self._prefix_cache.entries())
+        report = verify(self._storage, indexes, deep, notes, self._prefix_cache.entries())
+        try:
+            self._check_chunk_indexes(report)
+        except KvdbError as exc:  # the rows it is derived from are damaged: reported above
+            report.problems.append(f"semantic index: not derived ({exc})")
+        return report
+
+    def _check_chunk_indexes(self, report: VerifyReport) -> None:
+        from kvdb.index.chunk_index import ChunkIndex
+
+        embedders = self._storage.chunk_embedders()
+        if not embedders:
+            return
+        chunk_indexes = self._chunk_indexes()
+        before = len(chunk_indexes.rebuilt)
+        view = trie.TrieView.load(self._storage)
+        for embedder_id in embedders:
+            chunk_indexes.get(embedder_id, view)
+            chunk_indexes.flush(embedder_id)
+            report.checked["semantic indexes"] += 1
+            header = ChunkIndex.read_header(chunk_indexes.path(embedder_id))
+            if header is None or header.live != sum(self._storage.chunk_counts(embedder_id).values()):
+                report.problems.append(f"semantic index {embedder_id}: {chunk_indexes.path(embedder_id)} is missing or stale (run `kvdb repair`)")
+        report.notes.extend(f"semantic index {e} was missing or unreadable; rebuilt" for e in chunk_indexes.rebuilt[before:])
 
     def repair(self) -> RepairReport:
-        """Rebuild what can be derived (the search indexes; the prefix cache loses the entries
-        it would never resume); report what cannot."""
+        """Rebuild what can be derived (the search indexes, the semantic tier's; the prefix
+        cache loses the entries it would never resume); report what cannot."""
         rebuilt = []
         for tok_hash in self._storage.tokenizer_hashes():
             self._indexes.rebuild(index_key(tok_hash), tok_hash)
             rebuilt.append(index_key(tok_hash))
+        embedders = self._storage.chunk_embedders()
+        if embedders:
+            view = trie.TrieView.load(self._storage)
+            for embedder_id in embedders:
+                if self._chunk_indexes().rebuild(embedder_id, view) is not None:
+                    rebuilt.append(f"semantic {embedder_id}")
         pruned = self._prefix_cache.prune(live_paths(self._storage))
         return RepairReport(tuple(rebuilt), pruned, tuple(self.verify(deep=True).problems))
 

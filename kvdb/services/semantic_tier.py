@@ -1,24 +1,26 @@
 """The semantic tier: each session's chunks embedded at ingest (by the write path, which calls
 ``chunks``), and search by meaning over them.
 
-The chunks' vectors live in the archive's ``node_chunks`` rows; the index over them is derived
-from the rows and kept until the storage's version moves, like the walk index. A hit is a
-chunk: the session through its node, the chunk's first position (which ``restore --at``
-takes), its text and its cosine.
+The chunks' vectors live in the archive's ``node_chunks`` rows; the index over them
+(``kvdb.index.chunk_index``) is derived from the rows and kept in a sidecar file per embedder,
+like the walk index: caught up with what other writers committed by reading only the nodes whose
+chunks changed, rebuilt by ``repair``. A hit is a chunk: the session through its node, the
+chunk's first position (which ``restore --at`` takes), its text and its fused score.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvdb.errors import InvalidArgument, TierMissing
+from kvdb.errors import CorruptData, InvalidArgument, TierMissing
 from kvdb.index import chunks as chunk_ops
 from kvdb.index import ranking, trie
-from kvdb.index import vectors as vector_ops
+from kvdb.index.chunk_index import ChunkIndex
 from kvdb.index.phrase import Hit
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 CANDIDATES = 100  # chunks each retriever hands to the fusion (benchmarks/hybrid.py)
 DENSE_WEIGHT, WORDS_WEIGHT = 0.7, 0.3  # min-max fusion of cosine and BM25, measured best of those tried (benchmarks/hybrid.py)
+# A catch-up rewrites the sidecar (2.8 GB at 1e6 chunks: 39 s under load, benchmarks/semantic_latency.py)
+# only once the rows it changed since the file was written reach this share of them: until then
+# each new process reads those few nodes again, which costs less than the rewrite.
+SAVE_SHARE = 1 / 64
 _NO_TIER = "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
 
 
@@ -43,6 +49,7 @@ class SemanticTier:
         self._reader = reader
         self._embedder = embedder  # loaded on first use: a search of phrases never needs it
         self._derived = DerivedCache(storage)
+        self.indexes = ChunkIndexes(storage, self._texts)
 
     def chunks(self, tokenizer, ids: np.ndarray, nodes: list[tuple[int, int]]) -> list[Chunks]:
         """For each node [lo, hi) of a session's path (``ids``), the session's chunks whose last
@@ -83,30 +90,28 @@ class SemanticTier:
             )
         with self._derived.pinned():
             view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
-            table = self._derived.get(("chunks", embedder.embedder_id), lambda: self._table(embedder.embedder_id, view))
+            table = self._derived.get(("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view))
         if table is None:
             raise TierMissing(_NO_TIER)
         query_vector = embedder.embed([query], kind="query")
         if session is None:
-            dense = vector_ops.nearest(table.index, query_vector, CANDIDATES)
-            dense_rows, dense_scores = dense[1][0], dense[0][0]
+            dense_rows, dense_scores = table.nearest(query_vector[0], CANDIDATES)
             words = ranking.top_k(table.words.scores(query), CANDIDATES)
             owners: Callable[[str], str | None] = view.owner.get
         else:
             wanted = self._reader.resolve(session).session_id
-            rows = np.flatnonzero(np.isin(table.nodes, [n.node_id for n in view.path(wanted)]))
+            rows = table.rows_of([n.node_id for n in view.path(wanted)])
             cosines = table.vectors[rows].astype(np.float32) @ query_vector[0]
             order = np.argsort(-cosines, kind="stable")[:CANDIDATES]
             dense_rows, dense_scores = rows[order], cosines[order]
-            on_path = np.zeros(len(table.nodes), dtype=bool)
+            on_path = np.zeros(table.rows, dtype=bool)
             on_path[rows] = True
             words = ranking.top_k(np.where(on_path, table.words.scores(query), 0.0), CANDIDATES)
             owners = lambda node_id: wanted  # noqa: E731 - every chunk of the path is in this session
-        keep = dense_rows >= 0
-        fused_rows, fused = ranking.weighted([(dense_rows[keep], dense_scores[keep]), words], [DENSE_WEIGHT, WORDS_WEIGHT])
+        fused_rows, fused = ranking.weighted([(dense_rows, dense_scores), words], [DENSE_WEIGHT, WORDS_WEIGHT])
         found: dict[str, tuple[int, int, float]] = {}  # session -> (start, stop, score) of its best chunk
         for row, score in zip(fused_rows.tolist(), fused.tolist()):
-            owner = owners(table.nodes[row])
+            owner = owners(table.node_of(row))
             if owner is not None and owner not in found:
                 found[owner] = (int(table.spans[row, 0]), int(table.spans[row, 1]), float(score))
                 if len(found) == k:
@@ -114,20 +119,6 @@ class SemanticTier:
         best = list(found.items())
         texts = self._texts(view, [(sid, a, b) for sid, (a, b, _) in best])
         return [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, (a, b, score)), text in zip(best, texts)]
-
-    def _table(self, embedder_id: str, view: trie.TrieView) -> ChunkTable | None:
-        """The chunks embedded by ``embedder_id`` with their vector index and the BM25 index of
-        their words (their text read from the tokens); None when there are none."""
-        nodes, spans, vectors = self._storage.chunks_of(embedder_id)
-        if not nodes:
-            return None
-        readable = [(i, owner) for i, owner in enumerate(view.owner.get(node_id) for node_id in nodes) if owner is not None]
-        texts = [""] * len(nodes)
-        for (i, _), text in zip(readable, self._texts(view, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable])):
-            texts[i] = text
-        words = ranking.BM25()
-        words.add(texts)
-        return ChunkTable(np.array(nodes, dtype=object), spans, vectors, vector_ops.build(vectors), words)
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
         """The text, without special tokens, of tokens [start, stop) of each (session, start, stop)."""
@@ -139,13 +130,89 @@ class SemanticTier:
         return [tok.plain_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
 
 
-@dataclass(frozen=True)
-class ChunkTable:
-    """What search by meaning derives from the tier's rows: each chunk's node, span and vector,
-    the index over the vectors, and the BM25 index over the chunks' words."""
+class ChunkIndexes:
+    """The semantic tier's indexes, one per embedder: each a copy, in memory and in a sidecar
+    file, of the database's chunks, caught up with what other writers committed since (on this
+    machine or another) by reading the chunks of the nodes whose count changed, and built from
+    every chunk only when it has none, cannot read it, or has outgrown it (``ChunkIndex.outgrown``)."""
 
-    nodes: np.ndarray
-    spans: np.ndarray
-    vectors: np.ndarray  # float16, as stored: a search within one session scores its chunks exactly
-    index: object
-    words: ranking.BM25
+    def __init__(self, storage: Storage, texts: Callable[[trie.TrieView, list[tuple[str, int, int]]], list[str]]):
+        self._store = storage
+        self._texts = texts
+        self._folder = storage.derived_path(".index")
+        self._loaded: dict[str, ChunkIndex] = {}
+        self.rebuilt: list[str] = []  # embedders whose index this process built from every chunk, in order
+        self.read: list[str] = []  # nodes whose chunks this process read to catch an index up, in order
+
+    def path(self, embedder_id: str) -> Path:
+        return self._folder / f"chunks-{hashlib.sha256(embedder_id.encode()).hexdigest()[:16]}.vec"
+
+    def get(self, embedder_id: str, view: trie.TrieView) -> ChunkIndex | None:
+        """The index as the database has it now (``view``: the trie at the same version): the copy
+        in memory, else the sidecar's, caught up; None when no live node has chunks by
+        ``embedder_id``. A read: nothing is written to the database."""
+        counts = self._store.chunk_counts(embedder_id)
+        if not counts:
+            return None
+        index = self._loaded.get(embedder_id) or self._sidecar(embedder_id)
+        if index is None:
+            return self.rebuild(embedder_id, view)
+        held = index.counts()
+        changed = [node_id for node_id, n in counts.items() if held.get(node_id) != n]
+        gone = [node_id for node_id, n in held.items() if counts.get(node_id) != n]
+        if changed or gone:
+            self._loaded.pop(embedder_id, None)  # half caught up until the end: never kept so
+            index.drop(gone)
+            if index.outgrown(sum(counts[node_id] for node_id in changed)):
+                return self.rebuild(embedder_id, view)
+            if changed:
+                nodes, spans, vectors = self._store.chunks_of(embedder_id, changed)
+                index.append(nodes, spans, vectors, self._chunk_texts(view, nodes, spans))
+                self.read.extend(changed)
+            if index.unsaved >= SAVE_SHARE * index.rows:
+                self._save(index)
+        self._loaded[embedder_id] = index
+        return index
+
+    def flush(self, embedder_id: str) -> None:
+        """Write the copy in memory when the sidecar lags behind it (a catch-up too small to save)."""
+        index = self._loaded.get(embedder_id)
+        if index is not None and index.unsaved:
+            self._save(index)
+
+    def rebuild(self, embedder_id: str, view: trie.TrieView | None = None) -> ChunkIndex | None:
+        """The index built from every chunk by ``embedder_id``, and saved."""
+        view = trie.TrieView.load(self._store) if view is None else view
+        nodes, spans, vectors = self._store.chunks_of(embedder_id)
+        self._loaded.pop(embedder_id, None)
+        if not nodes:
+            return None
+        index = ChunkIndex.build(embedder_id, nodes, spans, vectors, self._chunk_texts(view, nodes, spans))
+        self.rebuilt.append(embedder_id)
+        self._loaded[embedder_id] = index
+        self._save(index)
+        return index
+
+    def _sidecar(self, embedder_id: str) -> ChunkIndex | None:
+        try:
+            index = ChunkIndex.load(self.path(embedder_id))
+        except (OSError, CorruptData):
+            return None
+        return index if index.embedder == embedder_id else None
+
+    def _save(self, index: ChunkIndex) -> None:
+        """Keep the copy for the next process. The database holds what it is derived from, so a
+        sidecar that cannot be written (a read-only folder, a full disk) costs only the next
+        process's catching up, never this answer."""
+        try:
+            index.save(self.path(index.embedder))
+        except OSError:
+            pass
+
+    def _chunk_texts(self, view: trie.TrieView, nodes: list[str], spans: np.ndarray) -> list[str]:
+        """Each chunk's text, read from its session's tokens ("" for a node no session owns)."""
+        readable = [(i, owner) for i, owner in enumerate(view.owner.get(node_id) for node_id in nodes) if owner is not None]
+        texts = [""] * len(nodes)
+        for (i, _), text in zip(readable, self._texts(view, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable])):
+            texts[i] = text
+        return texts

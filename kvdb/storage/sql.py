@@ -296,14 +296,23 @@ class Storage:
         """The embedders the semantic tier's chunks were embedded with (none: no session has the tier)."""
         return [r[0] for r in self._rows("select distinct embedder from node_chunks order by embedder")]
 
-    def chunks_of(self, embedder: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def chunk_counts(self, embedder: str) -> dict[str, int]:
+        """Chunks by ``embedder`` per node some session still uses: a copy of the index that
+        holds as many for each node is up to date (a node's rows are only added, deleted, or
+        moved to a new node by a split)."""
+        query = "select c.node_id, count(*) from node_chunks c join nodes n on n.node_id = c.node_id where c.embedder = ? and n.refcount > 0 group by c.node_id"
+        return dict(self._rows(query, [embedder]))
+
+    def chunks_of(self, embedder: str, node_ids: list[str] | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
         """(node ids, [n, 2] spans on the path, [n, dim] float16 unit vectors) of the semantic
-        tier's chunks by ``embedder`` in nodes some session still uses."""
+        tier's chunks by ``embedder`` in nodes some session still uses (of ``node_ids`` alone
+        when given)."""
+        among = "" if node_ids is None else f" and c.node_id {ANY}"
         query = (
             "select c.node_id, c.start, c.stop, c.vector from node_chunks c join nodes n on n.node_id = c.node_id "
-            "where c.embedder = ? and n.refcount > 0 order by c.node_id, c.chunk_no"
+            f"where c.embedder = ? and n.refcount > 0{among} order by c.node_id, c.chunk_no"
         )
-        rows = self._rows(query, [embedder])
+        rows = self._rows(query, [embedder] if node_ids is None else [embedder, list(node_ids)])
         if not rows:
             return [], np.zeros((0, 2), np.int64), np.zeros((0, 0), np.float16)
         spans = np.array([(r[1], r[2]) for r in rows], dtype=np.int64)

@@ -116,3 +116,119 @@ def test_search_semantic_on_the_command_line(tmp_path, tiny_model):
     assert found.exit_code == 0 and line["name"] == "bread" and BREAD[0]["content"] in line["context"]
     shown = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"]], env=env)
     assert shown.exit_code == 0 and shown.stdout.startswith("bread ") and "[score " in shown.stdout  # fused, not a cosine
+
+
+# the index kept between processes (kvdb.index.chunk_index, ChunkIndexes) ------------------------
+
+
+def _indexes(archive):
+    return archive._semantic.indexes
+
+
+def _chunk_nodes(archive) -> set[str]:
+    return {row[0] for row in chunk_rows(archive)}
+
+
+@pytest.mark.parametrize("backend", ["file", pytest.param("lake", marks=pytest.mark.slow)])
+def test_another_writers_sessions_are_read_alone_and_the_sidecar_serves_the_next_process(request, tmp_path, tiny_loaded, embedder, backend):
+    where, data_path = (tmp_path / "a.duckdb", None) if backend == "file" else request.getfixturevalue("lake")
+
+    def opened():
+        return kvdb.open(where, model=tiny_loaded, embedder=embedder, data_path=data_path)
+
+    with opened() as first:
+        first.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        assert first.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+        indexes, had = _indexes(first), _chunk_nodes(first)
+        assert indexes.rebuilt == [embedder.embedder_id] and indexes.path(embedder.embedder_id).exists()
+        first._storage.release()  # as another process would find it: not held
+        with opened() as second:
+            second.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+        new = _chunk_nodes(first) - had
+        assert new and first.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"
+        assert indexes.rebuilt == [embedder.embedder_id] and set(indexes.read) == new  # caught up: only the new session's nodes read
+    with opened() as later:  # a new process: the sidecar, saved after catching up, is current
+        assert [h.name for h in later.search_meaning(BREAD[1]["content"], k=2)] == ["bread", "trip"]
+        assert (_indexes(later).rebuilt, _indexes(later).read) == ([], [])
+
+
+def test_a_deleted_sessions_chunks_are_not_found_here_or_by_the_next_process(tmp_path, tiny_loaded, embedder):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        for i in range(3):
+            db.ingest(messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
+        db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+        assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"
+        db.delete("bread")
+        assert "bread" not in {h.name for h in db.search_meaning(BREAD[1]["content"], k=10)}
+        assert _indexes(db).rebuilt == [embedder.embedder_id]  # the dead rows became tombstones
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        assert {h.name for h in db.search_meaning(BREAD[1]["content"], k=10)} == {"trip0", "trip1", "trip2"}
+
+
+def test_a_split_by_another_writer_keeps_both_branches_found(tmp_path, tiny_loaded, embedder):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as first:
+        first.ingest(messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
+        assert first.search_meaning("And in winter?", k=1)[0].name == "winter"
+        had = _chunk_nodes(first)
+        first._storage.release()  # as another process would find it: not held
+        with kvdb.open(path, model=tiny_loaded, embedder=embedder) as second:  # splits winter's node inside the shared turns
+            second.ingest(messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)
+        moved = _chunk_nodes(first) - had
+        assert moved and first.search_meaning("What should I pack?", k=1)[0].name == "pack"
+        assert first.search_meaning("And in winter?", k=1)[0].name == "winter"
+        assert {h.name for h in first.search_meaning(TRIP[1]["content"], k=5)} == {"winter", "pack"}
+        assert _indexes(first).rebuilt == [embedder.embedder_id] and moved <= set(_indexes(first).read)
+
+
+@pytest.mark.parametrize("damage", [b"", b"not an index", "cut"])
+def test_a_missing_or_damaged_sidecar_is_built_again(tmp_path, tiny_loaded, embedder, damage):
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        db.search_meaning("walking", k=1)
+        sidecar = _indexes(db).path(embedder.embedder_id)
+    whole = sidecar.read_bytes()
+    if damage == "cut":
+        sidecar.write_bytes(whole[: len(whole) - 64])
+    elif damage:
+        sidecar.write_bytes(damage)
+    else:
+        sidecar.unlink()
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        assert db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+        assert _indexes(db).rebuilt == [embedder.embedder_id] and sidecar.read_bytes() == whole
+
+
+def test_repair_rebuilds_the_semantic_index_and_verify_checks_it(tmp_path, tiny_loaded, embedder):
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded, embedder=embedder) as db:
+        db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        sidecar = _indexes(db).path(embedder.embedder_id)
+        assert not sidecar.exists()  # derived on first use, not by the write
+        report = db.verify()
+        assert report.ok and report.checked["semantic indexes"] == 1 and sidecar.exists()
+        assert any("semantic index" in note and "rebuilt" in note for note in report.notes)
+        sidecar.write_bytes(b"damaged")
+        repaired = db.repair()
+        assert repaired.ok and f"semantic {embedder.embedder_id}" in repaired.rebuilt_indexes
+        assert _indexes(db).rebuilt == [embedder.embedder_id] * 2 and db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
+
+
+def test_a_small_catch_up_is_not_saved_until_it_is_worth_it_and_verify_writes_it(tmp_path, tiny_loaded, embedder, monkeypatch):
+    from kvdb.services import semantic_tier
+
+    monkeypatch.setattr(semantic_tier, "SAVE_SHARE", 1.0)  # save once the rows changed since the file equal all of them
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        for i in range(3):
+            db.ingest(messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
+        db.search_meaning("walking", k=1)
+        sidecar = _indexes(db).path(embedder.embedder_id)
+        written = sidecar.read_bytes()
+        db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+        assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread" and sidecar.read_bytes() == written
+    with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
+        assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"  # caught up again from the older file
+        assert _indexes(db).rebuilt == [] and _indexes(db).read and sidecar.read_bytes() == written
+        assert db.verify().ok and sidecar.read_bytes() != written  # verify writes what it caught up

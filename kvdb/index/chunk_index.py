@@ -1,0 +1,238 @@
+"""The semantic tier's index, kept between processes: each chunk's node, span and vector, the
+vector index over them and the BM25 index over their words, in one sidecar file per embedder.
+
+Rows are only appended. A node's rows are read again when the database holds another number of
+chunks for it than the index does (a node new, split, or given the tier), and its old rows
+become tombstones, as do those of nodes no session uses any more: excluded from both
+retrievers' candidates, and from BM25's counts, so a query scores what a fresh build would.
+When tombstones outnumber the live rows, or the rows outgrow the flat scan (or the cells the
+inverted file was trained with), the owner builds it afresh. The byte layout is in
+docs/formats.md ("Semantic sidecar").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvdb.errors import CorruptData
+from kvdb.index import ranking
+from kvdb.index import vectors as vector_ops
+
+MAGIC = b"KVDBCHK1"
+VERSION = 1
+_LENGTH = struct.Struct("<I")
+_ALIGN = 64  # every array starts on a multiple: memory-mapped, numpy never copies one to align it
+# Arrays whose bytes the CRC covers: all but the vectors, the inverted file and the postings, whose
+# sizes alone are checked (a CRC reads every byte: 4-5 GB at 1e6 chunks, ~2 s an open, where a
+# query reads a few pages of them). A flipped bit there moves a score until `kvdb repair`.
+_CHECKED = ("node_ids", "row_node", "spans", "live", "bm25.words", "bm25.df", "bm25.lengths", "bm25.gone", "bm25.segment_sizes")
+REGROW = 4  # an inverted file is trained again at this many times the rows it was trained for (its cells' count doubles)
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    embedder: str
+    rows: int
+    live: int
+
+
+class ChunkIndex:
+    """The chunks of one embedder: node (a number into ``node_ids``), span on the path, fp16
+    vector and liveness per row, the vector index and the BM25 index, rows numbered alike."""
+
+    def __init__(self, embedder: str, dim: int):
+        self.embedder = embedder
+        self.node_ids: list[str] = []
+        self._numbers: dict[str, int] = {}
+        self.row_node = np.zeros(0, np.int64)
+        self.spans = np.zeros((0, 2), np.int64)
+        self.vectors = np.zeros((0, dim), np.float16)
+        self.live = np.zeros(0, dtype=bool)
+        self.words = ranking.BM25()
+        self.index = vector_ops.build(np.zeros((0, dim), np.float32))
+        self.trained_for = 0  # rows when the inverted file was trained; 0: a flat scan
+        self.unsaved = 0  # rows appended or made tombstones since the file was read or written
+
+    @classmethod
+    def build(cls, embedder: str, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> ChunkIndex:
+        """The index of these rows, the vector index chosen (and trained) for their number."""
+        built = cls(embedder, vectors.shape[1])
+        built.index = vector_ops.build(vectors)
+        built.trained_for = len(vectors) if vector_ops.trained(built.index) else 0
+        built._rows(nodes, spans, vectors, texts)
+        built.unsaved = built.rows
+        return built
+
+    @property
+    def rows(self) -> int:
+        return len(self.live)
+
+    def counts(self) -> dict[str, int]:
+        """Live rows per node: what the database's ``chunk_counts`` says when this is up to date."""
+        per = np.bincount(self.row_node[self.live], minlength=len(self.node_ids))
+        return {self.node_ids[i]: int(per[i]) for i in np.flatnonzero(per).tolist()}
+
+    def outgrown(self, adding: int) -> bool:
+        """Whether, ``adding`` rows more, a fresh build is due: tombstones outnumber live rows,
+        or the rows pass the flat scan's limit or the cells the inverted file was trained for."""
+        live = int(self.live.sum()) + adding
+        total = self.rows + adding
+        return total - live > live or total > max(vector_ops.FLAT_UP_TO, REGROW * self.trained_for)
+
+    def append(self, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> None:
+        if not len(nodes):
+            return
+        vector_ops.add(self.index, vectors)
+        self._rows(nodes, spans, vectors, texts)
+        self.unsaved += len(nodes)
+
+    def _rows(self, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> None:
+        numbers = self._numbers
+        for node_id in dict.fromkeys(nodes):
+            if node_id not in numbers:
+                numbers[node_id] = len(self.node_ids)
+                self.node_ids.append(node_id)
+        self.row_node = np.concatenate((self.row_node, np.fromiter(map(numbers.__getitem__, nodes), np.int64, len(nodes))))
+        self.spans = np.concatenate((self.spans, np.asarray(spans, np.int64).reshape(-1, 2)))
+        self.vectors = np.concatenate((self.vectors, np.asarray(vectors, np.float16)))
+        self.live = np.concatenate((self.live, np.ones(len(nodes), dtype=bool)))
+        self.words.add(texts)
+
+    def drop(self, nodes: Sequence[str]) -> None:
+        """Make the rows of ``nodes`` tombstones."""
+        rows = self.rows_of(nodes)
+        self.live[rows] = False
+        self.words.remove(rows)
+        self.unsaved += len(rows)
+
+    def rows_of(self, nodes: Sequence[str]) -> np.ndarray:
+        """The live rows of ``nodes``."""
+        numbers = [self._numbers[n] for n in nodes if n in self._numbers]
+        return np.flatnonzero(self.live & np.isin(self.row_node, numbers))
+
+    def node_of(self, row: int) -> str:
+        return self.node_ids[int(self.row_node[row])]
+
+    def nearest(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, inner products) of the ``k`` live rows nearest ``query``, best first."""
+        scores, rows = vector_ops.nearest(self.index, query[None], k, self.live)
+        keep = rows[0] >= 0
+        return rows[0][keep], scores[0][keep]
+
+    # persistence ----------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """Write atomically (temp file + rename): a crash leaves the old file or the new one."""
+        arrays = {
+            "node_ids": np.array(self.node_ids, dtype="S") if self.node_ids else np.zeros(0, "S1"),
+            "row_node": self.row_node,
+            "spans": self.spans,
+            "live": self.live,
+            "vectors": self.vectors,
+            **{f"bm25.{name}": a for name, a in self.words.arrays().items()},
+        }
+        if self.trained_for:
+            arrays["faiss"] = vector_ops.to_bytes(self.index)
+        table: dict[str, dict] = {}
+        offset = 0
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            arrays[name] = a
+            table[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
+            offset += -(-a.nbytes // _ALIGN) * _ALIGN
+        checked = zlib.crc32(b"".join(arrays[n].tobytes() for n in _CHECKED))
+        header = json.dumps(
+            {
+                "version": VERSION,
+                "embedder": self.embedder,
+                "dim": self.vectors.shape[1],
+                "rows": self.rows,
+                "live": int(self.live.sum()),
+                "trained_for": self.trained_for,
+                "bm25": {"k1": self.words.k1, "b": self.words.b},
+                "arrays": table,
+                "crc32": checked,
+            }
+        ).encode()
+        start = -(-(len(MAGIC) + _LENGTH.size + len(header)) // _ALIGN) * _ALIGN
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + _LENGTH.pack(len(header)) + header)
+                for name, a in arrays.items():
+                    f.seek(start + int(table[name]["offset"]))
+                    f.write(a.data)
+                f.truncate(start + offset)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.unsaved = 0
+
+    @classmethod
+    def load(cls, path: Path) -> ChunkIndex:
+        """The sidecar, its arrays memory-mapped (an open reads the header, the node ids and,
+        for the vector index, the vectors or the inverted file)."""
+        header, start = _header(path)
+        size = path.stat().st_size
+        try:
+            table = header["arrays"]
+            arrays = {}
+            for name, entry in table.items():
+                dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+                if start + entry["offset"] + dtype.itemsize * int(np.prod(shape)) > size:
+                    raise CorruptData(f"{path} is cut short; it is rebuilt from the archive")
+                arrays[name] = np.memmap(path, dtype, "r", start + entry["offset"], shape) if np.prod(shape) else np.zeros(shape, dtype)
+            if zlib.crc32(b"".join(arrays[n].tobytes() for n in _CHECKED)) != header["crc32"]:
+                raise CorruptData(f"{path} failed its integrity check; it is rebuilt from the archive")
+            loaded = cls(header["embedder"], header["dim"])
+            loaded.node_ids = np.asarray(arrays["node_ids"]).astype(str).tolist()
+            loaded._numbers = {n: i for i, n in enumerate(loaded.node_ids)}
+            loaded.row_node, loaded.spans, loaded.vectors = arrays["row_node"], arrays["spans"], arrays["vectors"]
+            loaded.live = np.array(arrays["live"])
+            loaded.words = ranking.BM25.from_arrays({n[len("bm25.") :]: a for n, a in arrays.items() if n.startswith("bm25.")}, **header["bm25"])
+            loaded.trained_for = header["trained_for"]
+            if loaded.trained_for:
+                with open(path, "rb") as f:
+                    f.seek(start + table["faiss"]["offset"])
+                    loaded.index = vector_ops.read(f.read)
+            else:
+                loaded.index = vector_ops.build(loaded.vectors)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: FAISS refusing its bytes
+            raise CorruptData(f"{path}: damaged ({exc}); it is rebuilt from the archive") from exc
+        if loaded.index.ntotal != loaded.rows or len(loaded.words) != loaded.rows or loaded.rows != header["rows"]:
+            raise CorruptData(f"{path}: its parts disagree on the number of chunks; it is rebuilt from the archive")
+        return loaded
+
+    @staticmethod
+    def read_header(path: Path) -> ChunkHeader | None:
+        """The header alone, or None when the file is missing, unreadable or of another version."""
+        try:
+            header, _ = _header(path)
+            return ChunkHeader(header["embedder"], header["rows"], header["live"])
+        except (OSError, CorruptData, KeyError, TypeError):
+            return None
+
+
+def _header(path: Path) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + _LENGTH.size)
+        if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
+            raise CorruptData(f"{path} is not a kvdb semantic index; it is rebuilt from the archive")
+        (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as exc:
+            raise CorruptData(f"{path}: damaged header; it is rebuilt from the archive") from exc
+    if not isinstance(header, dict) or header.get("version") != VERSION:
+        raise CorruptData(f"{path}: version {header.get('version') if isinstance(header, dict) else '?'}, not {VERSION}; it is rebuilt from the archive")
+    return header, -(-(len(MAGIC) + _LENGTH.size + length) // _ALIGN) * _ALIGN
