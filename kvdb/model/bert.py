@@ -86,7 +86,9 @@ class Bert:
         b, t, d = x.shape
         q, k, v = (linear(x, *layer[n]).reshape(b, t, self.heads, d // self.heads) for n in "qkv")
         # einsum reaches BLAS per head; numpy's stacked matmul of [B, H, T, d] did not (5x slower)
-        scores = np.einsum("bqhd,bkhd->bhqk", q, k, optimize=True) / np.float32(math.sqrt(d // self.heads)) + blocked
+        # the scale on q, the mask added in place: [B, H, T, T] is the largest array, each pass over it costs
+        scores = np.einsum("bqhd,bkhd->bhqk", q / np.float32(math.sqrt(d // self.heads)), k, optimize=True)
+        scores += blocked
         return np.einsum("bhqk,bkhd->bqhd", softmax(scores), v, optimize=True).reshape(b, t, d)
 
 
