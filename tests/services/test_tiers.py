@@ -368,12 +368,13 @@ def test_ingesting_again_gives_tokens_back_to_a_session_held_in_tier_l_only(arch
     text = "Held in tier L alone, then given its tokens and the search tier back."
     [r] = archive.ingest(text=text, keep="lm", name="l")
     logprobs = archive.logprobs("l")
-    [again] = archive.ingest(text=text)  # the default tiers: tokens and search
-    assert (again.status, again.added) == ("updated", ("tokens", "search"))
-    assert [n.keep for n in storage_of(archive).node_path(r.session_id)] == [{"tokens", "search", "lm"}]
+    [again] = archive.ingest(text=text)  # the default tiers: tokens, search and semantic
+    assert (again.status, again.added) == ("updated", ("tokens", "search", "semantic"))
+    assert [n.keep for n in storage_of(archive).node_path(r.session_id)] == [{"tokens", "search", "semantic", "lm"}]
     assert archive.stats().bytes["logprobs"] == 4 * r.n_tokens
     np.testing.assert_allclose(archive.logprobs("l"), logprobs, atol=1e-4)
     assert [h.name for h in archive.search("search tier back") if h.exact] == ["l"]
+    assert [h.name for h in archive.search_meaning("given its tokens back")] == ["l"]
     assert archive.restore("l").mode == "exact" and archive.verify(deep=True).ok
 
 
