@@ -49,9 +49,9 @@ query. ``torch.set_num_threads(1)``. Writes one section of benchmarks/RESULTS.md
 of one set replaces only its own) unless ``--limit``, ``--json`` or ``--no-results``; prints the
 questions the semantic tier missed.
 
-Run time: ingest is the model's scoring pass, ~4-7 s per 1,000 tokens on one loaded core, so the
-default LongMemEval-S slice (~38k tokens) and the three Chit-Chat histories (~50k tokens) take
-5-20 minutes each; ``--set`` runs one of them.
+Run time: ingest is the model's scoring pass, ~4 s per 1,000 tokens on a quiet core and ~30 at
+load 10, so the default LongMemEval-S slice (~41k tokens) and the three Chit-Chat histories
+(~46k tokens) take 3-30 minutes each; ``--set`` runs one of them.
 """
 
 from __future__ import annotations
