@@ -17,7 +17,7 @@ time + the fusion's, each measured per query, in this process, with ``--threads`
 
 Rerank: the best fusion's top 10 / 20 (``--depths``) re-sorted by SmolLM2-135M-Instruct's mean
 log-probability of the query's tokens after a prompt built from the candidate
-(``kvdb.index.ranking.query_logprob``), in three prompt forms:
+(``kvdb.index.ranking.query_logprob``), in five prompt forms:
 
 Forms (``--forms``; default ``code+def``):
 
@@ -25,7 +25,14 @@ Forms (``--forms``; default ``code+def``):
   as its first line: the form the query was cut from, with only the signature as context;
 - ``code+def``: the whole candidate (its last ``MAX_CONTEXT`` tokens), a blank line, then the
   ``def`` form again: the body is read, and the query still sits where docstrings sit;
-- ``comment``: the candidate then a line ``# `` (the query as a comment after the code).
+- ``comment``: the candidate then a line ``# `` (the query as a comment after the code);
+- ``text``: the candidate, a blank line, then the query: the form a library could use for any
+  archived text, knowing nothing of code;
+- ``chat``: the candidate as an assistant turn, then the query as the next user turn (SmolLM2's
+  template): the form for archived conversations.
+
+The first three suit this set alone (a docstring or a comment is where such a query sits); the
+last two are what the semantic tier could ship.
 
 On a 2-core CPU the LM reads ~500 tokens/s, so a rerank costs seconds a query: it runs on
 ``--rerank-queries`` targets only (evenly spaced over the name-sorted targets), and each rerank row sits beside
@@ -61,7 +68,7 @@ RERANK_DEPTHS = "10,20"  # 50 is --depths 10,20,50: ~2.5x the LM time of 20
 RERANK_QUERIES = 40
 RERANK_FORMS = "code+def"  # the best of the three on a 16-query pilot (hit@1 12/16 against def 8, comment 9, first stage 10)
 MAX_CONTEXT = 128  # candidate tokens an LM prompt keeps (its last ones)
-FORMS = ("def", "code+def", "comment")
+FORMS = ("def", "code+def", "comment", "text", "chat")
 
 
 @dataclass
@@ -130,6 +137,8 @@ def prompts(tokenizer, items) -> dict[str, list[np.ndarray]]:
         out["def"].append(head)
         out["code+def"].append(np.concatenate((code, encode("\n\n"), head)))
         out["comment"].append(np.concatenate((code, encode("\n# "))))
+        out["text"].append(np.concatenate((code, encode("\n\n"))))
+        out["chat"].append(np.concatenate((encode("<|im_start|>assistant\n"), code, encode("<|im_end|>\n<|im_start|>user\n"))))
     return out
 
 
