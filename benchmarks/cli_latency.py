@@ -35,7 +35,7 @@ STAGES = [
     ("imports of the CLI (kvdb, numpy, duckdb, sqlalchemy)", "cli/main.py", "<module>"),
     ("opening the archive", "kvdb/archive.py", "open"),
     ("loading the embedder (weights, tokenizer, cached hash)", "model/embedder.py", "__init__"),
-    ("the chunk table (read, FAISS, BM25)", "services/semantic_tier.py", "_table"),
+    ("the chunk index (its sidecar opened, caught up)", "services/semantic_tier.py", "get"),
     ("embedding the query", "model/embedder.py", "embed"),
 ]
 
