@@ -70,7 +70,6 @@ bench: install
 	$(PY) benchmarks/kv_ideas.py
 	$(PY) benchmarks/restore.py
 	$(PY) benchmarks/window.py
-	$(PY) benchmarks/semantic.py
 	$(PY) benchmarks/retrieval.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/readers.py

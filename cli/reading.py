@@ -108,18 +108,11 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelit
     help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
     "semantic tier (ingest with --keep tokens,search,semantic); one hit per session, at its nearest chunk.",
 )
-@click.option(
-    "--layer",
-    type=int,
-    default=None,
-    help="Experimental: instead, the nearest contexts in the model's key space at this layer (sessions stored with tier K; "
-    "loads the model). It loses to the semantic tier (benchmarks/retrieval.py).",
-)
 @embedder_option
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, semantic, layer, embedder, model, as_json):
+def search(ctx, phrase, k, context, session, semantic, embedder, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
@@ -129,11 +122,7 @@ def search(ctx, phrase, k, context, session, semantic, layer, embedder, model, a
     archive = _open(ctx, model, read_only=True, embedder=embedder)
     if not archive.sessions():
         raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
-    if layer is not None:
-        if session is not None:
-            raise click.UsageError("--session and --layer cannot be combined")
-        hits = archive.search_semantic(phrase, k=k, context=context, layer=layer)
-    elif semantic:
+    if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session)
     else:
         hits = archive.search(phrase, k=k, context=context, session=session)
@@ -141,8 +130,7 @@ def search(ctx, phrase, k, context, session, semantic, layer, embedder, model, a
         if as_json:
             _emit(h.to_dict())
             continue
-        measure = "cosine" if layer is not None else "score"  # --semantic ranks by cosine and words fused
-        grade = "exact" if h.exact else f"{measure} {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        grade = "exact" if h.exact else f"score {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
         click.echo(f"{_printable(h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
         click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
     if all(h.partial for h in hits):

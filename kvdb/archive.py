@@ -111,7 +111,7 @@ class Archive:
         self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"), prefix_cache_mb)
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
-        self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes, lambda: self._tier_k)
+        self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes)
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
         self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
         self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache)
@@ -349,13 +349,6 @@ class Archive:
         embedder loads on first use), one hit per session at its nearest chunk: the chunk's first
         position, which ``restore(at=)`` takes, and its text."""
         return self._semantic.search(query, k, session)
-
-    def search_semantic(self, phrase: str, k: int = 10, context: int = 32, layer: int | None = None) -> list[Hit]:
-        """Archived positions whose keys in ``layer`` (default: the middle one) are nearest the
-        phrase's last key: contexts the model represents alike, whatever their words. Covers the
-        sessions stored with tier K (TierMissing when there are none); loads the model (the
-        phrase is run through it)."""
-        return self._searcher.search_semantic(phrase, k, context, layer)
 
     def rebuild_index(self) -> RebuiltIndex:
         """Rebuild the search index of the archive's tokenizer from the token streams."""

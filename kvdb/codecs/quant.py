@@ -386,19 +386,18 @@ def _encode_kind(codebooks: Codebooks, kind: str, data: np.ndarray, beam: int = 
     return codes
 
 
-def _decode_kind(codebooks: Codebooks, kind: str, codes: np.ndarray, first_layer: int = 0) -> np.ndarray:
+def _decode_kind(codebooks: Codebooks, kind: str, codes: np.ndarray) -> np.ndarray:
     """Each position's vector, the sum of its stages' centroids, in one gather-and-sum over all
     layers and heads at once (``embedding_bag`` over one table holding every centroid of the
     kind, each (layer, head, stage) at its own offset; a stage a layer lacks points at a zero row).
-    ``codes`` may hold fewer stages than the codebooks (residual stages nest), and the layers
-    from ``first_layer`` on only."""
+    ``codes`` may hold fewer stages than the codebooks (residual stages nest)."""
     import torch
 
     layers, heads, stages, n = codes.shape
     table, offsets = codebooks.gather_table(kind)
     if stages == 0 or n == 0:
         return np.zeros((layers, heads, n, codebooks.dim), np.float32)
-    offsets = offsets[first_layer : first_layer + layers, :, :stages, None]
+    offsets = offsets[:layers, :, :stages, None]
     rows = np.where(offsets > 0, codes.astype(np.int64) + offsets, 0)  # [layers, heads, stages, n]
     bags = torch.from_numpy(np.ascontiguousarray(rows.transpose(0, 1, 3, 2)).reshape(-1, stages))
     summed = torch.nn.functional.embedding_bag(bags, table, mode="sum")
@@ -434,9 +433,3 @@ def decode(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[
     (each divided by its layer and head's scales), so no pass over the output divides them.
     """
     return _decode_kind(codebooks, "k", codes[0]), _decode_kind(codebooks, "v", codes[1])
-
-
-def decode_layer(codebooks: Codebooks, kind: str, codes: np.ndarray, layer: int) -> np.ndarray:
-    """One layer of one kind, float32 ``[heads, seq, dim]``, from that kind's codes: what
-    ``decode`` gives for that layer, without gathering the others."""
-    return _decode_kind(codebooks, kind, codes[layer : layer + 1], layer)[0]

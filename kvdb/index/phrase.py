@@ -46,7 +46,7 @@ class Hit:
     before: str  # context text before the match
     match: str
     after: str
-    similarity: float | None = None  # semantic hits: cosine of the keys; phrase hits rank by shared tokens
+    similarity: float | None = None  # hits by meaning: cosine and BM25 fused; phrase hits rank by shared tokens
 
     @property
     def score(self) -> float:
@@ -59,7 +59,7 @@ class Hit:
     @property
     def partial(self) -> bool:
         """A phrase hit that shares only the end of the phrase: shown, but no occurrence of it
-        (a semantic hit is a nearest context, neither full nor partial)."""
+        (a hit by meaning is a nearest chunk, neither full nor partial)."""
         return self.similarity is None and not self.exact
 
     def to_dict(self) -> dict:

@@ -104,7 +104,7 @@ def test_a_shared_prefix_is_embedded_once_and_a_split_keeps_each_chunk_whole(db)
     assert db.search_meaning("And in winter?", k=1)[0].name == "winter"
 
 
-def test_search_semantic_on_the_command_line(tmp_path, tiny_model):
+def test_search_by_meaning_on_the_command_line(tmp_path, tiny_model):
     env = {"KVDB_MODEL": tiny_model, "KVDB_EMBEDDER": tiny_model}
     chat = tmp_path / "bread.json"
     chat.write_text(json.dumps({"messages": BREAD}))
@@ -115,7 +115,7 @@ def test_search_semantic_on_the_command_line(tmp_path, tiny_model):
     [line] = [json.loads(x) for x in found.stdout.splitlines()]
     assert found.exit_code == 0 and line["name"] == "bread" and BREAD[0]["content"] in line["context"]
     shown = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"]], env=env)
-    assert shown.exit_code == 0 and shown.stdout.startswith("bread ") and "[score " in shown.stdout  # fused, not a cosine
+    assert shown.exit_code == 0 and shown.stdout.startswith("bread ") and "[score " in shown.stdout  # the fused score
 
 
 # the index kept between processes (kvdb.index.chunk_index, ChunkIndexes) ------------------------

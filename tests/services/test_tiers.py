@@ -613,16 +613,6 @@ def test_advice_unknown_model_omit_model_for_the_embedded_default(tmp_path, cli)
     assert cli("ingest", session, env={"KVDB_MODEL": None}).exit_code == 0
 
 
-def test_advice_semantic_search_without_tier_k_ingest_with_kv(tmp_path, cli):
-    calibration = write(tmp_path / "calibration.txt", CALIBRATION)
-    assert cli("ingest", calibration).exit_code == 0
-    refused = cli("search", "codebook indices", "--layer", "1")
-    assert refused.exit_code == 2 and "ingest sessions with `--keep tokens,search,kv`" in refused.stderr
-    assert json.loads(cli("ingest", calibration, "--keep", "tokens,search,kv", "--json").stdout)["added"] == ["kv"]
-    found = cli("search", "codebook indices", "--layer", "1", "--json")
-    assert [json.loads(line)["name"] for line in found.stdout.splitlines()][:1] == ["calibration"], found.output
-
-
 def test_advice_nothing_to_continue_from_restore_later_or_give_a_prompt(archive):
     archive.ingest(text="A session continued from its very start.", name="s")
     with pytest.raises(InvalidArgument, match="restore at a position > 0 or give a prompt"):
