@@ -17,7 +17,7 @@ time + the fusion's, each measured per query, in this process, with ``--threads`
 
 Rerank: the best fusion's top 10 / 20 (``--depths``) re-sorted by SmolLM2-135M-Instruct's mean
 log-probability of the query's tokens after a prompt built from the candidate
-(``kvdb.index.ranking.query_logprob``), in five prompt forms:
+(``rankers.query_logprob``), in five prompt forms:
 
 Forms (``--forms``; default ``code+def``):
 
@@ -56,6 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
+import rankers
 from report import describe, publish
 from retrieval import DEPTH, QUERIES, SEED, MiniLM, retrieval_set
 
@@ -101,7 +102,7 @@ def first_stage(items, minilm: MiniLM, documents: np.ndarray, bm25: ranking.BM25
         found, ms = timed(lambda item=item: ranking.top_k(documents @ minilm.embed([item.query])[0], CANDIDATES, floor=-np.inf))
         dense.append(found)
         dense_ms.append(ms)
-        found, ms = timed(lambda item=item: bm25.top(item.query, CANDIDATES))
+        found, ms = timed(lambda item=item: ranking.top_k(bm25.scores(item.query), CANDIDATES))
         lexical.append(found)
         lexical_ms.append(ms)
     dense_ms, lexical_ms = np.array(dense_ms), np.array(lexical_ms)
@@ -111,7 +112,7 @@ def first_stage(items, minilm: MiniLM, documents: np.ndarray, bm25: ranking.BM25
         rankings, ms = zip(*(timed(lambda d=d, x=x: fuse(d, x)[0]) for d, x in zip(dense, lexical)))
         out[name] = (list(rankings), dense_ms + lexical_ms + np.array(ms))
 
-    fused(f"RRF(BM25, MiniLM), k={RRF_K}", lambda d, x: ranking.rrf([x[0], d[0]], k=RRF_K))
+    fused(f"RRF(BM25, MiniLM), k={RRF_K}", lambda d, x: rankers.rrf([x[0], d[0]], k=RRF_K))
     for how in ("minmax", "zscore"):
         for w in WEIGHTS:
             fused(f"weighted {how}, BM25 {w:.1f} + MiniLM {1 - w:.1f}", lambda d, x, w=w, how=how: ranking.weighted([x, d], [w, 1 - w], how))
@@ -160,13 +161,13 @@ def rerank_rows(items, stage: dict, n: int, threads: int, forms: list[str], dept
     tokens = {form: 0 for form in forms}
     lm_s = {form: 0.0 for form in forms}
     for form in forms:
-        ranking.query_logprob(model, contexts[form][:2], np.asarray(tokenizer(items[0].query)["input_ids"]))  # warm
+        rankers.query_logprob(model, contexts[form][:2], np.asarray(tokenizer(items[0].query)["input_ids"]))  # warm
     for qi in chosen:
         wanted = np.unique(np.concatenate([rankings[qi][: max(depths)] for rankings, _ in stage.values()]))
         query = np.asarray(tokenizer(items[qi].query, add_special_tokens=False)["input_ids"], np.int64)
         for form in forms:
             rows = [contexts[form][c] for c in wanted]
-            scores, ms = timed(lambda rows=rows, query=query: ranking.query_logprob(model, rows, query))
+            scores, ms = timed(lambda rows=rows, query=query: rankers.query_logprob(model, rows, query))
             sizes = np.array([len(r) + len(query) for r in rows], np.float64)
             lm[form].append({int(c): (s, ms * t / sizes.sum()) for c, s, t in zip(wanted, scores, sizes)})
             tokens[form] += int(sizes.sum())

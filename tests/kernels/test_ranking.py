@@ -1,13 +1,12 @@
 """Ranking kernels: the word splitter, BM25 against hand-computed scores, appending against one
-build, the two fusions, and the LM's query likelihood against an unbatched forward pass."""
+build, and the fusion of scored lists."""
 
 import math
 
 import numpy as np
 import pytest
 
-from kvdb.index import ranking
-from kvdb.index.ranking import BM25, rrf, top_k, weighted, words
+from kvdb.index.ranking import BM25, top_k, weighted, words
 
 
 def test_words_split_identifiers_and_lower_case():
@@ -29,7 +28,7 @@ def test_bm25_scores_equal_the_formula_by_hand():
         0.0,
     ]
     np.testing.assert_allclose(index.scores("Gamma alpha delta"), expected)
-    ids, scores = index.top("gamma alpha", 5)
+    ids, scores = top_k(index.scores("gamma alpha"), 5)
     assert ids.tolist() == [1, 0]  # the chunk no word meets is left out
     np.testing.assert_allclose(scores, expected[1::-1])
     assert index.scores("delta").tolist() == [0, 0, 0]
@@ -58,17 +57,6 @@ def test_top_k_breaks_ties_by_id_and_keeps_the_floor():
     assert top_k(scores - 1, 10, floor=-np.inf)[0].tolist() == [1, 3, 4, 0, 2]
 
 
-def test_rrf_sums_reciprocal_ranks():
-    ids, scores = rrf([np.array([3, 1, 2]), np.array([1, 4])], k=60)
-    assert ids.tolist() == [1, 3, 4, 2]
-    np.testing.assert_allclose(scores, [1 / 62 + 1 / 61, 1 / 61, 1 / 62, 1 / 63])
-    ids, scores = rrf([np.array([3, 1]), np.array([1, 4])], k=1, weights=[4, 1])
-    assert ids.tolist() == [3, 1, 4]
-    np.testing.assert_allclose(scores, [4 / 2, 4 / 3 + 1 / 2, 1 / 3])
-    assert rrf([np.array([5, 6]), np.array([6, 5])])[0].tolist() == [5, 6]  # a tie goes to the lower id
-    assert len(rrf([np.array([], np.int64)])[0]) == 0
-
-
 def test_weighted_fusion_normalises_each_list_and_floors_missing_ids():
     bm25 = (np.array([7, 2, 5]), np.array([10.0, 6.0, 2.0]))  # min-max: 1, 0.5, 0
     dense = (np.array([2, 9]), np.array([0.9, 0.5]))  # min-max: 1, 0
@@ -81,20 +69,3 @@ def test_weighted_fusion_normalises_each_list_and_floors_missing_ids():
     assert z_ids[0] == 2
     with pytest.raises(ValueError):
         weighted([bm25], how="rank")
-
-
-def test_query_logprob_equals_unbatched_forward(tiny_loaded):
-    from kvdb.model.loading import score
-
-    model = tiny_loaded.model
-    rng = np.random.default_rng(1)
-    contexts = [rng.integers(0, 256, size=n) for n in (1, 7, 30, 12, 30)]
-    query = rng.integers(0, 256, size=5)
-    got = ranking.query_logprob(model, contexts, query, tokens_per_batch=64)  # several batches, padded
-    for context, value in zip(contexts, got):
-        logprobs, _ = score(model, np.concatenate((context, query)))
-        assert value == pytest.approx(float(logprobs[len(context) :].mean()), abs=1e-5)
-    clipped = ranking.query_logprob(model, contexts, query, max_context=4)
-    assert clipped[2] == pytest.approx(ranking.query_logprob(model, [contexts[2][-4:]], query)[0], abs=1e-5)
-    with pytest.raises(ValueError):
-        ranking.query_logprob(model, [np.array([], np.int64)], query)
