@@ -4,6 +4,8 @@ last hidden states, normalised, each text cut at the model's max_seq_length."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ def minilm():
 
 
 def test_the_default_runs_on_numpy_and_matches_transformers_alone_and_batched_with_padding(minilm):
-    assert isinstance(minilm.forward, bert.Bert)
+    assert isinstance(minilm.numpy_forward, bert.Bert)
     assert minilm.max_tokens == 256
     folder = embedder._folder(embedder.DEFAULT_EMBEDDER)
     expected = reference(folder, TEXTS, minilm.max_tokens)
@@ -47,6 +49,11 @@ def test_the_default_runs_on_numpy_and_matches_transformers_alone_and_batched_wi
     for got in (batched, alone):
         assert got.shape == (len(TEXTS), 384)
         assert np.all(np.sum(got * expected, axis=1) >= 0.9999)
+    encoded = minilm.tokenizer.encode_batch(TEXTS)
+    ids, mask = np.array([e.ids for e in encoded]), np.array([e.attention_mask for e in encoded], dtype=np.float32)
+    by_transformers = embedder._transformers(Path(folder), embedder.DEFAULT_EMBEDDER)(ids, mask)  # what a process with transformers loaded runs
+    real = mask.astype(bool)  # padded positions' states are pooled away
+    np.testing.assert_allclose(minilm.numpy_forward(ids, mask)[real], by_transformers[real], atol=1e-4)
     assert minilm.count_tokens(TEXTS[3:]) == 256  # the long text is read to the model's limit
     assert minilm.count_tokens(TEXTS[:1]) == 7  # [CLS] how long should dough rise [SEP]
 
@@ -61,6 +68,6 @@ def test_the_weights_hash_is_read_once_per_machine(minilm, monkeypatch):
 
 def test_another_architecture_runs_through_transformers_with_the_same_pooling(tiny_model):
     tiny = embedder.Embedder(tiny_model)
-    assert not isinstance(tiny.forward, bert.Bert)  # a Llama: not a BERT
+    assert tiny.numpy_forward is None and not isinstance(tiny.forward, bert.Bert)  # a Llama: not a BERT
     texts = ["the harbour lights", "sea"]
     assert np.all(np.sum(tiny.embed(texts) * reference(tiny_model, texts, tiny.max_tokens), axis=1) >= 0.9999)
