@@ -50,6 +50,7 @@ def publish(lines: list[str], append: bool = True) -> str:
 def replaced(document: str, section: str) -> str:
     """``document`` with ``section`` in place of the first section of the same heading, and any
     later ones of that heading removed; appended when there is none."""
+    section = section.lstrip("\n")  # a section written as "\n## ...": its heading is its first non-blank line
     heading = section.split("\n", 1)[0]
     parts = document.split("\n## ")
     head, sections = parts[0], ["## " + p for p in parts[1:]]
