@@ -316,6 +316,7 @@ def main() -> None:
             (f"--limit {args.limit}", args.limit),
             (f"--histories {args.histories}", args.histories != HISTORIES),
             (f"--set {args.set}", args.set != "both"),
+            (f"--per-kind {args.per_kind}", args.per_kind != PER_KIND),
         )
         if on
     )
