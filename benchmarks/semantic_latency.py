@@ -159,7 +159,7 @@ def main() -> None:
         "## Semantic tier: index latency at 1e4-1e6 chunks (`benchmarks/semantic_latency.py`)",
         "",
         describe("faiss-cpu", "torch", "transformers"),
-        f"`.venv/bin/python benchmarks/semantic_latency.py {' '.join(sys.argv[1:])}`. Taken under load: the 2 cores were shared with other jobs throughout.",
+        f"`.venv/bin/python benchmarks/semantic_latency.py {' '.join(sys.argv[1:])}`.",
         "The 300 target documents of benchmarks/retrieval.py embedded by all-MiniLM-L6-v2, filled with synthetic unit vectors "
         "near them to each size; the 300 real queries embedded. Search alone asks for 40 nearest (as `search --semantic -k 10`); "
         f"Embedding one query took {statistics.median(embed_ms):.1f} ms (p50). "
