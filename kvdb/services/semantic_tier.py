@@ -79,16 +79,16 @@ class SemanticTier:
         (benchmarks/hybrid.py: hit@1 0.637 against 0.567 for the cosine alone)."""
         if not query or not query.strip():
             raise InvalidArgument("empty search query; give some text to look for")
-        embedded_with = self._storage.chunk_embedders()
-        if not embedded_with:  # said before the embedder loads (seconds: torch and transformers)
-            raise TierMissing(_NO_TIER)
-        embedder = self._embedder()
-        if embedder.embedder_id not in embedded_with:
-            raise InvalidArgument(
-                f"the semantic tier was embedded with {', '.join(embedded_with)}, not {embedder.embedder_id}: search with that embedder (--embedder), "
-                "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
-            )
-        with self._derived.pinned():
+        with self._derived.pinned():  # one version for the embedders, the trie and the index; each read again only when it moves
+            embedded_with = self._derived.get("embedders", self._storage.chunk_embedders)  # a scan of every chunk row
+            if not embedded_with:  # said before the embedder loads
+                raise TierMissing(_NO_TIER)
+            embedder = self._embedder()
+            if embedder.embedder_id not in embedded_with:
+                raise InvalidArgument(
+                    f"the semantic tier was embedded with {', '.join(embedded_with)}, not {embedder.embedder_id}: search with that embedder (--embedder), "
+                    "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
+                )
             view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
             table = self._derived.get(("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view))
         if table is None:
