@@ -14,7 +14,7 @@ pre-RoPE k16v4 training serves every preset (stages nest). Bytes are the code st
    then one head at a time of the four layers that matter most.
 2. **Bits by importance, per layer and head**: presets built from that scan (deeper key codes
    on the layers or only the heads found, fewer elsewhere), SmolLM2's default among them
-   (``presets.default_preset``); the default and k4v3 also on two more 8,000-token contexts that
+   (``presets.resolve("compact", ...)``); the default and k4v3 also on two more 8,000-token contexts that
    no choice here looked at (validation).
 3. **Bits by importance, per position**: each position's attention mass received in the ingest
    pass (every later query, head and layer); the upper half gets k6v4, the lower k2v2, against
@@ -274,7 +274,7 @@ def main() -> None:
     top_s, nxt_s = ",".join(map(str, top)), ",".join(map(str, nxt))
     first, rest = f"{best_heads[0][0]}", ",".join(str(layer) for layer, _ in best_heads[1:])
     first_h, rest_h = f"{best_heads[0][0]}.{best_heads[0][1]}", ",".join(f"{layer}.{h}" for layer, h in best_heads[1:])
-    default = P.default_preset(lm.identity.weights_hash)
+    default = P.resolve("compact", lm.identity.weights_hash)
     by_head = [f"k3v3+k12@{first}+k8@{rest}+k2@0-5+v2@0-1", f"k3v3+k12@{first_h}+k8@{rest_h}+k2@0-5+v2@0-1",
                f"k3v3+k16@{first_h}+k12@{rest_h}+k2@0-5+v2@0-1", f"k3v3+k16@{first_h},{rest_h}+k2@0-5+v2@0-1"]
     presets = [BASE, f"k4v3+k8@{top_s}", f"k3v3+k8@{top_s}+k2@0-5", f"k3v3+k12@{top_s}+k2@0-5", f"k3v4+k8@{top_s}+k2@0-5+v2@0-5",

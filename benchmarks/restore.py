@@ -49,7 +49,7 @@ def copy_floor(nbytes: int, runs: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1024,4096,8000", help="session lengths restored")
-    parser.add_argument("--preset", default=None, help="default: the model's (presets.default_preset)")
+    parser.add_argument("--preset", default=None, help="a name (faithful, balanced, compact) or a spec; default: balanced (presets.DEFAULT_NAME)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     lengths = [int(t) for t in args.tokens.split(",")]

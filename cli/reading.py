@@ -7,7 +7,7 @@ import sys
 import click
 
 from kvdb.errors import KvdbError
-from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
+from kvdb.tiers import DEFAULT_MAX_LOSS, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
 
@@ -61,7 +61,15 @@ def show(ctx, session, start, end, model, as_json):
     default="auto",
     show_default=True,
     help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
-    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session has tier K, else exact.",
+    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session's tier K preset is measured within --max-loss, "
+    "else exact (or decode, where the tokens are only in tier L).",
+)
+@click.option(
+    "--max-loss",
+    type=float,
+    default=DEFAULT_MAX_LOSS,
+    show_default=True,
+    help="auto mode: the perplexity ratio over an exact cache that tier K's measured fidelity may reach at every measured length (at least 1.0).",
 )
 @click.option(
     "--window",
@@ -75,20 +83,24 @@ def show(ctx, session, start, end, model, as_json):
 @model_option
 @json_option
 @click.pass_context
-def restore(ctx, session, at, prompt, max_new_tokens, mode, window, with_fidelity, model, as_json):
-    """Restore a session into the model and continue it greedily."""
+def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, with_fidelity, model, as_json):
+    """Restore a session into the model and continue it greedily. The JSON's `reason` says why
+    the restore took its mode, and an archive restore's `fidelity` what its tier K preset was
+    measured to cost (`--fidelity` measures this restore itself: its figures go under `probe`)."""
     archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
-    restored = archive.restore(s.session_id, at=at, mode=mode, window=window)
+    restored = archive.restore(s.session_id, at=at, mode=mode, window=window, max_loss=max_loss)
     text = archive.generate(restored, prompt, max_new_tokens)
     out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
     fidelity = archive.fidelity(s.session_id, at=at, window=window) if with_fidelity else None
     if fidelity is not None:
-        out["fidelity"] = fidelity.to_dict()
+        out["probe"] = fidelity.to_dict()
     if as_json:
         _emit(out)
     else:
-        click.echo(f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}]", err=True)
+        click.echo(
+            f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]", err=True
+        )
         if fidelity is not None:
             click.echo(
                 f"[fidelity: top-1 agreement {fidelity.top1_agreement:.3f}, perplexity ratio {fidelity.ppl_ratio:.4f} over {fidelity.probe_tokens} tokens]",
@@ -154,6 +166,8 @@ def stats(ctx, as_json):
     for tier, n in st.bytes.items():
         per = st.bytes_per_token.get(tier)
         click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
+    for preset, n in st.kv_bytes_by_preset.items():
+        click.echo(f"bytes.kv of {preset}: {n}")
     if st.shipped_codebook_bytes:
         click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
 

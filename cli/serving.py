@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
-from kvdb.tiers import DEFAULT_KEEP
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
 from kvdb_cli.app import _open, embedder_option, main, model_option
 
 
@@ -17,12 +17,21 @@ from kvdb_cli.app import _open, embedder_option, main, model_option
 @embedder_option
 @model_option
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each exchange is archived with (as `kvdb ingest --keep`).")
+@click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
 @click.option(
     "--restore",
-    type=click.Choice(["exact", "archive"]),
+    type=click.Choice(["exact", "auto", "archive"]),
     default="exact",
     show_default=True,
-    help="Where prompts resume from: exact caches only, or also tier K (approximate; replies say so).",
+    help="Where prompts resume from: exact caches only; also tier K where its preset is measured within --max-loss (auto); "
+    "or also tier K whatever its fidelity (archive). Tier K is approximate: replies say so.",
+)
+@click.option(
+    "--max-loss",
+    type=float,
+    default=DEFAULT_MAX_LOSS,
+    show_default=True,
+    help="--restore auto: the perplexity ratio over an exact cache that tier K's measured fidelity may reach (at least 1.0).",
 )
 @click.option("--api-key", envvar="KVDB_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).")
 @click.option("--queue", type=click.IntRange(min=0), default=8, show_default=True, help="Requests that may wait for the model; more are refused (429).")
@@ -42,7 +51,7 @@ from kvdb_cli.app import _open, embedder_option, main, model_option
     help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
 )
 @click.pass_context
-def serve(ctx, host, port, embedder, model, keep, restore, api_key, queue, queue_timeout, prefix_cache_mb):
+def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, api_key, queue, queue_timeout, prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
 
     Prompts resume from the longest prefix already computed or archived; each reply is in the
@@ -52,6 +61,14 @@ def serve(ctx, host, port, embedder, model, keep, restore, api_key, queue, queue
     from kvdb.serving import Engine
     from kvdb_server import serve as run_server
 
-    engine = Engine(_open(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder), keep=keep, restore=restore, queue=queue, queue_timeout=queue_timeout)
+    engine = Engine(
+        _open(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder),
+        keep=keep,
+        restore=restore,
+        queue=queue,
+        queue_timeout=queue_timeout,
+        kv_preset=kv_preset,
+        max_loss=max_loss,
+    )
     click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
     run_server(engine, host, port, api_key)

@@ -58,15 +58,16 @@ def codebooks():
 @click.option(
     "--preset",
     default=None,
-    help="Residual stages of 256 centroids for keys and values, e.g. k4v3, k4v2, k2v1; overrides per layer as "
-    f"k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  [default: the model's measured preset where kvdb has one (SmolLM2-135M-Instruct), else {presets.DEFAULT_PRESET}]",
+    help=f"A named preset ({', '.join(presets.NAMES)}: a spec per model), or residual stages of 256 centroids for keys and values, "
+    "e.g. k4v3, k4v2, k2v1; overrides per layer as k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  "
+    f"[default: {presets.DEFAULT_NAME}, as ingest's --kv-preset]",
 )
 @click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
 @model_option
 @json_option
 @click.pass_context
 def codebooks_train(ctx, preset, tokens, model, as_json):
-    """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` uses them."""
+    """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` of the same preset uses them."""
     report = _open(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
     if as_json:
         _emit(report.to_dict())
@@ -80,7 +81,7 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
 def codebooks_list(ctx, as_json):
     """List the codebooks the archive holds (trained) or references (shipped), oldest first.
 
-    Ingest codes tier K with the newest trained set of the model, else with the shipped one.
+    Ingest codes tier K with the newest trained set of the model and its --kv-preset, else with the shipped one.
     STORED is what the archive keeps; CENTROIDS what decoding uses (for shipped codebooks, a
     file in this machine's kvdb cache, shared by every archive of the model).
     """
@@ -93,19 +94,22 @@ def codebooks_list(ctx, as_json):
 
 
 @codebooks.command("build")
+@click.option(
+    "--preset", default=presets.DEFAULT_NAME, show_default=True, help=f"A named preset ({', '.join(presets.NAMES)}) or a spec, as ingest's --kv-preset."
+)
 @model_option
 @json_option
 @click.pass_context
-def codebooks_build(ctx, model, as_json):
+def codebooks_build(ctx, preset, model, as_json):
     """Build this machine's shipped codebooks for the model now (once; about 2.5 minutes for SmolLM2 on 2 cores).
 
     They are trained on the calibration text shipped with kvdb, cached in the kvdb cache
-    directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` on any archive with no trained
-    codebooks; otherwise the first such ingest builds them.
+    directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` of that preset on any archive
+    with no trained codebooks of it; otherwise the first such ingest builds them.
     """
     archive = _open(ctx.parent, model)
     with _layer_progress("shipped codebooks") as heard:
-        report = archive.build_shipped_codebooks(progress=heard)
+        report = archive.build_shipped_codebooks(progress=heard, preset=preset)
     if as_json:
         _emit(report.to_dict())
     else:

@@ -8,7 +8,8 @@ import sys
 import click
 
 import kvdb
-from kvdb.tiers import DEFAULT_KEEP, parse_keep
+from kvdb.codecs import presets
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, parse_keep
 from kvdb_cli.app import _emit, _layer_progress, _open, _printable, embedder_option, json_option, main, model_option
 
 
@@ -40,8 +41,15 @@ def formats_command(example, as_json):
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
     "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
-    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks, else with the shipped ones, built on this machine's first use), "
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks of --kv-preset, else with the shipped ones, built on this machine's first use), "
     "semantic (each turn's chunks embedded for search by meaning: search --semantic; needs tokens).",
+)
+@click.option(
+    "--kv-preset",
+    default=DEFAULT_KV_PRESET,
+    show_default=True,
+    help="How finely tier K (--keep ...,kv) is coded: faithful, balanced or compact (each a spec per model; "
+    "`kvdb restore` auto takes tier K only for one measured within --max-loss), or a spec such as k4v3.",
 )
 @click.option(
     "--workers",
@@ -60,7 +68,7 @@ def formats_command(example, as_json):
 @model_option
 @json_option
 @click.pass_context
-def ingest(ctx, paths, keep, workers, strict, embedder, model, as_json):
+def ingest(ctx, paths, keep, kv_preset, workers, strict, embedder, model, as_json):
     """Archive transcripts: files or directories (searched recursively).
 
     \b
@@ -85,9 +93,11 @@ def ingest(ctx, paths, keep, workers, strict, embedder, model, as_json):
     from tqdm import tqdm
 
     archive = _open(ctx, model, embedder=embedder)
-    if "kv" in parse_keep(keep) and not any(c.source == "trained" for c in archive.codebooks()):
-        with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
-            archive.build_shipped_codebooks(progress=heard)
+    if "kv" in parse_keep(keep):
+        spec = presets.resolve(kv_preset, archive.loaded_model.identity.weights_hash)
+        if not any(c.source == "trained" and c.preset == spec for c in archive.codebooks()):
+            with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
+                archive.build_shipped_codebooks(progress=heard, preset=kv_preset)
     with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
 
         def progress(done: int, planned: int) -> None:
@@ -96,7 +106,7 @@ def ingest(ctx, paths, keep, workers, strict, embedder, model, as_json):
                 bar.refresh()
             bar.update(done)
 
-        results = archive.ingest(list(paths), keep=keep, progress=progress, workers=workers, strict=strict)
+        results = archive.ingest(list(paths), keep=keep, kv_preset=kv_preset, progress=progress, workers=workers, strict=strict)
     for r in results:
         if as_json:
             _emit(r.to_dict())

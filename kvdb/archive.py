@@ -49,7 +49,7 @@ from kvdb.services.reading import Reader
 from kvdb.services.searching import Searcher
 from kvdb.services.tier_l import TierL
 from kvdb.storage import is_lake, open_storage
-from kvdb.tiers import DEFAULT_KEEP, DEFAULT_WINDOW
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS, DEFAULT_WINDOW
 
 if TYPE_CHECKING:
     import numpy as np
@@ -189,6 +189,7 @@ class Archive:
         keep_cache: bool = False,
         workers: int = 1,
         strict: bool = False,
+        kv_preset: str = DEFAULT_KV_PRESET,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -205,6 +206,8 @@ class Archive:
         conversation seen growing leaves its last cache there.
         ``workers``: files (``source``) ingested by this many processes of this machine at once,
         each with its own model (``kvdb.services.workers``); results come in the order files finish.
+        ``kv_preset``: how finely tier K (``keep`` with ``kv``) is coded: ``faithful``, ``balanced``
+        or ``compact`` (each a spec per model, ``kvdb.codecs.presets``), or a spec such as "k4v3".
         """
         if workers != 1:
             from kvdb.services.workers import ingest_with_workers
@@ -213,9 +216,20 @@ class Archive:
                 raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed= and keep_cache= go with one process")
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
-            return ingest_with_workers(self.path, paths, workers, model=self.model_name, keep=keep, data_path=self._data_path, progress=progress, strict=strict)
+            return ingest_with_workers(
+                self.path, paths, workers, model=self.model_name, keep=keep, kv_preset=kv_preset, data_path=self._data_path, progress=progress, strict=strict
+            )
         return self._ingester.ingest(
-            source, text=text, messages=messages, name=name, keep=keep, progress=progress, computed=computed, keep_cache=keep_cache, strict=strict
+            source,
+            text=text,
+            messages=messages,
+            name=name,
+            keep=keep,
+            progress=progress,
+            computed=computed,
+            keep_cache=keep_cache,
+            strict=strict,
+            kv_preset=kv_preset,
         )
 
     def local_path(self, suffix: str) -> Path:
@@ -223,26 +237,29 @@ class Archive:
         under the kvdb cache directory for a lake)."""
         return self._storage.derived_path(suffix)
 
-    def check_keep(self, keep: str | Iterable[str]) -> None:
-        """Refuse now, with what to run, a ``keep`` that a later ``ingest`` would refuse, and make
-        ready what it needs (the model; tier K's codebooks, built on this machine's first use):
-        for a caller that ingests later and unattended, such as a server, and must fail at start."""
-        self._ingester.prepare(keep)
+    def check_keep(self, keep: str | Iterable[str], kv_preset: str = DEFAULT_KV_PRESET) -> None:
+        """Refuse now, with what to run, a ``keep`` (and ``kv_preset``) that a later ``ingest``
+        would refuse, and make ready what it needs (the model; tier K's codebooks, built on this
+        machine's first use): for a caller that ingests later and unattended, such as a server,
+        and must fail at start."""
+        self._ingester.prepare(keep, kv_preset)
 
     def train_codebooks(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
         """Residual-VQ codebooks for tier K, trained on the archive's own sessions (oldest first,
-        up to ``tokens`` positions); ``preset`` defaults to the model's (``presets.default_preset``)."""
+        up to ``tokens`` positions); ``preset``, a name or a spec, defaults to ``balanced``, as
+        ingest's: later ingests of the same preset's spec code with them."""
         return self._tier_k.train(preset, tokens, niter)
 
     def codebooks(self) -> list[CodebookSet]:
         """The tier K codebooks the archive holds (trained) or references (shipped), oldest first;
-        ingest codes with the newest of the model's, else with the shipped ones."""
+        ingest codes with the newest of the model's of its preset, else with the shipped ones."""
         return self._inventory.codebooks()
 
-    def build_shipped_codebooks(self, progress=None) -> ShippedCodebooks:
-        """Build now (once per machine and model) the shipped codebooks that ``--keep kv`` uses
-        when the archive has none; ``progress(kind, layer)`` hears of each layer trained."""
-        return self._tier_k.build_shipped(progress)
+    def build_shipped_codebooks(self, progress=None, preset: str = DEFAULT_KV_PRESET) -> ShippedCodebooks:
+        """Build now (once per machine, model and preset) the shipped codebooks that ``--keep kv``
+        uses when the archive has none of the preset; ``progress(kind, layer)`` hears of each
+        layer trained."""
+        return self._tier_k.build_shipped(progress, preset)
 
     # reading --------------------------------------------------------------------------
     def sessions(self) -> list[Session]:
@@ -282,13 +299,19 @@ class Archive:
         return self._reader.prefixes(words)
 
     # restore --------------------------------------------------------------------------
-    def restore(self, session: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
+    def restore(
+        self, session: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS
+    ) -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all).
 
         ``exact`` prefills from the token tier; ``archive`` builds the cache from tier K (no
         forward pass over the session, approximate: see ``fidelity``); ``decode`` rebuilds tokens
-        and cache from tier L alone, one model step per token; ``auto`` takes the archive when
-        every node on the path has tier K, else the exact prefill.
+        and cache from tier L alone, one model step per token; ``auto`` takes tier K only when
+        every node on the path has it, coded with a preset measured (kvdb/data/kv_fidelity.json,
+        shipped codebooks) within ``max_loss``, a perplexity ratio over the exact cache's, at every
+        length measured; else the exact prefill (or tier L's decode, where the tokens are only
+        there). The result's ``reason`` says why it took its mode, and an archive restore's
+        ``fidelity`` what its preset was measured to cost.
 
         ``window`` is how an archive restore makes the exact window: ``recompute`` recomputes
         the sinks and the 32 most recent positions in one forward pass over the restored prefix;
@@ -296,7 +319,7 @@ class Archive:
         cache of them, shared by every session that opens with the same tokens and computed
         once; every other position from tier K): faster, and further from the exact cache.
         """
-        return self._restorer.restore(session, at, mode, window)
+        return self._restorer.restore(session, at, mode, window, max_loss)
 
     def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> Fidelity:
         """How closely the archive restore follows the exact one, on a ``probe`` of the session's tokens."""
@@ -311,11 +334,13 @@ class Archive:
         positions afterwards, so calling it again continues from the same state."""
         return self._restorer.generate(restored, prompt, max_new_tokens)
 
-    def resume(self, ids, better_than: int = 0, mode: str = "exact") -> RestoredSession | None:
+    def resume(self, ids, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession | None:
         """The cache of the longest archived prefix of ``ids`` (token ids) over ``better_than``
         tokens that the archive gives back without a forward pass over it: the exact cache the
-        prefix cache keeps, or with ``mode="archive"`` tier K's (approximate); None if none."""
-        return self._resumer.resume(ids, better_than, mode)
+        prefix cache keeps, or with ``mode="archive"`` tier K's (approximate), or with
+        ``mode="auto"`` tier K's where its preset is measured within ``max_loss`` (as ``restore``'s
+        auto); None if none."""
+        return self._resumer.resume(ids, better_than, mode, max_loss)
 
     def keep_cache(self, ids, cache) -> None:
         """Keep the exact ``cache`` of ``ids`` (an archived session's tokens) in the prefix cache,
@@ -406,8 +431,8 @@ class SessionHandle(Session):
     def turns(self, start: int | None = None, end: int | None = None) -> list[Turn]:
         return self.archive.turns(self.session_id, start, end)
 
-    def restore(self, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
-        return self.archive.restore(self.session_id, at, mode, window)
+    def restore(self, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
+        return self.archive.restore(self.session_id, at, mode, window, max_loss)
 
     def search(self, phrase: str, k: int = 10, context: int = 32) -> list[Hit]:
         return self.archive.search(phrase, k, context, session=self.session_id)

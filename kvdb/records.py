@@ -161,6 +161,7 @@ class Stats:
     kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
     codebook_bytes: int = 0  # stored in the archive
     shipped_codebook_bytes: int = 0  # referenced: in this machine's cache, shared by every archive of the model
+    kv_bytes_by_preset: dict = field(default_factory=dict)  # tier K bytes per preset: its name where it has one, else its spec
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,6 +195,31 @@ class Prefix:
         return {"node_id": self.node_id, "tokens": self.tokens, "bits": round(self.bits, 2), "sessions": self.sessions, "text": self.text}
 
 
+@dataclass(frozen=True)
+class PresetFidelity:
+    """What a tier K restore with a path's codebooks was measured to cost (kvdb/data/kv_fidelity.json):
+    ``lengths`` maps a context length ("1024", "4096", "8000") to its ``ppl_ratio``, ``kl`` and
+    ``top1`` against the exact cache (a figure None where unmeasured); empty, with ``measured_by``
+    None, where nothing measured these codebooks (trained ones, or a spec never benchmarked)."""
+
+    preset: str | None  # its name (faithful, balanced, compact) with this model, else None
+    spec: str
+    source: CodebookSource
+    lengths: dict = field(default_factory=dict)
+    measured_by: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", CodebookSource(self.source))
+
+    @property
+    def label(self) -> str:
+        """How a message names it: ``compact (k3v3+...)``, or the spec alone."""
+        return f"{self.preset} ({self.spec})" if self.preset else self.spec
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), source=self.source.value)
+
+
 @dataclass
 class RestoredSession:
     """A session's first ``position`` tokens, live in ``cache`` for ``model``.
@@ -210,12 +236,21 @@ class RestoredSession:
     mode: RestoreMode  # the mode it took: never ``auto``
     seconds: float
     tokens: np.ndarray = field(repr=False)
+    reason: str = ""  # why this mode, for the user (``auto`` weighs tier K's measured fidelity)
+    fidelity: PresetFidelity | None = None  # of tier K's preset, for a restore from it; None for the others
 
     def __post_init__(self) -> None:
         self.mode = RestoreMode(self.mode)
 
     def to_dict(self) -> dict:
-        return {"session_id": self.session_id, "mode": self.mode.value, "restored_tokens": self.position, "seconds": round(self.seconds, 4)}
+        return {
+            "session_id": self.session_id,
+            "mode": self.mode.value,
+            "restored_tokens": self.position,
+            "seconds": round(self.seconds, 4),
+            "reason": self.reason,
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+        }
 
 
 class _ReadAsDict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
+from kvdb.codecs.presets import DEFAULT_NAME as DEFAULT_KV_PRESET  # noqa: F401 (the name the CLI, server and library share)
 from kvdb.errors import InvalidArgument
 
 
@@ -43,6 +44,8 @@ DEFAULT_KEEP = "tokens,search,semantic"
 RESTORE_MODES = tuple(m.value for m in RestoreMode)
 WINDOWS = tuple(w.value for w in Window)
 DEFAULT_WINDOW = Window.RECOMPUTE.value  # until the recent window is coded closer (docs/decisions/0022)
+# the perplexity ratio over an exact cache that ``auto`` tolerates from tier K's measured fidelity (issue 33, decision 0039)
+DEFAULT_MAX_LOSS = 1.05
 
 
 def parse_keep(keep: str | Iterable[str]) -> frozenset[Tier]:
@@ -59,3 +62,10 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[Tier]:
     if "semantic" in tiers and "tokens" not in tiers:
         raise InvalidArgument("the semantic tier needs the token tier (a hit's snippet, and the words its ranking counts, are read from the tokens)")
     return frozenset(Tier(t) for t in tiers)
+
+
+def check_max_loss(max_loss: float) -> float:
+    """A tolerated perplexity ratio: an exact cache is 1.0, so a tolerance below it asks for better than exact."""
+    if not max_loss >= 1.0:  # NaN too
+        raise InvalidArgument(f"max_loss is a perplexity ratio over the exact cache's, at least 1.0 (1.05: 5% more perplexed); got {max_loss}")
+    return float(max_loss)

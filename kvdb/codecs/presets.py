@@ -1,5 +1,6 @@
 """Tier K presets: how many residual stages, of which codebook sizes, each kind gets in each layer
-and KV head; and the preset measured for a model (decisions 0010, 0027 and 0028).
+and KV head; and the named presets (faithful, balanced, compact) a model's specs go by
+(decisions 0010, 0027 and 0028).
 
 A preset is a string::
 
@@ -23,14 +24,24 @@ from kvdb.errors import InvalidArgument
 
 KINDS = ("k", "v")
 
-# Every layer alike: the preset of a model nobody has measured (decision 0010).
+# The presets a user names (``--kv-preset``): from most faithful to most compact (issue 33).
+NAMES = ("faithful", "balanced", "compact")
+DEFAULT_NAME = "balanced"
+# Every layer alike: the compact preset of a model nobody has measured (decision 0010), and
+# deeper codes for the other names.
 DEFAULT_PRESET = "k4v3"
+UNMEASURED = {"faithful": "k8v6", "balanced": "k6v4", "compact": DEFAULT_PRESET}
 # Presets measured on one model's weights (by their hash): deeper key codes for its copy heads,
 # fewer where keys barely matter (benchmarks/kv_ideas.py, decisions 0027 and 0028). The heads
-# are that model's, so no other model gets them.
+# are that model's, so no other model gets them. A name's figures are looked up by its spec
+# (kvdb.codecs.fidelity), so changing a spec here is the whole change.
 MEASURED_PRESETS = {
-    # SmolLM2-135M-Instruct, the embedded model
-    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
+    # SmolLM2-135M-Instruct, the embedded model; balanced and faithful are placeholders until measured
+    "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": {
+        "faithful": "k16v8",
+        "balanced": "k8v6",
+        "compact": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
+    },
 }
 
 
@@ -42,9 +53,26 @@ MEASURED_KEY_SHARPENING = {
 }
 
 
-def default_preset(weights_hash: str) -> str:
-    """The preset tier K uses for a model when nobody names one."""
-    return MEASURED_PRESETS.get(weights_hash, DEFAULT_PRESET)
+def named(weights_hash: str) -> dict[str, str]:
+    """A model's named presets: ``{"faithful": spec, "balanced": spec, "compact": spec}``."""
+    return MEASURED_PRESETS.get(weights_hash, UNMEASURED)
+
+
+def resolve(name_or_spec: str, weights_hash: str) -> str:
+    """The spec a preset name stands for with a model's weights; a spec is returned as given,
+    once its grammar is checked (its layers and heads are checked against the model on use)."""
+    given = name_or_spec.strip()
+    if given in NAMES:
+        return named(weights_hash)[given]
+    base, *overrides = given.split("+")
+    if not _BASE.match(base) or not all(_OVERRIDE.match(o) for o in overrides):
+        raise InvalidArgument(f"unknown preset {name_or_spec!r}: name one of {', '.join(NAMES)}, or give a spec such as 'k4v2' or 'k3v2+k5@0-1'")
+    return given
+
+
+def name_of(spec: str, weights_hash: str) -> str | None:
+    """The name a spec goes by with a model's weights (the most faithful, where two share it), else None."""
+    return next((name for name, known in named(weights_hash).items() if known == spec), None)
 
 
 def key_sharpening(weights_hash: str) -> float:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvdb import transcripts
+from kvdb.codecs import presets
+from kvdb.codecs.presets import DEFAULT_NAME
 from kvdb.errors import EmptyTranscript, InvalidArgument, StaleWrite, TranscriptError
 from kvdb.index import trie
 from kvdb.index.walk import Indexes, index_key
@@ -92,6 +94,7 @@ class Ingester:
         computed: Computed | None = None,
         keep_cache: bool = False,
         strict: bool = False,
+        kv_preset: str = DEFAULT_NAME,
     ) -> list[IngestResult]:
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
@@ -100,9 +103,11 @@ class Ingester:
         self._storage.check_writable()
         optional = parse_keep(keep)
         if text is not None:
-            return self._ingest_source(lambda: [transcripts.transcript_from_text(text, name or "text")], optional, progress, computed, keep_cache)
+            return self._ingest_source(lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache)
         if messages is not None:
-            return self._ingest_source(lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, progress, computed, keep_cache)
+            return self._ingest_source(
+                lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, kv_preset, progress, computed, keep_cache
+            )
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
         found: list[Path] = []
@@ -112,15 +117,17 @@ class Ingester:
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         for path in dict.fromkeys(found):
-            results.extend(self._ingest_file(path, optional, progress, keep_cache, strict))
+            results.extend(self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict))
         return results
 
-    def _ingest_file(self, path: Path, optional: frozenset[str], progress: Progress | None, keep_cache: bool, strict: bool) -> list[IngestResult]:
+    def _ingest_file(
+        self, path: Path, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool
+    ) -> list[IngestResult]:
         def archive(progress: Progress | None) -> list[IngestResult]:
             skipped: list[dict] | None = None if strict else []  # malformed records left out, named in the file's first result
             try:
                 results = self._ingest_source(
-                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped), optional, progress, keep_cache=keep_cache
+                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped), optional, kv_preset, progress, keep_cache=keep_cache
                 )
             except EmptyTranscript as exc:
                 results = [IngestResult(None, path.stem, str(path), 0, IngestStatus.EMPTY, str(exc))]
@@ -142,24 +149,32 @@ class Ingester:
 
             return archive(renewing)
 
-    def prepare(self, keep) -> tuple[Any, str | None]:
-        """(the model, tier K's codebook id if ``keep`` asks for tier K): the archive's writes that
-        come before any session's (the model's row; the shipped codebooks' reference, built on
-        this machine's first use), done at once. A server calls it at start, to fail there."""
+    def prepare(self, keep, kv_preset: str = DEFAULT_NAME) -> tuple[Any, str | None]:
+        """(the model, tier K's codebook id of ``kv_preset`` if ``keep`` asks for tier K): the
+        archive's writes that come before any session's (the model's row; the shipped codebooks'
+        reference, built on this machine's first use), done at once. A server calls it at start,
+        to fail there."""
         optional = parse_keep(keep)
         loaded = self._models.get()
+        presets.resolve(kv_preset, loaded.identity.weights_hash)  # a bad preset refused before any write
         self._models.register()
-        books = self._tier_k().ensure_codebooks(loaded.identity.model_id) if "kv" in optional else None
+        books = self._tier_k().ensure_codebooks(loaded.identity.model_id, kv_preset) if "kv" in optional else None
         return loaded, books
 
     def _ingest_source(
-        self, sessions: Callable[[], Iterable], optional: frozenset[str], progress: Progress | None, computed: Computed | None = None, keep_cache: bool = False
+        self,
+        sessions: Callable[[], Iterable],
+        optional: frozenset[str],
+        kv_preset: str,
+        progress: Progress | None,
+        computed: Computed | None = None,
+        keep_cache: bool = False,
     ) -> list[IngestResult]:
         """Archive the sessions of one source. It is parsed before the model loads (a malformed
         file is refused in milliseconds), then each session is rendered and tokenized, all
         before the first write: a failure anywhere writes nothing."""
         items = list(sessions())
-        loaded, books = self.prepare(optional)
+        loaded, books = self.prepare(optional, kv_preset)
         context = self._models.context_tokens(loaded)
         planned = plan_sessions(items, lambda item: render_ids(loaded.tokenizer, item, context))
         if progress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvdb.codecs import presets
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import CodebookSet, CodebookSource, Stats
 from kvdb.services import shipped_codebooks
@@ -39,7 +40,20 @@ class Inventory:
             ratio,
             counts["codebook_bytes"],
             sum(c.centroid_bytes for c in self.codebooks() if c.source is CodebookSource.SHIPPED),
+            self._kv_bytes_by_preset(),
         )
+
+    def _kv_bytes_by_preset(self) -> dict[str, int]:
+        """Tier K code bytes per preset: its name with its model where it has one, else its spec
+        (a trained set and the shipped one of a spec count together: they cost the same)."""
+        stored = self._storage.kv_bytes_by_codebooks()
+        out: dict[str, int] = {}
+        for row in self._storage.codebook_rows():
+            if row.codebook_id in stored:
+                model = self._storage.get_model(row.model_id)
+                label = (presets.name_of(row.preset, model.weights_hash) if model is not None else None) or row.preset
+                out[label] = out.get(label, 0) + stored[row.codebook_id]
+        return out
 
     def codebooks(self) -> list[CodebookSet]:
         return [shipped_codebooks.codebook_set(row) for row in self._storage.codebook_rows()]

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
+from kvdb.codecs import fidelity as fidelity_ops
 from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.index import trie
 from kvdb.model import capture, chat, lmcode
 from kvdb.model import loading as lm_ops
 from kvdb.model import tokenizer as tok
 from kvdb.model.loading import LoadedModel
-from kvdb.records import RestoredSession
+from kvdb.records import CodebookSource, PresetFidelity, RestoredSession
 from kvdb.storage.base import NodeRow
 from kvdb.tiers import DEFAULT_WINDOW, RestoreMode
 
@@ -48,6 +49,30 @@ def restore_archive(
     positions (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md, 0022 and 0024)."""
     cache = capture.restore_layers(loaded.model, prefix, layers, pre_rope=True, window=window, exact_sinks=exact_sinks)
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.ARCHIVE, time.perf_counter() - started, prefix)
+
+
+def judged(measured: PresetFidelity, max_loss: float) -> tuple[bool, str]:
+    """(whether ``auto`` may restore from tier K, the sentence that says why): only when its
+    preset was measured, at every length measured, within ``max_loss`` (decision 0039)."""
+    worst = fidelity_ops.worst_ppl(measured.lengths)
+    if measured.source is CodebookSource.TRAINED:
+        return False, f"tier K was coded with codebooks trained on this archive ({measured.label}), whose fidelity nobody measured"
+    if worst is None:
+        return False, f"tier K preset {measured.label} has no measured fidelity for this model"
+    at, ratio = worst
+    if ratio > max_loss:
+        return False, f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at {at:,} tokens, above max-loss {max_loss:g}"
+    return True, f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at worst ({at:,} tokens), within max-loss {max_loss:g}"
+
+
+def measured_words(measured: PresetFidelity) -> str:
+    """An explicit archive restore's account of its preset."""
+    worst = fidelity_ops.worst_ppl(measured.lengths)
+    if measured.source is CodebookSource.TRAINED:
+        return f"tier K codebooks trained on this archive ({measured.label}), fidelity not measured"
+    if worst is None:
+        return f"tier K preset {measured.label}, fidelity not measured for this model"
+    return f"tier K preset {measured.label}, measured at ppl x{worst[1]:.2f} at worst ({worst[0]:,} tokens)"
 
 
 @torch.no_grad()

@@ -10,14 +10,18 @@ from kvdb.index import trie
 from kvdb.model import capture
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
-from kvdb.records import Fidelity, RestoredSession
+from kvdb.records import Fidelity, PresetFidelity, RestoredSession
 from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader, clip_range
 from kvdb.services.tier_k import TierK
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
-from kvdb.tiers import DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
+from kvdb.storage.base import NodeRow
+from kvdb.tiers import DEFAULT_MAX_LOSS, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS, check_max_loss
+
+# what each mode does, as the end of a restore's reason
+_DONE = {"exact": "prefilled exactly", "archive": "restored from tier K", "decode": "decoded from tier L (some tokens are kept only there)"}
 
 
 class Restorer:
@@ -29,21 +33,26 @@ class Restorer:
         self._tier_k = tier_k
         self._tier_l = tier_l
 
-    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW) -> RestoredSession:
+    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
         if mode not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
         if window not in WINDOWS:
             raise InvalidArgument(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
+        max_loss = check_max_loss(max_loss)
         row = self._reader.resolve(ref)
         at = row.n_tokens if at is None else at
         clip_range(row, 0, at)
         loaded = self._models.for_session(row)
         path = self._storage.node_path(row.session_id)
         nodes = [n for n in path if n.start < at]
-        if mode == "auto" and nodes and all("kv" in n.keep for n in nodes):
-            mode = "archive"
-        elif mode == "auto":  # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
-            mode = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
+        measured = self._tier_k.path_fidelity(nodes) if nodes and all("kv" in n.keep for n in nodes) and mode in ("auto", "archive") else None
+        mode, reason = _mode(mode, nodes, measured, max_loss)
+        restored = self._restore(loaded, row, path, nodes, at, mode, window)
+        restored.reason = reason
+        restored.fidelity = measured if restored.mode == "archive" else None
+        return restored
+
+    def _restore(self, loaded, row, path: list[NodeRow], nodes: list[NodeRow], at: int, mode: str, window: str) -> RestoredSession:
         if mode == "decode" and nodes:
             return self._tier_l.restore(row, nodes, at)
         tokens = self._reader.path_tokens(row, 0, at, path)
@@ -87,3 +96,20 @@ class Restorer:
         chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
         prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat)
         return restore_ops.continue_restored(loaded, restored, prompt_ids, max_new_tokens)
+
+
+def _mode(asked: str, nodes: list[NodeRow], measured: PresetFidelity | None, max_loss: float) -> tuple[str, str]:
+    """The mode a restore takes, and why, in a sentence for the user (decision 0039): ``measured``
+    is the fidelity of the path's tier K, None where some node has none."""
+    if not nodes:
+        return "exact", "nothing before position 0 to restore"
+    if asked == "archive" and measured is not None:
+        return asked, f"{_DONE[asked]}, as asked (mode archive); {restore_ops.measured_words(measured)}"
+    if asked != "auto":
+        return asked, f"{_DONE[asked]}, as asked (mode {asked})"
+    # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
+    fallback = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
+    if measured is None:
+        return fallback, f"the session has no tier K on every token restored: {_DONE[fallback]}"
+    taken, why = restore_ops.judged(measured, max_loss)
+    return ("archive", f"{why}: {_DONE['archive']}") if taken else (fallback, f"{why}: {_DONE[fallback]}")

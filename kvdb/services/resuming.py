@@ -20,12 +20,12 @@ from kvdb.services import restore_modes as restore_ops
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
-from kvdb.tiers import RestoreMode
+from kvdb.tiers import DEFAULT_MAX_LOSS, RestoreMode, check_max_loss
 
 if TYPE_CHECKING:
     from kvdb.services.tier_k import TierK
 
-RESUME_MODES = ("exact", "archive")
+RESUME_MODES = ("exact", "auto", "archive")
 
 
 class Resumer:
@@ -36,14 +36,16 @@ class Resumer:
         self._tier_k = tier_k  # built on first use: only `--restore archive` reads tier K
         self._prefix_cache = prefix_cache
 
-    def resume(self, ids: np.ndarray, better_than: int = 0, mode: str = "exact") -> RestoredSession | None:
+    def resume(self, ids: np.ndarray, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession | None:
         """The cache of the longest archived prefix of ``ids`` longer than ``better_than`` tokens:
         from the prefix cache (the deepest node of the matched path it holds, cropped to the
         match: the prefix of an archived exchange is resumed from the exchange's cache), or, with
         ``mode="archive"``, from tier K where that restores more than its recomputed window
-        adds; None when neither has more. ``session_id`` names the archived path restored."""
+        adds (``"auto"``: only where its preset is measured within ``max_loss``, as a restore's
+        auto); None when neither has more. ``session_id`` names the archived path restored."""
         if mode not in RESUME_MODES:
             raise InvalidArgument(f"unknown resume mode {mode!r}; choose from {', '.join(RESUME_MODES)}")
+        max_loss = check_max_loss(max_loss)
         loaded = self._models.get()
         model_id = loaded.identity.model_id
         ids = np.asarray(ids, dtype=np.int64)
@@ -60,10 +62,15 @@ class Resumer:
         held = found[0] if found is not None else better_than
         leaf = self._storage.get_session(match.node.node_id)  # tier K is read through a session: the one ending in the match's node
         nodes = [n for n in path if n.start < at]
-        if mode == "archive" and leaf is not None and at - capture.SINKS - capture.RECENT > held and all("kv" in n.keep for n in nodes):
-            layers = self._tier_k().layers(leaf, nodes, at)
-            # the server counts the window it recomputes as computed (not cached) tokens
-            return restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute")
+        if mode != "exact" and leaf is not None and at - capture.SINKS - capture.RECENT > held and all("kv" in n.keep for n in nodes):
+            measured = self._tier_k().path_fidelity(nodes)
+            taken, why = restore_ops.judged(measured, max_loss) if mode == "auto" else (True, restore_ops.measured_words(measured))
+            if taken:
+                layers = self._tier_k().layers(leaf, nodes, at)
+                # the server counts the window it recomputes as computed (not cached) tokens
+                restored = restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute")
+                restored.reason, restored.fidelity = why, measured
+                return restored
         if found is None:
             return None
         return RestoredSession(

@@ -84,16 +84,17 @@ class Reference:
             raise CorruptData(f"shipped-codebook reference holds no recipe ({type(exc).__name__}: {exc})") from exc
 
 
-def recipe(identity) -> dict:
-    """This kvdb's build recipe for a model (``identity``: its ModelRow): everything the centroids
-    depend on. An archive's reference may hold another preset, chunk, size or iteration count
-    (an older kvdb's): :func:`build` follows the recipe it is given."""
+def recipe(identity, preset: str | None = None) -> dict:
+    """This kvdb's build recipe for a model (``identity``: its ModelRow) and a preset spec (default:
+    the model's default named preset): everything the centroids depend on. An archive's reference
+    may hold another chunk, size or iteration count (an older kvdb's): :func:`build` follows the
+    recipe it is given."""
     return {
         "version": RECIPE_VERSION,
         "weights_hash": identity.weights_hash,
         "tokenizer_hash": identity.tokenizer_hash,
         "calibration_sha256": _calibration_sha256(),
-        "preset": presets.default_preset(identity.weights_hash),
+        "preset": preset or presets.resolve(presets.DEFAULT_NAME, identity.weights_hash),
         "chunk": CHUNK,
         "positions": POSITIONS,
         "niter": NITER,
@@ -114,9 +115,9 @@ def cache_path(key: str) -> Path:
     return cache_dir() / "codebooks" / f"{key}.rvq"
 
 
-def is_built(identity) -> bool:
-    """Whether this machine has built the shipped codebooks of a model (``identity``: its ModelRow)."""
-    return cache_path(recipe_key(recipe(identity))).is_file()
+def is_built(identity, preset: str | None = None) -> bool:
+    """Whether this machine has built the shipped codebooks of a model (``identity``: its ModelRow) and preset spec."""
+    return cache_path(recipe_key(recipe(identity, preset))).is_file()
 
 
 def cached(reference: Reference) -> quant.Codebooks | None:
@@ -142,12 +143,12 @@ def buildable(wanted: dict, identity) -> bool:
     return all(wanted.get(field) == ours[field] for field in ("version", "weights_hash", "tokenizer_hash", "calibration_sha256"))
 
 
-def build(loaded, progress=None, wanted: dict | None = None) -> tuple[Reference, quant.Codebooks, bool]:
+def build(loaded, progress=None, wanted: dict | None = None, preset: str | None = None) -> tuple[Reference, quant.Codebooks, bool]:
     """(reference, codebooks, whether they were built now) for a loaded model and a recipe
-    (default: this kvdb's): this machine's cached build, else a new one (157 s for SmolLM2 on
-    2 idle cores; written atomically, so a concurrent first build is harmless).
-    ``progress(kind, layer)`` hears of each layer trained."""
-    wanted = wanted or recipe(loaded.identity)
+    (default: this kvdb's, of ``preset``, a spec): this machine's cached build, else a new one
+    (157 s for SmolLM2's compact preset on 2 idle cores; written atomically, so a concurrent first
+    build is harmless). ``progress(kind, layer)`` hears of each layer trained."""
+    wanted = wanted or recipe(loaded.identity, preset)
     path = cache_path(recipe_key(wanted))
     found = _read(path)
     built = found is None

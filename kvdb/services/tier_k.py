@@ -1,8 +1,9 @@
 """Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.codecs.quant), keys rotated
-back to pre-RoPE. This service finds the codebooks (trained on the archive's own sessions, else
-the shipped ones of kvdb.services.shipped_codebooks), trains them on request, codes a
-cache at ingest, and de-quantizes a path's positions for a restore; it keeps the codebooks it
-has parsed (content-addressed by id, so never stale)."""
+back to pre-RoPE. This service finds the codebooks of a preset (trained on the archive's own
+sessions, else the shipped ones of kvdb.services.shipped_codebooks), trains them on request, codes
+a cache at ingest, de-quantizes a path's positions for a restore, and says what the path's preset
+was measured to cost (kvdb.codecs.fidelity); it keeps the codebooks it has parsed
+(content-addressed by id, so never stale)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import code_layout, presets, quant
+from kvdb.codecs import code_layout, fidelity, presets, quant
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture
-from kvdb.records import ShippedCodebooks, TrainedCodebooks
+from kvdb.records import PresetFidelity, ShippedCodebooks, TrainedCodebooks
 from kvdb.services import shipped_codebooks as shipped
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
-from kvdb.storage.base import NodeRow, PutCodebooks, SessionRow
+from kvdb.storage.base import CodebookRow, NodeRow, PutCodebooks, SessionRow
 
 
 class TierK:
@@ -32,44 +33,72 @@ class TierK:
         self._decoding: dict[str, quant.Codebooks] = {}  # codebook id -> sharpened for restores
         self._references: dict[str, bytes] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
 
-    def codebooks(self, model_id: str, codebook_id: str | None = None) -> tuple[str, quant.Codebooks]:
-        """The named codebooks, else the model's newest, else the shipped ones (kvdb.services.shipped_codebooks:
-        built on this machine's first use; ``ensure_codebooks`` references them in the archive)."""
+    def codebooks(self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME) -> tuple[str, quant.Codebooks]:
+        """The named codebooks, else the model's newest of ``preset`` (a name or a spec), else the
+        shipped ones of that spec (kvdb.services.shipped_codebooks: built on this machine's first
+        use; ``ensure_codebooks`` references them in the archive)."""
         if codebook_id is None:
-            found = self._storage.codebooks_for(model_id)
+            spec = self._spec(model_id, preset)
+            found = self._storage.codebooks_for(model_id, spec)
             if found is None:
-                return self._shipped(model_id)
+                return self._shipped(model_id, spec)
             codebook_id = found[0]
         if codebook_id not in self._books:
             data = self._storage.codebook_data(codebook_id)
             self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else quant.Codebooks.from_bytes(data)
         return codebook_id, self._books[codebook_id]
 
-    def build_shipped(self, progress=None) -> ShippedCodebooks:
-        """This machine's shipped codebooks for the archive's model, built if missing (the archive
-        records a reference only once a session is coded with them)."""
+    def build_shipped(self, progress=None, preset: str = presets.DEFAULT_NAME) -> ShippedCodebooks:
+        """This machine's shipped codebooks of a preset for the archive's model, built if missing
+        (the archive records a reference only once a session is coded with them)."""
         start = time.perf_counter()
         loaded = self._models.get()
+        spec = presets.resolve(preset, loaded.identity.weights_hash)
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
-        reference, books, built = shipped.build(loaded, progress)
+        reference, books, built = shipped.build(loaded, progress, preset=spec)
         return ShippedCodebooks(
             loaded.identity.model_id, books.preset, reference.nbytes, built, str(shipped.cache_path(reference.key)), round(time.perf_counter() - start, 2)
         )
 
-    def ensure_codebooks(self, model_id: str) -> str:
-        """The id of the codebooks new sessions are coded with: the model's newest, else the
-        shipped ones, whose reference is written to the archive here (their first build on this
-        machine takes minutes, with the file let go)."""
-        codebook_id, books = self.codebooks(model_id)  # parsed now, with the file held: coding later reads nothing from it
-        if self._storage.codebooks_for(model_id) is None:
+    def ensure_codebooks(self, model_id: str, preset: str = presets.DEFAULT_NAME) -> str:
+        """The id of the codebooks new sessions of a preset (a name or a spec) are coded with: the
+        model's newest of that spec, else the shipped ones, whose reference is written to the
+        archive here (their first build on this machine takes minutes, with the file let go).
+        Sessions coded before keep the codebooks they were coded with."""
+        codebook_id, books = self.codebooks(model_id, preset=preset)  # parsed now, with the file held: coding later reads nothing from it
+        if self._storage.codebooks_for(model_id, books.preset) is None:
             reference = self._references[codebook_id]
             self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, reference))
         return codebook_id
 
-    def _shipped(self, model_id: str) -> tuple[str, quant.Codebooks]:
+    def path_fidelity(self, nodes: list[NodeRow]) -> PresetFidelity:
+        """What a restore from these nodes' tier K was measured to cost (kvdb.codecs.fidelity): the
+        least faithful of the codebook sets they were coded with (one, unless the path's nodes were
+        ingested with different presets); codebooks trained on the archive are never measured."""
+        used = set(self._storage.node_codebooks([n.node_id for n in nodes]).values())
+        found = [self._fidelity(row) for row in self._storage.codebook_rows() if row.codebook_id in used]
+        assert found, "a node with tier K names codebooks the archive holds"
+        return max(found, key=_loss)
+
+    def _fidelity(self, row: CodebookRow) -> PresetFidelity:
+        source = shipped.codebook_set(row).source
+        model = self._storage.get_model(row.model_id)
+        assert model is not None  # the model of stored codebooks is stored
+        figures = fidelity.measured(model.weights_hash, row.preset, source.value)
+        name = presets.name_of(row.preset, model.weights_hash)
+        if figures is None:
+            return PresetFidelity(name, row.preset, source)
+        return PresetFidelity(name, row.preset, source, figures["lengths"], figures.get("measured_by"))
+
+    def _spec(self, model_id: str, preset: str) -> str:
+        row = self._storage.get_model(model_id)
+        weights_hash = row.weights_hash if row is not None else self._loaded(model_id).identity.weights_hash
+        return presets.resolve(preset, weights_hash)
+
+    def _shipped(self, model_id: str, spec: str) -> tuple[str, quant.Codebooks]:
         loaded = self._loaded(model_id)
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
-        reference, books, _ = shipped.build(loaded)
+        reference, books, _ = shipped.build(loaded, preset=spec)
         data = reference.to_bytes()
         codebook_id = hashlib.sha256(data).hexdigest()[:32]
         self._books[codebook_id] = books
@@ -120,9 +149,9 @@ class TierK:
     def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
         """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
         (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed),
-        with the model's own preset (``presets.default_preset``) unless one is named."""
+        of a preset (a name or a spec; default: balanced, as ingest's)."""
         loaded = self._models.get()
-        preset = preset or presets.default_preset(loaded.identity.weights_hash)
+        preset = presets.resolve(preset or presets.DEFAULT_NAME, loaded.identity.weights_hash)
         layers, _, heads, _ = capture.attention_shape(loaded.model)
         alloc = presets.allocation(preset, layers, heads)
         depth = presets.depths(preset, layers, heads)
@@ -177,3 +206,9 @@ class TierK:
         if len(parts) == 1:  # one node (the common case): its layers as decoded, not joined
             return parts[0]
         return ((np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)) for ks, vs in (zip(*layer) for layer in zip(*parts)))
+
+
+def _loss(measured: PresetFidelity) -> float:
+    """A preset's worst measured perplexity ratio; unmeasured counts as the worst of all."""
+    worst = fidelity.worst_ppl(measured.lengths)
+    return float("inf") if worst is None else worst[1]

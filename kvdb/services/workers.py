@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvdb.errors import InvalidArgument, TranscriptError, WorkerDied
 from kvdb.records import IngestResult, IngestStatus
-from kvdb.tiers import DEFAULT_KEEP
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET
 
 
 def ingest_with_workers(
@@ -28,6 +28,7 @@ def ingest_with_workers(
     *,
     model: str | None = None,
     keep: str | Iterable[str] = DEFAULT_KEEP,
+    kv_preset: str = DEFAULT_KV_PRESET,
     data_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     strict: bool = False,
@@ -56,7 +57,7 @@ def ingest_with_workers(
     for _ in range(count):
         tasks.put(None)
     threads = max(1, (os.cpu_count() or 1) // count)  # the cores shared out: more threads than cores only contend
-    args = (str(location), model, keep, None if data_path is None else str(data_path), threads, strict, tasks, events)
+    args = (str(location), model, keep, kv_preset, None if data_path is None else str(data_path), threads, strict, tasks, events)
     processes = [context.Process(target=_work, args=args, daemon=True) for _ in range(count)]
     for p in processes:
         p.start()
@@ -88,7 +89,9 @@ def ingest_with_workers(
     return results
 
 
-def _work(location: str, model: str | None, keep: str | Iterable[str], data_path: str | None, threads: int, strict: bool, tasks, events) -> None:
+def _work(
+    location: str, model: str | None, keep: str | Iterable[str], kv_preset: str, data_path: str | None, threads: int, strict: bool, tasks, events
+) -> None:
     import dataclasses
 
     import torch
@@ -100,7 +103,7 @@ def _work(location: str, model: str | None, keep: str | Iterable[str], data_path
     try:
         with kvdb.open(location, model=model, data_path=data_path) as archive:
             while (path := tasks.get()) is not None:
-                done = archive.ingest(path, keep=keep, progress=lambda d, p: events.put(("progress", d, p)), strict=strict)
+                done = archive.ingest(path, keep=keep, kv_preset=kv_preset, progress=lambda d, p: events.put(("progress", d, p)), strict=strict)
                 events.put(("results", [dataclasses.asdict(r) for r in done]))
     except KvdbError as exc:
         events.put(("error", type(exc).__name__, str(exc)))

@@ -36,11 +36,13 @@ class Archiver:
         access: ArchiveAccess,
         gate: ModelGate,
         keep: str,
+        kv_preset: str,
     ):
         self._journal = journal
         self._access = access
         self._gate = gate
         self._keep = keep
+        self._kv_preset = kv_preset
         self._keep_runs_model = bool(parse_keep(keep) & {"lm", "kv"})  # tier L codes, and tier K quantizes, with the model
         self._queue: queue.Queue[tuple[Path, Computed | None] | None] = queue.Queue()
         self._stopping = threading.Event()
@@ -84,5 +86,5 @@ class Archiver:
         # over the template's closing tokens only, and no request waits for that.
         whole = computed is None or self._keep_runs_model
         with self._gate.held() if whole else self._gate.idle():
-            self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, computed=computed, keep_cache=True))
+            self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, kv_preset=self._kv_preset, computed=computed, keep_cache=True))
         self._journal.done(path)

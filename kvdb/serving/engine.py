@@ -37,10 +37,10 @@ from kvdb.serving.params import Request
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
 from kvdb.serving.reply import Reply
 from kvdb.serving.responses import Completion, Embeddings, Header, SessionView
-from kvdb.tiers import DEFAULT_KEEP
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS, check_max_loss
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
-RESTORE_MODES = ("exact", "archive")
+RESTORE_MODES = ("exact", "auto", "archive")
 TITLE_WORDS = 8  # an archived exchange is named by its conversation's first words
 JOURNAL_SUFFIX = ".serve"
 # Reading a position of the archive's exact cache costs about 1/32 of computing one more token
@@ -82,18 +82,23 @@ class Engine:
         queue: int = 8,
         queue_timeout: float = 600.0,
         cache_bytes: int = DEFAULT_BUDGET_BYTES,
+        kv_preset: str = DEFAULT_KV_PRESET,
+        max_loss: float = DEFAULT_MAX_LOSS,
     ):
         """``archive``: opened for writing; the engine closes it. ``keep``: the tiers each
-        exchange is archived with. ``restore="archive"`` lets prompts resume from tier K."""
+        exchange is archived with (tier K coded with ``kv_preset``). ``restore="archive"`` lets
+        prompts resume from tier K; ``"auto"`` only where its preset is measured within
+        ``max_loss`` (as ``kvdb restore``'s auto)."""
         if restore not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {restore!r}; choose from {', '.join(RESTORE_MODES)}")
+        self._max_loss = check_max_loss(max_loss)
         if queue < 0 or queue_timeout < 0:
             raise InvalidArgument(f"the queue's size and timeout must be >= 0, got {queue} and {queue_timeout}")
         self._keep = keep
         self._restore = restore
         self._access = ArchiveAccess(archive)
         try:
-            self._access(lambda a: a.check_keep(keep))  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
+            self._access(lambda a: a.check_keep(keep, kv_preset))  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
         except KvdbError:
             self._access.close()
             raise
@@ -105,7 +110,7 @@ class Engine:
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
         self._journal = Journal(archive.local_path(JOURNAL_SUFFIX))
-        self._archiver = Archiver(self._journal, self._access, self._gate, keep)
+        self._archiver = Archiver(self._journal, self._access, self._gate, keep, kv_preset)
 
     def start(self) -> None:
         """Start archiving, beginning with the exchanges an earlier run left in the journal."""
@@ -171,7 +176,7 @@ class Engine:
         # The archive is not waited for while it is busy (archiving, most likely, this process's
         # last exchange, which the hit in memory holds already): a follow-up starts at once.
         ask = worth < limit and not (hit is not None and self._access.busy)
-        found = self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode)) if ask else None
+        found = self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode, max_loss=self._max_loss)) if ask else None
         if found is not None:
             approximate = found.mode == "archive"
             return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))

@@ -170,10 +170,21 @@ class Storage:
     def tokenizer_hashes(self) -> list[str]:
         return sorted({r[0] for r in self._rows("select tokenizer_hash from models")})
 
-    def codebooks_for(self, model_id: str) -> tuple[str, bytes] | None:
-        """The newest codebook set trained for a model: (codebook_id, serialized codebooks)."""
-        rows = self._rows("select codebook_id, data from codebooks where model_id = ? order by created_at desc limit 1", [model_id])
+    def codebooks_for(self, model_id: str, preset: str | None = None) -> tuple[str, bytes] | None:
+        """The newest codebook set stored for a model (of one preset spec, if named): (codebook_id, serialized codebooks)."""
+        among, args = ("", [model_id]) if preset is None else (" and preset = ?", [model_id, preset])
+        rows = self._rows(f"select codebook_id, data from codebooks where model_id = ?{among} order by created_at desc limit 1", args)
         return None if not rows else (rows[0][0], rows[0][1])
+
+    def node_codebooks(self, node_ids: list[str]) -> dict[str, str]:
+        """The codebook id each of these nodes' tier K was coded with (nodes without tier K left out)."""
+        if not node_ids:
+            return {}
+        return dict(self._rows(f"select distinct node_id, codebook_id from node_kv where node_id {ANY}", [list(node_ids)]))
+
+    def kv_bytes_by_codebooks(self) -> dict[str, int]:
+        """Tier K code bytes stored per codebook id."""
+        return {r[0]: int(r[1]) for r in self._rows("select codebook_id, sum(octet_length(data)) from node_kv group by codebook_id")}
 
     def codebook_data(self, codebook_id: str) -> bytes:
         rows = self._rows("select data from codebooks where codebook_id = ?", [codebook_id])

@@ -33,16 +33,34 @@ def test_per_head_presets():
         P.allocation("k2v1+k3x16@1.1", 3, 2)
 
 
-def test_the_measured_default_is_the_embedded_models_alone():
+def test_the_measured_compact_preset_is_the_embedded_models_alone():
     """A preset whose layers were measured on one model's weights goes to that model only."""
-    [(weights, preset)] = P.MEASURED_PRESETS.items()
-    assert P.default_preset(weights) == preset != P.DEFAULT_PRESET
-    assert P.default_preset("0" * 64) == P.DEFAULT_PRESET
+    [(weights, named)] = P.MEASURED_PRESETS.items()
+    preset = named["compact"]
+    assert P.resolve("compact", weights) == preset != P.resolve("compact", "0" * 64) == P.DEFAULT_PRESET
     alloc = P.allocation(preset, 30, 3)
     assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 12] + [3] * 10 + [16, 3, 12, 3, 3, 12] + [3] * 6
     assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
     depth = P.depths(preset, 30, 3)["k"]
     assert depth[18].tolist() == [3, 3, 16] and depth[7].tolist() == [3, 3, 12] and depth[23].tolist() == [12, 3, 3]
+
+
+@pytest.mark.parametrize("weights", [*P.MEASURED_PRESETS, "0" * 64])
+def test_every_model_has_each_name_and_a_name_is_found_by_its_spec(weights):
+    named = P.named(weights)
+    assert set(named) == set(P.NAMES) and P.DEFAULT_NAME == "balanced"
+    for name in P.NAMES:
+        spec = P.resolve(name, weights)
+        assert P.name_of(spec, weights) == name and P.resolve(spec, weights) == spec  # a spec passes through
+        P.allocation(spec, 30, 3)  # every named spec parses
+    assert P.name_of("k2v1", weights) is None
+
+
+def test_an_unknown_preset_is_refused_with_the_names():
+    with pytest.raises(InvalidArgument, match="faithful, balanced, compact"):
+        P.resolve("tiny", "0" * 64)
+    with pytest.raises(InvalidArgument, match="unknown preset"):
+        P.resolve("k2v1+bad", "0" * 64)
 
 
 def test_key_sharpening_is_the_embedded_models_alone():

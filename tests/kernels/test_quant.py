@@ -362,7 +362,8 @@ def test_sharpened_codebooks_decode_keys_further_from_each_heads_centre():
 def test_the_measured_preset_round_trips_through_its_streams():
     """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
     decode equals the sum of the centroids each head has."""
-    [preset] = P.MEASURED_PRESETS.values()
+    [named] = P.MEASURED_PRESETS.values()
+    preset = named["compact"]
     k, v = _vectors(layers=30, heads=3, n=300, dim=4, seed=3), _vectors(layers=30, heads=3, n=300, dim=4, seed=4)
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)

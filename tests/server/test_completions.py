@@ -4,6 +4,7 @@ and stop strings, and prompts resumed from what was computed or archived before.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from support import CALIBRATION, KV
 
 import kvdb
@@ -94,15 +95,21 @@ def test_continue_a_named_session_at_a_position(serve, tmp_path, tiny_loaded):
     assert prefix["text"] == story[:24] and [t["role"] for t in prefix["turns"]] == [None]
 
 
-def test_restore_archive_resumes_from_tier_k_and_says_it_is_approximate(serve, tmp_path, tiny_loaded):
+@pytest.mark.parametrize("restore", ["archive", "auto"])
+def test_restore_archive_resumes_from_tier_k_and_says_it_is_approximate(serve, tmp_path, tiny_loaded, restore):
+    """``auto`` follows ``kvdb restore``'s rule: codebooks trained on the archive are measured by
+    nobody, so their tier K is not resumed from; ``archive`` takes it all the same."""
     db = tmp_path / "serve.duckdb"
     talk = [{"role": "user", "content": "What does the archive keep of each key?"}, {"role": "assistant", "content": "A few codebook indices per head."}]
     with kvdb.open(db, model=tiny_loaded) as archive:
         archive.ingest(text=CALIBRATION, name="calibration")
-        archive.train_codebooks(preset="k2v1", tokens=2000, niter=4)
+        archive.train_codebooks(preset="balanced", tokens=2000, niter=4)  # the preset serve's exchanges are coded with
         [stored] = archive.ingest(messages=talk, keep=KV)
-    running = serve(db=db, restore="archive", keep=KV)
+    running = serve(db=db, restore=restore, keep=KV)
     reply = running.chat([*talk, {"role": "user", "content": "And of each value?"}])
+    if restore == "auto":
+        assert _kvdb(reply)["restored"] != "archive" and not _kvdb(reply)["approximate"]
+        return
     recomputed = capture.SINKS + capture.RECENT  # tier K's exact window is computed, not restored
     assert _kvdb(reply) == {"restored": "archive", "cached_tokens": stored.n_tokens - recomputed, "approximate": True}
     assert reply.usage.prompt_tokens_details.cached_tokens == stored.n_tokens - recomputed

@@ -180,7 +180,9 @@ def test_a_bad_keep_is_refused_at_start_and_the_archive_let_go(tmp_path, tiny_lo
     db = tmp_path / "a.duckdb"
     with pytest.raises(InvalidArgument, match="unknown tier"):
         Engine(kvdb.open(db, model=tiny_loaded), keep="tokens,kvv")
-    with kvdb.open(db, model=tiny_loaded) as archive:  # not held by the refused engine
+    with pytest.raises(InvalidArgument, match="faithful, balanced, compact"):
+        Engine(kvdb.open(db, model=tiny_loaded), keep="tokens,kv", kv_preset="tiny")
+    with kvdb.open(db, model=tiny_loaded) as archive:  # not held by the refused engines
         assert archive.sessions() == []
 
 

@@ -17,11 +17,16 @@ def test_ingest_with_kv_restores_from_the_archive(kv_archive):
     [r] = kv_archive.ingest(text="The harbour lights were lit at dusk and the ships came home one by one.", keep=KV, name="s")
     st = kv_archive.stats()
     assert st.bytes["kv"] > 0 and st.codebook_bytes == st.bytes["codebooks"] > 0
-    # tiny model: 2 layers x 2 KV heads x 16 dims; k2v1 stores 3 one-byte codes per head and layer
+    # tiny model: 2 layers x 2 KV heads x 16 dims; its balanced preset (unmeasured: k6v4) stores 10 one-byte codes per head and layer
     assert st.kv_ratio_vs_fp16 == pytest.approx((2 * 2 * 2 * 16 * 2) / st.bytes_per_token["kv"])
-    assert 10 < st.kv_ratio_vs_fp16 < 2 * 2 * 16 * 2 * 2 / (3 * 2 * 2)
-    restored = kv_archive.restore("s")
-    assert restored.mode == "archive" and restored.position == r.n_tokens
+    assert 5 < st.kv_ratio_vs_fp16 < 2 * 2 * 16 * 2 * 2 / (10 * 2 * 2)
+    assert st.kv_bytes_by_preset == {"balanced": st.bytes["kv"]}
+    # codebooks trained on this archive: nothing measured them, so auto prefills exactly and says so
+    auto = kv_archive.restore("s")
+    assert auto.mode == "exact" and auto.fidelity is None and "trained on this archive" in auto.reason and "nobody measured" in auto.reason
+    restored = kv_archive.restore("s", mode="archive")
+    assert restored.mode == "archive" and restored.position == r.n_tokens and "as asked" in restored.reason
+    assert restored.fidelity is not None and (restored.fidelity.preset, restored.fidelity.source, restored.fidelity.lengths) == ("balanced", "trained", {})
     report = kv_archive.fidelity("s")
     assert set(report.to_dict()) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report.probe_tokens == 32
     assert 0 <= report.top1_agreement <= 1 and report.ppl_ratio > 0
@@ -147,11 +152,17 @@ def test_cli_codebooks_restore_archive_fidelity(tmp_path, tiny_model):
     assert runner.invoke(main, [*base, "ingest", str(tmp_path / "calibration.txt")], env=env).exit_code == 0
     trained = runner.invoke(main, [*base, "codebooks", "train", "--preset", "k2v1", "--tokens", "2000", "--json"], env=env)
     assert trained.exit_code == 0 and json.loads(trained.stdout)["preset"] == "k2v1"
-    assert runner.invoke(main, [*base, "ingest", str(tmp_path / "later.txt"), "--keep", KV], env=env).exit_code == 0
+    assert runner.invoke(main, [*base, "ingest", str(tmp_path / "later.txt"), "--keep", KV, "--kv-preset", "k2v1"], env=env).exit_code == 0
     out = runner.invoke(main, [*base, "restore", "later", "--mode", "archive", "--fidelity", "--max-new-tokens", "2", "--json"], env=env)
     assert out.exit_code == 0, out.stderr
     row = json.loads(out.stdout)
-    assert row["mode"] == "archive" and set(row["fidelity"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
+    assert row["mode"] == "archive" and set(row["probe"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
+    assert row["fidelity"] == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
+    assert "as asked" in row["reason"] and "not measured" in row["reason"]
+    auto = runner.invoke(main, [*base, "restore", "later", "--max-new-tokens", "1", "--json"], env=env)
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["mode"] == "exact" and json.loads(auto.stdout)["fidelity"] is None
+    refused = runner.invoke(main, [*base, "restore", "later", "--max-loss", "0.9"], env=env)
+    assert refused.exit_code != 0 and "at least 1.0" in refused.stderr
     stats = json.loads(runner.invoke(main, [*base, "stats", "--json"], env=env).stdout)
     assert stats["bytes_per_token"]["kv"] > 0 and stats["kv_ratio_vs_fp16"] > 1 and stats["codebook_bytes"] > 0
 
@@ -160,8 +171,9 @@ def test_shared_prefix_stored_without_kv_gets_it(kv_archive):
     opening = "An opening line archived first without tier K. "
     kv_archive.ingest(text=opening + "Plain ending.", name="plain")
     kv_archive.ingest(text=opening + "An ending that wants a fast restore.", keep=KV, name="fast")
-    assert kv_archive.restore("fast").mode == "archive"
-    assert kv_archive.restore("plain").mode == "exact"  # its own tail node still has no tier K
+    assert kv_archive.restore("fast", mode="archive").mode == "archive"  # refused were a node of its path without tier K
+    plain = kv_archive.restore("plain")  # its own tail node still has no tier K
+    assert plain.mode == "exact" and "no tier K" in plain.reason
     assert kv_archive.verify(deep=True).ok
 
 
@@ -170,4 +182,4 @@ def test_reingest_after_delete_asks_for_kv_again(kv_archive):
     kv_archive.ingest(text=text, name="again")
     kv_archive.delete("again")
     kv_archive.ingest(text=text, keep=KV, name="again")  # the node still exists: no new tokens, no scoring
-    assert kv_archive.restore("again").mode == "archive"
+    assert kv_archive.restore("again", mode="archive").mode == "archive"

@@ -121,7 +121,9 @@ def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, ti
 def test_the_build_uses_the_packaged_calibration_text(built, monkeypatch):
     cache, (report, again), identity = built
     monkeypatch.setenv("KVDB_CACHE", str(cache))
-    assert report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(identity)["preset"] == "k4v3"
+    assert (
+        report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(identity)["preset"] == "k6v4"
+    )  # the unmeasured balanced
     books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(identity))), "", 0))
     assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
     assert np.isfinite(books.books["k"][0][0]).all() and shipped.CALIBRATION.stat().st_size > 30_000
@@ -159,3 +161,91 @@ def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codeb
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         report = db.verify()
         assert not report.ok and any("CRC" in p for p in report.problems)
+
+
+def measured_table(monkeypatch, weights_hash: str, figures: dict[str, float]) -> None:
+    """kvdb/data/kv_fidelity.json as if ``benchmarks/kv.py`` had measured each spec's shipped
+    codebooks at the worst perplexity ratio given (at 8,000 tokens; better at 1,024), so the tests
+    hold whatever the real figures are."""
+    from kvdb.codecs import fidelity
+
+    table = {
+        weights_hash: {
+            spec: {
+                "shipped": {
+                    "lengths": {"1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99}, "8000": {"ppl_ratio": worst, "kl": 0.01, "top1": 0.9}},
+                    "measured_by": "a test",
+                }
+            }
+            for spec, worst in figures.items()
+        }
+    }
+    monkeypatch.setattr(fidelity, "table", lambda: table)
+
+
+@pytest.mark.slow
+def test_two_presets_in_one_archive_each_restore_with_their_own_codebooks_and_auto_weighs_them(tmp_path, tiny_model, monkeypatch, built):
+    """Sessions ingested with different presets keep their own shipped codebooks; auto takes
+    tier K only for a preset measured within max_loss, and says why either way."""
+    from kvdb.codecs import presets
+
+    a_machine_that_built_them(built, tmp_path / "cache", monkeypatch)
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        weights = db.loaded_model.identity.weights_hash
+        compact, balanced = presets.resolve("compact", weights), presets.resolve("balanced", weights)
+        [a] = db.ingest(text=TEXT, name="a", keep=KV, kv_preset="compact")
+        [b] = db.ingest(text="Another session altogether, of the default preset. " * 3, name="b", keep=KV)  # balanced, the default
+        db.ingest(text=TEXT + " And a different ending.", name="c", keep=KV)  # a's node, coded compact, then one of its own
+        listed = db.codebooks()
+        assert sorted(c.preset for c in listed) == sorted([compact, balanced]) and {c.source for c in listed} == {"shipped"}
+        for name, spec, n in (("a", compact, a.n_tokens), ("b", balanced, b.n_tokens)):
+            restored = db.restore(name, mode="archive")
+            assert restored.mode == "archive" and restored.cache.get_seq_length() == n
+            assert restored.fidelity.spec == spec and restored.fidelity.lengths == {}  # nothing measured the tiny model
+            assert "fidelity not measured" in restored.reason
+        st = db.stats()
+        assert set(st.kv_bytes_by_preset) == {"compact", "balanced"} and sum(st.kv_bytes_by_preset.values()) == st.bytes["kv"]
+
+        unmeasured = db.restore("a")
+        assert unmeasured.mode == "exact" and unmeasured.fidelity is None
+        assert unmeasured.reason == f"tier K preset compact ({compact}) has no measured fidelity for this model: prefilled exactly"
+
+        measured_table(monkeypatch, weights, {compact: 1.04, balanced: 1.2})
+        within = db.restore("a")
+        assert within.mode == "archive" and within.reason.startswith(f"tier K preset compact ({compact}) is measured at ppl x1.04 at worst (8,000 tokens)")
+        assert within.fidelity.to_dict() == {
+            "preset": "compact",
+            "spec": compact,
+            "source": "shipped",
+            "lengths": {"1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99}, "8000": {"ppl_ratio": 1.04, "kl": 0.01, "top1": 0.9}},
+            "measured_by": "a test",
+        }
+        above = db.restore("b")
+        assert above.mode == "exact" and above.fidelity is None
+        assert f"({balanced}) is measured at ppl x1.20 at 8,000 tokens, above max-loss 1.05: prefilled exactly" in above.reason
+        assert db.restore("b", max_loss=1.25).mode == "archive"
+        mixed = db.restore("c", max_loss=1.1)  # a path of both presets answers for the less faithful
+        assert mixed.mode == "exact" and f"balanced ({balanced})" in mixed.reason
+        assert db.restore("a", max_loss=1.0).mode == "exact"
+        with pytest.raises(InvalidArgument, match="at least 1.0"):
+            db.restore("a", max_loss=0.99)
+        # resuming a prompt (the server's path) follows the same rule
+        ids = db.tokens("a")
+        assert db.resume(ids, mode="auto").mode == "archive"
+        assert db.resume(ids, mode="auto", max_loss=1.01) is None  # nothing in the prefix cache either
+        assert db.resume(ids, mode="archive", max_loss=1.01).mode == "archive"
+
+
+@pytest.mark.slow
+def test_stale_figures_count_as_unmeasured(tmp_path, tiny_model, monkeypatch, built):
+    """Figures measured with another key sharpening than a restore applies describe another restore."""
+    from kvdb.codecs import fidelity, presets
+
+    a_machine_that_built_them(built, tmp_path / "cache", monkeypatch)
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        weights = db.loaded_model.identity.weights_hash
+        db.ingest(text=TEXT, name="s", keep=KV)
+        measured_table(monkeypatch, weights, {presets.resolve("balanced", weights): 1.01})
+        assert db.restore("s").mode == "archive"
+        monkeypatch.setitem(fidelity.table()[weights][presets.resolve("balanced", weights)]["shipped"], "key_sharpening", 1.05)
+        assert db.restore("s").mode == "exact"

@@ -80,6 +80,17 @@ def test_restore_continues_as_it_did(folder, name):
         assert db.generate(restored, max_new_tokens=EXPECTED["continue_tokens"]) == expected["continuation"]
 
 
+def test_its_tier_k_is_reported_by_spec_and_auto_prefills_it_exactly(folder):
+    """0.1.0's codebooks were trained on the archive (k2v1, no name): nobody measured them, so
+    auto prefills exactly and says so, and an archive restore still decodes them and names them."""
+    with open_copy(folder, read_only=True) as db:
+        auto = db.restore("tier-k")
+        assert auto.mode == "exact" and auto.fidelity is None and "trained on this archive (k2v1)" in auto.reason
+        archived = db.restore("tier-k", mode="archive")
+        assert archived.fidelity.to_dict() == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
+        assert db.stats().kv_bytes_by_preset == {"k2v1": db.stats().bytes["kv"]}
+
+
 def test_deep_verify_finds_nothing_wrong(folder):
     with open_copy(folder) as db:
         report = db.verify(deep=True)

@@ -1,0 +1,45 @@
+"""What a tier K restore was measured to cost: the figures ``benchmarks/kv.py`` wrote to
+``kvdb/data/kv_fidelity.json`` (docs/formats.md), per model (weights hash), preset spec, codebook
+source and context length. ``restore --mode auto`` takes tier K only for a preset measured here
+within the caller's tolerance (docs/decisions/0039-auto-restore-takes-measured-presets.md).
+
+Only the shipped codebooks of a spec are measured: they are the same on every machine that
+builds the recipe, while codebooks trained on one archive's sessions fit that archive and nothing
+measured them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from kvdb.codecs import presets
+
+FILE = Path(__file__).resolve().parents[1] / "data" / "kv_fidelity.json"  # kvdb/data/
+SOURCES = ("shipped", "trained")
+FIGURES = ("ppl_ratio", "kl", "top1")
+
+
+@functools.cache
+def table() -> dict:
+    """The whole file, read once per process."""
+    return json.loads(FILE.read_text(encoding="utf-8"))
+
+
+def measured(weights_hash: str, spec: str, source: str) -> dict | None:
+    """``{"lengths": {"1024": {"ppl_ratio", "kl", "top1"}, ...}, "measured_by": ...}`` of a preset
+    spec's codebooks of ``source`` on a model, or None where nothing measured them, or where they
+    were measured with another key sharpening than a restore now applies (the figures are stale)."""
+    found = table().get(weights_hash, {}).get(spec, {}).get(source)
+    if not found or not found.get("lengths"):
+        return None
+    if found.get("key_sharpening", 1.0) != presets.key_sharpening(weights_hash):
+        return None
+    return found
+
+
+def worst_ppl(lengths: dict) -> tuple[int, float] | None:
+    """(context length, perplexity ratio) of the worst measured length, or None if no length has one."""
+    known = [(int(n), float(f["ppl_ratio"])) for n, f in lengths.items() if f.get("ppl_ratio") is not None]
+    return max(known, key=lambda p: p[1]) if known else None
