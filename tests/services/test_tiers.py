@@ -337,7 +337,7 @@ def test_ingesting_again_after_codebooks_train_adds_tier_k(kv_archive, monkeypat
     tail_b = storage_of(kv_archive).node_path(b.session_id)[-1]
     assert again.added == ("kv",) and quantized == [(tail_b.start, tail_b.end)]  # the shared head was coded once
     for r in (a, b):
-        restored = kv_archive.restore(r.session_id)
+        restored = kv_archive.restore(r.session_id, mode="archive")  # refused were a node without tier K
         assert restored.mode == "archive" and restored.cache.get_seq_length() == r.n_tokens
     assert kv_archive.ingest(text=shared + "Its first ending.", keep=KV)[0].status == "unchanged"
     assert kv_archive.verify(deep=True).ok
@@ -357,7 +357,7 @@ def test_tiers_are_added_with_the_file_let_go(kv_archive, monkeypatch):
     monkeypatch.setattr(TierK, "codes", lambda *args, **kw: note(codes(*args, **kw)))
     assert kv_archive.ingest(text=text, keep="tokens,search,kv")[0].added == ("tokens", "search", "kv")
     assert held == [False, False]  # the scoring pass (its cache serves tier K too), then tier K
-    assert kv_archive.restore("long").mode == "archive" and r.n_tokens >= 128
+    assert kv_archive.restore("long", mode="archive").mode == "archive" and r.n_tokens >= 128
     kv_archive.compact("long", "tokens")
     held.clear()
     assert kv_archive.ingest(text=text, keep="tokens,lm")[0].added == ("lm",)
@@ -395,7 +395,7 @@ def test_advice_no_tier_k_ingest_with_kv_or_restore_exact(tmp_path, cli):
     refused = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1)
     assert refused.exit_code == 2 and "ingest it with --keep tokens,search,kv, or restore with --mode exact" in refused.stderr
     assert cli("restore", "later", "--mode", "exact", "--max-new-tokens", 1).exit_code == 0
-    updated = cli("ingest", session, "--keep", "tokens,search,kv", "--json")
+    updated = cli("ingest", session, "--keep", "tokens,search,kv", "--kv-preset", "k2v1", "--json")
     assert updated.exit_code == 0 and json.loads(updated.stdout)["status"] == "updated" and json.loads(updated.stdout)["added"] == ["kv"]
     restored = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json")
     assert restored.exit_code == 0 and json.loads(restored.stdout)["mode"] == "archive"
@@ -405,7 +405,9 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
     session = write(tmp_path / "later.txt", "A session that wants its quantized KV cache archived.")
     ingested = cli("ingest", session, "--keep", KV, "--json")
     assert ingested.exit_code == 0 and json.loads(ingested.stdout)["status"] == "ingested"
-    assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
+    auto = json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)  # nobody measured the tiny model's presets
+    assert auto["mode"] == "exact" and "balanced (k6v4) has no measured fidelity" in auto["reason"]
+    assert json.loads(cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
     [shipped] = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
     assert shipped["source"] == "shipped" and shipped["on_this_machine"] and shipped["stored_bytes"] < 1024 < shipped["centroid_bytes"]
     stats = json.loads(cli("stats", "--json").stdout)
@@ -414,9 +416,14 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
     assert cli("codebooks", "train", "--preset", "k2v1", "--tokens", "2000").exit_code == 0
     listed = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
     assert [c["source"] for c in listed] == ["shipped", "trained"] and listed[1]["preset"] == "k2v1"
-    assert cli("ingest", write(tmp_path / "next.txt", "A later session, coded with the trained set."), "--keep", KV).exit_code == 0
-    assert json.loads(cli("restore", "next", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
-    assert json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"  # still the shipped set
+    next_text = write(tmp_path / "next.txt", "A later session, coded with the trained set.")
+    assert cli("ingest", next_text, "--keep", KV, "--kv-preset", "k2v1").exit_code == 0
+    restored = {name: json.loads(cli("restore", name, "--mode", "archive", "--max-new-tokens", 1, "--json").stdout) for name in ("next", "later")}
+    assert {name: (r["mode"], r["fidelity"]["spec"], r["fidelity"]["source"]) for name, r in restored.items()} == {
+        "next": ("archive", "k2v1", "trained"),
+        "later": ("archive", "k6v4", "shipped"),  # still the shipped set it was coded with
+    }
+    assert json.loads(cli("stats", "--json").stdout)["kv_bytes_by_preset"].keys() == {"balanced", "k2v1"}
 
 
 @pytest.mark.slow
