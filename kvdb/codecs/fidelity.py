@@ -3,9 +3,10 @@
 source and context length. ``restore --mode auto`` takes tier K only for a preset measured here
 within the caller's tolerance (docs/decisions/0039-auto-restore-takes-measured-presets.md).
 
-Only the shipped codebooks of a spec are measured: they are the same on every machine that
-builds the recipe, while codebooks trained on one archive's sessions fit that archive and nothing
-measured them.
+A restore reads only the figures of a spec's shipped codebooks: they are the same on every machine
+that builds the recipe. A "trained" entry is of the codebooks a benchmark trained on its own
+corpus, kept for comparison; codebooks trained on an archive's sessions fit that archive, and
+nothing measured them.
 """
 
 from __future__ import annotations

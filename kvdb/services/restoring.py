@@ -110,6 +110,6 @@ def _mode(asked: str, nodes: list[NodeRow], measured: PresetFidelity | None, max
     # where tier L is the only copy of some tokens, decoding it rebuilds the cache in the same pass
     fallback = "exact" if all("tokens" in n.keep for n in nodes) else "decode"
     if measured is None:
-        return fallback, f"the session has no tier K on every token restored: {_DONE[fallback]}"
+        return fallback, f"not every token restored has tier K: {_DONE[fallback]}"
     taken, why = restore_ops.judged(measured, max_loss)
     return ("archive", f"{why}: {_DONE['archive']}") if taken else (fallback, f"{why}: {_DONE[fallback]}")

@@ -16,7 +16,7 @@ import numpy as np
 from kvdb.codecs import code_layout, fidelity, presets, quant
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture
-from kvdb.records import PresetFidelity, ShippedCodebooks, TrainedCodebooks
+from kvdb.records import CodebookSource, PresetFidelity, ShippedCodebooks, TrainedCodebooks
 from kvdb.services import shipped_codebooks as shipped
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
@@ -84,7 +84,8 @@ class TierK:
         source = shipped.codebook_set(row).source
         model = self._storage.get_model(row.model_id)
         assert model is not None  # the model of stored codebooks is stored
-        figures = fidelity.measured(model.weights_hash, row.preset, source.value)
+        # a benchmark's trained codebooks are not this archive's: only shipped figures describe its restores
+        figures = fidelity.measured(model.weights_hash, row.preset, source.value) if source is CodebookSource.SHIPPED else None
         name = presets.name_of(row.preset, model.weights_hash)
         if figures is None:
             return PresetFidelity(name, row.preset, source)

@@ -226,7 +226,7 @@ class _Archive:
     def __init__(self, position: int):
         self.position, self.asked = position, []
 
-    def resume(self, ids, better_than, mode):
+    def resume(self, ids, better_than, mode, max_loss):
         self.asked.append(better_than)
         return SimpleNamespace(cache="archive's", position=self.position, mode="exact") if self.position > better_than else None
 
@@ -246,6 +246,7 @@ def _engine_over(hit, archive: _Archive):
     engine = object.__new__(Engine)
     engine._recent = SimpleNamespace(best=lambda ids, limit, exact_only: hit)
     engine._access = _Access(archive)
+    engine._max_loss = 1.05
     return engine
 
 
