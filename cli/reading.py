@@ -166,8 +166,9 @@ def stats(ctx, as_json):
     for tier, n in st.bytes.items():
         per = st.bytes_per_token.get(tier)
         click.echo(f"bytes.{tier:<10} {n:>12}" + (f"  ({per:.2f} B/token)" if per is not None else ""))
-    for preset, n in st.kv_bytes_by_preset.items():
-        click.echo(f"bytes.kv of {preset}: {n}")
+        if tier == "kv":
+            for preset, coded in st.kv_bytes_by_preset.items():
+                click.echo(f"  {preset:<14} {coded:>12}  (tier K of that preset)")
     if st.shipped_codebook_bytes:
         click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
 
