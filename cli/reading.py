@@ -86,7 +86,7 @@ def show(ctx, session, start, end, model, as_json):
 def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, with_fidelity, model, as_json):
     """Restore a session into the model and continue it greedily. The JSON's `reason` says why
     the restore took its mode, and an archive restore's `fidelity` what its tier K preset was
-    measured to cost (`--fidelity` measures this restore itself: its figures go under `probe`)."""
+    measured to cost, under `preset_fidelity` (`--fidelity` measures this restore itself, under `fidelity`)."""
     archive = _open(ctx, model, read_only=True)
     s = archive.session(session)
     restored = archive.restore(s.session_id, at=at, mode=mode, window=window, max_loss=max_loss)
@@ -94,7 +94,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     out = dict(restored.to_dict(), text=text)  # seconds: the restore itself, not loading the model
     fidelity = archive.fidelity(s.session_id, at=at, window=window) if with_fidelity else None
     if fidelity is not None:
-        out["probe"] = fidelity.to_dict()
+        out["fidelity"] = fidelity.to_dict()
     if as_json:
         _emit(out)
     else:

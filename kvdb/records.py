@@ -249,7 +249,7 @@ class RestoredSession:
             "restored_tokens": self.position,
             "seconds": round(self.seconds, 4),
             "reason": self.reason,
-            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "preset_fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
         }
 
 

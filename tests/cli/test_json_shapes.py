@@ -49,8 +49,7 @@ def printed(tmp_path_factory, tiny_model):
     run("ingest", str(write(tmp / "calibration.txt", CALIBRATION)))
     out = {"codebooks train": run("codebooks", "train", "--preset", "k2v1", "--tokens", "2000")}
     run("ingest", str(write(tmp / "s.txt", CALIBRATION[:200] + " and a session of its own, with tier K.")), "--keep", KV, "--kv-preset", "k2v1")
-    # the probe's figures, under "fidelity" until issue 33 gave that key to the preset's measured fidelity (decision 0039)
-    out["restore --fidelity"] = run("restore", "s", "--mode", "archive", "--fidelity", "--max-new-tokens", "1")["probe"]
+    out["restore --fidelity"] = run("restore", "s", "--mode", "archive", "--fidelity", "--max-new-tokens", "1")["fidelity"]
     out["index rebuild"] = run("index", "rebuild")
     out["verify"] = run("verify")
     out["repair"] = run("repair")

@@ -156,11 +156,11 @@ def test_cli_codebooks_restore_archive_fidelity(tmp_path, tiny_model):
     out = runner.invoke(main, [*base, "restore", "later", "--mode", "archive", "--fidelity", "--max-new-tokens", "2", "--json"], env=env)
     assert out.exit_code == 0, out.stderr
     row = json.loads(out.stdout)
-    assert row["mode"] == "archive" and set(row["probe"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
-    assert row["fidelity"] == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
+    assert row["mode"] == "archive" and set(row["fidelity"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
+    assert row["preset_fidelity"] == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
     assert "as asked" in row["reason"] and "not measured" in row["reason"]
     auto = runner.invoke(main, [*base, "restore", "later", "--max-new-tokens", "1", "--json"], env=env)
-    assert auto.exit_code == 0 and json.loads(auto.stdout)["mode"] == "exact" and json.loads(auto.stdout)["fidelity"] is None
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["mode"] == "exact" and json.loads(auto.stdout)["preset_fidelity"] is None
     refused = runner.invoke(main, [*base, "restore", "later", "--max-loss", "0.9"], env=env)
     assert refused.exit_code != 0 and "at least 1.0" in refused.stderr
     stats = json.loads(runner.invoke(main, [*base, "stats", "--json"], env=env).stdout)

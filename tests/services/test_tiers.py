@@ -419,7 +419,7 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
     next_text = write(tmp_path / "next.txt", "A later session, coded with the trained set.")
     assert cli("ingest", next_text, "--keep", KV, "--kv-preset", "k2v1").exit_code == 0
     restored = {name: json.loads(cli("restore", name, "--mode", "archive", "--max-new-tokens", 1, "--json").stdout) for name in ("next", "later")}
-    assert {name: (r["mode"], r["fidelity"]["spec"], r["fidelity"]["source"]) for name, r in restored.items()} == {
+    assert {name: (r["mode"], r["preset_fidelity"]["spec"], r["preset_fidelity"]["source"]) for name, r in restored.items()} == {
         "next": ("archive", "k2v1", "trained"),
         "later": ("archive", "k6v4", "shipped"),  # still the shipped set it was coded with
     }
