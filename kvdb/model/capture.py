@@ -387,6 +387,46 @@ def attention_shape(model) -> tuple[int, int, int, int]:
     return cfg.num_hidden_layers, heads, kv, dim
 
 
+def cache_fisher(model, ids, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """The diagonal Fisher information of the model's loss on ``ids`` with respect to its pre-RoPE
+    keys and values: float64 ``[layers, kv_heads, head_dim]`` each, the mean over positions of the
+    squared gradient, the attention sinks left out.
+
+    A small error ``e`` in a cached vector raises the loss by about ``e^T F e / 2``, so scaling each
+    dimension by ``sqrt(F)`` before quantizing makes squared error track what the model loses: the
+    metric tier K's transform coder allocates its bits by (``kvdb.codecs.transform``). Each chunk
+    is its own context, as the calibration captures are. The gradient is taken with respect to
+    the projections' outputs only: the weights get none."""
+    layers, _, kv, dim = attention_shape(model)
+    outputs: dict[tuple[int, int], torch.Tensor] = {}  # (k 0 / v 1, layer) -> the projection's output
+    hooks = []
+    for layer, attn in enumerate(_attention_modules(model)):
+        for kind, proj in enumerate((attn.k_proj, attn.v_proj)):
+            hooks.append(proj.register_forward_hook(lambda _m, _i, out, at=(kind, layer): outputs.__setitem__(at, out)))
+    sums = np.zeros((2, layers, kv, dim))
+    count = 0
+    try:
+        for at in range(0, len(ids), chunk):
+            part = torch.as_tensor(np.asarray(ids[at : at + chunk], dtype=np.int64))[None]
+            if part.shape[1] <= SINKS + 1:
+                continue
+            outputs.clear()
+            with torch.enable_grad():
+                embeds = model.get_input_embeddings()(part).detach().requires_grad_(True)
+                loss = model(inputs_embeds=embeds, labels=part).loss * (part.shape[1] - 1)
+                grads = torch.autograd.grad(loss, list(outputs.values()))
+            for (kind, layer), g in zip(outputs, grads):
+                g = g[0, SINKS:].double().reshape(-1, kv, dim)
+                sums[kind, layer] += (g * g).sum(0).numpy()
+            count += part.shape[1] - SINKS
+    finally:
+        for h in hooks:
+            h.remove()
+    if not count:
+        raise ValueError(f"the Fisher information needs a chunk longer than {SINKS + 1} tokens")
+    return sums[0] / count, sums[1] / count
+
+
 @torch.no_grad()
 def key_weights(model, ids, chunk: int = CHUNK) -> np.ndarray:
     """Per key dimension, the RMS of the queries that read it: float32 ``[layers, kv_heads, head_dim]``.

@@ -1,0 +1,350 @@
+"""Transform coding of KV caches: a per-head rotation, then one scalar quantizer per coefficient,
+with bits spent where the model's loss is most sensitive (docs/decisions/0039-transform-coded-tier-k.md).
+
+Greedy residual VQ with 256-entry stages saturates at high rates: each stage buys less than the
+last. Transform coding keeps improving by about 6 dB a bit. Per (kind, layer, KV head):
+
+- vectors are scaled by ``w``, the square root of the diagonal Fisher information of the model's
+  loss with respect to them, so that squared error in the scaled space approximates the loss's
+  second-order increase (KL divergence, up to a factor);
+- the scaled vectors are rotated onto their principal axes (``basis``, columns by falling
+  variance), so the coefficients are uncorrelated;
+- coefficient d takes ``bits[d]`` bits: a Lloyd-Max quantizer of ``2**bits`` levels trained on
+  calibration vectors (0 bits: the coefficient is its mean, 0).
+
+The bits are allocated across every coefficient of every head, layer and kind at once (a
+Lagrangian on the measured distortions), for an average of the preset's bits per element:
+preset ``t3`` is 3 bits per element, ``t1.5`` 1.5.
+
+Codes are uint16 ``[layers, heads, dim, seq]`` per kind (0 where a coefficient has no bits, never
+stored). The stored layout is token-major, one stream per alphabet ``2**bits``: for each
+position, kind > layer > head > coefficient, skipping coefficients without bits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvdb.errors import CorruptData, InvalidArgument
+
+KINDS = ("k", "v")
+MAGIC = b"KVDBTC\x00\x00"
+VERSION = 1
+MAX_BITS = 8
+_PREFIX = struct.Struct("<8s I I")
+_CRC = struct.Struct("<I")
+_PRESET = re.compile(r"^t(\d+(?:\.\d+)?)$")
+
+
+def is_transform_preset(preset: str) -> bool:
+    return bool(_PRESET.match(preset.strip()))
+
+
+def preset_bits(preset: str) -> float:
+    """The average bits per element a ``t<bits>`` preset spends."""
+    m = _PRESET.match(preset.strip())
+    if not m or not 0 < float(m[1]) <= MAX_BITS:
+        raise InvalidArgument(f"unknown transform preset {preset!r}: expected t<bits per element>, e.g. 't3' or 't1.5', bits in (0, {MAX_BITS}]")
+    return float(m[1])
+
+
+@dataclass
+class TransformCodebooks:
+    """Per kind: ``centre``, ``weights`` ``[layers, heads, dim]``; ``basis`` ``[layers, heads, dim, dim]``
+    (orthonormal columns in the weighted space); ``bits`` int ``[layers, heads, dim]``; ``levels``,
+    every coefficient's quantizer levels in stream order (kind > layer > head > coefficient),
+    float32, ``2**bits`` each."""
+
+    layers: int
+    heads: int
+    dim: int
+    pre_rope: bool
+    preset: str
+    centre: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray]
+    basis: dict[str, np.ndarray]
+    bits: dict[str, np.ndarray]
+    levels: dict[str, np.ndarray]
+    meta: dict = field(default_factory=dict)
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    # -- derived tables ----------------------------------------------------------------------
+
+    def offsets(self, kind: str) -> np.ndarray:
+        """Where each coefficient's levels start in ``levels[kind]``: int64 ``[layers, heads, dim]``."""
+        key = ("offsets", kind)
+        if key not in self._derived:
+            sizes = np.where(self.bits[kind] > 0, 1 << self.bits[kind], 0).reshape(-1)
+            self._derived[key] = (np.cumsum(sizes) - sizes).reshape(self.bits[kind].shape)
+        return self._derived[key]
+
+    def encoder(self, kind: str) -> np.ndarray:
+        """``x -> coefficients``: ``(x - centre) @ encoder``, ``diag(w) @ basis``."""
+        return self.weights[kind][..., :, None] * self.basis[kind]
+
+    def decoder(self, kind: str) -> np.ndarray:
+        """``coefficients -> x``: ``y @ decoder + centre``, ``basis^T @ diag(1 / w)``."""
+        key = ("decoder", kind)
+        if key not in self._derived:
+            self._derived[key] = np.ascontiguousarray(self.basis[kind].transpose(0, 1, 3, 2) / self.weights[kind][..., None, :], dtype=np.float32)
+        return self._derived[key]
+
+    def sharpened(self, factor: float) -> TransformCodebooks:
+        """Transform-coded keys are not sharpened: their quantizers are fine enough that the
+        flattening RVQ centroids cause (decision 0029) is not where their loss comes from."""
+        return self
+
+    def stages(self, kind: str) -> list[tuple[int, ...]]:
+        return []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.centre[k].size * 4 + self.weights[k].size * 4 + self.basis[k].size * 4 + self.levels[k].size * 4 for k in KINDS)
+
+    def bits_per_element(self) -> float:
+        return float(sum(int(self.bits[k].sum()) for k in KINDS) / sum(self.bits[k].size for k in KINDS))
+
+    # -- codes -------------------------------------------------------------------------------
+
+    def encode(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Codes ``[layers, heads, dim, seq]`` uint16 of float ``[layers, heads, seq, dim]`` arrays."""
+        import torch
+
+        out = []
+        for kind, x in zip(KINDS, (keys, values)):
+            y = np.einsum("lhnd,lhde->lhen", np.asarray(x, np.float32) - self.centre[kind][:, :, None], self.encoder(kind).astype(np.float32))
+            codes = np.zeros(y.shape, np.uint16)
+            bits, offsets, levels = self.bits[kind], self.offsets(kind), self.levels[kind]
+            for b in range(1, MAX_BITS + 1):
+                where = np.nonzero(bits == b)
+                if not len(where[0]):
+                    continue
+                table = levels[offsets[where][:, None] + np.arange(1 << b)]  # [coefficients, levels]
+                mids = torch.from_numpy(np.ascontiguousarray((table[:, 1:] + table[:, :-1]) / 2))
+                codes[where] = torch.searchsorted(mids, torch.from_numpy(np.ascontiguousarray(y[where]))).numpy()
+            out.append(codes)
+        return out[0], out[1]
+
+    def decode(self, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s codes."""
+        out = []
+        for kind, c in zip(KINDS, codes):
+            found = np.take(self.levels[kind], self.offsets(kind)[..., None] + c.astype(np.int64), mode="clip")  # clipped: coefficients without bits
+            y = np.where(self.bits[kind][..., None] > 0, found, 0.0).astype(np.float32)
+            out.append(np.einsum("lhen,lhed->lhnd", y, self.decoder(kind)) + self.centre[kind][:, :, None])
+        return out[0], out[1]
+
+    # -- stored layout -----------------------------------------------------------------------
+
+    def _columns(self) -> dict[str, list[list[tuple[int, int, np.ndarray, np.ndarray]]]]:
+        """kind -> layer -> [(alphabet, first column in its stream, heads, coefficients)], in stream order."""
+        if "columns" not in self._derived:
+            at: dict[int, int] = {}
+            places: dict[str, list[list[tuple[int, int, np.ndarray, np.ndarray]]]] = {}
+            for kind in KINDS:
+                places[kind] = []
+                for layer in range(self.layers):
+                    flat = self.bits[kind][layer].reshape(-1)
+                    groups = []
+                    for b in np.unique(flat[flat > 0]):
+                        size = 1 << int(b)
+                        chosen = np.flatnonzero(flat == b)
+                        groups.append((size, at.get(size, 0), chosen // self.dim, chosen % self.dim))
+                        at[size] = at.get(size, 0) + len(chosen)
+                    places[kind].append(groups)
+            self._derived["columns"] = places
+        return self._derived["columns"]
+
+    def code_streams(self, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
+        """Token-major symbols, one stream per alphabet: ``{2**bits: symbols}``."""
+        columns: dict[int, list[np.ndarray]] = {}
+        for kind, c in zip(KINDS, codes):
+            for layer, groups in enumerate(self._columns()[kind]):
+                for size, _, heads, coefs in groups:
+                    columns.setdefault(size, []).append(c[layer, heads, coefs, start:])
+        return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
+
+    def stream_columns(self) -> dict[int, int]:
+        columns: dict[int, int] = {}
+        for layers in self._columns().values():
+            for groups in layers:
+                for size, _, heads, _ in groups:
+                    columns[size] = columns.get(size, 0) + len(heads)
+        return columns
+
+    def codes_from_streams(self, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}
+        out = []
+        for kind in KINDS:
+            codes = np.zeros((self.layers, self.heads, self.dim, n), np.uint16)
+            for layer, groups in enumerate(self._columns()[kind]):
+                for size, column, heads, coefs in groups:
+                    codes[layer, heads, coefs] = rows[size][column : column + len(heads)]
+            out.append(codes)
+        return out[0], out[1]
+
+    def decode_streams(self, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``, straight from the streams:
+        one gather of levels and one batched product per layer and kind."""
+        import torch
+
+        used = n if used is None else used
+        rows = {size: torch.from_numpy(np.asarray(symbols).reshape(n, -1)[:used]) for size, symbols in streams.items()}
+        levels = {kind: torch.from_numpy(self.levels[kind]) for kind in KINDS}
+
+        def layer_of(kind: str, layer: int) -> np.ndarray:
+            y = torch.zeros(self.heads, self.dim, used)
+            for size, column, heads, coefs in self._columns()[kind][layer]:
+                start = torch.from_numpy(self.offsets(kind)[layer, heads, coefs])
+                y[heads, coefs] = levels[kind][rows[size][:, column : column + len(heads)].T + start[:, None]]
+            x = torch.bmm(y.transpose(1, 2), torch.from_numpy(self.decoder(kind)[layer])) + torch.from_numpy(self.centre[kind][layer][:, None])
+            return x.numpy()
+
+        for layer in range(self.layers):
+            yield layer_of("k", layer), layer_of("v", layer)
+
+    # -- bytes -------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """``MAGIC | u32 version | u32 header length | JSON header | payload | u32 CRC32`` (docs/formats.md)."""
+        header: dict[str, Any] = {
+            "format": "kvdb-transform",
+            "layers": self.layers,
+            "heads": self.heads,
+            "dim": self.dim,
+            "pre_rope": self.pre_rope,
+            "preset": self.preset,
+            "bits": {kind: self.bits[kind].tolist() for kind in KINDS},
+            "order": "per kind (k, v): centre [L,H,D], weights [L,H,D], basis [L,H,D,D], levels; little-endian float32",
+            "meta": self.meta,
+        }
+        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        parts = [_PREFIX.pack(MAGIC, VERSION, len(head)), head]
+        for kind in KINDS:
+            for a in (self.centre[kind], self.weights[kind], self.basis[kind], self.levels[kind]):
+                parts.append(np.ascontiguousarray(a, dtype="<f4").tobytes())
+        body = b"".join(parts)
+        return body + _CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> TransformCodebooks:
+        blob = bytes(blob)
+        if len(blob) < _PREFIX.size + _CRC.size or blob[:8] != MAGIC:
+            raise CorruptData("not a kvdb transform codebook blob (bad magic)")
+        _, version, hlen = _PREFIX.unpack_from(blob)
+        if version > VERSION:
+            raise CorruptData(f"transform codebook format version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
+        (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
+        if zlib.crc32(blob[: -_CRC.size]) != crc:
+            raise CorruptData("transform codebook blob failed its CRC check")
+        header = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        layers, heads, dim = header["layers"], header["heads"], header["dim"]
+        at = _PREFIX.size + hlen
+        arrays: dict[str, dict[str, np.ndarray]] = {"centre": {}, "weights": {}, "basis": {}, "levels": {}}
+        bits = {kind: np.asarray(header["bits"][kind], np.int64).reshape(layers, heads, dim) for kind in KINDS}
+        for kind in KINDS:
+            n_levels = int(np.where(bits[kind] > 0, 1 << bits[kind], 0).sum())
+            for name, shape in (("centre", (layers, heads, dim)), ("weights", (layers, heads, dim)), ("basis", (layers, heads, dim, dim)), ("levels", (n_levels,))):
+                count = int(np.prod(shape))
+                if at + 4 * count > len(blob) - _CRC.size:
+                    raise CorruptData("transform codebook blob is truncated")
+                arrays[name][kind] = np.frombuffer(blob, "<f4", count, at).reshape(shape).astype(np.float32)
+                at += 4 * count
+        if at != len(blob) - _CRC.size:
+            raise CorruptData("transform codebook blob has trailing bytes")
+        return cls(layers, heads, dim, header["pre_rope"], header["preset"], arrays["centre"], arrays["weights"], arrays["basis"], bits, arrays["levels"], header["meta"])
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def _lloyd_max(y, cumulative, bits: int, iterations: int):
+    """Lloyd-Max quantizers of ``2**bits`` levels for each row of ``y`` (torch float64 ``[rows, n]``,
+    sorted; ``cumulative``: its running sums of y and y**2, ``[2, rows, n + 1]``): (levels
+    ``[rows, 2**bits]``, mean squared error ``[rows]``). On sorted rows a quantizer's cells are
+    runs, so each step costs a search per level, not per value."""
+    import torch
+
+    size = 1 << bits
+    n = y.shape[1]
+    levels = torch.quantile(y, (torch.arange(size, dtype=y.dtype) + 0.5) / size, dim=1).T.contiguous()
+
+    def cells(levels):
+        cut = torch.searchsorted(y, (levels[:, 1:] + levels[:, :-1]) / 2)
+        edges = torch.cat([torch.zeros_like(cut[:, :1]), cut, torch.full_like(cut[:, :1], n)], 1)
+        sums = cumulative[:, torch.arange(len(y))[:, None], edges]  # [2, rows, size + 1]
+        return (edges[:, 1:] - edges[:, :-1]).to(y.dtype), sums[0, :, 1:] - sums[0, :, :-1], sums[1, :, 1:] - sums[1, :, :-1]
+
+    for _ in range(iterations):
+        counts, total, _ = cells(levels)
+        levels = torch.where(counts > 0, total / counts.clamp(min=1), levels).sort(dim=1).values
+    counts, total, squares = cells(levels)
+    return levels, (squares - 2 * levels * total + counts * levels**2).sum(1) / n
+
+
+def _allocate(distortion: np.ndarray, budget: float) -> np.ndarray:
+    """Bits per coefficient (the last axis of ``distortion`` is bits 0..MAX_BITS) whose total is at
+    most ``budget`` and whose summed distortion is least among the Lagrangian's choices."""
+    steps = np.arange(distortion.shape[-1])
+
+    def chosen(slope: float) -> np.ndarray:
+        return (distortion + slope * steps).argmin(-1)
+
+    lo, hi = 0.0, float(distortion[..., 0].max()) + 1.0  # at ``hi`` no bit pays
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chosen(mid).sum() > budget else (lo, mid)
+    return chosen(hi)
+
+
+def train(
+    vectors: dict[str, np.ndarray],
+    fisher: dict[str, np.ndarray],
+    preset: str,
+    pre_rope: bool = True,
+    iterations: int = 20,
+    meta: dict | None = None,
+) -> TransformCodebooks:
+    """Transform codebooks from calibration ``vectors`` (kind -> ``[layers, heads, n, dim]``) and the
+    diagonal Fisher information of the model's loss with respect to them (kind -> ``[layers, heads, dim]``)."""
+    import torch
+
+    budget_bits = preset_bits(preset)
+    layers, heads, n, dim = vectors["k"].shape
+    if n < 2:
+        raise InvalidArgument(f"training transform codebooks needs at least 2 calibration positions, got {n}")
+    centre, weights, basis, tables, distortion = {}, {}, {}, {}, {}
+    for kind in KINDS:
+        f = np.asarray(fisher[kind], np.float64)
+        w = np.sqrt(f + 1e-6 * max(float(f.mean()), 1e-30)).astype(np.float32)
+        x = np.asarray(vectors[kind], np.float32) * w[:, :, None]
+        mu = x.mean(2)
+        xc = x - mu[:, :, None]
+        _, vecs = np.linalg.eigh(np.einsum("lhnd,lhne->lhde", xc, xc, dtype=np.float64) / n)
+        vecs = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float32)  # columns by falling variance
+        y = torch.from_numpy(np.einsum("lhnd,lhde->lhen", xc, vecs).reshape(-1, n).astype(np.float64)).sort(dim=1).values
+        zero = torch.zeros(1, y.shape[0], 1, dtype=y.dtype)
+        cumulative = torch.cat([zero.expand(2, -1, -1), torch.stack([y, y**2]).cumsum(2)], 2)
+        dist = np.zeros((y.shape[0], MAX_BITS + 1))
+        dist[:, 0] = (y**2).mean(1).numpy()
+        table = {}
+        for b in range(1, MAX_BITS + 1):
+            levels, mse = _lloyd_max(y, cumulative, b, iterations)
+            table[b], dist[:, b] = levels.numpy(), mse.numpy()
+        centre[kind], weights[kind], basis[kind] = mu / w, w, vecs
+        tables[kind], distortion[kind] = table, dist.reshape(layers, heads, dim, MAX_BITS + 1)
+    chosen = _allocate(np.stack([distortion[k] for k in KINDS]), budget_bits * 2 * layers * heads * dim)
+    bits = {kind: chosen[i].astype(np.int64) for i, kind in enumerate(KINDS)}
+    levels = {}
+    for kind in KINDS:
+        flat = bits[kind].reshape(-1)
+        levels[kind] = np.concatenate([tables[kind][int(b)][i] for i, b in enumerate(flat) if b > 0] or [np.zeros(0)]).astype(np.float32)
+    return TransformCodebooks(layers, heads, dim, pre_rope, preset, centre, weights, basis, bits, levels, dict(meta or {}))
