@@ -1,6 +1,8 @@
 """Tier K's stored layout: a session's codes as one token-major stream per codebook size, and
 back; and the restore's decode straight from the streams, layer by layer (docs/formats.md,
-"KV code layout in the store")."""
+"KV code layout in the store"). Tier K codes with residual VQ (``kvdb.codecs.quant``) or with a
+transform coder (``kvdb.codecs.transform``), whichever the codebooks are: the functions here take
+either, and the transform coder lays out its own streams."""
 
 from __future__ import annotations
 
@@ -8,10 +10,50 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from kvdb.codecs import quant, transform
 from kvdb.codecs.quant import KINDS, Codebooks
+from kvdb.errors import CorruptData, InvalidArgument
+
+KVCodebooks = Codebooks | transform.TransformCodebooks
 
 
-def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
+def read_codebooks(blob: bytes) -> KVCodebooks:
+    """Codebooks of either coder, by their magic."""
+    head = bytes(blob[:8])
+    if head == transform.MAGIC:
+        return transform.TransformCodebooks.from_bytes(blob)
+    if head == quant.MAGIC:
+        return Codebooks.from_bytes(blob)
+    raise CorruptData("not a kvdb codebook blob (bad magic)")
+
+
+def train(
+    vectors: dict[str, np.ndarray],
+    preset: str,
+    fisher: dict[str, np.ndarray] | None = None,
+    niter: int = 12,
+    meta: dict | None = None,
+    progress=None,
+    threads: int = 1,
+) -> KVCodebooks:
+    """Codebooks of a preset spec from calibration ``vectors`` (kind -> pre-RoPE ``[layers, heads, n, dim]``):
+    a transform preset (``t3``) needs the Fisher information of the loss with respect to them
+    (``kvdb.model.capture.cache_fisher``); a residual-VQ preset ignores it."""
+    if transform.is_transform_preset(preset):
+        if fisher is None:
+            raise InvalidArgument(f"transform preset {preset!r} needs the Fisher information of its calibration vectors")
+        return transform.train(vectors, fisher, preset, pre_rope=True, meta=meta)
+    return quant.train(vectors, preset, pre_rope=True, niter=niter, meta=meta, progress=progress, threads=threads)
+
+
+def encode(codebooks: KVCodebooks, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of float ``[layers, heads, seq, dim]`` keys and values."""
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.encode(keys, values)
+    return quant.encode(codebooks, keys, values)
+
+
+def code_streams(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
     """The symbols to store, one token-major stream per codebook size: ``{alphabet: symbols}``.
 
     Token-major (for each position: kind > layer > stage > head) means a session prefix is a
@@ -19,6 +61,8 @@ def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], sta
     re-walks the open block. Stages a layer or a head does not have are skipped. ``start``
     drops the first positions (e.g. recomputed sinks).
     """
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.code_streams(codes, start)
     columns: dict[int, list[np.ndarray]] = {}
     places = _stream_places(codebooks)
     for kind, c in zip(KINDS, codes):
@@ -28,8 +72,10 @@ def code_streams(codebooks: Codebooks, codes: tuple[np.ndarray, np.ndarray], sta
     return {size: np.concatenate(cols, axis=0).T.reshape(-1).astype(np.int64) for size, cols in columns.items()}
 
 
-def stream_columns(codebooks: Codebooks) -> dict[int, int]:
+def stream_columns(codebooks: KVCodebooks) -> dict[int, int]:
     """Codes per position in each stream of ``code_streams``: {codebook size: columns}."""
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.stream_columns()
     columns: dict[int, int] = {}
     for stages in _stream_places(codebooks).values():
         for layer in stages:
@@ -56,8 +102,10 @@ def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int, 
     return places
 
 
-def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+def codes_from_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.codes_from_streams(streams, n)
     rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]
     places = _stream_places(codebooks)
     out = []
@@ -70,7 +118,7 @@ def codes_from_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: 
     return out[0], out[1]
 
 
-def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def decode_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``, of the first ``used`` of
     the ``n`` positions whose ``code_streams`` these are, one layer at a time.
 
@@ -80,6 +128,12 @@ def decode_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int,
     240-260 ms for the gather and rotation of the keys; decision 0024). Each layer's gather is
     one ``embedding_bag`` over all its heads and positions; no code array is built.
     """
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.decode_streams(streams, n, used)
+    return _decode_rvq_streams(codebooks, streams, n, used)
+
+
+def _decode_rvq_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int, used: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     import torch
 
     used = n if used is None else used

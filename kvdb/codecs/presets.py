@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from kvdb.codecs import fractal
+from kvdb.codecs import fractal, transform
 from kvdb.errors import InvalidArgument
 
 KINDS = ("k", "v")
@@ -64,9 +64,14 @@ def resolve(name_or_spec: str, weights_hash: str) -> str:
     given = name_or_spec.strip()
     if given in NAMES:
         return named(weights_hash)[given]
+    if transform.is_transform_preset(given):
+        transform.preset_bits(given)  # in range
+        return given
     base, *overrides = given.split("+")
     if not _BASE.match(base) or not all(_OVERRIDE.match(o) for o in overrides):
-        raise InvalidArgument(f"unknown preset {name_or_spec!r}: name one of {', '.join(NAMES)}, or give a spec such as 'k4v2' or 'k3v2+k5@0-1'")
+        raise InvalidArgument(
+            f"unknown preset {name_or_spec!r}: name one of {', '.join(NAMES)}, or give a spec such as 't3' (transform coded, bits per element), 'k4v2' or 'k3v2+k5@0-1'"
+        )
     return given
 
 

@@ -252,7 +252,12 @@ class TransformCodebooks:
         bits = {kind: np.asarray(header["bits"][kind], np.int64).reshape(layers, heads, dim) for kind in KINDS}
         for kind in KINDS:
             n_levels = int(np.where(bits[kind] > 0, 1 << bits[kind], 0).sum())
-            for name, shape in (("centre", (layers, heads, dim)), ("weights", (layers, heads, dim)), ("basis", (layers, heads, dim, dim)), ("levels", (n_levels,))):
+            for name, shape in (
+                ("centre", (layers, heads, dim)),
+                ("weights", (layers, heads, dim)),
+                ("basis", (layers, heads, dim, dim)),
+                ("levels", (n_levels,)),
+            ):
                 count = int(np.prod(shape))
                 if at + 4 * count > len(blob) - _CRC.size:
                     raise CorruptData("transform codebook blob is truncated")
@@ -260,7 +265,19 @@ class TransformCodebooks:
                 at += 4 * count
         if at != len(blob) - _CRC.size:
             raise CorruptData("transform codebook blob has trailing bytes")
-        return cls(layers, heads, dim, header["pre_rope"], header["preset"], arrays["centre"], arrays["weights"], arrays["basis"], bits, arrays["levels"], header["meta"])
+        return cls(
+            layers,
+            heads,
+            dim,
+            header["pre_rope"],
+            header["preset"],
+            arrays["centre"],
+            arrays["weights"],
+            arrays["basis"],
+            bits,
+            arrays["levels"],
+            header["meta"],
+        )
 
 
 # -- training ----------------------------------------------------------------------------------

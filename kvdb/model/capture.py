@@ -23,13 +23,13 @@ torch side of it:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvdb.errors import UnsupportedModel
+from kvdb.errors import InvalidArgument, UnsupportedModel
 from kvdb.model.loading import CHUNK, new_cache
 
 SINKS = 4  # attention-sink positions kept exact
@@ -387,16 +387,16 @@ def attention_shape(model) -> tuple[int, int, int, int]:
     return cfg.num_hidden_layers, heads, kv, dim
 
 
-def cache_fisher(model, ids, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
-    """The diagonal Fisher information of the model's loss on ``ids`` with respect to its pre-RoPE
+def cache_fisher(model, contexts: Iterable[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The diagonal Fisher information of the model's loss on ``contexts`` (token id arrays, each
+    its own context, as the calibration captures are) with respect to its pre-RoPE
     keys and values: float64 ``[layers, kv_heads, head_dim]`` each, the mean over positions of the
     squared gradient, the attention sinks left out.
 
     A small error ``e`` in a cached vector raises the loss by about ``e^T F e / 2``, so scaling each
     dimension by ``sqrt(F)`` before quantizing makes squared error track what the model loses: the
-    metric tier K's transform coder allocates its bits by (``kvdb.codecs.transform``). Each chunk
-    is its own context, as the calibration captures are. The gradient is taken with respect to
-    the projections' outputs only: the weights get none."""
+    metric tier K's transform coder allocates its bits by (``kvdb.codecs.transform``). The gradient
+    is taken with respect to the projections' outputs only: the weights get none."""
     layers, _, kv, dim = attention_shape(model)
     outputs: dict[tuple[int, int], torch.Tensor] = {}  # (k 0 / v 1, layer) -> the projection's output
     hooks = []
@@ -406,8 +406,8 @@ def cache_fisher(model, ids, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray
     sums = np.zeros((2, layers, kv, dim))
     count = 0
     try:
-        for at in range(0, len(ids), chunk):
-            part = torch.as_tensor(np.asarray(ids[at : at + chunk], dtype=np.int64))[None]
+        for ids in contexts:
+            part = torch.as_tensor(np.asarray(ids, dtype=np.int64))[None]
             if part.shape[1] <= SINKS + 1:
                 continue
             outputs.clear()
@@ -423,7 +423,7 @@ def cache_fisher(model, ids, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray
         for h in hooks:
             h.remove()
     if not count:
-        raise ValueError(f"the Fisher information needs a chunk longer than {SINKS + 1} tokens")
+        raise InvalidArgument(f"the Fisher information needs a context longer than {SINKS + 1} tokens")
     return sums[0] / count, sums[1] / count
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from kvdb.codecs import code_layout, fractal, quant
+from kvdb.codecs import code_layout, fractal
 from kvdb.errors import KvdbError
 from kvdb.index import trie
 from kvdb.index.walk import Indexes, index_key
@@ -118,7 +118,7 @@ def _check_kv_streams(store: Storage, report: VerifyReport, shapes) -> None:
                 if built is not None:
                     books[codebook_id] = built
             else:
-                books[codebook_id] = quant.Codebooks.from_bytes(data)
+                books[codebook_id] = code_layout.read_codebooks(data)
         except (KvdbError, ValueError, KeyError):
             pass  # reported by the blob check
     for node, _, _ in shapes.values():
@@ -170,7 +170,7 @@ def _check_blobs(store: Storage, report: VerifyReport, shapes, deep: bool) -> No
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         report.checked["codebooks"] += 1
         # a reference to shipped codebooks stands for centroids this machine builds; its own bytes are checked
-        read = shipped_codebooks.Reference.from_bytes if shipped_codebooks.is_reference(data) else quant.Codebooks.from_bytes
+        read = shipped_codebooks.Reference.from_bytes if shipped_codebooks.is_reference(data) else code_layout.read_codebooks
         _guard(report, f"codebooks {codebook_id[:12]}", read, data)
 
 

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdb.codecs import presets, quant
+from kvdb.codecs import code_layout, presets, transform
+from kvdb.codecs.code_layout import KVCodebooks
+from kvdb.codecs.quant import KINDS
 from kvdb.errors import CorruptData
 from kvdb.model import tokenizer as tok
 from kvdb.records import CodebookSet, CodebookSource
@@ -120,18 +122,18 @@ def is_built(identity, preset: str | None = None) -> bool:
     return cache_path(recipe_key(recipe(identity, preset))).is_file()
 
 
-def cached(reference: Reference) -> quant.Codebooks | None:
+def cached(reference: Reference) -> KVCodebooks | None:
     """This machine's build of a reference's recipe, if it has a sound one."""
     found = _read(cache_path(reference.key))
     return None if found is None else found[1]
 
 
-def _read(path: Path) -> tuple[bytes, quant.Codebooks] | None:
+def _read(path: Path) -> tuple[bytes, KVCodebooks] | None:
     """A cached build, or None where there is none or it is damaged: it is derived data, built
     again from the recipe (as the prefix cache ignores a damaged entry)."""
     try:
         data = path.read_bytes()
-        return data, quant.Codebooks.from_bytes(data)
+        return data, code_layout.read_codebooks(data)
     except (OSError, CorruptData):
         return None
 
@@ -143,7 +145,7 @@ def buildable(wanted: dict, identity) -> bool:
     return all(wanted.get(field) == ours[field] for field in ("version", "weights_hash", "tokenizer_hash", "calibration_sha256"))
 
 
-def build(loaded, progress=None, wanted: dict | None = None, preset: str | None = None) -> tuple[Reference, quant.Codebooks, bool]:
+def build(loaded, progress=None, wanted: dict | None = None, preset: str | None = None) -> tuple[Reference, KVCodebooks, bool]:
     """(reference, codebooks, whether they were built now) for a loaded model and a recipe
     (default: this kvdb's, of ``preset``, a spec): this machine's cached build, else a new one
     (157 s for SmolLM2's compact preset on 2 idle cores; written atomically, so a concurrent first
@@ -164,13 +166,14 @@ def build(loaded, progress=None, wanted: dict | None = None, preset: str | None 
     return Reference(wanted, hashlib.sha256(data).hexdigest(), len(data)), books, built
 
 
-def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
-    """The recipe's codebooks: pre-RoPE K/V of the calibration text in chunks, sinks left out."""
+def _train(loaded, wanted: dict, progress) -> KVCodebooks:
+    """The recipe's codebooks: pre-RoPE K/V of the calibration text in chunks, sinks left out;
+    for a transform preset, also the Fisher information of the loss over the same chunks."""
     from kvdb.model import capture
 
     chunk, positions = wanted["chunk"], wanted["positions"]
     ids = np.asarray(tok.encode(loaded.tokenizer, CALIBRATION.read_text(encoding="utf-8")), dtype=np.int64)
-    keys, values, used = [], [], 0
+    keys, values, contexts, used = [], [], [], 0
     for at in range(0, len(ids), chunk):
         if used >= positions:
             break
@@ -179,11 +182,15 @@ def _train(loaded, wanted: dict, progress) -> quant.Codebooks:
         take = min(k.shape[2], positions - used)
         keys.append(k[:, :, :take])
         values.append(v[:, :, :take])
+        contexts.append(ids[at : at + capture.SINKS + take])
         used += take
-    return quant.train(
+    fisher = None
+    if transform.is_transform_preset(wanted["preset"]):
+        fisher = dict(zip(KINDS, capture.cache_fisher(loaded.model, contexts)))
+    return code_layout.train(
         {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)},
         wanted["preset"],
-        pre_rope=True,
+        fisher,
         niter=wanted["niter"],
         meta={"shipped": recipe_key(wanted), "tokens": used},
         progress=progress,

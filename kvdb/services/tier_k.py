@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import code_layout, fidelity, presets, quant
+from kvdb.codecs import code_layout, fidelity, presets, quant, transform
+from kvdb.codecs.code_layout import KVCodebooks
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture
 from kvdb.records import CodebookSource, PresetFidelity, ShippedCodebooks, TrainedCodebooks
@@ -29,11 +30,11 @@ class TierK:
         self._storage = storage
         self._models = models
         self._reader = reader
-        self._books: dict[str, quant.Codebooks] = {}
-        self._decoding: dict[str, quant.Codebooks] = {}  # codebook id -> sharpened for restores
+        self._books: dict[str, KVCodebooks] = {}
+        self._decoding: dict[str, KVCodebooks] = {}  # codebook id -> sharpened for restores
         self._references: dict[str, bytes] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
 
-    def codebooks(self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME) -> tuple[str, quant.Codebooks]:
+    def codebooks(self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME) -> tuple[str, KVCodebooks]:
         """The named codebooks, else the model's newest of ``preset`` (a name or a spec), else the
         shipped ones of that spec (kvdb.services.shipped_codebooks: built on this machine's first
         use; ``ensure_codebooks`` references them in the archive)."""
@@ -45,7 +46,7 @@ class TierK:
             codebook_id = found[0]
         if codebook_id not in self._books:
             data = self._storage.codebook_data(codebook_id)
-            self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else quant.Codebooks.from_bytes(data)
+            self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else code_layout.read_codebooks(data)
         return codebook_id, self._books[codebook_id]
 
     def build_shipped(self, progress=None, preset: str = presets.DEFAULT_NAME) -> ShippedCodebooks:
@@ -96,7 +97,7 @@ class TierK:
         weights_hash = row.weights_hash if row is not None else self._loaded(model_id).identity.weights_hash
         return presets.resolve(preset, weights_hash)
 
-    def _shipped(self, model_id: str, spec: str) -> tuple[str, quant.Codebooks]:
+    def _shipped(self, model_id: str, spec: str) -> tuple[str, KVCodebooks]:
         loaded = self._loaded(model_id)
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, _ = shipped.build(loaded, preset=spec)
@@ -106,7 +107,7 @@ class TierK:
         self._references[codebook_id] = data
         return codebook_id, books
 
-    def _referenced(self, model_id: str, data: bytes) -> quant.Codebooks:
+    def _referenced(self, model_id: str, data: bytes) -> KVCodebooks:
         """The shipped codebooks an archive references: this machine's build, made if missing."""
         reference = shipped.Reference.from_bytes(data)
         books = shipped.cached(reference)
@@ -121,7 +122,7 @@ class TierK:
             _, books, _ = shipped.build(loaded, wanted=reference.recipe)
         return books
 
-    def _restoring(self, model_id: str, codebook_id: str) -> quant.Codebooks:
+    def _restoring(self, model_id: str, codebook_id: str) -> KVCodebooks:
         """The codebooks a restore decodes with: the stored ones, keys sharpened by the model's
         measured factor (``presets.key_sharpening``). Search and coding use the stored ones."""
         if codebook_id not in self._decoding:
@@ -145,24 +146,17 @@ class TierK:
         keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
-        return codebook_id, code_layout.code_streams(books, quant.encode(books, keys, values))
+        return codebook_id, code_layout.code_streams(books, code_layout.encode(books, keys, values))
 
     def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
-        """Residual-VQ codebooks for the archive's model, trained on its own archived sessions
-        (oldest first, up to ``tokens`` positions; attention sinks left out: they are recomputed),
-        of a preset (a name or a spec; default: balanced, as ingest's)."""
+        """Codebooks for the archive's model, trained on its own archived sessions (oldest first,
+        up to ``tokens`` positions; attention sinks left out: they are recomputed), of a preset (a
+        name or a spec; default: balanced, as ingest's)."""
         loaded = self._models.get()
         preset = presets.resolve(preset or presets.DEFAULT_NAME, loaded.identity.weights_hash)
-        layers, _, heads, _ = capture.attention_shape(loaded.model)
-        alloc = presets.allocation(preset, layers, heads)
-        depth = presets.depths(preset, layers, heads)
-        bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
-        if bare:  # a head without codes would restore as zeros
-            raise InvalidArgument(
-                f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values"
-            )
+        needed = self._positions_needed(loaded, preset)
         start = time.perf_counter()
-        keys, values, used = [], [], 0
+        keys, values, contexts, used = [], [], [], 0
         for row in self._storage.list_sessions():
             if row.model_id != loaded.identity.model_id or used >= tokens:
                 continue
@@ -170,17 +164,18 @@ class TierK:
             k, v = capture.capture(loaded.model, ids, pre_rope=True)
             keys.append(k[:, :, capture.SINKS :])
             values.append(v[:, :, capture.SINKS :])
+            contexts.append(ids)
             used += k.shape[2] - capture.SINKS
-        largest = max(size for kind in alloc.values() for stage in kind for size in stage)
-        if used < largest:  # too few under the --tokens cap, or in the archive
-            advice = f"pass --tokens {largest} or more" if tokens < largest else "archive more sessions first, then run `kvdb codebooks train` again"
+        if used < needed:  # too few under the --tokens cap, or in the archive
+            advice = f"pass --tokens {needed} or more" if tokens < needed else "archive more sessions first, then run `kvdb codebooks train` again"
             raise InvalidArgument(
-                f"training {preset} codebooks needs at least {largest} archived positions (attention sinks left out), and {used} were read; {advice}"
+                f"training {preset} codebooks needs at least {needed} archived positions (attention sinks left out), and {used} were read; {advice}"
             )
-        books = quant.train(
+        fisher = dict(zip(quant.KINDS, capture.cache_fisher(loaded.model, contexts))) if transform.is_transform_preset(preset) else None
+        books = code_layout.train(
             {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)},
             preset,
-            pre_rope=True,
+            fisher,
             niter=niter,
             meta={"model_id": loaded.identity.model_id, "tokens": used},
         )
@@ -189,6 +184,22 @@ class TierK:
         self._models.register()
         self._storage.apply(PutCodebooks(codebook_id, loaded.identity.model_id, preset, data))
         return TrainedCodebooks(codebook_id, preset, used, len(data), round(time.perf_counter() - start, 2))
+
+    @staticmethod
+    def _positions_needed(loaded, preset: str) -> int:
+        """The calibration positions a preset's training needs: a transform coder's finest quantizer
+        has 2**8 levels; a residual VQ's largest codebook as many centroids. Refuses a VQ preset
+        that gives some head no stages (it would restore as zeros)."""
+        if transform.is_transform_preset(preset):
+            return 1 << transform.MAX_BITS
+        layers, _, heads, _ = capture.attention_shape(loaded.model)
+        depth = presets.depths(preset, layers, heads)
+        bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
+        if bare:
+            raise InvalidArgument(
+                f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values"
+            )
+        return max(size for kind in presets.allocation(preset, layers, heads).values() for stage in kind for size in stage)
 
     def layers(self, row: SessionRow, nodes: list[NodeRow], at: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """De-quantized pre-RoPE keys and values of positions [0, at), layer by layer

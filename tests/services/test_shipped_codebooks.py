@@ -15,6 +15,7 @@ from support import KV, storage_of
 
 import kvdb
 from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.model import capture
 from kvdb.services import shipped_codebooks as shipped
 
 TEXT = "A session archived with tier K on a fresh archive, with no codebooks trained at all. " * 3
@@ -249,3 +250,23 @@ def test_stale_figures_count_as_unmeasured(tmp_path, tiny_model, monkeypatch, bu
         assert db.restore("s").mode == "archive"
         monkeypatch.setitem(fidelity.table()[weights][presets.resolve("balanced", weights)]["shipped"], "key_sharpening", 1.05)
         assert db.restore("s").mode == "exact"
+
+
+def test_a_transform_preset_is_built_coded_and_restored_like_any_other(tmp_path, tiny_model, monkeypatch):
+    """A ``t<bits>`` preset's shipped codebooks (transform coded, with the Fisher information of
+    the calibration text) code a session that restores from tier K, finer than a coarser preset's."""
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text=TEXT, name="fine", keep=KV, kv_preset="t4")
+        db.ingest(text="Not the same session: " + TEXT, name="coarse", keep=KV, kv_preset="t1")
+        assert sorted(c.preset for c in db.codebooks()) == ["t1", "t4"]
+        gaps = {}
+        for name in ("fine", "coarse"):
+            exact_k, exact_v = capture.cache_arrays(db.restore(name, mode="exact").cache)
+            restored = db.restore(name, mode="archive", window="stored")
+            assert restored.mode == "archive" and restored.fidelity.spec == ("t4" if name == "fine" else "t1")
+            got_k, got_v = capture.cache_arrays(restored.cache)
+            gaps[name] = float(np.abs(got_k - exact_k).mean() + np.abs(got_v - exact_v).mean())
+        assert 0 < gaps["fine"] < 0.75 * gaps["coarse"]  # the tiny model's Fisher information leaves many dimensions without bits at both
+        assert set(db.stats().kv_bytes_by_preset) == {"t1", "t4"}
+        assert db.verify().ok
