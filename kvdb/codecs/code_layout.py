@@ -53,6 +53,13 @@ def encode(codebooks: KVCodebooks, keys: np.ndarray, values: np.ndarray) -> tupl
     return quant.encode(codebooks, keys, values)
 
 
+def decode(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s codes, whole."""
+    if isinstance(codebooks, transform.TransformCodebooks):
+        return codebooks.decode(codes)
+    return quant.decode(codebooks, codes)
+
+
 def code_streams(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0) -> dict[int, np.ndarray]:
     """The symbols to store, one token-major stream per codebook size: ``{alphabet: symbols}``.
 

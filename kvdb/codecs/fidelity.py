@@ -35,7 +35,7 @@ def measured(weights_hash: str, spec: str, source: str) -> dict | None:
     found = table().get(weights_hash, {}).get(spec, {}).get(source)
     if not found or not found.get("lengths"):
         return None
-    if found.get("key_sharpening", 1.0) != presets.key_sharpening(weights_hash):
+    if found.get("key_sharpening", 1.0) != presets.key_sharpening(weights_hash, spec):
         return None
     return found
 

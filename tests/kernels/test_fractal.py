@@ -13,7 +13,7 @@ from kvdb.errors import CorruptData, InvalidArgument
 FAST = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALPHABETS = st.one_of(
     st.integers(fractal.MIN_ALPHABET, fractal.MAX_ALPHABET),
-    st.sampled_from([2, 3, 255, 256, 257, 1024, 49152, 50257, fractal.MAX_ALPHABET]),
+    st.sampled_from([2, 3, 4, 8, 32, 128, 255, 256, 257, 1024, 49152, 50257, fractal.MAX_ALPHABET]),
 )
 BLOCK_SIZES = st.sampled_from([8, 40, 64, 120, 1024, fractal.DEFAULT_BLOCK])
 
@@ -42,7 +42,7 @@ def test_round_trip_and_random_ranges(alphabet, length, block_size, seed):
         assert np.array_equal(window, symbols[start:end])
 
 
-@pytest.mark.parametrize("alphabet", [2, 3, 256, 1024, 49152, fractal.MAX_ALPHABET])
+@pytest.mark.parametrize("alphabet", [2, 3, 4, 8, 32, 128, 256, 1024, 49152, fractal.MAX_ALPHABET])  # 4-128: a transform preset's one bit string
 def test_large_stream_round_trip(alphabet):
     symbols = stream(7, alphabet, 100_000)
     blobs = fractal.encode_blocks(symbols, alphabet)
