@@ -1,4 +1,4 @@
-"""What a tier K restore was measured to cost: the figures ``benchmarks/kv.py`` wrote to
+"""What a tier K restore was measured to cost: the figures ``benchmarks/kv_presets.py`` wrote to
 ``kvdb/data/kv_fidelity.json`` (docs/formats.md), per model (weights hash), preset spec, codebook
 source and context length. ``restore --mode auto`` takes tier K only for a preset measured here
 within the caller's tolerance (docs/decisions/0039-auto-restore-takes-measured-presets.md).
