@@ -57,7 +57,7 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
     kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1}
@@ -214,6 +214,29 @@ def test_node_payloads_are_the_same_bytes_on_every_machine():
 
 def test_codebooks_and_code_streams_encode_to_the_golden_bytes():
     assert_golden(golden.quant_files())
+
+
+def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_from_them():
+    assert_golden(golden.transform_files())
+    read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
+    made = golden.transform_codebooks()
+    assert read.to_bytes() == made.to_bytes() and read.bits_per_element() == made.bits_per_element()
+    streams = {int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
+               for folder in sorted((GOLDEN / "transform" / "streams").iterdir())}
+    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
+    for a, b in zip(codes, golden.transform_codes()):
+        assert np.array_equal(a, b)
+    keys, values = read.decode(codes)
+    # docs/formats.md: x = y @ (basis^T diag(1 / weights)) + centre, y the levels of the coded coefficients, 0 for the others
+    y = np.zeros((golden.SEQ, golden.DIM), np.float32)
+    for d, bits in enumerate(golden.TRANSFORM_BITS["v"][1][0]):  # layer 1, head 0's values
+        start = sum(1 << b for b in np.array(golden.TRANSFORM_BITS["v"]).reshape(-1)[: golden.HEADS * golden.DIM + d] if b)
+        y[:, d] = read.levels["v"][start + codes[1][1, 0, d]] if bits else 0
+    expected = y @ (read.basis["v"][1, 0].T / read.weights["v"][1, 0][None, :]) + read.centre["v"][1, 0]
+    np.testing.assert_allclose(values[1, 0], expected, rtol=1e-6, atol=1e-6)
+    for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
+        np.testing.assert_allclose(k, keys[layer], atol=1e-6)
+        np.testing.assert_allclose(v, values[layer], atol=1e-6)
 
 
 @pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),

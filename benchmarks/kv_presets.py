@@ -1,0 +1,181 @@
+"""Tier K's named presets (faithful, balanced, compact) on the embedded model: what each costs in
+bytes and in fidelity at 1,024, 4,096 and 8,000 tokens, with the codebooks a user gets (shipped)
+beside codebooks trained on the benchmark's own corpus, quanto 4-bit as the peer in the same
+run, and how long a restore's decode takes against an exact prefill. Writes the shipped and
+trained figures to kvdb/data/kv_fidelity.json, which ``restore --mode auto`` reads.
+
+    .venv/bin/python benchmarks/kv_presets.py [--no-results] [--no-peer] [--lengths 1024,4096,8000]
+
+The protocol is kv.py's: trained codebooks calibrated on the first 8 x 1,024 tokens of
+``corpus.real_text`` (sinks left out; a transform preset also takes the Fisher information of the
+loss over those contexts); held-out contexts at kv.py's offsets (4 of 1,024 tokens, 2 of each
+longer length), each followed by 128 teacher-forced tokens through the restore path with the
+window recomputed (the default restore), against the exact prefill cache. ppl ratio = exp(mean
+NLL restored - mean NLL exact), pooled; KL = mean KL divergence of the next-token distributions
+from the exact cache's (restored through the same path), nats per token; top-1 = agreement of the
+argmax with the exact cache's. B/token all-inclusive = the code streams as stored + the codebooks
+amortised over 1e6 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_support as KS  # noqa: E402
+from corpus import real_text  # noqa: E402
+from kv import CONT, CTX, _exact_pass, _peer_cache, load_model, spaced_starts  # noqa: E402
+from report import describe, publish  # noqa: E402
+
+from kvdb.codecs import code_layout as CL  # noqa: E402
+from kvdb.codecs import presets as P  # noqa: E402
+from kvdb.model import capture as C  # noqa: E402
+from kvdb.model import loading as M  # noqa: E402
+from kvdb.model import tokenizer as T  # noqa: E402
+from kvdb.services import shipped_codebooks as SH  # noqa: E402
+
+LONG_CONTEXTS = 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-results", action="store_true", help="print the tables without writing RESULTS.md or kv_fidelity.json")
+    ap.add_argument("--no-peer", action="store_true", help="skip quanto 4-bit")
+    ap.add_argument("--lengths", default="1024,4096,8000")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    t_all = time.perf_counter()
+    lm, L, H, D = load_model()
+    model, weights = lm.model, lm.identity.weights_hash
+    fp16 = L * 2 * H * D * 2
+    specs = P.named(weights)
+    ids = np.asarray(T.encode(lm.tokenizer, real_text(600_000)), dtype=np.int64)
+    calib = [ids[at : at + CTX] for at in range(0, 8 * CTX, CTX)]
+    shipped_text = SH.CALIBRATION.read_text(encoding="utf-8")
+
+    # -- codebooks: trained on the corpus, and the shipped ones --------------------------------------
+    t = time.perf_counter()
+    parts = [C.capture(model, c, pre_rope=True) for c in calib]
+    vectors = {kind: np.concatenate([p[i][:, :, C.SINKS :] for p in parts], 2) for i, kind in enumerate(("k", "v"))}
+    fisher = dict(zip(("k", "v"), C.cache_fisher(model, calib)))
+    t_calib = time.perf_counter() - t
+    books, build = {}, {}
+    for name, spec in specs.items():
+        t = time.perf_counter()
+        books[(name, "trained")] = CL.train(vectors, spec, fisher)
+        build[(name, "trained")] = time.perf_counter() - t
+        t = time.perf_counter()
+        _, books[(name, "shipped")], built = SH.build(lm, preset=spec)
+        build[(name, "shipped")] = time.perf_counter() - t if built else None
+        print(f"{name} ({spec}): trained in {build[(name, 'trained')]:.0f} s, shipped {'built' if built else 'cached'}", flush=True)
+
+    # -- held-out contexts ----------------------------------------------------------------------------
+    lengths = [int(n) for n in args.lengths.split(",") if n]
+    contexts = []
+    for n in lengths:
+        starts = spaced_starts(ids, max(8 * CTX + 20_000, len(ids) // 3), CTX, 4) if n == CTX else spaced_starts(ids, 8 * CTX + 20_000, n, LONG_CONTEXTS)
+        for s in starts:
+            prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
+            text = T.decode(lm.tokenizer, ids[s : s + n + CONT + 1].tolist())
+            assert not any(text[i : i + 80] in shipped_text for i in range(0, max(len(text) - 80, 1), 40)), f"context at {s} shares text with the shipped calibration"
+            t = time.perf_counter()
+            exact = M.prefill(model, prefix)
+            t_prefill = time.perf_counter() - t
+            del exact
+            k, v, lp, am = _exact_pass(model, prefix, cont)
+            ref = torch.log_softmax(C.next_token_logits(model, KS.restore_cache(model, prefix, k, v, pre_rope=True), cont), -1).numpy()
+            contexts.append({"start": s, "n": n, "prefix": prefix, "cont": cont, "k": k, "v": v, "lp": lp, "am": am, "ref": ref, "prefill_s": t_prefill})
+            print(f"context {s} of {n} captured ({time.perf_counter() - t_all:.0f} s)", flush=True)
+
+    def score(n, logp_of):
+        nll, nll_e, agree, kls = [], [], [], []
+        for c in (c for c in contexts if c["n"] == n):
+            logp = logp_of(c)
+            nll.append(-logp[np.arange(len(c["cont"]) - 1), c["cont"][1:]])
+            nll_e.append(-c["lp"])
+            agree.append(logp.argmax(-1) == c["am"])
+            kls.append(float((np.exp(c["ref"]) * (c["ref"] - logp)).sum(-1).mean()))
+        return {"ppl_ratio": float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean())), "kl": float(np.mean(kls)), "top1": float(np.concatenate(agree).mean())}
+
+    def restored_logp(cb, spec):
+        decoding = cb.sharpened(P.key_sharpening(weights, spec))  # as a restore decodes them
+
+        def logp_of(c):
+            k, v = CL.decode(decoding, CL.encode(cb, c["k"], c["v"]))
+            return torch.log_softmax(C.next_token_logits(model, KS.restore_cache(model, c["prefix"], k, v, pre_rope=True), c["cont"]), -1).numpy()
+
+        return logp_of
+
+    rows, restore_rows = [], []
+    for (name, source), cb in books.items():
+        spec = specs[name]
+        c0 = next(c for c in contexts if c["n"] == min(lengths))
+        codes = CL.encode(cb, c0["k"], c0["v"])
+        bpt = KS.stored_code_bytes(cb, codes, start=C.SINKS) / c0["n"] + cb.nbytes / 1e6
+        figures = {n: score(n, restored_logp(cb, spec)) for n in lengths}
+        rows.append((name, spec, source, bpt, cb.nbytes, figures))
+        print(f"{name} {source}: {fp16 / bpt:.1f}x " + " ".join(f"{n}: {f['ppl_ratio']:.4f}/{f['kl']:.4f}/{f['top1']:.3f}" for n, f in figures.items()), flush=True)
+        if source == "shipped":  # the restore's decode, straight from the streams, against an exact prefill
+            decoding = cb.sharpened(P.key_sharpening(weights, spec))
+            for n in lengths:
+                c = next(c for c in contexts if c["n"] == n)
+                streams = CL.code_streams(cb, CL.encode(cb, c["k"], c["v"]))
+                t = time.perf_counter()
+                for _ in CL.decode_streams(decoding, streams, n):
+                    pass
+                t_decode = time.perf_counter() - t
+                t = time.perf_counter()
+                KS.restore_cache(model, c["prefix"], *CL.decode(decoding, CL.encode(cb, c["k"], c["v"])), pre_rope=True)
+                t_window = time.perf_counter() - t
+                restore_rows.append((name, n, c["prefill_s"], t_decode, t_window))
+    peer = {}
+    if not args.no_peer:
+        for n in lengths:
+            peer[n] = score(n, lambda c: torch.log_softmax(C.next_token_logits(model, _peer_cache(model, c["prefix"], "quanto", 4), c["cont"]), -1).numpy())
+        print("quanto done", flush=True)
+
+    # -- tables ----------------------------------------------------------------------------------------
+    today = datetime.date.today()
+    head = (f"`.venv/bin/python benchmarks/kv_presets.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
+            f"fp16 = {fp16:,} B/token. Trained codebooks: the first 8,192 tokens of `corpus.real_text` (capture and Fisher information "
+            f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
+            + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
+            + f"; each followed by 128 teacher-forced tokens, window recomputed. Total {time.perf_counter() - t_all:.0f} s.")
+    lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
+             "| preset | spec | codebooks | all-incl. B/token | ratio vs fp16 | codebooks MB | build s | "
+             + " | ".join(f"ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
+             "|---|---|---|---:|---:|---:|---:|" + "---:|---:|---:|" * len(lengths)]
+    for name, spec, source, bpt, nbytes, figures in rows:
+        b = build[(name, source)]
+        lines.append(f"| {name} | {spec} | {source} | {bpt:,.1f} | {fp16 / bpt:.1f}x | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
+                     + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in figures.values()) + " |")
+    if peer:
+        quanto_bpt = L * 2 * H * (4 * D + 2 * 16) / 8
+        lines.append(f"| quanto 4-bit (peer) | group 64 | — | {quanto_bpt:,.1f} | {fp16 / quanto_bpt:.1f}x | — | — | "
+                     + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values()) + " |")
+    lines += ["", "Shipped against trained: the ratio of their perplexity ratios (target ≤ 1.03).", "",
+              "| preset | " + " | ".join(f"@{n:,}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    by = {(r[0], r[2]): r[5] for r in rows}
+    for name in specs:
+        lines.append(f"| {name} | " + " | ".join(f"{by[(name, 'shipped')][n]['ppl_ratio'] / by[(name, 'trained')][n]['ppl_ratio']:.3f}" for n in lengths) + " |")
+    lines += ["", "Restore work with the shipped codebooks, one context per length (1 torch thread): an exact prefill, the decode of every "
+              "layer straight from the code streams (`code_layout.decode_streams`), and the cache built from decoded arrays with the window "
+              "recomputed (`capture.restore_layers`, which a recomputed-window restore adds to the decode).", "",
+              "| preset | tokens | exact prefill s | decode s | speed-up (decode only) | window recompute s | speed-up (decode + recompute) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {n:,} | {pre:.2f} | {dec:.3f} | {pre / dec:.0f}x | {win:.3f} | {pre / (dec + win):.0f}x |" for name, n, pre, dec, win in restore_rows]
+    publish(lines, append=not args.no_results)
+    if not args.no_results:
+        for _name, spec, source, _, _, figures in rows:
+            KS.record_fidelity(weights, spec, source, figures, P.key_sharpening(weights, spec), f"benchmarks/kv_presets.py {today}")
+
+
+if __name__ == "__main__":
+    main()
