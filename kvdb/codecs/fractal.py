@@ -175,11 +175,12 @@ def _unpack_fields(data: bytes, count: int, low_bits: int) -> np.ndarray:
     raw = np.zeros(groups * low_bits, dtype=np.uint8)
     given = np.frombuffer(data, np.uint8, min(len(data), raw.size))
     raw[: given.size] = given
-    wide = np.uint32 if low_bits <= 4 else np.uint64  # eight fields of up to 4 bits fit 32
-    word = np.zeros(groups, dtype=wide)
+    wide = np.dtype(np.uint32 if low_bits <= 4 else np.uint64)  # eight fields of up to 4 bits fit 32
+    word: np.ndarray = np.zeros(groups, dtype=wide)
     for j, column in enumerate(raw.reshape(groups, low_bits).T):
-        word |= column.astype(wide) << wide(8 * j)
-    fields = (word[:, None] >> (wide(low_bits) * np.arange(8, dtype=wide))) & wide((1 << low_bits) - 1)
+        word |= column.astype(wide) << (8 * j)
+    shifts = np.arange(8, dtype=wide) * low_bits
+    fields = (word[:, None] >> shifts) & ((1 << low_bits) - 1)
     return fields.reshape(-1)[:count]
 
 

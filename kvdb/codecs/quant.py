@@ -18,21 +18,17 @@ Codebooks serialize to a versioned, self-describing byte format (no pickle), see
 
 from __future__ import annotations
 
-import json
-import struct
-import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from kvdb.codecs import framing
 from kvdb.codecs.presets import DEFAULT_PRESET, KINDS, allocation, depths
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KVDBRVQ\x00"
 VERSION = 2  # the newest this kvdb reads; a set whose heads all take their layer's stages is written as version 1
-_PREFIX = struct.Struct("<8s I I")  # magic, version, header length
-_CRC = struct.Struct("<I")
 
 
 # ------------------------------------------------------------------------------------------
@@ -163,8 +159,7 @@ class Codebooks:
         if self.depths:
             header["depths"] = {kind: self.depth(kind).tolist() for kind in KINDS}
             header["order"] = "kind>layer>stage; each [heads that take the stage, size, dim] C-order"
-        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        parts = [_PREFIX.pack(MAGIC, 2 if self.depths else 1, len(head)), head]
+        parts = []
         for kind in KINDS:
             depth = self.depth(kind)
             for layer, books in enumerate(self.books[kind]):
@@ -172,24 +167,14 @@ class Codebooks:
                     parts.append(np.ascontiguousarray(book[depth[layer] > stage], dtype="<f2").tobytes())
         for kind in header["weights"]:
             parts.append(np.ascontiguousarray(self.weights[kind], dtype="<f4").tobytes())
-        body = b"".join(parts)
-        return body + _CRC.pack(zlib.crc32(body))
+        return framing.frame(MAGIC, 2 if self.depths else 1, header, parts)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Codebooks:
         blob = bytes(blob)
-        if len(blob) < _PREFIX.size + _CRC.size or blob[:8] != MAGIC:
-            raise CorruptData("not a kvdb codebook blob (bad magic)")
-        magic, version, hlen = _PREFIX.unpack_from(blob)
-        if version > VERSION:
-            raise CorruptData(f"codebook format version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
-        (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
-        if zlib.crc32(blob[: -_CRC.size]) != crc:
-            raise CorruptData("codebook blob failed its CRC check")
-        header = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        _, header, offset = framing.unframe(blob, MAGIC, VERSION, "codebook")
         heads, dim = header["heads"], header["dim"]
         dtype = np.dtype(header["dtype"])
-        offset = _PREFIX.size + hlen
         given = {kind: np.asarray(d, dtype=np.int64).reshape(header["layers"], heads) for kind, d in header.get("depths", {}).items()}
         books: dict[str, list[list[np.ndarray]]] = {}
         for kind in KINDS:
@@ -210,8 +195,8 @@ class Codebooks:
             count = header["layers"] * heads * dim
             weights[kind] = np.frombuffer(blob, dtype=wdtype, count=count, offset=offset).reshape(header["layers"], heads, dim).astype(np.float32)
             offset += count * wdtype.itemsize
-        if offset != len(blob) - _CRC.size:
-            raise CorruptData(f"codebook blob has {len(blob) - _CRC.size - offset} unexpected bytes")
+        if offset != len(blob) - framing.CRC.size:
+            raise CorruptData(f"codebook blob has {len(blob) - framing.CRC.size - offset} unexpected bytes")
         kept = {kind: d for kind, d in given.items() if not _uniform(d, header["stages"][kind])}
         return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights, kept)
 

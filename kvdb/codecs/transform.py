@@ -23,24 +23,20 @@ position, kind > layer > head > coefficient, skipping coefficients without bits.
 
 from __future__ import annotations
 
-import json
 import re
-import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from kvdb.codecs import framing
 from kvdb.errors import CorruptData, InvalidArgument
 
 KINDS = ("k", "v")
 MAGIC = b"KVDBTC\x00\x00"
 VERSION = 1
 MAX_BITS = 8
-_PREFIX = struct.Struct("<8s I I")
-_CRC = struct.Struct("<I")
 _PRESET = re.compile(r"^t(\d+(?:\.\d+)?)$")
 
 
@@ -226,28 +222,18 @@ class TransformCodebooks:
             "order": "per kind (k, v): centre [L,H,D], weights [L,H,D], basis [L,H,D,D], levels; little-endian float32",
             "meta": self.meta,
         }
-        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        parts = [_PREFIX.pack(MAGIC, VERSION, len(head)), head]
-        for kind in KINDS:
-            for a in (self.centre[kind], self.weights[kind], self.basis[kind], self.levels[kind]):
-                parts.append(np.ascontiguousarray(a, dtype="<f4").tobytes())
-        body = b"".join(parts)
-        return body + _CRC.pack(zlib.crc32(body))
+        parts = [
+            np.ascontiguousarray(a, dtype="<f4").tobytes()
+            for kind in KINDS
+            for a in (self.centre[kind], self.weights[kind], self.basis[kind], self.levels[kind])
+        ]
+        return framing.frame(MAGIC, VERSION, header, parts)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> TransformCodebooks:
         blob = bytes(blob)
-        if len(blob) < _PREFIX.size + _CRC.size or blob[:8] != MAGIC:
-            raise CorruptData("not a kvdb transform codebook blob (bad magic)")
-        _, version, hlen = _PREFIX.unpack_from(blob)
-        if version > VERSION:
-            raise CorruptData(f"transform codebook format version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
-        (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
-        if zlib.crc32(blob[: -_CRC.size]) != crc:
-            raise CorruptData("transform codebook blob failed its CRC check")
-        header = json.loads(blob[_PREFIX.size : _PREFIX.size + hlen])
+        _, header, at = framing.unframe(blob, MAGIC, VERSION, "transform codebook")
         layers, heads, dim = header["layers"], header["heads"], header["dim"]
-        at = _PREFIX.size + hlen
         arrays: dict[str, dict[str, np.ndarray]] = {"centre": {}, "weights": {}, "basis": {}, "levels": {}}
         bits = {kind: np.asarray(header["bits"][kind], np.int64).reshape(layers, heads, dim) for kind in KINDS}
         for kind in KINDS:
@@ -259,11 +245,11 @@ class TransformCodebooks:
                 ("levels", (n_levels,)),
             ):
                 count = int(np.prod(shape))
-                if at + 4 * count > len(blob) - _CRC.size:
+                if at + 4 * count > len(blob) - framing.CRC.size:
                     raise CorruptData("transform codebook blob is truncated")
                 arrays[name][kind] = np.frombuffer(blob, "<f4", count, at).reshape(shape).astype(np.float32)
                 at += 4 * count
-        if at != len(blob) - _CRC.size:
+        if at != len(blob) - framing.CRC.size:
             raise CorruptData("transform codebook blob has trailing bytes")
         return cls(
             layers,
