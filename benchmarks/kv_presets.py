@@ -152,12 +152,13 @@ def main() -> None:
             decoding = cb.sharpened(P.key_sharpening(weights, spec))
             for n in lengths:
                 c = next(c for c in contexts if c["n"] == n)
-                streams = CL.code_streams(cb, CL.encode(cb, c["k"], c["v"]))
+                codes = CL.encode(cb, c["k"], c["v"])
+                streams = CL.code_streams(cb, codes)
                 t = time.perf_counter()
                 for _ in CL.decode_streams(decoding, streams, n):
                     pass
                 t_decode = time.perf_counter() - t
-                k, v = CL.decode(decoding, CL.encode(cb, c["k"], c["v"]))
+                k, v = CL.decode(decoding, codes)
                 t = time.perf_counter()
                 KS.restore_cache(model, c["prefix"], k, v, pre_rope=True)
                 t_window = time.perf_counter() - t

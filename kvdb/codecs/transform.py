@@ -1,5 +1,5 @@
 """Transform coding of KV caches: a per-head rotation, then one scalar quantizer per coefficient,
-with bits spent where the model's loss is most sensitive (docs/decisions/0039-transform-coded-tier-k.md).
+with bits spent where the model's loss is most sensitive (docs/decisions/0040-transform-coded-tier-k.md).
 
 Greedy residual VQ with 256-entry stages saturates at high rates: each stage buys less than the
 last. Transform coding keeps improving by about 6 dB a bit. Per (kind, layer, KV head):
@@ -97,9 +97,6 @@ class TransformCodebooks:
         """Transform-coded keys are not sharpened: their quantizers are fine enough that the
         flattening RVQ centroids cause (decision 0029) is not where their loss comes from."""
         return self
-
-    def stages(self, kind: str) -> list[tuple[int, ...]]:
-        return []
 
     @property
     def nbytes(self) -> int:
