@@ -168,11 +168,11 @@ def encode(values, classes, tables: Tables) -> bytes:
 
 
 def _decode(
-    data, classes, n: int, tables: Tables, used: int | None, values=None, recon=None, escape_step: float = 0.0, floats=None, row_stride: int = 0
+    data, c: np.ndarray, n: int, tables: Tables, used: int, values=None, recon=None, escape_step: float = 0.0, floats=None, row_stride: int = 0
 ) -> None:
+    """One call of the C decoder for ``c``, classes already checked by :func:`_classes`."""
     lib = _lib()
-    c = _classes(classes, tables)
-    if n < 0 or used is None or not 0 <= used <= n:
+    if not 0 <= used <= n:
         raise InvalidArgument(f"rANS decoding needs 0 <= used <= n, not used={used}, n={n}")
     buf = np.frombuffer(data, dtype=np.uint8)
     status = lib.kvdb_rans_decode(
@@ -187,24 +187,27 @@ def _decode(
 def decode(data, classes, n: int, tables: Tables, used: int | None = None) -> np.ndarray:
     """The values ``int16 [rows, used]`` of a stream of ``rows = len(classes)`` rows of ``n``:
     every value is decoded (the stream demands it), the first ``used`` of each row kept."""
+    c = _classes(classes, tables)
     used = n if used is None else used
-    out = np.empty((len(np.asarray(classes)), max(used, 0)), dtype=np.int16)
-    _decode(data, classes, n, tables, used, values=out, row_stride=out.shape[1])
+    out = np.empty((len(c), max(used, 0)), dtype=np.int16)
+    _decode(data, c, n, tables, used, values=out, row_stride=out.shape[1])
     return out
 
 
 def decode_into(data, classes, n: int, tables: Tables, recon, escape_step: float, out: np.ndarray) -> None:
     """Decodes straight to floats in ``out`` ``float32 [rows, used]`` (a view with unit column
     stride and any row stride, e.g. into a layer's buffer): ``recon[class, symbol]`` for a
-    value in -127 .. 127, ``value * escape_step`` for an escaped one. Saves the int16 pass and
-    the gather a restore would otherwise make. On CorruptData ``out`` holds garbage."""
+    value coded as its symbol, ``value * escape_step`` for an escaped one (outside -127 .. 127,
+    or of frequency 0 in its table). Saves the int16 pass and the gather a restore would
+    otherwise make. On CorruptData ``out`` holds garbage."""
     r = np.asarray(recon)
     if r.dtype != np.float32 or r.shape != (tables.classes, 256) or not r.flags.c_contiguous:
         raise InvalidArgument(f"rANS recon must be C-contiguous float32 [{tables.classes}, 256], not {r.dtype} {list(r.shape)}")
     if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 2 or not out.flags.writeable:
         raise InvalidArgument("rANS decode_into needs a writeable float32 [rows, used] array")
-    if out.shape[0] != len(np.asarray(classes)):
-        raise InvalidArgument(f"rANS decode_into: out has {out.shape[0]} rows for {len(np.asarray(classes))} classes")
+    c = _classes(classes, tables)
+    if out.shape[0] != len(c):
+        raise InvalidArgument(f"rANS decode_into: out has {out.shape[0]} rows for {len(c)} classes")
     if out.shape[0] > 1 and (out.strides[0] <= 0 or out.strides[0] % 4) or out.shape[1] > 1 and out.strides[1] != 4:
         raise InvalidArgument(f"rANS decode_into: out must have unit column stride and a positive row stride in whole floats, not strides {out.strides}")
-    _decode(data, classes, n, tables, out.shape[1], recon=r, escape_step=escape_step, floats=out, row_stride=out.strides[0] // 4)
+    _decode(data, c, n, tables, out.shape[1], recon=r, escape_step=escape_step, floats=out, row_stride=out.strides[0] // 4)
