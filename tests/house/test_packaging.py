@@ -1,5 +1,6 @@
 """The install is quiet: building kvdb's wheel prints no warning the project causes, and the
-wheel carries the data files the library reads (calibration text, measured tier K fidelity, the page)."""
+wheel carries the data files the library reads (calibration text, measured tier K fidelity, the page)
+and both compiled parts."""
 
 from __future__ import annotations
 
@@ -24,4 +25,4 @@ def test_the_wheel_builds_without_warnings_and_carries_its_data(tmp_path):
     [wheel] = tmp_path.glob("kvdb-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"kvdb/data/calibration.txt", "kvdb/data/kv_fidelity.json", "kvdb_server/static/index.html", "kvdb_migrations/script.py.mako"} <= names
-    assert any(n.startswith("kvdb/model/_integer_kernel") for n in names)
+    assert any(n.startswith("kvdb/model/_integer_kernel") for n in names) and any(n.startswith("kvdb/codecs/_rans") for n in names)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from kvdb_migrations import _frozen_0002_fractal as frozen
 
-from kvdb.codecs import code_layout, fractal, quant
+from kvdb.codecs import code_layout, fractal, quant, rans
 from kvdb.index.walk import WalkIndex
 from kvdb.model import capture, lmcode
 from kvdb.model.prefix_cache import PrefixCache
@@ -57,7 +57,7 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
     kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1}
@@ -237,6 +237,18 @@ def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_f
     for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
         np.testing.assert_allclose(k, keys[layer], atol=1e-6)
         np.testing.assert_allclose(v, values[layer], atol=1e-6)
+
+
+def test_rans_rows_encode_to_the_golden_bytes_and_decode_from_them():
+    assert_golden(golden.rans_files())
+    tables = rans.Tables(golden.rans_freqs())
+    for name, rows, n in golden.RANS_CASES:
+        values, classes = golden.rans_inputs(rows, n)
+        data = (GOLDEN / "rans" / f"{name}.bin").read_bytes()
+        np.testing.assert_array_equal(rans.decode(data, classes, n, tables), values)
+    values, classes = (a.astype(np.int64) for a in golden.rans_inputs(7, 9))
+    assert ((np.abs(values) > 127) | (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).sum() >= 10  # escapes of both kinds are in the bytes
+    assert ((np.abs(values) <= 127) & (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).any()
 
 
 @pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),
