@@ -17,6 +17,7 @@ from kvdb.codecs import fidelity as F
 from kvdb.codecs import fractal
 from kvdb.codecs import quant as Q
 from kvdb.codecs.code_layout import code_streams
+from kvdb.codecs.entropy_coded import PAYLOAD
 from kvdb.codecs.presets import KINDS, allocation, depths
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture as C
@@ -69,11 +70,13 @@ def truncate(codebooks: Q.Codebooks, preset: str) -> Q.Codebooks:
 
 
 def stored_code_bytes(codebooks: Q.Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0, block_size: int = fractal.DEFAULT_BLOCK) -> int:
-    """Exact bytes of the code streams as the fractal codec stores them (block headers and CRCs
-    included): a preset's cost without writing an archive."""
+    """Exact bytes of the code streams as the archive stores them (the fractal codec's block headers
+    and CRCs included; an entropy-coded payload as it is): a preset's cost without writing an archive."""
     total = 0
     for size, symbols in code_streams(codebooks, codes, start).items():
-        if len(symbols):
+        if size == PAYLOAD:  # an entropy-coded payload is stored as it is
+            total += len(symbols)
+        elif len(symbols):
             total += len(b"".join(fractal.encode_blocks(symbols, size, block_size)))
     return total
 

@@ -49,8 +49,8 @@ def formats_command(example, as_json):
     default=DEFAULT_KV_PRESET,
     show_default=True,
     help="How finely tier K (--keep ...,kv) is coded: faithful, balanced or compact (each a spec per model; "
-    "`kvdb restore` auto takes tier K only for one measured within --max-loss), or a spec: t3 (transform coded at 3 bits "
-    "per element) or k4v3 (residual VQ, 4 key and 3 value stages).",
+    "`kvdb restore` auto takes tier K only for one measured within --max-loss), or a spec: e3 (entropy coded, 3 bits "
+    "per element on average), t3 (transform coded at fixed rates) or k4v3 (residual VQ, 4 key and 3 value stages).",
 )
 @click.option(
     "--workers",

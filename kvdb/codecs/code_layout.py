@@ -1,8 +1,9 @@
 """Tier K's stored layout: a session's codes as one token-major stream per codebook size, and
 back; and the restore's decode straight from the streams, layer by layer (docs/formats.md,
-"KV code layout in the store"). Tier K codes with residual VQ (``kvdb.codecs.quant``) or with a
-transform coder (``kvdb.codecs.transform``), whichever the codebooks are: the functions here take
-either, and the transform coder lays out its own streams."""
+"KV code layout in the store"). Tier K codes with residual VQ (``kvdb.codecs.quant``), a
+transform coder (``kvdb.codecs.transform``) or an entropy-coded one (``kvdb.codecs.entropy_coded``),
+whichever the codebooks are: the functions here take any, and the transform coders lay out their
+own streams."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import quant, transform
+from kvdb.codecs import entropy_coded, quant, transform
 from kvdb.codecs.quant import KINDS, Codebooks
 from kvdb.errors import CorruptData, InvalidArgument
 
-KVCodebooks = Codebooks | transform.TransformCodebooks
+KVCodebooks = Codebooks | transform.TransformCodebooks | entropy_coded.EntropyCodebooks
 
 
 def read_codebooks(blob: bytes) -> KVCodebooks:
@@ -22,6 +23,8 @@ def read_codebooks(blob: bytes) -> KVCodebooks:
     head = bytes(blob[:8])
     if head == transform.MAGIC:
         return transform.TransformCodebooks.from_bytes(blob)
+    if head == entropy_coded.MAGIC:
+        return entropy_coded.EntropyCodebooks.from_bytes(blob)
     if head == quant.MAGIC:
         return Codebooks.from_bytes(blob)
     raise CorruptData("not a kvdb codebook blob (bad magic)")
@@ -37,25 +40,27 @@ def train(
     threads: int = 1,
 ) -> KVCodebooks:
     """Codebooks of a preset spec from calibration ``vectors`` (kind -> pre-RoPE ``[layers, heads, n, dim]``):
-    a transform preset (``t3``) needs the Fisher information of the loss with respect to them
-    (``kvdb.model.capture.cache_fisher``); a residual-VQ preset ignores it."""
+    a transform preset (``t3``, ``e1.5``) needs the Fisher information of the loss with respect to
+    them (``kvdb.model.capture.cache_fisher``); a residual-VQ preset ignores it."""
     if transform.is_transform_preset(preset):
         if fisher is None:
             raise InvalidArgument(f"transform preset {preset!r} needs the Fisher information of its calibration vectors")
+        if transform.is_entropy_coded(preset):
+            return entropy_coded.train(vectors, fisher, preset, pre_rope=True, meta=meta)
         return transform.train(vectors, fisher, preset, pre_rope=True, meta=meta)
     return quant.train(vectors, preset, pre_rope=True, niter=niter, meta=meta, progress=progress, threads=threads)
 
 
 def encode(codebooks: KVCodebooks, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Codes of float ``[layers, heads, seq, dim]`` keys and values."""
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.encode(keys, values)
     return quant.encode(codebooks, keys, values)
 
 
 def decode(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s codes, whole."""
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.decode(codes)
     return quant.decode(codebooks, codes)
 
@@ -68,7 +73,7 @@ def code_streams(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray], s
     re-walks the open block. Stages a layer or a head does not have are skipped. ``start``
     drops the first positions (e.g. recomputed sinks).
     """
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.code_streams(codes, start)
     columns: dict[int, list[np.ndarray]] = {}
     places = _stream_places(codebooks)
@@ -81,7 +86,7 @@ def code_streams(codebooks: KVCodebooks, codes: tuple[np.ndarray, np.ndarray], s
 
 def stream_columns(codebooks: KVCodebooks) -> dict[int, int]:
     """Codes per position in each stream of ``code_streams``: {codebook size: columns}."""
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.stream_columns()
     columns: dict[int, int] = {}
     for stages in _stream_places(codebooks).values():
@@ -89,6 +94,18 @@ def stream_columns(codebooks: KVCodebooks) -> dict[int, int]:
             for size, _, heads in layer:
                 columns[size] = columns.get(size, 0) + len(heads)
     return columns
+
+
+def check_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int) -> None:
+    """Raises CorruptData unless ``streams`` can be the codes of ``n`` positions: symbol streams hold
+    ``n`` x columns symbols each; an entropy-coded payload decodes to ``n`` positions."""
+    if isinstance(codebooks, entropy_coded.EntropyCodebooks):
+        codebooks.codes_from_streams(streams, n)
+        return
+    expected = {size: n * columns for size, columns in stream_columns(codebooks).items()}
+    held = {size: len(symbols) for size, symbols in streams.items()}
+    if held != expected:
+        raise CorruptData(f"they hold {held} symbols per codebook size, its {n} tokens need {expected}")
 
 
 def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int, np.ndarray]]]]:
@@ -111,7 +128,7 @@ def _stream_places(codebooks: Codebooks) -> dict[str, list[list[tuple[int, int, 
 
 def codes_from_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of ``code_streams`` (``start=0``): codes ``[layers, heads, stages, n]`` per kind."""
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.codes_from_streams(streams, n)
     rows = {size: np.asarray(symbols).reshape(n, -1).T for size, symbols in streams.items()}  # [columns, n]
     places = _stream_places(codebooks)
@@ -135,7 +152,7 @@ def decode_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: in
     240-260 ms for the gather and rotation of the keys; decision 0024). Each layer's gather is
     one ``embedding_bag`` over all its heads and positions; no code array is built.
     """
-    if isinstance(codebooks, transform.TransformCodebooks):
+    if not isinstance(codebooks, Codebooks):
         return codebooks.decode_streams(streams, n, used)
     return _decode_rvq_streams(codebooks, streams, n, used)
 

@@ -37,19 +37,48 @@ KINDS = ("k", "v")
 MAGIC = b"KVDBTC\x00\x00"
 VERSION = 1
 MAX_BITS = 8
-_PRESET = re.compile(r"^t(\d+(?:\.\d+)?)$")
+_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)$")  # t: fixed-rate quantizers; e: entropy-coded (kvdb.codecs.entropy_coded)
 
 
 def is_transform_preset(preset: str) -> bool:
+    """A preset coded in a rotated space (``t<bits>`` or ``e<bits>``): it needs the Fisher
+    information of its calibration vectors, and its keys are not sharpened."""
     return bool(_PRESET.match(preset.strip()))
 
 
-def preset_bits(preset: str) -> float:
-    """The average bits per element a ``t<bits>`` preset spends."""
+def is_entropy_coded(preset: str) -> bool:
     m = _PRESET.match(preset.strip())
-    if not m or not 0 < float(m[1]) <= MAX_BITS:
-        raise InvalidArgument(f"unknown transform preset {preset!r}: expected t<bits per element>, e.g. 't3' or 't1.5', bits in (0, {MAX_BITS}]")
-    return float(m[1])
+    return bool(m and m[1] == "e")
+
+
+def preset_bits(preset: str) -> float:
+    """The average bits per element a ``t<bits>`` or ``e<bits>`` preset spends."""
+    m = _PRESET.match(preset.strip())
+    if not m or not 0 < float(m[2]) <= MAX_BITS:
+        raise InvalidArgument(
+            f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]"
+        )
+    return float(m[2])
+
+
+def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rotation both transform coders share, of calibration ``vectors`` ``[layers, heads, n, dim]``
+    and their diagonal Fisher information ``[layers, heads, dim]``: (``centre`` and ``weights``
+    ``[layers, heads, dim]``, ``basis`` ``[layers, heads, dim, dim]`` with columns by falling
+    variance, the calibration coefficients ``[layers, heads, dim, n]``)."""
+    f = np.asarray(fisher, np.float64)
+    w = np.sqrt(f + 1e-6 * max(float(f.mean()), 1e-30)).astype(np.float32)
+    x = np.asarray(vectors, np.float32) * w[:, :, None]
+    mu = x.mean(2)
+    xc = x - mu[:, :, None]
+    _, vecs = np.linalg.eigh(np.einsum("lhnd,lhne->lhde", xc, xc, dtype=np.float64) / x.shape[2])
+    vecs = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float32)  # columns by falling variance
+    return mu / w, w, vecs, np.einsum("lhnd,lhde->lhen", xc, vecs)
+
+
+def decoder_matrix(weights: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """``coefficients -> x``: ``y @ decoder + centre``, ``basis^T @ diag(1 / w)``, float32."""
+    return np.ascontiguousarray(basis.transpose(0, 1, 3, 2) / weights[..., None, :], dtype=np.float32)
 
 
 @dataclass
@@ -90,7 +119,7 @@ class TransformCodebooks:
         """``coefficients -> x``: ``y @ decoder + centre``, ``basis^T @ diag(1 / w)``."""
         key = ("decoder", kind)
         if key not in self._derived:
-            self._derived[key] = np.ascontiguousarray(self.basis[kind].transpose(0, 1, 3, 2) / self.weights[kind][..., None, :], dtype=np.float32)
+            self._derived[key] = decoder_matrix(self.weights[kind], self.basis[kind])
         return self._derived[key]
 
     def sharpened(self, factor: float) -> TransformCodebooks:
@@ -323,14 +352,8 @@ def train(
         raise InvalidArgument(f"training transform codebooks needs at least 2 calibration positions, got {n}")
     centre, weights, basis, tables, distortion = {}, {}, {}, {}, {}
     for kind in KINDS:
-        f = np.asarray(fisher[kind], np.float64)
-        w = np.sqrt(f + 1e-6 * max(float(f.mean()), 1e-30)).astype(np.float32)
-        x = np.asarray(vectors[kind], np.float32) * w[:, :, None]
-        mu = x.mean(2)
-        xc = x - mu[:, :, None]
-        _, vecs = np.linalg.eigh(np.einsum("lhnd,lhne->lhde", xc, xc, dtype=np.float64) / n)
-        vecs = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float32)  # columns by falling variance
-        y = torch.from_numpy(np.einsum("lhnd,lhde->lhen", xc, vecs).reshape(-1, n).astype(np.float64)).sort(dim=1).values
+        centre[kind], weights[kind], basis[kind], coefficients = fisher_pca(vectors[kind], fisher[kind])
+        y = torch.from_numpy(coefficients.reshape(-1, n).astype(np.float64)).sort(dim=1).values
         zero = torch.zeros(1, y.shape[0], 1, dtype=y.dtype)
         cumulative = torch.cat([zero.expand(2, -1, -1), torch.stack([y, y**2]).cumsum(2)], 2)
         dist = np.zeros((y.shape[0], MAX_BITS + 1))
@@ -339,7 +362,6 @@ def train(
         for b in range(1, MAX_BITS + 1):
             levels, mse = _lloyd_max(y, cumulative, b, iterations)
             table[b], dist[:, b] = levels.numpy(), mse.numpy()
-        centre[kind], weights[kind], basis[kind] = mu / w, w, vecs
         tables[kind], distortion[kind] = table, dist.reshape(layers, heads, dim, MAX_BITS + 1)
     chosen = _allocate(np.stack([distortion[k] for k in KINDS]), budget_bits * 2 * layers * heads * dim)
     bits = {kind: chosen[i].astype(np.int64) for i, kind in enumerate(KINDS)}

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvdb.codecs import code_layout, fractal
-from kvdb.errors import KvdbError
+from kvdb.codecs.entropy_coded import PAYLOAD
+from kvdb.errors import CorruptData, KvdbError
 from kvdb.index import trie
 from kvdb.index.walk import Indexes, index_key
 from kvdb.model import lmcode
@@ -108,8 +109,8 @@ def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str]
 
 
 def _check_kv_streams(store: Storage, report: VerifyReport, shapes) -> None:
-    """Each node's tier-K streams hold n_tokens x columns codes, for the columns its codebooks
-    define (a cache that kept only its last window once stored fewer positions than the node)."""
+    """Each node's tier-K streams hold its positions' codes (a cache that kept only its last window
+    once stored fewer positions than the node): ``code_layout.check_streams``."""
     books = {}
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         try:
@@ -129,10 +130,10 @@ def _check_kv_streams(store: Storage, report: VerifyReport, shapes) -> None:
         codebook_id, streams = stored
         if codebook_id not in books:
             continue  # a missing or damaged codebook is reported by the reference and blob checks
-        expected = {size: node.n_tokens * columns for size, columns in code_layout.stream_columns(books[codebook_id]).items()}
-        held = {size: len(symbols) for size, symbols in streams.items()}
-        if held != expected:
-            report.problems.append(f"KV codes of node {node.node_id[:12]} hold {held} symbols per codebook size, its {node.n_tokens} tokens need {expected}")
+        try:
+            code_layout.check_streams(books[codebook_id], streams, node.n_tokens)
+        except CorruptData as exc:
+            report.problems.append(f"KV codes of node {node.node_id[:12]}: {exc}")
 
 
 def _check_prefix_cache(report: VerifyReport, shapes, entries: dict) -> None:
@@ -163,7 +164,8 @@ def _check_blobs(store: Storage, report: VerifyReport, shapes, deep: bool) -> No
         _guard(report, f"token block {block_no} of node {node_id[:12]}", fractal.block_count, data, shapes[node_id][1])
     for node_id, alphabet, data in store.stored_blobs("kv", sample):
         report.checked["kv blocks"] += 1
-        _guard(report, f"KV code block of node {node_id[:12]}", fractal.block_count, data, alphabet)
+        if alphabet != PAYLOAD:  # an entropy-coded payload's blocks are raw bytes: the streams check decodes it
+            _guard(report, f"KV code block of node {node_id[:12]}", fractal.block_count, data, alphabet)
     for node_id, _, data in store.stored_blobs("lm", sample):
         report.checked["lm payloads"] += 1
         _guard(report, f"tier L payload of node {node_id[:12]}", lmcode.payload_version, data)

@@ -1,5 +1,6 @@
-"""Tier K: the KV cache quantized with per-head residual-VQ codebooks (kvdb.codecs.quant), keys rotated
-back to pre-RoPE. This service finds the codebooks of a preset (trained on the archive's own
+"""Tier K: the KV cache quantized with the codebooks of a preset (residual VQ, kvdb.codecs.quant; or
+transform coded, kvdb.codecs.transform and kvdb.codecs.entropy_coded), keys rotated back to
+pre-RoPE. This service finds the codebooks of a preset (trained on the archive's own
 sessions, else the shipped ones of kvdb.services.shipped_codebooks), trains them on request, codes
 a cache at ingest, de-quantizes a path's positions for a restore, and says what the path's preset
 was measured to cost (kvdb.codecs.fidelity); it keeps the codebooks it has parsed
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import code_layout, fidelity, presets, quant, transform
+from kvdb.codecs import code_layout, entropy_coded, fidelity, presets, quant, transform
 from kvdb.codecs.code_layout import KVCodebooks
 from kvdb.errors import InvalidArgument
 from kvdb.model import capture
@@ -147,6 +148,19 @@ class TierK:
         if books.pre_rope:
             keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
         return codebook_id, code_layout.code_streams(books, code_layout.encode(books, keys, values))
+
+    def cut(self, node: NodeRow, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The entropy-coded payloads of a node's halves before and from ``offset``, coded again (a
+        payload cannot be cut as token-major streams are, which storage cuts itself), or None
+        when the node's tier K is in streams."""
+        stored = self._storage.node_kv(node.node_id)
+        if stored is None or entropy_coded.PAYLOAD not in stored[1]:
+            return None
+        _, books = self.codebooks(node.model_id, stored[0])
+        keys, values = code_layout.codes_from_streams(books, stored[1], node.n_tokens)
+        head = code_layout.code_streams(books, (keys[..., :offset], values[..., :offset]))
+        tail = code_layout.code_streams(books, (keys, values), start=offset)
+        return head[entropy_coded.PAYLOAD], tail[entropy_coded.PAYLOAD]
 
     def train(self, preset: str | None = None, tokens: int = 8192, niter: int = 12) -> TrainedCodebooks:
         """Codebooks for the archive's model, trained on its own archived sessions (oldest first,

@@ -11,6 +11,7 @@ What was computed before is not computed again:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -75,9 +76,11 @@ class WriteCompute:
         match, ids, keep = plan.match, plan.ids, plan.keep
         assert match is not None  # a plan for a new session
         model_id = loaded.identity.model_id
-        split_tokens = None
+        split_tokens, split_kv = None, None
         if plan.splits and match.node is not None and "lm" in match.node.keep:
             split_tokens = self._tier_l.node_tokens(match.node, ids[: match.node.start])
+        if plan.splits and match.node is not None and "kv" in match.node.keep:
+            split_kv = self._tier_k().cut(match.node, match.offset)
         resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
         self._storage.before_compute(short=len(ids) - first < SHORT_WORK_TOKENS and "lm" not in keep)  # reads done: the model's work needs no file
@@ -85,6 +88,8 @@ class WriteCompute:
         if plan.splits:
             parent_id = trie.path_id(model_id, ids[: match.matched])
             split, lm_context = self._tier_l.split(loaded, match, ids, parent_id, split_tokens)
+            if split_kv is not None:
+                split = dataclasses.replace(split, kv_head=split_kv[0], kv_tail=split_kv[1])
         elif match.node is not None:
             parent_id = match.node.node_id
         logprobs, cache = self._score(loaded, ids, first, resumable, given) if first < len(ids) else (np.zeros(0, np.float32), None)

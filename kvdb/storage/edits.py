@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.codecs import fractal
+from kvdb.codecs.entropy_coded import PAYLOAD
 from kvdb.storage.base import Chunks, IndexState, NewNode, NodeRow, NodeTiers, Split
 
 # Every table of kvdb.storage.schema, in its metadata's order (a test keeps the two equal): what
@@ -31,6 +32,7 @@ TABLES = (
     "token_blocks",
     "token_streams",
 )
+PAYLOAD_BLOCK = 1 << 20  # bytes per row of an entropy-coded tier K payload
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")  # every tier a node can hold
 TIER_TABLES = (
     ("search", "search_ranges"),
@@ -132,12 +134,19 @@ def tier_rows(node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: 
 
 
 def kv_rows(node_id: str, codebook_id: str, streams: dict[int, np.ndarray]) -> list[Edit]:
+    """A node's tier K rows: each symbol stream in fractal blocks; an entropy-coded payload (stream
+    ``PAYLOAD``, bytes) as it is, in blocks of ``PAYLOAD_BLOCK`` bytes."""
     rows = [
         {"node_id": node_id, "alphabet": size, "block_no": k, "codebook_id": codebook_id, "data": blob}
         for size, symbols in streams.items()
-        for k, blob in enumerate(fractal.encode_blocks(symbols, size))
+        for k, blob in enumerate(_payload_blocks(symbols) if size == PAYLOAD else fractal.encode_blocks(symbols, size))
     ]
     return [Insert("node_kv", rows)] if rows else []
+
+
+def _payload_blocks(payload: np.ndarray) -> list[bytes]:
+    data = np.asarray(payload, np.uint8).tobytes()
+    return [data[at : at + PAYLOAD_BLOCK] for at in range(0, len(data), PAYLOAD_BLOCK)] or [b""]
 
 
 def chunk_rows(node_id: str, chunks: Chunks) -> list[Edit]:
@@ -221,12 +230,18 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
     }
     edits.append(Insert("nodes", [head]))
     edits += tier_rows(cut.head_id, tokens[:k], logprobs[:k], alphabet)
-    if held.kv is not None:  # token-major streams: the first k positions' columns go to the head
+    if held.kv is not None:
         codebook_id, streams = held.kv
-        rows = {size: symbols.reshape(node.n_tokens, -1) for size, symbols in streams.items()}
         edits.append(Delete("node_kv", "node_id", [node.node_id]))
-        edits += kv_rows(cut.head_id, codebook_id, {size: r[:k].reshape(-1) for size, r in rows.items()})
-        edits += kv_rows(node.node_id, codebook_id, {size: r[k:].reshape(-1) for size, r in rows.items()})
+        if PAYLOAD in streams:  # an entropy-coded payload cannot be cut: both halves come coded again
+            if cut.kv_head is None or cut.kv_tail is None:
+                raise ValueError(f"node {node.node_id} keeps entropy-coded tier K: a split must bring both halves re-coded")
+            edits += kv_rows(cut.head_id, codebook_id, {PAYLOAD: cut.kv_head})
+            edits += kv_rows(node.node_id, codebook_id, {PAYLOAD: cut.kv_tail})
+        else:  # token-major streams: the first k positions' columns go to the head
+            rows = {size: symbols.reshape(node.n_tokens, -1) for size, symbols in streams.items()}
+            edits += kv_rows(cut.head_id, codebook_id, {size: r[:k].reshape(-1) for size, r in rows.items()})
+            edits += kv_rows(node.node_id, codebook_id, {size: r[k:].reshape(-1) for size, r in rows.items()})
     if held.chunks:  # a chunk stays with the half that holds its last token
         edits.append(Delete("node_chunks", "node_id", [node.node_id]))
         head_rows = [dict(row, node_id=cut.head_id) for row in held.chunks if row["stop"] <= node.start + k]

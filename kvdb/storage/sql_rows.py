@@ -14,6 +14,7 @@ import json
 import numpy as np
 
 from kvdb.codecs import fractal
+from kvdb.codecs.entropy_coded import PAYLOAD
 from kvdb.storage.base import NodeRow, SessionRow
 from kvdb.storage.edits import Stream, keep_from_text
 
@@ -74,7 +75,7 @@ def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
     blobs: dict[int, list[bytes]] = {}
     for size, _, data in rows:
         blobs.setdefault(int(size), []).append(data)
-    return rows[0][1], {size: fractal.decode_blocks(b, size) for size, b in blobs.items()}
+    return rows[0][1], {size: np.frombuffer(b"".join(b), np.uint8) if size == PAYLOAD else fractal.decode_blocks(b, size) for size, b in blobs.items()}
 
 
 CHUNK = "node_id, chunk_no, start, stop, embedder, vector"

@@ -57,7 +57,7 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.entropy_coded_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
     kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1}
@@ -214,6 +214,30 @@ def test_node_payloads_are_the_same_bytes_on_every_machine():
 
 def test_codebooks_and_code_streams_encode_to_the_golden_bytes():
     assert_golden(golden.quant_files())
+
+
+def test_entropy_coded_codebooks_and_payload_encode_to_the_golden_bytes_and_decode_from_them():
+    from kvdb.codecs import entropy_coded
+
+    assert_golden(golden.entropy_coded_files())
+    read = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
+    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_codebooks().to_bytes()
+    streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
+    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
+    for a, b in zip(codes, golden.entropy_coded_codes()):
+        assert np.array_equal(a, b)
+    keys, values = read.decode(codes)
+    # docs/formats.md: y = recon[class][q + 127] for a symbol the class's table codes, else q * step; x = y @ (basis^T diag(1 / weights)) + centre
+    q = codes[1][1, 0].astype(np.int64)  # layer 1, head 0's values: [dim, seq]
+    classes = read.classes["v"][1, 0][:, None]
+    coded = (np.abs(q) <= 127) & (read.freqs[classes, np.clip(q + 127, 0, 255)] > 0)
+    y = np.where(coded, read.recon[classes, np.clip(q + 127, 0, 255)], q * read.step).T.astype(np.float32)
+    expected = y @ (read.basis["v"][1, 0].T / read.weights["v"][1, 0][None, :]) + read.centre["v"][1, 0]
+    scale = 1e-5 * float(np.abs(expected).max())  # the escaped int16 extremes make some values thousands: float32 sums round there
+    np.testing.assert_allclose(values[1, 0], expected, rtol=0, atol=scale)
+    for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
+        np.testing.assert_allclose(k, keys[layer], rtol=0, atol=scale)
+        np.testing.assert_allclose(v, values[layer], rtol=0, atol=scale)
 
 
 def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_from_them():

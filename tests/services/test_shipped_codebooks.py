@@ -270,3 +270,41 @@ def test_a_transform_preset_is_built_coded_and_restored_like_any_other(tmp_path,
         assert 0 < gaps["fine"] < 0.75 * gaps["coarse"]  # the tiny model's Fisher information leaves many dimensions without bits at both
         assert set(db.stats().kv_bytes_by_preset) == {"t1", "t4"}
         assert db.verify().ok
+
+
+def test_an_entropy_coded_preset_is_cut_by_coding_both_halves_again(tmp_path, tiny_model, monkeypatch):
+    """An ``e<bits>`` preset stores a node's codes as one entropy-coded payload. A session that
+    leaves another's node part-way cuts it: both halves are coded again, and together they hold
+    the integers the node held; both sessions restore from them and verify."""
+    from kvdb.codecs import code_layout
+
+    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
+        db.ingest(text=TEXT, name="a", keep=KV, kv_preset="e4")
+        storage, tier_k = storage_of(db), db._tier_k
+
+        def codes(name):
+            parts = []
+            for node in storage.node_path(db.session(name).session_id):
+                codebook_id, streams = storage.node_kv(node.node_id)
+                parts.append(code_layout.codes_from_streams(tier_k.codebooks(node.model_id, codebook_id)[1], streams, node.n_tokens))
+            return [np.concatenate(kind, axis=-1) for kind in zip(*parts)], len(parts)
+
+        before, nodes = codes("a")
+        assert nodes == 1
+        db.ingest(text=TEXT[:120] + "and then it goes somewhere else entirely, at some length.", name="b", keep=KV, kv_preset="e4")
+        after, nodes = codes("a")
+        assert nodes == 2
+        for a, b in zip(after, before):
+            np.testing.assert_array_equal(a, b)
+        db.ingest(text="Not the same session: " + TEXT, name="coarse", keep=KV, kv_preset="e1")
+        gaps = {}
+        for name in ("a", "b", "coarse"):
+            exact_k, exact_v = capture.cache_arrays(db.restore(name, mode="exact").cache)
+            restored = db.restore(name, mode="archive", window="stored")
+            assert restored.mode == "archive" and restored.fidelity.spec == ("e1" if name == "coarse" else "e4")
+            got_k, got_v = capture.cache_arrays(restored.cache)
+            gaps[name] = float(np.abs(got_k - exact_k).mean() + np.abs(got_v - exact_v).mean())
+        assert 0 < max(gaps["a"], gaps["b"]) < 0.75 * gaps["coarse"]
+        assert set(db.stats().kv_bytes_by_preset) == {"e1", "e4"}
+        assert db.verify().ok

@@ -1,0 +1,127 @@
+"""Tier K's entropy-coded transform coder (kvdb.codecs.entropy_coded): one step for every
+coefficient, the integers coded against their class's table, and a node's codes as one payload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvdb.codecs import code_layout as CL
+from kvdb.codecs import entropy_coded as EC
+from kvdb.codecs import presets as P
+from kvdb.errors import CorruptData, InvalidArgument
+
+
+def _vectors(layers=2, heads=2, n=700, dim=8, seed=0):
+    rng = np.random.default_rng(seed)
+    mixing = np.random.default_rng(99).standard_normal((layers, heads, dim, dim))  # correlated dimensions, the same for every seed
+    scale = np.linspace(2.0, 0.2, dim)
+    return (np.einsum("lhnd,lhde->lhne", rng.standard_normal((layers, heads, n, dim)) * scale, mixing) + 1.5).astype(np.float32)
+
+
+def _fisher(layers=2, heads=2, dim=8):
+    return {"k": np.ones((layers, heads, dim)), "v": np.ones((layers, heads, dim))}
+
+
+def _train(preset="e3", fisher=None):
+    return EC.train({"k": _vectors(seed=1), "v": _vectors(seed=2)}, fisher or _fisher(), preset)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return _train()
+
+
+def _payload_bits(books, k, v) -> float:
+    return len(CL.code_streams(books, CL.encode(books, k, v))[EC.PAYLOAD]) * 8 / (k.size + v.size)
+
+
+def test_the_step_spends_the_presets_bits_and_error_falls_by_about_6_db_a_bit():
+    held = _vectors(n=400, seed=3), _vectors(n=400, seed=4)
+    errors = []
+    for bits in (2, 3, 4):
+        cb = _train(f"e{bits}")
+        assert cb.bits_per_element() == pytest.approx(bits, abs=0.1)
+        assert _payload_bits(cb, *held) == pytest.approx(bits, abs=0.3)  # held-out vectors, headers included
+        k, v = cb.decode(cb.encode(*held))
+        errors.append(float(((k - held[0]) ** 2).mean() + ((v - held[1]) ** 2).mean()))
+    assert errors[0] > 3 * errors[1] > 9 * errors[2]
+
+
+def test_the_fisher_information_scales_where_the_error_goes():
+    fisher = _fisher()
+    fisher["k"][0, 0] *= 1e4  # layer 0, head 0's keys: a small error there costs the model much more
+    cb = _train("e2", fisher)
+    held = _vectors(n=300, seed=3), _vectors(n=300, seed=4)
+    k, _ = cb.decode(cb.encode(*held))
+    error = ((k - held[0]) ** 2).mean(axis=(2, 3))
+    assert error[0, 0] * 100 < error[1, 1]
+
+
+def test_the_payload_round_trips_and_decodes_as_the_arrays_do(trained):
+    k, v = _vectors(n=50, seed=5), _vectors(n=50, seed=6)
+    codes = CL.encode(trained, k, v)
+    streams = CL.code_streams(trained, codes)
+    assert set(streams) == {EC.PAYLOAD} and streams[EC.PAYLOAD].dtype == np.uint8
+    back = CL.codes_from_streams(trained, streams, 50)
+    for a, b in zip(back, codes):
+        np.testing.assert_array_equal(a, b)
+    CL.check_streams(trained, streams, 50)
+    keys, values = trained.decode(codes)
+    for layer, (lk, lv) in enumerate(CL.decode_streams(trained, streams, 50, used=30)):
+        np.testing.assert_allclose(lk, keys[layer, :, :30], atol=1e-5)
+        np.testing.assert_allclose(lv, values[layer, :, :30], atol=1e-5)
+    later = CL.codes_from_streams(trained, CL.code_streams(trained, codes, start=20), 30)  # a node's later positions, coded again
+    for a, b in zip(later, codes):
+        np.testing.assert_array_equal(a, b[..., 20:])
+
+
+def test_values_far_past_the_calibration_escape_and_come_back(trained):
+    k, v = _vectors(n=10, seed=7), _vectors(n=10, seed=8)
+    k[0, 0, 3] *= 50  # one position of one head far outside anything calibrated (int16 saturates only some 30,000 steps out)
+    codes = CL.encode(trained, k, v)
+    assert np.abs(codes[0]).max() > 127  # past the tables: escaped
+    back = CL.codes_from_streams(trained, CL.code_streams(trained, codes), 10)
+    np.testing.assert_array_equal(back[0], codes[0])
+    keys, _ = trained.decode(codes)
+    error = np.abs(keys[0, 0] - k[0, 0]).max(-1)
+    assert error[3] < 2 * np.delete(error, 3).max()  # no worse than a step's rounding: nothing was clipped
+
+
+def test_a_damaged_payload_is_refused_not_decoded(trained):
+    k, v = _vectors(n=20, seed=7), _vectors(n=20, seed=8)
+    payload = CL.code_streams(trained, CL.encode(trained, k, v))[EC.PAYLOAD]
+    with pytest.raises(CorruptData):
+        CL.check_streams(trained, {EC.PAYLOAD: payload[:-3]}, 20)
+    with pytest.raises(CorruptData):
+        CL.check_streams(trained, {EC.PAYLOAD: payload}, 21)
+    with pytest.raises(CorruptData):
+        CL.check_streams(trained, {256: payload}, 20)
+
+
+def test_bytes_round_trip_and_refuse_damage(trained):
+    blob = trained.to_bytes()
+    back = CL.read_codebooks(blob)
+    assert isinstance(back, EC.EntropyCodebooks) and back.to_bytes() == blob
+    k, v = _vectors(n=20, seed=7), _vectors(n=20, seed=8)
+    for a, b in zip(back.encode(k, v), trained.encode(k, v)):
+        np.testing.assert_array_equal(a, b)
+    assert len(blob) > trained.nbytes
+    damaged = bytearray(blob)
+    damaged[len(blob) // 2] ^= 1
+    with pytest.raises(CorruptData, match="CRC"):
+        CL.read_codebooks(bytes(damaged))
+    newer = bytearray(blob)
+    newer[8] = EC.VERSION + 1
+    with pytest.raises(CorruptData, match="newer"):
+        EC.EntropyCodebooks.from_bytes(bytes(newer))
+
+
+def test_entropy_coded_presets_parse_and_need_the_fisher_information():
+    assert P.resolve("e3", "any") == "e3" and P.resolve("e1.5", "any") == "e1.5"
+    for bad in ("e0", "e9", "e", "e-1"):
+        with pytest.raises(InvalidArgument):
+            P.resolve(bad, "any")
+    with pytest.raises(InvalidArgument, match="Fisher"):
+        CL.train({"k": _vectors(), "v": _vectors()}, "e2")
+    assert isinstance(CL.train({"k": _vectors(), "v": _vectors()}, "e2", _fisher()), EC.EntropyCodebooks)
