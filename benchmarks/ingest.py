@@ -1,9 +1,10 @@
 """Model load times (first, converting the GGUF; later, from the converted copy) and ingest
-throughput next to the model's raw prefill throughput on the same text.
+throughput next to the model's raw prefill throughput on the same text; and what coding tier K
+adds to an ingest, per named preset, once the preset's shipped codebooks are built.
 
-    .venv/bin/python benchmarks/ingest.py [--tokens 4096] [--runs 3]
+    .venv/bin/python benchmarks/ingest.py [--tokens 4096] [--runs 3] [--kv-tokens 8150]
 
-Appends a table to benchmarks/RESULTS.md.
+Writes two tables to benchmarks/RESULTS.md (``--kv-tokens 0`` skips the second).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096, help="tokens of real text to ingest")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--kv-tokens", type=int, default=8150, help="tokens of the one text ingested with and without tier K (0: skip)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as cache:
@@ -80,8 +82,8 @@ def main() -> None:
         ("kvdb ingest (render, score, hash, store)", f"{med(ingest):.0f} tok/s", f"{med(ingest) / med(prefill_one_pass):.2f}x raw prefill"),
     ]
     table = [
-        f"\n## Ingest throughput and model load ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/ingest.py', *sys.argv[1:]])}` — {platform.machine()}, "
+        "\n## Ingest throughput and model load (`benchmarks/ingest.py`)\n",
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/ingest.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"SmolLM2-135M-Instruct, {n_tokens} tokens of real text in 4 documents, median of {args.runs} runs.\n",
         "| measure | value | note |",
@@ -89,6 +91,43 @@ def main() -> None:
         *[f"| {a} | {b} | {c} |" for a, b, c in rows],
     ]
     publish(table)
+    if args.kv_tokens:
+        publish(kv_overhead(lm, args.kv_tokens, args.runs))
+
+
+def kv_overhead(lm, n: int, runs: int) -> list[str]:
+    """Seconds to ingest one text of ``n`` tokens into a fresh archive with ``--keep tokens,search``
+    and with ``tokens,search,kv`` at each named preset, the codebooks built beforehand (issue 33's
+    target: tier K adds at most 25%). The variants take turns within each run, so drift in the
+    machine's load falls on all of them."""
+    from kvdb.codecs import presets
+
+    text = tok.decode(lm.tokenizer, np.asarray(tok.encode(lm.tokenizer, real_text(n * 6)), dtype=np.int64)[:n])
+    variants = [("tokens,search", None)] + [("tokens,search,kv", name) for name in presets.NAMES]
+    with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "build.duckdb", model=lm) as db:
+        for name in presets.NAMES:
+            db.build_shipped_codebooks(preset=name)  # once per machine: not what an ingest pays
+    seconds: dict[tuple[str, str | None], list[float]] = {v: [] for v in variants}
+    for run in range(runs):
+        for keep, preset in variants if run % 2 == 0 else variants[::-1]:
+            with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "kv.duckdb", model=lm) as db:
+                start = time.perf_counter()
+                db.ingest(text=text, name="long", keep=keep, **({"kv_preset": preset} if preset else {}))
+                seconds[(keep, preset)].append(time.perf_counter() - start)
+    base = statistics.median(seconds[variants[0]])
+    specs = presets.named(lm.identity.weights_hash)
+    lines = [
+        "\n## Tier K at ingest (`benchmarks/ingest.py`)\n",
+        f"`.venv/bin/python benchmarks/ingest.py` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; SmolLM2-135M-Instruct; one text of {n:,} tokens ingested into a fresh archive, "
+        f"shipped codebooks built beforehand; median of {runs} runs, the variants taking turns. Target (issue 33): tier K adds ≤ 25%.\n",
+        "| --keep | preset | spec | seconds | overhead |",
+        "|---|---|---|---:|---:|",
+    ]
+    for keep, preset in variants:
+        t = statistics.median(seconds[(keep, preset)])
+        lines.append(f"| `{keep}` | {preset or ''} | {specs[preset] if preset else ''} | {t:.1f} | {'' if preset is None else f'{100 * (t / base - 1):+.1f}%'} |")
+    return lines
 
 
 if __name__ == "__main__":

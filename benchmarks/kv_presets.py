@@ -12,8 +12,9 @@ The protocol is kv.py's: trained codebooks calibrated on the first 8 x 1,024 tok
 ``corpus.real_text`` (sinks left out; a transform preset also takes the Fisher information of the
 loss over those contexts); held-out contexts at kv.py's offsets (4 of 1,024 tokens, 2 of each
 longer length; one that shares an 80-character span with the shipped calibration text moves on
-by a quarter of its length until it shares none), each followed by 128 teacher-forced tokens through the restore path with the
-window recomputed (the default restore), against the exact prefill cache. ppl ratio = exp(mean
+by a quarter of its length until it shares none), each followed by 128 teacher-forced tokens through each preset's default restore path
+(``presets.restore_window``: the window stored for an entropy-coded preset, recomputed for the
+others), against the exact prefill cache. ppl ratio = exp(mean
 NLL restored - mean NLL exact), pooled; KL = mean KL divergence of the next-token distributions
 from the exact cache's (restored through the same path), nats per token; top-1 = agreement of the
 argmax with the exact cache's. B/token all-inclusive = the code streams as stored + the codebooks
@@ -47,6 +48,7 @@ from kvdb.model import tokenizer as T  # noqa: E402
 from kvdb.services import shipped_codebooks as SH  # noqa: E402
 
 LONG_CONTEXTS = 2
+HERE = Path(__file__).resolve().parent
 
 
 def _reference(model, prefix, cont):
@@ -64,6 +66,12 @@ def _reference(model, prefix, cont):
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, k=k, v=v, lp=lp, am=am, ref=ref)
     return k, v, lp, am, ref
+
+
+def _exact_sinks(model, c):
+    """The exact keys (rotated, as a cache holds them) and values of a context's sinks, as this
+    machine's cache of them gives a stored-window restore."""
+    return C.apply_rope(model, c["k"][:, :, : C.SINKS]), c["v"][:, :, : C.SINKS]
 
 
 def main() -> None:
@@ -133,9 +141,13 @@ def main() -> None:
     def restored_logp(cb, spec):
         decoding = cb.sharpened(P.key_sharpening(weights, spec))  # as a restore decodes them
 
+        window = P.restore_window(spec)  # the preset's default restore
+
         def logp_of(c):
             k, v = CL.decode(decoding, CL.encode(cb, c["k"], c["v"]))
-            return torch.log_softmax(C.next_token_logits(model, KS.restore_cache(model, c["prefix"], k, v, pre_rope=True), c["cont"]), -1).numpy()
+            sinks = _exact_sinks(model, c) if window == "stored" else None
+            cache = KS.restore_cache(model, c["prefix"], k, v, pre_rope=True, window=window, exact_sinks=sinks)
+            return torch.log_softmax(C.next_token_logits(model, cache, c["cont"]), -1).numpy()
 
         return logp_of
 
@@ -162,7 +174,7 @@ def main() -> None:
                 t = time.perf_counter()
                 KS.restore_cache(model, c["prefix"], k, v, pre_rope=True)
                 t_window = time.perf_counter() - t
-                sinks = (C.apply_rope(model, c["k"][:, :, : C.SINKS]), c["v"][:, :, : C.SINKS])  # as this machine's cache of exact sinks holds them
+                sinks = _exact_sinks(model, c)
                 t = time.perf_counter()
                 KS.restore_cache(model, c["prefix"], k, v, pre_rope=True, window="stored", exact_sinks=sinks)
                 t_stored = time.perf_counter() - t
@@ -179,7 +191,7 @@ def main() -> None:
             f"fp16 = {fp16:,} B/token. Trained codebooks: the first 8,192 tokens of `corpus.real_text` (capture and Fisher information "
             f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
             + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
-            + f"; each followed by 128 teacher-forced tokens, window recomputed. Total {time.perf_counter() - t_all:.0f} s.")
+            + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
     lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
              "| preset | spec | codebooks | all-incl. B/token | ratio vs fp16 | codebooks MB | build s | "
              + " | ".join(f"ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
@@ -188,8 +200,8 @@ def main() -> None:
         b = build[(name, source)]
         lines.append(f"| {name} | {spec} | {source} | {bpt:,.1f} | {fp16 / bpt:.1f}x | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
                      + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in figures.values()) + " |")
+    quanto_bpt = L * 2 * H * (4 * D + 2 * 16) / 8  # 4-bit codes and an fp16 scale and zero point per group of 64
     if peer:
-        quanto_bpt = L * 2 * H * (4 * D + 2 * 16) / 8
         lines.append(f"| quanto 4-bit (peer) | group 64 | — | {quanto_bpt:,.1f} | {fp16 / quanto_bpt:.1f}x | — | — | "
                      + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values()) + " |")
     lines += ["", "Shipped against trained: the ratio of their perplexity ratios (target ≤ 1.03).", "",
@@ -200,16 +212,60 @@ def main() -> None:
     lines += ["", "Restore work with the shipped codebooks, one context per length (1 torch thread): an exact prefill, the decode of every "
               "layer straight from the code streams (`code_layout.decode_streams`; an entropy-coded preset decodes the next layer's "
               "integers on a second thread), and the cache built from decoded arrays (`capture.restore_layers`, which a restore adds to "
-              "the decode) with the window recomputed (the default) or stored (no forward pass; exact sinks given). "
+              "the decode) with the window recomputed (the default of a residual-VQ preset) or stored (no forward pass, exact sinks given: the default of an entropy-coded one). "
               "Timed under this run's own load; the exact prefill of one context at its length.", "",
               "| preset | tokens | exact prefill s | decode s | speed-up (decode only) | cache, window recomputed s | speed-up (recomputed) | cache, window stored s | speed-up (stored) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {name} | {n:,} | {pre:.2f} | {dec:.3f} | {pre / dec:.0f}x | {win:.3f} | {pre / (dec + win):.0f}x | {st:.3f} | {pre / (dec + st):.0f}x |"
               for name, n, pre, dec, win, st in restore_rows]
+    if not args.no_results:
+        plot(rows, peer, fp16 / quanto_bpt, fp16, lengths, HERE / "kv_presets.png")
+        lines += ["", "![KL against ratio, every preset and the peer at each length](kv_presets.png)"]
     publish(lines, append=not args.no_results)
     if not args.no_results:
         for _name, spec, source, _, _, figures in rows:
             KS.record_fidelity(weights, spec, source, figures, P.key_sharpening(weights, spec), f"benchmarks/kv_presets.py {today}")
+
+
+# issue 33's rows: (name, ppl ratio, KL, top-1, ratio vs fp16), drawn as the corner each must reach
+TARGETS = [("faithful", 1.01, 0.01, 0.97, 5), ("balanced", 1.05, 0.05, 0.93, 12), ("compact", 1.12, 0.15, 0.85, 36)]
+
+
+def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Path) -> None:
+    """KL against the ratio vs fp16, a panel per length: each preset shipped and trained, the
+    peer, and each row's target as the corner a preset must reach (right of it, below it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    colors = {"faithful": "tab:blue", "balanced": "tab:orange", "compact": "tab:green"}
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4.5), sharey=True)
+    for ax, n in zip(np.atleast_1d(axes), lengths):
+        for name, spec, source, bpt, _, figures in rows:
+            ax.scatter(fp16 / bpt, figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
+                       label=f"{name} {spec} ({source})")
+        if peer:
+            ax.scatter(peer_ratio, peer[n]["kl"], color="black", marker="^", s=50, label="quanto 4-bit (peer)")
+        for name, _, kl, _, ratio in TARGETS:
+            ax.plot([ratio, ratio, 80], [1.0, kl, kl], color=colors[name], linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(2, 80)
+        ax.set_xticks([2, 3, 5, 8, 12, 20, 36, 60])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_ylim(1e-3, 1.0)
+        ax.set_title(f"{n:,} tokens")
+        ax.set_xlabel("ratio vs fp16, all-inclusive (log)")
+        ax.grid(True, which="both", alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("KL vs exact cache, nats per token (log)")
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Tier K presets on SmolLM2-135M-Instruct: dotted corners are issue 33's targets (a preset meets its row right of and below its corner)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

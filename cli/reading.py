@@ -7,7 +7,7 @@ import sys
 import click
 
 from kvdb.errors import KvdbError
-from kvdb.tiers import DEFAULT_MAX_LOSS, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS
+from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
 
@@ -74,10 +74,10 @@ def show(ctx, session, start, end, model, as_json):
 @click.option(
     "--window",
     type=click.Choice(WINDOWS),
-    default=DEFAULT_WINDOW,
-    show_default=True,
+    default=None,
     help="archive mode: recompute recomputes the sinks and the 32 most recent positions in one forward pass; "
-    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).",
+    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).  "
+    "[default: the preset's: stored for an entropy-coded one (e<bits>, as faithful and balanced are for SmolLM2), recompute for the others]",
 )
 @click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
 @model_option

@@ -49,7 +49,7 @@ from kvdb.services.reading import Reader
 from kvdb.services.searching import Searcher
 from kvdb.services.tier_l import TierL
 from kvdb.storage import is_lake, open_storage
-from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS, DEFAULT_WINDOW
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -300,7 +300,7 @@ class Archive:
 
     # restore --------------------------------------------------------------------------
     def restore(
-        self, session: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS
+        self, session: str, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS
     ) -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all).
 
@@ -318,10 +318,12 @@ class Archive:
         ``stored`` runs no forward pass (the 4 attention sinks come exact from this machine's
         cache of them, shared by every session that opens with the same tokens and computed
         once; every other position from tier K): faster, and further from the exact cache.
+        None (the default) takes the preset's (``presets.restore_window``): stored for an
+        entropy-coded preset, recompute for the others; the result's ``window`` says which.
         """
         return self._restorer.restore(session, at, mode, window, max_loss)
 
-    def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> Fidelity:
+    def fidelity(self, session: str, at: int | None = None, probe: int = 32, window: str | None = None) -> Fidelity:
         """How closely the archive restore follows the exact one, on a ``probe`` of the session's tokens."""
         return self._restorer.fidelity(session, at, probe, window)
 
@@ -431,7 +433,7 @@ class SessionHandle(Session):
     def turns(self, start: int | None = None, end: int | None = None) -> list[Turn]:
         return self.archive.turns(self.session_id, start, end)
 
-    def restore(self, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
+    def restore(self, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
         return self.archive.restore(self.session_id, at, mode, window, max_loss)
 
     def search(self, phrase: str, k: int = 10, context: int = 32) -> list[Hit]:

@@ -238,6 +238,7 @@ class RestoredSession:
     tokens: np.ndarray = field(repr=False)
     reason: str = ""  # why this mode, for the user (``auto`` weighs tier K's measured fidelity)
     fidelity: PresetFidelity | None = None  # of tier K's preset, for a restore from it; None for the others
+    window: str | None = None  # how an archive restore made its exact window ("stored", "recompute"); None for the others
 
     def __post_init__(self) -> None:
         self.mode = RestoreMode(self.mode)
@@ -250,6 +251,7 @@ class RestoredSession:
             "seconds": round(self.seconds, 4),
             "reason": self.reason,
             "preset_fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "window": self.window,
         }
 
 

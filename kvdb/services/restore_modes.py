@@ -22,7 +22,7 @@ from kvdb.model import tokenizer as tok
 from kvdb.model.loading import LoadedModel
 from kvdb.records import CodebookSource, PresetFidelity, RestoredSession
 from kvdb.storage.base import NodeRow
-from kvdb.tiers import DEFAULT_WINDOW, RestoreMode
+from kvdb.tiers import RestoreMode
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -41,14 +41,16 @@ def restore_archive(
     prefix: np.ndarray,
     layers: Iterable[tuple[np.ndarray, np.ndarray]],
     started: float,
-    window: str = DEFAULT_WINDOW,
+    window: str,
     exact_sinks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> RestoredSession:
     """The cache from de-quantized tier K (each layer's pre-RoPE keys and values), the attention
     sinks exact: given (``window="stored"``, no forward pass), or recomputed with the most recent
     positions (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md, 0022 and 0024)."""
     cache = capture.restore_layers(loaded.model, prefix, layers, pre_rope=True, window=window, exact_sinks=exact_sinks)
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.ARCHIVE, time.perf_counter() - started, prefix)
+    return RestoredSession(
+        session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.ARCHIVE, time.perf_counter() - started, prefix, window=window
+    )
 
 
 def judged(measured: PresetFidelity, max_loss: float) -> tuple[bool, str]:

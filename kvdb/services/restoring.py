@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
 from kvdb.index import trie
 from kvdb.model import capture
@@ -33,10 +34,10 @@ class Restorer:
         self._tier_k = tier_k
         self._tier_l = tier_l
 
-    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str = DEFAULT_WINDOW, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
+    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
         if mode not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
-        if window not in WINDOWS:
+        if window is not None and window not in WINDOWS:
             raise InvalidArgument(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
         max_loss = check_max_loss(max_loss)
         row = self._reader.resolve(ref)
@@ -47,6 +48,7 @@ class Restorer:
         nodes = [n for n in path if n.start < at]
         measured = self._tier_k.path_fidelity(nodes) if nodes and all("kv" in n.keep for n in nodes) and mode in ("auto", "archive") else None
         mode, reason = _mode(mode, nodes, measured, max_loss)
+        window = window or (presets.restore_window(measured.spec) if measured is not None else DEFAULT_WINDOW)  # the preset's, unless told
         restored = self._restore(loaded, row, path, nodes, at, mode, window)
         restored.reason = reason
         restored.fidelity = measured if restored.mode == "archive" else None
@@ -77,7 +79,7 @@ class Restorer:
             found = capture.cache_arrays(cache)
         return found
 
-    def fidelity(self, ref: str, at: int | None = None, probe: int = 32, window: str = DEFAULT_WINDOW) -> Fidelity:
+    def fidelity(self, ref: str, at: int | None = None, probe: int = 32, window: str | None = None) -> Fidelity:
         """Restore both ways ``probe`` tokens before ``at`` and teacher-force the session's next
         tokens through each."""
         row = self._reader.resolve(ref)

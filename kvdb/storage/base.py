@@ -101,10 +101,10 @@ class Split:
     offset: int
     lm_head: bytes | None = None  # tier L payloads of the two halves, re-coded, when the node has one
     lm_tail: bytes | None = None
-    kv_head: np.ndarray | None = None  # entropy-coded tier K payloads of the two halves, re-coded, when the node has one
-    kv_tail: np.ndarray | None = None
     tokens: np.ndarray | None = None  # the node's tokens (decoded from tier L) and log-probabilities (scored
     logprobs: np.ndarray | None = None  # again), when it is held in tier L only
+    kv_head: np.ndarray | None = None  # entropy-coded tier K payloads of the two halves, re-coded, when the node has one
+    kv_tail: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

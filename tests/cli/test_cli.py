@@ -58,9 +58,9 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     assert part["start"] == 0 and part["end"] == 4 and len(part["tokens"]) == 4 and TEXT.startswith(part["text"])
 
     restored = lines(run("restore", "chat", "--prompt", "more?", "--max-new-tokens", "3", "--json"))[0]
-    assert set(restored) == {"session_id", "mode", "restored_tokens", "seconds", "reason", "preset_fidelity", "text"}
+    assert set(restored) == {"session_id", "mode", "restored_tokens", "seconds", "reason", "preset_fidelity", "window", "text"}
     assert restored["mode"] == "exact" and restored["restored_tokens"] == next(r["n_tokens"] for r in rows if r["name"] == "chat")
-    assert restored["reason"] == "not every token restored has tier K: prefilled exactly" and restored["preset_fidelity"] is None
+    assert restored["reason"] == "not every token restored has tier K: prefilled exactly" and restored["preset_fidelity"] is None and restored["window"] is None
 
     at = lines(run("restore", "story", "--at", "5", "--max-new-tokens", "2", "--json"))[0]
     assert at["restored_tokens"] == 5

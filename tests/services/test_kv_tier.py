@@ -26,6 +26,7 @@ def test_ingest_with_kv_restores_from_the_archive(kv_archive):
     assert auto.mode == "exact" and auto.fidelity is None and "trained on this archive" in auto.reason and "nobody measured" in auto.reason
     restored = kv_archive.restore("s", mode="archive")
     assert restored.mode == "archive" and restored.position == r.n_tokens and "as asked" in restored.reason
+    assert restored.window == "recompute"  # a residual-VQ preset's default: its errors are what the recomputed window hides
     assert restored.fidelity is not None and (restored.fidelity.preset, restored.fidelity.source, restored.fidelity.lengths) == ("balanced", "trained", {})
     report = kv_archive.fidelity("s")
     assert set(report.to_dict()) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report.probe_tokens == 32

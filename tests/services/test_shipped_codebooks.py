@@ -275,7 +275,8 @@ def test_a_transform_preset_is_built_coded_and_restored_like_any_other(tmp_path,
 def test_an_entropy_coded_preset_is_cut_by_coding_both_halves_again(tmp_path, tiny_model, monkeypatch):
     """An ``e<bits>`` preset stores a node's codes as one entropy-coded payload. A session that
     leaves another's node part-way cuts it: both halves are coded again, and together they hold
-    the integers the node held; both sessions restore from them and verify."""
+    the integers the node held; both sessions restore from them (with the stored window, the
+    preset's default) and verify."""
     from kvdb.codecs import code_layout
 
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "cache"))
@@ -301,8 +302,9 @@ def test_an_entropy_coded_preset_is_cut_by_coding_both_halves_again(tmp_path, ti
         gaps = {}
         for name in ("a", "b", "coarse"):
             exact_k, exact_v = capture.cache_arrays(db.restore(name, mode="exact").cache)
-            restored = db.restore(name, mode="archive", window="stored")
+            restored = db.restore(name, mode="archive")  # an entropy-coded preset's window is stored unless told
             assert restored.mode == "archive" and restored.fidelity.spec == ("e1" if name == "coarse" else "e4")
+            assert restored.window == restored.to_dict()["window"] == "stored"
             got_k, got_v = capture.cache_arrays(restored.cache)
             gaps[name] = float(np.abs(got_k - exact_k).mean() + np.abs(got_v - exact_v).mean())
         assert 0 < max(gaps["a"], gaps["b"]) < 0.75 * gaps["coarse"]
