@@ -223,23 +223,13 @@ class EntropyCodebooks:
         layers, heads, dim = header["layers"], header["heads"], header["dim"]
         classes = {kind: np.asarray(header["classes"][kind], np.int32).reshape(layers, heads, dim) for kind in KINDS}
         arrays: dict[str, dict[str, np.ndarray]] = {"centre": {}, "weights": {}, "basis": {}}
-
-        def take(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-            nonlocal at
-            size = np.dtype(dtype).itemsize * int(np.prod(shape))
-            if at + size > len(blob) - framing.CRC.size:
-                raise CorruptData("entropy-coded codebook blob is truncated")
-            out = np.frombuffer(blob, dtype, int(np.prod(shape)), at).reshape(shape)
-            at += size
-            return out
-
+        payload = framing.Arrays(blob, at, "entropy-coded codebook")
         for kind in KINDS:
             for name, shape in (("centre", (layers, heads, dim)), ("weights", (layers, heads, dim)), ("basis", (layers, heads, dim, dim))):
-                arrays[name][kind] = take("<f4", shape).astype(np.float32)
-        freqs = take("<u2", (CLASSES, 256)).astype(np.uint16)
-        recon = take("<f4", (CLASSES, 256)).astype(np.float32)
-        if at != len(blob) - framing.CRC.size:
-            raise CorruptData("entropy-coded codebook blob has trailing bytes")
+                arrays[name][kind] = payload.take("<f4", shape).astype(np.float32)
+        freqs = payload.take("<u2", (CLASSES, 256)).astype(np.uint16)
+        recon = payload.take("<f4", (CLASSES, 256)).astype(np.float32)
+        payload.done()
         return cls(
             layers,
             heads,

@@ -9,6 +9,8 @@ import struct
 import zlib
 from typing import Any
 
+import numpy as np
+
 from kvdb.errors import CorruptData
 
 PREFIX = struct.Struct("<8s I I")  # magic, version, header length
@@ -33,3 +35,24 @@ def unframe(blob: bytes, magic: bytes, newest: int, what: str) -> tuple[int, dic
     if zlib.crc32(blob[: -CRC.size]) != crc:
         raise CorruptData(f"{what} blob failed its CRC check")
     return version, json.loads(blob[PREFIX.size : PREFIX.size + length]), PREFIX.size + length
+
+
+class Arrays:
+    """The arrays of a framed blob's payload, taken in order from its first byte (``unframe``'s
+    third value), each checked against the payload's end; ``done`` checks that nothing is left."""
+
+    def __init__(self, blob: bytes, at: int, what: str):
+        self._blob, self._at, self._what = blob, at, what
+
+    def take(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        count = int(np.prod(shape))
+        size = np.dtype(dtype).itemsize * count
+        if self._at + size > len(self._blob) - CRC.size:
+            raise CorruptData(f"{self._what} blob is truncated")
+        out = np.frombuffer(self._blob, dtype, count, self._at).reshape(shape)
+        self._at += size
+        return out
+
+    def done(self) -> None:
+        if self._at != len(self._blob) - CRC.size:
+            raise CorruptData(f"{self._what} blob has trailing bytes")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvdb.codecs import framing
-from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.errors import InvalidArgument
 
 KINDS = ("k", "v")
 MAGIC = b"KVDBTC\x00\x00"
@@ -261,6 +261,7 @@ class TransformCodebooks:
         _, header, at = framing.unframe(blob, MAGIC, VERSION, "transform codebook")
         layers, heads, dim = header["layers"], header["heads"], header["dim"]
         arrays: dict[str, dict[str, np.ndarray]] = {"centre": {}, "weights": {}, "basis": {}, "levels": {}}
+        payload = framing.Arrays(blob, at, "transform codebook")
         bits = {kind: np.asarray(header["bits"][kind], np.int64).reshape(layers, heads, dim) for kind in KINDS}
         for kind in KINDS:
             n_levels = int(np.where(bits[kind] > 0, 1 << bits[kind], 0).sum())
@@ -270,13 +271,8 @@ class TransformCodebooks:
                 ("basis", (layers, heads, dim, dim)),
                 ("levels", (n_levels,)),
             ):
-                count = int(np.prod(shape))
-                if at + 4 * count > len(blob) - framing.CRC.size:
-                    raise CorruptData("transform codebook blob is truncated")
-                arrays[name][kind] = np.frombuffer(blob, "<f4", count, at).reshape(shape).astype(np.float32)
-                at += 4 * count
-        if at != len(blob) - framing.CRC.size:
-            raise CorruptData("transform codebook blob has trailing bytes")
+                arrays[name][kind] = payload.take("<f4", shape).astype(np.float32)
+        payload.done()
         return cls(
             layers,
             heads,
