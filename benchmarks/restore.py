@@ -78,8 +78,8 @@ def main() -> None:
             print(rows[-1], file=sys.stderr, flush=True)
         st = db.stats()
     lines = [
-        f"\n## Restore by mode and window ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` — {describe(f'torch {torch.__version__}')}; "
+        f"\n## Restore by mode and window: {trained['preset']} (`benchmarks/restore.py`)\n",
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {describe(f'torch {torch.__version__}')}; "
         f"SmolLM2-135M-Instruct; {trained['preset']} codebooks trained on 4,096 tokens of one text ({trained['seconds']} s); each session "
         f"another stretch of text, restored at its length less a {PROBE}-token probe; median of {args.runs}. "
         f"Archive, stored window: no forward pass (4 exact sinks from this machine's sink cache, the rest from tier K). "
