@@ -245,7 +245,7 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
     for ax, n in zip(np.atleast_1d(axes), lengths):
         for name, spec, source, bpt, _, figures in rows:
             ax.scatter(fp16 / bpt, figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
-                       label=f"{name} {spec} ({source})")
+                       label=f"{name} {spec if len(spec) <= 8 else '(residual VQ)'} ({source})")
         if peer:
             ax.scatter(peer_ratio, peer[n]["kl"], color="black", marker="^", s=50, label="quanto 4-bit (peer)")
         for name, _, kl, _, ratio in TARGETS:
@@ -261,7 +261,7 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
         ax.set_xlabel("ratio vs fp16, all-inclusive (log)")
         ax.grid(True, which="both", alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("KL vs exact cache, nats per token (log)")
-    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
+    np.atleast_1d(axes)[0].legend(fontsize=7, loc="lower right")  # the corner no preset reaches
     fig.suptitle("Tier K presets on SmolLM2-135M-Instruct: dotted corners are issue 33's targets (a preset meets its row right of and below its corner)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
