@@ -227,7 +227,7 @@ class TransformCodebooks:
             for size, column, heads, coefs in self._columns()[kind][layer]:
                 start = torch.from_numpy(self.offsets(kind)[layer, heads, coefs])
                 y[heads, coefs] = levels[kind][rows[size][:, column : column + len(heads)].T + start[:, None]]
-            x = torch.bmm(y.transpose(1, 2), torch.from_numpy(self.decoder(kind)[layer])) + torch.from_numpy(self.centre[kind][layer][:, None])
+            x = torch.baddbmm(torch.from_numpy(self.centre[kind][layer][:, None]), y.transpose(1, 2), torch.from_numpy(self.decoder(kind)[layer]))
             return x.numpy()
 
         for layer in range(self.layers):
