@@ -26,7 +26,6 @@ as token-major streams can: splitting a node decodes its integers and codes both
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,7 +42,6 @@ VERSION = 1
 CLASSES = 64
 ROUNDING = 0.5
 PAYLOAD = 0  # the stream key of a node's payload among tier K's streams (no symbol alphabet is 0)
-_COUNT = struct.Struct("<I")
 
 
 @dataclass
@@ -82,6 +80,12 @@ class EntropyCodebooks:
             self._derived[key] = np.ascontiguousarray(np.concatenate([self.classes[kind][layer].reshape(-1) for kind in KINDS]), dtype=np.int32)
         return self._derived[key]
 
+    def encoder(self, kind: str) -> np.ndarray:
+        key = ("encoder", kind)
+        if key not in self._derived:
+            self._derived[key] = transform.encoder_matrix(self.weights[kind], self.basis[kind])
+        return self._derived[key]
+
     def decoder(self, kind: str) -> np.ndarray:
         key = ("decoder", kind)
         if key not in self._derived:
@@ -106,8 +110,7 @@ class EntropyCodebooks:
         """Integers int16 ``[layers, heads, dim, seq]`` per kind of float ``[layers, heads, seq, dim]`` arrays."""
         out = []
         for kind, x in zip(KINDS, (keys, values)):
-            encoder = self.weights[kind][..., :, None] * self.basis[kind]
-            y = np.einsum("lhnd,lhde->lhen", np.asarray(x, np.float32) - self.centre[kind][:, :, None], encoder.astype(np.float32))
+            y = np.einsum("lhnd,lhde->lhen", np.asarray(x, np.float32) - self.centre[kind][:, :, None], self.encoder(kind))
             out.append(quantize(y, self.step, self.rounding))
         return out[0], out[1]
 
@@ -124,7 +127,7 @@ class EntropyCodebooks:
         the class's reconstruction of a symbol its table codes, else (an escaped value: past the
         tables' range, or of frequency 0 there) ``q * step``, as the rANS kernel decodes them."""
         q = np.asarray(q, np.int64)
-        symbol = np.where(np.abs(q) <= rans.OFFSET, q + rans.OFFSET, rans.ESCAPE)
+        symbol = rans.symbols(q)
         inside = (symbol != rans.ESCAPE) & (self.freqs[classes, symbol] > 0)
         found = self.recon[classes, symbol]
         return np.where(inside, found, q * self.step).astype(np.float32)
@@ -138,35 +141,33 @@ class EntropyCodebooks:
         for layer in range(self.layers):
             rows = np.concatenate([c[layer, :, :, start:].reshape(self.heads * self.dim, -1) for c in codes])
             streams.append(rans.encode(np.ascontiguousarray(rows, np.int16), self.row_classes(layer), tables))
-        head = _COUNT.pack(len(streams)) + b"".join(_COUNT.pack(len(s)) for s in streams)
-        return {PAYLOAD: np.frombuffer(head + b"".join(streams), np.uint8)}
+        sizes = np.array([len(streams), *map(len, streams)], "<u4")
+        return {PAYLOAD: np.frombuffer(b"".join([sizes.tobytes(), *streams]), np.uint8)}
 
     def stream_columns(self) -> dict[int, int]:
-        """None: a payload's length depends on what it codes (integrity decodes it instead)."""
+        """No columns: a payload's length depends on what it codes (integrity decodes it instead)."""
         return {}
 
-    def _layer_streams(self, streams: dict[int, np.ndarray]) -> list[bytes]:
+    def _layer_streams(self, streams: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """Each layer's stream, a view into the payload (no copy)."""
         if set(streams) != {PAYLOAD}:
             raise CorruptData(f"entropy-coded tier K holds one payload stream, found streams {sorted(streams)}")
-        data = np.asarray(streams[PAYLOAD], np.uint8).tobytes()
-        if len(data) < _COUNT.size or _COUNT.unpack_from(data)[0] != self.layers:
+        data = np.ascontiguousarray(streams[PAYLOAD], np.uint8)
+        if len(data) < 4 or int(data[:4].view("<u4")[0]) != self.layers:
             raise CorruptData(f"entropy-coded tier K payload does not hold {self.layers} layers")
-        at = _COUNT.size * (self.layers + 1)
-        sizes = [_COUNT.unpack_from(data, _COUNT.size * (i + 1))[0] for i in range(self.layers)]
-        if at + sum(sizes) != len(data):
-            raise CorruptData(f"entropy-coded tier K payload is {len(data)} bytes, its header says {at + sum(sizes)}")
-        out = []
-        for size in sizes:
-            out.append(data[at : at + size])
-            at += size
-        return out
+        at = 4 * (self.layers + 1)
+        if len(data) < at:
+            raise CorruptData(f"entropy-coded tier K payload is {len(data)} bytes, shorter than its header")
+        ends = at + np.cumsum(data[4:at].view("<u4"), dtype=np.int64)
+        if ends[-1] != len(data):
+            raise CorruptData(f"entropy-coded tier K payload is {len(data)} bytes, its header says {int(ends[-1])}")
+        return [data[a:b] for a, b in zip([at, *ends[:-1]], ends)]
 
     def codes_from_streams(self, streams: dict[int, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
-        tables, rows = self.tables(), self.heads * self.dim
+        tables = self.tables()
         codes = np.empty((2, self.layers, self.heads, self.dim, n), np.int16)
         for layer, data in enumerate(self._layer_streams(streams)):
             codes[:, layer] = rans.decode(data, self.row_classes(layer), n, tables).reshape(2, self.heads, self.dim, n)
-        assert codes.shape[2] * codes.shape[3] == rows
         return codes[0], codes[1]
 
     def decode_streams(self, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -260,9 +261,8 @@ def quantize(y: np.ndarray, step: float, rounding: float = ROUNDING) -> np.ndarr
 
 def _symbol_counts(q: np.ndarray) -> np.ndarray:
     """Counts ``[rows, 256]`` of each row's rANS symbols (value + 127, 255 for escapes)."""
-    rows, n = q.shape
-    symbols = np.where(np.abs(q) <= rans.OFFSET, q.astype(np.int64) + rans.OFFSET, rans.ESCAPE)
-    return np.bincount((symbols + 256 * np.arange(rows)[:, None]).reshape(-1), minlength=rows * 256).reshape(rows, 256)
+    rows = len(q)
+    return np.bincount((rans.symbols(q) + 256 * np.arange(rows)[:, None]).reshape(-1), minlength=rows * 256).reshape(rows, 256)
 
 
 def _bits(counts: np.ndarray) -> np.ndarray:
@@ -312,7 +312,7 @@ def train(
     row_class = np.searchsorted(edges, entropy, side="right").astype(np.int32)  # < CLASSES
     class_counts = np.zeros((CLASSES, 256), np.int64)
     np.add.at(class_counts, row_class, counts)
-    symbols = np.where(np.abs(q) <= rans.OFFSET, q.astype(np.int64) + rans.OFFSET, rans.ESCAPE) + 256 * row_class[:, None]
+    symbols = rans.symbols(q) + 256 * row_class[:, None]
     sums = np.bincount(symbols.reshape(-1), weights=y.reshape(-1).astype(np.float64), minlength=CLASSES * 256).reshape(CLASSES, 256)
     nominal = (np.arange(256) - rans.OFFSET) * step
     recon = np.where(class_counts > 0, sums / np.maximum(class_counts, 1), nominal).astype(np.float32)

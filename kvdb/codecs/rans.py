@@ -136,6 +136,13 @@ class Tables:
         return len(self.freqs)
 
 
+def symbols(values) -> np.ndarray:
+    """The symbol each integer value is coded as where its table gives that symbol a frequency:
+    ``value + OFFSET`` within -127 .. 127, ``ESCAPE`` outside (int64, as ``values``' shape)."""
+    v = np.asarray(values, np.int64)
+    return np.where(np.abs(v) <= OFFSET, v + OFFSET, ESCAPE)
+
+
 def _classes(classes, tables: Tables) -> np.ndarray:
     c = np.asarray(classes)
     if c.ndim != 1 or (c.size and c.dtype.kind not in "iu"):

@@ -76,6 +76,11 @@ def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.
     return mu / w, w, vecs, np.einsum("lhnd,lhde->lhen", xc, vecs)
 
 
+def encoder_matrix(weights: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """``x -> coefficients``: ``(x - centre) @ encoder``, ``diag(w) @ basis``, float32."""
+    return np.ascontiguousarray(weights[..., :, None] * basis, dtype=np.float32)
+
+
 def decoder_matrix(weights: np.ndarray, basis: np.ndarray) -> np.ndarray:
     """``coefficients -> x``: ``y @ decoder + centre``, ``basis^T @ diag(1 / w)``, float32."""
     return np.ascontiguousarray(basis.transpose(0, 1, 3, 2) / weights[..., None, :], dtype=np.float32)
@@ -113,7 +118,7 @@ class TransformCodebooks:
 
     def encoder(self, kind: str) -> np.ndarray:
         """``x -> coefficients``: ``(x - centre) @ encoder``, ``diag(w) @ basis``."""
-        return self.weights[kind][..., :, None] * self.basis[kind]
+        return encoder_matrix(self.weights[kind], self.basis[kind])
 
     def decoder(self, kind: str) -> np.ndarray:
         """``coefficients -> x``: ``y @ decoder + centre``, ``basis^T @ diag(1 / w)``."""

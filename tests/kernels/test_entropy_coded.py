@@ -94,6 +94,8 @@ def test_a_damaged_payload_is_refused_not_decoded(trained):
     with pytest.raises(CorruptData):
         CL.check_streams(trained, {EC.PAYLOAD: payload[:-3]}, 20)
     with pytest.raises(CorruptData):
+        CL.check_streams(trained, {EC.PAYLOAD: payload[:6]}, 20)  # cut inside its table of layer lengths
+    with pytest.raises(CorruptData):
         CL.check_streams(trained, {EC.PAYLOAD: payload}, 21)
     with pytest.raises(CorruptData):
         CL.check_streams(trained, {256: payload}, 20)
