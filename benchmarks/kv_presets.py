@@ -17,8 +17,8 @@ by a quarter of its length until it shares none), each followed by 128 teacher-f
 others), against the exact prefill cache. ppl ratio = exp(mean
 NLL restored - mean NLL exact), pooled; KL = mean KL divergence of the next-token distributions
 from the exact cache's (restored through the same path), nats per token; top-1 = agreement of the
-argmax with the exact cache's. B/token all-inclusive = the code streams as stored + the codebooks
-amortised over 1e6 tokens.
+argmax with the exact cache's. Ratio vs fp16 at each length, all-inclusive: fp16's bytes over the
+code streams of that length's contexts as stored + the codebooks amortised over 1e6 tokens.
 """
 
 from __future__ import annotations
@@ -154,12 +154,13 @@ def main() -> None:
     rows, restore_rows = [], []
     for (name, source), cb in books.items():
         spec = specs[name]
-        c0 = next(c for c in contexts if c["n"] == min(lengths))
-        codes = CL.encode(cb, c0["k"], c0["v"])
-        bpt = KS.stored_code_bytes(cb, codes, start=C.SINKS) / c0["n"] + cb.nbytes / 1e6
+        bpt = {}  # at each length: its contexts' code bytes as stored, per token, and the codebooks'
+        for n in lengths:
+            held = [c for c in contexts if c["n"] == n]
+            bpt[n] = sum(KS.stored_code_bytes(cb, CL.encode(cb, c["k"], c["v"]), start=C.SINKS) for c in held) / (n * len(held)) + cb.nbytes / 1e6
         figures = {n: score(n, restored_logp(cb, spec)) for n in lengths}
         rows.append((name, spec, source, bpt, cb.nbytes, figures))
-        print(f"{name} {source}: {fp16 / bpt:.1f}x " + " ".join(f"{n}: {f['ppl_ratio']:.4f}/{f['kl']:.4f}/{f['top1']:.3f}" for n, f in figures.items()), flush=True)
+        print(f"{name} {source}: " + " ".join(f"{n}: {fp16 / bpt[n]:.2f}x {f['ppl_ratio']:.4f}/{f['kl']:.4f}/{f['top1']:.3f}" for n, f in figures.items()), flush=True)
         if source == "shipped":  # the restore's decode, straight from the streams, against an exact prefill
             decoding = cb.sharpened(P.key_sharpening(weights, spec))
             for n in lengths:
@@ -193,17 +194,17 @@ def main() -> None:
             + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
             + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
     lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
-             "| preset | spec | codebooks | all-incl. B/token | ratio vs fp16 | codebooks MB | build s | "
-             + " | ".join(f"ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
-             "|---|---|---|---:|---:|---:|---:|" + "---:|---:|---:|" * len(lengths)]
+             "| preset | spec | codebooks | codebooks MB | build s | "
+             + " | ".join(f"ratio @{n:,} | ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
+             "|---|---|---|---:|---:|" + "---:|---:|---:|---:|" * len(lengths)]
     for name, spec, source, bpt, nbytes, figures in rows:
         b = build[(name, source)]
-        lines.append(f"| {name} | {spec} | {source} | {bpt:,.1f} | {fp16 / bpt:.1f}x | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
-                     + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in figures.values()) + " |")
+        lines.append(f"| {name} | {spec} | {source} | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
+                     + " | ".join(f"{fp16 / bpt[n]:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for n, f in figures.items()) + " |")
     quanto_bpt = L * 2 * H * (4 * D + 2 * 16) / 8  # 4-bit codes and an fp16 scale and zero point per group of 64
     if peer:
-        lines.append(f"| quanto 4-bit (peer) | group 64 | — | {quanto_bpt:,.1f} | {fp16 / quanto_bpt:.1f}x | — | — | "
-                     + " | ".join(f"{f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values()) + " |")
+        lines.append("| quanto 4-bit (peer) | group 64 | — | — | — | "
+                     + " | ".join(f"{fp16 / quanto_bpt:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values()) + " |")
     lines += ["", "Shipped against trained: the ratio of their perplexity ratios (target ≤ 1.03).", "",
               "| preset | " + " | ".join(f"@{n:,}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     by = {(r[0], r[2]): r[5] for r in rows}
@@ -244,7 +245,7 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
     fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4.5), sharey=True)
     for ax, n in zip(np.atleast_1d(axes), lengths):
         for name, spec, source, bpt, _, figures in rows:
-            ax.scatter(fp16 / bpt, figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
+            ax.scatter(fp16 / bpt[n], figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
                        label=f"{name} {spec if len(spec) <= 8 else '(residual VQ)'} ({source})")
         if peer:
             ax.scatter(peer_ratio, peer[n]["kl"], color="black", marker="^", s=50, label="quanto 4-bit (peer)")

@@ -58,7 +58,7 @@ def codebooks():
 @click.option(
     "--preset",
     default=None,
-    help=f"A named preset ({', '.join(presets.NAMES)}: a spec per model), entropy coding at e<bits> per element (e.g. e3, e1.5), fixed-rate transform coding at t<bits> (e.g. t3), "
+    help=f"A named preset ({', '.join(presets.NAMES)}: a spec per model), entropy coding at e<bits> per element (e.g. e3, e1.5; e1.25p64 also predicts each head's first 64 coefficients from the previous layer), fixed-rate transform coding at t<bits> (e.g. t3), "
     "or residual stages of 256 centroids for keys and values, "
     "e.g. k4v3, k4v2, k2v1; overrides per layer as k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  "
     f"[default: {presets.DEFAULT_NAME}, as ingest's --kv-preset]",

@@ -37,7 +37,9 @@ KINDS = ("k", "v")
 MAGIC = b"KVDBTC\x00\x00"
 VERSION = 1
 MAX_BITS = 8
-_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)$")  # t: fixed-rate quantizers; e: entropy-coded (kvdb.codecs.entropy_coded)
+# t: fixed-rate quantizers; e: entropy-coded (kvdb.codecs.entropy_coded), optionally ``p<count>``: each
+# head's first ``count`` coefficients predicted from the previous layer's
+_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)(?:p(\d+))?$")
 
 
 def is_transform_preset(preset: str) -> bool:
@@ -54,11 +56,20 @@ def is_entropy_coded(preset: str) -> bool:
 def preset_bits(preset: str) -> float:
     """The average bits per element a ``t<bits>`` or ``e<bits>`` preset spends."""
     m = _PRESET.match(preset.strip())
-    if not m or not 0 < float(m[2]) <= MAX_BITS:
+    if not m or not 0 < float(m[2]) <= MAX_BITS or (m[3] is not None and (m[1] != "e" or int(m[3]) == 0)):
         raise InvalidArgument(
-            f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]"
+            f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]; "
+            "an entropy-coded one may add p<coefficients> (each head's first ones predicted from the previous layer), e.g. 'e2p32'"
         )
     return float(m[2])
+
+
+def predicted_coefficients(preset: str) -> int:
+    """How many of each head's leading coefficients an ``e<bits>p<count>`` preset predicts from
+    the previous layer's (0: none)."""
+    preset_bits(preset)  # the grammar
+    m = _PRESET.match(preset.strip())
+    return int(m[3]) if m and m[3] else 0
 
 
 def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

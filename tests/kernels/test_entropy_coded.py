@@ -121,9 +121,82 @@ def test_bytes_round_trip_and_refuse_damage(trained):
 
 def test_entropy_coded_presets_parse_and_need_the_fisher_information():
     assert P.resolve("e3", "any") == "e3" and P.resolve("e1.5", "any") == "e1.5"
-    for bad in ("e0", "e9", "e", "e-1"):
+    assert P.resolve("e2p32", "any") == "e2p32"
+    for bad in ("e0", "e9", "e", "e-1", "t3p8", "e2p0", "e2p"):
         with pytest.raises(InvalidArgument):
             P.resolve(bad, "any")
     with pytest.raises(InvalidArgument, match="Fisher"):
         CL.train({"k": _vectors(), "v": _vectors()}, "e2")
     assert isinstance(CL.train({"k": _vectors(), "v": _vectors()}, "e2", _fisher()), EC.EntropyCodebooks)
+
+
+# -- cross-layer prediction (``e<bits>p<count>``) --------------------------------------------------
+
+
+def _layered(n, seed, layers=4, heads=2, dim=8):
+    """Vectors whose layers are much alike: each is the one before plus a little of its own, as
+    neighbouring layers of a model's cache are (more so in their leading coefficients)."""
+    rng = np.random.default_rng(seed)
+    first = _vectors(layers=1, heads=heads, n=n, dim=dim, seed=seed)[0]
+    out = [first]
+    for _ in range(1, layers):
+        out.append(0.9 * out[-1] + 0.3 * rng.standard_normal(first.shape).astype(np.float32))
+    return np.stack(out)
+
+
+def _train_layered(preset):
+    fisher = {kind: np.ones((4, 2, 8)) for kind in EC.KINDS}
+    return EC.train({"k": _layered(700, 1), "v": _layered(700, 2)}, fisher, preset)
+
+
+@pytest.fixture(scope="module")
+def predicted():
+    return _train_layered("e3p4")
+
+
+def test_prediction_from_the_previous_layer_halves_the_error_at_the_same_bits(predicted):
+    plain = _train_layered("e3")
+    assert predicted.predicted == 4 and predicted.predictor.shape == (4, 16, 16) and not predicted.predictor[0].any()
+    held = _layered(400, 3), _layered(400, 4)
+    errors, bits = [], []
+    for books in (plain, predicted):
+        k, v = books.decode(books.encode(*held))
+        errors.append(float(((k - held[0]) ** 2).mean() + ((v - held[1]) ** 2).mean()))
+        bits.append(_payload_bits(books, *held))
+    assert bits[1] == pytest.approx(bits[0], abs=0.25)
+    assert errors[1] < errors[0] / 2
+
+
+def test_the_loop_is_closed_so_errors_do_not_add_up_down_the_layers(predicted):
+    """The encoder predicts from what the decoder will have: every coefficient of every layer is
+    within a step of its value (an open loop would add each layer's error to the next one's)."""
+    k, v = _layered(300, 5), _layered(300, 6)
+    y = {}
+    for name, (kk, vv) in (("true", (k, v)), ("decoded", predicted.decode(predicted.encode(k, v)))):
+        y[name] = [np.einsum("lhnd,lhde->lhen", x - predicted.centre[kind][:, :, None], predicted.encoder(kind)) for kind, x in zip(EC.KINDS, (kk, vv))]
+    for true, decoded in zip(y["true"], y["decoded"]):
+        assert float(np.abs(true - decoded).max(axis=(1, 2, 3))[-1]) <= predicted.step * 1.01
+
+
+def test_a_predicted_payload_decodes_straight_as_the_reference_decodes(predicted):
+    k, v = _layered(60, 7), _layered(60, 8)
+    codes = CL.encode(predicted, k, v)
+    streams = CL.code_streams(predicted, codes)
+    keys, values = predicted.decode(codes)
+    for layer, (lk, lv) in enumerate(CL.decode_streams(predicted, streams, 60, used=45)):
+        np.testing.assert_allclose(lk, keys[layer, :, :45], atol=1e-5)
+        np.testing.assert_allclose(lv, values[layer, :, :45], atol=1e-5)
+    later = CL.codes_from_streams(predicted, CL.code_streams(predicted, codes, start=25), 35)  # a cut node's tail: its integers unchanged
+    for a, b in zip(later, codes):
+        np.testing.assert_array_equal(a, b[..., 25:])
+
+
+def test_a_predicted_set_is_format_version_2_and_a_plain_one_stays_version_1(predicted, trained):
+    blob = predicted.to_bytes()
+    assert int.from_bytes(blob[8:12], "little") == 2 and int.from_bytes(trained.to_bytes()[8:12], "little") == 1
+    back = CL.read_codebooks(blob)
+    assert isinstance(back, EC.EntropyCodebooks) and back.to_bytes() == blob and back.predicted == 4
+    np.testing.assert_array_equal(back.predictor, predicted.predictor)
+    assert predicted.nbytes == _train_layered("e3").nbytes + predicted.predictor.size * 2  # float16, counted in the ratio a benchmark reports
+    with pytest.raises(InvalidArgument, match="predicts 9 coefficients per head, but heads have 8"):
+        _train_layered("e3p9")
