@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -215,8 +215,10 @@ class EntropyCodebooks:
     def decode_streams(self, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``: the layer's stream decoded
         straight to coefficients (one kernel call, which lets go of the GIL: the next layer's runs on
-        a second thread while this one is rotated back and placed), then one batched product per kind
-        with the centre added in it (``baddbmm``: half the time of a product and an addition)."""
+        a second thread while this one is rotated back and placed), the predicted rows given their
+        prediction from the previous layer's (a ``p<count>`` preset; the layers chain, so this stays
+        on this thread), then one batched product per kind with the centre added in it
+        (``baddbmm``: half the time of a product and an addition)."""
         import torch
 
         used = n if used is None else used
@@ -430,25 +432,19 @@ def train(
     sample = y[:, :, :: max(1, n // 2048)]  # a sample of positions sets the step; all of them the tables
     step = _step_for(lambda step: integers(sample.copy(), step), float(np.abs(sample).max()), bits)
 
-    def books_at(step: float) -> tuple[EntropyCodebooks, float]:
-        """The classes and tables of the integers at ``step`` (and their calibration bits); with
-        a predictor, tables once more from values decoded as the first tables decode them."""
+    residual = y.copy()
+    q = integers(residual, step)
+    entropy = _bits(_symbol_counts(q))
+    edges = np.unique(np.quantile(entropy, np.linspace(0, 1, CLASSES + 1)[1:-1]))
+    row_class = np.searchsorted(edges, entropy, side="right").astype(np.int32)  # < CLASSES
+    freqs, recon, calibration = _tables(q, by_kind(residual), row_class, step)
+    classes = {kind: row_class.reshape(2, layers, heads, dim)[i] for i, kind in enumerate(KINDS)}
+    books = EntropyCodebooks(layers, heads, dim, pre_rope, preset, centre, weights, basis, step, rounding, classes, freqs, recon, {}, predicted, predictor)
+    if predicted:  # the tables once more, predicting from values decoded as the first tables decode them
         residual = y.copy()
-        q = integers(residual, step)
-        entropy = _bits(_symbol_counts(q))
-        edges = np.unique(np.quantile(entropy, np.linspace(0, 1, CLASSES + 1)[1:-1]))
-        row_class = np.searchsorted(edges, entropy, side="right").astype(np.int32)  # < CLASSES
+        q = integers(residual, step, books.value_of_rows)
         freqs, recon, calibration = _tables(q, by_kind(residual), row_class, step)
-        classes = {kind: row_class.reshape(2, layers, heads, dim)[i] for i, kind in enumerate(KINDS)}
-        books = EntropyCodebooks(layers, heads, dim, pre_rope, preset, centre, weights, basis, step, rounding, classes, freqs, recon, {}, predicted, predictor)
-        if predicted:
-            residual = y.copy()
-            q = integers(residual, step, books.value_of_rows)
-            books.freqs, books.recon, calibration = _tables(q, by_kind(residual), row_class, step)
-            books._derived.clear()
-        return books, calibration
-
-    books, calibration = books_at(step)
+        books = replace(books, freqs=freqs, recon=recon)
     books.meta = dict(meta or {}, calibration_bits=round(calibration, 4))
     return books
 
