@@ -24,7 +24,10 @@ have), by one least-squares matrix per layer over every head and kind, and codes
 Measured on SmolLM2 (decision 0042): with all 64, 16% fewer bits at ``e2``'s step and 4.4 M
 multiply-adds per token at restore; what the model sees gains more, as what rounds to 0 now
 costs the residual's variance, not the coefficient's (``e2`` 7.4x at a KL of 0.030 nats per
-token, ``e1.4p64`` 10.4x at 0.021).
+token, ``e1.4p64`` 10.4x at 0.021). ``i<inputs>`` (``e1.35p64i32``) predicts from only each
+head's first ``inputs`` coefficients of the previous layer: SmolLM2's 32 give the same bits as all
+64 (1.765 against 1.767 per element held out, decision 0043) at half the multiply-adds, which are
+most of a restore's work.
 
 A node's codes are one payload: one rANS stream per layer, so a restore decodes a layer while the
 previous one is placed in the cache. Within a layer's stream the rows are kind (keys, values) >
@@ -46,7 +49,7 @@ from kvdb.errors import CorruptData, InvalidArgument
 
 KINDS = ("k", "v")
 MAGIC = b"KVDBEC\x00\x00"
-VERSION = 2  # 2 adds the predictor; a set without one is written as version 1, byte for byte
+VERSION = 3  # 2 adds the predictor, 3 its inputs; each set is written at the lowest version that holds it, byte for byte
 CLASSES = 64
 ROUNDING = 0.5
 PAYLOAD = 0  # the stream key of a node's payload among tier K's streams (no symbol alphabet is 0)
@@ -57,8 +60,9 @@ class EntropyCodebooks:
     """Per kind: ``centre``, ``weights`` ``[layers, heads, dim]``, ``basis`` ``[layers, heads, dim, dim]``
     (as :class:`kvdb.codecs.transform.TransformCodebooks`), ``classes`` int32 ``[layers, heads, dim]``;
     ``freqs`` uint16 and ``recon`` float32 ``[CLASSES, 256]`` (rANS symbols: value + 127, 255 escape);
-    ``predictor`` float32 ``[layers, P, P]`` (float16 values) with ``P = 2 * heads * predicted`` (layer 0's unused, zero):
-    the predicted rows of a layer are ``predictor[layer] @`` the previous layer's, decoded."""
+    ``predictor`` float32 ``[layers, P, Q]`` (float16 values) with ``P = 2 * heads * predicted`` and ``Q = 2 * heads * inputs``
+    (layer 0's unused, zero): the predicted rows of a layer are ``predictor[layer] @`` the previous layer's input rows
+    (each head's first ``inputs``; 0: as many as are predicted), decoded."""
 
     layers: int
     heads: int
@@ -76,6 +80,7 @@ class EntropyCodebooks:
     meta: dict = field(default_factory=dict)
     predicted: int = 0
     predictor: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.float32))
+    inputs: int = 0
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- derived tables ----------------------------------------------------------------------
@@ -95,6 +100,15 @@ class EntropyCodebooks:
     def predicted_rows(self) -> np.ndarray:
         """The rows of a layer (in stream order) that are predicted: each head's first ``predicted``."""
         return predicted_rows(self.heads, self.dim, self.predicted)
+
+    @property
+    def prediction_inputs(self) -> int:
+        """Each head's leading coefficients of the previous layer that the prediction reads."""
+        return self.inputs or self.predicted
+
+    def input_rows(self) -> np.ndarray:
+        """The rows of a layer (in stream order) its successor's prediction reads."""
+        return predicted_rows(self.heads, self.dim, self.prediction_inputs)
 
     def encoder(self, kind: str) -> np.ndarray:
         key = ("encoder", kind)
@@ -135,7 +149,7 @@ class EntropyCodebooks:
             ],
             axis=1,
         ).reshape(self.layers, 2 * self.heads * self.dim, -1)
-        q = closed_loop(y, self.predictor, self.predicted_rows(), self.step, self.rounding, self.value_of_rows).reshape(
+        q = closed_loop(y, self.predictor, self.predicted_rows(), self.step, self.rounding, self.value_of_rows, self._fed()).reshape(
             self.layers, 2, self.heads, self.dim, -1
         )
         return q[:, 0], q[:, 1]
@@ -147,9 +161,13 @@ class EntropyCodebooks:
             rows = self.predicted_rows()
             flat = np.stack(y, axis=1).reshape(self.layers, 2 * self.heads * self.dim, -1)
             for layer in range(1, self.layers):
-                flat[layer, rows] += self.predictor[layer] @ flat[layer - 1, rows]
+                flat[layer, rows] += self.predictor[layer] @ flat[layer - 1, self.input_rows()]
             y = list(flat.reshape(self.layers, 2, self.heads, self.dim, -1).transpose(1, 0, 2, 3, 4))
         return tuple(np.matmul(c.swapaxes(2, 3), self.decoder(kind)) + self.centre[kind][:, :, None] for kind, c in zip(KINDS, y))
+
+    def _fed(self) -> np.ndarray:
+        """Which of the predicted rows are the input rows (``closed_loop``'s ``fed``)."""
+        return predicted_rows(self.heads, self.predicted, self.prediction_inputs)
 
     def value_of_rows(self, layer: int, q: np.ndarray) -> np.ndarray:
         """The values of a layer's predicted rows' integers ``q`` ``[P, n]`` (``closed_loop``'s ``value_of``)."""
@@ -242,7 +260,7 @@ class EntropyCodebooks:
                     lead = y.view(2 * self.heads, self.dim, used)[:, : self.predicted]  # the predicted rows: a view
                     if decoded is not None:
                         lead += (predictor[layer] @ decoded).view_as(lead)
-                    decoded = lead.reshape(-1, used)
+                    decoded = lead[:, : self.prediction_inputs].reshape(-1, used)
                 yield tuple(  # type: ignore[misc]
                     torch.baddbmm(torch.from_numpy(self.centre[kind][layer][:, None]), y[i].transpose(1, 2), decoders[kind][layer]).numpy()
                     for i, kind in enumerate(KINDS)
@@ -265,14 +283,19 @@ class EntropyCodebooks:
             "order": "per kind (k, v): centre [L,H,D], weights [L,H,D], basis [L,H,D,D], little-endian float32; then freqs [C,256] u16, recon [C,256] float32",
             "meta": self.meta,
         }
+        version = 1
         if self.predicted:
+            version = 2 if self.prediction_inputs == self.predicted else 3
             header["predicted"] = self.predicted
             header["order"] += "; then predictor [L,P,P] float16, P = 2 H predicted"
+        if version == 3:
+            header["inputs"] = self.prediction_inputs
+            header["order"] = header["order"].replace("[L,P,P] float16, P = 2 H predicted", "[L,P,Q] float16, P = 2 H predicted, Q = 2 H inputs")
         parts = [np.ascontiguousarray(a, dtype="<f4").tobytes() for kind in KINDS for a in (self.centre[kind], self.weights[kind], self.basis[kind])]
         parts += [np.ascontiguousarray(self.freqs, dtype="<u2").tobytes(), np.ascontiguousarray(self.recon, dtype="<f4").tobytes()]
         if self.predicted:
             parts.append(np.ascontiguousarray(self.predictor, dtype="<f2").tobytes())  # trained as float16 values: no loss
-        return framing.frame(MAGIC, VERSION if self.predicted else 1, header, parts)
+        return framing.frame(MAGIC, version, header, parts)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> EntropyCodebooks:
@@ -288,8 +311,9 @@ class EntropyCodebooks:
         freqs = payload.take("<u2", (CLASSES, 256)).astype(np.uint16)
         recon = payload.take("<f4", (CLASSES, 256)).astype(np.float32)
         predicted = int(header.get("predicted", 0))
-        size = 2 * heads * predicted
-        predictor = payload.take("<f2", (layers, size, size)).astype(np.float32) if predicted else np.zeros((0, 0, 0), np.float32)
+        inputs = int(header.get("inputs", predicted))
+        shape = (layers, 2 * heads * predicted, 2 * heads * inputs)
+        predictor = payload.take("<f2", shape).astype(np.float32) if predicted else np.zeros((0, 0, 0), np.float32)
         payload.done()
         return cls(
             layers,
@@ -308,6 +332,7 @@ class EntropyCodebooks:
             header["meta"],
             predicted,
             predictor,
+            inputs if inputs != predicted else 0,
         )
 
 
@@ -329,11 +354,12 @@ def closed_loop(
     step: float,
     rounding: float,
     value_of: Callable[[int, np.ndarray], np.ndarray],
+    fed: np.ndarray | None = None,
 ) -> np.ndarray:
     """Integers int16 of coefficients ``y`` ``[layers, rows, n]``, each layer's ``rows`` less their
-    prediction from the previous layer's as the decoder will have them (``value_of(layer,
-    integers)`` of those rows, plus their own prediction). ``y`` is left holding what was coded:
-    the coefficients less their predictions."""
+    prediction from the previous layer's ``rows[fed]`` (default: all of ``rows``) as the decoder
+    will have them (``value_of(layer, integers)`` of those rows, plus their own prediction). ``y``
+    is left holding what was coded: the coefficients less their predictions."""
     if not len(rows):
         return quantize(y, step, rounding)
     q, decoded = np.empty(y.shape, np.int16), None
@@ -345,6 +371,8 @@ def closed_loop(
         decoded = value_of(layer, q[layer, rows])
         if prediction is not None:
             decoded += prediction
+        if fed is not None:
+            decoded = decoded[fed]
     return q
 
 
@@ -378,13 +406,13 @@ def _step_for(integers_of: Callable[[float], np.ndarray], scale: float, bits: fl
     return float(np.exp(hi))
 
 
-def _predictor(y: np.ndarray, rows: np.ndarray, ridge: float = 1e-3) -> np.ndarray:
-    """Per layer, the least-squares matrix ``[P, P]`` predicting its ``rows`` of calibration
-    coefficients ``y`` ``[layers, rows, n]`` from the previous layer's (ridge-regularised, as a
-    fraction of the inputs' mean variance); layer 0's is zero."""
-    out = np.zeros((len(y), len(rows), len(rows)), np.float32)
+def _predictor(y: np.ndarray, rows: np.ndarray, inputs: np.ndarray, ridge: float = 1e-3) -> np.ndarray:
+    """Per layer, the least-squares matrix ``[P, Q]`` predicting its ``rows`` of calibration
+    coefficients ``y`` ``[layers, rows, n]`` from the previous layer's ``inputs`` rows
+    (ridge-regularised, as a fraction of the inputs' mean variance); layer 0's is zero."""
+    out = np.zeros((len(y), len(rows), len(inputs)), np.float32)
     for layer in range(1, len(y)):
-        x, target = y[layer - 1, rows].astype(np.float64), y[layer, rows].astype(np.float64)
+        x, target = y[layer - 1, inputs].astype(np.float64), y[layer, rows].astype(np.float64)
         gram = x @ x.T / x.shape[1]
         gram += ridge * np.trace(gram) / len(gram) * np.eye(len(gram))
         out[layer] = np.linalg.solve(gram, x @ target.T / x.shape[1]).T
@@ -406,7 +434,7 @@ def train(
     The predictor is fitted to the exact previous layer, not to the previous layer as decoded:
     fitted again to the decoded one, SmolLM2's ``e1.25p64`` spent 9% fewer bits held out at 5%
     less squared error, but lost more to the model (decision 0042)."""
-    bits, predicted = transform.preset_bits(preset), transform.predicted_coefficients(preset)
+    bits, predicted, inputs = transform.preset_bits(preset), transform.predicted_coefficients(preset), transform.prediction_inputs(preset)
     layers, heads, n, dim = vectors["k"].shape
     if n < 2:
         raise InvalidArgument(f"training entropy-coded codebooks needs at least 2 calibration positions, got {n}")
@@ -416,8 +444,8 @@ def train(
     for kind in KINDS:
         centre[kind], weights[kind], basis[kind], coefficients[kind] = transform.fisher_pca(vectors[kind], fisher[kind])
     y = np.stack([coefficients[kind] for kind in KINDS], axis=1).reshape(layers, 2 * heads * dim, n)  # per layer, rows in stream order
-    rows = predicted_rows(heads, dim, predicted)
-    predictor = _predictor(y, rows) if predicted else np.zeros((0, 0, 0), np.float32)
+    rows, fed = predicted_rows(heads, dim, predicted), predicted_rows(heads, predicted, inputs)
+    predictor = _predictor(y, rows, rows[fed]) if predicted else np.zeros((0, 0, 0), np.float32)
 
     def by_kind(a: np.ndarray) -> np.ndarray:
         """Rows kind > layer > head > coefficient: the order the tables were first trained in,
@@ -427,7 +455,7 @@ def train(
     def integers(y: np.ndarray, step: float, value_of=None) -> np.ndarray:
         """Closed-loop integers of ``y`` (``value_of``: the decoder's value of integers, by default
         ``q * step``), which is left holding what they code."""
-        return by_kind(closed_loop(y, predictor, rows, step, rounding, value_of or (lambda _layer, q: q * np.float32(step))))
+        return by_kind(closed_loop(y, predictor, rows, step, rounding, value_of or (lambda _layer, q: q * np.float32(step)), fed))
 
     sample = y[:, :, :: max(1, n // 2048)]  # a sample of positions sets the step; all of them the tables
     step = _step_for(lambda step: integers(sample.copy(), step), float(np.abs(sample).max()), bits)
@@ -439,7 +467,25 @@ def train(
     row_class = np.searchsorted(edges, entropy, side="right").astype(np.int32)  # < CLASSES
     freqs, recon, calibration = _tables(q, by_kind(residual), row_class, step)
     classes = {kind: row_class.reshape(2, layers, heads, dim)[i] for i, kind in enumerate(KINDS)}
-    books = EntropyCodebooks(layers, heads, dim, pre_rope, preset, centre, weights, basis, step, rounding, classes, freqs, recon, {}, predicted, predictor)
+    books = EntropyCodebooks(
+        layers,
+        heads,
+        dim,
+        pre_rope,
+        preset,
+        centre,
+        weights,
+        basis,
+        step,
+        rounding,
+        classes,
+        freqs,
+        recon,
+        {},
+        predicted,
+        predictor,
+        inputs if inputs != predicted else 0,
+    )
     if predicted:  # the tables once more, predicting from values decoded as the first tables decode them
         residual = y.copy()
         q = integers(residual, step, books.value_of_rows)

@@ -39,7 +39,7 @@ VERSION = 1
 MAX_BITS = 8
 # t: fixed-rate quantizers; e: entropy-coded (kvdb.codecs.entropy_coded), optionally ``p<count>``: each
 # head's first ``count`` coefficients predicted from the previous layer's
-_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)(?:p(\d+))?$")
+_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)(?:p(\d+)(?:i(\d+))?)?$")
 
 
 def is_transform_preset(preset: str) -> bool:
@@ -56,10 +56,16 @@ def is_entropy_coded(preset: str) -> bool:
 def preset_bits(preset: str) -> float:
     """The average bits per element a ``t<bits>`` or ``e<bits>`` preset spends."""
     m = _PRESET.match(preset.strip())
-    if not m or not 0 < float(m[2]) <= MAX_BITS or (m[3] is not None and (m[1] != "e" or int(m[3]) == 0)):
+    if (
+        not m
+        or not 0 < float(m[2]) <= MAX_BITS
+        or (m[3] is not None and (m[1] != "e" or int(m[3]) == 0))
+        or (m[4] is not None and not 0 < int(m[4]) <= int(m[3]))
+    ):
         raise InvalidArgument(
             f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]; "
-            "an entropy-coded one may add p<coefficients> (each head's first ones predicted from the previous layer), e.g. 'e2p32'"
+            "an entropy-coded one may add p<coefficients> (each head's first ones predicted from the previous layer), e.g. 'e2p32', "
+            "and then i<inputs> (predicted from only the previous layer's first ones, at most p<coefficients>), e.g. 'e2p64i32'"
         )
     return float(m[2])
 
@@ -70,6 +76,14 @@ def predicted_coefficients(preset: str) -> int:
     preset_bits(preset)  # the grammar
     m = _PRESET.match(preset.strip())
     return int(m[3]) if m and m[3] else 0
+
+
+def prediction_inputs(preset: str) -> int:
+    """How many of each head's leading coefficients of the previous layer an ``e<bits>p<count>i<inputs>``
+    preset predicts from: ``inputs``, or without ``i`` as many as it predicts (0: no prediction)."""
+    predicted = predicted_coefficients(preset)
+    m = _PRESET.match(preset.strip())
+    return int(m[4]) if m and m[4] else predicted
 
 
 def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

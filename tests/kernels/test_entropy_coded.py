@@ -3,6 +3,8 @@ coefficient, the integers coded against their class's table, and a node's codes 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -121,8 +123,8 @@ def test_bytes_round_trip_and_refuse_damage(trained):
 
 def test_entropy_coded_presets_parse_and_need_the_fisher_information():
     assert P.resolve("e3", "any") == "e3" and P.resolve("e1.5", "any") == "e1.5"
-    assert P.resolve("e2p32", "any") == "e2p32"
-    for bad in ("e0", "e9", "e", "e-1", "t3p8", "e2p0", "e2p"):
+    assert P.resolve("e2p32", "any") == "e2p32" and P.resolve("e2p64i32", "any") == "e2p64i32"
+    for bad in ("e0", "e9", "e", "e-1", "t3p8", "e2p0", "e2p", "e2p4i5", "e2p4i0", "e2i4", "t3p8i4"):
         with pytest.raises(InvalidArgument):
             P.resolve(bad, "any")
     with pytest.raises(InvalidArgument, match="Fisher"):
@@ -149,14 +151,17 @@ def _train_layered(preset):
     return EC.train({"k": _layered(700, 1), "v": _layered(700, 2)}, fisher, preset)
 
 
-@pytest.fixture(scope="module")
-def predicted():
-    return _train_layered("e3p4")
+@pytest.fixture(scope="module", params=["e3p4", "e3p4i2"])
+def predicted(request):
+    """Each head's first 4 coefficients predicted from the previous layer's first 4, or first 2."""
+    return _train_layered(request.param)
 
 
 def test_prediction_from_the_previous_layer_halves_the_error_at_the_same_bits(predicted):
     plain = _train_layered("e3")
-    assert predicted.predicted == 4 and predicted.predictor.shape == (4, 16, 16) and not predicted.predictor[0].any()
+    inputs = 2 if predicted.preset.endswith("i2") else 4
+    assert predicted.predicted == 4 and predicted.prediction_inputs == inputs
+    assert predicted.predictor.shape == (4, 16, 4 * inputs) and not predicted.predictor[0].any()
     held = _layered(400, 3), _layered(400, 4)
     errors, bits = [], []
     for books in (plain, predicted):
@@ -191,11 +196,14 @@ def test_a_predicted_payload_decodes_straight_as_the_reference_decodes(predicted
         np.testing.assert_array_equal(a, b[..., 25:])
 
 
-def test_a_predicted_set_is_format_version_2_and_a_plain_one_stays_version_1(predicted, trained):
+def test_a_predicted_set_is_format_version_2_or_3_with_fewer_inputs_and_a_plain_one_stays_version_1(predicted, trained):
     blob = predicted.to_bytes()
-    assert int.from_bytes(blob[8:12], "little") == 2 and int.from_bytes(trained.to_bytes()[8:12], "little") == 1
+    version = 3 if predicted.prediction_inputs < predicted.predicted else 2
+    assert int.from_bytes(blob[8:12], "little") == version and int.from_bytes(trained.to_bytes()[8:12], "little") == 1
     back = CL.read_codebooks(blob)
     assert isinstance(back, EC.EntropyCodebooks) and back.to_bytes() == blob and back.predicted == 4
+    header = json.loads(blob[16 : 16 + int.from_bytes(blob[12:16], "little")])
+    assert back.prediction_inputs == predicted.prediction_inputs and header.get("inputs") == (2 if version == 3 else None)
     np.testing.assert_array_equal(back.predictor, predicted.predictor)
     assert predicted.nbytes == _train_layered("e3").nbytes + predicted.predictor.size * 2  # float16, counted in the ratio a benchmark reports
     with pytest.raises(InvalidArgument, match="predicts 9 coefficients per head, but heads have 8"):

@@ -267,6 +267,34 @@ def test_predicted_entropy_coded_codebooks_are_version_2_and_decode_the_golden_p
         np.testing.assert_allclose(v, values[layer], rtol=0, atol=1e-5 * float(np.abs(values).max()))
 
 
+def test_entropy_coded_codebooks_predicting_from_fewer_inputs_are_version_3_and_decode_the_golden_payload():
+    from kvdb.codecs import entropy_coded
+
+    blob = (GOLDEN / "entropy_coded" / "predicted_from_fewer_codebooks.bin").read_bytes()
+    read = code_layout.read_codebooks(blob)
+    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_predicted_from_fewer_codebooks().to_bytes()
+    assert int.from_bytes(blob[8:12], "little") == 3 and read.predicted == 2 and read.prediction_inputs == 1
+    plain = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
+    streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
+    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
+    # docs/formats.md: layer 1's predicted rows (each head's first 2) gain predictor[1] @ layer 0's input rows (each head's first 1), decoded
+    coefficients = {}
+    for name, books in (("plain", plain), ("predicted", read)):
+        keys, values = books.decode(codes)
+        coefficients[name] = np.stack(
+            [np.einsum("lhnd,lhde->lhen", x - books.centre[kind][:, :, None], books.encoder(kind)) for kind, x in zip(entropy_coded.KINDS, (keys, values))], 1
+        ).reshape(golden.LAYERS, -1, golden.SEQ)
+    rows = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(2)).reshape(-1)
+    inputs = np.arange(2 * golden.HEADS) * golden.DIM
+    expected = coefficients["plain"].copy()
+    expected[1, rows] += read.predictor[1] @ coefficients["plain"][0, inputs]
+    np.testing.assert_allclose(coefficients["predicted"], expected, rtol=0, atol=1e-3 * float(np.abs(expected).max()))
+    keys, values = read.decode(codes)
+    for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
+        np.testing.assert_allclose(k, keys[layer], rtol=0, atol=1e-5 * float(np.abs(keys).max()))
+        np.testing.assert_allclose(v, values[layer], rtol=0, atol=1e-5 * float(np.abs(values).max()))
+
+
 def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_from_them():
     assert_golden(golden.transform_files())
     read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
