@@ -39,7 +39,7 @@ VERSION = 1
 MAX_BITS = 8
 # t: fixed-rate quantizers; e: entropy-coded (kvdb.codecs.entropy_coded), optionally ``p<count>``: each
 # head's first ``count`` coefficients predicted from the previous layer's
-_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)(?:p(\d+)(?:i(\d+))?)?$")
+_PRESET = re.compile(r"^([te])(\d+(?:\.\d+)?)(j)?(?:p(\d+)(?:i(\d+))?)?$")
 
 
 def is_transform_preset(preset: str) -> bool:
@@ -59,12 +59,14 @@ def preset_bits(preset: str) -> float:
     if (
         not m
         or not 0 < float(m[2]) <= MAX_BITS
-        or (m[3] is not None and (m[1] != "e" or int(m[3]) == 0))
-        or (m[4] is not None and not 0 < int(m[4]) <= int(m[3]))
+        or (m[1] != "e" and (m[3] or m[4]))
+        or (m[4] is not None and int(m[4]) == 0)
+        or (m[5] is not None and not 0 < int(m[5]) <= int(m[4]))
     ):
         raise InvalidArgument(
             f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]; "
-            "an entropy-coded one may add p<coefficients> (each head's first ones predicted from the previous layer), e.g. 'e2p32', "
+            "an entropy-coded one may add j (one rotation per layer across its heads and kinds), e.g. 'e1.2j', "
+            "p<coefficients> (each head's first ones, or with j the layer's, predicted from the previous layer), e.g. 'e2p32', "
             "and then i<inputs> (predicted from only the previous layer's first ones, at most p<coefficients>), e.g. 'e2p64i32'"
         )
     return float(m[2])
@@ -75,7 +77,14 @@ def predicted_coefficients(preset: str) -> int:
     the previous layer's (0: none)."""
     preset_bits(preset)  # the grammar
     m = _PRESET.match(preset.strip())
-    return int(m[3]) if m and m[3] else 0
+    return int(m[4]) if m and m[4] else 0
+
+
+def is_joint(preset: str) -> bool:
+    """Whether an ``e<bits>j…`` preset rotates each layer's keys and values, all heads, together."""
+    preset_bits(preset)  # the grammar
+    m = _PRESET.match(preset.strip())
+    return bool(m and m[3])
 
 
 def prediction_inputs(preset: str) -> int:
@@ -83,7 +92,14 @@ def prediction_inputs(preset: str) -> int:
     preset predicts from: ``inputs``, or without ``i`` as many as it predicts (0: no prediction)."""
     predicted = predicted_coefficients(preset)
     m = _PRESET.match(preset.strip())
-    return int(m[4]) if m and m[4] else predicted
+    return int(m[5]) if m and m[5] else predicted
+
+
+def fisher_weights(fisher: np.ndarray) -> np.ndarray:
+    """Each dimension's scale, the square root of its diagonal Fisher information (floored), so
+    that squared error in the scaled space is the model's loss to second order."""
+    f = np.asarray(fisher, np.float64)
+    return np.sqrt(f + 1e-6 * max(float(f.mean()), 1e-30)).astype(np.float32)
 
 
 def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -91,8 +107,7 @@ def fisher_pca(vectors: np.ndarray, fisher: np.ndarray) -> tuple[np.ndarray, np.
     and their diagonal Fisher information ``[layers, heads, dim]``: (``centre`` and ``weights``
     ``[layers, heads, dim]``, ``basis`` ``[layers, heads, dim, dim]`` with columns by falling
     variance, the calibration coefficients ``[layers, heads, dim, n]``)."""
-    f = np.asarray(fisher, np.float64)
-    w = np.sqrt(f + 1e-6 * max(float(f.mean()), 1e-30)).astype(np.float32)
+    w = fisher_weights(fisher)
     x = np.asarray(vectors, np.float32) * w[:, :, None]
     mu = x.mean(2)
     xc = x - mu[:, :, None]

@@ -295,6 +295,38 @@ def test_entropy_coded_codebooks_predicting_from_fewer_inputs_are_version_3_and_
         np.testing.assert_allclose(v, values[layer], rtol=0, atol=1e-5 * float(np.abs(values).max()))
 
 
+def test_joint_entropy_coded_codebooks_are_version_4_and_decode_the_golden_payload_with_their_rotation():
+    from kvdb.codecs import entropy_coded
+
+    blob = (GOLDEN / "entropy_coded" / "joint_codebooks.bin").read_bytes()
+    read = code_layout.read_codebooks(blob)
+    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_joint_codebooks().to_bytes()
+    assert int.from_bytes(blob[8:12], "little") == 4 and read.joint and read.predicted == 2 and read.prediction_inputs == 1
+    streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
+    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)  # the integers are laid out as any set's: a layer's rows in order
+    rows = 2 * golden.HEADS * golden.DIM
+    q = np.stack(codes, 1).reshape(golden.LAYERS, rows, golden.SEQ)
+    # docs/formats.md: y = recon[class][q + 127] (an escape: q * step); layer 1's first 2 rows gain predictor[1] @ layer 0's first row;
+    # x (kind > head > dim) = y @ basis^-1 / weights + centre, the basis a signed permutation here (its inverse its transpose)
+    classes = np.broadcast_to(read.classes[entropy_coded.JOINT][..., None], q.shape)
+    symbol = np.clip(q.astype(np.int64) + 127, 0, 254)
+    coded = (np.abs(q) <= 127) & (read.freqs[classes, symbol] > 0)  # else an escape: q * step
+    y = np.where(coded, read.recon[classes, symbol], q * read.step).astype(np.float64)
+    y[1, :2] += read.predictor[1] @ y[0, :1]
+    weights = np.concatenate([read.weights[kind].reshape(golden.LAYERS, -1) for kind in entropy_coded.KINDS], 1)
+    centre = np.concatenate([read.centre[kind].reshape(golden.LAYERS, -1) for kind in entropy_coded.KINDS], 1)
+    x = (np.matmul(y.swapaxes(1, 2), read.basis[entropy_coded.JOINT].swapaxes(1, 2)) / weights[:, None] + centre[:, None]).reshape(
+        golden.LAYERS, golden.SEQ, 2, golden.HEADS, golden.DIM
+    )
+    keys, values = read.decode(codes)
+    scale = 1e-6 * float(np.abs(x).max())  # float32 of values up to 32767 steps (escapes)
+    np.testing.assert_allclose(keys, x[:, :, 0].transpose(0, 2, 1, 3), rtol=0, atol=scale)
+    np.testing.assert_allclose(values, x[:, :, 1].transpose(0, 2, 1, 3), rtol=0, atol=scale)
+    for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
+        np.testing.assert_allclose(k, keys[layer], rtol=0, atol=scale)
+        np.testing.assert_allclose(v, values[layer], rtol=0, atol=scale)
+
+
 def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_from_them():
     assert_golden(golden.transform_files())
     read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
