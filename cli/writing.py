@@ -50,7 +50,8 @@ def formats_command(example, as_json):
     show_default=True,
     help="How finely tier K (--keep ...,kv) is coded: faithful, balanced or compact (each a spec per model; "
     "`kvdb restore` auto takes tier K only for one measured within --max-loss), or a spec: e3 (entropy coded, 3 bits "
-    "per element on average; e1.35p64 also predicts each layer from the one before), t3 (transform coded at fixed rates) or k4v3 (residual VQ, 4 key and 3 value stages).",
+    "per element on average; e1.35p64 also predicts each head's first 64 coefficients from the previous layer; e0.9jp384 rotates a layer's "
+    "keys and values, all heads, together and predicts all 384), t3 (transform coded at fixed rates) or k4v3 (residual VQ, 4 key and 3 value stages).",
 )
 @click.option(
     "--workers",

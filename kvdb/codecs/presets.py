@@ -41,11 +41,12 @@ UNMEASURED = {"faithful": "k8v6", "balanced": "k6v4", "compact": DEFAULT_PRESET}
 # (kvdb.codecs.fidelity), so changing a spec here is the whole change.
 MEASURED_PRESETS = {
     # SmolLM2-135M-Instruct, the embedded model: faithful and balanced are entropy coded with each
-    # layer predicted from the one before (decisions 0041 and 0042; e3 and e2 before them), compact
-    # the residual-VQ preset of decision 0028 (40.2x)
+    # layer predicted from the one before (decisions 0041 and 0042; e3 and e2 before them), balanced
+    # with one rotation per layer (decision 0043; e1.35p64 before it), compact the residual-VQ
+    # preset of decision 0028 (40.2x)
     "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": {
         "faithful": "e2.2p64",
-        "balanced": "e1.35p64",
+        "balanced": "e0.9jp384",
         "compact": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
     },
 }
