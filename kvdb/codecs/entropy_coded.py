@@ -209,9 +209,10 @@ class EntropyCodebooks:
         """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s integers."""
         classes = np.stack([self.row_classes(layer) for layer in range(self.layers)])
         y = self.values_of(classes[..., None], np.stack(codes, axis=1).reshape(self.layers, self.rows, -1))
-        rows, inputs = self.predicted_rows(), self.input_rows()
-        for layer in range(1, self.layers if self.predicted else 1):
-            y[layer, rows] += self.predictor[layer] @ y[layer - 1, inputs]
+        if self.predicted:
+            rows, inputs = self.predicted_rows(), self.input_rows()
+            for layer in range(1, self.layers):
+                y[layer, rows] += self.predictor[layer] @ y[layer - 1, inputs]
         if self.joint:
             x = (np.matmul(y.swapaxes(1, 2), self.joint_decoder()) + self._joint_centre()[:, None]).reshape(self.layers, -1, 2, self.heads, self.dim)
             return x[:, :, 0].transpose(0, 2, 1, 3), x[:, :, 1].transpose(0, 2, 1, 3)
@@ -348,6 +349,17 @@ class EntropyCodebooks:
 
     def to_bytes(self) -> bytes:
         """``MAGIC | u32 version | u32 header length | JSON header | payload | u32 CRC32`` (docs/formats.md)."""
+        version = 4 if self.joint else 1 if not self.predicted else 2 if self.prediction_inputs == self.predicted else 3
+        order = [f"per kind (k, v): centre [L,H,D], weights [L,H,D]{'' if self.joint else ', basis [L,H,D,D]'}, little-endian float32"]
+        if self.joint:
+            order.append("basis [L,R,R] float16, R = 2 H D")
+        order.append("freqs [C,256] u16, recon [C,256] float32")
+        if self.predicted:
+            order.append(
+                {2: "predictor [L,P,P] float16, P = 2 H predicted", 3: "predictor [L,P,Q] float16, P = 2 H predicted, Q = 2 H inputs"}.get(
+                    version, "predictor [L,P,Q] float16"
+                )
+            )
         header: dict[str, Any] = {
             "format": "kvdb-entropy-coded",
             "layers": self.layers,
@@ -358,28 +370,19 @@ class EntropyCodebooks:
             "step": self.step,
             "rounding": self.rounding,
             "classes": {kind: self.classes[kind].tolist() for kind in self.classes},
-            "order": "per kind (k, v): centre [L,H,D], weights [L,H,D], basis [L,H,D,D], little-endian float32; then freqs [C,256] u16, recon [C,256] float32",
+            "order": "; then ".join(order),
             "meta": self.meta,
         }
-        version = 1
         if self.predicted:
-            version = 2 if self.prediction_inputs == self.predicted else 3
             header["predicted"] = self.predicted
-            header["order"] += "; then predictor [L,P,P] float16, P = 2 H predicted"
-        if version == 3:
+        if version >= 3:
             header["inputs"] = self.prediction_inputs
-            header["order"] = header["order"].replace("[L,P,P] float16, P = 2 H predicted", "[L,P,Q] float16, P = 2 H predicted, Q = 2 H inputs")
         if self.joint:
-            version = 4
-            header.update(joint=True, classes={JOINT: self.classes[JOINT].tolist()}, inputs=self.prediction_inputs)
-            header["order"] = (
-                "per kind (k, v): centre [L,H,D], weights [L,H,D], little-endian float32; then basis [L,R,R] float16, R = 2 H D; "
-                "then freqs [C,256] u16, recon [C,256] float32" + ("; then predictor [L,P,Q] float16" if self.predicted else "")
-            )
-            parts = [np.ascontiguousarray(a, dtype="<f4").tobytes() for kind in KINDS for a in (self.centre[kind], self.weights[kind])]
+            header["joint"] = True
+        per_kind = (self.centre, self.weights) if self.joint else (self.centre, self.weights, self.basis)
+        parts = [np.ascontiguousarray(a[kind], dtype="<f4").tobytes() for kind in KINDS for a in per_kind]
+        if self.joint:
             parts.append(np.ascontiguousarray(self.basis[JOINT], dtype="<f2").tobytes())  # trained as float16 values: no loss
-        else:
-            parts = [np.ascontiguousarray(a, dtype="<f4").tobytes() for kind in KINDS for a in (self.centre[kind], self.weights[kind], self.basis[kind])]
         parts += [np.ascontiguousarray(self.freqs, dtype="<u2").tobytes(), np.ascontiguousarray(self.recon, dtype="<f4").tobytes()]
         if self.predicted:
             parts.append(np.ascontiguousarray(self.predictor, dtype="<f2").tobytes())  # trained as float16 values: no loss
@@ -462,18 +465,28 @@ def closed_loop(
     is left holding what was coded: the coefficients less their predictions."""
     if not len(rows):
         return quantize(y, step, rounding)
+    index = _as_slice(rows)
     q, decoded = np.empty(y.shape, np.int16), None
     for layer in range(len(y)):
         prediction = None if decoded is None else predictor[layer] @ decoded
         if prediction is not None:
-            y[layer, rows] -= prediction
+            y[layer, index] -= prediction
         q[layer] = quantize(y[layer], step, rounding)
-        decoded = value_of(layer, q[layer, rows])
+        decoded = value_of(layer, q[layer, index])
         if prediction is not None:
             decoded += prediction
         if fed is not None:
             decoded = decoded[fed]
     return q
+
+
+def _as_slice(rows: np.ndarray) -> slice | np.ndarray:
+    """``rows`` as a slice where they are one run (every row of a ``p64`` set of 64-dimensional
+    heads, or a joint set's first rows), so that indexing with them is a view, not a copy of the
+    layer; else as they are."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows) and bool((np.diff(rows) == 1).all()):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
 
 
 # -- training ----------------------------------------------------------------------------------

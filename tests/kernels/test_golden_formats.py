@@ -240,54 +240,34 @@ def test_entropy_coded_codebooks_and_payload_encode_to_the_golden_bytes_and_deco
         np.testing.assert_allclose(v, values[layer], rtol=0, atol=scale)
 
 
-def test_predicted_entropy_coded_codebooks_are_version_2_and_decode_the_golden_payload_with_their_prediction():
+@pytest.mark.parametrize(
+    "name, version, inputs",
+    [("predicted_codebooks", 2, 2), ("predicted_from_fewer_codebooks", 3, 1)],
+    ids=["version 2: as many inputs as predicted", "version 3: fewer inputs"],
+)
+def test_predicted_entropy_coded_codebooks_decode_the_golden_payload_with_their_prediction(name, version, inputs):
     from kvdb.codecs import entropy_coded
 
-    blob = (GOLDEN / "entropy_coded" / "predicted_codebooks.bin").read_bytes()
+    blob = (GOLDEN / "entropy_coded" / f"{name}.bin").read_bytes()
     read = code_layout.read_codebooks(blob)
-    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_predicted_codebooks().to_bytes()
-    assert int.from_bytes(blob[8:12], "little") == 2 and read.predicted == 2
+    made = {2: golden.entropy_coded_predicted_codebooks, 3: golden.entropy_coded_predicted_from_fewer_codebooks}[version]()
+    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == made.to_bytes()
+    assert int.from_bytes(blob[8:12], "little") == version and read.predicted == 2 and read.prediction_inputs == inputs
     plain = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
     streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
     codes = code_layout.codes_from_streams(read, streams, golden.SEQ)  # the integers are laid out as without prediction
-    # docs/formats.md: layer 1's predicted rows (kind > head > each head's first 2 coefficients) gain predictor[1] @ layer 0's, decoded
+    # docs/formats.md: layer 1's predicted rows (kind > head > each head's first 2 coefficients) gain
+    # predictor[1] @ layer 0's input rows (each head's first `inputs`), decoded
     coefficients = {}
-    for name, books in (("plain", plain), ("predicted", read)):
+    for key, books in (("plain", plain), ("predicted", read)):
         keys, values = books.decode(codes)
-        coefficients[name] = np.stack(
+        coefficients[key] = np.stack(
             [np.einsum("lhnd,lhde->lhen", x - books.centre[kind][:, :, None], books.encoder(kind)) for kind, x in zip(entropy_coded.KINDS, (keys, values))], 1
         ).reshape(golden.LAYERS, -1, golden.SEQ)
     rows = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(2)).reshape(-1)
+    fed = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(inputs)).reshape(-1)
     expected = coefficients["plain"].copy()
-    expected[1, rows] += read.predictor[1] @ coefficients["plain"][0, rows]
-    np.testing.assert_allclose(coefficients["predicted"], expected, rtol=0, atol=1e-3 * float(np.abs(expected).max()))
-    keys, values = read.decode(codes)
-    for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
-        np.testing.assert_allclose(k, keys[layer], rtol=0, atol=1e-5 * float(np.abs(keys).max()))
-        np.testing.assert_allclose(v, values[layer], rtol=0, atol=1e-5 * float(np.abs(values).max()))
-
-
-def test_entropy_coded_codebooks_predicting_from_fewer_inputs_are_version_3_and_decode_the_golden_payload():
-    from kvdb.codecs import entropy_coded
-
-    blob = (GOLDEN / "entropy_coded" / "predicted_from_fewer_codebooks.bin").read_bytes()
-    read = code_layout.read_codebooks(blob)
-    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_predicted_from_fewer_codebooks().to_bytes()
-    assert int.from_bytes(blob[8:12], "little") == 3 and read.predicted == 2 and read.prediction_inputs == 1
-    plain = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
-    streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
-    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
-    # docs/formats.md: layer 1's predicted rows (each head's first 2) gain predictor[1] @ layer 0's input rows (each head's first 1), decoded
-    coefficients = {}
-    for name, books in (("plain", plain), ("predicted", read)):
-        keys, values = books.decode(codes)
-        coefficients[name] = np.stack(
-            [np.einsum("lhnd,lhde->lhen", x - books.centre[kind][:, :, None], books.encoder(kind)) for kind, x in zip(entropy_coded.KINDS, (keys, values))], 1
-        ).reshape(golden.LAYERS, -1, golden.SEQ)
-    rows = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(2)).reshape(-1)
-    inputs = np.arange(2 * golden.HEADS) * golden.DIM
-    expected = coefficients["plain"].copy()
-    expected[1, rows] += read.predictor[1] @ coefficients["plain"][0, inputs]
+    expected[1, rows] += read.predictor[1] @ coefficients["plain"][0, fed]
     np.testing.assert_allclose(coefficients["predicted"], expected, rtol=0, atol=1e-3 * float(np.abs(expected).max()))
     keys, values = read.decode(codes)
     for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
