@@ -42,6 +42,7 @@ from report import describe, publish  # noqa: E402
 
 from kvdb.codecs import code_layout as CL  # noqa: E402
 from kvdb.codecs import presets as P  # noqa: E402
+from kvdb.codecs import transform  # noqa: E402
 from kvdb.model import capture as C  # noqa: E402
 from kvdb.model import loading as M  # noqa: E402
 from kvdb.model import tokenizer as T  # noqa: E402
@@ -246,7 +247,7 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
     for ax, n in zip(np.atleast_1d(axes), lengths):
         for name, spec, source, bpt, _, figures in rows:
             ax.scatter(fp16 / bpt[n], figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
-                       label=f"{name} {spec if len(spec) <= 8 else '(residual VQ)'} ({source})")
+                       label=f"{name} {spec if transform.is_transform_preset(spec) else '(residual VQ)'} ({source})")
         if peer:
             ax.scatter(peer_ratio, peer[n]["kl"], color="black", marker="^", s=50, label="quanto 4-bit (peer)")
         for name, _, kl, _, ratio in TARGETS:
