@@ -92,7 +92,7 @@ def main() -> None:
         *[
             f"| {cut} | {nbytes / 1e6:.0f} | {floor:.3f} | {t['exact']:.3f} | {t['stored']:.3f} | {t['exact'] / t['stored']:.1f}x | "
             f"{t['recompute']:.3f} | {t['exact'] / t['recompute']:.1f}x | "
-            f"{f['stored']['top1_agreement']:.3f} / {f['stored']['ppl_ratio']:.4f} | {f['recompute']['top1_agreement']:.3f} / {f['recompute']['ppl_ratio']:.4f} |"
+            f"{f['stored'].top1_agreement:.3f} / {f['stored'].ppl_ratio:.4f} | {f['recompute'].top1_agreement:.3f} / {f['recompute'].ppl_ratio:.4f} |"
             for cut, t, f, nbytes, floor in rows
         ],
     ]
