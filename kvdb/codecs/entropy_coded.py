@@ -205,10 +205,9 @@ class EntropyCodebooks:
         for layer in range(self.layers):
             if self.joint:  # each head's dims are a block of the encoder's rows; the products add up
                 encoder = self.joint_encoder()[layer].reshape(len(blocks), self.dim, self.rows)
-                out = y[layer]
+                y[layer] = 0
                 for b, (i, kind, head) in enumerate(blocks):
-                    term = encoder[b].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
-                    out[...] = term if b == 0 else out + term
+                    y[layer] += encoder[b].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
             else:
                 for b, (i, kind, head) in enumerate(blocks):
                     y[layer, b * self.dim : (b + 1) * self.dim] = self.encoder(kind)[layer, head].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
@@ -561,10 +560,9 @@ def train(
     layers, heads, n, dim = vectors["k"].shape
     if n < 2:
         raise InvalidArgument(f"training entropy-coded codebooks needs at least 2 calibration positions, got {n}")
-    if predicted > (2 * heads * dim if joint else dim):
-        raise InvalidArgument(
-            f"preset {preset!r} predicts {predicted} coefficients {'per layer' if joint else 'per head'}, but {'layers' if joint else 'heads'} have {2 * heads * dim if joint else dim}"
-        )
+    limit, unit = (2 * heads * dim, "layer") if joint else (dim, "head")
+    if predicted > limit:
+        raise InvalidArgument(f"preset {preset!r} predicts {predicted} coefficients per {unit}, but {unit}s have {limit}")
     if joint:
         centre, weights, basis, y = _joint_pca(vectors, fisher)
     else:
@@ -641,8 +639,8 @@ def _joint_pca(vectors: dict[str, np.ndarray], fisher: dict[str, np.ndarray]) ->
     layers, _, heads, n, dim = x.shape
     mu = x.mean(3)
     flat = (x - mu[:, :, :, None]).transpose(0, 3, 1, 2, 4).reshape(layers, n, 2 * heads * dim)
-    wide = flat.astype(np.float64)
-    _, vecs = np.linalg.eigh(np.matmul(wide.swapaxes(1, 2), wide) / n)
+    gram = np.stack([wide.T @ wide for wide in (flat[layer].astype(np.float64) for layer in range(layers))])  # a layer at a time in float64
+    _, vecs = np.linalg.eigh(gram / n)
     basis = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float16).astype(np.float32)  # stored as float16 (half the bytes), so coded with those values
     centre = {kind: mu[:, i] / weights[kind] for i, kind in enumerate(KINDS)}
     return centre, weights, {JOINT: basis}, np.ascontiguousarray(np.matmul(flat, basis).swapaxes(1, 2))

@@ -88,8 +88,9 @@ def is_joint(preset: str) -> bool:
 
 
 def prediction_inputs(preset: str) -> int:
-    """How many of each head's leading coefficients of the previous layer an ``e<bits>p<count>i<inputs>``
-    preset predicts from: ``inputs``, or without ``i`` as many as it predicts (0: no prediction)."""
+    """How many leading coefficients of the previous layer (each head's, or with ``j`` the layer's) an
+    ``e<bits>p<count>i<inputs>`` preset predicts from: ``inputs``, or without ``i`` as many as it
+    predicts (0: no prediction)."""
     predicted = predicted_coefficients(preset)
     m = _PRESET.match(preset.strip())
     return int(m[5]) if m and m[5] else predicted
