@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import torch
 
 from kvdb.codecs import code_layout, entropy_coded, fidelity, presets, quant, transform
 from kvdb.codecs.code_layout import KVCodebooks
@@ -146,7 +147,7 @@ class TierK:
         codebook_id, books = self.codebooks(loaded.identity.model_id, codebook_id)
         keys, values = capture.cache_arrays(cache, start, end)
         if books.pre_rope:
-            keys = capture.apply_rope(loaded.model, keys, start, inverse=True)
+            capture.rotator(loaded.model, start, keys.shape[2], inverse=True)(torch.from_numpy(keys))
         return codebook_id, code_layout.code_streams(books, code_layout.encode(books, keys, values))
 
     def cut(self, node: NodeRow, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
