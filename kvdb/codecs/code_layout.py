@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvdb.codecs import entropy_coded, quant, transform
+from kvdb.codecs import entropy_coded, entropy_training, quant, transform
 from kvdb.codecs.quant import KINDS, Codebooks
 from kvdb.errors import CorruptData, InvalidArgument
 
@@ -19,15 +19,23 @@ KVCodebooks = Codebooks | transform.TransformCodebooks | entropy_coded.EntropyCo
 
 
 def read_codebooks(blob: bytes) -> KVCodebooks:
-    """Codebooks of either coder, by their magic."""
+    """Codebooks of any coder, by their magic. A blob whose CRC holds but whose header lacks a
+    field, or gives one of the wrong type or shape, was written wrongly: it is corrupt data too,
+    not a KeyError for the user to decipher."""
     head = bytes(blob[:8])
-    if head == transform.MAGIC:
-        return transform.TransformCodebooks.from_bytes(blob)
-    if head == entropy_coded.MAGIC:
-        return entropy_coded.EntropyCodebooks.from_bytes(blob)
-    if head == quant.MAGIC:
-        return Codebooks.from_bytes(blob)
-    raise CorruptData("not a kvdb codebook blob (bad magic)")
+    readers: dict[bytes, type[KVCodebooks]] = {
+        transform.MAGIC: transform.TransformCodebooks,
+        entropy_coded.MAGIC: entropy_coded.EntropyCodebooks,
+        quant.MAGIC: Codebooks,
+    }
+    if head not in readers:
+        raise CorruptData("not a kvdb codebook blob (bad magic)")
+    try:
+        return readers[head].from_bytes(blob)
+    except KeyError as missing:
+        raise CorruptData(f"codebook blob's header has no {missing} field; the blob was written wrongly: train or build the codebooks again") from None
+    except (TypeError, ValueError, AttributeError) as bad:
+        raise CorruptData(f"codebook blob's header does not describe its arrays ({bad}); train or build the codebooks again") from None
 
 
 def train(
@@ -46,7 +54,7 @@ def train(
         if fisher is None:
             raise InvalidArgument(f"transform preset {preset!r} needs the Fisher information of its calibration vectors")
         if transform.is_entropy_coded(preset):
-            return entropy_coded.train(vectors, fisher, preset, pre_rope=True, meta=meta)
+            return entropy_training.train(vectors, fisher, preset, pre_rope=True, meta=meta)
         return transform.train(vectors, fisher, preset, pre_rope=True, meta=meta)
     return quant.train(vectors, preset, pre_rope=True, niter=niter, meta=meta, progress=progress, threads=threads)
 

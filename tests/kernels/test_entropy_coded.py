@@ -10,6 +10,7 @@ import pytest
 
 from kvdb.codecs import code_layout as CL
 from kvdb.codecs import entropy_coded as EC
+from kvdb.codecs import entropy_training as ET
 from kvdb.codecs import presets as P
 from kvdb.errors import CorruptData, InvalidArgument
 
@@ -26,7 +27,7 @@ def _fisher(layers=2, heads=2, dim=8):
 
 
 def _train(preset="e3", fisher=None):
-    return EC.train({"k": _vectors(seed=1), "v": _vectors(seed=2)}, fisher or _fisher(), preset)
+    return ET.train({"k": _vectors(seed=1), "v": _vectors(seed=2)}, fisher or _fisher(), preset)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def _layered(n, seed, layers=4, heads=2, dim=8):
 
 def _train_layered(preset):
     fisher = {kind: np.ones((4, 2, 8)) for kind in EC.KINDS}
-    return EC.train({"k": _layered(700, 1), "v": _layered(700, 2)}, fisher, preset)
+    return ET.train({"k": _layered(700, 1), "v": _layered(700, 2)}, fisher, preset)
 
 
 @pytest.fixture(scope="module", params=["e3p4", "e3p4i2", "e3jp16i8"])
@@ -230,7 +231,7 @@ def test_one_rotation_per_layer_codes_heads_that_share_at_a_fraction_of_the_erro
     calibration, held = _shared(1500, 1), _shared(400, 2)
     errors, bits = [], []
     for preset in ("e2", "e2j"):
-        books = EC.train(dict(zip(EC.KINDS, calibration)), fisher, preset)
+        books = ET.train(dict(zip(EC.KINDS, calibration)), fisher, preset)
         assert books.joint == (preset == "e2j") and books.basis[EC.JOINT if books.joint else "k"].shape == ((2, 32, 32) if books.joint else (2, 2, 8, 8))
         k, v = books.decode(books.encode(*held))
         errors.append(float(((k - held[0]) ** 2).mean() + ((v - held[1]) ** 2).mean()))

@@ -428,3 +428,25 @@ def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget, files, ke
     assert held == keys.shape[2]
     for ours, theirs in zip(capture.cache_arrays(cache), (keys, values), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+# -- codebook headers that do not describe their arrays ------------------------------------
+
+
+@pytest.mark.parametrize("name", ["quant/codebooks_v2.bin", "transform/codebooks.bin", "entropy_coded/joint_codebooks.bin"])
+@pytest.mark.parametrize("damage", ["a field gone", "a field of the wrong type"])
+def test_a_codebook_header_that_passes_its_crc_but_lacks_a_field_is_corrupt_data(name, damage):
+    """Written wrongly, not damaged in transit: the CRC holds, so only the header's reading can tell."""
+    from kvdb.codecs import framing
+    from kvdb.errors import CorruptData
+
+    blob = (GOLDEN / name).read_bytes()
+    magic, version, length = struct.unpack_from("<8sII", blob)
+    header = json.loads(blob[16 : 16 + length])
+    if damage == "a field gone":
+        del header["layers"]
+    else:
+        header["dim"] = "four"
+    reframed = framing.frame(magic, version, header, [blob[16 + length : -4]])
+    with pytest.raises(CorruptData, match="codebook blob's header"):
+        code_layout.read_codebooks(reframed)
