@@ -13,8 +13,8 @@ The protocol is kv.py's: trained codebooks calibrated on the first 8 x 1,024 tok
 loss over those contexts); held-out contexts at kv.py's offsets (4 of 1,024 tokens, 2 of each
 longer length; one that shares an 80-character span with the shipped calibration text moves on
 by a quarter of its length until it shares none), each followed by 128 teacher-forced tokens through each preset's default restore path
-(``presets.restore_window``: the window stored for an entropy-coded preset, recomputed for the
-others), against the exact prefill cache. ppl ratio = exp(mean
+(``presets.restore_window``: the window stored for an entropy-coded preset of half a bit per
+element or more, recomputed for the others), against the exact prefill cache. ppl ratio = exp(mean
 NLL restored - mean NLL exact), pooled; KL = mean KL divergence of the next-token distributions
 from the exact cache's (restored through the same path), nats per token; top-1 = agreement of the
 argmax with the exact cache's. Ratio vs fp16 at each length, all-inclusive: fp16's bytes over the
@@ -193,7 +193,7 @@ def main() -> None:
             f"fp16 = {fp16:,} B/token. Trained codebooks: the first 8,192 tokens of `corpus.real_text` (capture and Fisher information "
             f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
             + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
-            + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
+            + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset of half a bit per element or more, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
     lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
              "| preset | spec | codebooks | codebooks MB | build s | "
              + " | ".join(f"ratio @{n:,} | ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
@@ -214,7 +214,7 @@ def main() -> None:
     lines += ["", "Restore work with the shipped codebooks, one context per length (1 torch thread): an exact prefill, the decode of every "
               "layer straight from the code streams (`code_layout.decode_streams`; an entropy-coded preset decodes the next layer's "
               "integers on a second thread), and the cache built from decoded arrays (`capture.restore_layers`, which a restore adds to "
-              "the decode) with the window recomputed (the default of a residual-VQ preset) or stored (no forward pass, exact sinks given: the default of an entropy-coded one). "
+              "the decode) with the window recomputed (the default of a residual-VQ preset, and of an entropy-coded one under half a bit per element) or stored (no forward pass, exact sinks given: the default of the other entropy-coded ones). "
               "Timed under this run's own load; the exact prefill of one context at its length.", "",
               "| preset | tokens | exact prefill s | decode s | speed-up (decode only) | cache, window recomputed s | speed-up (recomputed) | cache, window stored s | speed-up (stored) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -35,19 +35,21 @@ DEFAULT_NAME = "balanced"
 # deeper codes for the other names.
 DEFAULT_PRESET = "k4v3"
 UNMEASURED = {"faithful": "k8v6", "balanced": "k6v4", "compact": DEFAULT_PRESET}
+# Entropy-coded presets below this many bits per element restore with the window recomputed (restore_window).
+STORED_WINDOW_BITS = 0.5
 # Presets measured on one model's weights (by their hash): deeper key codes for its copy heads,
 # fewer where keys barely matter (benchmarks/kv_ideas.py, decisions 0027 and 0028). The heads
 # are that model's, so no other model gets them. A name's figures are looked up by its spec
 # (kvdb.codecs.fidelity), so changing a spec here is the whole change.
 MEASURED_PRESETS = {
-    # SmolLM2-135M-Instruct, the embedded model: faithful and balanced are entropy coded with each
-    # layer predicted from the one before (decisions 0041 and 0042; e3 and e2 before them), balanced
-    # with one rotation per layer (decision 0043; e1.35p64 before it), compact the residual-VQ
-    # preset of decision 0028 (40.2x)
+    # SmolLM2-135M-Instruct, the embedded model: every name entropy coded with each layer predicted
+    # from the one before (decisions 0041 and 0042; e3 and e2 before them), balanced and compact
+    # with one rotation per layer (decision 0043; balanced was e1.35p64, compact the residual-VQ
+    # k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1 of decision 0028 until decision 0044)
     "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": {
         "faithful": "e2.2p64",
         "balanced": "e0.9jp384",
-        "compact": "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1",
+        "compact": "e0.28jp384",
     },
 }
 
@@ -89,11 +91,14 @@ def name_of(spec: str, weights_hash: str) -> str | None:
 
 def restore_window(spec: str) -> str:
     """How a restore of a preset makes its exact window unless told: with no forward pass
-    (``stored``) for an entropy-coded preset, whose restored positions are close enough that
-    recomputing the last 32 buys little (SmolLM2 ``e3``, KL 0.0030 stored against 0.0028 recomputed
-    at 8,000 tokens, decision 0041) at the cost of a forward pass over them; ``recompute`` for the
-    others, whose errors the recomputed window hides from the next tokens (decision 0022)."""
-    return "stored" if transform.is_entropy_coded(spec) else "recompute"
+    (``stored``) for an entropy-coded preset of ``STORED_WINDOW_BITS`` or more, whose restored
+    positions are close enough that recomputing the last 32 buys little (SmolLM2 ``e3``, KL 0.0030
+    stored against 0.0028 recomputed at 8,000 tokens, decision 0041) at the cost of a forward pass
+    over them; ``recompute`` for the others, whose errors the recomputed window hides from the next
+    tokens (decision 0022; SmolLM2 ``e0.32jp384``, KL 0.211 and 0.298 stored against 0.167 and
+    0.253 recomputed at 1,024 and 8,000 tokens, decision 0044)."""
+    stored = transform.is_entropy_coded(spec) and transform.preset_bits(spec) >= STORED_WINDOW_BITS
+    return "stored" if stored else "recompute"
 
 
 def key_sharpening(weights_hash: str, spec: str = "") -> float:

@@ -34,11 +34,19 @@ def test_per_head_presets():
         P.allocation("k2v1+k3x16@1.1", 3, 2)
 
 
+# SmolLM2's compact preset of decision 0028 (0044 replaced it), whose archives still decode
+MEASURED_RVQ = "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1"
+
+
 def test_the_measured_compact_preset_is_the_embedded_models_alone():
-    """A preset whose layers were measured on one model's weights goes to that model only."""
+    """A preset measured on one model's weights goes to that model only."""
     [(weights, named)] = P.MEASURED_PRESETS.items()
-    preset = named["compact"]
-    assert P.resolve("compact", weights) == preset != P.resolve("compact", "0" * 64) == P.DEFAULT_PRESET
+    assert P.resolve("compact", weights) == named["compact"] != P.resolve("compact", "0" * 64) == P.DEFAULT_PRESET
+
+
+def test_a_spec_deepens_the_heads_it_names():
+    """Decision 0028's layers and heads: each named one gets its stages, the rest the base's."""
+    preset = MEASURED_RVQ
     alloc = P.allocation(preset, 30, 3)
     assert [len(s) for s in alloc["k"]] == [2] * 6 + [3, 12] + [3] * 10 + [16, 3, 12, 3, 3, 12] + [3] * 6
     assert [len(s) for s in alloc["v"]] == [2] * 2 + [3] * 28
@@ -69,3 +77,19 @@ def test_key_sharpening_is_the_embedded_models_alone():
     [(weights, factor)] = P.MEASURED_KEY_SHARPENING.items()
     assert weights in P.MEASURED_PRESETS and P.key_sharpening(weights) == factor > 1.0
     assert P.key_sharpening("0" * 64) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "window"),
+    [
+        ("e3", "stored"),
+        ("e0.9jp384", "stored"),
+        ("e0.5p64", "stored"),
+        ("e0.28jp384", "recompute"),
+        ("t4", "recompute"),
+        ("k4v3", "recompute"),
+        (MEASURED_RVQ, "recompute"),
+    ],
+)
+def test_a_restore_stores_its_window_only_for_an_entropy_coded_preset_of_half_a_bit_or_more(spec, window):
+    assert P.restore_window(spec) == window
