@@ -339,16 +339,16 @@ class EntropyCodebooks:
         return rotate
 
     def _joint_rotation(self) -> Callable[[int, Any], tuple[Any, Any]]:
-        """As ``_head_rotation`` for a joint set's coefficients ``[1, R, used]``: the decoder's
-        columns taken a head at a time, so that each head's ``[used, dim]`` comes out contiguous."""
+        """As ``_head_rotation`` for a joint set's coefficients ``[1, R, used]``: one product of the
+        layer's ``[used, R]`` by its decoder with the centre added in it, then each head's
+        ``[used, dim]`` made contiguous (at 8,000 positions of SmolLM2, 34 ms a layer against 45 ms
+        for a batched product per head that comes out contiguous)."""
         import torch
 
-        blocks = 2 * self.heads
-        decoder = torch.from_numpy(np.ascontiguousarray(self.joint_decoder().reshape(self.layers, self.rows, blocks, self.dim).transpose(0, 2, 1, 3)))
-        centre = torch.from_numpy(self._joint_centre().reshape(self.layers, blocks, 1, self.dim))
+        decoder, centre = torch.from_numpy(self.joint_decoder()), torch.from_numpy(self._joint_centre())
 
         def rotate(layer: int, y):
-            out = torch.baddbmm(centre[layer], y[0].t().expand(blocks, -1, -1), decoder[layer])
+            out = torch.addmm(centre[layer], y[0].t(), decoder[layer]).view(-1, 2 * self.heads, self.dim).transpose(0, 1).contiguous()
             return out[: self.heads], out[self.heads :]
 
         return rotate
