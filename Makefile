@@ -52,8 +52,9 @@ test: install lint
 test-fast: install
 	$(PY) -m pytest -q -n 2 -m "not model and not slow"
 
+# benchmarks/ is checked (names, loop closures), not formatted.
 lint: install
-	$(VENV)/bin/ruff check kvdb cli server
+	$(VENV)/bin/ruff check kvdb cli server benchmarks
 	$(VENV)/bin/ruff format --check kvdb cli server
 	$(VENV)/bin/mypy
 

@@ -20,19 +20,20 @@ import sysconfig
 import time
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
-import zstandard  # noqa: E402
+import numpy as np
+import zstandard
 
-from kvdb.codecs import fractal  # noqa: E402
+from kvdb.codecs import fractal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import search_points  # noqa: E402
-from report import describe  # noqa: E402
+import search_points as points
+from report import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -172,8 +173,8 @@ def size_and_speed(streams: dict[str, tuple[np.ndarray, int]], runs: int) -> lis
             encoded = encode(symbols, alphabet)
             assert np.array_equal(decode(encoded, alphabet, symbols.size), symbols), codec
             slow = codec.startswith("lzma")
-            encode_s = median_seconds(lambda: encode(symbols, alphabet), 1 if slow else runs)
-            decode_s = median_seconds(lambda: decode(encoded, alphabet, symbols.size), 1 if slow else runs)
+            encode_s = median_seconds(partial(encode, symbols, alphabet), 1 if slow else runs)
+            decode_s = median_seconds(partial(decode, encoded, alphabet, symbols.size), 1 if slow else runs)
             lines.append(
                 f"| {name} | {alphabet} | {symbols.size:,} | {codec} | {size_of(encoded) / symbols.size:.4f} | "
                 f"{symbols.size / encode_s / 1e6:.1f} | {symbols.size / decode_s / 1e6:.1f} |"
@@ -220,11 +221,11 @@ def random_access(tokens: np.ndarray, lengths: list[int], samples: int, rng) -> 
         blobs = fractal.encode_blocks(symbols, VOCAB, block)
         packed = zstd_blocks(symbols, VOCAB, block)
 
-        def read_fractal(start: int) -> np.ndarray:
+        def read_fractal(start: int, blobs=blobs) -> np.ndarray:
             needed = fractal.blocks_for_range(start, start + window, block)
             return fractal.decode_range(blobs[needed.start : needed.stop], VOCAB, block, start, start + window)
 
-        def read_zstd(start: int) -> np.ndarray:
+        def read_zstd(start: int, packed=packed) -> np.ndarray:
             needed = range(start // block, -(-(start + window) // block))
             joined = b"".join(decompressor.decompress(packed[b]) for b in needed)
             offset = start - needed.start * block
@@ -241,7 +242,7 @@ def random_access(tokens: np.ndarray, lengths: list[int], samples: int, rng) -> 
             f"{np.median(theirs):.1f} | {size_of(blobs) / length:.4f} | {size_of(packed) / length:.4f} |"
         )
         print(lines[-1], flush=True)
-        del blobs, packed, symbols
+        del blobs, packed, symbols, read_fractal, read_zstd  # the next length's arrays need the memory
     return lines
 
 
@@ -250,14 +251,14 @@ def random_access(tokens: np.ndarray, lengths: list[int], samples: int, rng) -> 
 
 def relaxed_capacity(alphabet: int, dim: int, dtype) -> int:
     """Capacity if the walk only kept a gap (m = k + 1), giving up exact radius search."""
-    side = search_points.geometry(alphabet, dim).side
-    geo = search_points.Geometry(alphabet, dim, side, side + 1)
+    side = points.geometry(alphabet, dim).side
+    geo = points.Geometry(alphabet, dim, side, side + 1)
     unit = {np.float64: 2.0**-53, np.float32: 2.0**-24, np.float16: 2.0**-11}[dtype]
     rounding = 4 * math.sqrt(dim) * unit * max(geo.extent, 1.0)
     return 1 + int(math.log(geo.gap / 2 / rounding) / math.log(geo.contraction))
 
 
-def search_points(tokens: np.ndarray, runs: int) -> list[str]:
+def search_point_tables(tokens: np.ndarray, runs: int) -> list[str]:
     lines = [
         "Capacity = trailing symbols one point resolves *and* separates by `match_radius` "
         "(exact radius search); relaxed = capacity of the same grid with only a gap (m = k + 1). "
@@ -267,17 +268,17 @@ def search_points(tokens: np.ndarray, runs: int) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for alphabet in (256, 1024, VOCAB, fractal.MAX_ALPHABET):
-        default = search_points.geometry(alphabet).dim
+        default = points.geometry(alphabet).dim
         for dim in (1, 2, 4, 8, 16):
-            geo = search_points.geometry(alphabet, dim)
+            geo = points.geometry(alphabet, dim)
             caps = [geo.capacity(t) for t in (np.float64, np.float32, np.float16)]
             mark = "*" if dim == default else ""
             lines.append(
                 f"| {alphabet} | {dim}{mark} | {geo.side} | {geo.contraction} | {caps[0]} | {caps[1]} | {caps[2]} | "
                 f"{relaxed_capacity(alphabet, dim, np.float32)} | {4 * dim} |"
             )
-    seconds = median_seconds(lambda: search_points.walk(tokens, VOCAB), runs)
-    lines += ["", f"Dense walk of the real token stream (float32, d={search_points.geometry(VOCAB).dim}): "
+    seconds = median_seconds(lambda: points.walk(tokens, VOCAB), runs)
+    lines += ["", f"Dense walk of the real token stream (float32, d={points.geometry(VOCAB).dim}): "
               f"{tokens.size / seconds / 1e6:.1f} M points/s."]
     return lines
 
@@ -338,7 +339,7 @@ def main() -> None:
     sizes = size_and_speed(streams, runs)
     lengths = [10**e for e in range(3, 6 if args.quick else 9)]
     access = random_access(tokens, lengths, 300 if args.quick else 3000, rng)
-    search = search_points(tokens, runs)
+    search = search_point_tables(tokens, runs)
     variants = archive_variants()
 
     section = [

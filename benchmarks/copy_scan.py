@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kv_support as KS  # noqa: E402
-from corpus import real_text  # noqa: E402
-from report import describe, publish  # noqa: E402
+import kv_support as KS
+from corpus import real_text
+from report import describe, publish
 
-from kvdb.codecs import quant as Q  # noqa: E402
-from kvdb.model import capture as C  # noqa: E402
-from kvdb.model import loading as M  # noqa: E402
-from kvdb.model import tokenizer as tok  # noqa: E402
-from kvdb.services import shipped_codebooks as SH  # noqa: E402
+from kvdb.codecs import quant as Q
+from kvdb.model import capture as C
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as tok
+from kvdb.services import shipped_codebooks as SH
 
 PROBE = 128
 FIRST = 30_000
@@ -73,7 +73,7 @@ def main() -> None:
         logp_exact, _ = C.teacher_forced(model, M.prefill(model, context), probe)
         key_q, value_q = Q.decode(books, Q.encode(books, keys, values))
 
-        def ratio(k: np.ndarray, v: np.ndarray) -> float:
+        def ratio(k: np.ndarray, v: np.ndarray, context=context, probe=probe, logp_exact=logp_exact) -> float:
             logp, _ = C.teacher_forced(model, KS.restore_cache(model, context, k, v, pre_rope=True), probe)
             return float(np.exp(logp_exact.mean() - logp.mean()))
 

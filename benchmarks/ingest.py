@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import publish  # noqa: E402
+from corpus import real_text
+from report import publish
 
-import kvdb  # noqa: E402
-from kvdb.model import loading as lm_ops  # noqa: E402
-from kvdb.model import tokenizer as tok  # noqa: E402
+import kvdb
+from kvdb.model import loading as lm_ops
+from kvdb.model import tokenizer as tok
 
 LOAD = "import time; t = time.perf_counter(); from kvdb.model import loading; loading.load(); print(time.perf_counter() - t)"
 

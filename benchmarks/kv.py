@@ -33,17 +33,17 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kv_support as KS  # noqa: E402
-from corpus import real_text  # noqa: E402
-from report import describe  # noqa: E402
+import kv_support as KS
+from corpus import real_text
+from report import describe
 
-from kvdb.codecs import presets as P  # noqa: E402
-from kvdb.codecs import quant as Q  # noqa: E402
-from kvdb.model import capture as C  # noqa: E402
-from kvdb.model import loading as M  # noqa: E402
-from kvdb.model import tokenizer as T  # noqa: E402
-from kvdb.model.source import DEFAULT_MODEL  # noqa: E402
-from kvdb.services import shipped_codebooks as SH  # noqa: E402
+from kvdb.codecs import presets as P
+from kvdb.codecs import quant as Q
+from kvdb.model import capture as C
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as T
+from kvdb.model.source import DEFAULT_MODEL
+from kvdb.services import shipped_codebooks as SH
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 CTX = 1024
@@ -235,7 +235,7 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
         assert starts[-1] + n + CONT + 1 <= len(ids), f"corpus too short for {n_long} contexts of {n}"
         found = {}  # label -> (nll list, nll_exact list, agreement list)
 
-        def add(label, lp, am, lp_exact, am_exact):
+        def add(label, lp, am, lp_exact, am_exact, found=found):
             r = found.setdefault(label, ([], [], []))
             r[0].append(-lp)
             r[1].append(-lp_exact)
@@ -246,7 +246,7 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
             prefix, cont = ids[s : s + n], ids[s + n : s + n + CONT + 1]
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
 
-            def restored(label, k, v):
+            def restored(label, k, v, prefix=prefix, cont=cont, lp_exact=lp_exact, am_exact=am_exact):
                 lp, am = C.teacher_forced(model, KS.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
                 add(label, lp, am, lp_exact, am_exact)
 
@@ -467,7 +467,7 @@ def main() -> None:
     lines.append(f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | {fp16_per_token:,.1f} | 1.0x | 1.0x "
                  f"| {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |")
     points = [("fp16", "fp16", float(fp16_per_token), 0.0)]
-    for label, which, preset, window_, kinds in configs:
+    for label, _which, preset, window_, kinds in configs:
         r = rows[label]
         nll, nll_e = np.concatenate(r["nll"]), np.concatenate(r["nll_exact"])
         ratio_ppl = float(np.exp(nll.mean() - nll_e.mean()))

@@ -56,15 +56,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kv_support as KS  # noqa: E402
-from corpus import real_text  # noqa: E402
-from kv import CONT, CTX, _exact_pass, load_model, spaced_starts  # noqa: E402
-from report import describe, publish  # noqa: E402
+import kv_support as KS
+from corpus import real_text
+from kv import CONT, CTX, _exact_pass, load_model, spaced_starts
+from report import describe, publish
 
-from kvdb.codecs import presets as P  # noqa: E402
-from kvdb.codecs import quant as Q  # noqa: E402
-from kvdb.model import capture as C  # noqa: E402
-from kvdb.model import tokenizer as T  # noqa: E402
+from kvdb.codecs import presets as P
+from kvdb.codecs import quant as Q
+from kvdb.model import capture as C
+from kvdb.model import tokenizer as T
 
 BASE = "k4v3"
 LONG = 8000
@@ -267,7 +267,7 @@ def main() -> None:
     best_heads = [u for u, _ in sorted(heads, key=lambda x: x[1][0])[:4]]
     both_exact = ratio(LONG, keys_exact(best_heads))
     base_r = ratio(LONG, lambda ctx: base_long[id(ctx)])
-    del base_long
+    base_long.clear()  # the decoded caches: their memory for what follows
     print("head scan done", flush=True)
 
     # -- 2. presets from the scan; 4. layer 0 from the tokens --------------------------------------
@@ -482,9 +482,9 @@ def main() -> None:
               f"| seed 1234 (every table above) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} | "
               f"{cell(next(r for p, r in validation if p == BASE))} |"]
     lines += [f"| {label} | {cell(a)} | {cell(b)} | {cell(c)} |" for label, a, b, c in retrained]
-    lines += ["", f"### Sharpened keys: each head's de-quantized keys moved s times further from its centre (the mean of its first-stage centroids)", "",
-              f"KL = mean KL divergence of the 128 next-token distributions from the exact cache's, nats per token. The controls apply the "
-              f"same move to exact keys: what it does to the model itself.", "",
+    lines += ["", "### Sharpened keys: each head's de-quantized keys moved s times further from its centre (the mean of its first-stage centroids)", "",
+              "KL = mean KL divergence of the 128 next-token distributions from the exact cache's, nats per token. The controls apply the "
+              "same move to exact keys: what it does to the model itself.", "",
               f"| keys | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | validation at {LONG:,} (min–max) | top-1 | KL |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {label} | {cell(a)} | {a[3]:.4f} | {cell(b)} | {b[3]:.4f} | {cell(c)} | {c[3]:.4f} |" for label, a, b, c in sharpen_rows]

@@ -35,18 +35,18 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kv_support as KS  # noqa: E402
-from corpus import real_text  # noqa: E402
-from kv import CONT, CTX, _exact_pass, _peer_cache, load_model, spaced_starts  # noqa: E402
-from report import describe, publish  # noqa: E402
+import kv_support as KS
+from corpus import real_text
+from kv import CONT, CTX, _exact_pass, _peer_cache, load_model, spaced_starts
+from report import describe, publish
 
-from kvdb.codecs import code_layout as CL  # noqa: E402
-from kvdb.codecs import presets as P  # noqa: E402
-from kvdb.codecs import transform  # noqa: E402
-from kvdb.model import capture as C  # noqa: E402
-from kvdb.model import loading as M  # noqa: E402
-from kvdb.model import tokenizer as T  # noqa: E402
-from kvdb.services import shipped_codebooks as SH  # noqa: E402
+from kvdb.codecs import code_layout as CL
+from kvdb.codecs import presets as P
+from kvdb.codecs import transform
+from kvdb.model import capture as C
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as T
+from kvdb.services import shipped_codebooks as SH
 
 LONG_CONTEXTS = 2
 HERE = Path(__file__).resolve().parent

@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from corpus import real_text  # noqa: E402
 from report import describe  # noqa: E402
 
-from kvdb.model import lmcode  # noqa: E402
-from kvdb.model import (
-    chat,  # noqa: E402
-    integer_kernel,  # noqa: E402
+from kvdb.model import (  # noqa: E402
+    chat,
+    integer_kernel,
+    lmcode,
 )
 from kvdb.model import loading as lm_ops  # noqa: E402
 from kvdb.model import tokenizer as tok  # noqa: E402
@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small samples; print only")
     args = parser.parse_args()
     budgets = {"prose": 160, "code": 120, "chat": 120} if args.quick else {"prose": 800, "code": 500, "chat": 500}
-    started, where = datetime.datetime.now(datetime.timezone.utc), describe(f'torch {torch.__version__}')
+    started, where = datetime.datetime.now(datetime.UTC), describe(f'torch {torch.__version__}')
     lm = lm_ops.load()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))  # batched passes as ingest runs them
     began = time.perf_counter()

@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import describe, publish  # noqa: E402
+from report import describe, publish
 
 PIP = "pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt"
 HISTORIES, SEED = 3, 0

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import describe, publish  # noqa: E402
+from corpus import real_text
+from report import describe, publish
 
 KVDB = str(Path(sys.executable).with_name("kvdb"))
 

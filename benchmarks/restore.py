@@ -18,17 +18,18 @@ import argparse
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import describe, median_seconds, publish  # noqa: E402
+from corpus import real_text
+from report import describe, median_seconds, publish
 
-import kvdb  # noqa: E402
-from kvdb.model import tokenizer as tok  # noqa: E402
+import kvdb
+from kvdb.model import tokenizer as tok
 
 PROBE = 32  # teacher-forced tokens after the restored prefix
 
@@ -68,9 +69,9 @@ def main() -> None:
             cut = session.n_tokens - PROBE
             db.restore(session.session_id, at=cut, mode="archive", window="stored")  # this machine's sink cache, filled once
             timing = {
-                "exact": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="exact"), args.runs),
-                "stored": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="archive", window="stored"), args.runs),
-                "recompute": median_seconds(lambda: db.restore(session.session_id, at=cut, mode="archive", window="recompute"), args.runs),
+                "exact": median_seconds(partial(db.restore, session.session_id, at=cut, mode="exact"), args.runs),
+                "stored": median_seconds(partial(db.restore, session.session_id, at=cut, mode="archive", window="stored"), args.runs),
+                "recompute": median_seconds(partial(db.restore, session.session_id, at=cut, mode="archive", window="recompute"), args.runs),
             }
             fidelity = {w: db.fidelity(session.session_id, probe=PROBE, window=w) for w in ("stored", "recompute")}
             cache_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * cut * 4

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import describe, publish  # noqa: E402
+from report import describe, publish
 
 MODULES = (
     "argparse",

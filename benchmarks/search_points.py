@@ -11,8 +11,9 @@ phrase's matches and non-matches never overlap.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def _separating_contraction(side: int, dim: int) -> int:
     return side + math.floor(math.sqrt(dim) * (side - 1) / 2) + 1
 
 
-@lru_cache(maxsize=None)
+@cache
 def geometry(alphabet: int, dim: int | None = None) -> Geometry:
     """The walk for an alphabet; ``m`` is chosen to maximise float32 capacity, then margin.
 
@@ -123,7 +124,7 @@ def geometry(alphabet: int, dim: int | None = None) -> Geometry:
     return max(options, key=lambda g: (g.capacity(np.float32), g.contraction))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _translations(geo: Geometry) -> np.ndarray:
     """T(c) for every symbol: its base-k digits over the axes, centred."""
     codes = np.arange(geo.alphabet, dtype=np.int64)

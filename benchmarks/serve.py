@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import describe, publish  # noqa: E402
+from corpus import real_text
+from report import describe, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 KVDB = Path(sys.executable).with_name("kvdb")

@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import publish  # noqa: E402
+from corpus import real_text
+from report import publish
 
-import kvdb  # noqa: E402
-from kvdb.codecs import fractal  # noqa: E402
-from kvdb.model import chat  # noqa: E402
-from kvdb.model import tokenizer as tok  # noqa: E402
+import kvdb
+from kvdb.codecs import fractal
+from kvdb.model import chat
+from kvdb.model import tokenizer as tok
 
 SYSTEM = "You are a patient assistant for a software licensing help desk. Quote the licence text when it helps."
 

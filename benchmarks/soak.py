@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from conftest import make_tiny_model  # noqa: E402
-from report import describe, publish  # noqa: E402
+from conftest import make_tiny_model
+from report import describe, publish
 
 KVDB = str(Path(sys.executable).with_name("kvdb"))
 

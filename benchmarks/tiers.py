@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import real_text  # noqa: E402
-from report import describe, publish  # noqa: E402
+from corpus import real_text
+from report import describe, publish
 
-import kvdb  # noqa: E402
-from kvdb.index.trie import common_prefix  # noqa: E402
+import kvdb
+from kvdb.index.trie import common_prefix
 
 POLICIES = ("tokens,search", "tokens,search,lm", "lm")
 TIERS = ("tokens", "lm", "logprobs", "metadata")  # as `kvdb stats` counts them; search slot rows are metadata
@@ -39,7 +39,7 @@ def run(policy: str, sessions: dict[str, dict], folder: Path, expected: dict[str
     each session's tokens from an archive that keeps them (None: this one keeps them)."""
     path = folder / f"{policy.replace(',', '-')}.duckdb"
     with kvdb.open(path) as db:
-        db.loaded_model  # the model loads outside the timings
+        assert db.loaded_model is not None  # the model loads outside the timings
         start = time.perf_counter()
         for name, given in sessions.items():
             db.ingest(**given, name=name, keep=policy)

@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-import kv_support as KS  # noqa: E402
-from corpus import real_text  # noqa: E402
-from report import describe, publish  # noqa: E402
+import kv_support as KS
+from corpus import real_text
+from report import describe, publish
 
-from kvdb.codecs import presets as P  # noqa: E402
-from kvdb.codecs import quant as Q  # noqa: E402
-from kvdb.model import capture as C  # noqa: E402
-from kvdb.model import loading as M  # noqa: E402
-from kvdb.model import tokenizer as tok  # noqa: E402
+from kvdb.codecs import presets as P
+from kvdb.codecs import quant as Q
+from kvdb.model import capture as C
+from kvdb.model import loading as M
+from kvdb.model import tokenizer as tok
 
 CONTEXT, PROBE = 1024, 128
 OFFSETS = [47436, 70865, 94294, 117723]  # benchmarks/kv.py's held-out contexts
@@ -65,7 +65,7 @@ def main() -> None:
         deep_k, deep_v = Q.decode(books, codes)
         sinks = C.cache_arrays(M.prefill(model, context[: C.SINKS]))
 
-        def score(name: str, cache) -> None:
+        def score(name: str, cache, probe=probe, logp_exact=logp_exact, top_exact=top_exact) -> None:
             logp, top = C.teacher_forced(model, cache, probe)
             scored.setdefault(name, []).append((float(logp_exact.sum() - logp.sum()), len(logp), float((top == top_exact).mean())))
 
