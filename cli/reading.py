@@ -7,6 +7,7 @@ import sys
 import click
 
 from kvdb.errors import KvdbError
+from kvdb.index.phrase import MIN_SHARE
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
@@ -115,6 +116,19 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
+    "--case-sensitive",
+    is_flag=True,
+    help="Match the phrase's casing only. By default it is also looked for in lower case, sentence case, with every word "
+    "capitalised and in upper case (other mixtures are not found).",
+)
+@click.option(
+    "--min-share",
+    type=click.FloatRange(0, 1),
+    default=MIN_SHARE,
+    show_default=True,
+    help="Show a partial hit only where it matches at least this share of the phrase's tokens; 0 shows every partial hit.",
+)
+@click.option(
     "--semantic",
     is_flag=True,
     help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
@@ -124,7 +138,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, semantic, embedder, model, as_json):
+def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic, embedder, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
@@ -137,7 +151,7 @@ def search(ctx, phrase, k, context, session, semantic, embedder, model, as_json)
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session)
     else:
-        hits = archive.search(phrase, k=k, context=context, session=session)
+        hits = archive.search(phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share)
     for h in hits:
         if as_json:
             _emit(h.to_dict())

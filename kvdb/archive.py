@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from kvdb.errors import InvalidArgument
-from kvdb.index.phrase import Hit
+from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.index.walk import Indexes
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import (
@@ -350,10 +350,14 @@ class Archive:
         self._resumer.keep(ids, cache)
 
     # search ---------------------------------------------------------------------------
-    def search(self, phrase: str, k: int = 10, context: int = 32, session: str | None = None) -> list[Hit]:
+    def search(
+        self, phrase: str, k: int = 10, context: int = 32, session: str | None = None, case_sensitive: bool = False, min_share: float = MIN_SHARE
+    ) -> list[Hit]:
         """Where ``phrase`` occurs in the archived sessions: full matches first, then the
-        positions sharing the longest suffix of it. Only the tokenizer is loaded."""
-        return self._searcher.search(phrase, k, context, session)
+        positions sharing the longest suffix of it, at least ``min_share`` of its tokens (0: any).
+        Unless ``case_sensitive``, the phrase is also looked for in lower, sentence, title and
+        upper case. Only the tokenizer is loaded."""
+        return self._searcher.search(phrase, k, context, session, case_sensitive, min_share)
 
     @property
     def embedder_name(self) -> str:

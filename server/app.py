@@ -26,6 +26,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
+from kvdb.index.phrase import MIN_SHARE
 from kvdb.serving import Chunk, Engine, Reply
 from kvdb_server import parse
 from kvdb_server.errors import HttpError, describe, install
@@ -96,8 +97,14 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         return engine.view(ref, start, end).to_dict()
 
     @api.get("/api/search")
-    def search(q: str = Query(..., min_length=1), k: int = Query(10, ge=1, le=1000), semantic: int = Query(0, ge=0, le=1)) -> dict:
-        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic))]}
+    def search(
+        q: str = Query(..., min_length=1),
+        k: int = Query(10, ge=1, le=1000),
+        semantic: int = Query(0, ge=0, le=1),
+        case_sensitive: int = Query(0, ge=0, le=1),
+        min_share: float = Query(MIN_SHARE, ge=0, le=1),
+    ) -> dict:
+        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share)]}
 
     @api.get("/api/stats")
     def stats() -> dict:

@@ -13,6 +13,7 @@ the archived tokens and its context decoded from the blocks it touches.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ from kvdb.errors import InvalidArgument
 from kvdb.index.walk import SlotMap, WalkIndex
 
 MAX_PHRASE_TOKENS = 256
+# The share of a phrase's tokens a partial hit must match to be shown by default: a hit on one
+# word of six ("revenue" of "the city's revenue fell by half") says little about the phrase.
+MIN_SHARE = 0.5
 
 Fetch = Callable[[list[tuple[str, int, int]]], list[np.ndarray]]  # [(session_id, start, end)] -> token ids of each
 SessionsOf = Callable[[list[str]], dict[str, str]]  # node ids -> a live session through each (absent: none left)
@@ -87,8 +91,9 @@ def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
     return out
 
 
-def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int) -> list[Candidate]:
-    """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones)."""
+def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int = 1) -> list[Candidate]:
+    """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
+    sharing at least ``least`` tokens)."""
     length = len(phrase)
     split = pieces(phrase, index.depth)
     levels = [index.within(split[0][1])]  # levels[j]: end slots matching the phrase's pieces 0..j
@@ -104,13 +109,14 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     for j in range(len(levels) - 1, -1, -1):
         deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
         offset, piece = split[j]
-        ranked.append((np.setdiff1d(levels[j], deeper, assume_unique=True), offset + len(piece)))
+        if offset + len(piece) >= least:
+            ranked.append((np.setdiff1d(levels[j], deeper, assume_unique=True), offset + len(piece)))
     # Shorter suffixes of the last piece: their key ranges nest around the longer one's, so the
     # entries sharing exactly s tokens are the two slices between the bounds of s and s + 1.
     last = split[0][1]
     inner = index.bounds(last)
     found = sum(len(e) for e, _ in ranked)
-    for s in range(len(last) - 1, 0, -1):
+    for s in range(len(last) - 1, max(least, 1) - 1, -1):
         if found >= limit:
             break
         outer = index.bounds(phrase[-s:])
@@ -151,8 +157,10 @@ def search(
     decode: Callable[[np.ndarray], str],
     k: int = 10,
     context: int = 32,
+    min_share: float = MIN_SHARE,
 ) -> list[Hit]:
-    """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``.
+    """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``;
+    partial hits only where they match at least ``min_share`` of the phrase's tokens.
 
     Candidates are checked best first, a batch at a time (a few queries per batch, whatever
     its size), until k hits are confirmed. A hit in a node that several sessions share is
@@ -164,7 +172,7 @@ def search(
         raise InvalidArgument(f"context must be >= 0, got {context}")
     pool = []
     for v, phrase in enumerate(variants):
-        pool.extend(candidates(index, slots, phrase, v, k * len(variants)))
+        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=math.ceil(min_share * len(phrase))))
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
     pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
@@ -178,7 +186,7 @@ def search(
         for c, (session_id, lo, _), window in zip(live, spans, fetch(spans)):
             phrase = variants[c.variant]
             shared = shared_suffix(window[: c.end + 1 - lo], phrase)
-            if shared == 0 or (session_id, c.end) in seen:
+            if shared == 0 or shared < min_share * len(phrase) or (session_id, c.end) in seen:
                 continue
             seen.add((session_id, c.end))
             start = c.end + 1 - shared

@@ -29,11 +29,15 @@ class Searcher:
         self._indexes = indexes
         self._derived = DerivedCache(storage)
 
-    def search(self, phrase: str, k: int = 10, context: int = 32, session: str | None = None) -> list[Hit]:
+    def search(
+        self, phrase: str, k: int = 10, context: int = 32, session: str | None = None, case_sensitive: bool = False, min_share: float = search_ops.MIN_SHARE
+    ) -> list[Hit]:
         if not phrase or not phrase.strip():
             raise InvalidArgument("empty search phrase; give some text to look for")
+        if not 0 <= min_share <= 1:
+            raise InvalidArgument(f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}")
         tokenizer, tok_hash = self._models.tokenizer()
-        variants = phrase_variants(tokenizer, phrase)
+        variants = phrase_variants(tokenizer, phrase, case_sensitive)
         longest = max(len(v) for v in variants)
         if longest > search_ops.MAX_PHRASE_TOKENS:
             raise InvalidArgument(f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}")
@@ -62,6 +66,7 @@ class Searcher:
             decode=lambda ids: tok.decode(tokenizer, ids),
             k=k,
             context=context,
+            min_share=min_share,
         )
 
     def _slot_map(self, key: str, ntotal: int) -> SlotMap:
@@ -81,12 +86,27 @@ class Searcher:
         return RebuiltIndex(key, len(self._storage.list_sessions()), len(self._storage.slot_runs(key)), index.ntotal, round(time.perf_counter() - start, 3))
 
 
-def phrase_variants(tokenizer, phrase: str) -> list[np.ndarray]:
-    """The token sequences a phrase can have inside text: as typed, and after a space."""
+def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list[np.ndarray]:
+    """The token sequences a phrase can have inside text: as typed, and after a space; unless
+    ``case_sensitive``, also in each casing of ``casings``. A tokenizer spells "Leggy" and
+    "leggy" with different tokens, so an index of tokens finds another casing only by searching
+    for it."""
     variants: list[np.ndarray] = []
-    for text in (phrase, " " + phrase if not phrase.startswith(" ") else None):
-        if text is not None:
-            ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
-            if len(ids) and not any(np.array_equal(ids, v) for v in variants):
-                variants.append(ids)
+    for cased in [phrase] if case_sensitive else casings(phrase):
+        for text in (cased, " " + cased if not cased.startswith(" ") else None):
+            if text is not None:
+                ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
+                if len(ids) and not any(np.array_equal(ids, v) for v in variants):
+                    variants.append(ids)
     return variants
+
+
+def casings(phrase: str) -> list[str]:
+    """The phrase as typed, then the casings text mostly takes: lower case, sentence case
+    (the first letter capitalised), every word capitalised, upper case. Other mixtures
+    ("iPhone" for "IPHONE") are not found."""
+    words = phrase.split(" ")
+    first = next((i for i, c in enumerate(phrase) if c.isalpha()), 0)
+    lower = phrase.lower()
+    forms = [phrase, lower, lower[:first] + lower[first:].capitalize(), " ".join(w.capitalize() for w in words), phrase.upper()]
+    return list(dict.fromkeys(forms))

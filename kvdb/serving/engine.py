@@ -24,7 +24,7 @@ import numpy as np
 from kvdb import transcripts
 from kvdb.archive import Archive
 from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelMismatch
-from kvdb.index.phrase import Hit
+from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
 from kvdb.records import Session, Stats
@@ -247,9 +247,9 @@ class Engine:
 
         return self._access(read)
 
-    def search(self, phrase: str, k: int = 10, semantic: bool = False) -> list[Hit]:
+    def search(self, phrase: str, k: int = 10, semantic: bool = False, case_sensitive: bool = False, min_share: float = MIN_SHARE) -> list[Hit]:
         if not semantic:
-            return self._access(lambda a: a.search(phrase, k=k))
+            return self._access(lambda a: a.search(phrase, k=k, case_sensitive=case_sensitive, min_share=min_share))
         return self._access(lambda a: a.search_meaning(phrase, k=k))
 
     def embeddings(self, texts: list[str], encoding: str = "float") -> Embeddings:

@@ -168,11 +168,15 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
 
 def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_path):
     assert run("ingest", str(write(tmp_path / "harbour.txt", "The keeper watched the harbour lights at dusk.\n"))).exit_code == 0
-    mixed = run("search", "harbour lights", "-k", "10", "--json")
+    mixed = run("search", "harbour lights", "-k", "10", "--min-share", "0", "--json")
     assert mixed.exit_code == 0  # one full match is enough; the partial ones come after it
     rows = lines(mixed)
     assert {r["name"] for r in rows} == {"harbour"}
     assert rows[0]["exact"] and not rows[0]["partial"] and any(r["partial"] for r in rows)
+    shares = [r["match_tokens"] / r["query_tokens"] for r in rows if r["partial"]]
+    default = lines(run("search", "harbour lights", "-k", "10", "--json"))  # partial hits on under half the phrase left out
+    assert default == [r for r in rows if not r["partial"] or r["match_tokens"] / r["query_tokens"] >= 0.5] and min(shares) < 0.5
+    assert run("search", "harbour lights", "--min-share", "1.5").exit_code == 2
 
     partial = run("search", "zebra lights", "--json")
     assert partial.exit_code == 1 and lines(partial)  # printed, but no occurrence of the phrase

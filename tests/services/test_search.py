@@ -7,6 +7,7 @@ from support import write
 import kvdb
 from kvdb.errors import InvalidArgument
 from kvdb.index import phrase as search_ops
+from kvdb.services.searching import casings as search_ops_casings
 from kvdb.model import tokenizer as tok
 
 TEXTS = {
@@ -166,3 +167,27 @@ def test_cli_search(tmp_path, tiny_model):
     assert none.exit_code == 1 and not any(json.loads(l)["exact"] for l in none.stdout.splitlines())
     rebuilt = runner.invoke(main, [*args, "index", "rebuild", "--json"], env=env)
     assert rebuilt.exit_code == 0 and json.loads(rebuilt.stdout)["sessions"] == 1
+
+
+def test_casings_are_the_phrase_as_typed_then_lower_sentence_title_and_upper_case():
+    assert search_ops_casings("infrastructure deficit") == ["infrastructure deficit", "Infrastructure deficit", "Infrastructure Deficit", "INFRASTRUCTURE DEFICIT"]
+    assert search_ops_casings("Leggy")[:2] == ["Leggy", "leggy"] and search_ops_casings("42 ships")[1:3] == ["42 Ships", "42 SHIPS"]
+
+
+def test_search_finds_other_casings_unless_told_to_match_case(archive):
+    archive.ingest(text="The council heard of an Infrastructure Deficit, and of LEGGY birds by the Harbour.", name="minutes")
+    for phrase, found in (("infrastructure deficit", "Infrastructure Deficit"), ("leggy", "LEGGY"), ("HARBOUR", "Harbour")):
+        [hit] = [h for h in archive.search(phrase, k=5) if h.exact]
+        assert hit.match.strip() == found
+        assert not [h for h in archive.search(phrase, k=5, case_sensitive=True) if h.exact]
+
+
+def test_partial_hits_match_at_least_the_share_asked_for(db):
+    everything = db.search("blue harbour lights", k=200, min_share=0)
+    assert min(h.match_tokens / h.query_tokens for h in everything) < 0.5  # "s" alone, and the like
+    default = db.search("blue harbour lights", k=200)
+    assert default and all(h.match_tokens / h.query_tokens >= search_ops.MIN_SHARE for h in default)
+    assert {(h.session_id, h.position) for h in default} == {(h.session_id, h.position) for h in everything if h.match_tokens / h.query_tokens >= 0.5}
+    assert db.search("blue harbour lights", k=200, min_share=1) == []
+    with pytest.raises(InvalidArgument, match="min_share"):
+        db.search("harbour", min_share=1.5)
