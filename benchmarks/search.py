@@ -440,7 +440,7 @@ def kvdb_source() -> str:
 def report(results: list[dict], args, elapsed: float, planted: int) -> str:
     f = lambda x: f"{x:.2f}" if x < 100 else f"{x:.0f}"  # noqa: E731
     lines = [
-        f"\n## Phrase search ({time.strftime('%Y-%m-%d')})\n",
+        "\n## Phrase search (`benchmarks/search.py`)\n",
         f"`{shlex.join(['.venv/bin/python', 'benchmarks/search.py', *sys.argv[1:]])}` — {platform.machine()}, "
         f"{os.cpu_count()} cores (shared with other work; load average {os.getloadavg()[0]:.1f} at the end), "
         f"duckdb {duckdb.__version__} "
@@ -453,7 +453,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         f"frequent ({FREQUENT_MIN}–{RECALL_MAX}) and very frequent (> {RECALL_MAX}, timed only).\n",
         "Ground truth: token-subsequence search over the archived token streams, within a session. An occurrence is a "
         "(session, end position) where either tokenization kvdb searches ends: the phrase as typed, or after a space. "
-        "Recall/precision count `Archive.search(phrase, k=occurrences+5)` hits with `exact=True`. "
+        "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
         "Text occurrences = overlapping substring matches in the decoded session text; "
         "\"missed by tokenization\" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n",
         "### Recall and precision\n",

@@ -142,7 +142,8 @@ def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
-    (marked partial). Each hit gives the session and the position of its first token, which
+    (marked partial; at least --min-share of its tokens). Other casings of the phrase (lower,
+    sentence, title, upper case) match too unless --case-sensitive. Each hit gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
     archive = _open(ctx, model, read_only=True, embedder=embedder)
