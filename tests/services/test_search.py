@@ -191,3 +191,14 @@ def test_partial_hits_match_at_least_the_share_asked_for(db):
     assert db.search("blue harbour lights", k=200, min_share=1) == []
     with pytest.raises(InvalidArgument, match="min_share"):
         db.search("harbour", min_share=1.5)
+
+
+@pytest.mark.parametrize("phrase", ["harbour lights harbour lights", "Ships passed the harbour lights at dusk", "the harbour lights answered", "lights. Ships"])
+def test_candidates_checked_by_tokens_or_by_key_ranges_are_the_same_hits(db, monkeypatch, phrase):
+    """An earlier piece is checked by the tokens at the candidates' slots when its key range is
+    larger, else by membership in the range: the hits must not depend on which."""
+    found = {}
+    for choice in (True, False):
+        monkeypatch.setattr(search_ops, "by_tokens", lambda *_, choice=choice: choice)
+        found[choice] = [(h.session_id, h.position, h.match_tokens, h.exact) for h in db.search(phrase, k=50, min_share=0)]
+    assert found[True] == found[False] and any(exact for *_, exact in found[True])
