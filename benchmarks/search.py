@@ -18,7 +18,7 @@ with no token occurrence at the same place are "missed by tokenization boundarie
 Data: real text (``corpus.real_text``, ~1.2M tokens) for 1e5 and 1e6; for 1e7 the real
 stream plus synthetic sessions made of the real stream's sentences in shuffled order.
 
-Appends a section to benchmarks/RESULTS.md and writes benchmarks/search_latency.png when
+Writes its section of benchmarks/RESULTS.md (in place of the last run's) and writes benchmarks/search_latency.png when
 matplotlib is installed.
 """
 
@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import real_text
-from report import median_seconds
+from report import median_seconds, publish
 
 import kvdb
 from kvdb.index import trie
@@ -593,10 +593,9 @@ def main() -> None:
         png = Path(__file__).with_name("search_latency.png")
         if len(results) > 1 and plot(results, png):
             text += f"\nPlot: `benchmarks/{png.name}` (p50 and p95 latency against archived tokens).\n"
-        results_md = Path(__file__).with_name("RESULTS.md")
-        with results_md.open("a", encoding="utf-8") as f:
-            f.write(text)
-    print(text)
+        publish(text.splitlines())  # in place of the last run's section
+    else:
+        print(text)
 
 
 if __name__ == "__main__":
