@@ -93,7 +93,7 @@ def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
 
 def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int = 1) -> list[Candidate]:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
-    sharing at least ``least`` tokens)."""
+    sharing at least ``least`` tokens, 1 or more)."""
     length = len(phrase)
     split = pieces(phrase, index.depth)
     levels = [index.within(split[0][1])]  # levels[j]: end slots matching the phrase's pieces 0..j
@@ -123,7 +123,7 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     last = split[0][1]
     inner = index.bounds(last)
     found = sum(len(e) for e, _ in ranked)
-    for s in range(len(last) - 1, max(least, 1) - 1, -1):
+    for s in range(len(last) - 1, least - 1, -1):
         if found >= limit:
             break
         outer = index.bounds(phrase[-s:])
@@ -185,9 +185,10 @@ def search(
         raise InvalidArgument(f"k must be at least 1, got {k}")
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
+    least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
     pool = []
     for v, phrase in enumerate(variants):
-        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=math.ceil(min_share * len(phrase))))
+        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=least[v]))
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
     pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
@@ -201,7 +202,7 @@ def search(
         for c, (session_id, lo, _), window in zip(live, spans, fetch(spans)):
             phrase = variants[c.variant]
             shared = shared_suffix(window[: c.end + 1 - lo], phrase)
-            if shared == 0 or shared < min_share * len(phrase) or (session_id, c.end) in seen:
+            if shared < least[c.variant] or (session_id, c.end) in seen:
                 continue
             seen.add((session_id, c.end))
             start = c.end + 1 - shared
