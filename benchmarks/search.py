@@ -1,8 +1,14 @@
 """Phrase search: recall/precision against exact ground truth, query latency and index size of
-``Archive.search`` at 1e5, 1e6 and 1e7 archived tokens, next to DuckDB ``contains()`` / ``LIKE``
-scans over the decoded text and a numpy suffix array over the same tokens.
+``Archive.search`` at 1e5 to 1e8 archived tokens, next to DuckDB ``contains()`` / ``LIKE``
+scans over the decoded text, a numpy suffix array and infini-gram's engine over the same tokens.
 
-    .venv/bin/python benchmarks/search.py [--quick] [--scales 1e5,1e6,1e7] [--no-results]
+    .venv/bin/python benchmarks/search.py [--quick] [--scales 1e5,1e6,1e7,1e8] [--no-results] [--json]
+
+infini-gram is measured when its wheel is installed (``.venv/bin/pip install --no-deps
+--require-hashes -r benchmarks/requirements-search.txt``). The opening of the index and the
+memory of a searching process are measured in a fresh process (``probe``). The whole run takes
+about 40 minutes and 12 GiB at its peak (1e8: the store written, the index built, the numpy
+suffix array and infini-gram's built on the same stream).
 
 The model is never loaded (only its tokenizer): sessions are written straight through the
 store with zero log-probabilities, and the index is built by ``Archive.rebuild_index()``.
@@ -15,7 +21,7 @@ latency table times both the default search (other casings too, issue 36) and th
 Text-substring occurrences over the decoded session text are counted separately; the ones
 with no token occurrence at the same place are "missed by tokenization boundaries".
 
-Data: real text (``corpus.real_text``, ~1.2M tokens) for 1e5 and 1e6; for 1e7 the real
+Data: real text (``corpus.real_text``, ~1.4M tokens) for 1e5 and 1e6; from 1e7 on the real
 stream plus synthetic sessions made of the real stream's sentences in shuffled order.
 
 Writes its section of benchmarks/RESULTS.md (in place of the last run's) and writes benchmarks/search_latency.png when
@@ -28,9 +34,12 @@ import argparse
 import datetime as dt
 import gc
 import hashlib
+import importlib.util
+import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +70,11 @@ PLANT_COPIES = 3
 RECALL_MAX = 200  # phrases with more occurrences than this are timed (k=10) but not recall-checked
 FREQUENT_MIN = 10
 RARE_MAX = 3
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr: with --json, stdout holds the JSON objects alone."""
+    print(message, file=sys.stderr, flush=True)
 
 
 # data ---------------------------------------------------------------------------------------
@@ -97,7 +111,7 @@ def make_corpus(tok, total: int, rng: np.random.Generator, n_planted_per_length:
     t = time.perf_counter()
     real = np.asarray(T.encode(tok, real_text(min(total * 5, 6_000_000))), dtype=np.int64)
     space, stop = vocab_tables(tok)
-    print(f"  real text: {len(real):,} tokens ({time.perf_counter() - t:.1f} s)", flush=True)
+    log(f"  real text: {len(real):,} tokens ({time.perf_counter() - t:.1f} s)")
     real = real[:total]
     sessions = split_sessions(real, rng)
     if total > len(real):  # synthetic: the real sentences in shuffled order
@@ -246,6 +260,67 @@ class SuffixIndex:
         return found
 
 
+class InfiniGram:
+    """infini-gram's engine (PyPI ``infini-gram``, Apache-2.0; benchmarks/requirements-search.txt)
+    over the same token stream: its own files (``tokenized.0``: each session after a 0xFFFF
+    separator, ``offset.0``: where each starts) built by its indexer, then ``find`` per variant."""
+
+    def __init__(self, truth: Truth, folder: Path):
+        from infini_gram.engine import InfiniGramEngine
+
+        folder.mkdir(parents=True, exist_ok=True)
+        sessions = np.split(truth.flat, np.flatnonzero(truth.flat < 0) + 1)
+        offsets, at = [], 0
+        with open(folder / "tokenized.0", "wb") as f:
+            for s in sessions:
+                s = s[s >= 0]
+                if not len(s):
+                    continue
+                offsets.append(at)
+                data = b"\xff\xff" + s.astype("<u2").tobytes()
+                f.write(data)
+                at += len(data)
+        np.array(offsets, "<u8").tofile(folder / "offset.0")
+        self.tokens = at // 2 - len(offsets)
+        t = time.perf_counter()
+        cmd = [
+            sys.executable,
+            "-m",
+            "infini_gram.indexing",
+            "--data_dir",
+            str(folder),
+            "--save_dir",
+            str(folder),
+            "--temp_dir",
+            str(folder / "tmp"),
+            "--token_dtype",
+            "u16",
+            "--cpus",
+            str(os.cpu_count()),
+            "--mem",
+            "8",
+            "--ulimit",
+            "4096",
+        ]
+        subprocess.run(cmd, check=True, capture_output=True)
+        self.build_s = time.perf_counter() - t
+        self.bytes = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        t = time.perf_counter()
+        self.engine = InfiniGramEngine(index_dir=str(folder), eos_token_id=0, token_dtype="u16")
+        self.open_ms = 1e3 * (time.perf_counter() - t)
+
+    def count(self, variants: list[np.ndarray]) -> int:
+        return sum(self.engine.find(input_ids=[int(x) for x in v])["cnt"] for v in variants)
+
+
+def infini_gram(truth: Truth, folder: Path) -> InfiniGram | None:
+    """The peer, or None (and why, once) when its wheel is not installed."""
+    if importlib.util.find_spec("infini_gram") is None:
+        log("  infini-gram not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-search.txt")
+        return None
+    return InfiniGram(truth, folder)
+
+
 def duck_table(texts: list[str]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute("CREATE TABLE docs (id INTEGER, text VARCHAR)")
@@ -278,7 +353,51 @@ def build_archive(path: Path, tok_hash: str, sessions: list[np.ndarray]) -> tupl
     write_s = time.perf_counter() - t
     with kvdb.open(path) as db:
         info = db.rebuild_index()
-    return ids, write_s, info["seconds"]
+    return ids, write_s, info.seconds
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident memory, and how much of it is mapped files (shared through the
+    page cache) rather than its own."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {name: int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def probe(path: Path, phrases: list[str]) -> dict:
+    """Run in a fresh process (``--probe``): open the index, then 100 searches, and say what the
+    opening cost and what the process holds after them."""
+    from kvdb.index.walk import WalkIndex
+
+    [sidecar] = path.with_name(path.name + ".index").glob("*.keys")
+    before = memory_mb()
+    t = time.perf_counter()
+    WalkIndex.load(sidecar)
+    open_ms = 1e3 * (time.perf_counter() - t)
+    with kvdb.open(path, read_only=True) as db:
+        t = time.perf_counter()
+        db.search(phrases[0], k=10)
+        first_ms = 1e3 * (time.perf_counter() - t)
+        for i in range(100):
+            db.search(phrases[i % len(phrases)], k=10)
+        after = memory_mb()
+    return {
+        "open_ms": open_ms,
+        "first_query_ms": first_ms,
+        "rss_mb_before_open": before["VmRSS"],
+        "rss_mb_after_100_queries": after["VmRSS"],
+        "rss_anon_mb": after["RssAnon"],
+        "rss_file_mb": after["RssFile"],
+    }
+
+
+def probe_in_fresh_process(path: Path, phrases: list[str]) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(phrases, f)
+    try:
+        out = subprocess.run([sys.executable, __file__, "--probe", str(path), "--phrases", f.name], capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    return json.loads(out.stdout)
 
 
 # phrases --------------------------------------------------------------------------------------
@@ -315,9 +434,12 @@ def natural_phrases(tok, truth: Truth, space: np.ndarray, rng: np.random.Generat
             occ = truth.token_occurrences(variants)
             count = len(occ)
             kind = (
-                "natural-rare" if count <= RARE_MAX
-                else "natural-very-frequent" if count > RECALL_MAX
-                else "natural-frequent" if count >= FREQUENT_MIN
+                "natural-rare"
+                if count <= RARE_MAX
+                else "natural-very-frequent"
+                if count > RECALL_MAX
+                else "natural-frequent"
+                if count >= FREQUENT_MIN
                 else None
             )
             if kind is None or not want[kind]:
@@ -336,39 +458,41 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarray, args, rng, tmp: Path) -> dict:
-    print(f"\n== {n_tokens:,} archived tokens", flush=True)
+    log(f"\n== {n_tokens:,} archived tokens")
     sessions = scale_sessions(corpus, n_tokens)
     t = time.perf_counter()
     texts = [T.decode(tok, s) for s in sessions]
     truth = Truth(sessions, texts)
-    print(f"  {len(sessions)} sessions, decoded in {time.perf_counter() - t:.1f} s", flush=True)
+    log(f"  {len(sessions)} sessions, decoded in {time.perf_counter() - t:.1f} s")
 
     path = tmp / f"search-{n_tokens}.duckdb"
     session_ids, write_s, index_s = build_archive(path, tok_hash, sessions)
-    index_files = list(path.with_name(path.name + ".index").glob("*.keys"))
+    index_files = [f for f in path.with_name(path.name + ".index").iterdir() if f.suffix in (".keys", ".tail")]
     index_bytes = sum(f.stat().st_size for f in index_files)
-    print(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token", flush=True)
+    log(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token")
 
-    queries = [
-        Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted
-    ]
+    queries = [Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted]
     for q in queries:
         q.truth = truth.token_occurrences(q.variants)
         q.text_count = truth.text_occurrences(q.phrase)
     queries += natural_phrases(tok, truth, space, rng, args.per_class)
-    print(f"  {len(queries)} phrases: " + ", ".join(f"{k} {sum(q.kind == k for q in queries)}" for k in dict.fromkeys(q.kind for q in queries)), flush=True)
+    log(f"  {len(queries)} phrases: " + ", ".join(f"{k} {sum(q.kind == k for q in queries)}" for k in dict.fromkeys(q.kind for q in queries)))
 
     t = time.perf_counter()
     sa = SuffixIndex(truth)
-    print(f"  suffix array built in {sa.build_s:.1f} s ({time.perf_counter() - t:.1f} s)", flush=True)
+    log(f"  suffix array built in {sa.build_s:.1f} s ({time.perf_counter() - t:.1f} s)")
+    ig = infini_gram(truth, tmp / f"infini-gram-{n_tokens}")
+    if ig is not None:
+        log(f"  infini-gram built in {ig.build_s:.1f} s, {ig.bytes / n_tokens:.2f} B/token")
     con = duck_table(texts)
     con.execute("SELECT count(*) FROM docs WHERE contains(text, 'warm-up')").fetchall()
 
-    # kvdb: reopen, so the first query loads the sidecar index from disk
+    probed = probe_in_fresh_process(path, [q.phrase for q in queries])
+    log(
+        f"  fresh process: index opened in {probed['open_ms']:.1f} ms, first query {probed['first_query_ms']:.0f} ms, {probed['rss_mb_after_100_queries']:.0f} MB resident after 100 queries"
+    )
     db = kvdb.open(path)
-    t = time.perf_counter()
-    db.search(queries[0].phrase, k=10)
-    first_ms = 1e3 * (time.perf_counter() - t)
+    first_ms = probed["first_query_ms"]
 
     # recall / precision (k = ground-truth count + 5)
     sid_index = {sid: i for i, sid in enumerate(session_ids)}
@@ -380,21 +504,31 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         exact = {(sid_index[h.session_id], h.position + h.match_tokens - 1) for h in hits if h.exact}
         sa_found = sa.search(q.variants)
         assert sa_found == q.truth, f"suffix array disagrees with ground truth on {q.phrase!r}"
+        if ig is not None:
+            assert ig.count(q.variants) == len(q.truth), f"infini-gram disagrees with ground truth on {q.phrase!r}"
         recall_rows.append((q, len(exact & q.truth), len(exact)))
 
     # latency, k=10 (one repeat at 1e7 unless --reps: a kvdb query is then slow enough to time once)
     reps = args.reps or (1 if args.quick or n_tokens >= 10**7 else 3)
-    lat = {"kvdb": [], "kvdb_case": [], "contains": [], "like": [], "sa": []}
+    lat: dict[str, list[float]] = {"kvdb": [], "kvdb_case": [], "contains": [], "like": [], "sa": [], "infini_gram": []}
     lat_by_kind: dict[str, list[float]] = {}
     for q in queries:
         ms = 1e3 * median_seconds(partial(db.search, q.phrase, k=10), reps)
         lat["kvdb"].append(ms)
         lat_by_kind.setdefault(q.kind, []).append(ms)
         lat["kvdb_case"].append(1e3 * median_seconds(partial(db.search, q.phrase, k=10, case_sensitive=True), reps))
-        lat["contains"].append(1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps))
+        lat["contains"].append(
+            1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps)
+        )
         pattern = like_pattern(q.phrase)
-        lat["like"].append(1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
-        lat["sa"].append(1e3 * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps))  # tokenizing timed, as kvdb's is
+        lat["like"].append(
+            1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps)
+        )
+        lat["sa"].append(
+            1e3 * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps)
+        )  # tokenizing timed, as kvdb's is
+        if ig is not None:
+            lat["infini_gram"].append(1e3 * median_seconds(lambda phrase=q.phrase, engine=ig: engine.count(phrase_variants(tok, phrase)), reps))
     db.close()
     con.close()
     out = {
@@ -403,24 +537,58 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         "write_s": write_s,
         "index_s": index_s,
         "index_bpt": index_bytes / n_tokens,
-        "index_fixed": index_bytes - 14 * n_tokens,
         "first_ms": first_ms,
         "lat": lat,
         "lat_by_kind": lat_by_kind,
         "recall_rows": recall_rows,
         "sa_build_s": sa.build_s,
         "sa_bpt": sa.bytes / n_tokens,
+        "probe": probed,
+        "ig": None if ig is None else {"build_s": ig.build_s, "bpt": ig.bytes / n_tokens, "open_ms": ig.open_ms},
         "queries": queries,
         "real": min(n_tokens, corpus.real_tokens),
     }
-    for name in lat:
-        print(f"  {name:9s} p50 {pct(lat[name], 50):8.2f} ms  p95 {pct(lat[name], 95):8.2f} ms", flush=True)
-    del sa, truth, texts
+    for name in [n for n in lat if lat[n]]:
+        log(f"  {name:9s} p50 {pct(lat[name], 50):8.2f} ms  p95 {pct(lat[name], 95):8.2f} ms")
+    del sa, truth, texts, ig
     gc.collect()
     for f in index_files:
         f.unlink()
     path.unlink()
+    shutil.rmtree(tmp / f"infini-gram-{n_tokens}", ignore_errors=True)
     return out
+
+
+def as_json(r: dict) -> dict:
+    """One scale as ``--json`` prints it: kvdb's default search, then its peers on the same stream."""
+
+    def spread(values: list[float]) -> dict:
+        return {"p50_ms": round(pct(values, 50), 3), "p95_ms": round(pct(values, 95), 3), "p99_ms": round(pct(values, 99), 3)} if values else {}
+
+    occurrences = sum(len(q.truth) for q, _, _ in r["recall_rows"])
+    found = sum(c for _, c, _ in r["recall_rows"])
+    peers = {
+        "numpy_suffix_array": spread(r["lat"]["sa"]) | {"build_s": round(r["sa_build_s"], 2), "bytes_per_token": round(r["sa_bpt"], 3)},
+        "infini_gram": spread(r["lat"]["infini_gram"])
+        | {"build_s": round(r["ig"]["build_s"], 2), "bytes_per_token": round(r["ig"]["bpt"], 3), "open_ms": round(r["ig"]["open_ms"], 1)}
+        if r["ig"]
+        else {"error": "not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-search.txt"},
+        "duckdb_contains": spread(r["lat"]["contains"]),
+        "duckdb_like": spread(r["lat"]["like"]),
+    }
+    return {
+        "tokens": r["tokens"],
+        **spread(r["lat"]["kvdb"]),
+        "recall": round(found / occurrences, 6) if occurrences else None,
+        "index_bytes_per_token": round(r["index_bpt"], 4),
+        "open_ms": round(r["probe"]["open_ms"], 2),
+        "build_s": round(r["index_s"], 2),
+        "rss_mb_after_100_queries": round(r["probe"]["rss_mb_after_100_queries"], 1),
+        "rss_file_mb": round(r["probe"]["rss_file_mb"], 1),
+        "first_query_ms": round(r["probe"]["first_query_ms"], 1),
+        "case_sensitive": spread(r["lat"]["kvdb_case"]),
+        "peers": peers,
+    }
 
 
 # report ---------------------------------------------------------------------------------------
@@ -446,7 +614,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         f"duckdb {duckdb.__version__} "
         f"(default threads), SmolLM2 tokenizer (49,152 ids); model not loaded. kvdb imported from `{kvdb_source()}`. "
         f"Total {elapsed / 60:.1f} min.\n",
-        "Data: real text from installed package docs up to 1e6 tokens; at 1e7, the real stream plus synthetic sessions "
+        "Data: real text from installed package docs up to 1e6 tokens; from 1e7 on, the real stream plus synthetic sessions "
         f"of its sentences shuffled. Sessions of {SESSION_MIN:,}–{SESSION_MAX:,} tokens. {planted} planted phrases "
         f"(1–20 tokens, random words, {PLANT_COPIES} copies each at word starts), plus whole-word n-grams of "
         f"{', '.join(map(str, NATURAL_LENGTHS))} tokens sampled from each scale: rare (≤ {RARE_MAX} occurrences), "
@@ -455,7 +623,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         "(session, end position) where either tokenization kvdb searches ends: the phrase as typed, or after a space. "
         "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
         "Text occurrences = overlapping substring matches in the decoded session text; "
-        "\"missed by tokenization\" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n",
+        '"missed by tokenization" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n',
         "### Recall and precision\n",
         "| tokens | kind | phrase tokens | phrases checked | token occurrences | found | recall | precision | text occurrences | missed by tokenization |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -481,24 +649,32 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         "sentence, title, upper case), each as typed and after a space; case-sensitive = `case_sensitive=True`, its own casing alone. DuckDB = `SELECT id FROM docs WHERE contains(text, ?)` "
         "/ `... text LIKE '%…%'` over one row of decoded text per session, in memory. Suffix array = numpy prefix doubling "
         "over the concatenated token streams; query = tokenize both variants + two binary searches each + map to sessions; "
-        "bytes = int32 suffix array + uint16 tokens.\n",
+        "bytes = int32 suffix array + uint16 tokens. infini-gram = its engine (`infini-gram` 2.6.0) over the same sessions, built by its own "
+        "indexer; query = tokenize both variants + `find` each (a count and the suffix-array ranges, no context), bytes = its files. "
+        "Open = `WalkIndex.load` in a fresh process; resident = that process's RSS after opening the archive and 100 searches "
+        "(of it, mapped index and library files shared through the page cache).\n",
         "| tokens | sessions | phrases | kvdb p50 | kvdb p95 | kvdb case-sensitive p50 | case-sensitive p95 | kvdb first query (loads index) | contains p50 | contains p95 | LIKE p50 | LIKE p95 "
-        "| suffix array p50 | SA p95 | kvdb index build s | kvdb index B/token | SA build s | SA B/token |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| suffix array p50 | SA p95 | kvdb index build s | kvdb index B/token | SA build s | SA B/token "
+        "| infini-gram p50 | infini-gram p95 | infini-gram build s | infini-gram B/token | kvdb open ms | resident MB (mapped) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         L = r["lat"]
         lines.append(
             f"| {r['tokens']:.0e} | {r['sessions']} | {len(L['kvdb'])} | {f(pct(L['kvdb'], 50))} | {f(pct(L['kvdb'], 95))} | {f(pct(L['kvdb_case'], 50))} | {f(pct(L['kvdb_case'], 95))} | {f(r['first_ms'])} "
             f"| {f(pct(L['contains'], 50))} | {f(pct(L['contains'], 95))} | {f(pct(L['like'], 50))} | {f(pct(L['like'], 95))} "
-            f"| {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | {r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} |"
+            f"| {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | {r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} "
+            + (
+                f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} | {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} "
+                if r["ig"]
+                else "| – | – | – | – "
+            )
+            + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} ({r['probe']['rss_file_mb']:.0f}) |"
         )
     kinds = list(dict.fromkeys(k for r in results for k in r["lat_by_kind"]))
     lines += ["", "kvdb p50 / p95 (ms) by phrase kind:\n", "| tokens | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
     for r in results:
-        cells = [
-            f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–" for k in kinds
-        ]
+        cells = [f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–" for k in kinds]
         lines.append(f"| {r['tokens']:.0e} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -511,11 +687,7 @@ def targets(results: list[dict]) -> str:
     if 10**6 in at:
         p50 = pct(at[10**6]["lat"]["kvdb"], 50)
         lines.append(f"- p50 ≤ 10 ms at 1e6 tokens: {'met' if p50 <= 10 else 'NOT met'} ({p50:.2f} ms)")
-    faster = [
-        (r["tokens"], pct(r["lat"]["kvdb"], 50), pct(r["lat"]["contains"], 50), pct(r["lat"]["like"], 50))
-        for r in results
-        if r["tokens"] >= 10**6
-    ]
+    faster = [(r["tokens"], pct(r["lat"]["kvdb"], 50), pct(r["lat"]["contains"], 50), pct(r["lat"]["like"], 50)) for r in results if r["tokens"] >= 10**6]
     if faster:
         ok = all(k < min(c, lk) for _, k, c, lk in faster)
         lines.append(
@@ -524,11 +696,15 @@ def targets(results: list[dict]) -> str:
             + ")"
         )
     bpt = max(r["index_bpt"] for r in results)
-    fixed = max(r["index_fixed"] for r in results)
     lines.append(
-        f"- index ≤ 16 bytes/token: {'met' if bpt <= 16 else 'NOT met'} ({bpt:.4f} B/token at most: 8-byte walk key, 4-byte "
-        f"slot and 2-byte token per position, plus a fixed {fixed} B header)"
+        f"- index ≤ 7 bytes/token (issue 36): {'met' if bpt <= 7 else 'NOT met'} ({bpt:.4f} B/token at most: 4-byte slot and 2-byte token per position, a sampled key per 64)"
     )
+    if 10**8 in at:
+        r = at[10**8]
+        p50, p95 = pct(r["lat"]["kvdb"], 50), pct(r["lat"]["kvdb"], 95)
+        lines.append(f"- at 1e8 tokens, p50 ≤ 3 ms and p95 ≤ 10 ms: {'met' if p50 <= 3 and p95 <= 10 else 'NOT met'} ({p50:.2f} / {p95:.2f} ms)")
+        lines.append(f"- opening the index at 1e8 ≤ 100 ms: {'met' if r['probe']['open_ms'] <= 100 else 'NOT met'} ({r['probe']['open_ms']:.1f} ms)")
+        lines.append(f"- building 1e8 tokens ≤ 10 minutes: {'met' if r['index_s'] <= 600 else 'NOT met'} ({r['index_s']:.0f} s)")
     return "\n".join(lines) + "\n"
 
 
@@ -542,7 +718,17 @@ def plot(results: list[dict], path: Path) -> bool:
         return False
     xs = [r["tokens"] for r in results]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in (("kvdb", "kvdb Archive.search (k=10)"), ("contains", "DuckDB contains()"), ("like", "DuckDB LIKE"), ("sa", "suffix array (numpy)")):
+    series = (
+        ("kvdb", "kvdb Archive.search (k=10)"),
+        ("kvdb_case", "kvdb, case-sensitive"),
+        ("contains", "DuckDB contains()"),
+        ("like", "DuckDB LIKE"),
+        ("sa", "suffix array (numpy)"),
+        ("infini_gram", "infini-gram find"),
+    )
+    for key, label in series:
+        if not all(r["lat"][key] for r in results):
+            continue
         p50 = [pct(r["lat"][key], 50) for r in results]
         p95 = [pct(r["lat"][key], 95) for r in results]
         line = ax.plot(xs, p50, marker="o", label=f"{label}, p50")[0]
@@ -563,12 +749,18 @@ def plot(results: list[dict], path: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1e5 tokens only, few phrases: a smoke run")
-    parser.add_argument("--scales", default=None, help="comma-separated token counts (default 1e5,1e6,1e7)")
+    parser.add_argument("--scales", default=None, help="comma-separated token counts (default 1e5,1e6,1e7,1e8)")
     parser.add_argument("--reps", type=int, default=None, help="timed repeats per phrase and method (default 3; 1 at 1e7 and with --quick)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md or plot")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per scale on stdout (progress on stderr); RESULTS.md is left alone")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)  # internal: measure opening in a fresh process
+    parser.add_argument("--phrases", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    scales = [int(float(x)) for x in (args.scales or ("1e5" if args.quick else "1e5,1e6,1e7")).split(",")]
+    if args.probe:
+        print(json.dumps(probe(args.probe, json.loads(args.phrases.read_text()))))
+        return
+    scales = [int(float(x)) for x in (args.scales or ("1e5" if args.quick else "1e5,1e6,1e7,1e8")).split(",")]
     args.per_class = 1 if args.quick else 2
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
@@ -576,18 +768,22 @@ def main() -> None:
     t = time.perf_counter()
     tok = T.load()
     tok_hash = T.fingerprint(tok)
-    print(f"tokenizer loaded in {time.perf_counter() - t:.1f} s", flush=True)
+    log(f"tokenizer loaded in {time.perf_counter() - t:.1f} s")
     corpus = make_corpus(tok, max(scales), rng, 1 if args.quick else 2)
     if args.quick:
         corpus.planted = corpus.planted[::3]
     space, _ = vocab_tables(tok)
-    print(f"corpus: {sum(len(s) for s in corpus.sessions):,} tokens in {len(corpus.sessions)} sessions, {len(corpus.planted)} planted phrases", flush=True)
+    log(f"corpus: {sum(len(s) for s in corpus.sessions):,} tokens in {len(corpus.sessions)} sessions, {len(corpus.planted)} planted phrases")
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in scales:
             results.append(run_scale(n, corpus, tok, tok_hash, space, args, rng, Path(tmp)))
+            if args.json:
+                print(json.dumps(as_json(results[-1])), flush=True)
     elapsed = time.perf_counter() - start
+    if args.json:
+        return
     text = report(results, args, elapsed, len(corpus.planted)) + targets(results)
     if not args.no_results:
         png = Path(__file__).with_name("search_latency.png")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.errors import InvalidArgument
-from kvdb.index.walk import SlotMap, WalkIndex
+from kvdb.index.walk import KeyRange, SlotMap, WalkIndex
 
 MAX_PHRASE_TOKENS = 256
 # The share of a phrase's tokens a partial hit must match to be shown by default: a hit on one
@@ -91,59 +91,73 @@ def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
     return out
 
 
-def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int = 1) -> list[Candidate]:
+def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
+    """The pieces ``candidates`` looks up for a phrase: its pieces, and the suffixes of its last
+    piece down to ``least`` tokens (all of them bounded in one pass: ``WalkIndex.ranges``)."""
+    split = pieces(phrase, depth)
+    last = split[0][1]
+    return [piece for _, piece in split] + [phrase[-s:] for s in range(len(last) - 1, least - 1, -1)]
+
+
+def candidates(
+    index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int = 1, ranges: dict[bytes, KeyRange] | None = None
+) -> list[Candidate]:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
-    sharing at least ``least`` tokens, 1 or more)."""
+    sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of ``lookups``,
+    by the pieces' bytes, when the caller bounded them already.
+
+    A phrase of one piece takes its full matches in index order, a chunk at a time, so a phrase
+    found millions of times costs what its first ``limit`` live ones cost."""
+    if ranges is None:
+        wanted = lookups(phrase, index.depth, least)
+        ranges = dict(zip((p.tobytes() for p in wanted), index.ranges(wanted)))
     length = len(phrase)
     split = pieces(phrase, index.depth)
-    levels = [index.within(split[0][1])]  # levels[j]: end slots matching the phrase's pieces 0..j
-    for offset, piece in split[1:]:
-        current = levels[-1]
-        if current.size == 0:
-            break
-        _, local = slots.locate(current)
-        in_node = local >= offset  # else the piece lies in a parent node: the archive check decides
-        a, b = index.bounds(piece)
-        if not by_tokens(len(current), len(piece), b - a):
-            levels.append(current[~in_node | np.isin(current - offset, index.slots[a:b])])
-            continue
-        whole = local >= offset + len(piece) - 1  # the piece within the node: its tokens are the index's
-        keep = ~whole  # in a parent node, or across into one: the archive check decides
-        ends = current[whole] - offset
-        keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
-        levels.append(current[keep])
-    ranked: list[tuple[np.ndarray, int]] = []  # (end slots, shared tokens), best first
-    for j in range(len(levels) - 1, -1, -1):
-        deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
-        offset, piece = split[j]
-        if offset + len(piece) >= least:
-            ranked.append((np.setdiff1d(levels[j], deeper, assume_unique=True), offset + len(piece)))
+    ranked: list[tuple[Sequence[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
+    if len(split) == 1:
+        ranked.append((ranges[split[0][1].tobytes()].chunks(4 * limit), length))
+    else:
+        levels = [np.sort(ranges[split[0][1].tobytes()].slots())]  # levels[j]: end slots matching the phrase's pieces 0..j
+        for offset, piece in split[1:]:
+            current = levels[-1]
+            if current.size == 0:
+                break
+            _, local = slots.locate(current)
+            in_node = local >= offset  # else the piece lies in a parent node: the archive check decides
+            found = ranges[piece.tobytes()]
+            if not by_tokens(len(current), len(piece), len(found)):
+                levels.append(current[~in_node | np.isin(current - offset, found.slots())])
+                continue
+            whole = local >= offset + len(piece) - 1  # the piece within the node: its tokens are the index's
+            keep = ~whole  # in a parent node, or across into one: the archive check decides
+            ends = current[whole] - offset
+            keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
+            levels.append(current[keep])
+        for j in range(len(levels) - 1, -1, -1):
+            deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
+            offset, piece = split[j]
+            if offset + len(piece) >= least:
+                ranked.append(([np.setdiff1d(levels[j], deeper, assume_unique=True)], offset + len(piece)))
     # Shorter suffixes of the last piece: their key ranges nest around the longer one's, so the
     # entries sharing exactly s tokens are the two slices between the bounds of s and s + 1.
     last = split[0][1]
-    inner = index.bounds(last)
-    found = sum(len(e) for e, _ in ranked)
+    inner = ranges[last.tobytes()]
     for s in range(len(last) - 1, least - 1, -1):
-        if found >= limit:
-            break
-        outer = index.bounds(phrase[-s:])
-        ends = np.concatenate([index.slots[outer[0] : inner[0]], index.slots[inner[1] : outer[1]]])[: 2 * (limit - found)]
-        ranked.append((np.sort(ends.astype(np.int64)), s))
-        found += len(ends)
+        outer = ranges[phrase[-s:].tobytes()]
+        ranked.append(([np.sort(outer.outside(inner, 2 * limit))], s))
         inner = outer
 
     out: list[Candidate] = []
-    for ends, shared in ranked:
-        if not len(ends):
-            continue
-        run, local = slots.locate(ends)
-        live = run >= 0
-        position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
-        keep = live & (position - min(shared, length) + 1 >= 0)  # a match cannot begin before its path does
-        for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
-            out.append(Candidate(int(r), int(p), shared, variant))
-        if len(out) >= limit:
-            break
+    for chunks, shared in ranked:
+        for ends in chunks:
+            if len(out) >= limit:
+                return out
+            run, local = slots.locate(ends)
+            live = run >= 0
+            position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
+            keep = live & (position - min(shared, length) + 1 >= 0)  # a match cannot begin before its path does
+            for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
+                out.append(Candidate(int(r), int(p), shared, variant))
     return out
 
 
@@ -167,6 +181,7 @@ def search(
     slots: SlotMap,
     variants: Sequence[np.ndarray],
     names: dict[str, str],
+    age: dict[str, int],
     sessions_of: SessionsOf,
     fetch: Fetch,
     decode: Callable[[np.ndarray], str],
@@ -186,9 +201,11 @@ def search(
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
+    wanted = {p.tobytes(): p for v, phrase in enumerate(variants) for p in lookups(phrase, index.depth, least[v])}
+    ranges = dict(zip(wanted, index.ranges(list(wanted.values()))))
     pool = []
     for v, phrase in enumerate(variants):
-        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=least[v]))
+        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=least[v], ranges=ranges))
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
     pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
@@ -220,8 +237,7 @@ def search(
                     decode(window[after:]),
                 )
             )
-    # archive order within a grade: ``names`` lists the sessions oldest first, and slot order
+    # archive order within a grade (``age``: session id -> its place, oldest first); slot order
     # alone is not it (a rebuilt index numbers the slots by node, an incremental one by arrival)
-    age = {session_id: i for i, session_id in enumerate(names)}
     hits.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))
     return hits[:k]

@@ -9,6 +9,7 @@ from the root: one query per node on the path, by (parent, first token).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,12 @@ class TrieView:
     streams: dict[str, tuple[int, int]]  # node_id -> (alphabet, block_size)
     owner: dict[str, str]  # node_id -> the oldest live session through it
     names: dict[str, str]  # session_id -> its name, for the hits
+
+    @functools.cached_property
+    def age(self) -> dict[str, int]:
+        """session_id -> its place in archive order (``names`` lists the sessions oldest first):
+        the order of hits within a grade, derived once per snapshot, not per search."""
+        return {session_id: i for i, session_id in enumerate(self.names)}
 
     @classmethod
     def load(cls, store: Storage) -> TrieView:

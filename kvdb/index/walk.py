@@ -1,15 +1,16 @@
-"""The search index: the walk key of every archived position, sorted.
+"""The search index: every archived position, sorted by its walk key.
 
 A position's key is the exact-integer radix walk of its last D tokens (``fractal.walk_keys``),
 so the positions whose last s tokens equal a phrase piece are one contiguous range of sorted
 keys (the decay law as an interval, the separation property as disjoint intervals), found by
-binary search. Index ids are *slots*: each trie node gets a contiguous run of slots when it
+binary search. The keys themselves are derived from the tokens, not stored (``segment``). Index ids are *slots*: each trie node gets a contiguous run of slots when it
 is added, and the database maps runs back to nodes (``search_ranges``). Nodes no session uses
 are filtered out at query time; their slots stay as tombstones until the index is rebuilt.
 The token at every slot is kept too (2 bytes, or 4 for vocabularies over 65,536), so checking
 a hit and showing its context read memory, not the database: derived data, like the rest.
 
-The index is derived data: it lives in a sidecar file next to the archive, bound to the
+The index is derived data: it lives in sidecar files next to the archive (a base, and a tail
+that commits rewrite until it merges into the base), bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
 whenever it is missing or disagrees with the database. Why sorted keys and not FAISS: see
 docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range search scans 16 bytes/token per query piece).
@@ -18,12 +19,8 @@ docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import secrets
-import struct
-import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +28,16 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
+from kvdb.index.segment import Runs, Segment, padded_context, token_dtype
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
-MAGIC = b"KVDBIDX3"
-_LENGTH = struct.Struct("<I")
-_KEY = np.dtype("<u8")
-_SLOT = np.dtype("<u4")  # up to 2**32 positions per index
 REBUILD_ATTEMPTS = 50  # another writer committed first each time: past this, say so instead of trying forever
+# A tail is rewritten at every commit, so it merges into the base once it holds more than
+# TAIL_MIN slots and an eighth of the base's: a commit writes O(tail), a merge O(index).
+TAIL_MIN = 1 << 20
+TAIL_SHARE = 8
+MERGE_BATCH_TOKENS = 1 << 22  # nodes' tokens read from the database at once when an index is built
 
 
 def index_key(tokenizer_hash: str) -> str:
@@ -46,10 +45,8 @@ def index_key(tokenizer_hash: str) -> str:
     return tokenizer_hash[:16]
 
 
-def _token_dtype(alphabet: int) -> np.dtype:
-    """The token at each slot (hits are checked and shown without a database read): 2 bytes
-    for vocabularies up to 65,536 (14 bytes a position in all), else 4."""
-    return np.dtype("<u2") if alphabet <= 1 << 16 else np.dtype("<u4")
+def tail_path(path: Path) -> Path:
+    return path.with_suffix(".tail")
 
 
 @dataclass(frozen=True)
@@ -59,21 +56,83 @@ class IndexHeader:
     generation: int
 
 
-class WalkIndex:
-    """Sorted walk keys with their slots, and the token at every slot (14 or 16 bytes a position)."""
+class Tokens:
+    """The token at every slot, tombstones included, across the base and the tail."""
 
-    def __init__(self, alphabet: int, generation: int = 0, keys=None, slots=None, tokens=None):
+    def __init__(self, base: Segment, tail: Segment):
+        self._base, self._tail = base, tail
+        self.dtype = token_dtype(base.alphabet)
+
+    def __len__(self) -> int:
+        return self._tail.ntotal
+
+    def __getitem__(self, at):
+        split = self._tail.first
+        if isinstance(at, slice):
+            start, stop, _ = at.indices(len(self))
+            return np.concatenate([self._base.tokens[start : min(stop, split)], self._tail.tokens[max(start, split) - split : max(stop, split) - split]])
+        at = np.asarray(at, np.int64)
+        out = np.empty(at.shape, self.dtype)
+        in_tail = at >= split
+        out[in_tail] = self._tail.tokens[at[in_tail] - split]
+        out[~in_tail] = self._base.tokens[at[~in_tail]]
+        return out
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The entries of each segment whose keys lie in one range: ``(order, a, b)`` per segment."""
+
+    parts: tuple[tuple[np.ndarray, int, int], ...]
+
+    def __len__(self) -> int:
+        return sum(b - a for _, a, b in self.parts)
+
+    def slots(self) -> np.ndarray:
+        """Their slots, in key order per segment."""
+        return np.concatenate([order[a:b] for order, a, b in self.parts]).astype(np.int64)
+
+    def chunks(self, size: int) -> Iterator[np.ndarray]:
+        """Its slots in index order, ``size`` at a time."""
+        for order, a, b in self.parts:
+            for at in range(a, b, size):
+                yield np.asarray(order[at : min(at + size, b)], np.int64)
+
+    def outside(self, inner: KeyRange, limit: int) -> np.ndarray:
+        """Up to ``limit`` slots of this range that ``inner`` (a range nested in it) leaves out."""
+        out: list[np.ndarray] = []
+        for (order, a, b), (_, ia, ib) in zip(self.parts, inner.parts):
+            for lo, hi in ((a, ia), (ib, b)):
+                take = min(hi - lo, limit - sum(len(o) for o in out))
+                if take > 0:
+                    out.append(order[lo : lo + take])
+        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+
+class WalkIndex:
+    """The slots of every archived position in walk-key order, and the token at every slot, in
+    two segments: a base, rewritten only when the tail merges into it, and the tail the commits
+    since then rewrite (6.2 bytes a position; docs/decisions/0046-slots-in-key-order.md)."""
+
+    def __init__(self, alphabet: int, generation: int = 0, base: Segment | None = None, tail: Segment | None = None):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)  # tokens one key resolves: a query piece's length
         self.generation = generation
-        self.keys = np.zeros(0, _KEY) if keys is None else keys
-        self.slots = np.zeros(0, _SLOT) if slots is None else slots
-        self.tokens = np.zeros(0, _token_dtype(alphabet)) if tokens is None else tokens  # by slot, tombstones included
+        self.base = base if base is not None else Segment.empty(alphabet, generation)
+        self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
 
     @property
     def ntotal(self) -> int:
         """Slots handed out, tombstones included."""
-        return len(self.tokens)
+        return self.tail.ntotal
+
+    @property
+    def entries(self) -> int:
+        return self.base.entries + self.tail.entries
+
+    @property
+    def tokens(self) -> Tokens:
+        return Tokens(self.base, self.tail)
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
@@ -87,91 +146,90 @@ class WalkIndex:
         the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
         run covers are tombstones (a node gone before this copy caught up with it)."""
         runs = sorted(runs, key=lambda run: run[0])
-        ends = [first + len(tokens) for first, tokens, _ in runs]
-        if any(first < end for (first, _, _), end in zip(runs, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
-            raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
-        per_run = [fractal.walk_keys(tokens, self.alphabet, () if context is None else context) for _, tokens, context in runs]
-        keys = np.concatenate(per_run) if per_run else np.zeros(0, _KEY)
-        slots = np.concatenate([first + np.arange(len(tokens)) for first, tokens, _ in runs]).astype(_SLOT) if runs else np.zeros(0, _SLOT)
-        order = np.argsort(keys, kind="stable")
-        at = np.searchsorted(self.keys, keys[order], side="right")
-        self.keys = np.insert(self.keys, at, keys[order])
-        self.slots = np.insert(self.slots, at, slots[order])
-        by_slot = np.zeros(ntotal - self.ntotal, self.tokens.dtype)
+        self._check_runs([first for first, _, _ in runs], [len(tokens) for _, tokens, _ in runs], ntotal)
+        by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
-            by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = tokens
-        self.tokens = np.concatenate([self.tokens, by_slot])
+            by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
+        contexts = [padded_context(context, self.alphabet, self.depth) for _, _, context in runs]
+        self.append(
+            by_slot,
+            Runs(
+                np.array([r[0] for r in runs], np.int64),
+                np.array([len(r[1]) for r in runs], np.int64),
+                np.stack(contexts) if contexts else Runs.empty(self.depth).context,
+            ),
+        )
 
-    def bounds(self, piece: np.ndarray) -> tuple[int, int]:
-        """[a, b) in sorted-key order: the entries whose last ``len(piece)`` tokens are ``piece``.
+    def _check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
+        ends = [first + n for first, n in zip(firsts, lengths)]
+        if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
+            raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
 
-        Ranges nest: the bounds of a longer suffix of a phrase lie inside those of a shorter one.
+    def append(self, by_slot: np.ndarray, runs: Runs, ntotal: int | None = None) -> None:
+        """Merge ``runs`` (checked, sorted) whose tokens ``by_slot`` holds, slot ``self.ntotal`` on,
+        into the tail; then merge the tail into the base once it has outgrown it."""
+        self.tail = self.tail.extended(self.ntotal + len(by_slot), by_slot, runs)
+        if self.tail.ntotal - self.tail.first > max(TAIL_MIN, self.base.ntotal // TAIL_SHARE):
+            self.settle()
+
+    def settle(self) -> None:
+        """Merge the tail into the base (an empty base: the tail becomes it)."""
+        if self.base.ntotal:
+            self.base = self.base.extended(self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
+        else:
+            tail = self.tail
+            self.base = Segment(self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples)
+        self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
+
+    def ranges(self, pieces: Sequence[np.ndarray]) -> list[KeyRange]:
+        """Per piece (``len(piece) <= depth``), the entries whose last ``len(piece)`` tokens are
+        it: every bound found in one pass per segment.
+
+        Ranges nest: the range of a longer suffix of a phrase lies inside that of a shorter one.
         """
-        lo, hi = fractal.key_range(piece, self.alphabet)
-        a = int(np.searchsorted(self.keys, np.uint64(lo)))
-        b = int(np.searchsorted(self.keys, np.uint64(hi))) if hi < 1 << 64 else len(self.keys)
-        return a, b
+        if not pieces:
+            return []
+        bounds = np.array([fractal.key_range(piece, self.alphabet) for piece in pieces], dtype=object)  # hi may be 2**64
+        per_segment = [segment.bounds(bounds[:, 0], bounds[:, 1]) for segment in (self.base, self.tail)]
+        return [
+            KeyRange(tuple((segment.order, int(a[i]), int(b[i])) for segment, (a, b) in zip((self.base, self.tail), per_segment))) for i in range(len(pieces))
+        ]
 
     def within(self, piece: np.ndarray) -> np.ndarray:
         """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
-        a, b = self.bounds(piece)
-        return np.sort(self.slots[a:b].astype(np.int64))
+        return np.sort(self.ranges([piece])[0].slots())
 
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """Write atomically (temp file + rename): a crash leaves the old file or the new one."""
-        body = b"".join(a.tobytes() for a in (self.keys.astype(_KEY, copy=False), self.slots.astype(_SLOT, copy=False), self.tokens))
-        header = json.dumps(
-            {"alphabet": self.alphabet, "ntotal": self.ntotal, "entries": len(self.keys), "generation": self.generation, "crc32": zlib.crc32(body)}
-        ).encode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _LENGTH.pack(len(header)) + header + body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        """The base when it changed (a new one has no ident yet), then the tail that follows
+        it: a crash between the two leaves a tail that names another base, which is ignored."""
+        if self.base.ident is None:
+            self.base.save(path)
+        self.tail.save(tail_path(path), base=self.base.ident)
 
     @classmethod
-    def load(cls, path: Path) -> WalkIndex:
-        data = path.read_bytes()
-        header, start = _parse_header(data, path)
-        body = memoryview(data)[start:]
-        n, total = header.get("entries", -1), header.get("ntotal", -1)
-        token = _token_dtype(header["alphabet"])
-        if zlib.crc32(body) != header.get("crc32") or len(body) != n * (_KEY.itemsize + _SLOT.itemsize) + total * token.itemsize:
-            raise CorruptData(f"{path} failed its integrity check")
-        # The header's length leaves the arrays at any byte offset; numpy copies a misaligned
-        # array on every searchsorted (measured: 5 ms a lookup at 1e7 keys), so align them once.
-        keys = np.require(np.frombuffer(body, _KEY, n), requirements="A")
-        slots = np.require(np.frombuffer(body, _SLOT, n, n * _KEY.itemsize), requirements="A")
-        tokens = np.require(np.frombuffer(body, token, total, n * (_KEY.itemsize + _SLOT.itemsize)), requirements="A")
-        return cls(header["alphabet"], header["generation"], keys, slots, tokens)
+    def load(cls, path: Path, check: bool = False) -> WalkIndex:
+        """Map the base and, when it follows that base, the tail. ``check``: compare CRCs."""
+        base = Segment.load(path, check)
+        if base.first != 0:
+            raise CorruptData(f"{path} is not the base of a search index")
+        tail = None
+        header = Segment.read_header(tail_path(path))
+        if header is not None and header.get("base") == base.ident and header["first"] == base.ntotal and header["generation"] == base.generation:
+            tail = Segment.load(tail_path(path), check)
+        return cls(base.alphabet, base.generation, base, tail)
 
     @staticmethod
     def read_header(path: Path) -> IndexHeader | None:
-        """The header alone, or None when the file is missing or unreadable."""
-        try:
-            with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + _LENGTH.size)
-                if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
-                    return None
-                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-                header = json.loads(f.read(length))
-            return IndexHeader(header["alphabet"], header["ntotal"], header["generation"])
-        except (OSError, ValueError, KeyError):
+        """What the base and its tail hold, or None when the base is missing or unreadable."""
+        base = Segment.read_header(path)
+        if base is None:
             return None
-
-
-def _parse_header(data: bytes, path: Path) -> tuple[dict, int]:
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
-        raise CorruptData(f"{path} is not a kvdb search index")
-    (length,) = _LENGTH.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _LENGTH.size
-    try:
-        return json.loads(data[start : start + length]), start + length
-    except ValueError as exc:
-        raise CorruptData(f"{path}: damaged header") from exc
+        tail = Segment.read_header(tail_path(path))
+        ntotal = base["ntotal"]
+        if tail is not None and tail.get("base") == base["id"] and tail["first"] == ntotal and tail["generation"] == base["generation"]:
+            ntotal = tail["ntotal"]
+        return IndexHeader(base["alphabet"], ntotal, base["generation"])
 
 
 @dataclass(frozen=True)
@@ -278,23 +336,38 @@ class Indexes:
             pass
 
     def _merge(self, index: WalkIndex, ranges: dict[str, int], ntotal: int, nodes: list) -> None:
-        """The runs' keys, from the nodes' tokens read in one go (``nodes``: the rows of the
-        index's models): a key is a function of a position's last ``depth`` tokens, so deriving
-        it costs less than storing it."""
+        """The runs' keys, from the nodes' tokens read a batch at a time into the index's own
+        token array (``nodes``: the rows of the index's models): a key is a function of a
+        position's last ``depth`` tokens, so deriving it costs less than storing it, and the
+        stream is held once, at 2 bytes a token."""
         shapes = {n.node_id: n for n in nodes}
-        wanted = [node_id for node_id in ranges if node_id in shapes]  # a run's node gone already (gc): its slots are tombstones
-        tokens = self._store.nodes_tokens(wanted)
-        index.extend([(ranges[n], tokens[n], self._context(shapes[n], shapes, tokens, index.depth)) for n in wanted], ntotal)
+        wanted = sorted(
+            (node_id for node_id in ranges if node_id in shapes), key=ranges.__getitem__
+        )  # a run's node gone already (gc): its slots are tombstones
+        index._check_runs([ranges[n] for n in wanted], [shapes[n].n_tokens for n in wanted], ntotal)
+        by_slot = np.zeros(ntotal - index.ntotal, token_dtype(index.alphabet))
+        for batch in _batches(wanted, [shapes[n].n_tokens for n in wanted], MERGE_BATCH_TOKENS):
+            for node_id, tokens in self._store.nodes_tokens(batch).items():
+                first = ranges[node_id] - index.ntotal
+                by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
+        contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet, index.depth) for n in wanted]
+        table = Runs(
+            np.array([ranges[n] for n in wanted], np.int64),
+            np.array([shapes[n].n_tokens for n in wanted], np.int64),
+            np.stack(contexts) if contexts else Runs.empty(index.depth).context,
+        )
+        index.append(by_slot, table, ntotal)
 
-    def _context(self, node, shapes, tokens: dict[str, np.ndarray], depth: int) -> np.ndarray | None:
-        """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when they
-        were read already, else read."""
+    def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
+        """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when this
+        merge holds them, else read."""
         if node.parent_id is None:
             return None
-        parent = tokens.get(node.parent_id)
-        if parent is not None and len(parent) >= depth - 1:
-            return parent[len(parent) - (depth - 1) :]
-        return self._store.load_tokens(node.parent_id, max(0, node.start - depth + 1), node.start)
+        parent = shapes.get(node.parent_id)
+        if node.parent_id in ranges and parent is not None and parent.n_tokens >= index.depth - 1:
+            end = ranges[node.parent_id] - index.ntotal + parent.n_tokens
+            return by_slot[end - (index.depth - 1) : end]
+        return self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new numbering of the index's slots: every node that keeps the search tier, parents
@@ -327,6 +400,7 @@ class Indexes:
         slots = np.cumsum([0] + [n.n_tokens for n in searchable]).tolist()
         ranges = {n.node_id: first for n, first in zip(searchable, slots)}
         self._merge(index, ranges, slots[-1], nodes)
+        index.settle()
         return index, ranges
 
     def compact(self, key: str, tokenizer_hash: str) -> bool:
@@ -355,6 +429,19 @@ class Indexes:
             raise
         self._checked[key] = None
         self._save(key, index)
+
+
+def _batches(items: list[str], sizes: list[int], limit: int) -> Iterator[list[str]]:
+    """Consecutive runs of ``items`` whose sizes add up to about ``limit`` (at least one each)."""
+    batch, size = [], 0
+    for item, n in zip(items, sizes):
+        if batch and size + n > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        yield batch
 
 
 def _state(key: str, index: WalkIndex, ranges: dict[str, int]) -> IndexState:

@@ -234,7 +234,7 @@ def _check_indexes(store: Storage, report: VerifyReport, index_paths) -> None:
             report.problems.append(f"search index {key}: {path} is missing or stale (run `kvdb repair` or `kvdb index rebuild`)")
             continue
         try:
-            WalkIndex.load(path)
+            WalkIndex.load(path, check=True)
         except KvdbError as exc:
             report.problems.append(f"search index {key}: {exc} (run `kvdb repair`)")
 

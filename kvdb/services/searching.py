@@ -61,6 +61,7 @@ class Searcher:
             slots,
             variants,
             view.names,
+            view.age,
             sessions_of=sessions_of,
             fetch=lambda requests: view.windows(self._storage, requests, runs, index.tokens),
             decode=lambda ids: tok.decode(tokenizer, ids),

@@ -57,10 +57,18 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.entropy_coded_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files()
+        | golden.kl_files()
+        | golden.kl_node_files()
+        | golden.quant_files()
+        | golden.transform_files()
+        | golden.entropy_coded_files()
+        | golden.rans_files()
+        | golden.index_files(tmp_path)
+        | golden.prefix_files(tmp_path)
     )
-    committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".kv")}
-    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1}
+    committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".tail", ".kv")}
+    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1, *golden.INDEX_V3}
     assert committed == set(generated) | kept
 
 
@@ -312,8 +320,10 @@ def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_f
     read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
     made = golden.transform_codebooks()
     assert read.to_bytes() == made.to_bytes() and read.bits_per_element() == made.bits_per_element()
-    streams = {int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
-               for folder in sorted((GOLDEN / "transform" / "streams").iterdir())}
+    streams = {
+        int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
+        for folder in sorted((GOLDEN / "transform" / "streams").iterdir())
+    }
     codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
     for a, b in zip(codes, golden.transform_codes()):
         assert np.array_equal(a, b)
@@ -342,12 +352,18 @@ def test_rans_rows_encode_to_the_golden_bytes_and_decode_from_them():
     assert ((np.abs(values) <= 127) & (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).any()
 
 
-@pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),
-                                                     ("codebooks_v2.bin", True, True)])
+@pytest.mark.parametrize(
+    "name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False), ("codebooks_v2.bin", True, True)]
+)
 def test_golden_codebooks_read_back(name, weights, per_head):
     read, made = quant.Codebooks.from_bytes((GOLDEN / "quant" / name).read_bytes()), golden.codebooks(weights, per_head)
     assert (read.layers, read.heads, read.dim, read.pre_rope, read.preset, read.meta) == (
-        made.layers, made.heads, made.dim, made.pre_rope, made.preset, made.meta
+        made.layers,
+        made.heads,
+        made.dim,
+        made.pre_rope,
+        made.preset,
+        made.meta,
     )
     for kind in quant.KINDS:
         assert read.stages(kind) == golden.STAGES[kind]
@@ -369,7 +385,7 @@ def test_golden_code_streams_read_back(folder, per_head):
         np.testing.assert_array_equal(ours, theirs)
 
 
-# -- the search sidecar ("KVDBIDX3") --------------------------------------------------------
+# -- the search sidecar ("KVDBIDX4"; "KVDBIDX3" rebuilt: tests/services/test_search.py) -------
 
 _PREFIX = struct.Struct("<8s I")  # magic, JSON header length
 
@@ -387,15 +403,17 @@ def test_search_sidecar_writes_the_golden_bytes(tmp_path):
 
 @pytest.mark.parametrize(("alphabet", "generation", "first", "second"), golden.INDEX_CASES)
 def test_golden_search_sidecar_reads_back(alphabet, generation, first, second):
-    path = GOLDEN / f"index/a{alphabet}.keys"
-    index = WalkIndex.load(path)
+    path = GOLDEN / f"index/v4/a{alphabet}.keys"
+    index = WalkIndex.load(path, check=True)
     stream = np.concatenate(golden.index_inputs(alphabet, first, second))
     header = WalkIndex.read_header(path)
     assert (header.alphabet, header.ntotal, header.generation) == (alphabet, first + second, generation)
-    magic, length = _PREFIX.unpack_from(path.read_bytes())
-    assert magic == b"KVDBIDX3" and json.loads(path.read_bytes()[_PREFIX.size :][:length])["entries"] == first + second
-    assert (index.alphabet, index.generation, index.ntotal) == (alphabet, generation, first + second)
-    np.testing.assert_array_equal(index.tokens, stream)
+    for segment, entries in ((path, first), (path.with_suffix(".tail"), second)):
+        magic, length = _PREFIX.unpack_from(segment.read_bytes())
+        assert magic == b"KVDBIDX4" and json.loads(segment.read_bytes()[_PREFIX.size :][:length])["entries"] == entries
+    assert (index.alphabet, index.generation, index.ntotal, index.base.ntotal) == (alphabet, generation, first + second, first)
+    np.testing.assert_array_equal(index.tokens[:], stream)
+    assert WalkIndex.read_header(GOLDEN / f"index/a{alphabet}.keys") is None  # a KVDBIDX3 file reads as missing: rebuilt
     for at, length in ((10, 3), (first - 1, min(4, index.depth)), (first + 2, index.depth)):  # the last piece spans both nodes
         piece = stream[at - length + 1 : at + 1]
         ends = [p for p in range(length - 1, len(stream)) if np.array_equal(stream[p - length + 1 : p + 1], piece)]

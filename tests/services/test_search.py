@@ -1,5 +1,7 @@
 """Phrase search on a tiny byte-level model: every occurrence found, ranking, deletes, rebuilds."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from support import write
@@ -93,13 +95,30 @@ def test_missing_or_damaged_sidecar_is_rebuilt(tmp_path, tiny_model):
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
         expected = [h.to_dict() for h in db.search("harbour lights", k=10)]
-    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
-    sidecar.write_bytes(sidecar.read_bytes()[:-7] + b"garbage")
+    files = sorted((tmp_path / "a.duckdb.index").glob("*.*"))
+    assert [f.suffix for f in files] == [".keys", ".tail"]  # the base and the tail that follows it
+    for sidecar in files:
+        sidecar.write_bytes(sidecar.read_bytes()[:-7] + b"garbage")
+        with kvdb.open(path, model=tiny_model) as db:
+            assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
+    for sidecar in files:
+        sidecar.unlink()
+        with kvdb.open(path, model=tiny_model) as db:
+            assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
+
+
+def test_a_sidecar_of_the_old_format_is_rebuilt(tmp_path, tiny_model):
+    """An index file kvdb 0.1.0 wrote (KVDBIDX3: every key stored) is rebuilt in today's format."""
+    path = tmp_path / "a.duckdb"
+    with kvdb.open(path, model=tiny_model) as db:
+        db.ingest(text=TEXTS["harbour"], name="harbour")
+        expected = [h.to_dict() for h in db.search("harbour lights", k=10)]
+    [base] = (tmp_path / "a.duckdb.index").glob("*.keys")
+    base.with_suffix(".tail").unlink()
+    base.write_bytes((Path(__file__).parents[1] / "fixtures/golden/index/a259.keys").read_bytes())
     with kvdb.open(path, model=tiny_model) as db:
         assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
-    sidecar.unlink()
-    with kvdb.open(path, model=tiny_model) as db:
-        assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
+    assert base.read_bytes().startswith(b"KVDBIDX4")
 
 
 def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
@@ -107,11 +126,11 @@ def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
-    [sidecar] = (tmp_path / "a.duckdb.index").glob("*.keys")
-    old = sidecar.read_bytes()
+    old = {sidecar: sidecar.read_bytes() for sidecar in (tmp_path / "a.duckdb.index").glob("*.*")}
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["garden"], name="garden")
-    sidecar.write_bytes(old)  # the index now misses the garden session
+    for sidecar, data in old.items():
+        sidecar.write_bytes(data)  # the index now misses the garden session
     with kvdb.open(path, model=tiny_model) as db:
         assert {h.name for h in db.search("the garden", k=10) if h.exact} == {"garden"}
 
@@ -159,7 +178,10 @@ def test_cli_search(tmp_path, tiny_model):
     out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--json"], env=env)
     assert out.exit_code == 0
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(rows) == 3 and all(set(r) == {"session_id", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"} for r in rows)
+    assert len(rows) == 3 and all(
+        set(r) == {"session_id", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"}
+        for r in rows
+    )
     assert all(r["exact"] and not r["partial"] and r["name"] == "harbour" and "harbour lights" in r["context"] for r in rows)
     human = runner.invoke(main, [*args, "search", "harbour lights", "-k", "1"], env=env)
     assert human.stdout.startswith("harbour ") and " @" in human.stdout and "[exact]" in human.stdout
@@ -170,7 +192,12 @@ def test_cli_search(tmp_path, tiny_model):
 
 
 def test_casings_are_the_phrase_as_typed_then_lower_sentence_title_and_upper_case():
-    assert search_ops_casings("infrastructure deficit") == ["infrastructure deficit", "Infrastructure deficit", "Infrastructure Deficit", "INFRASTRUCTURE DEFICIT"]
+    assert search_ops_casings("infrastructure deficit") == [
+        "infrastructure deficit",
+        "Infrastructure deficit",
+        "Infrastructure Deficit",
+        "INFRASTRUCTURE DEFICIT",
+    ]
     assert search_ops_casings("Leggy")[:2] == ["Leggy", "leggy"] and search_ops_casings("42 ships")[1:3] == ["42 Ships", "42 SHIPS"]
 
 

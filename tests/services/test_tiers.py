@@ -509,13 +509,14 @@ def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, d
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="The harbour lights at dusk.", name="s")
         assert db.search("harbour")  # the index is loaded; its file is then lost or damaged under this process
-        [sidecar] = (tmp_path / "c.duckdb.index").iterdir()
+        sidecars = sorted((tmp_path / "c.duckdb.index").iterdir(), key=lambda f: f.stat().st_size)  # the base and its tail
         if damage == "missing":
-            sidecar.unlink()
-        else:
-            data = bytearray(sidecar.read_bytes())
+            for sidecar in sidecars:
+                sidecar.unlink()
+        else:  # a token of the larger (the session's tokens are in the tail)
+            data = bytearray(sidecars[-1].read_bytes())
             data[-1] ^= 0x01
-            sidecar.write_bytes(bytes(data))
+            sidecars[-1].write_bytes(bytes(data))
         problems = db.verify().problems
     advice = "(run `kvdb repair` or `kvdb index rebuild`)" if damage == "missing" else "(run `kvdb repair`)"
     assert any(p.endswith(advice) for p in problems), problems
