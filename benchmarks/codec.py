@@ -133,7 +133,9 @@ CODECS = {
     "bit-packing ceil(log2 N)": (bitpack, bitunpack),
     "zlib -6": generic(lambda b: zlib.compress(b, 6), zlib.decompress),
     "lzma -6": generic(lambda b: lzma.compress(b, preset=6), lzma.decompress),
-    f"zstd -{ZSTD_LEVEL}": generic(lambda b: zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b), lambda b: zstandard.ZstdDecompressor().decompress(b)),
+    f"zstd -{ZSTD_LEVEL}": generic(
+        lambda b: zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b), lambda b: zstandard.ZstdDecompressor().decompress(b)
+    ),
 }
 
 
@@ -207,7 +209,8 @@ def random_access(tokens: np.ndarray, lengths: list[int], samples: int, rng) -> 
         f"Window of {window} symbols, vocabulary {VOCAB}, {samples} random windows per length; "
         f"fractal and zstd -{ZSTD_LEVEL} both in blocks of {block} symbols held in a Python list.",
         "",
-        "| stream length | source | fractal median µs | fractal p99 µs | windows on 2 blocks | zstd-block median µs | fractal B/sym | zstd-block B/sym |",
+        "| stream length | source | fractal median µs | fractal p99 µs | windows on 2 blocks | "
+        "zstd-block median µs | fractal B/sym | zstd-block B/sym |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for length in lengths:
@@ -275,7 +278,8 @@ def search_point_tables(tokens: np.ndarray, runs: int) -> list[str]:
                 f"{relaxed_capacity(alphabet, dim, np.float32)} | {4 * dim} |"
             )
     seconds = median_seconds(lambda: points.walk(tokens, VOCAB), runs)
-    lines += ["", f"Dense walk of the real token stream (float32, d={points.geometry(VOCAB).dim}): {tokens.size / seconds / 1e6:.1f} M points/s."]
+    lines += ["", f"Dense walk of the real token stream (float32, d={points.geometry(VOCAB).dim}): "
+              f"{tokens.size / seconds / 1e6:.1f} M points/s."]
     return lines
 
 

@@ -90,8 +90,8 @@ def main() -> None:
         f"\n## Which layers a verbatim copy depends on ({time.strftime('%Y-%m-%d')})\n",
         f"`.venv/bin/python benchmarks/copy_scan.py{' --context ' + str(n) if n != 1024 else ''}` — {describe()}; "
         f"SmolLM2-135M-Instruct; shipped k4v3 codebooks; contexts of {n} tokens from `corpus.real_text` past token {FIRST:,}: "
-        f'the first whose next {PROBE + 1} tokens occur verbatim inside it ("copy") and the first whose next 64 do not '
-        f'("no copy"). Each cell: the perplexity ratio of the {PROBE} teacher-forced tokens when only that layer\'s keys (K) '
+        f"the first whose next {PROBE + 1} tokens occur verbatim inside it (\"copy\") and the first whose next 64 do not "
+        f"(\"no copy\"). Each cell: the perplexity ratio of the {PROBE} teacher-forced tokens when only that layer's keys (K) "
         f"or values (V) are quantized, everything else exact, window recomputed. Total {time.perf_counter() - began:.0f} s.\n",
         "| quantized | " + " | ".join(f"{c}: K | {c}: V" for c in names) + " |",
         "|---|" + "---:|---:|" * len(names),

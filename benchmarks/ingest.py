@@ -126,9 +126,7 @@ def kv_overhead(lm, n: int, runs: int) -> list[str]:
     ]
     for keep, preset in variants:
         t = statistics.median(seconds[(keep, preset)])
-        lines.append(
-            f"| `{keep}` | {preset or ''} | {specs[preset] if preset else ''} | {t:.1f} | {'' if preset is None else f'{100 * (t / base - 1):+.1f}%'} |"
-        )
+        lines.append(f"| `{keep}` | {preset or ''} | {specs[preset] if preset else ''} | {t:.1f} | {'' if preset is None else f'{100 * (t / base - 1):+.1f}%'} |")
     return lines
 
 

@@ -99,13 +99,8 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    style = {
-        "kvdb preset": ("o", "tab:blue"),
-        "kvdb window variant": ("s", "tab:cyan"),
-        "paper setting": ("D", "tab:red"),
-        "QuantizedCache peer": ("^", "tab:green"),
-        "fp16": ("*", "black"),
-    }
+    style = {"kvdb preset": ("o", "tab:blue"), "kvdb window variant": ("s", "tab:cyan"), "paper setting": ("D", "tab:red"),
+             "QuantizedCache peer": ("^", "tab:green"), "fp16": ("*", "black")}
     fig = plt.figure(figsize=(15, 8))
     ax = fig.add_axes((0.055, 0.08, 0.55, 0.80))
     key = fig.add_axes((0.63, 0.02, 0.36, 0.96))
@@ -113,7 +108,8 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     for group, (marker, color) in style.items():
         pts = [p for p in points if p[1] == group]
         if pts:
-            ax.scatter([p[2] for p in pts], [p[3] for p in pts], marker=marker, color=color, s=60 if group != "fp16" else 140, label=group, zorder=3)
+            ax.scatter([p[2] for p in pts], [p[3] for p in pts], marker=marker, color=color, s=60 if group != "fp16" else 140,
+                       label=group, zorder=3)
     numbered = sorted(points, key=lambda p: (p[2], p[3]))
     placed = []  # stagger the numbers of points that sit close together
     rows = [(f"default = {default}", "black"), ("", "black")]
@@ -136,7 +132,8 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     sec.set_xlabel("compression ratio vs fp16")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"KV cache rate–distortion, {DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9, x=0.33, y=0.99)
+    fig.suptitle(f"KV cache rate–distortion, {DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9,
+                 x=0.33, y=0.99)
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
@@ -364,14 +361,8 @@ def main() -> None:
         presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER] + ([default] if default != UNIFORM else [])
     configs = [(f"pre {p}", "pre", p, "recompute", "kv") for p in presets]
     configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([default] if args.quick else [default, "k2v2", "k2v1"])]
-    sharpened = (
-        [
-            (f"pre {default}, keys sharpened x{sharpen}", "pre", default, "recompute", "kv"),
-            (f"shipped {default} (packaged calibration text), keys sharpened x{sharpen}", "shipped", default, "recompute", "kv"),
-        ]
-        if sharpen != 1.0
-        else []
-    )
+    sharpened = [(f"pre {default}, keys sharpened x{sharpen}", "pre", default, "recompute", "kv"),
+                 (f"shipped {default} (packaged calibration text), keys sharpened x{sharpen}", "shipped", default, "recompute", "kv")] if sharpen != 1.0 else []
     configs += sharpened
     factors = {c[0]: sharpen for c in sharpened}
     configs += [(f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])]
@@ -390,7 +381,8 @@ def main() -> None:
     if big is not None:
         configs += [(f"pre {p}", "big", p, "recompute", "kv") for p in ("k2x1024v1", "k3x1024v2")]
     peers = [] if args.no_peers else list(PEERS)
-    peer_rows = {f"QuantizedCache {b} {n}-bit": {"nll": [], "agree": [], "restore_s": [], "backend": b, "nbits": n, "error": None} for b, n in peers}
+    peer_rows = {f"QuantizedCache {b} {n}-bit": {"nll": [], "agree": [], "restore_s": [], "backend": b, "nbits": n, "error": None}
+                 for b, n in peers}
     books = {"pre": pre, "post": post, "big": big, "shipped": shipped_books}
 
     rows = {c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs}
@@ -451,14 +443,8 @@ def main() -> None:
             else:  # sinks recomputed from tier-T tokens; codes kept for every later position
                 code_b, win_b = KS.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
             if kinds != "kv":  # the exact kind would be stored in fp16
-                only = Q.Codebooks(
-                    L,
-                    H,
-                    D,
-                    cb.pre_rope,
-                    {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
-                    depths={kk: d for kk, d in cb.depths.items() if kk in kinds},
-                )
+                only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
+                                   depths={kk: d for kk, d in cb.depths.items() if kk in kinds})
                 code_b = KS.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
             r = rows[label]
             r["nll"].append(-lp)
@@ -472,18 +458,14 @@ def main() -> None:
         print(f"eval context {e + 1}/{n_eval} done ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
     # -- table --------------------------------------------------------------------------------------
-    header = (
-        "| configuration | window | bits / archived vector (K/V) | B/token (codes+window) | ratio vs fp16 | codebooks MB (fp16) "
-        "| all-incl. B/token @1e6 tok | ratio incl. codebooks @1e5 tok | @1e6 tok | ppl (pooled) | ppl increase | ppl ratio (pooled) "
-        "| per-context ppl ratio min–max | top-1 agreement | restore s (median) |"
-    )
+    header = ("| configuration | window | bits / archived vector (K/V) | B/token (codes+window) | ratio vs fp16 | codebooks MB (fp16) "
+              "| all-incl. B/token @1e6 tok | ratio incl. codebooks @1e5 tok | @1e6 tok | ppl (pooled) | ppl increase | ppl ratio (pooled) "
+              "| per-context ppl ratio min–max | top-1 agreement | restore s (median) |")
     lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     nll_exact_all = np.concatenate(rows[configs[0][0]]["nll_exact"])
     ppl_exact = float(np.exp(nll_exact_all.mean()))
-    lines.append(
-        f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | {fp16_per_token:,.1f} | 1.0x | 1.0x "
-        f"| {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |"
-    )
+    lines.append(f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | {fp16_per_token:,.1f} | 1.0x | 1.0x "
+                 f"| {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |")
     points = [("fp16", "fp16", float(fp16_per_token), 0.0)]
     for label, _which, preset, window_, kinds in configs:
         r = rows[label]
@@ -494,9 +476,8 @@ def main() -> None:
         bpt = float(np.median(r["bytes"]))
         cbb = r["codebook_bytes"]
         allin = bpt + cbb / 1e6
-        win = {"recompute": "sinks+recent recomputed", "stored": "36 tok fp16 stored", "quantized": "sinks recomputed, recent VQ", "none": "none (all VQ)"}[
-            r["window"]
-        ]
+        win = {"recompute": "sinks+recent recomputed", "stored": "36 tok fp16 stored", "quantized": "sinks recomputed, recent VQ",
+               "none": "none (all VQ)"}[r["window"]]
         lines.append(
             f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, H, D)} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} "
             f"| {allin:,.1f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
@@ -531,13 +512,7 @@ def main() -> None:
         )
         points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
     lengths = [int(x) for x in args.long.split(",") if x.strip()]
-    long_rows = (
-        _long_contexts(
-            model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, sharpen, [] if args.no_peers else PEERS, check_held_out
-        )
-        if lengths
-        else []
-    )
+    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, sharpen, [] if args.no_peers else PEERS, check_held_out) if lengths else []
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
         _plot(points, fp16_per_token, plot_path, default)
@@ -586,21 +561,17 @@ def main() -> None:
         "",
         *lines,
         "",
-        *(
-            [
-                f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each followed by the same "
-                f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at the model's default "
-                f"{default}, and `pre` at {UNIFORM} (every layer alike). "
-                f"The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
-                "",
-                "| context tokens | configuration | ppl ratio (pooled) | per-context min–max | top-1 agreement | contexts |",
-                "|---:|---|---:|---:|---:|---:|",
-                *long_rows,
-                "",
-            ]
-            if long_rows
-            else []
-        ),
+        *([
+            f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each followed by the same "
+            f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at the model's default "
+            f"{default}, and `pre` at {UNIFORM} (every layer alike). "
+            f"The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
+            "",
+            "| context tokens | configuration | ppl ratio (pooled) | per-context min–max | top-1 agreement | contexts |",
+            "|---:|---|---:|---:|---:|---:|",
+            *long_rows,
+            "",
+        ] if long_rows else []),
         f"Total benchmark time {total:.0f} s.",
         "",
     ]

@@ -201,7 +201,8 @@ def main() -> None:
     for s, n in _held_out(ids, len(calib_ids)) + [(s, -LONG) for s in VALIDATION]:  # n < 0: validation
         prefix, cont = ids[s : s + abs(n)], ids[s + abs(n) : s + abs(n) + CONT + 1]
         k, v, lp, am = _exact_pass(model, prefix, cont)
-        contexts.append({"start": s, "n": n, "prefix": prefix, "cont": cont, "k": k, "v": v, "lp": lp, "am": am, "codes": Q.encode(deep, k, v)})
+        contexts.append({"start": s, "n": n, "prefix": prefix, "cont": cont, "k": k, "v": v, "lp": lp, "am": am,
+                         "codes": Q.encode(deep, k, v)})
         print(f"context {s} of {n} captured ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
     def decoded(ctx, preset, sharpen=1.0):
@@ -256,7 +257,6 @@ def main() -> None:
             for layer, head in units:
                 k[layer, head] = ctx["k"][layer, head]
             return k, vq
-
         return arrays
 
     scan = [(layer, ratio(LONG, keys_exact([(layer, slice(None))]))) for layer in range(L)]
@@ -275,31 +275,19 @@ def main() -> None:
     first, rest = f"{best_heads[0][0]}", ",".join(str(layer) for layer, _ in best_heads[1:])
     first_h, rest_h = f"{best_heads[0][0]}.{best_heads[0][1]}", ",".join(f"{layer}.{h}" for layer, h in best_heads[1:])
     default = P.resolve("compact", lm.identity.weights_hash)
-    by_head = [
-        f"k3v3+k12@{first}+k8@{rest}+k2@0-5+v2@0-1",
-        f"k3v3+k12@{first_h}+k8@{rest_h}+k2@0-5+v2@0-1",
-        f"k3v3+k16@{first_h}+k12@{rest_h}+k2@0-5+v2@0-1",
-        f"k3v3+k16@{first_h},{rest_h}+k2@0-5+v2@0-1",
-    ]
-    presets = [
-        BASE,
-        f"k4v3+k8@{top_s}",
-        f"k3v3+k8@{top_s}+k2@0-5",
-        f"k3v3+k12@{top_s}+k2@0-5",
-        f"k3v4+k8@{top_s}+k2@0-5+v2@0-5",
-        f"k2v3+k8@{top_s}+k4@{nxt_s}",
-        f"k2v2+k8@{top_s}+k4@{nxt_s}",
-        *by_head,
-    ]
+    by_head = [f"k3v3+k12@{first}+k8@{rest}+k2@0-5+v2@0-1", f"k3v3+k12@{first_h}+k8@{rest_h}+k2@0-5+v2@0-1",
+               f"k3v3+k16@{first_h}+k12@{rest_h}+k2@0-5+v2@0-1", f"k3v3+k16@{first_h},{rest_h}+k2@0-5+v2@0-1"]
+    presets = [BASE, f"k4v3+k8@{top_s}", f"k3v3+k8@{top_s}+k2@0-5", f"k3v3+k12@{top_s}+k2@0-5", f"k3v4+k8@{top_s}+k2@0-5+v2@0-5",
+               f"k2v3+k8@{top_s}+k4@{nxt_s}", f"k2v2+k8@{top_s}+k4@{nxt_s}", *by_head]
     presets += [default] if default not in presets else []
-    layer0_err = max(float(np.abs(np.stack(_layer0_from_tokens(model, c["prefix"])) - np.stack([c["k"][0], c["v"][0]])).max()) for c in contexts)
+    layer0_err = max(float(np.abs(np.stack(_layer0_from_tokens(model, c["prefix"])) - np.stack([c["k"][0], c["v"][0]])).max())
+                     for c in contexts)
 
     def with_layer0(preset):
         def arrays(ctx):
             k, v = decoded(ctx, preset)
             k[0], v[0] = _layer0_from_tokens(model, ctx["prefix"])
             return k, v
-
         return arrays
 
     preset_rows = []
@@ -342,22 +330,17 @@ def main() -> None:
         def arrays(ctx):
             k, v = decoded(ctx, default)
             return on_heads(k, s, heads), v
-
         return arrays
 
     def exact_sharpened(s, heads=None):
         return lambda ctx: (on_heads(ctx["k"], s, heads), ctx["v"])
 
     sharpen_rows = [(f"{default}, as trained", lambda ctx: decoded(ctx, default))]
-    sharpen_rows += [
-        (f"{default}, keys sharpened x{s}{' (the default restore)' if s == factor else ''}", lambda ctx, s=s: decoded(ctx, default, s))
-        for s in dict.fromkeys((1.05, factor, 1.1))
-    ]
-    sharpen_rows += [
-        (f"{default}, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1", sharpened(1.1, best_heads)),
-        (f"exact keys and values, keys sharpened x{factor} (control)", exact_sharpened(factor)),
-        (f"exact keys and values, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1 (control)", exact_sharpened(1.1, best_heads)),
-    ]
+    sharpen_rows += [(f"{default}, keys sharpened x{s}{' (the default restore)' if s == factor else ''}", lambda ctx, s=s: decoded(ctx, default, s))
+                     for s in dict.fromkeys((1.05, factor, 1.1))]
+    sharpen_rows += [(f"{default}, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1", sharpened(1.1, best_heads)),
+                     (f"exact keys and values, keys sharpened x{factor} (control)", exact_sharpened(factor)),
+                     (f"exact keys and values, the keys of heads {', '.join(f'{a}.{b}' for a, b in best_heads)} sharpened x1.1 (control)", exact_sharpened(1.1, best_heads))]
     sharpen_rows = [(label, ratio(CTX, arrays, kl=True), ratio(LONG, arrays, kl=True), ratio(-LONG, arrays, kl=True)) for label, arrays in sharpen_rows]
     print("sharpening done", flush=True)
 
@@ -409,19 +392,11 @@ def main() -> None:
     t = time.perf_counter()
     decoded(long[0], plain)
     t_gather = time.perf_counter() - t
-    plain_rows = (
-        f"{plain}, every layer alone",
-        plain_bpt,
-        ratio(CTX, lambda ctx: decoded(ctx, plain), kl=True),
-        ratio(LONG, lambda ctx: decoded(ctx, plain), kl=True),
-        ratio(-LONG, lambda ctx: decoded(ctx, plain), kl=True),
-        t_gather,
-    )
+    plain_rows = (f"{plain}, every layer alone", plain_bpt, ratio(CTX, lambda ctx: decoded(ctx, plain), kl=True),
+                  ratio(LONG, lambda ctx: decoded(ctx, plain), kl=True), ratio(-LONG, lambda ctx: decoded(ctx, plain), kl=True), t_gather)
     predicted_rows = [plain_rows]
-    for label, from_keys in (
-        (f"{plain}, each kind from the decoded previous layer", False),
-        (f"{plain}, keys from the decoded previous layer, values from it and this layer's decoded keys", True),
-    ):
+    for label, from_keys in ((f"{plain}, each kind from the decoded previous layer", False),
+                             (f"{plain}, keys from the decoded previous layer, values from it and this layer's decoded keys", True)):
         trained, _, _ = _predicted(ck, cv, from_keys)
         side = sum(w.size * 2 for wk, _, wv, _ in trained for w in (wk, wv) if w is not None)  # the maps, fp16
         side += sum(cb.nbytes for _, cbk, _, cbv in trained for cb in (cbk, cbv))
@@ -439,16 +414,9 @@ def main() -> None:
 
     # -- 10. the sharpening factor by preset ---------------------------------------------------------
     factors = (1.0, 1.05, 1.1, 1.15)
-    by_preset = [
-        (
-            p,
-            [
-                (ratio(CTX, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3], ratio(LONG, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3])
-                for s in factors
-            ],
-        )
-        for p in dict.fromkeys(("k2v1", "k3v2", BASE, default, "k6v4", "k8v4"))
-    ]
+    by_preset = [(p, [(ratio(CTX, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3],
+                       ratio(LONG, lambda ctx, p=p, s=s: decoded(ctx, p, s), kl=True)[3]) for s in factors])
+                 for p in dict.fromkeys(("k2v1", "k3v2", BASE, default, "k6v4", "k8v4"))]
     print("sharpening by preset done", flush=True)
 
     # -- 7. entropy coding of the code indices -------------------------------------------------------
@@ -460,7 +428,8 @@ def main() -> None:
 
     def stream(ki: int, layer: int, h: int, stage: int) -> tuple[np.ndarray, np.ndarray]:
         """One codebook's codes, int64: (the calibration's, the held-out contexts' joined)."""
-        return (calib_codes[ki][layer, h, stage].astype(np.int64), np.concatenate([x[ki][layer, h, stage] for x in held]).astype(np.int64))
+        return (calib_codes[ki][layer, h, stage].astype(np.int64),
+                np.concatenate([x[ki][layer, h, stage] for x in held]).astype(np.int64))
 
     for ki, kind in enumerate(Q.KINDS):
         for layer in range(L):
@@ -468,148 +437,88 @@ def main() -> None:
                 for h in range(H):
                     tr, te = stream(ki, layer, h, stage)
                     none = (np.zeros_like(tr), np.zeros_like(te)), 1  # no context: the order-0 model
-                    models = {
-                        "order 0": none,
-                        "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
-                        "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none,
-                    }
+                    models = {"order 0": none,
+                              "previous head, same stage": (stream(ki, layer, h - 1, stage), 256) if h else none,
+                              "previous stage, same head": (stream(ki, layer, h, stage - 1), 256) if stage else none}
                     for name, ((ctx_tr, ctx_te), n_ctx) in models.items():
                         bits[name].append(_xent_bits(ctx_tr, tr, ctx_te, te, n_ctx))
                         tables[name] += n_ctx * 256 * 2
                     # previous position within each context (the calibration as one run)
-                    bits["previous position"].append(
-                        float(
-                            np.mean(
-                                [
-                                    _xent_bits(tr[:-1], tr[1:], x[ki][layer, h, stage][:-1].astype(np.int64), x[ki][layer, h, stage][1:].astype(np.int64), 256)
-                                    for x in held
-                                ]
-                            )
-                        )
-                    )
+                    bits["previous position"].append(float(np.mean([_xent_bits(tr[:-1], tr[1:], x[ki][layer, h, stage][:-1].astype(np.int64),
+                                                                            x[ki][layer, h, stage][1:].astype(np.int64), 256) for x in held])))
                     tables["previous position"] += 256 * 256 * 2
     codes_per_token = len(bits["order 0"])
     base_bpt = bytes_per_token(BASE)
 
     # -- tables ---------------------------------------------------------------------------------------
-    head = (
-        f"`.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
-        f"pre-RoPE k16v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
-        f"held-out contexts at kv.py's offsets: {[c['start'] for c in contexts if c['n'] == CTX]} (1,024 tokens) and "
-        f"{[c['start'] for c in long]} (8,000), each followed by 128 teacher-forced tokens; window recomputed; ppl ratio "
-        f"pooled over the contexts (min–max per context), top-1 = agreement of the argmax with the exact cache's. "
-        f"B/token all-inclusive = code streams as stored + codebooks over 1e6 tokens; fp16 = {fp16:,} B/token. "
-        f"Total {time.perf_counter() - t_all:.0f} s."
-    )
-    lines = [
-        "",
-        f"## Tier K ideas on kv.py's held-out protocol (`benchmarks/kv_ideas.py`, {datetime.date.today()})",
-        "",
-        head,
-        "",
-        f"### Where the loss at {LONG:,} tokens comes from: {BASE} everywhere, the keys of one layer (head) exact",
-        "",
-        f"{BASE}, nothing exact: ppl ratio {cell(base_r)} (top-1).",
-        "",
-        "| keys exact | ppl ratio (min–max) | top-1 |",
-        "|---|---:|---:|",
-    ]
+    head = (f"`.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
+            f"pre-RoPE k16v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
+            f"held-out contexts at kv.py's offsets: {[c['start'] for c in contexts if c['n'] == CTX]} (1,024 tokens) and "
+            f"{[c['start'] for c in long]} (8,000), each followed by 128 teacher-forced tokens; window recomputed; ppl ratio "
+            f"pooled over the contexts (min–max per context), top-1 = agreement of the argmax with the exact cache's. "
+            f"B/token all-inclusive = code streams as stored + codebooks over 1e6 tokens; fp16 = {fp16:,} B/token. "
+            f"Total {time.perf_counter() - t_all:.0f} s.")
+    lines = ["", f"## Tier K ideas on kv.py's held-out protocol (`benchmarks/kv_ideas.py`, {datetime.date.today()})", "", head, "",
+             f"### Where the loss at {LONG:,} tokens comes from: {BASE} everywhere, the keys of one layer (head) exact", "",
+             f"{BASE}, nothing exact: ppl ratio {cell(base_r)} (top-1).", "",
+             "| keys exact | ppl ratio (min–max) | top-1 |", "|---|---:|---:|"]
     lines += [f"| layer {layer} | {cell(r)} |" for layer, r in sorted(scan, key=lambda x: x[1][0])[:10]]
-    lines.append(
-        f"| (the other {L - 10} layers) | {min(r[0] for _, r in scan if _ not in worst[:10]):.4f}–{max(r[0] for _, r in scan if _ not in worst[:10]):.4f} | |"
-    )
+    lines.append(f"| (the other {L - 10} layers) | {min(r[0] for _, r in scan if _ not in worst[:10]):.4f}–"
+                 f"{max(r[0] for _, r in scan if _ not in worst[:10]):.4f} | |")
     lines += [f"| layer {layer}, head {h} | {cell(r)} |" for (layer, h), r in heads]
     lines += [f"| heads {', '.join(f'{a}.{b}' for a, b in best_heads)} together (fp16: +{4 * 128} B/token) | {cell(both_exact)} |", ""]
-    lines += [
-        "### Bits by importance per layer (from the scan above), and layer 0 from the tokens",
-        "",
-        f"Layer 0 computed from each token alone (embedding, `input_layernorm`, `k_proj`/`v_proj`): largest difference from the "
-        f"captured keys and values {layer0_err:.2e}.",
-        "",
-        f"| preset | all-incl. B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += ["### Bits by importance per layer (from the scan above), and layer 0 from the tokens", "",
+              f"Layer 0 computed from each token alone (embedding, `input_layernorm`, `k_proj`/`v_proj`): largest difference from the "
+              f"captured keys and values {layer0_err:.2e}.", "",
+              f"| preset | all-incl. B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {p}{' (the default)' if p == default else ''} | {b:,.1f} | {fp16 / b:.1f}x | {cell(r1)} | {cell(r2)} |" for p, b, r1, r2 in preset_rows]
-    lines += [
-        "",
-        f"Validation: {LONG:,}-token contexts at {list(VALIDATION)}, which chose nothing above:",
-        "",
-        f"| preset | ppl ratio at {LONG:,} (min–max) | top-1 |",
-        "|---|---:|---:|",
-    ]
+    lines += ["", f"Validation: {LONG:,}-token contexts at {list(VALIDATION)}, which chose nothing above:", "",
+              f"| preset | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|"]
     lines += [f"| {p} | {cell(r)} |" for p, r in validation]
-    lines += [
-        "",
-        f"### How much the codebooks' training moves the figures ({BASE}, calibration as above unless named)",
-        "",
-        f"| training | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 | validation at {LONG:,} (min–max) | top-1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        f"| seed 1234 (every table above) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} | "
-        f"{cell(next(r for p, r in validation if p == BASE))} |",
-    ]
+    lines += ["", f"### How much the codebooks' training moves the figures ({BASE}, calibration as above unless named)", "",
+              f"| training | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 | validation at {LONG:,} (min–max) | top-1 |",
+              "|---|---:|---:|---:|---:|---:|---:|",
+              f"| seed 1234 (every table above) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} | "
+              f"{cell(next(r for p, r in validation if p == BASE))} |"]
     lines += [f"| {label} | {cell(a)} | {cell(b)} | {cell(c)} |" for label, a, b, c in retrained]
-    lines += [
-        "",
-        "### Sharpened keys: each head's de-quantized keys moved s times further from its centre (the mean of its first-stage centroids)",
-        "",
-        "KL = mean KL divergence of the 128 next-token distributions from the exact cache's, nats per token. The controls apply the "
-        "same move to exact keys: what it does to the model itself.",
-        "",
-        f"| keys | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | validation at {LONG:,} (min–max) | top-1 | KL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += ["", "### Sharpened keys: each head's de-quantized keys moved s times further from its centre (the mean of its first-stage centroids)", "",
+              "KL = mean KL divergence of the 128 next-token distributions from the exact cache's, nats per token. The controls apply the "
+              "same move to exact keys: what it does to the model itself.", "",
+              f"| keys | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | validation at {LONG:,} (min–max) | top-1 | KL |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {label} | {cell(a)} | {a[3]:.4f} | {cell(b)} | {b[3]:.4f} | {cell(c)} | {c[3]:.4f} |" for label, a, b, c in sharpen_rows]
-    lines += [
-        "",
-        "### Bits by attention mass received, a rotation before VQ",
-        "",
-        f"| configuration | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |",
-        "|---|---:|---:|---:|---:|",
-        f"| {BASE} (every position alike) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} |",
-        f"| k6v4 on the half of positions that receive the most attention, k2v2 on the rest (mean {BASE}) | {cell(mass_r)} | — | — |",
-        f"| {BASE} after a random orthogonal rotation per (layer, head, kind) | {cell(rot_rows[0])} | {cell(rot_rows[1])} |",
-        "",
-        "### Cross-layer prediction",
-        "",
-        f"Share of the variance of layer l's keys (values), all heads, that a linear map from layer l-1's exact ones predicts "
-        f"(fitted on the calibration, measured on the {LONG:,}-token contexts): keys mean {np.mean(explained['k']):.3f} "
-        f"(min {np.min(explained['k']):.3f}, max {np.max(explained['k']):.3f}), values mean {np.mean(explained['v']):.3f} "
-        f"(min {np.min(explained['v']):.3f}, max {np.max(explained['v']):.3f}).",
-        "",
-        f"Closed loop on the protocol: each layer from layer 1 on coded as the residual of an fp16 affine map of decoded vectors "
-        f"(every head's side by side), the residuals in their own {plain} codebooks; B/token counts the maps and those codebooks. "
-        f"s at {LONG:,}: for one {LONG:,}-token context, the plain row's decode (every layer's gather and sum of centroids), and "
-        f"for the others the maps' matrix products alone, every layer one after another (numpy float32), which a restore would add "
-        f"to such a decode: measured side by side in this run. KL as in the sharpened-keys table.",
-        "",
-        f"| configuration | B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | "
-        f"validation at {LONG:,} (min–max) | top-1 | KL | s at {LONG:,} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {label} | {b:,.1f} | {fp16 / b:.1f}x | {cell(x)} | {x[3]:.4f} | {cell(y)} | {y[3]:.4f} | {cell(z)} | {z[3]:.4f} | {t:.3f} |"
-        for label, b, x, y, z, t in predicted_rows
-    ]
-    lines += [
-        "",
-        "### The sharpening factor by preset: KL divergence from the exact cache's next-token distributions (nats per token)",
-        "",
-        "| preset | " + " | ".join(f"x{s} at {CTX:,}" for s in factors) + " | " + " | ".join(f"x{s} at {LONG:,}" for s in factors) + " |",
-        "|---|" + "---:|" * (2 * len(factors)),
-    ]
+    lines += ["", "### Bits by attention mass received, a rotation before VQ", "",
+              f"| configuration | ppl ratio at {CTX:,} (min–max) | top-1 | ppl ratio at {LONG:,} (min–max) | top-1 |", "|---|---:|---:|---:|---:|",
+              f"| {BASE} (every position alike) | {cell(next(r for p, _, r, _ in preset_rows if p == BASE))} | {cell(base_r)} |",
+              f"| k6v4 on the half of positions that receive the most attention, k2v2 on the rest (mean {BASE}) | {cell(mass_r)} | — | — |",
+              f"| {BASE} after a random orthogonal rotation per (layer, head, kind) | {cell(rot_rows[0])} | {cell(rot_rows[1])} |", "",
+              "### Cross-layer prediction", "",
+              f"Share of the variance of layer l's keys (values), all heads, that a linear map from layer l-1's exact ones predicts "
+              f"(fitted on the calibration, measured on the {LONG:,}-token contexts): keys mean {np.mean(explained['k']):.3f} "
+              f"(min {np.min(explained['k']):.3f}, max {np.max(explained['k']):.3f}), values mean {np.mean(explained['v']):.3f} "
+              f"(min {np.min(explained['v']):.3f}, max {np.max(explained['v']):.3f}).", "",
+              f"Closed loop on the protocol: each layer from layer 1 on coded as the residual of an fp16 affine map of decoded vectors "
+              f"(every head's side by side), the residuals in their own {plain} codebooks; B/token counts the maps and those codebooks. "
+              f"s at {LONG:,}: for one {LONG:,}-token context, the plain row's decode (every layer's gather and sum of centroids), and "
+              f"for the others the maps' matrix products alone, every layer one after another (numpy float32), which a restore would add "
+              f"to such a decode: measured side by side in this run. KL as in the sharpened-keys table.", "",
+              f"| configuration | B/token | ratio vs fp16 | ppl ratio at {CTX:,} (min–max) | top-1 | KL | ppl ratio at {LONG:,} (min–max) | top-1 | KL | "
+              f"validation at {LONG:,} (min–max) | top-1 | KL | s at {LONG:,} |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {b:,.1f} | {fp16 / b:.1f}x | {cell(x)} | {x[3]:.4f} | {cell(y)} | {y[3]:.4f} | {cell(z)} | {z[3]:.4f} | {t:.3f} |"
+              for label, b, x, y, z, t in predicted_rows]
+    lines += ["", "### The sharpening factor by preset: KL divergence from the exact cache's next-token distributions (nats per token)", "",
+              "| preset | " + " | ".join(f"x{s} at {CTX:,}" for s in factors) + " | " + " | ".join(f"x{s} at {LONG:,}" for s in factors) + " |",
+              "|---|" + "---:|" * (2 * len(factors))]
     for p, kls in by_preset:
         cols = []
         for i in (0, 1):
             best = min(k[i] for k in kls)
             cols += [f"**{k[i]:.4f}**" if k[i] == best else f"{k[i]:.4f}" for k in kls]
         lines.append(f"| {p}{' (the default)' if p == default else ''} | " + " | ".join(cols) + " |")
-    lines += [
-        "",
-        f"### Entropy coding of the {BASE} code indices ({codes_per_token} codes a token, stored at 8 bits each: {base_bpt:,.1f} B/token all-inclusive)",
-        "",
-        "| context model | bits / code (held-out) | tables MB | B/token all-inclusive | ratio vs fp16 |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    lines += ["",
+              f"### Entropy coding of the {BASE} code indices ({codes_per_token} codes a token, stored at 8 bits each: {base_bpt:,.1f} B/token all-inclusive)", "",
+              "| context model | bits / code (held-out) | tables MB | B/token all-inclusive | ratio vs fp16 |", "|---|---:|---:|---:|---:|"]
     for name, b in bits.items():
         bpt = base_bpt - codes_per_token + np.mean(b) * codes_per_token / 8 + tables[name] / 1e6  # 8 bits a code now
         lines.append(f"| {name} | {np.mean(b):.3f} | {tables[name] / 1e6:.2f} | {bpt:,.1f} | {fp16 / bpt:.1f}x |")

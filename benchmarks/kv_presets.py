@@ -137,11 +137,7 @@ def main() -> None:
             nll_e.append(-c["lp"])
             agree.append(logp.argmax(-1) == c["am"])
             kls.append(float((np.exp(c["ref"]) * (c["ref"] - logp)).sum(-1).mean()))
-        return {
-            "ppl_ratio": float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean())),
-            "kl": float(np.mean(kls)),
-            "top1": float(np.concatenate(agree).mean()),
-        }
+        return {"ppl_ratio": float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean())), "kl": float(np.mean(kls)), "top1": float(np.concatenate(agree).mean())}
 
     def restored_logp(cb, spec):
         decoding = cb.sharpened(P.key_sharpening(weights, spec))  # as a restore decodes them
@@ -165,10 +161,7 @@ def main() -> None:
             bpt[n] = sum(KS.stored_code_bytes(cb, CL.encode(cb, c["k"], c["v"]), start=C.SINKS) for c in held) / (n * len(held)) + cb.nbytes / 1e6
         figures = {n: score(n, restored_logp(cb, spec)) for n in lengths}
         rows.append((name, spec, source, bpt, cb.nbytes, figures))
-        print(
-            f"{name} {source}: " + " ".join(f"{n}: {fp16 / bpt[n]:.2f}x {f['ppl_ratio']:.4f}/{f['kl']:.4f}/{f['top1']:.3f}" for n, f in figures.items()),
-            flush=True,
-        )
+        print(f"{name} {source}: " + " ".join(f"{n}: {fp16 / bpt[n]:.2f}x {f['ppl_ratio']:.4f}/{f['kl']:.4f}/{f['top1']:.3f}" for n, f in figures.items()), flush=True)
         if source == "shipped":  # the restore's decode, straight from the streams, against an exact prefill
             decoding = cb.sharpened(P.key_sharpening(weights, spec))
             for n in lengths:
@@ -196,65 +189,37 @@ def main() -> None:
 
     # -- tables ----------------------------------------------------------------------------------------
     today = datetime.date.today()
-    head = (
-        f"`.venv/bin/python benchmarks/kv_presets.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
-        f"fp16 = {fp16:,} B/token. Trained codebooks: the first 8,192 tokens of `corpus.real_text` (capture and Fisher information "
-        f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
-        + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
-        + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset of half a bit per element or more, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s."
-    )
-    lines = [
-        "",
-        "## Tier K named presets (`benchmarks/kv_presets.py`)",
-        "",
-        head,
-        "",
-        "| preset | spec | codebooks | codebooks MB | build s | "
-        + " | ".join(f"ratio @{n:,} | ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths)
-        + " |",
-        "|---|---|---|---:|---:|" + "---:|---:|---:|---:|" * len(lengths),
-    ]
+    head = (f"`.venv/bin/python benchmarks/kv_presets.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
+            f"fp16 = {fp16:,} B/token. Trained codebooks: the first 8,192 tokens of `corpus.real_text` (capture and Fisher information "
+            f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
+            + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
+            + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset of half a bit per element or more, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
+    lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
+             "| preset | spec | codebooks | codebooks MB | build s | "
+             + " | ".join(f"ratio @{n:,} | ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
+             "|---|---|---|---:|---:|" + "---:|---:|---:|---:|" * len(lengths)]
     for name, spec, source, bpt, nbytes, figures in rows:
         b = build[(name, source)]
-        lines.append(
-            f"| {name} | {spec} | {source} | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
-            + " | ".join(f"{fp16 / bpt[n]:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for n, f in figures.items())
-            + " |"
-        )
+        lines.append(f"| {name} | {spec} | {source} | {nbytes / 1e6:.1f} | {'cached' if b is None else f'{b:.0f}'} | "
+                     + " | ".join(f"{fp16 / bpt[n]:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for n, f in figures.items()) + " |")
     quanto_bpt = L * 2 * H * (4 * D + 2 * 16) / 8  # 4-bit codes and an fp16 scale and zero point per group of 64
     if peer:
-        lines.append(
-            "| quanto 4-bit (peer) | group 64 | — | — | — | "
-            + " | ".join(f"{fp16 / quanto_bpt:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values())
-            + " |"
-        )
-    lines += [
-        "",
-        "Shipped against trained: the ratio of their perplexity ratios (target ≤ 1.03).",
-        "",
-        "| preset | " + " | ".join(f"@{n:,}" for n in lengths) + " |",
-        "|---|" + "---:|" * len(lengths),
-    ]
+        lines.append("| quanto 4-bit (peer) | group 64 | — | — | — | "
+                     + " | ".join(f"{fp16 / quanto_bpt:.2f}x | {f['ppl_ratio']:.4f} | {f['kl']:.4f} | {f['top1']:.3f}" for f in peer.values()) + " |")
+    lines += ["", "Shipped against trained: the ratio of their perplexity ratios (target ≤ 1.03).", "",
+              "| preset | " + " | ".join(f"@{n:,}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     by = {(r[0], r[2]): r[5] for r in rows}
     for name in specs:
-        lines.append(
-            f"| {name} | " + " | ".join(f"{by[(name, 'shipped')][n]['ppl_ratio'] / by[(name, 'trained')][n]['ppl_ratio']:.3f}" for n in lengths) + " |"
-        )
-    lines += [
-        "",
-        "Restore work with the shipped codebooks, one context per length (1 torch thread): an exact prefill, the decode of every "
-        "layer straight from the code streams (`code_layout.decode_streams`; an entropy-coded preset decodes the next layer's "
-        "integers on a second thread), and the cache built from decoded arrays (`capture.restore_layers`, which a restore adds to "
-        "the decode) with the window recomputed (the default of a residual-VQ preset, and of an entropy-coded one under half a bit per element) or stored (no forward pass, exact sinks given: the default of the other entropy-coded ones). "
-        "Timed under this run's own load; the exact prefill of one context at its length.",
-        "",
-        "| preset | tokens | exact prefill s | decode s | speed-up (decode only) | cache, window recomputed s | speed-up (recomputed) | cache, window stored s | speed-up (stored) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {name} | {n:,} | {pre:.2f} | {dec:.3f} | {pre / dec:.0f}x | {win:.3f} | {pre / (dec + win):.0f}x | {st:.3f} | {pre / (dec + st):.0f}x |"
-        for name, n, pre, dec, win, st in restore_rows
-    ]
+        lines.append(f"| {name} | " + " | ".join(f"{by[(name, 'shipped')][n]['ppl_ratio'] / by[(name, 'trained')][n]['ppl_ratio']:.3f}" for n in lengths) + " |")
+    lines += ["", "Restore work with the shipped codebooks, one context per length (1 torch thread): an exact prefill, the decode of every "
+              "layer straight from the code streams (`code_layout.decode_streams`; an entropy-coded preset decodes the next layer's "
+              "integers on a second thread), and the cache built from decoded arrays (`capture.restore_layers`, which a restore adds to "
+              "the decode) with the window recomputed (the default of a residual-VQ preset, and of an entropy-coded one under half a bit per element) or stored (no forward pass, exact sinks given: the default of the other entropy-coded ones). "
+              "Timed under this run's own load; the exact prefill of one context at its length.", "",
+              "| preset | tokens | exact prefill s | decode s | speed-up (decode only) | cache, window recomputed s | speed-up (recomputed) | cache, window stored s | speed-up (stored) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {n:,} | {pre:.2f} | {dec:.3f} | {pre / dec:.0f}x | {win:.3f} | {pre / (dec + win):.0f}x | {st:.3f} | {pre / (dec + st):.0f}x |"
+              for name, n, pre, dec, win, st in restore_rows]
     if not args.no_results:
         plot(rows, peer, fp16 / quanto_bpt, fp16, lengths, HERE / "kv_presets.png")
         lines += ["", "![KL against ratio, every preset and the peer at each length](kv_presets.png)"]
@@ -281,14 +246,8 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
     fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4.5), sharey=True)
     for ax, n in zip(np.atleast_1d(axes), lengths):
         for name, spec, source, bpt, _, figures in rows:
-            ax.scatter(
-                fp16 / bpt[n],
-                figures[n]["kl"],
-                color=colors.get(name, "grey"),
-                marker="o" if source == "shipped" else "x",
-                s=50,
-                label=f"{name} {spec if transform.is_transform_preset(spec) else '(residual VQ)'} ({source})",
-            )
+            ax.scatter(fp16 / bpt[n], figures[n]["kl"], color=colors.get(name, "grey"), marker="o" if source == "shipped" else "x", s=50,
+                       label=f"{name} {spec if transform.is_transform_preset(spec) else '(residual VQ)'} ({source})")
         if peer:
             ax.scatter(peer_ratio, peer[n]["kl"], color="black", marker="^", s=50, label="quanto 4-bit (peer)")
         for name, _, kl, _, ratio in TARGETS:
@@ -305,9 +264,7 @@ def plot(rows, peer, peer_ratio: float, fp16: int, lengths: list[int], path: Pat
         ax.grid(True, which="both", alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("KL vs exact cache, nats per token (log)")
     np.atleast_1d(axes)[0].legend(fontsize=7, loc="lower right")  # the corner no preset reaches
-    fig.suptitle(
-        "Tier K presets on SmolLM2-135M-Instruct: dotted corners are issue 33's targets (a preset meets its row right of and below its corner)", fontsize=9
-    )
+    fig.suptitle("Tier K presets on SmolLM2-135M-Instruct: dotted corners are issue 33's targets (a preset meets its row right of and below its corner)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -146,7 +146,9 @@ def run_sample(lm, name: str, ids: np.ndarray) -> dict:
     assert np.array_equal(out, ids) and ctx.length == ids.size
 
     stepwise = np.stack(enc_steps.rows)[: ids.size - 1]  # rows 0..n-2: logits after token i, as batched[i]
-    quantised = math.log2(batched.shape[1]) + sum(lmcode.PRECISION - math.log2(lmcode.frequencies(stepwise[i])[ids[i + 1]]) for i in range(ids.size - 1))
+    quantised = math.log2(batched.shape[1]) + sum(
+        lmcode.PRECISION - math.log2(lmcode.frequencies(stepwise[i])[ids[i + 1]]) for i in range(ids.size - 1)
+    )
     same_bits = same_cdf = 0
     for i in range(ids.size - 1):
         same_bits += np.array_equal(stepwise[i].view(np.uint32), batched[i].view(np.uint32))
@@ -216,18 +218,8 @@ def table(results: list[dict]) -> list[str]:
         "encode tok/s | decode tok/s | median step ms | batched fwd tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    total = {
-        "name": "**all**",
-        "text_bytes": 0,
-        "tokens": 0,
-        "payload": 0,
-        "body": 0,
-        "xent_bits": 0.0,
-        "quantised_bits": 0.0,
-        "baselines": {},
-        "v3_payload": 0,
-        "v3_body": 0,
-    }
+    total = {"name": "**all**", "text_bytes": 0, "tokens": 0, "payload": 0, "body": 0, "xent_bits": 0.0, "quantised_bits": 0.0, "baselines": {},
+             "v3_payload": 0, "v3_body": 0}
     for r in results:
         for key in ("text_bytes", "tokens", "payload", "body", "xent_bits", "quantised_bits", "v3_payload", "v3_body"):
             total[key] += r[key]
@@ -235,7 +227,9 @@ def table(results: list[dict]) -> list[str]:
             total["baselines"][key] = total["baselines"].get(key, 0) + value
     for r in [*results, total]:
         n, b = r["tokens"], r["baselines"]
-        timing = f"{r['encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['step_ms']:.1f} | {r['batched_tps']:.0f}" if "encode_tps" in r else "| | |"
+        timing = (
+            f"{r['encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['step_ms']:.1f} | {r['batched_tps']:.0f}" if "encode_tps" in r else "| | |"
+        )
         lines.append(
             f"| {r['name']} | {n:,} | {r['text_bytes']:,} | {b['gzip -9']:,} | {b['xz -9e']:,} | {b['zstd -19']:,} | "
             f"{r['payload']:,} ({r['body']:,}) | {b['xz -9e'] / r['payload']:.2f} | {r['xent_bits'] / n:.3f} | "
@@ -256,7 +250,9 @@ def v3_table(results: list[dict]) -> list[str]:
     total["xz"] = sum(r["baselines"]["xz -9e"] for r in results)
     for r in [*results, {"name": "**all**", **total}]:
         xz = r.get("xz", r.get("baselines", {}).get("xz -9e"))
-        timing = f"{r['encode_tps']:.1f} | {r['v3_encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['v3_decode_tps']:.1f}" if "encode_tps" in r else "| | |"
+        timing = (
+            f"{r['encode_tps']:.1f} | {r['v3_encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['v3_decode_tps']:.1f}" if "encode_tps" in r else "| | |"
+        )
         lines.append(
             f"| {r['name']} | {r['tokens']:,} | {xz:,} | {r['payload']:,} ({r['body']:,}) | {r['v3_payload']:,} ({r['v3_body']:,}) | "
             f"{xz / r['v3_payload']:.2f} | {8 * r['body'] / r['xent_bits']:.4f} | {8 * r['v3_body'] / r['xent_bits']:.4f} | "
@@ -283,7 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small samples; print only")
     args = parser.parse_args()
     budgets = {"prose": 160, "code": 120, "chat": 120} if args.quick else {"prose": 800, "code": 500, "chat": 500}
-    started, where = datetime.datetime.now(datetime.UTC), describe(f"torch {torch.__version__}")
+    started, where = datetime.datetime.now(datetime.UTC), describe(f'torch {torch.__version__}')
     lm = lm_ops.load()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))  # batched passes as ingest runs them
     began = time.perf_counter()

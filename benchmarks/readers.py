@@ -65,18 +65,16 @@ def main() -> None:
     walls = [s[0] for s in searches]
     failed = [s for s in searches if s[1] not in (0, 1) or s[2] < 0]
     seen = sorted({s[2] for s in searches})
-    publish(
-        [
-            f"\n## Readers beside one long ingest ({time.strftime('%Y-%m-%d')})\n",
-            f"`{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
-            f"one `kvdb ingest` of {args.sessions} sessions ({sum(r['n_tokens'] for r in ingested):,} tokens) while another process "
-            "runs `kvdb search` then `kvdb sessions` back to back. Wall times include each process's start and tokenizer load.\n",
-            "| ingest s (incl. model load) | search + sessions pairs | failed | wall s per pair, median / max | same pair, idle machine (median of 3) | sessions seen by the readers |",
-            "|---:|---:|---:|---:|---:|---|",
-            f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} | "
-            f"{statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
-        ]
-    )
+    publish([
+        f"\n## Readers beside one long ingest ({time.strftime('%Y-%m-%d')})\n",
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
+        f"one `kvdb ingest` of {args.sessions} sessions ({sum(r['n_tokens'] for r in ingested):,} tokens) while another process "
+        "runs `kvdb search` then `kvdb sessions` back to back. Wall times include each process's start and tokenizer load.\n",
+        "| ingest s (incl. model load) | search + sessions pairs | failed | wall s per pair, median / max | same pair, idle machine (median of 3) | sessions seen by the readers |",
+        "|---:|---:|---:|---:|---:|---|",
+        f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} | "
+        f"{statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
+    ])
 
 
 if __name__ == "__main__":

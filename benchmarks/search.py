@@ -283,25 +283,7 @@ class InfiniGram:
         np.array(offsets, "<u8").tofile(folder / "offset.0")
         self.tokens = at // 2 - len(offsets)
         t = time.perf_counter()
-        cmd = [
-            sys.executable,
-            "-m",
-            "infini_gram.indexing",
-            "--data_dir",
-            str(folder),
-            "--save_dir",
-            str(folder),
-            "--temp_dir",
-            str(folder / "tmp"),
-            "--token_dtype",
-            "u16",
-            "--cpus",
-            str(os.cpu_count()),
-            "--mem",
-            "8",
-            "--ulimit",
-            "4096",
-        ]
+        cmd = [sys.executable, "-m", "infini_gram.indexing", "--data_dir", str(folder), "--save_dir", str(folder), "--temp_dir", str(folder / "tmp"), "--token_dtype", "u16", "--cpus", str(os.cpu_count()), "--mem", "8", "--ulimit", "4096"]
         subprocess.run(cmd, check=True, capture_output=True)
         self.build_s = time.perf_counter() - t
         self.bytes = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
@@ -380,14 +362,7 @@ def probe(path: Path, phrases: list[str]) -> dict:
         for i in range(100):
             db.search(phrases[i % len(phrases)], k=10)
         after = memory_mb()
-    return {
-        "open_ms": open_ms,
-        "first_query_ms": first_ms,
-        "rss_mb_before_open": before["VmRSS"],
-        "rss_mb_after_100_queries": after["VmRSS"],
-        "rss_anon_mb": after["RssAnon"],
-        "rss_file_mb": after["RssFile"],
-    }
+    return {"open_ms": open_ms, "first_query_ms": first_ms, "rss_mb_before_open": before["VmRSS"], "rss_mb_after_100_queries": after["VmRSS"], "rss_anon_mb": after["RssAnon"], "rss_file_mb": after["RssFile"]}
 
 
 def probe_in_fresh_process(path: Path, phrases: list[str]) -> dict:
@@ -434,12 +409,9 @@ def natural_phrases(tok, truth: Truth, space: np.ndarray, rng: np.random.Generat
             occ = truth.token_occurrences(variants)
             count = len(occ)
             kind = (
-                "natural-rare"
-                if count <= RARE_MAX
-                else "natural-very-frequent"
-                if count > RECALL_MAX
-                else "natural-frequent"
-                if count >= FREQUENT_MIN
+                "natural-rare" if count <= RARE_MAX
+                else "natural-very-frequent" if count > RECALL_MAX
+                else "natural-frequent" if count >= FREQUENT_MIN
                 else None
             )
             if kind is None or not want[kind]:
@@ -471,7 +443,9 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     index_bytes = sum(f.stat().st_size for f in index_files)
     log(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token")
 
-    queries = [Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted]
+    queries = [
+        Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted
+    ]
     for q in queries:
         q.truth = truth.token_occurrences(q.variants)
         q.text_count = truth.text_occurrences(q.phrase)
@@ -488,9 +462,7 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     con.execute("SELECT count(*) FROM docs WHERE contains(text, 'warm-up')").fetchall()
 
     probed = probe_in_fresh_process(path, [q.phrase for q in queries])
-    log(
-        f"  fresh process: index opened in {probed['open_ms']:.1f} ms, first query {probed['first_query_ms']:.0f} ms, {probed['rss_mb_after_100_queries']:.0f} MB resident after 100 queries"
-    )
+    log(f"  fresh process: index opened in {probed['open_ms']:.1f} ms, first query {probed['first_query_ms']:.0f} ms, {probed['rss_mb_after_100_queries']:.0f} MB resident after 100 queries")
     db = kvdb.open(path)
     first_ms = probed["first_query_ms"]
 
@@ -517,16 +489,10 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         lat["kvdb"].append(ms)
         lat_by_kind.setdefault(q.kind, []).append(ms)
         lat["kvdb_case"].append(1e3 * median_seconds(partial(db.search, q.phrase, k=10, case_sensitive=True), reps))
-        lat["contains"].append(
-            1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps)
-        )
+        lat["contains"].append(1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps))
         pattern = like_pattern(q.phrase)
-        lat["like"].append(
-            1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps)
-        )
-        lat["sa"].append(
-            1e3 * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps)
-        )  # tokenizing timed, as kvdb's is
+        lat["like"].append(1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
+        lat["sa"].append(1e3 * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps))  # tokenizing timed, as kvdb's is
         if ig is not None:
             lat["infini_gram"].append(1e3 * median_seconds(lambda phrase=q.phrase, engine=ig: engine.count(phrase_variants(tok, phrase)), reps))
     db.close()
@@ -569,8 +535,7 @@ def as_json(r: dict) -> dict:
     found = sum(c for _, c, _ in r["recall_rows"])
     peers = {
         "numpy_suffix_array": spread(r["lat"]["sa"]) | {"build_s": round(r["sa_build_s"], 2), "bytes_per_token": round(r["sa_bpt"], 3)},
-        "infini_gram": spread(r["lat"]["infini_gram"])
-        | {"build_s": round(r["ig"]["build_s"], 2), "bytes_per_token": round(r["ig"]["bpt"], 3), "open_ms": round(r["ig"]["open_ms"], 1)}
+        "infini_gram": spread(r["lat"]["infini_gram"]) | {"build_s": round(r["ig"]["build_s"], 2), "bytes_per_token": round(r["ig"]["bpt"], 3), "open_ms": round(r["ig"]["open_ms"], 1)}
         if r["ig"]
         else {"error": "not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-search.txt"},
         "duckdb_contains": spread(r["lat"]["contains"]),
@@ -623,7 +588,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         "(session, end position) where either tokenization kvdb searches ends: the phrase as typed, or after a space. "
         "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
         "Text occurrences = overlapping substring matches in the decoded session text; "
-        '"missed by tokenization" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n',
+        "\"missed by tokenization\" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n",
         "### Recall and precision\n",
         "| tokens | kind | phrase tokens | phrases checked | token occurrences | found | recall | precision | text occurrences | missed by tokenization |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -664,17 +629,15 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
             f"| {r['tokens']:.0e} | {r['sessions']} | {len(L['kvdb'])} | {f(pct(L['kvdb'], 50))} | {f(pct(L['kvdb'], 95))} | {f(pct(L['kvdb_case'], 50))} | {f(pct(L['kvdb_case'], 95))} | {f(r['first_ms'])} "
             f"| {f(pct(L['contains'], 50))} | {f(pct(L['contains'], 95))} | {f(pct(L['like'], 50))} | {f(pct(L['like'], 95))} "
             f"| {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | {r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} "
-            + (
-                f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} | {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} "
-                if r["ig"]
-                else "| – | – | – | – "
-            )
+            + (f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} | {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} " if r["ig"] else "| – | – | – | – ")
             + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} ({r['probe']['rss_file_mb']:.0f}) |"
         )
     kinds = list(dict.fromkeys(k for r in results for k in r["lat_by_kind"]))
     lines += ["", "kvdb p50 / p95 (ms) by phrase kind:\n", "| tokens | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
     for r in results:
-        cells = [f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–" for k in kinds]
+        cells = [
+            f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–" for k in kinds
+        ]
         lines.append(f"| {r['tokens']:.0e} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -687,7 +650,11 @@ def targets(results: list[dict]) -> str:
     if 10**6 in at:
         p50 = pct(at[10**6]["lat"]["kvdb"], 50)
         lines.append(f"- p50 ≤ 10 ms at 1e6 tokens: {'met' if p50 <= 10 else 'NOT met'} ({p50:.2f} ms)")
-    faster = [(r["tokens"], pct(r["lat"]["kvdb"], 50), pct(r["lat"]["contains"], 50), pct(r["lat"]["like"], 50)) for r in results if r["tokens"] >= 10**6]
+    faster = [
+        (r["tokens"], pct(r["lat"]["kvdb"], 50), pct(r["lat"]["contains"], 50), pct(r["lat"]["like"], 50))
+        for r in results
+        if r["tokens"] >= 10**6
+    ]
     if faster:
         ok = all(k < min(c, lk) for _, k, c, lk in faster)
         lines.append(
@@ -696,9 +663,7 @@ def targets(results: list[dict]) -> str:
             + ")"
         )
     bpt = max(r["index_bpt"] for r in results)
-    lines.append(
-        f"- index ≤ 7 bytes/token (issue 36): {'met' if bpt <= 7 else 'NOT met'} ({bpt:.4f} B/token at most: 4-byte slot and 2-byte token per position, a sampled key per 64)"
-    )
+    lines.append(f"- index ≤ 7 bytes/token (issue 36): {'met' if bpt <= 7 else 'NOT met'} ({bpt:.4f} B/token at most: 4-byte slot and 2-byte token per position, a sampled key per 64)")
     if 10**8 in at:
         r = at[10**8]
         p50, p95 = pct(r["lat"]["kvdb"], 50), pct(r["lat"]["kvdb"], 95)
@@ -718,14 +683,7 @@ def plot(results: list[dict], path: Path) -> bool:
         return False
     xs = [r["tokens"] for r in results]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = (
-        ("kvdb", "kvdb Archive.search (k=10)"),
-        ("kvdb_case", "kvdb, case-sensitive"),
-        ("contains", "DuckDB contains()"),
-        ("like", "DuckDB LIKE"),
-        ("sa", "suffix array (numpy)"),
-        ("infini_gram", "infini-gram find"),
-    )
+    series = (("kvdb", "kvdb Archive.search (k=10)"), ("kvdb_case", "kvdb, case-sensitive"), ("contains", "DuckDB contains()"), ("like", "DuckDB LIKE"), ("sa", "suffix array (numpy)"), ("infini_gram", "infini-gram find"))
     for key, label in series:
         if not all(r["lat"][key] for r in results):
             continue

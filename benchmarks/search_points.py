@@ -147,7 +147,9 @@ def _usable(alphabet: int, dtype: np.dtype | type, dim: int | None) -> tuple[Geo
     return geo, depth
 
 
-def walk(symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None) -> np.ndarray:
+def walk(
+    symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None
+) -> np.ndarray:
     """Dense walk, shape (n, d): point i is the walk of the last ``capacity`` symbols up to i.
 
     Older symbols would sit below the dtype's resolution anyway; dropping them makes the
@@ -164,7 +166,9 @@ def walk(symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | t
     return points.astype(dtype)
 
 
-def query_point(symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None) -> np.ndarray:
+def query_point(
+    symbols: np.ndarray | Sequence[int], alphabet: int, dtype: np.dtype | type = np.float32, dim: int | None = None
+) -> np.ndarray:
     """Point of a phrase, shape (d,): compare with ``walk`` points within ``match_radius(len)``.
 
     Only the last ``capacity`` symbols count; longer phrases are searched as pieces of at

@@ -283,9 +283,7 @@ def summarise(runs: dict[str, list[list[dict]]], turns: int) -> list[str]:
     for t in range(turns):
         rows = {n: [conv[t] for conv in runs[n]] for n in names}
         prompt = statistics.mean(r["prompt_tokens"] or 0 for r in rows[names[0]])
-        ttft = " | ".join(
-            f"{statistics.median(r['ttft'] for r in rows[n]):.3f} ({statistics.mean((r['cached_tokens'] or 0) for r in rows[n]):.0f})" for n in names
-        )
+        ttft = " | ".join(f"{statistics.median(r['ttft'] for r in rows[n]):.3f} ({statistics.mean((r['cached_tokens'] or 0) for r in rows[n]):.0f})" for n in names)
         total = " | ".join(f"{statistics.median(r['total'] for r in rows[n]):.3f}" for n in names)
         lines.append(f"| {t + 1} | {prompt:.0f} | {ttft} | {total} |")
     return lines
@@ -308,11 +306,8 @@ def archive_table(costs: dict[str, dict], turns: int) -> list[str]:
         lines.append(f"| {t + 1} | {prompt:.0f} | {cells} |")
     lines += [
         "",
-        *(
-            f"- {n}: a follow-up sent 1.5 s after a first exchange of {statistics.mean(costs[n]['follow_prompt']):.0f} prompt tokens: "
-            f"TTFT median {statistics.median(costs[n]['follow_ttft']):.3f} s, max {max(costs[n]['follow_ttft']):.3f} s"
-            for n in names
-        ),
+        *(f"- {n}: a follow-up sent 1.5 s after a first exchange of {statistics.mean(costs[n]['follow_prompt']):.0f} prompt tokens: "
+          f"TTFT median {statistics.median(costs[n]['follow_ttft']):.3f} s, max {max(costs[n]['follow_ttft']):.3f} s" for n in names),
         "",
     ]
     return lines
@@ -339,7 +334,6 @@ def main() -> None:
     runs: dict[str, list[list[dict]]] = {}
     archive_costs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
-
         def kvdb_server(name: str, source: str | None = None) -> Server:
             here = dict(env, PYTHONPATH=f"{source}{os.pathsep}{shim(source, folder)}") if source else env
             return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], here)
@@ -353,10 +347,7 @@ def main() -> None:
         if args.llama_python:
             gguf = str(source.embedded_gguf())
             llama = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--port", "{port}", "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]
-            plans += [
-                ("(d) llama.cpp", Server(llama, env, health="/v1/models"), False),
-                ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True),
-            ]
+            plans += [("(d) llama.cpp", Server(llama, env, health="/v1/models"), False), ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True)]
         for name, server, restart in [p for p in plans if p[0][1] in modes]:
             server.start()
             try:
@@ -385,20 +376,11 @@ def main() -> None:
                 concurrent.stop()
     last = args.turns - 1
     ttft = {n: statistics.median(conv[last]["ttft"] for conv in r) for n, r in runs.items()}
-    ratios = [
-        f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x"
-        for n in runs
-        if n != "(c) no reuse" and "(c) no reuse" in ttft
-    ]
+    ratios = [f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x" for n in runs if n != "(c) no reuse" and "(c) no reuse" in ttft]
     if {"(d) llama.cpp restarted", "(a) kvdb", "(b) kvdb restarted"} <= set(ttft):
-        ratios += [
-            f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x"
-            for n in ("(a) kvdb", "(b) kvdb restarted")
-        ]
+        ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
     lines = [
-        "## kvdb serve: this checkout against a baseline (`benchmarks/serve.py --baseline`)"
-        if args.baseline
-        else "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
+        "## kvdb serve: this checkout against a baseline (`benchmarks/serve.py --baseline`)" if args.baseline else "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
         "",
         describe(),
         "",
@@ -406,25 +388,16 @@ def main() -> None:
         f"{args.words} words a turn; greedy replies of at most "
         f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
         f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --document-words {args.document_words} --words {args.words}"
-        + (" --llama-python PY" if args.llama_python else "")
-        + (" --baseline SRC" if args.baseline else "")
-        + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`")
-        + (f"; SRC is a checkout of {args.baseline_label}" if args.baseline_label else ""),
+        + (" --llama-python PY" if args.llama_python else "") + (" --baseline SRC" if args.baseline else "")
+        + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`") + (f"; SRC is a checkout of {args.baseline_label}" if args.baseline_label else ""),
         "",
         *(summarise(runs, args.turns) if runs else []),
         "",
         *(archive_table(archive_costs, args.turns) if archive_costs else []),
         *ratios,
-        *(
-            f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)"
-            for n, rows in runs.items()
-            if "restarted" in n and args.turns > 1
-        ),
-        *(
-            f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"
-            + (f" ({', '.join(why)})" if why else "")
-            for t, (f, n, why) in concurrency.items()
-        ),
+        *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
+        *(f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"
+          + (f" ({', '.join(why)})" if why else "") for t, (f, n, why) in concurrency.items()),
         "",
     ]
     publish(lines, append=not args.no_results)

@@ -113,8 +113,7 @@ def main() -> None:
         per = {tier: st.bytes.get(tier, 0) / st.tokens for tier in TIERS}
         total = sum(per.values()) + r["index"] / st.tokens
         lines.append(
-            f"| `{policy}` | "
-            + " | ".join(f"{per[t]:.3f}" for t in TIERS)
+            f"| `{policy}` | " + " | ".join(f"{per[t]:.3f}" for t in TIERS)
             + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
             + (f"{8 * st.bytes['lm'] / ce_bits:.4f} |" if st.bytes.get("lm") else "|")
         )

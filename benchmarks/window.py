@@ -70,21 +70,12 @@ def main() -> None:
             scored.setdefault(name, []).append((float(logp_exact.sum() - logp.sum()), len(logp), float((top == top_exact).mean())))
 
         score("recomputed window (sinks and recent 32 by a forward pass)", KS.restore_cache(model, context, body_k.copy(), body_v.copy(), pre_rope=True))
-        score(
-            f"stored window: exact sinks, every other position {args.body}",
-            KS.restore_cache(model, context, body_k.copy(), body_v.copy(), pre_rope=True, window="stored", exact_sinks=sinks),
-        )
+        score(f"stored window: exact sinks, every other position {args.body}", KS.restore_cache(model, context, body_k.copy(), body_v.copy(), pre_rope=True, window="stored", exact_sinks=sinks))
         for recent in (32, 64):
             k_mixed, v_mixed = body_k.copy(), body_v.copy()
             k_mixed[:, :, -recent:], v_mixed[:, :, -recent:] = deep_k[:, :, -recent:], deep_v[:, :, -recent:]
-            score(
-                f"stored window, the last {recent} at {args.deep}",
-                KS.restore_cache(model, context, k_mixed, v_mixed, pre_rope=True, window="stored", exact_sinks=sinks),
-            )
-        score(
-            f"stored window, every position at {args.deep}",
-            KS.restore_cache(model, context, deep_k.copy(), deep_v.copy(), pre_rope=True, window="stored", exact_sinks=sinks),
-        )
+            score(f"stored window, the last {recent} at {args.deep}", KS.restore_cache(model, context, k_mixed, v_mixed, pre_rope=True, window="stored", exact_sinks=sinks))
+        score(f"stored window, every position at {args.deep}", KS.restore_cache(model, context, deep_k.copy(), deep_v.copy(), pre_rope=True, window="stored", exact_sinks=sinks))
         print(start, {name: round(float(np.exp(r[-1][0] / r[-1][1])), 4) for name, r in scored.items()}, file=sys.stderr, flush=True)
     lines = [
         f"\n## Where a restore without a forward pass loses quality (`benchmarks/window.py`, {time.strftime('%Y-%m-%d')})\n",

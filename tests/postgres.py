@@ -44,9 +44,7 @@ def _bindir() -> Path:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
     if initdb is None:
-        raise PostgresMissing(
-            "needs Debian's postgresql (the DuckLake tests start a cluster of their own): `sudo apt-get install postgresql`, or `make install` as root"
-        )
+        raise PostgresMissing("needs Debian's postgresql (the DuckLake tests start a cluster of their own): `sudo apt-get install postgresql`, or `make install` as root")
     return Path(initdb).resolve().parent
 
 

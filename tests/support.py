@@ -101,6 +101,7 @@ def conversation_texts(value, key=None):
             yield from conversation_texts(v, k)
 
 
+
 # Float premises --------------------------------------------------------------------------
 # Some golden values follow from float results that differ by CPU. A test of such a value
 # checks it only where this machine computes its inputs as the machine that wrote it did,

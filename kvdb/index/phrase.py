@@ -14,7 +14,7 @@ the archived tokens and its context decoded from the blocks it touches.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,7 +113,7 @@ def candidates(
         ranges = dict(zip((p.tobytes() for p in wanted), index.ranges(wanted)))
     length = len(phrase)
     split = pieces(phrase, index.depth)
-    ranked: list[tuple[Sequence[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
+    ranked: list[tuple[Iterable[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
     if len(split) == 1:
         ranked.append((ranges[split[0][1].tobytes()].chunks(4 * limit), length))
     else:

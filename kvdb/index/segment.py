@@ -265,8 +265,8 @@ class Segment:
         """Map the file; its arrays are views of the mapping, read as queries touch them. The
         CRC is compared when the file is small or ``check`` asks for it (``kvdb verify``)."""
         header = cls.read_header(path)
-        counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs")] if header else []
-        if not counts or header["block"] != BLOCK or not all(isinstance(c, int) and c >= 0 for c in counts) or counts[2] > counts[3]:
+        counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs")] if header is not None else []
+        if header is None or header["block"] != BLOCK or not all(isinstance(c, int) and c >= 0 for c in counts) or header["first"] > header["ntotal"]:
             raise CorruptData(f"{path} is not a kvdb search index segment")
         alphabet = header["alphabet"]
         try:
@@ -274,7 +274,14 @@ class Segment:
         except InvalidArgument as exc:
             raise CorruptData(f"{path}: {exc}") from exc
         n, runs, slots = header["entries"], header["runs"], header["ntotal"] - header["first"]
-        shapes = [(_SAMPLE, -(-n // BLOCK)), (_FIRST, runs), (_SLOT, n), (_SLOT, runs), (_CONTEXT, runs * (depth - 1)), (token_dtype(alphabet), slots)]
+        shapes: list[tuple[np.dtype, int]] = [
+            (_SAMPLE, -(-n // BLOCK)),
+            (_FIRST, runs),
+            (_SLOT, n),
+            (_SLOT, runs),
+            (_CONTEXT, runs * (depth - 1)),
+            (token_dtype(alphabet), slots),
+        ]
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             start = len(MAGIC) + _LENGTH.size + _LENGTH.unpack_from(f.read(len(MAGIC) + _LENGTH.size), len(MAGIC))[0]
@@ -284,7 +291,7 @@ class Segment:
         check = check or size <= CHECK_BYTES
         arrays, at, crc = [], start, 0
         for dtype, count in shapes:
-            array = np.frombuffer(mapping, dtype, count, at) if count else np.zeros(0, dtype)
+            array = np.frombuffer(mapping, dtype, count, at) if count and mapping is not None else np.zeros(0, dtype)
             if check:
                 crc = zlib.crc32(array.tobytes(), crc)
             arrays.append(array)

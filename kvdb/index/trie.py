@@ -13,6 +13,7 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -76,6 +77,12 @@ def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Ca
     return best
 
 
+class TokensBySlot(Protocol):
+    """The search index's copy of the tokens, sliced by slot (``walk.Tokens``)."""
+
+    def __getitem__(self, at: slice) -> np.ndarray: ...
+
+
 @dataclass
 class TrieView:
     """An in-memory snapshot of the trie's shape (no tokens), for the hot path of search:
@@ -109,7 +116,7 @@ class TrieView:
             node = self.nodes.get(node.parent_id) if node.parent_id else None
         return out[::-1]
 
-    def windows(self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: np.ndarray) -> list[np.ndarray]:
+    def windows(self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: TokensBySlot) -> list[np.ndarray]:
         """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
         search index's copy where the node is in it (``runs``: node_id -> first slot), else from
         the token blocks, all of them in one query."""

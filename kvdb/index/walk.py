@@ -433,7 +433,8 @@ class Indexes:
 
 def _batches(items: list[str], sizes: list[int], limit: int) -> Iterator[list[str]]:
     """Consecutive runs of ``items`` whose sizes add up to about ``limit`` (at least one each)."""
-    batch, size = [], 0
+    batch: list[str] = []
+    size = 0
     for item, n in zip(items, sizes):
         if batch and size + n > limit:
             yield batch

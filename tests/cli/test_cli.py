@@ -158,9 +158,7 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
-    result = CliRunner().invoke(
-        main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"]
-    )
+    result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"])
     assert result.exit_code == 4, result.output
     assert "Retrying" not in result.output and "no-such-org/no-such-model" in result.output
 

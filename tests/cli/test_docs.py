@@ -127,5 +127,7 @@ def test_every_table_row_names_a_command(readme):
 
 def test_every_option_is_documented(readme):
     commands = {("kvdb",): _cli(), **{("kvdb", *path): cmd for path, cmd in _commands(_cli()).items()}}
-    missing = sorted(f"{' '.join(path)} {option}" for path, command in commands.items() for option in _option_names(command) if not _mentions(readme, option))
+    missing = sorted(
+        f"{' '.join(path)} {option}" for path, command in commands.items() for option in _option_names(command) if not _mentions(readme, option)
+    )
     assert not missing, f"options not mentioned in README.md: {missing}"

@@ -205,9 +205,7 @@ def test_a_predicted_set_is_format_version_2_or_3_with_fewer_inputs_or_4_joint_a
     assert back.prediction_inputs == predicted.prediction_inputs and back.joint == predicted.joint
     assert header.get("inputs") == {2: None, 3: 2, 4: 8}[version]
     np.testing.assert_array_equal(back.predictor, predicted.predictor)
-    assert (
-        predicted.nbytes == _train_layered("e3j" if predicted.joint else "e3").nbytes + predicted.predictor.size * 2
-    )  # float16, counted in the ratio a benchmark reports
+    assert predicted.nbytes == _train_layered("e3j" if predicted.joint else "e3").nbytes + predicted.predictor.size * 2  # float16, counted in the ratio a benchmark reports
     with pytest.raises(InvalidArgument, match="predicts 9 coefficients per head, but heads have 8"):
         _train_layered("e3p9")
     with pytest.raises(InvalidArgument, match="predicts 33 coefficients per layer, but layers have 32"):

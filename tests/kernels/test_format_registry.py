@@ -47,25 +47,22 @@ def test_every_format_reads_its_own_example_whole(tmp_path, known):
 
 def test_the_built_ins_register_through_the_hook_in_order():
     names = [f.name for f in formats.registered()]
-    assert (
-        names[: len(formats.BUILT_IN)]
-        == [
-            "gemini-cli",
-            "codex-cli",
-            "claude-code",
-            "chatgpt",
-            "sillytavern",
-            "claude-ai",
-            "open-webui",
-            "grok",
-            "ai-studio",
-            "messages",
-            "sharegpt",
-            "lmsys",
-            "alpaca",
-            "openai-responses",
-        ][: len(names)]
-    )
+    assert names[: len(formats.BUILT_IN)] == [
+        "gemini-cli",
+        "codex-cli",
+        "claude-code",
+        "chatgpt",
+        "sillytavern",
+        "claude-ai",
+        "open-webui",
+        "grok",
+        "ai-studio",
+        "messages",
+        "sharegpt",
+        "lmsys",
+        "alpaca",
+        "openai-responses",
+    ][: len(names)]
     assert len(set(names)) == len(names)
 
 

@@ -18,10 +18,7 @@ FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["role", "content", "from", "value", "messages", "conversations", "id", "name", "x"]), inner, max_size=4)
-    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["role", "content", "from", "value", "messages", "conversations", "id", "name", "x"]), inner, max_size=4),
     max_leaves=12,
 )
 

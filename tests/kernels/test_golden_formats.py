@@ -57,15 +57,7 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files()
-        | golden.kl_files()
-        | golden.kl_node_files()
-        | golden.quant_files()
-        | golden.transform_files()
-        | golden.entropy_coded_files()
-        | golden.rans_files()
-        | golden.index_files(tmp_path)
-        | golden.prefix_files(tmp_path)
+        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.entropy_coded_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".tail", ".kv")}
     kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1, *golden.INDEX_V3}
@@ -320,10 +312,8 @@ def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_f
     read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
     made = golden.transform_codebooks()
     assert read.to_bytes() == made.to_bytes() and read.bits_per_element() == made.bits_per_element()
-    streams = {
-        int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
-        for folder in sorted((GOLDEN / "transform" / "streams").iterdir())
-    }
+    streams = {int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
+               for folder in sorted((GOLDEN / "transform" / "streams").iterdir())}
     codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
     for a, b in zip(codes, golden.transform_codes()):
         assert np.array_equal(a, b)
@@ -352,18 +342,12 @@ def test_rans_rows_encode_to_the_golden_bytes_and_decode_from_them():
     assert ((np.abs(values) <= 127) & (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).any()
 
 
-@pytest.mark.parametrize(
-    "name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False), ("codebooks_v2.bin", True, True)]
-)
+@pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),
+                                                     ("codebooks_v2.bin", True, True)])
 def test_golden_codebooks_read_back(name, weights, per_head):
     read, made = quant.Codebooks.from_bytes((GOLDEN / "quant" / name).read_bytes()), golden.codebooks(weights, per_head)
     assert (read.layers, read.heads, read.dim, read.pre_rope, read.preset, read.meta) == (
-        made.layers,
-        made.heads,
-        made.dim,
-        made.pre_rope,
-        made.preset,
-        made.meta,
+        made.layers, made.heads, made.dim, made.pre_rope, made.preset, made.meta
     )
     for kind in quant.KINDS:
         assert read.stages(kind) == golden.STAGES[kind]

@@ -57,7 +57,8 @@ def test_functions_keep_the_def_line_and_body_and_drop_the_docstring():
     item, body = found["mod.scale"]
     assert item.query == "Multiply every value by the given factor."
     assert item.document == (
-        "def scale(values,\n          factor=2):\n    # a comment stays\n    out = []\n    for v in values:\n        out.append(v * factor)\n    return out\n"
+        "def scale(values,\n          factor=2):\n    # a comment stays\n    out = []\n"
+        "    for v in values:\n        out.append(v * factor)\n    return out\n"
     )
     assert body == 5 and "@decorator" not in item.document and '"""' not in item.document
     fill, _ = found["mod.Box.fill"]

@@ -186,14 +186,7 @@ def test_anthropic_system_blocks_error_results_and_text_after_results(tmp_path):
 
 def event(uuid, parent, role, content, session="s1", **extra):
     kind = "user" if role == "user" else "assistant"
-    return {
-        "parentUuid": parent,
-        "type": kind,
-        "message": {"role": role, "content": content, **extra.pop("message", {})},
-        "uuid": uuid,
-        "sessionId": session,
-        **extra,
-    }
+    return {"parentUuid": parent, "type": kind, "message": {"role": role, "content": content, **extra.pop("message", {})}, "uuid": uuid, "sessionId": session, **extra}
 
 
 def test_agent_events_follow_the_parent_chain_and_name_the_session_by_its_summary():
@@ -226,13 +219,10 @@ def test_agent_events_group_sessions_merge_streamed_replies_and_keep_branches(tm
 
 
 def test_agent_event_without_uuid_is_refused_with_its_line(tmp_path):
-    path = write_jsonl(
-        tmp_path / "log.jsonl",
-        [event("u1", None, "user", "a"), {"parentUuid": "u1", "type": "assistant", "message": {"role": "assistant", "content": "b"}, "sessionId": "s1"}],
-    )
+    path = write_jsonl(tmp_path / "log.jsonl", [event("u1", None, "user", "a"), {"parentUuid": "u1", "type": "assistant", "message": {"role": "assistant", "content": "b"}, "sessionId": "s1"}])
     with pytest.raises(TranscriptError) as caught:
         read_transcripts(path)
-    assert (caught.value.line, 'needs a string "uuid"' in caught.value.reason) == (2, True)
+    assert (caught.value.line, "needs a string \"uuid\"" in caught.value.reason) == (2, True)
 
 
 def test_a_summary_whose_leaf_is_not_a_string_is_refused_with_its_line(tmp_path):
@@ -380,9 +370,7 @@ def test_a_default_system_prompt_is_replaced_by_an_empty_system_turn(tiny_model)
     assert chat.render(plain, [{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
 
 
-@pytest.mark.parametrize(
-    "name", ["openai-tools.json", "responses.json", "anthropic.json", "conversations.json", "claude-code.jsonl", "lmsys.jsonl", "alpaca.json", "sharegpt.json"]
-)
+@pytest.mark.parametrize("name", ["openai-tools.json", "responses.json", "anthropic.json", "conversations.json", "claude-code.jsonl", "lmsys.jsonl", "alpaca.json", "sharegpt.json"])
 def test_every_text_of_each_example_reaches_the_rendering(name):
     tokenizer = tok.load_full(None)
     path = EXAMPLES / name

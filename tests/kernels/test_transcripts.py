@@ -417,10 +417,7 @@ def _lenient(path) -> tuple[list[Transcript], list[dict]]:
 
 
 def test_a_malformed_line_is_left_out_and_named_and_the_rest_is_read(tmp_path):
-    path = write(
-        tmp_path / "m.jsonl",
-        jsonl({"role": "user", "content": "one"}) + '{"role": \n' + jsonl({"role": "narrator", "content": "x"}, {"role": "assistant", "content": "two"}),
-    )
+    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "one"}) + '{"role": \n' + jsonl({"role": "narrator", "content": "x"}, {"role": "assistant", "content": "two"}))
     [session], skipped = _lenient(path)
     assert [m["content"] for m in session.messages] == ["one", "two"]
     assert [s["line"] for s in skipped] == [2, 3]
@@ -445,12 +442,7 @@ def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_th
     path = write(
         tmp_path / "log.jsonl",
         "not json at all\n"
-        + jsonl(
-            event("a", None, "user", "hello"),
-            "a bare string line",
-            {"type": "user", "uuid": None, "parentUuid": "a", "message": {"role": "user", "content": "[Request interrupted by user]"}},
-            event("b", "a", "assistant", "hi there"),
-        ),
+        + jsonl(event("a", None, "user", "hello"), "a bare string line", {"type": "user", "uuid": None, "parentUuid": "a", "message": {"role": "user", "content": "[Request interrupted by user]"}}, event("b", "a", "assistant", "hi there")),
     )
     [session], skipped = _lenient(path)
     assert [m["content"] for m in session.messages] == ["hello", "hi there"]
@@ -460,10 +452,7 @@ def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_th
 def test_a_log_of_summaries_alone_is_empty_not_failed(tmp_path):
     from kvdb.errors import EmptyTranscript
 
-    path = write(
-        tmp_path / "summaries.jsonl",
-        jsonl({"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"}, {"type": "summary", "summary": "Docs", "leafUuid": "x2"}),
-    )
+    path = write(tmp_path / "summaries.jsonl", jsonl({"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"}, {"type": "summary", "summary": "Docs", "leafUuid": "x2"}))
     with pytest.raises(EmptyTranscript, match="2 summaries of sessions in other files"):
         _lenient(path)
     with pytest.raises(EmptyTranscript):
@@ -483,9 +472,7 @@ def test_every_export_fixture_names_its_source_and_licence():
     """Fixtures from other projects come in with where they came from (tests/fixtures/README.md)."""
     root = Path(__file__).resolve().parents[1] / "fixtures"
     readme = (root / "README.md").read_text()
-    files = sorted(
-        p for p in (root / "exports").rglob("*") if p.is_file() and not p.name.startswith("LAYOUTS") and p.name != "text-keys.toml"
-    )  # text-keys.toml: what test_export_fixtures checks
+    files = sorted(p for p in (root / "exports").rglob("*") if p.is_file() and not p.name.startswith("LAYOUTS") and p.name != "text-keys.toml")  # text-keys.toml: what test_export_fixtures checks
     assert len(files) >= 30
     unlisted = [p.name for p in files if f"`{p.name}`" not in readme]
     assert unlisted == []
@@ -550,14 +537,7 @@ def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branc
 def test_a_skipped_message_counts_no_placeholder_and_waiting_records_count_against_the_limit(tmp_path):
     from kvdb.transcripts import iter_transcripts
 
-    path = write(
-        tmp_path / "m.jsonl",
-        jsonl(
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": 5}]},
-            {"role": "assistant", "content": "a"},
-        ),
-    )
+    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": 5}]}, {"role": "assistant", "content": "a"}))
     [session], skipped = _lenient(path)
     assert [s["line"] for s in skipped] == [2] and session.dropped == {}  # the image of the refused message is not counted
     snapshot = json.dumps({"type": "file-history-snapshot", "snapshot": {"pad": "x" * 200}}) + "\n"

@@ -32,10 +32,7 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     assert CHAT[1]["content"] in view["turns"][1]["text"] and CHAT[0]["content"] in view["turns"][0]["text"]
     cut = view["turns"][1]["start"]
     part = running.get("/api/sessions/chat", start=cut - 3, end=cut + 5)
-    assert (part["start"], part["end"]) == (cut - 3, cut + 5) and [(t["role"], t["start"], t["end"]) for t in part["turns"]] == [
-        ("user", cut - 3, cut),
-        ("assistant", cut, cut + 5),
-    ]
+    assert (part["start"], part["end"]) == (cut - 3, cut + 5) and [(t["role"], t["start"], t["end"]) for t in part["turns"]] == [("user", cut - 3, cut), ("assistant", cut, cut + 5)]
     story = running.get("/api/sessions/story")
     assert story["text"] == STORY and story["turns"] == [{"role": None, "text": STORY, "start": 0, "end": len(STORY)}]
 

@@ -46,10 +46,7 @@ def test_text_completions_with_seed_and_stop(serve):
     streamed = client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == greedy.choices[0].text
 
-    sampled = [
-        client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=1, top_p=0.9, seed=seed).choices[0].text
-        for seed in (7, 7, 8)
-    ]
+    sampled = [client.completions.create(model="kvdb", prompt="The harbour master", max_tokens=12, temperature=1, top_p=0.9, seed=seed).choices[0].text for seed in (7, 7, 8)]
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
 
     text = greedy.choices[0].text
@@ -68,9 +65,7 @@ def test_a_second_turn_resumes_the_archived_first_in_memory_and_after_a_restart(
     assert _kvdb(second) == {"restored": "exact", "cached_tokens": archived["n_tokens"], "approximate": False}
     # only the new turn was computed: the archived exchange is exactly the start of this prompt
     ids = tok.encode(tiny_loaded.tokenizer, chat_template.render(tiny_loaded.tokenizer, turn_two, add_generation_prompt=True))
-    assert second.usage.prompt_tokens == len(ids) and len(ids) - archived["n_tokens"] == len(
-        tok.encode(tiny_loaded.tokenizer, chat_template.user_turn_suffix(tiny_loaded.tokenizer, "And the ships?"))
-    )
+    assert second.usage.prompt_tokens == len(ids) and len(ids) - archived["n_tokens"] == len(tok.encode(tiny_loaded.tokenizer, chat_template.user_turn_suffix(tiny_loaded.tokenizer, "And the ships?")))
 
     running.wait_archived(2)
     running.stop()

@@ -15,13 +15,7 @@ import kvdb
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 ONE = [{"role": "user", "content": "hi"}]
-LONG = {
-    "model": "kvdb",
-    "messages": [{"role": "user", "content": "Tell me about the harbour."}],
-    "max_tokens": 2000,
-    "temperature": 0,
-    "stream": True,
-}  # no EOS for 2000 tokens (~6 s)
+LONG = {"model": "kvdb", "messages": [{"role": "user", "content": "Tell me about the harbour."}], "max_tokens": 2000, "temperature": 0, "stream": True}  # no EOS for 2000 tokens (~6 s)
 
 
 def _still_serving(running) -> None:

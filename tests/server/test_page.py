@@ -20,16 +20,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (`make install` installs it)")]
 
 # without the background-networking flags chromium's own connections are refused by a closed network
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 KEY = "page-test-key"
 HOSTILE = "<script>window.__pwned = 1</script> and <b>bold</b>"
 CHAT = [
@@ -161,13 +152,7 @@ def test_search_opens_hit_in_context_and_continues_streaming(page, running):
     page.fill("#continue-prompt", "What do the codebooks hold?")
     page.click("#continue-go")
     expect(page.locator("body")).not_to_have_class("busy", timeout=SLOW)
-    asked = {
-        "model": "kvdb",
-        "messages": [{"role": "user", "content": "What do the codebooks hold?"}],
-        "stream": True,
-        "max_tokens": 64,
-        "kvdb": {"session": expected["session_id"], "at": at},
-    }
+    asked = {"model": "kvdb", "messages": [{"role": "user", "content": "What do the codebooks hold?"}], "stream": True, "max_tokens": 64, "kvdb": {"session": expected["session_id"], "at": at}}
     assert sent == [asked]
     expect(page.locator("#status")).to_be_empty()
     with running.http(Authorization=f"Bearer {KEY}") as client:

@@ -167,9 +167,7 @@ def test_a_follow_up_does_not_wait_for_a_busy_archive(tiny_loaded, tmp_path):
         assert busy.wait(30)
         follow = [*first, {"role": "assistant", "content": reply.text}, {"role": "user", "content": "And then?"}]
         result: list = []
-        worker = threading.Thread(
-            target=lambda: result.append(engine.complete(Request(messages=follow, sampling=Sampling(max_tokens=4, temperature=0))).result())
-        )
+        worker = threading.Thread(target=lambda: result.append(engine.complete(Request(messages=follow, sampling=Sampling(max_tokens=4, temperature=0))).result()))
         worker.start()
         worker.join(60)  # a follow-up that waited for the archive would wait here until the blocker's 60 s ran out
         replied.set()

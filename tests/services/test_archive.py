@@ -208,7 +208,7 @@ def test_continue_matches_generation_from_scratch(archive):
     reply = archive.continue_session(r.session_id, prompt="xy", max_new_tokens=6)
     full = torch.as_tensor(np.concatenate([ids, tok.encode(archive.loaded_model.tokenizer, "xy")]))[None]
     ref = archive.loaded_model.model.generate(full, max_new_tokens=6, do_sample=False, pad_token_id=archive.loaded_model.tokenizer.eos_token_id)
-    assert reply == archive.loaded_model.tokenizer.decode(ref[0, full.shape[1] :], skip_special_tokens=True)
+    assert reply == archive.loaded_model.tokenizer.decode(ref[0, full.shape[1]:], skip_special_tokens=True)
 
 
 def test_generate_twice_on_one_restore_continues_from_the_same_state(archive):

@@ -178,10 +178,7 @@ def test_cli_search(tmp_path, tiny_model):
     out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--json"], env=env)
     assert out.exit_code == 0
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(rows) == 3 and all(
-        set(r) == {"session_id", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"}
-        for r in rows
-    )
+    assert len(rows) == 3 and all(set(r) == {"session_id", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"} for r in rows)
     assert all(r["exact"] and not r["partial"] and r["name"] == "harbour" and "harbour lights" in r["context"] for r in rows)
     human = runner.invoke(main, [*args, "search", "harbour lights", "-k", "1"], env=env)
     assert human.stdout.startswith("harbour ") and " @" in human.stdout and "[exact]" in human.stdout
@@ -192,12 +189,7 @@ def test_cli_search(tmp_path, tiny_model):
 
 
 def test_casings_are_the_phrase_as_typed_then_lower_sentence_title_and_upper_case():
-    assert search_ops_casings("infrastructure deficit") == [
-        "infrastructure deficit",
-        "Infrastructure deficit",
-        "Infrastructure Deficit",
-        "INFRASTRUCTURE DEFICIT",
-    ]
+    assert search_ops_casings("infrastructure deficit") == ["infrastructure deficit", "Infrastructure deficit", "Infrastructure Deficit", "INFRASTRUCTURE DEFICIT"]
     assert search_ops_casings("Leggy")[:2] == ["Leggy", "leggy"] and search_ops_casings("42 ships")[1:3] == ["42 Ships", "42 SHIPS"]
 
 

@@ -19,14 +19,12 @@ def archived(tmp_path, tiny_model):
         assert db.search("beginning", k=2)
     return path
 
-
 def test_a_healthy_archive_verifies(archived, tiny_model):
     with kvdb.open(archived, model=tiny_model) as db:
         for deep in (False, True):
             report = db.verify(deep=deep)
             assert report.ok, report.problems
             assert report.checked["sessions"] == 2 and report.checked["token blocks"] >= 3 and report.checked["lm payloads"] >= 1
-
 
 def test_a_corrupted_token_block_is_caught(archived, tiny_model):
     con = duckdb.connect(str(archived))
@@ -40,7 +38,6 @@ def test_a_corrupted_token_block_is_caught(archived, tiny_model):
     assert not report.ok
     assert any(f"token block {block} of node {node[:12]}" in p and "CRC" in p for p in report.problems)
 
-
 def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
     con = duckdb.connect(str(archived))
     con.execute("update nodes set refcount = refcount + 5 where parent_id is null")
@@ -53,7 +50,6 @@ def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
         assert not any("stale" in p for p in report.problems)
         result = db.repair()
     assert result.rebuilt_indexes and any("run through it" in p for p in result.unrepairable)
-
 
 def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
     runner = CliRunner()
