@@ -478,17 +478,19 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         assert sa_found == q.truth, f"suffix array disagrees with ground truth on {q.phrase!r}"
         if ig is not None:
             assert ig.count(q.variants) == len(q.truth), f"infini-gram disagrees with ground truth on {q.phrase!r}"
+        assert db.count(q.phrase, case_sensitive=True).count == len(q.truth), f"Archive.count disagrees with ground truth on {q.phrase!r}"
         recall_rows.append((q, len(exact & q.truth), len(exact)))
 
     # latency, k=10 (one repeat at 1e7 unless --reps: a kvdb query is then slow enough to time once)
     reps = args.reps or (1 if args.quick or n_tokens >= 10**7 else 3)
-    lat: dict[str, list[float]] = {"kvdb": [], "kvdb_case": [], "contains": [], "like": [], "sa": [], "infini_gram": []}
+    lat: dict[str, list[float]] = {"kvdb": [], "kvdb_case": [], "count": [], "contains": [], "like": [], "sa": [], "infini_gram": []}
     lat_by_kind: dict[str, list[float]] = {}
     for q in queries:
         ms = 1e3 * median_seconds(partial(db.search, q.phrase, k=10), reps)
         lat["kvdb"].append(ms)
         lat_by_kind.setdefault(q.kind, []).append(ms)
         lat["kvdb_case"].append(1e3 * median_seconds(partial(db.search, q.phrase, k=10, case_sensitive=True), reps))
+        lat["count"].append(1e3 * median_seconds(partial(db.count, q.phrase), reps))
         lat["contains"].append(1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps))
         pattern = like_pattern(q.phrase)
         lat["like"].append(1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
@@ -552,6 +554,7 @@ def as_json(r: dict) -> dict:
         "rss_file_mb": round(r["probe"]["rss_file_mb"], 1),
         "first_query_ms": round(r["probe"]["first_query_ms"], 1),
         "case_sensitive": spread(r["lat"]["kvdb_case"]),
+        "count": spread(r["lat"]["count"]),
         "peers": peers,
     }
 
@@ -617,11 +620,12 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         "bytes = int32 suffix array + uint16 tokens. infini-gram = its engine (`infini-gram` 2.6.0) over the same sessions, built by its own "
         "indexer; query = tokenize both variants + `find` each (a count and the suffix-array ranges, no context), bytes = its files. "
         "Open = `WalkIndex.load` in a fresh process; resident = that process's RSS after opening the archive and 100 searches "
-        "(of it, mapped index and library files shared through the page cache).\n",
+        "(of it, mapped index and library files shared through the page cache). Count = `Archive.count(phrase)`, every casing, exact "
+        "(checked against the ground truth, case-sensitive, on every recall phrase).\n",
         "| tokens | sessions | phrases | kvdb p50 | kvdb p95 | kvdb case-sensitive p50 | case-sensitive p95 | kvdb first query (loads index) | contains p50 | contains p95 | LIKE p50 | LIKE p95 "
         "| suffix array p50 | SA p95 | kvdb index build s | kvdb index B/token | SA build s | SA B/token "
-        "| infini-gram p50 | infini-gram p95 | infini-gram build s | infini-gram B/token | kvdb open ms | resident MB (mapped) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| infini-gram p50 | infini-gram p95 | infini-gram build s | infini-gram B/token | kvdb open ms | resident MB (mapped) | kvdb count p50 | count p95 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         L = r["lat"]
@@ -630,7 +634,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
             f"| {f(pct(L['contains'], 50))} | {f(pct(L['contains'], 95))} | {f(pct(L['like'], 50))} | {f(pct(L['like'], 95))} "
             f"| {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | {r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} "
             + (f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} | {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} " if r["ig"] else "| – | – | – | – ")
-            + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} ({r['probe']['rss_file_mb']:.0f}) |"
+            + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} ({r['probe']['rss_file_mb']:.0f}) | {f(pct(L['count'], 50))} | {f(pct(L['count'], 95))} |"
         )
     kinds = list(dict.fromkeys(k for r in results for k in r["lat_by_kind"]))
     lines += ["", "kvdb p50 / p95 (ms) by phrase kind:\n", "| tokens | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]

@@ -134,11 +134,18 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
     "semantic tier (ingest with --keep tokens,search,semantic); one hit per session, at its nearest chunk.",
 )
+@click.option(
+    "--count",
+    "count_only",
+    is_flag=True,
+    help="Print how many places hold the whole phrase (in the casings searched), instead of the hits: exact, each archived "
+    "position once however many sessions share it. Exit status 1 when there are none.",
+)
 @embedder_option
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic, embedder, model, as_json):
+def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic, count_only, embedder, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
@@ -149,6 +156,12 @@ def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic
     archive = _open(ctx, model, read_only=True, embedder=embedder)
     if not archive.sessions():
         raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
+    if count_only:
+        if semantic:
+            raise click.UsageError("--count counts the places that hold the phrase; it does not go with --semantic")
+        counted = archive.count(phrase, session=session, case_sensitive=case_sensitive)
+        _emit(counted.to_dict()) if as_json else click.echo(counted.count)
+        sys.exit(0 if counted.count else 1)
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session)
     else:

@@ -29,6 +29,7 @@ from kvdb.records import (
     Fidelity,
     GcReport,
     IngestResult,
+    PhraseCount,
     Prefix,
     RebuiltIndex,
     RepairReport,
@@ -358,6 +359,13 @@ class Archive:
         Unless ``case_sensitive``, the phrase is also looked for in lower, sentence, title and
         upper case. Only the tokenizer is loaded."""
         return self._searcher.search(phrase, k, context, session, case_sensitive, min_share)
+
+    def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
+        """How many archived positions end a full match of ``phrase`` (in its other casings too,
+        unless ``case_sensitive``): exact, each position once however many sessions share it.
+        A phrase of up to four tokens is one lookup in the index (O(log n) while no deleted
+        session's positions wait for ``gc``); a longer one costs its rarest piece's matches."""
+        return self._searcher.count(phrase, session, case_sensitive)
 
     @property
     def embedder_name(self) -> str:

@@ -151,6 +151,20 @@ class CodebookSet:
 
 
 @dataclass(frozen=True)
+class PhraseCount:
+    """How many archived positions end a full match of a phrase (any of the casings searched),
+    each counted once however many sessions share it."""
+
+    phrase: str
+    count: int
+    case_sensitive: bool
+    session: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"phrase": self.phrase, "count": self.count, "case_sensitive": self.case_sensitive, "session": self.session}
+
+
+@dataclass(frozen=True)
 class Stats:
     sessions: int
     tokens: int  # summed over sessions

@@ -3,7 +3,7 @@
 - ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: the OpenAI API's shapes (with
   server-sent events when ``stream``), plus a ``kvdb`` object in each reply; ``/v1/embeddings``:
   the semantic tier's embedder, as the OpenAI API's embeddings.
-- ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/stats``: the archive,
+- ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/count``, ``/api/stats``: the archive,
   read while the model generates (the engine's reads never wait for it).
 - ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
   holds no archive data: it asks for the key and sends it with its API calls. With an API
@@ -105,6 +105,10 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         min_share: float = Query(MIN_SHARE, ge=0, le=1),
     ) -> dict:
         return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share)]}
+
+    @api.get("/api/count")
+    def count(q: str = Query(..., min_length=1), case_sensitive: int = Query(0, ge=0, le=1)) -> dict:
+        return engine.count(q, bool(case_sensitive)).to_dict()
 
     @api.get("/api/stats")
     def stats() -> dict:

@@ -117,22 +117,7 @@ def candidates(
     if len(split) == 1:
         ranked.append((ranges[split[0][1].tobytes()].chunks(4 * limit), length))
     else:
-        levels = [np.sort(ranges[split[0][1].tobytes()].slots())]  # levels[j]: end slots matching the phrase's pieces 0..j
-        for offset, piece in split[1:]:
-            current = levels[-1]
-            if current.size == 0:
-                break
-            _, local = slots.locate(current)
-            in_node = local >= offset  # else the piece lies in a parent node: the archive check decides
-            found = ranges[piece.tobytes()]
-            if not by_tokens(len(current), len(piece), len(found)):
-                levels.append(current[~in_node | np.isin(current - offset, found.slots())])
-                continue
-            whole = local >= offset + len(piece) - 1  # the piece within the node: its tokens are the index's
-            keep = ~whole  # in a parent node, or across into one: the archive check decides
-            ends = current[whole] - offset
-            keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
-            levels.append(current[keep])
+        levels = [ends for ends, _ in chained(index, slots, split, ranges)]
         for j in range(len(levels) - 1, -1, -1):
             deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
             offset, piece = split[j]
@@ -159,6 +144,73 @@ def candidates(
             for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
                 out.append(Candidate(int(r), int(p), shared, variant))
     return out
+
+
+def chained(index: WalkIndex, slots: SlotMap, split: list[tuple[int, np.ndarray]], ranges: dict[bytes, KeyRange]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per piece j, (the sorted end slots matching pieces 0..j, whether the index settled each):
+    an end whose piece lies in a parent node, or runs across into one, is kept for the archive
+    check to decide. Stops early when no end is left."""
+    first = np.sort(ranges[split[0][1].tobytes()].slots())
+    levels = [(first, np.ones(len(first), bool))]
+    for offset, piece in split[1:]:
+        current, sure = levels[-1]
+        if current.size == 0:
+            break
+        _, local = slots.locate(current)
+        in_node = local >= offset  # else the piece lies in a parent node
+        found = ranges[piece.tobytes()]
+        if not by_tokens(len(current), len(piece), len(found)):  # a key walks on across into the parent: settled
+            matched = np.isin(current - offset, found.slots())
+            keep, settled = ~in_node | matched, in_node
+        else:
+            whole = local >= offset + len(piece) - 1  # the piece within the node: its tokens are the index's
+            keep = ~whole
+            ends = current[whole] - offset
+            keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
+            settled = whole
+        levels.append((current[keep], (sure & settled)[keep]))
+    return levels
+
+
+def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray], check: Callable[[np.ndarray, np.ndarray, int], int]) -> int:
+    """How many archived positions end a full match of some variant: each counted once, in a
+    node some session uses (``owned``, per run of ``slots``). ``check(runs, ends, variant)``
+    counts the matches the archive confirms among ends the index could not settle.
+
+    Two variants end at one position only when one is a suffix of the other, and then the
+    longer's matches are the shorter's too: it is left out. A variant of one piece is one key
+    range, counted in O(log n) when every entry of the index is live (no deleted session's
+    slots wait for ``gc``), else by locating its entries; a longer one is the chain of its
+    pieces, as ``candidates`` walks it."""
+    kept = [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
+    wanted = {piece.tobytes(): piece for v in kept for _, piece in pieces(variants[v], index.depth)}
+    ranges = dict(zip(wanted, index.ranges(list(wanted.values()))))
+    live_entries = int(slots.length[owned].sum())
+    total = 0
+    for v in kept:
+        phrase = variants[v]
+        split = pieces(phrase, index.depth)
+        if len(split) == 1:
+            found = ranges[phrase.tobytes()]
+            if live_entries == index.entries:
+                total += len(found)
+                continue
+            for ends in found.chunks(1 << 20):
+                run, _ = slots.locate(ends)
+                total += int(((run >= 0) & owned[np.maximum(run, 0)]).sum())
+            continue
+        levels = chained(index, slots, split, ranges)
+        if len(levels) < len(split):
+            continue
+        ends, sure = levels[-1]
+        run, local = slots.locate(ends)
+        live = (run >= 0) & owned[np.maximum(run, 0)]
+        start = slots.start[np.maximum(run, 0)] + local - len(phrase) + 1
+        total += int((live & sure & (start >= 0)).sum())
+        doubt = live & ~sure
+        if doubt.any():
+            total += check(run[doubt], slots.start[run[doubt]] + local[doubt], v)
+    return total
 
 
 def by_tokens(candidates: int, piece: int, entries: int) -> bool:

@@ -5,6 +5,8 @@ storage's version moves."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,13 +14,24 @@ from kvdb.errors import InvalidArgument
 from kvdb.index import phrase as search_ops
 from kvdb.index import trie
 from kvdb.index.phrase import Hit
-from kvdb.index.walk import Indexes, SlotMap, index_key
+from kvdb.index.walk import Indexes, SlotMap, WalkIndex, index_key
 from kvdb.model import tokenizer as tok
-from kvdb.records import RebuiltIndex
+from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    tokenizer: object
+    variants: list[np.ndarray]
+    index: WalkIndex
+    slots: SlotMap
+    view: trie.TrieView
+    sessions_of: Callable[[list[str]], dict[str, str]]
+    fetch: Callable[[list[tuple[str, int, int]]], list[np.ndarray]]
 
 
 class Searcher:
@@ -32,10 +45,45 @@ class Searcher:
     def search(
         self, phrase: str, k: int = 10, context: int = 32, session: str | None = None, case_sensitive: bool = False, min_share: float = search_ops.MIN_SHARE
     ) -> list[Hit]:
-        if not phrase or not phrase.strip():
-            raise InvalidArgument("empty search phrase; give some text to look for")
         if not 0 <= min_share <= 1:
             raise InvalidArgument(f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}")
+        found = self._lookup(phrase, session, case_sensitive)
+        if found is None:
+            return []
+        return search_ops.search(
+            found.index,
+            found.slots,
+            found.variants,
+            found.view.names,
+            found.view.age,
+            sessions_of=found.sessions_of,
+            fetch=found.fetch,
+            decode=lambda ids: tok.decode(found.tokenizer, ids),
+            k=k,
+            context=context,
+            min_share=min_share,
+        )
+
+    def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
+        found = self._lookup(phrase, session, case_sensitive)
+        if found is None:
+            return PhraseCount(phrase, 0, case_sensitive, session)
+        owned = np.array([str(n) in found.view.owner for n in found.slots.node_ids], bool)
+
+        def check(runs: np.ndarray, ends: np.ndarray, v: int) -> int:
+            phrase_ids = found.variants[v]
+            nodes = [str(n) for n in found.slots.node_ids[runs]]
+            owners = found.sessions_of(nodes)
+            spans = [(owners[n], int(e) + 1 - len(phrase_ids), int(e) + 1) for n, e in zip(nodes, ends)]
+            return sum(search_ops.shared_suffix(window, phrase_ids) == len(phrase_ids) for window in found.fetch(spans))
+
+        return PhraseCount(phrase, search_ops.count(found.index, found.slots, owned, found.variants, check), case_sensitive, session)
+
+    def _lookup(self, phrase: str, session: str | None, case_sensitive: bool) -> _Lookup | None:
+        """What a search or a count of ``phrase`` reads: its variants, the index and its slot
+        runs (those on ``session``'s path when given), and the trie; None when nothing is indexed."""
+        if not phrase or not phrase.strip():
+            raise InvalidArgument("empty search phrase; give some text to look for")
         tokenizer, tok_hash = self._models.tokenizer()
         variants = phrase_variants(tokenizer, phrase, case_sensitive)
         longest = max(len(v) for v in variants)
@@ -47,7 +95,7 @@ class Searcher:
             slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
             view = self._trie_view()
         if not len(slots.first):
-            return []
+            return None
         runs = dict(zip(slots.node_ids, slots.first.tolist()))
         sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
@@ -56,19 +104,8 @@ class Searcher:
             keep = np.array([nid in on_path for nid in slots.node_ids], dtype=bool)
             slots = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep])
             sessions_of = lambda node_ids: dict.fromkeys(node_ids, wanted)  # noqa: E731  (hits are reported in this session)
-        return search_ops.search(
-            index,
-            slots,
-            variants,
-            view.names,
-            view.age,
-            sessions_of=sessions_of,
-            fetch=lambda requests: view.windows(self._storage, requests, runs, index.tokens),
-            decode=lambda ids: tok.decode(tokenizer, ids),
-            k=k,
-            context=context,
-            min_share=min_share,
-        )
+        fetch = lambda requests: view.windows(self._storage, requests, runs, index.tokens)  # noqa: E731
+        return _Lookup(tokenizer, variants, index, slots, view, sessions_of, fetch)
 
     def _slot_map(self, key: str, ntotal: int) -> SlotMap:
         """The live slot runs the index in hand holds (a run another writer committed since the

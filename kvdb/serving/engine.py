@@ -27,7 +27,7 @@ from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelM
 from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
-from kvdb.records import Session, Stats
+from kvdb.records import PhraseCount, Session, Stats
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
@@ -251,6 +251,9 @@ class Engine:
         if not semantic:
             return self._access(lambda a: a.search(phrase, k=k, case_sensitive=case_sensitive, min_share=min_share))
         return self._access(lambda a: a.search_meaning(phrase, k=k))
+
+    def count(self, phrase: str, case_sensitive: bool = False) -> PhraseCount:
+        return self._access(lambda a: a.count(phrase, case_sensitive=case_sensitive))
 
     def embeddings(self, texts: list[str], encoding: str = "float") -> Embeddings:
         """The semantic tier's vectors of ``texts``: the embedder runs on the archive's thread, not the model's."""

@@ -183,6 +183,14 @@ def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_p
     assert all(r["partial"] and not r["exact"] for r in lines(partial))
     shown = run("search", "zebra lights")
     assert shown.exit_code == 1 and "[partial: " in shown.stdout and "[exact]" not in shown.stdout
+
+    counted = run("search", "Harbour Lights", "--count")
+    assert counted.exit_code == 0 and counted.stdout.strip() == "1"  # the other casing, counted once
+    assert lines(run("search", "harbour lights", "--count", "--case-sensitive", "--json")) == [{"phrase": "harbour lights", "count": 1, "case_sensitive": True, "session": None}]
+    none = run("search", "zebra lights", "--count")
+    assert none.exit_code == 1 and none.stdout.strip() == "0"
+    refused = run("search", "harbour", "--count", "--semantic")
+    assert refused.exit_code == 2 and "--semantic" in refused.output
     assert "no full match" in shown.stderr
 
 

@@ -39,6 +39,8 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     [hit, *_] = running.get("/api/search", q="counted the ships", k=3)["hits"]
     assert set(hit) >= {"before", "match", "after"} and set(hit) == set(_a_hit().to_dict())
     assert hit["exact"] and hit["name"] == "story" and hit["match"] == "counted the ships" and hit["before"] + hit["match"] + hit["after"] == hit["context"]
+    assert running.get("/api/count", q="Counted The Ships") == {"phrase": "Counted The Ships", "count": 1, "case_sensitive": False, "session": None}
+    assert running.get("/api/count", q="Counted The Ships", case_sensitive=1)["count"] == 0
 
 
 def _a_hit() -> Hit:

@@ -221,3 +221,28 @@ def test_candidates_checked_by_tokens_or_by_key_ranges_are_the_same_hits(db, mon
         monkeypatch.setattr(search_ops, "by_tokens", lambda *_, choice=choice: choice)
         found[choice] = [(h.session_id, h.position, h.match_tokens, h.exact) for h in db.search(phrase, k=50, min_share=0)]
     assert found[True] == found[False] and any(exact for *_, exact in found[True])
+
+
+@pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk", "zebra"])
+def test_count_is_the_number_of_places_that_hold_the_phrase(db, phrase):
+    assert db.count(phrase, case_sensitive=True).count == len(occurrences(db, phrase))
+    exact = [h for h in db.search(phrase, k=1000) if h.exact]  # every casing, each position once
+    assert db.count(phrase).count == len(exact)
+    assert db.count(phrase, session="harbour").count == len({h.position for h in db.search(phrase, k=1000, session="harbour") if h.exact})
+
+
+def test_count_crosses_nodes_and_counts_a_shared_position_once(archive):
+    first = "The keeper watched the harbour lights."
+    archive.ingest(text=first, name="a")
+    archive.ingest(text=first + " Ships passed at dusk.", name="b")  # the first session's node, and a child
+    assert archive.count("keeper watched").count == 1  # in the node both sessions share
+    across = "harbour lights. Ships passed"  # from the shared node into the child
+    assert archive.count(across).count == 1 == len([h for h in archive.search(across) if h.exact])
+    assert archive.count("lights. Ships passed at dusk.").count == 1
+
+
+def test_count_leaves_out_deleted_sessions(db):
+    before = db.count("harbour lights").count
+    db.delete("log")  # its positions stay in the index until gc: counted by locating them
+    assert db.count("harbour lights").count == before - 3
+    assert db.count("Ships passed the harbour lights at dusk").count == 1
