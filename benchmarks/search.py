@@ -714,7 +714,7 @@ def main() -> None:
     parser.add_argument("--scales", default=None, help="comma-separated token counts (default 1e5,1e6,1e7,1e8)")
     parser.add_argument("--reps", type=int, default=None, help="timed repeats per phrase and method (default 3; 1 at 1e7 and with --quick)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md or plot")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per scale on stdout (progress on stderr); RESULTS.md is left alone")
+    parser.add_argument("--json", action="store_true", help="also print one JSON object per scale on stdout (progress goes to stderr)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)  # internal: measure opening in a fresh process
     parser.add_argument("--phrases", type=Path, help=argparse.SUPPRESS)
@@ -744,15 +744,13 @@ def main() -> None:
             if args.json:
                 print(json.dumps(as_json(results[-1])), flush=True)
     elapsed = time.perf_counter() - start
-    if args.json:
-        return
     text = report(results, args, elapsed, len(corpus.planted)) + targets(results)
     if not args.no_results:
         png = Path(__file__).with_name("search_latency.png")
         if len(results) > 1 and plot(results, png):
             text += f"\nPlot: `benchmarks/{png.name}` (p50 and p95 latency against archived tokens).\n"
         publish(text.splitlines())  # in place of the last run's section
-    else:
+    elif not args.json:
         print(text)
 
 
