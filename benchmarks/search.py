@@ -292,7 +292,10 @@ class InfiniGram:
         self.open_ms = 1e3 * (time.perf_counter() - t)
 
     def count(self, variants: list[np.ndarray]) -> int:
-        return sum(self.engine.find(input_ids=[int(x) for x in v])["cnt"] for v in variants)
+        """Occurrences of any variant: one that ends with another (" 2001" is [" ", "2", ...])
+        is counted within the shorter one's."""
+        kept = [v for v in variants if not any(len(o) < len(v) and np.array_equal(v[len(v) - len(o) :], o) for o in variants)]
+        return sum(self.engine.find(input_ids=[int(x) for x in v])["cnt"] for v in kept)
 
 
 def infini_gram(truth: Truth, folder: Path) -> InfiniGram | None:

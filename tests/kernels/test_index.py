@@ -1,11 +1,14 @@
 """The walk index merges slot runs, in any order and any grouping, into one sorted index: what
 a reader catching up with other writers' commits relies on."""
 
+import mmap
+
 import numpy as np
 import pytest
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
+from kvdb.index import segment, walk
 from kvdb.index.walk import WalkIndex
 
 ALPHABET = 300
@@ -52,3 +55,45 @@ def test_overlapping_runs_or_a_count_short_of_them_are_corrupt_data():
     index.extend(runs[:1], 50)
     with pytest.raises(CorruptData):  # a run before the last slot the index holds
         index.extend([(10, runs[1][1], None)], ntotal)
+
+
+def test_a_tail_merged_into_the_base_finds_what_one_segment_finds(monkeypatch):
+    """Commits go to the tail; past TAIL_MIN slots and an eighth of the base it merges into the
+    base. Any sequence of merges gives the entries one build gives, in the same order."""
+    runs, ntotal = _runs(np.random.default_rng(2))
+    whole = WalkIndex(ALPHABET)
+    whole.extend(runs, ntotal)
+    whole.settle()
+    monkeypatch.setattr(walk, "TAIL_MIN", 10)
+    merged = WalkIndex(ALPHABET)
+    for i, run in enumerate(runs):
+        merged.extend([run], ntotal if i == len(runs) - 1 else run[0] + len(run[1]))
+    assert merged.base.ntotal > 0 and merged.ntotal == ntotal
+    for piece in ([3], [3, 4], list(runs[2][1][7:10]), list(runs[0][1][:2])):
+        np.testing.assert_array_equal(merged.within(np.array(piece)), whole.within(np.array(piece)))
+    np.testing.assert_array_equal(merged.tokens[:], whole.tokens[:])
+    np.testing.assert_array_equal(merged.tokens[np.arange(ntotal)], whole.tokens[:])
+
+
+def test_an_opened_index_is_mapped_not_read(tmp_path, monkeypatch):
+    """Opening maps the files: the arrays are views of the mapping, so a process holds the pages
+    it touches and shares them with others through the page cache. A base past CHECK_BYTES is
+    not read to check its CRC when opened; `kvdb verify` (check=True) reads it."""
+    runs, ntotal = _runs(np.random.default_rng(3))
+    index = WalkIndex(ALPHABET, 5)
+    index.extend(runs, ntotal)
+    index.settle()
+    path = tmp_path / "i.keys"
+    index.save(path)
+    loaded = WalkIndex.load(path)
+    assert all(isinstance(getattr(a.base, "obj", None), mmap.mmap) for a in (loaded.base.order, loaded.base.tokens, loaded.base.samples))
+    np.testing.assert_array_equal(loaded.within(np.array([3, 4])), index.within(np.array([3, 4])))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the last slot's token
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptData, match="integrity"):
+        WalkIndex.load(path)  # small: checked when opened
+    monkeypatch.setattr(segment, "CHECK_BYTES", 0)
+    assert WalkIndex.load(path).ntotal == ntotal  # large: opened without reading it whole
+    with pytest.raises(CorruptData, match="integrity"):
+        WalkIndex.load(path, check=True)
