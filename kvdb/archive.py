@@ -363,8 +363,9 @@ class Archive:
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
         """How many archived positions end a full match of ``phrase`` (in its other casings too,
         unless ``case_sensitive``): exact, each position once however many sessions share it.
-        A phrase of up to four tokens is one lookup in the index (O(log n) while no deleted
-        session's positions wait for ``gc``); a longer one costs its rarest piece's matches."""
+        A phrase of up to the index's key depth (four tokens for a vocabulary of 49,152) is one
+        lookup (O(log n) while no deleted session's positions wait for ``gc``); a longer one costs
+        the matches of its last piece, as a search does."""
         return self._searcher.count(phrase, session, case_sensitive)
 
     @property

@@ -115,21 +115,30 @@ def candidates(
     split = pieces(phrase, index.depth)
     ranked: list[tuple[Iterable[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
     if len(split) == 1:
-        ranked.append((ranges[split[0][1].tobytes()].chunks(4 * limit), length))
+        whole = ranges[split[0][1].tobytes()]
+        ranked.append((whole.chunks(4 * limit), length))
+        found = len(whole)
     else:
         levels = [ends for ends, _ in chained(index, slots, split, ranges)]
+        found = 0
         for j in range(len(levels) - 1, -1, -1):
             deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
             offset, piece = split[j]
             if offset + len(piece) >= least:
-                ranked.append(([np.setdiff1d(levels[j], deeper, assume_unique=True)], offset + len(piece)))
+                ends = np.setdiff1d(levels[j], deeper, assume_unique=True)
+                ranked.append(([ends], offset + len(piece)))
+                found += len(ends)
     # Shorter suffixes of the last piece: their key ranges nest around the longer one's, so the
     # entries sharing exactly s tokens are the two slices between the bounds of s and s + 1.
     last = split[0][1]
     inner = ranges[last.tobytes()]
     for s in range(len(last) - 1, least - 1, -1):
+        if found >= limit:
+            break
         outer = ranges[phrase[-s:].tobytes()]
-        ranked.append(([np.sort(outer.outside(inner, 2 * limit))], s))
+        ends = outer.outside(inner, 2 * (limit - found))
+        ranked.append(([np.sort(ends)], s))
+        found += len(ends)
         inner = outer
 
     out: list[Candidate] = []

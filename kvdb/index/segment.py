@@ -78,7 +78,7 @@ class Runs:
 def padded_context(context: np.ndarray | None, alphabet: int, depth: int) -> np.ndarray:
     """The ``depth - 1`` tokens before a run, padded on the left with the alphabet's size, the
     symbol ``fractal.walk_keys`` reads before the start of a path."""
-    before = np.zeros(0, np.int64) if context is None else np.asarray(context, np.int64)[-(depth - 1) :]
+    before = np.zeros(0, np.int64) if context is None else fractal.check_symbols(context, alphabet).astype(np.int64)[-(depth - 1) :]
     return np.concatenate([np.full(depth - 1 - len(before), alphabet, np.int64), before])
 
 
@@ -160,14 +160,6 @@ class Segment:
         return found[: len(lo)], np.where(past, self.entries, found[len(lo) :])
 
     # building -------------------------------------------------------------------------------
-    @classmethod
-    def build(cls, alphabet: int, generation: int, first: int, ntotal: int, tokens: np.ndarray, runs: Runs) -> Segment:
-        """Sort the covered slots by (key, slot): the keys derived a chunk at a time, then one sort."""
-        segment = cls(alphabet, generation, first, ntotal, tokens, runs, np.zeros(0, _SLOT), np.zeros(0, _SAMPLE))
-        segment.order, keys = segment._sorted(runs.slots())
-        segment.samples = np.ascontiguousarray(keys[::BLOCK])
-        return segment
-
     def _sorted(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(``slots`` sorted by key, their keys); ties keep the slots' order."""
         keys = self._keys_in_chunks(slots)
@@ -182,8 +174,10 @@ class Segment:
 
     def extended(self, ntotal: int, tokens: np.ndarray, runs: Runs) -> Segment:
         """This segment with ``runs`` (slots past its last; ``tokens``: slots ``self.ntotal`` to
-        ``ntotal``) merged in: the old entries' keys derived in key order, the new ones sorted,
-        one merge (new slots are larger, so they go after equal keys)."""
+        ``ntotal``) merged in, in (key, slot) order: new slots are larger, so they go after
+        equal keys. A few new entries find their places by ``lower_bounds`` (a commit's cost
+        is then the new entries and a copy of the order, not deriving every key); many derive
+        the old keys in one pass and merge."""
         out = Segment(
             self.alphabet,
             self.generation,
@@ -194,8 +188,14 @@ class Segment:
             np.zeros(0, _SLOT),
             np.zeros(0, _SAMPLE),
         )
-        old = out._keys_in_chunks(np.asarray(self.order, np.int64))
         order, new = out._sorted(runs.slots())
+        if len(new) * BLOCK < self.entries:
+            top = new == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
+            at = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), new + np.uint64(1))))
+            out.order = np.insert(np.asarray(self.order), at, order).astype(_SLOT)
+            out.samples = out.keys_at(np.asarray(out.order[::BLOCK], np.int64))
+            return out
+        old = out._keys_in_chunks(np.asarray(self.order, np.int64))
         at = np.searchsorted(old, new, side="right")
         out.order = np.insert(np.asarray(self.order), at, order).astype(_SLOT)
         out.samples = np.ascontiguousarray(np.insert(old, at, new)[::BLOCK])
@@ -251,20 +251,24 @@ class Segment:
         """The header alone, or None when the file is missing, unreadable or of another format."""
         try:
             with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + _LENGTH.size)
-                if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
-                    return None
-                (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-                header = json.loads(f.read(length))
-            return header if all(k in header for k in ("alphabet", "generation", "first", "ntotal", "entries", "runs", "block", "id", "crc32")) else None
-        except (OSError, ValueError):
+                return _header(f)[0]
+        except OSError:
             return None
 
     @classmethod
     def load(cls, path: Path, check: bool = False) -> Segment:
         """Map the file; its arrays are views of the mapping, read as queries touch them. The
-        CRC is compared when the file is small or ``check`` asks for it (``kvdb verify``)."""
-        header = cls.read_header(path)
+        header and the arrays come from one open file, so a file renamed over this one meanwhile
+        is never half read. The CRC is compared when the file is small or ``check`` asks for it
+        (``kvdb verify``)."""
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise CorruptData(f"{path} cannot be read ({exc.strerror})") from exc
+        with f:
+            header, start = _header(f)
+            size = os.fstat(f.fileno()).st_size
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header is not None and size else None
         counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs")] if header is not None else []
         if header is None or header["block"] != BLOCK or not all(isinstance(c, int) and c >= 0 for c in counts) or header["first"] > header["ntotal"]:
             raise CorruptData(f"{path} is not a kvdb search index segment")
@@ -282,12 +286,8 @@ class Segment:
             (_CONTEXT, runs * (depth - 1)),
             (token_dtype(alphabet), slots),
         ]
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            start = len(MAGIC) + _LENGTH.size + _LENGTH.unpack_from(f.read(len(MAGIC) + _LENGTH.size), len(MAGIC))[0]
-            if size != start + sum(dtype.itemsize * count for dtype, count in shapes):
-                raise CorruptData(f"{path} has {size} bytes where its header promises another length; it is rebuilt from the archive")
-            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        if size != start + sum(dtype.itemsize * count for dtype, count in shapes):
+            raise CorruptData(f"{path} has {size} bytes where its header promises another length; it is rebuilt from the archive")
         check = check or size <= CHECK_BYTES
         arrays, at, crc = [], start, 0
         for dtype, count in shapes:
@@ -303,3 +303,17 @@ class Segment:
         segment = cls(alphabet, header["generation"], header["first"], header["ntotal"], tokens, run_table, order, samples, header["id"], header.get("base"))
         segment._mapping = mapping
         return segment
+
+
+def _header(f) -> tuple[dict | None, int]:
+    """(the header of an open segment file, where its body starts); None when it is not one."""
+    head = f.read(len(MAGIC) + _LENGTH.size)
+    if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
+        return None, 0
+    (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+    try:
+        header = json.loads(f.read(length))
+    except ValueError:
+        return None, 0
+    wanted = ("alphabet", "generation", "first", "ntotal", "entries", "runs", "block", "id", "crc32")
+    return (header if isinstance(header, dict) and all(k in header for k in wanted) else None), len(MAGIC) + _LENGTH.size + length

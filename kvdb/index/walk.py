@@ -165,7 +165,7 @@ class WalkIndex:
         if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
             raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
 
-    def append(self, by_slot: np.ndarray, runs: Runs, ntotal: int | None = None) -> None:
+    def append(self, by_slot: np.ndarray, runs: Runs) -> None:
         """Merge ``runs`` (checked, sorted) whose tokens ``by_slot`` holds, slot ``self.ntotal`` on,
         into the tail; then merge the tail into the base once it has outgrown it."""
         self.tail = self.tail.extended(self.ntotal + len(by_slot), by_slot, runs)
@@ -214,9 +214,10 @@ class WalkIndex:
         if base.first != 0:
             raise CorruptData(f"{path} is not the base of a search index")
         tail = None
-        header = Segment.read_header(tail_path(path))
-        if header is not None and header.get("base") == base.ident and header["first"] == base.ntotal and header["generation"] == base.generation:
+        if _follows(Segment.read_header(tail_path(path)), base.ident, base.ntotal, base.generation):
             tail = Segment.load(tail_path(path), check)
+            if not _follows({"base": tail.base, "first": tail.first, "generation": tail.generation}, base.ident, base.ntotal, base.generation):
+                tail = None  # another writer merged and wrote a new base and tail meanwhile: this base is caught up instead
         return cls(base.alphabet, base.generation, base, tail)
 
     @staticmethod
@@ -226,9 +227,7 @@ class WalkIndex:
         if base is None:
             return None
         tail = Segment.read_header(tail_path(path))
-        ntotal = base["ntotal"]
-        if tail is not None and tail.get("base") == base["id"] and tail["first"] == ntotal and tail["generation"] == base["generation"]:
-            ntotal = tail["ntotal"]
+        ntotal = tail["ntotal"] if tail is not None and _follows(tail, base["id"], base["ntotal"], base["generation"]) else base["ntotal"]
         return IndexHeader(base["alphabet"], ntotal, base["generation"])
 
 
@@ -347,7 +346,11 @@ class Indexes:
         index._check_runs([ranges[n] for n in wanted], [shapes[n].n_tokens for n in wanted], ntotal)
         by_slot = np.zeros(ntotal - index.ntotal, token_dtype(index.alphabet))
         for batch in _batches(wanted, [shapes[n].n_tokens for n in wanted], MERGE_BATCH_TOKENS):
-            for node_id, tokens in self._store.nodes_tokens(batch).items():
+            read = self._store.nodes_tokens(batch)
+            for node_id in batch:
+                tokens = read.get(node_id)
+                if tokens is None or len(tokens) != shapes[node_id].n_tokens:
+                    raise CorruptData(f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`")
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
         contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet, index.depth) for n in wanted]
@@ -356,7 +359,7 @@ class Indexes:
             np.array([shapes[n].n_tokens for n in wanted], np.int64),
             np.stack(contexts) if contexts else Runs.empty(index.depth).context,
         )
-        index.append(by_slot, table, ntotal)
+        index.append(by_slot, table)
 
     def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
         """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when this
@@ -429,6 +432,11 @@ class Indexes:
             raise
         self._checked[key] = None
         self._save(key, index)
+
+
+def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:
+    """Whether a tail's header names this base and begins where it ends."""
+    return tail is not None and tail.get("base") == base and tail.get("first") == ntotal and tail.get("generation") == generation
 
 
 def _batches(items: list[str], sizes: list[int], limit: int) -> Iterator[list[str]]:

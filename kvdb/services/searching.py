@@ -29,6 +29,7 @@ class _Lookup:
     variants: list[np.ndarray]
     index: WalkIndex
     slots: SlotMap
+    owned: np.ndarray  # per run of ``slots``: some session uses its node
     view: trie.TrieView
     sessions_of: Callable[[list[str]], dict[str, str]]
     fetch: Callable[[list[tuple[str, int, int]]], list[np.ndarray]]
@@ -68,7 +69,7 @@ class Searcher:
         found = self._lookup(phrase, session, case_sensitive)
         if found is None:
             return PhraseCount(phrase, 0, case_sensitive, session)
-        owned = np.array([str(n) in found.view.owner for n in found.slots.node_ids], bool)
+        owned = found.owned
 
         def check(runs: np.ndarray, ends: np.ndarray, v: int) -> int:
             phrase_ids = found.variants[v]
@@ -94,6 +95,7 @@ class Searcher:
             index = self._indexes.get(key, tok_hash, version=version)
             slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
             view = self._trie_view()
+            owned = self._derived.get(f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool))  # runs some session uses
         if not len(slots.first):
             return None
         runs = dict(zip(slots.node_ids, slots.first.tolist()))
@@ -102,10 +104,10 @@ class Searcher:
             wanted = self._reader.resolve(session).session_id
             on_path = {n.node_id for n in view.path(wanted)}
             keep = np.array([nid in on_path for nid in slots.node_ids], dtype=bool)
-            slots = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep])
+            slots, owned = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]), owned[keep]
             sessions_of = lambda node_ids: dict.fromkeys(node_ids, wanted)  # noqa: E731  (hits are reported in this session)
         fetch = lambda requests: view.windows(self._storage, requests, runs, index.tokens)  # noqa: E731
-        return _Lookup(tokenizer, variants, index, slots, view, sessions_of, fetch)
+        return _Lookup(tokenizer, variants, index, slots, owned, view, sessions_of, fetch)
 
     def _slot_map(self, key: str, ntotal: int) -> SlotMap:
         """The live slot runs the index in hand holds (a run another writer committed since the

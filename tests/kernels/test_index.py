@@ -97,3 +97,19 @@ def test_an_opened_index_is_mapped_not_read(tmp_path, monkeypatch):
     assert WalkIndex.load(path).ntotal == ntotal  # large: opened without reading it whole
     with pytest.raises(CorruptData, match="integrity"):
         WalkIndex.load(path, check=True)
+
+
+def test_a_tail_that_follows_another_base_is_left_out(tmp_path):
+    """Another writer may merge and write a new base and tail while this one opens the pair: a
+    tail is used only beside the base it names, and the base alone is caught up instead."""
+    runs, ntotal = _runs(np.random.default_rng(4))
+    ours, theirs = WalkIndex(ALPHABET, 5), WalkIndex(ALPHABET, 5)
+    for index, cut in ((ours, 1), (theirs, 2)):
+        index.extend(runs[:cut], runs[cut][0])
+        index.settle()
+        index.extend(runs[cut:], ntotal)
+        index.save(tmp_path / f"{cut}.keys")
+    (tmp_path / "2.tail").replace(tmp_path / "1.tail")  # their tail beside our base
+    loaded = WalkIndex.load(tmp_path / "1.keys")
+    assert loaded.ntotal == loaded.base.ntotal == runs[1][0] and loaded.tail.entries == 0
+    assert WalkIndex.read_header(tmp_path / "1.keys").ntotal == runs[1][0]
