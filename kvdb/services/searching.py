@@ -96,9 +96,9 @@ class Searcher:
             slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
             view = self._trie_view()
             owned = self._derived.get(f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool))  # runs some session uses
+            runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))  # node id -> first slot
         if not len(slots.first):
             return None
-        runs = dict(zip(slots.node_ids, slots.first.tolist()))
         sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
         if session is not None:
             wanted = self._reader.resolve(session).session_id
