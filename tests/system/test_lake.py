@@ -213,6 +213,8 @@ def test_copy_a_file_to_a_lake_and_back_verified_by_content_hashes(lake, tiny_mo
     env = dict(os.environ, KVDB_MODEL=tiny_model)
     there = json.loads(_kvdb("--data-path", str(data_path), "copy", str(tmp_path / "src.duckdb"), where, "--json", env=env).stdout)
     assert there["rows"]["sessions"] == 3 and "password" not in there["target"]
+    for table in ("sessions", "nodes", "token_blocks", "search_ranges"):  # one INSERT a table, so one data file (was one a row)
+        assert len([f for f in data_path.rglob("*.parquet") if table in f.relative_to(data_path).parts]) == 1, table
     back = json.loads(_kvdb("copy", where, str(tmp_path / "back.duckdb"), "--json", env=env).stdout)
     assert back["sha256"] == there["sha256"]
     with kvdb.open(tmp_path / "back.duckdb", model=tiny_model) as copied:
