@@ -57,6 +57,7 @@ from report import median_seconds, publish
 
 import kvdb
 from kvdb.index import trie
+from kvdb.index.phrase import unsuffixed
 from kvdb.model import tokenizer as T
 from kvdb.services.searching import phrase_variants
 from kvdb.storage import open_storage
@@ -294,8 +295,7 @@ class InfiniGram:
     def count(self, variants: list[np.ndarray]) -> int:
         """Occurrences of any variant: one that ends with another (" 2001" is [" ", "2", ...])
         is counted within the shorter one's."""
-        kept = [v for v in variants if not any(len(o) < len(v) and np.array_equal(v[len(v) - len(o) :], o) for o in variants)]
-        return sum(self.engine.find(input_ids=[int(x) for x in v])["cnt"] for v in kept)
+        return sum(self.engine.find(input_ids=[int(x) for x in variants[v]])["cnt"] for v in unsuffixed(variants))
 
 
 def infini_gram(truth: Truth, folder: Path) -> InfiniGram | None:

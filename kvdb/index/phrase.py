@@ -99,18 +99,25 @@ def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
     return [piece for _, piece in split] + [phrase[-s:] for s in range(len(last) - 1, least - 1, -1)]
 
 
-def candidates(
-    index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int = 1, ranges: dict[bytes, KeyRange] | None = None
-) -> list[Candidate]:
+def bounded(index: WalkIndex, wanted: Iterable[np.ndarray]) -> dict[bytes, KeyRange]:
+    """The key range of each piece, by its bytes: every bound of a query found in one pass."""
+    distinct = {piece.tobytes(): piece for piece in wanted}
+    return dict(zip(distinct, index.ranges(list(distinct.values()))))
+
+
+def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
+    """The variants that end with no other: two variants end at one position only when one is a
+    suffix of the other, and then the longer's matches are the shorter's too."""
+    return [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
+
+
+def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange]) -> list[Candidate]:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
-    sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of ``lookups``,
-    by the pieces' bytes, when the caller bounded them already.
+    sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of ``lookups``
+    (``bounded``).
 
     A phrase of one piece takes its full matches in index order, a chunk at a time, so a phrase
     found millions of times costs what its first ``limit`` live ones cost."""
-    if ranges is None:
-        wanted = lookups(phrase, index.depth, least)
-        ranges = dict(zip((p.tobytes() for p in wanted), index.ranges(wanted)))
     length = len(phrase)
     split = pieces(phrase, index.depth)
     ranked: list[tuple[Iterable[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
@@ -186,14 +193,12 @@ def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequenc
     node some session uses (``owned``, per run of ``slots``). ``check(runs, ends, variant)``
     counts the matches the archive confirms among ends the index could not settle.
 
-    Two variants end at one position only when one is a suffix of the other, and then the
-    longer's matches are the shorter's too: it is left out. A variant of one piece is one key
-    range, counted in O(log n) when every entry of the index is live (no deleted session's
+    A variant that ends with another is left out (``unsuffixed``). A variant of one piece is one
+    key range, counted in O(log n) when every entry of the index is live (no deleted session's
     slots wait for ``gc``), else by locating its entries; a longer one is the chain of its
     pieces, as ``candidates`` walks it."""
-    kept = [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
-    wanted = {piece.tobytes(): piece for v in kept for _, piece in pieces(variants[v], index.depth)}
-    ranges = dict(zip(wanted, index.ranges(list(wanted.values()))))
+    kept = unsuffixed(variants)
+    ranges = bounded(index, (piece for v in kept for _, piece in pieces(variants[v], index.depth)))
     live_entries = int(slots.length[owned].sum())
     total = 0
     for v in kept:
@@ -262,11 +267,10 @@ def search(
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
-    wanted = {p.tobytes(): p for v, phrase in enumerate(variants) for p in lookups(phrase, index.depth, least[v])}
-    ranges = dict(zip(wanted, index.ranges(list(wanted.values()))))
+    ranges = bounded(index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.depth, least[v])))
     pool = []
     for v, phrase in enumerate(variants):
-        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least=least[v], ranges=ranges))
+        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least[v], ranges))
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
     pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))

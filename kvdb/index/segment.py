@@ -61,6 +61,11 @@ class Runs:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, depth - 1), np.int64))
 
     @classmethod
+    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], depth: int) -> Runs:
+        """From each run's first slot, length and padded context (``padded_context``)."""
+        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), np.stack(contexts) if contexts else cls.empty(depth).context)
+
+    @classmethod
     def concat(cls, parts: list[Runs]) -> Runs:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "context")))
 

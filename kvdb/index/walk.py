@@ -146,21 +146,14 @@ class WalkIndex:
         the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
         run covers are tombstones (a node gone before this copy caught up with it)."""
         runs = sorted(runs, key=lambda run: run[0])
-        self._check_runs([first for first, _, _ in runs], [len(tokens) for _, tokens, _ in runs], ntotal)
+        firsts, lengths = [first for first, _, _ in runs], [len(tokens) for _, tokens, _ in runs]
+        self.check_runs(firsts, lengths, ntotal)
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
             by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        contexts = [padded_context(context, self.alphabet, self.depth) for _, _, context in runs]
-        self.append(
-            by_slot,
-            Runs(
-                np.array([r[0] for r in runs], np.int64),
-                np.array([len(r[1]) for r in runs], np.int64),
-                np.stack(contexts) if contexts else Runs.empty(self.depth).context,
-            ),
-        )
+        self.append(by_slot, Runs.table(firsts, lengths, [padded_context(context, self.alphabet, self.depth) for _, _, context in runs], self.depth))
 
-    def _check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
+    def check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
         ends = [first + n for first, n in zip(firsts, lengths)]
         if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
             raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
@@ -343,9 +336,10 @@ class Indexes:
         wanted = sorted(
             (node_id for node_id in ranges if node_id in shapes), key=ranges.__getitem__
         )  # a run's node gone already (gc): its slots are tombstones
-        index._check_runs([ranges[n] for n in wanted], [shapes[n].n_tokens for n in wanted], ntotal)
+        firsts, lengths = [ranges[n] for n in wanted], [shapes[n].n_tokens for n in wanted]
+        index.check_runs(firsts, lengths, ntotal)
         by_slot = np.zeros(ntotal - index.ntotal, token_dtype(index.alphabet))
-        for batch in _batches(wanted, [shapes[n].n_tokens for n in wanted], MERGE_BATCH_TOKENS):
+        for batch in _batches(wanted, lengths, MERGE_BATCH_TOKENS):
             read = self._store.nodes_tokens(batch)
             for node_id in batch:
                 tokens = read.get(node_id)
@@ -354,12 +348,7 @@ class Indexes:
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
         contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet, index.depth) for n in wanted]
-        table = Runs(
-            np.array([ranges[n] for n in wanted], np.int64),
-            np.array([shapes[n].n_tokens for n in wanted], np.int64),
-            np.stack(contexts) if contexts else Runs.empty(index.depth).context,
-        )
-        index.append(by_slot, table)
+        index.append(by_slot, Runs.table(firsts, lengths, contexts, index.depth))
 
     def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
         """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when this

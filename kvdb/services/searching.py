@@ -69,7 +69,6 @@ class Searcher:
         found = self._lookup(phrase, session, case_sensitive)
         if found is None:
             return PhraseCount(phrase, 0, case_sensitive, session)
-        owned = found.owned
 
         def check(runs: np.ndarray, ends: np.ndarray, v: int) -> int:
             phrase_ids = found.variants[v]
@@ -78,7 +77,7 @@ class Searcher:
             spans = [(owners[n], int(e) + 1 - len(phrase_ids), int(e) + 1) for n, e in zip(nodes, ends)]
             return sum(search_ops.shared_suffix(window, phrase_ids) == len(phrase_ids) for window in found.fetch(spans))
 
-        return PhraseCount(phrase, search_ops.count(found.index, found.slots, owned, found.variants, check), case_sensitive, session)
+        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants, check), case_sensitive, session)
 
     def _lookup(self, phrase: str, session: str | None, case_sensitive: bool) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
