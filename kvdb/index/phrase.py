@@ -27,16 +27,29 @@ MAX_PHRASE_TOKENS = 256
 # word of six ("revenue" of "the city's revenue fell by half") says little about the phrase.
 MIN_SHARE = 0.5
 
+Walked = dict[bytes, tuple[np.ndarray, np.ndarray]]  # a phrase suffix -> its level of ``chained``
 Fetch = Callable[[list[tuple[str, int, int]]], list[np.ndarray]]  # [(session_id, start, end)] -> token ids of each
 SessionsOf = Callable[[list[str]], dict[str, str]]  # node ids -> a live session through each (absent: none left)
 
 
 @dataclass(frozen=True)
-class Candidate:
-    run: int  # index into the SlotMap
-    end: int  # position of the last matched token on its path
-    shared: int  # tokens of the phrase's suffix the index says match (checked against the archive)
-    variant: int  # which tokenization of the phrase
+class Candidates:
+    """Positions a phrase may end at, one array entry each, best first within one variant."""
+
+    run: np.ndarray  # index into the SlotMap
+    end: np.ndarray  # position of the last matched token on its path
+    shared: np.ndarray  # tokens of the phrase's suffix the index says match (checked against the archive)
+    variant: np.ndarray  # which tokenization of the phrase
+
+    @classmethod
+    def concat(cls, parts: Sequence[Candidates]) -> Candidates:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64) for f in ("run", "end", "shared", "variant")))
+
+    def __len__(self) -> int:
+        return len(self.run)
+
+    def take(self, order: np.ndarray) -> Candidates:
+        return Candidates(self.run[order], self.end[order], self.shared[order], self.variant[order])
 
 
 @dataclass(frozen=True)
@@ -111,10 +124,12 @@ def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
     return [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
 
 
-def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange]) -> list[Candidate]:
+def candidates(
+    index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange], walked: Walked
+) -> Candidates:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
     sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of ``lookups``
-    (``bounded``).
+    (``bounded``); ``walked``: the levels of ``chained`` the query's variants walked so far.
 
     A phrase of one piece takes its full matches in index order, a chunk at a time, so a phrase
     found millions of times costs what its first ``limit`` live ones cost."""
@@ -126,7 +141,7 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
         ranked.append((whole.chunks(4 * limit), length))
         found = len(whole)
     else:
-        levels = [ends for ends, _ in chained(index, slots, split, ranges)]
+        levels = [ends for ends, _ in chained(index, slots, phrase, ranges, walked)]
         found = 0
         for j in range(len(levels) - 1, -1, -1):
             deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
@@ -148,30 +163,50 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
         found += len(ends)
         inner = outer
 
-    out: list[Candidate] = []
+    parts: list[tuple[np.ndarray, np.ndarray, int]] = []  # (runs, end positions, shared tokens)
+    taken = 0
     for chunks, shared in ranked:
         for ends in chunks:
-            if len(out) >= limit:
-                return out
+            if taken >= limit:
+                break
             run, local = slots.locate(ends)
             live = run >= 0
             position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
-            keep = live & (position - min(shared, length) + 1 >= 0)  # a match cannot begin before its path does
-            for r, p in zip(run[keep][: limit - len(out)], position[keep][: limit - len(out)]):
-                out.append(Candidate(int(r), int(p), shared, variant))
-    return out
+            keep = np.flatnonzero(live & (position - min(shared, length) + 1 >= 0))[: limit - taken]  # a match cannot begin before its path does
+            parts.append((run[keep], position[keep], shared))
+            taken += len(keep)
+    if not parts:
+        return Candidates.concat([])
+    return Candidates(
+        np.concatenate([run for run, _, _ in parts]),
+        np.concatenate([ends for _, ends, _ in parts]),
+        np.concatenate([np.full(len(run), shared) for run, _, shared in parts]),
+        np.full(taken, variant),
+    )
 
 
-def chained(index: WalkIndex, slots: SlotMap, split: list[tuple[int, np.ndarray]], ranges: dict[bytes, KeyRange]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per piece j, (the sorted end slots matching pieces 0..j, whether the index settled each):
+def chained(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, ranges: dict[bytes, KeyRange], walked: Walked) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per piece j, (the end slots matching pieces 0..j, in key order, whether the index settled each):
     an end whose piece lies in a parent node, or runs across into one, is kept for the archive
-    check to decide. Stops early when no end is left."""
-    first = np.sort(ranges[split[0][1].tobytes()].slots())
-    levels = [(first, np.ones(len(first), bool))]
-    for offset, piece in split[1:]:
-        current, sure = levels[-1]
-        if current.size == 0:
+    check to decide. Stops early when no end is left.
+
+    A level depends only on the phrase's suffix it covers, and the casings of a phrase mostly
+    differ in its first words: ``walked`` keeps each suffix's level for the query's other
+    variants (six casings of a 20-token licence line walked the same four levels six times)."""
+    split = pieces(phrase, index.depth)
+    levels: list[tuple[np.ndarray, np.ndarray]] = []
+    for offset, piece in split:
+        if levels and levels[-1][0].size == 0:
             break
+        suffix = phrase[len(phrase) - offset - len(piece) :].tobytes()
+        if suffix in walked:
+            levels.append(walked[suffix])
+            continue
+        if not levels:
+            first = ranges[piece.tobytes()].slots()
+            levels.append(walked.setdefault(suffix, (first, np.ones(len(first), bool))))
+            continue
+        current, sure = levels[-1]
         _, local = slots.locate(current)
         in_node = local >= offset  # else the piece lies in a parent node
         found = ranges[piece.tobytes()]
@@ -184,7 +219,7 @@ def chained(index: WalkIndex, slots: SlotMap, split: list[tuple[int, np.ndarray]
             ends = current[whole] - offset
             keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
             settled = whole
-        levels.append((current[keep], (sure & settled)[keep]))
+        levels.append(walked.setdefault(suffix, (current[keep], (sure & settled)[keep])))
     return levels
 
 
@@ -200,6 +235,7 @@ def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequenc
     kept = unsuffixed(variants)
     ranges = bounded(index, (piece for v in kept for _, piece in pieces(variants[v], index.depth)))
     live_entries = int(slots.length[owned].sum())
+    walked: Walked = {}
     total = 0
     for v in kept:
         phrase = variants[v]
@@ -213,7 +249,7 @@ def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequenc
                 run, _ = slots.locate(ends)
                 total += int(((run >= 0) & owned[np.maximum(run, 0)]).sum())
             continue
-        levels = chained(index, slots, split, ranges)
+        levels = chained(index, slots, phrase, ranges, walked)
         if len(levels) < len(split):
             continue
         ends, sure = levels[-1]
@@ -268,27 +304,29 @@ def search(
         raise InvalidArgument(f"context must be >= 0, got {context}")
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
     ranges = bounded(index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.depth, least[v])))
-    pool = []
-    for v, phrase in enumerate(variants):
-        pool.extend(candidates(index, slots, phrase, v, k * len(variants), least[v], ranges))
+    walked: Walked = {}
+    pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), least[v], ranges, walked) for v, phrase in enumerate(variants)])
     # full matches first, then by the share of the phrase matched; ties in archive order, the
     # phrase as typed before its variants (two variants ending at one token are one hit)
-    pool.sort(key=lambda c: (c.shared < len(variants[c.variant]), -c.shared / len(variants[c.variant]), c.run, c.end, c.variant))
+    lengths = np.array([len(phrase) for phrase in variants])[pool.variant]
+    pool = pool.take(np.lexsort((pool.variant, pool.end, pool.run, -pool.shared / lengths, pool.shared < lengths)))
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
-    while pool and len(hits) < k:
-        batch, pool = pool[: k - len(hits) + 2], pool[k - len(hits) + 2 :]
-        owners = sessions_of(sorted({str(slots.node_ids[c.run]) for c in batch}))
-        live = [c for c in batch if str(slots.node_ids[c.run]) in owners]  # a node every session left: skip
-        spans = [(owners[str(slots.node_ids[c.run])], max(0, c.end + 1 - len(variants[c.variant]) - context), c.end + 1 + context) for c in live]
-        for c, (session_id, lo, _), window in zip(live, spans, fetch(spans)):
-            phrase = variants[c.variant]
-            shared = shared_suffix(window[: c.end + 1 - lo], phrase)
-            if shared < least[c.variant] or (session_id, c.end) in seen:
+    at = 0
+    while at < len(pool) and len(hits) < k:
+        batch = [(int(r), int(e), int(v)) for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))]
+        at += len(batch)
+        owners = sessions_of(sorted({str(slots.node_ids[run]) for run, _, _ in batch}))
+        live = [c for c in batch if str(slots.node_ids[c[0]]) in owners]  # a node every session left: skip
+        spans = [(owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context) for run, end, v in live]
+        for (_, end, v), (session_id, lo, _), window in zip(live, spans, fetch(spans)):
+            phrase = variants[v]
+            shared = shared_suffix(window[: end + 1 - lo], phrase)
+            if shared < least[v] or (session_id, end) in seen:
                 continue
-            seen.add((session_id, c.end))
-            start = c.end + 1 - shared
-            before, match, after = max(0, start - context) - lo, start - lo, c.end + 1 - lo
+            seen.add((session_id, end))
+            start = end + 1 - shared
+            before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
             hits.append(
                 Hit(
                     session_id,
