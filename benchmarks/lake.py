@@ -6,9 +6,12 @@
   N workers gets cores/N;
 - search p50/p95 at 1e6 archived tokens (``--scales 1e6,1e7`` for more), the lake a `kvdb copy`
   of the file, the queries interleaved between the two;
-- the storage bytes per token of each: the file; the lake's Parquet files and its catalog.
+- the storage bytes per token of each: the file; the lake's Parquet files and its catalog;
+- with ``--parts machines``: two machines (two cache folders) on one lake of
+  ``--machines-scale`` tokens, each committing sessions the other then finds, their hits
+  checked against a file archive given the same sessions.
 
-    .venv/bin/python benchmarks/lake.py [--files 24] [--words 400] [--scales 1e6] [--queries 60] [--parts ingest,search] [--no-results]
+    .venv/bin/python benchmarks/lake.py [--files 24] [--words 400] [--scales 1e6] [--queries 60] [--parts ingest,search,machines] [--machines-scale 1e8] [--no-results]
 
 PostgreSQL is a cluster of the benchmark's own (tests/postgres.py: a temporary folder, a unix
 socket, removed after). Appends a section to benchmarks/RESULTS.md unless ``--no-results``.
@@ -37,6 +40,7 @@ from search import build_archive  # noqa: E402
 import kvdb  # noqa: E402
 from kvdb.model import tokenizer as tok  # noqa: E402
 from kvdb.storage import open_storage  # noqa: E402
+from kvdb.user_cache import cache_dir  # noqa: E402
 
 KVDB = Path(sys.executable).with_name("kvdb")
 SESSION_TOKENS = 4000
@@ -141,6 +145,57 @@ def search_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, queries: list
     }
 
 
+def machines_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, texts: list[str], queries: list[str], tmp: Path) -> dict:
+    """Two machines on one lake of ``n_tokens``: each keeps its own copy of the search index (its
+    own cache folder), commits new sessions in turn, and searches the other's; a file archive
+    given the same sessions answers every query alike."""
+    sessions = [ids[i : i + SESSION_TOKENS] for i in range(0, n_tokens - SESSION_TOKENS + 1, SESSION_TOKENS)]
+    path = tmp / f"machines-{n_tokens}.duckdb"
+    build_archive(path, tok.fingerprint(tok.load(None)), sessions)
+    where, data_path = f"ducklake:postgres:{cluster.new_database()}", tmp / f"machines-data-{n_tokens}"
+    began = time.perf_counter()
+    with kvdb.open(path, read_only=True) as file:
+        file.copy_to(where, data_path=data_path)
+    copy_s = time.perf_counter() - began
+    models = cache_dir() / "models"  # the converted embedded model, shared: not what is measured
+    machines, out = {}, {"tokens": len(sessions) * SESSION_TOKENS, "copy_s": copy_s, "rounds": []}
+    with kvdb.open(path) as file:
+        for name in ("a", "b"):
+            cache = tmp / f"cache-{name}"
+            cache.mkdir()
+            (cache / "models").symlink_to(models, target_is_directory=True)
+            os.environ["KVDB_CACHE"] = str(cache)  # read when an archive opens: each machine's index folder
+            machines[name] = kvdb.open(where, data_path=data_path)
+            began = time.perf_counter()
+            machines[name].search(queries[0], k=10)  # this machine's copy of the index, built from the lake's rows
+            out[f"{name}_first_s"] = time.perf_counter() - began
+        try:
+            for i, text in enumerate(texts):
+                writer, reader = ("a", "b") if i % 2 == 0 else ("b", "a")
+                began = time.perf_counter()
+                machines[writer].ingest(text=text, name=f"new-{i}")
+                ingest_s = time.perf_counter() - began
+                file.ingest(text=text, name=f"new-{i}")
+                words = text.split()
+                phrase = " ".join(words[len(words) // 2 : len(words) // 2 + 3])
+                began = time.perf_counter()
+                hits = machines[reader].search(phrase, k=10)  # catches up with the writer's commit first
+                catch_up_s = time.perf_counter() - began
+                assert any(h.exact and h.name == f"new-{i}" for h in hits), (phrase, [h.to_dict() for h in hits])
+                compared = 0
+                for q in [phrase, *queries]:
+                    expected = [h.to_dict() for h in file.search(q, k=10)]
+                    for machine in machines.values():
+                        assert [h.to_dict() for h in machine.search(q, k=10)] == expected, (q, writer)
+                    compared += 1
+                out["rounds"].append({"writer": writer, "ingest_s": ingest_s, "catch_up_s": catch_up_s, "compared": compared})
+                print(f"machines at {n_tokens:.0e}: {out['rounds'][-1]}", file=sys.stderr, flush=True)
+        finally:
+            for machine in machines.values():
+                machine.close()
+    return out
+
+
 def catalog_bytes(where: str) -> int:
     store = open_storage(where, read_only=True)
     try:
@@ -165,7 +220,8 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--scales", default="1e6")
     parser.add_argument("--queries", type=int, default=60)
-    parser.add_argument("--parts", default="ingest,search", help="which parts to run (ingest, search): a part alone for a rerun")
+    parser.add_argument("--parts", default="ingest,search", help="which parts to run (ingest, search, machines): a part alone for a rerun")
+    parser.add_argument("--machines-scale", default="1e6", help="archived tokens of the machines part (two machines, one lake)")
     parser.add_argument("--no-results", action="store_true")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -196,6 +252,13 @@ def main() -> None:
                     ids = np.tile(ids, n // len(ids) + 1)  # past the real text: it again (the index sees repeats)
                 searches.append(search_scale(cluster, n, ids, queries, tmp))
                 print(f"search at {n:.0e}: {searches[-1]}", file=sys.stderr, flush=True)
+            machines = None
+            if "machines" in parts:
+                n = int(float(args.machines_scale))
+                if len(ids) < n:
+                    ids = np.tile(ids, n // len(ids) + 1)
+                texts = [" ".join(words[-(i + 1) * args.words : len(words) - i * args.words]) for i in range(4)]  # text no session of the lake holds whole
+                machines = machines_scale(cluster, n, ids, texts, queries, tmp)
     finally:
         cluster.stop()
     lines = [
@@ -211,6 +274,8 @@ def main() -> None:
         lines += ingest_table(args, load_s, ingest, ceiling)
     if searches:
         lines += search_table(args, searches)
+    if machines:
+        lines += machines_table(args, machines)
     publish(lines, append=not args.no_results)
 
 
@@ -248,6 +313,23 @@ def search_table(args, searches: list[dict]) -> list[str]:
             f"{s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | {s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |"
             for s in searches
         ),
+        "",
+    ]
+
+
+def machines_table(args, m: dict) -> list[str]:
+    return [
+        f"Two machines on one lake of {m['tokens']:,} archived tokens (`--parts machines --machines-scale {args.machines_scale}`): a `kvdb copy` of a file archive "
+        f"({m['copy_s']:.0f} s), then machines a and b, each with its own cache folder and so its own copy of the search index. They ingest "
+        f"{len(m['rounds'])} texts of {args.words} words in turn (embedded model), the same texts go into the file archive, and after each commit the other "
+        "machine searches a phrase of the new text (its first search catches its copy up with the commit). Both machines' hits equal the file's on every "
+        "query, checked after each commit.",
+        "",
+        f"Each machine's first search (its copy of the index built from the lake's rows): a {m['a_first_s']:.1f} s, b {m['b_first_s']:.1f} s.",
+        "",
+        "| commit | writer | ingest s | the other's first search after it s (catch-up) | queries compared on a, b and the file |",
+        "|---:|---|---:|---:|---:|",
+        *(f"| {i + 1} | {r['writer']} | {r['ingest_s']:.1f} | {r['catch_up_s']:.2f} | {r['compared']} |" for i, r in enumerate(m["rounds"])),
         "",
     ]
 
