@@ -1,14 +1,15 @@
 """Phrase search over the walk index: query points -> candidate slots -> verified, ranked hits.
 
-A phrase of L tokens is cut, from its end, into pieces of at most ``depth`` tokens. Each
-piece is one exact range lookup (the decay law puts every occurrence inside the key range,
-the separation property keeps every non-occurrence outside); shifting each piece's slots by its
-distance from the phrase's end and intersecting gives the occurrences of the whole phrase.
-Slots are contiguous only inside one trie node, so a candidate whose earlier piece would lie
-in a parent node is kept and settled by the check against the archive. Positions that
-satisfy only the last few pieces, or only a shorter suffix of the last piece, are the partial
-matches, ranked by how long a suffix of the phrase they share. Every hit is checked against
-the archived tokens and its context decoded from the blocks it touches.
+The index orders positions by their last ``reach`` tokens (32 for SmolLM2), so a phrase of up
+to ``reach`` tokens is one range of that order: its count is the range's length, and its hits
+are the range's first live entries. A longer phrase is cut, from its end, into pieces of at
+most ``reach`` tokens; shifting each piece's slots by its distance from the phrase's end and
+intersecting gives the occurrences of the whole phrase. Slots are contiguous only inside one
+trie node, so a candidate whose earlier piece would lie in a parent node is kept and settled
+by the check against the archive. Positions that share only a shorter suffix of the phrase are
+the partial matches, ranked by how long a suffix they share: the ranges of a phrase's suffixes
+nest, so those sharing exactly s tokens lie between the bounds of s and s + 1. Every hit is
+checked against the archived tokens and its context decoded from the blocks it touches.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def candidates(
     A phrase of one piece takes its full matches in index order, a chunk at a time, so a phrase
     found millions of times costs what its first ``limit`` live ones cost."""
     length = len(phrase)
-    split = pieces(phrase, index.depth)
+    split = pieces(phrase, index.reach)
     ranked: list[tuple[Iterable[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
     if len(split) == 1:
         whole = ranges[split[0][1].tobytes()]
@@ -193,7 +194,7 @@ def chained(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, ranges: dict[b
     A level depends only on the phrase's suffix it covers, and the casings of a phrase mostly
     differ in its first words: ``walked`` keeps each suffix's level for the query's other
     variants (six casings of a 20-token licence line walked the same four levels six times)."""
-    split = pieces(phrase, index.depth)
+    split = pieces(phrase, index.reach)
     levels: list[tuple[np.ndarray, np.ndarray]] = []
     for offset, piece in split:
         if levels and levels[-1][0].size == 0:
@@ -233,13 +234,13 @@ def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequenc
     slots wait for ``gc``), else by locating its entries; a longer one is the chain of its
     pieces, as ``candidates`` walks it."""
     kept = unsuffixed(variants)
-    ranges = bounded(index, (piece for v in kept for _, piece in pieces(variants[v], index.depth)))
+    ranges = bounded(index, (piece for v in kept for _, piece in pieces(variants[v], index.reach)))
     live_entries = int(slots.length[owned].sum())
     walked: Walked = {}
     total = 0
     for v in kept:
         phrase = variants[v]
-        split = pieces(phrase, index.depth)
+        split = pieces(phrase, index.reach)
         if len(split) == 1:
             found = ranges[phrase.tobytes()]
             if live_entries == index.entries:
@@ -303,43 +304,54 @@ def search(
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
-    ranges = bounded(index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.depth, least[v])))
+    whole = [len(phrase) for phrase in variants]
+    ranges = bounded(index, (piece for phrase in variants for _, piece in pieces(phrase, index.reach)))
     walked: Walked = {}
-    pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), least[v], ranges, walked) for v, phrase in enumerate(variants)])
-    # full matches first, then by the share of the phrase matched; ties in archive order, the
-    # phrase as typed before its variants (two variants ending at one token are one hit)
-    lengths = np.array([len(phrase) for phrase in variants])[pool.variant]
-    pool = pool.take(np.lexsort((pool.variant, pool.end, pool.run, -pool.shared / lengths, pool.shared < lengths)))
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
-    at = 0
-    while at < len(pool) and len(hits) < k:
-        batch = [(int(r), int(e), int(v)) for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))]
-        at += len(batch)
-        owners = sessions_of(sorted({str(slots.node_ids[run]) for run, _, _ in batch}))
-        live = [c for c in batch if str(slots.node_ids[c[0]]) in owners]  # a node every session left: skip
-        spans = [(owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context) for run, end, v in live]
-        for (_, end, v), (session_id, lo, _), window in zip(live, spans, fetch(spans)):
-            phrase = variants[v]
-            shared = shared_suffix(window[: end + 1 - lo], phrase)
-            if shared < least[v] or (session_id, end) in seen:
-                continue
-            seen.add((session_id, end))
-            start = end + 1 - shared
-            before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
-            hits.append(
-                Hit(
-                    session_id,
-                    names.get(session_id, ""),
-                    start,
-                    shared,
-                    len(phrase),
-                    shared == len(phrase),
-                    decode(window[before:match]),
-                    decode(window[match:after]),
-                    decode(window[after:]),
+    # Full matches first; the partial ones only when the full ones leave room for them, since
+    # each shorter suffix of a phrase is a range of its own to bound.
+    for sharing in (whole, least):
+        if len(hits) >= k or (sharing is least and least == whole):
+            break
+        if sharing is least:
+            ranges.update(bounded(index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, least[v]) if p.tobytes() not in ranges)))
+        pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges, walked) for v, phrase in enumerate(variants)])
+        lengths = np.array(whole)[pool.variant]
+        if sharing is least:
+            pool = pool.take(np.flatnonzero(pool.shared < lengths))  # the full ones were checked already
+            lengths = np.array(whole)[pool.variant]
+        # by the share of the phrase matched; ties in archive order, the phrase as typed before
+        # its variants (two variants ending at one token are one hit)
+        pool = pool.take(np.lexsort((pool.variant, pool.end, pool.run, -pool.shared / lengths)))
+        at = 0
+        while at < len(pool) and len(hits) < k:
+            batch = [(int(r), int(e), int(v)) for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))]
+            at += len(batch)
+            owners = sessions_of(sorted({str(slots.node_ids[run]) for run, _, _ in batch}))
+            live = [c for c in batch if str(slots.node_ids[c[0]]) in owners]  # a node every session left: skip
+            spans = [(owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context) for run, end, v in live]
+            for (_, end, v), (session_id, lo, _), window in zip(live, spans, fetch(spans)):
+                phrase = variants[v]
+                shared = shared_suffix(window[: end + 1 - lo], phrase)
+                if shared < least[v] or (session_id, end) in seen:
+                    continue
+                seen.add((session_id, end))
+                start = end + 1 - shared
+                before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
+                hits.append(
+                    Hit(
+                        session_id,
+                        names.get(session_id, ""),
+                        start,
+                        shared,
+                        len(phrase),
+                        shared == len(phrase),
+                        decode(window[before:match]),
+                        decode(window[match:after]),
+                        decode(window[after:]),
+                    )
                 )
-            )
     # archive order within a grade (``age``: session id -> its place, oldest first); slot order
     # alone is not it (a rebuilt index numbers the slots by node, an incremental one by arrival)
     hits.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))

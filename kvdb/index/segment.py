@@ -1,13 +1,15 @@
-"""One file of the search index: the slots of a span of the slot numbering, sorted by walk key.
+"""One file of the search index: the slots of a span of the slot numbering, in path order.
 
-Sorted walk keys are a suffix array of the reversed stream cut at ``D`` tokens, so the keys
-need not be stored: a slot's key is a function of its last ``D`` tokens, which the segment
-keeps anyway (hits are checked and shown from them). A segment stores the slots in key order
-(4 bytes a position), the token at each slot (2, or 4 above 65,536 symbols), every
-``BLOCK``-th key of the sorted order, and per slot run the ``D - 1`` tokens before it on its
-path (a run's first keys walk on from its parent node). A lookup binary-searches the sampled
-keys, then derives the keys of one block of ``BLOCK`` slots: 6.2 bytes a position, against 14
-when every key was stored (docs/decisions/0046-slots-in-key-order.md).
+Entries are sorted by their last ``reach`` tokens (``ORDER_KEYS`` walk keys of ``D`` tokens:
+32 for SmolLM2), newest first: a suffix array of the reversed stream cut at ``reach`` tokens.
+The keys need not be stored: they are functions of the tokens, which the segment keeps anyway
+(hits are checked and shown from them). A segment stores the slots in path order (4 bytes a
+position), the token at each slot (2, or 4 above 65,536 symbols), the first key of every
+``BLOCK``-th entry, and per slot run the ``reach - 1`` tokens before it on its path (a run's
+first entries walk on from its parent node). A lookup binary-searches the sampled keys, derives
+the first keys of one block of ``BLOCK`` slots, and a piece longer than one key then
+binary-searches that range by its further tokens: 6.2 bytes a position
+(docs/decisions/0046-slots-in-key-order.md, 0047-order-past-one-key.md).
 
 The file is memory-mapped: opening it reads the header, and a query touches the pages it
 reads, so a process's memory grows with what it searched, and processes share one copy
@@ -21,6 +23,7 @@ import mmap
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,15 +32,18 @@ import numpy as np
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 
-MAGIC = b"KVDBIDX4"
+MAGIC = b"KVDBIDX5"
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
+# Keys of D tokens that set an entry's place: entries are in the order of their last
+# ORDER_KEYS * D tokens (32 for SmolLM2), so a phrase up to that long is one range of the order
+# and a count of it is two binary searches (docs/decisions/0047-order-past-one-key.md).
+ORDER_KEYS = 8
 _LENGTH = struct.Struct("<I")
 _ALIGN = 8
 # Files up to this size are read whole at open to compare their CRC (a tail, or an index of up to
 # ~5e6 positions: tens of ms); a larger base is checked by `kvdb verify`, since reading it whole
 # would cost what mapping it saves (docs/decisions/0046-slots-in-key-order.md).
 CHECK_BYTES = 32 << 20
-_CHUNK = 1 << 22  # slots whose keys are derived at once when a segment is built: bounds temporary memory
 _SAMPLE = np.dtype("<u8")
 _FIRST = np.dtype("<u8")
 _SLOT = np.dtype("<u4")  # up to 2**32 positions per index
@@ -48,22 +54,29 @@ def token_dtype(alphabet: int) -> np.dtype:
     return np.dtype("<u2") if alphabet <= 1 << 16 else np.dtype("<u4")
 
 
+def reach(alphabet: int) -> int:
+    """Tokens of a position's path that set its place in a segment's order."""
+    return fractal.key_depth(alphabet) * ORDER_KEYS
+
+
 @dataclass(frozen=True)
 class Runs:
     """The slot runs a segment holds, by first slot: each is one trie node's tokens."""
 
     first: np.ndarray  # int64 (stored u8), ascending
     length: np.ndarray  # int64 (stored u4)
-    context: np.ndarray  # [runs, D - 1] int64 (stored u4): the tokens before the run on its path, oldest first; the alphabet's size where the path is shorter
+    context: (
+        np.ndarray
+    )  # [runs, reach - 1] int64 (stored u4): the tokens before the run on its path, oldest first; the alphabet's size where the path is shorter
 
     @classmethod
-    def empty(cls, depth: int) -> Runs:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, depth - 1), np.int64))
+    def empty(cls, width: int) -> Runs:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width), np.int64))
 
     @classmethod
-    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], depth: int) -> Runs:
-        """From each run's first slot, length and padded context (``padded_context``)."""
-        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), np.stack(contexts) if contexts else cls.empty(depth).context)
+    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], width: int) -> Runs:
+        """From each run's first slot, length and padded context (``padded_context``, ``width`` tokens)."""
+        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), np.stack(contexts) if contexts else cls.empty(width).context)
 
     @classmethod
     def concat(cls, parts: list[Runs]) -> Runs:
@@ -80,11 +93,16 @@ class Runs:
         return starts + np.arange(int(self.length.sum()), dtype=np.int64)
 
 
-def padded_context(context: np.ndarray | None, alphabet: int, depth: int) -> np.ndarray:
-    """The ``depth - 1`` tokens before a run, padded on the left with the alphabet's size, the
+def padded_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
+    """The ``reach - 1`` tokens before a run, padded on the left with the alphabet's size, the
     symbol ``fractal.walk_keys`` reads before the start of a path."""
-    before = np.zeros(0, np.int64) if context is None else fractal.check_symbols(context, alphabet).astype(np.int64)[-(depth - 1) :]
-    return np.concatenate([np.full(depth - 1 - len(before), alphabet, np.int64), before])
+    width = reach(alphabet) - 1
+    before = (
+        np.zeros(0, np.int64)
+        if context is None
+        else fractal.check_symbols(np.asarray(context)[len(context) - width :] if len(context) > width else context, alphabet).astype(np.int64)
+    )
+    return np.concatenate([np.full(width - len(before), alphabet, np.int64), before])
 
 
 class Segment:
@@ -106,6 +124,7 @@ class Segment:
     ):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)
+        self.reach = self.depth * ORDER_KEYS
         self.generation = generation
         self.first = first
         self.ntotal = ntotal
@@ -119,32 +138,55 @@ class Segment:
 
     @classmethod
     def empty(cls, alphabet: int, generation: int, first: int = 0) -> Segment:
-        depth = fractal.key_depth(alphabet)
-        return cls(alphabet, generation, first, first, np.zeros(0, token_dtype(alphabet)), Runs.empty(depth), np.zeros(0, _SLOT), np.zeros(0, _SAMPLE))
+        return cls(
+            alphabet, generation, first, first, np.zeros(0, token_dtype(alphabet)), Runs.empty(reach(alphabet) - 1), np.zeros(0, _SLOT), np.zeros(0, _SAMPLE)
+        )
 
     @property
     def entries(self) -> int:
         return len(self.order)
 
     # keys -----------------------------------------------------------------------------------
+    def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """[slot, depth]: the token ``depth`` places before each covered slot on its path (0: its
+        own), read from the run's context past its first slot; the alphabet's size before the
+        path's start."""
+        slots = np.asarray(slots, np.int64)
+        depths = np.asarray(depths, np.int64)[None, :]
+        run = np.searchsorted(self.runs.first, slots, side="right") - 1
+        local = (slots - self.runs.first[run])[:, None]
+        inside = local >= depths
+        own = self.tokens[np.where(inside, slots[:, None] - depths - self.first, 0)]
+        width = self.runs.context.shape[1]
+        before = self.runs.context[run[:, None], np.clip(width - depths + local, 0, width - 1)]
+        return np.where(inside, own, before).astype(np.int64)
+
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
         """The walk key of each covered slot: ``Σ_{s<D} c_{i−s} (N+1)^(D−1−s)``, newest token most
         significant, the tokens before a run read from its context."""
         slots = np.asarray(slots, np.int64)
         run = np.searchsorted(self.runs.first, slots, side="right") - 1
         local = slots - self.runs.first[run]
+        width = self.runs.context.shape[1]
         base = np.uint64(self.alphabet + 1)
         keys = np.zeros(len(slots), np.uint64)
         for back in range(self.depth):
             inside = local >= back
             own = self.tokens[np.where(inside, slots - back - self.first, 0)]
-            before = self.runs.context[run, np.clip(self.depth - 1 - back + local, 0, self.depth - 2)]
+            before = self.runs.context[run, np.clip(width - back + local, 0, width - 1)]
             keys = keys * base + np.where(inside, own, before).astype(np.uint64)
         return keys
 
+    def _packed(self, symbols: np.ndarray) -> np.ndarray:
+        base = np.uint64(self.alphabet + 1)
+        keys = np.zeros(len(symbols), np.uint64)
+        for column in symbols.T:
+            keys = keys * base + column.astype(np.uint64)
+        return keys
+
     def lower_bounds(self, keys: np.ndarray) -> np.ndarray:
-        """Per key, how many entries have a smaller one: the sampled keys narrow it to one block,
-        whose keys are derived from the tokens."""
+        """Per key, how many entries have a smaller first key: the sampled keys narrow it to one
+        block, whose keys are derived from the tokens."""
         keys = np.asarray(keys, np.uint64)
         n = self.entries
         if n == 0:
@@ -156,33 +198,109 @@ class Segment:
         smaller = ((derived < keys[:, None]) & inside).sum(1)
         return np.where(block < 0, 0, np.maximum(block, 0) * BLOCK + 1 + smaller)
 
-    def bounds(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per pair, [a, b) in key order: the entries with ``lo <= key < hi`` (Python ints;
-        ``hi`` up to 2**64, past every key)."""
+    def _first_key_bounds(self, lo: list[int], hi: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair, [a, b): the entries whose first key lies in ``[lo, hi)`` (Python ints; ``hi``
+        up to 2**64, past every key)."""
         past = np.array([h >= 1 << 64 for h in hi], bool)
         ends = np.array([min(h, (1 << 64) - 1) for h in hi], np.uint64)
-        found = self.lower_bounds(np.concatenate([np.array(list(lo), np.uint64), ends]))
+        found = self.lower_bounds(np.concatenate([np.array(lo, np.uint64), ends]))
         return found[: len(lo)], np.where(past, self.entries, found[len(lo) :])
 
-    # building -------------------------------------------------------------------------------
-    def _sorted(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(``slots`` sorted by key, their keys); ties keep the slots' order."""
-        keys = self._keys_in_chunks(slots)
-        order = np.argsort(keys, kind="stable")
-        return slots[order].astype(_SLOT), keys[order]
+    def bounds(self, pieces: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per piece (up to ``reach`` tokens), [a, b) in this segment's order: the entries whose
+        last ``len(piece)`` tokens are it. The first key's range comes from the sampled keys; a
+        longer piece then binary-searches it, comparing the tokens past the first key."""
+        wanted = [fractal.check_symbols(piece, self.alphabet).astype(np.int64) for piece in pieces]
+        first = [fractal.key_range(piece[-self.depth :], self.alphabet) for piece in wanted]
+        exact = [len(piece) >= self.depth for piece in wanted]  # the first key is all D tokens: one key
+        a, b = self._first_key_bounds([lo for lo, _ in first], [lo + 1 if whole else hi for (lo, hi), whole in zip(first, exact)])
+        deep = np.flatnonzero([len(piece) > self.depth for piece in wanted])
+        if deep.size:
+            query = np.full((len(deep), self.reach), self.alphabet, np.int64)
+            lengths = np.array([len(wanted[i]) for i in deep])
+            for row, i in enumerate(deep):
+                query[row, : len(wanted[i])] = wanted[i][::-1]
+            a[deep] = self._search(a[deep], b[deep], query, lengths, after_equal=False)
+            b[deep] = self._search(a[deep], b[deep], query, lengths, after_equal=True)
+        return a, b
 
-    def _keys_in_chunks(self, slots: np.ndarray) -> np.ndarray:
-        keys = np.empty(len(slots), np.uint64)
-        for at in range(0, len(slots), _CHUNK):
-            keys[at : at + _CHUNK] = self.keys_at(slots[at : at + _CHUNK])
-        return keys
+    def _search(self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: bool) -> np.ndarray:
+        """Per query (tokens by depth, newest first, ``lengths`` of them), the first place in
+        ``[lo, hi)`` of ``order`` whose entry's path is not smaller (``after_equal``: not
+        smaller or equal) in tokens ``D`` to ``length - 1`` back; every entry of ``[lo, hi)``
+        shares the query's first key."""
+        lo, hi = np.array(lo, np.int64), np.array(hi, np.int64)
+        if not len(lo):
+            return lo
+        depths = np.arange(self.depth, int(lengths.max()))
+        wanted = query[:, self.depth : int(lengths.max())]
+        counted = depths[None, :] < lengths[:, None]
+        while True:
+            open_ = np.flatnonzero(lo < hi)
+            if not open_.size:
+                return lo
+            mid = (lo[open_] + hi[open_]) // 2
+            found = self.symbols(np.asarray(self.order[mid], np.int64), depths)
+            differ = (found != wanted[open_]) & counted[open_]
+            first = differ.argmax(1)
+            rows = np.arange(len(open_))
+            smaller = differ[rows, first] & (found[rows, first] < wanted[open_][rows, first])
+            right = smaller | (after_equal & ~differ.any(1))
+            lo[open_] = np.where(right, mid + 1, lo[open_])
+            hi[open_] = np.where(right, hi[open_], mid)
+
+    # building -------------------------------------------------------------------------------
+    def _sorted(self, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the slots of ``runs``, indices into ``self.runs``, in path order, and their first
+        keys); ties keep the slots' order.
+
+        Prefix doubling over the runs' tokens, each run after its context: the rank of a
+        position's last 2h tokens is the rank of the pair (its last h, the h before them), so
+        ``ORDER_KEYS = 2**3`` keys take three sorts after the first key's. Past the start of a
+        run's context every token reads as the padding, which orders a position only past
+        ``reach`` tokens, where the order no longer looks."""
+        width = self.reach - 1
+        length = self.runs.length[runs]
+        ext = length + width
+        starts = np.cumsum(ext) - ext  # where each run's context begins in the joined stream
+        m = int(ext.sum())
+        if m == 0:
+            return np.zeros(0, _SLOT), np.zeros(0, np.uint64)
+        joined = np.empty(m, np.int64)
+        joined[(starts[:, None] + np.arange(width)).reshape(-1)] = self.runs.context[runs].reshape(-1)
+        slots = Runs(self.runs.first[runs], length, self.runs.context[runs]).slots()
+        real = np.repeat(starts + width - self.runs.first[runs], length) + slots
+        joined[real] = self.tokens[slots - self.first]
+        local = np.arange(m) - np.repeat(starts, ext)
+        keys = np.zeros(m, np.uint64)
+        for back in range(self.depth):
+            keys = keys * np.uint64(self.alphabet + 1) + np.where(local >= back, joined[np.maximum(np.arange(m) - back, 0)], self.alphabet).astype(np.uint64)
+        del joined
+        rank, pad = _dense(keys, keys == self._packed(np.full((1, self.depth), self.alphabet))[0])
+        h = self.depth
+        while h < self.reach and pad is not None:
+            before = np.where(local >= h, rank[np.maximum(np.arange(m) - h, 0)], pad)
+            pair = rank * (m + 1) + before
+            rank, pad = _dense(pair, pair == pad * (m + 1) + pad)
+            h *= 2
+        order = np.argsort(rank[real], kind="stable")
+        return slots[order].astype(_SLOT), keys[real][order]
+
+    def _places(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot (covered by this segment, not yet in its order), how many entries of the
+        order come before it: those with a smaller path, and equal ones (smaller slots)."""
+        query = self.symbols(slots, np.arange(self.reach))
+        keys = self._packed(query[:, : self.depth])
+        top = keys == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
+        lo = self.lower_bounds(keys)
+        hi = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), keys + np.uint64(1))))
+        return self._search(lo, hi, query, np.full(len(slots), self.reach), after_equal=True)
 
     def extended(self, ntotal: int, tokens: np.ndarray, runs: Runs) -> Segment:
         """This segment with ``runs`` (slots past its last; ``tokens``: slots ``self.ntotal`` to
-        ``ntotal``) merged in, in (key, slot) order: new slots are larger, so they go after
-        equal keys. A few new entries find their places by ``lower_bounds`` (a commit's cost
-        is then the new entries and a copy of the order, not deriving every key); many derive
-        the old keys in one pass and merge."""
+        ``ntotal``) merged in, in path order: new slots are larger, so they go after equal
+        paths. A few new entries are placed by binary search (a commit's cost is then the new
+        entries and a copy of the order); many are sorted with the old ones afresh."""
         out = Segment(
             self.alphabet,
             self.generation,
@@ -190,20 +308,17 @@ class Segment:
             ntotal,
             np.concatenate([self.tokens, tokens]),
             Runs.concat([self.runs, runs]),
-            np.zeros(0, _SLOT),
-            np.zeros(0, _SAMPLE),
+            self.order,
+            self.samples,
         )
-        order, new = out._sorted(runs.slots())
-        if len(new) * BLOCK < self.entries:
-            top = new == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
-            at = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), new + np.uint64(1))))
+        if int(runs.length.sum()) * BLOCK < self.entries:
+            order, _ = out._sorted(np.arange(len(self.runs), len(out.runs)))
+            at = out._places(np.asarray(order, np.int64))
             out.order = np.insert(np.asarray(self.order), at, order).astype(_SLOT)
             out.samples = out.keys_at(np.asarray(out.order[::BLOCK], np.int64))
             return out
-        old = out._keys_in_chunks(np.asarray(self.order, np.int64))
-        at = np.searchsorted(old, new, side="right")
-        out.order = np.insert(np.asarray(self.order), at, order).astype(_SLOT)
-        out.samples = np.ascontiguousarray(np.insert(old, at, new)[::BLOCK])
+        out.order, keys = out._sorted(np.arange(len(out.runs)))
+        out.samples = np.ascontiguousarray(keys[::BLOCK])
         return out
 
     # persistence ----------------------------------------------------------------------------
@@ -235,6 +350,7 @@ class Segment:
             "entries": self.entries,
             "runs": len(self.runs),
             "block": BLOCK,
+            "order_keys": ORDER_KEYS,
             "id": self.ident,
             "base": self.base,
             "crc32": crc,
@@ -275,11 +391,17 @@ class Segment:
             size = os.fstat(f.fileno()).st_size
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header is not None and size else None
         counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs")] if header is not None else []
-        if header is None or header["block"] != BLOCK or not all(isinstance(c, int) and c >= 0 for c in counts) or header["first"] > header["ntotal"]:
+        if (
+            header is None
+            or header["block"] != BLOCK
+            or header.get("order_keys") != ORDER_KEYS
+            or not all(isinstance(c, int) and c >= 0 for c in counts)
+            or header["first"] > header["ntotal"]
+        ):
             raise CorruptData(f"{path} is not a kvdb search index segment")
         alphabet = header["alphabet"]
         try:
-            depth = fractal.key_depth(alphabet)
+            width = reach(alphabet) - 1
         except InvalidArgument as exc:
             raise CorruptData(f"{path}: {exc}") from exc
         n, runs, slots = header["entries"], header["runs"], header["ntotal"] - header["first"]
@@ -288,7 +410,7 @@ class Segment:
             (_FIRST, runs),
             (_SLOT, n),
             (_SLOT, runs),
-            (_CONTEXT, runs * (depth - 1)),
+            (_CONTEXT, runs * width),
             (token_dtype(alphabet), slots),
         ]
         if size != start + sum(dtype.itemsize * count for dtype, count in shapes):
@@ -304,7 +426,7 @@ class Segment:
         if check and crc != header["crc32"]:
             raise CorruptData(f"{path} failed its integrity check")
         samples, first, order, length, context, tokens = arrays
-        run_table = Runs(first.astype(np.int64), length.astype(np.int64), context.reshape(runs, depth - 1).astype(np.int64))
+        run_table = Runs(first.astype(np.int64), length.astype(np.int64), context.reshape(runs, width).astype(np.int64))
         segment = cls(alphabet, header["generation"], header["first"], header["ntotal"], tokens, run_table, order, samples, header["id"], header.get("base"))
         segment._mapping = mapping
         return segment
@@ -322,3 +444,19 @@ def _header(f) -> tuple[dict | None, int]:
         return None, 0
     wanted = ("alphabet", "generation", "first", "ntotal", "entries", "runs", "block", "id", "crc32")
     return (header if isinstance(header, dict) and all(k in header for k in wanted) else None), len(MAGIC) + _LENGTH.size + length
+
+
+def _dense(values: np.ndarray, padding: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """(each value's rank among the distinct values, the rank an all-padding window takes:
+    that of the values ``padding`` marks, one past the largest when none is; None when every
+    value is distinct, and no further key can reorder them)."""
+    order = np.argsort(values)
+    ascending = values[order]
+    new = np.ones(len(values), bool)
+    new[1:] = ascending[1:] != ascending[:-1]
+    rank = np.empty(len(values), np.int64)
+    rank[order] = np.cumsum(new) - 1
+    if new.all():
+        return rank, None
+    marked = np.flatnonzero(padding)
+    return rank, int(rank[marked[0]]) if marked.size else int(rank.max()) + 1

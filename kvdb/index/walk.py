@@ -28,7 +28,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
-from kvdb.index.segment import Runs, Segment, padded_context, token_dtype
+from kvdb.index.segment import Runs, Segment, padded_context, reach, token_dtype
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
@@ -116,7 +116,8 @@ class WalkIndex:
 
     def __init__(self, alphabet: int, generation: int = 0, base: Segment | None = None, tail: Segment | None = None):
         self.alphabet = alphabet
-        self.depth = fractal.key_depth(alphabet)  # tokens one key resolves: a query piece's length
+        self.depth = fractal.key_depth(alphabet)  # tokens one key resolves
+        self.reach = reach(alphabet)  # tokens the order resolves: a query piece's length
         self.generation = generation
         self.base = base if base is not None else Segment.empty(alphabet, generation)
         self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
@@ -151,7 +152,7 @@ class WalkIndex:
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
             by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        self.append(by_slot, Runs.table(firsts, lengths, [padded_context(context, self.alphabet, self.depth) for _, _, context in runs], self.depth))
+        self.append(by_slot, Runs.table(firsts, lengths, [padded_context(context, self.alphabet) for _, _, context in runs], self.reach - 1))
 
     def check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
         ends = [first + n for first, n in zip(firsts, lengths)]
@@ -175,15 +176,14 @@ class WalkIndex:
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
 
     def ranges(self, pieces: Sequence[np.ndarray]) -> list[KeyRange]:
-        """Per piece (``len(piece) <= depth``), the entries whose last ``len(piece)`` tokens are
+        """Per piece (``len(piece) <= reach``), the entries whose last ``len(piece)`` tokens are
         it: every bound found in one pass per segment.
 
         Ranges nest: the range of a longer suffix of a phrase lies inside that of a shorter one.
         """
         if not pieces:
             return []
-        bounds = np.array([fractal.key_range(piece, self.alphabet) for piece in pieces], dtype=object)  # hi may be 2**64
-        per_segment = [segment.bounds(bounds[:, 0], bounds[:, 1]) for segment in (self.base, self.tail)]
+        per_segment = [segment.bounds(pieces) for segment in (self.base, self.tail)]
         return [
             KeyRange(tuple((segment.order, int(a[i]), int(b[i])) for segment, (a, b) in zip((self.base, self.tail), per_segment))) for i in range(len(pieces))
         ]
@@ -347,19 +347,23 @@ class Indexes:
                     raise CorruptData(f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`")
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
-        contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet, index.depth) for n in wanted]
-        index.append(by_slot, Runs.table(firsts, lengths, contexts, index.depth))
+        contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet) for n in wanted]
+        index.append(by_slot, Runs.table(firsts, lengths, contexts, index.reach - 1))
 
     def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
-        """The ``depth - 1`` tokens before ``node`` on its path: its parent's last ones when this
-        merge holds them, else read."""
-        if node.parent_id is None:
-            return None
-        parent = shapes.get(node.parent_id)
-        if node.parent_id in ranges and parent is not None and parent.n_tokens >= index.depth - 1:
-            end = ranges[node.parent_id] - index.ntotal + parent.n_tokens
-            return by_slot[end - (index.depth - 1) : end]
-        return self._store.load_tokens(node.parent_id, max(0, node.start - index.depth + 1), node.start)
+        """The ``reach - 1`` tokens before ``node`` on its path: its ancestors' last ones while
+        this merge holds them, the rest read."""
+        need, at, parts = index.reach - 1, node, []
+        while need > 0 and at.parent_id is not None:
+            parent = shapes.get(at.parent_id)
+            if at.parent_id not in ranges or parent is None:
+                parts.append(self._store.load_tokens(at.parent_id, max(0, at.start - need), at.start))
+                break
+            end = ranges[at.parent_id] - index.ntotal + parent.n_tokens
+            take = min(need, parent.n_tokens)
+            parts.append(by_slot[end - take : end])
+            need, at = need - take, parent
+        return np.concatenate(parts[::-1]) if parts else None
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new numbering of the index's slots: every node that keeps the search tier, parents

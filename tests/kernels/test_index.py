@@ -75,6 +75,58 @@ def test_a_tail_merged_into_the_base_finds_what_one_segment_finds(monkeypatch):
     np.testing.assert_array_equal(merged.tokens[np.arange(ntotal)], whole.tokens[:])
 
 
+def _trie(rng, nodes: int) -> list[tuple[int | None, np.ndarray]]:
+    """(parent, tokens) of each node, parents first: three symbols in use, so paths share long
+    stretches, and some nodes shorter than one key."""
+    out: list[tuple[int | None, np.ndarray]] = []
+    for i in range(nodes):
+        parent = None if i == 0 or rng.random() < 0.3 else int(rng.integers(0, i))
+        out.append((parent, rng.integers(0, 3, int(rng.integers(1, 40))) + 7))
+    return out
+
+
+def _path(trie, i) -> np.ndarray:
+    parts = []
+    while i is not None:
+        parent, tokens = trie[i]
+        parts.append(tokens)
+        i = parent
+    return np.concatenate(parts[::-1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, seed):
+    """Entries are in the order of their last ``reach`` tokens, across node boundaries: every
+    piece up to that long, checked against a scan of the paths, whether the index was built at
+    once, committed node by node (few new entries placed, many sorted afresh), or merged."""
+    rng = np.random.default_rng(seed)
+    trie = _trie(rng, 40)
+    firsts = np.cumsum([0] + [len(t) for _, t in trie])
+    runs = [(int(firsts[i]), tokens, None if parent is None else _path(trie, parent)) for i, (parent, tokens) in enumerate(trie)]
+    ntotal = int(firsts[-1])
+    whole = WalkIndex(ALPHABET)
+    whole.extend(runs, ntotal)
+    monkeypatch.setattr(walk, "TAIL_MIN", 64)
+    grown = WalkIndex(ALPHABET)
+    for run in runs:
+        grown.extend([run], run[0] + len(run[1]))
+    assert grown.base.ntotal > 0 and grown.tail.entries > 0
+    paths = [_path(trie, i) for i in range(len(trie))]
+    ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
+    for index in (whole, grown):
+        for part in (index.base, index.tail):  # sorted by the last `reach` tokens, newest first
+            rows = part.symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
+            assert all(tuple(a) <= tuple(b) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
+    for _ in range(60):
+        slot, path = ends[int(rng.integers(len(ends)))]
+        length = int(rng.integers(1, min(whole.reach, len(path)) + 1))
+        piece = path[len(path) - length :]
+        expected = [s for s, p in ends if len(p) >= length and np.array_equal(p[len(p) - length :], piece)]
+        assert slot in expected
+        for index in (whole, grown):
+            assert index.within(piece).tolist() == expected, (length, piece)
+
+
 def test_an_opened_index_is_mapped_not_read(tmp_path, monkeypatch):
     """Opening maps the files: the arrays are views of the mapping, so a process holds the pages
     it touches and shares them with others through the page cache. A base past CHECK_BYTES is

@@ -107,18 +107,22 @@ def test_missing_or_damaged_sidecar_is_rebuilt(tmp_path, tiny_model):
             assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
 
 
-def test_a_sidecar_of_the_old_format_is_rebuilt(tmp_path, tiny_model):
-    """An index file kvdb 0.1.0 wrote (KVDBIDX3: every key stored) is rebuilt in today's format."""
+@pytest.mark.parametrize("old", ["index/a259.keys", "index/v4/a259.keys"])
+def test_a_sidecar_of_an_old_format_is_rebuilt(tmp_path, tiny_model, old):
+    """Index files earlier versions wrote (kvdb 0.1.0's KVDBIDX3, every key stored; KVDBIDX4,
+    ordered by one key) are rebuilt in today's format."""
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
         expected = [h.to_dict() for h in db.search("harbour lights", k=10)]
     [base] = (tmp_path / "a.duckdb.index").glob("*.keys")
-    base.with_suffix(".tail").unlink()
-    base.write_bytes((Path(__file__).parents[1] / "fixtures/golden/index/a259.keys").read_bytes())
+    golden = Path(__file__).parents[1] / "fixtures/golden" / old
+    base.write_bytes(golden.read_bytes())
+    tail = golden.with_suffix(".tail")
+    base.with_suffix(".tail").write_bytes(tail.read_bytes()) if tail.is_file() else base.with_suffix(".tail").unlink()
     with kvdb.open(path, model=tiny_model) as db:
         assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
-    assert base.read_bytes().startswith(b"KVDBIDX4")
+    assert base.read_bytes().startswith(b"KVDBIDX5")
 
 
 def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
