@@ -105,12 +105,14 @@ def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
     return out
 
 
-def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
-    """The pieces ``candidates`` looks up for a phrase: its pieces, and the suffixes of its last
-    piece down to ``least`` tokens (all of them bounded in one pass: ``WalkIndex.ranges``)."""
-    split = pieces(phrase, depth)
+def lookups(phrase: np.ndarray, reach: int, depth: int, least: int = 1) -> list[np.ndarray]:
+    """The pieces ``candidates`` looks up for a phrase: its pieces of up to ``reach`` tokens,
+    and the suffixes of its last piece of up to ``depth`` tokens (one key), down to ``least``
+    (all of them bounded in one pass: ``WalkIndex.ranges``)."""
+    split = pieces(phrase, reach)
     last = split[0][1]
-    return [piece for _, piece in split] + [phrase[-s:] for s in range(len(last) - 1, least - 1, -1)]
+    first = min(len(last), depth)  # the last piece's first key: where its partial matches lie
+    return [piece for _, piece in split] + [phrase[-first:]] + [phrase[-s:] for s in range(first - 1, least - 1, -1)]
 
 
 def bounded(index: WalkIndex, wanted: Iterable[np.ndarray]) -> dict[bytes, KeyRange]:
@@ -136,52 +138,68 @@ def candidates(
     found millions of times costs what its first ``limit`` live ones cost."""
     length = len(phrase)
     split = pieces(phrase, index.reach)
-    ranked: list[tuple[Iterable[np.ndarray], int]] = []  # (end slots, a chunk at a time; shared tokens), best first
-    if len(split) == 1:
-        whole = ranges[split[0][1].tobytes()]
-        ranked.append((whole.chunks(4 * limit), length))
-        found = len(whole)
-    else:
+    ranked: list[tuple[np.ndarray, np.ndarray]] = []  # (end slots, the tokens each shares), best first
+    found = 0
+    if len(split) > 1:
         levels = [ends for ends, _ in chained(index, slots, phrase, ranges, walked)]
-        found = 0
         for j in range(len(levels) - 1, -1, -1):
             deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
             offset, piece = split[j]
             if offset + len(piece) >= least:
                 ends = np.setdiff1d(levels[j], deeper, assume_unique=True)
-                ranked.append(([ends], offset + len(piece)))
+                ranked.append((ends, np.full(len(ends), offset + len(piece))))
                 found += len(ends)
-    # Shorter suffixes of the last piece: their key ranges nest around the longer one's, so the
-    # entries sharing exactly s tokens are the two slices between the bounds of s and s + 1.
+    # Shorter suffixes of the last piece. Its first key's range holds the entries sharing D
+    # tokens or more, in path order: the nearer an entry lies to the piece's own range, the
+    # longer the suffix it shares, so the nearest ones on each side are the best partial
+    # matches. Below D tokens, the ranges nest around the longer one's, so the entries sharing
+    # exactly s tokens are the two slices between the bounds of s and s + 1.
     last = split[0][1]
     inner = ranges[last.tobytes()]
-    for s in range(len(last) - 1, least - 1, -1):
+    found += len(inner) if len(split) == 1 else 0
+    if len(last) > index.depth and least < len(last) and found < limit:
+        outer = ranges[last[-index.depth :].tobytes()]
+        near = outer.around(inner, limit)
+        same = index.symbols(near, np.arange(index.depth, len(last))) == last[::-1][index.depth :]
+        shared = index.depth + np.where(same.all(1), same.shape[1], same.argmin(1))
+        best = np.lexsort((near, -shared))[: np.count_nonzero(shared >= least)]  # longest first, ties in slot order
+        ranked.append((near[best], shared[best]))
+        found += len(best)
+        inner = outer
+    for s in range(min(len(last), index.depth + 1) - 1, least - 1, -1):
         if found >= limit:
             break
         outer = ranges[phrase[-s:].tobytes()]
-        ends = outer.outside(inner, 2 * (limit - found))
-        ranked.append(([np.sort(ends)], s))
+        ends = np.sort(outer.outside(inner, 2 * (limit - found)))
+        ranked.append((ends, np.full(len(ends), s)))
         found += len(ends)
         inner = outer
 
-    parts: list[tuple[np.ndarray, np.ndarray, int]] = []  # (runs, end positions, shared tokens)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (runs, end positions, shared tokens)
     taken = 0
-    for chunks, shared in ranked:
-        for ends in chunks:
+
+    def take(ends: np.ndarray, shared: np.ndarray) -> None:
+        nonlocal taken
+        run, local = slots.locate(ends)
+        live = run >= 0
+        position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
+        keep = np.flatnonzero(live & (position - np.minimum(shared, length) + 1 >= 0))[: limit - taken]  # a match cannot begin before its path does
+        parts.append((run[keep], position[keep], shared[keep]))
+        taken += len(keep)
+
+    if len(split) == 1:  # full matches in index order, a chunk at a time
+        for ends in ranges[last.tobytes()].chunks(4 * limit):
             if taken >= limit:
                 break
-            run, local = slots.locate(ends)
-            live = run >= 0
-            position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
-            keep = np.flatnonzero(live & (position - min(shared, length) + 1 >= 0))[: limit - taken]  # a match cannot begin before its path does
-            parts.append((run[keep], position[keep], shared))
-            taken += len(keep)
+            take(ends, np.full(len(ends), length))
+    if ranked and taken < limit:
+        take(np.concatenate([ends for ends, _ in ranked]), np.concatenate([shared for _, shared in ranked]))
     if not parts:
         return Candidates.concat([])
     return Candidates(
         np.concatenate([run for run, _, _ in parts]),
         np.concatenate([ends for _, ends, _ in parts]),
-        np.concatenate([np.full(len(run), shared) for run, _, shared in parts]),
+        np.concatenate([shared for _, _, shared in parts]),
         np.full(taken, variant),
     )
 
@@ -315,7 +333,11 @@ def search(
         if len(hits) >= k or (sharing is least and least == whole):
             break
         if sharing is least:
-            ranges.update(bounded(index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, least[v]) if p.tobytes() not in ranges)))
+            ranges.update(
+                bounded(
+                    index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, index.depth, least[v]) if p.tobytes() not in ranges)
+                )
+            )
         pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges, walked) for v, phrase in enumerate(variants)])
         lengths = np.array(whole)[pool.variant]
         if sharing is least:

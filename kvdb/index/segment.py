@@ -33,6 +33,7 @@ from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KVDBIDX5"
+_CHUNK = 1 << 22  # slots whose keys are derived at once when a segment is sorted: bounds temporary memory
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 # Keys of D tokens that set an entry's place: entries are in the order of their last
 # ORDER_KEYS * D tokens (32 for SmolLM2), so a phrase up to that long is one range of the order
@@ -105,6 +106,37 @@ def padded_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
     return np.concatenate([np.full(width - len(before), alphabet, np.int64), before])
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """Query pieces of up to ``reach`` tokens, prepared once for every segment: the range of
+    first keys each lies in, and its tokens by depth."""
+
+    lo: np.ndarray  # uint64: the first key's range, [lo, hi)
+    hi: np.ndarray  # uint64, clamped below 2**64
+    past: np.ndarray  # bool: hi is 2**64, past every key
+    tokens: np.ndarray  # [piece, reach] int64: its tokens newest first, then the alphabet's size
+    lengths: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, pieces: Sequence[np.ndarray], alphabet: int) -> Pieces:
+        depth, width = fractal.key_depth(alphabet), reach(alphabet)
+        tokens = np.full((len(pieces), width), alphabet, np.int64)
+        lo, hi = [], []
+        for row, piece in enumerate(pieces):
+            piece = fractal.check_symbols(piece, alphabet).astype(np.int64)
+            tokens[row, : len(piece)] = piece[::-1]
+            first, past = fractal.key_range(piece[-depth:], alphabet)
+            lo.append(first)
+            hi.append(first + 1 if len(piece) >= depth else past)  # all D tokens: one key
+        return cls(
+            np.array(lo, np.uint64),
+            np.array([min(h, (1 << 64) - 1) for h in hi], np.uint64),
+            np.array([h >= 1 << 64 for h in hi], bool),
+            tokens,
+            np.array([len(piece) for piece in pieces], np.int64),
+        )
+
+
 class Segment:
     """Slots ``[first, ntotal)`` of one numbering: their tokens, their runs, and the covered ones
     sorted by (walk key, slot)."""
@@ -156,10 +188,12 @@ class Segment:
         run = np.searchsorted(self.runs.first, slots, side="right") - 1
         local = (slots - self.runs.first[run])[:, None]
         inside = local >= depths
-        own = self.tokens[np.where(inside, slots[:, None] - depths - self.first, 0)]
+        own = self.tokens[np.where(inside, slots[:, None] - depths - self.first, 0)].astype(np.int64)
+        if inside.all():
+            return own
         width = self.runs.context.shape[1]
         before = self.runs.context[run[:, None], np.clip(width - depths + local, 0, width - 1)]
-        return np.where(inside, own, before).astype(np.int64)
+        return np.where(inside, own, before)
 
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
         """The walk key of each covered slot: ``Σ_{s<D} c_{i−s} (N+1)^(D−1−s)``, newest token most
@@ -198,40 +232,30 @@ class Segment:
         smaller = ((derived < keys[:, None]) & inside).sum(1)
         return np.where(block < 0, 0, np.maximum(block, 0) * BLOCK + 1 + smaller)
 
-    def _first_key_bounds(self, lo: list[int], hi: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Per pair, [a, b): the entries whose first key lies in ``[lo, hi)`` (Python ints; ``hi``
-        up to 2**64, past every key)."""
-        past = np.array([h >= 1 << 64 for h in hi], bool)
-        ends = np.array([min(h, (1 << 64) - 1) for h in hi], np.uint64)
-        found = self.lower_bounds(np.concatenate([np.array(lo, np.uint64), ends]))
-        return found[: len(lo)], np.where(past, self.entries, found[len(lo) :])
-
-    def bounds(self, pieces: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Per piece (up to ``reach`` tokens), [a, b) in this segment's order: the entries whose
-        last ``len(piece)`` tokens are it. The first key's range comes from the sampled keys; a
-        longer piece then binary-searches it, comparing the tokens past the first key."""
-        wanted = [fractal.check_symbols(piece, self.alphabet).astype(np.int64) for piece in pieces]
-        first = [fractal.key_range(piece[-self.depth :], self.alphabet) for piece in wanted]
-        exact = [len(piece) >= self.depth for piece in wanted]  # the first key is all D tokens: one key
-        a, b = self._first_key_bounds([lo for lo, _ in first], [lo + 1 if whole else hi for (lo, hi), whole in zip(first, exact)])
-        deep = np.flatnonzero([len(piece) > self.depth for piece in wanted])
+    def bounds(self, pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
+        """Per piece, [a, b) in this segment's order: the entries whose last ``len(piece)`` tokens
+        are it. The first key's range comes from the sampled keys; a longer piece then
+        binary-searches it, comparing the tokens past the first key."""
+        if self.entries == 0:
+            return np.zeros(len(pieces.lengths), np.int64), np.zeros(len(pieces.lengths), np.int64)
+        found = self.lower_bounds(np.concatenate([pieces.lo, pieces.hi]))
+        a, b = found[: len(pieces.lo)], np.where(pieces.past, self.entries, found[len(pieces.lo) :])
+        deep = np.flatnonzero(pieces.lengths > self.depth)
         if deep.size:
-            query = np.full((len(deep), self.reach), self.alphabet, np.int64)
-            lengths = np.array([len(wanted[i]) for i in deep])
-            for row, i in enumerate(deep):
-                query[row, : len(wanted[i])] = wanted[i][::-1]
-            a[deep] = self._search(a[deep], b[deep], query, lengths, after_equal=False)
-            b[deep] = self._search(a[deep], b[deep], query, lengths, after_equal=True)
+            twice = np.concatenate([deep, deep])
+            both = self._search(a[twice], b[twice], pieces.tokens[twice], pieces.lengths[twice], np.repeat([False, True], len(deep)))
+            a[deep], b[deep] = both[: len(deep)], both[len(deep) :]
         return a, b
 
-    def _search(self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: bool) -> np.ndarray:
+    def _search(self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: np.ndarray | bool) -> np.ndarray:
         """Per query (tokens by depth, newest first, ``lengths`` of them), the first place in
-        ``[lo, hi)`` of ``order`` whose entry's path is not smaller (``after_equal``: not
+        ``[lo, hi)`` of ``order`` whose entry's path is not smaller (where ``after_equal``: not
         smaller or equal) in tokens ``D`` to ``length - 1`` back; every entry of ``[lo, hi)``
-        shares the query's first key."""
+        shares the query's first key. All the queries step together, one gather a step."""
         lo, hi = np.array(lo, np.int64), np.array(hi, np.int64)
         if not len(lo):
             return lo
+        after_equal = np.broadcast_to(after_equal, lo.shape)
         depths = np.arange(self.depth, int(lengths.max()))
         wanted = query[:, self.depth : int(lengths.max())]
         counted = depths[None, :] < lengths[:, None]
@@ -245,46 +269,48 @@ class Segment:
             first = differ.argmax(1)
             rows = np.arange(len(open_))
             smaller = differ[rows, first] & (found[rows, first] < wanted[open_][rows, first])
-            right = smaller | (after_equal & ~differ.any(1))
+            right = smaller | (after_equal[open_] & ~differ.any(1))
             lo[open_] = np.where(right, mid + 1, lo[open_])
             hi[open_] = np.where(right, hi[open_], mid)
 
     # building -------------------------------------------------------------------------------
-    def _sorted(self, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the slots of ``runs``, indices into ``self.runs``, in path order, and their first
-        keys); ties keep the slots' order.
+    def _sorted(self, runs: np.ndarray) -> np.ndarray:
+        """The slots of ``runs`` (indices into ``self.runs``) in path order; ties keep the
+        slots' order.
 
-        Prefix doubling over the runs' tokens, each run after its context: the rank of a
+        Prefix doubling over the runs' positions, each run after its context's: the rank of a
         position's last 2h tokens is the rank of the pair (its last h, the h before them), so
         ``ORDER_KEYS = 2**3`` keys take three sorts after the first key's. Past the start of a
         run's context every token reads as the padding, which orders a position only past
-        ``reach`` tokens, where the order no longer looks."""
+        ``reach`` tokens, where the order no longer looks. The tokens are read where they lie,
+        a chunk at a time, not copied."""
         width = self.reach - 1
         length = self.runs.length[runs]
         ext = length + width
-        starts = np.cumsum(ext) - ext  # where each run's context begins in the joined stream
+        starts = np.cumsum(ext) - ext  # where each run's context begins among the positions
         m = int(ext.sum())
-        if m == 0:
-            return np.zeros(0, _SLOT), np.zeros(0, np.uint64)
-        joined = np.empty(m, np.int64)
-        joined[(starts[:, None] + np.arange(width)).reshape(-1)] = self.runs.context[runs].reshape(-1)
         slots = Runs(self.runs.first[runs], length, self.runs.context[runs]).slots()
         real = np.repeat(starts + width - self.runs.first[runs], length) + slots
-        joined[real] = self.tokens[slots - self.first]
-        local = np.arange(m) - np.repeat(starts, ext)
-        keys = np.zeros(m, np.uint64)
-        for back in range(self.depth):
-            keys = keys * np.uint64(self.alphabet + 1) + np.where(local >= back, joined[np.maximum(np.arange(m) - back, 0)], self.alphabet).astype(np.uint64)
-        del joined
+        keys = np.empty(m, np.uint64)
+        for at in range(0, len(slots), _CHUNK):
+            keys[real[at : at + _CHUNK]] = self.keys_at(slots[at : at + _CHUNK])
+        padded = np.concatenate([np.full((len(runs), self.depth - 1), self.alphabet, np.int64), self.runs.context[runs]], axis=1)
+        windows = np.arange(width)[:, None] + self.depth - 1 - np.arange(self.depth)  # [context position, back]
+        keys[(starts[:, None] + np.arange(width)).reshape(-1)] = self._packed(padded[:, windows].reshape(-1, self.depth))
+        local = (np.arange(m) - np.repeat(starts, ext)).astype(np.int32)
         rank, pad = _dense(keys, keys == self._packed(np.full((1, self.depth), self.alphabet))[0])
+        del keys
         h = self.depth
         while h < self.reach and pad is not None:
-            before = np.where(local >= h, rank[np.maximum(np.arange(m) - h, 0)], pad)
-            pair = rank * (m + 1) + before
+            pair = np.full(m, pad, np.int64)
+            pair[h:] = rank[:-h]
+            pair[local < h] = pad
+            pair += rank * (m + 1)
             rank, pad = _dense(pair, pair == pad * (m + 1) + pad)
+            del pair
             h *= 2
         order = np.argsort(rank[real], kind="stable")
-        return slots[order].astype(_SLOT), keys[real][order]
+        return slots[order].astype(_SLOT)
 
     def _places(self, slots: np.ndarray) -> np.ndarray:
         """Per slot (covered by this segment, not yet in its order), how many entries of the
@@ -312,13 +338,12 @@ class Segment:
             self.samples,
         )
         if int(runs.length.sum()) * BLOCK < self.entries:
-            order, _ = out._sorted(np.arange(len(self.runs), len(out.runs)))
+            order = out._sorted(np.arange(len(self.runs), len(out.runs)))
             at = out._places(np.asarray(order, np.int64))
             out.order = np.insert(np.asarray(self.order), at, order).astype(_SLOT)
-            out.samples = out.keys_at(np.asarray(out.order[::BLOCK], np.int64))
-            return out
-        out.order, keys = out._sorted(np.arange(len(out.runs)))
-        out.samples = np.ascontiguousarray(keys[::BLOCK])
+        else:
+            out.order = out._sorted(np.arange(len(out.runs)))
+        out.samples = out.keys_at(np.asarray(out.order[::BLOCK], np.int64))
         return out
 
     # persistence ----------------------------------------------------------------------------

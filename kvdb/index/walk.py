@@ -28,7 +28,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
-from kvdb.index.segment import Runs, Segment, padded_context, reach, token_dtype
+from kvdb.index.segment import Pieces, Runs, Segment, padded_context, reach, token_dtype
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
@@ -97,6 +97,14 @@ class KeyRange:
         for order, a, b in self.parts:
             for at in range(a, b, size):
                 yield np.asarray(order[at : min(at + size, b)], np.int64)
+
+    def around(self, inner: KeyRange, limit: int) -> np.ndarray:
+        """Up to ``limit`` slots of this range on each side of ``inner`` (a range nested in it),
+        per segment, the nearest first."""
+        out: list[np.ndarray] = []
+        for (order, a, b), (_, ia, ib) in zip(self.parts, inner.parts):
+            out += [order[max(a, ia - limit) : ia][::-1], order[ib : min(b, ib + limit)]]
+        return np.concatenate(out).astype(np.int64)
 
     def outside(self, inner: KeyRange, limit: int) -> np.ndarray:
         """Up to ``limit`` slots of this range that ``inner`` (a range nested in it) leaves out."""
@@ -183,10 +191,20 @@ class WalkIndex:
         """
         if not pieces:
             return []
-        per_segment = [segment.bounds(pieces) for segment in (self.base, self.tail)]
+        prepared = Pieces.of(pieces, self.alphabet)
+        per_segment = [segment.bounds(prepared) for segment in (self.base, self.tail)]
         return [
             KeyRange(tuple((segment.order, int(a[i]), int(b[i])) for segment, (a, b) in zip((self.base, self.tail), per_segment))) for i in range(len(pieces))
         ]
+
+    def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """``Segment.symbols`` of slots in either segment."""
+        slots = np.asarray(slots, np.int64)
+        out = np.empty((len(slots), len(depths)), np.int64)
+        in_tail = slots >= self.tail.first
+        out[in_tail] = self.tail.symbols(slots[in_tail], depths)
+        out[~in_tail] = self.base.symbols(slots[~in_tail], depths)
+        return out
 
     def within(self, piece: np.ndarray) -> np.ndarray:
         """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
