@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -305,7 +305,7 @@ def search(
     age: dict[str, int],
     sessions_of: SessionsOf,
     fetch: Fetch,
-    decode: Callable[[list[np.ndarray]], list[str]],
+    decode: Callable[[np.ndarray], str],
     k: int = 10,
     context: int = 32,
     min_share: float = MIN_SHARE,
@@ -326,7 +326,6 @@ def search(
     ranges = bounded(index, (piece for phrase in variants for _, piece in pieces(phrase, index.reach)))
     walked: Walked = {}
     hits: list[Hit] = []
-    windows: list[np.ndarray] = []  # per hit, the tokens before, of and after its match, decoded at the end
     seen: set[tuple[str, int]] = set()
     # Full matches first; the partial ones only when the full ones leave room for them, since
     # each shorter suffix of a phrase is a range of its own to bound.
@@ -362,10 +361,19 @@ def search(
                 seen.add((session_id, end))
                 start = end + 1 - shared
                 before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
-                windows += [window[before:match], window[match:after], window[after:]]
-                hits.append(Hit(session_id, names.get(session_id, ""), start, shared, len(phrase), shared == len(phrase), "", "", ""))
-    texts = iter(decode(windows))  # every hit's context in one call
-    hits = [replace(hit, before=next(texts), match=next(texts), after=next(texts)) for hit in hits]
+                hits.append(
+                    Hit(
+                        session_id,
+                        names.get(session_id, ""),
+                        start,
+                        shared,
+                        len(phrase),
+                        shared == len(phrase),
+                        decode(window[before:match]),
+                        decode(window[match:after]),
+                        decode(window[after:]),
+                    )
+                )
     # archive order within a grade (``age``: session id -> its place, oldest first); slot order
     # alone is not it (a rebuilt index numbers the slots by node, an incremental one by arrival)
     hits.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))

@@ -124,21 +124,6 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
-    """``encode`` of each text, in one call to the tokenizer."""
-    if isinstance(tokenizer, LightTokenizer):
-        return [e.ids for e in tokenizer.backend.encode_batch(texts, add_special_tokens=False)]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
-
-
-def decode_many(tokenizer, id_lists) -> list[str]:
-    """``decode`` of each list of ids, in one call to the tokenizer."""
-    lists = [list(map(int, ids)) for ids in id_lists]
-    if isinstance(tokenizer, LightTokenizer):
-        return tokenizer.backend.decode_batch(lists, skip_special_tokens=False)
-    return tokenizer.batch_decode(lists, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
 def decode(tokenizer, ids) -> str:
     """The text of ``ids``, special tokens included, spaces left as they are."""
     ids = list(map(int, ids))

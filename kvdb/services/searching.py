@@ -59,7 +59,7 @@ class Searcher:
             found.view.age,
             sessions_of=found.sessions_of,
             fetch=found.fetch,
-            decode=lambda id_lists: tok.decode_many(found.tokenizer, id_lists),
+            decode=lambda ids: tok.decode(found.tokenizer, ids),
             k=k,
             context=context,
             min_share=min_share,
@@ -130,14 +130,13 @@ def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list
     ``case_sensitive``, also in each casing of ``casings``. A tokenizer spells "Leggy" and
     "leggy" with different tokens, so an index of tokens finds another casing only by searching
     for it."""
-    texts: list[str] = []
-    for cased in [phrase] if case_sensitive else casings(phrase):
-        texts += [cased] if cased.startswith(" ") else [cased, " " + cased]
     variants: list[np.ndarray] = []
-    for encoded in tok.encode_many(tokenizer, texts):
-        ids = np.asarray(encoded, dtype=np.int64)
-        if len(ids) and not any(np.array_equal(ids, v) for v in variants):
-            variants.append(ids)
+    for cased in [phrase] if case_sensitive else casings(phrase):
+        for text in (cased, " " + cased if not cased.startswith(" ") else None):
+            if text is not None:
+                ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
+                if len(ids) and not any(np.array_equal(ids, v) for v in variants):
+                    variants.append(ids)
     return variants
 
 
