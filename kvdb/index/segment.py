@@ -33,6 +33,7 @@ from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 
 MAGIC = b"KVDBIDX5"
+_SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # slots whose keys are derived at once when a segment is sorted: bounds temporary memory
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 # Keys of D tokens that set an entry's place: entries are in the order of their last
@@ -119,22 +120,24 @@ class Pieces:
 
     @classmethod
     def of(cls, pieces: Sequence[np.ndarray], alphabet: int) -> Pieces:
+        """Every piece at once: a query bounds tens of them."""
         depth, width = fractal.key_depth(alphabet), reach(alphabet)
+        lengths = np.array([len(piece) for piece in pieces], np.int64)
+        if len(pieces) and not (lengths.min() >= 1 and lengths.max() <= width):
+            raise InvalidArgument(f"a piece covers 1 to {width} symbols, got {lengths.min()} to {lengths.max()}")
         tokens = np.full((len(pieces), width), alphabet, np.int64)
-        lo, hi = [], []
-        for row, piece in enumerate(pieces):
-            piece = fractal.check_symbols(piece, alphabet).astype(np.int64)
-            tokens[row, : len(piece)] = piece[::-1]
-            first, past = fractal.key_range(piece[-depth:], alphabet)
-            lo.append(first)
-            hi.append(first + 1 if len(piece) >= depth else past)  # all D tokens: one key
-        return cls(
-            np.array(lo, np.uint64),
-            np.array([min(h, (1 << 64) - 1) for h in hi], np.uint64),
-            np.array([h >= 1 << 64 for h in hi], bool),
-            tokens,
-            np.array([len(piece) for piece in pieces], np.int64),
-        )
+        flat = fractal.check_symbols(np.concatenate(pieces) if len(pieces) else np.zeros(0, np.int64), alphabet).astype(np.int64)
+        row = np.repeat(np.arange(len(pieces)), lengths)
+        at = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        tokens[row, lengths[row] - 1 - at] = flat  # newest first
+        first = np.where(np.arange(depth) < lengths[:, None], tokens[:, :depth], 0)
+        base = alphabet + 1
+        lo = np.zeros(len(pieces), np.uint64)
+        for column in first.T:
+            lo = lo * np.uint64(base) + column.astype(np.uint64)
+        step = np.array([base ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64)  # all D tokens: one key
+        past = lo > np.uint64((1 << 64) - 1) - step  # lo + step is 2**64: past every key
+        return cls(lo, np.where(past, np.uint64((1 << 64) - 1), lo + np.where(past, np.uint64(0), step)), past, tokens, lengths)
 
 
 class Segment:
@@ -251,7 +254,8 @@ class Segment:
         """Per query (tokens by depth, newest first, ``lengths`` of them), the first place in
         ``[lo, hi)`` of ``order`` whose entry's path is not smaller (where ``after_equal``: not
         smaller or equal) in tokens ``D`` to ``length - 1`` back; every entry of ``[lo, hi)``
-        shares the query's first key. All the queries step together, one gather a step."""
+        shares the query's first key. All the queries step together, one gather a step, and
+        a range down to ``_SCAN`` entries is compared whole in one more."""
         lo, hi = np.array(lo, np.int64), np.array(hi, np.int64)
         if not len(lo):
             return lo
@@ -259,19 +263,32 @@ class Segment:
         depths = np.arange(self.depth, int(lengths.max()))
         wanted = query[:, self.depth : int(lengths.max())]
         counted = depths[None, :] < lengths[:, None]
+
+        def before(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
+            """Whether the entry at ``at`` (per query of ``rows``, one or more each) lies before the query's place."""
+            found = self.symbols(np.asarray(self.order[at.reshape(-1)], np.int64), depths).reshape(*at.shape, len(depths))
+            want, count = wanted[rows][:, None, :], counted[rows][:, None, :]
+            differ = (found != want) & count
+            first = differ.argmax(2)[..., None]
+            smaller = np.take_along_axis(differ & (found < want), first, 2)[..., 0]
+            return smaller | (after_equal[rows][:, None] & ~differ.any(2))
+
         while True:
             open_ = np.flatnonzero(lo < hi)
             if not open_.size:
                 return lo
-            mid = (lo[open_] + hi[open_]) // 2
-            found = self.symbols(np.asarray(self.order[mid], np.int64), depths)
-            differ = (found != wanted[open_]) & counted[open_]
-            first = differ.argmax(1)
-            rows = np.arange(len(open_))
-            smaller = differ[rows, first] & (found[rows, first] < wanted[open_][rows, first])
-            right = smaller | (after_equal[open_] & ~differ.any(1))
-            lo[open_] = np.where(right, mid + 1, lo[open_])
-            hi[open_] = np.where(right, hi[open_], mid)
+            small = open_[hi[open_] - lo[open_] <= _SCAN]
+            if small.size:
+                at = lo[small][:, None] + np.arange(_SCAN)
+                inside = at < hi[small][:, None]
+                lo[small] += (before(small, np.where(inside, at, lo[small][:, None])) & inside).sum(1)
+                hi[small] = lo[small]
+            wide = open_[hi[open_] - lo[open_] > _SCAN]
+            if wide.size:
+                mid = (lo[wide] + hi[wide]) // 2
+                right = before(wide, mid[:, None])[:, 0]
+                lo[wide] = np.where(right, mid + 1, lo[wide])
+                hi[wide] = np.where(right, hi[wide], mid)
 
     # building -------------------------------------------------------------------------------
     def _sorted(self, runs: np.ndarray) -> np.ndarray:
