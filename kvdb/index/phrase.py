@@ -116,9 +116,14 @@ def lookups(phrase: np.ndarray, reach: int, depth: int, least: int = 1) -> list[
 
 
 def bounded(index: WalkIndex, wanted: Iterable[np.ndarray]) -> dict[bytes, KeyRange]:
-    """The key range of each piece, by its bytes: every bound of a query found in one pass."""
+    """The key range of each piece, by its bytes, and of each one's last D tokens (its first
+    key), which come with it: every bound of a query found in one pass."""
     distinct = {piece.tobytes(): piece for piece in wanted}
-    return dict(zip(distinct, index.ranges(list(distinct.values()))))
+    out: dict[bytes, KeyRange] = {}
+    for (key, piece), (found, first) in zip(distinct.items(), index.ranges(list(distinct.values()))):
+        out[key] = found
+        out.setdefault(piece[-index.depth :].tobytes(), first)
+    return out
 
 
 def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
@@ -333,11 +338,8 @@ def search(
         if len(hits) >= k or (sharing is least and least == whole):
             break
         if sharing is least:
-            ranges.update(
-                bounded(
-                    index, (p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, index.depth, least[v]) if p.tobytes() not in ranges)
-                )
-            )
+            missing = [p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, index.depth, least[v]) if p.tobytes() not in ranges]
+            ranges.update(bounded(index, missing) if missing else {})
         pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges, walked) for v, phrase in enumerate(variants)])
         lengths = np.array(whole)[pool.variant]
         if sharing is least:

@@ -235,20 +235,23 @@ class Segment:
         smaller = ((derived < keys[:, None]) & inside).sum(1)
         return np.where(block < 0, 0, np.maximum(block, 0) * BLOCK + 1 + smaller)
 
-    def bounds(self, pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
+    def bounds(self, pieces: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per piece, [a, b) in this segment's order: the entries whose last ``len(piece)`` tokens
-        are it. The first key's range comes from the sampled keys; a longer piece then
-        binary-searches it, comparing the tokens past the first key."""
+        are it; and [a0, b0), those whose first key it shares (its last D tokens). The first
+        key's range comes from the sampled keys; a longer piece then binary-searches it,
+        comparing the tokens past the first key."""
         if self.entries == 0:
-            return np.zeros(len(pieces.lengths), np.int64), np.zeros(len(pieces.lengths), np.int64)
+            empty = np.zeros(len(pieces.lengths), np.int64)
+            return empty, empty, empty, empty
         found = self.lower_bounds(np.concatenate([pieces.lo, pieces.hi]))
-        a, b = found[: len(pieces.lo)], np.where(pieces.past, self.entries, found[len(pieces.lo) :])
+        a0, b0 = found[: len(pieces.lo)], np.where(pieces.past, self.entries, found[len(pieces.lo) :])
+        a, b = a0.copy(), b0.copy()
         deep = np.flatnonzero(pieces.lengths > self.depth)
         if deep.size:
             twice = np.concatenate([deep, deep])
             both = self._search(a[twice], b[twice], pieces.tokens[twice], pieces.lengths[twice], np.repeat([False, True], len(deep)))
             a[deep], b[deep] = both[: len(deep)], both[len(deep) :]
-        return a, b
+        return a, b, a0, b0
 
     def _search(self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: np.ndarray | bool) -> np.ndarray:
         """Per query (tokens by depth, newest first, ``lengths`` of them), the first place in

@@ -183,18 +183,24 @@ class WalkIndex:
             self.base = Segment(self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples)
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
 
-    def ranges(self, pieces: Sequence[np.ndarray]) -> list[KeyRange]:
+    def ranges(self, pieces: Sequence[np.ndarray]) -> list[tuple[KeyRange, KeyRange]]:
         """Per piece (``len(piece) <= reach``), the entries whose last ``len(piece)`` tokens are
-        it: every bound found in one pass per segment.
+        it, and those whose last ``D`` tokens are its last D (the range of its first key, which
+        holds its partial matches of D tokens or more): every bound found in one pass per
+        segment.
 
         Ranges nest: the range of a longer suffix of a phrase lies inside that of a shorter one.
         """
         if not pieces:
             return []
         prepared = Pieces.of(pieces, self.alphabet)
-        per_segment = [segment.bounds(prepared) for segment in (self.base, self.tail)]
+        per_segment = [(segment.order, segment.bounds(prepared)) for segment in (self.base, self.tail)]
         return [
-            KeyRange(tuple((segment.order, int(a[i]), int(b[i])) for segment, (a, b) in zip((self.base, self.tail), per_segment))) for i in range(len(pieces))
+            (
+                KeyRange(tuple((order, int(a[i]), int(b[i])) for order, (a, b, _, _) in per_segment)),
+                KeyRange(tuple((order, int(a0[i]), int(b0[i])) for order, (_, _, a0, b0) in per_segment)),
+            )
+            for i in range(len(pieces))
         ]
 
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
@@ -208,7 +214,7 @@ class WalkIndex:
 
     def within(self, piece: np.ndarray) -> np.ndarray:
         """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
-        return np.sort(self.ranges([piece])[0].slots())
+        return np.sort(self.ranges([piece])[0][0].slots())
 
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
