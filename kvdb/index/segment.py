@@ -67,9 +67,9 @@ class Runs:
 
     first: np.ndarray  # int64 (stored u8), ascending
     length: np.ndarray  # int64 (stored u4)
-    context: (
-        np.ndarray
-    )  # [runs, reach - 1] int64 (stored u4): the tokens before the run on its path, oldest first; the alphabet's size where the path is shorter
+    # [runs, reach - 1] int64 (stored u4): the tokens before the run on its path, oldest first;
+    # the alphabet's size where the path is shorter
+    context: np.ndarray
 
     @classmethod
     def empty(cls, width: int) -> Runs:
@@ -99,11 +99,7 @@ def padded_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
     """The ``reach - 1`` tokens before a run, padded on the left with the alphabet's size, the
     symbol ``fractal.walk_keys`` reads before the start of a path."""
     width = reach(alphabet) - 1
-    before = (
-        np.zeros(0, np.int64)
-        if context is None
-        else fractal.check_symbols(np.asarray(context)[len(context) - width :] if len(context) > width else context, alphabet).astype(np.int64)
-    )
+    before = np.zeros(0, np.int64) if context is None else fractal.check_symbols(np.asarray(context)[-width:], alphabet)
     return np.concatenate([np.full(width - len(before), alphabet, np.int64), before])
 
 
@@ -130,12 +126,8 @@ class Pieces:
         row = np.repeat(np.arange(len(pieces)), lengths)
         at = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         tokens[row, lengths[row] - 1 - at] = flat  # newest first
-        first = np.where(np.arange(depth) < lengths[:, None], tokens[:, :depth], 0)
-        base = alphabet + 1
-        lo = np.zeros(len(pieces), np.uint64)
-        for column in first.T:
-            lo = lo * np.uint64(base) + column.astype(np.uint64)
-        step = np.array([base ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64)  # all D tokens: one key
+        lo = _packed(np.where(np.arange(depth) < lengths[:, None], tokens[:, :depth], 0), alphabet)
+        step = np.array([(alphabet + 1) ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64)  # all D tokens: one key
         past = lo > np.uint64((1 << 64) - 1) - step  # lo + step is 2**64: past every key
         return cls(lo, np.where(past, np.uint64((1 << 64) - 1), lo + np.where(past, np.uint64(0), step)), past, tokens, lengths)
 
@@ -199,27 +191,8 @@ class Segment:
         return np.where(inside, own, before)
 
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
-        """The walk key of each covered slot: ``Σ_{s<D} c_{i−s} (N+1)^(D−1−s)``, newest token most
-        significant, the tokens before a run read from its context."""
-        slots = np.asarray(slots, np.int64)
-        run = np.searchsorted(self.runs.first, slots, side="right") - 1
-        local = slots - self.runs.first[run]
-        width = self.runs.context.shape[1]
-        base = np.uint64(self.alphabet + 1)
-        keys = np.zeros(len(slots), np.uint64)
-        for back in range(self.depth):
-            inside = local >= back
-            own = self.tokens[np.where(inside, slots - back - self.first, 0)]
-            before = self.runs.context[run, np.clip(width - back + local, 0, width - 1)]
-            keys = keys * base + np.where(inside, own, before).astype(np.uint64)
-        return keys
-
-    def _packed(self, symbols: np.ndarray) -> np.ndarray:
-        base = np.uint64(self.alphabet + 1)
-        keys = np.zeros(len(symbols), np.uint64)
-        for column in symbols.T:
-            keys = keys * base + column.astype(np.uint64)
-        return keys
+        """The walk key of each covered slot: its first ``D`` symbols, packed (``_packed``)."""
+        return _packed(self.symbols(slots, np.arange(self.depth)), self.alphabet)
 
     def lower_bounds(self, keys: np.ndarray) -> np.ndarray:
         """Per key, how many entries have a smaller first key: the sampled keys narrow it to one
@@ -316,9 +289,9 @@ class Segment:
             keys[real[at : at + _CHUNK]] = self.keys_at(slots[at : at + _CHUNK])
         padded = np.concatenate([np.full((len(runs), self.depth - 1), self.alphabet, np.int64), self.runs.context[runs]], axis=1)
         windows = np.arange(width)[:, None] + self.depth - 1 - np.arange(self.depth)  # [context position, back]
-        keys[(starts[:, None] + np.arange(width)).reshape(-1)] = self._packed(padded[:, windows].reshape(-1, self.depth))
+        keys[(starts[:, None] + np.arange(width)).reshape(-1)] = _packed(padded[:, windows].reshape(-1, self.depth), self.alphabet)
         local = (np.arange(m) - np.repeat(starts, ext)).astype(np.int32)
-        rank, pad = _dense(keys, keys == self._packed(np.full((1, self.depth), self.alphabet))[0])
+        rank, pad = _dense(keys, keys == _packed(np.full((1, self.depth), self.alphabet), self.alphabet)[0])
         del keys
         h = self.depth
         while h < self.reach and pad is not None:
@@ -336,7 +309,7 @@ class Segment:
         """Per slot (covered by this segment, not yet in its order), how many entries of the
         order come before it: those with a smaller path, and equal ones (smaller slots)."""
         query = self.symbols(slots, np.arange(self.reach))
-        keys = self._packed(query[:, : self.depth])
+        keys = _packed(query[:, : self.depth], self.alphabet)
         top = keys == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
         lo = self.lower_bounds(keys)
         hi = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), keys + np.uint64(1))))
@@ -489,6 +462,15 @@ def _header(f) -> tuple[dict | None, int]:
         return None, 0
     wanted = ("alphabet", "generation", "first", "ntotal", "entries", "runs", "block", "id", "crc32")
     return (header if isinstance(header, dict) and all(k in header for k in wanted) else None), len(MAGIC) + _LENGTH.size + length
+
+
+def _packed(symbols: np.ndarray, alphabet: int) -> np.ndarray:
+    """Walk keys of rows of D symbols, newest first: ``Σ_{s<D} c_{i−s} (N+1)^(D−1−s)``, the
+    newest most significant."""
+    keys = np.zeros(len(symbols), np.uint64)
+    for column in symbols.T:
+        keys = keys * np.uint64(alphabet + 1) + column.astype(np.uint64)
+    return keys
 
 
 def _dense(values: np.ndarray, padding: np.ndarray) -> tuple[np.ndarray, int | None]:

@@ -213,7 +213,7 @@ class WalkIndex:
         return out
 
     def within(self, piece: np.ndarray) -> np.ndarray:
-        """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= depth``)."""
+        """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= reach``)."""
         return np.sort(self.ranges([piece])[0][0].slots())
 
     # persistence ----------------------------------------------------------------------
