@@ -475,7 +475,7 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     for q in queries:
         if len(q.truth) > RECALL_MAX:
             continue
-        hits = db.search(q.phrase, k=len(q.truth) + 5, case_sensitive=True)
+        hits = db.search(q.phrase, k=len(q.truth) + 5, case_sensitive=True, each_occurrence=True)
         exact = {(sid_index[h.session_id], h.position + h.match_tokens - 1) for h in hits if h.exact}
         sa_found = sa.search(q.variants)
         assert sa_found == q.truth, f"suffix array disagrees with ground truth on {q.phrase!r}"
@@ -592,7 +592,7 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         f"frequent ({FREQUENT_MIN}–{RECALL_MAX}) and very frequent (> {RECALL_MAX}, timed only).\n",
         "Ground truth: token-subsequence search over the archived token streams, within a session. An occurrence is a "
         "(session, end position) where either tokenization kvdb searches ends: the phrase as typed, or after a space. "
-        "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
+        "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True, each_occurrence=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
         "Text occurrences = overlapping substring matches in the decoded session text; "
         "\"missed by tokenization\" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n",
         "### Recall and precision\n",

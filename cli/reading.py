@@ -13,16 +13,54 @@ from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option,
 
 
 @main.command()
+@click.option("--versions", "every", is_flag=True, help="List every stored version of every conversation (each a session), oldest first.")
+@click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
+@click.option("--project", default=None, help="Only conversations about this folder (the working directory a log records, else the file's folder).")
+@click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or after this day (YYYY-MM-DD).")
+@click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or before this day (YYYY-MM-DD).")
 @json_option
 @click.pass_context
-def sessions(ctx, as_json):
-    """List archived sessions, oldest first, each with the file it came from (sessions of one name
-    are NAME#1, NAME#2, ... in this order)."""
-    for s in _open(ctx, read_only=True).sessions():
+def sessions(ctx, every, agent, project, since, until, as_json):
+    """List the archived conversations, oldest first, each as its latest version, with the file
+    it came from and how many versions it has (conversations of one name are NAME#1, NAME#2, ...
+    in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`)."""
+    archive = _open(ctx, read_only=True)
+    if every:
+        if agent or project or since or until:
+            raise click.UsageError("--versions lists every session; the filters go with the conversation list")
+        for s in archive.sessions():
+            if as_json:
+                _emit(s.to_dict())
+            else:
+                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
+        return
+    for c in reversed(archive.conversations(agent, project, since and since.date(), until and until.date())):
         if as_json:
-            _emit(s.to_dict())
-        else:
-            click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
+            _emit(c.to_dict())
+            continue
+        versions = f"  [{c.versions} versions]" if c.versions > 1 else ""
+        latest = c.latest
+        click.echo(
+            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.created_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}"
+        )
+
+
+@main.command()
+@click.argument("conversation")
+@json_option
+@click.pass_context
+def history(ctx, conversation, as_json):
+    """List the versions of a conversation, oldest first: each state it was archived in (a log
+    ingested as it grew, a chat turn after turn) and each fork. Version N is CONVERSATION@vN."""
+    found = _open(ctx, read_only=True).conversation(conversation)
+    if as_json:
+        _emit(found.to_dict())
+        return
+    click.echo(f"{_printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)")
+    for v in found.versions:
+        fork = f"  fork of {v.branch_of[:12]} after {v.forked_at} tok" if v.branch_of else ""
+        mark = "  latest" if v.latest else ""
+        click.echo(f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{fork}{mark}")
 
 
 @main.command()
@@ -114,6 +152,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.argument("phrase")
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
+@click.option(
+    "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does).")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
     "--case-sensitive",
@@ -145,7 +185,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic, count_only, embedder, model, as_json):
+def search(ctx, phrase, k, context, session, each_occurrence, case_sensitive, min_share, semantic, count_only, embedder, model, as_json):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
@@ -165,7 +205,7 @@ def search(ctx, phrase, k, context, session, case_sensitive, min_share, semantic
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session)
     else:
-        hits = archive.search(phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share)
+        hits = archive.search(phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence)
     for h in hits:
         if as_json:
             _emit(h.to_dict())

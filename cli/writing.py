@@ -151,15 +151,40 @@ def compact(ctx, session, keep, as_json):
 
 @main.command()
 @click.argument("session")
+@click.option("--conversation", "whole", is_flag=True, help="Delete every version of the conversation SESSION names, not one session.")
 @json_option
 @click.pass_context
-def delete(ctx, session, as_json):
-    """Delete a session. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
-    s = _open(ctx).delete(session)
+def delete(ctx, session, whole, as_json):
+    """Delete a session (one version of a conversation; a name is its latest version), or with
+    --conversation every version. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
+    archive = _open(ctx)
+    if whole:
+        gone = archive.delete_conversation(session)
+        if as_json:
+            _emit(gone.to_dict())
+        else:
+            click.echo(f"deleted {gone.conversation.conversation_id[:12]} ({_printable(gone.conversation.title)}, {gone.sessions} versions)")
+        return
+    s = archive.delete(session)
     if as_json:
         _emit(s.to_dict())
     else:
         click.echo(f"deleted {s.session_id[:12]} ({_printable(s.name)})")
+
+
+@main.command()
+@click.argument("conversation")
+@click.argument("title")
+@json_option
+@click.pass_context
+def rename(ctx, conversation, title, as_json):
+    """Give a conversation a TITLE, which lists, search hits and the page show, and which names
+    it in any command; an empty TITLE names it by its latest version again."""
+    c = _open(ctx).rename(conversation, title)
+    if as_json:
+        _emit(c.to_dict())
+    else:
+        click.echo(f"renamed {c.conversation_id[:12]} to {_printable(c.title)}")
 
 
 @main.command()

@@ -8,6 +8,7 @@ use, so listing, showing, searching, deleting and stats never import torch.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -24,8 +25,11 @@ from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import (
     CodebookSet,
     Compacted,
+    Conversation,
+    ConversationHistory,
     CopyReport,
     Deleted,
+    DeletedConversation,
     Fidelity,
     GcReport,
     IngestResult,
@@ -41,6 +45,7 @@ from kvdb.records import (
     Turn,
     VerifyReport,
 )
+from kvdb.services.conversations import Conversations
 from kvdb.services.editing import Editor
 from kvdb.services.housekeeping import Housekeeping
 from kvdb.services.integrity import Integrity
@@ -114,6 +119,7 @@ class Archive:
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes)
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
+        self._conversations = Conversations(self._storage, self._reader)
         self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
         self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache)
         self._inventory = Inventory(self._storage, self._prefix_cache)
@@ -191,6 +197,7 @@ class Archive:
         workers: int = 1,
         strict: bool = False,
         kv_preset: str = DEFAULT_KV_PRESET,
+        conversation: str | None = None,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -209,12 +216,16 @@ class Archive:
         each with its own model (``kvdb.services.workers``); results come in the order files finish.
         ``kv_preset``: how finely tier K (``keep`` with ``kv``) is coded: ``faithful``, ``balanced``
         or ``compact`` (each a spec per model, ``kvdb.codecs.presets``), or a spec such as "k4v3".
+        ``conversation``: the conversation a ``text`` or ``messages`` session continues or forks (a
+        server's chat knows it); without it, a session joins the conversation of the longest
+        archived session from the same source that it extends, or of the same file and name,
+        else starts one (``kvdb.storage.conversation_rows``).
         """
         if workers != 1:
             from kvdb.services.workers import ingest_with_workers
 
-            if source is None or computed is not None or keep_cache:
-                raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed= and keep_cache= go with one process")
+            if source is None or computed is not None or keep_cache or conversation is not None:
+                raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed=, keep_cache= and conversation= go with one process")
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
             return ingest_with_workers(
@@ -231,6 +242,7 @@ class Archive:
             keep_cache=keep_cache,
             strict=strict,
             kv_preset=kv_preset,
+            conversation=conversation,
         )
 
     def local_path(self, suffix: str) -> Path:
@@ -264,11 +276,35 @@ class Archive:
 
     # reading --------------------------------------------------------------------------
     def sessions(self) -> list[Session]:
+        """Every stored session, each state of each conversation, oldest first (``conversations``
+        lists each conversation once)."""
         return self._reader.sessions()
 
+    def conversations(
+        self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None
+    ) -> list[Conversation]:
+        """Each conversation once, as its latest version, the most recently updated first;
+        filtered by what wrote it (``agent``: its format, such as ``claude-code``), its
+        ``project`` folder, and the day of its latest version (``since``, ``until``, included)."""
+        return self._conversations.listed(agent, project, since, until)
+
+    def conversation(self, ref: str) -> ConversationHistory:
+        """A conversation, named by its id, its title, its name or any of its versions, with
+        every version (``REF@vN`` names version N), and which fork from which."""
+        return self._conversations.history(ref)
+
+    def rename(self, ref: str, title: str | None) -> Conversation:
+        """Give a conversation a title (None: named by its latest version again)."""
+        return self._conversations.rename(ref, title)
+
+    def delete_conversation(self, ref: str) -> DeletedConversation:
+        """Remove every version of a conversation. Prefix nodes other sessions share stay; `gc` frees the rest."""
+        return self._conversations.delete(ref)
+
     def session(self, ref: str) -> SessionHandle:
-        """A session by full id, unique id prefix, or name: its record, with what can be done to
-        it (``.text()``, ``.tokens()``, ``.restore()``, ``.search()``, ``.delete()``)."""
+        """A session by full id, unique id prefix, or the name, title or id of its conversation
+        (its latest version; ``REF@vN``: version N): its record, with what can be done to it
+        (``.text()``, ``.tokens()``, ``.restore()``, ``.search()``, ``.delete()``)."""
         record = Session.from_row(self._reader.resolve(ref))
         return SessionHandle(**{f.name: getattr(record, f.name) for f in dataclasses.fields(Session)}, archive=self)
 
@@ -352,13 +388,22 @@ class Archive:
 
     # search ---------------------------------------------------------------------------
     def search(
-        self, phrase: str, k: int = 10, context: int = 32, session: str | None = None, case_sensitive: bool = False, min_share: float = MIN_SHARE
+        self,
+        phrase: str,
+        k: int = 10,
+        context: int = 32,
+        session: str | None = None,
+        case_sensitive: bool = False,
+        min_share: float = MIN_SHARE,
+        each_occurrence: bool = False,
     ) -> list[Hit]:
         """Where ``phrase`` occurs in the archived sessions: full matches first, then the
         positions sharing the longest suffix of it, at least ``min_share`` of its tokens (0: any).
         Unless ``case_sensitive``, the phrase is also looked for in lower, sentence, title and
-        upper case. Only the tokenizer is loaded."""
-        return self._searcher.search(phrase, k, context, session, case_sensitive, min_share)
+        upper case. Each conversation is one hit, its best, in the latest version holding it;
+        within one ``session``, or with ``each_occurrence``, every occurrence is a hit. Only the
+        tokenizer is loaded."""
+        return self._searcher.search(phrase, k, context, session, case_sensitive, min_share, each_occurrence)
 
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
         """How many archived positions end a full match of ``phrase`` (in its other casings too,

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
@@ -29,11 +30,12 @@ class Session:
     created_at: dt.datetime
     model_id: str
     metadata: dict = field(repr=False)
+    conversation_id: str = field(default="", kw_only=True)  # the conversation it is a version of
 
     @classmethod
     def from_row(cls, row: SessionRow, **extra) -> Self:
         """``extra``: the fields a subclass adds (what was done to the session)."""
-        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata, **extra)
+        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata, conversation_id=row.conversation_id, **extra)
 
     def __eq__(self, other: object) -> bool:
         """By value, whatever the subclass: a session handle equals the record it stands for."""
@@ -47,8 +49,28 @@ class Session:
         ``kvdb.transcripts.Transcript``; ``{}`` for most sessions."""
         return self.metadata.get("side", {})
 
+    @property
+    def agent(self) -> str | None:
+        """What wrote it: the transcript's format (``claude-code``, ``chatgpt``, ``messages`` for a
+        server's chat, ...)."""
+        return self.metadata.get("format")
+
+    @property
+    def project(self) -> str | None:
+        """The folder it was about: the working directory its log records, else its file's folder."""
+        if self.metadata.get("cwd"):
+            return str(self.metadata["cwd"])
+        return None if self.source.startswith("<") else str(PurePath(self.source).parent)
+
     def to_dict(self) -> dict:
-        return {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "created_at": self.created_at.isoformat()}
+        return {
+            "session_id": self.session_id,
+            "name": self.name,
+            "source": self.source,
+            "n_tokens": self.n_tokens,
+            "created_at": self.created_at.isoformat(),
+            "conversation_id": self.conversation_id,
+        }
 
 
 class SessionChange(StrEnum):
@@ -182,6 +204,74 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """A conversation, as its latest state: the sessions it grew through and its forks are its
+    versions (``Archive.conversation`` lists them)."""
+
+    conversation_id: str
+    title: str  # the user's (``rename``), else its latest version's name
+    latest: Session
+    created_at: dt.datetime  # its first version's
+    versions: int
+    branches: int  # versions no other version extends
+
+    def to_dict(self) -> dict:
+        return self.latest.to_dict() | {
+            "conversation_id": self.conversation_id,
+            "title": self.title,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.latest.created_at.isoformat(),
+            "versions": self.versions,
+            "branches": self.branches,
+            "agent": self.latest.agent,
+            "project": self.latest.project,
+        }
+
+
+@dataclass(frozen=True)
+class Version:
+    """One stored state of a conversation. A version that does not extend the earlier version it
+    shares most with forks from it: ``branch_of`` it, after ``forked_at`` tokens."""
+
+    session: Session
+    number: int  # 1: the oldest
+    latest: bool
+    leaf: bool  # no other version extends it
+    branch_of: str | None
+    forked_at: int | None
+
+    def to_dict(self) -> dict:
+        return {
+            "session_id": self.session.session_id,
+            "version": self.number,
+            "n_tokens": self.session.n_tokens,
+            "created_at": self.session.created_at.isoformat(),
+            "latest": self.latest,
+            "leaf": self.leaf,
+            "branch_of": self.branch_of,
+            "forked_at": self.forked_at,
+        }
+
+
+@dataclass(frozen=True)
+class ConversationHistory:
+    conversation: Conversation
+    versions: list[Version]
+
+    def to_dict(self) -> dict:
+        return self.conversation.to_dict() | {"history": [v.to_dict() for v in self.versions]}
+
+
+@dataclass(frozen=True)
+class DeletedConversation:
+    conversation: Conversation
+    sessions: int
+
+    def to_dict(self) -> dict:
+        return {"deleted": self.conversation.to_dict(), "sessions": self.sessions}
+
+
+@dataclass(frozen=True)
 class Turn:
     """Tokens [start, end) of a session that make one turn: cut where the chat template opens a
     turn, so a page can show who said what; a text session is one turn of no role."""
@@ -229,6 +319,15 @@ class PresetFidelity:
     def label(self) -> str:
         """How a message names it: ``compact (k3v3+...)``, or the spec alone."""
         return f"{self.preset} ({self.spec})" if self.preset else self.spec
+
+    @property
+    def summary(self) -> str:
+        """The label and the perplexity ratio measured at the longest length measured, for a page."""
+        measured = [(int(n), m["ppl_ratio"]) for n, m in self.lengths.items() if m.get("ppl_ratio") is not None]
+        if not measured:
+            return f"{self.label}, not measured"
+        length, ratio = max(measured)
+        return f"{self.label}, perplexity x{ratio:.3f} of exact at {length:,} tokens"
 
     def to_dict(self) -> dict:
         return dict(asdict(self), source=self.source.value)

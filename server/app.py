@@ -4,7 +4,8 @@
   server-sent events when ``stream``), plus a ``kvdb`` object in each reply; ``/v1/embeddings``:
   the semantic tier's embedder, as the OpenAI API's embeddings.
 - ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/count``, ``/api/stats``: the archive,
-  read while the model generates (the engine's reads never wait for it).
+  read while the model generates (the engine's reads never wait for it); ``/api/conversations``
+  (GET a list, GET one with its versions, PATCH ``{"title"}`` to rename, DELETE every version).
 - ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
   holds no archive data: it asks for the key and sends it with its API calls. With an API
   key, every other route needs ``Authorization: Bearer KEY``.
@@ -15,6 +16,7 @@ loop, so slow work never stalls other connections.
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import json
 from collections.abc import AsyncIterator
@@ -89,8 +91,27 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         return (await run_in_threadpool(engine.embeddings, texts, encoding)).to_dict()
 
     @api.get("/api/sessions")
-    def sessions() -> dict:
-        return {"sessions": [s.to_dict() for s in engine.sessions()]}
+    def sessions(versions: int = Query(0, ge=0, le=1)) -> dict:
+        """Each conversation as its latest version, the most recently updated first; ``versions=1``: every stored session, oldest first."""
+        listed = engine.sessions() if versions else engine.conversations()
+        return {"sessions": [s.to_dict() for s in listed]}
+
+    @api.get("/api/conversations")
+    def conversations(agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None) -> dict:
+        return {"conversations": [c.to_dict() for c in engine.conversations(agent, project, since, until)]}
+
+    @api.get("/api/conversations/{ref:path}")
+    def conversation(ref: str) -> dict:
+        return engine.conversation(ref).to_dict()
+
+    @api.patch("/api/conversations/{ref:path}")
+    async def rename(ref: str, request: Request) -> dict:
+        title = parse.title(await parse.json_body(request, max_body_bytes))
+        return (await run_in_threadpool(engine.rename, ref, title)).to_dict()
+
+    @api.delete("/api/conversations/{ref:path}")
+    def delete(ref: str) -> dict:
+        return engine.delete_conversation(ref).to_dict()
 
     @api.get("/api/sessions/{ref:path}")
     def session(ref: str, start: int | None = Query(None, ge=0), end: int | None = Query(None, ge=0)) -> dict:
@@ -103,8 +124,9 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         semantic: int = Query(0, ge=0, le=1),
         case_sensitive: int = Query(0, ge=0, le=1),
         min_share: float = Query(MIN_SHARE, ge=0, le=1),
+        each_occurrence: int = Query(0, ge=0, le=1),
     ) -> dict:
-        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share)]}
+        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share, bool(each_occurrence))]}
 
     @api.get("/api/count")
     def count(q: str = Query(..., min_length=1), case_sensitive: int = Query(0, ge=0, le=1)) -> dict:

@@ -69,7 +69,7 @@ CHAT_ONLY = {
 TEXT_ONLY = {"prompt", "echo", "best_of", "suffix"}
 MAX_TEXT_LOGPROBS = 5  # /v1/completions' logprobs, as OpenAI's API
 STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
-EXTENSION = {"session", "at", "name"}
+EXTENSION = {"session", "at", "name", "conversation"}
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ def completion(body: dict, chat: bool) -> Parsed:
         session=extension.get("session"),
         at=extension.get("at"),
         name=extension.get("name"),
+        conversation=extension.get("conversation"),
         model=body.get("model"),
         logprobs=_logprobs(body, chat),
     )
@@ -190,3 +191,12 @@ def embeddings(body: dict, served: str) -> tuple[list[str], str]:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise InvalidArgument("input must be a string or a non-empty list of strings (token arrays are not read: give the text)")
     return texts, encoding
+
+
+def title(body) -> str | None:
+    """A rename's ``{"title": ...}``: a string (empty or null: named by its latest version again)."""
+    if not isinstance(body, dict) or set(body) != {"title"}:
+        raise InvalidArgument('a rename is a JSON object with one field, {"title": "..."} (null or "" to drop the title)')
+    if body["title"] is not None and not isinstance(body["title"], str):
+        raise InvalidArgument(f"title must be a string or null, got {body['title']!r}")
+    return body["title"]

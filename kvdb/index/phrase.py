@@ -65,6 +65,8 @@ class Hit:
     match: str
     after: str
     similarity: float | None = None  # hits by meaning: cosine and BM25 fused; phrase hits rank by shared tokens
+    conversation_id: str = ""  # filled by the services, which know conversations
+    title: str = ""
 
     @property
     def score(self) -> float:
@@ -83,6 +85,8 @@ class Hit:
     def to_dict(self) -> dict:
         return {
             "session_id": self.session_id,
+            "conversation_id": self.conversation_id,
+            "title": self.title,
             "name": self.name,
             "position": self.position,
             "match_tokens": self.match_tokens,

@@ -90,8 +90,9 @@ class TrieView:
 
     nodes: dict[str, NodeRow]
     streams: dict[str, tuple[int, int]]  # node_id -> (alphabet, block_size)
-    owner: dict[str, str]  # node_id -> the oldest live session through it
+    owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
+    conversations: dict[str, str]  # session_id -> its conversation
 
     @functools.cached_property
     def age(self) -> dict[str, int]:
@@ -103,10 +104,17 @@ class TrieView:
     def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()
         sessions = store.list_sessions()
-        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {}, {s.session_id: s.name for s in sessions})
-        for session in sorted(sessions, key=lambda s: (s.created_at, s.session_id), reverse=True):
-            for node in view.path(session.session_id):  # newest first, so the oldest owner is written last
-                view.owner[node.node_id] = session.session_id
+        conversations = {s.session_id: s.conversation_id for s in sessions}
+        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {}, {s.session_id: s.name for s in sessions}, conversations)
+        oldest_first = sorted(sessions, key=lambda s: (s.created_at, s.session_id))
+        first: dict[str, str] = {}  # node_id -> the oldest conversation through it
+        for session in reversed(oldest_first):  # newest first, so the oldest is written last
+            for node in view.path(session.session_id):
+                first[node.node_id] = session.conversation_id
+        for session in oldest_first:  # a node's hits are shown in the latest state of its conversation that holds it
+            for node in view.path(session.session_id):
+                if first[node.node_id] == session.conversation_id:
+                    view.owner[node.node_id] = session.session_id
         return view
 
     def path(self, leaf: str) -> list[NodeRow]:

@@ -31,6 +31,7 @@ TEXTUAL = {
 _PROBE = "\u2063kvdb probe\u2063"
 _DEFAULT_SYSTEM: dict[str, bool] = {}  # template source -> whether it writes a system prompt of its own
 _TURN_MARKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> how its turns open, as its own ids (see turns)
+_TURN_FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> the markup around a turn's content (see turn_content)
 _HISTORY = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
 ROLE_TOKENS = 32  # tokens after a turn's opening that hold its role word (byte-level tokenizers: one a byte)
 
@@ -160,9 +161,41 @@ def _turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
     return _TURN_MARKERS[tokenizer]
 
 
-def _find_turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
-    """The opening is what the user and the assistant turn headers share before their role word
-    (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``); the word after it names the role."""
+def turn_content(tokenizer, text: str) -> str:
+    """A turn's text (``turns``) without the template's markup around what was said: the
+    opening, the role word and what follows it (``<|im_start|>user\\n``), and the closing
+    (``<|im_end|>\\n``). Text the template did not frame is given back whole."""
+    frame = _turn_frame(tokenizer)
+    if frame is None:
+        return text
+    opening, after_role, closing = frame
+    head = re.match(re.escape(opening) + r"\w+" + re.escape(after_role), text)
+    if head is not None:
+        text = text[head.end() :]
+    for end in (closing, closing.rstrip()):
+        if end and text.endswith(end):
+            return text[: -len(end)]
+    return text
+
+
+def ends_turn(tokenizer, ids: np.ndarray) -> bool:
+    """Whether ``ids`` end where the template closes a turn (``<|im_end|>\\n``)."""
+    frame = _turn_frame(tokenizer)
+    if frame is None or not len(ids):
+        return False
+    tail = tok.decode(tokenizer, np.asarray(ids)[-ROLE_TOKENS:])
+    return any(end and tail.endswith(end) for end in (frame[2], frame[2].rstrip()))
+
+
+def _turn_frame(tokenizer) -> tuple[str, str, str] | None:
+    if tokenizer not in _TURN_FRAMES:
+        _TURN_FRAMES[tokenizer] = _find_turn_frame(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+    return _TURN_FRAMES[tokenizer]
+
+
+def _rendered_turns(tokenizer) -> tuple[dict[str, str], str] | None:
+    """(role -> the text a user or assistant turn's header renders as, before what was said;
+    the text the user turn closes with), or None where the template frames no turns."""
     probe = {"content": _PROBE}
     try:
         rendered = {
@@ -174,10 +207,38 @@ def _find_turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
     heads = {role: head[: head.find(_PROBE)] for role, head in rendered.items() if head and _PROBE in head}
     if len(heads) < 2:
         return None
+    user = rendered["user"]
+    assert user is not None  # a head was found in it
+    return heads, user[user.find(_PROBE) + len(_PROBE) :]
+
+
+def _opening(heads: dict[str, str]) -> str:
+    """What the turn headers share before their role word (ChatML's ``<|im_start|>``)."""
     opening = os.path.commonprefix(list(heads.values()))
     role_word = re.search(r"\w*$", opening)
     assert role_word is not None  # it matches, if only the empty string at the end
-    opening = opening[: len(opening) - len(role_word[0])]  # the role word is not part of it
+    return opening[: len(opening) - len(role_word[0])]  # the role word is not part of it
+
+
+def _find_turn_frame(tokenizer) -> tuple[str, str, str] | None:
+    """(the opening, what follows the role word in a header, the closing) of the template's turns."""
+    found = _rendered_turns(tokenizer)
+    if found is None:
+        return None
+    heads, closing = found
+    opening = _opening(heads)
+    after_role = re.sub(r"^\w+", "", heads["user"][len(opening) :])
+    return (opening, after_role, closing) if opening.strip() else None
+
+
+def _find_turn_markers(tokenizer) -> tuple[np.ndarray, dict[str, str]] | None:
+    """The opening is what the user and the assistant turn headers share before their role word
+    (ChatML's ``<|im_start|>``, Gemma's ``<start_of_turn>``); the word after it names the role."""
+    found = _rendered_turns(tokenizer)
+    if found is None:
+        return None
+    heads, _ = found
+    opening = _opening(heads)
     ids = np.asarray(tok.encode(tokenizer, opening), dtype=np.int64) if opening.strip() else np.zeros(0, dtype=np.int64)
     if not ids.size or any(tok.encode(tokenizer, head)[: ids.size] != ids.tolist() for head in heads.values()):
         return None

@@ -95,18 +95,21 @@ class Ingester:
         keep_cache: bool = False,
         strict: bool = False,
         kv_preset: str = DEFAULT_NAME,
+        conversation: str | None = None,
     ) -> list[IngestResult]:
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
-        if computed is not None and source is not None:
-            raise InvalidArgument("computed= goes with one session, given as text= or messages=")
+        if (computed is not None or conversation is not None) and source is not None:
+            raise InvalidArgument("computed= and conversation= go with one session, given as text= or messages=")
         self._storage.check_writable()
         optional = parse_keep(keep)
         if text is not None:
-            return self._ingest_source(lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache)
+            return self._ingest_source(
+                lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache, conversation
+            )
         if messages is not None:
             return self._ingest_source(
-                lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, kv_preset, progress, computed, keep_cache
+                lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, kv_preset, progress, computed, keep_cache, conversation
             )
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
@@ -169,6 +172,7 @@ class Ingester:
         progress: Progress | None,
         computed: Computed | None = None,
         keep_cache: bool = False,
+        conversation: str | None = None,
     ) -> list[IngestResult]:
         """Archive the sessions of one source. It is parsed before the model loads (a malformed
         file is refused in milliseconds), then each session is rendered and tokenized, all
@@ -182,7 +186,7 @@ class Ingester:
         results = []
         try:
             for one in planned:
-                result = self._archive(loaded, one, optional, books, computed, keep_cache)
+                result = self._archive(loaded, one, optional, books, computed, keep_cache, conversation)
                 results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)
                 if progress:
                     progress(len(one.ids), 0)
@@ -190,7 +194,9 @@ class Ingester:
             self._storage.release()  # done writing: other processes need not wait for this object's next call
         return results
 
-    def _archive(self, loaded, planned: Planned, keep: frozenset[str], books: str | None, computed: Computed | None, keep_cache: bool) -> IngestResult:
+    def _archive(
+        self, loaded, planned: Planned, keep: frozenset[str], books: str | None, computed: Computed | None, keep_cache: bool, conversation: str | None
+    ) -> IngestResult:
         """Store only what the trie does not hold yet, computing the model only over it; then give
         the session's path the tiers it lacks. One loop: each turn plans against the archive as
         it stands, computes what the plan asks for (unless the last turn's plan asked the same),
@@ -211,7 +217,7 @@ class Ingester:
             if plan.done:
                 break
             if work is None or work[0] != plan.key:
-                work = (plan.key, *self._computed(loaded, plan, planned, books, computed, cache))
+                work = (plan.key, *self._computed(loaded, plan, planned, books, computed, cache, conversation))
             _, edit, joining, cache = work
             try:
                 self._commit(loaded, edit, joining, plan.version)
@@ -231,13 +237,14 @@ class Ingester:
             plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == IngestStatus.UPDATED else ()
         )
 
-    def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache) -> tuple:
-        """(the edit, the nodes joining the search index, the session's cache) of ``plan``."""
+    def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, conversation: str | None) -> tuple:
+        """(the edit, the nodes joining the search index, the session's cache) of ``plan``;
+        ``conversation``: the one the session continues, where its writer knows it."""
         if plan.match is not None:
             work = self._compute.session(loaded, planned, plan, books, computed)
             node = work.write.node
             joining = {node.node_id: (node.tokens, plan.ids[: plan.match.matched])} if node is not None and "search" in node.keep else {}
-            return work.write, joining, work.cache
+            return dataclasses.replace(work.write, conversation=conversation), joining, work.cache
         return self._compute.tiers(loaded, plan, books, cache)
 
     def _index_ready(self, loaded, keep: frozenset[str]) -> None:

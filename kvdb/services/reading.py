@@ -26,21 +26,29 @@ class Reader:
         self._tier_l = tier_l
 
     def resolve(self, ref: str) -> SessionRow:
-        """Full id, then exact name, then ``name#n``, then unique id prefix.
+        """Full session id; then a conversation's id, exact name (or title) or ``name#n``, as its
+        latest version; then a unique id prefix. ``REF@vN`` is version N of REF's conversation,
+        oldest first.
 
-        Two files named notes.md in different folders are both sessions ``notes``: ``notes#2``
-        is the second of them, oldest first. A name that itself ends in ``#n`` (a JSONL file's
-        sessions are ``stem#line``) is found by that name before ``#n`` is read as a number."""
+        Two files named notes.md in different folders are both conversations ``notes``:
+        ``notes#2`` is the second of them, oldest first. A name that itself ends in ``#n`` (a
+        JSONL file's sessions are ``stem#line``) is found by that name before ``#n`` is read as a number."""
         if not ref:
             raise InvalidArgument("empty session reference; give an id, an id prefix or a name (see `kvdb sessions`)")
         exact = self._storage.get_session(ref)
         if exact is not None:
             return exact
+        version = re.fullmatch(r"(.+)@v([1-9][0-9]*)", ref)
+        if version is not None:
+            return self._version(version[1], int(version[2]))
+        by_id = self._storage.conversation_sessions(ref)
+        if by_id:
+            return by_id[-1]
         matches = self._storage.match_sessions(ref)
         named = self._named(ref, matches)
         if len(named) > 1:
             listed = ", ".join(f"{ref}#{i} ({m.source})" for i, m in enumerate(named[:5], 1))
-            raise AmbiguousSession(f"{ref!r} matches {len(named)} sessions: {listed}; give one of these, or an id")
+            raise AmbiguousSession(f"{ref!r} names {len(named)} conversations: {listed}; give one of these, or an id")
         if named:
             return named[0]
         numbered = re.fullmatch(r"(.+)#([1-9][0-9]*)", ref)
@@ -49,7 +57,10 @@ class Reader:
             if len(same) >= int(numbered[2]):
                 return same[int(numbered[2]) - 1]
             if same:
-                raise SessionNotFound(f"no session {ref!r}: {len(same)} sessions are named {numbered[1]!r}, {numbered[1]}#1 to {numbered[1]}#{len(same)}")
+                raise SessionNotFound(
+                    f"no conversation {ref!r}: {len(same)} conversations are named {numbered[1]!r}, {numbered[1]}#1 to {numbered[1]}#{len(same)}"
+                )
+        matches = [m for m in matches if m.session_id.startswith(ref.lower())]
         if not matches:
             raise SessionNotFound(f"no session matches {ref!r}; list them with `kvdb sessions`")
         if len(matches) > 1:
@@ -57,10 +68,24 @@ class Reader:
             raise AmbiguousSession(f"{ref!r} matches {len(matches)} sessions: {listed}; give more of the id")
         return matches[0]
 
-    @staticmethod
-    def _named(name: str, rows: list[SessionRow]) -> list[SessionRow]:
-        """The rows named exactly ``name``, oldest first: the order ``name#n`` counts in."""
-        return sorted((r for r in rows if r.name == name), key=lambda r: (r.created_at, r.session_id))
+    def _named(self, name: str, rows: list[SessionRow]) -> list[SessionRow]:
+        """The conversations named ``name``, each as its latest version of that name (its latest
+        version, when ``name`` is its title), oldest conversation first: the order ``name#n`` counts in."""
+        latest: dict[str, SessionRow] = {}
+        for row in sorted((r for r in rows if r.name == name), key=lambda r: (r.created_at, r.session_id)):
+            latest[row.conversation_id] = row
+        for conversation, title in self._storage.conversation_titles().items():
+            versions = self._storage.conversation_sessions(conversation) if title == name else []
+            if versions:
+                latest[conversation] = versions[-1]
+        first = {c: self._storage.conversation_sessions(c)[0] for c in latest}
+        return sorted(latest.values(), key=lambda r: (first[r.conversation_id].created_at, first[r.conversation_id].session_id))
+
+    def _version(self, ref: str, number: int) -> SessionRow:
+        versions = self._storage.conversation_sessions(self.resolve(ref).conversation_id)
+        if number > len(versions):
+            raise SessionNotFound(f"no version {number} of {ref!r}: it has {len(versions)}, {ref}@v1 to {ref}@v{len(versions)} (oldest first)")
+        return versions[number - 1]
 
     def sessions(self) -> list[Session]:
         return [Session.from_row(r) for r in self._storage.list_sessions()]
@@ -78,13 +103,14 @@ class Reader:
         return tok.decode(self._models.tokenizer_for(row), self.path_tokens(row, start, end))
 
     def turns(self, ref: str, start: int | None = None, end: int | None = None) -> list[Turn]:
-        """The turns that overlap tokens [start, end), each clipped to them (see ``chat.turns``)."""
+        """The turns that overlap tokens [start, end), each clipped to them (see ``chat.turns``),
+        each with what was said in it, without the template's markup around it."""
         row = self.resolve(ref)
         start, end = clip_range(row, start, end)
         ids = self.path_tokens(row)
         tokenizer = self._models.chat_tokenizer_for(row)
         clipped = [(role, max(a, start), min(b, end)) for role, a, b in chat.turns(tokenizer, ids)]
-        return [Turn(role, tok.decode(tokenizer, ids[a:b]), a, b) for role, a, b in clipped if a < b]
+        return [Turn(role, _said(tokenizer, role, ids[a:b]), a, b) for role, a, b in clipped if a < b]
 
     def path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
         """Tokens [start, end) of a session (``path``: its nodes, when read already): from the
@@ -127,6 +153,12 @@ class Reader:
                 text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
             out.append(Prefix(node.node_id, node.end, bits(logprobs), node.refcount, text))
         return out
+
+
+def _said(tokenizer, role: str | None, ids: np.ndarray) -> str:
+    """What a turn says, without the chat template's markup (a text session's turn: its text)."""
+    text = tok.decode(tokenizer, ids)
+    return chat.turn_content(tokenizer, text) if role is not None else text
 
 
 def clip_range(row: SessionRow, start: int | None, end: int | None) -> tuple[int, int]:

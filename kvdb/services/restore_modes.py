@@ -155,9 +155,13 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
     return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens)
 
 
-def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool) -> np.ndarray:
-    """The tokens a prompt adds: a new user turn for chat sessions (``as_turn``), the text itself otherwise."""
+def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool, before: np.ndarray) -> np.ndarray:
+    """The tokens a prompt adds: a new user turn for chat sessions (``as_turn``), the text itself
+    otherwise. A chat restored after a finished turn with no prompt gets the assistant's header,
+    so the model replies again rather than opening a turn of its own choosing (a "tool" turn)."""
     if not prompt:
+        if as_turn and chat.ends_turn(loaded.tokenizer, before):
+            return np.asarray(tok.encode(loaded.tokenizer, chat.turns_suffix(loaded.tokenizer, [])), dtype=np.int64)
         return np.zeros(0, dtype=np.int64)
     text = chat.user_turn_suffix(loaded.tokenizer, prompt) if as_turn else prompt
     return np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)

@@ -96,7 +96,7 @@ class Restorer:
         """Continue a restored session greedily, from the same state however often it is called."""
         loaded = self._models.get()
         chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
-        prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat)
+        prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat, restored.tokens)
         return restore_ops.continue_restored(loaded, restored, prompt_ids, max_new_tokens)
 
 

@@ -18,6 +18,7 @@ from kvdb.index.walk import Indexes, SlotMap, WalkIndex, index_key
 from kvdb.model import tokenizer as tok
 from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache
+from kvdb.services.conversations import labelled, one_per_conversation, widening
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -44,26 +45,44 @@ class Searcher:
         self._derived = DerivedCache(storage)
 
     def search(
-        self, phrase: str, k: int = 10, context: int = 32, session: str | None = None, case_sensitive: bool = False, min_share: float = search_ops.MIN_SHARE
+        self,
+        phrase: str,
+        k: int = 10,
+        context: int = 32,
+        session: str | None = None,
+        case_sensitive: bool = False,
+        min_share: float = search_ops.MIN_SHARE,
+        each_occurrence: bool = False,
     ) -> list[Hit]:
+        """The best hit of each of ``k`` conversations, in the latest version that holds it;
+        within one ``session``, or ``each_occurrence``, the ``k`` best hits."""
         if not 0 <= min_share <= 1:
             raise InvalidArgument(f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}")
         found = self._lookup(phrase, session, case_sensitive)
         if found is None:
             return []
-        return search_ops.search(
-            found.index,
-            found.slots,
-            found.variants,
-            found.view.names,
-            found.view.age,
-            sessions_of=found.sessions_of,
-            fetch=found.fetch,
-            decode=lambda ids: tok.decode(found.tokenizer, ids),
-            k=k,
-            context=context,
-            min_share=min_share,
-        )
+        view = found.view
+        titles = self._derived.get("titles", self._storage.conversation_titles)
+
+        def hits(wanted: int) -> list[Hit]:
+            found_hits = search_ops.search(
+                found.index,
+                found.slots,
+                found.variants,
+                view.names,
+                view.age,
+                sessions_of=found.sessions_of,
+                fetch=found.fetch,
+                decode=lambda ids: tok.plain_text(found.tokenizer, ids),
+                k=wanted,
+                context=context,
+                min_share=min_share,
+            )
+            return labelled(found_hits, view.conversations, titles)
+
+        if session is not None or each_occurrence:
+            return hits(k)
+        return widening(hits, one_per_conversation, k)
 
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
         found = self._lookup(phrase, session, case_sensitive)

@@ -25,6 +25,7 @@ from kvdb.index.phrase import Hit
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
 from kvdb.services.cache import DerivedCache
+from kvdb.services.conversations import labelled
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -109,16 +110,18 @@ class SemanticTier:
             words = ranking.top_k(np.where(on_path, table.words.scores(query), 0.0), CANDIDATES)
             owners = lambda node_id: wanted  # noqa: E731 - every chunk of the path is in this session
         fused_rows, fused = ranking.weighted([(dense_rows, dense_scores), words], [DENSE_WEIGHT, WORDS_WEIGHT])
-        found: dict[str, tuple[int, int, float]] = {}  # session -> (start, stop, score) of its best chunk
+        found: dict[str, tuple[str, int, int, float]] = {}  # conversation -> (session, start, stop, score) of its best chunk
         for row, score in zip(fused_rows.tolist(), fused.tolist()):
             owner = owners(table.node_of(row))
-            if owner is not None and owner not in found:
-                found[owner] = (int(table.spans[row, 0]), int(table.spans[row, 1]), float(score))
+            if owner is not None and view.conversations.get(owner, owner) not in found:
+                found[view.conversations.get(owner, owner)] = (owner, int(table.spans[row, 0]), int(table.spans[row, 1]), float(score))
                 if len(found) == k:
                     break
-        best = list(found.items())
-        texts = self._texts(view, [(sid, a, b) for sid, (a, b, _) in best])
-        return [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, (a, b, score)), text in zip(best, texts)]
+        best = list(found.values())
+        texts = self._texts(view, [(sid, a, b) for sid, a, b, _ in best])
+        titles = self._derived.get("titles", self._storage.conversation_titles)
+        hits = [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, a, b, score), text in zip(best, texts)]
+        return labelled(hits, view.conversations, titles)
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
         """The text, without special tokens, of tokens [start, stop) of each (session, start, stop)."""

@@ -86,5 +86,15 @@ class Archiver:
         # over the template's closing tokens only, and no request waits for that.
         whole = computed is None or self._keep_runs_model
         with self._gate.held() if whole else self._gate.idle():
-            self._access(lambda a: a.ingest(**source, name=entry["name"], keep=self._keep, kv_preset=self._kv_preset, computed=computed, keep_cache=True))
+            self._access(
+                lambda a: a.ingest(
+                    **source,
+                    name=entry["name"],
+                    keep=self._keep,
+                    kv_preset=self._kv_preset,
+                    computed=computed,
+                    keep_cache=True,
+                    conversation=entry.get("conversation"),  # an entry an older kvdb journalled has none
+                )
+            )
         self._journal.done(path)

@@ -13,6 +13,7 @@ and conversations that end up in the archive.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelM
 from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
-from kvdb.records import PhraseCount, Session, Stats
+from kvdb.records import Conversation, ConversationHistory, DeletedConversation, PhraseCount, Session, Stats
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
@@ -56,6 +57,7 @@ class Start:
     held: int
     approximate: bool  # tier K somewhere in the cache's making
     cached: int  # tokens not computed for this prompt (tier K's recomputed window is computed)
+    fidelity: str | None = None  # a restore from tier K: what its preset was measured to cost
 
     @property
     def restored(self) -> str:
@@ -68,9 +70,10 @@ class Prompt:
     name: str
     kind: str  # what the archived exchange is ingested from: "messages" or "text"
     exchange: Callable[[str], object]  # the reply -> what is ingested
+    conversation: str | None  # the one it continues or starts; None: the one whose archived session it extends
 
     def entry(self, reply: str) -> dict:
-        return {"kind": self.kind, "content": self.exchange(reply), "name": self.name}
+        return {"kind": self.kind, "content": self.exchange(reply), "name": self.name, "conversation": self.conversation}
 
 
 class Engine:
@@ -161,6 +164,8 @@ class Engine:
             start.restored,
             start.approximate,
             tuple(generation.logprobs) if request.logprobs is not None else None,
+            start.fidelity,
+            prompt.conversation,
         )
 
     def _start(self, ids: np.ndarray, limit: int, mode: str) -> Start:
@@ -179,7 +184,8 @@ class Engine:
         found = self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode, max_loss=self._max_loss)) if ask else None
         if found is not None:
             approximate = found.mode == "archive"
-            return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0))
+            fidelity = found.fidelity.summary if found.fidelity is not None else None
+            return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0), fidelity)
         if hit is not None:
             return Start(hit[1], held, hit[2], held)
         return Start(None, 0, False, 0)
@@ -194,13 +200,15 @@ class Engine:
             assert transcript.messages is not None  # a chat transcript holds messages
             messages = list(transcript.messages)
         if ref is None:
+            # a chat of one turn starts a conversation; a longer one sent whole joins the one whose archived session it extends
+            opens = request.conversation or (uuid.uuid4().hex if sent is None or not any(m["role"] == "assistant" for m in messages) else None)
             if sent is not None:
                 ids = np.asarray(tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
                 users = [m["content"] for m in messages if m["role"] == "user"] or [messages[0]["content"]]
-                return Prompt(ids, request.name or _title(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}])
+                return Prompt(ids, request.name or _title(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}], opens)
             assert prompt is not None
             ids = np.asarray(tok.encode(tokenizer, prompt), dtype=np.int64)
-            return Prompt(ids, request.name or _title(prompt, "completion"), "text", lambda reply: prompt + reply)
+            return Prompt(ids, request.name or _title(prompt, "completion"), "text", lambda reply: prompt + reply, opens)
         session, before, before_text = self._access(lambda a: self._archived_prefix(a, ref, request.at))
         added = chat.turns_suffix(tokenizer, messages) if prompt is None else prompt
         ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
@@ -210,7 +218,8 @@ class Engine:
                 return before_text + prompt + reply
             return before_text + chat.turns_suffix(tokenizer, [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False)
 
-        return Prompt(ids, request.name or f"{session.name}@{len(before)}", "text", exchange)
+        # a continuation is a later version of the session's conversation; from before its end, a fork of it
+        return Prompt(ids, request.name or session.name, "text", exchange, request.conversation or session.conversation_id)
 
     def _archived_prefix(self, archive: Archive, ref: str, at: int | None) -> tuple[Session, np.ndarray, str]:
         session = archive.session(ref)
@@ -236,7 +245,22 @@ class Engine:
 
     # reads: the archive only, never the model (search by meaning runs the embedder, not the model) ------
     def sessions(self) -> list[Session]:
+        """Every stored session: each version of each conversation."""
         return self._access(lambda a: a.sessions())
+
+    def conversations(
+        self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None
+    ) -> list[Conversation]:
+        return self._access(lambda a: a.conversations(agent, project, since, until))
+
+    def conversation(self, ref: str) -> ConversationHistory:
+        return self._access(lambda a: a.conversation(ref))
+
+    def rename(self, ref: str, title: str | None) -> Conversation:
+        return self._access(lambda a: a.rename(ref, title))
+
+    def delete_conversation(self, ref: str) -> DeletedConversation:
+        return self._access(lambda a: a.delete_conversation(ref))
 
     def view(self, ref: str, start: int | None = None, end: int | None = None) -> SessionView:
         def read(archive: Archive) -> SessionView:
@@ -247,9 +271,11 @@ class Engine:
 
         return self._access(read)
 
-    def search(self, phrase: str, k: int = 10, semantic: bool = False, case_sensitive: bool = False, min_share: float = MIN_SHARE) -> list[Hit]:
+    def search(
+        self, phrase: str, k: int = 10, semantic: bool = False, case_sensitive: bool = False, min_share: float = MIN_SHARE, each_occurrence: bool = False
+    ) -> list[Hit]:
         if not semantic:
-            return self._access(lambda a: a.search(phrase, k=k, case_sensitive=case_sensitive, min_share=min_share))
+            return self._access(lambda a: a.search(phrase, k=k, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence))
         return self._access(lambda a: a.search_meaning(phrase, k=k))
 
     def count(self, phrase: str, case_sensitive: bool = False) -> PhraseCount:

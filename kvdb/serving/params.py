@@ -61,6 +61,7 @@ class Request:
     session: str | None = None
     at: int | None = None
     name: str | None = None
+    conversation: str | None = None  # the archived conversation it continues (default: ``session``'s, else a new one for a new chat)
     model: str | None = None  # what the client named; the reply echoes it (one model is served, whatever the name)
     logprobs: int | None = None
 
@@ -79,6 +80,8 @@ class Request:
             raise InvalidArgument(f"model must be a string, got {self.model!r}")
         if self.name is not None and not (isinstance(self.name, str) and self.name.strip()):
             raise InvalidArgument(f"kvdb.name must be a non-empty string, got {self.name!r}")
+        if self.conversation is not None and not (isinstance(self.conversation, str) and self.conversation.strip()):
+            raise InvalidArgument(f"kvdb.conversation must be a conversation id (GET /api/conversations), got {self.conversation!r}")
         if self.logprobs is not None and not (_integer(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidArgument(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
 

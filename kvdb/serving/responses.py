@@ -91,6 +91,8 @@ class Completion:
     restored: str
     approximate: bool
     logprobs: Logprobs = None  # the reply's tokens', when asked for
+    fidelity: str | None = None  # a restore from tier K: its preset and what it was measured to cost
+    conversation_id: str | None = None  # the conversation the exchange is archived in; None: the one whose archived session it extends
 
     def usage(self) -> dict:
         return {
@@ -101,7 +103,13 @@ class Completion:
         }
 
     def kvdb(self) -> dict:
-        return {"restored": self.restored, "cached_tokens": self.cached_tokens, "approximate": self.approximate}
+        return {
+            "restored": self.restored,
+            "cached_tokens": self.cached_tokens,
+            "approximate": self.approximate,
+            "fidelity": self.fidelity,
+            "conversation_id": self.conversation_id,
+        }
 
     def to_dict(self) -> dict:
         choice = self.header.choice(self.text, self.finish_reason, streamed=False, logprobs=self.logprobs)

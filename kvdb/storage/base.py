@@ -59,6 +59,7 @@ class SessionRow:
     created_at: dt.datetime
     n_tokens: int
     metadata: dict
+    conversation_id: str = ""  # the conversation it is a state of (kvdb.storage.conversation_rows); "" in a row not written yet
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class SessionWrite:
     # Nodes on the session's path held in tier L only get their tokens and log-probabilities back
     # (node id -> both) from the new session's own: a node two sessions share keeps its tokens.
     tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    conversation: str | None = None  # the conversation it continues, when its writer knows (a server's chat); else the rule decides
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,21 @@ class DeleteSession:
     """Uncount the session on its path; nodes no session uses wait for ``CollectGarbage``."""
 
     session_id: str
+
+
+@dataclass(frozen=True)
+class DeleteConversation:
+    """Every session of a conversation, as ``DeleteSession`` each, and the conversation."""
+
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class RenameConversation:
+    """``title`` None: named by its latest session again."""
+
+    conversation_id: str
+    title: str | None
 
 
 @dataclass(frozen=True)
@@ -216,4 +233,16 @@ class ImportRows:
     tables: dict[str, Iterable[dict]]
 
 
-Plan = SessionWrite | PutModel | PutCodebooks | DeleteSession | CollectGarbage | DropTiers | AddTiers | ReplaceIndexState | ImportRows
+Plan = (
+    SessionWrite
+    | PutModel
+    | PutCodebooks
+    | DeleteSession
+    | DeleteConversation
+    | RenameConversation
+    | CollectGarbage
+    | DropTiers
+    | AddTiers
+    | ReplaceIndexState
+    | ImportRows
+)

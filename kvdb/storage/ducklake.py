@@ -289,6 +289,8 @@ class DuckLake(Engine):
         with transaction(self.connection()) as conn:
             for statement in _keyless_tables(added):
                 conn.execute(statement)
+            if "conversation_sessions" in added:
+                _group_conversations(conn)
             conn.execute("update alembic_version set version_num = ?", [REVISION])
 
     def schema_revision(self) -> str | None:
@@ -351,7 +353,19 @@ def _conflict(exc: duckdb.Error) -> bool:
 
 
 # revision -> the tables the next revisions add (revisions that only add tables upgrade a lake)
-LAKE_UPGRADES = {"0007": ("node_chunks",)}
+LAKE_UPGRADES = {"0007": ("node_chunks",), "0008": ("conversations", "conversation_sessions")}
+
+
+def _group_conversations(conn) -> None:
+    """Migration 0009's grouping of the sessions an older kvdb wrote, on a lake."""
+    from kvdb_migrations import _frozen_0009_conversations as frozen
+
+    sessions = conn.execute("select session_id, name, source, created_at from sessions").fetchall()
+    parents = dict(conn.execute("select node_id, parent_id from nodes").fetchall())
+    grouped = frozen.groups(sessions, parents)
+    if grouped:
+        conn.executemany("insert into conversations values (?, NULL)", [[c] for c in sorted(set(grouped.values()))])
+        conn.executemany("insert into conversation_sessions values (?, ?)", list(grouped.items()))
 
 
 def _keyless_tables(only: tuple[str, ...] | None = None) -> list[str]:

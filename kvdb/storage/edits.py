@@ -20,6 +20,8 @@ from kvdb.storage.base import Chunks, IndexState, NewNode, NodeRow, NodeTiers, S
 # reads and copies every row names them from here, without importing SQLAlchemy.
 TABLES = (
     "codebooks",
+    "conversation_sessions",
+    "conversations",
     "models",
     "node_chunks",
     "node_kv",

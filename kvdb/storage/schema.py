@@ -142,7 +142,25 @@ node_chunks = sa.Table(
     sa.Column("vector", sa.LargeBinary, nullable=False),
 )
 
+# Conversations: the sessions that are states of one conversation (grown, forked) share its id;
+# ``title`` is the user's name for it (NULL: its latest session's name). kvdb.storage.conversation_rows
+# decides, inside each session's write, which conversation the session joins.
+conversations = sa.Table(
+    "conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String, primary_key=True),
+    sa.Column("title", sa.String, nullable=True),
+)
+
+conversation_sessions = sa.Table(
+    "conversation_sessions",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("conversation_id", sa.String, nullable=False),
+)
+
 # Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.
 sa.Index("ix_sessions_name", sessions.c.name)
 sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)
 sa.Index("ix_search_ranges_key", search_ranges.c.index_key)
+sa.Index("ix_conversation_sessions_conversation", conversation_sessions.c.conversation_id)

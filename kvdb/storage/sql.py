@@ -25,7 +25,7 @@ from kvdb.errors import ArchiveError
 from kvdb.storage import base, edits, sql_apply
 from kvdb.storage.base import CodebookRow, IndexState, ModelRow, NodeRow, Plan, SessionRow
 from kvdb.storage.engine import Engine, transaction
-from kvdb.storage.sql_rows import ANY, NODE, SESSION, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
+from kvdb.storage.sql_rows import ANY, CONVERSATION, NODE, SESSION, SESSIONS, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
@@ -205,16 +205,29 @@ class Storage:
         return bool(self._rows("select 1 from sessions where session_id = ?", [session_id]))
 
     def get_session(self, session_id: str) -> SessionRow | None:
-        rows = self._rows(f"select {SESSION} from sessions where session_id = ?", [session_id])
+        rows = self._rows(f"select {SESSION} from {SESSIONS} where session_id = ?", [session_id])
         return session_row(rows[0]) if rows else None
 
     def list_sessions(self) -> list[SessionRow]:
         """Oldest first (ties by id)."""
-        return [session_row(r) for r in self._rows(f"select {SESSION} from sessions order by created_at, session_id")]
+        return [session_row(r) for r in self._rows(f"select {SESSION} from {SESSIONS} order by created_at, session_id")]
+
+    def conversation_sessions(self, conversation_id: str) -> list[SessionRow]:
+        """The sessions of a conversation, oldest first."""
+        query = f"select {SESSION} from {SESSIONS} where {CONVERSATION} = ? order by created_at, session_id"
+        return [session_row(r) for r in self._rows(query, [conversation_id])]
+
+    def conversation_titles(self) -> dict[str, str]:
+        """The conversations given a title (``rename``): id -> title."""
+        return dict(self._rows("select conversation_id, title from conversations where title is not null"))
+
+    def extended_sessions(self) -> set[str]:
+        """The sessions another session runs through (a longer version of them is archived)."""
+        return {r[0] for r in self._rows("select session_id from sessions join nodes on node_id = session_id where refcount > 1")}
 
     def match_sessions(self, ref: str) -> list[SessionRow]:
         """Sessions whose id starts with ``ref`` or whose name equals it."""
-        return [session_row(r) for r in self._rows(f"select {SESSION} from sessions where name = ? or starts_with(session_id, ?)", [ref, ref.lower()])]
+        return [session_row(r) for r in self._rows(f"select {SESSION} from {SESSIONS} where name = ? or starts_with(session_id, ?)", [ref, ref.lower()])]
 
     # the trie ---------------------------------------------------------------------------
     def children(self, parent_id: str | None, model_id: str, first_token: int) -> list[NodeRow]:

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 
 from kvdb.errors import ArchiveError, StaleWrite
-from kvdb.storage import edits, sql_rows
+from kvdb.storage import conversation_rows, edits, sql_rows
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
+    DeleteConversation,
     DeleteSession,
     DropTiers,
     ImportRows,
@@ -22,6 +23,7 @@ from kvdb.storage.base import (
     Plan,
     PutCodebooks,
     PutModel,
+    RenameConversation,
     ReplaceIndexState,
     SessionWrite,
     utc_now,
@@ -95,7 +97,8 @@ def _session_write(conn, w: SessionWrite) -> None:
         # a key would refuse it in a file; a lake has none: another writer archived it meanwhile
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     run(conn, [edits.Insert("sessions", [_session_values(w.session)])])
-    run(conn, [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)], +1)])
+    path = [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
+    run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation))
     if w.index is not None:
         _index_state(conn, w.index)
 
@@ -114,7 +117,22 @@ def _replace_index_state(conn, plan: ReplaceIndexState) -> None:
 def _delete_session(conn, plan: DeleteSession) -> None:
     """Nodes no session uses drop out of search at once (their refcount is 0) and off the disk
     at gc; re-ingesting revives them."""
-    run(conn, [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, plan.session_id)], -1), edits.Delete("sessions", "session_id", [plan.session_id])])
+    _delete_sessions(conn, [plan.session_id])
+
+
+def _delete_sessions(conn, session_ids: list[str]) -> None:
+    recounts = [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, s)], -1) for s in session_ids]
+    run(conn, recounts + conversation_rows.left(conn, session_ids) + [edits.Delete("sessions", "session_id", session_ids)])
+
+
+def _delete_conversation(conn, plan: DeleteConversation) -> None:
+    query = "select session_id from conversation_sessions where conversation_id = ?"
+    _delete_sessions(conn, [r[0] for r in conn.execute(query, [plan.conversation_id]).fetchall()])
+    run(conn, [edits.Delete("conversations", "conversation_id", [plan.conversation_id])])
+
+
+def _rename_conversation(conn, plan: RenameConversation) -> None:
+    run(conn, [edits.Update("conversations", "conversation_id", plan.conversation_id, {"title": plan.title})])
 
 
 def _collect_garbage(conn, plan: CollectGarbage) -> dict:
@@ -194,6 +212,8 @@ _HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     PutModel: _put_model,
     PutCodebooks: _put_codebooks,
     DeleteSession: _delete_session,
+    DeleteConversation: _delete_conversation,
+    RenameConversation: _rename_conversation,
     CollectGarbage: _collect_garbage,
     DropTiers: _drop_tiers,
     AddTiers: _add_tiers,

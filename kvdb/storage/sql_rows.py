@@ -19,7 +19,9 @@ from kvdb.storage.base import NodeRow, SessionRow
 from kvdb.storage.edits import Stream, keep_from_text
 
 NODE = "node_id, parent_id, model_id, start, n_tokens, first_token, refcount, keep"
-SESSION = "session_id, name, source, model_id, created_at, n_tokens, metadata"
+CONVERSATION = "coalesce(conversation_id, session_id)"  # a session no migration or write grouped is a conversation of its own
+SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, {CONVERSATION}"
+SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
 ANY = "in (select unnest(?))"  # a column's value among a list parameter's
 
 
@@ -99,4 +101,4 @@ def node_row(r) -> NodeRow:
 
 def session_row(r) -> SessionRow:
     """A row selected as ``SESSION`` names its columns."""
-    return SessionRow(r[0], r[1], r[2], r[3], r[4], int(r[5]), json.loads(r[6]))
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], int(r[5]), json.loads(r[6]), r[7])

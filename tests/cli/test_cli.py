@@ -49,7 +49,9 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
 
     listed = lines(run("sessions", "--json"))
     assert {r["name"] for r in listed} == {"story", "chat"}
-    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at"} for r in listed)
+    conversation = {"conversation_id", "title", "updated_at", "versions", "branches", "agent", "project"}
+    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at"} | conversation for r in listed)
+    assert all(r["versions"] == 1 and r["title"] == r["name"] for r in listed)
     assert {r["source"] for r in listed} == {str(story), str(tmp_path / "t" / "chat.jsonl")}
 
     shown = run("show", "story")
@@ -168,7 +170,7 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
 
 def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_path):
     assert run("ingest", str(write(tmp_path / "harbour.txt", "The keeper watched the harbour lights at dusk.\n"))).exit_code == 0
-    mixed = run("search", "harbour lights", "-k", "10", "--min-share", "0", "--json")
+    mixed = run("search", "harbour lights", "-k", "10", "--min-share", "0", "--each-occurrence", "--json")
     assert mixed.exit_code == 0  # one full match is enough; the partial ones come after it
     rows = lines(mixed)
     assert {r["name"] for r in rows} == {"harbour"}

@@ -51,9 +51,10 @@ class Running:
         return response.json()
 
     def wait_archived(self, sessions: int) -> list[dict]:
-        """The archive's sessions once it holds ``sessions`` of them (the archiver works after the reply)."""
+        """The archive's sessions (every version of each conversation) once it holds ``sessions`` of
+        them (the archiver works after the reply)."""
         deadline = time.monotonic() + 30
-        while len(listed := self.get("/api/sessions")["sessions"]) < sessions:
+        while len(listed := self.get("/api/sessions", versions=1)["sessions"]) < sessions:
             assert time.monotonic() < deadline, f"{len(listed)} sessions archived after 30 s, expected {sessions}"
             time.sleep(0.05)
         return listed

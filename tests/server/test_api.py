@@ -18,7 +18,7 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     with kvdb.open(db, model=tiny_loaded) as archive:
         archive.ingest(messages=CHAT, name="chat")
         archive.ingest(text=STORY, name="story")
-        sessions = [s.to_dict() for s in archive.sessions()]
+        sessions = [c.to_dict() for c in archive.conversations()]  # each conversation once, the latest first
         expected_stats = archive.stats().to_dict()
     running = serve(db=db)
     assert running.get("/api/sessions") == {"sessions": sessions}
@@ -28,7 +28,8 @@ def test_sessions_views_search_stats_and_models(serve, tmp_path, tiny_loaded, ti
     view = running.get("/api/sessions/chat")
     assert set(view) == {*SessionView.__dataclass_fields__, "side"} and view["session"]["name"] == "chat" and view["side"] == {}
     assert [t["role"] for t in view["turns"]] == ["user", "assistant"]
-    assert "".join(t["text"] for t in view["turns"]) == view["text"] and view["turns"][-1]["end"] == view["end"] == view["session"]["n_tokens"]
+    assert [t["text"] for t in view["turns"]] == [m["content"] for m in CHAT]  # what was said, without the template's markup
+    assert view["turns"][-1]["end"] == view["end"] == view["session"]["n_tokens"] and "<|im_start|>user" in view["text"]
     assert CHAT[1]["content"] in view["turns"][1]["text"] and CHAT[0]["content"] in view["turns"][0]["text"]
     cut = view["turns"][1]["start"]
     part = running.get("/api/sessions/chat", start=cut - 3, end=cut + 5)

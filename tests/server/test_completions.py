@@ -18,6 +18,11 @@ HELLO = [{"role": "user", "content": "Tell me about the harbour."}]
 
 
 def _kvdb(response) -> dict:
+    """Where the reply's prompt was restored from (its fidelity and conversation are checked apart)."""
+    return {k: v for k, v in response.to_dict()["kvdb"].items() if k not in ("fidelity", "conversation_id")}
+
+
+def _kvdb_of(response) -> dict:
     return response.to_dict()["kvdb"]
 
 
@@ -68,6 +73,8 @@ def test_a_second_turn_resumes_the_archived_first_in_memory_and_after_a_restart(
     assert second.usage.prompt_tokens == len(ids) and len(ids) - archived["n_tokens"] == len(tok.encode(tiny_loaded.tokenizer, chat_template.user_turn_suffix(tiny_loaded.tokenizer, "And the ships?")))
 
     running.wait_archived(2)
+    [conversation] = running.get("/api/conversations")["conversations"]  # the second turn grew the first's conversation
+    assert conversation["versions"] == 2 and conversation["conversation_id"] == _kvdb_of(first)["conversation_id"]
     running.stop()
     restarted = serve(db=running.db)  # nothing in memory: the second exchange's cache, kept on disk, holds this prompt
     again = restarted.chat(turn_two, max_tokens=4)
@@ -88,10 +95,19 @@ def test_continue_a_named_session_at_a_position(serve, tmp_path, tiny_loaded):
     again = running.chat(ask, extra_body={"kvdb": {"session": "story", "at": 24}})
     assert _kvdb(again)["cached_tokens"] == 24 + len(suffix) - 1 and again.choices[0].message.content == reply.choices[0].message.content
 
-    names = {s["name"]: s for s in running.wait_archived(2)}  # the same exchange twice is one session
-    continued = running.get(f"/api/sessions/{names['story@24']['session_id']}")
+    versions = running.wait_archived(2)  # the same exchange twice is one session
+    [original] = [s for s in versions if s["n_tokens"] == len(tok.encode(tiny_loaded.tokenizer, story))]
+    [fork] = [s for s in versions if s is not original]
+    assert fork["name"] == "story" and fork["conversation_id"] == original["conversation_id"] == reply.to_dict()["kvdb"]["conversation_id"]
+    history = running.get("/api/conversations/story")["history"]  # a fork of the story, after its first 24 tokens
+    assert [(v["session_id"], v["branch_of"], v["forked_at"], v["leaf"]) for v in history] == [
+        (original["session_id"], None, None, True),
+        (fork["session_id"], original["session_id"], 24, True),
+    ]
+    continued = running.get(f"/api/sessions/{fork['session_id']}")
     assert continued["text"].startswith(story[:24]) and continued["text"].endswith(reply.choices[0].message.content + "<|im_end|>\n")
-    prefix = running.get(f"/api/sessions/{names['story@24']['session_id']}", end=24)
+    assert continued["turns"][-1]["text"] == reply.choices[0].message.content  # a turn shows what was said, not the template's markup
+    prefix = running.get(f"/api/sessions/{fork['session_id']}", end=24)
     assert prefix["text"] == story[:24] and [t["role"] for t in prefix["turns"]] == [None]
 
 
@@ -112,6 +128,7 @@ def test_restore_archive_resumes_from_tier_k_and_says_it_is_approximate(serve, t
         return
     recomputed = capture.SINKS + capture.RECENT  # tier K's exact window is computed, not restored
     assert _kvdb(reply) == {"restored": "archive", "cached_tokens": stored.n_tokens - recomputed, "approximate": True}
+    assert reply.to_dict()["kvdb"]["fidelity"] == "balanced (k6v4), not measured"  # codebooks trained here: nobody measured them
     assert reply.usage.prompt_tokens_details.cached_tokens == stored.n_tokens - recomputed
 
 

@@ -59,7 +59,8 @@ def test_kill_9_right_after_a_reply_loses_nothing(serve, tmp_path, tiny_model):
     running = serve(db=db)  # the restart (in this process: it has the model loaded already)
     [archived] = running.wait_archived(1)
     turn_two = [*HELLO, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}, {"role": "user", "content": "And back?"}]
-    assert running.chat(turn_two).to_dict()["kvdb"] == {"restored": "exact", "cached_tokens": archived["n_tokens"], "approximate": False}, f"journal entries at the kill: {left}"
+    told = running.chat(turn_two).to_dict()["kvdb"]  # a chat sent whole, past its first turn: it joins the conversation it extends
+    assert told == {"restored": "exact", "cached_tokens": archived["n_tokens"], "approximate": False, "fidelity": None, "conversation_id": None}, f"journal entries at the kill: {left}"
     _wait_empty(journal)
 
 

@@ -1,18 +1,24 @@
-"""The page of `kvdb serve` in headless Chromium (Debian's, which `make install` installs): the
-API key field, the session list, a session's turns shown as text even where a transcript holds
-HTML, search hits in a <mark>, a hit opened in its session, and a reply streamed into the page.
+"""The page of `kvdb serve` in headless Chromium (Debian's, which `make install` installs), at
+1,440 px and at 390 px: the API key field; the conversations listed, a conversation's turns shown
+as chat turns, as text even where a transcript holds HTML; a new chat of three turns, each reply
+streamed with how its start was restored under it; a reload, which lists the chat and reopens it;
+search by meaning, a hit opened in its conversation and continued; a branch from a turn, which a
+reload offers as a version; rename and delete. axe-core (the axe-playwright-python package's copy)
+checks labels, names, ARIA and contrast at each step. The tiny model's replies are gibberish: what
+is checked is the page against the API's own answers, not what the replies say.
 
-KVDB_SCREENSHOT=1 saves the page at the end of the walk through to docs/serve-page.png."""
+docs/make_screenshots.py takes the docs' screenshots of the page with the embedded model."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
+import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from support import REPO, write, write_jsonl
+from support import write, write_jsonl
 
 import kvdb
 
@@ -27,13 +33,12 @@ CHAT = [
     {"role": "user", "content": f"Please keep this markup as it is: {HOSTILE}"},
     {"role": "assistant", "content": "Kept as text: the page shows it literally."},
 ]
-PHRASE = "codebooks hold the keys"
-STORY = (  # the phrase with more than the page's 160 tokens of context on each side
-    "The lighthouse keeper counted the ships every night and wrote their names in a ledger.\n" * 3
-    + f"Residual {PHRASE} of every archived token.\n"
-    + "In the morning the harbour master read the ledger aloud to the fishermen on the quay.\n" * 3
-)
-SLOW = 60_000  # ms: the first reply of a server restores its session first, on 2 cores
+STORY = "The lighthouse keeper counted the ships every night and wrote their names in a ledger.\n" * 3
+SLOW = 60_000  # ms: a reply of a server that restores its session first, on 2 cores
+WIDTHS = {"wide": (1440, 900), "narrow": (390, 844)}
+# what axe-core must find nothing of: contrast, labels and names of controls, ARIA
+AXE_RULES = {"color-contrast", "label", "button-name", "select-name", "link-name", "input-button-name", "summary-name", "nested-interactive", "duplicate-id-aria"}
+RESTORED = re.compile(r"^(restored exact · [\d,]+ tokens? from cache|restored from archive \(.+\) · [\d,]+ tokens? from cache|nothing restored · the prompt computed in full)$")
 
 
 @pytest.fixture
@@ -54,26 +59,34 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
-def context(browser):
+@pytest.fixture(scope="module")
+def axe():
+    from axe_playwright_python.sync_playwright import Axe
+
+    return Axe()
+
+
+def _context(browser, width: int, height: int):
     """A fresh profile (no key stored) whose pages must raise no error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    errors = []
+    context = browser.new_context(viewport={"width": width, "height": height})
+    errors: list = []
     context.on("weberror", lambda error: errors.append(error.error))
-    yield context
-    context.close()
-    assert errors == []
+    return context, errors
 
 
-@pytest.fixture
-def page(context, running):
-    """The page, its key given in its key field."""
+@pytest.fixture(params=list(WIDTHS))
+def page(request, browser, running):
+    """The page at each width, its key given in its key field."""
+    context, errors = _context(browser, *WIDTHS[request.param])
     page = context.new_page()
     page.goto(running.url)
     page.fill("#api-key", KEY)
     page.click("#key-form button")
-    page.get_by_test_id("session").first.wait_for()
-    return page
+    _show_list(page)
+    page.get_by_test_id("conversation").first.wait_for()
+    yield page
+    context.close()
+    assert errors == []
 
 
 def _api(running, path: str, **params) -> dict:
@@ -83,11 +96,105 @@ def _api(running, path: str, **params) -> dict:
     return response.json()
 
 
-def test_the_key_field_is_sent_and_kept(context, running):
+def _show_list(page) -> None:
+    """On a narrow screen the list is a panel the header's toggle opens."""
+    toggle = page.locator("#list-toggle")
+    if toggle.is_visible() and toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
+    expect(page.locator("#conversations")).to_be_visible()
+
+
+def _check_axe(axe, page) -> None:
+    found = axe.run(page).response["violations"]
+    failing = [v for v in found if v["id"] in AXE_RULES or v["id"].startswith("aria-")]
+    assert failing == [], json.dumps([{"id": v["id"], "help": v["help"], "nodes": [n["target"] for n in v["nodes"]]} for v in failing], indent=1)
+
+
+def _no_horizontal_scroll(page) -> None:
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "the page scrolls sideways"
+    top = page.locator("header.top").bounding_box()
+    assert top and top["height"] < 60, f"the header wraps: {top}"
+
+
+def _sse(body: str) -> tuple[str, dict]:
+    """A streamed reply's text and the kvdb report of its last chunk."""
+    text, report = "", {}
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line[6:])
+            text += "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
+            report = chunk.get("kvdb") or report
+    return text, report
+
+
+def _say(page, sent: list, text: str) -> tuple[dict, str, dict]:
+    """Type a message and send it with Enter; the request, the reply's text and its kvdb report,
+    once the reply shows how its start was restored."""
+    replies = page.get_by_test_id("restored").count()
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    expect(page.get_by_test_id("restored")).to_have_count(replies + 1, timeout=SLOW)
+    reply, report = _sse(sent[-1]["answer"])
+    last = page.get_by_test_id("turn").last
+    assert last.get_attribute("data-role") == "assistant"
+    assert last.locator(".body").text_content().strip() == reply.strip()
+    note = last.get_by_test_id("restored").text_content()
+    assert RESTORED.match(note), note
+    assert note.startswith({"exact": "restored exact", "archive": "restored from archive", "none": "nothing restored"}[report["restored"]])
+    assert f"{report['cached_tokens']:,} token" in note or report["restored"] == "none"
+    expect(last).to_be_in_viewport()
+    expect(page.locator("#status")).to_be_empty()
+    return sent[-1]["asked"], reply, report
+
+
+def _record(page) -> list:
+    """The page's requests for a reply, each with the server's answer (the events all at once:
+    the browser cannot read back a stream it consumed), which the page is then given."""
+    sent: list = []
+
+    def keep(route):
+        answer = route.fetch(timeout=SLOW)
+        sent.append({"asked": route.request.post_data_json, "answer": answer.text()})
+        route.fulfill(response=answer)
+
+    page.route("**/v1/chat/completions", keep)
+    return sent
+
+
+def _archived(running, conversation: str, check, seconds: float = 30) -> dict:
+    """The conversation once the archive's answer for it passes ``check`` (the server archives an
+    exchange a few seconds after its reply)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with running.http(Authorization=f"Bearer {KEY}") as client:
+            response = client.get(f"/api/conversations/{conversation}")
+        if response.status_code == 200 and check(body := response.json()):
+            return body
+        assert time.monotonic() < deadline, f"conversation {conversation} not archived as expected after {seconds} s: {response.text}"
+        time.sleep(0.1)
+
+
+def _open(page, conversation: str) -> None:
+    _show_list(page)
+    page.locator(f'[data-testid=conversation][data-conversation-id="{conversation}"]').click()
+    expect(page.locator("#chat")).to_have_attribute("data-conversation-id", conversation)
+
+
+def _shown(turns: list) -> list:
+    """The turns the page shows of a version: all but an empty system turn."""
+    return [t for t in turns if t["role"] != "system" or t["text"].strip()]
+
+
+def _turn_roles(page) -> list:
+    return [t.get_attribute("data-role") for t in page.get_by_test_id("turn").all()]
+
+
+def test_the_key_field_is_sent_and_kept(browser, running):
+    context, errors = _context(browser, 1280, 860)
     page = context.new_page()
     page.goto(running.url)
     expect(page.locator("#status")).to_contain_text("401: this server needs an API key")
-    assert page.get_by_test_id("session").count() == 0
+    assert page.get_by_test_id("conversation").count() == 0
 
     page.fill("#api-key", "wrong")
     page.click("#key-form button")
@@ -95,102 +202,137 @@ def test_the_key_field_is_sent_and_kept(context, running):
 
     page.fill("#api-key", KEY)
     page.click("#key-form button")
-    expect(page.get_by_test_id("session")).to_have_count(2)
+    expect(page.get_by_test_id("conversation")).to_have_count(2)
     expect(page.locator("#status")).to_be_empty()
     page.reload()  # the key stays in the profile's localStorage
-    expect(page.get_by_test_id("session")).to_have_count(2)
+    expect(page.get_by_test_id("conversation")).to_have_count(2)
     assert page.input_value("#api-key") == KEY
+    context.close()
+    assert errors == []
 
 
-def test_sessions_listed_and_markup_shown_as_text(page, running):
-    listed = _api(running, "/api/sessions")["sessions"]
-    sessions = page.get_by_test_id("session")
-    assert [s.get_attribute("data-session-id") for s in sessions.all()] == [s["session_id"] for s in listed]
-    assert sessions.locator(".name").all_text_contents() == ["markup", "story"]
+def test_listed_recent_first_and_markup_shown_as_text(page, running, axe):
+    listed = _api(running, "/api/conversations")["conversations"]
+    shown = page.get_by_test_id("conversation")
+    assert [s.get_attribute("data-conversation-id") for s in shown.all()] == [c["conversation_id"] for c in listed]
+    assert shown.locator(".name").all_text_contents() == [c["title"] for c in listed]
+    _no_horizontal_scroll(page)
+    _check_axe(axe, page)
 
-    sessions.filter(has_text="markup").click()
+    markup = next(c for c in listed if "markup" in (c["title"], c["name"]))
+    _open(page, markup["conversation_id"])
+    view = _api(running, f"/api/sessions/{markup['session_id']}")
+    assert _turn_roles(page) == [t["role"] or "text" for t in _shown(view["turns"])] == ["user", "assistant"]
     turns = page.get_by_test_id("turn")
-    expect(turns).to_have_count(2)
-    shown = _api(running, f"/api/sessions/{listed[0]['session_id']}")
-    assert [t.get_attribute("data-role") for t in turns.all()] == [t["role"] for t in shown["turns"]] == ["user", "assistant"]
-    assert page.text_content("#session-range span") == f"tokens 0–{shown['end']} of {shown['end']}" and page.locator("#session-all").is_hidden()
-    turns.first.locator(".here").click()
-    assert page.input_value("#continue-at") == str(shown["turns"][0]["end"])
     assert HOSTILE in turns.first.text_content() and "<script>" in page.text_content("#turns")
     assert page.evaluate("window.__pwned") is None
     assert page.locator("main script, main b").count() == 0
+    assert "<|im_" not in page.text_content("#turns")
+    _no_horizontal_scroll(page)
+    _check_axe(axe, page)
 
 
-def test_search_opens_hit_in_context_and_continues_streaming(page, running):
-    page.fill("#search-q", PHRASE)
-    page.click("#search-form button")
-    hits = page.get_by_test_id("hit")
-    hits.first.wait_for()
-    found = _api(running, "/api/search", q=PHRASE, k=10)["hits"]
-    expect(hits).to_have_count(len(found))
-    hit, expected = hits.first, found[0]
-    assert expected["exact"] and expected["name"] == "story" and "partial" not in hit.get_attribute("class")
-    assert hit.locator("mark").text_content() == expected["match"] == PHRASE
-    assert hit.locator(".snippet").text_content() == expected["before"] + expected["match"] + expected["after"]
+def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
+    sent = _record(page)
 
-    hit.get_by_test_id("hit-open").click()
-    expect(page.locator("#turns mark")).to_have_text(PHRASE)
-    at = expected["position"] + expected["match_tokens"]
-    window = _api(running, f"/api/sessions/{expected['session_id']}", start=expected["position"] - 160, end=at + 160)
-    assert page.text_content("#session-title") == "story" and page.text_content("#turns .text") == window["text"]
-    assert page.text_content("#session-range span") == f"tokens {window['start']}–{window['end']} of {window['session']['n_tokens']}"
-    assert page.input_value("#continue-at") == str(at)
+    # a new chat of three turns: all the chat's messages each time, the conversation named by the first reply
+    page.click("#new-chat")
+    expect(page.locator("#prompt")).to_be_focused()
+    asked, first, report = _say(page, sent, "Hello there, who keeps the lighthouse?")
+    assert asked["stream"] is True and asked["kvdb"] == {} and asked["messages"] == [{"role": "user", "content": "Hello there, who keeps the lighthouse?"}]
+    conversation = report["conversation_id"]
+    assert conversation
+    asked, second, _ = _say(page, sent, "And what does he write\nin the ledger?")
+    assert asked["kvdb"] == {"conversation": conversation}
+    assert [m["role"] for m in asked["messages"]] == ["user", "assistant", "user"] and asked["messages"][1]["content"] == first
+    asked, _, _ = _say(page, sent, "Thanks.")
+    assert asked["kvdb"] == {"conversation": conversation} and len(asked["messages"]) == 5
+    assert _turn_roles(page) == ["user", "assistant"] * 3
+    _check_axe(axe, page)
 
-    # sampling pinned (greedy) on the way out, so the streamed reply can be compared with the same request answered at once
-    sent = []
+    # a reload lists the chat, recent first, and reopens it with its turns
+    archived = _archived(running, conversation, lambda c: c["n_tokens"] > 0 and len(_api(running, f"/api/sessions/{c['session_id']}")["turns"]) >= 6)
+    page.reload()
+    _show_list(page)
+    first_listed = page.get_by_test_id("conversation").first
+    expect(first_listed).to_have_attribute("data-conversation-id", conversation)
+    _open(page, conversation)
+    view = _api(running, f"/api/sessions/{archived['session_id']}")
+    expect(page.get_by_test_id("turn")).to_have_count(len(_shown(view["turns"])))
+    assert _turn_roles(page) == [t["role"] or "text" for t in _shown(view["turns"])]
+    assert page.locator("#chat-title").text_content() == archived["title"]
 
-    def greedy(route):
-        sent.append(route.request.post_data_json)
-        route.continue_(post_data=json.dumps(sent[-1] | {"temperature": 0}))
-
-    page.route("**/v1/chat/completions", greedy)
-    page.fill("#continue-prompt", "What do the codebooks hold?")
-    page.click("#continue-go")
-    expect(page.locator("body")).not_to_have_class("busy", timeout=SLOW)
-    asked = {"model": "kvdb", "messages": [{"role": "user", "content": "What do the codebooks hold?"}], "stream": True, "max_tokens": 64, "kvdb": {"session": expected["session_id"], "at": at}}
-    assert sent == [asked]
-    expect(page.locator("#status")).to_be_empty()
-    with running.http(Authorization=f"Bearer {KEY}") as client:
-        answered = client.post("/v1/chat/completions", json=asked | {"stream": False, "temperature": 0}).json()
-    reply = answered["choices"][0]["message"]["content"]
-    assert reply and page.text_content("#reply") == reply
-    if os.environ.get("KVDB_SCREENSHOT"):
-        page.screenshot(path=str(REPO / "docs" / "serve-page.png"), full_page=True)
-
-    page.click("#session-all")
-    expect(page.locator("#session-range span")).to_have_text(f"tokens 0–{window['session']['n_tokens']} of {window['session']['n_tokens']}")
-    assert page.text_content("#turns .text") == STORY and page.locator("#turns mark").count() == 0 and page.locator("#session-all").is_hidden()
-
-
-def test_partial_hits_marked_partial(page):
-    page.fill("#search-q", "zzz the keys")  # a partial hit matches at least half the phrase (min_share)
-    page.click("#search-form button")
-    hit = page.get_by_test_id("hit").first
-    hit.wait_for()
-    assert "partial" in hit.get_attribute("class").split()
-    assert hit.locator(".grade").text_content().startswith("partial: ")
-    assert "the keys" in hit.locator("mark").text_content()
-
-
-def test_search_by_meaning_and_one_click_to_continue_from_a_hit(page, running):
+    # search by meaning; a hit opens its conversation at its version, the turn holding it marked and in view
+    _show_list(page)
     page.check("#search-meaning")
     page.fill("#search-q", "ships counted at night")
-    page.click("#search-form button")
+    page.press("#search-q", "Enter")
     hits = page.get_by_test_id("hit")
     hits.first.wait_for()
     found = _api(running, "/api/search", q="ships counted at night", k=10, semantic=1)["hits"]
     expect(hits).to_have_count(len(found))
-    first = found[0]
-    assert hits.first.locator(".grade").text_content() == f"score {first['score']:.3f}"
+    assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}"
+    _check_axe(axe, page)
+    n, hit = next((n, h) for n, h in enumerate(found) if h["conversation_id"] != conversation)  # another conversation than the chat
+    hits.nth(n).get_by_test_id("hit-open").click()
+    expect(page.locator("#chat")).to_have_attribute("data-conversation-id", hit["conversation_id"])
+    expect(page.locator("#chat")).to_have_attribute("data-session-id", hit["session_id"])
+    hit_view = _api(running, f"/api/sessions/{hit['session_id']}")
+    holding = next(i for i, t in enumerate(_shown(hit_view["turns"])) if t["start"] <= hit["position"] < t["end"])
+    marked = page.get_by_test_id("turn").nth(holding)
+    expect(marked).to_have_class(re.compile(r"\bhit-turn\b"))
+    expect(marked).to_be_in_viewport()
 
-    hits.first.get_by_test_id("hit-continue").click()
-    expect(page.locator("#continue-prompt")).to_be_focused()
-    at = first["position"] + first["match_tokens"]
-    assert page.input_value("#continue-at") == str(at) and page.text_content("#session-title") == first["name"]
-    shown = _api(running, f"/api/sessions/{first['session_id']}", start=first["position"], end=at)
-    expect(page.locator("#turns mark")).to_have_text(shown["text"])  # the chunk marked as the view renders it
+    # continuing it: the new message appended to the version the hit is in
+    asked, _, report = _say(page, sent, "Which ships came in?")
+    assert asked["kvdb"] == {"session": hit["session_id"], "conversation": hit["conversation_id"]}
+    assert asked["messages"] == [{"role": "user", "content": "Which ships came in?"}]
+    assert report["conversation_id"] == hit["conversation_id"]
+    assert _turn_roles(page) == [t["role"] or "text" for t in _shown(hit_view["turns"])] + ["user", "assistant"]
+
+    # a branch from the chat's first turn: the turns after it replaced, the branch sent from that turn's end
+    _open(page, conversation)
+    forks = page.get_by_test_id("fork")
+    forks.first.click()
+    expect(page.locator("#branch-banner")).to_be_visible()
+    expect(page.locator("#branch-text")).to_contain_text("Branch from turn 1")
+    expect(page.locator("#prompt")).to_be_focused()
+    expect(page.get_by_test_id("turn")).to_have_count(1)
+    _check_axe(axe, page)
+    asked, _, report = _say(page, sent, "Tell me about the harbour instead.")
+    assert asked["kvdb"] == {"session": archived["session_id"], "at": _shown(view["turns"])[0]["end"], "conversation": conversation}
+    assert asked["messages"] == [{"role": "user", "content": "Tell me about the harbour instead."}]
+    assert _turn_roles(page) == ["user", "user", "assistant"]
+
+    # after a reload the conversation offers its versions, the branch among them
+    branched = _archived(running, conversation, lambda c: len(c["history"]) > len(archived["history"]))
+    page.reload()
+    _open(page, conversation)
+    versions = page.locator("#version option")
+    expect(versions).to_have_count(len(branched["history"]))
+    assert any(v["branch_of"] for v in branched["history"])
+    assert any("branch of" in t for t in versions.all_text_contents())
+    expect(page.locator("#chat-meta")).to_contain_text(f"{len(branched['history'])} versions")
+    _no_horizontal_scroll(page)
+    _check_axe(axe, page)
+
+    # rename, by keyboard alone: the button, the field, Enter
+    page.focus("#rename")
+    page.keyboard.press("Enter")
+    expect(page.locator("#rename-input")).to_be_focused()
+    page.keyboard.press("ControlOrMeta+a")
+    page.keyboard.type("Lighthouse chat")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chat-title")).to_have_text("Lighthouse chat")
+    _show_list(page)
+    expect(page.locator(f'[data-testid=conversation][data-conversation-id="{conversation}"] .name')).to_have_text("Lighthouse chat")
+    assert _api(running, f"/api/conversations/{conversation}")["title"] == "Lighthouse chat"
+
+    # delete, confirmed
+    page.click("#delete")
+    expect(page.locator("#delete-no")).to_be_focused()
+    _check_axe(axe, page)
+    page.click("#delete-yes")
+    expect(page.locator(f'[data-testid=conversation][data-conversation-id="{conversation}"]')).to_have_count(0)
+    assert conversation not in [c["conversation_id"] for c in _api(running, "/api/conversations")["conversations"]]
+    expect(page.locator("#status")).to_contain_text("Deleted “Lighthouse chat”")

@@ -228,7 +228,7 @@ class _Archive:
 
     def resume(self, ids, better_than, mode, max_loss):
         self.asked.append(better_than)
-        return SimpleNamespace(cache="archive's", position=self.position, mode="exact") if self.position > better_than else None
+        return SimpleNamespace(cache="archive's", position=self.position, mode="exact", fidelity=None) if self.position > better_than else None
 
 
 class _Access:

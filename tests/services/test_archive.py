@@ -162,7 +162,7 @@ def test_session_references(archive):
     assert archive.session("one").session_id == a
     with pytest.raises(SessionNotFound, match="kvdb sessions"):
         archive.session("zzzz-nothing")
-    with pytest.raises(AmbiguousSession, match="matches 2 sessions"):
+    with pytest.raises(AmbiguousSession, match="names 2 conversations"):
         archive.session("two")
     with pytest.raises(InvalidArgument):
         archive.session("")

@@ -42,7 +42,7 @@ def occurrences(db, phrase):
 @pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk"])
 def test_every_occurrence_is_found(db, phrase):
     truth = occurrences(db, phrase)
-    hits = db.search(phrase, k=len(truth) + 20, context=4)
+    hits = db.search(phrase, k=len(truth) + 20, context=4, each_occurrence=True)
     exact = {(h.session_id, h.position) for h in hits if h.exact and h.query_tokens == len(phrase.encode())}
     assert exact == truth
     for h in hits:
@@ -179,11 +179,13 @@ def test_cli_search(tmp_path, tiny_model):
     empty = runner.invoke(main, [*args, "search", "lights"], env=env)
     assert empty.exit_code == 1 and "archive is empty" in empty.stderr
     assert runner.invoke(main, [*args, "ingest", str(tmp_path / "t")], env=env).exit_code == 0
-    out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--json"], env=env)
+    out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--each-occurrence", "--json"], env=env)
     assert out.exit_code == 0
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(rows) == 3 and all(set(r) == {"session_id", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"} for r in rows)
+    assert len(rows) == 3 and all(set(r) == {"session_id", "conversation_id", "title", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"} for r in rows)
     assert all(r["exact"] and not r["partial"] and r["name"] == "harbour" and "harbour lights" in r["context"] for r in rows)
+    once = [json.loads(line) for line in runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--json"], env=env).stdout.splitlines()]
+    assert [r["session_id"] for r in once] == [rows[0]["session_id"]] and once[0]["title"] == "harbour"  # one conversation, one hit: its best
     human = runner.invoke(main, [*args, "search", "harbour lights", "-k", "1"], env=env)
     assert human.stdout.startswith("harbour ") and " @" in human.stdout and "[exact]" in human.stdout
     none = runner.invoke(main, [*args, "search", "qqqzzz", "--json"], env=env)
@@ -230,7 +232,7 @@ def test_candidates_checked_by_tokens_or_by_key_ranges_are_the_same_hits(db, mon
 @pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk", "zebra"])
 def test_count_is_the_number_of_places_that_hold_the_phrase(db, phrase):
     assert db.count(phrase, case_sensitive=True).count == len(occurrences(db, phrase))
-    exact = [h for h in db.search(phrase, k=1000) if h.exact]  # every casing, each position once
+    exact = [h for h in db.search(phrase, k=1000, each_occurrence=True) if h.exact]  # every casing, each position once
     assert db.count(phrase).count == len(exact)
     assert db.count(phrase, session="harbour").count == len({h.position for h in db.search(phrase, k=1000, session="harbour") if h.exact})
 
