@@ -153,7 +153,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
 @click.option(
-    "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does).")
+    "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does)."
+)
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
     "--case-sensitive",
@@ -205,7 +206,9 @@ def search(ctx, phrase, k, context, session, each_occurrence, case_sensitive, mi
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session)
     else:
-        hits = archive.search(phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence)
+        hits = archive.search(
+            phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence
+        )
     for h in hits:
         if as_json:
             _emit(h.to_dict())
