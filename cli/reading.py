@@ -214,7 +214,7 @@ def search(ctx, phrase, k, context, session, each_occurrence, case_sensitive, mi
             _emit(h.to_dict())
             continue
         grade = "exact" if h.exact else f"score {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
-        click.echo(f"{_printable(h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
+        click.echo(f"{_printable(h.title or h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
         click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
     if all(h.partial for h in hits):
         if not as_json:

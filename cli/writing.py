@@ -179,7 +179,7 @@ def delete(ctx, session, whole, as_json):
 @click.pass_context
 def rename(ctx, conversation, title, as_json):
     """Give a conversation a TITLE, which lists, search hits and the page show, and which names
-    it in any command; an empty TITLE names it by its latest version again."""
+    it in any command; an empty TITLE names it by its first version again."""
     c = _open(ctx).rename(conversation, title)
     if as_json:
         _emit(c.to_dict())

@@ -294,7 +294,7 @@ class Archive:
         return self._conversations.history(ref)
 
     def rename(self, ref: str, title: str | None) -> Conversation:
-        """Give a conversation a title (None: named by its latest version again)."""
+        """Give a conversation a title (None: named by its first version again)."""
         return self._conversations.rename(ref, title)
 
     def delete_conversation(self, ref: str) -> DeletedConversation:

@@ -209,11 +209,13 @@ class Conversation:
     versions (``Archive.conversation`` lists them)."""
 
     conversation_id: str
-    title: str  # the user's (``rename``), else its latest version's name
+    title: str  # the user's (``rename``), else its first version's name
     latest: Session
     created_at: dt.datetime  # its first version's
     versions: int
     branches: int  # versions no other version extends
+    agent: str | None  # its first version's (``Session.agent``): a fork a server archives as text stays its agent's
+    project: str | None
 
     def to_dict(self) -> dict:
         return self.latest.to_dict() | {
@@ -223,8 +225,8 @@ class Conversation:
             "updated_at": self.latest.created_at.isoformat(),
             "versions": self.versions,
             "branches": self.branches,
-            "agent": self.latest.agent,
-            "project": self.latest.project,
+            "agent": self.agent,
+            "project": self.project,
         }
 
 

@@ -194,7 +194,7 @@ def embeddings(body: dict, served: str) -> tuple[list[str], str]:
 
 
 def title(body) -> str | None:
-    """A rename's ``{"title": ...}``: a string (empty or null: named by its latest version again)."""
+    """A rename's ``{"title": ...}``: a string (empty or null: named by its first version again)."""
     if not isinstance(body, dict) or set(body) != {"title"}:
         raise InvalidArgument('a rename is a JSON object with one field, {"title": "..."} (null or "" to drop the title)')
     if body["title"] is not None and not isinstance(body["title"], str):

@@ -100,6 +100,14 @@ class TrieView:
         the order of hits within a grade, derived once per snapshot, not per search."""
         return {session_id: i for i, session_id in enumerate(self.names)}
 
+    @functools.cached_property
+    def first_names(self) -> dict[str, str]:
+        """conversation -> the name of its oldest session, what an untitled one is called."""
+        out: dict[str, str] = {}
+        for session_id, name in self.names.items():  # oldest first
+            out.setdefault(self.conversations.get(session_id, session_id), name)
+        return out
+
     @classmethod
     def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from kvdb.model.source import (
     DEFAULT_MODEL,
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+ROLE_HEADER = r"^(system|user|assistant|tool|model|developer)\n"  # the role word a template writes after a turn's opening token
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 
 
@@ -139,6 +143,26 @@ def plain_text(tokenizer, ids) -> str:
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.decode(ids, skip_special_tokens=True)
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def snippet_text(tokenizer, ids) -> str:
+    """The text of ``ids`` as a reader of a snippet wants it: without special tokens, and without
+    the role word a chat template writes after the special token that opens a turn
+    (``<|im_start|>assistant\\n``). Found from the token ids, so that the light tokenizer, which
+    renders no template, finds it too."""
+    ids = np.asarray(list(map(int, ids)), dtype=np.int64)
+    specials = np.flatnonzero(np.isin(ids, _special_ids(tokenizer)))
+    bounds = [-1, *specials.tolist(), len(ids)]
+    out = []
+    for k in range(len(bounds) - 1):  # a few turns per snippet, not tokens
+        text = decode(tokenizer, ids[bounds[k] + 1 : bounds[k + 1]])
+        out.append(re.sub(ROLE_HEADER, "", text, count=1) if k else text)
+    return "".join(out)
+
+
+def _special_ids(tokenizer) -> list[int]:
+    added = tokenizer.backend.get_added_tokens_decoder() if isinstance(tokenizer, LightTokenizer) else tokenizer.added_tokens_decoder
+    return [i for i, token in added.items() if token.special]
 
 
 # the light tokenizer --------------------------------------------------------------------------

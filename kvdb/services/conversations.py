@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from kvdb.errors import InvalidArgument
 from kvdb.index.phrase import Hit
+from kvdb.index.trie import TrieView
 from kvdb.records import Conversation, ConversationHistory, DeletedConversation, Session, Version
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -35,13 +36,12 @@ class Conversations:
             grouped.setdefault(row.conversation_id, []).append(row)
         titles, extended = self._storage.conversation_titles(), self._storage.extended_sessions()
         out = []
-        for conversation_id, rows in grouped.items():
-            latest = Session.from_row(rows[-1])
-            day = latest.created_at.date()
-            if (agent and latest.agent != agent) or (project and latest.project != project) or (since and day < since) or (until and day > until):
+        for rows in grouped.values():
+            conversation = _conversation(rows, titles, sum(r.session_id not in extended for r in rows))
+            day = conversation.latest.created_at.date()
+            if (agent and conversation.agent != agent) or (project and conversation.project != project) or (since and day < since) or (until and day > until):
                 continue
-            branches = sum(r.session_id not in extended for r in rows)
-            out.append(Conversation(conversation_id, titles.get(conversation_id, latest.name), latest, rows[0].created_at, len(rows), max(branches, 1)))
+            out.append(conversation)
         return sorted(out, key=lambda c: (c.latest.created_at, c.conversation_id), reverse=True)
 
     def history(self, ref: str) -> ConversationHistory:
@@ -55,23 +55,15 @@ class Conversations:
         versions = []
         for i, row in enumerate(rows):
             leaf = not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
-            nearest = max(range(i), key=lambda j: (shared(i, j), j), default=None)
-            forks = nearest is not None and shared(i, nearest) < rows[nearest].n_tokens
-            branch_of, forked_at = (rows[nearest].session_id, shared(i, nearest)) if forks and nearest is not None else (None, None)
+            most = max((shared(i, j) for j in range(i)), default=0)
+            # a fork: an earlier version holds those tokens and went on another way; it forks from the first such
+            went_on = [j for j in range(i) if shared(i, j) == most and rows[j].n_tokens > most]
+            branch_of, forked_at = (rows[went_on[0]].session_id, most) if went_on else (None, None)
             versions.append(Version(Session.from_row(row), i + 1, i == len(rows) - 1, leaf, branch_of, forked_at))
-        titles = self._storage.conversation_titles()
-        conversation = Conversation(
-            rows[0].conversation_id,
-            titles.get(rows[0].conversation_id, rows[-1].name),
-            versions[-1].session,
-            rows[0].created_at,
-            len(rows),
-            sum(v.leaf for v in versions),
-        )
-        return ConversationHistory(conversation, versions)
+        return ConversationHistory(_conversation(rows, self._storage.conversation_titles(), sum(v.leaf for v in versions)), versions)
 
     def rename(self, ref: str, title: str | None) -> Conversation:
-        """``title`` None or empty: named by its latest version again."""
+        """``title`` None or empty: named by its first version again."""
         if title is not None and len(title) > TITLE_CHARS:
             raise InvalidArgument(f"a title has at most {TITLE_CHARS} characters; this one has {len(title)}")
         rows = self._rows(ref)
@@ -88,13 +80,23 @@ class Conversations:
         return self._storage.conversation_sessions(self._reader.resolve(ref).conversation_id)
 
 
-def labelled(hits: list[Hit], conversations: dict[str, str], titles: dict[str, str]) -> list[Hit]:
-    """The hits, each with its conversation (``conversations``: session id -> conversation) and
-    that conversation's title (an untitled one is called by the name of the hit's version)."""
+def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:
+    """A conversation of these versions (oldest first), named by its title or its first version's name."""
+    first = Session.from_row(rows[0])
+    conversation_id = rows[0].conversation_id
+    return Conversation(
+        conversation_id, titles.get(conversation_id, first.name), Session.from_row(rows[-1]), first.created_at, len(rows), branches, first.agent, first.project
+    )
+
+
+def labelled(hits: list[Hit], view: TrieView, titles: dict[str, str]) -> list[Hit]:
+    """The hits, each with its conversation and that conversation's title (``titles``: those
+    renamed; the others are called by their first version's name)."""
     out = []
     for hit in hits:
-        conversation = conversations.get(hit.session_id, hit.session_id)
-        out.append(dataclasses.replace(hit, conversation_id=conversation, title=titles.get(conversation, hit.name)))
+        conversation = view.conversations.get(hit.session_id, hit.session_id)
+        title = titles.get(conversation) or view.first_names.get(conversation, hit.name)
+        out.append(dataclasses.replace(hit, conversation_id=conversation, title=title))
     return out
 
 

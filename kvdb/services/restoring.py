@@ -8,7 +8,7 @@ import time
 from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
 from kvdb.index import trie
-from kvdb.model import capture
+from kvdb.model import capture, chat
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import Fidelity, PresetFidelity, RestoredSession
@@ -95,8 +95,11 @@ class Restorer:
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily, from the same state however often it is called."""
         loaded = self._models.get()
-        chat = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat"
-        prompt_ids = restore_ops.continuation_ids(loaded, prompt, chat, restored.tokens)
+        # a chat: ingested as one, or a text whose turns the template framed (a server's continuation)
+        as_turn = self._reader.resolve(restored.session_id).metadata.get("kind") == "chat" or any(
+            role is not None for role, _, _ in chat.turns(loaded.tokenizer, restored.tokens)
+        )
+        prompt_ids = restore_ops.continuation_ids(loaded, prompt, as_turn, restored.tokens)
         return restore_ops.continue_restored(loaded, restored, prompt_ids, max_new_tokens)
 
 

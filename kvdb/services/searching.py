@@ -73,12 +73,12 @@ class Searcher:
                 view.age,
                 sessions_of=found.sessions_of,
                 fetch=found.fetch,
-                decode=lambda ids: tok.plain_text(found.tokenizer, ids),
+                decode=lambda ids: tok.snippet_text(found.tokenizer, ids),
                 k=wanted,
                 context=context,
                 min_share=min_share,
             )
-            return labelled(found_hits, view.conversations, titles)
+            return labelled(found_hits, view, titles)
 
         if session is not None or each_occurrence:
             return hits(k)

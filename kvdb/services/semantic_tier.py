@@ -121,16 +121,16 @@ class SemanticTier:
         texts = self._texts(view, [(sid, a, b) for sid, a, b, _ in best])
         titles = self._derived.get("titles", self._storage.conversation_titles)
         hits = [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, a, b, score), text in zip(best, texts)]
-        return labelled(hits, view.conversations, titles)
+        return labelled(hits, view, titles)
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
-        """The text, without special tokens, of tokens [start, stop) of each (session, start, stop)."""
+        """The text, without special tokens or role words, of tokens [start, stop) of each (session, start, stop)."""
         windows = view.windows(self._storage, requests, {}, np.zeros(0, np.int64))
         tokenizers: dict[str, object] = {}
         for session_id, _, _ in requests:
             if session_id not in tokenizers:
                 tokenizers[session_id] = self._models.tokenizer_for(self._reader.resolve(session_id))
-        return [tok.plain_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
+        return [tok.snippet_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
 
 
 class ChunkIndexes:

@@ -165,7 +165,7 @@ function locate(hit, turns) {
   let index = turns.findIndex((t) => t.start <= hit.position && hit.position < t.end);
   if (index < 0) index = Math.max(0, turns.findLastIndex((t) => t.start <= hit.position));
   const text = turns[index]?.text ?? "";
-  const match = (hit.match ?? "").replace(/^(?:system|user|assistant|tool)\n/, ""); // a chunk's text may open with its turn's role
+  const match = hit.match ?? "";
   if (match) {
     const lead = (hit.before ?? "").slice(-40);
     let at = lead ? text.indexOf(lead + match) : -1;
@@ -256,7 +256,6 @@ function renderTurn(turn, number) {
 
 // ---- a turn's text: thinking, tool calls and results folded, the rest as text ----
 
-const TEMPLATE = /<\|[a-z_]+\|>(?:system|user|assistant|tool)?\n?/g; // chat template tokens, should any reach the page
 const THINKING = /^<thinking>\n?([\s\S]*?)\n?<\/thinking>\n?/d;
 const TOOL_CALL = /<tool_call\b([^>]*)>([\s\S]*?)<\/tool_call>\n?/dg;
 const TOOL_RESULT = /^\s*<tool_result\b([^>]*)>\n?([\s\S]*?)\n?<\/tool_result>\s*$/d;
@@ -283,9 +282,7 @@ function fold(kind, summary, text, offset, mark, open = false) {
   return details;
 }
 
-function parts(role, raw, mark) {
-  const text = raw.includes("<|") ? raw.replace(TEMPLATE, "") : raw;
-  if (text !== raw) mark = null; // positions moved: mark nothing rather than the wrong characters
+function parts(role, text, mark) {
   const out = [];
   if (role === "tool") {
     const m = TOOL_RESULT.exec(text);

@@ -16,6 +16,7 @@ from kvdb.storage import Storage, open_storage
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
+    DeleteConversation,
     DeleteSession,
     DropTiers,
     IndexState,
@@ -24,6 +25,7 @@ from kvdb.storage.base import (
     NodeTiers,
     PutCodebooks,
     PutModel,
+    RenameConversation,
     ReplaceIndexState,
     SessionRow,
     SessionWrite,
@@ -376,3 +378,50 @@ def test_before_compute_keeps_a_fresh_hold_for_short_work_only(storage, monkeypa
     monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a hold as old as the limit: even short work lets go
     storage.before_compute(short=True)
     assert storage.held_for() == 0.0
+
+
+# conversations: which one a session joins is decided inside its write --------------------------
+
+
+def conversation_of(storage: Storage, session_id: str) -> str:
+    row = storage.get_session(session_id)
+    assert row is not None
+    return row.conversation_id
+
+
+def test_a_session_that_extends_one_of_its_source_joins_its_conversation(storage):
+    first = branch(storage, "log", ids_of("the keeper lit the lamp at dusk"))
+    grown = branch(storage, "log", ids_of("the keeper lit the lamp at dusk and logged the wind"))
+    other_source = branch(storage, "copy", ids_of("the keeper lit the lamp at dusk and logged the rain"))
+    assert conversation_of(storage, first) == conversation_of(storage, grown) == first  # named by its first session
+    assert conversation_of(storage, other_source) == other_source
+    assert [r.session_id for r in storage.conversation_sessions(first)] == [first, grown]
+
+
+def test_a_file_rewritten_forks_its_conversation_and_a_writer_may_name_one(storage):
+    first = branch(storage, "log", ids_of("one version of the log"))
+    rewritten = branch(storage, "log", ids_of("another version entirely"))  # same file, same name, no shared prefix
+    assert conversation_of(storage, rewritten) == first
+    write = dataclasses.replace(session_write("chat", ids_of("a chat the server continues")), conversation="c0ffee")
+    storage.apply(write)
+    assert conversation_of(storage, write.session.session_id) == "c0ffee" and storage.conversation_titles() == {}
+
+
+def test_deleting_the_last_session_of_a_conversation_deletes_it_and_rename_titles_it(storage):
+    first = branch(storage, "log", ids_of("the keeper lit the lamp"))
+    grown = branch(storage, "log", ids_of("the keeper lit the lamp and slept"))
+    storage.apply(RenameConversation(first, "Lamp"))
+    assert storage.conversation_titles() == {first: "Lamp"}
+    storage.apply(DeleteSession(first))
+    assert conversation_of(storage, grown) == first and storage.conversation_titles() == {first: "Lamp"}  # one version left
+    storage.apply(DeleteSession(grown))
+    assert storage.conversation_sessions(first) == [] and storage.conversation_titles() == {}
+
+
+def test_deleting_a_conversation_deletes_every_version_in_one_plan(storage):
+    first = branch(storage, "log", ids_of("the keeper lit the lamp"))
+    branch(storage, "log", ids_of("the keeper lit the lamp and slept"))
+    kept = branch(storage, "notes", ids_of("unrelated notes about the bay"))
+    storage.apply(DeleteConversation(first))
+    assert [r.session_id for r in storage.list_sessions()] == [kept]
+    assert all(n.refcount == 0 for n in storage.node_path(first))  # uncounted, for gc

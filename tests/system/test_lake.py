@@ -79,18 +79,24 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
     where = f"ducklake:postgres:{postgres.new_database()}"
     with pytest.raises(ArchiveError, match="--data-path"):
         kvdb.open(where, model=tiny_model)
+    talk = [{"role": "user", "content": "Where is the harbour?"}, {"role": "assistant", "content": "Past the lighthouse."}]
     with kvdb.open(where, model=tiny_model, data_path=tmp_path / "d") as archive:
-        archive.sessions()
+        archive.ingest(messages=talk, name="chat")  # a chat archived turn after turn, as `kvdb serve` does
+        archive.ingest(messages=[*talk, {"role": "user", "content": "And the ships?"}, {"role": "assistant", "content": "At anchor."}], name="chat")
+        archive.ingest(text=TEXTS["harbour"], name="harbour")
     from kvdb.storage.ducklake import DuckLake
 
     store = DuckLake(where)
-    store.connection().execute("drop table node_chunks")  # a lake kvdb wrote before the semantic tier
+    for table in ("node_chunks", "conversations", "conversation_sessions"):  # a lake kvdb wrote before the semantic tier and conversations
+        store.connection().execute(f"drop table {table}")
     store.connection().execute("update alembic_version set version_num = '0007'")
     store.close()
     with pytest.raises(ArchiveError, match="revision 0007; open it once with a command that writes"):
         kvdb.open(where, model=tiny_model, read_only=True)
     with kvdb.open(where, model=tiny_model, embedder=tiny_model) as archive:  # upgraded: the semantic tier's table added
         archive.ingest(text=TEXTS["garden"], name="garden", keep="tokens,search,semantic")
+        listed = {c.title: c for c in archive.conversations()}  # ...and the sessions grouped, as migration 0009 groups a file's
+        assert sorted(listed) == ["chat", "garden", "harbour"] and listed["chat"].versions == 2 and listed["harbour"].versions == 1
     store = DuckLake(where)
     store.connection().execute("update alembic_version set version_num = '9999'")
     store.close()
