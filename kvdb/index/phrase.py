@@ -318,13 +318,15 @@ def search(
     k: int = 10,
     context: int = 32,
     min_share: float = MIN_SHARE,
+    group: Callable[[str], str] | None = None,
 ) -> list[Hit]:
     """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``;
     partial hits only where they match at least ``min_share`` of the phrase's tokens.
 
     Candidates are checked best first, a batch at a time (a few queries per batch, whatever
     its size), until k hits are confirmed. A hit in a node that several sessions share is
-    reported once, in the oldest of them.
+    reported once, in the session ``sessions_of`` names. With ``group`` (session -> its group,
+    a conversation), a group's candidates after its first hit are skipped before they are fetched.
     """
     if k < 1:
         raise InvalidArgument(f"k must be at least 1, got {k}")
@@ -336,6 +338,7 @@ def search(
     walked: Walked = {}
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
+    grouped: set[str] = set()  # the groups that have their hit
     # Full matches first; the partial ones only when the full ones leave room for them, since
     # each shorter suffix of a phrase is a range of its own to bound.
     for sharing in (whole, least):
@@ -357,14 +360,18 @@ def search(
             batch = [(int(r), int(e), int(v)) for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))]
             at += len(batch)
             owners = sessions_of(sorted({str(slots.node_ids[run]) for run, _, _ in batch}))
-            live = [c for c in batch if str(slots.node_ids[c[0]]) in owners]  # a node every session left: skip
+            live = [  # a node every session left, or of a group that has its hit: skip
+                c for c in batch if str(slots.node_ids[c[0]]) in owners and (group is None or group(owners[str(slots.node_ids[c[0]])]) not in grouped)
+            ]
             spans = [(owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context) for run, end, v in live]
             for (_, end, v), (session_id, lo, _), window in zip(live, spans, fetch(spans)):
                 phrase = variants[v]
                 shared = shared_suffix(window[: end + 1 - lo], phrase)
-                if shared < least[v] or (session_id, end) in seen:
+                if shared < least[v] or (session_id, end) in seen or (group is not None and group(session_id) in grouped):
                     continue
                 seen.add((session_id, end))
+                if group is not None:
+                    grouped.add(group(session_id))
                 start = end + 1 - shared
                 before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
                 hits.append(

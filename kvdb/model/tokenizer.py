@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 ROLE_HEADER = r"^(system|user|assistant|tool|model|developer)\n"  # the role word a template writes after a turn's opening token
+_SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> which ids are special tokens (see snippet_text)
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 
 
@@ -150,8 +152,11 @@ def snippet_text(tokenizer, ids) -> str:
     the role word a chat template writes after the special token that opens a turn
     (``<|im_start|>assistant\\n``). Found from the token ids, so that the light tokenizer, which
     renders no template, finds it too."""
-    ids = np.asarray(list(map(int, ids)), dtype=np.int64)
-    specials = np.flatnonzero(np.isin(ids, _special_ids(tokenizer)))
+    ids = np.asarray(ids, dtype=np.int64)
+    special = _special_mask(tokenizer)
+    specials = np.flatnonzero(special[np.minimum(ids, len(special) - 1)] & (ids < len(special)))
+    if not specials.size:
+        return decode(tokenizer, ids)
     bounds = [-1, *specials.tolist(), len(ids)]
     out = []
     for k in range(len(bounds) - 1):  # a few turns per snippet, not tokens
@@ -160,9 +165,15 @@ def snippet_text(tokenizer, ids) -> str:
     return "".join(out)
 
 
-def _special_ids(tokenizer) -> list[int]:
-    added = tokenizer.backend.get_added_tokens_decoder() if isinstance(tokenizer, LightTokenizer) else tokenizer.added_tokens_decoder
-    return [i for i, token in added.items() if token.special]
+def _special_mask(tokenizer) -> np.ndarray:
+    """Whether each id up to the largest special token's is a special token."""
+    if tokenizer not in _SPECIAL:
+        added = tokenizer.backend.get_added_tokens_decoder() if isinstance(tokenizer, LightTokenizer) else tokenizer.added_tokens_decoder
+        ids = [i for i, token in added.items() if token.special]
+        mask = np.zeros(max(ids, default=0) + 1, dtype=bool)
+        mask[ids] = True
+        _SPECIAL[tokenizer] = mask
+    return _SPECIAL[tokenizer]
 
 
 # the light tokenizer --------------------------------------------------------------------------

@@ -64,6 +64,8 @@ class Searcher:
         view = found.view
         titles = self._derived.get("titles", self._storage.conversation_titles)
 
+        each = session is not None or each_occurrence
+
         def hits(wanted: int) -> list[Hit]:
             found_hits = search_ops.search(
                 found.index,
@@ -77,10 +79,11 @@ class Searcher:
                 k=wanted,
                 context=context,
                 min_share=min_share,
+                group=None if each else lambda session_id: view.conversations.get(session_id, session_id),
             )
             return labelled(found_hits, view, titles)
 
-        if session is not None or each_occurrence:
+        if each:
             return hits(k)
         return widening(hits, one_per_conversation, k)
 
