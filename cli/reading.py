@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -15,7 +16,11 @@ from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option,
 @main.command()
 @click.option("--versions", "every", is_flag=True, help="List every stored version of every conversation (each a session), oldest first.")
 @click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
-@click.option("--project", default=None, help="Only conversations about this folder (the working directory a log records, else the file's folder).")
+@click.option(
+    "--project",
+    default=None,
+    help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
+)
 @click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or after this day (YYYY-MM-DD).")
 @click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or before this day (YYYY-MM-DD).")
 @json_option
@@ -34,7 +39,7 @@ def sessions(ctx, every, agent, project, since, until, as_json):
             else:
                 click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
         return
-    for c in reversed(archive.conversations(agent, project, since and since.date(), until and until.date())):
+    for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
         if as_json:
             _emit(c.to_dict())
             continue
@@ -155,6 +160,10 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option(
     "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does)."
 )
+@click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
+@click.option("--project", default=None, help="Only conversations about this folder or one inside it ('.': the current folder).")
+@click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or after this day (YYYY-MM-DD).")
+@click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or before this day (YYYY-MM-DD).")
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
     "--case-sensitive",
@@ -186,7 +195,9 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @model_option
 @json_option
 @click.pass_context
-def search(ctx, phrase, k, context, session, each_occurrence, case_sensitive, min_share, semantic, count_only, embedder, model, as_json):
+def search(
+    ctx, phrase, k, context, agent, project, since, until, session, each_occurrence, case_sensitive, min_share, semantic, count_only, embedder, model, as_json
+):
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
@@ -203,11 +214,12 @@ def search(ctx, phrase, k, context, session, each_occurrence, case_sensitive, mi
         counted = archive.count(phrase, session=session, case_sensitive=case_sensitive)
         _emit(counted.to_dict()) if as_json else click.echo(counted.count)
         sys.exit(0 if counted.count else 1)
+    scope = {"agent": agent, "project": _folder(project), "since": since and since.date(), "until": until and until.date()}
     if semantic:
-        hits = archive.search_meaning(phrase, k=k, session=session)
+        hits = archive.search_meaning(phrase, k=k, session=session, **scope)
     else:
         hits = archive.search(
-            phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence
+            phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence, **scope
         )
     for h in hits:
         if as_json:
@@ -257,3 +269,8 @@ def prefixes(ctx, as_json):
             _emit(p.to_dict())
         else:
             click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")
+
+
+def _folder(project: str | None) -> str | None:
+    """A project folder as the archive records it: absolute (``.`` is the current folder)."""
+    return None if project is None else str(Path(project).expanduser().resolve())

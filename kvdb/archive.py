@@ -396,14 +396,20 @@ class Archive:
         case_sensitive: bool = False,
         min_share: float = MIN_SHARE,
         each_occurrence: bool = False,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
     ) -> list[Hit]:
         """Where ``phrase`` occurs in the archived sessions: full matches first, then the
         positions sharing the longest suffix of it, at least ``min_share`` of its tokens (0: any).
         Unless ``case_sensitive``, the phrase is also looked for in lower, sentence, title and
         upper case. Each conversation is one hit, its best, in the latest version holding it;
-        within one ``session``, or with ``each_occurrence``, every occurrence is a hit. Only the
-        tokenizer is loaded."""
-        return self._searcher.search(phrase, k, context, session, case_sensitive, min_share, each_occurrence)
+        within one ``session``, or with ``each_occurrence``, every occurrence is a hit. ``agent``,
+        ``project``, ``since`` and ``until`` keep to the conversations ``conversations`` lists
+        with them. Only the tokenizer is loaded."""
+        within = self._conversations.scope(agent, project, since, until)
+        return self._searcher.search(phrase, k, context, session, case_sensitive, min_share, each_occurrence, within)
 
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
         """How many archived positions end a full match of ``phrase`` (in its other casings too,
@@ -429,11 +435,20 @@ class Archive:
             raise InvalidArgument("give one text or a list of texts to embed")
         return self._embedder.embed(texts, kind), self._embedder.count_tokens(texts)
 
-    def search_meaning(self, query: str, k: int = 10, session: str | None = None) -> list[Hit]:
-        """The sessions whose chunks are nearest ``query`` in meaning (the semantic tier; its
-        embedder loads on first use), one hit per session at its nearest chunk: the chunk's first
-        position, which ``restore(at=)`` takes, and its text."""
-        return self._semantic.search(query, k, session)
+    def search_meaning(
+        self,
+        query: str,
+        k: int = 10,
+        session: str | None = None,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+    ) -> list[Hit]:
+        """The conversations whose chunks are nearest ``query`` in meaning (the semantic tier; its
+        embedder loads on first use), one hit per conversation at its nearest chunk: the chunk's
+        first position, which ``restore(at=)`` takes, and its text; filtered as ``search``."""
+        return self._semantic.search(query, k, session, self._conversations.scope(agent, project, since, until))
 
     def rebuild_index(self) -> RebuiltIndex:
         """Rebuild the search index of the archive's tokenizer from the token streams."""

@@ -108,6 +108,16 @@ class TrieView:
             out.setdefault(self.conversations.get(session_id, session_id), name)
         return out
 
+    def owners_within(self, conversations: set[str]) -> dict[str, str]:
+        """node_id -> the latest session through it of these conversations: where a search
+        scoped to them reports a hit."""
+        out: dict[str, str] = {}
+        for session_id in self.names:  # oldest first: the latest is written last
+            if self.conversations.get(session_id, session_id) in conversations:
+                for node in self.path(session_id):
+                    out[node.node_id] = session_id
+        return out
+
     @classmethod
     def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()

@@ -29,8 +29,9 @@ class Conversations:
         self._reader = reader
 
     def listed(self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None) -> list[Conversation]:
-        """Every conversation as its latest state, the most recently updated first; ``since`` and
-        ``until`` bound the day of its latest version (both included)."""
+        """Every conversation as its latest state, the most recently updated first; ``agent`` is
+        its format, ``project`` its folder or a folder it is inside, and ``since`` and ``until``
+        bound the day of its latest version (both included)."""
         grouped: dict[str, list[SessionRow]] = {}
         for row in self._storage.list_sessions():  # oldest first
             grouped.setdefault(row.conversation_id, []).append(row)
@@ -38,11 +39,15 @@ class Conversations:
         out = []
         for rows in grouped.values():
             conversation = _conversation(rows, titles, sum(r.session_id not in extended for r in rows))
-            day = conversation.latest.created_at.date()
-            if (agent and conversation.agent != agent) or (project and conversation.project != project) or (since and day < since) or (until and day > until):
-                continue
-            out.append(conversation)
+            if _admits(conversation, agent, project, since, until):
+                out.append(conversation)
         return sorted(out, key=lambda c: (c.latest.created_at, c.conversation_id), reverse=True)
+
+    def scope(self, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> set[str] | None:
+        """The conversations these filters admit (as ``listed``), for a search to keep to; None: no filter."""
+        if agent is None and project is None and since is None and until is None:
+            return None
+        return {c.conversation_id for c in self.listed(agent, project, since, until)}
 
     def history(self, ref: str) -> ConversationHistory:
         """A conversation (named by any of its versions, its id or its title) and its versions."""
@@ -78,6 +83,13 @@ class Conversations:
 
     def _rows(self, ref: str) -> list[SessionRow]:
         return self._storage.conversation_sessions(self._reader.resolve(ref).conversation_id)
+
+
+def _admits(conversation: Conversation, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> bool:
+    """``project``: its folder or one inside it."""
+    day = conversation.latest.created_at.date()
+    inside = project is None or (conversation.project is not None and (conversation.project + "/").startswith(project.rstrip("/") + "/"))
+    return (agent is None or conversation.agent == agent) and inside and (since is None or day >= since) and (until is None or day <= until)
 
 
 def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:

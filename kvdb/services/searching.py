@@ -53,12 +53,14 @@ class Searcher:
         case_sensitive: bool = False,
         min_share: float = search_ops.MIN_SHARE,
         each_occurrence: bool = False,
+        within: set[str] | None = None,
     ) -> list[Hit]:
         """The best hit of each of ``k`` conversations, in the latest version that holds it;
-        within one ``session``, or ``each_occurrence``, the ``k`` best hits."""
+        within one ``session``, or ``each_occurrence``, the ``k`` best hits. ``within``: only
+        these conversations."""
         if not 0 <= min_share <= 1:
             raise InvalidArgument(f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}")
-        found = self._lookup(phrase, session, case_sensitive)
+        found = self._lookup(phrase, session, case_sensitive, within)
         if found is None:
             return []
         view = found.view
@@ -101,9 +103,10 @@ class Searcher:
 
         return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants, check), case_sensitive, session)
 
-    def _lookup(self, phrase: str, session: str | None, case_sensitive: bool) -> _Lookup | None:
+    def _lookup(self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
-        runs (those on ``session``'s path when given), and the trie; None when nothing is indexed."""
+        runs (those on ``session``'s path, or on the paths of the conversations ``within``, when
+        given), and the trie; None when nothing is indexed."""
         if not phrase or not phrase.strip():
             raise InvalidArgument("empty search phrase; give some text to look for")
         tokenizer, tok_hash = self._models.tokenizer()
@@ -120,13 +123,19 @@ class Searcher:
             runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))  # node id -> first slot
         if not len(slots.first):
             return None
-        sessions_of = lambda node_ids: {n: view.owner[n] for n in node_ids if n in view.owner}  # noqa: E731
-        if session is not None:
-            wanted = self._reader.resolve(session).session_id
-            on_path = {n.node_id for n in view.path(wanted)}
-            keep = np.array([nid in on_path for nid in slots.node_ids], dtype=bool)
+        owners = view.owner
+        if session is not None or within is not None:  # hits are reported in this session, or in those conversations
+            if session is not None:
+                wanted = self._reader.resolve(session).session_id
+                owners = {n.node_id: wanted for n in view.path(wanted)}
+            else:
+                assert within is not None
+                owners = view.owners_within(within)
+            keep = np.array([nid in owners for nid in slots.node_ids], dtype=bool)
+            if not keep.any():
+                return None
             slots, owned = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]), owned[keep]
-            sessions_of = lambda node_ids: dict.fromkeys(node_ids, wanted)  # noqa: E731  (hits are reported in this session)
+        sessions_of = lambda node_ids: {n: owners[n] for n in node_ids if n in owners}  # noqa: E731
         fetch = lambda requests: view.windows(self._storage, requests, runs, index.tokens)  # noqa: E731
         return _Lookup(tokenizer, variants, index, slots, owned, view, sessions_of, fetch)
 

@@ -73,7 +73,7 @@ class SemanticTier:
             Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], node_vectors) for (spans, _), node_vectors in zip(held, np.split(vectors, cuts))
         ]
 
-    def search(self, query: str, k: int = 10, session: str | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = 10, session: str | None = None, within: set[str] | None = None) -> list[Hit]:
         """The sessions whose chunks best match ``query``, one hit per session at its best chunk:
         the chunk's cosine to the query and its words' BM25 score, each scaled to [0, 1] over
         its best ``CANDIDATES`` chunks and mixed ``DENSE_WEIGHT`` to ``WORDS_WEIGHT``
@@ -95,20 +95,25 @@ class SemanticTier:
         if table is None:
             raise TierMissing(_NO_TIER)
         query_vector = embedder.embed([query], kind="query")
-        if session is None:
+        if session is None and within is None:
             dense_rows, dense_scores = table.nearest(query_vector[0], CANDIDATES)
             words = ranking.top_k(table.words.scores(query), CANDIDATES)
             owners: Callable[[str], str | None] = view.owner.get
-        else:
-            wanted = self._reader.resolve(session).session_id
-            rows = table.rows_of([n.node_id for n in view.path(wanted)])
+        else:  # the chunks of this session's path, or of those conversations' paths
+            if session is not None:
+                wanted = self._reader.resolve(session).session_id
+                owner_of = {n.node_id: wanted for n in view.path(wanted)}
+            else:
+                assert within is not None
+                owner_of = view.owners_within(within)
+            rows = table.rows_of(list(owner_of))
             cosines = table.vectors[rows].astype(np.float32) @ query_vector[0]
             order = np.argsort(-cosines, kind="stable")[:CANDIDATES]
             dense_rows, dense_scores = rows[order], cosines[order]
             on_path = np.zeros(table.rows, dtype=bool)
             on_path[rows] = True
             words = ranking.top_k(np.where(on_path, table.words.scores(query), 0.0), CANDIDATES)
-            owners = lambda node_id: wanted  # noqa: E731 - every chunk of the path is in this session
+            owners = owner_of.get
         fused_rows, fused = ranking.weighted([(dense_rows, dense_scores), words], [DENSE_WEIGHT, WORDS_WEIGHT])
         found: dict[str, tuple[str, int, int, float]] = {}  # conversation -> (session, start, stop, score) of its best chunk
         for row, score in zip(fused_rows.tolist(), fused.tolist()):

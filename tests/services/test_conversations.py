@@ -70,9 +70,9 @@ def test_rename_and_delete_act_on_the_whole_conversation(archive):
 def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tiny_model):
     runner = CliRunner()
 
-    def run(*args):
+    def run(*args, exit_code=0):
         result = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), *args], env={"KVDB_MODEL": tiny_model}, catch_exceptions=False)
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == exit_code, result.output
         return result.stdout
 
     log = tmp_path / "talk.jsonl"
@@ -82,6 +82,8 @@ def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tin
     assert listed["versions"] == 2 and listed["agent"] == "messages" and listed["project"] == str(tmp_path)
     assert "[2 versions]" in run("sessions") and len(run("sessions", "--versions").splitlines()) == 2
     assert run("sessions", "--agent", "claude-code") == "" and run("sessions", "--since", "2999-01-01") == ""
+    hits = [json.loads(line) for line in run("search", "harbour", "--project", str(tmp_path), "--json").splitlines()]
+    assert [h["title"] for h in hits] == ["talk"] and run("search", "harbour", "--project", str(tmp_path / "nowhere"), exit_code=1) == ""
     history = json.loads(run("history", "talk", "--json"))["history"]
     assert [v["version"] for v in history] == [1, 2] and history[1]["latest"]
     assert "renamed" in run("rename", "talk", "Ledger talk")
@@ -111,3 +113,16 @@ def test_a_servers_continuation_restored_without_a_prompt_replies_as_the_assista
     header = original(loaded, None, True, ids)
     assert chat_template.ends_turn(loaded.tokenizer, ids) and loaded.tokenizer.decode(header).strip().endswith("assistant")
     assert original(loaded, None, True, ids[:-3]).size == 0  # mid-turn: the text goes on
+
+
+def test_search_keeps_to_an_agent_a_project_and_days(archive, tmp_path):
+    archive.ingest(write_jsonl(tmp_path / "repo" / "talk.jsonl", TALK))  # project: tmp_path/repo
+    archive.ingest(write_jsonl(tmp_path / "elsewhere" / "log.jsonl", MORE))
+    archive.ingest(text="A harbour ledger, in plain text.", name="notes")  # no project
+    assert {h.title for h in archive.search("harbour")} == {"talk", "log", "notes"}
+    assert {h.title for h in archive.search("harbour", project=str(tmp_path / "repo"))} == {"talk"}
+    assert {h.title for h in archive.search("harbour", project=str(tmp_path))} == {"talk", "log"}  # folders inside it too
+    assert {h.title for h in archive.search("harbour", agent="text")} == {"notes"}
+    today = archive.conversations()[0].latest.created_at.date()
+    assert archive.search("harbour", until=today.replace(year=today.year - 1)) == []
+    assert {h.title for h in archive.search_meaning("harbour ledger", project=str(tmp_path / "elsewhere"))} == {"log"}
