@@ -54,8 +54,8 @@ test-fast: install
 
 # benchmarks/ is checked (names, loop closures), not formatted.
 lint: install
-	$(VENV)/bin/ruff check kvdb cli server benchmarks
-	$(VENV)/bin/ruff format --check kvdb cli server
+	$(VENV)/bin/ruff check kvdb cli server mcpserver benchmarks
+	$(VENV)/bin/ruff format --check kvdb cli server mcpserver
 	$(VENV)/bin/mypy
 
 # Each benchmark appends its table to benchmarks/RESULTS.md (about three hours in all on 2 cores).

@@ -72,3 +72,19 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
     )
     click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
     run_server(engine, host, port, api_key)
+
+
+@main.command()
+@click.option("--allow-continue", is_flag=True, help="Offer the `continue` tool, which loads the model and runs it (the others only read).")
+@embedder_option
+@model_option
+@click.pass_context
+def mcp(ctx, allow_continue, embedder, model):
+    """Answer an agent over the Model Context Protocol, on stdin and stdout (register the
+    command `kvdb --db ARCHIVE mcp` with the agent: see README.md, "Agents"). Its tools:
+    search (by phrase or meaning; filters by session, agent, project folder and days), show (a
+    conversation, paged), sessions (recent first), and with --allow-continue, continue (restore
+    a conversation at a position and ask the model). The archive is opened read-only."""
+    from kvdb_mcp import build  # the SDK is imported by this command alone
+
+    build(_open(ctx, model, read_only=True, embedder=embedder), allow_continue).run("stdio")

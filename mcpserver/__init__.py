@@ -1,0 +1,7 @@
+"""`kvdb mcp`: the archive as tools an agent calls over the Model Context Protocol (the official
+``mcp`` SDK). Import name ``kvdb_mcp``; it parses, calls the library, and formats, as the CLI
+and the HTTP server do: its results are the records' ``to_dict()``."""
+
+from kvdb_mcp.tools import build
+
+__all__ = ["build"]
