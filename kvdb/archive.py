@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -44,6 +45,7 @@ from kvdb.records import (
     TrainedCodebooks,
     Turn,
     VerifyReport,
+    WatchedFile,
 )
 from kvdb.services.conversations import Conversations
 from kvdb.services.editing import Editor
@@ -244,6 +246,36 @@ class Archive:
             kv_preset=kv_preset,
             conversation=conversation,
         )
+
+    def watch(
+        self,
+        paths: Iterable[str | Path],
+        stop: threading.Event | None = None,
+        heard=None,
+        keep: str | Iterable[str] = DEFAULT_KEEP,
+        kv_preset: str = DEFAULT_KV_PRESET,
+    ) -> list[IngestResult]:
+        """Archive the transcript files under ``paths`` that changed since this archive's
+        watch checkpoint (a log whose last line is still being written waits), and checkpoint
+        them; with ``stop``, go on archiving each change the operating system reports until it
+        is set, giving each pass's results to ``heard`` (and returning none).
+        """
+        from kvdb.services.watching import Watching
+
+        def ingest(path: Path) -> list[IngestResult]:
+            return self._ingester.ingest(path, text=None, messages=None, name=None, keep=keep, progress=None, kv_preset=kv_preset)
+
+        watching = Watching(self._storage)
+        if stop is None:
+            return watching.pass_over(paths, ingest)
+        watching.follow(paths, ingest, stop, heard or (lambda results: None))
+        return []
+
+    def watched(self) -> list[WatchedFile]:
+        """The files ``watch`` follows, as it last archived each (the checkpoint it resumes from)."""
+        from kvdb.services.watching import Watching
+
+        return Watching(self._storage).watched()
 
     def local_path(self, suffix: str) -> Path:
         """Where a file derived from this archive lives on this machine (beside a file archive;

@@ -106,6 +106,7 @@ class IngestStatus(StrEnum):
     FAILED = "failed"
     EMPTY = "empty"  # a file with nothing to archive (no text; a log of summaries alone): not a failure
     CLAIMED = "claimed"  # by another worker
+    WAITING = "waiting"  # `kvdb watch`: a log whose last line is still being written, archived when it ends
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,28 @@ class DeletedConversation:
 
     def to_dict(self) -> dict:
         return {"deleted": self.conversation.to_dict(), "sessions": self.sessions}
+
+
+@dataclass(frozen=True)
+class WatchedFile:
+    """A file `kvdb watch` follows, as it last archived it."""
+
+    path: str
+    size: int
+    modified: dt.datetime
+    checked_at: dt.datetime
+    status: str  # an IngestStatus's value
+    detail: str | None
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "modified": self.modified.isoformat(),
+            "checked_at": self.checked_at.isoformat(),
+            "status": self.status,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)

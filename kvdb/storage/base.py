@@ -63,6 +63,18 @@ class SessionRow:
 
 
 @dataclass(frozen=True)
+class WatchedFileRow:
+    """What `kvdb watch` last archived of a file: its size and modification time then."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    checked_at: dt.datetime
+    status: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeRow:
     node_id: str
     parent_id: str | None
@@ -182,6 +194,13 @@ class RenameConversation:
 
 
 @dataclass(frozen=True)
+class PutWatchedFiles:
+    """Record files as `kvdb watch` last archived them (replacing their earlier rows)."""
+
+    rows: list[WatchedFileRow]
+
+
+@dataclass(frozen=True)
 class CollectGarbage:
     """Delete the nodes no session uses, with every tier stored for them."""
 
@@ -240,6 +259,7 @@ Plan = (
     | DeleteSession
     | DeleteConversation
     | RenameConversation
+    | PutWatchedFiles
     | CollectGarbage
     | DropTiers
     | AddTiers

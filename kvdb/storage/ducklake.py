@@ -353,7 +353,7 @@ def _conflict(exc: duckdb.Error) -> bool:
 
 
 # revision -> the tables the next revisions add (revisions that only add tables upgrade a lake)
-LAKE_UPGRADES = {"0007": ("node_chunks",), "0008": ("conversations", "conversation_sessions")}
+LAKE_UPGRADES = {"0007": ("node_chunks",), "0008": ("conversations", "conversation_sessions"), "0009": ("watched_files",)}
 
 
 def _group_conversations(conn) -> None:

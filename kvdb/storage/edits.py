@@ -33,6 +33,7 @@ TABLES = (
     "sessions",
     "token_blocks",
     "token_streams",
+    "watched_files",
 )
 PAYLOAD_BLOCK = 1 << 20  # bytes per row of an entropy-coded tier K payload
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")  # every tier a node can hold

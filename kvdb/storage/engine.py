@@ -18,7 +18,7 @@ import duckdb
 
 # The migration the tables of kvdb.storage.schema correspond to, the head of migrations/versions:
 # an archive at it opens without importing alembic or SQLAlchemy.
-REVISION = "0009"
+REVISION = "0010"
 
 
 class Engine(abc.ABC):

@@ -159,6 +159,19 @@ conversation_sessions = sa.Table(
     sa.Column("conversation_id", sa.String, nullable=False),
 )
 
+# `kvdb watch`'s checkpoint: each file it follows as it last archived it (status: an IngestStatus,
+# or "waiting" for a log whose last line was still being written; detail: the error, or what waits).
+watched_files = sa.Table(
+    "watched_files",
+    metadata,
+    sa.Column("path", sa.String, primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("mtime_ns", sa.BigInteger, nullable=False),
+    sa.Column("checked_at", sa.DateTime, nullable=False),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
 # Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.
 sa.Index("ix_sessions_name", sessions.c.name)
 sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)

@@ -23,7 +23,7 @@ import numpy as np
 from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError
 from kvdb.storage import base, edits, sql_apply
-from kvdb.storage.base import CodebookRow, IndexState, ModelRow, NodeRow, Plan, SessionRow
+from kvdb.storage.base import CodebookRow, IndexState, ModelRow, NodeRow, Plan, SessionRow, WatchedFileRow
 from kvdb.storage.engine import Engine, transaction
 from kvdb.storage.sql_rows import ANY, CONVERSATION, NODE, SESSION, SESSIONS, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
 
@@ -224,6 +224,11 @@ class Storage:
     def extended_sessions(self) -> set[str]:
         """The sessions another session runs through (a longer version of them is archived)."""
         return {r[0] for r in self._rows("select session_id from sessions join nodes on node_id = session_id where refcount > 1")}
+
+    def watched_files(self) -> list[WatchedFileRow]:
+        """`kvdb watch`'s checkpoint, by path."""
+        rows = self._rows("select path, size, mtime_ns, checked_at, status, detail from watched_files order by path")
+        return [WatchedFileRow(r[0], int(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows]
 
     def match_sessions(self, ref: str) -> list[SessionRow]:
         """Sessions whose id starts with ``ref`` or whose name equals it."""

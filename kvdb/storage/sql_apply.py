@@ -4,6 +4,7 @@ the SQL is written out as in :mod:`kvdb.storage.sql_rows`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from kvdb.storage.base import (
     Plan,
     PutCodebooks,
     PutModel,
+    PutWatchedFiles,
     RenameConversation,
     ReplaceIndexState,
     SessionWrite,
@@ -131,6 +133,11 @@ def _delete_conversation(conn, plan: DeleteConversation) -> None:
     run(conn, [edits.Delete("conversations", "conversation_id", [plan.conversation_id])])
 
 
+def _put_watched_files(conn, plan: PutWatchedFiles) -> None:
+    rows = [dataclasses.asdict(r) for r in plan.rows]
+    run(conn, [edits.Delete("watched_files", "path", [r["path"] for r in rows]), edits.Insert("watched_files", rows)])
+
+
 def _rename_conversation(conn, plan: RenameConversation) -> None:
     run(conn, [edits.Update("conversations", "conversation_id", plan.conversation_id, {"title": plan.title})])
 
@@ -214,6 +221,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     DeleteSession: _delete_session,
     DeleteConversation: _delete_conversation,
     RenameConversation: _rename_conversation,
+    PutWatchedFiles: _put_watched_files,
     CollectGarbage: _collect_garbage,
     DropTiers: _drop_tiers,
     AddTiers: _add_tiers,

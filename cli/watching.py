@@ -1,0 +1,110 @@
+"""`kvdb watch`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import click
+
+from kvdb.errors import InvalidArgument
+from kvdb.services.watching import AGENT_FOLDERS, agent_folders
+from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET
+from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
+
+PID_SUFFIX = ".watch.pid"  # beside the archive: the running watcher's process id, for --status
+LOG_SUFFIX = ".watch.log"
+
+
+@main.command()
+@click.argument("paths", nargs=-1)
+@click.option("--from", "agent", type=click.Choice(sorted(AGENT_FOLDERS)), default=None, help="Watch this agent's own log folder (see README.md, Agents).")
+@click.option("--once", is_flag=True, help="One pass over what changed since the last, then exit (for cron).")
+@click.option("--status", "show_status", is_flag=True, help="List the files followed, as last archived, and whether a watcher runs; watch nothing.")
+@click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`).")
+@click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
+@embedder_option
+@model_option
+@json_option
+@click.pass_context
+def watch(ctx, paths, agent, once, show_status, keep, kv_preset, embedder, model, as_json):
+    """Archive agent logs as they grow: PATHS (folders or files), or with --from an agent's own
+    folder (claude-code: ~/.claude/projects, codex: ~/.codex/sessions, gemini: ~/.gemini/tmp).
+
+    A pass archives each log that changed since the archive's watch checkpoint (a grown log
+    stores only its new turns; one rewritten or cut shorter becomes a fork of its conversation;
+    one whose last line is still being written waits for it); then each change is archived as
+    the operating system reports it, until Ctrl-C or SIGTERM, which finish the file in hand.
+    Progress and errors go to stderr and to ARCHIVE.watch.log."""
+    if show_status:
+        _status(ctx, as_json)
+        return
+    roots = list(paths) + ([str(p) for p in agent_folders(agent)] if agent else [])
+    if not roots:
+        raise InvalidArgument("give the folders or files to watch, or --from claude-code|codex|gemini")
+    archive = _open(ctx, model, embedder=embedder)
+    archive.check_keep(keep, kv_preset)
+    log = _log(archive.local_path(LOG_SUFFIX))
+
+    def heard(results) -> None:
+        for r in results:
+            if as_json:
+                _emit(r.to_dict())
+            line = (
+                f"{r.status.value} {r.source}"
+                + (f" ({r.name}: {r.new_tokens} new tokens)" if r.status == "ingested" else "")
+                + (f": {r.error}" if r.error else "")
+            )
+            (log.error if r.status == "failed" else log.info)(_printable(line))
+
+    if once:
+        heard(archive.watch(roots, keep=keep, kv_preset=kv_preset))
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    pid_file = archive.local_path(PID_SUFFIX)
+    pid_file.write_text(str(os.getpid()))
+    try:
+        log.info("watching %s", ", ".join(roots))
+        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset)
+        log.info("stopped")
+    finally:
+        pid_file.unlink(missing_ok=True)
+
+
+def _status(ctx, as_json: bool) -> None:
+    archive = _open(ctx, read_only=True)
+    pid_file = archive.local_path(PID_SUFFIX)
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    running = pid is not None and _alive(pid)
+    files = archive.watched()
+    if as_json:
+        _emit({"running": running, "pid": pid if running else None, "files": [f.to_dict() for f in files]})
+        return
+    click.echo(f"watcher running (pid {pid})" if running else "no watcher running")
+    for f in files:
+        click.echo(
+            f"{f.status:<10} {f.size:>10} B  {f.checked_at:%Y-%m-%d %H:%M:%S}  {_printable(f.path)}" + (f"  ({_printable(f.detail)})" if f.detail else "")
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _log(path) -> logging.Logger:
+    log = logging.getLogger("kvdb.watch")
+    log.setLevel(logging.INFO)
+    for handler in (logging.StreamHandler(), logging.FileHandler(path, encoding="utf-8")):
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+    return log

@@ -1,0 +1,129 @@
+"""Following agent logs as they grow (`kvdb watch`): each file that changed is ingested again,
+which stores only its new turns (the trie holds the rest, and the prefix cache the last cache of
+a conversation this process saw growing), and recorded in a checkpoint in the archive
+(``watched_files``: its size and modification time), so a watcher started again reads only the
+files that changed since.
+
+- A JSON Lines log whose last line has no newline yet is being written: it waits (status
+  ``waiting``) until a later change ends the line.
+- A log rewritten or cut shorter is ingested as it now is: a new version of its conversation,
+  a fork of the old one, which stays.
+- Events come from ``watchfiles`` (the operating system's notifications, not a polling loop),
+  gathered for ``DEBOUNCE_MS``: many files changed at once are one pass.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kvdb.errors import InvalidArgument, TranscriptError
+from kvdb.records import IngestResult, IngestStatus, WatchedFile
+from kvdb.storage import Storage
+from kvdb.storage.base import PutWatchedFiles, WatchedFileRow, utc_now
+from kvdb.transcripts.files import SUPPORTED_SUFFIXES, find_transcript_files
+
+log = logging.getLogger("kvdb.watch")
+DEBOUNCE_MS = 200  # changes gathered into one pass: an agent writes a turn's lines within milliseconds
+# Where each agent writes its logs, under the user's home (overridden by the paths given)
+AGENT_FOLDERS = {
+    "claude-code": "~/.claude/projects",  # PROJECT/SESSION.jsonl
+    "codex": "~/.codex/sessions",  # YYYY/MM/DD/rollout-*.jsonl
+    "gemini": "~/.gemini/tmp",  # PROJECT_HASH/chats/session-*.json(l)
+}
+
+
+def agent_folders(agent: str) -> list[Path]:
+    if agent not in AGENT_FOLDERS:
+        raise InvalidArgument(f"unknown agent {agent!r}; --from takes {', '.join(AGENT_FOLDERS)}")
+    return [Path(AGENT_FOLDERS[agent]).expanduser()]
+
+
+Ingest = Callable[[Path], list[IngestResult]]
+
+
+class Watching:
+    def __init__(self, storage: Storage):
+        self._storage = storage
+
+    def watched(self) -> list[WatchedFile]:
+        return [_record(r) for r in self._storage.watched_files()]
+
+    def pass_over(self, roots: Iterable[str | Path], ingest: Ingest, only: set[Path] | None = None) -> list[IngestResult]:
+        """Ingest every transcript file under ``roots`` (those in ``only``, when given) that
+        changed since the checkpoint, and checkpoint each; the results of those ingested, and of
+        those left waiting."""
+        files = [p.resolve() for p in find_transcript_files(_existing(roots))]
+        if only is not None:
+            files = [p for p in files if p in only]
+        results: list[IngestResult] = []
+        try:
+            known = {r.path: r for r in self._storage.watched_files()}
+            for path in files:
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:  # gone since it was listed (a log rotated away)
+                    continue
+                seen = known.get(str(path))
+                if seen is not None and (seen.size, seen.mtime_ns) == (stat.st_size, stat.st_mtime_ns) and seen.status != IngestStatus.WAITING:
+                    continue
+                found = _one(path, stat, ingest)
+                results.extend(found)
+                status, detail = _summary(found)
+                self._storage.apply(PutWatchedFiles([WatchedFileRow(str(path), stat.st_size, stat.st_mtime_ns, utc_now(), status, detail)]))
+        finally:
+            self._storage.release()  # between passes, other processes read (and write) the archive
+        return results
+
+    def follow(self, roots: Iterable[str | Path], ingest: Ingest, stop: threading.Event, heard: Callable[[list[IngestResult]], None]) -> None:
+        """A pass over ``roots``, then one for the files each change touches, until ``stop`` is set;
+        ``heard`` is given each pass's results."""
+        from watchfiles import watch  # imported by the watcher alone
+
+        folders = _existing(roots)
+        heard(self.pass_over(folders, ingest))
+        for changes in watch(*folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False):
+            touched = {Path(p).resolve() for _, p in changes if Path(p).suffix.lower() in SUPPORTED_SUFFIXES}
+            if touched:
+                heard(self.pass_over(folders, ingest, touched))
+
+
+def _one(path: Path, stat: os.stat_result, ingest: Ingest) -> list[IngestResult]:
+    if path.suffix.lower() == ".jsonl" and stat.st_size and not _ends_line(path, stat.st_size):
+        return [IngestResult(None, path.stem, str(path), 0, IngestStatus.WAITING, "its last line is still being written")]
+    try:
+        return ingest(path)
+    except TranscriptError as exc:
+        return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
+
+
+def _existing(roots: Iterable[str | Path]) -> list[Path]:
+    out = [Path(r).expanduser() for r in roots]
+    missing = [str(p) for p in out if not p.exists()]
+    if missing:
+        raise InvalidArgument(f"nothing to watch at {', '.join(missing)}; give folders or files that exist (or the agent's folder with --from)")
+    return out
+
+
+def _ends_line(path: Path, size: int) -> bool:
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+def _summary(results: list[IngestResult]) -> tuple[str, str | None]:
+    """One status for a file's results: the first failure, else what happened to most of it."""
+    for r in results:
+        if r.status in (IngestStatus.FAILED, IngestStatus.WAITING):
+            return r.status.value, r.error
+    changed = [r for r in results if r.status in (IngestStatus.INGESTED, IngestStatus.UPDATED)]
+    return (changed[0] if changed else results[0]).status.value if results else IngestStatus.EMPTY.value, None
+
+
+def _record(row: WatchedFileRow) -> WatchedFile:
+    modified = dt.datetime.fromtimestamp(row.mtime_ns / 1e9, dt.UTC).replace(tzinfo=None)
+    return WatchedFile(row.path, row.size, modified, row.checked_at, row.status, row.detail)

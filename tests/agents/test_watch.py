@@ -1,0 +1,127 @@
+"""`kvdb watch` over a temporary folder that a test writer appends to, cuts and rotates: a grown
+log stores only its new turns, a half-written last line waits, a rewritten log forks its
+conversation, a restarted watcher reads only what changed since its checkpoint, and the live
+watcher (a process of its own) archives each change and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kvdb
+
+KVDB = str(Path(sys.executable).with_name("kvdb"))
+TURNS = [
+    {"role": "user", "content": "Which test fails in this repository?"},
+    {"role": "assistant", "content": "test_leap_year: days_in_year(2024) returns 365."},
+    {"role": "user", "content": "Fix it, please."},
+    {"role": "assistant", "content": "Done: a year divisible by 400 is a leap year too."},
+    {"role": "user", "content": "Run the tests again."},
+    {"role": "assistant", "content": "All 41 tests pass."},
+]
+
+
+def line(message: dict) -> str:
+    return json.dumps(message) + "\n"
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
+def test_a_log_grows_waits_for_its_last_line_forks_and_is_rotated(tmp_path, tiny_loaded):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "session.jsonl"
+    log.write_text("".join(map(line, TURNS[:2])), encoding="utf-8")
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as archive:
+        [first] = archive.watch([logs])
+        assert first.status == "ingested" and first.new_tokens == first.n_tokens
+        assert archive.watch([logs]) == []  # unchanged since the checkpoint: not read again
+
+        append(log, line(TURNS[2]) + line(TURNS[3])[:20])  # a turn, and the next one half-written
+        [waiting] = archive.watch([logs])
+        assert waiting.status == "waiting" and [f.status for f in archive.watched()] == ["waiting"]
+        append(log, line(TURNS[3])[20:])
+        [grown] = archive.watch([logs])
+        assert grown.status == "ingested" and 0 < grown.new_tokens < grown.n_tokens - first.n_tokens + 8  # only the new turns
+        [conversation] = archive.conversations()
+        assert conversation.versions == 2 and conversation.latest.session_id == grown.session_id
+
+        log.write_text("".join(map(line, [*TURNS[:2], {"role": "user", "content": "Never mind."}])), encoding="utf-8")  # rewritten
+        [forked] = archive.watch([logs])
+        history = archive.conversation(conversation.conversation_id)
+        assert forked.status == "ingested" and len(history.versions) == 3  # the old versions stay: a fork, not a loss
+        assert (history.versions[-1].branch_of, history.versions[-1].forked_at) == (grown.session_id, first.n_tokens)
+
+        log.rename(logs / "session.1.jsonl")  # rotated: the old log under another name, a new one begun
+        log.write_text("".join(map(line, TURNS[4:])), encoding="utf-8")
+        rotated = archive.watch([logs])
+        assert sorted(r.status.value for r in rotated) == ["ingested", "unchanged"]
+        assert {f.path for f in archive.watched()} == {str(log), str(logs / "session.1.jsonl")}
+
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as restarted:  # resumes from the checkpoint in the archive
+        assert restarted.watch([logs]) == []
+        append(log, "{not json\n")  # a malformed line is named and left out; the rest is what was archived
+        [bad] = restarted.watch([logs])
+        assert bad.status == "unchanged" and [s["line"] for s in bad.skipped] == [3]
+
+
+def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "agent.jsonl"
+    log.write_text(line(TURNS[0]) + line(TURNS[1]), encoding="utf-8")
+    db = tmp_path / "w.duckdb"
+    env = {**os.environ, "KVDB_MODEL": tiny_model}
+
+    def start():
+        return subprocess.Popen([KVDB, "--db", str(db), "watch", str(logs)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def versions(expected: int) -> int:
+        deadline = time.monotonic() + 60
+        while True:
+            listed = subprocess.run([KVDB, "--db", str(db), "sessions", "--versions", "--json"], env=env, capture_output=True, text=True)
+            count = len(listed.stdout.splitlines()) if listed.returncode == 0 else 0
+            if count >= expected or time.monotonic() > deadline:
+                return count
+            time.sleep(0.2)
+
+    watcher = start()
+    try:
+        assert versions(1) == 1
+        append(log, line(TURNS[2]) + line(TURNS[3]))
+        assert versions(2) == 2
+        status = json.loads(subprocess.run([KVDB, "--db", str(db), "watch", "--status", "--json"], env=env, capture_output=True, text=True).stdout)
+        assert status["running"] and status["pid"] == watcher.pid and [f["path"] for f in status["files"]] == [str(log.resolve())]
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        _, stderr = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0 and "stopped" in stderr, stderr
+    assert not Path(str(db) + ".watch.pid").exists()
+
+    append(log, line(TURNS[4]) + line(TURNS[5]))  # written while no watcher ran
+    watcher = start()
+    try:
+        assert versions(3) == 3  # the restarted watcher's first pass finds it
+    finally:
+        watcher.kill()
+        watcher.communicate(timeout=60)
+    log_text = Path(str(db) + ".watch.log").read_text(encoding="utf-8")
+    assert log_text.count("ingested") == 3
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
+def test_from_names_each_agents_own_folder(tmp_path, tiny_model, agent):
+    home = tmp_path / "home"
+    env = {**os.environ, "KVDB_MODEL": tiny_model, "HOME": str(home)}
+    missing = subprocess.run([KVDB, "--db", str(tmp_path / "a.duckdb"), "watch", "--from", agent, "--once"], env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and f"nothing to watch at {home}" in missing.stderr
