@@ -169,6 +169,12 @@ class Archive:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def release(self) -> None:
+        """Let go of the archive file until the next call. A process that holds an archive open
+        for long and reads it now and then (an MCP server, a page's reader) calls this between its
+        reads, so that a writing process (`kvdb watch`, `kvdb ingest`) is not kept out meanwhile."""
+        self._storage.release()
+
     def close(self) -> None:
         if "_ingester" in self.__dict__:
             self._ingester.close()

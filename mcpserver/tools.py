@@ -59,7 +59,7 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
                 return archive.search_meaning(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
             return archive.search(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
 
-        hits = _call(found)
+        hits = _call(archive, found)
         out: dict[str, Any] = {"hits": [h.to_dict() for h in hits]}
         if k > MAX_HITS:
             out["note"] = f"at most {MAX_HITS} hits a call; narrow the query or the filters"
@@ -81,7 +81,7 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
                 out["note"] = f"cut at token {end} of {handle.n_tokens}; call show again with start={end} for more"
             return out
 
-        return _call(read)
+        return _call(archive, read)
 
     @server.tool()
     def sessions(
@@ -90,7 +90,7 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
         """List archived conversations, the most recently updated first, each once as its latest
         version (conversation_id, title, session_id, n_tokens, versions, agent, project,
         updated_at). Filters as `search`'s. Pages of `limit`; `next_offset` gives the next page."""
-        listed = _call(lambda: archive.conversations(agent, project, _day(since, "since"), _day(until, "until")))
+        listed = _call(archive, lambda: archive.conversations(agent, project, _day(since, "since"), _day(until, "until")))
         page = listed[max(offset, 0) : max(offset, 0) + min(max(limit, 1), 200)]
         out: dict[str, Any] = {"conversations": [c.to_dict() for c in page], "total": len(listed)}
         if offset + len(page) < len(listed):
@@ -113,17 +113,21 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
                 text = archive.generate(restored, prompt, min(max(max_new_tokens, 1), 1024))
                 return {"model": archive.model_name, "restored": restored.to_dict(), "text": text}
 
-            return _call(run)
+            return _call(archive, run)
 
+    archive.release()  # held only during a call: a writer (`kvdb watch`) works in between
     return server
 
 
-def _call(read):
-    """The library's answer, or its error as the tool's error, whose message says what to do."""
+def _call(archive: kvdb.Archive, read):
+    """The library's answer, or its error as the tool's error, whose message says what to do;
+    the archive file let go after it, so that a writer (`kvdb watch`) is not kept out between calls."""
     try:
         return read()
     except KvdbError as exc:
         raise ToolError(str(exc)) from None
+    finally:
+        archive.release()
 
 
 def _day(text: str | None, name: str) -> dt.date | None:

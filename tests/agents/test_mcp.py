@@ -91,3 +91,17 @@ def test_each_tool_answers_with_the_records_of_the_json_output(db, tiny_model, t
     assert bad_day.is_error and "YYYY-MM-DD" in bad_day.content[0].text
     answer = structured(continued)
     assert answer["model"] == tiny_model and answer["restored"]["mode"] == "exact" and isinstance(answer["text"], str)
+
+
+def test_a_writer_works_between_the_calls_of_a_running_server(db, tiny_model, tiny_loaded):
+    """The server holds the archive file only during a call: `kvdb watch` or `kvdb ingest` write
+    in between, and the next call sees what they wrote."""
+
+    async def calls(session):
+        before = await session.call_tool("search", {"query": "lighthouse keeper"})
+        with kvdb.open(db, model=tiny_loaded) as writer:  # would wait, then fail, were the file held
+            writer.ingest(text="The lighthouse keeper wrote it down.", name="later", keep="tokens,search")
+        return before, await session.call_tool("search", {"query": "lighthouse keeper"})
+
+    before, after = session_calls(db, tiny_model, calls)
+    assert structured(before)["hits"] == [] and [h["title"] for h in structured(after)["hits"]] == ["later"]
