@@ -133,3 +133,12 @@ def widening(search: Callable[[int], list[Hit]], dedupe: Callable[[list[Hit], in
     if len(best) < k and len(hits) >= k:
         best = dedupe(search(4 * k), k)
     return best
+
+
+def scoped_owners(view: TrieView, reader: Reader, session: str | None, within: set[str] | None) -> dict[str, str] | None:
+    """node_id -> the session a scoped search reports its hits in: ``session``'s path, or the
+    paths of the conversations ``within``; None when the search is not scoped."""
+    if session is not None:
+        wanted = reader.resolve(session).session_id
+        return {n.node_id: wanted for n in view.path(wanted)}
+    return view.owners_within(within) if within is not None else None

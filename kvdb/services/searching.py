@@ -18,7 +18,7 @@ from kvdb.index.walk import Indexes, SlotMap, WalkIndex, index_key
 from kvdb.model import tokenizer as tok
 from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache
-from kvdb.services.conversations import labelled, one_per_conversation, widening
+from kvdb.services.conversations import labelled, one_per_conversation, scoped_owners, widening
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -123,14 +123,9 @@ class Searcher:
             runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))  # node id -> first slot
         if not len(slots.first):
             return None
-        owners = view.owner
-        if session is not None or within is not None:  # hits are reported in this session, or in those conversations
-            if session is not None:
-                wanted = self._reader.resolve(session).session_id
-                owners = {n.node_id: wanted for n in view.path(wanted)}
-            else:
-                assert within is not None
-                owners = view.owners_within(within)
+        scoped = scoped_owners(view, self._reader, session, within)
+        owners = view.owner if scoped is None else scoped
+        if scoped is not None:  # hits are reported in this session, or in those conversations
             keep = np.array([nid in owners for nid in slots.node_ids], dtype=bool)
             if not keep.any():
                 return None

@@ -25,7 +25,7 @@ from kvdb.index.phrase import Hit
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
 from kvdb.services.cache import DerivedCache
-from kvdb.services.conversations import labelled
+from kvdb.services.conversations import labelled, scoped_owners
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -95,17 +95,12 @@ class SemanticTier:
         if table is None:
             raise TierMissing(_NO_TIER)
         query_vector = embedder.embed([query], kind="query")
-        if session is None and within is None:
+        owner_of = scoped_owners(view, self._reader, session, within)
+        if owner_of is None:
             dense_rows, dense_scores = table.nearest(query_vector[0], CANDIDATES)
             words = ranking.top_k(table.words.scores(query), CANDIDATES)
             owners: Callable[[str], str | None] = view.owner.get
         else:  # the chunks of this session's path, or of those conversations' paths
-            if session is not None:
-                wanted = self._reader.resolve(session).session_id
-                owner_of = {n.node_id: wanted for n in view.path(wanted)}
-            else:
-                assert within is not None
-                owner_of = view.owners_within(within)
             rows = table.rows_of(list(owner_of))
             cosines = table.vectors[rows].astype(np.float32) @ query_vector[0]
             order = np.argsort(-cosines, kind="stable")[:CANDIDATES]
