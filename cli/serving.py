@@ -85,6 +85,7 @@ def mcp(ctx, allow_continue, embedder, model):
     search (by phrase or meaning; filters by session, agent, project folder and days), show (a
     conversation, paged), sessions (recent first), and with --allow-continue, continue (restore
     a conversation at a position and ask the model). The archive is opened read-only."""
-    from kvdb_mcp import build  # the SDK is imported by this command alone
+    from kvdb_mcp import build, over  # the SDK is imported by this command alone
 
-    build(_open(ctx, model, read_only=True, embedder=embedder), allow_continue).run("stdio")
+    archive = _open(ctx, model, read_only=True, embedder=embedder)
+    build(over(archive), archive.model_name if allow_continue else None).run("stdio")

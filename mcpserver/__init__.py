@@ -2,6 +2,6 @@
 ``mcp`` SDK). Import name ``kvdb_mcp``; it parses, calls the library, and formats, as the CLI
 and the HTTP server do: its results are the records' ``to_dict()``."""
 
-from kvdb_mcp.tools import build
+from kvdb_mcp.tools import build, over
 
-__all__ = ["build"]
+__all__ = ["build", "over"]

@@ -10,6 +10,7 @@ to it, and ``continue``, which runs the model, is offered only when the server i
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -29,8 +30,26 @@ INSTRUCTIONS = (
 )
 
 
-def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
-    """An MCP server over ``archive`` (opened read-only by the caller)."""
+Call = Callable[[Callable[[kvdb.Archive], Any]], Any]  # runs a read on the archive, returns its result
+
+
+def over(archive: kvdb.Archive) -> Call:
+    """Reads on an archive this process opened (read-only): the file let go after each, so that a
+    writer (`kvdb watch`) is not kept out between calls."""
+
+    def call(read):
+        try:
+            return read(archive)
+        finally:
+            archive.release()
+
+    archive.release()
+    return call
+
+
+def build(call: Call, model_name: str | None = None) -> MCPServer:
+    """An MCP server whose tools read the archive through ``call`` (``over(archive)``, or `kvdb
+    serve`'s archive thread); with ``model_name``, the `continue` tool too, run by that model."""
     server = MCPServer("kvdb", instructions=INSTRUCTIONS)
 
     @server.tool()
@@ -54,12 +73,12 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
         first, last = _day(since, "since"), _day(until, "until")
         wanted = min(max(k, 1), MAX_HITS)
 
-        def found() -> list:
+        def found(archive: kvdb.Archive) -> list:
             if semantic:
                 return archive.search_meaning(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
             return archive.search(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
 
-        hits = _call(archive, found)
+        hits = _call(call, found)
         out: dict[str, Any] = {"hits": [h.to_dict() for h in hits]}
         if k > MAX_HITS:
             out["note"] = f"at most {MAX_HITS} hits a call; narrow the query or the filters"
@@ -71,7 +90,7 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
         version N) from token position `start`, at most `max_tokens` tokens, as turns (role and what
         was said). When more follows, `next_start` says where the next call should start."""
 
-        def read() -> dict[str, Any]:
+        def read(archive: kvdb.Archive) -> dict[str, Any]:
             handle = archive.session(session)
             end = min(handle.n_tokens, max(start, 0) + min(max(max_tokens, 1), 4 * SHOW_TOKENS))
             turns = archive.turns(handle.session_id, start, end)
@@ -81,7 +100,7 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
                 out["note"] = f"cut at token {end} of {handle.n_tokens}; call show again with start={end} for more"
             return out
 
-        return _call(archive, read)
+        return _call(call, read)
 
     @server.tool()
     def sessions(
@@ -90,14 +109,14 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
         """List archived conversations, the most recently updated first, each once as its latest
         version (conversation_id, title, session_id, n_tokens, versions, agent, project,
         updated_at). Filters as `search`'s. Pages of `limit`; `next_offset` gives the next page."""
-        listed = _call(archive, lambda: archive.conversations(agent, project, _day(since, "since"), _day(until, "until")))
+        listed = _call(call, lambda archive: archive.conversations(agent, project, _day(since, "since"), _day(until, "until")))
         page = listed[max(offset, 0) : max(offset, 0) + min(max(limit, 1), 200)]
         out: dict[str, Any] = {"conversations": [c.to_dict() for c in page], "total": len(listed)}
         if offset + len(page) < len(listed):
             out["next_offset"] = offset + len(page)
         return out
 
-    if allow_continue:
+    if model_name is not None:
 
         @server.tool(name="continue")
         def continue_(session: str, prompt: str, at: int | None = None, max_new_tokens: int = 128) -> dict[str, Any]:
@@ -107,27 +126,23 @@ def build(archive: kvdb.Archive, allow_continue: bool = False) -> MCPServer:
             `preset_fidelity`, what its compression was measured to cost). Slow on a CPU: seconds
             to minutes. Nothing is written to the archive."""
 
-            def run() -> dict[str, Any]:
+            def run(archive: kvdb.Archive) -> dict[str, Any]:
                 handle = archive.session(session)
                 restored = archive.restore(handle.session_id, at=at)
                 text = archive.generate(restored, prompt, min(max(max_new_tokens, 1), 1024))
-                return {"model": archive.model_name, "restored": restored.to_dict(), "text": text}
+                return {"model": model_name, "restored": restored.to_dict(), "text": text}
 
-            return _call(archive, run)
+            return _call(call, run)
 
-    archive.release()  # held only during a call: a writer (`kvdb watch`) works in between
     return server
 
 
-def _call(archive: kvdb.Archive, read):
-    """The library's answer, or its error as the tool's error, whose message says what to do;
-    the archive file let go after it, so that a writer (`kvdb watch`) is not kept out between calls."""
+def _call(call: Call, read):
+    """The library's answer, or its error as the tool's error, whose message says what to do."""
     try:
-        return read()
+        return call(read)
     except KvdbError as exc:
         raise ToolError(str(exc)) from None
-    finally:
-        archive.release()
 
 
 def _day(text: str | None, name: str) -> dt.date | None:

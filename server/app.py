@@ -6,6 +6,8 @@
 - ``/api/sessions``, ``/api/sessions/{ref}``, ``/api/search``, ``/api/count``, ``/api/stats``: the archive,
   read while the model generates (the engine's reads never wait for it); ``/api/conversations``
   (GET a list, GET one with its versions, PATCH ``{"title"}`` to rename, DELETE every version).
+- ``/mcp``: the Model Context Protocol over streamable HTTP (stateless, JSON replies): `kvdb
+  mcp`'s tools that read (search, show, sessions), through the same archive thread.
 - ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
   holds no archive data: it asks for the key and sends it with its API calls. With an API
   key, every other route needs ``Authorization: Bearer KEY``.
@@ -30,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from kvdb.index.phrase import MIN_SHARE
 from kvdb.serving import Chunk, Engine, Reply
+from kvdb_mcp import build
 from kvdb_server import parse
 from kvdb_server.errors import HttpError, describe, install
 
@@ -40,15 +43,32 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
     """The app over ``engine``, which it starts (archiving, replaying the journal) and closes
     with the app's lifespan."""
 
+    mcp = build(engine.read)  # the MCP tools that read (`kvdb mcp`'s, but continue: generation is /v1's)
+    mcp_routes = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await run_in_threadpool(engine.start)
-        yield
+        async with mcp.session_manager.run():
+            yield
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvdb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install(app)
-    api = APIRouter(dependencies=[Depends(_authorize(api_key))])
+    authorize = _authorize(api_key)
+    api = APIRouter(dependencies=[Depends(authorize)])
+
+    @app.middleware("http")
+    async def mcp_needs_the_key(request: Request, call_next):  # the MCP route is Starlette's, outside the router
+        if request.url.path == "/mcp":
+            try:
+                await authorize(request)
+            except HttpError as exc:
+                status, body = describe(exc)
+                return JSONResponse(body, status_code=status)
+        return await call_next(request)
+
+    app.router.routes.extend(mcp_routes)
 
     @app.get("/health")
     def health() -> dict:

@@ -244,6 +244,11 @@ class Engine:
         return wanted
 
     # reads: the archive only, never the model (search by meaning runs the embedder, not the model) ------
+    def read(self, read):
+        """``read(archive)`` on the archive's thread, as every read here is (`kvdb serve`'s MCP
+        tools read through it)."""
+        return self._access(read)
+
     def sessions(self) -> list[Session]:
         """Every stored session: each version of each conversation."""
         return self._access(lambda a: a.sessions())
