@@ -21,13 +21,14 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kvdb.errors import InvalidArgument, TranscriptError
+from kvdb.errors import ArchiveLocked, InvalidArgument, TranscriptError
 from kvdb.records import IngestResult, IngestStatus, WatchedFile
 from kvdb.storage import Storage
 from kvdb.storage.base import PutWatchedFiles, WatchedFileRow, utc_now
 from kvdb.transcripts.files import SUPPORTED_SUFFIXES, find_transcript_files
 
 log = logging.getLogger("kvdb.watch")
+LOCKED_RETRY_S = 1.0  # a pass the archive's lock refused is tried again after this
 DEBOUNCE_MS = 200  # changes gathered into one pass: an agent writes a turn's lines within milliseconds
 # Where each agent writes its logs, under the user's home (overridden by the paths given)
 AGENT_FOLDERS = {
@@ -85,11 +86,21 @@ class Watching:
         from watchfiles import watch  # imported by the watcher alone
 
         folders = _existing(roots)
-        heard(self.pass_over(folders, ingest))
+
+        def attempt(only: set[Path] | None) -> None:
+            while not stop.is_set():  # another process holding the file only delays a pass
+                try:
+                    heard(self.pass_over(folders, ingest, only))
+                    return
+                except ArchiveLocked as exc:
+                    log.warning("%s; trying again in %g s", exc, LOCKED_RETRY_S)
+                    stop.wait(LOCKED_RETRY_S)
+
+        attempt(None)
         for changes in watch(*folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False):
             touched = {Path(p).resolve() for _, p in changes if Path(p).suffix.lower() in SUPPORTED_SUFFIXES}
             if touched:
-                heard(self.pass_over(folders, ingest, touched))
+                attempt(touched)
 
 
 def _one(path: Path, stat: os.stat_result, ingest: Ingest) -> list[IngestResult]:

@@ -84,7 +84,11 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
     env = {**os.environ, "KVDB_MODEL": tiny_model}
 
     def start():
-        return subprocess.Popen([KVDB, "--db", str(db), "watch", str(logs)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err = open(tmp_path / "watch.err", "a", encoding="utf-8")  # noqa: SIM115 - the process writes it
+        return subprocess.Popen([KVDB, "--db", str(db), "watch", str(logs)], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+    def said() -> str:
+        return (tmp_path / "watch.err").read_text(encoding="utf-8")
 
     def versions(expected: int) -> int:
         deadline = time.monotonic() + 60
@@ -97,24 +101,24 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
 
     watcher = start()
     try:
-        assert versions(1) == 1
+        assert versions(1) == 1, said()
         append(log, line(TURNS[2]) + line(TURNS[3]))
-        assert versions(2) == 2
+        assert versions(2) == 2, said()
         status = json.loads(subprocess.run([KVDB, "--db", str(db), "watch", "--status", "--json"], env=env, capture_output=True, text=True).stdout)
         assert status["running"] and status["pid"] == watcher.pid and [f["path"] for f in status["files"]] == [str(log.resolve())]
     finally:
         watcher.send_signal(signal.SIGTERM)
-        _, stderr = watcher.communicate(timeout=60)
-    assert watcher.returncode == 0 and "stopped" in stderr, stderr
+        watcher.wait(timeout=60)
+    assert watcher.returncode == 0 and "stopped" in said(), said()
     assert not Path(str(db) + ".watch.pid").exists()
 
     append(log, line(TURNS[4]) + line(TURNS[5]))  # written while no watcher ran
     watcher = start()
     try:
-        assert versions(3) == 3  # the restarted watcher's first pass finds it
+        assert versions(3) == 3, said()  # the restarted watcher's first pass finds it
     finally:
         watcher.kill()
-        watcher.communicate(timeout=60)
+        watcher.wait(timeout=60)
     log_text = Path(str(db) + ".watch.log").read_text(encoding="utf-8")
     assert log_text.count("ingested") == 3
 
