@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Route
 
 from kvdb.index.phrase import MIN_SHARE
 from kvdb.serving import Chunk, Engine, Reply
@@ -44,7 +45,7 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
     with the app's lifespan."""
 
     mcp = build(engine.read)  # the MCP tools that read (`kvdb mcp`'s, but continue: generation is /v1's)
-    mcp_routes = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
+    [mcp_route] = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -58,17 +59,7 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
     authorize = _authorize(api_key)
     api = APIRouter(dependencies=[Depends(authorize)])
 
-    @app.middleware("http")
-    async def mcp_needs_the_key(request: Request, call_next):  # the MCP route is Starlette's, outside the router
-        if request.url.path == "/mcp":
-            try:
-                await authorize(request)
-            except HttpError as exc:
-                status, body = describe(exc)
-                return JSONResponse(body, status_code=status)
-        return await call_next(request)
-
-    app.router.routes.extend(mcp_routes)
+    app.router.routes.append(Route("/mcp", endpoint=_Keyed(mcp_route.endpoint, authorize)))  # the SDK's ASGI app, outside the router
 
     @app.get("/health")
     def health() -> dict:
@@ -158,6 +149,24 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
 
     app.include_router(api)
     return app
+
+
+class _Keyed:
+    """An ASGI app (the MCP SDK's) behind the API key: a plain ASGI wrapper, since an HTTP
+    middleware would keep a streamed reply from seeing its client leave."""
+
+    def __init__(self, app, authorize):
+        self._app = app
+        self._authorize = authorize
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self._authorize(Request(scope, receive))
+        except HttpError as exc:
+            status, body = describe(exc)
+            await JSONResponse(body, status_code=status)(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
 
 
 def _authorize(api_key: str | None):
