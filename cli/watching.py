@@ -25,11 +25,12 @@ LOG_SUFFIX = ".watch.log"
 @click.option("--status", "show_status", is_flag=True, help="List the files followed, as last archived, and whether a watcher runs; watch nothing.")
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`).")
 @click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
+@click.option("--redact", is_flag=True, help="Archive secrets of known shapes as [secret not archived] (as `kvdb ingest --redact`).")
 @embedder_option
 @model_option
 @json_option
 @click.pass_context
-def watch(ctx, paths, agent, once, show_status, keep, kv_preset, embedder, model, as_json):
+def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedder, model, as_json):
     """Archive agent logs as they grow: PATHS (folders or files), or with --from an agent's own
     folder (claude-code: ~/.claude/projects, codex: ~/.codex/sessions, gemini: ~/.gemini/tmp).
 
@@ -60,7 +61,7 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, embedder, model
             (log.error if r.status == "failed" else log.info)(_printable(line))
 
     if once:
-        heard(archive.watch(roots, keep=keep, kv_preset=kv_preset))
+        heard(archive.watch(roots, keep=keep, kv_preset=kv_preset, redact=redact))
         return
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,7 +70,7 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, embedder, model
     pid_file.write_text(str(os.getpid()))
     try:
         log.info("watching %s", ", ".join(roots))
-        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset)
+        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset, redact=redact)
         log.info("stopped")
     finally:
         pid_file.unlink(missing_ok=True)

@@ -66,11 +66,17 @@ def formats_command(example, as_json):
     is_flag=True,
     help="Refuse a whole file for one malformed record (a JSON Lines line, an element of a JSON list). Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
 )
+@click.option(
+    "--redact",
+    is_flag=True,
+    help="Archive secrets of known shapes (API keys and tokens of OpenAI, Anthropic, AWS, GitHub, GitLab, Slack, Google, Hugging Face; "
+    "bearer tokens; private keys) as [secret not archived], counted in the result's dropped.",
+)
 @embedder_option
 @model_option
 @json_option
 @click.pass_context
-def ingest(ctx, paths, keep, kv_preset, workers, strict, embedder, model, as_json):
+def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model, as_json):
     """Archive transcripts: files or directories (searched recursively).
 
     \b
@@ -108,7 +114,7 @@ def ingest(ctx, paths, keep, kv_preset, workers, strict, embedder, model, as_jso
                 bar.refresh()
             bar.update(done)
 
-        results = archive.ingest(list(paths), keep=keep, kv_preset=kv_preset, progress=progress, workers=workers, strict=strict)
+        results = archive.ingest(list(paths), keep=keep, kv_preset=kv_preset, progress=progress, workers=workers, strict=strict, redact=redact)
     for r in results:
         if as_json:
             _emit(r.to_dict())

@@ -206,6 +206,7 @@ class Archive:
         strict: bool = False,
         kv_preset: str = DEFAULT_KV_PRESET,
         conversation: str | None = None,
+        redact: bool = False,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -228,6 +229,8 @@ class Archive:
         server's chat knows it); without it, a session joins the conversation of the longest
         archived session from the same source that it extends, or of the same file and name,
         else starts one (``kvdb.storage.conversation_rows``).
+        ``redact``: secrets of known shapes (API keys, tokens, private keys: ``kvdb.transcripts.redaction``)
+        are archived as ``[secret not archived]``, counted in each result's ``dropped``.
         """
         if workers != 1:
             from kvdb.services.workers import ingest_with_workers
@@ -237,7 +240,16 @@ class Archive:
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
             return ingest_with_workers(
-                self.path, paths, workers, model=self.model_name, keep=keep, kv_preset=kv_preset, data_path=self._data_path, progress=progress, strict=strict
+                self.path,
+                paths,
+                workers,
+                model=self.model_name,
+                keep=keep,
+                kv_preset=kv_preset,
+                data_path=self._data_path,
+                progress=progress,
+                strict=strict,
+                redact=redact,
             )
         return self._ingester.ingest(
             source,
@@ -251,6 +263,7 @@ class Archive:
             strict=strict,
             kv_preset=kv_preset,
             conversation=conversation,
+            redact=redact,
         )
 
     def watch(
@@ -260,6 +273,7 @@ class Archive:
         heard=None,
         keep: str | Iterable[str] = DEFAULT_KEEP,
         kv_preset: str = DEFAULT_KV_PRESET,
+        redact: bool = False,
     ) -> list[IngestResult]:
         """Archive the transcript files under ``paths`` that changed since this archive's
         watch checkpoint (a log whose last line is still being written waits), and checkpoint
@@ -269,7 +283,7 @@ class Archive:
         from kvdb.services.watching import Watching
 
         def ingest(path: Path) -> list[IngestResult]:
-            return self._ingester.ingest(path, text=None, messages=None, name=None, keep=keep, progress=None, kv_preset=kv_preset)
+            return self._ingester.ingest(path, text=None, messages=None, name=None, keep=keep, progress=None, kv_preset=kv_preset, redact=redact)
 
         watching = Watching(self._storage)
         if stop is None:

@@ -38,6 +38,7 @@ from kvdb.services.write_plan import Planned, SessionPlan, plan_session, plan_se
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, SessionWrite
 from kvdb.tiers import TIERS, parse_keep
+from kvdb.transcripts.redaction import redacted
 
 if TYPE_CHECKING:
     from kvdb.services.semantic_tier import SemanticTier
@@ -96,6 +97,7 @@ class Ingester:
         strict: bool = False,
         kv_preset: str = DEFAULT_NAME,
         conversation: str | None = None,
+        redact: bool = False,
     ) -> list[IngestResult]:
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
@@ -105,11 +107,18 @@ class Ingester:
         optional = parse_keep(keep)
         if text is not None:
             return self._ingest_source(
-                lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache, conversation
+                lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache, conversation, redact
             )
         if messages is not None:
             return self._ingest_source(
-                lambda: [transcripts.transcript_from_messages(messages, name or "messages")], optional, kv_preset, progress, computed, keep_cache, conversation
+                lambda: [transcripts.transcript_from_messages(messages, name or "messages")],
+                optional,
+                kv_preset,
+                progress,
+                computed,
+                keep_cache,
+                conversation,
+                redact,
             )
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
@@ -120,17 +129,22 @@ class Ingester:
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         for path in dict.fromkeys(found):
-            results.extend(self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict))
+            results.extend(self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact))
         return results
 
     def _ingest_file(
-        self, path: Path, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool
+        self, path: Path, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool, redact: bool
     ) -> list[IngestResult]:
         def archive(progress: Progress | None) -> list[IngestResult]:
             skipped: list[dict] | None = None if strict else []  # malformed records left out, named in the file's first result
             try:
                 results = self._ingest_source(
-                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped), optional, kv_preset, progress, keep_cache=keep_cache
+                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped),
+                    optional,
+                    kv_preset,
+                    progress,
+                    keep_cache=keep_cache,
+                    redact=redact,
                 )
             except EmptyTranscript as exc:
                 results = [IngestResult(None, path.stem, str(path), 0, IngestStatus.EMPTY, str(exc))]
@@ -173,11 +187,12 @@ class Ingester:
         computed: Computed | None = None,
         keep_cache: bool = False,
         conversation: str | None = None,
+        redact: bool = False,
     ) -> list[IngestResult]:
         """Archive the sessions of one source. It is parsed before the model loads (a malformed
         file is refused in milliseconds), then each session is rendered and tokenized, all
         before the first write: a failure anywhere writes nothing."""
-        items = list(sessions())
+        items = [redacted(t) for t in sessions()] if redact else list(sessions())
         loaded, books = self.prepare(optional, kv_preset)
         context = self._models.context_tokens(loaded)
         planned = plan_sessions(items, lambda item: render_ids(loaded.tokenizer, item, context))

@@ -32,6 +32,7 @@ def ingest_with_workers(
     data_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     strict: bool = False,
+    redact: bool = False,
 ) -> list[IngestResult]:
     """What ``Archive.ingest(paths)`` returns, in the order the files finish."""
     from kvdb import transcripts
@@ -57,7 +58,7 @@ def ingest_with_workers(
     for _ in range(count):
         tasks.put(None)
     threads = max(1, (os.cpu_count() or 1) // count)  # the cores shared out: more threads than cores only contend
-    args = (str(location), model, keep, kv_preset, None if data_path is None else str(data_path), threads, strict, tasks, events)
+    args = (str(location), model, keep, kv_preset, None if data_path is None else str(data_path), threads, strict, redact, tasks, events)
     processes = [context.Process(target=_work, args=args, daemon=True) for _ in range(count)]
     for p in processes:
         p.start()
@@ -90,7 +91,16 @@ def ingest_with_workers(
 
 
 def _work(
-    location: str, model: str | None, keep: str | Iterable[str], kv_preset: str, data_path: str | None, threads: int, strict: bool, tasks, events
+    location: str,
+    model: str | None,
+    keep: str | Iterable[str],
+    kv_preset: str,
+    data_path: str | None,
+    threads: int,
+    strict: bool,
+    redact: bool,
+    tasks,
+    events,
 ) -> None:
     import dataclasses
 
@@ -103,7 +113,7 @@ def _work(
     try:
         with kvdb.open(location, model=model, data_path=data_path) as archive:
             while (path := tasks.get()) is not None:
-                done = archive.ingest(path, keep=keep, kv_preset=kv_preset, progress=lambda d, p: events.put(("progress", d, p)), strict=strict)
+                done = archive.ingest(path, keep=keep, kv_preset=kv_preset, progress=lambda d, p: events.put(("progress", d, p)), strict=strict, redact=redact)
                 events.put(("results", [dataclasses.asdict(r) for r in done]))
     except KvdbError as exc:
         events.put(("error", type(exc).__name__, str(exc)))
