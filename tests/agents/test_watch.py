@@ -116,11 +116,14 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
     watcher = start()
     try:
         assert versions(3) == 3, said()  # the restarted watcher's first pass finds it
+        logged = Path(str(db) + ".watch.log")
+        deadline = time.monotonic() + 60
+        while logged.read_text(encoding="utf-8").count("ingested") < 3 and time.monotonic() < deadline:  # logged after the pass's checkpoint
+            time.sleep(0.1)
+        assert logged.read_text(encoding="utf-8").count("ingested") == 3, logged.read_text(encoding="utf-8")
     finally:
         watcher.kill()
         watcher.wait(timeout=60)
-    log_text = Path(str(db) + ".watch.log").read_text(encoding="utf-8")
-    assert log_text.count("ingested") == 3
 
 
 @pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
