@@ -283,7 +283,7 @@ class Archive:
         from kvdb.services.watching import Watching
 
         def ingest(path: Path) -> list[IngestResult]:
-            return self._ingester.ingest(path, text=None, messages=None, name=None, keep=keep, progress=None, kv_preset=kv_preset, redact=redact)
+            return self.ingest(path, keep=keep, kv_preset=kv_preset, redact=redact)
 
         watching = Watching(self._storage)
         if stop is None:

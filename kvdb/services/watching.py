@@ -55,12 +55,10 @@ class Watching:
         return [_record(r) for r in self._storage.watched_files()]
 
     def pass_over(self, roots: Iterable[str | Path], ingest: Ingest, only: set[Path] | None = None) -> list[IngestResult]:
-        """Ingest every transcript file under ``roots`` (those in ``only``, when given) that
-        changed since the checkpoint, and checkpoint each; the results of those ingested, and of
-        those left waiting."""
-        files = [p.resolve() for p in find_transcript_files(_existing(roots))]
-        if only is not None:
-            files = [p for p in files if p in only]
+        """Ingest every transcript file under ``roots`` (or the files ``only`` names, found
+        there by a change) that changed since the checkpoint, and checkpoint each; the results
+        of those ingested, and of those left waiting."""
+        files = [p.resolve() for p in find_transcript_files(_existing(roots))] if only is None else sorted(only)
         results: list[IngestResult] = []
         try:
             known = {r.path: r for r in self._storage.watched_files()}
@@ -98,8 +96,8 @@ class Watching:
 
         attempt(None)
         for changes in watch(*folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False):
-            touched = {Path(p).resolve() for _, p in changes if Path(p).suffix.lower() in SUPPORTED_SUFFIXES}
-            if touched:
+            touched = {path for path in (Path(p).resolve() for _, p in changes) if _listed(path, folders)}
+            if touched:  # those files alone: the folders are not walked again at each change
                 attempt(touched)
 
 
@@ -110,6 +108,17 @@ def _one(path: Path, stat: os.stat_result, ingest: Ingest) -> list[IngestResult]
         return ingest(path)
     except TranscriptError as exc:
         return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
+
+
+def _listed(path: Path, folders: list[Path]) -> bool:
+    """Whether a pass over ``folders`` lists ``path``: a transcript's suffix, and nothing hidden
+    below the folder (as ``find_transcript_files`` walks)."""
+    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        return False
+    for folder in (f.resolve() for f in folders):
+        if path.is_relative_to(folder):
+            return not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    return False
 
 
 def _existing(roots: Iterable[str | Path]) -> list[Path]:
