@@ -78,6 +78,8 @@ class Reader:
             versions = self._storage.conversation_sessions(conversation) if title == name else []
             if versions:
                 latest[conversation] = versions[-1]
+        if len(latest) < 2:  # nothing to order: no query for each one's first version
+            return list(latest.values())
         first = {c: self._storage.conversation_sessions(c)[0] for c in latest}
         return sorted(latest.values(), key=lambda r: (first[r.conversation_id].created_at, first[r.conversation_id].session_id))
 
