@@ -12,6 +12,10 @@ from kvdb.index.phrase import MIN_SHARE
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
+DAY_HELP = "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
+since_option = click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or after {DAY_HELP}.")
+until_option = click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or before {DAY_HELP}.")
+
 
 @main.command()
 @click.option("--versions", "every", is_flag=True, help="List every stored version of every conversation (each a session), oldest first.")
@@ -21,12 +25,13 @@ from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option,
     default=None,
     help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
 )
-@click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or after this day (YYYY-MM-DD).")
-@click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or before this day (YYYY-MM-DD).")
+@since_option
+@until_option
 @json_option
 @click.pass_context
 def sessions(ctx, every, agent, project, since, until, as_json):
-    """List the archived conversations, oldest first, each as its latest version, with the file
+    """List the archived conversations, oldest first, each as its latest version (with the time
+    it was said: its log's last time, else when it was archived), with the file
     it came from and how many versions it has (conversations of one name are NAME#1, NAME#2, ...
     in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`)."""
     archive = _open(ctx, read_only=True)
@@ -37,7 +42,8 @@ def sessions(ctx, every, agent, project, since, until, as_json):
             if as_json:
                 _emit(s.to_dict())
             else:
-                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.created_at:%Y-%m-%d %H:%M}  {_printable(s.name)}  ({_printable(s.source)})")
+                part = f" (part {s.part['number']})" if s.part else ""
+                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {_printable(s.name)}{part}  ({_printable(s.source)})")
         return
     for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
         if as_json:
@@ -46,7 +52,7 @@ def sessions(ctx, every, agent, project, since, until, as_json):
         versions = f"  [{c.versions} versions]" if c.versions > 1 else ""
         latest = c.latest
         click.echo(
-            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.created_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}"
+            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}"
         )
 
 
@@ -64,8 +70,9 @@ def history(ctx, conversation, as_json):
     click.echo(f"{_printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)")
     for v in found.versions:
         fork = f"  fork of {v.branch_of[:12]} after {v.forked_at} tok" if v.branch_of else ""
+        part = f"  part {v.session.part['number']} from token {v.session.part['starts']}" if v.session.part else ""
         mark = "  latest" if v.latest else ""
-        click.echo(f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{fork}{mark}")
+        click.echo(f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{part}{fork}{mark}")
 
 
 @main.command()
@@ -162,8 +169,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 )
 @click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
 @click.option("--project", default=None, help="Only conversations about this folder or one inside it ('.': the current folder).")
-@click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or after this day (YYYY-MM-DD).")
-@click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Only conversations updated on or before this day (YYYY-MM-DD).")
+@since_option
+@until_option
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
     "--case-sensitive",

@@ -53,9 +53,10 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedde
         for r in results:
             if as_json:
                 _emit(r.to_dict())
+            part = f" part {r.part}" if r.part is not None else ""
             line = (
                 f"{r.status.value} {r.source}"
-                + (f" ({r.name}: {r.new_tokens} new tokens)" if r.status == "ingested" else "")
+                + (f" ({r.name}{part}: {r.new_tokens} new tokens)" if r.status == "ingested" else "")
                 + (f": {r.error}" if r.error else "")
             )
             (log.error if r.status == "failed" else log.info)(_printable(line))

@@ -94,9 +94,11 @@ def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model
     (no text; an agent log of summaries alone) is reported `empty`, which is no failure. Ingesting the same transcript again reports it `unchanged`, or
     `updated` when --keep names tiers it was archived without, which it is then given.
     A file is parsed once, and its sessions rendered and tokenized once, all before the first
-    write: memory holds one file's sessions at a time. One session may hold at most the model's
-    context (8,192 tokens for SmolLM2). Readers (search, show, restore) can use the archive
-    between sessions, while the model computes.
+    write: memory holds one file's sessions at a time. A session longer than the model's
+    context (8,192 tokens for SmolLM2) is archived as parts of at most three quarters of it,
+    cut between turns, each a session of one conversation that goes on from the part before
+    ("part" in --json); a restored part holds that part alone. Readers (search, show, restore)
+    can use the archive between sessions, while the model computes.
     """
     from tqdm import tqdm
 
@@ -125,7 +127,8 @@ def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model
         else:
             new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
             dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
-            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{new}{dropped}")
+            part = f" (part {r.part})" if r.part is not None else ""
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{part}{new}{dropped}")
         if not as_json:
             for skip in r.skipped:
                 click.echo(f"skipped    {_printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)

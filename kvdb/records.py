@@ -62,6 +62,19 @@ class Session:
             return str(self.metadata["cwd"])
         return None if self.source.startswith("<") else str(PurePath(self.source).parent)
 
+    @property
+    def said_at(self) -> dt.datetime:
+        """When it was said: the latest time its log records (``kvdb.transcripts.stamps``), else
+        when it was archived (a chat, a file with no times)."""
+        ended = self.metadata.get("ended")
+        return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else self.created_at
+
+    @property
+    def part(self) -> dict | None:
+        """Where it is one part of a session longer than the model's context: ``number`` (from 1),
+        the session it ``follows`` and the token it ``starts`` at in the whole; None for a whole one."""
+        return self.metadata.get("part")
+
     def to_dict(self) -> dict:
         return {
             "session_id": self.session_id,
@@ -69,7 +82,9 @@ class Session:
             "source": self.source,
             "n_tokens": self.n_tokens,
             "created_at": self.created_at.isoformat(),
+            "said_at": self.said_at.isoformat(),
             "conversation_id": self.conversation_id,
+            "part": self.part,
         }
 
 
@@ -123,6 +138,7 @@ class IngestResult:
     dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
     skipped: tuple[dict, ...] = ()  # the file's first result: its malformed records left out, each {"line", "reason"}
+    part: int | None = None  # which part (from 1) of a session longer than the model's context (``Session.part``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", IngestStatus(self.status))
@@ -134,6 +150,8 @@ class IngestResult:
             out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
         if self.status == "updated":
             out.update(added=list(self.added), seconds=round(self.seconds, 4))
+        if self.part is not None:
+            out["part"] = self.part
         if self.dropped:
             out["dropped"] = dict(self.dropped)
         if self.claimed_by is not None:
@@ -253,6 +271,7 @@ class Version:
             "leaf": self.leaf,
             "branch_of": self.branch_of,
             "forked_at": self.forked_at,
+            "part": self.session.part,
         }
 
 

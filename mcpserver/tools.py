@@ -69,7 +69,8 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
         position: pass it as `start` to `show`, or as `at` to `continue`), and before/match/after
         text. Filters: session (an id or name: only that conversation's version), agent (claude-code,
         codex-cli, gemini-cli, chatgpt, messages, ...), project (a folder: conversations about it or a
-        folder inside it), since/until (YYYY-MM-DD, days of their latest version)."""
+        folder inside it), since/until (YYYY-MM-DD, UTC: the day their latest version was said, by its log's
+        own times where it has them)."""
         first, last = _day(since, "since"), _day(until, "until")
         wanted = min(max(k, 1), MAX_HITS)
 
@@ -88,7 +89,9 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
     def show(session: str, start: int = 0, max_tokens: int = SHOW_TOKENS) -> dict[str, Any]:
         """Read a conversation (a session id, a conversation id, its title or name; NAME@vN for its
         version N) from token position `start`, at most `max_tokens` tokens, as turns (role and what
-        was said). When more follows, `next_start` says where the next call should start."""
+        was said). When more follows, `next_start` says where the next call should start. A log
+        longer than the model's context is stored in parts: `earlier_part` names the part before
+        this one, to show next for what came earlier."""
 
         def read(archive: kvdb.Archive) -> dict[str, Any]:
             handle = archive.session(session)
@@ -98,6 +101,8 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
             if end < handle.n_tokens:
                 out["next_start"] = end
                 out["note"] = f"cut at token {end} of {handle.n_tokens}; call show again with start={end} for more"
+            if handle.part is not None and handle.part["follows"] is not None:
+                out["earlier_part"] = handle.part["follows"]
             return out
 
         return _call(call, read)

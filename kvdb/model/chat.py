@@ -71,10 +71,7 @@ def turns(tokenizer, ids: np.ndarray) -> list[tuple[str | None, int, int]]:
     turn. What comes before the first opening, all of a text session, is one turn of no role."""
     markers = _turn_markers(tokenizer)
     ids = np.asarray(ids, dtype=np.int64)
-    opens = np.zeros(0, dtype=np.int64)
-    if markers is not None and len(ids) >= len(markers[0]):
-        windows = np.lib.stride_tricks.sliding_window_view(ids, len(markers[0]))
-        opens = np.flatnonzero((windows == markers[0]).all(axis=1))
+    opens = turn_opens(tokenizer, ids)
     starts = opens if opens.size and opens[0] == 0 else np.concatenate([[0], opens]).astype(np.int64)
     ends = np.append(starts[1:], len(ids))
     opened, out = set(opens.tolist()), []
@@ -87,6 +84,16 @@ def turns(tokenizer, ids: np.ndarray) -> list[tuple[str | None, int, int]]:
             role = markers[1].get(word[1], word[1]) if word else None
         out.append((role, start, end))
     return out
+
+
+def turn_opens(tokenizer, ids: np.ndarray) -> np.ndarray:
+    """The positions in ``ids`` where the template opens a turn (none without a template)."""
+    markers = _turn_markers(tokenizer)
+    ids = np.asarray(ids, dtype=np.int64)
+    if markers is None or len(ids) < len(markers[0]):
+        return np.zeros(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(ids, len(markers[0]))
+    return np.flatnonzero((windows == markers[0]).all(axis=1)).astype(np.int64)
 
 
 def writes_default_system(tokenizer) -> bool:

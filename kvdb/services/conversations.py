@@ -31,14 +31,15 @@ class Conversations:
     def listed(self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None) -> list[Conversation]:
         """Every conversation as its latest state, the most recently updated first; ``agent`` is
         its format, ``project`` its folder or a folder it is inside, and ``since`` and ``until``
-        bound the day of its latest version (both included)."""
+        bound the day its latest version was said (``Session.said_at``; both included)."""
         grouped: dict[str, list[SessionRow]] = {}
         for row in self._storage.list_sessions():  # oldest first
             grouped.setdefault(row.conversation_id, []).append(row)
         titles, extended = self._storage.conversation_titles(), self._storage.extended_sessions()
         out = []
         for rows in grouped.values():
-            conversation = _conversation(rows, titles, sum(r.session_id not in extended for r in rows))
+            followed = _followed(rows)
+            conversation = _conversation(rows, titles, sum(r.session_id not in extended and r.session_id not in followed for r in rows))
             if _admits(conversation, agent, project, since, until):
                 out.append(conversation)
         return sorted(out, key=lambda c: (c.latest.created_at, c.conversation_id), reverse=True)
@@ -57,12 +58,13 @@ class Conversations:
         def shared(a: int, b: int) -> int:
             return max((end for node, end in paths[a].items() if node in paths[b]), default=0)
 
-        versions = []
+        versions, followed = [], _followed(rows)
         for i, row in enumerate(rows):
-            leaf = not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
-            most = max((shared(i, j) for j in range(i)), default=0)
+            leaf = row.session_id not in followed and not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
+            earlier = [j for j in range(i) if _same_part(rows[j], row)]
+            most = max((shared(i, j) for j in earlier), default=0)
             # a fork: an earlier version holds those tokens and went on another way; it forks from the first such
-            went_on = [j for j in range(i) if shared(i, j) == most and rows[j].n_tokens > most]
+            went_on = [j for j in earlier if shared(i, j) == most and rows[j].n_tokens > most]
             branch_of, forked_at = (rows[went_on[0]].session_id, most) if went_on else (None, None)
             versions.append(Version(Session.from_row(row), i + 1, i == len(rows) - 1, leaf, branch_of, forked_at))
         return ConversationHistory(_conversation(rows, self._storage.conversation_titles(), sum(v.leaf for v in versions)), versions)
@@ -87,9 +89,25 @@ class Conversations:
 
 def _admits(conversation: Conversation, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> bool:
     """``project``: its folder or one inside it."""
-    day = conversation.latest.created_at.date()
+    day = conversation.latest.said_at.date()
     inside = project is None or (conversation.project is not None and (conversation.project + "/").startswith(project.rstrip("/") + "/"))
     return (agent is None or conversation.agent == agent) and inside and (since is None or day >= since) and (until is None or day <= until)
+
+
+def _part(row: SessionRow) -> dict:
+    """Where a session is a part of one longer than the model's context: see ``kvdb.services.write_plan.plan_parts``."""
+    return row.metadata.get("part") or {}
+
+
+def _same_part(earlier: SessionRow, row: SessionRow) -> bool:
+    """Whether ``row`` may fork from ``earlier``: a later part of a long log (one that follows
+    another) goes on from the part before it, and forks only from a version of its own part."""
+    return not _part(row).get("follows") or _part(earlier).get("number") == _part(row)["number"]
+
+
+def _followed(rows: list[SessionRow]) -> set[str]:
+    """The sessions a later part goes on from: no end of the conversation, though no session extends them."""
+    return {_part(r)["follows"] for r in rows if _part(r).get("follows")}
 
 
 def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:

@@ -34,7 +34,7 @@ from kvdb.services.claims import InputClaims
 from kvdb.services.models import ModelProvider
 from kvdb.services.tier_l import TierL
 from kvdb.services.write_compute import Computed, WriteCompute
-from kvdb.services.write_plan import Planned, SessionPlan, plan_session, plan_sessions, render_ids
+from kvdb.services.write_plan import Planned, SessionPlan, plan_parts, plan_session
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, SessionWrite
 from kvdb.tiers import TIERS, parse_keep
@@ -47,11 +47,10 @@ if TYPE_CHECKING:
 # progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
 # sessions are counted once they are tokenized), so a progress bar can show a total.
 Progress = Callable[[int, int], None]
-# A session can hold at most the model's context; no session file can fit it with more than this
-# many bytes per context token (SmolLM2's longest token is 81 bytes, and JSON escapes take at
-# most 6 bytes a byte), so larger sessions are refused before they are read into memory.
-FILE_BYTES_PER_CONTEXT_TOKEN = 1024
-LONGEST_CONTEXT_TOKENS = 1 << 17  # 128 MiB a session: a memory guard for the parse before the model loads
+# The most bytes of a file one session may take: a session is held in memory whole while it is
+# parsed and rendered (a longer one than the model's context is archived in parts), so larger
+# ones are refused before they are read.
+SESSION_BYTES = 1 << 28
 COMMIT_ATTEMPTS = 50  # another writer's commit won each time: past this, say so instead of trying forever
 
 
@@ -139,7 +138,7 @@ class Ingester:
             skipped: list[dict] | None = None if strict else []  # malformed records left out, named in the file's first result
             try:
                 results = self._ingest_source(
-                    lambda: transcripts.iter_transcripts(path, self._session_bytes(), skipped),
+                    lambda: transcripts.iter_transcripts(path, SESSION_BYTES, skipped),
                     optional,
                     kv_preset,
                     progress,
@@ -195,7 +194,10 @@ class Ingester:
         items = [redacted(t) for t in sessions()] if redact else list(sessions())
         loaded, books = self.prepare(optional, kv_preset)
         context = self._models.context_tokens(loaded)
-        planned = plan_sessions(items, lambda item: render_ids(loaded.tokenizer, item, context))
+        model_id = loaded.identity.model_id
+        planned = [part for item in items for part in plan_parts(loaded.tokenizer, model_id, item, context)]  # all before the first write
+        if computed is not None and len(planned) > 1:
+            raise InvalidArgument(f"a computed pass covers one session within the model's context; this one has {len(planned)} parts")
         if progress:
             progress(0, sum(len(p.ids) for p in planned))
         results = []
@@ -219,6 +221,9 @@ class Ingester:
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
+        if conversation is None and planned.follows is not None:  # a part continues the conversation of the part before it
+            before = self._storage.get_session(planned.follows)
+            conversation = before.conversation_id if before is not None else None
         status, new_tokens, cache = IngestStatus.UNCHANGED, 0, None
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)
@@ -249,7 +254,16 @@ class Ingester:
             raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again")
         seconds = time.perf_counter() - began
         return IngestResult(
-            plan.session_id, item.name, item.source, len(ids), status, None, new_tokens, seconds, added=added if status == IngestStatus.UPDATED else ()
+            plan.session_id,
+            item.name,
+            item.source,
+            len(ids),
+            status,
+            None,
+            new_tokens,
+            seconds,
+            added=added if status == IngestStatus.UPDATED else (),
+            part=item.metadata.get("part", {}).get("number"),
         )
 
     def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, conversation: str | None) -> tuple:
@@ -293,12 +307,6 @@ class Ingester:
         if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
             self._prefix_cache.save(pending[0], pending[2], pending[3])
         self._pending_prefix = (plan.session_id, ids, cache, path)
-
-    def _session_bytes(self) -> int:
-        """The most bytes of a file one session may take: what the model's context can hold, or,
-        before the model is loaded, what the longest context of any model can."""
-        loaded = self._models.loaded
-        return FILE_BYTES_PER_CONTEXT_TOKEN * (self._models.context_tokens(loaded) if loaded is not None else LONGEST_CONTEXT_TOKENS)
 
 
 def _alphabet(loaded) -> int:

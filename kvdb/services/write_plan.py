@@ -1,6 +1,7 @@
 """The first stage of the write path: what a source holds and what archiving it takes.
 
-A source is parsed, rendered and tokenized once, here, into ``Planned`` sessions; each is then
+A source is parsed, rendered and tokenized once, here, into ``Planned`` sessions (a session
+longer than the model's context into parts, ``plan_parts``); each is then
 matched against the trie into a ``SessionPlan``, the work still to do. Planning reads the
 archive and never writes or runs the model (but to decode a tier-L-only node the match runs
 through, which is reading). The plan is made again whenever a commit finds the trie moved; the
@@ -9,7 +10,8 @@ model's work is kept when the new plan asks for the same (``SessionPlan.key``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,10 +27,16 @@ from kvdb.transcripts import Transcript
 
 @dataclass(frozen=True)
 class Planned:
-    """One parsed session and its token ids."""
+    """One session to archive and its token ids: a parsed session whole, or a part of one
+    (``item.metadata["part"]``, see ``plan_parts``)."""
 
     item: Transcript
     ids: np.ndarray
+
+    @property
+    def follows(self) -> str | None:
+        """The session of the part before this one."""
+        return self.item.metadata.get("part", {}).get("follows")
 
 
 @dataclass(frozen=True)
@@ -75,23 +83,55 @@ class SessionPlan:
         return ("session", self.match.matched, self.match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep))
 
 
-def plan_sessions(sessions: Iterable[Transcript], render: Callable[[Transcript], np.ndarray]) -> list[Planned]:
-    """Every session of a source, rendered and tokenized once; a failure anywhere (a malformed
-    file) raises before anything is written. A file's sessions are held in memory together."""
-    return [Planned(item, render(item)) for item in sessions]
+def plan_parts(tokenizer, model_id: str, item: Transcript, context_tokens: int) -> list[Planned]:
+    """A parsed session as the sessions that archive it: itself, when it fits the model's
+    context; else parts that fit (``part_bounds``), each a session of its own that continues the
+    one before (``metadata["part"]``: its ``number`` from 1, the session it ``follows``, and
+    where it ``starts`` in the whole), with the file's side text on the last, the part that grows.
+
+    The model cannot attend past its context, so a part's state holds that part alone. A part is
+    cut a quarter of a context short, so that a restored part leaves the model room to go on."""
+    ids = render_ids(tokenizer, item)
+    if len(ids) <= context_tokens:
+        return [Planned(item, ids)]
+    bounds = part_bounds(ids, chat.turn_opens(tokenizer, ids), context_tokens - context_tokens // 4)
+    if item.text is not None and tok.decode(tokenizer, ids) != item.text:
+        raise TranscriptError(
+            item.source,
+            f"renders to {len(ids):,} tokens, more than the {context_tokens:,} of the model's context, and this tokenizer "
+            "does not give its text back exactly, so it cannot be cut into parts; split it into smaller sessions",
+        )
+    out: list[Planned] = []
+    metadata = {k: v for k, v in item.metadata.items() if k != "side"}
+    for number, (start, end) in enumerate(bounds, 1):
+        part = {"number": number, "follows": trie.path_id(model_id, out[-1].ids) if out else None, "starts": start}
+        last = number == len(bounds)
+        text = None if item.text is None else tok.decode(tokenizer, ids[start:end])
+        one = dataclasses.replace(item, text=text, metadata=dict(item.metadata if last else metadata, part=part), dropped=item.dropped if last else {})
+        out.append(Planned(one, ids[start:end]))
+    return out
 
 
-def render_ids(tokenizer, item: Transcript, context_tokens: int) -> np.ndarray:
-    """A session's token ids, refused when empty or longer than the model can attend to (a cache
-    past its context would restore a state the model was never trained on)."""
+def part_bounds(ids: np.ndarray, opens: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """(start, end) of parts of at most ``budget`` tokens, each cut where the latest turn it can
+    hold whole ends (``opens``: where turns open), or, when that would leave it less than half
+    full (a long turn comes next), at ``budget`` tokens inside that turn. The cuts depend only on
+    what comes before them, so a log that grows keeps its parts and grows its last."""
+    bounds, start, total = [], 0, len(ids)
+    while total - start > budget:
+        within = opens[(opens > start + budget // 2) & (opens <= start + budget)]
+        end = int(within[-1]) if within.size else start + budget
+        bounds.append((start, end))
+        start = end
+    return bounds + [(start, total)]
+
+
+def render_ids(tokenizer, item: Transcript) -> np.ndarray:
+    """A session's token ids, refused when empty."""
     text = item.text if item.text is not None else chat.render(tokenizer, item.messages)
     ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
     if len(ids) == 0:
         raise TranscriptError(item.source, "renders to zero tokens; nothing to archive")
-    if len(ids) > context_tokens:
-        raise TranscriptError(
-            item.source, f"renders to {len(ids):,} tokens, more than the {context_tokens:,} of the model's context; split it into smaller sessions"
-        )
     return ids
 
 

@@ -23,6 +23,7 @@ from kvdb.transcripts.json_stream import JsonStream
 from kvdb.transcripts.limits import too_large
 from kvdb.transcripts.messages import Conversation, Invalid, message_error
 from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.stamps import StampedLog
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".jsonl", ".json")
 WAITING_RECORDS = 64  # records held while none has set a JSONL file's layout; past them, the next decides as it can
@@ -235,7 +236,7 @@ def _decide(record) -> Format | None:
 
 
 def _opened(found: Format | None, stem: str, shown: str) -> Log | None:
-    return None if found is None else found.log(stem, shown)
+    return None if found is None else StampedLog(found.log(stem, shown))
 
 
 def _iter_json(file, shown: str, limit: int | None, skipped: list[dict] | None) -> Iterator[Transcript]:

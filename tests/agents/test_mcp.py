@@ -30,7 +30,7 @@ def db(tmp_path, tiny_loaded) -> Path:
     with kvdb.open(path, model=tiny_loaded) as archive:
         archive.ingest(write_jsonl(tmp_path / "repo" / "talk.jsonl", TALK), keep="tokens,search")
         archive.ingest(write_jsonl(tmp_path / "repo" / "talk.jsonl", TALK + MORE), keep="tokens,search")
-        archive.ingest(text="The harbour ledger was lost at sea.\n" * 40, name="long", keep="tokens,search")
+        archive.ingest(text="".join(f"The harbour ledger was lost at sea, page {i}.\n" for i in range(150)), name="long", keep="tokens,search")  # past the tiny model's context: two parts
     return path
 
 
@@ -84,6 +84,8 @@ def test_each_tool_answers_with_the_records_of_the_json_output(db, tiny_model, t
         page = structured(long)
         assert page["end"] == 100 and page["next_start"] == 100 and "start=100" in page["note"]
         assert page["turns"] == [t.to_dict() for t in archive.turns("long", 0, 100)]
+        last = archive.session("long").part
+        assert page["earlier_part"] == last["follows"] and archive.session(last["follows"]).part["number"] == last["number"] - 1 >= 1
         v1 = structured(first)
         assert v1["session"]["session_id"] == archive.session("talk@v1").session_id and "next_start" not in v1
         assert [t["text"] for t in v1["turns"] if t["role"] in ("user", "assistant")] == [m["content"] for m in TALK]

@@ -191,7 +191,8 @@ def event(uuid, parent, role, content, session="s1", **extra):
 
 def test_agent_events_follow_the_parent_chain_and_name_the_session_by_its_summary():
     transcript = one(EXAMPLES / "claude-code.jsonl")
-    assert (transcript.name, transcript.metadata) == ("Find the failing test", {"format": "claude-code", "id": "9c2d-cc", "line": 2})
+    when = {"started": "2026-11-30T09:12:01", "ended": "2026-11-30T09:12:12", "cwd": "/home/ana/repo"}  # the events' own (kvdb.transcripts.stamps)
+    assert (transcript.name, transcript.metadata) == ("Find the failing test", {"format": "claude-code", "id": "9c2d-cc", "line": 2} | when)
     assert [m["role"] for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
     assert transcript.messages[1]["tool_calls"] == [{"id": "toolu_1", "name": "Bash", "arguments": '{"command": "pytest -q"}'}]
     assert transcript.messages[2]["name"] == "Bash"

@@ -18,6 +18,7 @@ from kvdb.errors import (
 from kvdb.model import chat
 from kvdb.model import loading as lm_ops
 from kvdb.model import tokenizer as tok
+from kvdb.services import ingesting
 from kvdb.storage.sql import STREAM_ROW_BYTES
 
 TEXT = "Héllo wörld — naïve café ☕, 日本語 and an emoji 🚀.\r\nSecond line\n"
@@ -77,11 +78,10 @@ def test_failed_file_writes_nothing_and_others_ingest(archive, tmp_path):
 def test_a_bad_session_late_in_a_file_writes_none_of_the_file(archive, tmp_path):
     """Files are streamed session by session, but checked whole before anything is archived."""
     sessions = [{"name": f"s{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
-    sessions.append({"name": "long", "messages": [{"role": "user", "content": "x" * 5000}]})  # past the tiny model's 4,096
+    sessions.append({"name": "bad", "messages": [{"role": "user", "content": 5}]})
     path = write_jsonl(tmp_path / "many.jsonl", sessions)
-    [result] = archive.ingest(path)
-    assert result.status == "failed"
-    assert result.error == f"{path}#L4: renders to 5,008 tokens, more than the 4,096 of the model's context; split it into smaller sessions"
+    [result] = archive.ingest(path, strict=True)
+    assert result.status == "failed" and result.error.startswith(f"{path}:4: ") and "must be a string" in result.error
     assert archive.sessions() == []
     del sessions[-1]
     write_jsonl(path, sessions)
@@ -97,7 +97,8 @@ def test_progress_announces_each_file_before_archiving_it(archive, tmp_path):
     assert calls == [(0, sizes[0]), (sizes[0], 0), (0, sizes[1]), (sizes[1], 0)]
 
 
-def test_a_huge_single_line_is_refused_without_reading_it(archive, tmp_path):
+def test_a_huge_single_line_is_refused_without_reading_it(archive, tmp_path, monkeypatch):
+    monkeypatch.setattr(ingesting, "SESSION_BYTES", 4 * 2**20)
     path = tmp_path / "huge.jsonl"
     with open(path, "wb") as f:
         f.write(b'{"messages": [{"role": "user", "content": "')

@@ -527,13 +527,14 @@ def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, d
         assert [h.name for h in db.search("harbour") if h.exact] == ["s"]
 
 
-def test_advice_session_too_long_split_it(tmp_path, cli):
+def test_a_session_past_the_context_ingests_in_parts_each_reported(tmp_path, cli):
     text = "".join(f"Line {i} of a long transcript.\n" for i in range(200))  # 5,000+ tokens of the byte-level tiny model
-    refused = cli("ingest", write(tmp_path / "long.txt", text), "--json")
-    assert refused.exit_code == 1 and "split it into smaller sessions" in json.loads(refused.stdout)["error"]
-    half = text.index("Line 100 ")
-    split = cli("ingest", write(tmp_path / "part1.txt", text[:half]), write(tmp_path / "part2.txt", text[half:]), "--json")
-    assert split.exit_code == 0 and [json.loads(line)["status"] for line in split.stdout.splitlines()] == ["ingested", "ingested"]
+    parts = cli("ingest", write(tmp_path / "long.txt", text), "--json")
+    rows = [json.loads(line) for line in parts.stdout.splitlines()]
+    assert parts.exit_code == 0 and [(r["status"], r["part"]) for r in rows] == [("ingested", n) for n in range(1, len(rows) + 1)] and len(rows) > 1
+    again = cli("ingest", tmp_path / "long.txt")
+    assert again.exit_code == 0 and [line.split()[0] for line in again.stdout.splitlines()] == ["unchanged"] * len(rows)
+    assert "long (part 2)" in again.stdout
 
 
 def test_advice_unsupported_file_type_use_a_supported_one(tmp_path, cli):

@@ -1,0 +1,65 @@
+"""When and where an agent log's sessions were said, from its records: not when kvdb read them.
+
+Agent logs stamp their records: Claude Code's events, Codex CLI's envelopes and Gemini CLI's
+messages carry an ISO 8601 ``timestamp`` (a Gemini CLI header, ``startTime`` and ``lastUpdated``),
+and Claude Code's events the ``cwd`` the agent ran in. A log's sessions get, in their metadata,
+``started`` and ``ended`` (the earliest and latest time of the file's records, UTC, ISO 8601)
+and, where the format set none, the first ``cwd``: so that listing and search filter a log by
+when it was said and the folder it was about, whenever it is ingested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from kvdb.transcripts.formats.base import Log
+from kvdb.transcripts.sessions import Transcript
+
+TIME_KEYS = ("timestamp", "startTime", "lastUpdated")
+
+
+class StampedLog(Log):
+    """A format's log, noting the times and the working directory of the records it takes."""
+
+    def __init__(self, inner: Log):
+        self._inner = inner
+        self.label = inner.label
+        self._first: dt.datetime | None = None
+        self._last: dt.datetime | None = None
+        self._cwd: str | None = None
+
+    def add(self, record, line: int) -> None:
+        self._inner.add(record, line)  # a record it refuses leaves no trace here either
+        if not isinstance(record, dict):
+            return
+        for key in TIME_KEYS:
+            instant = _instant(record.get(key))
+            if instant is not None:
+                self._first = instant if self._first is None else min(self._first, instant)
+                self._last = instant if self._last is None else max(self._last, instant)
+        if self._cwd is None and isinstance(record.get("cwd"), str) and record["cwd"]:
+            self._cwd = record["cwd"]
+
+    def sessions(self) -> list[Transcript]:
+        return [self._stamped(t) for t in self._inner.sessions()]
+
+    def _stamped(self, transcript: Transcript) -> Transcript:
+        added: dict[str, str] = {}
+        if self._first is not None and self._last is not None:
+            added = {"started": self._first.isoformat(), "ended": self._last.isoformat()}
+        if self._cwd is not None:
+            added["cwd"] = self._cwd
+        added = {k: v for k, v in added.items() if k not in transcript.metadata}  # the format's own say first
+        return dataclasses.replace(transcript, metadata=transcript.metadata | added) if added else transcript
+
+
+def _instant(value) -> dt.datetime | None:
+    """An ISO 8601 time as naive UTC (the archive's rows' convention); a time without a zone is taken as UTC."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        instant = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return instant.astimezone(dt.UTC).replace(tzinfo=None) if instant.tzinfo is not None else instant
