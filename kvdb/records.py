@@ -67,7 +67,10 @@ class Session:
         """When it was said: the latest time its log records (``kvdb.transcripts.stamps``), else
         when it was archived (a chat, a file with no times)."""
         ended = self.metadata.get("ended")
-        return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else self.created_at
+        try:
+            return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else self.created_at
+        except ValueError:  # not written by kvdb.transcripts.stamps
+            return self.created_at
 
     @property
     def part(self) -> dict | None:

@@ -39,7 +39,9 @@ class Conversations:
         out = []
         for rows in grouped.values():
             followed = _followed(rows)
-            conversation = _conversation(rows, titles, sum(r.session_id not in extended and r.session_id not in followed for r in rows))
+            continued = _continued(rows, self._sharing(rows)) if any(_part(r).get("number") == 1 for r in rows) else set()
+            ends = sum(r.session_id not in extended and r.session_id not in followed and i not in continued for i, r in enumerate(rows))
+            conversation = _conversation(rows, titles, ends)
             if _admits(conversation, agent, project, since, until):
                 out.append(conversation)
         return sorted(out, key=lambda c: (c.latest.created_at, c.conversation_id), reverse=True)
@@ -53,21 +55,23 @@ class Conversations:
     def history(self, ref: str) -> ConversationHistory:
         """A conversation (named by any of its versions, its id or its title) and its versions."""
         rows = self._rows(ref)
-        paths = [{n.node_id: n.end for n in self._storage.node_path(r.session_id)} for r in rows]
-
-        def shared(a: int, b: int) -> int:
-            return max((end for node, end in paths[a].items() if node in paths[b]), default=0)
-
-        versions, followed = [], _followed(rows)
+        shared = self._sharing(rows)
+        versions, followed, continued = [], _followed(rows), _continued(rows, shared)
         for i, row in enumerate(rows):
-            leaf = row.session_id not in followed and not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
+            leaf = row.session_id not in followed and i not in continued and not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
             earlier = [j for j in range(i) if _same_part(rows[j], row)]
             most = max((shared(i, j) for j in earlier), default=0)
-            # a fork: an earlier version holds those tokens and went on another way; it forks from the first such
-            went_on = [j for j in earlier if shared(i, j) == most and rows[j].n_tokens > most]
+            # a fork: an earlier version holds those tokens and went on another way; it forks from the first such.
+            # A log's first part that an earlier whole version holds goes on in the parts after it: no fork
+            went_on = [j for j in earlier if shared(i, j) == most and rows[j].n_tokens > most and not (j in continued and most == row.n_tokens)]
             branch_of, forked_at = (rows[went_on[0]].session_id, most) if went_on else (None, None)
             versions.append(Version(Session.from_row(row), i + 1, i == len(rows) - 1, leaf, branch_of, forked_at))
         return ConversationHistory(_conversation(rows, self._storage.conversation_titles(), sum(v.leaf for v in versions)), versions)
+
+    def _sharing(self, rows: list[SessionRow]) -> Callable[[int, int], int]:
+        """shared(a, b): how many first tokens the versions ``rows[a]`` and ``rows[b]`` share (as the trie stores them)."""
+        paths = [{n.node_id: n.end for n in self._storage.node_path(r.session_id)} for r in rows]
+        return lambda a, b: max((end for node, end in paths[a].items() if node in paths[b]), default=0)
 
     def rename(self, ref: str, title: str | None) -> Conversation:
         """``title`` None or empty: named by its first version again."""
@@ -105,17 +109,26 @@ def _same_part(earlier: SessionRow, row: SessionRow) -> bool:
     return not _part(row).get("follows") or _part(earlier).get("number") == _part(row)["number"]
 
 
+def _continued(rows: list[SessionRow], shared: Callable[[int, int], int]) -> set[int]:
+    """The whole versions that a log's first part is a prefix of: the log passed the model's
+    context, and the parts after that one go on from them (no end of the conversation)."""
+    firsts = [k for k, r in enumerate(rows) if _part(r).get("number") == 1]
+    return {j for j, r in enumerate(rows) if not _part(r) and any(k != j and shared(k, j) == rows[k].n_tokens for k in firsts)}
+
+
 def _followed(rows: list[SessionRow]) -> set[str]:
     """The sessions a later part goes on from: no end of the conversation, though no session extends them."""
     return {_part(r)["follows"] for r in rows if _part(r).get("follows")}
 
 
 def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:
-    """A conversation of these versions (oldest first), named by its title or its first version's name."""
+    """A conversation of these versions (oldest first), named by its title or its first version's
+    name, about the first folder a version records (``Session.project``)."""
     first = Session.from_row(rows[0])
     conversation_id = rows[0].conversation_id
+    project = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)  # a version archived before cwd was read has none
     return Conversation(
-        conversation_id, titles.get(conversation_id, first.name), Session.from_row(rows[-1]), first.created_at, len(rows), branches, first.agent, first.project
+        conversation_id, titles.get(conversation_id, first.name), Session.from_row(rows[-1]), first.created_at, len(rows), branches, first.agent, project
     )
 
 

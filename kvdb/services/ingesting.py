@@ -223,7 +223,9 @@ class Ingester:
         model_id = loaded.identity.model_id
         if conversation is None and planned.follows is not None:  # a part continues the conversation of the part before it
             before = self._storage.get_session(planned.follows)
-            conversation = before.conversation_id if before is not None else None
+            # ... when that part is this file's own: the same tokens archived from another file (a resumed log's copied
+            # history) are that file's session, and this file's conversation is decided by the rule, as a whole session's
+            conversation = before.conversation_id if before is not None and before.source == item.source else None
         status, new_tokens, cache = IngestStatus.UNCHANGED, 0, None
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)

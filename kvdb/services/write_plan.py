@@ -118,9 +118,10 @@ def part_bounds(ids: np.ndarray, opens: np.ndarray, budget: int) -> list[tuple[i
     full (a long turn comes next), at ``budget`` tokens inside that turn. The cuts depend only on
     what comes before them, so a log that grows keeps its parts and grows its last."""
     bounds, start, total = [], 0, len(ids)
+    opens = np.sort(opens)
     while total - start > budget:
-        within = opens[(opens > start + budget // 2) & (opens <= start + budget)]
-        end = int(within[-1]) if within.size else start + budget
+        latest = int(np.searchsorted(opens, start + budget, side="right")) - 1  # the latest opening within the budget
+        end = int(opens[latest]) if latest >= 0 and opens[latest] > start + budget // 2 else start + budget
         bounds.append((start, end))
         start = end
     return bounds + [(start, total)]

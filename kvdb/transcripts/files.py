@@ -295,7 +295,7 @@ def _first_in_list(value, stem: str, shown: str) -> tuple[Log | None, list[Trans
             return None, read_session(value, f"{stem}#0", f"{shown}#0")
         except Invalid as error:
             raise Invalid(f"session #0: {error}", error.node) from None
-    log = found.log(stem, shown)
+    log = StampedLog(found.log(stem, shown))
     try:
         log.add(value, 0)
     except Invalid as error:

@@ -60,6 +60,6 @@ def _instant(value) -> dt.datetime | None:
         return None
     try:
         instant = dt.datetime.fromisoformat(value)
-    except ValueError:
+        return instant.astimezone(dt.UTC).replace(tzinfo=None) if instant.tzinfo is not None else instant
+    except (ValueError, OverflowError):  # not a time, or one UTC cannot hold (year 1 east of Greenwich)
         return None
-    return instant.astimezone(dt.UTC).replace(tzinfo=None) if instant.tzinfo is not None else instant

@@ -5,10 +5,15 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 from support import write
 
 from kvdb.transcripts import read_transcripts
 from kvdb.transcripts.files import iter_transcripts
+from kvdb.transcripts.formats.base import Log
+from kvdb.transcripts.messages import Invalid
+from kvdb.transcripts.sessions import Transcript
+from kvdb.transcripts.stamps import StampedLog
 
 EXPORTS = Path(__file__).parents[1] / "fixtures" / "exports"
 
@@ -32,7 +37,7 @@ def test_a_claude_code_log_says_when_and_where_it_ran():
         assert (session.metadata["started"], session.metadata["ended"]) == (min(times).isoformat(), max(times).isoformat())
 
 
-def test_a_codex_rollout_keeps_its_own_cwd_and_gets_its_times():
+def test_a_codex_rollout_gets_its_times_and_keeps_the_cwd_of_its_meta():
     path = EXPORTS / "codex-cli" / "vct-rollout-2025-09-19-codex_vscode-0.39.0.jsonl"
     [session] = read_transcripts(path)
     times = times_of(path)
@@ -61,3 +66,28 @@ def test_a_log_without_times_has_none_and_a_skipped_record_leaves_no_time(tmp_pa
     [session] = iter_transcripts(stamped, skipped=skipped)
     assert [s["line"] for s in skipped] == [2]
     assert (session.metadata["started"], session.metadata["ended"]) == ("2026-01-02T03:04:05", "2026-01-02T03:04:05")
+
+
+class Fixed(Log):
+    """A format's log that sets a cwd of its own."""
+
+    def __init__(self):
+        self.records = []
+
+    def add(self, record, line: int) -> None:
+        if record.get("bad"):
+            raise Invalid("refused")
+        self.records.append(record)
+
+    def sessions(self):
+        return [Transcript("s", "f.jsonl", "text", None, {"format": "fixed", "cwd": "/own"})]
+
+
+def test_the_format_s_own_metadata_comes_first_and_a_refused_record_counts_for_nothing():
+    log = StampedLog(Fixed())
+    log.add({"cwd": "/records", "timestamp": "2026-03-01T10:00:00Z"}, 1)
+    with pytest.raises(Invalid):
+        log.add({"bad": True, "timestamp": "2030-01-01T00:00:00Z", "cwd": "/bad"}, 2)
+    log.add({"timestamp": "0001-01-01T00:00:00+01:00"}, 3)  # no time UTC can hold: no time
+    [session] = log.sessions()
+    assert session.metadata == {"format": "fixed", "cwd": "/own", "started": "2026-03-01T10:00:00", "ended": "2026-03-01T10:00:00"}

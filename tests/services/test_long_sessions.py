@@ -82,3 +82,25 @@ def test_a_part_restores_and_continues_on_its_own(archive, tmp_path):
     restored = archive.session("long").restore()
     assert restored.session_id == last.session_id and restored.position == last.n_tokens == len(restored.tokens)
     assert isinstance(archive.continue_session("long", "and then?", max_new_tokens=4), str)
+
+
+def test_a_log_that_passes_the_context_goes_on_in_parts_without_a_fork_or_a_second_end(archive, tmp_path):
+    path = write_jsonl(tmp_path / "log.jsonl", turns(18))
+    [whole] = archive.ingest(path)
+    assert whole.part is None and BUDGET < whole.n_tokens <= CONTEXT  # within the context: whole, as before
+    write_jsonl(path, turns(24))
+    parts = archive.ingest(path)
+    assert [r.part for r in parts] == [1, 2]
+    [conversation] = archive.conversations()
+    assert conversation.branches == 1 and conversation.latest.session_id == parts[-1].session_id
+    history = archive.conversation("log").versions
+    assert [(v.session.part or {}).get("number") for v in history] == [None, 1, 2]
+    assert [v.branch_of for v in history] == [None, None, None] and [v.leaf for v in history] == [False, False, True]
+
+
+def test_a_part_another_file_shares_does_not_draw_that_file_into_its_conversation(archive, tmp_path):
+    a = archive.ingest(write_jsonl(tmp_path / "a.jsonl", turns(30)))
+    b = archive.ingest(write_jsonl(tmp_path / "b.jsonl", turns(20) + turns(10, start=100)))  # a copy of a's start, then its own
+    assert b[0].session_id == a[0].session_id and b[0].status == "unchanged"  # the same tokens: the same session
+    conversation_of = {r.source: archive.session(r.session_id).conversation_id for r in (a[-1], b[-1])}
+    assert len(set(conversation_of.values())) == 2 and len(archive.conversations()) == 2

@@ -22,6 +22,7 @@ from kvdb.errors import EmptyTranscript
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind
 from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.stamps import StampedLog
 
 MESSAGE_TYPES = ("user", "gemini")
 NOTICE_TYPES = ("info", "error", "warning")
@@ -83,8 +84,8 @@ class GeminiCli(Format):
         return isinstance(history, list) and any(_content(item) for item in history[:1]) or isinstance(obj.get("clientHistory"), list)
 
     def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
-        log = GeminiLog(name, source)
-        if "messages" in obj:
+        if "messages" in obj:  # a session file of the older layout: its records, as a log's
+            log = StampedLog(GeminiLog(name, source))
             log.add({key: value for key, value in obj.items() if key != "messages"}, 0)
             for index, record in enumerate(obj["messages"]):
                 try:
@@ -92,7 +93,7 @@ class GeminiCli(Format):
                 except Invalid as error:
                     raise Invalid(f"messages[{index}]: {error}", error.node or obj) from None
             return log.sessions()
-        return log.checkpoint(obj)
+        return GeminiLog(name, source).checkpoint(obj)
 
     def opens_log(self, record) -> bool:
         return _header(record) or _message(record) or _patch(record) or _prompt(record) or _content(record)
