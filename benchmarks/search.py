@@ -683,7 +683,11 @@ def targets(results: list[dict]) -> str:
     if 10**8 in at:
         r = at[10**8]
         p50, p95 = pct(r["lat"]["kvdb"], 50), pct(r["lat"]["kvdb"], 95)
-        lines.append(f"- at 1e8 tokens, p50 ≤ 3 ms and p95 ≤ 10 ms: {'met' if p50 <= 3 and p95 <= 10 else 'NOT met'} ({p50:.2f} / {p95:.2f} ms)")
+        first50, first95 = pct(r["lat"]["kvdb_first"], 50), pct(r["lat"]["kvdb_first"], 95)
+        lines.append(
+            f"- at 1e8 tokens, p50 ≤ 3 ms and p95 ≤ 10 ms: {'met' if p50 <= 3 and p95 <= 10 else 'NOT met'} ({p50:.2f} / {p95:.2f} ms; "
+            f"each phrase's first call {first50:.2f} / {first95:.2f} ms, {'met' if first50 <= 3 and first95 <= 10 else 'NOT met'})"
+        )
         lines.append(f"- opening the index at 1e8 ≤ 100 ms: {'met' if r['probe']['open_ms'] <= 100 else 'NOT met'} ({r['probe']['open_ms']:.1f} ms)")
         lines.append(f"- building 1e8 tokens ≤ 10 minutes: {'met' if r['index_s'] <= 600 else 'NOT met'} ({r['index_s']:.0f} s)")
     return "\n".join(lines) + "\n"
