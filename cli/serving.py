@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import click
 
 from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
@@ -88,4 +91,7 @@ def mcp(ctx, allow_continue, embedder, model):
     from kvdb_mcp import build, over  # the SDK is imported by this command alone
 
     archive = _open(ctx, model, read_only=True, embedder=embedder)
+    # Ctrl-C (and an agent's SIGINT) would wait for the SDK's stdin reader thread, that is, for
+    # stdin to close. Nothing is left half-done by leaving at once: the archive is read-only.
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     build(over(archive), archive.model_name if allow_continue else None).run("stdio")

@@ -5,6 +5,8 @@ as tool errors with the library's message, `continue` offered only with --allow-
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,3 +109,20 @@ def test_a_writer_works_between_the_calls_of_a_running_server(db, tiny_model, ti
 
     before, after = session_calls(db, tiny_model, calls)
     assert structured(before)["hits"] == [] and [h["title"] for h in structured(after)["hits"]] == ["later"]
+
+
+def test_ctrl_c_stops_the_server_at_once_with_its_stdin_still_open(db, tiny_model):
+    """An agent stops its servers with SIGINT (Claude Code sends SIGTERM 100 ms later)."""
+    server = subprocess.Popen(
+        [KVDB, "--db", str(db), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"KVDB_MODEL": tiny_model, "PATH": str(Path(KVDB).parent)}
+    )
+    assert server.stdin is not None and server.stdout is not None
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    server.stdin.write((json.dumps(hello) + "\n").encode())
+    server.stdin.flush()
+    assert json.loads(server.stdout.readline())["result"]["serverInfo"]["name"]  # serving
+    server.send_signal(signal.SIGINT)
+    try:
+        assert server.wait(timeout=5) == 130
+    finally:
+        server.kill()
