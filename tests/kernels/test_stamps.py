@@ -91,3 +91,8 @@ def test_the_format_s_own_metadata_comes_first_and_a_refused_record_counts_for_n
     log.add({"timestamp": "0001-01-01T00:00:00+01:00"}, 3)  # no time UTC can hold: no time
     [session] = log.sessions()
     assert session.metadata == {"format": "fixed", "cwd": "/own", "started": "2026-03-01T10:00:00", "ended": "2026-03-01T10:00:00"}
+
+
+def test_a_gemini_session_file_of_the_older_layout_gets_its_times():
+    [session, *_] = read_transcripts(EXPORTS / "gemini-cli" / "vct-legacy-session-2025-10-11.json")
+    assert (session.metadata["started"], session.metadata["ended"]) == ("2025-10-11T11:58:27.603000", "2025-10-11T12:00:30.384000")
