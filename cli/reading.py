@@ -13,20 +13,27 @@ from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
 DAY_HELP = "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
-since_option = click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or after {DAY_HELP}.")
-until_option = click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or before {DAY_HELP}.")
+SCOPE = (  # the filters `sessions` lists by and `search` keeps to: Archive.conversations' arguments
+    click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...)."),
+    click.option(
+        "--project",
+        default=None,
+        help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
+    ),
+    click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or after {DAY_HELP}."),
+    click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or before {DAY_HELP}."),
+)
+
+
+def scope_options(command):
+    for option in reversed(SCOPE):
+        command = option(command)
+    return command
 
 
 @main.command()
 @click.option("--versions", "every", is_flag=True, help="List every stored version of every conversation (each a session), oldest first.")
-@click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
-@click.option(
-    "--project",
-    default=None,
-    help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
-)
-@since_option
-@until_option
+@scope_options
 @json_option
 @click.pass_context
 def sessions(ctx, every, agent, project, since, until, as_json):
@@ -167,10 +174,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option(
     "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does)."
 )
-@click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).")
-@click.option("--project", default=None, help="Only conversations about this folder or one inside it ('.': the current folder).")
-@since_option
-@until_option
+@scope_options
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
 @click.option(
     "--case-sensitive",

@@ -221,8 +221,8 @@ class Ingester:
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
-        if conversation is None and planned.follows is not None:  # a part continues the conversation of the part before it
-            before = self._storage.get_session(planned.follows)
+        if conversation is None and planned.part.get("follows") is not None:  # a part continues the conversation of the part before it
+            before = self._storage.get_session(planned.part["follows"])
             # ... when that part is this file's own: the same tokens archived from another file (a resumed log's copied
             # history) are that file's session, and this file's conversation is decided by the rule, as a whole session's
             conversation = before.conversation_id if before is not None and before.source == item.source else None
@@ -265,7 +265,7 @@ class Ingester:
             new_tokens,
             seconds,
             added=added if status == IngestStatus.UPDATED else (),
-            part=item.metadata.get("part", {}).get("number"),
+            part=planned.part.get("number"),
         )
 
     def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, conversation: str | None) -> tuple:

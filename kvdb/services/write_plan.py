@@ -34,9 +34,9 @@ class Planned:
     ids: np.ndarray
 
     @property
-    def follows(self) -> str | None:
-        """The session of the part before this one."""
-        return self.item.metadata.get("part", {}).get("follows")
+    def part(self) -> dict:
+        """Where it is a part (``number``, ``follows``, ``starts``: see ``plan_parts``); {} for a whole session."""
+        return self.item.metadata.get("part", {})
 
 
 @dataclass(frozen=True)
