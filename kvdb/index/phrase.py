@@ -1,15 +1,11 @@
 """Phrase search over the walk index: query points -> candidate slots -> verified, ranked hits.
 
-The index orders positions by their last ``reach`` tokens (32 for SmolLM2), so a phrase of up
-to ``reach`` tokens is one range of that order: its count is the range's length, and its hits
-are the range's first live entries. A longer phrase is cut, from its end, into pieces of at
-most ``reach`` tokens; shifting each piece's slots by its distance from the phrase's end and
-intersecting gives the occurrences of the whole phrase. Slots are contiguous only inside one
-trie node, so a candidate whose earlier piece would lie in a parent node is kept and settled
-by the check against the archive. Positions that share only a shorter suffix of the phrase are
-the partial matches, ranked by how long a suffix they share: the ranges of a phrase's suffixes
-nest, so those sharing exactly s tokens lie between the bounds of s and s + 1. Every hit is
-checked against the archived tokens and its context decoded from the blocks it touches.
+The index orders positions by their last ``REACH`` tokens (256, the longest phrase a search
+takes), so a phrase is one range of that order: its count is the range's length, and its hits
+are the range's first live entries. Positions that share only a shorter suffix of the phrase
+are the partial matches, ranked by how long a suffix they share: the ranges of a phrase's
+suffixes nest, so those sharing exactly s tokens lie between the bounds of s and s + 1. Every
+hit is checked against the archived tokens and its context decoded from the blocks it touches.
 """
 
 from __future__ import annotations
@@ -21,14 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.errors import InvalidArgument
+from kvdb.index.segment import REACH
 from kvdb.index.walk import KeyRange, SlotMap, WalkIndex
 
-MAX_PHRASE_TOKENS = 256
+MAX_PHRASE_TOKENS = REACH  # every phrase is then one range of the index's order
 # The share of a phrase's tokens a partial hit must match to be shown by default: a hit on one
 # word of six ("revenue" of "the city's revenue fell by half") says little about the phrase.
 MIN_SHARE = 0.5
 
-Walked = dict[bytes, tuple[np.ndarray, np.ndarray]]  # a phrase suffix -> its level of ``chained``
 Fetch = Callable[[list[tuple[str, int, int]]], list[np.ndarray]]  # [(session_id, start, end)] -> token ids of each
 SessionsOf = Callable[[list[str]], dict[str, str]]  # node ids -> a live session through each (absent: none left)
 
@@ -101,22 +97,12 @@ class Hit:
         }
 
 
-def pieces(phrase: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
-    """(distance of the piece's last token from the phrase's last token, piece), last piece first."""
-    out = []
-    for stop in range(len(phrase), 0, -depth):
-        out.append((len(phrase) - stop, phrase[max(0, stop - depth) : stop]))
-    return out
-
-
-def lookups(phrase: np.ndarray, reach: int, depth: int, least: int = 1) -> list[np.ndarray]:
-    """The pieces ``candidates`` looks up for a phrase: its pieces of up to ``reach`` tokens,
-    and the suffixes of its last piece of up to ``depth`` tokens (one key), down to ``least``
-    (all of them bounded in one pass: ``WalkIndex.ranges``)."""
-    split = pieces(phrase, reach)
-    last = split[0][1]
-    first = min(len(last), depth)  # the last piece's first key: where its partial matches lie
-    return [piece for _, piece in split] + [phrase[-first:]] + [phrase[-s:] for s in range(first - 1, least - 1, -1)]
+def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
+    """The suffixes of a phrase ``candidates`` looks up for its partial matches: its last ``D``
+    tokens (one key, whose range holds those sharing ``D`` or more), and the shorter ones down to
+    ``least`` (all of them bounded in one pass: ``WalkIndex.ranges``)."""
+    first = min(len(phrase), depth)
+    return [phrase[-s:] for s in range(first, least - 1, -1)]
 
 
 def bounded(index: WalkIndex, wanted: Iterable[np.ndarray]) -> dict[bytes, KeyRange]:
@@ -136,46 +122,34 @@ def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
     return [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
 
 
-def candidates(
-    index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange], walked: Walked
-) -> Candidates:
+def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange]) -> Candidates:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
-    sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of ``lookups``
-    (``bounded``); ``walked``: the levels of ``chained`` the query's variants walked so far.
+    sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of the phrase and
+    of its ``lookups`` (``bounded``).
 
-    A phrase of one piece takes its full matches in index order, a chunk at a time, so a phrase
-    found millions of times costs what its first ``limit`` live ones cost."""
+    The full matches are taken in index order, a chunk at a time, so a phrase found millions of
+    times costs what its first ``limit`` live ones cost."""
     length = len(phrase)
-    split = pieces(phrase, index.reach)
-    ranked: list[tuple[np.ndarray, np.ndarray]] = []  # (end slots, the tokens each shares), best first
-    found = 0
-    if len(split) > 1:
-        levels = [ends for ends, _ in chained(index, slots, phrase, ranges, walked)]
-        for j in range(len(levels) - 1, -1, -1):
-            deeper = levels[j + 1] if j + 1 < len(levels) else np.zeros(0, np.int64)
-            offset, piece = split[j]
-            if offset + len(piece) >= least:
-                ends = np.setdiff1d(levels[j], deeper, assume_unique=True)
-                ranked.append((ends, np.full(len(ends), offset + len(piece))))
-                found += len(ends)
-    # Shorter suffixes of the last piece. Its first key's range holds the entries sharing D
-    # tokens or more, in path order: the nearer an entry lies to the piece's own range, the
-    # longer the suffix it shares, so the nearest ones on each side are the best partial
-    # matches. Below D tokens, the ranges nest around the longer one's, so the entries sharing
-    # exactly s tokens are the two slices between the bounds of s and s + 1.
-    last = split[0][1]
-    inner = ranges[last.tobytes()]
-    found += len(inner) if len(split) == 1 else 0
-    if len(last) > index.depth and least < len(last) and found < limit:
-        outer = ranges[last[-index.depth :].tobytes()]
+    ranked: list[tuple[np.ndarray, np.ndarray]] = []  # partial matches: (end slots, the tokens each shares), best first
+    inner = ranges[phrase.tobytes()]
+    found = len(inner)
+    if not found and least >= length:  # a casing the archive never uses
+        return Candidates.concat([])
+    # Shorter suffixes. The first key's range holds the entries sharing D tokens or more, in
+    # path order: the nearer an entry lies to the phrase's own range, the longer the suffix it
+    # shares, so the nearest ones on each side are the best partial matches. Below D tokens,
+    # the ranges nest around the longer one's, so the entries sharing exactly s tokens are the
+    # two slices between the bounds of s and s + 1.
+    if length > index.depth and least < length and found < limit:
+        outer = ranges[phrase[-index.depth :].tobytes()]
         near = outer.around(inner, limit)
-        same = index.symbols(near, np.arange(index.depth, len(last))) == last[::-1][index.depth :]
+        same = index.symbols(near, np.arange(index.depth, length)) == phrase[::-1][index.depth :]
         shared = index.depth + np.where(same.all(1), same.shape[1], same.argmin(1))
         best = np.lexsort((near, -shared))[: np.count_nonzero(shared >= least)]  # longest first, ties in slot order
         ranked.append((near[best], shared[best]))
         found += len(best)
         inner = outer
-    for s in range(min(len(last), index.depth + 1) - 1, least - 1, -1):
+    for s in range(min(length, index.depth + 1) - 1, least - 1, -1):
         if found >= limit:
             break
         outer = ranges[phrase[-s:].tobytes()]
@@ -196,11 +170,10 @@ def candidates(
         parts.append((run[keep], position[keep], shared[keep]))
         taken += len(keep)
 
-    if len(split) == 1:  # full matches in index order, a chunk at a time
-        for ends in ranges[last.tobytes()].chunks(4 * limit):
-            if taken >= limit:
-                break
-            take(ends, np.full(len(ends), length))
+    for ends in ranges[phrase.tobytes()].chunks(4 * limit):  # full matches in index order, a chunk at a time
+        if taken >= limit:
+            break
+        take(ends, np.full(len(ends), length))
     if ranked and taken < limit:
         take(np.concatenate([ends for ends, _ in ranked]), np.concatenate([shared for _, shared in ranked]))
     if not parts:
@@ -213,90 +186,25 @@ def candidates(
     )
 
 
-def chained(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, ranges: dict[bytes, KeyRange], walked: Walked) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per piece j, (the end slots matching pieces 0..j, in key order, whether the index settled each):
-    an end whose piece lies in a parent node, or runs across into one, is kept for the archive
-    check to decide. Stops early when no end is left.
-
-    A level depends only on the phrase's suffix it covers, and the casings of a phrase mostly
-    differ in its first words: ``walked`` keeps each suffix's level for the query's other
-    variants (six casings of a 20-token licence line walked the same four levels six times)."""
-    split = pieces(phrase, index.reach)
-    levels: list[tuple[np.ndarray, np.ndarray]] = []
-    for offset, piece in split:
-        if levels and levels[-1][0].size == 0:
-            break
-        suffix = phrase[len(phrase) - offset - len(piece) :].tobytes()
-        if suffix in walked:
-            levels.append(walked[suffix])
-            continue
-        if not levels:
-            first = ranges[piece.tobytes()].slots()
-            levels.append(walked.setdefault(suffix, (first, np.ones(len(first), bool))))
-            continue
-        current, sure = levels[-1]
-        _, local = slots.locate(current)
-        in_node = local >= offset  # else the piece lies in a parent node
-        found = ranges[piece.tobytes()]
-        if not by_tokens(len(current), len(piece), len(found)):  # a key walks on across into the parent: settled
-            matched = np.isin(current - offset, found.slots())
-            keep, settled = ~in_node | matched, in_node
-        else:
-            whole = local >= offset + len(piece) - 1  # the piece within the node: its tokens are the index's
-            keep = ~whole
-            ends = current[whole] - offset
-            keep[whole] = (index.tokens[ends[:, None] - np.arange(len(piece) - 1, -1, -1)] == piece).all(1)
-            settled = whole
-        levels.append(walked.setdefault(suffix, (current[keep], (sure & settled)[keep])))
-    return levels
-
-
-def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray], check: Callable[[np.ndarray, np.ndarray, int], int]) -> int:
+def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray]) -> int:
     """How many archived positions end a full match of some variant: each counted once, in a
-    node some session uses (``owned``, per run of ``slots``). ``check(runs, ends, variant)``
-    counts the matches the archive confirms among ends the index could not settle.
+    node some session uses (``owned``, per run of ``slots``).
 
-    A variant that ends with another is left out (``unsuffixed``). A variant of one piece is one
+    A variant that ends with another is left out (``unsuffixed``). Each other variant is one
     key range, counted in O(log n) when every entry of the index is live (no deleted session's
-    slots wait for ``gc``), else by locating its entries; a longer one is the chain of its
-    pieces, as ``candidates`` walks it."""
-    kept = unsuffixed(variants)
-    ranges = bounded(index, (piece for v in kept for _, piece in pieces(variants[v], index.reach)))
+    slots wait for ``gc``), else by locating its entries."""
+    kept = {variants[v].tobytes(): variants[v] for v in unsuffixed(variants)}
+    ranges = bounded(index, kept.values())
     live_entries = int(slots.length[owned].sum())
-    walked: Walked = {}
     total = 0
-    for v in kept:
-        phrase = variants[v]
-        split = pieces(phrase, index.reach)
-        if len(split) == 1:
-            found = ranges[phrase.tobytes()]
-            if live_entries == index.entries:
-                total += len(found)
-                continue
-            for ends in found.chunks(1 << 20):
-                run, _ = slots.locate(ends)
-                total += int(((run >= 0) & owned[np.maximum(run, 0)]).sum())
+    for found in (ranges[key] for key in kept):
+        if live_entries == index.entries:
+            total += len(found)
             continue
-        levels = chained(index, slots, phrase, ranges, walked)
-        if len(levels) < len(split):
-            continue
-        ends, sure = levels[-1]
-        run, local = slots.locate(ends)
-        live = (run >= 0) & owned[np.maximum(run, 0)]
-        start = slots.start[np.maximum(run, 0)] + local - len(phrase) + 1
-        total += int((live & sure & (start >= 0)).sum())
-        doubt = live & ~sure
-        if doubt.any():
-            total += check(run[doubt], slots.start[run[doubt]] + local[doubt], v)
+        for ends in found.chunks(1 << 20):
+            run, _ = slots.locate(ends)
+            total += int(((run >= 0) & owned[np.maximum(run, 0)]).sum())
     return total
-
-
-def by_tokens(candidates: int, piece: int, entries: int) -> bool:
-    """Whether to check candidates against a piece by the tokens at their slots (``candidates``
-    x ``piece`` reads) rather than by membership in the piece's key range (a hash of its
-    ``entries``): a frequent earlier piece ("Specifying" of "2009 Google Inc. Specifying") has
-    a range of millions at 1e7 tokens, which took 160 ms a query to hash for one candidate."""
-    return entries > candidates * piece
 
 
 def shared_suffix(window: np.ndarray, phrase: np.ndarray) -> int:
@@ -334,20 +242,17 @@ def search(
         raise InvalidArgument(f"context must be >= 0, got {context}")
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
     whole = [len(phrase) for phrase in variants]
-    ranges = bounded(index, (piece for phrase in variants for _, piece in pieces(phrase, index.reach)))
-    walked: Walked = {}
+    # the partial matches' suffixes too, though the full matches may leave no room for them:
+    # bounding them with the phrase's costs less than a second pass over the segments
+    ranges = bounded(index, [*variants, *(p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v]))])
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
     grouped: set[str] = set()  # the groups that have their hit
-    # Full matches first; the partial ones only when the full ones leave room for them, since
-    # each shorter suffix of a phrase is a range of its own to bound.
+    # Full matches first; the partial ones only when the full ones leave room for them.
     for sharing in (whole, least):
         if len(hits) >= k or (sharing is least and least == whole):
             break
-        if sharing is least:
-            missing = [p for v, phrase in enumerate(variants) for p in lookups(phrase, index.reach, index.depth, least[v]) if p.tobytes() not in ranges]
-            ranges.update(bounded(index, missing) if missing else {})
-        pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges, walked) for v, phrase in enumerate(variants)])
+        pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges) for v, phrase in enumerate(variants)])
         lengths = np.array(whole)[pool.variant]
         if sharing is least:
             pool = pool.take(np.flatnonzero(pool.shared < lengths))  # the full ones were checked already

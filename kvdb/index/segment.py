@@ -1,15 +1,16 @@
 """One file of the search index: the slots of a span of the slot numbering, in path order.
 
-Entries are sorted by their last ``reach`` tokens (``ORDER_KEYS`` walk keys of ``D`` tokens:
-32 for SmolLM2), newest first: a suffix array of the reversed stream cut at ``reach`` tokens.
-The keys need not be stored: they are functions of the tokens, which the segment keeps anyway
-(hits are checked and shown from them). A segment stores the slots in path order (4 bytes a
-position), the token at each slot (2, or 4 above 65,536 symbols), the first key of every
-``BLOCK``-th entry, and per slot run the ``reach - 1`` tokens before it on its path (a run's
-first entries walk on from its parent node). A lookup binary-searches the sampled keys, derives
-the first keys of one block of ``BLOCK`` slots, and a piece longer than one key then
-binary-searches that range by its further tokens: 6.2 bytes a position
-(docs/decisions/0046-slots-in-key-order.md, 0047-order-past-one-key.md).
+Entries are sorted by their last ``REACH`` tokens (256, the longest phrase a search takes),
+newest first: a suffix array of the reversed stream cut at ``REACH`` tokens, so every phrase is
+one range. The keys need not be stored: they are functions of the tokens, which the segment
+keeps anyway (hits are checked and shown from them). A segment stores the slots in path order
+(4 bytes a position), the token at each slot (2, or 4 above 65,536 symbols), the first key
+(``D`` tokens) of every ``BLOCK``-th entry, and per slot run up to ``REACH - 1`` tokens before it
+on its path (a run's first entries walk on from its parent node). A lookup binary-searches the
+sampled keys, derives the first keys of one block of ``BLOCK`` slots, and a piece longer than
+one key then binary-searches that range by its further tokens: 6.2 bytes a position
+(docs/decisions/0046-slots-in-key-order.md, 0047-order-past-one-key.md,
+0051-order-to-the-longest-phrase.md).
 
 The file is memory-mapped: opening it reads the header, and a query touches the pages it
 reads, so a process's memory grows with what it searched, and processes share one copy
@@ -25,6 +26,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +34,18 @@ import numpy as np
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 
-MAGIC = b"KVDBIDX5"
+MAGIC = b"KVDBIDX6"
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
-_CHUNK = 1 << 22  # slots whose keys are derived at once when a segment is sorted: bounds temporary memory
+_CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
+_PLACING = 1 << 14  # new entries placed at once by binary search ([entries, REACH] tokens read for them)
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
-# Keys of D tokens that set an entry's place: entries are in the order of their last
-# ORDER_KEYS * D tokens (32 for SmolLM2), so a phrase up to that long is one range of the order
-# and a count of it is two binary searches (docs/decisions/0047-order-past-one-key.md).
-ORDER_KEYS = 8
+# Tokens of a position's path that set its place: entries are in the order of their last REACH
+# tokens, so a phrase up to that long (every phrase a search takes) is one range of the order
+# and a count of it is two binary searches (docs/decisions/0051-order-to-the-longest-phrase.md).
+REACH = 256
+# Depths a comparison reads at once past the first key: most comparisons are settled by the
+# first of these windows, and a tie reads the next, twice as deep.
+_WINDOW = 32
 _LENGTH = struct.Struct("<I")
 _ALIGN = 8
 # Files up to this size are read whole at open to compare their CRC (a tail, or an index of up to
@@ -49,16 +55,11 @@ CHECK_BYTES = 32 << 20
 _SAMPLE = np.dtype("<u8")
 _FIRST = np.dtype("<u8")
 _SLOT = np.dtype("<u4")  # up to 2**32 positions per index
-_CONTEXT = np.dtype("<u4")  # the padding symbol is the alphabet's size, one past a u2 at 65,536
+_HELD = np.dtype("<u4")
 
 
 def token_dtype(alphabet: int) -> np.dtype:
     return np.dtype("<u2") if alphabet <= 1 << 16 else np.dtype("<u4")
-
-
-def reach(alphabet: int) -> int:
-    """Tokens of a position's path that set its place in a segment's order."""
-    return fractal.key_depth(alphabet) * ORDER_KEYS
 
 
 @dataclass(frozen=True)
@@ -67,25 +68,39 @@ class Runs:
 
     first: np.ndarray  # int64 (stored u8), ascending
     length: np.ndarray  # int64 (stored u4)
-    # [runs, reach - 1] int64 (stored u4): the tokens before the run on its path, oldest first;
-    # the alphabet's size where the path is shorter
+    held: np.ndarray  # int64 (stored u4): tokens of context each run keeps, REACH - 1 or the whole path before it
+    # every run's context in turn, oldest token first (stored as the tokens are): the tokens
+    # before the run on its path, up to REACH - 1 of them
     context: np.ndarray
 
     @classmethod
-    def empty(cls, width: int) -> Runs:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, width), np.int64))
+    def empty(cls, dtype: np.dtype) -> Runs:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))
 
     @classmethod
-    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], width: int) -> Runs:
-        """From each run's first slot, length and padded context (``padded_context``, ``width`` tokens)."""
-        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), np.stack(contexts) if contexts else cls.empty(width).context)
+    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], dtype: np.dtype) -> Runs:
+        """From each run's first slot, length and context (``held_context``)."""
+        held = np.array([len(c) for c in contexts], np.int64)
+        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), held, np.concatenate([np.zeros(0, dtype), *contexts]).astype(dtype))
 
     @classmethod
     def concat(cls, parts: list[Runs]) -> Runs:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "context")))
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "held", "context")))
 
     def __len__(self) -> int:
         return len(self.first)
+
+    @cached_property
+    def opens(self) -> np.ndarray:
+        """Where each run's context begins in ``context``."""
+        return np.cumsum(self.held) - self.held
+
+    def take(self, runs: np.ndarray) -> Runs:
+        """The runs ``runs`` (ascending indices), their contexts with them."""
+        opens = self.opens[runs]
+        held = self.held[runs]
+        at = np.repeat(opens - np.cumsum(held) + held, held) + np.arange(int(held.sum()))
+        return Runs(self.first[runs], self.length[runs], held, self.context[at])
 
     def slots(self) -> np.ndarray:
         """Every slot a run covers, ascending (the slots between runs are tombstones)."""
@@ -95,29 +110,29 @@ class Runs:
         return starts + np.arange(int(self.length.sum()), dtype=np.int64)
 
 
-def padded_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
-    """The ``reach - 1`` tokens before a run, padded on the left with the alphabet's size, the
-    symbol ``fractal.walk_keys`` reads before the start of a path."""
-    width = reach(alphabet) - 1
-    before = np.zeros(0, np.int64) if context is None else fractal.check_symbols(np.asarray(context)[-width:], alphabet)
-    return np.concatenate([np.full(width - len(before), alphabet, np.int64), before])
+def held_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
+    """The last ``REACH - 1`` tokens before a run on its path (all of them when the path is
+    shorter: the alphabet's size, the symbol ``fractal.walk_keys`` reads before a path starts,
+    is implied past them)."""
+    before = np.zeros(0, np.int64) if context is None else np.asarray(context)[len(context) - min(len(context), REACH - 1) :]
+    return fractal.check_symbols(before, alphabet).astype(token_dtype(alphabet))
 
 
 @dataclass(frozen=True)
 class Pieces:
-    """Query pieces of up to ``reach`` tokens, prepared once for every segment: the range of
+    """Query pieces of up to ``REACH`` tokens, prepared once for every segment: the range of
     first keys each lies in, and its tokens by depth."""
 
     lo: np.ndarray  # uint64: the first key's range, [lo, hi)
     hi: np.ndarray  # uint64, clamped below 2**64
     past: np.ndarray  # bool: hi is 2**64, past every key
-    tokens: np.ndarray  # [piece, reach] int64: its tokens newest first, then the alphabet's size
+    tokens: np.ndarray  # [piece, REACH] int64: its tokens newest first, then the alphabet's size
     lengths: np.ndarray  # int64
 
     @classmethod
     def of(cls, pieces: Sequence[np.ndarray], alphabet: int) -> Pieces:
         """Every piece at once: a query bounds tens of them."""
-        depth, width = fractal.key_depth(alphabet), reach(alphabet)
+        depth, width = fractal.key_depth(alphabet), REACH
         lengths = np.array([len(piece) for piece in pieces], np.int64)
         if len(pieces) and not (lengths.min() >= 1 and lengths.max() <= width):
             raise InvalidArgument(f"a piece covers 1 to {width} symbols, got {lengths.min()} to {lengths.max()}")
@@ -151,7 +166,7 @@ class Segment:
     ):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)
-        self.reach = self.depth * ORDER_KEYS
+        self.reach = REACH
         self.generation = generation
         self.first = first
         self.ntotal = ntotal
@@ -166,7 +181,7 @@ class Segment:
     @classmethod
     def empty(cls, alphabet: int, generation: int, first: int = 0) -> Segment:
         return cls(
-            alphabet, generation, first, first, np.zeros(0, token_dtype(alphabet)), Runs.empty(reach(alphabet) - 1), np.zeros(0, _SLOT), np.zeros(0, _SAMPLE)
+            alphabet, generation, first, first, np.zeros(0, token_dtype(alphabet)), Runs.empty(token_dtype(alphabet)), np.zeros(0, _SLOT), np.zeros(0, _SAMPLE)
         )
 
     @property
@@ -186,9 +201,11 @@ class Segment:
         own = self.tokens[np.where(inside, slots[:, None] - depths - self.first, 0)].astype(np.int64)
         if inside.all():
             return own
-        width = self.runs.context.shape[1]
-        before = self.runs.context[run[:, None], np.clip(width - depths + local, 0, width - 1)]
-        return np.where(inside, own, before)
+        back = depths - local  # 1: the token just before the run
+        held = self.runs.held[run][:, None]
+        kept = ~inside & (back <= held)
+        before = self.runs.context[np.where(kept, (self.runs.opens[run][:, None] + held - back), 0)].astype(np.int64) if len(self.runs.context) else own
+        return np.where(inside, own, np.where(kept, before, self.alphabet))
 
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
         """The walk key of each covered slot: its first ``D`` symbols, packed (``_packed``)."""
@@ -236,18 +253,29 @@ class Segment:
         if not len(lo):
             return lo
         after_equal = np.broadcast_to(after_equal, lo.shape)
-        depths = np.arange(self.depth, int(lengths.max()))
-        wanted = query[:, self.depth : int(lengths.max())]
-        counted = depths[None, :] < lengths[:, None]
+        deepest = int(lengths.max())
+        windows, top, width = [], self.depth, _WINDOW  # depths compared at once: a tie reads the next window
+        while top < deepest:
+            windows.append(np.arange(top, min(deepest, top + width)))
+            top, width = top + width, 2 * width
 
         def before(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
             """Whether the entry at ``at`` (per query of ``rows``, one or more each) lies before the query's place."""
-            found = self.symbols(np.asarray(self.order[at.reshape(-1)], np.int64), depths).reshape(*at.shape, len(depths))
-            want, count = wanted[rows][:, None, :], counted[rows][:, None, :]
-            differ = (found != want) & count
-            first = differ.argmax(2)[..., None]
-            smaller = np.take_along_axis(differ & (found < want), first, 2)[..., 0]
-            return smaller | (after_equal[rows][:, None] & ~differ.any(2))
+            slots = np.asarray(self.order[at.reshape(-1)], np.int64)
+            owner = np.repeat(rows, at.shape[1])
+            out = after_equal[owner].copy()  # equal in every counted token
+            open_ = np.arange(len(slots))
+            for depths in windows:
+                found = self.symbols(slots[open_], depths)
+                want = query[owner[open_]][:, depths]
+                differ = (found != want) & (depths[None, :] < lengths[owner[open_]][:, None])
+                settled = differ.any(1)
+                first = differ.argmax(1)[:, None]
+                out[open_[settled]] = np.take_along_axis(found < want, first, 1)[settled, 0]
+                open_ = open_[~settled]
+                if not open_.size:
+                    break
+            return out.reshape(at.shape)
 
         while True:
             open_ = np.flatnonzero(lo < hi)
@@ -271,25 +299,21 @@ class Segment:
         """The slots of ``runs`` (indices into ``self.runs``) in path order; ties keep the
         slots' order.
 
-        Prefix doubling over the runs' positions, each run after its context's: the rank of a
+        Prefix doubling over the runs' positions, each run after its context: the rank of a
         position's last 2h tokens is the rank of the pair (its last h, the h before them), so
-        ``ORDER_KEYS = 2**3`` keys take three sorts after the first key's. Past the start of a
-        run's context every token reads as the padding, which orders a position only past
-        ``reach`` tokens, where the order no longer looks. The tokens are read where they lie,
-        a chunk at a time, not copied."""
-        width = self.reach - 1
-        length = self.runs.length[runs]
-        ext = length + width
+        ``REACH = 2**6 D`` takes six sorts after the first key's. Before a run's context every
+        token reads as the padding, which is the path's start, or lies past ``REACH`` tokens,
+        where the order no longer looks. The tokens are read where they lie, a chunk at a time,
+        not copied."""
+        table = self.runs.take(np.asarray(runs, np.int64))
+        ext = table.held + table.length
         starts = np.cumsum(ext) - ext  # where each run's context begins among the positions
         m = int(ext.sum())
-        slots = Runs(self.runs.first[runs], length, self.runs.context[runs]).slots()
-        real = np.repeat(starts + width - self.runs.first[runs], length) + slots
+        slots = table.slots()
+        real = np.repeat(starts + table.held - table.first, table.length) + slots
         keys = np.empty(m, np.uint64)
-        for at in range(0, len(slots), _CHUNK):
-            keys[real[at : at + _CHUNK]] = self.keys_at(slots[at : at + _CHUNK])
-        padded = np.concatenate([np.full((len(runs), self.depth - 1), self.alphabet, np.int64), self.runs.context[runs]], axis=1)
-        windows = np.arange(width)[:, None] + self.depth - 1 - np.arange(self.depth)  # [context position, back]
-        keys[(starts[:, None] + np.arange(width)).reshape(-1)] = _packed(padded[:, windows].reshape(-1, self.depth), self.alphabet)
+        for at in range(0, m, _CHUNK):
+            keys[at : at + _CHUNK] = self._layout_keys(table, starts, np.arange(at, min(m, at + _CHUNK)))
         local = (np.arange(m) - np.repeat(starts, ext)).astype(np.int32)
         rank, pad = _dense(keys, keys == _packed(np.full((1, self.depth), self.alphabet), self.alphabet)[0])
         del keys
@@ -305,15 +329,34 @@ class Segment:
         order = np.argsort(rank[real], kind="stable")
         return slots[order].astype(_SLOT)
 
+    def _layout_keys(self, table: Runs, starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The first key of each of ``positions`` of ``_sorted``'s layout (``table``'s runs, each
+        after its context, from ``starts``): its ``D`` tokens back within its run's context and
+        slots, the padding before them."""
+        run = np.searchsorted(starts, positions, side="right") - 1
+        local, held = positions - starts[run], table.held[run]
+        keys = np.zeros(len(positions), np.uint64)
+        for back in range(self.depth):
+            at = local - back
+            from_context = (at >= 0) & (at < held)
+            context = table.context[np.where(from_context, table.opens[run] + at, 0)] if len(table.context) else np.zeros(len(at), np.int64)
+            own = self.tokens[np.where(at >= held, table.first[run] + at - held - self.first, 0)]
+            symbol = np.where(at < 0, self.alphabet, np.where(from_context, context, own)).astype(np.uint64)
+            keys = keys * np.uint64(self.alphabet + 1) + symbol
+        return keys
+
     def _places(self, slots: np.ndarray) -> np.ndarray:
         """Per slot (covered by this segment, not yet in its order), how many entries of the
         order come before it: those with a smaller path, and equal ones (smaller slots)."""
-        query = self.symbols(slots, np.arange(self.reach))
-        keys = _packed(query[:, : self.depth], self.alphabet)
-        top = keys == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
-        lo = self.lower_bounds(keys)
-        hi = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), keys + np.uint64(1))))
-        return self._search(lo, hi, query, np.full(len(slots), self.reach), after_equal=True)
+        out = [np.zeros(0, np.int64)]
+        for at in range(0, len(slots), _PLACING):
+            query = self.symbols(slots[at : at + _PLACING], np.arange(self.reach))
+            keys = _packed(query[:, : self.depth], self.alphabet)
+            top = keys == np.uint64((1 << 64) - 1)  # (N+1)**D may be 2**64 exactly: the last key has no successor
+            lo = self.lower_bounds(keys)
+            hi = np.where(top, self.entries, self.lower_bounds(np.where(top, np.uint64(0), keys + np.uint64(1))))
+            out.append(self._search(lo, hi, query, np.full(len(query), self.reach), after_equal=True))
+        return np.concatenate(out)
 
     def extended(self, ntotal: int, tokens: np.ndarray, runs: Runs) -> Segment:
         """This segment with ``runs`` (slots past its last; ``tokens``: slots ``self.ntotal`` to
@@ -347,8 +390,9 @@ class Segment:
             self.runs.first.astype(_FIRST),
             np.asarray(self.order).astype(_SLOT, copy=False),
             self.runs.length.astype(_SLOT),
-            self.runs.context.astype(_CONTEXT).reshape(-1),
+            self.runs.held.astype(_HELD),
             np.asarray(self.tokens).astype(token_dtype(self.alphabet), copy=False),
+            np.asarray(self.runs.context).astype(token_dtype(self.alphabet), copy=False),
         ]
 
     def save(self, path: Path, base: str | None = None) -> None:
@@ -367,8 +411,9 @@ class Segment:
             "ntotal": self.ntotal,
             "entries": self.entries,
             "runs": len(self.runs),
+            "held": len(self.runs.context),
             "block": BLOCK,
-            "order_keys": ORDER_KEYS,
+            "reach": REACH,
             "id": self.ident,
             "base": self.base,
             "crc32": crc,
@@ -408,18 +453,18 @@ class Segment:
             header, start = _header(f)
             size = os.fstat(f.fileno()).st_size
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header is not None and size else None
-        counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs")] if header is not None else []
+        counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs", "held")] if header is not None else []
         if (
             header is None
             or header["block"] != BLOCK
-            or header.get("order_keys") != ORDER_KEYS
+            or header.get("reach") != REACH
             or not all(isinstance(c, int) and c >= 0 for c in counts)
             or header["first"] > header["ntotal"]
         ):
             raise CorruptData(f"{path} is not a kvdb search index segment")
         alphabet = header["alphabet"]
         try:
-            width = reach(alphabet) - 1
+            fractal.key_depth(alphabet)
         except InvalidArgument as exc:
             raise CorruptData(f"{path}: {exc}") from exc
         n, runs, slots = header["entries"], header["runs"], header["ntotal"] - header["first"]
@@ -428,8 +473,9 @@ class Segment:
             (_FIRST, runs),
             (_SLOT, n),
             (_SLOT, runs),
-            (_CONTEXT, runs * width),
+            (_HELD, runs),
             (token_dtype(alphabet), slots),
+            (token_dtype(alphabet), header["held"]),
         ]
         if size != start + sum(dtype.itemsize * count for dtype, count in shapes):
             raise CorruptData(f"{path} has {size} bytes where its header promises another length; it is rebuilt from the archive")
@@ -443,8 +489,10 @@ class Segment:
             at += dtype.itemsize * count
         if check and crc != header["crc32"]:
             raise CorruptData(f"{path} failed its integrity check")
-        samples, first, order, length, context, tokens = arrays
-        run_table = Runs(first.astype(np.int64), length.astype(np.int64), context.reshape(runs, width).astype(np.int64))
+        samples, first, order, length, held, tokens, context = arrays
+        run_table = Runs(first.astype(np.int64), length.astype(np.int64), held.astype(np.int64), context)
+        if int(run_table.held.sum()) != len(context) or (runs and int(run_table.held.max()) >= REACH):
+            raise CorruptData(f"{path} has run contexts its header does not count; it is rebuilt from the archive")
         segment = cls(alphabet, header["generation"], header["first"], header["ntotal"], tokens, run_table, order, samples, header["id"], header.get("base"))
         segment._mapping = mapping
         return segment

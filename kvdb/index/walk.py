@@ -28,7 +28,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
-from kvdb.index.segment import Pieces, Runs, Segment, padded_context, reach, token_dtype
+from kvdb.index.segment import REACH, Pieces, Runs, Segment, held_context, token_dtype
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
 
@@ -125,7 +125,7 @@ class WalkIndex:
     def __init__(self, alphabet: int, generation: int = 0, base: Segment | None = None, tail: Segment | None = None):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)  # tokens one key resolves
-        self.reach = reach(alphabet)  # tokens the order resolves: a query piece's length
+        self.reach = REACH  # tokens the order resolves: the longest piece a lookup takes
         self.generation = generation
         self.base = base if base is not None else Segment.empty(alphabet, generation)
         self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
@@ -160,7 +160,7 @@ class WalkIndex:
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
             by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        self.append(by_slot, Runs.table(firsts, lengths, [padded_context(context, self.alphabet) for _, _, context in runs], self.reach - 1))
+        self.append(by_slot, Runs.table(firsts, lengths, [held_context(context, self.alphabet) for _, _, context in runs], token_dtype(self.alphabet)))
 
     def check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
         ends = [first + n for first, n in zip(firsts, lengths)]
@@ -371,8 +371,8 @@ class Indexes:
                     raise CorruptData(f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`")
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
-        contexts = [padded_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet) for n in wanted]
-        index.append(by_slot, Runs.table(firsts, lengths, contexts, index.reach - 1))
+        contexts = [held_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet) for n in wanted]
+        index.append(by_slot, Runs.table(firsts, lengths, contexts, token_dtype(index.alphabet)))
 
     def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
         """The ``reach - 1`` tokens before ``node`` on its path: its ancestors' last ones while

@@ -94,14 +94,7 @@ class Searcher:
         if found is None:
             return PhraseCount(phrase, 0, case_sensitive, session)
 
-        def check(runs: np.ndarray, ends: np.ndarray, v: int) -> int:
-            phrase_ids = found.variants[v]
-            nodes = [str(n) for n in found.slots.node_ids[runs]]
-            owners = found.sessions_of(nodes)
-            spans = [(owners[n], int(e) + 1 - len(phrase_ids), int(e) + 1) for n, e in zip(nodes, ends)]
-            return sum(search_ops.shared_suffix(window, phrase_ids) == len(phrase_ids) for window in found.fetch(spans))
-
-        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants, check), case_sensitive, session)
+        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants), case_sensitive, session)
 
     def _lookup(self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
@@ -156,14 +149,14 @@ def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list
     ``case_sensitive``, also in each casing of ``casings``. A tokenizer spells "Leggy" and
     "leggy" with different tokens, so an index of tokens finds another casing only by searching
     for it."""
-    variants: list[np.ndarray] = []
+    variants: dict[bytes, np.ndarray] = {}
     for cased in [phrase] if case_sensitive else casings(phrase):
         for text in (cased, " " + cased if not cased.startswith(" ") else None):
             if text is not None:
                 ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
-                if len(ids) and not any(np.array_equal(ids, v) for v in variants):
-                    variants.append(ids)
-    return variants
+                if len(ids):
+                    variants.setdefault(ids.tobytes(), ids)
+    return list(variants.values())
 
 
 def casings(phrase: str) -> list[str]:

@@ -75,13 +75,13 @@ def test_a_tail_merged_into_the_base_finds_what_one_segment_finds(monkeypatch):
     np.testing.assert_array_equal(merged.tokens[np.arange(ntotal)], whole.tokens[:])
 
 
-def _trie(rng, nodes: int) -> list[tuple[int | None, np.ndarray]]:
+def _trie(rng, nodes: int, longest: int) -> list[tuple[int | None, np.ndarray]]:
     """(parent, tokens) of each node, parents first: three symbols in use, so paths share long
     stretches, and some nodes shorter than one key."""
     out: list[tuple[int | None, np.ndarray]] = []
     for i in range(nodes):
         parent = None if i == 0 or rng.random() < 0.3 else int(rng.integers(0, i))
-        out.append((parent, rng.integers(0, 3, int(rng.integers(1, 40))) + 7))
+        out.append((parent, rng.integers(0, 3, int(rng.integers(1, longest))) + 7))
     return out
 
 
@@ -94,24 +94,27 @@ def _path(trie, i) -> np.ndarray:
     return np.concatenate(parts[::-1])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, seed):
+@pytest.mark.parametrize(("seed", "longest"), [(0, 40), (1, 40), (2, 40), (3, 200)])
+def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, seed, longest):
     """Entries are in the order of their last ``reach`` tokens, across node boundaries: every
     piece up to that long, checked against a scan of the paths, whether the index was built at
-    once, committed node by node (few new entries placed, many sorted afresh), or merged."""
+    once, committed node by node (few new entries placed, many sorted afresh), or merged. With
+    nodes of up to 200 tokens, paths run past ``reach`` tokens, and a node keeps only the last
+    ``reach - 1`` before it."""
     rng = np.random.default_rng(seed)
-    trie = _trie(rng, 40)
+    trie = _trie(rng, 40, longest)
     firsts = np.cumsum([0] + [len(t) for _, t in trie])
     runs = [(int(firsts[i]), tokens, None if parent is None else _path(trie, parent)) for i, (parent, tokens) in enumerate(trie)]
     ntotal = int(firsts[-1])
     whole = WalkIndex(ALPHABET)
     whole.extend(runs, ntotal)
-    monkeypatch.setattr(walk, "TAIL_MIN", 64)
+    monkeypatch.setattr(walk, "TAIL_MIN", 64 * longest // 40)
     grown = WalkIndex(ALPHABET)
     for run in runs:
         grown.extend([run], run[0] + len(run[1]))
     assert grown.base.ntotal > 0 and grown.tail.entries > 0
     paths = [_path(trie, i) for i in range(len(trie))]
+    assert longest < 200 or max(len(p) for p in paths) > 2 * whole.reach
     ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
     for index in (whole, grown):
         for part in (index.base, index.tail):  # sorted by the last `reach` tokens, newest first

@@ -9,6 +9,7 @@ from support import write
 import kvdb
 from kvdb.errors import InvalidArgument
 from kvdb.index import phrase as search_ops
+from kvdb.index import trie
 from kvdb.services.searching import casings as search_ops_casings
 from kvdb.model import tokenizer as tok
 
@@ -66,8 +67,8 @@ def test_phrase_that_occurs_nowhere_has_no_exact_hit(db):
     assert not any(h.exact for h in db.search("zebra quartz", k=10))
 
 
-def test_long_phrase_is_searched_in_chained_pieces(db):
-    phrase = "Lentils, onions and cumin simmer slowly."  # ~40 tokens, >> one point's capacity
+def test_long_phrase_is_one_range(db):
+    phrase = "Lentils, onions and cumin simmer slowly."  # ~40 tokens: ten keys
     [hit] = [h for h in db.search(phrase, k=5) if h.exact]
     assert hit.name == "kitchen" and hit.position == 0 and hit.match == phrase
     near = db.search("Lentils, onions and cumin simmer quickly.", k=3)
@@ -107,10 +108,10 @@ def test_missing_or_damaged_sidecar_is_rebuilt(tmp_path, tiny_model):
             assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
 
 
-@pytest.mark.parametrize("old", ["index/a259.keys", "index/v4/a259.keys"])
+@pytest.mark.parametrize("old", ["index/a259.keys", "index/v4/a259.keys", "index/v5/a259.keys"])
 def test_a_sidecar_of_an_old_format_is_rebuilt(tmp_path, tiny_model, old):
     """Index files earlier versions wrote (kvdb 0.1.0's KVDBIDX3, every key stored; KVDBIDX4,
-    ordered by one key) are rebuilt in today's format."""
+    ordered by one key; KVDBIDX5, by 32 tokens) are rebuilt in today's format."""
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text=TEXTS["harbour"], name="harbour")
@@ -122,7 +123,7 @@ def test_a_sidecar_of_an_old_format_is_rebuilt(tmp_path, tiny_model, old):
     base.with_suffix(".tail").write_bytes(tail.read_bytes()) if tail.is_file() else base.with_suffix(".tail").unlink()
     with kvdb.open(path, model=tiny_model) as db:
         assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
-    assert base.read_bytes().startswith(b"KVDBIDX5")
+    assert base.read_bytes().startswith(b"KVDBIDX6")
 
 
 def test_index_behind_the_database_is_detected(tmp_path, tiny_model):
@@ -218,17 +219,6 @@ def test_partial_hits_match_at_least_the_share_asked_for(db):
         db.search("harbour", min_share=1.5)
 
 
-@pytest.mark.parametrize("phrase", ["harbour lights harbour lights", "Ships passed the harbour lights at dusk", "the harbour lights answered", "lights. Ships"])
-def test_candidates_checked_by_tokens_or_by_key_ranges_are_the_same_hits(db, monkeypatch, phrase):
-    """An earlier piece is checked by the tokens at the candidates' slots when its key range is
-    larger, else by membership in the range: the hits must not depend on which."""
-    found = {}
-    for choice in (True, False):
-        monkeypatch.setattr(search_ops, "by_tokens", lambda *_, choice=choice: choice)
-        found[choice] = [(h.session_id, h.position, h.match_tokens, h.exact) for h in db.search(phrase, k=50, min_share=0)]
-    assert found[True] == found[False] and any(exact for *_, exact in found[True])
-
-
 @pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk", "zebra"])
 def test_count_is_the_number_of_places_that_hold_the_phrase(db, phrase):
     assert db.count(phrase, case_sensitive=True).count == len(occurrences(db, phrase))
@@ -245,6 +235,25 @@ def test_count_crosses_nodes_and_counts_a_shared_position_once(archive):
     across = "harbour lights. Ships passed"  # from the shared node into the child
     assert archive.count(across).count == 1 == len([h for h in archive.search(across) if h.exact])
     assert archive.count("lights. Ships passed at dusk.").count == 1
+
+
+def test_a_phrase_of_any_length_is_counted_as_one_range(archive, monkeypatch):
+    """Every phrase a search takes (up to 256 tokens) is one range of the index's order, across
+    node boundaries and however deep into the path before a node: its count reads no session."""
+    first = "The keeper watched the harbour lights from the old stone tower, night after night, for forty years. "
+    later = "Ships passed at dusk, and the lights answered them one by one, as they had always done. " * 3
+    archive.ingest(text=first, name="a")
+    archive.ingest(text=first + later, name="b")  # a's node, and a child of it
+    archive.ingest(text="Far inland, " + first, name="c")  # the same words after another start: a node of its own
+    monkeypatch.setattr(trie.TrieView, "windows", lambda *_: pytest.fail("a count read the archive"))
+    tokens = len(tok.encode(archive.loaded_model.tokenizer, first + later))
+    assert 256 < tokens
+    assert archive.count(first[4:]).count == 2  # the node a and b share, once, and c's
+    across = (first + later)[40:290]  # from deep in a's node to deep in b's: up to 256 tokens
+    assert 200 < len(tok.encode(archive.loaded_model.tokenizer, across)) <= 256
+    assert archive.count(across, case_sensitive=True).count == 1
+    assert archive.count(across.replace("Ships", "Boats"), case_sensitive=True).count == 0
+    assert archive.count(first[4:] + "Boats", case_sensitive=True).count == 0
 
 
 def test_count_leaves_out_deleted_sessions(db):
