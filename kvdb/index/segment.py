@@ -5,8 +5,9 @@ newest first: a suffix array of the reversed stream cut at ``REACH`` tokens, so 
 one range. The keys need not be stored: they are functions of the tokens, which the segment
 keeps anyway (hits are checked and shown from them). A segment stores the slots in path order
 (4 bytes a position), the token at each slot (2, or 4 above 65,536 symbols), the first key
-(``D`` tokens) of every ``BLOCK``-th entry, and per slot run up to ``REACH - 1`` tokens before it
-on its path (a run's first entries walk on from its parent node). A lookup binary-searches the
+(``D`` tokens) of every ``BLOCK``-th entry, and per slot run a link to its parent's last slot
+(or another with the same ``REACH - 1`` tokens), else those tokens: a run's first entries walk
+on from its parent node. A lookup binary-searches the
 sampled keys, derives the first keys of one block of ``BLOCK`` slots, and a piece longer than
 one key then binary-searches that range by its further tokens: 6.2 bytes a position
 (docs/decisions/0046-slots-in-key-order.md, 0047-order-past-one-key.md,
@@ -37,6 +38,7 @@ from kvdb.errors import CorruptData, InvalidArgument
 MAGIC = b"KVDBIDX6"
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
+_LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
 _PLACING = 1 << 14  # new entries placed at once by binary search ([entries, REACH] tokens read for them)
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 # Tokens of a position's path that set its place: entries are in the order of their last REACH
@@ -68,24 +70,32 @@ class Runs:
 
     first: np.ndarray  # int64 (stored u8), ascending
     length: np.ndarray  # int64 (stored u4)
-    held: np.ndarray  # int64 (stored u4): tokens of context each run keeps, REACH - 1 or the whole path before it
-    # every run's context in turn, oldest token first (stored as the tokens are): the tokens
-    # before the run on its path, up to REACH - 1 of them
-    context: np.ndarray
+    # int64 (stored u8, 2**64 - 1 for none): a slot whose last REACH - 1 tokens are those before
+    # the run on its path (its parent's last, or any other with the same tokens), in this
+    # segment or the one below; a run with one keeps no context
+    link: np.ndarray
+    held: np.ndarray  # int64 (stored u4): tokens of context a run without a link keeps: the whole path before it, up to REACH - 1
+    context: np.ndarray  # every run's kept context in turn, oldest token first (stored as the tokens are)
 
     @classmethod
     def empty(cls, dtype: np.dtype) -> Runs:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))
 
     @classmethod
-    def table(cls, firsts: list[int], lengths: list[int], contexts: list[np.ndarray], dtype: np.dtype) -> Runs:
-        """From each run's first slot, length and context (``held_context``)."""
+    def table(cls, firsts: list[int], lengths: list[int], links: list[int], contexts: list[np.ndarray], dtype: np.dtype) -> Runs:
+        """From each run's first slot, length, link (-1 for none) and kept context (``held_context``; empty with a link)."""
         held = np.array([len(c) for c in contexts], np.int64)
-        return cls(np.array(firsts, np.int64), np.array(lengths, np.int64), held, np.concatenate([np.zeros(0, dtype), *contexts]).astype(dtype))
+        return cls(
+            np.array(firsts, np.int64),
+            np.array(lengths, np.int64),
+            np.array(links, np.int64),
+            held,
+            np.concatenate([np.zeros(0, dtype), *contexts]).astype(dtype),
+        )
 
     @classmethod
     def concat(cls, parts: list[Runs]) -> Runs:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "held", "context")))
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "link", "held", "context")))
 
     def __len__(self) -> int:
         return len(self.first)
@@ -97,10 +107,7 @@ class Runs:
 
     def take(self, runs: np.ndarray) -> Runs:
         """The runs ``runs`` (ascending indices), their contexts with them."""
-        opens = self.opens[runs]
-        held = self.held[runs]
-        at = np.repeat(opens - np.cumsum(held) + held, held) + np.arange(int(held.sum()))
-        return Runs(self.first[runs], self.length[runs], held, self.context[at])
+        return Runs(self.first[runs], self.length[runs], self.link[runs], self.held[runs], self.context[_spans(self.opens[runs], self.held[runs])])
 
     def slots(self) -> np.ndarray:
         """Every slot a run covers, ascending (the slots between runs are tombstones)."""
@@ -108,6 +115,11 @@ class Runs:
             return np.zeros(0, np.int64)
         starts = np.repeat(self.first - np.concatenate([[0], np.cumsum(self.length)[:-1]]), self.length)
         return starts + np.arange(int(self.length.sum()), dtype=np.int64)
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``[start, start + length)`` of every span in turn."""
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
 
 
 def held_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
@@ -176,6 +188,7 @@ class Segment:
         self.samples = samples  # the key of every BLOCK-th entry of ``order``
         self.ident = ident  # names the contents once saved or loaded: a tail records the base it follows
         self.base = base  # a tail's: the ident of the base it follows
+        self.below: Segment | None = None  # a tail's base: where the slots before ``first`` lie
         self._mapping: mmap.mmap | None = None
 
     @classmethod
@@ -191,21 +204,45 @@ class Segment:
     # keys -----------------------------------------------------------------------------------
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """[slot, depth]: the token ``depth`` places before each covered slot on its path (0: its
-        own), read from the run's context past its first slot; the alphabet's size before the
-        path's start."""
+        own), read past its run's first slot from the run's context or its link; the alphabet's
+        size before the path's start."""
         slots = np.asarray(slots, np.int64)
-        depths = np.asarray(depths, np.int64)[None, :]
+        depths = np.asarray(depths, np.int64)
         run = np.searchsorted(self.runs.first, slots, side="right") - 1
         local = (slots - self.runs.first[run])[:, None]
-        inside = local >= depths
-        own = self.tokens[np.where(inside, slots[:, None] - depths - self.first, 0)].astype(np.int64)
+        inside = local >= depths[None, :]
+        own = self.tokens[np.where(inside, slots[:, None] - depths[None, :] - self.first, 0)].astype(np.int64)
         if inside.all():
             return own
-        back = depths - local  # 1: the token just before the run
-        held = self.runs.held[run][:, None]
-        kept = ~inside & (back <= held)
-        before = self.runs.context[np.where(kept, (self.runs.opens[run][:, None] + held - back), 0)].astype(np.int64) if len(self.runs.context) else own
-        return np.where(inside, own, np.where(kept, before, self.alphabet))
+        rows, columns = np.nonzero(~inside)
+        own[rows, columns] = self._read(slots[rows], depths[columns])
+        return own
+
+    def _read(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """The token ``depths[i]`` places before ``slots[i]`` on its path, each pair alone: a
+        slot below this segment's is read in the segment below, one before its run's first
+        from the run's context, or ``depth - local - 1`` before the run's link, hop after hop."""
+        slots, depths = np.array(slots, np.int64), np.array(depths, np.int64)
+        out = np.full(len(slots), self.alphabet, np.int64)  # past every hop: before the path's start
+        todo = np.arange(len(slots))
+        while todo.size:
+            lower = slots[todo] < self.first
+            if lower.any():
+                if self.below is not None:
+                    out[todo[lower]] = self.below._read(slots[todo[lower]], depths[todo[lower]])
+                todo = todo[~lower]
+            run = np.searchsorted(self.runs.first, slots[todo], side="right") - 1
+            back = depths[todo] - (slots[todo] - self.runs.first[run])  # 1: the token just before the run
+            inside = back <= 0
+            out[todo[inside]] = self.tokens[slots[todo[inside]] - depths[todo[inside]] - self.first]
+            held = self.runs.held[run]
+            kept = ~inside & (back <= held)
+            if kept.any():
+                out[todo[kept]] = self.runs.context[self.runs.opens[run[kept]] + held[kept] - back[kept]]
+            hop = ~inside & ~kept & (self.runs.link[run] >= 0)
+            slots[todo[hop]], depths[todo[hop]] = self.runs.link[run[hop]], back[hop] - 1
+            todo = todo[hop]
+        return out
 
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
         """The walk key of each covered slot: its first ``D`` symbols, packed (``_packed``)."""
@@ -305,7 +342,7 @@ class Segment:
         token reads as the padding, which is the path's start, or lies past ``REACH`` tokens,
         where the order no longer looks. The tokens are read where they lie, a chunk at a time,
         not copied."""
-        table = self.runs.take(np.asarray(runs, np.int64))
+        table = self._contexts(self.runs.take(np.asarray(runs, np.int64)))
         ext = table.held + table.length
         starts = np.cumsum(ext) - ext  # where each run's context begins among the positions
         m = int(ext.sum())
@@ -328,6 +365,28 @@ class Segment:
             h *= 2
         order = np.argsort(rank[real], kind="stable")
         return slots[order].astype(_SLOT)
+
+    def _contexts(self, table: Runs) -> Runs:
+        """``table`` with each linked run's context read through its link (up to ``REACH - 1``
+        tokens, fewer where the path starts), a chunk of runs at a time: ``_sorted`` lays every
+        run out after its context."""
+        linked = np.flatnonzero(table.link >= 0)
+        if not linked.size:
+            return table
+        width = REACH - 1
+        held, read = table.held.copy(), []
+        for at in range(0, len(linked), _LINKS):
+            rows = linked[at : at + _LINKS]
+            before = self._read(np.repeat(table.first[rows], width), np.tile(np.arange(width, 0, -1), len(rows))).reshape(len(rows), width)  # oldest first
+            real = before != self.alphabet  # the padding lies before the path's start only
+            held[rows] = real.sum(1)
+            read.append(before[real])
+        opens = np.cumsum(held) - held
+        context = np.empty(int(held.sum()), table.context.dtype)
+        own = np.flatnonzero(table.link < 0)
+        context[_spans(opens[own], held[own])] = table.context[_spans(table.opens[own], table.held[own])]
+        context[_spans(opens[linked], held[linked])] = np.concatenate(read)
+        return Runs(table.first, table.length, table.link, held, context)
 
     def _layout_keys(self, table: Runs, starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The first key of each of ``positions`` of ``_sorted``'s layout (``table``'s runs, each
@@ -373,6 +432,7 @@ class Segment:
             self.order,
             self.samples,
         )
+        out.below = self.below
         if int(runs.length.sum()) * BLOCK < self.entries:
             order = out._sorted(np.arange(len(self.runs), len(out.runs)))
             at = out._places(np.asarray(order, np.int64))
@@ -388,6 +448,7 @@ class Segment:
         return [
             self.samples.astype(_SAMPLE, copy=False),
             self.runs.first.astype(_FIRST),
+            self.runs.link.astype(_FIRST),
             np.asarray(self.order).astype(_SLOT, copy=False),
             self.runs.length.astype(_SLOT),
             self.runs.held.astype(_HELD),
@@ -471,6 +532,7 @@ class Segment:
         shapes: list[tuple[np.dtype, int]] = [
             (_SAMPLE, -(-n // BLOCK)),
             (_FIRST, runs),
+            (_FIRST, runs),
             (_SLOT, n),
             (_SLOT, runs),
             (_HELD, runs),
@@ -489,9 +551,9 @@ class Segment:
             at += dtype.itemsize * count
         if check and crc != header["crc32"]:
             raise CorruptData(f"{path} failed its integrity check")
-        samples, first, order, length, held, tokens, context = arrays
-        run_table = Runs(first.astype(np.int64), length.astype(np.int64), held.astype(np.int64), context)
-        if int(run_table.held.sum()) != len(context) or (runs and int(run_table.held.max()) >= REACH):
+        samples, first, link, order, length, held, tokens, context = arrays
+        run_table = Runs(first.astype(np.int64), length.astype(np.int64), link.astype(np.int64), held.astype(np.int64), context)
+        if int(run_table.held.sum()) != len(context) or (runs and (int(run_table.held.max()) >= REACH or int(run_table.link.max()) >= header["ntotal"])):
             raise CorruptData(f"{path} has run contexts its header does not count; it is rebuilt from the archive")
         segment = cls(alphabet, header["generation"], header["first"], header["ntotal"], tokens, run_table, order, samples, header["id"], header.get("base"))
         segment._mapping = mapping

@@ -98,6 +98,10 @@ class KeyRange:
             for at in range(a, b, size):
                 yield np.asarray(order[at : min(at + size, b)], np.int64)
 
+    def any_slot(self) -> int:
+        """One slot of the range, -1 when it is empty."""
+        return next((int(order[a]) for order, a, b in self.parts if b > a), -1)
+
     def around(self, inner: KeyRange, limit: int) -> np.ndarray:
         """Up to ``limit`` slots of this range on each side of ``inner`` (a range nested in it),
         per segment, the nearest first."""
@@ -129,6 +133,7 @@ class WalkIndex:
         self.generation = generation
         self.base = base if base is not None else Segment.empty(alphabet, generation)
         self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
+        self.tail.below = self.base
 
     @property
     def ntotal(self) -> int:
@@ -150,17 +155,37 @@ class WalkIndex:
         self.extend([(first, tokens, context)], first + len(tokens))
         return first
 
-    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int) -> None:
+    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int, parents: dict[int, int] | None = None) -> None:
         """Merge slot runs (first slot, tokens, the tokens before them on their path) at or past
         the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
-        run covers are tombstones (a node gone before this copy caught up with it)."""
+        run covers are tombstones (a node gone before this copy caught up with it).
+
+        A run keeps a link to a slot whose last ``REACH - 1`` tokens are its context, 8 bytes
+        for up to 510 of context: its parent's last slot, where ``parents`` (first slot -> that
+        slot, in this batch or indexed) knows it, else any slot the index holds with those
+        tokens, found by one lookup for the batch. A run with neither, or nearer its path's
+        start, keeps its context."""
         runs = sorted(runs, key=lambda run: run[0])
         firsts, lengths = [first for first, _, _ in runs], [len(tokens) for _, tokens, _ in runs]
         self.check_runs(firsts, lengths, ntotal)
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
             by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        self.append(by_slot, Runs.table(firsts, lengths, [held_context(context, self.alphabet) for _, _, context in runs], token_dtype(self.alphabet)))
+        self.append(by_slot, self.run_table(firsts, lengths, [context for _, _, context in runs], parents or {}))
+
+    def run_table(self, firsts: list[int], lengths: list[int], contexts: list[np.ndarray | None], parents: dict[int, int]) -> Runs:
+        """The runs ``extend`` describes, each with its link or its context."""
+        links = dict(parents)
+        width = self.reach - 1
+        unknown = [
+            (first, np.asarray(context)[-width:])
+            for first, context in zip(firsts, contexts)
+            if first not in links and context is not None and len(context) >= width
+        ]
+        for (first, _), (found, _) in zip(unknown, self.ranges([context for _, context in unknown]) if unknown else []):
+            links[first] = found.any_slot()
+        kept = [held_context(None if links.get(first, -1) >= 0 else context, self.alphabet) for first, context in zip(firsts, contexts)]
+        return Runs.table(firsts, lengths, [links.get(first, -1) for first in firsts], kept, token_dtype(self.alphabet))
 
     def check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
         ends = [first + n for first, n in zip(firsts, lengths)]
@@ -182,6 +207,7 @@ class WalkIndex:
             tail = self.tail
             self.base = Segment(self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples)
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
+        self.tail.below = self.base
 
     def ranges(self, pieces: Sequence[np.ndarray]) -> list[tuple[KeyRange, KeyRange]]:
         """Per piece (``len(piece) <= reach``), the entries whose last ``len(piece)`` tokens are
@@ -371,8 +397,11 @@ class Indexes:
                     raise CorruptData(f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`")
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
-        contexts = [held_context(self._context(shapes[n], shapes, ranges, by_slot, index), index.alphabet) for n in wanted]
-        index.append(by_slot, Runs.table(firsts, lengths, contexts, token_dtype(index.alphabet)))
+        parents = {  # a parent this merge indexes too: the run links to its last slot
+            ranges[n]: ranges[p] + shapes[p].n_tokens - 1 for n in wanted if (p := shapes[n].parent_id) is not None and p in ranges and p in shapes
+        }
+        contexts = [None if ranges[n] in parents else self._context(shapes[n], shapes, ranges, by_slot, index) for n in wanted]
+        index.append(by_slot, index.run_table(firsts, lengths, contexts, parents))
 
     def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
         """The ``reach - 1`` tokens before ``node`` on its path: its ancestors' last ones while

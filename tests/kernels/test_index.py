@@ -95,7 +95,7 @@ def _path(trie, i) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("seed", "longest"), [(0, 40), (1, 40), (2, 40), (3, 200)])
-def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, seed, longest):
+def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, tmp_path, seed, longest):
     """Entries are in the order of their last ``reach`` tokens, across node boundaries: every
     piece up to that long, checked against a scan of the paths, whether the index was built at
     once, committed node by node (few new entries placed, many sorted afresh), or merged. With
@@ -108,15 +108,21 @@ def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(mon
     ntotal = int(firsts[-1])
     whole = WalkIndex(ALPHABET)
     whole.extend(runs, ntotal)
+    linked = WalkIndex(ALPHABET)  # every run linked to its parent's last slot, no context kept
+    linked.extend(runs, ntotal, parents={int(firsts[i]): int(firsts[p + 1]) - 1 for i, (p, _) in enumerate(trie) if p is not None})
+    assert (linked.tail.runs.link >= 0).sum() == sum(p is not None for p, _ in trie) and not len(linked.tail.runs.context)
     monkeypatch.setattr(walk, "TAIL_MIN", 64 * longest // 40)
     grown = WalkIndex(ALPHABET)
     for run in runs:
         grown.extend([run], run[0] + len(run[1]))
     assert grown.base.ntotal > 0 and grown.tail.entries > 0
+    assert longest < 200 or (grown.tail.runs.link >= 0).any()  # a context of REACH - 1 tokens found in the index: linked
+    linked.save(tmp_path / "i.keys")
+    linked = WalkIndex.load(tmp_path / "i.keys")  # the links as the file keeps them
     paths = [_path(trie, i) for i in range(len(trie))]
     assert longest < 200 or max(len(p) for p in paths) > 2 * whole.reach
     ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
-    for index in (whole, grown):
+    for index in (whole, linked, grown):
         for part in (index.base, index.tail):  # sorted by the last `reach` tokens, newest first
             rows = part.symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
             assert all(tuple(a) <= tuple(b) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
@@ -126,7 +132,7 @@ def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(mon
         piece = path[len(path) - length :]
         expected = [s for s, p in ends if len(p) >= length and np.array_equal(p[len(p) - length :], piece)]
         assert slot in expected
-        for index in (whole, grown):
+        for index in (whole, linked, grown):
             assert index.within(piece).tolist() == expected, (length, piece)
 
 
