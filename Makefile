@@ -63,6 +63,7 @@ bench: install
 	$(PY) benchmarks/codec.py
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/search.py
+	$(PY) benchmarks/index_size.py
 	$(PY) benchmarks/sharing.py
 	$(PY) benchmarks/lmcode.py
 	$(PY) benchmarks/formats.py
