@@ -39,7 +39,7 @@ MAGIC = b"KVDBIDX6"
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
-_PLACING = 1 << 14  # new entries placed at once by binary search ([entries, REACH] tokens read for them)
+_PLACING = 1 << 12  # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 # Tokens of a position's path that set its place: entries are in the order of their last REACH
 # tokens, so a phrase up to that long (every phrase a search takes) is one range of the order
@@ -232,6 +232,8 @@ class Segment:
                     out[todo[lower]] = self.below._read(slots[todo[lower]], depths[todo[lower]])
                 todo = todo[~lower]
             run = np.searchsorted(self.runs.first, slots[todo], side="right") - 1
+            if (run < 0).any() or (slots[todo] >= self.runs.first[run] + self.runs.length[run]).any():  # a damaged link: no run holds it
+                raise CorruptData("a search index segment links a run to a slot no run holds; run `kvdb repair` to rebuild it")
             back = depths[todo] - (slots[todo] - self.runs.first[run])  # 1: the token just before the run
             inside = back <= 0
             out[todo[inside]] = self.tokens[slots[todo[inside]] - depths[todo[inside]] - self.first]
@@ -304,7 +306,7 @@ class Segment:
             open_ = np.arange(len(slots))
             for depths in windows:
                 found = self.symbols(slots[open_], depths)
-                want = query[owner[open_]][:, depths]
+                want = query[owner[open_][:, None], depths[None, :]]
                 differ = (found != want) & (depths[None, :] < lengths[owner[open_]][:, None])
                 settled = differ.any(1)
                 first = differ.argmax(1)[:, None]
@@ -333,75 +335,90 @@ class Segment:
 
     # building -------------------------------------------------------------------------------
     def _sorted(self, runs: np.ndarray) -> np.ndarray:
-        """The slots of ``runs`` (indices into ``self.runs``) in path order; ties keep the
-        slots' order.
+        """The slots of ``runs`` (indices into ``self.runs``) in path order; ties in an order
+        the tokens past ``REACH`` give.
 
-        Prefix doubling over the runs' positions, each run after its context: the rank of a
-        position's last 2h tokens is the rank of the pair (its last h, the h before them), so
-        ``REACH = 2**6 D`` takes six sorts after the first key's. Before a run's context every
-        token reads as the padding, which is the path's start, or lies past ``REACH`` tokens,
-        where the order no longer looks. The tokens are read where they lie, a chunk at a time,
-        not copied."""
-        table = self._contexts(self.runs.take(np.asarray(runs, np.int64)))
+        Prefix doubling with pointer jumping over the runs' positions: ``J(i)``, a position's
+        predecessor on its path, is the position before it in its run, or at a run's first
+        slot its link, where the link lies among these positions; a run without one is laid
+        out after its context (kept, or read through a link outside them), whose first
+        position has none. The rank of a position's last 2h tokens is the rank of the pair
+        (the rank of its last h, that of ``J^h(i)``'s), and ``J^2h = J^h(J^h)``: ``REACH = 2**6 D``
+        takes six sorts after the first key's. Past a context every token reads as the padding,
+        which is the path's start or lies past ``REACH`` tokens, where the order no longer
+        looks. The positions are the runs' own (a linked run's context is not laid out again),
+        and the tokens are read where they lie, a chunk at a time, not copied."""
+        table = self.runs.take(np.asarray(runs, np.int64))
+        owner = np.maximum(np.searchsorted(table.first, table.link, side="right") - 1, 0)
+        within = (table.link >= 0) & (table.link >= table.first[owner]) & (table.link < table.first[owner] + table.length[owner])
+        table = self._contexts(table, (table.link >= 0) & ~within)
         ext = table.held + table.length
-        starts = np.cumsum(ext) - ext  # where each run's context begins among the positions
+        starts = np.cumsum(ext) - ext  # where each run's context, else its first slot, lies among the positions
         m = int(ext.sum())
+        index_type = np.dtype(np.int32 if m < 1 << 31 else np.int64)
         slots = table.slots()
         real = np.repeat(starts + table.held - table.first, table.length) + slots
+        before = np.arange(-1, m - 1, dtype=index_type)
+        before[starts] = -1
+        before[starts[within]] = real[np.searchsorted(slots, table.link[within])]
         keys = np.empty(m, np.uint64)
         for at in range(0, m, _CHUNK):
-            keys[at : at + _CHUNK] = self._layout_keys(table, starts, np.arange(at, min(m, at + _CHUNK)))
-        local = (np.arange(m) - np.repeat(starts, ext)).astype(np.int32)
+            keys[at : at + _CHUNK] = self._layout_keys(table, starts, before, np.arange(at, min(m, at + _CHUNK)))
         rank, pad = _dense(keys, keys == _packed(np.full((1, self.depth), self.alphabet), self.alphabet)[0])
         del keys
+        jump = before
+        for _ in range(self.depth - 1):
+            jump = np.where(jump >= 0, before[np.maximum(jump, 0)], -1).astype(index_type)
+        del before
         h = self.depth
         while h < self.reach and pad is not None:
-            pair = np.full(m, pad, np.int64)
-            pair[h:] = rank[:-h]
-            pair[local < h] = pad
+            pair = np.where(jump >= 0, rank[np.maximum(jump, 0)], pad)
             pair += rank * (m + 1)
             rank, pad = _dense(pair, pair == pad * (m + 1) + pad)
             del pair
             h *= 2
+            if h < self.reach and pad is not None:
+                jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1).astype(index_type)
         order = np.argsort(rank[real], kind="stable")
         return slots[order].astype(_SLOT)
 
-    def _contexts(self, table: Runs) -> Runs:
-        """``table`` with each linked run's context read through its link (up to ``REACH - 1``
-        tokens, fewer where the path starts), a chunk of runs at a time: ``_sorted`` lays every
-        run out after its context."""
-        linked = np.flatnonzero(table.link >= 0)
+    def _contexts(self, table: Runs, read: np.ndarray) -> Runs:
+        """``table`` with the context of each run ``read`` marks read through its link (up to
+        ``REACH - 1`` tokens, fewer where the path starts), a chunk of runs at a time:
+        ``_sorted`` lays such a run out after its context."""
+        linked = np.flatnonzero(read)
         if not linked.size:
             return table
         width = REACH - 1
-        held, read = table.held.copy(), []
+        held, tokens = table.held.copy(), []
         for at in range(0, len(linked), _LINKS):
             rows = linked[at : at + _LINKS]
             before = self._read(np.repeat(table.first[rows], width), np.tile(np.arange(width, 0, -1), len(rows))).reshape(len(rows), width)  # oldest first
             real = before != self.alphabet  # the padding lies before the path's start only
             held[rows] = real.sum(1)
-            read.append(before[real])
+            tokens.append(before[real])
         opens = np.cumsum(held) - held
         context = np.empty(int(held.sum()), table.context.dtype)
-        own = np.flatnonzero(table.link < 0)
+        own = np.flatnonzero(~read)
         context[_spans(opens[own], held[own])] = table.context[_spans(table.opens[own], table.held[own])]
-        context[_spans(opens[linked], held[linked])] = np.concatenate(read)
+        context[_spans(opens[linked], held[linked])] = np.concatenate(tokens)
         return Runs(table.first, table.length, table.link, held, context)
 
-    def _layout_keys(self, table: Runs, starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _layout_keys(self, table: Runs, starts: np.ndarray, before: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The first key of each of ``positions`` of ``_sorted``'s layout (``table``'s runs, each
-        after its context, from ``starts``): its ``D`` tokens back within its run's context and
-        slots, the padding before them."""
-        run = np.searchsorted(starts, positions, side="right") - 1
-        local, held = positions - starts[run], table.held[run]
+        after its context, from ``starts``; ``before``: each position's predecessor, -1 for
+        none): its ``D`` tokens back, from its run's context or slots, the padding past them."""
         keys = np.zeros(len(positions), np.uint64)
-        for back in range(self.depth):
-            at = local - back
-            from_context = (at >= 0) & (at < held)
-            context = table.context[np.where(from_context, table.opens[run] + at, 0)] if len(table.context) else np.zeros(len(at), np.int64)
-            own = self.tokens[np.where(at >= held, table.first[run] + at - held - self.first, 0)]
+        at = positions.astype(np.int64)
+        for _ in range(self.depth):
+            run = np.searchsorted(starts, np.maximum(at, 0), side="right") - 1
+            local, held = at - starts[run], table.held[run]
+            from_context = (at >= 0) & (local < held)
+            context = table.context[np.where(from_context, table.opens[run] + local, 0)] if len(table.context) else np.zeros(len(at), np.int64)
+            own = self.tokens[np.where((at >= 0) & ~from_context, table.first[run] + local - held - self.first, 0)]
             symbol = np.where(at < 0, self.alphabet, np.where(from_context, context, own)).astype(np.uint64)
             keys = keys * np.uint64(self.alphabet + 1) + symbol
+            at = np.where(at >= 0, before[np.maximum(at, 0)], -1)
         return keys
 
     def _places(self, slots: np.ndarray) -> np.ndarray:

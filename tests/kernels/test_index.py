@@ -9,6 +9,7 @@ import pytest
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
 from kvdb.index import segment, walk
+from kvdb.index.segment import REACH
 from kvdb.index.walk import WalkIndex
 
 ALPHABET = 300
@@ -94,46 +95,81 @@ def _path(trie, i) -> np.ndarray:
     return np.concatenate(parts[::-1])
 
 
-@pytest.mark.parametrize(("seed", "longest"), [(0, 40), (1, 40), (2, 40), (3, 200)])
-def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, tmp_path, seed, longest):
-    """Entries are in the order of their last ``reach`` tokens, across node boundaries: every
-    piece up to that long, checked against a scan of the paths, whether the index was built at
-    once, committed node by node (few new entries placed, many sorted afresh), or merged. With
-    nodes of up to 200 tokens, paths run past ``reach`` tokens, and a node keeps only the last
-    ``reach - 1`` before it."""
-    rng = np.random.default_rng(seed)
-    trie = _trie(rng, 40, longest)
+def _runs_of(trie) -> tuple[list, np.ndarray, dict[int, int]]:
+    """(runs as ``WalkIndex.extend`` takes them, each node's first slot, each run's parent's last slot)."""
     firsts = np.cumsum([0] + [len(t) for _, t in trie])
     runs = [(int(firsts[i]), tokens, None if parent is None else _path(trie, parent)) for i, (parent, tokens) in enumerate(trie)]
-    ntotal = int(firsts[-1])
-    whole = WalkIndex(ALPHABET)
-    whole.extend(runs, ntotal)
-    linked = WalkIndex(ALPHABET)  # every run linked to its parent's last slot, no context kept
-    linked.extend(runs, ntotal, parents={int(firsts[i]): int(firsts[p + 1]) - 1 for i, (p, _) in enumerate(trie) if p is not None})
-    assert (linked.tail.runs.link >= 0).sum() == sum(p is not None for p, _ in trie) and not len(linked.tail.runs.context)
-    monkeypatch.setattr(walk, "TAIL_MIN", 64 * longest // 40)
-    grown = WalkIndex(ALPHABET)
+    return runs, firsts, {int(firsts[i]): int(firsts[p + 1]) - 1 for i, (p, _) in enumerate(trie) if p is not None}
+
+
+def _grown(runs) -> WalkIndex:
+    index = WalkIndex(ALPHABET)
     for run in runs:
-        grown.extend([run], run[0] + len(run[1]))
-    assert grown.base.ntotal > 0 and grown.tail.entries > 0
-    assert longest < 200 or (grown.tail.runs.link >= 0).any()  # a context of REACH - 1 tokens found in the index: linked
-    linked.save(tmp_path / "i.keys")
-    linked = WalkIndex.load(tmp_path / "i.keys")  # the links as the file keeps them
+        index.extend([run], run[0] + len(run[1]))
+    return index
+
+
+def _assert_ordered_and_found(trie, firsts, indexes, rng) -> None:
+    """Each segment sorted by its entries' last ``REACH`` tokens, and pieces of random length
+    found exactly where a scan of the paths finds them."""
     paths = [_path(trie, i) for i in range(len(trie))]
-    assert longest < 200 or max(len(p) for p in paths) > 2 * whole.reach
     ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
-    for index in (whole, linked, grown):
+    for index in indexes:
         for part in (index.base, index.tail):  # sorted by the last `reach` tokens, newest first
             rows = part.symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
             assert all(tuple(a) <= tuple(b) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
     for _ in range(60):
         slot, path = ends[int(rng.integers(len(ends)))]
-        length = int(rng.integers(1, min(whole.reach, len(path)) + 1))
+        length = int(rng.integers(1, min(REACH, len(path)) + 1))
         piece = path[len(path) - length :]
         expected = [s for s, p in ends if len(p) >= length and np.array_equal(p[len(p) - length :], piece)]
         assert slot in expected
-        for index in (whole, linked, grown):
+        for index in indexes:
             assert index.within(piece).tolist() == expected, (length, piece)
+
+
+@pytest.mark.parametrize(("seed", "longest"), [(0, 40), (1, 40), (2, 40), (3, 200)])
+def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(monkeypatch, tmp_path, seed, longest):
+    """Entries are in the order of their last ``reach`` tokens, across node boundaries: every
+    piece up to that long, checked against a scan of the paths, whether the index was built at
+    once (contexts kept, or every run linked to its parent), committed node by node (links
+    found by lookup, into the base too), or merged, and saved and mapped. With nodes of up to
+    200 tokens, paths run past ``reach`` tokens, and a node keeps only the last ``reach - 1``
+    before it."""
+    rng = np.random.default_rng(seed)
+    trie = _trie(rng, 40, longest)
+    runs, firsts, parents = _runs_of(trie)
+    ntotal = int(firsts[-1])
+    whole = WalkIndex(ALPHABET)
+    whole.extend(runs, ntotal)
+    linked = WalkIndex(ALPHABET)  # every run linked to its parent's last slot, no context kept
+    linked.extend(runs, ntotal, parents=parents)
+    assert (linked.tail.runs.link >= 0).sum() == len(parents) and not len(linked.tail.runs.context)
+    monkeypatch.setattr(walk, "TAIL_MIN", 64 * longest // 40)
+    grown = _grown(runs)
+    assert grown.base.ntotal > 0 and grown.tail.entries > 0
+    assert longest < 200 or ((grown.tail.runs.link >= 0) & (grown.tail.runs.link < grown.tail.first)).any()  # a tail's run linked into the base
+    linked.settle()
+    for name, index in (("linked", linked), ("grown", grown)):
+        index.save(tmp_path / f"{name}.keys")
+    linked, grown = (WalkIndex.load(tmp_path / f"{name}.keys") for name in ("linked", "grown"))  # the links as the files keep them
+    assert longest < 200 or max(len(_path(trie, i)) for i in range(len(trie))) > 2 * whole.reach
+    _assert_ordered_and_found(trie, firsts, (whole, linked, grown), rng)
+
+
+def test_few_new_entries_are_placed_by_binary_search_in_the_order_a_sort_gives(monkeypatch):
+    """A commit of fewer entries than a 64th of the tail's places them by binary search over 256
+    tokens, read through links; here every commit does (a sampled key every 2 entries), and the
+    reads and sorts go a few runs and positions at a time."""
+    for name, value in (("BLOCK", 2), ("_LINKS", 3), ("_CHUNK", 97), ("_PLACING", 5)):
+        monkeypatch.setattr(segment, name, value)
+    monkeypatch.setattr(walk, "TAIL_MIN", 1 << 30)
+    rng = np.random.default_rng(4)
+    trie = _trie(rng, 60, 120)
+    runs, firsts, _ = _runs_of(trie)
+    placed = _grown(runs)
+    assert placed.base.ntotal == 0 and (placed.tail.runs.link >= 0).any()
+    _assert_ordered_and_found(trie, firsts, (placed,), rng)
 
 
 def test_an_opened_index_is_mapped_not_read(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import kvdb
 from kvdb.errors import InvalidArgument
 from kvdb.index import phrase as search_ops
 from kvdb.index import trie
+from kvdb.index.walk import WalkIndex
 from kvdb.services.searching import casings as search_ops_casings
 from kvdb.model import tokenizer as tok
 
@@ -254,6 +255,27 @@ def test_a_phrase_of_any_length_is_counted_as_one_range(archive, monkeypatch):
     assert archive.count(across, case_sensitive=True).count == 1
     assert archive.count(across.replace("Ships", "Boats"), case_sensitive=True).count == 0
     assert archive.count(first[4:] + "Boats", case_sensitive=True).count == 0
+
+
+def test_a_node_is_searched_across_its_link_to_the_path_before_it(tmp_path, tiny_loaded):
+    """A node whose path before it holds 255 tokens or more keeps a link to a slot that holds
+    them (found by a lookup when it is committed), not the tokens: a phrase across the node's
+    start is found through the link, in this process and once the sidecar is mapped again."""
+    path = tmp_path / "a.duckdb"
+    first = "The keeper watched the harbour lights from the old stone tower, night after night. " * 4
+    later = "Ships passed at dusk, and the lights answered them one by one."
+    across = (first + later)[len(first) - 120 : len(first) + 40]
+    with kvdb.open(path, model=tiny_loaded) as db:
+        db.ingest(text=first, name="a")
+        db.ingest(text=first + later, name="b")  # a's node, and a child whose path before it is ~330 tokens
+        assert db.count(across, case_sensitive=True).count == 1
+    [base] = (tmp_path / "a.duckdb.index").glob("*.keys")
+    index = WalkIndex.load(base)
+    assert (np.concatenate([index.base.runs.link, index.tail.runs.link]) >= 0).any()
+    with kvdb.open(path, model=tiny_loaded) as db:
+        assert db.count(across, case_sensitive=True).count == 1
+        [hit] = [h for h in db.search(across, k=3, case_sensitive=True) if h.exact]
+        assert hit.name == "b" and hit.match == across
 
 
 def test_count_leaves_out_deleted_sessions(db):
