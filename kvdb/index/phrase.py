@@ -131,8 +131,8 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     times costs what its first ``limit`` live ones cost."""
     length = len(phrase)
     ranked: list[tuple[np.ndarray, np.ndarray]] = []  # partial matches: (end slots, the tokens each shares), best first
-    inner = ranges[phrase.tobytes()]
-    found = len(inner)
+    full = inner = ranges[phrase.tobytes()]
+    found = len(full)
     if not found and least >= length:  # a casing the archive never uses
         return Candidates.concat([])
     # Shorter suffixes. The first key's range holds the entries sharing D tokens or more, in
@@ -170,7 +170,7 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
         parts.append((run[keep], position[keep], shared[keep]))
         taken += len(keep)
 
-    for ends in ranges[phrase.tobytes()].chunks(4 * limit):  # full matches in index order, a chunk at a time
+    for ends in full.chunks(4 * limit):  # full matches in index order, a chunk at a time
         if taken >= limit:
             break
         take(ends, np.full(len(ends), length))

@@ -400,23 +400,16 @@ class Indexes:
         parents = {  # a parent this merge indexes too: the run links to its last slot
             ranges[n]: ranges[p] + shapes[p].n_tokens - 1 for n in wanted if (p := shapes[n].parent_id) is not None and p in ranges and p in shapes
         }
-        contexts = [None if ranges[n] in parents else self._context(shapes[n], shapes, ranges, by_slot, index) for n in wanted]
+        contexts = [None if ranges[n] in parents else self._context(shapes[n], index) for n in wanted]
         index.append(by_slot, index.run_table(firsts, lengths, contexts, parents))
 
-    def _context(self, node, shapes, ranges: dict[str, int], by_slot: np.ndarray, index: WalkIndex) -> np.ndarray | None:
-        """The ``reach - 1`` tokens before ``node`` on its path: its ancestors' last ones while
-        this merge holds them, the rest read."""
-        need, at, parts = index.reach - 1, node, []
-        while need > 0 and at.parent_id is not None:
-            parent = shapes.get(at.parent_id)
-            if at.parent_id not in ranges or parent is None:
-                parts.append(self._store.load_tokens(at.parent_id, max(0, at.start - need), at.start))
-                break
-            end = ranges[at.parent_id] - index.ntotal + parent.n_tokens
-            take = min(need, parent.n_tokens)
-            parts.append(by_slot[end - take : end])
-            need, at = need - take, parent
-        return np.concatenate(parts[::-1]) if parts else None
+    def _context(self, node, index: WalkIndex) -> np.ndarray | None:
+        """The ``reach - 1`` tokens before ``node`` on its path, read from the archive: a node
+        whose parent this merge does not index (indexed before, or without the search tier)
+        links to a slot holding them, or keeps them (``WalkIndex.run_table``)."""
+        if node.parent_id is None:
+            return None
+        return self._store.load_tokens(node.parent_id, max(0, node.start - (index.reach - 1)), node.start)
 
     def rebuild(self, key: str, tokenizer_hash: str, alphabet: int = 0) -> WalkIndex:
         """A new numbering of the index's slots: every node that keeps the search tier, parents
