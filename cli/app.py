@@ -61,6 +61,42 @@ def _layer_progress(what: str):
     yield lambda kind, layer: click.echo(f"kvdb: {what}: {kind} layer {layer} trained ({time.monotonic() - started:.0f}s)", err=True)
 
 
+PROGRESS_EVERY = 5.0  # seconds between progress lines when stderr is no terminal (a log, a CI run, a pipe)
+
+
+@contextlib.contextmanager
+def _token_progress(what: str):
+    """A ``progress(done, planned)`` over tokens: a bar on a terminal, else a line on stderr
+    every few seconds, so a log hears of long work as it goes."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        with tqdm(unit="tok", desc=what, file=sys.stderr, dynamic_ncols=True) as bar:
+
+            def update(done: int, planned: int) -> None:
+                if planned:
+                    bar.total = (bar.total or 0) + planned
+                    bar.refresh()
+                bar.update(done)
+
+            yield update
+        return
+    started = last = time.monotonic()
+    totals = [0, 0]
+
+    def line(done: int, planned: int) -> None:
+        nonlocal last
+        totals[0] += done
+        totals[1] += planned
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY:
+            last = now
+            rate = totals[0] / max(now - started, 1e-9)
+            click.echo(f"kvdb: {what}: {totals[0]:,} of {totals[1]:,} tokens ({now - started:.0f}s, {rate:,.0f} tokens/s)", err=True)
+
+    yield line
+
+
 def _emit(obj: dict) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, default=str))
 

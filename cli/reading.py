@@ -193,7 +193,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     "--semantic",
     is_flag=True,
     help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
-    "semantic tier (ingest with --keep tokens,search,semantic); one hit per session, at its nearest chunk.",
+    "semantic tier (ingest with --keep tokens,search,semantic; embedded by `kvdb upkeep`, or watch and serve when idle: a note says how "
+    "many sessions wait); one hit per session, at its nearest chunk.",
 )
 @click.option(
     "--count",
@@ -228,6 +229,9 @@ def search(
     scope = {"agent": agent, "project": _folder(project), "since": since and since.date(), "until": until and until.date()}
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session, **scope)
+        waiting = archive.pending().semantic
+        if waiting.sessions:  # ingest embeds nothing: upkeep, watch and serve catch up, newest first
+            click.echo(f"kvdb: {waiting.sessions} sessions ({waiting.tokens} tokens) are not embedded yet, so not searched by meaning: kvdb upkeep", err=True)
     else:
         hits = archive.search(
             phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence, **scope
@@ -265,6 +269,9 @@ def stats(ctx, as_json):
                 click.echo(f"  {preset:<14} {coded:>12}  (tier K of that preset)")
     if st.shipped_codebook_bytes:
         click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
+    for what, queued in (("to embed", st.pending.semantic), ("to score", st.pending.logprobs)):
+        if queued.sessions:
+            click.echo(f"pending        {queued.sessions} sessions ({queued.tokens} tokens) {what}: kvdb upkeep")
 
 
 @main.command()
@@ -273,13 +280,16 @@ def stats(ctx, as_json):
 def prefixes(ctx, as_json):
     """List token prefixes that several sessions share (each stored once).
 
-    BITS is d_T = -log2 P(prefix) under the model: what the sessions have in common.
+    BITS is d_T = -log2 P(prefix) under the model: what the sessions have in common. An ingest
+    runs no model for the default tiers, so a prefix's bits are "pending" until `kvdb upkeep`
+    (or the idle time of `kvdb watch` and `kvdb serve`) has scored it.
     """
     for p in _open(ctx, read_only=True).prefixes():
         if as_json:
             _emit(p.to_dict())
         else:
-            click.echo(f"{p.tokens:>7} tok  {p.bits:>9.1f} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")
+            bits = "  pending" if p.bits is None else f"{p.bits:>9.1f}"
+            click.echo(f"{p.tokens:>7} tok  {bits} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")
 
 
 def _folder(project: str | None) -> str | None:

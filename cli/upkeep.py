@@ -7,7 +7,7 @@ import sys
 import click
 
 from kvdb.codecs import presets
-from kvdb_cli.app import _emit, _layer_progress, _open, json_option, main, model_option
+from kvdb_cli.app import _emit, _layer_progress, _open, _token_progress, embedder_option, json_option, main, model_option
 
 
 @main.command()
@@ -31,6 +31,50 @@ def verify(ctx, deep, as_json):
         click.echo(f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}: checked {checked}", err=not report.ok)
     if not report.ok:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Score at most this many sessions, then stop (the rest stay queued).")
+@click.option("--status", "show_status", is_flag=True, help="Say what is queued; do nothing.")
+@click.option(
+    "--only",
+    type=click.Choice(["semantic", "logprobs"]),
+    default=None,
+    help="Do one kind of work: semantic (the embedder: search by meaning) or logprobs (the language model: d_T, exact caches).",
+)
+@embedder_option
+@model_option
+@json_option
+@click.pass_context
+def upkeep(ctx, limit, show_status, only, embedder, model, as_json):
+    """Do the models' work that ingest queued, newest sessions first: the semantic tier (the
+    embedder's: `search --semantic` covers a session once it is embedded), then each session's
+    log-probabilities (the language model's: d_T, `kvdb prefixes`) and its exact cache, which
+    warms the prefix cache so a restore of recent work resumes instead of prefilling.
+
+    Ingest archives the default tiers with the tokenizer alone, at indexing speed, and queues
+    the rest; `kvdb watch` and `kvdb serve` do it in their idle time. Each session commits
+    alone: a run stopped any way (Ctrl-C, kill -9) is resumed by the next.
+    """
+    archive = _open(ctx, model, embedder=embedder)
+    if show_status:
+        pending = archive.pending()
+        if as_json:
+            _emit(pending.to_dict())
+        else:
+            for work, queued in (("semantic", pending.semantic), ("logprobs", pending.logprobs)):
+                click.echo(f"{work:<9} {queued.sessions} sessions ({queued.tokens} tokens) queued")
+        return
+    with _token_progress("upkeep") as progress:
+        report = archive.upkeep(limit=limit, progress=progress, only=only)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        left = report.pending
+        click.echo(
+            f"embedded {report.embedded.sessions} sessions, scored {report.scored.sessions} ({report.cached} caches kept) in {report.seconds:.1f}s; "
+            f"left: {left.semantic.sessions} to embed, {left.logprobs.sessions} to score"
+        )
 
 
 @main.command()

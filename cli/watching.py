@@ -9,8 +9,7 @@ import threading
 
 import click
 
-from kvdb.errors import InvalidArgument
-from kvdb.services.watching import AGENT_FOLDERS, agent_folders
+from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
@@ -20,7 +19,13 @@ LOG_SUFFIX = ".watch.log"
 
 @main.command()
 @click.argument("paths", nargs=-1)
-@click.option("--from", "agent", type=click.Choice(sorted(AGENT_FOLDERS)), default=None, help="Watch this agent's own log folder (see README.md, Agents).")
+@click.option(
+    "--from",
+    "agent",
+    type=click.Choice(sorted(AGENT_FOLDERS)),
+    default=None,
+    help="Watch this agent's own log folders too, beside any PATHS (see README.md, Agents).",
+)
 @click.option("--once", is_flag=True, help="One pass over what changed since the last, then exit (for cron).")
 @click.option("--status", "show_status", is_flag=True, help="List the files followed, as last archived, and whether a watcher runs; watch nothing.")
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`).")
@@ -31,8 +36,11 @@ LOG_SUFFIX = ".watch.log"
 @json_option
 @click.pass_context
 def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedder, model, as_json):
-    """Archive agent logs as they grow: PATHS (folders or files), or with --from an agent's own
-    folder (claude-code: ~/.claude/projects, codex: ~/.codex/sessions, gemini: ~/.gemini/tmp).
+    """Archive agent logs as they grow: PATHS (folders or files), and with --from an agent's own
+    folders (claude-code: ~/.claude/projects, or $CLAUDE_CONFIG_DIR/projects; codex:
+    ~/.codex/sessions and archived_sessions, or under $CODEX_HOME; gemini: ~/.gemini/tmp, or
+    under $GEMINI_CLI_HOME). With PATHS, --from follows both, and leaves out an agent folder
+    that does not exist yet; without PATHS, a missing agent folder is refused (exit status 2).
 
     A pass archives each log that changed since the archive's watch checkpoint (a grown log
     stores only its new turns; one rewritten or cut shorter becomes a fork of its conversation;
@@ -42,9 +50,7 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedde
     if show_status:
         _status(ctx, as_json)
         return
-    roots = list(paths) + ([str(p) for p in agent_folders(agent)] if agent else [])
-    if not roots:
-        raise InvalidArgument("give the folders or files to watch, or --from claude-code|codex|gemini")
+    roots = [str(p) for p in agent_sources(agent, paths, follow=True)]
     archive = _open(ctx, model, embedder=embedder)
     archive.check_keep(keep, kv_preset)
     log = _log(archive.local_path(LOG_SUFFIX))

@@ -9,8 +9,9 @@ import click
 
 import kvdb
 from kvdb.codecs import presets
+from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, parse_keep
-from kvdb_cli.app import _emit, _layer_progress, _open, _printable, embedder_option, json_option, main, model_option
+from kvdb_cli.app import _emit, _layer_progress, _open, _printable, _token_progress, embedder_option, json_option, main, model_option
 
 
 @main.command("formats")
@@ -34,7 +35,14 @@ def formats_command(example, as_json):
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option(
+    "--from",
+    "agent",
+    type=click.Choice(sorted(AGENT_FOLDERS)),
+    default=None,
+    help="Everything this agent left on this machine: its own log folders (as `kvdb watch --from`), when no PATHS are given.",
+)
 @click.option(
     "--keep",
     default=DEFAULT_KEEP,
@@ -76,8 +84,13 @@ def formats_command(example, as_json):
 @model_option
 @json_option
 @click.pass_context
-def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model, as_json):
-    """Archive transcripts: files or directories (searched recursively).
+def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder, model, as_json):
+    """Archive transcripts: files or directories (searched recursively), or with --from and no
+    PATHS an agent's own log folders (claude-code: ~/.claude/projects, or $CLAUDE_CONFIG_DIR/projects;
+    codex: ~/.codex/sessions and archived_sessions, or under $CODEX_HOME; gemini: ~/.gemini/tmp,
+    or under $GEMINI_CLI_HOME). With PATHS, --from reads those alone (a copy of the agent's
+    folder from a backup or another machine), not this machine's folders too. A missing agent
+    folder is refused with exit status 2 before anything is read.
 
     \b
     .txt / .md      one session, text verbatim (UTF-8, or UTF-16/32 with a byte order mark)
@@ -100,27 +113,37 @@ def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model
     ("part" in --json); a restored part holds that part alone. Readers (search, show, restore)
     can use the archive between sessions, while the model computes.
     """
-    from tqdm import tqdm
-
+    sources = agent_sources(agent, paths)
     archive = _open(ctx, model, embedder=embedder)
     if "kv" in parse_keep(keep):
         spec = presets.resolve(kv_preset, archive.loaded_model.identity.weights_hash)
         if not any(c.source == "trained" and c.preset == spec for c in archive.codebooks()):
             with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
                 archive.build_shipped_codebooks(progress=heard, preset=kv_preset)
-    with tqdm(unit="tok", desc="ingest", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+    with _token_progress("ingest") as progress:
+        results = archive.ingest(
+            sources,
+            keep=keep,
+            kv_preset=kv_preset,
+            progress=progress,
+            workers=workers,
+            strict=strict,
+            redact=redact,
+            heard=_emit_each if as_json else _say_ingested,
+        )
+    if any(r.status == "failed" or r.skipped for r in results):
+        sys.exit(1)
 
-        def progress(done: int, planned: int) -> None:
-            if planned:
-                bar.total = (bar.total or 0) + planned
-                bar.refresh()
-            bar.update(done)
 
-        results = archive.ingest(list(paths), keep=keep, kv_preset=kv_preset, progress=progress, workers=workers, strict=strict, redact=redact)
+def _emit_each(results) -> None:
     for r in results:
-        if as_json:
-            _emit(r.to_dict())
-        elif r.status in ("failed", "empty"):
+        _emit(r.to_dict())
+
+
+def _say_ingested(results) -> None:
+    """Each file's results, as it is committed."""
+    for r in results:
+        if r.status in ("failed", "empty"):
             click.echo(f"{r.status:<10} {r.error}", err=r.status == "failed")
         elif r.status == "claimed":
             click.echo(f"claimed    {_printable(r.source)}  (being archived by {r.claimed_by})")
@@ -129,11 +152,8 @@ def ingest(ctx, paths, keep, kv_preset, workers, strict, redact, embedder, model
             dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
             part = f" (part {r.part})" if r.part is not None else ""
             click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{part}{new}{dropped}")
-        if not as_json:
-            for skip in r.skipped:
-                click.echo(f"skipped    {_printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
-    if any(r.status == "failed" or r.skipped for r in results):
-        sys.exit(1)
+        for skip in r.skipped:
+            click.echo(f"skipped    {_printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
 
 
 @main.command()

@@ -25,7 +25,9 @@ with kvdb.open(ARCHIVE) as db:
         print(f"{r.status:<10} {r.session_id[:12] if r.session_id else '-':<12} {r.n_tokens:>5} tok  {r.name}")
     new_tokens = sum(r.n_tokens for r in results if r.status == "ingested")
     if new_tokens:
-        print(f"ingested {new_tokens} tokens in {seconds:.1f}s ({new_tokens / seconds:.0f} tokens/s)")
+        print(f"ingested {new_tokens} tokens in {seconds:.1f}s ({new_tokens / seconds:.0f} tokens/s): the tokenizer alone")
+    report = db.upkeep()  # the models' work ingest queued: the semantic tier, then log-probabilities and exact caches
+    print(f"upkeep: embedded {report.embedded.sessions} sessions and scored {report.scored.sessions} in {report.seconds:.1f}s")
 
     print("\n--- show: the story, exactly as written ---")
     print(db.text("story"))

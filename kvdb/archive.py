@@ -28,12 +28,14 @@ from kvdb.records import (
     Compacted,
     Conversation,
     ConversationHistory,
+    ConversationPage,
     CopyReport,
     Deleted,
     DeletedConversation,
     Fidelity,
     GcReport,
     IngestResult,
+    Pending,
     PhraseCount,
     Prefix,
     RebuiltIndex,
@@ -44,6 +46,7 @@ from kvdb.records import (
     Stats,
     TrainedCodebooks,
     Turn,
+    UpkeepReport,
     VerifyReport,
     WatchedFile,
 )
@@ -146,10 +149,22 @@ class Archive:
         return given if not isinstance(given, (str, type(None))) else embedder.shared(given)
 
     @cached_property
+    def _write_compute(self):
+        from kvdb.services.write_compute import WriteCompute
+
+        return WriteCompute(self._storage, self._tier_l, lambda: self._tier_k, lambda: self._semantic, self._prefix_cache)
+
+    @cached_property
     def _ingester(self):
         from kvdb.services.ingesting import Ingester
 
-        return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, lambda: self._semantic, self._indexes, self._prefix_cache)
+        return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._write_compute, self._indexes, self._prefix_cache)
+
+    @cached_property
+    def _upkeep(self):
+        from kvdb.services.upkeep import Upkeep
+
+        return Upkeep(self._storage, self._models, self._reader, self._write_compute, self._prefix_cache)
 
     @cached_property
     def _restorer(self):
@@ -183,7 +198,7 @@ class Archive:
     @property
     def context_tokens(self) -> int:
         """How many tokens the archive's model attends to (loads it): no session is longer."""
-        return self._models.context_tokens(self._models.get())
+        return self._models.described().context_tokens
 
     @property
     def loaded_model(self):
@@ -207,6 +222,7 @@ class Archive:
         kv_preset: str = DEFAULT_KV_PRESET,
         conversation: str | None = None,
         redact: bool = False,
+        heard=None,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -231,6 +247,8 @@ class Archive:
         else starts one (``kvdb.storage.conversation_rows``).
         ``redact``: secrets of known shapes (API keys, tokens, private keys: ``kvdb.transcripts.redaction``)
         are archived as ``[secret not archived]``, counted in each result's ``dropped``.
+        ``heard(results)``: each file's results as soon as they are committed (with ``workers``,
+        all of them at the end).
         """
         if workers != 1:
             from kvdb.services.workers import ingest_with_workers
@@ -239,7 +257,7 @@ class Archive:
                 raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed=, keep_cache= and conversation= go with one process")
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
-            return ingest_with_workers(
+            results = ingest_with_workers(
                 self.path,
                 paths,
                 workers,
@@ -251,6 +269,9 @@ class Archive:
                 strict=strict,
                 redact=redact,
             )
+            if heard is not None:
+                heard(results)
+            return results
         return self._ingester.ingest(
             source,
             text=text,
@@ -264,6 +285,7 @@ class Archive:
             kv_preset=kv_preset,
             conversation=conversation,
             redact=redact,
+            heard=heard,
         )
 
     def watch(
@@ -278,7 +300,8 @@ class Archive:
         """Archive the transcript files under ``paths`` that changed since this archive's
         watch checkpoint (a log whose last line is still being written waits), and checkpoint
         them; with ``stop``, go on archiving each change the operating system reports until it
-        is set, giving each pass's results to ``heard`` (and returning none).
+        is set, giving each pass's results to ``heard`` (and returning none); while no change
+        comes, the work ingest queues (``upkeep``) is done by a process beside it.
         """
         from kvdb.services.watching import Watching
 
@@ -288,7 +311,20 @@ class Archive:
         watching = Watching(self._storage)
         if stop is None:
             return watching.pass_over(paths, ingest)
-        watching.follow(paths, ingest, stop, heard or (lambda results: None))
+        from kvdb.services.upkeep import BackgroundUpkeep
+
+        given = self._embedder_given
+        named = given is None or isinstance(given, (str, os.PathLike))  # a loaded embedder cannot go to another process
+        background = BackgroundUpkeep(self.path, self.model_name, self._data_path, None if given is None else str(given))
+
+        def idle() -> None:  # the queued work, in a process beside the watcher
+            if not background.running() and self.pending().tokens:
+                background.start()
+
+        try:
+            watching.follow(paths, ingest, stop, heard or (lambda results: None), idle if named else None)
+        finally:
+            background.stop()
         return []
 
     def watched(self) -> list[WatchedFile]:
@@ -333,12 +369,31 @@ class Archive:
         return self._reader.sessions()
 
     def conversations(
-        self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[Conversation]:
         """Each conversation once, as its latest version, the most recently updated first;
         filtered by what wrote it (``agent``: its format, such as ``claude-code``), its
-        ``project`` folder, and the day of its latest version (``since``, ``until``, included)."""
-        return self._conversations.listed(agent, project, since, until)
+        ``project`` folder, and the day of its latest version (``since``, ``until``, included);
+        ``limit`` conversations from ``offset`` on (all: None)."""
+        return self._conversations.listed(agent, project, since, until, limit, offset)
+
+    def conversation_page(
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = 20,
+        offset: int = 0,
+    ) -> ConversationPage:
+        """``conversations``' page, with how many the filters admit in all (MCP ``sessions``)."""
+        return self._conversations.page(agent, project, since, until, limit, offset)
 
     def conversation(self, ref: str) -> ConversationHistory:
         """A conversation, named by its id, its title, its name or any of its versions, with
@@ -540,6 +595,17 @@ class Archive:
 
     def stats(self) -> Stats:
         return self._inventory.stats()
+
+    def pending(self) -> Pending:
+        """The model's work that ingests without it queued."""
+        return self._upkeep.pending()
+
+    def upkeep(self, limit: int | None = None, progress=None, stop=None, only: str | None = None) -> UpkeepReport:
+        """Do the work ingest queued, newest sessions first (``kvdb.services.upkeep``): the
+        semantic tier, then the language model's pass (``only``: ``"semantic"`` or
+        ``"logprobs"``); all of it, ``limit`` sessions of each, or until ``stop()`` is true
+        between two. ``progress(done, planned)`` counts tokens."""
+        return self._upkeep.run(limit, progress, stop, only)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Session's equality: by value, so a handle equals its record

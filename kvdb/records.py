@@ -9,12 +9,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from kvdb.storage.base import SessionRow
+from kvdb.storage.base import SessionRow, agent_of, cwd_of, folder_of, said_at_of
 from kvdb.tiers import RestoreMode, Tier
 
 if TYPE_CHECKING:
@@ -53,22 +52,34 @@ class Session:
     def agent(self) -> str | None:
         """What wrote it: the transcript's format (``claude-code``, ``chatgpt``, ``messages`` for a
         server's chat, ...)."""
-        return self.metadata.get("format")
+        return agent_of(self.metadata)
 
     @property
     def project(self) -> str | None:
         """The folder it was about: the working directory its log records, else its file's folder."""
-        if self.metadata.get("cwd"):
-            return str(self.metadata["cwd"])
-        return None if self.source.startswith("<") else str(PurePath(self.source).parent)
+        return cwd_of(self.metadata) or folder_of(self.source)
+
+    @property
+    def title(self) -> str:
+        """What lists, hits and the page call it: the title its file gives it (an agent's summary,
+        else its first prompt, ``metadata["title"]``), else its name (an export's title, a file's
+        name). The name stays what references use."""
+        title = self.metadata.get("title")
+        return title if isinstance(title, str) and title else self.name
 
     @property
     def said_at(self) -> dt.datetime:
         """When it was said: the latest time its log records (``kvdb.transcripts.stamps``), else
         when it was archived (a chat, a file with no times)."""
-        ended = self.metadata.get("ended")
+        return said_at_of(self.created_at, self.metadata)
+
+    @property
+    def started_at(self) -> dt.datetime:
+        """When it began: the earliest time its log or export records (``said_at``'s twin), else
+        when it was archived."""
+        started = self.metadata.get("started")
         try:
-            return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else self.created_at
+            return dt.datetime.fromisoformat(started) if isinstance(started, str) else self.created_at
         except ValueError:  # not written by kvdb.transcripts.stamps
             return self.created_at
 
@@ -209,6 +220,49 @@ class PhraseCount:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """Sessions some work waits for, and their tokens."""
+
+    sessions: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The work an ingest leaves for ``kvdb upkeep`` (and the idle time of watch and serve):
+    ``logprobs``, the language model's pass (log-probabilities for d_T, exact caches warmed);
+    ``semantic``, the embedder's (search by meaning covers a session once it is done)."""
+
+    logprobs: Queued = field(default_factory=Queued)
+    semantic: Queued = field(default_factory=Queued)
+
+    @classmethod
+    def from_counts(cls, counts: dict[str, tuple[int, int]]) -> Pending:
+        return cls(*(Queued(*counts.get(work, (0, 0))) for work in ("logprobs", "semantic")))
+
+    @property
+    def tokens(self) -> int:
+        return self.logprobs.tokens + self.semantic.tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class UpkeepReport:
+    """What one ``kvdb upkeep`` run did: sessions embedded and scored (their tokens), caches kept, and what is left."""
+
+    embedded: Queued
+    scored: Queued
+    cached: int
+    seconds: float
+    pending: Pending
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Stats:
     sessions: int
     tokens: int  # summed over sessions
@@ -220,6 +274,7 @@ class Stats:
     codebook_bytes: int = 0  # stored in the archive
     shipped_codebook_bytes: int = 0  # referenced: in this machine's cache, shared by every archive of the model
     kv_bytes_by_preset: dict = field(default_factory=dict)  # tier K bytes per preset: its name where it has one, else its spec
+    pending: Pending = field(default_factory=Pending)  # the model's work queued by ingests that ran without it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,9 +286,9 @@ class Conversation:
     versions (``Archive.conversation`` lists them)."""
 
     conversation_id: str
-    title: str  # the user's (``rename``), else its first version's name
+    title: str  # the user's (``rename``), else the latest its versions' files give (``Session.title``), else its first version's name
     latest: Session
-    created_at: dt.datetime  # its first version's
+    created_at: dt.datetime  # when its first version began (``Session.started_at``: its file's time where it has one)
     versions: int
     branches: int  # versions no other version extends
     agent: str | None  # its first version's (``Session.agent``): a fork a server archives as text stays its agent's
@@ -244,12 +299,28 @@ class Conversation:
             "conversation_id": self.conversation_id,
             "title": self.title,
             "created_at": self.created_at.isoformat(),
-            "updated_at": self.latest.created_at.isoformat(),
+            "updated_at": self.latest.said_at.isoformat(),  # its file's last time where it has one, not when it was archived
             "versions": self.versions,
             "branches": self.branches,
             "agent": self.agent,
             "project": self.project,
         }
+
+
+@dataclass(frozen=True)
+class ConversationPage:
+    """A page of a conversation listing: ``total`` is how many conversations the filters admit,
+    so that a client knows whether to ask for the page from ``next_offset``."""
+
+    conversations: list[Conversation]
+    total: int
+    offset: int
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"conversations": [c.to_dict() for c in self.conversations], "total": self.total}
+        if self.offset + len(self.conversations) < self.total:
+            out["next_offset"] = self.offset + len(self.conversations)
+        return out
 
 
 @dataclass(frozen=True)
@@ -338,12 +409,13 @@ class Prefix:
 
     node_id: str
     tokens: int  # length of the shared prefix
-    bits: float  # its information content under the model, d_T = -log2 P(prefix)
+    bits: float | None  # its information content under the model, d_T = -log2 P(prefix); None while the model's pass is pending
     sessions: int
     text: str  # its first words
 
     def to_dict(self) -> dict:
-        return {"node_id": self.node_id, "tokens": self.tokens, "bits": round(self.bits, 2), "sessions": self.sessions, "text": self.text}
+        bits = None if self.bits is None else round(self.bits, 2)
+        return {"node_id": self.node_id, "tokens": self.tokens, "bits": bits, "pending": self.bits is None, "sessions": self.sessions, "text": self.text}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,10 @@ class Window(StrEnum):
     RECOMPUTE = "recompute"
 
 
+# The tiers only a forward pass makes: an ingest that asks for them runs the model at once (the
+# user asked for what the model alone can give); the default tiers need the tokenizer alone, and
+# queue the model's pass (log-probabilities, an exact cache) for `kvdb upkeep` (decision 0053).
+MODEL_TIERS = frozenset({Tier.LM, Tier.KV})
 # plain strings: click lists a Choice of enum members by their upper-case names
 TIERS = tuple(t.value for t in Tier)
 # the semantic tier adds 9% to ingest (benchmarks/semantic_ingest.py); tier L codes ~10 tokens/s on

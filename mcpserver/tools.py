@@ -114,12 +114,8 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
         """List archived conversations, the most recently updated first, each once as its latest
         version (conversation_id, title, session_id, n_tokens, versions, agent, project,
         updated_at). Filters as `search`'s. Pages of `limit`; `next_offset` gives the next page."""
-        listed = _call(call, lambda archive: archive.conversations(agent, project, _day(since, "since"), _day(until, "until")))
-        page = listed[max(offset, 0) : max(offset, 0) + min(max(limit, 1), 200)]
-        out: dict[str, Any] = {"conversations": [c.to_dict() for c in page], "total": len(listed)}
-        if offset + len(page) < len(listed):
-            out["next_offset"] = offset + len(page)
-        return out
+        days = _day(since, "since"), _day(until, "until")
+        return _call(call, lambda archive: archive.conversation_page(agent, project, *days, min(max(limit, 1), 200), max(offset, 0))).to_dict()
 
     if model_name is not None:
 

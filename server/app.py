@@ -108,8 +108,16 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         return {"sessions": [s.to_dict() for s in listed]}
 
     @api.get("/api/conversations")
-    def conversations(agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None) -> dict:
-        return {"conversations": [c.to_dict() for c in engine.conversations(agent, project, since, until)]}
+    def conversations(
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = Query(None, ge=1),
+        offset: int = Query(0, ge=0),
+    ) -> dict:
+        """The most recently updated first; ``limit`` and ``offset`` page it (``total``, ``next_offset``)."""
+        return engine.conversation_page(agent, project, since, until, limit, offset).to_dict()
 
     @api.get("/api/conversations/{ref:path}")
     def conversation(ref: str) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -93,6 +93,7 @@ class TrieView:
     owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
     conversations: dict[str, str]  # session_id -> its conversation
+    titles: dict[str, str] = field(default_factory=dict)  # session_id -> the title its file gave it, where it records one, oldest first
 
     @functools.cached_property
     def age(self) -> dict[str, int]:
@@ -101,21 +102,33 @@ class TrieView:
         return {session_id: i for i, session_id in enumerate(self.names)}
 
     @functools.cached_property
-    def first_names(self) -> dict[str, str]:
-        """conversation -> the name of its oldest session, what an untitled one is called."""
+    def latest_titles(self) -> dict[str, str]:
+        """conversation -> what one the user did not rename is called: the title of its latest
+        session that records one, else its oldest session's name (``Conversation.title``)."""
         out: dict[str, str] = {}
-        for session_id, name in self.names.items():  # oldest first
+        for session_id, name in self.names.items():  # oldest first: the latest is written last
             out.setdefault(self.conversations.get(session_id, session_id), name)
+        for session_id, title in self.titles.items():  # oldest first too
+            out[self.conversations.get(session_id, session_id)] = title
+        return out
+
+    @functools.cached_property
+    def versions(self) -> dict[str, list[str]]:
+        """conversation -> its sessions, oldest first: derived once per snapshot, so that a scoped
+        search reads the sessions of the conversations it keeps to, not every session."""
+        out: dict[str, list[str]] = {}
+        for session_id in self.names:
+            out.setdefault(self.conversations.get(session_id, session_id), []).append(session_id)
         return out
 
     def owners_within(self, conversations: set[str]) -> dict[str, str]:
         """node_id -> the latest session through it of these conversations: where a search
         scoped to them reports a hit."""
+        wanted = sorted((s for c in conversations for s in self.versions.get(c, ())), key=self.age.__getitem__)
         out: dict[str, str] = {}
-        for session_id in self.names:  # oldest first: the latest is written last
-            if self.conversations.get(session_id, session_id) in conversations:
-                for node in self.path(session_id):
-                    out[node.node_id] = session_id
+        for session_id in wanted:  # oldest first: the latest is written last
+            for node in self.path(session_id):
+                out[node.node_id] = session_id
         return out
 
     @classmethod
@@ -124,6 +137,7 @@ class TrieView:
         sessions = store.list_sessions()
         conversations = {s.session_id: s.conversation_id for s in sessions}
         view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {}, {s.session_id: s.name for s in sessions}, conversations)
+        view.titles = {s.session_id: s.metadata["title"] for s in sessions if isinstance(s.metadata.get("title"), str) and s.metadata["title"]}
         oldest_first = sorted(sessions, key=lambda s: (s.created_at, s.session_id))
         first: dict[str, str] = {}  # node_id -> the oldest conversation through it
         for session in reversed(oldest_first):  # newest first, so the oldest is written last

@@ -311,6 +311,7 @@ class Indexes:
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
+        self._saving: set[str] = set()  # keys whose sidecar is saved once the open batch commits
         self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
@@ -461,7 +462,8 @@ class Indexes:
         """Commit a plan whose nodes join the index (``joining``: node id -> its tokens, and the
         tokens before them on its path): a session's new node, or nodes given the search tier.
         They take the next slots; the sidecar is saved once the database has the commit (a
-        crash between the two leaves it behind, which the next ``get`` catches up)."""
+        crash between the two leaves it behind, which the next ``get`` catches up), once for a
+        batch of commits (``Storage.batch``)."""
         index = self.ready(key, tokenizer_hash, alphabet)
         try:
             first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
@@ -470,7 +472,16 @@ class Indexes:
             self._loaded.pop(key, None)  # holds slots the database may not have
             raise
         self._checked[key] = None
-        self._save(key, index)
+        if key not in self._saving:
+            self._saving.add(key)
+            self._store.after_commit(lambda: self._saved(key))
+
+    def _saved(self, key: str) -> None:
+        """The copy as it stands once its commits landed (the batch's last included)."""
+        self._saving.discard(key)
+        index = self._loaded.get(key)
+        if index is not None:
+            self._save(key, index)
 
 
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kvdb.errors import UnsupportedModel
-from kvdb.model import identity
+from kvdb.model import description, identity
 from kvdb.model import tokenizer as tok
 from kvdb.model.source import causal_lm, model_folder, model_name
 from kvdb.storage.base import ModelRow
@@ -33,15 +33,26 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     identity: ModelRow  # what the archive records about it
 
+    @property
+    def context_tokens(self) -> int:
+        return description.context_tokens(self.model.config)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(getattr(self.model.config, "vocab_size"))  # noqa: B009 (torch types config as a Module)
+
 
 def load(name: str | None = None) -> LoadedModel:
-    """The model with transformers' tokenizer (it renders chat templates, which ingest and generation need)."""
+    """The model with transformers' tokenizer (it renders chat templates, which ingest and
+    generation need); its facts are cached for ``description.describe``."""
     name = model_name(name)
     folder = model_folder(name)
     tokenizer = tok.load_full(name)
     model = causal_lm(name, folder)
     _check_cache_layout(name, model)
-    return LoadedModel(model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None))
+    loaded = LoadedModel(model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None))
+    description.remember(name, loaded.identity, model.config)
+    return loaded
 
 
 @torch.no_grad()

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from kvdb.errors import InvalidArgument
 from kvdb.index.phrase import Hit
 from kvdb.index.trie import TrieView
-from kvdb.records import Conversation, ConversationHistory, DeletedConversation, Session, Version
+from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, Session, Version
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
-from kvdb.storage.base import DeleteConversation, RenameConversation, SessionRow
+from kvdb.storage.base import ConversationFilter, DeleteConversation, RenameConversation, SessionRow
 
 TITLE_CHARS = 200
 
@@ -28,29 +28,46 @@ class Conversations:
         self._storage = storage
         self._reader = reader
 
-    def listed(self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None) -> list[Conversation]:
+    def listed(
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Conversation]:
         """Every conversation as its latest state, the most recently updated first; ``agent`` is
         its format, ``project`` its folder or a folder it is inside, and ``since`` and ``until``
-        bound the day its latest version was said (``Session.said_at``; both included)."""
-        grouped: dict[str, list[SessionRow]] = {}
-        for row in self._storage.list_sessions():  # oldest first
-            grouped.setdefault(row.conversation_id, []).append(row)
-        titles, extended = self._storage.conversation_titles(), self._storage.extended_sessions()
+        bound the day its latest version was said (``Session.said_at``; both included). ``limit``
+        and ``offset`` page it."""
+        return self.page(agent, project, since, until, limit, offset).conversations
+
+    def page(
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> ConversationPage:
+        """``listed``'s page and how many the filters admit in all. The filters, the order and the
+        page are the storage's query, on one row a conversation: only the page's conversations are
+        built here (their branches need the trie), never every session of the archive."""
+        found = self._storage.conversations_page(ConversationFilter(agent, project, since, until), limit, offset)
         out = []
-        for rows in grouped.values():
+        for rows in found.versions:
             followed = _followed(rows)
             continued = _continued(rows, self._sharing(rows)) if any(_part(r).get("number") == 1 for r in rows) else set()
-            ends = sum(r.session_id not in extended and r.session_id not in followed and i not in continued for i, r in enumerate(rows))
-            conversation = _conversation(rows, titles, ends)
-            if _admits(conversation, agent, project, since, until):
-                out.append(conversation)
-        return sorted(out, key=lambda c: (c.latest.created_at, c.conversation_id), reverse=True)
+            ends = sum(r.session_id not in found.extended and r.session_id not in followed and i not in continued for i, r in enumerate(rows))
+            out.append(_conversation(rows, found.titles, ends))
+        return ConversationPage(out, found.total, max(offset, 0))
 
     def scope(self, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> set[str] | None:
         """The conversations these filters admit (as ``listed``), for a search to keep to; None: no filter."""
-        if agent is None and project is None and since is None and until is None:
-            return None
-        return {c.conversation_id for c in self.listed(agent, project, since, until)}
+        admits = ConversationFilter(agent, project, since, until)
+        return None if admits.admits_all else set(self._storage.conversation_ids(admits))
 
     def history(self, ref: str) -> ConversationHistory:
         """A conversation (named by any of its versions, its id or its title) and its versions."""
@@ -74,7 +91,7 @@ class Conversations:
         return lambda a, b: max((end for node, end in paths[a].items() if node in paths[b]), default=0)
 
     def rename(self, ref: str, title: str | None) -> Conversation:
-        """``title`` None or empty: named by its first version again."""
+        """``title`` None or empty: called by its file's title (or its first version's name) again."""
         if title is not None and len(title) > TITLE_CHARS:
             raise InvalidArgument(f"a title has at most {TITLE_CHARS} characters; this one has {len(title)}")
         rows = self._rows(ref)
@@ -89,13 +106,6 @@ class Conversations:
 
     def _rows(self, ref: str) -> list[SessionRow]:
         return self._storage.conversation_sessions(self._reader.resolve(ref).conversation_id)
-
-
-def _admits(conversation: Conversation, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> bool:
-    """``project``: its folder or one inside it."""
-    day = conversation.latest.said_at.date()
-    inside = project is None or (conversation.project is not None and (conversation.project + "/").startswith(project.rstrip("/") + "/"))
-    return (agent is None or conversation.agent == agent) and inside and (since is None or day >= since) and (until is None or day <= until)
 
 
 def _part(row: SessionRow) -> dict:
@@ -122,23 +132,29 @@ def _followed(rows: list[SessionRow]) -> set[str]:
 
 
 def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:
-    """A conversation of these versions (oldest first), named by its title or its first version's
-    name, about the first folder a version records (``Session.project``)."""
+    """A conversation of these versions (oldest first), named by its title, else the title the
+    latest version that records one took from its file (``Session.title``: a log grows its summary
+    after its first prompt; a fork ``kvdb serve`` archives records none), else its first version's
+    name; about the first folder a version records (``Session.project``), begun when its first
+    version's file says."""
     first = Session.from_row(rows[0])
     conversation_id = rows[0].conversation_id
     project = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)  # a version archived before cwd was read has none
-    return Conversation(
-        conversation_id, titles.get(conversation_id, first.name), Session.from_row(rows[-1]), first.created_at, len(rows), branches, first.agent, project
-    )
+    title = titles.get(conversation_id) or next((r.metadata["title"] for r in reversed(rows) if _titled(r.metadata)), first.name)
+    return Conversation(conversation_id, title, Session.from_row(rows[-1]), first.started_at, len(rows), branches, first.agent, project)
+
+
+def _titled(metadata: dict) -> bool:
+    return isinstance(metadata.get("title"), str) and bool(metadata["title"])
 
 
 def labelled(hits: list[Hit], view: TrieView, titles: dict[str, str]) -> list[Hit]:
     """The hits, each with its conversation and that conversation's title (``titles``: those
-    renamed; the others are called by their first version's name)."""
+    renamed; the others are called as ``_conversation`` calls them)."""
     out = []
     for hit in hits:
         conversation = view.conversations.get(hit.session_id, hit.session_id)
-        title = titles.get(conversation) or view.first_names.get(conversation, hit.name)
+        title = titles.get(conversation) or view.latest_titles.get(conversation, hit.name)
         out.append(dataclasses.replace(hit, conversation_id=conversation, title=title))
     return out
 

@@ -36,17 +36,18 @@ from kvdb.services.tier_l import TierL
 from kvdb.services.write_compute import Computed, WriteCompute
 from kvdb.services.write_plan import Planned, SessionPlan, plan_parts, plan_session
 from kvdb.storage import Storage
-from kvdb.storage.base import AddTiers, SessionWrite
-from kvdb.tiers import TIERS, parse_keep
+from kvdb.storage.base import AddTiers, Queue, SessionWrite
+from kvdb.storage.edits import SEMANTIC_WORK
+from kvdb.tiers import MODEL_TIERS, TIERS, Tier, parse_keep
 from kvdb.transcripts.redaction import redacted
 
 if TYPE_CHECKING:
-    from kvdb.services.semantic_tier import SemanticTier
     from kvdb.services.tier_k import TierK
 
 # progress(done, planned): tokens just archived, and tokens newly known to be coming (a file's
 # sessions are counted once they are tokenized), so a progress bar can show a total.
 Progress = Callable[[int, int], None]
+Heard = Callable[[list[IngestResult]], None]
 # The most bytes of a file one session may take: a session is held in memory whole while it is
 # parsed and rendered (a longer one than the model's context is archived in parts), so larger
 # ones are refused before they are read.
@@ -61,7 +62,7 @@ class Ingester:
         models: ModelProvider,
         tier_l: TierL,
         tier_k: Callable[[], TierK],
-        semantic: Callable[[], SemanticTier],
+        compute: WriteCompute,
         indexes: Indexes,
         prefix_cache: PrefixCache,
     ):
@@ -71,7 +72,7 @@ class Ingester:
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
         self._indexes = indexes
         self._prefix_cache = prefix_cache
-        self._compute = WriteCompute(storage, tier_l, tier_k, semantic, prefix_cache)
+        self._compute = compute  # shared with ``kvdb upkeep``: the model runs in one place on the write path
         self._claims = InputClaims(storage)
         # (session id, ids, cache, its path's nodes deepest first) of the last growing conversation, saved on close
         self._pending_prefix: tuple[str, np.ndarray, object, list[tuple[str, int]]] | None = None
@@ -97,28 +98,28 @@ class Ingester:
         kv_preset: str = DEFAULT_NAME,
         conversation: str | None = None,
         redact: bool = False,
+        heard: Heard | None = None,
     ) -> list[IngestResult]:
+        """``heard``: each file's results once they are committed (a caller that reports as it goes)."""
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
         if (computed is not None or conversation is not None) and source is not None:
             raise InvalidArgument("computed= and conversation= go with one session, given as text= or messages=")
         self._storage.check_writable()
         optional = parse_keep(keep)
-        if text is not None:
-            return self._ingest_source(
-                lambda: [transcripts.transcript_from_text(text, name or "text")], optional, kv_preset, progress, computed, keep_cache, conversation, redact
-            )
+        given = [transcripts.transcript_from_text(text, name or "text")] if text is not None else None
         if messages is not None:
-            return self._ingest_source(
-                lambda: [transcripts.transcript_from_messages(messages, name or "messages")],
-                optional,
-                kv_preset,
-                progress,
-                computed,
-                keep_cache,
-                conversation,
-                redact,
-            )
+            given = [transcripts.transcript_from_messages(messages, name or "messages")]
+        try:
+            if given is not None:
+                return self._ingest_source(lambda: given, optional, kv_preset, progress, computed, keep_cache, conversation, redact)
+            return self._ingest_paths(source, optional, kv_preset, progress, keep_cache, strict, redact, heard or (lambda results: None))
+        finally:
+            self._storage.release()  # done writing: other processes need not wait for this object's next call
+
+    def _ingest_paths(
+        self, source, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool, redact: bool, heard: Heard
+    ) -> list[IngestResult]:
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
         found: list[Path] = []
@@ -127,8 +128,11 @@ class Ingester:
                 found += transcripts.find_transcript_files([given])
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
+        heard(results)
         for path in dict.fromkeys(found):
-            results.extend(self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact))
+            committed = self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact)
+            heard(committed)
+            results.extend(committed)
         return results
 
     def _ingest_file(
@@ -167,11 +171,11 @@ class Ingester:
 
     def prepare(self, keep, kv_preset: str = DEFAULT_NAME) -> tuple[Any, str | None]:
         """(the model, tier K's codebook id of ``kv_preset`` if ``keep`` asks for tier K): the
-        archive's writes that come before any session's (the model's row; the shipped codebooks'
+        model's description alone where ``keep`` asks for no tier only it makes. The archive's writes that come before any session's (the model's row; the shipped codebooks'
         reference, built on this machine's first use), done at once. A server calls it at start,
         to fail there."""
         optional = parse_keep(keep)
-        loaded = self._models.get()
+        loaded = self._models.get() if optional & MODEL_TIERS else self._models.described()
         presets.resolve(kv_preset, loaded.identity.weights_hash)  # a bad preset refused before any write
         self._models.register()
         books = self._tier_k().ensure_codebooks(loaded.identity.model_id, kv_preset) if "kv" in optional else None
@@ -193,7 +197,7 @@ class Ingester:
         before the first write: a failure anywhere writes nothing."""
         items = [redacted(t) for t in sessions()] if redact else list(sessions())
         loaded, books = self.prepare(optional, kv_preset)
-        context = self._models.context_tokens(loaded)
+        context = loaded.context_tokens
         model_id = loaded.identity.model_id
         planned = [part for item in items for part in plan_parts(loaded.tokenizer, model_id, item, context)]  # all before the first write
         if computed is not None and len(planned) > 1:
@@ -201,23 +205,31 @@ class Ingester:
         if progress:
             progress(0, sum(len(p.ids) for p in planned))
         results = []
-        try:
+        queued = (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()  # embedded later, newest first: the embedder's pass is no ingest's
+        with self._storage.batch():  # the source's sessions in one transaction (committed early when the lock is let go)
             for one in planned:
-                result = self._archive(loaded, one, optional, books, computed, keep_cache, conversation)
+                result = self._archive(loaded, one, optional - {Tier.SEMANTIC}, books, computed, keep_cache, conversation, queued)
                 results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)
                 if progress:
                     progress(len(one.ids), 0)
-        finally:
-            self._storage.release()  # done writing: other processes need not wait for this object's next call
+                self._storage.before_compute(short=True)  # a hold past HOLD_SECONDS lets readers in (and commits)
         return results
 
     def _archive(
-        self, loaded, planned: Planned, keep: frozenset[str], books: str | None, computed: Computed | None, keep_cache: bool, conversation: str | None
+        self,
+        loaded,
+        planned: Planned,
+        keep: frozenset[str],
+        books: str | None,
+        computed: Computed | None,
+        keep_cache: bool,
+        conversation: str | None,
+        queued: tuple[str, ...],
     ) -> IngestResult:
         """Store only what the trie does not hold yet, computing the model only over it; then give
         the session's path the tiers it lacks. One loop: each turn plans against the archive as
         it stands, computes what the plan asks for (unless the last turn's plan asked the same),
-        and commits; a commit refused as stale plans again."""
+        and commits; a commit refused as stale plans again. ``queued``: work left for upkeep."""
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
@@ -239,7 +251,10 @@ class Ingester:
             if plan.done:
                 break
             if work is None or work[0] != plan.key:
-                work = (plan.key, *self._computed(loaded, plan, planned, books, computed, cache, conversation))
+                edit, joining, cache = self._computed(loaded, plan, planned, books, computed, cache, scored=keep_cache)
+                if isinstance(edit, SessionWrite):
+                    edit = dataclasses.replace(edit, conversation=conversation, queued=queued)
+                work = (plan.key, edit, joining, cache)
             _, edit, joining, cache = work
             try:
                 self._commit(loaded, edit, joining, plan.version)
@@ -249,11 +264,15 @@ class Ingester:
             if plan.match is not None:
                 status, new_tokens = IngestStatus.INGESTED, len(ids) - plan.match.matched
                 self._keep_prefix(plan, cache, now=keep_cache)
+                if not any(keep - n.keep for n in plan.path):  # its path had every tier asked for: nothing to add
+                    break
             else:
                 added = tuple(t for t in TIERS if any(t in tiers for _, tiers in plan.lacking))
                 status = IngestStatus.UPDATED if status == IngestStatus.UNCHANGED else status
         else:
             raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again")
+        if status != IngestStatus.INGESTED and SEMANTIC_WORK in queued and any(Tier.SEMANTIC not in n.keep for n in plan.path):
+            self._storage.apply(Queue([plan.session_id], SEMANTIC_WORK))  # archived before without it: embedded later too
         seconds = time.perf_counter() - began
         return IngestResult(
             plan.session_id,
@@ -268,14 +287,16 @@ class Ingester:
             part=planned.part.get("number"),
         )
 
-    def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, conversation: str | None) -> tuple:
+    def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, scored: bool) -> tuple:
         """(the edit, the nodes joining the search index, the session's cache) of ``plan``;
-        ``conversation``: the one the session continues, where its writer knows it."""
+        ``scored``: the model's pass made now, not queued (a server keeps each exchange's cache)."""
+        if plan.runs_model or scored:
+            loaded = self._models.get()
         if plan.match is not None:
-            work = self._compute.session(loaded, planned, plan, books, computed)
+            work = self._compute.session(loaded, planned, plan, books, computed, score=scored)
             node = work.write.node
             joining = {node.node_id: (node.tokens, plan.ids[: plan.match.matched])} if node is not None and "search" in node.keep else {}
-            return dataclasses.replace(work.write, conversation=conversation), joining, work.cache
+            return work.write, joining, work.cache
         return self._compute.tiers(loaded, plan, books, cache)
 
     def _index_ready(self, loaded, keep: frozenset[str]) -> None:
@@ -312,4 +333,4 @@ class Ingester:
 
 
 def _alphabet(loaded) -> int:
-    return max(loaded.model.config.vocab_size, len(loaded.tokenizer))
+    return max(loaded.vocab_size, len(loaded.tokenizer))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvdb.codecs import presets
 from kvdb.model.prefix_cache import PrefixCache
-from kvdb.records import CodebookSet, CodebookSource, Stats
+from kvdb.records import CodebookSet, CodebookSource, Pending, Stats
 from kvdb.services import shipped_codebooks
 from kvdb.storage import Storage
 
@@ -41,6 +41,7 @@ class Inventory:
             counts["codebook_bytes"],
             sum(c.centroid_bytes for c in self.codebooks() if c.source is CodebookSource.SHIPPED),
             self._kv_bytes_by_preset(),
+            Pending.from_counts(self._storage.pending_counts()),
         )
 
     def _kv_bytes_by_preset(self) -> dict[str, int]:

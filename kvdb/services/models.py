@@ -9,12 +9,10 @@ import dataclasses
 import os
 
 from kvdb.errors import ModelMismatch
-from kvdb.model import identity, source
+from kvdb.model import description, identity, source
 from kvdb.model import tokenizer as tok
 from kvdb.storage import Storage
 from kvdb.storage.base import PutModel, SessionRow
-
-DEFAULT_CONTEXT_TOKENS = 8192  # for a model config that does not say
 
 
 class ModelProvider:
@@ -29,6 +27,7 @@ class ModelProvider:
         self._full_tokenizer = None  # transformers' tokenizer without the model, once a chat template had to be read
         self._placed = False  # whether the model's identity in this archive was looked up
         self._registered = False
+        self._described = None  # description.Described, while the weights are not needed
 
     @property
     def loaded(self):
@@ -53,7 +52,7 @@ class ModelProvider:
 
     def register(self) -> None:
         """Record the model in the archive: the write path does, before its first write that uses it."""
-        loaded = self.get()
+        loaded = self.described()
         if not self._registered:
             self._storage.apply(PutModel(loaded.identity))
             self._registered = True
@@ -107,6 +106,14 @@ class ModelProvider:
             return f"<{len(ids)} tokens of model {row.name}>"
         return tok.decode(tokenizer, ids)
 
-    @staticmethod
-    def context_tokens(loaded) -> int:
-        return int(getattr(loaded.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS)
+    def described(self):
+        """The model's facts without its weights (``kvdb.model.description``): the loaded model
+        where it is loaded already; what the token tiers' write path runs on."""
+        if self._loaded is not None:
+            return self.get()
+        if self._described is None:
+            described = description.describe(self.name)
+            if described is None:  # never loaded on this machine: loading it learns (and caches) its facts
+                return self.get()
+            self._described = dataclasses.replace(described, identity=identity.in_archive(self._storage, described.identity))
+        return self._described

@@ -124,36 +124,44 @@ class Reader:
         return self._tier_l.session_tokens(row, path, end)[start:]
 
     def logprobs(self, ref: str) -> np.ndarray:
-        """Natural-log probability of each token under the archive's model, as computed at ingest
-        (or, for a session held in tier L, computed again from its decoded tokens)."""
+        """Natural-log probability of each token under the archive's model, as stored by the
+        model's pass (computed now, and not stored, where that pass is still pending or the
+        session is held in tier L)."""
         row = self.resolve(ref)
         path = self._storage.node_path(row.session_id)
-        if all("tokens" in n.keep for n in path):
-            return self._storage.load_logprobs(row.session_id)
-        from kvdb.model import loading as lm_ops
-
-        return lm_ops.score(self._models.for_session(row).model, self.path_tokens(row, path=path))[0]
+        stored = self._storage.load_logprobs(row.session_id) if all("tokens" in n.keep for n in path) else None
+        return stored if stored is not None else self._scored(row, path, row.n_tokens)
 
     def prefix_bits(self, a: str, b: str) -> float:
         """d_T(a, b) = -log2 P_M(shared prefix): the information content of what the sessions
-        share, a sum of the log-probabilities stored at ingest along their common trie path."""
-        path_a = self._storage.node_path(self.resolve(a).session_id)
+        share, a sum of the log-probabilities stored along their common trie path."""
+        row = self.resolve(a)
+        path_a = self._storage.node_path(row.session_id)
         on_b = {n.node_id for n in self._storage.node_path(self.resolve(b).session_id)}
         shared = [n for n in path_a if n.node_id in on_b]  # nodes two sessions share hold their log-probabilities
-        return bits(self._storage.load_logprobs(shared[-1].node_id)) if shared else 0.0
+        if not shared:
+            return 0.0
+        stored = self._storage.load_logprobs(shared[-1].node_id)
+        return bits(stored if stored is not None else self._scored(row, path_a, shared[-1].end))
+
+    def _scored(self, row: SessionRow, path: list[NodeRow], end: int) -> np.ndarray:
+        """The first ``end`` tokens' log-probabilities, by the model now (a read: nothing stored)."""
+        from kvdb.model import loading as lm_ops
+
+        return lm_ops.score(self._models.for_session(row).model, self.path_tokens(row, end=end, path=path))[0]
 
     def prefixes(self, words: int | None = None) -> list[Prefix]:
         """Every prefix two or more sessions share, with its length, bits and text (whole, as
         archived; the first ``words`` words with spaces folded where asked, the 0.1 shape)."""
         out = []
         for node in self._storage.shared_nodes():
-            logprobs = self._storage.load_logprobs(node.node_id)
+            logprobs = self._storage.load_logprobs(node.node_id)  # None: pending (``kvdb upkeep``)
             if words is None:
                 text = self._models.text_of_tokens(node.model_id, self._storage.load_tokens(node.node_id, 0, node.end))
             else:
                 head = self._storage.load_tokens(node.node_id, 0, min(node.end, 4 * words))
                 text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
-            out.append(Prefix(node.node_id, node.end, bits(logprobs), node.refcount, text))
+            out.append(Prefix(node.node_id, node.end, None if logprobs is None else bits(logprobs), node.refcount, text))
         return out
 
 

@@ -114,13 +114,15 @@ class Searcher:
             view = self._trie_view()
             owned = self._derived.get(f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool))  # runs some session uses
             runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))  # node id -> first slot
+            scoping = session is not None or within is not None
+            at = self._derived.get(f"{key}:at", lambda: {str(n): i for i, n in enumerate(slots.node_ids)}) if scoping else {}  # node id -> its run
         if not len(slots.first):
             return None
         scoped = scoped_owners(view, self._reader, session, within)
         owners = view.owner if scoped is None else scoped
-        if scoped is not None:  # hits are reported in this session, or in those conversations
-            keep = np.array([nid in owners for nid in slots.node_ids], dtype=bool)
-            if not keep.any():
+        if scoped is not None:  # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass over all
+            keep = np.sort(np.fromiter((at[n] for n in owners if n in at), dtype=np.int64))
+            if not len(keep):
                 return None
             slots, owned = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]), owned[keep]
         sessions_of = lambda node_ids: {n: owners[n] for n in node_ids if n in owners}  # noqa: E731

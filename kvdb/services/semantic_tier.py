@@ -30,6 +30,7 @@ from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
 from kvdb.storage.base import Chunks
+from kvdb.storage.edits import SEMANTIC_WORK
 
 if TYPE_CHECKING:
     from kvdb.model.embedder import Embedder
@@ -73,6 +74,12 @@ class SemanticTier:
             Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], node_vectors) for (spans, _), node_vectors in zip(held, np.split(vectors, cuts))
         ]
 
+    def _no_tier(self) -> str:
+        waiting = self._storage.pending_counts().get(SEMANTIC_WORK)
+        if waiting:  # ingested with it, not embedded yet
+            return f"no session is embedded yet: {waiting[0]} sessions ({waiting[1]} tokens) wait for it; run `kvdb upkeep` (watch and serve embed when idle)"
+        return _NO_TIER
+
     def search(self, query: str, k: int = 10, session: str | None = None, within: set[str] | None = None) -> list[Hit]:
         """The sessions whose chunks best match ``query``, one hit per session at its best chunk:
         the chunk's cosine to the query and its words' BM25 score, each scaled to [0, 1] over
@@ -83,7 +90,7 @@ class SemanticTier:
         with self._derived.pinned():  # one version for the embedders, the trie and the index; each read again only when it moves
             embedded_with = self._derived.get("embedders", self._storage.chunk_embedders)  # a scan of every chunk row
             if not embedded_with:  # said before the embedder loads
-                raise TierMissing(_NO_TIER)
+                raise TierMissing(self._no_tier())
             embedder = self._embedder()
             if embedder.embedder_id not in embedded_with:
                 raise InvalidArgument(
@@ -93,7 +100,7 @@ class SemanticTier:
             view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
             table = self._derived.get(("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view))
         if table is None:
-            raise TierMissing(_NO_TIER)
+            raise TierMissing(self._no_tier())
         query_vector = embedder.embed([query], kind="query")
         owner_of = scoped_owners(view, self._reader, session, within)
         if owner_of is None:

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvdb.errors import ArchiveLocked, InvalidArgument, TranscriptError
@@ -30,18 +31,61 @@ from kvdb.transcripts.files import SUPPORTED_SUFFIXES, find_transcript_files
 log = logging.getLogger("kvdb.watch")
 LOCKED_RETRY_S = 1.0  # a pass the archive's lock refused is tried again after this
 DEBOUNCE_MS = 200  # changes gathered into one pass: an agent writes a turn's lines within milliseconds
-# Where each agent writes its logs, under the user's home (overridden by the paths given)
+IDLE_MS = 2000  # no change this long: the watcher starts the archive's queued work (kvdb upkeep) beside it
+
+
+@dataclass(frozen=True)
+class AgentHome:
+    """Where an agent keeps its logs, found as the agent itself finds them: its own variable
+    moves them (and lets a test point them at a temporary folder)."""
+
+    variable: str  # the environment variable the agent reads for its home
+    moved: str  # its home under that variable's folder
+    homes: tuple[str, ...]  # its homes without the variable: the first is named when none exists
+    logs: tuple[str, ...]  # the folders of its logs in its home
+
+
 AGENT_FOLDERS = {
-    "claude-code": "~/.claude/projects",  # PROJECT/SESSION.jsonl
-    "codex": "~/.codex/sessions",  # YYYY/MM/DD/rollout-*.jsonl
-    "gemini": "~/.gemini/tmp",  # PROJECT_HASH/chats/session-*.json(l)
+    "claude-code": AgentHome("CLAUDE_CONFIG_DIR", ".", ("~/.claude", "~/.config/claude"), ("projects",)),  # PROJECT/SESSION.jsonl
+    "codex": AgentHome("CODEX_HOME", ".", ("~/.codex",), ("sessions", "archived_sessions")),  # YYYY/MM/DD/rollout-*.jsonl
+    "gemini": AgentHome("GEMINI_CLI_HOME", ".gemini", ("~/.gemini",), ("tmp",)),  # PROJECT_HASH/chats/session-*.json(l)
 }
 
 
 def agent_folders(agent: str) -> list[Path]:
+    """Every folder where ``agent`` may have written its logs, whether or not it exists."""
     if agent not in AGENT_FOLDERS:
         raise InvalidArgument(f"unknown agent {agent!r}; --from takes {', '.join(AGENT_FOLDERS)}")
-    return [Path(AGENT_FOLDERS[agent]).expanduser()]
+    home = AGENT_FOLDERS[agent]
+    moved = os.environ.get(home.variable)
+    homes = [Path(moved).expanduser() / home.moved] if moved else [Path(h).expanduser() for h in home.homes]
+    return [h / logs for h in homes for logs in home.logs]
+
+
+def agent_sources(agent: str | None, paths: Iterable[str | Path] = (), *, follow: bool = False) -> list[str | Path]:
+    """What ``ingest`` (and with ``follow``, ``watch``) reads: ``paths``, and with ``agent`` the
+    folders of that agent that exist. An ingest given ``paths`` reads them alone (a copy of the
+    agent's folder, from a backup or another machine, is no reason to read this machine's too);
+    a watcher follows both, since it is meant to catch everything the agent writes from now on,
+    and leaves out an agent folder that does not exist yet. Refused before anything opens: an
+    agent without ``paths`` whose folders are all missing, which names them and what to do."""
+    given = list(paths)  # as typed: a file's errors name it so
+    if agent is None:
+        if not given:
+            raise InvalidArgument(f"give the files or folders to read, or --from {'|'.join(AGENT_FOLDERS)} for an agent's own")
+        return given
+    if given and not follow:
+        return given
+    folders = agent_folders(agent)
+    found = [f for f in folders if f.exists()]
+    if not found and not given:
+        home = AGENT_FOLDERS[agent]
+        named = " or ".join(str(f) for f in folders[:: len(home.logs)])  # each home's first folder: where its logs begin
+        raise InvalidArgument(
+            f"no {agent} logs at {named}: {agent} has not run as this user, or keeps them elsewhere; "
+            f"give their folder as PATH (--from {agent} PATH), or set {home.variable} as {agent} itself reads it"
+        )
+    return [*given, *found]
 
 
 Ingest = Callable[[Path], list[IngestResult]]
@@ -78,9 +122,17 @@ class Watching:
             self._storage.release()  # between passes, other processes read (and write) the archive
         return results
 
-    def follow(self, roots: Iterable[str | Path], ingest: Ingest, stop: threading.Event, heard: Callable[[list[IngestResult]], None]) -> None:
+    def follow(
+        self,
+        roots: Iterable[str | Path],
+        ingest: Ingest,
+        stop: threading.Event,
+        heard: Callable[[list[IngestResult]], None],
+        idle: Callable[[], None] | None = None,
+    ) -> None:
         """A pass over ``roots``, then one for the files each change touches, until ``stop`` is set;
-        ``heard`` is given each pass's results."""
+        ``heard`` is given each pass's results; ``idle()`` is called after ``IDLE_MS`` without a
+        change (the watcher starts ``kvdb upkeep`` beside it then)."""
         from watchfiles import watch  # imported by the watcher alone
 
         folders = _existing(roots)
@@ -95,10 +147,23 @@ class Watching:
                     stop.wait(LOCKED_RETRY_S)
 
         attempt(None)
-        for changes in watch(*folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False):
+        changes_or_idle = watch(
+            *folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False, rust_timeout=IDLE_MS, yield_on_timeout=True
+        )
+        for changes in changes_or_idle:
             touched = {path for path in (Path(p).resolve() for _, p in changes) if _listed(path, folders)}
             if touched:  # those files alone: the folders are not walked again at each change
                 attempt(touched)
+            elif not changes and idle is not None:
+                self._idle(idle)
+
+    def _idle(self, idle: Callable[[], None]) -> None:
+        try:
+            idle()
+        except ArchiveLocked as exc:  # another process writes: the work waits for the next idle moment
+            log.warning("%s; the queued work waits", exc)
+        finally:
+            self._storage.release()
 
 
 def _one(path: Path, stat: os.stat_result, ingest: Ingest) -> list[IngestResult]:

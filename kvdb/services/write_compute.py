@@ -24,7 +24,7 @@ from kvdb.model.prefix_cache import PrefixCache
 from kvdb.services.tier_l import RECENT_CACHE_TOKENS, TierL
 from kvdb.services.write_plan import Planned, SessionPlan
 from kvdb.storage import Storage
-from kvdb.storage.base import AddTiers, NewNode, NodeTiers, SessionRow, SessionWrite, utc_now
+from kvdb.storage.base import AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is
     from kvdb.services.semantic_tier import SemanticTier
@@ -58,7 +58,7 @@ class SessionWork:
     the prefix cache)."""
 
     write: SessionWrite
-    cache: Any  # a transformers DynamicCache
+    cache: Any  # a transformers DynamicCache; None where the model did not run
 
 
 class WriteCompute:
@@ -70,9 +70,10 @@ class WriteCompute:
         self._prefix_cache = prefix_cache
         self._recent: tuple[np.ndarray, object] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
 
-    def session(self, loaded, planned: Planned, plan: SessionPlan, books: str | None, given: Computed | None = None) -> SessionWork:
+    def session(self, loaded, planned: Planned, plan: SessionPlan, books: str | None, given: Computed | None = None, score: bool = False) -> SessionWork:
         """The write of a session the trie does not hold: its new node (and the split of the node
-        it leaves), computed over what is new only. ``books``: tier K's codebook id."""
+        it leaves), computed over what is new only. ``books``: tier K's codebook id. The model's
+        pass is made where the plan needs it, a caller's own is given, or ``score`` asks."""
         match, ids, keep = plan.match, plan.ids, plan.keep
         assert match is not None  # a plan for a new session
         model_id = loaded.identity.model_id
@@ -83,7 +84,9 @@ class WriteCompute:
             split_kv = self._tier_k().cut(match.node, match.offset)
         resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
-        self._storage.before_compute(short=len(ids) - first < SHORT_WORK_TOKENS and "lm" not in keep)  # reads done: the model's work needs no file
+        scoring = (plan.runs_model or given is not None or score) and first < len(ids)  # else the model's pass is queued (pending_work)
+        short = (len(ids) - first < SHORT_WORK_TOKENS or not scoring) and "lm" not in keep and not ("semantic" in keep and len(ids) >= SHORT_WORK_TOKENS)
+        self._storage.before_compute(short=short)  # reads done: the model's work needs no file
         split, parent_id, lm_context = None, None, None
         if plan.splits:
             parent_id = trie.path_id(model_id, ids[: match.matched])
@@ -92,20 +95,21 @@ class WriteCompute:
                 split = dataclasses.replace(split, kv_head=split_kv[0], kv_tail=split_kv[1])
         elif match.node is not None:
             parent_id = match.node.node_id
-        logprobs, cache = self._score(loaded, ids, first, resumable, given) if first < len(ids) else (np.zeros(0, np.float32), None)
-        tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in plan.back}
+        logprobs, cache = self._score(loaded, ids, first, resumable, given) if scoring else (None, None)
+        tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in plan.back if logprobs is not None}
         node = None
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in keep else None
             kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in keep else None
             chunks = self._semantic().chunks(loaded.tokenizer, ids, [(match.matched, len(ids))])[0] if "semantic" in keep else None
-            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], logprobs[match.matched - first :], keep, payload, kv, chunks)
+            scored = None if logprobs is None else logprobs[match.matched - first :]
+            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], scored, keep, payload, kv, chunks)
         item = planned.item
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:
             metadata["text"] = item.text  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
         row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
-        alphabet = max(loaded.model.config.vocab_size, len(loaded.tokenizer))
+        alphabet = max(loaded.vocab_size, len(loaded.tokenizer))
         return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache)
 
     def tiers(self, loaded, plan: SessionPlan, books: str | None, cache=None) -> tuple[AddTiers, dict, object]:
@@ -117,7 +121,7 @@ class WriteCompute:
         nodes = [n for n, _ in plan.lacking]
         back, lm, kv, semantic = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv", "semantic"))
         scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
-        self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
+        self._storage.before_compute(short=not lm and not ((scoring or semantic) and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:
             first = min((n.start for n in back), default=len(ids))
@@ -133,6 +137,14 @@ class WriteCompute:
                 given[n.node_id]["chunks"] = chunks
         joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
         return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
+
+    def owed(self, loaded, ids: np.ndarray, path: list[NodeRow], unscored: list[NodeRow]) -> tuple[dict[str, np.ndarray], Any]:
+        """The model's pass that an ingest without it queued (``kvdb upkeep``): log-probabilities
+        of the ``unscored`` nodes of a session's ``path``, and the cache of all its ``ids``."""
+        at = min([len(ids) - 1] + [n.start for n in unscored])  # one position at least: the pass leaves the whole cache
+        self._storage.before_compute()
+        logprobs, cache = self._score(loaded, ids, at, trie.ends_deepest_first(path))
+        return {n.node_id: logprobs[n.start - at : n.end - at] for n in unscored}, cache
 
     def _score(self, loaded, ids: np.ndarray, start: int, resumable: list[tuple[str, int]], given: Computed | None = None):
         """Log-probabilities of ids[start:] and the cache of all of ``ids``: taken from ``given``

@@ -22,6 +22,7 @@ from kvdb.model import chat
 from kvdb.model import tokenizer as tok
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow
+from kvdb.tiers import MODEL_TIERS
 from kvdb.transcripts import Transcript
 
 
@@ -73,6 +74,17 @@ class SessionPlan:
     @property
     def splits(self) -> bool:
         return self.match is not None and self.match.node is not None and self.match.offset < self.match.node.n_tokens
+
+    @property
+    def runs_model(self) -> bool:
+        """Whether the write needs the model now: a tier only it makes, or tier L to decode or
+        code again on the way (a node held there alone that the session runs through or gets
+        back, a node with tier L or K that the session cuts). Else the tokenizer is enough."""
+        if self.match is None:
+            return any(tiers & (MODEL_TIERS | {"tokens"}) for _, tiers in self.lacking)
+        node = self.match.node
+        cuts = self.splits and node is not None and bool(node.keep & MODEL_TIERS)
+        return bool(self.keep & MODEL_TIERS) or bool(self.back) or cuts
 
     @property
     def key(self) -> tuple:

@@ -8,7 +8,8 @@ again only over what the chat template adds after the reply, so no request waits
 model is held only for an exchange computed whole: one replayed from the journal, or one kept
 with tier L or K), and the ingest keeps the exchange's exact cache in the prefix cache. Only then is the entry deleted: whenever the
 process dies, an exchange is in the journal, in the archive, or both (archiving it again then
-finds it archived). On stop it finishes the entry in hand and leaves the rest to the next start.
+finds it archived). On stop it finishes the entry in hand and leaves the rest to the next start. Idle, it does
+the work ingest queues (the semantic tier, the model's pass: ``kvdb upkeep``), a session at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kvdb.tiers import parse_keep
 
 log = logging.getLogger("kvdb.serve")
 HANDED_OVER = 4  # exchanges waiting with generation's cache in memory (up to ~46 KB a token each for SmolLM2)
+UPKEEP_AFTER_S = 2.0  # with no exchange to archive this long, the archiver does the archive's queued work
 
 
 class Archiver:
@@ -66,10 +68,28 @@ class Archiver:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            task = self._queue.get()
+            try:
+                task = self._queue.get(timeout=UPKEEP_AFTER_S)
+            except queue.Empty:
+                self._upkeep_while_idle()
+                continue
             if task is None:
                 break
             self._archive_safely(*task)
+
+    def _upkeep_while_idle(self) -> None:
+        """The archive's queued work (``kvdb upkeep``: embedding, the model's pass), a session at
+        a time, while no exchange waits and no request wants the model: a request waits for the
+        session in hand at most, and a read for one archive call."""
+        while not self._stopping.is_set() and self._queue.empty():
+            try:
+                with self._gate.held():
+                    report = self._access(lambda a: a.upkeep(limit=1))
+            except Exception:  # the queue stays for the next idle moment, or `kvdb upkeep`
+                log.exception("upkeep in the server's idle time failed; the work stays queued")
+                return
+            if not (report.embedded.sessions or report.scored.sessions):
+                return
 
     def _archive_safely(self, path: Path, computed: Computed | None = None) -> None:
         try:

@@ -28,7 +28,7 @@ from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelM
 from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
-from kvdb.records import Conversation, ConversationHistory, DeletedConversation, PhraseCount, Session, Stats
+from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, PhraseCount, Session, Stats
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
@@ -257,6 +257,17 @@ class Engine:
         self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None
     ) -> list[Conversation]:
         return self._access(lambda a: a.conversations(agent, project, since, until))
+
+    def conversation_page(
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> ConversationPage:
+        return self._access(lambda a: a.conversation_page(agent, project, since, until, limit, offset))
 
     def conversation(self, ref: str) -> ConversationHistory:
         return self._access(lambda a: a.conversation(ref))

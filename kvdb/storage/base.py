@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 import numpy as np
 
@@ -60,6 +61,62 @@ class SessionRow:
     n_tokens: int
     metadata: dict
     conversation_id: str = ""  # the conversation it is a state of (kvdb.storage.conversation_rows); "" in a row not written yet
+
+
+# What a session says of itself, read from its row (``kvdb.records.Session`` shows them): defined
+# here once, so that the conversations table's columns that listing filters by (kvdb.storage.
+# conversation_rows) hold what a session record says.
+def agent_of(metadata: dict) -> str | None:
+    """What wrote it: the transcript's format."""
+    found = metadata.get("format")
+    return found if isinstance(found, str) else None
+
+
+def cwd_of(metadata: dict) -> str | None:
+    """The working directory its log records."""
+    return str(metadata["cwd"]) if metadata.get("cwd") else None
+
+
+def folder_of(source: str) -> str | None:
+    """Its file's folder; None for text or messages given directly (``<text>``, ``<messages>``)."""
+    return None if source.startswith("<") else str(PurePath(source).parent)
+
+
+def said_at_of(created_at: dt.datetime, metadata: dict) -> dt.datetime:
+    """When it was said: the latest time its log records (``kvdb.transcripts.stamps``), else when
+    it was archived (a chat, a file with no times)."""
+    ended = metadata.get("ended")
+    try:
+        return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else created_at
+    except ValueError:  # not written by kvdb.transcripts.stamps
+        return created_at
+
+
+@dataclass(frozen=True)
+class ConversationFilter:
+    """Which conversations a listing or a search keeps: ``agent`` its first version's format,
+    ``project`` its folder or a folder it is inside, ``since`` and ``until`` (both included) the
+    day its latest version was said."""
+
+    agent: str | None = None
+    project: str | None = None
+    since: dt.date | None = None
+    until: dt.date | None = None
+
+    @property
+    def admits_all(self) -> bool:
+        return self.agent is None and self.project is None and self.since is None and self.until is None
+
+
+@dataclass(frozen=True)
+class ConversationRows:
+    """A page of the conversations a filter admits, the most recently updated first: each one's
+    versions, oldest first, with what its record needs besides (kvdb.services.conversations)."""
+
+    versions: list[list[SessionRow]]
+    total: int  # every conversation the filter admits, this page's and the others'
+    titles: dict[str, str]  # those of these conversations given a title
+    extended: set[str]  # those of these sessions another session runs through
 
 
 @dataclass(frozen=True)
@@ -136,7 +193,7 @@ class NewNode:
     parent_id: str | None
     start: int
     tokens: np.ndarray
-    logprobs: np.ndarray
+    logprobs: np.ndarray | None  # None: the model has not scored them yet (the session's ``pending_work``)
     keep: frozenset[str]  # no default: which tiers a node holds is always the caller's decision
     lm: bytes | None = None
     kv: tuple[str, dict[int, np.ndarray]] | None = None  # (codebook_id, {codebook size: token-major codes})
@@ -156,6 +213,7 @@ class SessionWrite:
     # (node id -> both) from the new session's own: a node two sessions share keeps its tokens.
     tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     conversation: str | None = None  # the conversation it continues, when its writer knows (a server's chat); else the rule decides
+    queued: tuple[str, ...] = ()  # work left for `kvdb upkeep` ("semantic"); "logprobs" is queued wherever its path holds unscored tokens
 
 
 @dataclass(frozen=True)
@@ -235,6 +293,25 @@ class AddTiers:
 
     nodes: dict[str, NodeTiers]
     index: IndexState | None = None
+    done: tuple[str, str] | None = None  # (session id, work): queued work these tiers were, off the queue with them
+
+
+@dataclass(frozen=True)
+class Queue:
+    """Queue ``work`` for these sessions (where it is not queued already)."""
+
+    session_ids: list[str]
+    work: str
+
+
+@dataclass(frozen=True)
+class PutLogprobs:
+    """The model's pass over a queued session: log-probabilities of the nodes on its path that had
+    none (node id -> one per token), and the session taken off the queue. A node another pass
+    scored meanwhile keeps what it has."""
+
+    session_id: str
+    logprobs: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -263,6 +340,8 @@ Plan = (
     | CollectGarbage
     | DropTiers
     | AddTiers
+    | PutLogprobs
+    | Queue
     | ReplaceIndexState
     | ImportRows
 )

@@ -291,6 +291,8 @@ class DuckLake(Engine):
                 conn.execute(statement)
             if "conversation_sessions" in added:
                 _group_conversations(conn)
+            if found < "0012":  # the columns that list conversations in SQL
+                _fill_conversations(conn, altered="conversations" not in added)
             conn.execute("update alembic_version set version_num = ?", [REVISION])
 
     def schema_revision(self) -> str | None:
@@ -353,7 +355,13 @@ def _conflict(exc: duckdb.Error) -> bool:
 
 
 # revision -> the tables the next revisions add (revisions that only add tables upgrade a lake)
-LAKE_UPGRADES = {"0007": ("node_chunks",), "0008": ("conversations", "conversation_sessions"), "0009": ("watched_files",)}
+LAKE_UPGRADES = {
+    "0007": ("node_chunks",),
+    "0008": ("conversations", "conversation_sessions"),
+    "0009": ("watched_files",),
+    "0010": ("pending_work",),
+    "0011": (),
+}
 
 
 def _group_conversations(conn) -> None:
@@ -364,8 +372,18 @@ def _group_conversations(conn) -> None:
     parents = dict(conn.execute("select node_id, parent_id from nodes").fetchall())
     grouped = frozen.groups(sessions, parents)
     if grouped:
-        conn.executemany("insert into conversations values (?, NULL)", [[c] for c in sorted(set(grouped.values()))])
+        conn.executemany("insert into conversations (conversation_id) values (?)", [[c] for c in sorted(set(grouped.values()))])
         conn.executemany("insert into conversation_sessions values (?, ?)", list(grouped.items()))
+
+
+def _fill_conversations(conn, altered: bool) -> None:
+    """Migration 0012 on a lake: the columns added (``altered``: to a table older than them) and filled."""
+    from kvdb_migrations import _frozen_0012_conversation_listing as frozen
+
+    if altered:
+        for name, kind in frozen.COLUMNS:
+            conn.execute(f"alter table conversations add column {name} {kind}")
+    frozen.fill(lambda query, params: conn.execute(query, params).fetchall())
 
 
 def _keyless_tables(only: tuple[str, ...] | None = None) -> list[str]:

@@ -28,6 +28,7 @@ TABLES = (
     "node_lm",
     "node_logprobs",
     "nodes",
+    "pending_work",
     "search_indexes",
     "search_ranges",
     "sessions",
@@ -35,6 +36,8 @@ TABLES = (
     "token_streams",
     "watched_files",
 )
+LOGPROBS_WORK = "logprobs"  # pending_work: the session's path holds tokens the model has not scored
+SEMANTIC_WORK = "semantic"  # pending_work: the session's path lacks the semantic tier it was ingested with
 PAYLOAD_BLOCK = 1 << 20  # bytes per row of an entropy-coded tier K payload
 NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")  # every tier a node can hold
 TIER_TABLES = (
@@ -117,18 +120,21 @@ def logprob_bytes(logprobs: np.ndarray) -> bytes:
     return np.asarray(logprobs, dtype="<f4").tobytes()
 
 
-def token_rows(node_id: str, stream: Stream, tokens: np.ndarray, logprobs: np.ndarray) -> list[Edit]:
-    """Token blocks and log-probabilities of a node whose stream row says how to code them."""
-    if not stream.n_tokens == len(tokens) == len(logprobs):
-        raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs)} log-probabilities)")
+def token_rows(node_id: str, stream: Stream, tokens: np.ndarray, logprobs: np.ndarray | None) -> list[Edit]:
+    """Token blocks and log-probabilities of a node whose stream row says how to code them;
+    ``logprobs`` None: the model has not scored them yet (``pending_work`` says who will)."""
+    if not stream.n_tokens == len(tokens) == (len(tokens) if logprobs is None else len(logprobs)):
+        raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs or ())} log-probabilities)")
     blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
-    return [
-        Insert("token_blocks", [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)]),
-        Insert("node_logprobs", [{"node_id": node_id, "logprobs": logprob_bytes(logprobs)}]),
-    ]
+    rows: list[Edit] = [Insert("token_blocks", [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])]
+    return rows + (logprob_rows(node_id, logprobs) if logprobs is not None else [])
 
 
-def tier_rows(node_id: str, tokens: np.ndarray, logprobs: np.ndarray, alphabet: int, held: bool = True) -> list[Edit]:
+def logprob_rows(node_id: str, logprobs: np.ndarray) -> list[Edit]:
+    return [Insert("node_logprobs", [{"node_id": node_id, "logprobs": logprob_bytes(logprobs)}])]
+
+
+def tier_rows(node_id: str, tokens: np.ndarray, logprobs: np.ndarray | None, alphabet: int, held: bool = True) -> list[Edit]:
     """A node's stream row, and its token blocks and log-probabilities unless it is held in
     tier L only (then both are the model's to recompute: decoding, then scoring)."""
     stream = Stream(alphabet, fractal.DEFAULT_BLOCK, len(tokens))
@@ -212,15 +218,15 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
     the head is shared from now on."""
     node, k = held.node, cut.offset
     keep = node.keep | {"tokens"}
+    logprobs: np.ndarray | None
     if held.tokens is None:
         if cut.tokens is None or cut.logprobs is None:
             raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities")
         tokens, logprobs = np.asarray(cut.tokens), np.asarray(cut.logprobs, dtype=np.float32)
     else:
-        assert held.logprobs is not None  # read with the tokens
-        tokens, logprobs = held.tokens, held.logprobs
+        tokens, logprobs = held.tokens, held.logprobs  # logprobs None: not scored yet, nor will its halves be
     edits: list[Edit] = [Delete(table, "node_id", [node.node_id]) for table in ("token_blocks", "token_streams", "node_logprobs")]
-    edits += tier_rows(node.node_id, tokens[k:], logprobs[k:], alphabet)
+    edits += tier_rows(node.node_id, tokens[k:], None if logprobs is None else logprobs[k:], alphabet)
     head = {
         "node_id": cut.head_id,
         "parent_id": node.parent_id,
@@ -232,7 +238,7 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
         "keep": keep_text(keep),
     }
     edits.append(Insert("nodes", [head]))
-    edits += tier_rows(cut.head_id, tokens[:k], logprobs[:k], alphabet)
+    edits += tier_rows(cut.head_id, tokens[:k], None if logprobs is None else logprobs[:k], alphabet)
     if held.kv is not None:
         codebook_id, streams = held.kv
         edits.append(Delete("node_kv", "node_id", [node.node_id]))

@@ -150,6 +150,14 @@ conversations = sa.Table(
     metadata,
     sa.Column("conversation_id", sa.String, primary_key=True),
     sa.Column("title", sa.String, nullable=True),
+    # What listing filters, orders and pages by in SQL, kept by each write of its sessions (migration 0012):
+    sa.Column("versions", sa.Integer, nullable=True),
+    sa.Column("updated_at", sa.DateTime, nullable=True),  # its latest version's created_at
+    sa.Column("latest_id", sa.String, nullable=True),  # its latest version: the last by (created_at, session_id)
+    sa.Column("said_at", sa.DateTime, nullable=True),  # when its latest version was said (Session.said_at), as its log wrote it, without a zone
+    sa.Column("agent", sa.String, nullable=True),  # its first version's format
+    sa.Column("cwd", sa.String, nullable=True),  # the first working directory a version records
+    sa.Column("folder", sa.String, nullable=True),  # its first version's file's folder; its project: cwd, else this
 )
 
 conversation_sessions = sa.Table(
@@ -170,6 +178,16 @@ watched_files = sa.Table(
     sa.Column("checked_at", sa.DateTime, nullable=False),
     sa.Column("status", sa.String, nullable=False),
     sa.Column("detail", sa.Text, nullable=True),
+)
+
+# Work the model owes a session (kvdb.services.upkeep): "logprobs", the log-probabilities of the
+# nodes on its path that have none (ingest ran no model), with its exact cache warmed on the way.
+pending_work = sa.Table(
+    "pending_work",
+    metadata,
+    sa.Column("session_id", sa.String, primary_key=True),
+    sa.Column("work", sa.String, primary_key=True),
+    sa.Column("queued_at", sa.DateTime, nullable=False),
 )
 
 # Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.

@@ -23,8 +23,10 @@ from kvdb.storage.base import (
     NodeTiers,
     Plan,
     PutCodebooks,
+    PutLogprobs,
     PutModel,
     PutWatchedFiles,
+    Queue,
     RenameConversation,
     ReplaceIndexState,
     SessionWrite,
@@ -79,7 +81,8 @@ def _held(conn, node_id: str) -> edits.Held:
     tokens = logprobs = None
     if "tokens" in node.keep:
         tokens = sql_rows.node_tokens(conn, node_id)
-        logprobs = np.frombuffer(sql_rows.logprobs_blob(conn, node_id), "<f4")
+        blob = sql_rows.logprobs_blob(conn, node_id)
+        logprobs = None if blob is None else np.frombuffer(blob, "<f4")
     return edits.Held(node, tokens, logprobs, sql_rows.kv_streams(conn, node_id), sql_rows.search_run(conn, node_id), sql_rows.chunk_rows(conn, node_id))
 
 
@@ -100,9 +103,29 @@ def _session_write(conn, w: SessionWrite) -> None:
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     run(conn, [edits.Insert("sessions", [_session_values(w.session)])])
     path = [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
-    run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation))
+    run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation) + _owed(conn, w, path))
     if w.index is not None:
         _index_state(conn, w.index)
+
+
+def _owed(conn, w: SessionWrite, path: list[str]) -> list[edits.Edit]:
+    """The work left for `kvdb upkeep`: what the writer queued, and the model's pass where a node
+    on the session's path holds tokens it has not scored."""
+    unscored = conn.execute(f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]).fetchone()[0]
+    work = [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]
+    rows = [{"session_id": w.session.session_id, "work": kind, "queued_at": utc_now()} for kind in work]
+    return [edits.Insert("pending_work", rows)] if rows else []
+
+
+def _queue(conn, plan: Queue) -> None:
+    query = f"select session_id from pending_work where work = ? and session_id {ANY}"
+    queued = {r[0] for r in conn.execute(query, [plan.work, plan.session_ids]).fetchall()} if plan.session_ids else set()
+    rows = [{"session_id": s, "work": plan.work, "queued_at": utc_now()} for s in dict.fromkeys(plan.session_ids) if s not in queued]
+    run(conn, [edits.Insert("pending_work", rows)] if rows else [])
+
+
+def _dequeue(conn, session_id: str, work: str) -> None:
+    conn.execute("delete from pending_work where session_id = ? and work = ?", [session_id, work])
 
 
 def _index_state(conn, state) -> None:
@@ -124,7 +147,8 @@ def _delete_session(conn, plan: DeleteSession) -> None:
 
 def _delete_sessions(conn, session_ids: list[str]) -> None:
     recounts = [edits.Recount([n.node_id for n in sql_rows.path_rows(conn, s)], -1) for s in session_ids]
-    run(conn, recounts + conversation_rows.left(conn, session_ids) + [edits.Delete("sessions", "session_id", session_ids)])
+    gone: list[edits.Edit] = [edits.Delete(table, "session_id", session_ids) for table in ("sessions", "pending_work")]
+    run(conn, recounts + conversation_rows.left(conn, session_ids) + gone)
 
 
 def _delete_conversation(conn, plan: DeleteConversation) -> None:
@@ -168,6 +192,14 @@ def _add_tiers(conn, plan: AddTiers) -> None:
         run(conn, edits.add_tiers(sql_rows.node(conn, node_id), stream, tiers, node_id in searched))
     if plan.index is not None:
         _index_state(conn, plan.index)
+    if plan.done is not None:
+        _dequeue(conn, *plan.done)
+
+
+def _put_logprobs(conn, plan: PutLogprobs) -> None:
+    have = {r[0] for r in conn.execute(f"select node_id from node_logprobs where node_id {ANY}", [list(plan.logprobs)]).fetchall()} if plan.logprobs else set()
+    run(conn, [e for node_id, lp in plan.logprobs.items() if node_id not in have for e in edits.logprob_rows(node_id, lp)])
+    _dequeue(conn, plan.session_id, edits.LOGPROBS_WORK)
 
 
 def _put_model(conn, plan: PutModel) -> None:
@@ -225,6 +257,8 @@ _HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     CollectGarbage: _collect_garbage,
     DropTiers: _drop_tiers,
     AddTiers: _add_tiers,
+    PutLogprobs: _put_logprobs,
+    Queue: _queue,
     ReplaceIndexState: _replace_index_state,
     ImportRows: _import_rows,
 }

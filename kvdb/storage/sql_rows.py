@@ -23,6 +23,8 @@ CONVERSATION = "coalesce(conversation_id, session_id)"  # a session no migration
 SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, {CONVERSATION}"
 SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
 ANY = "in (select unnest(?))"  # a column's value among a list parameter's
+# nodes n that hold tokens the model has not scored (an ingest without it queued the pass)
+UNSCORED = "n.keep like '%tokens%' and not exists (select 1 from node_logprobs l where l.node_id = n.node_id)"
 
 
 def path_rows(conn, node_id: str) -> list[NodeRow]:
@@ -63,11 +65,10 @@ def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> n
     return fractal.decode_range(blobs, coded.alphabet, coded.block_size, start, end)
 
 
-def logprobs_blob(conn, node_id: str) -> bytes:
+def logprobs_blob(conn, node_id: str) -> bytes | None:
+    """None: the model has not scored the node's tokens yet."""
     row = conn.execute("select logprobs from node_logprobs where node_id = ?", [node_id]).fetchone()
-    if row is None:
-        raise LookupError(f"node {node_id} has no log-probabilities")
-    return row[0]
+    return None if row is None else row[0]
 
 
 def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:

@@ -22,7 +22,7 @@ from kvdb.transcripts.formats.messages import MESSAGES
 from kvdb.transcripts.json_stream import JsonStream
 from kvdb.transcripts.limits import too_large
 from kvdb.transcripts.messages import Conversation, Invalid, message_error
-from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.sessions import Transcript, chat, first_prompt
 from kvdb.transcripts.stamps import StampedLog
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".jsonl", ".json")
@@ -325,8 +325,10 @@ def transcript_from_text(text: str, name: str = "text") -> Transcript:
 
 def transcript_from_messages(messages, name: str = "messages") -> Transcript:
     """A message session that did not come from a file, checked exactly like one that did
-    (its messages may take any shape a file's may)."""
+    (its messages may take any shape a file's may). A name given is its title; without one, its
+    first prompt is."""
     try:
-        return chat(name, "<messages>", Conversation().add_all(messages), {"format": "messages"})
+        conversation = Conversation().add_all(messages)
+        return chat(name, "<messages>", conversation, {"format": "messages"}, title=first_prompt(conversation.messages()) if name == "messages" else None)
     except Invalid as error:
         raise TranscriptError("<messages>", str(error)) from None

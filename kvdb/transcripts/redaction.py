@@ -34,12 +34,17 @@ SECRETS = re.compile(
 
 def redacted(transcript: Transcript) -> Transcript:
     """The transcript with every secret of a known shape replaced, in its text, its messages
-    (every string in them) and its side text; counted in ``dropped["secret"]``."""
+    (every string in them), its side text and its title; counted in ``dropped["secret"]``."""
     counted: Counter = Counter(transcript.dropped)
+    found: list[str] = []
+
+    def hidden(match: re.Match) -> str:
+        found.append(match.group())
+        return placeholder("secret", counted)
 
     def scrub(value):
         if isinstance(value, str):
-            return SECRETS.sub(lambda _: placeholder("secret", counted), value)
+            return SECRETS.sub(hidden, value)
         if isinstance(value, dict):
             return {k: scrub(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -49,4 +54,20 @@ def redacted(transcript: Transcript) -> Transcript:
     text = scrub(transcript.text)
     messages = scrub(transcript.messages)
     metadata = dict(transcript.metadata, side=scrub(transcript.metadata["side"])) if "side" in transcript.metadata else transcript.metadata
+    if isinstance(metadata.get("title"), str):
+        metadata = dict(metadata, title=_title(metadata["title"], found))
     return dataclasses.replace(transcript, text=text, messages=messages, metadata=metadata, dropped=dict(counted))
+
+
+def _title(title: str, secrets: list[str]) -> str:
+    """A title made from the first prompt holds that prompt's secrets on one line, and where it was
+    cut short, perhaps only a secret's start: each goes, uncounted (the turn's own counted it)."""
+    shown = placeholder("secret", Counter())
+    title = SECRETS.sub(shown, title)
+    for secret in sorted({" ".join(s.split()) for s in secrets}, key=len, reverse=True):
+        title = title.replace(secret, shown)
+        body = title.removesuffix("…")
+        if body != title:
+            cut = next((k for k in range(min(len(secret), len(body)), 3, -1) if body.endswith(secret[:k])), 0)
+            title = body[: len(body) - cut] + shown + "…" if cut else title
+    return title

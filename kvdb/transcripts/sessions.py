@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvdb.transcripts.messages import Conversation, Invalid, kind
@@ -32,15 +34,57 @@ class Transcript:
 
 SIDE_FIELDS = ("title", "summaries", "tools", "alternatives", "events", "attachments")
 MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio"}
+TITLE_CHARS = 80  # a title made from a prompt: a line of a list, ellipsis included
+NUMBERED = ("branch", "window")  # what a format numbers a file's other sessions by, as it names them ("NAME [branch 2]")
+WRAPPED = re.compile(r"\s*<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.DOTALL)  # a block a harness wraps in a tag
+PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,40} not archived\]")
+UNTITLED = "Untitled"  # a session without a word of text to be titled by (an export cut to its ids): still no bare id
 
 
-def chat(name: str, source: str, conversation: Conversation, metadata: dict, side: dict | None = None) -> Transcript:
-    """``side``: the session's side fields; empty lists are left out."""
+def chat(name: str, source: str, conversation: Conversation, metadata: dict, side: dict | None = None, title: str | None = None) -> Transcript:
+    """``side``: the session's side fields; empty lists are left out. ``title``: what lists show
+    where the name is not it (an id, a file the tool named), kept as ``metadata["title"]`` with
+    the name's ``[branch N]`` or ``[window N]``, so that a file's sessions stay told apart. It is
+    kept even where it equals the name (a summary): a conversation is called by the latest title
+    its versions record, and a version that records none (a fork ``kvdb serve`` archives) keeps it."""
     kept = {key: list(value) for key, value in (side or {}).items() if value}
     unknown = sorted(set(kept) - set(SIDE_FIELDS))
     if unknown:
         raise ValueError(f"unknown side fields {unknown}; known: {SIDE_FIELDS}")  # a format module's bug, not the user's
+    if title is not None:
+        title += "".join(f" [{key} {metadata[key]}]" for key in NUMBERED if isinstance(metadata.get(key), int) and metadata[key] > 1)
+        metadata = dict(metadata, title=title)
     return Transcript(name, source, None, conversation.messages(), dict(metadata, side=kept) if kept else metadata, dict(conversation.dropped))
+
+
+def shortened(text: str, limit: int = TITLE_CHARS) -> str:
+    """``text`` on one line, cut on a word boundary to at most ``limit`` characters with an
+    ellipsis; a text with no space in reach (Chinese, a long path) is cut where the limit falls."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space >= limit // 2 else cut).rstrip(" ,.;:-") + "…"
+
+
+def first_prompt(messages: Iterable[dict], injected: tuple[str, ...] = ()) -> str:
+    """The first thing the user typed, shortened (``shortened``): a conversation's title where its
+    file has none. What the harness wrote in the user's turn is passed over: leading blocks
+    wrapped in a tag (``<environment_context>``, ``<command-name>``) and turns that open with one
+    of ``injected`` (a format's own preambles); placeholders of what was not archived are left
+    out. Without a prompt, the assistant's first words; without any text, ``UNTITLED``."""
+    reply = None
+    for message in messages:
+        text = PLACEHOLDER.sub("", message["content"])
+        if message["role"] == "user":
+            while (wrapped := WRAPPED.match(text)) is not None:
+                text = text[wrapped.end() :]
+            if text.strip() and not text.lstrip().startswith(injected):
+                return shortened(text)
+        elif message["role"] == "assistant" and reply is None and text.strip():
+            reply = text
+    return UNTITLED if reply is None else shortened(reply)
 
 
 def add_system(conversation: Conversation, system, key: str, owner) -> None:
@@ -67,6 +111,17 @@ def session_name(obj: dict, default: str) -> str:
     if name is not None:
         return name
     return default if session_id is None else str(session_id)
+
+
+def session_title(obj: dict, default: str, conversation: Conversation) -> str | None:
+    """A dataset object's title (``chat``'s): its "name" or "title", else its first prompt where
+    the session would be named by its "id" or by its place in the file (``STEM#N``, as the reader
+    names each element); a file holding one session is called by its name, which the user gave it."""
+    if obj.get("name", obj.get("title")) is not None:
+        return None
+    if obj.get("id", obj.get("conversation_id")) is None and re.search(r"#\d+$", default) is None:
+        return None
+    return first_prompt(conversation.messages())
 
 
 def session_metadata(obj: dict, format_name: str) -> dict:

@@ -6,6 +6,10 @@ and Claude Code's events the ``cwd`` the agent ran in. A log's sessions get, in 
 ``started`` and ``ended`` (the earliest and latest time of the file's records, UTC, ISO 8601)
 and, where the format set none, the first ``cwd``: so that listing and search filter a log by
 when it was said and the folder it was about, whenever it is ingested.
+
+Exports of chat apps keep their times on the conversation (ChatGPT's ``create_time`` and
+``update_time``, Claude.ai's ``created_at`` and ``updated_at``): their formats set the same
+``started`` and ``ended`` with ``said``, from whatever shape of time the app writes (``instant``).
 """
 
 from __future__ import annotations
@@ -55,11 +59,34 @@ class StampedLog(Log):
 
 
 def _instant(value) -> dt.datetime | None:
-    """An ISO 8601 time as naive UTC (the archive's rows' convention); a time without a zone is taken as UTC."""
-    if not isinstance(value, str) or not value:
-        return None
+    """A record's time: ISO 8601 only, since a bare number in a log's records may count anything."""
+    return instant(value) if isinstance(value, str) else None
+
+
+def instant(value) -> dt.datetime | None:
+    """A time as naive UTC (the archive's rows' convention), in the shapes exports write it: ISO
+    8601 (a time without a zone is taken as UTC), seconds or milliseconds since the epoch (a
+    number past 1e11 is milliseconds: seconds would be after the year 5000), and a MongoDB
+    ``{"$date": ...}`` (Grok). None for anything else, so that a bad time is no time."""
+    if isinstance(value, dict):
+        value = value.get("$date", value)
+        value = value.get("$numberLong", value) if isinstance(value, dict) else value
+        value = int(value) if isinstance(value, str) and value.isdigit() else value
     try:
-        instant = dt.datetime.fromisoformat(value)
-        return instant.astimezone(dt.UTC).replace(tzinfo=None) if instant.tzinfo is not None else instant
-    except (ValueError, OverflowError):  # not a time, or one UTC cannot hold (year 1 east of Greenwich)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = value / 1000 if abs(value) > 1e11 else value
+            return dt.datetime.fromtimestamp(seconds, dt.UTC).replace(tzinfo=None)
+        if not isinstance(value, str) or not value:
+            return None
+        found = dt.datetime.fromisoformat(value)
+        return found.astimezone(dt.UTC).replace(tzinfo=None) if found.tzinfo is not None else found
+    except (ValueError, OverflowError, OSError):  # not a time, or one UTC cannot hold (year 1 east of Greenwich)
         return None
+
+
+def said(*values) -> dict[str, str]:
+    """``started`` and ``ended`` (as ``StampedLog`` writes them) of the earliest and the latest of
+    ``values`` that are times (``instant``); ``{}`` where none is: a conversation whose export
+    has only its start ended when it started, as far as the file says."""
+    times = [found for found in map(instant, values) if found is not None]
+    return {"started": min(times).isoformat(), "ended": max(times).isoformat()} if times else {}

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -129,6 +130,34 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
 @pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
 def test_from_names_each_agents_own_folder(tmp_path, tiny_model, agent):
     home = tmp_path / "home"
-    env = {**os.environ, "KVDB_MODEL": tiny_model, "HOME": str(home)}
+    moved = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME")  # each moves its agent's folder from the home
+    env = {**{k: v for k, v in os.environ.items() if k not in moved}, "KVDB_MODEL": tiny_model, "HOME": str(home)}
     missing = subprocess.run([KVDB, "--db", str(tmp_path / "a.duckdb"), "watch", "--from", agent, "--once"], env=env, capture_output=True, text=True)
-    assert missing.returncode != 0 and f"nothing to watch at {home}" in missing.stderr
+    assert missing.returncode == 2 and f"no {agent} logs at {home}" in missing.stderr
+
+
+def test_an_idle_watcher_does_the_queued_work_beside_it(tmp_path, tiny_model):
+    """Ingest queues the models' work; a watcher with nothing to archive for a moment starts
+    `kvdb upkeep` in a process of its own, which empties the queue; it is stopped with the watcher."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "session.jsonl").write_text("".join(map(line, TURNS)), encoding="utf-8")
+    db, env = tmp_path / "a.duckdb", dict(os.environ, KVDB_MODEL=tiny_model)
+    stop = threading.Event()
+    with kvdb.open(db, model=tiny_model) as archive:
+        watcher = threading.Thread(target=archive.watch, args=([logs],), kwargs={"stop": stop})
+        watcher.start()
+        try:
+            deadline, stats = time.monotonic() + 120, None
+            while not (stats and stats["sessions"] and stats["pending"] == kvdb.records.Pending().to_dict()):
+                assert time.monotonic() < deadline, f"still queued: {stats}"
+                time.sleep(0.5)
+                status = subprocess.run([KVDB, "--db", str(db), "stats", "--json"], env=env, capture_output=True, text=True)
+                stats = json.loads(status.stdout) if status.returncode == 0 else None
+        finally:
+            stop.set()
+            watcher.join(timeout=60)
+        assert not watcher.is_alive()
+        [session] = archive.sessions()
+        assert archive.search_meaning(TURNS[1]["content"], k=1)[0].session_id == session.session_id  # embedded beside the watcher
+        assert archive.stats().bytes["logprobs"] == 4 * session.n_tokens  # and scored

@@ -108,6 +108,7 @@ def test_search_by_meaning_with_a_bert_embedder_imports_neither_torch_nor_transf
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="how long should sourdough rise in a cold kitchen", name="bread", keep="tokens,search,semantic")
         db.ingest(text="when should I avoid rebasing a shared branch", name="git", keep="tokens,search,semantic")
+        db.upkeep(only="semantic")  # ingest queues the embedding
     commands = [["--db", str(path), "search", "how long does dough rise", "--semantic", "--model", tiny_model, "-k", "1", "--json"]]
     out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

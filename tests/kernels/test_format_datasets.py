@@ -38,7 +38,7 @@ def test_v1_parts_text_reasoning_tool_call_and_media(tmp_path):
         {"role": "tool", "content": "12.57"},
         {"role": "assistant", "content": "About 12.57."},
     )
-    assert session.metadata == {"format": "openai", "side": {"tools": [TOOLS], "attachments": ["data/1.jpg"]}}
+    assert session.metadata == {"format": "openai", "title": "How big is this circle?", "side": {"tools": [TOOLS], "attachments": ["data/1.jpg"]}}
     assert session.dropped == {"image": 1}
 
 

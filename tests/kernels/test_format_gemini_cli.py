@@ -62,6 +62,7 @@ def test_a_session_with_thoughts_tool_calls_and_their_results(tmp_path):
             "format": "gemini-cli",
             "id": "s-1",
             "kind": "main",
+            "title": "Listing the files",  # its summary: the session id names it, not in a list
             "side": {"events": [{"type": "toolCall description", "text": "List the project's files"}], "title": ["Listing the files"]},
             "started": "2026-04-23T12:52:52",  # the header's startTime (kvdb.transcripts.stamps); "t" and "t2" are no times
             "ended": "2026-04-23T12:52:52",

@@ -105,6 +105,18 @@ def test_tiny_light_is_transformers(tiny_model, private_cache):
     assert_same(tok.load(tiny_model), full)
 
 
+@pytest.mark.parametrize("piece_chars", [1, 7, 64, 1 << 30])
+def test_a_long_text_is_encoded_in_pieces_as_it_is_whole(tiny_model, private_cache, monkeypatch, piece_chars):
+    """Cut where a special token begins, a text's pieces give the ids the whole gives (1 << 30:
+    no cut), with either tokenizer; texts with specials glued to words, at the start and end."""
+    light, full = tok.load(tiny_model), tok.load_full(tiny_model)
+    whole = {text: full(text, add_special_tokens=False)["input_ids"] for text in [*TEXTS, long_text()]}
+    monkeypatch.setattr(tok, "PIECE_CHARS", piece_chars)
+    for text, ids in whole.items():
+        assert tok.encode(light, text) == ids == tok.encode(full, text), text
+    assert len(tok._pieces(light, long_text())) > (1 if piece_chars < 1 << 30 else 0)
+
+
 def test_tiny_fingerprint_matches_model_identity(tiny_model):
     assert tok.fingerprint(tok.load(tiny_model)) == lm_ops.load(tiny_model).identity.tokenizer_hash
 

@@ -133,8 +133,8 @@ def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
     assert [t.source for t in transcripts] == [f"{path}#L1", f"{path}#L2", f"{path}#L4"]
     assert [t.metadata for t in transcripts] == [
         {"format": "openai", "id": "a1"},
-        {"format": "openai", "id": 42},
-        {"format": "sharegpt"},
+        {"format": "openai", "id": 42, "title": "x"},  # named by an id or a line: titled by the first prompt
+        {"format": "sharegpt", "title": "y"},
     ]
     assert transcripts[2].messages == ({"role": "user", "content": "y"},)
 
@@ -142,7 +142,7 @@ def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
 def test_null_id_and_name_count_as_absent(tmp_path):
     path = write(tmp_path / "n.jsonl", jsonl({"id": None, "name": None, "messages": [{"role": "user", "content": "a"}]}))
     [transcript] = read_transcripts(path)
-    assert (transcript.name, transcript.metadata) == ("n#1", {"format": "openai"})
+    assert (transcript.name, transcript.metadata) == ("n#1", {"format": "openai", "title": "a"})
 
 
 def test_jsonl_accepts_crlf_line_endings_and_a_bom(tmp_path):
@@ -170,7 +170,7 @@ def test_openai_json_joins_text_parts_and_maps_roles(tmp_path):
 
     assert transcript.name == "conv-9"
     assert transcript.source == str(path)
-    assert transcript.metadata == {"format": "openai", "id": "conv-9"}
+    assert transcript.metadata == {"format": "openai", "id": "conv-9", "title": "one two"}
     assert transcript.messages == (
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": "one\ntwo"},
@@ -205,7 +205,7 @@ def test_json_list_mixes_formats_and_names_unnamed_items_by_index(tmp_path):
     first, second = read_transcripts(path)
 
     assert (first.name, first.source, first.metadata) == ("named", f"{path}#0", {"format": "openai"})
-    assert (second.name, second.source, second.metadata) == ("many#1", f"{path}#1", {"format": "sharegpt"})
+    assert (second.name, second.source, second.metadata) == ("many#1", f"{path}#1", {"format": "sharegpt", "title": "b"})
 
 
 def test_transcript_from_messages_normalises_like_files():

@@ -73,3 +73,16 @@ def test_embeddings_with_the_official_client(start_server, tmp_path, monkeypatch
     with kvdb.open(db) as archive:
         local, _ = archive.embed(["the harbour at dusk"])
     assert np.allclose(local[0], vectors[0], atol=1e-5)
+
+
+def test_conversations_are_paged_with_limit_and_offset(serve, tmp_path, tiny_loaded):
+    db = tmp_path / "serve.duckdb"
+    with kvdb.open(db, model=tiny_loaded) as archive:
+        archive.ingest(messages=CHAT, name="chat")
+        archive.ingest(text=STORY, name="story")
+        every = [c.to_dict() for c in archive.conversations()]
+    running = serve(db=db)
+    assert running.get("/api/conversations") == {"conversations": every, "total": 2}  # the page's request: all of them
+    assert running.get("/api/conversations", limit=1) == {"conversations": every[:1], "total": 2, "next_offset": 1}
+    assert running.get("/api/conversations", limit=1, offset=1) == {"conversations": every[1:], "total": 2}
+    assert running.get("/api/conversations", agent="text") == {"conversations": [c for c in every if c["agent"] == "text"], "total": 1}

@@ -161,6 +161,14 @@ def _record(page) -> list:
     return sent
 
 
+def _embedded(running, seconds: float = 60) -> None:
+    """Once the server's idle time has embedded every session (ingest queues the semantic tier)."""
+    deadline = time.monotonic() + seconds
+    while (waiting := _api(running, "/api/stats")["pending"]["semantic"]["sessions"]) > 0:
+        assert time.monotonic() < deadline, f"{waiting} sessions still wait to be embedded after {seconds} s"
+        time.sleep(0.2)
+
+
 def _archived(running, conversation: str, check, seconds: float = 30) -> dict:
     """The conversation once the archive's answer for it passes ``check`` (the server archives an
     exchange a few seconds after its reply)."""
@@ -262,7 +270,8 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     assert _turn_roles(page) == [t["role"] or "text" for t in _shown(view["turns"])]
     assert page.locator("#chat-title").text_content() == archived["title"]
 
-    # search by meaning; a hit opens its conversation at its version, the turn holding it marked and in view
+    # search by meaning, once the server has embedded what it archived (in its idle time: ingest queues it)
+    _embedded(running)
     _show_list(page)
     page.check("#search-meaning")
     page.fill("#search-q", "ships counted at night")

@@ -51,6 +51,7 @@ def test_search_gives_each_conversation_once_in_its_latest_version(archive):
     assert {h.session_id for h in hits} == {c.latest.session_id for c in latest}
     every = archive.search("harbour", k=10, each_occurrence=True)
     assert len([h for h in every if h.title == "ledger" and h.exact]) == 4
+    archive.upkeep(only="semantic")  # ingest queues the embedding
     meaning = archive.search_meaning("harbour ledger", k=10)
     assert len({h.conversation_id for h in meaning}) == len(meaning) == 2
 
@@ -125,4 +126,20 @@ def test_search_keeps_to_an_agent_a_project_and_days(archive, tmp_path):
     assert {h.title for h in archive.search("harbour", agent="text")} == {"notes"}
     today = archive.conversations()[0].latest.created_at.date()
     assert archive.search("harbour", until=today.replace(year=today.year - 1)) == []
+    archive.upkeep(only="semantic")  # ingest queues the embedding
     assert {h.title for h in archive.search_meaning("harbour ledger", project=str(tmp_path / "elsewhere"))} == {"log"}
+
+
+def test_listing_pages_in_the_archive_and_says_how_many_the_filters_admit(archive, tmp_path):
+    archive.ingest(write_jsonl(tmp_path / "repo" / "talk.jsonl", TALK))
+    archive.ingest(write_jsonl(tmp_path / "repo" / "log.jsonl", MORE))
+    archive.ingest(text="A harbour ledger, in plain text.", name="notes")
+    every = archive.conversations()
+    assert archive.conversations(limit=2) == every[:2] and archive.conversations(limit=2, offset=2) == every[2:]
+    first = archive.conversation_page(limit=1).to_dict()
+    assert first == {"conversations": [every[0].to_dict()], "total": 3, "next_offset": 1}
+    assert archive.conversation_page(project=str(tmp_path / "repo"), limit=5, offset=1).to_dict() == {
+        "conversations": [c.to_dict() for c in every if c.project == str(tmp_path / "repo")][1:],
+        "total": 2,
+    }
+    assert archive.conversation_page(agent="text", offset=4).to_dict() == {"conversations": [], "total": 1}  # past the end: the count still said

@@ -46,6 +46,13 @@ def chunk_rows(archive) -> list[tuple]:
         return conn.execute(f"select {CHUNK} from node_chunks order by start, stop").fetchall()
 
 
+def _embedded(archive, **ingest):
+    """Ingest, then embed what it queued (ingest runs no model: ``kvdb upkeep`` embeds)."""
+    results = archive.ingest(**ingest)
+    archive.upkeep(only="semantic")
+    return results
+
+
 def test_turns_are_cut_into_overlapping_windows_that_depend_only_on_the_prefix():
     spans = chunk_ops.spans([(0, 10), (10, 300)], window=128, overlap=32)
     assert spans.tolist() == [[0, 10], [10, 138], [106, 234], [202, 300]]
@@ -58,8 +65,8 @@ def test_turns_are_cut_into_overlapping_windows_that_depend_only_on_the_prefix()
 
 
 def test_a_chunks_own_words_find_it_and_its_position_restores(db):
-    db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
-    db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+    _embedded(db, messages=TRIP, name="trip", keep=SEMANTIC)
+    _embedded(db, messages=BREAD, name="bread", keep=SEMANTIC)
     [hit, *rest] = db.search_meaning(BREAD[1]["content"], k=2)
     assert (hit.name, [h.name for h in rest]) == ("bread", ["trip"])
     assert hit.score > rest[0].score and BREAD[1]["content"] in hit.context and "<|im_start|>" not in hit.context  # the text, no template tokens
@@ -76,12 +83,13 @@ def test_the_tier_is_added_later_like_any_other(db):
     with pytest.raises(TierMissing, match="--keep tokens,search,semantic"):
         db.search_meaning("walking")
     [result] = db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
-    assert (result.status, result.added) == ("updated", ("semantic",))
+    assert (result.status, result.added) == ("unchanged", ()) and db.pending().semantic.sessions == 1  # queued, not embedded by the ingest
+    assert db.upkeep(only="semantic").embedded.sessions == 1
     assert db.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
     db.ingest(messages=[*BREAD, {"role": "user", "content": "And rye?"}], name="rye", keep=PHRASES)
     db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt", keep=PHRASES)  # a path of two nodes, both without the tier
     [result] = db.ingest(messages=[*BREAD, {"role": "user", "content": "And spelt?"}], name="spelt", keep=SEMANTIC)
-    assert result.added == ("semantic",)
+    assert result.status == "unchanged" and db.upkeep(only="semantic").embedded.sessions == 1
     nodes = {n.node_id: n for n in db._storage.nodes_of([db.sessions()[0].model_id])}
     spans = [(row[2], row[3]) for row in chunk_rows(db)]
     assert len(spans) == len(set(spans)) and all(nodes[row[0]].start < row[3] <= nodes[row[0]].end for row in chunk_rows(db))
@@ -91,9 +99,9 @@ def test_the_tier_is_added_later_like_any_other(db):
 
 
 def test_a_shared_prefix_is_embedded_once_and_a_split_keeps_each_chunk_whole(db):
-    db.ingest(messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
+    _embedded(db, messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
     before = chunk_rows(db)
-    db.ingest(messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)  # splits the first node
+    _embedded(db, messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)  # splits the first node
     after = chunk_rows(db)
     spans = [(row[2], row[3]) for row in after]
     assert len(spans) == len(set(spans)) == len(before) + 1  # the shared turns once, the new turn added
@@ -111,6 +119,9 @@ def test_search_by_meaning_on_the_command_line(tmp_path, tiny_model):
     runner = CliRunner()
     args = ["--db", str(tmp_path / "c.duckdb")]
     assert runner.invoke(main, [*args, "ingest", str(chat), "--keep", SEMANTIC], env=env).exit_code == 0
+    waiting = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"]], env=env)
+    assert waiting.exit_code == 2 and "run `kvdb upkeep`" in waiting.stderr  # ingest embeds nothing: upkeep does
+    assert runner.invoke(main, [*args, "upkeep", "--only", "semantic"], env=env).exit_code == 0
     found = runner.invoke(main, [*args, "search", "--semantic", BREAD[0]["content"], "--json"], env=env)
     [line] = [json.loads(x) for x in found.stdout.splitlines()]
     assert found.exit_code == 0 and line["name"] == "bread" and BREAD[0]["content"] in line["context"]
@@ -137,13 +148,13 @@ def test_another_writers_sessions_are_read_alone_and_the_sidecar_serves_the_next
         return kvdb.open(where, model=tiny_loaded, embedder=embedder, data_path=data_path)
 
     with opened() as first:
-        first.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        _embedded(first, messages=TRIP, name="trip", keep=SEMANTIC)
         assert first.search_meaning(TRIP[1]["content"], k=1)[0].name == "trip"
         indexes, had = _indexes(first), _chunk_nodes(first)
         assert indexes.rebuilt == [embedder.embedder_id] and indexes.path(embedder.embedder_id).exists()
         first._storage.release()  # as another process would find it: not held
         with opened() as second:
-            second.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+            _embedded(second, messages=BREAD, name="bread", keep=SEMANTIC)
         new = _chunk_nodes(first) - had
         assert new and first.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"
         assert indexes.rebuilt == [embedder.embedder_id] and set(indexes.read) == new  # caught up: only the new session's nodes read
@@ -156,8 +167,8 @@ def test_a_deleted_sessions_chunks_are_not_found_here_or_by_the_next_process(tmp
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
         for i in range(3):
-            db.ingest(messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
-        db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+            _embedded(db, messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
+        _embedded(db, messages=BREAD, name="bread", keep=SEMANTIC)
         assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"
         db.delete("bread")
         assert "bread" not in {h.name for h in db.search_meaning(BREAD[1]["content"], k=10)}
@@ -169,12 +180,12 @@ def test_a_deleted_sessions_chunks_are_not_found_here_or_by_the_next_process(tmp
 def test_a_split_by_another_writer_keeps_both_branches_found(tmp_path, tiny_loaded, embedder):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_loaded, embedder=embedder) as first:
-        first.ingest(messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
+        _embedded(first, messages=[*TRIP, {"role": "user", "content": "And in winter?"}], name="winter", keep=SEMANTIC)
         assert first.search_meaning("And in winter?", k=1)[0].name == "winter"
         had = _chunk_nodes(first)
         first._storage.release()  # as another process would find it: not held
         with kvdb.open(path, model=tiny_loaded, embedder=embedder) as second:  # splits winter's node inside the shared turns
-            second.ingest(messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)
+            _embedded(second, messages=[*TRIP, {"role": "user", "content": "What should I pack?"}], name="pack", keep=SEMANTIC)
         moved = _chunk_nodes(first) - had
         assert moved and first.search_meaning("What should I pack?", k=1)[0].name == "pack"
         assert first.search_meaning("And in winter?", k=1)[0].name == "winter"
@@ -186,7 +197,7 @@ def test_a_split_by_another_writer_keeps_both_branches_found(tmp_path, tiny_load
 def test_a_missing_or_damaged_sidecar_is_built_again(tmp_path, tiny_loaded, embedder, damage):
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
-        db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        _embedded(db, messages=TRIP, name="trip", keep=SEMANTIC)
         db.search_meaning("walking", k=1)
         sidecar = _indexes(db).path(embedder.embedder_id)
     whole = sidecar.read_bytes()
@@ -203,7 +214,7 @@ def test_a_missing_or_damaged_sidecar_is_built_again(tmp_path, tiny_loaded, embe
 
 def test_repair_rebuilds_the_semantic_index_and_verify_checks_it(tmp_path, tiny_loaded, embedder):
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded, embedder=embedder) as db:
-        db.ingest(messages=TRIP, name="trip", keep=SEMANTIC)
+        _embedded(db, messages=TRIP, name="trip", keep=SEMANTIC)
         sidecar = _indexes(db).path(embedder.embedder_id)
         assert not sidecar.exists()  # derived on first use, not by the write
         report = db.verify()
@@ -222,11 +233,11 @@ def test_a_small_catch_up_is_not_saved_until_it_is_worth_it_and_verify_writes_it
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
         for i in range(3):
-            db.ingest(messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
+            _embedded(db, messages=[{"role": "user", "content": f"Trip number {i}: " + TRIP[0]["content"]}], name=f"trip{i}", keep=SEMANTIC)
         db.search_meaning("walking", k=1)
         sidecar = _indexes(db).path(embedder.embedder_id)
         written = sidecar.read_bytes()
-        db.ingest(messages=BREAD, name="bread", keep=SEMANTIC)
+        _embedded(db, messages=BREAD, name="bread", keep=SEMANTIC)
         assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread" and sidecar.read_bytes() == written
     with kvdb.open(path, model=tiny_loaded, embedder=embedder) as db:
         assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"  # caught up again from the older file

@@ -368,8 +368,9 @@ def test_ingesting_again_gives_tokens_back_to_a_session_held_in_tier_l_only(arch
     text = "Held in tier L alone, then given its tokens and the search tier back."
     [r] = archive.ingest(text=text, keep="lm", name="l")
     logprobs = archive.logprobs("l")
-    [again] = archive.ingest(text=text)  # the default tiers: tokens, search and semantic
-    assert (again.status, again.added) == ("updated", ("tokens", "search", "semantic"))
+    [again] = archive.ingest(text=text)  # the default tiers: tokens and search now, semantic queued
+    assert (again.status, again.added) == ("updated", ("tokens", "search"))
+    assert archive.upkeep(only="semantic").embedded.sessions == 1
     assert [n.keep for n in storage_of(archive).node_path(r.session_id)] == [{"tokens", "search", "semantic", "lm"}]
     assert archive.stats().bytes["logprobs"] == 4 * r.n_tokens
     np.testing.assert_allclose(archive.logprobs("l"), logprobs, atol=1e-4)
@@ -494,8 +495,10 @@ def test_advice_empty_archive_ingest_first(tmp_path, cli, tiny_model):
 def test_advice_prefix_cache_entry_never_resumed_repair_or_gc(tmp_path, cli, tiny_model, command):
     with kvdb.open(tmp_path / "c.duckdb", model=tiny_model) as db:
         one = db.ingest(messages=TURN1)[0]
-        db.ingest(messages=TURN2)  # grows the first: its cache is kept when the archive closes
+        two = db.ingest(messages=TURN2)[0]  # grows the first
+        db.upkeep()  # newest first: the second's pass scores the first's path too, and only its cache is kept
     [entry] = (tmp_path / "c.duckdb.prefix").iterdir()
+    assert entry.name == f"{two.session_id}.kv"
     entry.rename(entry.with_name(f"{one.session_id}.kv"))  # an entry that holds more positions than its path
     refused = cli("verify")
     assert refused.exit_code == 1 and "(run `kvdb repair` or `kvdb gc` to delete it)" in refused.stdout

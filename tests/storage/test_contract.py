@@ -4,6 +4,7 @@ same way on each (the ``backend`` fixture names them). Rows in, rows out; plans 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 
 import numpy as np
@@ -12,10 +13,12 @@ import pytest
 from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.index import trie
-from kvdb.storage import Storage, open_storage
+from kvdb.records import Session
+from kvdb.storage import Storage, conversation_rows, open_storage
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
+    ConversationFilter,
     DeleteConversation,
     DeleteSession,
     DropTiers,
@@ -66,13 +69,19 @@ def logprobs_of(ids: np.ndarray) -> np.ndarray:
 
 
 def session_write(
-    name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), **node
+    name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), row=None, **node
 ) -> SessionWrite:
-    """A session whose node holds ids[matched:], under ``parent`` (the path's node before it)."""
+    """A session whose node holds ids[matched:], under ``parent`` (the path's node before it);
+    ``row``: the session row's fields that are not the defaults (source, created_at, metadata)."""
     sid = trie.path_id(MODEL.model_id, ids)
-    row = SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
+    row = SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"}) if row is None else row
     new = NewNode(sid, parent, matched, ids[matched:], logprobs_of(ids)[matched:], frozenset(keep), **node) if matched < len(ids) else None
     return SessionWrite(row, ALPHABET, split, new)
+
+
+def session_row(name: str, ids: np.ndarray, **fields) -> SessionRow:
+    row = SessionRow(trie.path_id(MODEL.model_id, ids), name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
+    return dataclasses.replace(row, **fields)
 
 
 def add(storage: Storage, name: str, ids: np.ndarray, **kw) -> str:
@@ -81,7 +90,7 @@ def add(storage: Storage, name: str, ids: np.ndarray, **kw) -> str:
     return write.session.session_id
 
 
-def branch(storage: Storage, name: str, ids: np.ndarray, keep=frozenset({"tokens", "search"}), **node) -> str:
+def branch(storage: Storage, name: str, ids: np.ndarray, keep=frozenset({"tokens", "search"}), row=None, **node) -> str:
     """Add a session where the trie says it attaches, cutting the node it diverges in."""
     match = trie.longest_prefix(storage, MODEL.model_id, ids)
     split, parent = None, None
@@ -90,7 +99,7 @@ def branch(storage: Storage, name: str, ids: np.ndarray, keep=frozenset({"tokens
         split = Split(match.node.node_id, parent, match.offset)
     elif match.node is not None:
         parent = match.node.node_id
-    return add(storage, name, ids, parent=parent, matched=match.matched, split=split, keep=keep, **node)
+    return add(storage, name, ids, parent=parent, matched=match.matched, split=split, keep=keep, row=row, **node)
 
 
 def test_a_fresh_archive_is_empty(storage):
@@ -425,3 +434,120 @@ def test_deleting_a_conversation_deletes_every_version_in_one_plan(storage):
     storage.apply(DeleteConversation(first))
     assert [r.session_id for r in storage.list_sessions()] == [kept]
     assert all(n.refcount == 0 for n in storage.node_path(first))  # uncounted, for gc
+
+
+# conversations listed in SQL: the conversations table's own columns filter, order and page -------
+
+
+def listed_in_python(storage: Storage, admits: ConversationFilter) -> list[str]:
+    """The conversations a listing admits, chosen as before it ran in SQL: every session read,
+    each conversation summed up from its versions by ``Session``'s rules, the latest updated first."""
+    grouped: dict[str, list[SessionRow]] = {}
+    for row in storage.list_sessions():  # oldest first
+        grouped.setdefault(row.conversation_id, []).append(row)
+    kept = []
+    for conversation, rows in grouped.items():
+        first, latest = Session.from_row(rows[0]), Session.from_row(rows[-1])
+        project = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)
+        day = latest.said_at.date()
+        inside = admits.project is None or (project is not None and (project + "/").startswith(admits.project.rstrip("/") + "/"))
+        since, until = admits.since is None or day >= admits.since, admits.until is None or day <= admits.until
+        if (admits.agent is None or first.agent == admits.agent) and inside and since and until:
+            kept.append((latest.created_at, conversation))
+    return [conversation for _, conversation in sorted(kept, reverse=True)]
+
+
+FILTERS = [
+    ConversationFilter(),
+    ConversationFilter(agent="claude-code"),
+    ConversationFilter(agent="codex-cli"),
+    ConversationFilter(agent="grok"),
+    ConversationFilter(project="/work/repo"),  # not /work/repo-other
+    ConversationFilter(project="/work/repo/"),
+    ConversationFilter(project="/work"),
+    ConversationFilter(project="/elsewhere"),
+    ConversationFilter(project="/"),  # every conversation about a folder; not text given directly
+    ConversationFilter(since=dt.date(2025, 3, 3)),
+    ConversationFilter(until=dt.date(2025, 3, 2)),
+    ConversationFilter(since=dt.date(2025, 3, 5), until=dt.date(2025, 3, 5)),  # the day its log wrote, not UTC's (the 6th)
+    ConversationFilter(until=dt.date.max),
+    ConversationFilter(agent="claude-code", project="/work/repo", since=dt.date(2025, 3, 1), until=dt.date(2025, 3, 1)),
+]
+
+
+def check_listing(storage: Storage) -> None:
+    for admits in FILTERS:
+        expected = listed_in_python(storage, admits)
+        every = storage.conversations_page(admits)
+        assert [rows[0].conversation_id for rows in every.versions] == expected and every.total == len(expected), admits
+        assert sorted(storage.conversation_ids(admits)) == sorted(expected), admits
+        for rows in every.versions:
+            assert [r.session_id for r in rows] == [r.session_id for r in storage.conversation_sessions(rows[0].conversation_id)]
+        for limit, offset in [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50)]:
+            page = storage.conversations_page(admits, limit, offset)
+            wanted = expected[offset:][:limit]
+            assert [rows[0].conversation_id for rows in page.versions] == wanted and page.total == len(expected), (admits, limit, offset)
+
+
+def test_conversations_are_filtered_ordered_and_paged_on_their_rows(storage):
+    start = dt.datetime(2025, 3, 1, 12)
+
+    def said(name: str, text: str, hours: int, metadata: dict, source: str | None = None) -> str:
+        ids = ids_of(text)
+        row = session_row(name, ids, source=source or f"/work/repo/{name}.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata)
+        return branch(storage, name, ids, row=row)
+
+    first = said("a", "the keeper lit the lamp at dusk", 0, {"format": "claude-code", "cwd": "/work/repo", "ended": "2025-03-01T10:00:00"})
+    said("b", "the tide came in", 1, {"format": "codex-cli", "ended": "2025-03-03T00:00:00"}, "/work/repo-other/b.jsonl")
+    said("c", "plain notes, no file", 2, {"format": "text"}, "<text>")  # said when archived: the 1st
+    said("d", "a log that names no folder", 3, {"format": "claude-code"}, "/work/repo/sub/d.jsonl")
+    grown = said("a", "the keeper lit the lamp at dusk and logged the wind", 4, {"format": "claude-code", "ended": "2025-03-05T23:30:00-05:00"})
+    said("d", "a log that names no folder, then its cwd", 5, {"format": "claude-code", "cwd": "/elsewhere"}, "/work/repo/sub/d.jsonl")
+    said("e", "the fog horn", 6, {"format": "claude-code", "ended": "not a time"})
+    check_listing(storage)
+    assert [r.session_id for r in storage.conversations_page(ConversationFilter(project="/work/repo")).versions[1]] == [first, grown]  # after e
+    page = storage.conversations_page(ConversationFilter(agent="claude-code"), limit=3)
+    assert first in page.extended and grown not in page.extended and page.titles == {}
+
+    storage.apply(RenameConversation(first, "Lamp"))
+    said("b", "the tide came in, an older copy", -1, {"format": "grok"}, "/work/repo-other/b.jsonl")  # archived before b's first version
+    check_listing(storage)  # b's first version, its agent, is now that one
+    assert storage.conversations_page(ConversationFilter(project="/work/repo")).titles == {first: "Lamp"}
+    storage.apply(DeleteSession(grown))  # a's latest version is its first again: said on the 1st, updated first of all
+    check_listing(storage)
+    storage.apply(DeleteConversation(first))
+    check_listing(storage)
+
+
+def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
+    storage = open_storage(location)
+    storage.apply(PutModel(MODEL))
+    start = dt.datetime(2025, 3, 1, 12)
+    for hours, (name, text, metadata) in enumerate(
+        [
+            ("a", "the keeper lit the lamp", {"format": "claude-code", "ended": "2025-03-04T08:00:00"}),
+            ("a", "the keeper lit the lamp and slept", {"format": "claude-code", "cwd": "/work/repo"}),
+            ("b", "the tide came in", {"format": "codex-cli"}),
+            ("c", "a session no write grouped", {"format": "text"}),
+        ]
+    ):
+        ids = ids_of(text)
+        branch(storage, name, ids, row=session_row(name, ids, source=f"/work/{name}.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata))
+    [a] = [c for c in storage.conversation_ids(ConversationFilter()) if len(storage.conversation_sessions(c)) == 2]
+    storage.apply(RenameConversation(a, "Lamp"))
+    expected = {admits: listed_in_python(storage, admits) for admits in FILTERS}
+    [ungrouped] = storage.conversation_ids(ConversationFilter(agent="text"))
+    conn = storage.engine.connection()
+    for name in conversation_rows.SUMMARY:
+        conn.execute(f"alter table conversations drop column {name}")
+    conn.execute("delete from conversation_sessions where session_id = ?", [ungrouped])  # as no write leaves it: a conversation of its own
+    conn.execute("delete from conversations where conversation_id = ?", [ungrouped])
+    conn.execute("update alembic_version set version_num = '0011'")
+    storage.close()
+    storage = open_storage(location)  # upgraded: the rows filled as a write fills them
+    try:
+        assert storage.engine.schema_revision() == "0012" and {a: "Lamp"} == storage.conversation_titles()
+        assert {admits: listed_in_python(storage, admits) for admits in FILTERS} == expected
+        check_listing(storage)
+    finally:
+        storage.close()

@@ -35,6 +35,7 @@ SESSIONS_WHEN_STOPPED = 15
 def _fill(archive) -> None:
     for name, text in TEXTS.items():
         archive.ingest(text=text, name=name, keep="tokens,search,lm,semantic")
+    archive.upkeep(only="semantic")  # ingest queues the embedding
 
 
 def test_a_lake_archive_matches_a_file_archive(tmp_path, lake, tiny_model):
@@ -87,7 +88,7 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
     from kvdb.storage.ducklake import DuckLake
 
     store = DuckLake(where)
-    for table in ("node_chunks", "conversations", "conversation_sessions", "watched_files"):  # a lake kvdb wrote before the semantic tier and conversations
+    for table in ("node_chunks", "conversations", "conversation_sessions", "watched_files", "pending_work"):  # a lake kvdb wrote before the semantic tier and conversations
         store.connection().execute(f"drop table {table}")
     store.connection().execute("update alembic_version set version_num = '0007'")
     store.close()

@@ -6,7 +6,9 @@ model's thought, then its answer): consecutive chunks of one role are one turn, 
 chunks its thinking. Code the model ran and its output are a call and a tool's result. Drive
 files, inline files and videos are counted placeholders; grounding sources and errors are
 ``events``, a Drive file's name an ``attachments`` entry, and an unsent draft
-(``pendingInputs``) an event too.
+(``pendingInputs``) an event too. A chat Drive calls "Untitled prompt" (AI Studio's name for one
+the user did not name) is titled by its first prompt. Its times are those a tool wrote
+(``createTime``, ``updateTime``, a chunk's ``createTime``): AI Studio's own files keep none.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import json
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, add_system, chat, object_at
+from kvdb.transcripts.sessions import Transcript, add_system, chat, first_prompt, object_at
+from kvdb.transcripts.stamps import said
 
 ROLES = {"user": "user", "model": "assistant"}
+DRIVE_UNTITLED = "Untitled prompt"  # Drive's name for a chat the user did not name ("Untitled prompt (3)" after the first)
 MEDIA = {
     "driveImage": "image",
     "inlineImage": "image",
@@ -79,7 +83,9 @@ class AIStudio(Format):
         settings = obj.get("runSettings")
         if isinstance(settings, dict) and isinstance(settings.get("model"), str):
             metadata["model"] = settings["model"]
-        return [chat(title, source, conversation, metadata, side)]
+        metadata |= said(obj.get("createTime"), obj.get("updateTime"), *(chunk.get("createTime") for chunk in chunks))
+        prompt = first_prompt(conversation.messages()) if title.startswith(DRIVE_UNTITLED) else None
+        return [chat(title, source, conversation, metadata, side, prompt)]
 
 
 def _system(instruction, obj: dict):

@@ -1,13 +1,16 @@
 """The ChatGPT data export (``conversations.json``): a list of conversations, each a tree of
 message nodes in ``"mapping"``. Its session follows ``current_node``, and each branch the user
 left by editing a message is a session of its own (the prefix trie stores what they share once).
+A conversation is named by its ``title`` (one not yet named, by its first prompt) and was said
+from ``create_time`` to ``update_time``.
 """
 
 from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, chat, session_name
+from kvdb.transcripts.sessions import Transcript, chat, first_prompt, session_name
+from kvdb.transcripts.stamps import said
 
 
 class ChatGPT(Format):
@@ -35,10 +38,12 @@ class ChatGPT(Format):
         metadata: dict[str, object] = {"format": "chatgpt"}
         if obj.get("conversation_id", obj.get("id")) is not None:
             metadata["id"] = obj.get("conversation_id", obj.get("id"))
+        metadata |= said(obj.get("create_time"), obj.get("update_time"))
+        untitled = obj.get("name", obj.get("title")) is None  # named by its id
         sessions = []
         for branch, leaf in enumerate(leaves, start=1):
-            conversation = Conversation(obj)
-            for node_id in _path_to(mapping, leaf):
+            conversation, path = Conversation(obj), _path_to(mapping, leaf)
+            for node_id in path:
                 message = mapping[node_id].get("message")
                 if message is not None:
                     _add(message, conversation, f"mapping[{node_id!r}]: ")
@@ -46,10 +51,23 @@ class ChatGPT(Format):
                 continue
             extra = {"branch": branch} if branch > 1 else {}
             name = title if branch == 1 else f"{title} [branch {branch}]"
-            sessions.append(chat(name, source, conversation, dict(metadata, **extra), {"attachments": conversation.attachments}))
+            prompt = _prompt(mapping, path) if untitled else None
+            sessions.append(chat(name, source, conversation, dict(metadata, **extra), {"attachments": conversation.attachments}, prompt))
         if not sessions:
             raise Invalid("the conversation holds no messages", obj)
         return sessions
+
+
+def _prompt(mapping: dict, path: list[str]) -> str:
+    """The first prompt of an untitled conversation, past the custom instructions that ChatGPT
+    sends in the user's name (``user_editable_context``): they are the same in every conversation."""
+    typed = []
+    for node_id in path:
+        message = mapping[node_id].get("message") or {}
+        content = message.get("content") or {}
+        if content.get("content_type", "text") in ("text", "multimodal_text"):
+            typed.append({"role": (message.get("author") or {}).get("role"), "content": "\n".join(p for p in content.get("parts") or [] if isinstance(p, str))})
+    return first_prompt(typed)
 
 
 def _path_to(mapping: dict, leaf: str) -> list[str]:

@@ -6,14 +6,16 @@ in the order they happened, so the message is cut at each result. The text of an
 document (``extracted_content``) is what the model read with the prompt: it opens the user's
 turn; a file the model saw but the export does not hold is a counted placeholder, and the
 names go in the ``attachments`` side field. Where messages link to a parent, each leaf is a
-session, the current leaf's first.
+session, the current leaf's first. A conversation the app has not named (``"name": ""``) is
+titled by its first prompt; it was said from ``created_at`` to ``updated_at``.
 """
 
 from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, chat, tree_paths
+from kvdb.transcripts.sessions import Transcript, chat, first_prompt, tree_paths
+from kvdb.transcripts.stamps import said
 
 SENDERS = {"human": "user", "assistant": "assistant"}
 NO_TEXT = ("token_budget",)  # blocks that hold no text of the conversation (a counter)
@@ -48,6 +50,7 @@ class ClaudeAi(Format):
         metadata: dict[str, object] = {"format": self.name}
         if obj.get("uuid") is not None:
             metadata["id"] = obj["uuid"]
+        metadata |= said(obj.get("created_at"), obj.get("updated_at"))
         summary = obj.get("summary")
         sessions = []
         for branch, path in enumerate(paths, start=1):
@@ -57,7 +60,8 @@ class ClaudeAi(Format):
                     conversation.add(turn, f"chat_messages[{key!r}]: ")
             side = {"attachments": attachments, "summaries": [summary] if isinstance(summary, str) and summary and branch == 1 else []}
             extra = {"branch": branch} if branch > 1 else {}
-            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side))
+            prompt = None if obj.get("name") else first_prompt(_typed(by_id[key]) for key in path)
+            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
         return sessions
 
 
@@ -101,6 +105,14 @@ def _turns(message: dict, conversation: Conversation, attachments: list[str]) ->
     if results:
         turns.append({"role": "user", "content": results})
     return turns
+
+
+def _typed(message: dict) -> dict:
+    """A message's own text, without the documents attached to it that open the turn the model read."""
+    content = message.get("content")
+    blocks = content if isinstance(content, list) and content else [{"type": "text", "text": message.get("text")}]
+    texts = [b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)]
+    return {"role": SENDERS.get(str(message.get("sender")), ""), "content": "\n".join(texts)}
 
 
 def _block(block):

@@ -9,19 +9,27 @@ are what the UI showed: their dialogue repeats the response items, so only text 
 is kept, as side ``events`` (errors, notices, command output the model was not given).
 Before that, line one was a bare header ``{"id", "timestamp", "instructions"}`` and the
 rest bare Responses items between ``{"record_type": "state"}`` markers.
+
+A rollout is named by its thread id; its title is the thread's name (``thread_name_updated``),
+else its first prompt: past the context Codex sends as the user's turns (``<environment_context>``,
+AGENTS.md) and, from the IDE extension, the part after "## My request for Codex:".
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, chat, strings_under
+from kvdb.transcripts.sessions import Transcript, chat, first_prompt, strings_under
 
 ENVELOPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")
 HEADER_KEYS = {"id", "timestamp", "instructions", "git", "cwd", "originator", "cli_version"}
 DIALOGUE_EVENTS = {"user_message": "message", "agent_message": "message", "agent_reasoning": "text", "agent_reasoning_raw_content": "text"}
+INJECTED = ("# AGENTS.md instructions for",)  # a user turn Codex writes itself, with the project's instructions
+AGENTS_BLOCK = re.compile(r"\s*# AGENTS\.md instructions for [^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>", re.DOTALL)  # the same, as a part of a turn
+IDE_REQUEST = "## My request for Codex:"  # the IDE extension sends its context first, then this, then the prompt
 # items that are the harness's bookkeeping, with no text the model was given
 NO_TEXT_ITEMS = ("ghost_snapshot",)
 # what the keys of an event's text end with (the rest are identifiers, settings, paths, counts and images)
@@ -221,6 +229,7 @@ class Rollout(Log):
         if self._model:
             metadata["model"] = self._model
         out: list[Transcript] = []
+        title = self._title[-1] if self._title else None
         for number, (conversation, events) in enumerate(self._windows, start=1):
             kept = [{"type": event_type, "text": "\n".join(new)} for event_type, texts in events if (new := [text for text in texts if text not in self._said])]
             if conversation.empty:
@@ -229,10 +238,20 @@ class Rollout(Log):
                 continue
             side = {"events": kept, "tools": self._tools, "title": self._title} if not out else {"events": kept}
             extra = {"window": number} if number > 1 else {}
-            out.append(chat(name if number == 1 else f"{name} [window {number}]", self._shown, conversation, dict(metadata, **extra), side))
+            title = title or first_prompt(map(_request, conversation.messages()), INJECTED)  # the first window's, for the windows after it
+            out.append(chat(name if number == 1 else f"{name} [window {number}]", self._shown, conversation, dict(metadata, **extra), side, title))
         if not out:
             raise Invalid("the rollout holds no conversation items (no response_item lines)")
         return out
+
+
+def _request(message: dict) -> dict:
+    """A user turn as the prompt the user typed: Codex may send the project's instructions as a
+    part of the turn that holds it, and the IDE extension its context before it."""
+    if message["role"] != "user":
+        return message
+    text = AGENTS_BLOCK.sub("", message["content"])
+    return dict(message, content=text.split(IDE_REQUEST, 1)[1] if IDE_REQUEST in text else text)
 
 
 def _shaped(item, conversation: Conversation) -> dict | None:

@@ -12,6 +12,10 @@
   list or under ``"history"``; restore checkpoints hold it under ``"clientHistory"``.
 - ``logs.json``: the user's prompts, ``{sessionId, messageId, type, message}``: one session
   of user turns per ``sessionId``.
+
+A session is named by its id and titled by its ``summary`` (a ``$set``), else its first prompt
+past the context Gemini CLI sends as the user's first turn; so is a restore checkpoint, named by
+a file's time and a tool. A ``/chat save`` checkpoint keeps its file's name, which holds its tag.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import json
 from kvdb.errors import EmptyTranscript
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind
-from kvdb.transcripts.sessions import Transcript, chat
+from kvdb.transcripts.sessions import Transcript, chat, first_prompt
 from kvdb.transcripts.stamps import StampedLog
 
 MESSAGE_TYPES = ("user", "gemini")
 NOTICE_TYPES = ("info", "error", "warning")
 CLAUDE_KEYS = ("uuid", "parentUuid", "message", "role")  # what a Claude Code event (or a chat message) has and a Gemini record never does
 MEDIA = {"image": "image", "audio": "audio", "video": "video"}
+INJECTED = ("This is the Gemini CLI. We are setting up the context for our chat.",)  # the first user turn of a chat, without <session_context>
 
 
 def _header(record) -> bool:
@@ -175,7 +180,8 @@ class GeminiLog(Log):
         if self._contents:
             return [self._content_session(self._contents, {})]
         if self._prompts:
-            return [chat(sid, self._shown, _user_turns(prompts), {"format": "gemini-cli", "id": sid}) for sid, prompts in self._prompts.items()]
+            typed = {sid: _user_turns(prompts) for sid, prompts in self._prompts.items()}
+            return [chat(sid, self._shown, c, {"format": "gemini-cli", "id": sid}, title=first_prompt(c.messages(), INJECTED)) for sid, c in typed.items()]
         session_id = self._meta.get("sessionId")
         name = session_id if isinstance(session_id, str) and session_id else self._stem
         metadata: dict[str, object] = {"format": "gemini-cli"}
@@ -184,6 +190,7 @@ class GeminiLog(Log):
         if isinstance(self._meta.get("kind"), str):
             metadata["kind"] = self._meta["kind"]
         out: list[Transcript] = []
+        title = self._title[-1] if self._title else None
         for branch, entries in enumerate([[self._records[i] for i in self._order], *self._branches], start=1):
             conversation, events = Conversation(), []
             for turns, notices in entries:
@@ -195,9 +202,9 @@ class GeminiLog(Log):
                     raise EmptyTranscript(self._shown, f"the session holds notices ({len(events)}) but no messages")
                 continue
             side = {"events": events} if out else {"events": self._notes + events, "title": self._title}
-            out.append(
-                chat(name if not out else f"{name} [branch {branch}]", self._shown, conversation, dict(metadata, branch=branch) if out else metadata, side)
-            )
+            title = title or first_prompt(conversation.messages(), INJECTED)  # the session's, for its branches
+            numbered = dict(metadata, branch=branch) if out else metadata
+            out.append(chat(name if not out else f"{name} [branch {branch}]", self._shown, conversation, numbered, side, title))
         if not out:
             raise EmptyTranscript(self._shown, "the session holds no messages")
         return out
@@ -235,7 +242,8 @@ class GeminiLog(Log):
                 events.append({"type": "toolCall", "text": json.dumps(call, ensure_ascii=False)})
         if conversation.empty:
             raise EmptyTranscript(self._shown, "the checkpoint holds no history")
-        return chat(self._stem, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events})
+        title = first_prompt(conversation.messages(), INJECTED) if restore is not None else None  # a /chat save file is named by its tag
+        return chat(self._stem, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events}, title)
 
 
 def _user_turns(prompts: list[str]) -> Conversation:

@@ -8,7 +8,8 @@ they are taken by ``create_time`` (an ISO string or ``{"$date": {"$numberLong": 
 as listed. Grok's reasoning (``thinking_trace``, the capture's ``steps``) is the reply's
 thinking; a tool's call and answer are turns; web search results, what a tool reported, and
 errors are ``events``; attachments are known by name (``attachments``) or only by id (a
-counted placeholder each), and so are generated images.
+counted placeholder each), and so are generated images. An untitled conversation is titled by
+its first prompt; it was said from its ``create_time`` to its ``modify_time`` (or its responses').
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from datetime import datetime
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind, placeholder
-from kvdb.transcripts.sessions import Transcript, alternative_replies, chat, tree_paths
+from kvdb.transcripts.sessions import Transcript, alternative_replies, chat, first_prompt, tree_paths
+from kvdb.transcripts.stamps import said
 
 SENDERS = {"human": "user", "user": "user", "assistant": "assistant"}
 
@@ -71,6 +73,8 @@ def _sessions(item: dict, name: str, source: str) -> list[Transcript]:
     metadata: dict[str, object] = {"format": "grok"}
     if session_id is not None:
         metadata["id"] = session_id
+    times = [_field(head, "create_time", "createTime"), _field(head, "modify_time", "modifyTime")]
+    metadata |= said(*times, *(_field(r, "create_time", "createTime") for r in responses))
     branches, alternatives = alternative_replies(paths, lambda key: _role(by_id[key]) == "assistant" and not by_id[key].get("toolResponses"))
     sessions = []
     for branch, path in enumerate([paths[0], *branches], start=1):
@@ -83,7 +87,8 @@ def _sessions(item: dict, name: str, source: str) -> list[Transcript]:
             side["alternatives"] = [_alternative(turn_of[taken], by_id[other], conversation, side) for taken, other in alternatives]
             side["summaries"] = [head["summary"]] if isinstance(head.get("summary"), str) and head["summary"] else []
         extra = {"branch": branch} if branch > 1 else {}
-        sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side))
+        prompt = None if head.get("title") else first_prompt(conversation.messages())
+        sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
     return sessions
 
 

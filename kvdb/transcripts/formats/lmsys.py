@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation
-from kvdb.transcripts.sessions import Transcript, chat, is_session_object, session_metadata, session_name
+from kvdb.transcripts.sessions import Transcript, chat, is_session_object, session_metadata, session_name, session_title
 
 
 class LMSYS(Format):
@@ -19,7 +19,7 @@ class LMSYS(Format):
 
     def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
         conversation = Conversation(obj).add_all(obj["conversation"])
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "lmsys"))]
+        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "lmsys"), title=session_title(obj, name, conversation))]
 
 
 def register(add) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind, message_error
-from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name
+from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name, session_title
 
 
 class MessageLog(Log):
@@ -58,7 +58,8 @@ class Messages(Format):
             if rejected is not None:
                 raise Invalid(f'"rejected_messages" must be a list of messages, not {kind(rejected)}', obj)
         side = dataset_side(obj, conversation) | {"alternatives": alternatives}
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "anthropic" if "system" in obj else "openai"), side)]
+        metadata = session_metadata(obj, "anthropic" if "system" in obj else "openai")
+        return [chat(session_name(obj, name), source, conversation, metadata, side, session_title(obj, name, conversation))]
 
     def opens_log(self, record) -> bool:
         return message_error(record) is None

@@ -5,14 +5,20 @@ the shown branch, read only where a chat has no history. The session follows ``c
 a regenerated reply not taken is an ``alternatives`` side field, and any other leaf (an edited
 prompt) a session of its own, ``[branch N]``. ``content`` is kept as the app stored it, the
 ``<details>`` blocks of reasoning and tool calls included: they are the text the user saw. The
-chat's own ``"id"`` is often ``""`` (the row holds the real one) and names nothing.
+chat's own ``"id"`` is often ``""`` (the row holds the real one) and names nothing. A chat
+without a title, or with the app's placeholder ("New Chat"), is titled by its first prompt. It
+was said from the first to the last of the row's ``created_at`` and ``updated_at``, the chat's
+``timestamp`` and its messages' (seconds or milliseconds since the epoch).
 """
 
 from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind
-from kvdb.transcripts.sessions import Transcript, alternative_replies, chat, object_at, tree_paths
+from kvdb.transcripts.sessions import Transcript, alternative_replies, chat, first_prompt, object_at, tree_paths
+from kvdb.transcripts.stamps import said
+
+DEFAULT_TITLE = "New Chat"  # what the app calls a chat it has not titled
 
 
 class OpenWebUI(Format):
@@ -50,7 +56,8 @@ class OpenWebUI(Format):
         metadata: dict[str, object] = {"format": self.name}
         if row_id:
             metadata["id"] = row_id
-        title = title or str(row_id or name)
+        metadata |= said(obj.get("created_at"), obj.get("updated_at"), held.get("timestamp"), *(node.get("timestamp") for node in nodes.values()))
+        untitled, title = title in (None, DEFAULT_TITLE), title or str(row_id or name)
         other_title = held.get("title") if isinstance(held.get("title"), str) and held["title"] not in ("", title) else None
         branches, alternatives = alternative_replies(paths, lambda key: nodes[key].get("role") == "assistant")
         sessions = []
@@ -64,7 +71,8 @@ class OpenWebUI(Format):
                 side["alternatives"] = [{"turn": turn_of[taken], "text": _content(nodes[other])} for taken, other in alternatives]
                 side["title"] = [other_title] if other_title else []
             extra = {"branch": branch} if branch > 1 else {}
-            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side))
+            prompt = first_prompt(conversation.messages()) if untitled else None
+            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
         return sessions
 
 

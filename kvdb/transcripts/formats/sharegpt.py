@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation
-from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name
+from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name, session_title
 
 
 class ShareGPT(Format):
@@ -31,7 +31,7 @@ class ShareGPT(Format):
             conversation.add(obj["chosen"], '"chosen": ')
         if "rejected" in obj:
             side["alternatives"] = conversation.alternatives([obj["rejected"]], turn, "rejected")
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "sharegpt"), side)]
+        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "sharegpt"), side, session_title(obj, name, conversation))]
 
 
 def register(add) -> None:

@@ -5,16 +5,22 @@ shown (``mes``) is the turn; the other swipes are ``alternatives``, each with it
 reasoning. A function call's message is the calls and their results as turns (what the model
 was sent), its HTML dump an event; other ``is_system`` messages were kept out of the prompt,
 so they are ``events`` too. A file attached to a message is known by name (``attachments``).
+A chat is titled by its file's name, which is the app's name for it (renaming a chat in the app
+renames the file), and was said from the header's ``create_date`` to its last ``send_date``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from kvdb.errors import EmptyTranscript
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind
 from kvdb.transcripts.sessions import Transcript, chat, object_at
+from kvdb.transcripts.stamps import said
+
+HUMANIZED = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})\s*@\s*(\d{1,2})h\s*(\d{1,2})m\s*(\d{1,2})s")  # "2025-03-01@10h15m02s"
 
 
 class SillyTavern(Format):
@@ -55,6 +61,7 @@ class ChatLog(Log):
         self._metadata: dict[str, object] = {"format": "sillytavern"}
         self._lines = 0  # message lines taken
         self._headed = False
+        self._times: list = []  # create_date and each send_date, as written
 
     def add(self, record, line: int) -> None:
         if not isinstance(record, dict):
@@ -65,6 +72,7 @@ class ChatLog(Log):
             self._headed = True
             if record.get("create_date") is not None:
                 self._metadata["created"] = record["create_date"]
+                self._times.append(record["create_date"])
             settings = object_at(record, "chat_metadata")
             self._side["events"] += [
                 {"type": label, "text": settings[key]} for key, label in PROMPT_NOTES if isinstance(settings.get(key), str) and settings[key].strip()
@@ -95,6 +103,7 @@ class ChatLog(Log):
         for turn in turns:  # only the first may be refused: _tool_turns checks the rest
             self._conversation.add(turn, f"line {line}: ")
         self._lines += 1
+        self._times.append(record.get("send_date"))
         self._side["alternatives"] += alternatives
         self._side["events"] += events
         if isinstance(extra.get("display_text"), str) and extra["display_text"].strip():
@@ -107,7 +116,17 @@ class ChatLog(Log):
             raise EmptyTranscript(self._shown, "the chat holds no messages (only its header)")
         if self._conversation.empty:
             raise Invalid(f"the chat's {self._lines} messages are all system notes, none a turn the model was sent")
-        return [chat(self._stem, self._shown, self._conversation, self._metadata, self._side)]
+        return [chat(self._stem, self._shown, self._conversation, self._metadata | said(*map(_time, self._times)), self._side)]
+
+
+def _time(value):
+    """SillyTavern's own "2025-03-01@10h15m02s" (the user's local time, taken as UTC as a time
+    without a zone is) as ISO 8601; other values as they are (ISO strings, milliseconds)."""
+    found = HUMANIZED.fullmatch(value.strip()) if isinstance(value, str) else None
+    if found is None:
+        return value
+    year, month, day, hour, minute, second = map(int, found.groups())
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
 
 
 def _tool_turns(invocations: list, record: dict) -> list[dict]:
