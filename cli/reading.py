@@ -218,7 +218,7 @@ def search(
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
     archive = _open(ctx, model, read_only=True, embedder=embedder)
-    if not archive.sessions():
+    if not archive.session_count():
         raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
     if count_only:
         if semantic:

@@ -596,6 +596,10 @@ class Archive:
     def stats(self) -> Stats:
         return self._inventory.stats()
 
+    def session_count(self) -> int:
+        """How many sessions the archive holds (one count, not a listing)."""
+        return self._storage.session_count()
+
     def pending(self) -> Pending:
         """The model's work that ingests without it queued."""
         return self._upkeep.pending()

@@ -61,8 +61,9 @@ class Inventory:
 
     def _fp16_bytes_per_token(self) -> int | None:
         """K and V of one token in fp16 for the archive's first model: 2 x layers x kv heads x head dim x 2 B."""
-        for row in self._storage.list_sessions()[:1]:
-            model = self._storage.get_model(row.model_id)
+        model_id = self._storage.first_model_id()
+        if model_id is not None:
+            model = self._storage.get_model(model_id)
             assert model is not None  # a session's model is stored with it
             c = model.config
             kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")  # GPT-2, GPT-NeoX: one per query head

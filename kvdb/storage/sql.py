@@ -353,6 +353,13 @@ class Storage:
             return None
         return np.frombuffer(b"".join(b for b in blobs if b is not None), dtype="<f4").copy()
 
+    def session_count(self) -> int:
+        return int(self._value("select count(*) from sessions"))
+
+    def first_model_id(self) -> str | None:
+        """The model of the archive's first session (its shape sizes what stats compare tier K with)."""
+        return self._value("select model_id from sessions order by created_at, session_id limit 1")
+
     def unscored(self, node_ids: list[str]) -> set[str]:
         """Of these nodes, those holding tokens the model has not scored (an ingest without it)."""
         return {r[0] for r in self._rows(f"select n.node_id from nodes n where n.node_id {ANY} and {UNSCORED}", [node_ids])} if node_ids else set()

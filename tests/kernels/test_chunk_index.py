@@ -89,3 +89,24 @@ def test_a_damaged_sidecar_is_refused(tmp_path, damage):
     (tmp_path / "x.vec").write_bytes(bytes(data))
     with pytest.raises(CorruptData):
         ChunkIndex.load(tmp_path / "x.vec")
+
+
+def test_appends_to_a_loaded_index_copy_none_of_its_vectors(tmp_path):
+    """Issue 53: a catch-up appends to the rows a sidecar maps, into a buffer that doubles; the
+    mapped vectors stay mapped, and every read sees the rows in order."""
+    rng = np.random.default_rng(4)
+    _index(rng, 20).save(tmp_path / "x.vec")
+    loaded = ChunkIndex.load(tmp_path / "x.vec")
+    base = loaded.vectors.base
+    added = [_unit(rng, 3) for _ in range(5)]
+    for k, vectors in enumerate(added):
+        loaded.append([f"{100 + k:032x}"] * 3, np.arange(6).reshape(3, 2) + 100 * k, vectors, ["a", "b", "c"])
+    assert loaded.vectors.base is base and isinstance(base, np.memmap)  # not copied
+    every = np.concatenate([np.asarray(base), *(v.astype(np.float16) for v in added)])
+    assert loaded.rows == len(loaded.vectors) == len(every) == 35 and np.array_equal(loaded.vectors.whole(), every)
+    rows = np.array([0, 19, 20, 34, 7, 25])
+    assert np.array_equal(loaded.vectors[rows], every[rows]) and np.array_equal(loaded.vectors[-1], every[-1])
+    assert loaded.spans[-1].tolist() == [404, 405] and loaded.live.all() and len(loaded.row_node) == 35
+    loaded.save(tmp_path / "y.vec")
+    again = ChunkIndex.load(tmp_path / "y.vec")
+    assert np.array_equal(np.asarray(again.vectors.base), every) and again.counts() == loaded.counts()
