@@ -66,21 +66,29 @@ class Upkeep:
         warmed = 0
         try:
             for work, one in ((w, kinds[w]) for w in kinds if only in (None, w)):
-                while limit is None or done[work][0] < limit:
-                    queued = self._storage.pending_sessions(work, BATCH if limit is None else min(BATCH, limit - done[work][0]))
-                    if not queued:
-                        break
-                    for row in queued:
-                        if stop is not None and stop():
-                            return self._report(done, warmed, began)
-                        warmed += one(row)
-                        done[work][0] += 1
-                        done[work][1] += row.n_tokens
-                        if progress is not None:
-                            progress(row.n_tokens, 0)
+                with self._storage.batch():  # each session's work and its row off the queue land together
+                    warmed += self._drain(work, one, limit, done[work], progress, stop)
         finally:
             self._storage.release()
         return self._report(done, warmed, began)
+
+    def _drain(self, work: str, one: Callable[[SessionRow], bool], limit: int | None, done: list[int], progress: Progress | None, stop) -> int:
+        """The queue of ``work``, a session at a time (``done``: sessions and tokens, counted up);
+        how many caches were kept."""
+        warmed = 0
+        while limit is None or done[0] < limit:
+            queued = self._storage.pending_sessions(work, BATCH if limit is None else min(BATCH, limit - done[0]))
+            if not queued:
+                break
+            for row in queued:
+                if stop is not None and stop():
+                    return warmed
+                warmed += one(row)
+                done[0] += 1
+                done[1] += row.n_tokens
+                if progress is not None:
+                    progress(row.n_tokens, 0)
+        return warmed
 
     def _embed(self, row: SessionRow) -> bool:
         """The semantic tier of the nodes on the session's path that lack it, committed with the

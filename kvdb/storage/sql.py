@@ -365,9 +365,12 @@ class Storage:
         return {r[0] for r in self._rows(f"select n.node_id from nodes n where n.node_id {ANY} and {UNSCORED}", [node_ids])} if node_ids else set()
 
     def pending_sessions(self, work: str, limit: int) -> list[SessionRow]:
-        """Sessions ``work`` is queued for, the newest first (what is searched and restored next)."""
+        """Sessions ``work`` is queued for, the newest first (what is searched and restored next):
+        by when their conversation was last said (a backfill archives a year of logs in minutes),
+        then by when they were archived."""
         queued = "(select session_id from pending_work where work = ?)"
-        query = f"select {SESSION} from {SESSIONS} where session_id in {queued} order by created_at desc, session_id limit ?"
+        said = "(select c.said_at from conversations c where c.conversation_id = coalesce(conversation_sessions.conversation_id, sessions.session_id))"
+        query = f"select {SESSION} from {SESSIONS} where session_id in {queued} order by {said} desc nulls last, created_at desc, session_id limit ?"
         return [session_row(r) for r in self._rows(query, [work, limit])]
 
     def pending_counts(self) -> dict[str, tuple[int, int]]:
