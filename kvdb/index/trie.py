@@ -52,18 +52,48 @@ def ends_deepest_first(path: list[NodeRow], after: int = 0) -> list[tuple[str, i
     return [(n.node_id, n.end) for n in reversed(path) if n.end > after]
 
 
-def longest_prefix(store: Storage, model_id: str, ids: np.ndarray, tokens_of: Callable[[NodeRow], np.ndarray] | None = None, min_split: int = 0) -> PrefixMatch:
+class Heads:
+    """The first ``MIN_SPLIT`` tokens of nodes, read once per process. Children of one node that
+    begin with the same token share fewer than ``MIN_SPLIT`` tokens (a stream sharing more with
+    one cut it into a shared node), so a stream shares that many with at most one of them, and
+    their heads tell which: only it is read whole. Without them, a node with thousands of such
+    children (agent logs that all open alike) had every child read for every new session."""
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[str, int, int], np.ndarray] = {}  # keyed by the node's place too: a cut node keeps its id
+
+    def of(self, store: Storage, node: NodeRow, tokens_of: Callable[[NodeRow], np.ndarray]) -> np.ndarray:
+        key = (node.node_id, node.start, node.n_tokens)
+        head = self._heads.get(key)
+        if head is None:
+            n = min(MIN_SPLIT, node.n_tokens)
+            head = self._heads[key] = store.node_tokens(node.node_id, 0, n) if "tokens" in node.keep else tokens_of(node)[:n]
+        return head
+
+
+def longest_prefix(
+    store: Storage,
+    model_id: str,
+    ids: np.ndarray,
+    tokens_of: Callable[[NodeRow], np.ndarray] | None = None,
+    min_split: int = 0,
+    heads: Heads | None = None,
+) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens
     from ``tokens_of`` (for nodes held in tier L only, which the caller decodes) or the store.
     A match that would end fewer than ``min_split`` tokens into a node ends at the node's start
-    instead: where a new session is stored, that node is not cut (see ``MIN_SPLIT``)."""
+    instead: where a new session is stored, that node is not cut (see ``MIN_SPLIT``). With
+    ``heads`` (and ``min_split`` at ``MIN_SPLIT``), children whose head ``ids`` do not hold whole
+    are passed over unread: they can share fewer than ``min_split`` tokens at most."""
     tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
     best = PrefixMatch(0, None, 0)
     parent = None
     while best.matched < len(ids):
         start = best.matched
         kids = store.children(parent, model_id, int(ids[start]))
+        if heads is not None and min_split >= MIN_SPLIT and len(kids) > 1:
+            kids = [k for k in kids if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)]
         if not kids:
             break
         scored = [

@@ -73,6 +73,7 @@ class Ingester:
         self._indexes = indexes
         self._prefix_cache = prefix_cache
         self._compute = compute  # shared with ``kvdb upkeep``: the model runs in one place on the write path
+        self._heads = trie.Heads()  # nodes' first tokens, read once: a node's children are told apart by them
         self._claims = InputClaims(storage)
         # (session id, ids, cache, its path's nodes deepest first) of the last growing conversation, saved on close
         self._pending_prefix: tuple[str, np.ndarray, object, list[tuple[str, int]]] | None = None
@@ -247,7 +248,7 @@ class Ingester:
 
         for _ in range(COMMIT_ATTEMPTS):
             self._index_ready(loaded, keep)  # a rebuild commits: before the snapshot the plan rests on
-            plan = plan_session(self._storage, model_id, ids, keep, tokens_of)
+            plan = plan_session(self._storage, model_id, ids, keep, tokens_of, self._heads)
             if plan.done:
                 break
             if work is None or work[0] != plan.key:

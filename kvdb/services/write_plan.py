@@ -148,15 +148,20 @@ def render_ids(tokenizer, item: Transcript) -> np.ndarray:
     return ids
 
 
-def plan_session(storage: Storage, model_id: str, ids: np.ndarray, keep: frozenset[str], tokens_of: Callable[[NodeRow], np.ndarray]) -> SessionPlan:
+def plan_session(
+    storage: Storage, model_id: str, ids: np.ndarray, keep: frozenset[str], tokens_of: Callable[[NodeRow], np.ndarray], heads: trie.Heads | None = None
+) -> SessionPlan:
     """The work of archiving ``ids`` with the tiers ``keep``, as the archive stands now.
-    ``tokens_of(node)``: a node's tokens (decoded from tier L for a node held only there)."""
+    ``tokens_of(node)``: a node's tokens (decoded from tier L for a node held only there);
+    ``heads``: nodes' first tokens, kept by a writer across its sessions (``trie.Heads``)."""
     version = storage.version()  # a commit of this plan is refused if anything lands after this
     session_id = trie.path_id(model_id, ids)
     if storage.has_session(session_id):
         path = storage.node_path(session_id)
         return SessionPlan(session_id, ids, keep, version, None, path, _lacking(path, keep))
-    match = trie.longest_prefix(storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT)  # a node is cut only where MIN_SPLIT of its tokens are shared
+    match = trie.longest_prefix(
+        storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads
+    )  # a node is cut only where MIN_SPLIT of its tokens are shared
     path = storage.node_path(match.node.node_id) if match.node is not None else []
     return SessionPlan(session_id, ids, keep, version, match, path, [])
 

@@ -98,6 +98,25 @@ def test_a_node_is_cut_only_where_a_new_session_shares_min_split_of_its_tokens(a
     assert {name: archive.text(name) for name in texts} == texts and archive.verify(deep=True).ok
 
 
+def test_children_that_open_alike_are_told_apart_by_their_heads(archive, monkeypatch):
+    """Siblings that begin with one token share fewer than MIN_SPLIT tokens: a new session is
+    matched against their first tokens (read once), and only the one it shares MIN_SPLIT with
+    is read whole (a backfill of logs that all open alike read every sibling per session)."""
+    k = trie.MIN_SPLIT
+    texts = {f"s{i}": f"Z{i:0{k - 3}d}" + "x" * (k + i) for i in range(30)}  # one first token; fewer than k shared
+    for name, text in texts.items():
+        archive.ingest(text=text, name=name, keep="tokens,search")
+    reads = []
+    node_tokens = type(storage_of(archive)).node_tokens
+    monkeypatch.setattr(type(storage_of(archive)), "node_tokens", lambda self, node_id, start=0, end=None: reads.append((start, end)) or node_tokens(self, node_id, start, end))
+    [again] = archive.ingest(text=texts["s17"] + " and more", name="s17 grown", keep="tokens,search")
+    assert again.new_tokens < len(" and more") + 2 and archive.text("s17 grown") == texts["s17"] + " and more"
+    assert len([r for r in reads if r != (0, k)]) <= 1  # one sibling read whole, the others by their heads (cached)
+    reads.clear()
+    archive.ingest(text=texts["s3"] + " too", name="s3 grown", keep="tokens,search")
+    assert len(reads) <= 1 and archive.verify(deep=True).ok  # the heads are read once per process
+
+
 def test_delete_and_gc_never_break_a_sharing_session(archive):
     common = "The harbour lights were lit at dusk. "
     a = archive.ingest(text=common + "Ships came home.", name="a")[0]
