@@ -300,6 +300,16 @@ class SlotMap:
         return np.where(ok, run, -1), position
 
 
+@dataclass
+class _Batch:
+    """Runs a batch of commits gave slots in the database, to join the copy once it commits."""
+
+    ntotal: int  # the next free slot
+    runs: list[tuple[int, np.ndarray, np.ndarray | None]] = dataclasses.field(default_factory=list)
+    parents: dict[int, int] = dataclasses.field(default_factory=dict)  # a run's first slot -> its parent's last, where the parent is in the batch
+    last: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> its last slot, for the runs of the batch
+
+
 class Indexes:
     """The search indexes of one archive, one per tokenizer (``key``): each a copy, in memory and
     in a sidecar file, of what the database's slot runs say, caught up with the runs other
@@ -311,7 +321,7 @@ class Indexes:
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
-        self._saving: set[str] = set()  # keys whose sidecar is saved once the open batch commits
+        self._batches: dict[str, _Batch] = {}  # key -> the runs the open batch numbered, merged into the copy when it commits
         self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
@@ -323,7 +333,7 @@ class Indexes:
         nothing was ever indexed. A read: nothing is written to the database."""
         version = self._store.version() if version is None else version
         index = self._loaded.get(key)
-        if index is not None and self._checked.get(key) == version:
+        if index is not None and (self._checked.get(key) == version or key in self._batches):  # a batch's runs join at its commit
             return index
         recorded = self._store.index_generation(key)
         if recorded is None:
@@ -426,6 +436,7 @@ class Indexes:
                     continue
             self._save(key, index)
             self._loaded[key], self._checked[key] = index, None
+            self._batches.pop(key, None)  # the numbering holds the batch's runs
             self.rebuilt.append(key)
             return index
         raise StaleWrite(
@@ -465,6 +476,9 @@ class Indexes:
         crash between the two leaves it behind, which the next ``get`` catches up), once for a
         batch of commits (``Storage.batch``)."""
         index = self.ready(key, tokenizer_hash, alphabet)
+        if self._store.batching:
+            self._commit_in_batch(key, index, plan, joining, based_on)
+            return
         try:
             first = {node_id: index.add(tokens, context) for node_id, (tokens, context) in joining.items()}
             self._store.apply(dataclasses.replace(plan, index=_state(key, index, first)), based_on)
@@ -472,16 +486,35 @@ class Indexes:
             self._loaded.pop(key, None)  # holds slots the database may not have
             raise
         self._checked[key] = None
-        if key not in self._saving:
-            self._saving.add(key)
-            self._store.after_commit(lambda: self._saved(key))
+        self._save(key, index)
 
-    def _saved(self, key: str) -> None:
-        """The copy as it stands once its commits landed (the batch's last included)."""
-        self._saving.discard(key)
-        index = self._loaded.get(key)
-        if index is not None:
-            self._save(key, index)
+    def _commit_in_batch(self, key: str, index: WalkIndex, plan: SessionWrite | AddTiers, joining: dict, based_on) -> None:
+        """In a batch (``Storage.batch``) the runs take their slots in the database now and join the
+        copy in one merge when the batch commits (``WalkIndex.extend``: one sort and one merge for
+        them all; a merge per session cost most of a backfill's time), the sidecar saved then."""
+        batch = self._batches.get(key) or _Batch(index.ntotal)
+        first, slot = {}, batch.ntotal
+        for node_id, (tokens, _) in joining.items():
+            first[node_id], slot = slot, slot + len(tokens)
+        self._store.apply(dataclasses.replace(plan, index=IndexState(key, index.alphabet, index.depth, slot, index.generation, first)), based_on)
+        parent = plan.node.parent_id if isinstance(plan, SessionWrite) and plan.node is not None else None
+        for node_id, (tokens, context) in joining.items():
+            batch.runs.append((first[node_id], tokens, context))
+            if parent in batch.last:  # its parent joins in this batch too: linked to it, not looked up
+                batch.parents[first[node_id]] = batch.last[parent]
+            batch.last[node_id] = first[node_id] + len(tokens) - 1
+        batch.ntotal = slot
+        if key not in self._batches:
+            self._batches[key] = batch
+            self._store.after_commit(lambda: self._merge_batch(key), lambda: self._batches.pop(key, None))
+
+    def _merge_batch(self, key: str) -> None:
+        batch, index = self._batches.pop(key, None), self._loaded.get(key)
+        if batch is None or index is None:  # numbered anew meanwhile (a rebuild holds every run)
+            return
+        index.extend(batch.runs, batch.ntotal, batch.parents)
+        self._checked[key] = None
+        self._save(key, index)
 
 
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:

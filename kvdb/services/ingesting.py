@@ -101,7 +101,8 @@ class Ingester:
         redact: bool = False,
         heard: Heard | None = None,
     ) -> list[IngestResult]:
-        """``heard``: each file's results once they are committed (a caller that reports as it goes)."""
+        """``heard``: each file's results once they are committed (a caller that reports as it
+        goes: a file archive commits files together, about once a second)."""
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
         if (computed is not None or conversation is not None) and source is not None:
@@ -129,11 +130,12 @@ class Ingester:
                 found += transcripts.find_transcript_files([given])
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
-        heard(results)
-        for path in dict.fromkeys(found):
-            committed = self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact)
-            heard(committed)
-            results.extend(committed)
+        heard(list(results))  # the paths that failed to be listed
+        with self._storage.batch():  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
+            for path in dict.fromkeys(found):
+                committed = self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact)
+                self._storage.after_commit(lambda committed=committed: heard(committed))
+                results.extend(committed)
         return results
 
     def _ingest_file(

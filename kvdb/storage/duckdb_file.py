@@ -120,9 +120,13 @@ class DuckDBFile(Engine):
             self._batching = False
         self._commit_batch()
 
-    def after_commit(self, then) -> None:
+    @property
+    def batching(self) -> bool:
+        return self._batching
+
+    def after_commit(self, then, undo=None) -> None:
         if self._open:
-            self._committed.append(then)
+            self._committed.append((then, undo))
         else:
             then()
 
@@ -138,12 +142,15 @@ class DuckDBFile(Engine):
             self._conn.commit()
             self._open = False
             waiting, self._committed = self._committed, []
-            for then in waiting:
+            for then, _ in waiting:
                 then()
 
     def _rollback_batch(self) -> None:
         if self._open:
-            self._open, self._committed = False, []
+            undone, self._open, self._committed = self._committed, False, []
+            for _, undo in undone:
+                if undo is not None:
+                    undo()
             with contextlib.suppress(duckdb.Error):
                 assert self._conn is not None
                 self._conn.rollback()

@@ -52,9 +52,14 @@ class Engine(abc.ABC):
         whose writers conflict per commit (a lake) commits each write alone."""
         return contextlib.nullcontext()
 
-    def after_commit(self, then: Callable[[], None]) -> None:
-        """Call ``then`` once what was written so far is committed (at once outside a batch):
-        derived files saved only for what the database holds."""
+    @property
+    def batching(self) -> bool:
+        """Whether writes now share a transaction (``batch``) that commits later."""
+        return False
+
+    def after_commit(self, then: Callable[[], None], undo: Callable[[], None] | None = None) -> None:
+        """Call ``then`` once what was written so far is committed (at once outside a batch), or
+        ``undo`` if it is rolled back: derived data follows only what the database holds."""
         then()
 
     def reading(self) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:

@@ -137,8 +137,12 @@ class Storage:
         """Plans applied inside share one transaction where the engine allows (``Engine.batch``)."""
         return self.engine.batch()
 
-    def after_commit(self, then) -> None:
-        self.engine.after_commit(then)
+    @property
+    def batching(self) -> bool:
+        return self.engine.batching
+
+    def after_commit(self, then, undo=None) -> None:
+        self.engine.after_commit(then, undo)
 
     @contextlib.contextmanager
     def _explained(self):

@@ -1,0 +1,60 @@
+"""A file archive commits an ingest's files in batches (issue 53): the phrase index takes a batch's
+runs in one merge at its commit, and a batch that fails leaves the archive, its index and its
+queue as they were before it."""
+
+from __future__ import annotations
+
+import pytest
+from support import storage_of
+
+import kvdb
+from kvdb.storage import sql_apply
+from kvdb.storage.base import SessionWrite
+
+TEXTS = {f"log{i}": f"Entry {i}: the harbour master counted {i} ships at night, then {i + 1} at dawn." for i in range(6)}
+
+
+def _folder(tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name, text in TEXTS.items():
+        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_a_batch_of_files_is_indexed_in_one_merge_as_one_by_one(tmp_path, tiny_loaded):
+    folder = _folder(tmp_path)
+    with kvdb.open(tmp_path / "batched.duckdb", model=tiny_loaded) as batched, kvdb.open(tmp_path / "single.duckdb", model=tiny_loaded) as single:
+        heard = []
+        batched.ingest(folder, keep="tokens,search", heard=heard.append)
+        for name, text in TEXTS.items():
+            single.ingest(text=text, name=name, keep="tokens,search")
+        assert sorted(r.name for results in heard for r in results) == sorted(TEXTS)  # each file said once, after its commit
+        for phrase in ("harbour master", "3 ships at night", "at dawn"):
+            assert sorted((h.name, h.position) for h in batched.search(phrase, k=10)) == sorted((h.name, h.position) for h in single.search(phrase, k=10))
+        assert batched.verify(deep=True).ok
+    with kvdb.open(tmp_path / "batched.duckdb", model=tiny_loaded, read_only=True) as reopened:  # the sidecar saved at the commit
+        assert {h.name for h in reopened.search("harbour master", k=10)} == set(TEXTS)
+
+
+def test_a_failed_batch_leaves_the_archive_as_it_was(tmp_path, tiny_loaded, monkeypatch):
+    folder = _folder(tmp_path)
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
+        db.ingest(text="Before the batch: the harbour was quiet.", name="before", keep="tokens,search")
+        write, calls = sql_apply._session_write, []
+
+        def fail_on_the_fourth(conn, plan):
+            calls.append(plan)
+            if len(calls) == 4:
+                raise OSError("disk full")
+            return write(conn, plan)
+
+        monkeypatch.setitem(sql_apply._HANDLERS, SessionWrite, fail_on_the_fourth)
+        with pytest.raises(OSError, match="disk full"):
+            db.ingest(folder, keep="tokens,search")
+        monkeypatch.undo()
+        assert [s.name for s in db.sessions()] == ["before"] and db.pending().logprobs.sessions == 1
+        assert {h.name for h in db.search("harbour", k=10)} == {"before"} and db.verify(deep=True).ok
+        assert storage_of(db).engine.batching is False
+        assert {r.status for r in db.ingest(folder, keep="tokens,search")} == {"ingested"}
+        assert {h.name for h in db.search("harbour master", k=10)} == set(TEXTS) and db.verify(deep=True).ok
