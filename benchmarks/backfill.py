@@ -28,10 +28,8 @@ Per scale, in one run and on the same files:
   planted phrase's first call and median of ``--reps``, recall; the same searches with
   ``project=`` its folder; ``conversations(project=)`` and ``conversation_page(project=, 20)`` (MCP
   ``sessions``), and ``kvdb sessions --project`` as a command.
-- the semantic tier's catch-up: ``Archive.upkeep`` in a process of its own, stopped when the
-  sessions queued for the embedder are done or after ``--semantic-seconds`` (``kvdb upkeep``
-  cannot do the embedder's part alone: ``--limit N`` would then score N sessions with the language
-  model), then, in the same process, the embedder's raw batch throughput on the chunks of the
+- the semantic tier's catch-up: ``Archive.upkeep(only="semantic")`` in a process of its own,
+  stopped when the sessions queued for the embedder are done or after ``--semantic-seconds``, then, in the same process, the embedder's raw batch throughput on the chunks of the
   sessions it embedded (each session's turns cut as the tier cuts them, ``kvdb.index.chunks``).
 - tantivy (one document per message text field; the default tokenizer; positions) and FTS5
   (unicode61), each in a process of its own: build time from process start to a committed index
@@ -679,14 +677,14 @@ def probe_semantic(work: Path, plan: dict, seconds: float) -> dict:
         if planned == 0:
             done[0] += 1
 
-    report = archive.upkeep(progress=progress, stop=lambda: done[0] >= queued or time.perf_counter() - began > seconds)
+    report = archive.upkeep(progress=progress, stop=lambda: done[0] >= queued or time.perf_counter() - began > seconds, only="semantic")
     upkeep_s = time.perf_counter() - began
     embedded = report.embedded
     transformers_loaded = "transformers" in sys.modules
 
-    # the sessions it embedded: the queue's order, newest first (kvdb.storage: created_at desc, session_id)
-    order = sorted(archive.sessions(), key=lambda s: s.session_id)
-    order.sort(key=lambda s: s.created_at, reverse=True)
+    # the sessions it embedded: those no longer queued for the embedder
+    left = {s.session_id for s in archive._storage.pending_sessions("semantic", 1 << 40)}
+    order = [s for s in archive.sessions() if s.session_id not in left]
     tokenizer = T.load_full()  # with its chat template, which the turns are found by (T.load()'s has none)
     seen: set[tuple[str, int]] = set()
     texts: list[str] = []
@@ -928,7 +926,7 @@ def report(results: list[dict], args, elapsed: float) -> str:
         lines += [
             "",
             f"The semantic tier's catch-up: `Archive.upkeep` stopped when the sessions queued for the embedder are done or after {args.semantic_seconds:.0f} s "
-            "(`kvdb upkeep` has no way to do the embedder's part alone), then the embedder alone (`Embedder.embed`, its own batches) on the chunks of "
+            "(`only=\"semantic\"`), then the embedder alone (`Embedder.embed`, its own batches) on the chunks of "
             "the sessions it embedded (each session's turns cut as the tier cuts them; a chunk another version of the conversation holds counted once). "
             "Rates are the sessions' tokens per second; the whole catch-up is extrapolated at upkeep's rate:",
             "",
