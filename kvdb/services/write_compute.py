@@ -73,7 +73,9 @@ class WriteCompute:
     def session(self, loaded, planned: Planned, plan: SessionPlan, books: str | None, given: Computed | None = None, score: bool = False) -> SessionWork:
         """The write of a session the trie does not hold: its new node (and the split of the node
         it leaves), computed over what is new only. ``books``: tier K's codebook id. The model's
-        pass is made where the plan needs it, a caller's own is given, or ``score`` asks."""
+        pass is made where the plan needs it, a caller's own is given, or ``score`` asks. The
+        semantic tier is never in ``plan.keep`` here: ingest queues it, and upkeep adds it to
+        the path (``tiers``)."""
         match, ids, keep = plan.match, plan.ids, plan.keep
         assert match is not None  # a plan for a new session
         model_id = loaded.identity.model_id
@@ -85,7 +87,7 @@ class WriteCompute:
         resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
         scoring = (plan.runs_model or given is not None or score) and first < len(ids)  # else the model's pass is queued (pending_work)
-        short = (len(ids) - first < SHORT_WORK_TOKENS or not scoring) and "lm" not in keep and not ("semantic" in keep and len(ids) >= SHORT_WORK_TOKENS)
+        short = (len(ids) - first < SHORT_WORK_TOKENS or not scoring) and "lm" not in keep
         self._storage.before_compute(short=short)  # reads done: the model's work needs no file
         split, parent_id, lm_context = None, None, None
         if plan.splits:
@@ -101,9 +103,8 @@ class WriteCompute:
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in keep else None
             kv = self._tier_k().codes(loaded, cache, match.matched, codebook_id=books) if "kv" in keep else None
-            chunks = self._semantic().chunks(loaded.tokenizer, ids, [(match.matched, len(ids))])[0] if "semantic" in keep else None
             scored = None if logprobs is None else logprobs[match.matched - first :]
-            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], scored, keep, payload, kv, chunks)
+            node = NewNode(plan.session_id, parent_id, match.matched, ids[match.matched :], scored, keep, payload, kv)
         item = planned.item
         metadata = dict(item.metadata, kind="text" if item.text is not None else "chat")
         if item.text is not None and tok.decode(loaded.tokenizer, ids) != item.text:

@@ -158,6 +158,12 @@ def _payload_blocks(payload: np.ndarray) -> list[bytes]:
     return [data[at : at + PAYLOAD_BLOCK] for at in range(0, len(data), PAYLOAD_BLOCK)] or [b""]
 
 
+def queued(work: list[tuple[str, str]], at) -> list[Edit]:
+    """``pending_work`` rows of (session id, work), queued ``at``."""
+    rows = [{"session_id": session_id, "work": kind, "queued_at": at} for session_id, kind in work]
+    return [Insert("pending_work", rows)] if rows else []
+
+
 def chunk_rows(node_id: str, chunks: Chunks) -> list[Edit]:
     """A node's semantic tier: its chunks' spans and vectors, float16."""
     vectors = np.asarray(chunks.vectors, dtype="<f2")

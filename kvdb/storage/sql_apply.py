@@ -112,16 +112,13 @@ def _owed(conn, w: SessionWrite, path: list[str]) -> list[edits.Edit]:
     """The work left for `kvdb upkeep`: what the writer queued, and the model's pass where a node
     on the session's path holds tokens it has not scored."""
     unscored = conn.execute(f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]).fetchone()[0]
-    work = [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]
-    rows = [{"session_id": w.session.session_id, "work": kind, "queued_at": utc_now()} for kind in work]
-    return [edits.Insert("pending_work", rows)] if rows else []
+    return edits.queued([(w.session.session_id, kind) for kind in [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]], utc_now())
 
 
 def _queue(conn, plan: Queue) -> None:
     query = f"select session_id from pending_work where work = ? and session_id {ANY}"
     queued = {r[0] for r in conn.execute(query, [plan.work, plan.session_ids]).fetchall()} if plan.session_ids else set()
-    rows = [{"session_id": s, "work": plan.work, "queued_at": utc_now()} for s in dict.fromkeys(plan.session_ids) if s not in queued]
-    run(conn, [edits.Insert("pending_work", rows)] if rows else [])
+    run(conn, edits.queued([(s, plan.work) for s in dict.fromkeys(plan.session_ids) if s not in queued], utc_now()))
 
 
 def _dequeue(conn, session_id: str, work: str) -> None:
