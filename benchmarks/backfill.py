@@ -30,7 +30,7 @@ Per scale, in one run and on the same files:
   ``sessions``), and ``kvdb sessions --project`` as a command.
 - the semantic tier's catch-up: ``Archive.upkeep(only="semantic")`` in a process of its own,
   stopped when the sessions queued for the embedder are done or after ``--semantic-seconds``, then, in the same process, the embedder's raw batch throughput on the chunks of the
-  sessions it embedded (each session's turns cut as the tier cuts them, ``kvdb.index.chunks``).
+  sessions it embedded (what the tier embeds of each session, ``kvdb.services.semantic_tier.said``).
 - tantivy (one document per message text field; the default tokenizer; positions) and FTS5
   (unicode61), each in a process of its own: build time from process start to a committed index
   (reading and parsing the files included), bytes on disk, phrase query p50/p95, recall.
@@ -662,10 +662,9 @@ def probe_semantic(work: Path, plan: dict, seconds: float) -> dict:
     import numpy as np
 
     import kvdb
-    from kvdb.index import chunks as chunk_ops
-    from kvdb.model import chat
     from kvdb.model import tokenizer as T
     from kvdb.model.embedder import shared
+    from kvdb.services.semantic_tier import said
 
     archive = kvdb.open(plan["db"])
     before = archive.pending()
@@ -693,19 +692,14 @@ def probe_semantic(work: Path, plan: dict, seconds: float) -> dict:
     texts: list[str] = []
     for s in order[: embedded.sessions]:
         ids = np.asarray(archive.tokens(s.session_id), dtype=np.int64)
-        turns = chat.turns(tokenizer, ids)
-        roles = {a: role for role, a, _ in turns if role}
-        spans = chunk_ops.spans([(a, b) for _, a, b in turns]).tolist()
+        spans, said_texts = said(tokenizer, ids)  # what the tier embeds of the session: its turns cut, tool output left out
         prefix, digest, at = {}, hashlib.sha1(), 0  # a chunk is a function of the tokens up to its end
-        for b in sorted({b for _, b in spans}):
+        for b in sorted(set(spans[:, 1].tolist())):
             digest.update(ids[at:b].tobytes())
             prefix[b], at = digest.hexdigest(), b
-        for a, b in spans:
-            if (prefix[b], a) in seen:  # a chunk of a prefix another session holds: stored once
-                continue
-            seen.add((prefix[b], a))
-            text = T.plain_text(tokenizer, ids[a:b])
-            if text.strip() and text.strip() != roles.get(a):
+        for (a, b), text in zip(spans.tolist(), said_texts):
+            if (prefix[b], a) not in seen:  # a chunk of a prefix another session holds: stored once
+                seen.add((prefix[b], a))
                 texts.append(text)
     embedder = shared(archive.embedder_name)
     chunk_tokens = embedder.count_tokens(texts) if texts else 0
@@ -942,7 +936,7 @@ def report(results: list[dict], args, elapsed: float) -> str:
             "",
             f"The semantic tier's catch-up: `Archive.upkeep` stopped when the sessions queued for the embedder are done or after {args.semantic_seconds:.0f} s "
             '(`only="semantic"`), then the embedder alone (`Embedder.embed`, its own batches) on the chunks of '
-            "the sessions it embedded (each session's turns cut as the tier cuts them; a chunk another version of the conversation holds counted once). "
+            "the sessions it embedded (what the tier embeds of each session: its turns cut, tool calls and results left out; a chunk another version of the conversation holds counted once). "
             "Rates are the sessions' tokens per second; the whole catch-up is extrapolated at upkeep's rate:",
             "",
             "| tokens | embedded | upkeep s | tokens/s | chunks | embedder alone s | tokens/s | upkeep / raw | after its first session (loading) | whole catch-up | forward, peak RSS |",

@@ -84,6 +84,7 @@ def main() -> None:
             done = kvdb(db, "ingest", *chats, "--keep", "tokens,search,semantic")
             if done.returncode != 0:
                 raise SystemExit(f"ingest failed: {done.stderr}")
+            kvdb(db, "upkeep", "--only", "semantic")  # ingest queues the embedder's pass (decision 0053)
         sessions = kvdb(db, "sessions", "--json").stdout.count("\n")
         rows = [
             ("`python -c pass`", statistics.median(_python_pass() for _ in range(args.runs))),

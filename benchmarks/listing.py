@@ -126,8 +126,8 @@ def measure(location: str, repeats: int, label: str) -> None:
 
 def listed_before(archive, project: str) -> list:
     """What the listing did before it ran in SQL: every session read and every conversation built,
-    then filtered in Python (``Conversations.listed`` at 0011)."""
-    from kvdb.services import conversations as c
+    then filtered in Python (``Conversations.listed`` at 0011, its records built as they were then)."""
+    from kvdb.records import Conversation, Session
 
     storage = archive._storage
     grouped: dict[str, list] = {}
@@ -135,12 +135,16 @@ def listed_before(archive, project: str) -> list:
         grouped.setdefault(row.conversation_id, []).append(row)
     titles, extended = storage.conversation_titles(), storage.extended_sessions()
     out = []
-    for rows in grouped.values():
-        followed = c._followed(rows)
+    for conversation_id, rows in grouped.items():
+        first, latest = Session.from_row(rows[0]), Session.from_row(rows[-1])
+        followed = {r.metadata["part"]["follows"] for r in rows if (r.metadata.get("part") or {}).get("follows")}
         ends = sum(r.session_id not in extended and r.session_id not in followed for r in rows)
-        conversation = c._conversation(rows, titles, ends)
-        if conversation.project is not None and (conversation.project + "/").startswith(project + "/"):
-            out.append(conversation)
+        folder = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)
+        title = titles.get(conversation_id) or next(
+            (r.metadata["title"] for r in reversed(rows) if isinstance(r.metadata.get("title"), str) and r.metadata["title"]), first.name
+        )
+        if folder is not None and (folder + "/").startswith(project + "/"):
+            out.append(Conversation(conversation_id, title, latest, first.started_at, len(rows), ends, first.agent, folder))
     return sorted(out, key=lambda x: (x.latest.created_at, x.conversation_id), reverse=True)
 
 

@@ -56,6 +56,7 @@ def main() -> None:
             for keep in order:
                 start = time.perf_counter()
                 results = archives[keep].ingest(*paths, keep=keep, **given)
+                archives[keep].upkeep(only="semantic")  # the embedder's pass, which ingest queues (decision 0053)
                 seconds[keep] += time.perf_counter() - start
             tokens += sum(r.n_tokens for r in results)
         for archive in archives.values():

@@ -38,6 +38,7 @@ from kvdb.records import (
     Pending,
     PhraseCount,
     Prefix,
+    QueryResult,
     RebuiltIndex,
     RepairReport,
     RestoredSession,
@@ -130,6 +131,12 @@ class Archive:
         self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
+    def _querying(self):
+        from kvdb.services.querying import Querying
+
+        return Querying(self._storage, self._reader, self.search, self.search_meaning)
+
+    @cached_property
     def _tier_k(self):
         from kvdb.services.tier_k import TierK
 
@@ -152,7 +159,7 @@ class Archive:
     def _write_compute(self):
         from kvdb.services.write_compute import WriteCompute
 
-        return WriteCompute(self._storage, self._tier_l, lambda: self._tier_k, lambda: self._semantic, self._prefix_cache)
+        return WriteCompute(self._storage, self._tier_l, lambda: self._tier_k, self._prefix_cache)
 
     @cached_property
     def _ingester(self):
@@ -164,7 +171,7 @@ class Archive:
     def _upkeep(self):
         from kvdb.services.upkeep import Upkeep
 
-        return Upkeep(self._storage, self._models, self._reader, self._write_compute, self._prefix_cache)
+        return Upkeep(self._storage, self._models, self._reader, self._write_compute, lambda: self._semantic, self._prefix_cache)
 
     @cached_property
     def _restorer(self):
@@ -305,8 +312,8 @@ class Archive:
         """
         from kvdb.services.watching import Watching
 
-        def ingest(path: Path) -> list[IngestResult]:
-            return self.ingest(path, keep=keep, kv_preset=kv_preset, redact=redact)
+        def ingest(path: Path, heard) -> list[IngestResult]:
+            return self.ingest(path, keep=keep, kv_preset=kv_preset, redact=redact, heard=heard)
 
         watching = Watching(self._storage)
         if stop is None:
@@ -556,6 +563,13 @@ class Archive:
         embedder loads on first use), one hit per conversation at its nearest chunk: the chunk's
         first position, which ``restore(at=)`` takes, and its text; filtered as ``search``."""
         return self._semantic.search(query, k, session, self._conversations.scope(agent, project, since, until))
+
+    def sql(self, query: str) -> QueryResult:
+        """Run one read-only DuckDB SELECT over the archive's views (conversations, sessions,
+        turns, agents, projects, tiers) and search relations (``search('phrase')``,
+        ``search_meaning('query')``), documented in docs/sql.md: columns and rows. Bad SQL raises
+        ``InvalidQuery``, a statement that would write ``QueryRefused``."""
+        return self._querying.sql(query)
 
     def rebuild_index(self) -> RebuiltIndex:
         """Rebuild the search index of the archive's tokenizer from the token streams."""

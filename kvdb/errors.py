@@ -114,3 +114,12 @@ class Busy(KvdbError):
     allows, or the server is shutting down: retry later."""
 
     exit_code = 75  # EX_TEMPFAIL
+
+
+class InvalidQuery(InvalidArgument):
+    """SQL that ``Archive.sql`` cannot run: DuckDB's reason on one line (a syntax error, an
+    unknown view or column), or more than one statement."""
+
+
+class QueryRefused(InvalidQuery):
+    """SQL that would change the archive: ``Archive.sql`` only reads (docs/sql.md)."""

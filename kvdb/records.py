@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from kvdb.storage.base import SessionRow, agent_of, cwd_of, folder_of, said_at_of
+from kvdb.storage.base import SessionRow, agent_of, cwd_of, folder_of, said_at_of, started_at_of
 from kvdb.tiers import RestoreMode, Tier
 
 if TYPE_CHECKING:
@@ -77,11 +77,7 @@ class Session:
     def started_at(self) -> dt.datetime:
         """When it began: the earliest time its log or export records (``said_at``'s twin), else
         when it was archived."""
-        started = self.metadata.get("started")
-        try:
-            return dt.datetime.fromisoformat(started) if isinstance(started, str) else self.created_at
-        except ValueError:  # not written by kvdb.transcripts.stamps
-            return self.created_at
+        return started_at_of(self.created_at, self.metadata)
 
     @property
     def part(self) -> dict | None:
@@ -632,3 +628,40 @@ class GcReport(_ReadAsDict):
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         return dict(out, renumbered_indexes=list(self.renumbered_indexes))
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """What ``Archive.sql`` found: the columns' names and DuckDB types, and the rows (tuples of
+    Python values: str, int, float, bool, None, datetime, Decimal, lists, dicts)."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple]
+
+    def to_dict(self) -> dict:
+        """JSON's values: times as ISO 8601, decimals as numbers, bytes as hex, intervals in seconds."""
+        return {"columns": list(self.columns), "types": list(self.types), "rows": [[_plain(v) for v in row] for row in self.rows]}
+
+
+def _plain(value: Any) -> Any:
+    import decimal
+    import uuid
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)

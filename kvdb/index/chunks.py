@@ -28,5 +28,6 @@ def spans(turns: list[tuple[int, int]], window: int = WINDOW, overlap: int = OVE
 
 
 def ending_in(chunks: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """The chunks whose last token lies in positions [lo, hi): those a node [lo, hi) holds."""
-    return chunks[(chunks[:, 1] > lo) & (chunks[:, 1] <= hi)]
+    """Which chunks (a mask) have their last token in positions [lo, hi): those a node [lo, hi)
+    holds. A mask, so that what goes with each chunk (its text) is picked alike."""
+    return (chunks[:, 1] > lo) & (chunks[:, 1] <= hi)

@@ -38,6 +38,10 @@ REBUILD_ATTEMPTS = 50  # another writer committed first each time: past this, sa
 TAIL_MIN = 1 << 20
 TAIL_SHARE = 8
 MERGE_BATCH_TOKENS = 1 << 22  # nodes' tokens read from the database at once when an index is built
+# A batch's runs join the copy when the batch ends, or on a commit inside it once they are this
+# many and as many as the tail holds: each merge sorts the whole tail again, and merging each
+# commit's (a second's) runs cost a backfill a third of its time.
+DEFERRED_MIN = 1 << 18
 
 
 def index_key(tokenizer_hash: str) -> str:
@@ -305,6 +309,7 @@ class _Batch:
     """Runs a batch of commits gave slots in the database, to join the copy once it commits."""
 
     ntotal: int  # the next free slot
+    armed: bool = False  # runs wait for a commit, which merges them or leaves them for a later one
     runs: list[tuple[int, np.ndarray, np.ndarray | None]] = dataclasses.field(default_factory=list)
     parents: dict[int, int] = dataclasses.field(default_factory=dict)  # a run's first slot -> its parent's last, where the parent is in the batch
     last: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> its last slot, for the runs of the batch
@@ -321,7 +326,7 @@ class Indexes:
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
-        self._batches: dict[str, _Batch] = {}  # key -> the runs the open batch numbered, merged into the copy when it commits
+        self._batches: dict[str, _Batch] = {}  # key -> the runs the open batch numbered, merged into the copy later (``_committed``)
         self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
@@ -332,8 +337,12 @@ class Indexes:
         caller) or later: the copy in memory, else the sidecar's, caught up; an empty one when
         nothing was ever indexed. A read: nothing is written to the database."""
         version = self._store.version() if version is None else version
-        index = self._loaded.get(key)
-        if index is not None and (self._checked.get(key) == version or key in self._batches):  # a batch's runs join at its commit
+        index, batch = self._loaded.get(key), self._batches.get(key)
+        if index is not None and batch is not None:
+            if batch.armed or self._store.index_generation(key) == (index.generation, batch.ntotal):
+                return index  # the batch's runs join the copy later, and nobody else numbered slots meanwhile
+            self._merge_batch(key)  # another writer's runs follow them
+        if index is not None and self._checked.get(key) == version:
             return index
         recorded = self._store.index_generation(key)
         if recorded is None:
@@ -492,7 +501,10 @@ class Indexes:
         """In a batch (``Storage.batch``) the runs take their slots in the database now and join the
         copy in one merge when the batch commits (``WalkIndex.extend``: one sort and one merge for
         them all; a merge per session cost most of a backfill's time), the sidecar saved then."""
-        batch = self._batches.get(key) or _Batch(index.ntotal)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = _Batch(index.ntotal)
+            self._store.after_batch(lambda: self._ended(key))
         first, slot = {}, batch.ntotal
         for node_id, (tokens, _) in joining.items():
             first[node_id], slot = slot, slot + len(tokens)
@@ -504,9 +516,30 @@ class Indexes:
                 batch.parents[first[node_id]] = batch.last[parent]
             batch.last[node_id] = first[node_id] + len(tokens) - 1
         batch.ntotal = slot
-        if key not in self._batches:
-            self._batches[key] = batch
-            self._store.after_commit(lambda: self._merge_batch(key), lambda: self._batches.pop(key, None))
+        if not batch.armed:
+            batch.armed = True
+            self._store.after_commit(lambda: self._committed(key), lambda: self._batches.pop(key, None))
+
+    def _committed(self, key: str) -> None:
+        """The batch's runs are in the database: merged now, or, while the batch goes on and they
+        are few (``DEFERRED_MIN``), with the next commit's. Other processes catch up from the
+        database meanwhile, as after a crash."""
+        batch, index = self._batches.get(key), self._loaded.get(key)
+        if batch is None or index is None:
+            return
+        batch.armed = False
+        if self._store.batching and batch.ntotal - index.ntotal < max(DEFERRED_MIN, index.tail.entries):
+            return
+        self._merge_batch(key)
+
+    def _ended(self, key: str) -> None:
+        """At the batch's end its committed runs join the copy; runs a failed commit left
+        (still ``armed``) are dropped, and the copy catches up with the database on its next use."""
+        batch = self._batches.get(key)
+        if batch is not None and batch.armed:
+            self._batches.pop(key)
+        elif batch is not None:
+            self._merge_batch(key)
 
     def _merge_batch(self, key: str) -> None:
         batch, index = self._batches.pop(key, None), self._loaded.get(key)

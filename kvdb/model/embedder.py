@@ -87,18 +87,25 @@ class Embedder:
         prefixes them differently."""
         prefix = self.prompts.get(kind, "")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        encoded = self.tokenizer.encode_batch([prefix + text for text in texts])  # all at once, on every core; padded to the longest
+        ids = np.array([e.ids for e in encoded], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
+        lengths = mask.sum(1).astype(np.int64)
+        order = np.argsort(-lengths, kind="stable")  # a batch of texts of like length pads little: chunks run from a line to 256 word pieces
         for at in range(0, len(texts), BATCH):
-            encoded = self.tokenizer.encode_batch([prefix + text for text in texts[at : at + BATCH]])
-            ids = np.array([e.ids for e in encoded], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
-            hidden = self.forward(ids, mask)
+            rows = order[at : at + BATCH]
+            width = max(int(lengths[rows].max()), 1)
+            batch_ids, batch_mask = ids[rows, :width], mask[rows, :width]
+            hidden = self.forward(batch_ids, batch_mask)
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
             else:
-                pooled = (hidden * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+                pooled = (hidden * batch_mask[:, :, None]).sum(1) / np.maximum(batch_mask.sum(1, keepdims=True), 1e-9)
             if self.normalise:
                 pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-            out[at : at + BATCH] = pooled
+            out[rows] = pooled
         return out
 
 

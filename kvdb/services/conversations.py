@@ -18,7 +18,7 @@ from kvdb.index.trie import TrieView
 from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, Session, Version
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
-from kvdb.storage.base import ConversationFilter, DeleteConversation, RenameConversation, SessionRow
+from kvdb.storage.base import ConversationFilter, ConversationRow, DeleteConversation, RenameConversation, SessionRow
 
 TITLE_CHARS = 200
 
@@ -52,17 +52,11 @@ class Conversations:
         limit: int | None = None,
         offset: int = 0,
     ) -> ConversationPage:
-        """``listed``'s page and how many the filters admit in all. The filters, the order and the
-        page are the storage's query, on one row a conversation: only the page's conversations are
-        built here (their branches need the trie), never every session of the archive."""
+        """``listed``'s page and how many the filters admit in all. The filters, the order, the
+        page and each conversation's summary (its branches too) are the storage's, read for the
+        page's conversations alone: never every session of the archive, nor a path per version."""
         found = self._storage.conversations_page(ConversationFilter(agent, project, since, until), limit, offset)
-        out = []
-        for rows in found.versions:
-            followed = _followed(rows)
-            continued = _continued(rows, self._sharing(rows)) if any(_part(r).get("number") == 1 for r in rows) else set()
-            ends = sum(r.session_id not in found.extended and r.session_id not in followed and i not in continued for i, r in enumerate(rows))
-            out.append(_conversation(rows, found.titles, ends))
-        return ConversationPage(out, found.total, max(offset, 0))
+        return ConversationPage([_conversation(row) for row in found.conversations], found.total, max(offset, 0))
 
     def scope(self, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> set[str] | None:
         """The conversations these filters admit (as ``listed``), for a search to keep to; None: no filter."""
@@ -83,7 +77,9 @@ class Conversations:
             went_on = [j for j in earlier if shared(i, j) == most and rows[j].n_tokens > most and not (j in continued and most == row.n_tokens)]
             branch_of, forked_at = (rows[went_on[0]].session_id, most) if went_on else (None, None)
             versions.append(Version(Session.from_row(row), i + 1, i == len(rows) - 1, leaf, branch_of, forked_at))
-        return ConversationHistory(_conversation(rows, self._storage.conversation_titles(), sum(v.leaf for v in versions)), versions)
+        summary = self._storage.conversation_row(rows[0].conversation_id)
+        assert summary is not None  # its sessions were just read
+        return ConversationHistory(dataclasses.replace(_conversation(summary), branches=sum(v.leaf for v in versions)), versions)
 
     def _sharing(self, rows: list[SessionRow]) -> Callable[[int, int], int]:
         """shared(a, b): how many first tokens the versions ``rows[a]`` and ``rows[b]`` share (as the trie stores them)."""
@@ -131,21 +127,14 @@ def _followed(rows: list[SessionRow]) -> set[str]:
     return {_part(r)["follows"] for r in rows if _part(r).get("follows")}
 
 
-def _conversation(rows: list[SessionRow], titles: dict[str, str], branches: int) -> Conversation:
-    """A conversation of these versions (oldest first), named by its title, else the title the
-    latest version that records one took from its file (``Session.title``: a log grows its summary
-    after its first prompt; a fork ``kvdb serve`` archives records none), else its first version's
-    name; about the first folder a version records (``Session.project``), begun when its first
-    version's file says."""
-    first = Session.from_row(rows[0])
-    conversation_id = rows[0].conversation_id
-    project = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)  # a version archived before cwd was read has none
-    title = titles.get(conversation_id) or next((r.metadata["title"] for r in reversed(rows) if _titled(r.metadata)), first.name)
-    return Conversation(conversation_id, title, Session.from_row(rows[-1]), first.started_at, len(rows), branches, first.agent, project)
-
-
-def _titled(metadata: dict) -> bool:
-    return isinstance(metadata.get("title"), str) and bool(metadata["title"])
+def _conversation(row: ConversationRow) -> Conversation:
+    """A conversation as storage sums it up (``ConversationRow``): named by its title, else the
+    title the latest version that records one took from its file (``Session.title``: a log grows
+    its summary after its first prompt; a fork ``kvdb serve`` archives records none), else its
+    first version's name; about the first folder a version records (``Session.project``), begun
+    when its first version's file says."""
+    latest = Session.from_row(row.latest)
+    return Conversation(latest.conversation_id, row.title, latest, row.started_at, row.versions, row.branches, row.agent, row.project)
 
 
 def labelled(hits: list[Hit], view: TrieView, titles: dict[str, str]) -> list[Hit]:

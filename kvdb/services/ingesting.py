@@ -210,13 +210,36 @@ class Ingester:
         results = []
         queued = (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()  # embedded later, newest first: the embedder's pass is no ingest's
         with self._storage.batch():  # the source's sessions in one transaction (committed early when the lock is let go)
+            unchanged = self._unchanged(model_id, planned, optional - {Tier.SEMANTIC}, queued)
             for one in planned:
-                result = self._archive(loaded, one, optional - {Tier.SEMANTIC}, books, computed, keep_cache, conversation, queued)
+                result = unchanged.get(id(one)) or self._archive(loaded, one, optional - {Tier.SEMANTIC}, books, computed, keep_cache, conversation, queued)
                 results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)
                 if progress:
                     progress(len(one.ids), 0)
                 self._storage.before_compute(short=True)  # a hold past HOLD_SECONDS lets readers in (and commits)
         return results
+
+    def _unchanged(self, model_id: str, planned: list[Planned], keep: frozenset[str], queued: tuple[str, ...]) -> dict[int, IngestResult]:
+        """The results of the sessions of ``planned`` archived already with every tier of
+        ``keep`` (by ``id()`` of each), found in one read: a watched log past the model's context
+        is read again whole at each turn, and all its parts but the last are unchanged. Those
+        whose path lacks the semantic tier that ``queued`` asks for are queued for it, as
+        ``_archive`` does."""
+        began = time.perf_counter()
+        ids = {id(one): trie.path_id(model_id, one.ids) for one in planned}
+        paths = self._storage.session_paths(list(dict.fromkeys(ids.values()))) if len(planned) > 1 else {}
+        done = {key: sid for key, sid in ids.items() if sid in paths and not any(keep - n.keep for n in paths[sid])}
+        lacking = [sid for sid in dict.fromkeys(done.values()) if any(Tier.SEMANTIC not in n.keep for n in paths[sid])]
+        if SEMANTIC_WORK in queued and lacking:
+            self._storage.apply(Queue(lacking, SEMANTIC_WORK))  # archived before without it: embedded later too
+        seconds = (time.perf_counter() - began) / max(1, len(done))
+        return {
+            id(one): IngestResult(
+                done[id(one)], one.item.name, one.item.source, len(one.ids), IngestStatus.UNCHANGED, None, 0, seconds, part=one.part.get("number")
+            )
+            for one in planned
+            if id(one) in done
+        }
 
     def _archive(
         self,

@@ -11,6 +11,7 @@ chunk's first position (which ``restore --at`` takes), its text and its fused sc
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +42,10 @@ DENSE_WEIGHT, WORDS_WEIGHT = 0.7, 0.3  # min-max fusion of cosine and BM25, meas
 # only once the rows it changed since the file was written reach this share of them: until then
 # each new process reads those few nodes again, which costs less than the rewrite.
 SAVE_SHARE = 1 / 64
+TOOL_ROLES = frozenset({"tool", "ipython", "function"})  # turns holding what a tool gave back, by the template's role word
+# a tool call's or result's block, as chat.TEXTUAL writes it and as templates that render tools do
+# (Qwen's <tool_call>, <tool_response>); one left open runs to the turn's end
+_TOOL_BLOCK = re.compile(r"<(tool_call|tool_result|tool_response)\b[^>]*>.*?(?:</\1>|\Z)", re.DOTALL)
 _NO_TIER = "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
 
 
@@ -55,23 +60,32 @@ class SemanticTier:
 
     def chunks(self, tokenizer, ids: np.ndarray, nodes: list[tuple[int, int]]) -> list[Chunks]:
         """For each node [lo, hi) of a session's path (``ids``), the session's chunks whose last
-        token it holds, embedded: what the node stores. The turns are found, and the texts
-        embedded, once for all the nodes."""
-        turns = chat.turns(tokenizer, ids)
-        every = chunk_ops.spans([(a, b) for _, a, b in turns])
-        roles = {a: role for role, a, _ in turns if role}
-        held = []
+        token it holds, embedded: what the node stores."""
+        return self.embedded(self.cut(tokenizer, ids, nodes))
+
+    @staticmethod
+    def cut(tokenizer, ids: np.ndarray, nodes: list[tuple[int, int]]) -> list[tuple[np.ndarray, list[str]]]:
+        """For each node [lo, hi) of a session's path, the spans and texts of the chunks whose
+        last token it holds (of those ``said`` keeps): what ``embedded`` embeds. The session's
+        turns are found, and its texts decoded, once for all the nodes."""
+        spans, texts = said(tokenizer, ids)
+        out = []
         for lo, hi in nodes:
-            spans = chunk_ops.ending_in(every, lo, hi)
-            texts = [tok.plain_text(tokenizer, ids[a:b]) for a, b in spans]
-            said = [bool(text.strip()) and text.strip() != roles.get(int(a)) for text, (a, _) in zip(texts, spans)]  # an empty turn says nothing
-            held.append((spans[said], [text for text, keep in zip(texts, said) if keep]))
+            ends = chunk_ops.ending_in(spans, lo, hi)
+            out.append((spans[ends], [text for text, end in zip(texts, ends.tolist()) if end]))
+        return out
+
+    def embedded(self, cuts: list[tuple[np.ndarray, list[str]]]) -> list[Chunks]:
+        """Each node's ``cut`` as its Chunks, every text embedded in one call: upkeep gives the
+        nodes of many sessions at once, so the embedder's batches are full and of like lengths
+        where a session of a few turns alone leaves them short (decision 0054)."""
         embedder = self._embedder()
-        texts = [text for _, node_texts in held for text in node_texts]
+        texts = [text for _, node_texts in cuts for text in node_texts]
         vectors = embedder.embed(texts) if texts else np.zeros((0, embedder.dim), np.float32)
-        cuts = np.cumsum([len(node_texts) for _, node_texts in held])[:-1]
+        cuts_at = np.cumsum([len(node_texts) for _, node_texts in cuts])[:-1]
         return [
-            Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], node_vectors) for (spans, _), node_vectors in zip(held, np.split(vectors, cuts))
+            Chunks(embedder.embedder_id, [(int(a), int(b)) for a, b in spans], node_vectors)
+            for (spans, _), node_vectors in zip(cuts, np.split(vectors, cuts_at))
         ]
 
     def _no_tier(self) -> str:
@@ -138,6 +152,48 @@ class SemanticTier:
             if session_id not in tokenizers:
                 tokenizers[session_id] = self._models.tokenizer_for(self._reader.resolve(session_id))
         return [tok.snippet_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
+
+
+def said(tokenizer, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The chunks of a session worth embedding, as [n, 2] spans on its tokens and their texts:
+    what its people said, not what their tools gave back. A tool's turn, and a call's arguments
+    inside a turn (a file written out, a patch), are left out: in agent logs they hold most of
+    the tokens (74% at 1e6 in benchmarks/backfill.py) and a search by meaning looks for what was
+    asked and answered (decision 0054). Each span is a run of the session's own tokens, so a hit
+    still restores the state at its end. A turn that only opens (its role word) says nothing."""
+    ids = np.asarray(ids, dtype=np.int64)
+    turns = chat.turns(tokenizer, ids)
+    prose = [(role, a, b) for role, a, b in turns if role not in TOOL_ROLES and b > a]
+    backend = _backend(tokenizer)
+    whole = backend.decode_batch([ids[a:b].tolist() for _, a, b in prose], skip_special_tokens=False)
+    runs = [run for (_, a, b), text in zip(prose, whole) for run in _outside_tools(backend, ids, a, b, text)]
+    spans = chunk_ops.spans(runs)
+    texts = backend.decode_batch([ids[a:b].tolist() for a, b in spans.tolist()], skip_special_tokens=True) if len(spans) else []
+    roles = {a: role for role, a, _ in turns if role}
+    keep = [bool(text.strip()) and text.strip() != roles.get(int(a)) for text, a in zip(texts, spans[:, 0].tolist())]
+    return spans[np.array(keep, dtype=bool)], [text for text, kept in zip(texts, keep) if kept]
+
+
+def _outside_tools(backend, ids: np.ndarray, a: int, b: int, text: str) -> list[tuple[int, int]]:
+    """The runs of turn [a, b) (decoded: ``text``) outside its tool blocks, found in the text
+    and placed on the tokens by the offsets of encoding it again: the turn whole where there is
+    no block, or where encoding gives other tokens (nothing to place the blocks by)."""
+    blocks = [m.span() for m in _TOOL_BLOCK.finditer(text)]
+    if not blocks:
+        return [(a, b)]
+    encoding = backend.encode(text, add_special_tokens=False)
+    if not np.array_equal(np.asarray(encoding.ids, dtype=np.int64), ids[a:b]):
+        return [(a, b)]
+    starts = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+    cuts = a + np.searchsorted(starts, np.array(blocks, dtype=np.int64).ravel(), side="left")
+    edges = [a, *cuts.tolist(), b]  # prose, block, prose, ..., block, prose
+    return [(lo, hi) for lo, hi in zip(edges[::2], edges[1::2]) if hi > lo]
+
+
+def _backend(tokenizer):
+    """The ``tokenizers`` tokenizer under a light or a transformers one: its batch decode and its
+    offsets, without transformers' per-call Python."""
+    return tokenizer.backend if isinstance(tokenizer, tok.LightTokenizer) else tokenizer.backend_tokenizer
 
 
 class ChunkIndexes:

@@ -6,16 +6,20 @@ search by meaning covers a session only once it is done; then the log-probabilit
 on its path (the language model's: d_T, ``kvdb prefixes``). One pass over a session gives them and its exact cache, which warms the
 prefix cache, so a restore of recent work resumes instead of prefilling. Sessions go newest
 first; caches are kept while the prefix cache has room, so the newest stay warm rather than being
-the first a full cache evicts. Each session commits alone: a run killed at any point loses at
-most the session it was computing, and the next run goes on from the queue.
+the first a full cache evicts. The embedder's work goes a group of sessions at a time, their
+chunks embedded in one call (decision 0054); the language model's a session at a time. Each
+session's work commits with its row off the queue: a run killed at any point loses at most the
+sessions it was computing, and the next run goes on from the queue.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from kvdb.errors import InvalidArgument, StaleWrite
 from kvdb.index import trie
@@ -27,23 +31,40 @@ from kvdb.services.reading import Reader
 from kvdb.services.write_compute import WriteCompute
 from kvdb.services.write_plan import plan_session
 from kvdb.storage import Storage
-from kvdb.storage.base import PutLogprobs, SessionRow
+from kvdb.storage.base import AddTiers, Chunks, NodeRow, NodeTiers, PutLogprobs, SessionRow
 from kvdb.storage.edits import LOGPROBS_WORK, SEMANTIC_WORK
 from kvdb.tiers import Tier
+
+if TYPE_CHECKING:
+    from kvdb.services.semantic_tier import SemanticTier
 
 # progress(tokens done, tokens queued when the run began)
 Progress = Callable[[int, int], None]
 BATCH = 64  # sessions read from the queue at a time
 WARM_SHARE = 0.9  # of the prefix cache's budget: past it, sessions get their log-probabilities and no cache
+# chunks per embedder call: a group of sessions is read, embedded without the archive's lock, then
+# committed a session at a time; one release of the file a group, not one a session (64 ms each)
+GROUP_CHUNKS = 256
+SEMANTIC_ONLY = frozenset({Tier.SEMANTIC})
 NICENESS = 10  # a watcher's background upkeep gives way to the user's own work
+
+NodeKey = tuple[str, int, int]  # a node and its span: a node another writer cut keeps its id, not its start
+Prepared = tuple[SessionRow, np.ndarray, list[tuple[NodeKey, tuple[np.ndarray, list[str]]]]]  # a session, its tokens, its lacking nodes cut
+
+
+def _key(node: NodeRow) -> NodeKey:
+    return (node.node_id, node.start, node.end)
 
 
 class Upkeep:
-    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, compute: WriteCompute, prefix_cache: PrefixCache):
+    def __init__(
+        self, storage: Storage, models: ModelProvider, reader: Reader, compute: WriteCompute, semantic: Callable[[], SemanticTier], prefix_cache: PrefixCache
+    ):
         self._storage = storage
         self._models = models
         self._reader = reader
         self._compute = compute
+        self._semantic = semantic  # the archive's tier, its embedder loaded on first use
         self._prefix_cache = prefix_cache
 
     def pending(self) -> Pending:
@@ -54,55 +75,108 @@ class Upkeep:
         (search by meaning before d_T): all of it (or the ``only`` kind: ``semantic`` or
         ``logprobs``), or ``limit`` sessions of each, or until ``stop()`` says so between two
         sessions (a watcher's next change, a server's next request)."""
-        kinds = {SEMANTIC_WORK: self._embed, LOGPROBS_WORK: self._score}
+        kinds = (SEMANTIC_WORK, LOGPROBS_WORK)
         if only is not None and only not in kinds:
             raise InvalidArgument(f"no queued work {only!r}; upkeep does {' or '.join(kinds)}")
         began = time.perf_counter()
         self._storage.check_writable()
+        self._models.described()  # the tokenizer loaded before the first read, not while the archive is held (seconds)
         pending = self.pending()
         if progress is not None:
             progress(0, {None: pending.tokens, SEMANTIC_WORK: pending.semantic.tokens, LOGPROBS_WORK: pending.logprobs.tokens}[only])
         done = {SEMANTIC_WORK: [0, 0], LOGPROBS_WORK: [0, 0]}
         warmed = 0
         try:
-            for work, one in ((w, kinds[w]) for w in kinds if only in (None, w)):
+            for work in (w for w in kinds if only in (None, w)):
                 with self._storage.batch():  # each session's work and its row off the queue land together
-                    warmed += self._drain(work, one, limit, done[work], progress, stop)
+                    warmed += self._drain(work, limit, done[work], progress, stop)
         finally:
             self._storage.release()
         return self._report(done, warmed, began)
 
-    def _drain(self, work: str, one: Callable[[SessionRow], bool], limit: int | None, done: list[int], progress: Progress | None, stop) -> int:
-        """The queue of ``work``, a session at a time (``done``: sessions and tokens, counted up);
+    def _drain(self, work: str, limit: int | None, done: list[int], progress: Progress | None, stop) -> int:
+        """The queue of ``work``, newest first (``done``: sessions and tokens, counted up): the
+        embedder's a group of sessions at a time, the language model's a session at a time;
         how many caches were kept."""
         warmed = 0
         while limit is None or done[0] < limit:
             queued = self._storage.pending_sessions(work, BATCH if limit is None else min(BATCH, limit - done[0]))
             if not queued:
                 break
-            for row in queued:
+            steps: Iterator[Callable[[], list[tuple[SessionRow, bool]]]] = (
+                (functools.partial(self._embed, group) for group in self._groups(queued))
+                if work == SEMANTIC_WORK
+                else (functools.partial(self._scored, row) for row in queued)
+            )
+            for step in steps:
                 if stop is not None and stop():
                     return warmed
-                warmed += one(row)
-                done[0] += 1
-                done[1] += row.n_tokens
-                if progress is not None:
-                    progress(row.n_tokens, 0)
+                for row, kept in step():
+                    warmed += kept
+                    done[0] += 1
+                    done[1] += row.n_tokens
+                    if progress is not None:
+                        progress(row.n_tokens, 0)
         return warmed
 
-    def _embed(self, row: SessionRow) -> bool:
-        """The semantic tier of the nodes on the session's path that lack it, committed with the
-        session off the queue (the tokenizer and the embedder; no language model)."""
-        for _ in range(COMMIT_ATTEMPTS):
+    def _groups(self, queued: list[SessionRow]) -> Iterator[list[Prepared]]:
+        """The queued sessions, in order, as groups for one embedder call each: every session
+        read and its lacking nodes cut (``SemanticTier.cut``) while the archive is held, a group
+        closed once it holds ``GROUP_CHUNKS`` chunks. A node that sessions of one group share
+        (copies of a conversation) is cut for the first of them only."""
+        tokenizer = self._models.described().tokenizer
+        group: list[Prepared] = []
+        cut: set[NodeKey] = set()
+        chunks = 0
+        for row in queued:
             ids = self._reader.path_tokens(row)
-            plan = plan_session(self._storage, row.model_id, ids, frozenset({Tier.SEMANTIC}), lambda node: self._storage.node_tokens(node.node_id))
-            edit, _, _ = self._compute.tiers(self._models.described(), plan, None)
+            lacking = [n for n, _ in plan_session(self._storage, row.model_id, ids, SEMANTIC_ONLY, self._node_tokens).lacking if _key(n) not in cut]
+            cut.update(map(_key, lacking))
+            nodes = list(zip(map(_key, lacking), self._semantic().cut(tokenizer, ids, [(n.start, n.end) for n in lacking])))
+            group.append((row, ids, nodes))
+            chunks += sum(len(texts) for _, (_, texts) in nodes)
+            if chunks >= GROUP_CHUNKS:
+                yield group
+                group, cut, chunks = [], set(), 0
+        if group:
+            yield group
+
+    def _embed(self, group: list[Prepared]) -> list[tuple[SessionRow, bool]]:
+        """The semantic tier of a group's sessions: their chunks embedded in one call, without
+        the archive's lock; then each session's committed with it off the queue, so that a run
+        killed at any point leaves each session embedded and off the queue, or neither."""
+        nodes = [node for _, _, session_nodes in group for node in session_nodes]
+        self._storage.before_compute()
+        computed = dict(zip((key for key, _ in nodes), self._semantic().embedded([cut for _, cut in nodes])))
+        for row, ids, _ in group:
+            self._commit(row, ids, computed)
+        return [(row, False) for row, _, _ in group]
+
+    def _commit(self, row: SessionRow, ids: np.ndarray, computed: dict[NodeKey, Chunks]) -> None:
+        """A session's lacking nodes given their chunks, on a plan made now: a node another
+        session of the group committed lacks nothing any more, and one another writer cut
+        meanwhile (a key not computed) is embedded here."""
+        for _ in range(COMMIT_ATTEMPTS):
+            plan = plan_session(self._storage, row.model_id, ids, SEMANTIC_ONLY, self._node_tokens)
+            lacking = [n for n, _ in plan.lacking]
+            new = [n for n in lacking if _key(n) not in computed]
+            if new:
+                self._storage.before_compute()
+                made = self._semantic().chunks(self._models.described().tokenizer, ids, [(n.start, n.end) for n in new])
+                computed.update(zip(map(_key, new), made))
+            edit = AddTiers({n.node_id: NodeTiers(chunks=computed[_key(n)]) for n in lacking}, done=(row.session_id, SEMANTIC_WORK))
             try:
-                self._storage.apply(dataclasses.replace(edit, done=(row.session_id, SEMANTIC_WORK)), plan.version)
-                return False
+                self._storage.apply(edit, plan.version)
+                return
             except StaleWrite:  # another writer changed the path meanwhile: read it again
                 continue
         raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {row.session_id[:12]}'s semantic tier found another writer's first; run upkeep again")
+
+    def _node_tokens(self, node: NodeRow) -> np.ndarray:
+        return self._storage.node_tokens(node.node_id)
+
+    def _scored(self, row: SessionRow) -> list[tuple[SessionRow, bool]]:
+        return [(row, self._score(row))]
 
     def _score(self, row: SessionRow) -> bool:
         """One session's pass of the language model, committed; whether its cache was kept."""

@@ -10,11 +10,17 @@ files that changed since.
   a fork of the old one, which stays.
 - Events come from ``watchfiles`` (the operating system's notifications, not a polling loop),
   gathered for ``DEBOUNCE_MS``: many files changed at once are one pass.
+- A turn costs what is new, not the log's length, but for reading and rendering the log again:
+  no model runs (its work is queued for upkeep), the rendered text's pieces but the last are
+  tokenized already (``tokenizer.encode``), a log past the model's context finds its unchanged
+  parts in one read, and a pass takes the archive once (a file's checkpoint is written on the
+  hold its ingest committed on).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import threading
@@ -88,7 +94,10 @@ def agent_sources(agent: str | None, paths: Iterable[str | Path] = (), *, follow
     return [*given, *found]
 
 
-Ingest = Callable[[Path], list[IngestResult]]
+Heard = Callable[[list[IngestResult]], None]
+# ingest(path, heard): archive one file; ``heard`` is given its results once they are committed,
+# with the archive still held (the watcher writes the file's checkpoint there, on the same hold)
+Ingest = Callable[[Path, Heard], list[IngestResult]]
 
 
 class Watching:
@@ -104,6 +113,16 @@ class Watching:
         of those ingested, and of those left waiting."""
         files = [p.resolve() for p in find_transcript_files(_existing(roots))] if only is None else sorted(only)
         results: list[IngestResult] = []
+        checkpointed: set[Path] = set()
+
+        def checkpoint(path: Path, stat: os.stat_result, found: list[IngestResult], last: bool = False) -> None:
+            """The file's checkpoint, once: as soon as its ingest has committed, on the same hold
+            of the archive (letting it go and taking it again costs a pass ~0.1 s), else ``last``."""
+            if path not in checkpointed and (found or last):
+                status, detail = _summary(found)
+                self._storage.apply(PutWatchedFiles([WatchedFileRow(str(path), stat.st_size, stat.st_mtime_ns, utc_now(), status, detail)]))
+                checkpointed.add(path)
+
         try:
             known = {r.path: r for r in self._storage.watched_files()}
             for path in files:
@@ -114,10 +133,9 @@ class Watching:
                 seen = known.get(str(path))
                 if seen is not None and (seen.size, seen.mtime_ns) == (stat.st_size, stat.st_mtime_ns) and seen.status != IngestStatus.WAITING:
                     continue
-                found = _one(path, stat, ingest)
+                found = _one(path, stat, ingest, functools.partial(checkpoint, path, stat))
                 results.extend(found)
-                status, detail = _summary(found)
-                self._storage.apply(PutWatchedFiles([WatchedFileRow(str(path), stat.st_size, stat.st_mtime_ns, utc_now(), status, detail)]))
+                checkpoint(path, stat, found, last=True)  # a file that waits, or failed before its ingest said anything
         finally:
             self._storage.release()  # between passes, other processes read (and write) the archive
         return results
@@ -166,11 +184,11 @@ class Watching:
             self._storage.release()
 
 
-def _one(path: Path, stat: os.stat_result, ingest: Ingest) -> list[IngestResult]:
+def _one(path: Path, stat: os.stat_result, ingest: Ingest, heard: Heard) -> list[IngestResult]:
     if path.suffix.lower() == ".jsonl" and stat.st_size and not _ends_line(path, stat.st_size):
         return [IngestResult(None, path.stem, str(path), 0, IngestStatus.WAITING, "its last line is still being written")]
     try:
-        return ingest(path)
+        return ingest(path, heard)
     except TranscriptError as exc:
         return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
 

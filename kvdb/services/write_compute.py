@@ -27,7 +27,6 @@ from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, NewNode, NodeRow, NodeTiers, SessionRow, SessionWrite, utc_now
 
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is
-    from kvdb.services.semantic_tier import SemanticTier
     from kvdb.services.tier_k import TierK
 
 # Work shorter than this many new tokens (~0.3 s on 2 cores) keeps the file while the hold is
@@ -62,11 +61,10 @@ class SessionWork:
 
 
 class WriteCompute:
-    def __init__(self, storage: Storage, tier_l: TierL, tier_k: Callable[[], TierK], semantic: Callable[[], SemanticTier], prefix_cache: PrefixCache):
+    def __init__(self, storage: Storage, tier_l: TierL, tier_k: Callable[[], TierK], prefix_cache: PrefixCache):
         self._storage = storage
         self._tier_l = tier_l
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
-        self._semantic = semantic  # likewise: its embedder loads when a session keeps the semantic tier
         self._prefix_cache = prefix_cache
         self._recent: tuple[np.ndarray, object] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
 
@@ -74,8 +72,7 @@ class WriteCompute:
         """The write of a session the trie does not hold: its new node (and the split of the node
         it leaves), computed over what is new only. ``books``: tier K's codebook id. The model's
         pass is made where the plan needs it, a caller's own is given, or ``score`` asks. The
-        semantic tier is never in ``plan.keep`` here: ingest queues it, and upkeep adds it to
-        the path (``tiers``)."""
+        semantic tier is never in ``plan.keep`` here: ingest queues it, and upkeep embeds it."""
         match, ids, keep = plan.match, plan.ids, plan.keep
         assert match is not None  # a plan for a new session
         model_id = loaded.identity.model_id
@@ -120,9 +117,9 @@ class WriteCompute:
         ids = plan.ids
         missing = {n.node_id: tiers for n, tiers in plan.lacking}
         nodes = [n for n, _ in plan.lacking]
-        back, lm, kv, semantic = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv", "semantic"))
+        back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
         scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
-        self._storage.before_compute(short=not lm and not ((scoring or semantic) and len(ids) >= SHORT_WORK_TOKENS))
+        self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:
             first = min((n.start for n in back), default=len(ids))
@@ -133,9 +130,6 @@ class WriteCompute:
             given[node_id]["lm"] = payload
         for n in kv:
             given[n.node_id]["kv"] = self._tier_k().codes(loaded, cache, n.start, n.end, codebook_id=books)
-        if semantic:
-            for n, chunks in zip(semantic, self._semantic().chunks(loaded.tokenizer, ids, [(n.start, n.end) for n in semantic])):
-                given[n.node_id]["chunks"] = chunks
         joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
         return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
 

@@ -85,11 +85,22 @@ def folder_of(source: str) -> str | None:
 def said_at_of(created_at: dt.datetime, metadata: dict) -> dt.datetime:
     """When it was said: the latest time its log records (``kvdb.transcripts.stamps``), else when
     it was archived (a chat, a file with no times)."""
-    ended = metadata.get("ended")
+    return stamp(metadata.get("ended"), created_at)
+
+
+def started_at_of(created_at: dt.datetime, metadata: dict) -> dt.datetime:
+    """When it began: the earliest time its log or export records (``said_at_of``'s twin), else
+    when it was archived."""
+    return stamp(metadata.get("started"), created_at)
+
+
+def stamp(value, otherwise: dt.datetime) -> dt.datetime:
+    """A time ``kvdb.transcripts.stamps`` wrote, else ``otherwise`` (a listing reads the text of
+    one in SQL, without the rest of its metadata)."""
     try:
-        return dt.datetime.fromisoformat(ended) if isinstance(ended, str) else created_at
+        return dt.datetime.fromisoformat(value) if isinstance(value, str) else otherwise
     except ValueError:  # not written by kvdb.transcripts.stamps
-        return created_at
+        return otherwise
 
 
 @dataclass(frozen=True)
@@ -109,14 +120,25 @@ class ConversationFilter:
 
 
 @dataclass(frozen=True)
-class ConversationRows:
-    """A page of the conversations a filter admits, the most recently updated first: each one's
-    versions, oldest first, with what its record needs besides (kvdb.services.conversations)."""
+class ConversationRow:
+    """A conversation as a listing shows it, summed up from its versions as they are read
+    (kvdb.storage.conversation_rows.listed), by the rules kvdb.services.conversations gives."""
 
-    versions: list[list[SessionRow]]
+    latest: SessionRow  # its latest version
+    title: str  # the user's, else the latest its versions' files give, else its first version's name
+    started_at: dt.datetime  # when its first version began (``started_at_of``)
+    versions: int
+    branches: int  # versions that are an end of it: no session extends them, no later part goes on from them
+    agent: str | None
+    project: str | None
+
+
+@dataclass(frozen=True)
+class ConversationRows:
+    """A page of the conversations a filter admits, the most recently updated first."""
+
+    conversations: list[ConversationRow]
     total: int  # every conversation the filter admits, this page's and the others'
-    titles: dict[str, str]  # those of these conversations given a title
-    extended: set[str]  # those of these sessions another session runs through
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,78 @@ Migration 0009 grouped the sessions of older archives by the same rules (frozen 
 The same writes keep each conversation's row current with what listing filters, orders and pages
 by in SQL (``SUMMARY``): a session that becomes the latest version updates it from its own row,
 and any other change (a delete, a version older than the latest) sums the conversation's versions
-up again. Migration 0012 filled the rows of older archives.
+up again. Migration 0012 filled the rows of older archives. A listing reads a page of them and
+sums up only that page's versions (``LISTED``).
 """
 
 from __future__ import annotations
 
-from kvdb.storage.base import SessionRow, agent_of, cwd_of, folder_of, said_at_of
+from kvdb.storage.base import ConversationRow, SessionRow, agent_of, cwd_of, folder_of, said_at_of, stamp
 from kvdb.storage.edits import Delete, Edit, Insert, Update
 from kvdb.storage.sql_rows import ANY, CONVERSATION, SESSION, session_row
 
 SUMMARY = ("versions", "updated_at", "latest_id", "said_at", "agent", "cwd", "folder")  # columns of the conversations table
+
+# The versions of a page of conversations, as a listing sums them up (``listed``): the conversations
+# table's rows that ``{where}`` admits (a filter on its own columns), ordered and cut (``{paged}``),
+# then those conversations' versions alone, oldest first, with what a listing needs of their
+# metadata read out in SQL (only the latest version's is parsed), and how many it admits in all.
+LISTED = """
+with page as (
+    select conversation_id, title, agent, coalesce(cwd, folder) as project, updated_at, count(*) over () as total
+    from conversations{where} order by updated_at desc, conversation_id desc{paged}
+)
+select s.session_id, s.name, s.source, s.model_id, s.created_at, s.n_tokens, s.metadata, p.conversation_id,
+       p.title, p.agent, p.project, coalesce(n.refcount > 1, false),
+       json_extract_string(s.metadata, '$.part.number'), json_extract_string(s.metadata, '$.part.follows'),
+       case when json_type(s.metadata, '$.title') = 'VARCHAR' then s.metadata ->> '$.title' end,
+       case when json_type(s.metadata, '$.started') = 'VARCHAR' then s.metadata ->> '$.started' end, p.total
+from page p join conversation_sessions using (conversation_id) join sessions s using (session_id)
+left join nodes n on n.node_id = s.session_id
+order by p.updated_at desc, p.conversation_id desc, s.created_at, s.session_id
+"""
+
+# The whole versions (of the pairs given: whole, first part, the part's end) that a first part is a
+# prefix of: its leaf lies on their path, found by walking up from their leaf no further than the part's end.
+CONTINUED = """
+with recursive walk as (
+    select p.whole, p.first_part, p.part_end, n.node_id, n.start, n.parent_id
+    from (select unnest(?) as whole, unnest(?) as first_part, unnest(?) as part_end) p join nodes n on n.node_id = p.whole
+    union all
+    select w.whole, w.first_part, w.part_end, n.node_id, n.start, n.parent_id
+    from walk w join nodes n on n.node_id = w.parent_id where w.start >= w.part_end
+)
+select distinct whole from walk where node_id = first_part
+"""
+
+
+def listed(conn, where: str, params: list, paged: str = "", bounds: list | None = None) -> tuple[list[ConversationRow], int | None]:
+    """A page of conversations (``LISTED``), each summed up by the rules of
+    ``kvdb.services.conversations``: a version is an end of its conversation (``branches``) unless
+    a session runs through its leaf, a later part goes on from it (``follows``), or a first part of
+    the conversation is a prefix of it (a whole version archived before its log passed the model's
+    context, which goes on in the parts). Only a part another session runs through can be one.
+    With them, how many conversations ``where`` admits in all (None: the page is empty)."""
+    grouped: dict[str, list[tuple]] = {}
+    for r in conn.execute(LISTED.format(where=where, paged=paged), [*params, *(bounds or [])]).fetchall():
+        grouped.setdefault(r[7], []).append(r)
+    pairs = [
+        (whole[0], part[0], part[5])
+        for rows in grouped.values()
+        for part in rows
+        if part[12] == "1" and part[11]
+        for whole in rows
+        if whole[12] is None and whole[5] > part[5]
+    ]
+    continued = {r[0] for r in conn.execute(CONTINUED, [list(column) for column in zip(*pairs, strict=True)]).fetchall()} if pairs else set()
+    out = []
+    for rows in grouped.values():
+        first, latest = rows[0], rows[-1]
+        went_on = {r[13] for r in rows if r[13]} | continued
+        title = first[8] or next((r[14] for r in reversed(rows) if r[14]), first[1])
+        branches = sum(not r[11] and r[0] not in went_on for r in rows)
+        out.append(ConversationRow(session_row(latest), title, stamp(first[15], first[4]), len(rows), branches, first[9], first[10]))
+    return out, (int(next(iter(grouped.values()))[0][16]) if grouped else None)
 
 
 def joined(conn, session: SessionRow, path: list[str], named: str | None) -> list[Edit]:
@@ -33,8 +95,8 @@ def joined(conn, session: SessionRow, path: list[str], named: str | None) -> lis
     conversation = _grown_from(conn, session, path) or named or _same_file(conn, session) or session.session_id
     edits: list[Edit] = [Insert("conversation_sessions", [{"session_id": session.session_id, "conversation_id": conversation}])]
     row = conn.execute("select versions, updated_at, latest_id, cwd from conversations where conversation_id = ?", [conversation]).fetchone()
-    if row is None:
-        return edits + [Insert("conversations", [{"conversation_id": conversation, "title": None, **summary(_with(conn, conversation, session))}])]
+    if row is None:  # a conversation's row comes with its first session (migration 0012 made those of older archives)
+        return edits + [Insert("conversations", [{"conversation_id": conversation, "title": None, **summary([session])}])]
     count, updated_at, latest_id, cwd = row
     if count is not None and (session.created_at, session.session_id) > (updated_at, latest_id):  # a new latest version, as a log grows
         latest = _latest(session) | ({"cwd": cwd_of(session.metadata)} if cwd is None else {})

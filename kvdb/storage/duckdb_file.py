@@ -44,6 +44,7 @@ class DuckDBFile(Engine):
         self._batching = False  # inside ``batch()``: writes share the transaction the first began
         self._open = False  # a batch's transaction is open on the connection
         self._committed: list = []  # what waits for the batch's commit (``after_commit``)
+        self._ended: list = []  # what waits for the batch's end (``after_batch``)
         try:
             if self.schema_revision() != REVISION:
                 self._migrate()
@@ -112,13 +113,18 @@ class DuckDBFile(Engine):
             return
         self._batching = True
         try:
-            yield
-        except BaseException:
-            self._rollback_batch()
-            raise
+            try:
+                yield
+            except BaseException:
+                self._rollback_batch()
+                raise
+            finally:
+                self._batching = False
+            self._commit_batch()
         finally:
-            self._batching = False
-        self._commit_batch()
+            ended, self._ended = self._ended, []
+            for then in ended:
+                then()
 
     @property
     def batching(self) -> bool:
@@ -127,6 +133,12 @@ class DuckDBFile(Engine):
     def after_commit(self, then, undo=None) -> None:
         if self._open:
             self._committed.append((then, undo))
+        else:
+            then()
+
+    def after_batch(self, then) -> None:
+        if self._batching:
+            self._ended.append(then)
         else:
             then()
 

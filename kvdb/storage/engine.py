@@ -62,6 +62,10 @@ class Engine(abc.ABC):
         ``undo`` if it is rolled back: derived data follows only what the database holds."""
         then()
 
+    def after_batch(self, then: Callable[[], None]) -> None:
+        """Call ``then`` when the batch ends, committed or not (at once outside a batch)."""
+        then()
+
     def reading(self) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
         """A connection for the statements of one read, which see one snapshot."""
         return transaction(self.connection())

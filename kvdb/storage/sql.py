@@ -23,7 +23,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError
-from kvdb.storage import base, edits, sql_apply
+from kvdb.storage import base, conversation_rows, edits, sql_apply
 from kvdb.storage.base import CodebookRow, ConversationFilter, ConversationRows, IndexState, ModelRow, NodeRow, Plan, SessionRow, WatchedFileRow
 from kvdb.storage.engine import Engine
 from kvdb.storage.sql_rows import ANY, CONVERSATION, NODE, SESSION, SESSIONS, UNSCORED, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
@@ -144,6 +144,9 @@ class Storage:
     def after_commit(self, then, undo=None) -> None:
         self.engine.after_commit(then, undo)
 
+    def after_batch(self, then) -> None:
+        self.engine.after_batch(then)
+
     @contextlib.contextmanager
     def _explained(self):
         try:
@@ -232,28 +235,24 @@ class Storage:
     def conversations_page(self, admits: ConversationFilter, limit: int | None = None, offset: int = 0) -> ConversationRows:
         """The conversations ``admits`` lets through, the most recently updated first (ties by id,
         the greater first), from ``offset`` on, at most ``limit``: filtered, ordered and paged on
-        the conversations table's own columns, and the page's sessions read in the same query (a
-        list of ids handed back in as a parameter costs DuckDB's client ~0.1 ms an id)."""
+        the conversations table's own columns, and only the page's versions read and summed up
+        (``conversation_rows.listed``), with how many it admits in all."""
         where, params = _admitting(admits)
-        paged, bounds = ("", []) if limit is None else (" limit ? offset ?", [max(int(limit), 0), max(int(offset), 0)])
+        offset = max(int(offset), 0)
+        paged, bounds = ("", []) if limit is None else (" limit ? offset ?", [max(int(limit), 0), offset])
         if limit is None and offset:
-            paged, bounds = " offset ?", [max(int(offset), 0)]
-        columns = ", ".join(f"s.{c}" for c in SESSION.split(", ")[:7])  # SESSION's, its conversation the page's
-        query = (
-            f"with page as (select conversation_id, title, updated_at, count(*) over () as total from conversations{where} "
-            f"order by updated_at desc, conversation_id desc{paged}) "
-            f"select {columns}, p.conversation_id, p.total, p.title, coalesce(n.refcount > 1, false) from page p "
-            "join conversation_sessions using (conversation_id) join sessions s using (session_id) left join nodes n on n.node_id = s.session_id "
-            "order by p.updated_at desc, p.conversation_id desc, s.created_at, s.session_id"
-        )
+            paged, bounds = " offset ?", [offset]
         with self._read() as conn:
-            found = conn.execute(query, [*params, *bounds]).fetchall()
-            total = int(found[0][8]) if found else int(conn.execute(f"select count(*) from conversations{where}", params).fetchone()[0])  # type: ignore[index]
-        versions: dict[str, list[SessionRow]] = {}
-        for r in found:
-            versions.setdefault(r[7], []).append(session_row(r))
-        titles = {r[7]: r[9] for r in found if r[9] is not None}
-        return ConversationRows(list(versions.values()), total, titles, {r[0] for r in found if r[10]})
+            found, total = conversation_rows.listed(conn, where, params, paged, bounds)
+            if total is None:  # a page past the end
+                total = int(conn.execute(f"select count(*) from conversations{where}", params).fetchone()[0])  # type: ignore[index]
+        return ConversationRows(found, total)
+
+    def conversation_row(self, conversation_id: str) -> base.ConversationRow | None:
+        """One conversation as ``conversations_page`` lists it."""
+        with self._read() as conn:
+            found, _ = conversation_rows.listed(conn, " where conversation_id = ?", [conversation_id])
+        return found[0] if found else None
 
     def conversation_ids(self, admits: ConversationFilter) -> list[str]:
         """Every conversation ``admits`` lets through, by the conversations table's own columns."""
@@ -287,6 +286,23 @@ class Storage:
         """The nodes from the root down to ``node_id`` (a session id names its leaf)."""
         with self._read() as conn:
             return path_rows(conn, node_id)
+
+    def session_paths(self, session_ids: list[str]) -> dict[str, list[NodeRow]]:
+        """``node_path`` of each of ``session_ids`` that is an archived session (the others left
+        out), by one recursive walk up from all their leaves."""
+        if not session_ids:
+            return {}
+        columns = ", ".join("n." + c for c in NODE.split(", "))
+        query = (
+            f"with recursive path as (select node_id as leaf, {NODE} from nodes "
+            f"where node_id in (select session_id from sessions where session_id {ANY}) "
+            f"union all select path.leaf, {columns} from nodes n join path on n.node_id = path.parent_id) "
+            f"select leaf, {NODE} from path order by leaf, start"
+        )
+        out: dict[str, list[NodeRow]] = {}
+        for row in self._rows(query, [list(session_ids)]):
+            out.setdefault(row[0], []).append(node_row(row[1:]))
+        return out
 
     def nodes_of(self, model_ids: list[str]) -> list[NodeRow]:
         """Every node of these models (unused ones too, until gc), parents before children."""

@@ -105,13 +105,15 @@ def _session_write(conn, w: SessionWrite) -> None:
     path = [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
     run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation) + _owed(conn, w, path))
     if w.index is not None:
-        _index_state(conn, w.index)
+        _index_state(conn, w.index, {w.node.node_id: len(w.node.tokens)} if w.node is not None else {})
 
 
 def _owed(conn, w: SessionWrite, path: list[str]) -> list[edits.Edit]:
     """The work left for `kvdb upkeep`: what the writer queued, and the model's pass where a node
-    on the session's path holds tokens it has not scored."""
-    unscored = conn.execute(f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]).fetchone()[0]
+    on the session's path holds tokens it has not scored (a new node without log-probabilities
+    does: no need to look, and a statement is a millisecond of a backfill's session)."""
+    fresh = w.node is not None and w.node.logprobs is None and "tokens" in w.node.keep
+    unscored = fresh or conn.execute(f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]).fetchone()[0]
     return edits.queued([(w.session.session_id, kind) for kind in [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]], utc_now())
 
 
@@ -125,9 +127,12 @@ def _dequeue(conn, session_id: str, work: str) -> None:
     conn.execute("delete from pending_work where session_id = ? and work = ?", [session_id, work])
 
 
-def _index_state(conn, state) -> None:
-    query = f"select node_id, n_tokens from nodes where node_id {ANY}"
-    lengths = {r[0]: int(r[1]) for r in conn.execute(query, [list(state.ranges)]).fetchall()} if state.ranges else {}
+def _index_state(conn, state, known: dict[str, int] | None = None) -> None:
+    """``known``: lengths of nodes of ``state.ranges`` the caller has (the others are read)."""
+    lengths = dict(known or {})
+    unknown = [node_id for node_id in state.ranges if node_id not in lengths]
+    if unknown:
+        lengths |= {r[0]: int(r[1]) for r in conn.execute(f"select node_id, n_tokens from nodes where node_id {ANY}", [unknown]).fetchall()}
     run(conn, edits.index_state(state, lengths))
 
 

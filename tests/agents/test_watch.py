@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support import storage_of
 
 import kvdb
+from kvdb.model import loading
 
 KVDB = str(Path(sys.executable).with_name("kvdb"))
 TURNS = [
@@ -74,6 +76,38 @@ def test_a_log_grows_waits_for_its_last_line_forks_and_is_rotated(tmp_path, tiny
         append(log, "{not json\n")  # a malformed line is named and left out; the rest is what was archived
         [bad] = restarted.watch([logs])
         assert bad.status == "unchanged" and [s["line"] for s in bad.skipped] == [3]
+
+
+def test_a_restarted_watcher_stores_a_long_log_s_new_turn_alone_and_runs_no_model(tmp_path, tiny_model, monkeypatch):
+    """A log past the model's context, grown while no watcher ran: the restarted watcher reads it
+    again, but finds its parts but the last archived, stores the new turn alone, and loads no
+    model; each pass takes the archive once (its checkpoint is written on the ingest's hold)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "long.jsonl"
+    log.write_text(
+        "".join(line({"role": ("user", "assistant")[i % 2], "content": f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(20))}) for i in range(50))
+    )
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as archive:
+        assert archive.loaded_model is not None  # this machine has loaded the model once: its facts are cached
+        first = archive.watch([logs])
+    monkeypatch.setattr(loading, "load", _refuse_to_load)
+    append(log, line(TURNS[4]) + line(TURNS[5]))
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as restarted:
+        grown = restarted.watch([logs])
+        assert len(first) > 3 and [r.status for r in grown] == ["unchanged"] * (len(first) - 1) + ["ingested"]
+        assert 0 < grown[-1].new_tokens < grown[-1].n_tokens - first[-1].n_tokens + 8  # only the new turns
+        assert restarted.search("All 41 tests pass")[0].session_id == grown[-1].session_id
+        restarted.release()
+        opened = storage_of(restarted).engine.connections
+        append(log, line(TURNS[2]))
+        [*_, again] = restarted.watch([logs])
+        assert again.status == "ingested" and storage_of(restarted).engine.connections == opened + 1
+        assert [(f.size, f.status) for f in restarted.watched()] == [(log.stat().st_size, "ingested")]
+
+
+def _refuse_to_load(name=None):
+    raise AssertionError(f"the language model was loaded ({name})")
 
 
 def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model):

@@ -5,6 +5,7 @@ import neither torch nor transformers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -115,6 +116,43 @@ def test_a_long_text_is_encoded_in_pieces_as_it_is_whole(tiny_model, private_cac
     for text, ids in whole.items():
         assert tok.encode(light, text) == ids == tok.encode(full, text), text
     assert len(tok._pieces(light, long_text())) > (1 if piece_chars < 1 << 30 else 0)
+
+
+class CountingBackend:
+    """A tokenizers backend that records the texts it is given to encode."""
+
+    def __init__(self, backend):
+        self.backend, self.encoded = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def encode_batch(self, texts, **kwargs):
+        self.encoded += texts
+        return self.backend.encode_batch(texts, **kwargs)
+
+    def encode(self, text, **kwargs):
+        self.encoded.append(text)
+        return self.backend.encode(text, **kwargs)
+
+
+def test_a_text_that_grows_encodes_only_its_last_piece_again(tiny_model, private_cache, monkeypatch):
+    """A growing log is rendered again whole at each turn: its pieces but the last are remembered,
+    and the ids are still those of the whole text."""
+    light, full = tok.load(tiny_model), tok.load_full(tiny_model)
+    counting = dataclasses.replace(light, backend=CountingBackend(light.backend))
+    monkeypatch.setattr(tok, "PIECE_CHARS", 4096)
+    turn = "<|im_start|>user\nAnd the harbour ledger? 😀<|im_end|>\n<|im_start|>assistant\nIn the keeper's lamp room.<|im_end|>\n"
+    text = long_text()
+    first = tok._pieces(light, text)
+    assert tok.encode(counting, text) == full(text, add_special_tokens=False)["input_ids"] and len(first) > 3
+    counting.backend.encoded.clear()
+    grown = text + turn
+    assert tok.encode(counting, grown) == full(grown, add_special_tokens=False)["input_ids"]
+    assert counting.backend.encoded == [tok._pieces(light, grown)[-1]]  # the last piece, grown: no other again
+    monkeypatch.setattr(tok, "KNOWN_PIECES", 1)
+    assert tok.encode(counting, "x" + grown) == full("x" + grown, add_special_tokens=False)["input_ids"]  # a new first piece
+    assert len(tok._KNOWN[counting]) == 1  # the remembered pieces are bounded
 
 
 def test_tiny_fingerprint_matches_model_identity(tiny_model):

@@ -58,3 +58,39 @@ def test_a_failed_batch_leaves_the_archive_as_it_was(tmp_path, tiny_loaded, monk
         assert storage_of(db).engine.batching is False
         assert {r.status for r in db.ingest(folder, keep="tokens,search")} == {"ingested"}
         assert {h.name for h in db.search("harbour master", k=10)} == set(TEXTS) and db.verify(deep=True).ok
+
+
+def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, tiny_model, tiny_loaded, monkeypatch):
+    """Each session commits (a hold of 0 s) yet the index takes the batch's runs in one merge at
+    its end; a writer that numbered slots between two of its commits has its runs follow them."""
+    import subprocess
+    import sys
+
+    from kvdb.index import walk
+    from kvdb.storage import base
+
+    folder = _folder(tmp_path)
+    path = tmp_path / "a.duckdb"
+    monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)
+    merges = []
+    extend = walk.WalkIndex.extend
+    monkeypatch.setattr(walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1])
+    other = f"import kvdb; kvdb.open({str(path)!r}, model={tiny_model!r}).ingest(text='Meanwhile the lighthouse keeper logged a storm.', name='other', keep='tokens,search')"
+    with kvdb.open(path, model=tiny_loaded) as db:
+        db.ingest(text="Before: the harbour master slept.", name="before", keep="tokens,search")
+        merges.clear()
+        engine = storage_of(db).engine
+        release, calls = engine.release, []
+
+        def release_then_another_writer():
+            release()
+            calls.append(1)
+            if len(calls) == 3:  # between two of the batch's commits
+                subprocess.run([sys.executable, "-c", other], check=True)
+
+        monkeypatch.setattr(engine, "release", release_then_another_writer)
+        db.ingest(folder, keep="tokens,search")
+        assert len(calls) >= len(TEXTS) and len(merges) == 2  # the runs before the other writer's, then the rest at the end
+        assert {h.name for h in db.search("harbour master", k=10)} == {*TEXTS, "before"}
+        assert {h.name for h in db.search("lighthouse keeper", k=10)} == {"other"}
+        assert db.verify(deep=True).ok

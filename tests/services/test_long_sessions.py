@@ -5,7 +5,8 @@ import numpy as np
 from support import write_jsonl
 
 from kvdb.model import chat
-from kvdb.services.write_plan import part_bounds
+from kvdb.services import ingesting
+from kvdb.services.write_plan import part_bounds, plan_session
 
 CONTEXT = 4096  # the tiny model's
 BUDGET = CONTEXT - CONTEXT // 4
@@ -61,6 +62,23 @@ def test_a_long_log_that_grows_keeps_its_parts_and_grows_the_last(archive, tmp_p
     assert conversation.latest == grown and conversation.branches == 1
     history = archive.conversation("long").versions
     assert all(v.branch_of is None for v in history)
+
+
+def test_a_grown_log_s_unchanged_parts_are_checked_in_one_read_and_stay_queued(archive, tmp_path, monkeypatch):
+    """A watched log is read again whole at each turn: its parts but the last are found archived
+    together, not planned one at a time, and what they still wait for stays queued once."""
+    path = write_jsonl(tmp_path / "long.jsonl", turns(50))
+    before = archive.ingest(path)
+    planned = []
+    monkeypatch.setattr(
+        ingesting, "plan_session", lambda storage, model_id, ids, *rest: planned.append(len(ids)) or plan_session(storage, model_id, ids, *rest)
+    )
+    write_jsonl(path, turns(51))
+    after = archive.ingest(path)
+    assert len(before) > 3 and [r.status for r in after] == ["unchanged"] * (len(before) - 1) + ["ingested"]
+    assert [r.part for r in after] == [r.part for r in before] and planned == [after[-1].n_tokens]  # the last part alone
+    assert archive.pending().semantic.sessions == len(before) + 1 == len(archive.sessions())  # none queued twice
+    assert [r.status for r in archive.ingest(path)] == ["unchanged"] * len(after)
 
 
 def test_a_long_text_and_a_turn_longer_than_a_part_are_cut_inside_and_kept_whole(archive):

@@ -59,7 +59,7 @@ def test_turns_are_cut_into_overlapping_windows_that_depend_only_on_the_prefix()
     assert all(b - a <= 128 for a, b in spans) and np.all(np.diff(spans[:, 0]) > 0)
     longer = chunk_ops.spans([(0, 10), (10, 500)], window=128, overlap=32)
     assert longer[:3].tolist() == spans[:3].tolist()  # a longer session keeps the chunks that end where the shorter one's do
-    assert chunk_ops.ending_in(spans, 100, 234).tolist() == [[10, 138], [106, 234]]
+    assert spans[chunk_ops.ending_in(spans, 100, 234)].tolist() == [[10, 138], [106, 234]]
     with pytest.raises(ValueError):
         chunk_ops.spans([(0, 10)], window=8, overlap=8)
 

@@ -121,3 +121,53 @@ def test_the_queue_survives_kill_9_and_completes(tmp_path, tiny_model):
         for s in db.sessions()[:3]:
             expected, _ = loading.score(db.loaded_model.model, db.tokens(s.session_id))
             np.testing.assert_allclose(db.logprobs(s.session_id), expected, atol=1e-4)
+
+
+_EMBED_WORKER = """
+import sys, time
+import kvdb
+from kvdb.services import semantic_tier, upkeep
+
+upkeep.GROUP_CHUNKS = 4  # many groups, each committed: a kill lands between two of them, or in one
+embedded = semantic_tier.SemanticTier.embedded
+semantic_tier.SemanticTier.embedded = lambda self, cuts: (time.sleep(0.2), embedded(self, cuts))[1]  # a slow embedder
+with kvdb.open(sys.argv[1], model=sys.argv[2], embedder=sys.argv[2]) as db:
+    db.upkeep(only="semantic", progress=lambda tokens, queued: print(tokens, flush=True))
+"""
+
+
+def _chunk_rows(path: Path, model: str) -> list[tuple]:
+    with kvdb.open(path, model=model, embedder=model) as db, db._storage._read() as conn:
+        return conn.execute("select node_id, chunk_no, start, stop, vector from node_chunks order by node_id, chunk_no").fetchall()
+
+
+def test_the_semantic_queue_survives_kill_9_in_a_group_and_completes(tmp_path, tiny_model):
+    """Upkeep embeds a group of sessions in one call and commits each with its row off the queue:
+    killed anywhere, no session is lost or embedded twice."""
+    paths = [tmp_path / "killed.duckdb", tmp_path / "whole.duckdb"]
+    for path in paths:
+        with kvdb.open(path, model=tiny_model, embedder=tiny_model) as db:
+            for n in range(20):
+                db.ingest(text=f"Session {n}: " + " ".join(f"word{k * n}" for k in range(100)), name=f"s{n}", keep="tokens,search,semantic")
+            queued = db.pending().semantic.sessions
+    assert queued == 20
+    with kvdb.open(paths[1], model=tiny_model, embedder=tiny_model) as db:
+        assert db.upkeep(only="semantic").embedded.sessions == queued
+    worker = subprocess.Popen([sys.executable, "-c", _EMBED_WORKER, str(paths[0]), tiny_model], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        for _ in range(6):  # sessions committed (durable once the next group lets the file go)
+            assert worker.stdout.readline(), worker.stderr.read() if worker.stderr else ""
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(timeout=30) == -signal.SIGKILL  # killed mid-run, not finished
+    finally:
+        worker.kill()
+    with kvdb.open(paths[0], model=tiny_model, embedder=tiny_model) as db:
+        left = db.pending().semantic.sessions
+        assert 0 < left < queued
+        assert db.upkeep(only="semantic").embedded.sessions == left
+        assert db.pending().semantic.sessions == 0 and db.verify(deep=True).ok
+    killed, whole = (_chunk_rows(path, tiny_model) for path in paths)
+    assert [row[:4] for row in killed] == [row[:4] for row in whole]  # each chunk once
+    for a, b in zip(killed, whole):
+        np.testing.assert_allclose(np.frombuffer(a[4], "<f2"), np.frombuffer(b[4], "<f2"), atol=2e-3)

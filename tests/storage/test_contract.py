@@ -170,6 +170,18 @@ def test_a_split_keeps_both_paths_and_their_tiers(storage):
     assert runs == {path_a[0].node_id: (0, 50, 0), sid_a: (50, len(a) - 50, 50)}
 
 
+def test_session_paths_are_node_paths_read_at_once(storage):
+    """Sessions' paths in one read (a grown log's unchanged parts): the archived ones, each as
+    ``node_path`` gives it; an id that is no session (a node the split made, or none) is left out."""
+    a = ids_of("shared system prompt; then one story " * 4)
+    sid_a = add(storage, "a", a)
+    sid_b = branch(storage, "b", np.concatenate([a[:50], ids_of("another turn entirely, longer than before")]))
+    shared = storage.node_path(sid_b)[0].node_id
+    paths = storage.session_paths([sid_a, sid_b, shared, "no-such-session"])
+    assert paths == {sid_a: storage.node_path(sid_a), sid_b: storage.node_path(sid_b)} and len(paths[sid_a]) == 2
+    assert storage.session_paths([]) == {}
+
+
 def test_tier_l_only_nodes_get_their_tokens_back(storage):
     ids = ids_of("coded against the model only " * 3)
     sid = add(storage, "lm", ids, keep={"lm"}, lm=b"KL-payload")
@@ -479,14 +491,15 @@ def check_listing(storage: Storage) -> None:
     for admits in FILTERS:
         expected = listed_in_python(storage, admits)
         every = storage.conversations_page(admits)
-        assert [rows[0].conversation_id for rows in every.versions] == expected and every.total == len(expected), admits
+        assert [c.latest.conversation_id for c in every.conversations] == expected and every.total == len(expected), admits
         assert sorted(storage.conversation_ids(admits)) == sorted(expected), admits
-        for rows in every.versions:
-            assert [r.session_id for r in rows] == [r.session_id for r in storage.conversation_sessions(rows[0].conversation_id)]
-        for limit, offset in [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50)]:
+        for listed in every.conversations:
+            versions = storage.conversation_sessions(listed.latest.conversation_id)
+            assert (listed.latest, listed.versions) == (versions[-1], len(versions)) and storage.conversation_row(listed.latest.conversation_id) == listed
+        for limit, offset in [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50), (len(expected), 0)]:
             page = storage.conversations_page(admits, limit, offset)
             wanted = expected[offset:][:limit]
-            assert [rows[0].conversation_id for rows in page.versions] == wanted and page.total == len(expected), (admits, limit, offset)
+            assert [c.latest.conversation_id for c in page.conversations] == wanted and page.total == len(expected), (admits, limit, offset)
 
 
 def test_conversations_are_filtered_ordered_and_paged_on_their_rows(storage):
@@ -505,18 +518,39 @@ def test_conversations_are_filtered_ordered_and_paged_on_their_rows(storage):
     said("d", "a log that names no folder, then its cwd", 5, {"format": "claude-code", "cwd": "/elsewhere"}, "/work/repo/sub/d.jsonl")
     said("e", "the fog horn", 6, {"format": "claude-code", "ended": "not a time"})
     check_listing(storage)
-    assert [r.session_id for r in storage.conversations_page(ConversationFilter(project="/work/repo")).versions[1]] == [first, grown]  # after e
-    page = storage.conversations_page(ConversationFilter(agent="claude-code"), limit=3)
-    assert first in page.extended and grown not in page.extended and page.titles == {}
+    a = storage.conversations_page(ConversationFilter(project="/work/repo")).conversations[1]  # after e
+    assert (a.latest.session_id, a.versions, a.branches, a.title, a.project, a.agent) == (grown, 2, 1, "a", "/work/repo", "claude-code")
+    assert a.started_at == start  # its first version's, which records no start
 
     storage.apply(RenameConversation(first, "Lamp"))
     said("b", "the tide came in, an older copy", -1, {"format": "grok"}, "/work/repo-other/b.jsonl")  # archived before b's first version
     check_listing(storage)  # b's first version, its agent, is now that one
-    assert storage.conversations_page(ConversationFilter(project="/work/repo")).titles == {first: "Lamp"}
+    assert [c.title for c in storage.conversations_page(ConversationFilter(project="/work/repo")).conversations] == ["e", "Lamp"]
     storage.apply(DeleteSession(grown))  # a's latest version is its first again: said on the 1st, updated first of all
     check_listing(storage)
     storage.apply(DeleteConversation(first))
     check_listing(storage)
+
+
+def test_a_listing_counts_the_ends_of_a_log_that_went_on_in_parts(storage):
+    """A whole version that the log's first part is a prefix of goes on in the parts, and a part a
+    later part follows is no end either; a whole version the part is no prefix of is one."""
+    start = dt.datetime(2025, 3, 1, 12)
+
+    def said(text: str, hours: int, part: dict | None = None) -> str:
+        ids = ids_of(text)
+        metadata = {"format": "claude-code"} | ({"part": part} if part else {})
+        return branch(
+            storage, "log", ids, row=session_row("log", ids, source="/work/log.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata)
+        )
+
+    whole = said("the keeper lit the lamp at dusk and logged the wind", 0)
+    first = said("the keeper lit the lamp", 1, {"number": 1, "follows": None, "starts": 0})
+    said(" at dusk and logged the wind and the rain", 2, {"number": 2, "follows": first, "starts": 23})
+    [listed] = storage.conversations_page(ConversationFilter()).conversations
+    assert (listed.versions, listed.branches, conversation_of(storage, whole)) == (3, 1, listed.latest.conversation_id)
+    said("the keeper slept through the dusk and logged nothing", 3)  # the first part is no prefix of it: an end
+    assert [(c.versions, c.branches) for c in storage.conversations_page(ConversationFilter(), limit=1).conversations] == [(4, 2)]
 
 
 def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
