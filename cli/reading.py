@@ -9,6 +9,7 @@ import click
 
 from kvdb.errors import KvdbError
 from kvdb.index.phrase import MIN_SHARE
+from kvdb.records import MeaningHit
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
 
@@ -213,8 +214,8 @@ def search(
     """Find PHRASE in the archived sessions.
 
     Full matches come first, then the places that share the longest end of the phrase
-    (marked partial; at least --min-share of its tokens). Other casings of the phrase (lower,
-    sentence, title, upper case) match too unless --case-sensitive. Each hit gives the session and the position of its first token, which
+    (marked partial; at least --min-share of its tokens). Other casings of the phrase match too,
+    word by word and letter by letter ("iphone" finds "iPhone"), unless --case-sensitive. Each hit gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
     archive = _open(ctx, model, read_only=True, embedder=embedder)
@@ -241,8 +242,13 @@ def search(
             _emit(h.to_dict())
             continue
         grade = "exact" if h.exact else f"score {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        grade += ", weak" if isinstance(h, MeaningHit) and h.weak else ""
         click.echo(f"{_printable(h.title or h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
         click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
+    if semantic and not as_json and any(isinstance(h, MeaningHit) and h.weak for h in hits):
+        from kvdb.services.semantic_tier import WEAK_BELOW
+
+        click.echo(f"kvdb: hits marked weak score under {WEAK_BELOW}: likely nothing archived is about this (decision 0058)", err=True)
     if all(h.partial for h in hits):
         if not as_json:
             click.echo("no full match; the hits above share only the end of the phrase" if hits else "no match", err=True)

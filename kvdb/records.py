@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
+from kvdb.index.phrase import Hit
 from kvdb.storage.base import SessionRow, agent_of, cwd_of, folder_of, said_at_of, started_at_of
 from kvdb.tiers import RestoreMode, Tier
 
@@ -213,6 +214,30 @@ class PhraseCount:
 
     def to_dict(self) -> dict:
         return {"phrase": self.phrase, "count": self.count, "case_sensitive": self.case_sensitive, "session": self.session}
+
+
+@dataclass(frozen=True)
+class MeaningHit(Hit):
+    """A hit by meaning (``search_meaning``): its chunk's span and text as a phrase hit's
+    (``position``, ``match_tokens``, ``match``), and its score, the fusion of what it was found
+    by, on one scale for every query and list (decision 0058): ``cosine`` to the query, the share
+    of the query's word weight its chunk holds (``words``) and its conversation holds
+    (``session_words``). ``weak``: the score is under the cut-off (``semantic_tier.WEAK_BELOW``),
+    below which most top hits on the set it was chosen on answered nothing; shown, marked."""
+
+    cosine: float = 0.0
+    words: float = 0.0
+    session_words: float = 0.0
+    weak: bool = False
+
+    def to_dict(self) -> dict:
+        return {
+            **super().to_dict(),
+            "weak": self.weak,
+            "cosine": round(self.cosine, 4),
+            "words": round(self.words, 4),
+            "session_words": round(self.session_words, 4),
+        }
 
 
 @dataclass(frozen=True)

@@ -105,21 +105,24 @@ def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
     return [phrase[-s:] for s in range(first, least - 1, -1)]
 
 
-def bounded(index: WalkIndex, wanted: Iterable[np.ndarray]) -> dict[bytes, KeyRange]:
+def bounded(index: WalkIndex, wanted: Iterable[np.ndarray], known: dict[bytes, KeyRange] | None = None) -> dict[bytes, KeyRange]:
     """The key range of each piece, by its bytes, and of each one's last D tokens (its first
-    key), which come with it: every bound of a query found in one pass."""
-    distinct = {piece.tobytes(): piece for piece in wanted}
-    out: dict[bytes, KeyRange] = {}
-    for (key, piece), (found, first) in zip(distinct.items(), index.ranges(list(distinct.values()))):
-        out[key] = found
-        out.setdefault(piece[-index.depth :].tobytes(), first)
+    key), which come with it: every bound of a query found in one pass. ``known``: ranges
+    looked up already (the casing walk's), not looked up again."""
+    out: dict[bytes, KeyRange] = dict(known or {})
+    distinct = {key: piece for piece in wanted if (key := piece.tobytes()) not in out}
+    if distinct:
+        for (key, piece), (found, first) in zip(distinct.items(), index.ranges(list(distinct.values()))):
+            out[key] = found
+            out.setdefault(piece[-index.depth :].tobytes(), first)
     return out
 
 
 def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
     """The variants that end with no other: two variants end at one position only when one is a
     suffix of the other, and then the longer's matches are the shorter's too."""
-    return [v for v, phrase in enumerate(variants) if not any(len(o) < len(phrase) and np.array_equal(phrase[len(phrase) - len(o) :], o) for o in variants)]
+    whole = {phrase.tobytes() for phrase in variants}
+    return [v for v, phrase in enumerate(variants) if not any(phrase[s:].tobytes() in whole for s in range(1, len(phrase)))]
 
 
 def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange]) -> Candidates:
@@ -186,7 +189,7 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     )
 
 
-def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray]) -> int:
+def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray], known: dict[bytes, KeyRange] | None = None) -> int:
     """How many archived positions end a full match of some variant: each counted once, in a
     node some session uses (``owned``, per run of ``slots``).
 
@@ -194,7 +197,7 @@ def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequenc
     key range, counted in O(log n) when every entry of the index is live (no deleted session's
     slots wait for ``gc``), else by locating its entries."""
     kept = {variants[v].tobytes(): variants[v] for v in unsuffixed(variants)}
-    ranges = bounded(index, kept.values())
+    ranges = bounded(index, kept.values(), known)
     live_entries = int(slots.length[owned].sum())
     total = 0
     for found in (ranges[key] for key in kept):
@@ -227,6 +230,7 @@ def search(
     context: int = 32,
     min_share: float = MIN_SHARE,
     group: Callable[[str], str] | None = None,
+    known: dict[bytes, KeyRange] | None = None,
 ) -> list[Hit]:
     """The ``k`` best hits over every tokenization of a phrase, each verified against ``fetch``;
     partial hits only where they match at least ``min_share`` of the phrase's tokens.
@@ -235,6 +239,7 @@ def search(
     its size), until k hits are confirmed. A hit in a node that several sessions share is
     reported once, in the session ``sessions_of`` names. With ``group`` (session -> its group,
     a conversation), a group's candidates after its first hit are skipped before they are fetched.
+    ``known``: ranges looked up already (``bounded``).
     """
     if k < 1:
         raise InvalidArgument(f"k must be at least 1, got {k}")
@@ -243,8 +248,10 @@ def search(
     least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
     whole = [len(phrase) for phrase in variants]
     # the partial matches' suffixes too, though the full matches may leave no room for them:
-    # bounding them with the phrase's costs less than a second pass over the segments
-    ranges = bounded(index, [*variants, *(p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v]))])
+    # bounding them with the phrase's costs less than a second pass over the segments; but
+    # where the variants' ranges are ``known`` (a casing walk), the suffixes wait until needed
+    suffixes = [p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v])]
+    ranges = bounded(index, [*variants, *suffixes] if known is None else variants, known)
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
     grouped: set[str] = set()  # the groups that have their hit
@@ -252,6 +259,8 @@ def search(
     for sharing in (whole, least):
         if len(hits) >= k or (sharing is least and least == whole):
             break
+        if sharing is least:
+            ranges = bounded(index, suffixes, ranges)
         pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges) for v, phrase in enumerate(variants)])
         lengths = np.array(whole)[pool.variant]
         if sharing is least:

@@ -128,10 +128,9 @@ class BM25:
         and for removed chunks)."""
         out = np.zeros(len(self.lengths))
         n = len(self.lengths) - int(self.gone.sum())
-        known = [self.vocab[w] for w in words(query) if w in self.vocab]
-        if not known or not n:
+        qt, qtf, _ = self._query(query)
+        if not len(qt) or not n:
             return out
-        qt, qtf = np.unique(np.asarray(known, np.int64), return_counts=True)
         df = self.df[qt]
         idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf  # a word said twice counts twice
         avgdl = self.lengths[~self.gone].mean()
@@ -148,6 +147,66 @@ class BM25:
             out += np.bincount(docs, weights=w * tf * (self.k1 + 1) / (tf + norm), minlength=len(out))
         out[self.gone] = 0.0
         return out
+
+    def ceiling(self, query: str) -> float:
+        """What no chunk's score reaches: every word of ``query`` held without bound,
+        Σ idf(t) · (k1 + 1), a word nothing holds at the highest idf. A score over it is the
+        share of the query's word weight a chunk holds, in [0, 1): one scale for any query and
+        any list of hits, which a scaling over the list (min-max) is not (decision 0058)."""
+        n = len(self.lengths) - int(self.gone.sum())
+        qt, qtf, unknown = self._query(query)
+        return _ceiling(self.df[qt], qtf, unknown, n, self.k1)
+
+    def grouped(self, query: str, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, float]:
+        """BM25 of ``query`` against groups of chunks, each group one document of its chunks'
+        words together (a session: ``groups[chunk]`` its number, -1 for a chunk of none), with
+        the groups' own counts (N, df, lengths); and that level's ``ceiling``. Equal to a build
+        over the groups' joined texts, from the chunks' postings: no index of its own."""
+        out = np.zeros(n_groups)
+        groups = np.where(self.gone, -1, np.asarray(groups, np.int64))
+        inside = groups >= 0
+        lengths = np.bincount(groups[inside], weights=self.lengths[inside], minlength=n_groups)
+        n = int((lengths > 0).sum())
+        qt, qtf, unknown = self._query(query)
+        if not n:
+            return out, 0.0
+        found_terms, found_docs, found_tf = [], [], []
+        for seg in self.segments:
+            if not len(qt):
+                break
+            at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
+            hit = seg.terms[at] == qt
+            if not hit.any():
+                continue
+            starts, ends = seg.starts[at[hit]], seg.starts[at[hit] + 1]
+            rows = _ranges(starts, ends)
+            found_terms.append(np.repeat(np.flatnonzero(hit), ends - starts))
+            found_docs.append(seg.docs[rows])
+            found_tf.append(seg.tf[rows])
+        if not found_docs:
+            return out, _ceiling(np.zeros(len(qt), np.int64), qtf, unknown, n, self.k1)
+        term, docs, tf = (np.concatenate(a) for a in (found_terms, found_docs, found_tf))
+        group = groups[docs]
+        kept = group >= 0
+        pairs, where = np.unique(term[kept] * n_groups + group[kept], return_inverse=True)
+        tf = np.bincount(where, weights=tf[kept], minlength=len(pairs))
+        term, group = pairs // n_groups, pairs % n_groups
+        df = np.bincount(term, minlength=len(qt))
+        idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf
+        avgdl = lengths[lengths > 0].mean()
+        norm = self.k1 * (1 - self.b + self.b * lengths[group] / avgdl)
+        out += np.bincount(group, weights=idf[term] * tf * (self.k1 + 1) / (tf + norm), minlength=n_groups)
+        return out, _ceiling(df, qtf, unknown, n, self.k1)
+
+    def _query(self, query: str) -> tuple[np.ndarray, np.ndarray, int]:
+        """The query's known words (ids, sorted) and how often it says each, and how many of its
+        words the index has never seen."""
+        said = words(query)
+        known = [self.vocab[w] for w in said if w in self.vocab]
+        if not known:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), len(said)
+        qt, qtf = np.unique(np.asarray(known, np.int64), return_counts=True)
+        return qt, qtf, len(said) - len(known)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The index as flat arrays (for a file): the words in id order, newline-separated
@@ -181,6 +240,14 @@ class BM25:
                 index.segments.append(_Segment(arrays["terms"][t : t + n_terms], starts, arrays["docs"][p : p + n_postings], arrays["tf"][p : p + n_postings]))
             t, p = t + n_terms, p + n_postings
         return index
+
+
+def _ceiling(df: np.ndarray, qtf: np.ndarray, unknown: int, n: int, k1: float) -> float:
+    """Σ idf(t) · (k1 + 1) over the query's words (``df`` of those known, ``unknown`` more at df 0)."""
+    if not n:
+        return 0.0
+    idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf
+    return float((k1 + 1) * (idf.sum() + unknown * np.log1p((n + 0.5) / 0.5)))
 
 
 def _merged(older: _Segment, newer: _Segment) -> _Segment:

@@ -41,6 +41,7 @@ _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is s
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
 _PLACING = 1 << 12  # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
+BISECT_KEYS = 32  # bounds past which a block is bisected rather than derived whole
 # Tokens of a position's path that set its place: entries are in the order of their last REACH
 # tokens, so a phrase up to that long (every phrase a search takes) is one range of the order
 # and a count of it is two binary searches (docs/decisions/0051-order-to-the-longest-phrase.md).
@@ -258,11 +259,28 @@ class Segment:
         if n == 0:
             return np.zeros(len(keys), np.int64)
         block = np.searchsorted(self.samples, keys, side="left") - 1  # the last block whose first key is smaller
-        at = np.maximum(block, 0)[:, None] * BLOCK + np.arange(1, BLOCK)
-        inside = at < np.minimum((np.maximum(block, 0) + 1) * BLOCK, n)[:, None]
+        base = np.maximum(block, 0) * BLOCK
+        if len(keys) > BISECT_KEYS:  # many keys (a casing walk's round): bisect each block, six keys derived a bound, not 63
+            lo, hi = np.ones(len(keys), np.int64), np.minimum(BLOCK, n - base)
+            while (open_ := np.flatnonzero(lo < hi)).size:
+                mid = (lo[open_] + hi[open_]) // 2
+                smaller = self.keys_at(np.asarray(self.order[base[open_] + mid], np.int64)) < keys[open_]
+                lo[open_], hi[open_] = np.where(smaller, mid + 1, lo[open_]), np.where(smaller, hi[open_], mid)
+            return np.where(block < 0, 0, base + lo)
+        at = base[:, None] + np.arange(1, BLOCK)
+        inside = at < np.minimum(base + BLOCK, n)[:, None]
         derived = self.keys_at(self.order[np.where(inside, at, 0)].reshape(-1)).reshape(at.shape)
         smaller = ((derived < keys[:, None]) & inside).sum(1)
-        return np.where(block < 0, 0, np.maximum(block, 0) * BLOCK + 1 + smaller)
+        return np.where(block < 0, 0, base + 1 + smaller)
+
+    def holds(self, pieces: Pieces) -> np.ndarray:
+        """Per piece, whether some entry shares its first key (its last D tokens, or all of a
+        shorter one): one bound and one derived key a piece, where ``bounds`` takes two bounds."""
+        if self.entries == 0:
+            return np.zeros(len(pieces.lo), bool)
+        at = self.lower_bounds(pieces.lo)
+        first = self.keys_at(np.asarray(self.order[np.minimum(at, self.entries - 1)], np.int64))
+        return (at < self.entries) & (pieces.past | (first < pieces.hi))
 
     def bounds(self, pieces: Pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per piece, [a, b) in this segment's order: the entries whose last ``len(piece)`` tokens

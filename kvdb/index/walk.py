@@ -125,6 +125,24 @@ class KeyRange:
         return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Per segment, its order and the bounds ``Segment.bounds`` gives: ``(order, a, b, a0, b0)``."""
+
+    parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+
+    def sizes(self) -> np.ndarray:
+        """How many entries each piece's range holds."""
+        return sum((b - a for _, a, b, _, _ in self.parts), np.zeros(len(self.parts[0][1]), np.int64))
+
+    def range(self, i: int) -> KeyRange:
+        return KeyRange(tuple((order, int(a[i]), int(b[i])) for order, a, b, _, _ in self.parts))
+
+    def first(self, i: int) -> KeyRange:
+        """The range of piece ``i``'s first key (its last D tokens)."""
+        return KeyRange(tuple((order, int(a0[i]), int(b0[i])) for order, _, _, a0, b0 in self.parts))
+
+
 class WalkIndex:
     """The slots of every archived position in walk-key order, and the token at every slot, in
     two segments: a base, rewritten only when the tail merges into it, and the tail the commits
@@ -223,15 +241,22 @@ class WalkIndex:
         """
         if not pieces:
             return []
+        bounds = self.bounds(pieces)
+        return [(bounds.range(i), bounds.first(i)) for i in range(len(pieces))]
+
+    def holds(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
+        """Per piece, whether some entry ends with its last ``D`` tokens (with all of it, for a
+        piece of up to D): a casing walk's first test of hundreds of words' casings."""
+        if not pieces:
+            return np.zeros(0, bool)
+        prepared = Pieces.of([piece[-self.depth :] for piece in pieces], self.alphabet)
+        return self.base.holds(prepared) | self.tail.holds(prepared)
+
+    def bounds(self, pieces: Sequence[np.ndarray]) -> Bounds:
+        """``ranges`` as arrays, each piece's ``KeyRange`` made when asked for: a casing walk
+        bounds hundreds of pieces and keeps the ranges of a few."""
         prepared = Pieces.of(pieces, self.alphabet)
-        per_segment = [(segment.order, segment.bounds(prepared)) for segment in (self.base, self.tail)]
-        return [
-            (
-                KeyRange(tuple((order, int(a[i]), int(b[i])) for order, (a, b, _, _) in per_segment)),
-                KeyRange(tuple((order, int(a0[i]), int(b0[i])) for order, (_, _, a0, b0) in per_segment)),
-            )
-            for i in range(len(pieces))
-        ]
+        return Bounds(tuple((segment.order, *segment.bounds(prepared)) for segment in (self.base, self.tail)))
 
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """``Segment.symbols`` of slots in either segment."""

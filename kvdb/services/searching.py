@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdb.errors import InvalidArgument
+from kvdb.index import casing, trie
 from kvdb.index import phrase as search_ops
-from kvdb.index import trie
 from kvdb.index.phrase import Hit
-from kvdb.index.walk import Indexes, SlotMap, WalkIndex, index_key
+from kvdb.index.walk import Indexes, KeyRange, SlotMap, WalkIndex, index_key
 from kvdb.model import tokenizer as tok
 from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache
@@ -34,6 +34,7 @@ class _Lookup:
     view: trie.TrieView
     sessions_of: Callable[[list[str]], dict[str, str]]
     fetch: Callable[[list[tuple[str, int, int]]], list[np.ndarray]]
+    known: dict[bytes, KeyRange] | None  # ranges the casing walk looked up
 
 
 class Searcher:
@@ -82,6 +83,7 @@ class Searcher:
                 context=context,
                 min_share=min_share,
                 group=None if each else lambda session_id: view.conversations.get(session_id, session_id),
+                known=found.known,
             )
             return labelled(found_hits, view, titles)
 
@@ -94,7 +96,7 @@ class Searcher:
         if found is None:
             return PhraseCount(phrase, 0, case_sensitive, session)
 
-        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants), case_sensitive, session)
+        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants, found.known), case_sensitive, session)
 
     def _lookup(self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
@@ -118,6 +120,9 @@ class Searcher:
             at = self._derived.get(f"{key}:at", lambda: {str(n): i for i, n in enumerate(slots.node_ids)}) if scoping else {}  # node id -> its run
         if not len(slots.first):
             return None
+        known: dict[bytes, KeyRange] | None = None
+        if not case_sensitive:  # every casing the index holds, word by word and letter by letter
+            variants, known = casing.variants(tokenizer, index, phrase, variants)
         scoped = scoped_owners(view, self._reader, session, within)
         owners = view.owner if scoped is None else scoped
         if scoped is not None:  # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass over all
@@ -127,7 +132,7 @@ class Searcher:
             slots, owned = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]), owned[keep]
         sessions_of = lambda node_ids: {n: owners[n] for n in node_ids if n in owners}  # noqa: E731
         fetch = lambda requests: view.windows(self._storage, requests, runs, index.tokens)  # noqa: E731
-        return _Lookup(tokenizer, variants, index, slots, owned, view, sessions_of, fetch)
+        return _Lookup(tokenizer, variants, index, slots, owned, view, sessions_of, fetch, known)
 
     def _slot_map(self, key: str, ntotal: int) -> SlotMap:
         """The live slot runs the index in hand holds (a run another writer committed since the
@@ -150,7 +155,7 @@ def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list
     """The token sequences a phrase can have inside text: as typed, and after a space; unless
     ``case_sensitive``, also in each casing of ``casings``. A tokenizer spells "Leggy" and
     "leggy" with different tokens, so an index of tokens finds another casing only by searching
-    for it."""
+    for it. A search looks for every other casing the index holds beside these (``casing.variants``)."""
     variants: dict[bytes, np.ndarray] = {}
     for cased in [phrase] if case_sensitive else casings(phrase):
         for text in (cased, " " + cased if not cased.startswith(" ") else None):
@@ -163,8 +168,8 @@ def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list
 
 def casings(phrase: str) -> list[str]:
     """The phrase as typed, then the casings text mostly takes: lower case, sentence case
-    (the first letter capitalised), every word capitalised, upper case. Other mixtures
-    ("iPhone" for "IPHONE") are not found."""
+    (the first letter capitalised), every word capitalised, upper case: each looked up whole,
+    beside the mixtures word by word and letter by letter the casing walk finds (``casing``)."""
     words = phrase.split(" ")
     first = next((i for i, c in enumerate(phrase) if c.isalpha()), 0)
     lower = phrase.lower()

@@ -25,6 +25,7 @@ from kvdb.index.chunk_index import ChunkIndex
 from kvdb.index.phrase import Hit
 from kvdb.model import chat
 from kvdb.model import tokenizer as tok
+from kvdb.records import MeaningHit
 from kvdb.services.cache import DerivedCache
 from kvdb.services.conversations import labelled, scoped_owners
 from kvdb.services.models import ModelProvider
@@ -36,8 +37,16 @@ from kvdb.storage.edits import SEMANTIC_WORK
 if TYPE_CHECKING:
     from kvdb.model.embedder import Embedder
 
-CANDIDATES = 100  # chunks each retriever hands to the fusion (benchmarks/hybrid.py)
-DENSE_WEIGHT, WORDS_WEIGHT = 0.7, 0.3  # min-max fusion of cosine and BM25, measured best of those tried (benchmarks/hybrid.py)
+CANDIDATES = 100  # chunks each retriever hands to the fusion, and sessions whole-session BM25 does (benchmarks/hybrid.py)
+# The fusion (decision 0058): a chunk's cosine to the query, the share of the query's word weight
+# the chunk holds (BM25 over its ceiling) and the share its whole conversation holds, weighted;
+# none scaled over the list, so a score means the same for any query and any archive.
+# Chosen on held-out sets (docstrings the benchmark does not ask, a Chit-Chat history of another
+# seed; benchmarks/retrieval.py --held-out --grid, memory.py --grid): the chunk's words add nothing
+# there that its session's do not, so they only pick candidates (decision 0058).
+WEIGHTS = (0.7, 0.0, 0.3)  # cosine, chunk words, session words
+FUSION = "share"  # "share": as above; "minmax": each part scaled over the candidates (as before decision 0058)
+WEAK_BELOW = 0.41  # a hit under this score is marked weak: the cut-off that best told right top hits from unanswerable queries' on the held-out docstrings
 # A catch-up rewrites the sidecar (2.8 GB at 1e6 chunks: 39 s under load, benchmarks/semantic_latency.py)
 # only once the rows it changed since the file was written reach this share of them: until then
 # each new process reads those few nodes again, which costs less than the rewrite.
@@ -95,10 +104,14 @@ class SemanticTier:
         return _NO_TIER
 
     def search(self, query: str, k: int = 10, session: str | None = None, within: set[str] | None = None) -> list[Hit]:
-        """The sessions whose chunks best match ``query``, one hit per session at its best chunk:
-        the chunk's cosine to the query and its words' BM25 score, each scaled to [0, 1] over
-        its best ``CANDIDATES`` chunks and mixed ``DENSE_WEIGHT`` to ``WORDS_WEIGHT``
-        (benchmarks/hybrid.py: hit@1 0.637 against 0.567 for the cosine alone)."""
+        """The conversations that best match ``query``, one hit per conversation at its best chunk
+        (its span restores): each candidate chunk scored by ``fusion`` of its cosine to the query,
+        the share of the query's word weight it holds (BM25 over ``BM25.ceiling``) and the share
+        its whole conversation holds (BM25 over conversations, ``BM25.grouped``), so that a
+        conversation that says the query's words across many turns is found though no one turn
+        says them all (decision 0058). The candidates: the ``CANDIDATES`` best chunks by cosine and
+        by words, and every chunk of the conversations whole-session BM25 puts first. The score is
+        on one scale for any query and any list; under ``WEAK_BELOW`` the hit is marked weak."""
         if not query or not query.strip():
             raise InvalidArgument("empty search query; give some text to look for")
         with self._derived.pinned():  # one version for the embedders, the trie and the index; each read again only when it moves
@@ -115,33 +128,46 @@ class SemanticTier:
             table = self._derived.get(("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view))
         if table is None:
             raise TierMissing(self._no_tier())
-        query_vector = embedder.embed([query], kind="query")
+        query_vector = embedder.embed([query], kind="query")[0]
         owner_of = scoped_owners(view, self._reader, session, within)
         if owner_of is None:
-            dense_rows, dense_scores = table.nearest(query_vector[0], CANDIDATES)
-            words = ranking.top_k(table.words.scores(query), CANDIDATES)
             owners: Callable[[str], str | None] = view.owner.get
+            groups, keys = self._derived.get(("groups", embedder.embedder_id), lambda: _groups(table, view, owners))
+            dense_rows, _ = table.nearest(query_vector, CANDIDATES)
         else:  # the chunks of this session's path, or of those conversations' paths
-            rows = table.rows_of(list(owner_of))
-            cosines = table.vectors[rows].astype(np.float32) @ query_vector[0]
-            order = np.argsort(-cosines, kind="stable")[:CANDIDATES]
-            dense_rows, dense_scores = rows[order], cosines[order]
-            on_path = np.zeros(table.rows, dtype=bool)
-            on_path[rows] = True
-            words = ranking.top_k(np.where(on_path, table.words.scores(query), 0.0), CANDIDATES)
             owners = owner_of.get
-        fused_rows, fused = ranking.weighted([(dense_rows, dense_scores), words], [DENSE_WEIGHT, WORDS_WEIGHT])
-        found: dict[str, tuple[str, int, int, float]] = {}  # conversation -> (session, start, stop, score) of its best chunk
-        for row, score in zip(fused_rows.tolist(), fused.tolist()):
-            owner = owners(table.node_of(row))
-            if owner is not None and view.conversations.get(owner, owner) not in found:
-                found[view.conversations.get(owner, owner)] = (owner, int(table.spans[row, 0]), int(table.spans[row, 1]), float(score))
-                if len(found) == k:
-                    break
-        best = list(found.values())
-        texts = self._texts(view, [(sid, a, b) for sid, a, b, _ in best])
+            groups, keys = _groups(table, view, owners)
+            rows = np.flatnonzero(groups >= 0)
+            cosines = table.vectors[rows].astype(np.float32) @ query_vector
+            dense_rows = rows[np.argsort(-cosines, kind="stable")[:CANDIDATES]]
+        chunk_words = np.where(groups >= 0, table.words.scores(query), 0.0)
+        chunk_share = chunk_words / max(table.words.ceiling(query), 1e-12)
+        session_words, session_ceiling = table.words.grouped(query, groups, len(keys))
+        session_share = session_words / max(session_ceiling, 1e-12)
+        words_rows, _ = ranking.top_k(chunk_words, CANDIDATES)
+        sessions, _ = ranking.top_k(session_share, max(2 * k, 20))  # past these, a session is a candidate by its chunks alone
+        # each candidate chunk: the retrievers' best, and every chunk of the sessions whole-session
+        # BM25 puts first, so that a session it finds lands on its own best chunk
+        rows = np.union1d(np.union1d(dense_rows, words_rows), np.flatnonzero(np.isin(groups, sessions)))
+        rows = rows[groups[rows] >= 0]
+        cosine = table.vectors[rows].astype(np.float32) @ query_vector
+        parts = np.stack([cosine, chunk_share[rows], session_share[groups[rows]]])
+        fused = fusion(parts)
+        order = np.lexsort((rows, -fused))
+        _, first = np.unique(groups[rows[order]], return_index=True)  # each session's best chunk
+        best = order[np.sort(first)][:k]
+        found = [
+            (owners(table.node_of(row)) or "", int(table.spans[row, 0]), int(table.spans[row, 1])) for row in rows[best].tolist()
+        ]  # a row in a group has an owner
+        texts = self._texts(view, found)
         titles = self._derived.get("titles", self._storage.conversation_titles)
-        hits = [Hit(sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", score) for (sid, a, b, score), text in zip(best, texts)]
+        hits: list[Hit] = [
+            MeaningHit(
+                sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", float(fused[i]),
+                cosine=float(parts[0, i]), words=float(parts[1, i]), session_words=float(parts[2, i]), weak=bool(fused[i] < WEAK_BELOW),
+            )
+            for (sid, a, b), text, i in zip(found, texts, best.tolist())
+        ]  # fmt: skip
         return labelled(hits, view, titles)
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
@@ -152,6 +178,26 @@ class SemanticTier:
             if session_id not in tokenizers:
                 tokenizers[session_id] = self._models.tokenizer_for(self._reader.resolve(session_id))
         return [tok.snippet_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
+
+
+def fusion(parts: np.ndarray) -> np.ndarray:
+    """The fused score of each candidate (``parts``: [3, n] cosine, chunk share, session share)."""
+    if FUSION == "minmax":
+        parts = np.stack([ranking.normalised(p) for p in parts]) if parts.shape[1] else parts
+    return np.asarray(WEIGHTS, np.float64) @ parts.astype(np.float64)
+
+
+def _groups(table: ChunkIndex, view: trie.TrieView, owners: Callable[[str], str | None]) -> tuple[np.ndarray, list[str]]:
+    """Each row's conversation as a number (-1: a row no session in scope owns, or a tombstone),
+    and the conversations by number: the documents of whole-session BM25."""
+    number: dict[str, int] = {}
+    per_node = np.full(len(table.node_ids), -1, np.int64)
+    for i, node_id in enumerate(table.node_ids):
+        owner = owners(node_id)
+        if owner is not None:
+            per_node[i] = number.setdefault(view.conversations.get(owner, owner), len(number))
+    groups = per_node[table.row_node] if len(per_node) else np.full(table.rows, -1, np.int64)
+    return np.where(table.live, groups, -1), list(number)
 
 
 def said(tokenizer, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:

@@ -426,7 +426,7 @@ async function stream(body, onDelta) {
 // ---- search ----
 
 function gradeOf(hit, semantic) {
-  if (semantic) return `score ${hit.score.toFixed(3)}`;
+  if (semantic) return `score ${hit.score.toFixed(3)}${hit.weak ? ", weak" : ""}`;
   return hit.partial ? `partial: ${hit.match_tokens}/${hit.query_tokens} tokens` : "exact";
 }
 

@@ -69,3 +69,37 @@ def test_weighted_fusion_normalises_each_list_and_floors_missing_ids():
     assert z_ids[0] == 2
     with pytest.raises(ValueError):
         weighted([bm25], how="rank")
+
+
+def test_bm25_over_groups_of_chunks_equals_a_build_over_their_joined_texts():
+    """Whole-session BM25 (decision 0058) from the chunks' postings: each session's chunks one
+    document; a removed chunk, and a chunk of no session (-1), count nowhere."""
+    rng = np.random.default_rng(1)
+    vocabulary = [f"w{i}" for i in range(30)]
+    texts = [" ".join(rng.choice(vocabulary, size=rng.integers(1, 10))) for _ in range(60)]
+    groups = rng.integers(-1, 9, size=60)
+    index = BM25()
+    index.add(texts[:25])
+    index.add(texts[25:])
+    index.remove(np.array([3, 40]))
+    kept = [(g, t) for i, (g, t) in enumerate(zip(groups.tolist(), texts)) if g >= 0 and i not in (3, 40)]
+    present = sorted({g for g, _ in kept})
+    joined = BM25()
+    joined.add([" ".join(t for g2, t in kept if g2 == g) for g in present])
+    for query in ("w1 w2 w2", "w7", "w29 w3 w11 nowhere"):
+        scores, ceiling = index.grouped(query, groups, 10)
+        expected = np.zeros(10)
+        expected[present] = joined.scores(query)
+        np.testing.assert_allclose(scores, expected)
+        assert ceiling == pytest.approx(joined.ceiling(query)) and (scores < ceiling).all()
+
+
+def test_a_score_over_the_ceiling_is_a_share_of_the_query_that_no_list_moves():
+    index = BM25()
+    index.add(["alpha beta", "alpha gamma gamma", "beta"])
+    share = index.scores("alpha gamma") / index.ceiling("alpha gamma")
+    assert 0 < share.max() < 1 and share[2] == 0
+    unseen = index.scores("alpha gamma zeta") / index.ceiling("alpha gamma zeta")
+    assert (unseen[:2] < share[:2]).all()  # a word nothing holds lowers every share: the query is met less
+    assert index.ceiling("zeta") > 0 and not index.scores("zeta").any()
+    assert BM25().ceiling("alpha") == 0.0

@@ -280,7 +280,7 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     hits.first.wait_for()
     found = _api(running, "/api/search", q="ships counted at night", k=10, semantic=1)["hits"]
     expect(hits).to_have_count(len(found))
-    assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}"
+    assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}" + (", weak" if found[0]["weak"] else "")  # the API's score and mark
     _check_axe(axe, page)
     n, hit = next((n, h) for n, h in enumerate(found) if h["conversation_id"] != conversation)  # another conversation than the chat
     hits.nth(n).get_by_test_id("hit-open").click()

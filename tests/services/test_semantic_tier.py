@@ -243,3 +243,77 @@ def test_a_small_catch_up_is_not_saved_until_it_is_worth_it_and_verify_writes_it
         assert db.search_meaning(BREAD[1]["content"], k=1)[0].name == "bread"  # caught up again from the older file
         assert _indexes(db).rebuilt == [] and _indexes(db).read and sidecar.read_bytes() == written
         assert db.verify().ok and sidecar.read_bytes() != written  # verify writes what it caught up
+
+
+# the fusion and its scores (decision 0058) ------------------------------------------------------
+
+COMMUTE = [  # the query's words said across turns, none of them two in one turn
+    {"role": "user", "content": "Each morning I take the ferry across the bay."},
+    {"role": "assistant", "content": "The ferry is a calm way to start."},
+    {"role": "user", "content": "Then I ride my bicycle from the pier."},
+    {"role": "assistant", "content": "A bicycle ride after the crossing, then."},
+    {"role": "user", "content": "The timetable changed last week."},
+    {"role": "assistant", "content": "A new timetable each season; the racks fill up."},
+]
+HOBBY = [  # two of the query's words in one turn
+    {"role": "user", "content": "I painted a ferry and a bicycle."},
+    {"role": "assistant", "content": "Nice subjects for a painting."},
+]
+
+
+def test_a_session_found_by_its_whole_words_lands_on_its_best_chunk(db, monkeypatch):
+    from kvdb.services import semantic_tier
+
+    _embedded(db, messages=COMMUTE, name="commute", keep=SEMANTIC)
+    _embedded(db, messages=HOBBY, name="hobby", keep=SEMANTIC)
+    query = "ferry bicycle timetable"
+    monkeypatch.setattr(semantic_tier, "WEIGHTS", (0.0, 1.0, 0.0))  # chunk words alone: the turn holding two words wins
+    assert [h.name for h in db.search_meaning(query, k=2)] == ["hobby", "commute"]
+    monkeypatch.setattr(semantic_tier, "WEIGHTS", (0.0, 0.1, 0.9))  # the session's words: commute says all three, over and over
+    commute, hobby = db.search_meaning(query, k=2)
+    assert (commute.name, hobby.name) == ("commute", "hobby") and commute.session_words > hobby.session_words
+    spans = {(row[2], row[3]) for row in chunk_rows(db)}
+    assert (commute.position, commute.position + commute.match_tokens) in spans  # a chunk's span: it restores there
+    assert "timetable" in commute.match  # the session's chunk the query best meets (its rarest word), not its first
+    assert db.restore("commute", at=commute.position, mode="exact").position == commute.position
+    only = db.search_meaning(query, k=5, session="commute")  # scoped: its chunks, and its words alone
+    assert [h.name for h in only] == ["commute"] and (only[0].position, only[0].position + only[0].match_tokens) in spans
+
+
+def test_the_score_is_the_weighted_parts_on_one_scale_and_weak_below_the_cut_off(db, monkeypatch, tiny_model, tmp_path):
+    from kvdb.services import semantic_tier
+
+    _embedded(db, messages=COMMUTE, name="commute", keep=SEMANTIC)
+    _embedded(db, messages=BREAD, name="bread", keep=SEMANTIC)
+    first, second = db.search_meaning("ferry bicycle timetable", k=2)
+    for hit in (first, second):  # no part scaled over the list: the score is what the parts say, for any list
+        assert hit.score == pytest.approx(np.dot(semantic_tier.WEIGHTS, (hit.cosine, hit.words, hit.session_words)), abs=1e-6)
+        assert 0 <= hit.words < 1 and 0 <= hit.session_words < 1 and -1 <= hit.cosine <= 1
+    assert second.words == second.session_words == 0  # bread says none of the words: no list of hits gives it a share
+    nothing = db.search_meaning("quantum chromodynamics gluon plasma", k=1)[0]
+    assert nothing.words == nothing.session_words == 0 and nothing.score < first.score
+    monkeypatch.setattr(semantic_tier, "WEAK_BELOW", (first.score + second.score) / 2)
+    marked = db.search_meaning("ferry bicycle timetable", k=2)
+    assert [h.weak for h in marked] == [False, True] and [h.to_dict()["weak"] for h in marked] == [False, True]
+    assert marked[0].to_dict()["score"] == round(first.score, 4)
+
+
+def test_the_command_line_and_mcp_give_the_archives_scores_and_marks(tmp_path, tiny_model):
+    import anyio
+
+    from kvdb_mcp.tools import build, over
+
+    env = {"KVDB_MODEL": tiny_model, "KVDB_EMBEDDER": tiny_model}
+    where = tmp_path / "c.duckdb"
+    for name, talk in (("commute", COMMUTE), ("bread", BREAD)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"messages": talk}))
+        assert CliRunner().invoke(main, ["--db", str(where), "ingest", str(tmp_path / f"{name}.json"), "--keep", SEMANTIC], env=env).exit_code == 0
+    assert CliRunner().invoke(main, ["--db", str(where), "upkeep", "--only", "semantic"], env=env).exit_code == 0
+    query = "ferry bicycle timetable"
+    printed = CliRunner().invoke(main, ["--db", str(where), "search", "--semantic", query, "--json"], env=env)
+    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    with kvdb.open(where, model=tiny_model, embedder=tiny_model, read_only=True) as archive:
+        hits = [h.to_dict() for h in archive.search_meaning(query, k=10)]
+        result = anyio.run(build(over(archive)).call_tool, "search", {"query": query, "semantic": True})
+    assert lines == hits and {"score", "weak", "cosine"} <= set(hits[0])
+    assert json.loads(result.content[0].text)["hits"] == hits
