@@ -9,7 +9,7 @@ order they are added (0, 1, ...); callers map those ids to sessions and position
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -134,15 +134,8 @@ class BM25:
         df = self.df[qt]
         idf = np.log1p((n - df + 0.5) / (df + 0.5)) * qtf  # a word said twice counts twice
         avgdl = self.lengths[~self.gone].mean()
-        for seg in self.segments:
-            at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
-            hit = seg.terms[at] == qt
-            if not hit.any():
-                continue
-            starts, ends = seg.starts[at[hit]], seg.starts[at[hit] + 1]
-            rows = _ranges(starts, ends)
-            docs, tf = seg.docs[rows], seg.tf[rows]
-            w = np.repeat(idf[hit], ends - starts)
+        for hit, counts, docs, tf in self._postings(qt):
+            w = np.repeat(idf[hit], counts)
             norm = self.k1 * (1 - self.b + self.b * self.lengths[docs] / avgdl)
             out += np.bincount(docs, weights=w * tf * (self.k1 + 1) / (tf + norm), minlength=len(out))
         out[self.gone] = 0.0
@@ -171,18 +164,10 @@ class BM25:
         if not n:
             return out, 0.0
         found_terms, found_docs, found_tf = [], [], []
-        for seg in self.segments:
-            if not len(qt):
-                break
-            at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
-            hit = seg.terms[at] == qt
-            if not hit.any():
-                continue
-            starts, ends = seg.starts[at[hit]], seg.starts[at[hit] + 1]
-            rows = _ranges(starts, ends)
-            found_terms.append(np.repeat(np.flatnonzero(hit), ends - starts))
-            found_docs.append(seg.docs[rows])
-            found_tf.append(seg.tf[rows])
+        for hit, counts, docs, tf in self._postings(qt) if len(qt) else ():
+            found_terms.append(np.repeat(np.flatnonzero(hit), counts))
+            found_docs.append(docs)
+            found_tf.append(tf)
         if not found_docs:
             return out, _ceiling(np.zeros(len(qt), np.int64), qtf, unknown, n, self.k1)
         term, docs, tf = (np.concatenate(a) for a in (found_terms, found_docs, found_tf))
@@ -197,6 +182,18 @@ class BM25:
         norm = self.k1 * (1 - self.b + self.b * lengths[group] / avgdl)
         out += np.bincount(group, weights=idf[term] * tf * (self.k1 + 1) / (tf + norm), minlength=n_groups)
         return out, _ceiling(df, qtf, unknown, n, self.k1)
+
+    def _postings(self, qt: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per segment holding any of the words ``qt`` (sorted ids): which of them it holds, how
+        many postings each has there, and those postings' chunks and counts."""
+        for seg in self.segments:
+            at = np.minimum(np.searchsorted(seg.terms, qt), len(seg.terms) - 1)
+            hit = seg.terms[at] == qt
+            if not hit.any():
+                continue
+            starts, ends = seg.starts[at[hit]], seg.starts[at[hit] + 1]
+            rows = _ranges(starts, ends)
+            yield hit, ends - starts, seg.docs[rows], seg.tf[rows]
 
     def _query(self, query: str) -> tuple[np.ndarray, np.ndarray, int]:
         """The query's known words (ids, sorted) and how often it says each, and how many of its

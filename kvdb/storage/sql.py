@@ -97,31 +97,31 @@ class Storage:
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         self.check_writable()
-        with self._explained():
+        with self.explained():
             return self.engine.claim(key, owner, lease_seconds, steal_from)
 
     def release_claim(self, key: str, owner: str) -> None:
-        with self._explained():
+        with self.explained():
             self.engine.release_claim(key, owner)
 
     def compact_files(self) -> dict:
         self.check_writable()
-        with self._explained():
+        with self.explained():
             return self.engine.compact_files()
 
     def derived_path(self, suffix: str) -> Path:
-        with self._explained():
+        with self.explained():
             return self.engine.derived_path(suffix)
 
     def footprint(self) -> int:
-        with self._explained():
+        with self.explained():
             return self.engine.footprint()
 
     def describe(self) -> str:
         return self.engine.describe()
 
     def data_file_problems(self) -> list[str]:
-        with self._explained():
+        with self.explained():
             return self.engine.data_file_problems()
 
     # writes -----------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class Storage:
         the ``version()`` the plan was made at; if anything was committed since, the plan is
         refused with ``StaleWrite`` (make it again)."""
         self.check_writable()
-        with self._explained():
+        with self.explained():
             return self.engine.write(lambda conn: sql_apply.apply(conn, plan), based_on)
 
     def batch(self):
@@ -148,7 +148,8 @@ class Storage:
         self.engine.after_batch(then)
 
     @contextlib.contextmanager
-    def _explained(self):
+    def explained(self):
+        """DuckDB's errors in the engine's terms where it has them (a lake's catalog unreachable)."""
         try:
             yield
         except duckdb.Error as exc:
@@ -160,7 +161,7 @@ class Storage:
     @contextlib.contextmanager
     def _read(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read transaction: the statements of one read see one snapshot."""
-        with self._explained(), self.engine.reading() as conn:
+        with self.explained(), self.engine.reading() as conn:
             yield conn
 
     def _rows(self, query: str, params=()) -> list[tuple]:

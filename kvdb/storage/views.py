@@ -346,7 +346,7 @@ def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyCon
     from kvdb.storage.ducklake import ALIAS, DuckLake
 
     engine = storage.engine
-    with _engine_errors(storage):
+    with storage.explained():
         if isinstance(engine, DuckLake):  # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
             conn = engine.connection().cursor()
             db = ALIAS
@@ -361,18 +361,6 @@ def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyCon
         yield conn, f'"{_quoted(db)}"'
     finally:
         conn.close()
-
-
-@contextlib.contextmanager
-def _engine_errors(storage: Storage) -> Iterator[None]:
-    """DuckDB's errors in the engine's terms where it has them (a lake's catalog unreachable)."""
-    try:
-        yield
-    except duckdb.Error as exc:
-        explained = storage.engine.explain(exc)
-        if explained is None:
-            raise
-        raise explained from exc
 
 
 def _quoted(name: str) -> str:
