@@ -29,15 +29,13 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from kvdb.index.walk import KeyRange, WalkIndex
 from kvdb.model import tokenizer as tok
+from kvdb.recent import Recent
 
 MIXED_LETTERS = 6  # a word of up to this many cased letters: every casing (2**6 = 64)
 HUMPS = 2  # a longer one: up to this many capitals inside it, each starting a hump ("JavaScript")
@@ -47,10 +45,8 @@ JOIN_MAX = 1 << 14  # candidates of one round past which the walk stops (the phr
 CACHED_WORDS = 4096  # words whose casings' tokens each tokenizer remembers
 CACHED_PIECES = 1 << 16  # words' casings whose presence each index remembers while its slots stay the same
 _UNIT = re.compile(r"\s*\S+|\s+")
-_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(word, first): token sequences}
-_KNOWN_LOCK = threading.Lock()
-_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # index -> ((generation, slots), {piece: held})
-_HELD_LOCK = threading.Lock()
+_KNOWN = Recent(CACHED_WORDS)  # tokenizer -> {(word, first): token sequences}
+_HELD = Recent(CACHED_PIECES)  # index -> {((generation, slots), piece): held}
 
 Ranges = dict[bytes, KeyRange]  # token sequence (its int64 bytes) -> the entries whose last tokens are it
 
@@ -101,11 +97,9 @@ def unit_variants(tokenizer, unit: str, first: bool) -> list[np.ndarray]:
     without and with a space before it (the phrase at a text's start, after a line break or
     a bracket, and after a space). Remembered per tokenizer (``CACHED_WORDS``)."""
     key = (unit, first)
-    with _KNOWN_LOCK:
-        known = _KNOWN.setdefault(tokenizer, OrderedDict())
-        if key in known:
-            known.move_to_end(key)
-            return known[key]
+    (remembered,) = _KNOWN.get(tokenizer, [key])
+    if remembered is not None:
+        return remembered
     space = unit[: len(unit) - len(unit.lstrip())]
     body = unit[len(space) :]
     texts = [space + form for form in word_casings(body)] if body else [unit]
@@ -117,10 +111,7 @@ def unit_variants(tokenizer, unit: str, first: bool) -> list[np.ndarray]:
             array = np.asarray(ids, np.int64)
             seen.setdefault(array.tobytes(), array)
     out = list(seen.values())
-    with _KNOWN_LOCK:
-        known[key] = out
-        while len(known) > CACHED_WORDS:
-            known.popitem(last=False)
+    _KNOWN.put(tokenizer, [(key, out)])
     return out
 
 
@@ -145,21 +136,13 @@ def lookup(index: WalkIndex, pieces: list[np.ndarray], ranges: Ranges, absent: s
 def _held(index: WalkIndex, pieces: dict[bytes, np.ndarray]) -> dict[bytes, bool]:
     """``WalkIndex.holds`` of each piece, remembered while the index holds the same slots
     (``CACHED_PIECES`` of them): the casings of the words searched before are not tested again."""
-    stamp = (index.generation, index.ntotal)
-    with _HELD_LOCK:
-        held = _HELD.get(index)
-        if held is None or held[0] != stamp:
-            held = _HELD[index] = (stamp, OrderedDict())
-        known: OrderedDict[bytes, bool] = held[1]
-        out = {key: known[key] for key in pieces if key in known}
-    todo = [key for key in pieces if key not in out]
+    stamp = (index.generation, index.ntotal)  # what an index with other slots held is not asked
+    keys = list(pieces)
+    out = {key: held for key, held in zip(keys, _HELD.get(index, [(stamp, key) for key in keys])) if held is not None}
+    todo = [key for key in keys if key not in out]
     if todo:
         out.update(zip(todo, index.holds([pieces[key] for key in todo]).tolist()))
-        with _HELD_LOCK:
-            for key in todo:
-                known[key] = out[key]
-            while len(known) > CACHED_PIECES:
-                known.popitem(last=False)
+        _HELD.put(index, [((stamp, key), out[key]) for key in todo])
     return out
 
 

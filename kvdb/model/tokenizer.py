@@ -30,10 +30,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 import weakref
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +47,7 @@ from kvdb.model.source import (
     model_name,
     require_local,
 )
+from kvdb.recent import Recent
 from kvdb.user_cache import read_cached, stamp_key, write_cached
 
 if TYPE_CHECKING:
@@ -60,8 +59,7 @@ _SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 PIECE_CHARS = 1 << 16  # a text longer than this is encoded in pieces of about this many characters (see encode)
 KNOWN_PIECES = 64  # the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
-_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {piece: its ids}, the least recently used first
-_KNOWN_LOCK = threading.Lock()  # a server encodes on several threads
+_KNOWN = Recent(KNOWN_PIECES)  # tokenizer -> {piece: its ids}
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,9 +144,7 @@ def encode(tokenizer, text: str) -> list[int]:
     are encoded again."""
     pieces = _pieces(tokenizer, text)
     if len(pieces) > 1:
-        with _KNOWN_LOCK:
-            known = _KNOWN.setdefault(tokenizer, OrderedDict())
-            encoded: list = [known.get(piece) for piece in pieces]
+        encoded: list = _KNOWN.get(tokenizer, pieces)
         todo = [k for k, ids in enumerate(encoded) if ids is None]
         if todo:
             batch = [pieces[k] for k in todo]
@@ -158,14 +154,7 @@ def encode(tokenizer, text: str) -> list[int]:
                 fresh = tokenizer(batch, add_special_tokens=False)["input_ids"]
             for k, ids in zip(todo, fresh):
                 encoded[k] = ids
-        with _KNOWN_LOCK:
-            for k, piece in enumerate(pieces[:-1]):  # the last piece is the one a growing text changes
-                if piece in known:
-                    known.move_to_end(piece)
-                else:
-                    known[piece] = array("i", encoded[k])
-            while len(known) > KNOWN_PIECES:
-                known.popitem(last=False)
+        _KNOWN.put(tokenizer, [(piece, array("i", ids)) for piece, ids in zip(pieces[:-1], encoded)])  # the last piece is the one a growing text changes
         return [i for ids in encoded for i in ids]
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.encode(text, add_special_tokens=False).ids

@@ -18,6 +18,7 @@ ROOTS = {"kvdb": REPO / "kvdb", "kvdb_cli": REPO / "cli", "kvdb_server": REPO / 
 RANKS = {
     "kvdb.errors": 0,
     "kvdb.user_cache": 0,
+    "kvdb.recent": 0,
     "kvdb.codecs": 1,
     "kvdb.transcripts": 1,
     "kvdb.storage": 2,

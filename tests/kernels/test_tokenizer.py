@@ -150,9 +150,9 @@ def test_a_text_that_grows_encodes_only_its_last_piece_again(tiny_model, private
     grown = text + turn
     assert tok.encode(counting, grown) == full(grown, add_special_tokens=False)["input_ids"]
     assert counting.backend.encoded == [tok._pieces(light, grown)[-1]]  # the last piece, grown: no other again
-    monkeypatch.setattr(tok, "KNOWN_PIECES", 1)
+    monkeypatch.setattr(tok._KNOWN, "size", 1)
     assert tok.encode(counting, "x" + grown) == full("x" + grown, add_special_tokens=False)["input_ids"]  # a new first piece
-    assert len(tok._KNOWN[counting]) == 1  # the remembered pieces are bounded
+    assert tok._KNOWN.count(counting) == 1  # the remembered pieces are bounded
 
 
 def test_tiny_fingerprint_matches_model_identity(tiny_model):
