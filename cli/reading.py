@@ -51,7 +51,9 @@ def sessions(ctx, every, agent, project, since, until, as_json):
                 _emit(s.to_dict())
             else:
                 part = f" (part {s.part['number']})" if s.part else ""
-                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {_printable(s.name)}{part}  ({_printable(s.source)})")
+                click.echo(
+                    f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {_printable(s.name)}{part}  ({_printable(s.source)}){_via(s)}"
+                )
         return
     for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
         if as_json:
@@ -60,8 +62,18 @@ def sessions(ctx, every, agent, project, since, until, as_json):
         versions = f"  [{c.versions} versions]" if c.versions > 1 else ""
         latest = c.latest
         click.echo(
-            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}"
+            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}{_via(latest)}"
         )
+
+
+def _via(session) -> str:
+    """What an exchange `kvdb serve --upstream` relayed says of its model: the upstream's, and,
+    where that is not the archive's own, that its tokens are the local tokenizer's and no KV was kept."""
+    upstream = session.upstream
+    if upstream is None:
+        return ""
+    model = _printable(str(upstream.get("model")))
+    return f"  [via {model}]" if upstream.get("same_model") else f"  [via {model}: local tokenizer's tokens, no KV]"
 
 
 @main.command()

@@ -53,16 +53,45 @@ from kvdb_cli.app import _open, embedder_option, main, model_option
     show_default=True,
     help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
 )
+@click.option(
+    "--upstream",
+    metavar="URL",
+    default=None,
+    help="Forward /v1/chat/completions, /v1/completions and /v1/models to this OpenAI-compatible API (its base URL, "
+    "as the openai client's base_url: http://127.0.0.1:8080/v1) and archive each exchange: kvdb as a proxy.",
+)
+@click.option(
+    "--upstream-key-env",
+    metavar="NAME",
+    default=None,
+    help="The environment variable holding the upstream's API key (sent as `Authorization: Bearer KEY`); without it, "
+    "a client's own Authorization header is passed on, unless --api-key is given.",
+)
 @click.pass_context
-def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, api_key, queue, queue_timeout, prefix_cache_mb):
+def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, api_key, queue, queue_timeout, prefix_cache_mb, upstream, upstream_key_env):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
 
     Prompts resume from the longest prefix already computed or archived; each reply is in the
     journal (<archive>.serve/) before its last bytes are sent, and is archived in the background.
+    With --upstream, completions are another server's, forwarded and returned unchanged, and
+    each exchange is journalled and archived once its reply is sent.
     Serves until SIGINT or SIGTERM; the journal left over is archived at the next start.
     """
     from kvdb.serving import Engine
     from kvdb_server import serve as run_server
+    from kvdb_server.upstream import base_url
+
+    upstream_key = None
+    if upstream_key_env is not None:
+        if upstream is None:
+            raise click.UsageError("--upstream-key-env names the key of an --upstream; give --upstream URL too")
+        upstream_key = os.environ.get(upstream_key_env)
+        if not upstream_key:
+            raise click.BadParameter(
+                f"the environment variable {upstream_key_env} is not set (or empty); set it to the upstream's API key", param_hint="--upstream-key-env"
+            )
+    if upstream is not None:
+        upstream = base_url(upstream)  # a malformed URL refused before the model loads
 
     engine = Engine(
         _open(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder),
@@ -73,8 +102,9 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
         kv_preset=kv_preset,
         max_loss=max_loss,
     )
-    click.echo(f"kvdb serve: model {engine.model_name} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
-    run_server(engine, host, port, api_key)
+    serving = f"completions of {upstream}, archived with model {engine.model_name}'s tokenizer," if upstream else f"model {engine.model_name}"
+    click.echo(f"kvdb serve: {serving} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
+    run_server(engine, host, port, api_key, upstream, upstream_key)
 
 
 @main.command()

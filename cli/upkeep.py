@@ -181,17 +181,27 @@ def index_rebuild(ctx, model, as_json):
 
 
 @main.command()
+@click.option(
+    "--now",
+    is_flag=True,
+    help="On a lake, delete the data files this gc replaced at once, not an hour later (a reader still scanning an older snapshot fails).",
+)
 @json_option
 @click.pass_context
-def gc(ctx, as_json):
+def gc(ctx, now, as_json):
     """Free the stored prefixes that no session uses any more (after deletes).
 
     It also renumbers a search index whose freed slots outnumber its live ones. An archive file
     whose free space is over a quarter of it (and 1 MiB) is rewritten smaller, since DuckDB
     never shrinks a file; on a lake it merges the small Parquet files each commit leaves (the
     files a merge replaced are deleted by a gc an hour or more later, so readers still scanning
-    them finish)."""
-    freed = _open(ctx).gc()
+    them finish).
+
+    After a delete it erases every byte of the deleted sessions: search indexes with a freed
+    slot are renumbered, chunk sidecars rebuilt, exact caches of them removed, and the file
+    rewritten (a lake's files holding deleted rows written again). What it cannot erase yet (a
+    lake's replaced files, kept for readers) it names, with how to erase it."""
+    freed = _open(ctx).gc(now)
     if as_json:
         _emit(freed.to_dict())
     else:
@@ -203,4 +213,11 @@ def gc(ctx, as_json):
                 if freed.data_files_merged is not None
                 else ""
             )
+            + (f"; erased {freed.forgotten} deleted sessions from the archive's files" if freed.forgotten else "")
         )
+        if freed.forgotten and freed.data_files_kept:
+            click.echo(
+                f"{freed.data_files_kept} replaced data files still hold deleted rows, kept an hour for readers of older snapshots: "
+                "run `kvdb gc` again after that, or `kvdb gc --now` to delete them at once",
+                err=True,
+            )

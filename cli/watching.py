@@ -31,11 +31,17 @@ LOG_SUFFIX = ".watch.log"
 @click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`).")
 @click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
 @click.option("--redact", is_flag=True, help="Archive secrets of known shapes as [secret not archived] (as `kvdb ingest --redact`).")
+@click.option(
+    "--readmit-forgotten",
+    "readmit",
+    is_flag=True,
+    help="Archive again the logs whose sessions were all deleted (status forgotten), which watch otherwise leaves alone however they grow.",
+)
 @embedder_option
 @model_option
 @json_option
 @click.pass_context
-def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedder, model, as_json):
+def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, readmit, embedder, model, as_json):
     """Archive agent logs as they grow: PATHS (folders or files), and with --from an agent's own
     folders (claude-code: ~/.claude/projects, or $CLAUDE_CONFIG_DIR/projects; codex:
     ~/.codex/sessions and archived_sessions, or under $CODEX_HOME; gemini: ~/.gemini/tmp, or
@@ -68,7 +74,7 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedde
             (log.error if r.status == "failed" else log.info)(_printable(line))
 
     if once:
-        heard(archive.watch(roots, keep=keep, kv_preset=kv_preset, redact=redact))
+        heard(archive.watch(roots, keep=keep, kv_preset=kv_preset, redact=redact, readmit_forgotten=readmit))
         return
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -77,7 +83,7 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, embedde
     pid_file.write_text(str(os.getpid()))
     try:
         log.info("watching %s", ", ".join(roots))
-        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset, redact=redact)
+        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset, redact=redact, readmit_forgotten=readmit)
         log.info("stopped")
     finally:
         pid_file.unlink(missing_ok=True)

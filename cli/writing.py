@@ -181,12 +181,31 @@ def compact(ctx, session, keep, as_json):
 @main.command()
 @click.argument("session")
 @click.option("--conversation", "whole", is_flag=True, help="Delete every version of the conversation SESSION names, not one session.")
+@click.option(
+    "--source",
+    "from_file",
+    is_flag=True,
+    help="SESSION is a file: delete every session archived from it, and keep `kvdb watch` from archiving it again (see --readmit-forgotten).",
+)
 @json_option
 @click.pass_context
-def delete(ctx, session, whole, as_json):
-    """Delete a session (one version of a conversation; a name is its latest version), or with
-    --conversation every version. Prefixes other sessions share stay; `kvdb gc` frees the rest."""
+def delete(ctx, session, whole, from_file, as_json):
+    """Delete a session (one version of a conversation; a name is its latest version), with
+    --conversation every version, or with --source everything archived from one file. Prefixes
+    other sessions share stay; `kvdb gc` then frees the rest and erases every byte of what was
+    deleted from the archive's files (database, sidecars, caches)."""
     archive = _open(ctx)
+    if whole and from_file:
+        raise click.UsageError("--conversation and --source name different things; give one")
+    if from_file:
+        done = archive.delete_source(session)
+        if as_json:
+            _emit(done.to_dict())
+        else:
+            click.echo(
+                f"deleted {done.sessions} sessions ({done.conversations} conversations) archived from {_printable(done.source)}; `kvdb watch` will not archive it again"
+            )
+        return
     if whole:
         gone = archive.delete_conversation(session)
         if as_json:

@@ -32,6 +32,7 @@ from kvdb.records import (
     CopyReport,
     Deleted,
     DeletedConversation,
+    DeletedSource,
     Fidelity,
     GcReport,
     IngestResult,
@@ -127,7 +128,9 @@ class Archive:
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
         self._conversations = Conversations(self._storage, self._reader)
         self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
-        self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache)
+        self._housekeeping = Housekeeping(
+            self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes, PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4")
+        )
         self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
@@ -230,6 +233,7 @@ class Archive:
         conversation: str | None = None,
         redact: bool = False,
         heard=None,
+        upstream: dict | None = None,
     ) -> list[IngestResult]:
         """Archive transcripts from files/directories (``source``), a ``text``, or a ``messages`` list.
 
@@ -256,12 +260,17 @@ class Archive:
         are archived as ``[secret not archived]``, counted in each result's ``dropped``.
         ``heard(results)``: each file's results as soon as they are committed (with ``workers``,
         all of them at the end).
+        ``upstream``: for a ``text`` or ``messages`` session another server answered (``kvdb serve
+        --upstream``): ``{"model", "same_model"}``, the model it named and whether it is this
+        archive's, kept in the session's metadata (``Session.upstream``).
         """
         if workers != 1:
             from kvdb.services.workers import ingest_with_workers
 
-            if source is None or computed is not None or keep_cache or conversation is not None:
-                raise InvalidArgument("workers= ingests files (source=); text=, messages=, computed=, keep_cache= and conversation= go with one process")
+            if source is None or computed is not None or keep_cache or conversation is not None or upstream is not None:
+                raise InvalidArgument(
+                    "workers= ingests files (source=); text=, messages=, computed=, keep_cache=, conversation= and upstream= go with one process"
+                )
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)
             results = ingest_with_workers(
@@ -293,6 +302,7 @@ class Archive:
             conversation=conversation,
             redact=redact,
             heard=heard,
+            upstream=upstream,
         )
 
     def watch(
@@ -303,19 +313,22 @@ class Archive:
         keep: str | Iterable[str] = DEFAULT_KEEP,
         kv_preset: str = DEFAULT_KV_PRESET,
         redact: bool = False,
+        readmit_forgotten: bool = False,
     ) -> list[IngestResult]:
         """Archive the transcript files under ``paths`` that changed since this archive's
         watch checkpoint (a log whose last line is still being written waits), and checkpoint
         them; with ``stop``, go on archiving each change the operating system reports until it
         is set, giving each pass's results to ``heard`` (and returning none); while no change
-        comes, the work ingest queues (``upkeep``) is done by a process beside it.
+        comes, the work ingest queues (``upkeep``) is done by a process beside it. A file
+        whose sessions were all deleted is not archived again (its tombstone), unless
+        ``readmit_forgotten``: then its tombstone goes and it is archived as it now is.
         """
         from kvdb.services.watching import Watching
 
         def ingest(path: Path, heard) -> list[IngestResult]:
             return self.ingest(path, keep=keep, kv_preset=kv_preset, redact=redact, heard=heard)
 
-        watching = Watching(self._storage)
+        watching = Watching(self._storage, readmit_forgotten)
         if stop is None:
             return watching.pass_over(paths, ingest)
         from kvdb.services.upkeep import BackgroundUpkeep
@@ -410,6 +423,13 @@ class Archive:
     def rename(self, ref: str, title: str | None) -> Conversation:
         """Give a conversation a title (None: named by its first version again)."""
         return self._conversations.rename(ref, title)
+
+    def delete_source(self, path: str | Path) -> DeletedSource:
+        """Remove every session archived from the file ``path``, and keep `watch` from archiving
+        it again (a tombstone; ``watch(readmit_forgotten=True)`` lifts it). `gc` erases the rest."""
+        from kvdb.services.forgetting import Forgetting
+
+        return Forgetting(self._storage).delete_source(path)
 
     def delete_conversation(self, ref: str) -> DeletedConversation:
         """Remove every version of a conversation. Prefix nodes other sessions share stay; `gc` frees the rest."""
@@ -603,9 +623,11 @@ class Archive:
         finally:
             target.close()
 
-    def gc(self) -> GcReport:
-        """Free the trie nodes no session uses any more, and their prefix-cache entries."""
-        return self._housekeeping.gc()
+    def gc(self, now: bool = False) -> GcReport:
+        """Free the trie nodes no session uses any more, and their prefix-cache entries; after a
+        delete, erase every byte of the deleted sessions from the archive's files (``now``: a
+        lake's replaced data files too, without waiting for readers of older snapshots)."""
+        return self._housekeeping.gc(now)
 
     def stats(self) -> Stats:
         return self._inventory.stats()

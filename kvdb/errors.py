@@ -123,3 +123,12 @@ class InvalidQuery(InvalidArgument):
 
 class QueryRefused(InvalidQuery):
     """SQL that would change the archive: ``Archive.sql`` only reads (docs/sql.md)."""
+
+
+class UpstreamError(KvdbError):
+    """The upstream server that ``kvdb serve --upstream`` forwards to could not be reached, or
+    broke off its reply; the message names it and what to check."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream server accepted a request but sent no reply in time."""

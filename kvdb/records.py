@@ -86,6 +86,15 @@ class Session:
         the session it ``follows`` and the token it ``starts`` at in the whole; None for a whole one."""
         return self.metadata.get("part")
 
+    @property
+    def upstream(self) -> dict | None:
+        """For an exchange ``kvdb serve --upstream`` relayed: ``{"model", "same_model"}``, the
+        model the upstream server named in its reply, and whether it is the archive's own. When
+        it is not, the tokens are the archive's tokenizer's over the exact text, and no KV was
+        stored. None for every other session."""
+        upstream = self.metadata.get("upstream")
+        return dict(upstream) if isinstance(upstream, dict) else None
+
     def to_dict(self) -> dict:
         return {
             "session_id": self.session_id,
@@ -96,6 +105,7 @@ class Session:
             "said_at": self.said_at.isoformat(),
             "conversation_id": self.conversation_id,
             "part": self.part,
+            "upstream": self.upstream,
         }
 
 
@@ -389,6 +399,18 @@ class DeletedConversation:
 
 
 @dataclass(frozen=True)
+class DeletedSource:
+    """What ``delete_source`` removed: every session archived from one file."""
+
+    source: str
+    sessions: int
+    conversations: int
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "sessions": self.sessions, "conversations": self.conversations}
+
+
+@dataclass(frozen=True)
 class WatchedFile:
     """A file `kvdb watch` follows, as it last archived it."""
 
@@ -649,6 +671,8 @@ class GcReport(_ReadAsDict):
     data_files_merged: int | None = None
     data_files_written: int | None = None
     data_files_deleted: int | None = None
+    data_files_kept: int | None = None  # replaced data files kept for readers of older snapshots
+    forgotten: int = 0  # deleted sessions whose last bytes this gc erased (kvdb.services.forgetting)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}

@@ -8,6 +8,8 @@
   (GET a list, GET one with its versions, PATCH ``{"title"}`` to rename, DELETE every version).
 - ``/mcp``: the Model Context Protocol over streamable HTTP (stateless, JSON replies): `kvdb
   mcp`'s tools that read (search, show, sessions), through the same archive thread.
+- With an upstream (``kvdb serve --upstream``, ``upstream.py``), the completions and the models
+  are the upstream's, forwarded, and each exchange is archived after its reply is sent.
 - ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
   holds no archive data: it asks for the key and sends it with its API calls. With an API
   key, every other route needs ``Authorization: Bearer KEY``.
@@ -35,14 +37,19 @@ from kvdb.index.phrase import MIN_SHARE
 from kvdb.serving import Chunk, Engine, Reply
 from kvdb_mcp import build
 from kvdb_server import parse
+from kvdb_server import upstream as relaying
 from kvdb_server.errors import HttpError, describe, install
+from kvdb_server.upstream import Upstream
 
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int = parse.MAX_BODY_BYTES, static: Path = STATIC) -> FastAPI:
+def create_app(
+    engine: Engine, api_key: str | None = None, max_body_bytes: int = parse.MAX_BODY_BYTES, static: Path = STATIC, upstream: Upstream | None = None
+) -> FastAPI:
     """The app over ``engine``, which it starts (archiving, replaying the journal) and closes
-    with the app's lifespan."""
+    with the app's lifespan; with ``upstream``, completions and models are forwarded to it (and
+    its client closed with the app)."""
 
     mcp = build(engine.read)  # the MCP tools that read (`kvdb mcp`'s, but continue: generation is /v1's)
     [mcp_route] = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
@@ -52,6 +59,8 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
         await run_in_threadpool(engine.start)
         async with mcp.session_manager.run():
             yield
+        if upstream is not None:
+            await upstream.aclose()
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvdb", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -76,25 +85,29 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
 
     served = {name: {"id": name, "object": "model", "created": 0, "owned_by": "kvdb"} for name in (engine.model_name, engine.embedder_name)}
 
-    @api.get("/v1/models")
-    def models() -> dict:
-        return {"object": "list", "data": list(served.values())}
+    if upstream is not None:
+        _relaying(api, engine, upstream)
+    else:
 
-    @api.get("/v1/models/{model_id:path}")
-    def model(model_id: str) -> dict:
-        if model_id not in served:
-            raise HttpError(
-                404, f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)", "model_not_found"
-            )
-        return served[model_id]
+        @api.get("/v1/models")
+        def models() -> dict:
+            return {"object": "list", "data": list(served.values())}
 
-    @api.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=True)
+        @api.get("/v1/models/{model_id:path}")
+        def model(model_id: str) -> dict:
+            if model_id not in served:
+                raise HttpError(
+                    404, f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)", "model_not_found"
+                )
+            return served[model_id]
 
-    @api.post("/v1/completions")
-    async def completions(request: Request):
-        return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=False)
+        @api.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=True)
+
+        @api.post("/v1/completions")
+        async def completions(request: Request):
+            return await _complete(engine, await parse.json_body(request, max_body_bytes), chat=False)
 
     @api.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -157,6 +170,26 @@ def create_app(engine: Engine, api_key: str | None = None, max_body_bytes: int =
 
     app.include_router(api)
     return app
+
+
+def _relaying(api: APIRouter, engine: Engine, upstream: Upstream) -> None:
+    """The upstream's completions and models, in place of the engine's."""
+
+    @api.get("/v1/models")
+    async def models(request: Request):
+        return await relaying.models(upstream, request, "models")
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request):
+        return await relaying.models(upstream, request, f"models/{model_id}")
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await relaying.completion(upstream, engine, request, chat=True)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        return await relaying.completion(upstream, engine, request, chat=False)
 
 
 class _Keyed:

@@ -20,6 +20,8 @@ from kvdb.errors import (
     ContextTooLong,
     KvdbError,
     SessionNotFound,
+    UpstreamError,
+    UpstreamTimeout,
 )
 
 log = logging.getLogger("kvdb.serve")
@@ -31,6 +33,8 @@ STATUSES = (
     (AmbiguousSession, 400, "ambiguous_session"),
     (Busy, 429, "queue_full"),
     (ArchiveError, 503, "archive_unavailable"),
+    (UpstreamTimeout, 504, "upstream_timeout"),
+    (UpstreamError, 502, "upstream_unreachable"),
     (KvdbError, 400, None),
 )
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}

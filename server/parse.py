@@ -81,8 +81,8 @@ class Parsed:
     include_usage: bool
 
 
-async def json_body(request: HttpRequest, limit: int) -> dict:
-    """The body as a JSON object; 413 past ``limit`` bytes (declared or sent), 400 if not JSON."""
+async def raw_body(request: HttpRequest, limit: int) -> bytes:
+    """The body's bytes; 413 past ``limit`` bytes (declared or sent)."""
     declared = request.headers.get("content-length")
     too_large = HttpError(413, f"the request body is over the server's limit of {limit:,} bytes; send less (fewer or shorter messages)", "request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -92,6 +92,12 @@ async def json_body(request: HttpRequest, limit: int) -> dict:
         body += piece
         if len(body) > limit:
             raise too_large
+    return bytes(body)
+
+
+async def json_body(request: HttpRequest, limit: int) -> dict:
+    """The body as a JSON object; 413 past ``limit`` bytes (declared or sent), 400 if not JSON."""
+    body = await raw_body(request, limit)
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:

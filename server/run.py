@@ -14,6 +14,7 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from kvdb.serving import Engine
 from kvdb_server.app import create_app
+from kvdb_server.upstream import Upstream
 
 GRACE_SECONDS = 10  # longest uvicorn waits for open connections once told to stop
 
@@ -42,6 +43,12 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
-    config = uvicorn.Config(create_app(engine, api_key), host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACE_SECONDS)
+def serve(
+    engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, upstream: str | None = None, upstream_key: str | None = None
+) -> None:
+    """``upstream``: the base URL of an OpenAI-compatible API to forward completions to (with
+    ``upstream_key``, its API key), archiving each exchange."""
+    relay = Upstream(upstream, upstream_key, pass_authorization=api_key is None) if upstream is not None else None
+    app = create_app(engine, api_key, upstream=relay)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACE_SECONDS)
     _Server(config, engine).run()

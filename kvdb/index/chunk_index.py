@@ -12,24 +12,18 @@ docs/formats.md ("Semantic sidecar").
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvdb.errors import CorruptData
-from kvdb.index import ranking
+from kvdb.index import ranking, sidecar
 from kvdb.index import vectors as vector_ops
 
-MAGIC = b"KVDBCHK1"
+MAGIC = b"KVDBCHK1"  # the sidecar format (sidecar.py), which this file's layout became unchanged
 VERSION = 1
-_LENGTH = struct.Struct("<I")
-_ALIGN = 64  # every array starts on a multiple: memory-mapped, numpy never copies one to align it
 # Arrays whose bytes the CRC covers: all but the vectors, the inverted file and the postings, whose
 # sizes alone are checked (a CRC reads every byte: 4-5 GB at 1e6 chunks, ~2 s an open, where a
 # query reads a few pages of them). A flipped bit there moves a score until `kvdb repair`.
@@ -189,7 +183,7 @@ class ChunkIndex:
 
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """Write atomically (temp file + rename): a crash leaves the old file or the new one."""
+        """Write atomically (``sidecar.write``): a crash leaves the old file or the new one."""
         arrays = {
             "node_ids": np.array(self.node_ids, dtype="S") if self.node_ids else np.zeros(0, "S1"),
             "row_node": self.row_node,
@@ -200,60 +194,27 @@ class ChunkIndex:
         }
         if self.trained_for:
             arrays["faiss"] = vector_ops.to_bytes(self.index)
-        table: dict[str, dict] = {}
-        offset = 0
-        for name, a in arrays.items():
-            a = np.ascontiguousarray(a)
-            arrays[name] = a
-            table[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
-            offset += -(-a.nbytes // _ALIGN) * _ALIGN
-        checked = zlib.crc32(b"".join(arrays[n].tobytes() for n in _CHECKED))
-        header = json.dumps(
-            {
-                "version": VERSION,
-                "embedder": self.embedder,
-                "dim": self.vectors.shape[1],
-                "rows": self.rows,
-                "live": int(self.live.sum()),
-                "trained_for": self.trained_for,
-                "bm25": {"k1": self.words.k1, "b": self.words.b},
-                "arrays": table,
-                "crc32": checked,
-            }
-        ).encode()
-        start = -(-(len(MAGIC) + _LENGTH.size + len(header)) // _ALIGN) * _ALIGN
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + _LENGTH.pack(len(header)) + header)
-                for name, a in arrays.items():
-                    f.seek(start + int(table[name]["offset"]))
-                    f.write(a.data)
-                f.truncate(start + offset)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        fields = {
+            "version": VERSION,
+            "embedder": self.embedder,
+            "dim": self.vectors.shape[1],
+            "rows": self.rows,
+            "live": int(self.live.sum()),
+            "trained_for": self.trained_for,
+            "bm25": {"k1": self.words.k1, "b": self.words.b},
+        }
+        sidecar.write(path, MAGIC, fields, arrays, _CHECKED)
         self.unsaved = 0
 
     @classmethod
     def load(cls, path: Path) -> ChunkIndex:
         """The sidecar, its arrays memory-mapped (an open reads the header, the node ids and,
         for the vector index, the vectors or the inverted file)."""
-        header, start = _header(path)
-        size = path.stat().st_size
+        read = sidecar.read(path, MAGIC, checked=_CHECKED)
+        header, arrays = read.header, read.arrays
         try:
-            table = header["arrays"]
-            arrays = {}
-            for name, entry in table.items():
-                dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
-                if start + entry["offset"] + dtype.itemsize * int(np.prod(shape)) > size:
-                    raise CorruptData(f"{path} is cut short; it is rebuilt from the archive")
-                arrays[name] = np.memmap(path, dtype, "r", start + entry["offset"], shape) if np.prod(shape) else np.zeros(shape, dtype)
-            if zlib.crc32(b"".join(arrays[n].tobytes() for n in _CHECKED)) != header["crc32"]:
-                raise CorruptData(f"{path} failed its integrity check; it is rebuilt from the archive")
+            if header.get("version") != VERSION:
+                raise CorruptData(f"{path}: version {header.get('version')!r}, not {VERSION}; {sidecar.REMEDY}")
             loaded = cls(header["embedder"], header["dim"])
             loaded.node_ids = np.asarray(arrays["node_ids"]).astype(str).tolist()
             loaded._numbers = {n: i for i, n in enumerate(loaded.node_ids)}
@@ -262,26 +223,35 @@ class ChunkIndex:
             loaded._n = len(loaded._live)
             loaded.words = ranking.BM25.from_arrays({n[len("bm25.") :]: a for n, a in arrays.items() if n.startswith("bm25.")}, **header["bm25"])
             loaded.trained_for = header["trained_for"]
-            if loaded.trained_for:
-                with open(path, "rb") as f:
-                    f.seek(start + table["faiss"]["offset"])
-                    loaded.index = vector_ops.read(f.read)
-            else:
-                loaded.index = vector_ops.build(loaded.vectors.base)
+            loaded.index = vector_ops.read(_reader(arrays["faiss"])) if loaded.trained_for else vector_ops.build(loaded.vectors.base)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: FAISS refusing its bytes
-            raise CorruptData(f"{path}: damaged ({exc}); it is rebuilt from the archive") from exc
+            raise CorruptData(f"{path}: damaged ({exc}); {sidecar.REMEDY}") from exc
         if loaded.index.ntotal != loaded.rows or len(loaded.words) != loaded.rows or loaded.rows != header["rows"]:
-            raise CorruptData(f"{path}: its parts disagree on the number of chunks; it is rebuilt from the archive")
+            raise CorruptData(f"{path}: its parts disagree on the number of chunks; {sidecar.REMEDY}")
         return loaded
 
     @staticmethod
     def read_header(path: Path) -> ChunkHeader | None:
         """The header alone, or None when the file is missing, unreadable or of another version."""
         try:
-            header, _ = _header(path)
-            return ChunkHeader(header["embedder"], header["rows"], header["live"])
+            _, header = sidecar.header(path, (MAGIC,))
+            return ChunkHeader(header["embedder"], header["rows"], header["live"]) if header.get("version") == VERSION else None
         except (OSError, CorruptData, KeyError, TypeError):
             return None
+
+
+def _reader(data: np.ndarray) -> Callable[[int], bytes]:
+    """``read(n)`` over mapped bytes, as a file's: FAISS reads its index through one, with no
+    second copy of the whole (GBs at 1e6 chunks)."""
+    view, at = data.data, 0  # uint8, one dimension
+
+    def read(n: int) -> bytes:
+        nonlocal at
+        chunk = view[at : at + n].tobytes()
+        at += len(chunk)
+        return chunk
+
+    return read
 
 
 def _room(buffer: np.ndarray, used: int, more: int) -> np.ndarray:
@@ -292,18 +262,3 @@ def _room(buffer: np.ndarray, used: int, more: int) -> np.ndarray:
     grown = np.empty((max(used + more, 2 * len(buffer), 16), *buffer.shape[1:]), buffer.dtype)
     grown[:used] = buffer[:used]
     return grown
-
-
-def _header(path: Path) -> tuple[dict, int]:
-    with open(path, "rb") as f:
-        head = f.read(len(MAGIC) + _LENGTH.size)
-        if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
-            raise CorruptData(f"{path} is not a kvdb semantic index; it is rebuilt from the archive")
-        (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as exc:
-            raise CorruptData(f"{path}: damaged header; it is rebuilt from the archive") from exc
-    if not isinstance(header, dict) or header.get("version") != VERSION:
-        raise CorruptData(f"{path}: version {header.get('version') if isinstance(header, dict) else '?'}, not {VERSION}; it is rebuilt from the archive")
-    return header, -(-(len(MAGIC) + _LENGTH.size + length) // _ALIGN) * _ALIGN

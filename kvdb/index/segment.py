@@ -20,11 +20,6 @@ through the page cache.
 
 from __future__ import annotations
 
-import json
-import mmap
-import os
-import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,8 +29,10 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
+from kvdb.index import sidecar
 
-MAGIC = b"KVDBIDX6"
+MAGIC = b"KVDBIDX7"  # the sidecar format (sidecar.py)
+MAGIC_V6 = b"KVDBIDX6"  # the same arrays end to end, 8-byte aligned: still read
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
@@ -49,8 +46,6 @@ REACH = 256
 # Depths a comparison reads at once past the first key: most comparisons are settled by the
 # first of these windows, and a tie reads the next, twice as deep.
 _WINDOW = 32
-_LENGTH = struct.Struct("<I")
-_ALIGN = 8
 # Files up to this size are read whole at open to compare their CRC (a tail, or an index of up to
 # ~5e6 positions: tens of ms); a larger base is checked by `kvdb verify`, since reading it whole
 # would cost what mapping it saves (docs/decisions/0046-slots-in-key-order.md).
@@ -190,7 +185,6 @@ class Segment:
         self.ident = ident  # names the contents once saved or loaded: a tail records the base it follows
         self.base = base  # a tail's: the ident of the base it follows
         self.below: Segment | None = None  # a tail's base: where the slots before ``first`` lie
-        self._mapping: mmap.mmap | None = None
 
     @classmethod
     def empty(cls, alphabet: int, generation: int, first: int = 0) -> Segment:
@@ -478,135 +472,108 @@ class Segment:
         return out
 
     # persistence ----------------------------------------------------------------------------
-    def _arrays(self) -> list[np.ndarray]:
-        """The body in file order: 8-byte arrays first, so every array starts aligned."""
-        return [
-            self.samples.astype(_SAMPLE, copy=False),
-            self.runs.first.astype(_FIRST),
-            self.runs.link.astype(_FIRST),
-            np.asarray(self.order).astype(_SLOT, copy=False),
-            self.runs.length.astype(_SLOT),
-            self.runs.held.astype(_HELD),
-            np.asarray(self.tokens).astype(token_dtype(self.alphabet), copy=False),
-            np.asarray(self.runs.context).astype(token_dtype(self.alphabet), copy=False),
-        ]
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The body, in the stored dtypes (docs/formats.md, "Search sidecar")."""
+        tokens = token_dtype(self.alphabet)
+        return {
+            "samples": self.samples.astype(_SAMPLE, copy=False),
+            "run_first": self.runs.first.astype(_FIRST),
+            "run_link": self.runs.link.astype(_FIRST),
+            "order": np.asarray(self.order).astype(_SLOT, copy=False),
+            "run_length": self.runs.length.astype(_SLOT),
+            "run_held": self.runs.held.astype(_HELD),
+            "tokens": np.asarray(self.tokens).astype(tokens, copy=False),
+            "run_context": np.asarray(self.runs.context).astype(tokens, copy=False),
+        }
 
     def save(self, path: Path, base: str | None = None) -> None:
-        """Write atomically (temp file + rename): a crash leaves the old file or the new one.
-        ``base``: for a tail, the ident of the base it follows. The ident names the contents
-        (numbering, span and CRC), so two writers of one copy give it the same name."""
-        arrays = self._arrays()
-        crc = 0
-        for array in arrays:
-            crc = zlib.crc32(array.tobytes(), crc)
-        self.ident, self.base = f"{self.generation:x}-{self.first:x}-{self.ntotal:x}-{crc:08x}", base
+        """Write atomically (``sidecar.write``). ``base``: for a tail, the ident of the base it
+        follows. The ident names the contents (numbering, span and CRC), so two writers of one
+        copy give it the same name."""
         fields = {
             "alphabet": self.alphabet,
             "generation": self.generation,
             "first": self.first,
             "ntotal": self.ntotal,
-            "entries": self.entries,
-            "runs": len(self.runs),
-            "held": len(self.runs.context),
             "block": BLOCK,
             "reach": REACH,
-            "id": self.ident,
-            "base": self.base,
-            "crc32": crc,
+            "base": base,
         }
-        header = json.dumps(fields).encode()
-        header += b" " * (-(len(MAGIC) + _LENGTH.size + len(header)) % _ALIGN)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _LENGTH.pack(len(header)) + header)
-            for array in arrays:
-                f.write(array.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        crc = sidecar.write(path, MAGIC, fields, self._arrays())
+        self.ident, self.base = _ident(fields | {"crc32": crc}), base
 
     @staticmethod
     def read_header(path: Path) -> dict | None:
-        """The header alone, or None when the file is missing, unreadable or of another format."""
+        """The header alone, its ``id`` with it, or None when the file is missing, unreadable or
+        of another format."""
         try:
-            with open(path, "rb") as f:
-                return _header(f)[0]
-        except OSError:
+            _, fields = sidecar.header(path, (MAGIC, MAGIC_V6))
+            return fields | {"id": _ident(fields)}
+        except (OSError, CorruptData, KeyError, TypeError, ValueError):
             return None
 
     @classmethod
     def load(cls, path: Path, check: bool = False) -> Segment:
         """Map the file; its arrays are views of the mapping, read as queries touch them. The
-        header and the arrays come from one open file, so a file renamed over this one meanwhile
-        is never half read. The CRC is compared when the file is small or ``check`` asks for it
-        (``kvdb verify``)."""
+        CRC is compared when the file is small or ``check`` asks for it (``kvdb verify``)."""
+        read = sidecar.read(path, MAGIC, check_up_to=None if check else CHECK_BYTES, older={MAGIC_V6: _layout_v6})
+        header, arrays = read.header, read.arrays
         try:
-            f = open(path, "rb")
-        except OSError as exc:
-            raise CorruptData(f"{path} cannot be read ({exc.strerror})") from exc
-        with f:
-            header, start = _header(f)
-            size = os.fstat(f.fileno()).st_size
-            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if header is not None and size else None
-        counts = [header.get(f) for f in ("alphabet", "generation", "first", "ntotal", "entries", "runs", "held")] if header is not None else []
-        if (
-            header is None
-            or header["block"] != BLOCK
-            or header.get("reach") != REACH
-            or not all(isinstance(c, int) and c >= 0 for c in counts)
-            or header["first"] > header["ntotal"]
-        ):
-            raise CorruptData(f"{path} is not a kvdb search index segment")
-        alphabet = header["alphabet"]
-        try:
-            fractal.key_depth(alphabet)
-        except InvalidArgument as exc:
-            raise CorruptData(f"{path}: {exc}") from exc
-        n, runs, slots = header["entries"], header["runs"], header["ntotal"] - header["first"]
-        shapes: list[tuple[np.dtype, int]] = [
-            (_SAMPLE, -(-n // BLOCK)),
-            (_FIRST, runs),
-            (_FIRST, runs),
-            (_SLOT, n),
-            (_SLOT, runs),
-            (_HELD, runs),
-            (token_dtype(alphabet), slots),
-            (token_dtype(alphabet), header["held"]),
-        ]
-        if size != start + sum(dtype.itemsize * count for dtype, count in shapes):
-            raise CorruptData(f"{path} has {size} bytes where its header promises another length; it is rebuilt from the archive")
-        check = check or size <= CHECK_BYTES
-        arrays, at, crc = [], start, 0
-        for dtype, count in shapes:
-            array = np.frombuffer(mapping, dtype, count, at) if count and mapping is not None else np.zeros(0, dtype)
-            if check:
-                crc = zlib.crc32(array.tobytes(), crc)
-            arrays.append(array)
-            at += dtype.itemsize * count
-        if check and crc != header["crc32"]:
-            raise CorruptData(f"{path} failed its integrity check")
-        samples, first, link, order, length, held, tokens, context = arrays
-        run_table = Runs(first.astype(np.int64), length.astype(np.int64), link.astype(np.int64), held.astype(np.int64), context)
-        if int(run_table.held.sum()) != len(context) or (runs and (int(run_table.held.max()) >= REACH or int(run_table.link.max()) >= header["ntotal"])):
-            raise CorruptData(f"{path} has run contexts its header does not count; it is rebuilt from the archive")
-        segment = cls(alphabet, header["generation"], header["first"], header["ntotal"], tokens, run_table, order, samples, header["id"], header.get("base"))
-        segment._mapping = mapping
-        return segment
+            alphabet, generation, first, ntotal = (header[k] for k in ("alphabet", "generation", "first", "ntotal"))
+            fractal.key_depth(alphabet)  # refuses an alphabet no walk key holds
+            tokens = token_dtype(alphabet)
+            dtypes = {
+                "samples": _SAMPLE,
+                "run_first": _FIRST,
+                "run_link": _FIRST,
+                "order": _SLOT,
+                "run_length": _SLOT,
+                "run_held": _HELD,
+                "tokens": tokens,
+                "run_context": tokens,
+            }
+            runs = len(arrays["run_first"])
+            fit = (
+                all(arrays[name].dtype == dtype and arrays[name].ndim == 1 for name, dtype in dtypes.items())
+                and header["block"] == BLOCK
+                and header.get("reach") == REACH
+                and all(isinstance(c, int) and c >= 0 for c in (generation, first, ntotal))
+                and first <= ntotal
+                and len(arrays["tokens"]) == ntotal - first
+                and len(arrays["samples"]) == -(-len(arrays["order"]) // BLOCK)
+                and all(len(arrays[name]) == runs for name in ("run_link", "run_length", "run_held"))
+            )
+        except (KeyError, TypeError, InvalidArgument) as exc:
+            raise CorruptData(f"{path} is not a kvdb search index segment ({exc!r}); {sidecar.REMEDY}") from exc
+        if not fit:
+            raise CorruptData(f"{path} has arrays its header does not describe; {sidecar.REMEDY}")
+        first_slot, length, link, held = (arrays[name].astype(np.int64) for name in ("run_first", "run_length", "run_link", "run_held"))
+        table = Runs(first_slot, length, link, held, arrays["run_context"])
+        if int(table.held.sum()) != len(table.context) or (runs and (int(table.held.max()) >= REACH or int(table.link.max()) >= ntotal)):
+            raise CorruptData(f"{path} has run contexts its header does not count; {sidecar.REMEDY}")
+        return cls(alphabet, generation, first, ntotal, arrays["tokens"], table, arrays["order"], arrays["samples"], _ident(header), header.get("base"))
 
 
-def _header(f) -> tuple[dict | None, int]:
-    """(the header of an open segment file, where its body starts); None when it is not one."""
-    head = f.read(len(MAGIC) + _LENGTH.size)
-    if len(head) < len(MAGIC) + _LENGTH.size or not head.startswith(MAGIC):
-        return None, 0
-    (length,) = _LENGTH.unpack_from(head, len(MAGIC))
-    try:
-        header = json.loads(f.read(length))
-    except ValueError:
-        return None, 0
-    wanted = ("alphabet", "generation", "first", "ntotal", "entries", "runs", "block", "id", "crc32")
-    return (header if isinstance(header, dict) and all(k in header for k in wanted) else None), len(MAGIC) + _LENGTH.size + length
+def _ident(header: dict) -> str:
+    """What names a segment's contents: ``"<generation>-<first>-<ntotal>-<crc32>"`` in hex."""
+    return f"{header['generation']:x}-{header['first']:x}-{header['ntotal']:x}-{header['crc32']:08x}"
+
+
+def _layout_v6(header: dict) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The arrays of a ``KVDBIDX6`` file (kvdb before the sidecar module; same contents, a
+    fixed order from the header's counts, 8-byte alignment), still read: at 1e8 tokens a
+    rebuild takes minutes."""
+    n, runs, tokens = header["entries"], header["runs"], token_dtype(header["alphabet"])
+    return {
+        "samples": (_SAMPLE, (-(-n // BLOCK),)),
+        "run_first": (_FIRST, (runs,)),
+        "run_link": (_FIRST, (runs,)),
+        "order": (_SLOT, (n,)),
+        "run_length": (_SLOT, (runs,)),
+        "run_held": (_HELD, (runs,)),
+        "tokens": (tokens, (header["ntotal"] - header["first"],)),
+        "run_context": (tokens, (header["held"],)),
+    }
 
 
 def _packed(symbols: np.ndarray, alphabet: int) -> np.ndarray:

@@ -33,6 +33,7 @@ class PrefixMatch:
     matched: int  # leading tokens of the new stream that are archived already
     node: NodeRow | None  # the node the match ends in; None when nothing matched
     offset: int  # tokens of ``node`` that matched (== node.n_tokens when the match ends at its end)
+    path: tuple[NodeRow, ...] = ()  # the nodes the walk came down through, root first, ``node`` last
 
 
 def path_id(model_id: str, ids: np.ndarray) -> str:
@@ -89,6 +90,7 @@ def longest_prefix(
     tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
     best = PrefixMatch(0, None, 0)
     parent = None
+    walked: tuple[NodeRow, ...] = ()
     while best.matched < len(ids):
         start = best.matched
         kids = store.children(parent, model_id, int(ids[start]))
@@ -100,9 +102,10 @@ def longest_prefix(
             (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k) for k in kids
         ]
         common, kid = max(scored, key=lambda pair: pair[0])
+        walked += (kid,)
         if common < kid.n_tokens:
-            return PrefixMatch(start + common, kid, common) if common >= min_split else best
-        best = PrefixMatch(start + common, kid, common)
+            return PrefixMatch(start + common, kid, common, walked) if common >= min_split else best
+        best = PrefixMatch(start + common, kid, common, walked)
         parent = kid.node_id
     return best
 

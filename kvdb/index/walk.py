@@ -177,10 +177,11 @@ class WalkIndex:
         self.extend([(first, tokens, context)], first + len(tokens))
         return first
 
-    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int, parents: dict[int, int] | None = None) -> None:
+    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int, parents: dict[int, int] | None = None, settle: bool = True) -> None:
         """Merge slot runs (first slot, tokens, the tokens before them on their path) at or past
         the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
-        run covers are tombstones (a node gone before this copy caught up with it).
+        run covers are tombstones (a node gone before this copy caught up with it). ``settle``:
+        see ``append``.
 
         A run keeps a link to a slot whose last ``REACH - 1`` tokens are its context, 8 bytes
         for up to 510 of context: its parent's last slot, where ``parents`` (first slot -> that
@@ -193,7 +194,7 @@ class WalkIndex:
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
             by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        self.append(by_slot, self.run_table(firsts, lengths, [context for _, _, context in runs], parents or {}))
+        self.append(by_slot, self.run_table(firsts, lengths, [context for _, _, context in runs], parents or {}), settle)
 
     def run_table(self, firsts: list[int], lengths: list[int], contexts: list[np.ndarray | None], parents: dict[int, int]) -> Runs:
         """The runs ``extend`` describes, each with its link or its context."""
@@ -214,11 +215,14 @@ class WalkIndex:
         if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
             raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
 
-    def append(self, by_slot: np.ndarray, runs: Runs) -> None:
+    def append(self, by_slot: np.ndarray, runs: Runs, settle: bool = True) -> None:
         """Merge ``runs`` (checked, sorted) whose tokens ``by_slot`` holds, slot ``self.ntotal`` on,
-        into the tail; then merge the tail into the base once it has outgrown it."""
+        into the tail; then, unless ``settle`` is False, merge the tail into the base once it has
+        outgrown it. A long batch passes False until it ends: its merges double the tail, and
+        merging it into the base at each eighth re-sorted the base a score of times in a backfill,
+        where the batch's end sorts it once (or, into an empty base, not at all)."""
         self.tail = self.tail.extended(self.ntotal + len(by_slot), by_slot, runs)
-        if self.tail.ntotal - self.tail.first > max(TAIL_MIN, self.base.ntotal // TAIL_SHARE):
+        if settle and self.tail.ntotal - self.tail.first > max(TAIL_MIN, self.base.ntotal // TAIL_SHARE):
             self.settle()
 
     def settle(self) -> None:
@@ -370,7 +374,8 @@ class Indexes:
         if index is not None and self._checked.get(key) == version:
             return index
         recorded = self._store.index_generation(key)
-        if recorded is None:
+        if recorded is None:  # nothing numbered (any more): no copy
+            self._loaded.pop(key, None)
             return WalkIndex(fractal.MIN_ALPHABET, 0)
         if index is None or not _prefix_of(index, *recorded):
             index = self._sidecar(key, *recorded)
@@ -381,10 +386,9 @@ class Indexes:
     def ready(self, key: str, tokenizer_hash: str, alphabet: int) -> WalkIndex:
         """``get``, for a writer about to add streams of ``alphabet`` symbols: numbered (a commit)
         when there is no numbering yet, or anew when the streams need a larger alphabet."""
-        if self._store.index_generation(key) is None:
-            return self.rebuild(key, tokenizer_hash, alphabet)
         index = self.get(key, tokenizer_hash)
-        return index if index.alphabet >= alphabet else self.rebuild(key, tokenizer_hash, alphabet)
+        numbered = key in self._loaded  # ``get`` keeps a copy of a numbered index only
+        return index if numbered and index.alphabet >= alphabet else self.rebuild(key, tokenizer_hash, alphabet)
 
     def _sidecar(self, key: str, generation: int, ntotal: int) -> WalkIndex | None:
         header = WalkIndex.read_header(self.path(key))
@@ -555,7 +559,7 @@ class Indexes:
         batch.armed = False
         if self._store.batching and batch.ntotal - index.ntotal < max(DEFERRED_MIN, index.tail.entries):
             return
-        self._merge_batch(key)
+        self._merge_batch(key, settle=not self._store.batching)
 
     def _ended(self, key: str) -> None:
         """At the batch's end its committed runs join the copy; runs a failed commit left
@@ -566,11 +570,11 @@ class Indexes:
         elif batch is not None:
             self._merge_batch(key)
 
-    def _merge_batch(self, key: str) -> None:
+    def _merge_batch(self, key: str, settle: bool = True) -> None:
         batch, index = self._batches.pop(key, None), self._loaded.get(key)
         if batch is None or index is None:  # numbered anew meanwhile (a rebuild holds every run)
             return
-        index.extend(batch.runs, batch.ntotal, batch.parents)
+        index.extend(batch.runs, batch.ntotal, batch.parents, settle)
         self._checked[key] = None
         self._save(key, index)
 

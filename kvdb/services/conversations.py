@@ -16,6 +16,7 @@ from kvdb.errors import InvalidArgument
 from kvdb.index.phrase import Hit
 from kvdb.index.trie import TrieView
 from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, Session, Version
+from kvdb.services.forgetting import Forgetting
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
 from kvdb.storage.base import ConversationFilter, ConversationRow, DeleteConversation, RenameConversation, SessionRow
@@ -97,7 +98,9 @@ class Conversations:
     def delete(self, ref: str) -> DeletedConversation:
         """Every version of the conversation; the nodes no other session uses wait for ``gc``."""
         history = self.history(ref)
+        rows = self._storage.conversation_sessions(history.conversation.conversation_id)
         self._storage.apply(DeleteConversation(history.conversation.conversation_id))
+        Forgetting(self._storage).deleted(rows)  # what gc then erases, and watch's tombstone
         return DeletedConversation(history.conversation, len(history.versions))
 
     def _rows(self, ref: str) -> list[SessionRow]:

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from kvdb.errors import InvalidArgument
 from kvdb.records import Compacted, Deleted
+from kvdb.services.forgetting import Forgetting
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.services.tier_l import TierL
@@ -24,6 +25,7 @@ class Editor:
     def delete(self, ref: str) -> Deleted:
         row = self._reader.resolve(ref)
         self._storage.apply(DeleteSession(row.session_id))
+        Forgetting(self._storage).deleted([row])  # what gc then erases, and watch's tombstone
         return Deleted.from_row(row)
 
     def compact(self, ref: str, keep: str | Iterable[str]) -> Compacted:

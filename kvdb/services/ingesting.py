@@ -100,18 +100,22 @@ class Ingester:
         conversation: str | None = None,
         redact: bool = False,
         heard: Heard | None = None,
+        upstream: dict | None = None,
     ) -> list[IngestResult]:
         """``heard``: each file's results once they are committed (a caller that reports as it
-        goes: a file archive commits files together, about once a second)."""
+        goes: a file archive commits files together, about once a second). ``upstream``: the
+        session's ``metadata["upstream"]`` (``Session.upstream``)."""
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
-        if (computed is not None or conversation is not None) and source is not None:
-            raise InvalidArgument("computed= and conversation= go with one session, given as text= or messages=")
+        if (computed is not None or conversation is not None or upstream is not None) and source is not None:
+            raise InvalidArgument("computed=, conversation= and upstream= go with one session, given as text= or messages=")
         self._storage.check_writable()
         optional = parse_keep(keep)
         given = [transcripts.transcript_from_text(text, name or "text")] if text is not None else None
         if messages is not None:
             given = [transcripts.transcript_from_messages(messages, name or "messages")]
+        if given is not None and upstream is not None:
+            given = [dataclasses.replace(t, metadata={**t.metadata, "upstream": dict(upstream)}) for t in given]
         try:
             if given is not None:
                 return self._ingest_source(lambda: given, optional, kv_preset, progress, computed, keep_cache, conversation, redact)
@@ -345,8 +349,10 @@ class Ingester:
         last is saved on close)."""
         match = plan.match
         assert match is not None
+        if cache is None:  # the model did not run: nothing to keep
+            return
         grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
-        if cache is None or not (grows or now):
+        if not (grows or now):
             return
         path = trie.ends_deepest_first(self._storage.node_path(plan.session_id))  # an entry stores what it adds to its path's
         if now:

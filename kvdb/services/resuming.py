@@ -53,7 +53,7 @@ class Resumer:
         match = trie.longest_prefix(self._storage, model_id, ids, lambda node: self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :]))
         if match.node is None or match.matched <= better_than:
             return None
-        path = self._storage.node_path(match.node.node_id)
+        path = list(match.path)
         at = match.matched
         found = self._prefix_cache.load(loaded.model, trie.ends_deepest_first(path, better_than))
         if found is not None and found[0] > at:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kvdb.errors import ArchiveLocked, InvalidArgument, TranscriptError
 from kvdb.records import IngestResult, IngestStatus, WatchedFile
+from kvdb.services.forgetting import FORGOTTEN
 from kvdb.storage import Storage
 from kvdb.storage.base import PutWatchedFiles, WatchedFileRow, utc_now
 from kvdb.transcripts.files import SUPPORTED_SUFFIXES, find_transcript_files
@@ -101,8 +102,9 @@ Ingest = Callable[[Path, Heard], list[IngestResult]]
 
 
 class Watching:
-    def __init__(self, storage: Storage):
+    def __init__(self, storage: Storage, readmit_forgotten: bool = False):
         self._storage = storage
+        self._readmit = readmit_forgotten  # archive the files a delete left a tombstone for (kvdb.services.forgetting)
 
     def watched(self) -> list[WatchedFile]:
         return [_record(r) for r in self._storage.watched_files()]
@@ -131,6 +133,10 @@ class Watching:
                 except FileNotFoundError:  # gone since it was listed (a log rotated away)
                     continue
                 seen = known.get(str(path))
+                if seen is not None and seen.status == FORGOTTEN:
+                    if not self._readmit:
+                        continue  # its sessions were deleted: a tombstone, however it grows
+                    seen = None
                 if seen is not None and (seen.size, seen.mtime_ns) == (stat.st_size, stat.st_mtime_ns) and seen.status != IngestStatus.WAITING:
                     continue
                 found = _one(path, stat, ingest, functools.partial(checkpoint, path, stat))

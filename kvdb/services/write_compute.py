@@ -108,7 +108,9 @@ class WriteCompute:
             metadata["text"] = item.text  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
         row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
         alphabet = max(loaded.vocab_size, len(loaded.tokenizer))
-        return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back), cache)
+        above = [n.node_id for n in plan.path[:-1]] + ([parent_id] if parent_id is not None else [])  # a split's head stands for the node it cuts
+        path = (*above, node.node_id) if node is not None else tuple(above)
+        return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back, path=path), cache)
 
     def tiers(self, loaded, plan: SessionPlan, books: str | None, cache=None) -> tuple[AddTiers, dict, object]:
         """(the AddTiers of the tiers the plan's path lacks, the nodes joining the search index

@@ -162,8 +162,7 @@ def plan_session(
     match = trie.longest_prefix(
         storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads
     )  # a node is cut only where MIN_SPLIT of its tokens are shared
-    path = storage.node_path(match.node.node_id) if match.node is not None else []
-    return SessionPlan(session_id, ids, keep, version, match, path, [])
+    return SessionPlan(session_id, ids, keep, version, match, list(match.path), [])
 
 
 def _lacking(path: list[NodeRow], keep: frozenset[str]) -> list[tuple[NodeRow, frozenset[str]]]:

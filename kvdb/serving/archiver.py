@@ -8,8 +8,15 @@ again only over what the chat template adds after the reply, so no request waits
 model is held only for an exchange computed whole: one replayed from the journal, or one kept
 with tier L or K), and the ingest keeps the exchange's exact cache in the prefix cache. Only then is the entry deleted: whenever the
 process dies, an exchange is in the journal, in the archive, or both (archiving it again then
-finds it archived). On stop it finishes the entry in hand and leaves the rest to the next start. Idle, it does
+finds it archived). An entry that fails for a reason other than the archive refusing it (a
+full disk, say) stays in the journal and is tried again while the server is idle, after 1 s,
+then twice as long each time (up to a minute). On stop it finishes the entry in hand and leaves the rest to the next start. Idle, it does
 the work ingest queues (the semantic tier, the model's pass: ``kvdb upkeep``), a session at a time.
+
+An exchange an upstream server answered (``kvdb serve --upstream``, ``relay.py``) is ingested
+with no computed pass: with the server's tiers and its exact cache where the upstream named the
+archive's own model, else from the archive's tokenizer alone, without tier K or an exact cache
+(the KV of a model that did not write it).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from kvdb.errors import KvdbError
@@ -24,11 +32,12 @@ from kvdb.services.write_compute import Computed
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.gate import ModelGate
 from kvdb.serving.journal import Journal
-from kvdb.tiers import parse_keep
+from kvdb.tiers import Tier, parse_keep
 
 log = logging.getLogger("kvdb.serve")
 HANDED_OVER = 4  # exchanges waiting with generation's cache in memory (up to ~46 KB a token each for SmolLM2)
 UPKEEP_AFTER_S = 2.0  # with no exchange to archive this long, the archiver does the archive's queued work
+RETRY_AFTER_S = (1.0, 60.0)  # an entry that failed is tried again after the first, doubling up to the second
 
 
 class Archiver:
@@ -47,6 +56,7 @@ class Archiver:
         self._kv_preset = kv_preset
         self._keep_runs_model = bool(parse_keep(keep) & {"lm", "kv"})  # tier L codes, and tier K quantizes, with the model
         self._queue: queue.Queue[tuple[Path, Computed | None] | None] = queue.Queue()
+        self._retry: dict[Path, tuple[float, float]] = {}  # entry -> (when to try it again, the wait after that)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvdb-archiver", daemon=True)
 
@@ -68,10 +78,13 @@ class Archiver:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            wait = min([UPKEEP_AFTER_S, *(max(0.0, at - time.monotonic()) for at, _ in self._retry.values())])
             try:
-                task = self._queue.get(timeout=UPKEEP_AFTER_S)
+                task = self._queue.get(timeout=wait)
             except queue.Empty:
-                self._upkeep_while_idle()
+                self._retry_due()
+                if wait == UPKEEP_AFTER_S:
+                    self._upkeep_while_idle()
                 continue
             if task is None:
                 break
@@ -91,17 +104,30 @@ class Archiver:
             if not (report.embedded.sessions or report.scored.sessions):
                 return
 
+    def _retry_due(self) -> None:
+        now = time.monotonic()
+        for path in [p for p, (at, _) in self._retry.items() if at <= now]:
+            if not path.exists():  # archived or set aside meanwhile (a restart of another server over the archive)
+                self._retry.pop(path)
+            elif not self._stopping.is_set() and self._queue.empty():
+                self._archive_safely(path)
+
     def _archive_safely(self, path: Path, computed: Computed | None = None) -> None:
+        _, after = self._retry.pop(path, (0.0, RETRY_AFTER_S[0]))
         try:
             self._archive(path, computed)
         except (KvdbError, ValueError, KeyError) as exc:  # the archive refuses it, or it is no entry: retrying cannot help
             log.error("journal entry %s set aside as %s: %s", path.name, self._journal.set_aside(path).name, exc)
-        except Exception:  # the worker outlives one bad entry, which stays for the next start
-            log.exception("archiving journal entry %s failed; it stays in the journal for the next start", path.name)
+        except Exception:  # the worker outlives one bad entry, which stays in the journal, tried again later
+            self._retry[path] = (time.monotonic() + after, min(2 * after, RETRY_AFTER_S[1]))
+            log.exception("archiving journal entry %s failed; it stays in the journal, tried again in %.0f s and at the next start", path.name, after)
 
     def _archive(self, path: Path, computed: Computed | None) -> None:
         entry = self._journal.read(path)
         source = {entry["kind"]: entry["content"]}
+        upstream = entry.get("upstream")  # relayed from an upstream server: no pass of ours over it
+        foreign = upstream is not None and not upstream.get("same_model")
+        keep = ",".join(sorted(parse_keep(self._keep) - {Tier.KV})) if foreign else self._keep
         # The whole exchange to compute: requests wait for the model meanwhile. Else the model runs
         # over the template's closing tokens only, and no request waits for that.
         whole = computed is None or self._keep_runs_model
@@ -110,11 +136,12 @@ class Archiver:
                 lambda a: a.ingest(
                     **source,
                     name=entry["name"],
-                    keep=self._keep,
+                    keep=keep,
                     kv_preset=self._kv_preset,
                     computed=computed,
-                    keep_cache=True,
+                    keep_cache=not foreign,
                     conversation=entry.get("conversation"),  # an entry an older kvdb journalled has none
+                    upstream=upstream,
                 )
             )
         self._journal.done(path)

@@ -6,6 +6,8 @@ and conversations that end up in the archive.
   is approximate, with ``restore="archive"``), else nothing; only the rest is computed.
 - Each completed exchange goes to the journal before the reply's last bytes are sent; the
   archiver ingests it afterwards, off the response path (``archiver.py``, ``journal.py``).
+  An exchange an upstream server answered (``kvdb serve --upstream``) is handed over once its
+  reply is sent, and goes the same way (``relay.py``).
 - One model, one lock (``gate.py``): generation and the archiver's model work take turns, and
   requests queue for the model in bounded numbers. The archive is used from one thread
   (``access.py``), held only for each call: reads wait for no generation.
@@ -36,13 +38,13 @@ from kvdb.serving.generation import Generation
 from kvdb.serving.journal import Journal
 from kvdb.serving.params import Request
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
+from kvdb.serving.relay import Relay, Relayed, title_of
 from kvdb.serving.reply import Reply
 from kvdb.serving.responses import Completion, Embeddings, Header, SessionView
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS, check_max_loss
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
 RESTORE_MODES = ("exact", "auto", "archive")
-TITLE_WORDS = 8  # an archived exchange is named by its conversation's first words
 JOURNAL_SUFFIX = ".serve"
 # Reading a position of the archive's exact cache costs about 1/32 of computing one more token
 # at the end of a prompt (SmolLM2 at 2,400 positions, 2 cores: 0.12 ms against 4.5 ms)
@@ -114,10 +116,12 @@ class Engine:
         self._stopping = threading.Event()
         self._journal = Journal(archive.local_path(JOURNAL_SUFFIX))
         self._archiver = Archiver(self._journal, self._access, self._gate, keep, kv_preset)
+        self._relay = Relay(self._journal.write, self._archiver.submit, self.model_name)
 
     def start(self) -> None:
         """Start archiving, beginning with the exchanges an earlier run left in the journal."""
         self._archiver.start()
+        self._relay.start()
 
     def stop(self) -> None:
         """Cancel replies in progress (they stop at their next token) and refuse new ones."""
@@ -125,12 +129,25 @@ class Engine:
         self._gate.closed = True
 
     def close(self) -> None:
-        """Stop; let the archiver finish the entry in hand (the rest stay in the journal); close the archive."""
+        """Stop; journal the relayed exchanges handed over; let the archiver finish the entry in
+        hand (the rest stay in the journal); close the archive."""
         self.stop()
+        self._relay.stop()
         self._archiver.stop()
         self._access.close()
 
     # completions ----------------------------------------------------------------------
+    def relaying(self) -> Callable[[], None]:
+        """A request relayed to an upstream begins: the archiver's work waits until none has been
+        in flight for a moment, as for requests of the model (it may share the machine). Returns
+        what ends it (once)."""
+        return self._gate.relaying()
+
+    def relayed(self, exchange: Relayed) -> None:
+        """Archive an exchange an upstream server answered (its reply sent already): queued
+        here, journalled and archived on the engine's threads; a failure there is logged, never raised."""
+        self._relay.submit(exchange)
+
     def complete(self, request: Request) -> Reply:
         """Start a reply (refused at once with ``Busy`` when the model's queue is full)."""
         prompt = self._prompt(request)
@@ -205,10 +222,12 @@ class Engine:
             if sent is not None:
                 ids = np.asarray(tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
                 users = [m["content"] for m in messages if m["role"] == "user"] or [messages[0]["content"]]
-                return Prompt(ids, request.name or _title(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}], opens)
+                return Prompt(
+                    ids, request.name or title_of(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}], opens
+                )
             assert prompt is not None
             ids = np.asarray(tok.encode(tokenizer, prompt), dtype=np.int64)
-            return Prompt(ids, request.name or _title(prompt, "completion"), "text", lambda reply: prompt + reply, opens)
+            return Prompt(ids, request.name or title_of(prompt, "completion"), "text", lambda reply: prompt + reply, opens)
         session, before, before_text = self._access(lambda a: self._archived_prefix(a, ref, request.at))
         added = chat.turns_suffix(tokenizer, messages) if prompt is None else prompt
         ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
@@ -304,7 +323,3 @@ class Engine:
 
     def stats(self) -> Stats:
         return self._access(lambda a: a.stats())
-
-
-def _title(text: str, default: str) -> str:
-    return " ".join(text.split()[:TITLE_WORDS]) or default

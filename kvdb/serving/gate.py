@@ -5,7 +5,9 @@ that finds the model busy waits, but only if fewer than ``size`` others wait alr
 for ``timeout`` seconds; otherwise it is refused with ``Busy`` at once, so a flood of requests
 turns into quick refusals instead of unbounded latency and threads. The archiver gives way to
 requests: its work is durable in the journal already, and the next turn of a conversation
-usually follows its reply at once.
+usually follows its reply at once. A request relayed to an upstream server (``kvdb serve
+--upstream``) takes no lock, but the archiver gives way to it too, as to a request of the model:
+on a machine the upstream shares, the archive's work would slow its replies.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ModelGate:
         self._waiting = 0
         self._count = threading.Lock()
         self._released = float("-inf")  # when a request last let the model go (monotonic)
+        self._relayed = 0  # requests relayed to an upstream in flight
         self.closed = False
 
     def admit(self) -> Callable[[], None]:
@@ -58,6 +61,23 @@ class ModelGate:
         self._released = time.monotonic()
         self._lock.release()
 
+    def relaying(self) -> Callable[[], None]:
+        """Count a request relayed to an upstream as a request of the model, for the background
+        work alone (it never waits); returns what ends it (once, from any thread)."""
+        with self._count:
+            self._relayed += 1
+        ended = threading.Event()
+
+        def end() -> None:
+            if ended.is_set():
+                return
+            ended.set()
+            with self._count:
+                self._relayed -= 1
+            self._released = time.monotonic()
+
+        return end
+
     @contextlib.contextmanager
     def admitted(self):
         release = self.admit()
@@ -80,7 +100,7 @@ class ModelGate:
         waited for it for ``idle`` seconds, however long that takes."""
         while True:
             self._lock.acquire()
-            if self._waiting == 0 and time.monotonic() - self._released >= idle:
+            if self._waiting == 0 and self._relayed == 0 and time.monotonic() - self._released >= idle:
                 break
             self._lock.release()
             time.sleep(idle / 10)

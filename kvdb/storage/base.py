@@ -17,6 +17,15 @@ import numpy as np
 # work too once a hold has lasted this long: other processes then wait about a second at most,
 # and a stream of short calls does not pay a reconnect (~30 ms) each.
 HOLD_SECONDS = 1.0
+# ... or this many times as long as the file's last let-go took, when longer: DuckDB writes its log
+# into the file then, and rewrites the last row group of each table written to, which grows with
+# the archive (decisions/0061): a backfill spends a tenth of its time on it, not a fifth or more.
+HOLD_PER_LET_GO = 10
+
+
+def hold_seconds(let_go: float) -> float:
+    """How long a hold lasts before short work lets go, after a let-go that took ``let_go`` s."""
+    return 0.0 if HOLD_SECONDS == 0 else max(HOLD_SECONDS, HOLD_PER_LET_GO * let_go)
 
 
 def utc_now() -> dt.datetime:
@@ -236,6 +245,9 @@ class SessionWrite:
     tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     conversation: str | None = None  # the conversation it continues, when its writer knows (a server's chat); else the rule decides
     queued: tuple[str, ...] = ()  # work left for `kvdb upkeep` ("semantic"); "logprobs" is queued wherever its path holds unscored tokens
+    # The session's trie path (node ids, root first) as planned, with the split and the new node: the
+    # write is made on the snapshot the plan read (``based_on``), so the path stands. Empty: read it.
+    path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -327,6 +339,14 @@ class Queue:
 
 
 @dataclass(frozen=True)
+class Dequeue:
+    """Take ``work`` off the queue for these session ids (which may be deleted already)."""
+
+    session_ids: list[str]
+    work: str
+
+
+@dataclass(frozen=True)
 class PutLogprobs:
     """The model's pass over a queued session: log-probabilities of the nodes on its path that had
     none (node id -> one per token), and the session taken off the queue. A node another pass
@@ -364,6 +384,7 @@ Plan = (
     | AddTiers
     | PutLogprobs
     | Queue
+    | Dequeue
     | ReplaceIndexState
     | ImportRows
 )

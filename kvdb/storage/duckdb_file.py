@@ -18,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from kvdb.errors import ArchiveError, ArchiveLocked, StaleWrite
+from kvdb.storage.base import hold_seconds
 from kvdb.storage.engine import REVISION, Engine, first_line, quoted, revision, transaction
 
 COMPACT_MIN_BYTES = 1 << 20  # gc rewrites the file only to give back at least this much (and a quarter of it)
@@ -45,6 +46,7 @@ class DuckDBFile(Engine):
         self._open = False  # a batch's transaction is open on the connection
         self._committed: list = []  # what waits for the batch's commit (``after_commit``)
         self._ended: list = []  # what waits for the batch's end (``after_batch``)
+        self._let_go_seconds = 0.0  # how long the last let-go of the file took
         try:
             if self.schema_revision() != REVISION:
                 self._migrate()
@@ -97,7 +99,9 @@ class DuckDBFile(Engine):
         """Let the file go; a batch's writes so far are committed first (the next write begins anew)."""
         if self._conn is not None:
             self._commit_batch()
-            self._conn.close()
+            began = time.monotonic()
+            self._conn.close()  # a checkpoint: the cost ``hold_seconds`` keeps to a share of a hold
+            self._let_go_seconds = time.monotonic() - began
             self._conn = None
             self._released = self._file_state()
 
@@ -171,17 +175,18 @@ class DuckDBFile(Engine):
     def close(self) -> None:
         self.release()
 
-    def compact_files(self) -> dict:
+    def compact_files(self, forget: bool = False, now: bool = False) -> dict:
         """One file: its write-ahead log is written into it (a checkpoint), and where its free
-        blocks are over a quarter of it (and over COMPACT_MIN_BYTES) it is copied into a new file
-        that takes its place, since DuckDB reuses freed blocks but never gives them back. The copy
+        blocks are over a quarter of it (and over COMPACT_MIN_BYTES), or hold deleted rows that
+        must be forgotten (``forget``: DuckDB reuses freed blocks without zeroing them), it is
+        copied into a new file that takes its place, since DuckDB never gives them back. The copy
         replaces the file while this storage still holds the old one's lock, so no writer can come
         between; a crash before the rename leaves the old file whole and a staging file to ignore."""
         conn = self.connection()
         conn.execute("checkpoint")
         database, block_size, free_blocks = conn.execute("select database_name, block_size, free_blocks from pragma_database_size()").fetchone()  # type: ignore[misc]
         before = self.path.stat().st_size
-        if int(free_blocks) * int(block_size) < max(COMPACT_MIN_BYTES, before // 4):
+        if not (forget and int(free_blocks)) and int(free_blocks) * int(block_size) < max(COMPACT_MIN_BYTES, before // 4):
             return {"file_bytes": before}
         staging = self.path.with_name(f".{self.path.name}.compacting-{os.getpid()}")
         staging.unlink(missing_ok=True)
@@ -200,6 +205,9 @@ class DuckDBFile(Engine):
             staging.unlink(missing_ok=True)
         self.release()  # the next call opens the new file
         return {"file_bytes_before": before, "file_bytes": self.path.stat().st_size}
+
+    def hold_seconds(self) -> float:
+        return hold_seconds(self._let_go_seconds)
 
     def held_for(self) -> float:
         return time.monotonic() - self._held_since if self._conn is not None else 0.0

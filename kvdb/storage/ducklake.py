@@ -236,16 +236,31 @@ class DuckLake(Engine):
                 problems += [f"table {table}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
         return problems
 
-    def compact_files(self) -> dict:
-        """Adjacent small Parquet files merged into larger ones; then snapshots older than
-        ``SNAPSHOT_RETENTION`` expired and the files scheduled for deletion before it deleted
-        (a reader still scanning one is given that long: a later gc deletes what this one merged)."""
-        older = f"older_than => now() - interval '{SNAPSHOT_RETENTION}'"
+    def compact_files(self, forget: bool = False, now: bool = False) -> dict:
+        """Adjacent small Parquet files merged into larger ones (with ``forget``, every file that
+        has deleted rows written again without them first); then snapshots older than
+        ``SNAPSHOT_RETENTION`` (``now``: all but the current one) expired and the files scheduled
+        for deletion before it deleted (a reader still scanning one is given that long: a later
+        gc deletes what this one merged). ``data_files_kept``: the files still waiting so."""
+        older = "older_than => now()" if now else f"older_than => now() - interval '{SNAPSHOT_RETENTION}'"
         conn = self.connection()  # the maintenance calls commit by themselves
+        rewritten = conn.execute(f"call ducklake_rewrite_data_files('{ALIAS}', delete_threshold => 0)").fetchall() if forget else []
         merged = conn.execute(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
         conn.execute(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").fetchall()  # count(*): no timestamps to convert
+        meta = f"__ducklake_metadata_{ALIAS}"
+        (scheduled,) = conn.execute(f"select count(*) from {meta}.ducklake_files_scheduled_for_deletion").fetchone()  # type: ignore[misc]
         (deleted,) = conn.execute(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").fetchone()  # type: ignore[misc]
-        return {"data_files_merged": sum(int(r[2]) for r in merged), "data_files_written": sum(int(r[3]) for r in merged), "data_files_deleted": int(deleted)}
+        (ended,) = conn.execute(  # type: ignore[misc]
+            f"select (select count(*) from {meta}.ducklake_data_file where end_snapshot is not null)"
+            f" + (select count(*) from {meta}.ducklake_delete_file where end_snapshot is not null)"
+        ).fetchone()
+        kept = int(scheduled) - int(deleted) + int(ended)  # what older snapshots still read, and what waits to be deleted
+        return {
+            "data_files_merged": sum(int(r[2]) for r in [*rewritten, *merged]),
+            "data_files_written": sum(int(r[3]) for r in [*rewritten, *merged]),
+            "data_files_deleted": int(deleted),
+            "data_files_kept": int(kept or 0),
+        }
 
     def derived_path(self, suffix: str) -> Path:
         if self._lake_id is None:

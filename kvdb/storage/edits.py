@@ -282,14 +282,13 @@ def drop_tiers(node: NodeRow, tiers: set[str]) -> list[Edit]:
     return edits + [Delete(table, "node_id", [node.node_id]) for tier, table in TIER_TABLES if tier in tiers]
 
 
-def index_state(state: IndexState, n_tokens: dict[str, int]) -> list[Edit]:
-    """An index's recorded state, and the slot runs of the nodes it adds (``n_tokens``: their lengths)."""
-    row = {"index_key": state.index_key, "alphabet": state.alphabet, "depth": state.depth, "ntotal": state.ntotal, "generation": state.generation}
-    edits: list[Edit] = [Delete("search_indexes", "index_key", [state.index_key]), Insert("search_indexes", [row])]
-    if state.ranges:
-        runs = [{"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]} for nid, first in state.ranges.items()]
-        edits.append(Insert("search_ranges", runs))
-    return edits
+def slot_runs(state: IndexState, n_tokens: dict[str, int]) -> list[Edit]:
+    """The slot runs of the nodes an index adds (``n_tokens``: their lengths); its state's row is
+    the executor's (``sql_apply._index_state``: updated in place where it is recorded)."""
+    if not state.ranges:
+        return []
+    runs = [{"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]} for nid, first in state.ranges.items()]
+    return [Insert("search_ranges", runs)]
 
 
 def collect(dead: list[str]) -> list[Edit]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import duckdb
 
+from kvdb.storage.base import hold_seconds
+
 # DuckDB's Python client looks for pandas six times a statement (to tell a DataFrame parameter),
 # and where pandas is not installed each look is a failed import through every sys.path entry:
 # 0.14 ms a statement, a third of an ingest's time in the database (1,572 statements, 1.15 s of
@@ -83,6 +85,10 @@ class Engine(abc.ABC):
     def held_for(self) -> float:
         """Seconds the current hold of the lock has lasted (0 when not held)."""
 
+    def hold_seconds(self) -> float:
+        """How long a hold may last before short work lets go (``base.hold_seconds``)."""
+        return hold_seconds(0.0)
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -92,10 +98,12 @@ class Engine(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def compact_files(self) -> dict:
+    def compact_files(self, forget: bool = False, now: bool = False) -> dict:
         """Merge the engine's small files (a lake's commits leave some Parquet files each, which
         every scan opens) or give its free space back; delete what no snapshot in use reads;
-        what it did, in counts."""
+        what it did, in counts. ``forget``: rows were deleted since the last gc, and no byte of
+        them may stay in a file (free pages, replaced data files); ``now``: without waiting for
+        readers of older snapshots."""
 
     @abc.abstractmethod
     def data_file_problems(self) -> list[str]:

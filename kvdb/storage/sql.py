@@ -72,8 +72,8 @@ class Storage:
     def before_compute(self, short: bool = False) -> None:
         """The one place a service's work decides about the lock: about to compute without the
         file (a forward pass, a model load, a build), hand the lock back, unless the work is
-        ``short`` and the hold fresh (see base.HOLD_SECONDS)."""
-        if not short or self.held_for() >= base.HOLD_SECONDS:
+        ``short`` and the hold fresh (see base.hold_seconds)."""
+        if not short or self.held_for() >= self.engine.hold_seconds():
             self.release()
 
     @contextlib.contextmanager
@@ -104,10 +104,10 @@ class Storage:
         with self.explained():
             self.engine.release_claim(key, owner)
 
-    def compact_files(self) -> dict:
+    def compact_files(self, forget: bool = False, now: bool = False) -> dict:
         self.check_writable()
         with self.explained():
-            return self.engine.compact_files()
+            return self.engine.compact_files(forget, now)
 
     def derived_path(self, suffix: str) -> Path:
         with self.explained():
@@ -393,6 +393,10 @@ class Storage:
         said = "(select c.said_at from conversations c where c.conversation_id = coalesce(conversation_sessions.conversation_id, sessions.session_id))"
         query = f"select {SESSION} from {SESSIONS} where session_id in {queued} order by {said} desc nulls last, created_at desc, session_id limit ?"
         return [session_row(r) for r in self._rows(query, [work, limit])]
+
+    def queued(self, work: str) -> list[str]:
+        """The session ids ``work`` is queued for, deleted sessions' included (a forget waits for gc)."""
+        return [r[0] for r in self._rows("select session_id from pending_work where work = ? order by session_id", [work])]
 
     def pending_counts(self) -> dict[str, tuple[int, int]]:
         """Queued work by kind: (sessions, their tokens)."""

@@ -18,6 +18,7 @@ from kvdb.storage.base import (
     CollectGarbage,
     DeleteConversation,
     DeleteSession,
+    Dequeue,
     DropTiers,
     ImportRows,
     NodeTiers,
@@ -102,7 +103,7 @@ def _session_write(conn, w: SessionWrite) -> None:
         # a key would refuse it in a file; a lake has none: another writer archived it meanwhile
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     run(conn, [edits.Insert("sessions", [_session_values(w.session)])])
-    path = [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
+    path = list(w.path) or [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
     run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation) + _owed(conn, w, path))
     if w.index is not None:
         _index_state(conn, w.index, {w.node.node_id: len(w.node.tokens)} if w.node is not None else {})
@@ -127,13 +128,26 @@ def _dequeue(conn, session_id: str, work: str) -> None:
     conn.execute("delete from pending_work where session_id = ? and work = ?", [session_id, work])
 
 
+def _dequeue_plan(conn, plan: Dequeue) -> None:
+    if plan.session_ids:
+        conn.execute(f"delete from pending_work where work = ? and session_id {ANY}", [plan.work, plan.session_ids])
+
+
 def _index_state(conn, state, known: dict[str, int] | None = None) -> None:
-    """``known``: lengths of nodes of ``state.ranges`` the caller has (the others are read)."""
+    """An index's state and the slot runs it adds. ``known``: lengths of nodes of ``state.ranges``
+    the caller has (the others are read). The state's row is updated in place (one statement
+    where a delete and an insert were two, in every session of a backfill); only an index
+    recorded nowhere yet gets one inserted."""
     lengths = dict(known or {})
     unknown = [node_id for node_id in state.ranges if node_id not in lengths]
     if unknown:
         lengths |= {r[0]: int(r[1]) for r in conn.execute(f"select node_id, n_tokens from nodes where node_id {ANY}", [unknown]).fetchall()}
-    run(conn, edits.index_state(state, lengths))
+    values = [state.alphabet, state.depth, state.ntotal, state.generation]
+    updated = conn.execute("update search_indexes set alphabet = ?, depth = ?, ntotal = ?, generation = ? where index_key = ?", [*values, state.index_key])
+    if not updated.fetchone()[0]:
+        row = dict(zip(("index_key", "alphabet", "depth", "ntotal", "generation"), [state.index_key, *values]))
+        run(conn, [edits.Insert("search_indexes", [row])])
+    run(conn, edits.slot_runs(state, lengths))
 
 
 def _replace_index_state(conn, plan: ReplaceIndexState) -> None:
@@ -261,6 +275,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     AddTiers: _add_tiers,
     PutLogprobs: _put_logprobs,
     Queue: _queue,
+    Dequeue: _dequeue_plan,
     ReplaceIndexState: _replace_index_state,
     ImportRows: _import_rows,
 }

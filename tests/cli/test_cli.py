@@ -50,7 +50,7 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     listed = lines(run("sessions", "--json"))
     assert {r["name"] for r in listed} == {"story", "chat"}
     conversation = {"conversation_id", "title", "updated_at", "versions", "branches", "agent", "project"}
-    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at", "said_at", "part"} | conversation for r in listed)
+    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at", "said_at", "part", "upstream"} | conversation for r in listed)
     assert all(r["said_at"] == r["updated_at"] and r["part"] is None for r in listed)  # files with no times of their own, within the context
     assert all(r["versions"] == 1 and r["title"] == r["name"] for r in listed)
     assert {r["source"] for r in listed} == {str(story), str(tmp_path / "t" / "chat.jsonl")}

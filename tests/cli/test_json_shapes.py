@@ -29,8 +29,9 @@ SHAPES = {
         "renumbered_indexes": list,
         "file_bytes_before": int,
         "file_bytes": int,
+        "forgotten": int,  # deleted sessions whose bytes it erased (issue 55)
     },
-    "gc again": {"nodes": int, "tokens": int, "token_bytes": int, "prefix_cache_entries": int, "renumbered_indexes": list, "file_bytes": int},
+    "gc again": {"nodes": int, "tokens": int, "token_bytes": int, "prefix_cache_entries": int, "renumbered_indexes": list, "file_bytes": int, "forgotten": int},
 }
 
 

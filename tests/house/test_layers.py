@@ -35,7 +35,7 @@ RANKS = {
 }
 # Kernels: arrays in, arrays out. They may call the integer forward pass, a kernel of the model
 # package, but never storage, indexes or services.
-KERNELS = ("kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel")
+KERNELS = ("kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.index.sidecar")
 KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
 
 

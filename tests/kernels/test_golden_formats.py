@@ -60,7 +60,7 @@ def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_bu
         golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.entropy_coded_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
     )
     committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".tail", ".kv")}
-    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1, *golden.INDEX_V3, *golden.INDEX_V4, *golden.INDEX_V5}
+    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1, *golden.INDEX_V3, *golden.INDEX_V4, *golden.INDEX_V5, *golden.INDEX_V6}
     assert committed == set(generated) | kept
 
 
@@ -369,7 +369,7 @@ def test_golden_code_streams_read_back(folder, per_head):
         np.testing.assert_array_equal(ours, theirs)
 
 
-# -- the search sidecar ("KVDBIDX6"; "KVDBIDX3" to "KVDBIDX5" rebuilt: tests/services/test_search.py) --
+# -- the search sidecar ("KVDBIDX7"; "KVDBIDX6" read; "KVDBIDX3" to "KVDBIDX5" rebuilt: tests/services/test_search.py) --
 
 _PREFIX = struct.Struct("<8s I")  # magic, JSON header length
 
@@ -385,16 +385,18 @@ def test_search_sidecar_writes_the_golden_bytes(tmp_path):
     assert_golden(files)
 
 
+@pytest.mark.parametrize("version", [6, 7])  # 6: before the sidecar module (kvdb/index/sidecar.py), still read
 @pytest.mark.parametrize(("alphabet", "generation", "first", "second"), golden.INDEX_CASES)
-def test_golden_search_sidecar_reads_back(alphabet, generation, first, second):
-    path = GOLDEN / f"index/v6/a{alphabet}.keys"
+def test_golden_search_sidecar_reads_back(alphabet, generation, first, second, version):
+    path = GOLDEN / f"index/v{version}/a{alphabet}.keys"
     index = WalkIndex.load(path, check=True)
     stream = np.concatenate(golden.index_inputs(alphabet, first, second))
     header = WalkIndex.read_header(path)
     assert (header.alphabet, header.ntotal, header.generation) == (alphabet, first + second, generation)
     for segment, entries in ((path, first), (path.with_suffix(".tail"), second)):
         magic, length = _PREFIX.unpack_from(segment.read_bytes())
-        assert magic == b"KVDBIDX6" and json.loads(segment.read_bytes()[_PREFIX.size :][:length])["entries"] == entries
+        header = json.loads(segment.read_bytes()[_PREFIX.size :][:length])
+        assert magic == f"KVDBIDX{version}".encode() and (header["entries"] if version == 6 else header["arrays"]["order"]["shape"][0]) == entries
     assert (index.alphabet, index.generation, index.ntotal, index.base.ntotal) == (alphabet, generation, first + second, first)
     np.testing.assert_array_equal(index.tokens[:], stream)
     for old in (f"index/a{alphabet}.keys", f"index/v4/a{alphabet}.keys", f"index/v5/a{alphabet}.keys"):  # KVDBIDX3 to 5 read as missing: rebuilt

@@ -60,8 +60,9 @@ class Running:
         return listed
 
 
-def _start(db: Path, loaded, api_key: str | None = None, max_body_bytes: int = 2**16, **engine_options) -> Running:
-    app = create_app(Engine(kvdb.open(db, model=loaded), **engine_options), api_key=api_key, max_body_bytes=max_body_bytes)
+def _start(db: Path, loaded, api_key: str | None = None, max_body_bytes: int = 2**16, upstream=None, **engine_options) -> Running:
+    """``upstream``: a ``kvdb_server.upstream.Upstream`` to forward completions to."""
+    app = create_app(Engine(kvdb.open(db, model=loaded), **engine_options), api_key=api_key, max_body_bytes=max_body_bytes, upstream=upstream)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -94,3 +94,27 @@ def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, t
         assert {h.name for h in db.search("harbour master", k=10)} == {*TEXTS, "before"}
         assert {h.name for h in db.search("lighthouse keeper", k=10)} == {"other"}
         assert db.verify(deep=True).ok
+
+
+def test_a_long_batch_merges_its_tail_into_the_base_once_at_its_end(tmp_path, tiny_loaded, monkeypatch):
+    """Merges inside a batch grow the tail however far past its share of the base; only the
+    batch's end merges it into the base (a backfill sorted the base again at each eighth)."""
+    from kvdb.index import walk
+    from kvdb.storage import base
+
+    monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a commit after each session
+    monkeypatch.setattr(walk, "DEFERRED_MIN", 1)  # a merge at a commit once the runs are as many as the tail's
+    monkeypatch.setattr(walk, "TAIL_MIN", 1)
+    merges, settles = [], []
+    extend, settle = walk.WalkIndex.extend, walk.WalkIndex.settle
+    monkeypatch.setattr(walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1])
+    monkeypatch.setattr(walk.WalkIndex, "settle", lambda self: (settles.append(len(merges)), settle(self))[1])
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
+        db.ingest(text="Before: the harbour master slept.", name="before", keep="tokens,search")
+        merges.clear(), settles.clear()
+        db.ingest(_folder(tmp_path), keep="tokens,search")
+        assert len(merges) >= 2 and settles == [len(merges)]  # merges inside the batch, and one settle, with the last
+        assert {h.name for h in db.search("harbour master", k=10)} == {*TEXTS, "before"}
+        assert db.verify(deep=True).ok
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:  # the saved copy is the base alone
+        assert {h.name for h in db.search("counted 3 ships", k=10)} == {"log3"}

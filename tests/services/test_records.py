@@ -46,6 +46,7 @@ def test_gc_leaves_out_what_the_storage_does_not_report():
         "prefix_cache_entries",
         "renumbered_indexes",
         *["data_files_merged", "data_files_written", "data_files_deleted"],
+        "forgotten",
     ]
 
 

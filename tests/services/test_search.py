@@ -124,7 +124,7 @@ def test_a_sidecar_of_an_old_format_is_rebuilt(tmp_path, tiny_model, old):
     base.with_suffix(".tail").write_bytes(tail.read_bytes()) if tail.is_file() else base.with_suffix(".tail").unlink()
     with kvdb.open(path, model=tiny_model) as db:
         assert [h.to_dict() for h in db.search("harbour lights", k=10)] == expected
-    assert base.read_bytes().startswith(b"KVDBIDX6")
+    assert base.read_bytes().startswith(b"KVDBIDX7")
 
 
 def test_index_behind_the_database_is_detected(tmp_path, tiny_model):

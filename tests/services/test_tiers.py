@@ -516,9 +516,11 @@ def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, d
         if damage == "missing":
             for sidecar in sidecars:
                 sidecar.unlink()
-        else:  # a token of the larger (the session's tokens are in the tail)
+        else:  # a token of the larger (the session's tokens are in the tail); not the file's last byte, padding when a later array is empty
             data = bytearray(sidecars[-1].read_bytes())
-            data[-1] ^= 0x01
+            length = int.from_bytes(data[8:12], "little")  # the header's (docs/formats.md, "Sidecar files")
+            tokens = json.loads(data[12 : 12 + length])["arrays"]["tokens"]
+            data[-(-(12 + length) // 64) * 64 + tokens["offset"] + np.dtype(tokens["dtype"]).itemsize * tokens["shape"][0] - 1] ^= 0x01
             sidecars[-1].write_bytes(bytes(data))
         problems = db.verify().problems
     advice = "(run `kvdb repair` or `kvdb index rebuild`)" if damage == "missing" else "(run `kvdb repair`)"

@@ -157,3 +157,24 @@ def test_a_rewrite_that_fails_is_a_clear_error_and_the_archive_stays_whole(tmp_p
         monkeypatch.undo()
         assert [s.name for s in db.sessions()] == [f"s{i}" for i in range(25, 30)] and db.verify(deep=True).ok
     assert not list(tmp_path.glob(".a.duckdb.compacting-*"))
+
+
+def test_a_hold_lasts_ten_times_the_last_let_go_when_that_is_longer(tmp_path, monkeypatch):
+    """Letting the file go checkpoints it, at a cost that grows with the archive: a hold lasts
+    long enough that it stays a tenth of the time, and a second at least."""
+    import itertools
+
+    import kvdb.storage.duckdb_file as duckdb_file
+    from kvdb.storage import base
+    from kvdb.storage.base import Queue
+
+    assert base.hold_seconds(0.01) == base.HOLD_SECONDS and base.hold_seconds(0.3) == pytest.approx(3.0)
+    storage = open_storage(tmp_path / "a.duckdb")
+    storage.apply(Queue(["s1"], "semantic"))
+    assert storage.engine.hold_seconds() == base.HOLD_SECONDS
+    clock = itertools.count(0.0, 0.25)  # each reading of the clock a quarter second later
+    monkeypatch.setattr(duckdb_file.time, "monotonic", lambda: next(clock))
+    storage.release()  # read before and after the close: it took 0.25 s
+    monkeypatch.undo()
+    assert storage.engine.hold_seconds() == pytest.approx(2.5)
+    storage.close()
