@@ -29,7 +29,7 @@ from kvdb.services.ingesting import COMMIT_ATTEMPTS
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.services.write_compute import WriteCompute
-from kvdb.services.write_plan import plan_session
+from kvdb.services.write_plan import missing_tiers, plan_session
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, Chunks, NodeRow, NodeTiers, PutLogprobs, SessionRow
 from kvdb.storage.edits import LOGPROBS_WORK, SEMANTIC_WORK
@@ -128,9 +128,11 @@ class Upkeep:
         group: list[Prepared] = []
         cut: set[NodeKey] = set()
         chunks = 0
+        paths = self._storage.session_paths([row.session_id for row in queued])  # one walk up for them all, not two a session
         for row in queued:
-            ids = self._reader.path_tokens(row)
-            lacking = [n for n, _ in plan_session(self._storage, row.model_id, ids, SEMANTIC_ONLY, self._node_tokens).lacking if _key(n) not in cut]
+            path = paths.get(row.session_id) or self._storage.node_path(row.session_id)
+            ids = self._reader.path_tokens(row, path=path)
+            lacking = [n for n, _ in missing_tiers(path, SEMANTIC_ONLY) if _key(n) not in cut]
             cut.update(map(_key, lacking))
             nodes = list(zip(map(_key, lacking), self._semantic().cut(tokenizer, ids, [(n.start, n.end) for n in lacking])))
             group.append((row, ids, nodes))

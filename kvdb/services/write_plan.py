@@ -158,12 +158,13 @@ def plan_session(
     session_id = trie.path_id(model_id, ids)
     if storage.has_session(session_id):
         path = storage.node_path(session_id)
-        return SessionPlan(session_id, ids, keep, version, None, path, _lacking(path, keep))
+        return SessionPlan(session_id, ids, keep, version, None, path, missing_tiers(path, keep))
     match = trie.longest_prefix(
         storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads
     )  # a node is cut only where MIN_SPLIT of its tokens are shared
     return SessionPlan(session_id, ids, keep, version, match, list(match.path), [])
 
 
-def _lacking(path: list[NodeRow], keep: frozenset[str]) -> list[tuple[NodeRow, frozenset[str]]]:
+def missing_tiers(path: list[NodeRow], keep: frozenset[str]) -> list[tuple[NodeRow, frozenset[str]]]:
+    """The nodes of an archived session's ``path`` that lack some of the tiers ``keep``, with those tiers."""
     return [(n, keep - n.keep) for n in path if keep - n.keep]
