@@ -31,7 +31,7 @@ from openai import OpenAI
 import kvdb
 from kvdb.archive import Archive
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("proxy")]  # two server processes, started once for the module
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("proxy")]  # two server processes, started once a worker (``pair``)
 
 KVDB = Path(sys.executable).with_name("kvdb")
 KEY = "upstream-secret"
@@ -88,10 +88,12 @@ def _wait(proc: subprocess.Popen, url: str) -> None:
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pair(tmp_path_factory, tiny_model):
     """An upstream `kvdb serve` (API key KEY) and a `kvdb serve --upstream` in front of it, both
-    over the tiny model, started at once; stopped with SIGTERM (killed past 30 s) after the module."""
+    over the tiny model, started at once; stopped with SIGTERM (killed past 30 s) after the run.
+    Once a worker: a module's fixture started them again whenever the worker ran another
+    module's tests between two of these."""
     folder = tmp_path_factory.mktemp("proxy")
     env = {k: v for k, v in os.environ.items() if k not in ("KVDB_DB", "KVDB_MODEL", "KVDB_API_KEY")} | {"KVDB_EMBEDDER": tiny_model, "UPSTREAM_KEY": KEY}
     up, front = _port(), _port()
