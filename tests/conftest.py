@@ -27,12 +27,22 @@ def other_tiny_model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("other-tiny-model"), seed=1))
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Under make test's ``-n 2 --dist loadgroup``, every test of the loaded embedded model runs on
-    one worker: it is loaded (and on a fresh machine converted) once, not once per worker."""
+    one worker: it is loaded (and on a fresh machine converted) once, not once per worker.
+
+    xdist 3.8 sends a group to one worker by the suffix ``@group`` it gives the test's id, which
+    it sets as ``item._nodeid``; pytest 9 builds the id from ``item._id``, so the suffix is set
+    there (its string form) until xdist does: without it every group was split over the workers."""
     for item in items:
         if "embedded" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("embedded"))
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            object.__setattr__(item._id, "_str_cache", f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(autouse=True)
