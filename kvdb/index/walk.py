@@ -495,12 +495,13 @@ class Indexes:
         index.settle()
         return index, ranges
 
-    def compact(self, key: str, tokenizer_hash: str) -> bool:
+    def compact(self, key: str, tokenizer_hash: str, any_tombstone: bool = False) -> bool:
         """Number the slots anew when tombstones (slots of nodes gc freed) outnumber the live
-        ones: every lookup's ranges span them until then."""
+        ones: every lookup's ranges span them until then. ``any_tombstone``: when there is any
+        (after a delete: each keeps its token in the sidecar until then)."""
         index = self.get(key, tokenizer_hash)
         live = sum(n for _, _, n, _ in self._store.slot_runs(key))
-        if index.ntotal <= 2 * live + fractal.DEFAULT_BLOCK:
+        if index.ntotal <= (live if any_tombstone else 2 * live + fractal.DEFAULT_BLOCK):
             return False
         self.rebuild(key, tokenizer_hash)
         return True

@@ -52,7 +52,7 @@ class Housekeeping:
         freed = self._storage.apply(CollectGarbage())
         assert freed is not None  # CollectGarbage returns what it freed
         pruned = self._prefix_cache.prune(live_paths(self._storage)) + self._prefix_cache.trim().entries
-        renumbered = tuple(key for key, tok_hash in self._index_keys() if self._renumber(key, tok_hash, bool(forgetting)))
+        renumbered = tuple(key for key, tok_hash in self._index_keys() if self._indexes.compact(key, tok_hash, any_tombstone=bool(forgetting)))
         if forgetting:
             self._rebuild_chunk_indexes()
             if self._sinks is not None:
@@ -67,18 +67,6 @@ class Housekeeping:
         if forgetting and files.get("data_files_kept"):  # a lake's replaced files still hold the rows: the marks wait for them
             self._storage.apply(Queue(forgetting, FORGET_WORK))
         return GcReport(**freed, prefix_cache_entries=pruned, renumbered_indexes=renumbered, forgotten=len(forgetting), **files)
-
-    def _renumber(self, key: str, tokenizer_hash: str, forgetting: bool) -> bool:
-        """An index numbered anew when its tombstones outnumber its live slots, or, after a
-        delete, when it has any (each keeps its token in the sidecar)."""
-        if not forgetting:
-            return self._indexes.compact(key, tokenizer_hash)
-        index = self._indexes.get(key, tokenizer_hash)
-        live = sum(n for _, _, n, _ in self._storage.slot_runs(key))
-        if index.ntotal <= live:
-            return False
-        self._indexes.rebuild(key, tokenizer_hash)
-        return True
 
     def _rebuild_chunk_indexes(self) -> None:
         """Each chunk sidecar holding a tombstone or a node gc freed (their words stay in it) built

@@ -124,13 +124,13 @@ def _queue(conn, plan: Queue) -> None:
     run(conn, edits.queued([(s, plan.work) for s in dict.fromkeys(plan.session_ids) if s not in queued], utc_now()))
 
 
-def _dequeue(conn, session_id: str, work: str) -> None:
-    conn.execute("delete from pending_work where session_id = ? and work = ?", [session_id, work])
-
-
-def _dequeue_plan(conn, plan: Dequeue) -> None:
-    if plan.session_ids:
-        conn.execute(f"delete from pending_work where work = ? and session_id {ANY}", [plan.work, plan.session_ids])
+def _dequeue(conn, session_ids: list[str], work: str) -> None:
+    """One session's row by its key (the queue's index: upkeep dequeues a session at a time);
+    many (a forget's marks) in one statement."""
+    if len(session_ids) == 1:
+        conn.execute("delete from pending_work where session_id = ? and work = ?", [session_ids[0], work])
+    elif session_ids:
+        conn.execute(f"delete from pending_work where work = ? and session_id {ANY}", [work, session_ids])
 
 
 def _index_state(conn, state, known: dict[str, int] | None = None) -> None:
@@ -209,13 +209,13 @@ def _add_tiers(conn, plan: AddTiers) -> None:
     if plan.index is not None:
         _index_state(conn, plan.index)
     if plan.done is not None:
-        _dequeue(conn, *plan.done)
+        _dequeue(conn, [plan.done[0]], plan.done[1])
 
 
 def _put_logprobs(conn, plan: PutLogprobs) -> None:
     have = {r[0] for r in conn.execute(f"select node_id from node_logprobs where node_id {ANY}", [list(plan.logprobs)]).fetchall()} if plan.logprobs else set()
     run(conn, [e for node_id, lp in plan.logprobs.items() if node_id not in have for e in edits.logprob_rows(node_id, lp)])
-    _dequeue(conn, plan.session_id, edits.LOGPROBS_WORK)
+    _dequeue(conn, [plan.session_id], edits.LOGPROBS_WORK)
 
 
 def _put_model(conn, plan: PutModel) -> None:
@@ -275,7 +275,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], dict | None]] = {
     AddTiers: _add_tiers,
     PutLogprobs: _put_logprobs,
     Queue: _queue,
-    Dequeue: _dequeue_plan,
+    Dequeue: lambda conn, plan: _dequeue(conn, plan.session_ids, plan.work),
     ReplaceIndexState: _replace_index_state,
     ImportRows: _import_rows,
 }
