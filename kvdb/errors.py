@@ -70,6 +70,12 @@ class ArchiveError(KvdbError):
     exit_code = 5
 
 
+class ArchiveReadOnly(ArchiveError):
+    """The archive is to be written, but its file or its folder is not writable by this process
+    (DuckDB creates its log beside the file, kvdb its indexes and caches): refused at open, not
+    at the first commit after the model loaded. Commands that only read still work."""
+
+
 class ArchiveLocked(ArchiveError):
     """Another process holds the archive file (DuckDB admits one process at a time)."""
 
@@ -80,6 +86,13 @@ class StaleWrite(ArchiveError):
     """Another writer committed while this plan was made (a lake admits many): plan again."""
 
     exit_code = 6
+
+
+class ArchiveKeyError(ArchiveError):
+    """An encrypted archive opened without its key or with a wrong one, or a plain archive
+    given a key: nothing of it was read. The message says which, and where the key goes."""
+
+    exit_code = 7
 
 
 class WorkerDied(KvdbError):
@@ -98,6 +111,16 @@ class InvalidArgument(KvdbError):
     """An argument is out of range or malformed (a position past the end, an empty text...)."""
 
     exit_code = 2
+
+
+def check_count(name: str, value, least: int = 0) -> int:
+    """``value``, if it is an integer of at least ``least``. The library checks its counts,
+    positions and pages here rather than clamping them (a k of -1 gave one hit, an offset of -3
+    a page from 0 that named the wrong next offset), so that the CLI, HTTP and MCP, which pass
+    them on, refuse the same values in the same words."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidArgument(f"{name} must be an integer of at least {least}, got {value!r}")
+    return value
 
 
 class TierMissing(InvalidArgument):

@@ -15,9 +15,10 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
 
 import kvdb
-from kvdb.errors import KvdbError
+from kvdb.errors import KvdbError, check_count
 
 SHOW_TOKENS = 2000  # tokens of a session one `show` returns
 MAX_HITS = 50
@@ -50,7 +51,7 @@ def over(archive: kvdb.Archive) -> Call:
 def build(call: Call, model_name: str | None = None) -> MCPServer:
     """An MCP server whose tools read the archive through ``call`` (``over(archive)``, or `kvdb
     serve`'s archive thread); with ``model_name``, the `continue` tool too, run by that model."""
-    server = MCPServer("kvdb", instructions=INSTRUCTIONS)
+    server = _Server("kvdb", instructions=INSTRUCTIONS)
 
     @server.tool()
     def search(
@@ -72,7 +73,7 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
         folder inside it), since/until (YYYY-MM-DD, UTC: the day their latest version was said, by its log's
         own times where it has them)."""
         first, last = _day(since, "since"), _day(until, "until")
-        wanted = min(max(k, 1), MAX_HITS)
+        wanted = min(k, MAX_HITS)  # the library refuses k < 1
 
         def found(archive: kvdb.Archive) -> list:
             if semantic:
@@ -95,7 +96,7 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
 
         def read(archive: kvdb.Archive) -> dict[str, Any]:
             handle = archive.session(session)
-            end = min(handle.n_tokens, max(start, 0) + min(max(max_tokens, 1), 4 * SHOW_TOKENS))
+            end = min(handle.n_tokens, check_count("start", start) + min(check_count("max_tokens", max_tokens, 1), 4 * SHOW_TOKENS))
             turns = archive.turns(handle.session_id, start, end)
             out: dict[str, Any] = {"session": handle.to_dict(), "start": start, "end": end, "turns": [t.to_dict() for t in turns]}
             if end < handle.n_tokens:
@@ -115,7 +116,7 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
         version (conversation_id, title, session_id, n_tokens, versions, agent, project,
         updated_at). Filters as `search`'s. Pages of `limit`; `next_offset` gives the next page."""
         days = _day(since, "since"), _day(until, "until")
-        return _call(call, lambda archive: archive.conversation_page(agent, project, *days, min(max(limit, 1), 200), max(offset, 0))).to_dict()
+        return _call(call, lambda archive: archive.conversation_page(agent, project, *days, min(limit, 200), offset)).to_dict()
 
     if model_name is not None:
 
@@ -130,12 +131,36 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
             def run(archive: kvdb.Archive) -> dict[str, Any]:
                 handle = archive.session(session)
                 restored = archive.restore(handle.session_id, at=at)
-                text = archive.generate(restored, prompt, min(max(max_new_tokens, 1), 1024))
+                text = archive.generate(restored, prompt, min(max_new_tokens, 1024))
                 return {"model": model_name, "restored": restored.to_dict(), "text": text}
 
             return _call(call, run)
 
     return server
+
+
+class _Server(MCPServer):
+    async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
+        """The SDK answers arguments that miss its schema with pydantic's report, many lines
+        long, and lets a misspelt name pass as if it were not given: an agent reads one line
+        naming each argument and what it takes, as a tool's own errors read."""
+        takes = next((list(t.input_schema["properties"]) for t in await self.list_tools() if t.name == name), None)
+        if takes is not None and (unknown := sorted(set(arguments) - set(takes))):
+            raise ToolError(f"Error executing tool {name}: unknown argument {unknown[0]!r}; {name} takes {', '.join(takes)}")
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            problems = "; ".join(_problem(e) for e in exc.__cause__.errors(include_url=False))
+            raise ToolError(f"Error executing tool {name}: {problems}") from exc.__cause__
+
+
+def _problem(error) -> str:
+    field = ".".join(map(str, error["loc"])) or "arguments"
+    if error["type"] == "missing":
+        return f"{field} is required"
+    return f"{field}: {error['msg'][0].lower()}{error['msg'][1:]}, got {error['input']!r}"
 
 
 def _call(call: Call, read):

@@ -126,8 +126,8 @@ def create_app(
         project: str | None = None,
         since: dt.date | None = None,
         until: dt.date | None = None,
-        limit: int | None = Query(None, ge=1),
-        offset: int = Query(0, ge=0),
+        limit: int | None = None,
+        offset: int = 0,
     ) -> dict:
         """The most recently updated first; ``limit`` and ``offset`` page it (``total``, ``next_offset``)."""
         return engine.conversation_page(agent, project, since, until, limit, offset).to_dict()
@@ -152,7 +152,7 @@ def create_app(
     @api.get("/api/search")
     def search(
         q: str = Query(..., min_length=1),
-        k: int = Query(10, ge=1, le=1000),
+        k: int = Query(10, le=1000),
         semantic: int = Query(0, ge=0, le=1),
         case_sensitive: int = Query(0, ge=0, le=1),
         min_share: float = Query(MIN_SHARE, ge=0, le=1),

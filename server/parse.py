@@ -135,8 +135,8 @@ def completion(body: dict, chat: bool) -> Parsed:
         raise InvalidArgument(f"stream must be true or false, got {body['stream']!r}")
     sampling = Sampling(
         max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
-        temperature=_default(body.get("temperature"), 1.0),
-        top_p=_default(body.get("top_p"), 1.0),
+        temperature=body.get("temperature"),  # None: the model's own (Sampling.defaulted)
+        top_p=body.get("top_p"),
         seed=body.get("seed"),
         stop=_default(body.get("stop"), ()),
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 from support import CALIBRATION, examples, make_tiny_model
 
@@ -15,6 +17,15 @@ import kvdb
 # deadline (a loaded 2-core machine would fail a property on time, not on its claim)
 settings.register_profile("kvdb", max_examples=examples(100), deadline=None)
 settings.load_profile("kvdb")
+
+# Under xdist each worker gets its share of the cores for torch's threads, and so do the processes
+# its tests start (unless told otherwise), as kvdb.services.workers shares them: with the default
+# (every core) in each of make test's 2 workers on 2 cores, the threads of one-token steps wait on
+# each other: tier L's version-2 decodes took 4 to 6 times as long as with 1 thread a worker.
+if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _workers)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +38,11 @@ def other_tiny_model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("other-tiny-model"), seed=1))
 
 
+# fixtures whose tests share one worker, so the fixture is made once, not once a worker: the
+# embedded model (loaded, on a fresh machine converted) and test_shipped_codebooks' build (seconds)
+SHARED_FIXTURES = {"embedded": "embedded", "built": "shipped-codebooks"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Under make test's ``-n 2 --dist loadgroup``, every test of the loaded embedded model runs on
     one worker: it is loaded (and on a fresh machine converted) once, not once per worker.
@@ -35,8 +51,9 @@ def pytest_collection_modifyitems(config, items):
     it sets as ``item._nodeid``; pytest 9 builds the id from ``item._id``, so the suffix is set
     there (its string form) until xdist does: without it every group was split over the workers."""
     for item in items:
-        if "embedded" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("embedded"))
+        for fixture, group in SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:

@@ -7,7 +7,9 @@ arrays' table and a CRC32), padding to ``ALIGN``, then the arrays, each at a mul
 for any dtype, never copied; a query pages in what it reads. The CRC covers the arrays the kind
 names (its small, structural ones, or all of them), in table order: which ones is the reader's
 rule, not the file's, so a damaged header cannot narrow it. A file is written to a temporary
-file beside it, fsynced and renamed over the old one: a crash leaves one or the other.
+file beside it, fsynced and renamed over the old one: a crash leaves one or the other. Beside
+an encrypted archive the whole file is sealed (``kvdb/sealing.py``), and a reader decrypts it
+into memory instead of mapping it: the cost of reading every byte where a query read a few pages.
 
 Kernel-level: arrays and a header in, arrays and a header out; nothing here knows the archive.
 The byte layout is in docs/formats.md ("Sidecar files"). safetensors was measured for this and
@@ -17,7 +19,6 @@ not taken (docs/decisions/0059-library-bm25-and-one-sidecar-format.md).
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 import zlib
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvdb import sealing
 from kvdb.errors import CorruptData
 
 ALIGN = 64  # an array's start: a cache line, past any dtype's alignment
@@ -65,14 +67,13 @@ def write(path: Path, magic: bytes, fields: Mapping, arrays: Mapping[str, np.nda
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with sealing.writing(tmp, sync=True) as f:  # front to back, padding written: a sealed file cannot seek
             f.write(magic + _LENGTH.pack(len(header)) + header)
+            at = _PREFIX + len(header)
             for name, a in laid.items():
-                f.seek(start + offsets[name])
-                f.write(a.data if a.nbytes else b"")
-            f.truncate(start + size)
-            f.flush()
-            os.fsync(f.fileno())
+                f.write(bytes(start + offsets[name] - at))
+                f.write(a.reshape(-1).view(np.uint8).data)
+                at = start + offsets[name] + a.nbytes
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -82,7 +83,7 @@ def write(path: Path, magic: bytes, fields: Mapping, arrays: Mapping[str, np.nda
 def header(path: Path, magics: Collection[bytes]) -> tuple[bytes, dict]:
     """(magic, header) alone: ``CorruptData`` when the file is not of one of ``magics`` or its
     header does not parse; ``OSError`` when it cannot be read."""
-    with open(path, "rb") as f:
+    with sealing.reading(path) as f:
         return _header(f, path, magics)[:2]
 
 
@@ -100,13 +101,13 @@ def read(
     where a query reads a few pages. ``older``: the layouts of older magics, read as well."""
     older = older or {}
     try:
-        f = open(path, "rb")
+        f = sealing.reading(path)
     except OSError as exc:
         raise CorruptData(f"{path} cannot be read ({exc.strerror}); {REMEDY}") from exc
     with f:
         found, fields, end = _header(f, path, (magic, *older))
-        size = os.fstat(f.fileno()).st_size
-        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mapping = sealing.contents(f)
+        size = len(mapping)
     try:
         if found == magic:
             start = _aligned(end)

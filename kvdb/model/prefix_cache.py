@@ -21,6 +21,8 @@ process.
   chain to it). Past the budget (``$KVDB_PREFIX_CACHE_MB``, default 1024; 0 turns it off; `kvdb
   serve --prefix-cache-mb`), the least recently used go first: reading or extending an entry
   touches its whole chain, so a parent goes no sooner than the entries that need it.
+- **Sealed** beside an encrypted archive (``kvdb/sealing.py``): the keys and values are the
+  session's tokens as the model saw them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from kvdb import sealing
+from kvdb.errors import CorruptData
 
 MAGIC = b"KVDBPFX2"
 MAGIC_V1 = b"KVDBPFX1"  # whole float32 caches (kvdb 0.1 to 0.3): still read, as roots
@@ -160,7 +165,7 @@ class PrefixCache:
         encoded = json.dumps(header).encode()
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".{key}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with sealing.writing(tmp) as f:
             f.write(MAGIC + _LENGTH.pack(len(encoded)) + encoded)
             f.write(body[0])
             f.write(body[1])
@@ -257,7 +262,7 @@ class PrefixCache:
         """An entry's header (shape, where its positions start, parent, dtype, crc32), or None
         when it is not one. Version 1 entries are float32 roots."""
         try:
-            with open(path, "rb") as f:
+            with sealing.reading(path) as f:
                 head = f.read(len(MAGIC) + _LENGTH.size)
                 if head[: len(MAGIC)] not in (MAGIC, MAGIC_V1):
                     return None
@@ -271,7 +276,7 @@ class PrefixCache:
             if len(shape) != 4 or start < 0 or dtype not in DTYPES or not (parent is None or isinstance(parent, str)):
                 return None
             return _Link(path, shape, start, parent, dtype, int(header["crc32"]), len(MAGIC) + _LENGTH.size + length)
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
+        except (OSError, ValueError, KeyError, TypeError, struct.error, CorruptData):
             return None
 
     @classmethod
@@ -285,11 +290,11 @@ class PrefixCache:
         """Keys and values of one link, as stored, if its body is whole and its CRC matches."""
         body = bytearray(link.body_bytes)  # a bytearray: the cache's tensors must be writable
         try:
-            with open(link.path, "rb") as f:
+            with sealing.reading(link.path) as f:
                 f.seek(link.body_at)
                 if f.readinto(body) != len(body) or f.read(1) or zlib.crc32(body) != link.crc32:
                     return None
-        except OSError:
+        except (OSError, CorruptData):
             return None
         count = len(body) // 2 // np.dtype(link.dtype).itemsize
         keys = np.frombuffer(body, link.dtype, count).reshape(link.shape)

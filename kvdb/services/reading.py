@@ -18,6 +18,10 @@ from kvdb.services.tier_l import TierL
 from kvdb.storage import Storage
 from kvdb.storage.base import NodeRow, SessionRow
 
+# tokens read past a range's end (and first back from its start): a turn's opening marker and
+# the role word after it, which name a turn that opens near the range's edge
+TURN_HEAD = 2 * chat.ROLE_TOKENS
+
 
 class Reader:
     def __init__(self, storage: Storage, models: ModelProvider, tier_l: TierL):
@@ -106,13 +110,25 @@ class Reader:
 
     def turns(self, ref: str, start: int | None = None, end: int | None = None) -> list[Turn]:
         """The turns that overlap tokens [start, end), each clipped to them (see ``chat.turns``),
-        each with what was said in it, without the template's markup around it."""
+        each with what was said in it, without the template's markup around it. Only the range
+        is read, from the opening of the turn it starts in: a reader paging through a long
+        session (MCP ``show``) reads it once, not once a page."""
         row = self.resolve(ref)
         start, end = clip_range(row, start, end)
-        ids = self.path_tokens(row)
         tokenizer = self._models.chat_tokenizer_for(row)
-        clipped = [(role, max(a, start), min(b, end)) for role, a, b in chat.turns(tokenizer, ids)]
-        return [Turn(role, _said(tokenizer, role, ids[a:b]), a, b) for role, a, b in clipped if a < b]
+        path = self._storage.node_path(row.session_id)
+        stop = min(row.n_tokens, end + TURN_HEAD)
+        blocks = all("tokens" in n.keep for n in path if n.start < stop)
+        back = TURN_HEAD if blocks else start  # tier L decodes from the start whatever is asked: once
+        while True:  # back to the opening of the turn ``start`` is in, to name its role
+            first = max(start - back, 0)
+            ids = self.path_tokens(row, first, stop, path)
+            opens = chat.turn_opens(tokenizer, ids)
+            if first == 0 or (opens.size and opens[0] <= start - first):
+                break
+            back *= 4
+        clipped = [(role, max(a + first, start), min(b + first, end)) for role, a, b in chat.turns(tokenizer, ids)]
+        return [Turn(role, _said(tokenizer, role, ids[a - first : b - first]), a, b) for role, a, b in clipped if a < b]
 
     def path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
         """Tokens [start, end) of a session (``path``: its nodes, when read already): from the

@@ -207,8 +207,8 @@ class BackgroundUpkeep:
     work is queued, at a lower priority, until the queue is done; stopped with the watcher (it
     resumes from the queue next time). It takes the archive's lock only to read and commit."""
 
-    def __init__(self, location, model: str | None, data_path, embedder: str | None):
-        self._args = (str(location), model, None if data_path is None else str(data_path), embedder)
+    def __init__(self, location, model: str | None, data_path, embedder: str | None, key: bytes | None = None):
+        self._args = (str(location), model, None if data_path is None else str(data_path), embedder, key or b"")  # b"": no key
         self._process: Any = None  # a spawn context's Process
 
     def running(self) -> bool:
@@ -229,11 +229,11 @@ class BackgroundUpkeep:
             self._process.join()
 
 
-def _upkeep_process(location: str, model: str | None, data_path: str | None, embedder: str | None) -> None:
+def _upkeep_process(location: str, model: str | None, data_path: str | None, embedder: str | None, key: bytes) -> None:
     import os
 
     import kvdb
 
     os.nice(NICENESS)
-    with kvdb.open(location, model=model, data_path=data_path, embedder=embedder) as archive:
+    with kvdb.open(location, model=model, data_path=data_path, embedder=embedder, key=key) as archive:
         archive.upkeep()

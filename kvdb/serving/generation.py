@@ -36,9 +36,11 @@ class Delta:
 
 def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
     """The next token: the most likely at temperature 0, else drawn from the tempered
-    distribution cut to its nucleus (the most likely tokens whose mass before them is under top_p)."""
+    distribution cut to its nucleus (the most likely tokens whose mass before them is under top_p).
+    ``sampling`` is ``defaulted``: it names both."""
     if sampling.temperature == 0:
         return int(torch.argmax(logits))
+    assert sampling.temperature is not None and sampling.top_p is not None
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p >= 1:
         return int(torch.multinomial(probs, 1, generator=generator))
@@ -53,6 +55,17 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
     named = getattr(config, "eos_token_id", None)
     named = named if isinstance(named, (list, tuple)) else [named]
     return frozenset(int(t) for t in [loaded.tokenizer.eos_token_id, *named] if t is not None)
+
+
+def model_sampling(loaded: LoadedModel) -> Sampling:
+    """The temperature and top_p a request that names none gets: the model's generation
+    config's, as transformers' ``generate`` reads them (greedy where it says ``do_sample:
+    false``), else the OpenAI API's 1.0."""
+    config = getattr(loaded.model, "generation_config", None)
+    temperature, top_p = getattr(config, "temperature", None), getattr(config, "top_p", None)
+    if getattr(config, "do_sample", None) is False:
+        temperature = 0.0
+    return Sampling(temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p)
 
 
 def token_bytes(tokenizer, token: int) -> bytes:
@@ -103,7 +116,7 @@ class Generation:
         self._loaded = loaded
         self.cache = cache
         self._ids = np.asarray(ids, dtype=np.int64)
-        self._sampling = sampling
+        self._sampling = sampling.defaulted(model_sampling(loaded))
         self._max_tokens = max_tokens
         self._cancelled = cancelled
         self._top = top_logprobs

@@ -3,6 +3,7 @@ are sent, until the archive has committed it. A folder next to the archive
 (``<archive>.serve/``); entries are written to a temp name, fsynced, renamed and the folder
 fsynced, so an entry either exists whole or not at all, and a power cut or kill -9 after a reply
 loses nothing: the next start archives what is left. Names sort by time, so replay keeps order.
+Beside an encrypted archive each entry is sealed (``kvdb/sealing.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+from kvdb import sealing
 from kvdb.errors import ArchiveError
 
 FAILED = ".failed"  # an entry the archive refused, set aside (kept, never retried)
@@ -28,10 +30,8 @@ class Journal:
         tmp, path = self.folder / f".{name}.tmp", self.folder / name
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with sealing.writing(tmp, sync=True) as f:
                 f.write(json.dumps(entry, ensure_ascii=False).encode())
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
             self._sync_folder()
         except OSError as exc:  # the reply is not sent: it could not be kept
@@ -50,7 +50,9 @@ class Journal:
 
     @staticmethod
     def read(path: Path) -> dict:
-        return json.loads(path.read_text(encoding="utf-8"))
+        """``CorruptData`` for an entry that fails its authentication (an encrypted archive's)."""
+        with sealing.reading(path) as f:
+            return json.loads(f.read().decode("utf-8"))
 
     def done(self, path: Path) -> None:
         path.unlink(missing_ok=True)

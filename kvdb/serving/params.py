@@ -3,9 +3,9 @@ same things with the same words (the names are the OpenAI API's)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kvdb.errors import InvalidArgument
+from kvdb.errors import InvalidArgument, check_count
 
 MAX_STOPS = 4  # as OpenAI's API
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
@@ -22,22 +22,23 @@ def _number(value) -> bool:
 @dataclass(frozen=True)
 class Sampling:
     """How the reply's tokens are chosen. ``temperature`` 0 is greedy; ``top_p`` keeps the most
-    likely tokens up to that probability mass; ``seed`` makes sampling repeatable; the reply
-    ends at EOS, at the first of the ``stop`` strings (not included), or after ``max_tokens``
-    (None: as many as the context holds, up to the server's default)."""
+    likely tokens up to that probability mass (either None: the model's own, ``defaulted``);
+    ``seed`` makes sampling repeatable; the reply ends at EOS, at the first of the ``stop``
+    strings (not included), or after ``max_tokens`` (None: as many as the context holds, up to
+    the server's default)."""
 
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.max_tokens is not None and not (_integer(self.max_tokens) and self.max_tokens >= 1):
-            raise InvalidArgument(f"max_tokens must be an integer of at least 1, got {self.max_tokens!r}")
-        if not (_number(self.temperature) and 0 <= self.temperature <= 2):
+        if self.max_tokens is not None:
+            check_count("max_tokens", self.max_tokens, 1)
+        if self.temperature is not None and not (_number(self.temperature) and 0 <= self.temperature <= 2):
             raise InvalidArgument(f"temperature must be a number from 0 to 2, got {self.temperature!r}")
-        if not (_number(self.top_p) and 0 < self.top_p <= 1):
+        if self.top_p is not None and not (_number(self.top_p) and 0 < self.top_p <= 1):
             raise InvalidArgument(f"top_p must be a number above 0 and at most 1, got {self.top_p!r}")
         if self.seed is not None and not _integer(self.seed):
             raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
@@ -45,6 +46,13 @@ class Sampling:
         if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOPS or not all(isinstance(s, str) and s for s in stop):
             raise InvalidArgument(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
+
+    def defaulted(self, model: Sampling) -> Sampling:
+        """The model's temperature and top_p where the request named none: a client that sends
+        none (the page, most scripts) gets what the model was tuned to sample with, not the
+        OpenAI API's 1.0, at which a small instruct model writes gibberish."""
+        temperature = model.temperature if self.temperature is None else self.temperature
+        return replace(self, temperature=temperature, top_p=model.top_p if self.top_p is None else self.top_p)
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvdb.errors import KvdbError
+from kvdb.transcripts.sessions import shortened
 
 log = logging.getLogger("kvdb.serve")
-TITLE_WORDS = 8  # an archived exchange is named by its conversation's first words
 EXTENSION = ("name", "conversation")  # the request's ``kvdb`` fields a relayed exchange honours
 
 
 def title_of(text: str, default: str) -> str:
-    return " ".join(text.split()[:TITLE_WORDS]) or default
+    """An archived exchange's name: its conversation's first words, cut as an ingested
+    transcript's title is (on a word boundary, with an ellipsis where cut)."""
+    return shortened(text) or default
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 DuckDB admits one writing process, or any number of read-only ones, per file. A storage holds
 that lock while its connection is open; ``release`` lets it go (the next call takes it again)
-so that long work between queries blocks nobody. What that means for staleness is this
-module's business alone: after a release, another process may have written, which the file's
-size and modification time (and its ``.wal``'s) tell.
+so that long work between queries blocks nobody; a process that waits for the lock says so
+with a ``.wanted`` file beside the archive, which the holder looks for at the end of each hold.
+What that means for staleness is this module's business alone: after a release, another
+process may have written, which the file's size and modification time (and its ``.wal``'s) tell.
 """
 
 from __future__ import annotations
@@ -17,24 +18,31 @@ from pathlib import Path
 
 import duckdb
 
-from kvdb.errors import ArchiveError, ArchiveLocked, StaleWrite
+from kvdb import sealing
+from kvdb.errors import ArchiveError, ArchiveKeyError, ArchiveLocked, ArchiveReadOnly, StaleWrite
 from kvdb.storage.base import hold_seconds
-from kvdb.storage.engine import REVISION, Engine, first_line, quoted, revision, transaction
+from kvdb.storage.engine import REVISION, Engine, first_line, load_extensions, quoted, revision, transaction
 
+SEALED_CATALOG = "kvdb"  # an encrypted file's name in its connection (a plain one's is its file's stem)
 COMPACT_MIN_BYTES = 1 << 20  # gc rewrites the file only to give back at least this much (and a quarter of it)
 
 
 class DuckDBFile(Engine):
-    def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False):
+    def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False, key: bytes | None = None):
         """Open (creating and migrating as needed). While another process holds the file, wait up
         to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
-        A read-only storage of an older archive upgrades it first; of a missing one, refuses."""
+        A read-only storage of an older archive upgrades it first; of a missing one, refuses.
+        ``key``: an encrypted archive's (``kvdb.sealing``), which a new archive is created under."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
             raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
         if read_only and not self.path.exists():  # reading creates nothing: a typo in --db must not leave an archive behind
             raise ArchiveError(f"no archive at {self.path}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            _check_writable(self.path)
+        self._key = key
+        self.seal = sealing.open_seal(self.path, key, create=not read_only and not self.path.exists())
+        sealing.register(self.path, self.seal)
         self.timeout = float(os.environ.get("KVDB_LOCK_TIMEOUT", 10)) if lock_timeout is None else lock_timeout
         self.read_only = read_only
         self._conn: duckdb.DuckDBPyConnection | None = None
@@ -61,13 +69,15 @@ class DuckDBFile(Engine):
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.timeout
+        asked = False
         while True:
             try:
-                conn = duckdb.connect(str(self.path), read_only=self.read_only)
+                conn = self.open_connection()
             except duckdb.Error as exc:  # duckdb raises its own IOException family for locks and bad files
                 message = first_line(exc)
                 if "lock" not in message.lower():
                     raise self._unopenable(message) from exc
+                asked = self._ask_for_the_file()
                 if time.monotonic() >= deadline:
                     holder = re.search(r"PID (\d+)", message)
                     who = f"process {holder.group(1)}" if holder else "another process"
@@ -77,10 +87,30 @@ class DuckDBFile(Engine):
                     ) from exc
                 time.sleep(0.1)
                 continue
+            if asked:  # got it: the ask is withdrawn (another waiter still locked out asks again)
+                self._let_go_of_the_ask()
             self.connections += 1
             self._held_since = time.monotonic()
             self._check_file()
             return conn
+
+    def open_connection(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the file, the archive's catalog in use. An encrypted file is
+        attached to an in-memory database with its key; writing it needs httpfs's OpenSSL
+        (DuckDB's own crypto only reads), ~0.2 s a connection to load."""
+        if self.seal is None:
+            return duckdb.connect(str(self.path), read_only=self.read_only)
+        conn = duckdb.connect(":memory:")
+        try:
+            if not self.read_only:
+                load_extensions(conn, ("httpfs",))
+            mode = ", READ_ONLY" if self.read_only else ""
+            conn.execute(f"ATTACH '{quoted(self.path)}' AS {SEALED_CATALOG} (ENCRYPTION_KEY '{self.seal.database_key}'{mode})")
+            conn.execute(f"USE {SEALED_CATALOG}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _unopenable(self, message: str) -> ArchiveError:
         """Why DuckDB refused the file (for another reason than its lock), naming it as the user
@@ -93,6 +123,11 @@ class DuckDBFile(Engine):
             foreign = False
         if foreign:
             return ArchiveError(f"{self.path} is not a kvdb archive (not a DuckDB database file); check --db (or $KVDB_DB)")
+        if "without a key" in message or "Wrong encryption key" in message:  # encrypted, its seal file gone or another's
+            seal = sealing.seal_path(self.path)
+            return ArchiveKeyError(
+                f"{self.path} is encrypted, and {seal.name} beside it is missing or not its own: restore it from where the archive came from"
+            )
         return ArchiveError(f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}")
 
     def release(self) -> None:
@@ -104,13 +139,39 @@ class DuckDBFile(Engine):
             self._let_go_seconds = time.monotonic() - began
             self._conn = None
             self._released = self._file_state()
+            self._let_go_of_the_ask()  # asked for, and given
+
+    @property
+    def _wanted(self) -> Path:
+        """A file another process touches while it waits for the lock (see ``wanted``)."""
+        return self.path.with_name(self.path.name + ".wanted")
+
+    def _ask_for_the_file(self) -> bool:
+        try:
+            self._wanted.touch()
+        except OSError:  # a folder this process cannot write to: it waits out the holder's hold, as before
+            return False
+        return True
+
+    def _let_go_of_the_ask(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wanted.unlink(missing_ok=True)
+
+    def wanted(self) -> bool:
+        return self._wanted.exists()
+
+    def keep(self) -> None:
+        """Commit the batch so far and hold on: DuckDB writes its log into the file only when
+        it outgrows ``checkpoint_threshold`` then, where a let-go writes it every time."""
+        self._commit_batch()
+        self._held_since = time.monotonic()
 
     @contextlib.contextmanager
     def batch(self):
         """One transaction for every write inside: a statement costs ~1 ms, a transaction's begin and
         commit two more, and a source of many sessions made three commits a session. It commits
-        at the end, or earlier when the lock is let go (``release``: before long work, or once a
-        hold has lasted ``HOLD_SECONDS``), so readers wait as long as they did. A write that fails
+        at the end, or earlier once a hold has lasted its time (``keep``, or ``release`` when
+        another process waits) or before long work (``release``). A write that fails
         rolls back the whole batch since its last commit: the caller's source fails whole."""
         if self._batching:
             yield
@@ -184,14 +245,17 @@ class DuckDBFile(Engine):
         between; a crash before the rename leaves the old file whole and a staging file to ignore."""
         conn = self.connection()
         conn.execute("checkpoint")
-        database, block_size, free_blocks = conn.execute("select database_name, block_size, free_blocks from pragma_database_size()").fetchone()  # type: ignore[misc]
+        database, block_size, free_blocks = conn.execute(
+            "select database_name, block_size, free_blocks from pragma_database_size() where database_name = current_database()"
+        ).fetchone()  # type: ignore[misc]
         before = self.path.stat().st_size
         if not (forget and int(free_blocks)) and int(free_blocks) * int(block_size) < max(COMPACT_MIN_BYTES, before // 4):
             return {"file_bytes": before}
         staging = self.path.with_name(f".{self.path.name}.compacting-{os.getpid()}")
         staging.unlink(missing_ok=True)
         try:
-            conn.execute(f"attach '{quoted(staging)}' as kvdb_compacted")
+            sealed = "" if self.seal is None else f" (encryption_key '{self.seal.database_key}')"
+            conn.execute(f"attach '{quoted(staging)}' as kvdb_compacted{sealed}")
             conn.execute(f'copy from database "{_quoted_name(database)}" to kvdb_compacted')
             conn.execute("detach kvdb_compacted")
             os.replace(staging, self.path)
@@ -279,11 +343,27 @@ class DuckDBFile(Engine):
         has its file upgraded by a writable one first, then reads on."""
         if self.read_only:
             self.release()
-            DuckDBFile(self.path, self.timeout).close()
+            DuckDBFile(self.path, self.timeout, key=self._key).close()
             return
         from kvdb.storage import migrate
 
         migrate.upgrade(self.connection(), str(self.path))
+
+
+def _check_writable(path: Path) -> None:
+    """DuckDB opens a file it cannot write and fails only at the first commit, when it creates
+    its log beside the file: after the model has loaded and the work is done, as an internal
+    error. The folder (the log's, the indexes', the caches') and the file are checked at open."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArchiveReadOnly(f"cannot create the folder {folder} for archive {path} ({exc.strerror}); give --db a path in a folder you can write to") from None
+    fix = "make it writable, or move the archive; commands that only read (sessions, search, show, mcp) still work"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ArchiveReadOnly(f"archive {path} is in a folder this process cannot write to ({folder}: DuckDB writes its log {path.name}.wal there); {fix}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ArchiveReadOnly(f"archive {path} is read-only to this process; {fix}")
 
 
 def _quoted_name(name: str) -> str:

@@ -21,7 +21,6 @@ are kept on this machine, under the kvdb cache directory, keyed by the lake.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import os
 import re
 import uuid
@@ -33,7 +32,7 @@ import psycopg
 from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
 from kvdb.storage import edits
 from kvdb.storage.base import utc_now
-from kvdb.storage.engine import REVISION, Engine, first_line, quoted, revision, transaction
+from kvdb.storage.engine import REVISION, Engine, first_line, load_extensions, quoted, revision, transaction
 from kvdb.user_cache import cache_dir
 
 ALIAS = "lake"
@@ -99,11 +98,8 @@ class DuckLake(Engine):
         return self._conn
 
     def _attach(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        cursor.execute(f"SET extension_directory = '{quoted(cache_dir() / 'duckdb-extensions')}'")
         remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
-        for name in EXTENSIONS + (("httpfs",) if remote else ()):  # object storage (s3://, https://...) through httpfs
-            cursor.execute(f"INSTALL '{quoted(_extension_file(name))}'")
-            cursor.execute(f"LOAD {name}")
+        load_extensions(cursor, EXTENSIONS + (("httpfs",) if remote else ()))  # object storage (s3://, https://...) through httpfs
         secret = _object_store_secret() if remote else None
         if secret is not None:
             cursor.execute(secret)
@@ -376,6 +372,7 @@ LAKE_UPGRADES = {
     "0009": ("watched_files",),
     "0010": ("pending_work",),
     "0011": (),
+    "0012": (),  # 0013 adds indexes only, which a lake has none of
 }
 
 
@@ -416,15 +413,6 @@ def _keyless_tables(only: tuple[str, ...] | None = None) -> list[str]:
         if only is None or t.name in only
     ]
     return [str(sa.schema.CreateTable(t).compile(dialect=dialect)) for t in tables]
-
-
-def _extension_file(name: str) -> Path:
-    try:
-        module = importlib.import_module(f"duckdb_extension_{name}")
-    except ImportError as exc:
-        raise ArchiveError(f"DuckLake archives need the DuckDB extension {name}: pip install duckdb-extension-{name}==1.5.5") from exc
-    assert module.__file__ is not None  # a package installed from a wheel, not a namespace
-    return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
 
 
 def _object_store_secret() -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -18,7 +19,9 @@ from typing import Any
 
 import duckdb
 
+from kvdb.errors import ArchiveError
 from kvdb.storage.base import hold_seconds
+from kvdb.user_cache import cache_dir
 
 # DuckDB's Python client looks for pandas six times a statement (to tell a DataFrame parameter),
 # and where pandas is not installed each look is a failed import through every sys.path entry:
@@ -29,7 +32,7 @@ if importlib.util.find_spec("pandas") is None:
 
 # The migration the tables of kvdb.storage.schema correspond to, the head of migrations/versions:
 # an archive at it opens without importing alembic or SQLAlchemy.
-REVISION = "0012"
+REVISION = "0013"
 
 
 class Engine(abc.ABC):
@@ -88,6 +91,16 @@ class Engine(abc.ABC):
     def hold_seconds(self) -> float:
         """How long a hold may last before short work lets go (``base.hold_seconds``)."""
         return hold_seconds(0.0)
+
+    def wanted(self) -> bool:
+        """Whether another process waits for the lock: a hold past its time is let go only
+        then. An engine that cannot tell says it does."""
+        return True
+
+    def keep(self) -> None:
+        """Commit what the batch wrote so far and hold on (nobody waits); an engine that
+        cannot hold on lets go."""
+        self.release()
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -153,6 +166,24 @@ def revision(conn: duckdb.DuckDBPyConnection, catalog: str | None = None) -> str
     (found,) = conn.execute(f"select count(*) from information_schema.tables where {where}").fetchone()  # type: ignore[misc]
     row = conn.execute("select version_num from alembic_version").fetchone() if found else None
     return None if row is None else row[0]
+
+
+def load_extensions(cursor: duckdb.DuckDBPyConnection, names) -> None:
+    """DuckDB extensions installed from their wheels (duckdb-extension-NAME: DuckDB cannot
+    download here) into kvdb's cache folder, and loaded into ``cursor``'s database."""
+    cursor.execute(f"SET extension_directory = '{quoted(cache_dir() / 'duckdb-extensions')}'")
+    for name in names:
+        cursor.execute(f"INSTALL '{quoted(_extension_file(name))}'")
+        cursor.execute(f"LOAD {name}")
+
+
+def _extension_file(name: str) -> Path:
+    try:
+        module = importlib.import_module(f"duckdb_extension_{name}")
+    except ImportError as exc:
+        raise ArchiveError(f"this archive needs the DuckDB extension {name}: pip install duckdb-extension-{name}=={duckdb.__version__}") from exc
+    assert module.__file__ is not None  # a package installed from a wheel, not a namespace
+    return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
 
 
 def quoted(text) -> str:

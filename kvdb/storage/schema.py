@@ -195,3 +195,7 @@ sa.Index("ix_sessions_name", sessions.c.name)
 sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)
 sa.Index("ix_search_ranges_key", search_ranges.c.index_key)
 sa.Index("ix_conversation_sessions_conversation", conversation_sessions.c.conversation_id)
+# DuckDB scans an index only for a filter on all its columns: keys that begin with node_id
+# do not serve ``where node_id = ?`` (migration 0013)
+for _table in (token_blocks, node_kv, node_chunks, search_ranges):
+    sa.Index(f"ix_{_table.name}_node", _table.c.node_id)

@@ -52,17 +52,26 @@ def stream(conn, node_id: str) -> Stream:
 
 
 def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
-    """Token ids [start, end) of a node, decoded from only the blocks the range touches."""
-    coded = stream(conn, node_id)
-    end = coded.n_tokens if end is None else end
-    needed = fractal.blocks_for_range(start, end, coded.block_size)
+    """Token ids [start, end) of a node, decoded from only the blocks the range touches. One
+    statement (a statement is a millisecond, and a backfill reads nodes' tokens six times a
+    session), whose blocks are found by node_id alone, which its index serves (a filter on
+    block_no too scans the table); a node holds a part of a session at most, a few blocks."""
+    query = (
+        "select s.alphabet, s.block_size, s.n_tokens, b.block_no, b.data from token_streams s "
+        "left join token_blocks b on b.node_id = ? where s.node_id = ? order by b.block_no"
+    )
+    rows = conn.execute(query, [node_id, node_id]).fetchall()
+    if not rows:
+        raise LookupError(f"node {node_id} has no token stream")
+    alphabet, block_size, n_tokens = (int(v) for v in rows[0][:3])
+    end = n_tokens if end is None else end
+    needed = fractal.blocks_for_range(start, end, block_size)
     if not needed:
         return np.zeros(0, dtype=np.int64)
-    query = "select data from token_blocks where node_id = ? and block_no between ? and ? order by block_no"
-    blobs = [r[0] for r in conn.execute(query, [node_id, needed.start, needed.stop - 1]).fetchall()]
+    blobs = [data for *_, block_no, data in rows if block_no is not None and block_no in needed]
     if len(blobs) != len(needed):  # a node held in tier L only: the services decode those
         raise ValueError(f"node {node_id} holds no token blocks for tokens [{start}, {end})")
-    return fractal.decode_range(blobs, coded.alphabet, coded.block_size, start, end)
+    return fractal.decode_range(blobs, alphabet, block_size, start, end)
 
 
 def logprobs_blob(conn, node_id: str) -> bytes | None:

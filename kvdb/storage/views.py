@@ -342,7 +342,7 @@ def _one_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyConnection, str]]:
     """A connection of the query's own, and the quoted catalog holding the archive's tables."""
-    from kvdb.storage.duckdb_file import DuckDBFile
+    from kvdb.storage.duckdb_file import SEALED_CATALOG, DuckDBFile
     from kvdb.storage.ducklake import ALIAS, DuckLake
 
     engine = storage.engine
@@ -350,6 +350,9 @@ def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyCon
         if isinstance(engine, DuckLake):  # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
             conn = engine.connection().cursor()
             db = ALIAS
+        elif isinstance(engine, DuckDBFile) and engine.seal is not None:  # a cursor too: DuckDB attaches a file once per process
+            conn = engine.connection().cursor()
+            db = SEALED_CATALOG
         else:
             assert isinstance(engine, DuckDBFile)
             engine.connection()  # the archive's connection first: the file's lock, waited for as any read waits

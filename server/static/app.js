@@ -198,6 +198,8 @@ function renderChat() {
   if (c) {
     const facts = [c.agent && `agent ${c.agent}`, c.project && `project ${shortProject(c.project)}`, plural(c.n_tokens, "token")];
     facts.push(plural(c.versions ?? 1, "version"));
+    const fork = branchPoint(chat.version);
+    if (fork) facts.push(fork);
     if (c.branches > 1) facts.push(`${number.format(c.branches)} branches`); // leaves: 1 for a conversation never branched
     facts.push(`updated ${when(c.updated_at)}`);
     $("chat-meta").textContent = facts.filter(Boolean).join(" · ");
@@ -214,6 +216,16 @@ function renderChat() {
   $("turns").replaceChildren(...shown);
 }
 
+// "v2 branch of v1 at token 115" for a version that forks, else null: the meta line says where,
+// the menu's options only from which (a whole option did not fit a narrow menu)
+function branchPoint(sessionId) {
+  const history = chat.conv?.history ?? [];
+  const version = history.find((v) => v.session_id === sessionId);
+  const parent = version?.branch_of && history.find((v) => v.session_id === version.branch_of);
+  if (!parent) return null;
+  return `v${version.version} branch of v${parent.version}${version.forked_at != null ? ` at token ${number.format(version.forked_at)}` : ""}`;
+}
+
 function renderVersions() {
   const history = chat.conv?.history ?? [];
   $("version-label").hidden = history.length < 2;
@@ -224,7 +236,7 @@ function renderVersions() {
       .map((v) => {
         const parts = [`v${v.version}`];
         if (v.latest) parts.push("latest");
-        if (v.branch_of && byId.has(v.branch_of)) parts.push(`branch of v${byId.get(v.branch_of).version}${v.forked_at != null ? ` at token ${number.format(v.forked_at)}` : ""}`);
+        if (v.branch_of && byId.has(v.branch_of)) parts.push(`branch of v${byId.get(v.branch_of).version}`);
         parts.push(plural(v.n_tokens, "token"));
         const option = el("option", { value: v.session_id }, parts.join(" · "));
         option.selected = v.session_id === chat.version;
@@ -314,10 +326,10 @@ function parts(role, text, mark) {
 }
 
 function restoredText(k) {
-  const tokens = `${plural(k.cached_tokens ?? 0, "token")} from cache`;
-  if (k.restored === "exact") return `restored exact · ${tokens}`;
-  if (k.restored === "archive") return `restored from archive (${k.fidelity ?? "approximate"}) · ${tokens}`;
-  return "nothing restored · the prompt computed in full";
+  const tokens = plural(k.cached_tokens ?? 0, "token");
+  if (k.restored === "exact") return `Started from ${tokens} already computed (exact).`;
+  if (k.restored === "archive") return `Started from ${tokens} restored from the archive (${k.fidelity ?? "approximate"}).`;
+  return "Computed the whole prompt: none of it was cached.";
 }
 
 // ---- continuing: a branch, the composer, the streamed reply ----
@@ -430,9 +442,25 @@ function gradeOf(hit, semantic) {
   return hit.partial ? `partial: ${hit.match_tokens}/${hit.query_tokens} tokens` : "exact";
 }
 
+// the search's state under its form: searching (a spinner), then how many hits or that none
+function searchState(text, busy = false) {
+  $("search-state").textContent = text;
+  $("search-state").classList.toggle("searching", busy);
+  $("hits").setAttribute("aria-busy", String(busy));
+  $("search-form").querySelector("button[type=submit]").disabled = busy;
+}
+
 async function search(q, semantic) {
   const query = new URLSearchParams({ q, k: 10, semantic: semantic ? 1 : 0 });
-  const { hits } = await getJSON(`/api/search?${query}`);
+  $("hits").replaceChildren();
+  searchState(semantic ? "Searching by meaning…" : "Searching…", true);
+  let hits;
+  try {
+    ({ hits } = await getJSON(`/api/search?${query}`));
+  } catch (err) {
+    searchState("");
+    throw err;
+  }
   $("search-clear").hidden = false;
   $("hits").replaceChildren(
     ...hits.map((hit) => {
@@ -453,7 +481,8 @@ async function search(q, semantic) {
       );
     }),
   );
-  if (!hits.length) status(semantic ? `nothing found by meaning for “${q}”` : `no match for “${q}”`);
+  if (hits.length) searchState(plural(hits.length, semantic ? "nearest conversation" : "hit"));
+  else searchState(semantic ? `Nothing found by meaning for “${q}”.` : `No match for “${q}”.`);
 }
 
 // ---- rename, delete ----
@@ -497,6 +526,7 @@ $("search-form").addEventListener("submit", (event) => {
 });
 $("search-clear").addEventListener("click", () => {
   $("hits").replaceChildren();
+  searchState("");
   $("search-clear").hidden = true;
   $("search-q").focus();
 });

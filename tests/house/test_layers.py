@@ -20,6 +20,7 @@ RANKS = {
     "kvdb.user_cache": 0,
     "kvdb.recent": 0,
     "kvdb.codecs": 1,
+    "kvdb.sealing": 1,
     "kvdb.transcripts": 1,
     "kvdb.storage": 2,
     "kvdb.model": 3,
@@ -34,9 +35,10 @@ RANKS = {
     "kvdb_server": 8,
 }
 # Kernels: arrays in, arrays out. They may call the integer forward pass, a kernel of the model
-# package, but never storage, indexes or services.
+# package, and seal the files they write (kvdb.sealing: bytes in, bytes out, under the archive's
+# key), but never storage, indexes or services.
 KERNELS = ("kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.index.sidecar")
-KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
+KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.sealing", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
 
 
 def modules() -> dict[str, Path]:

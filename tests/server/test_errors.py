@@ -38,7 +38,8 @@ def _still_serving(running) -> None:
         ("post", "/v1/completions", b'{"model": "kvdb", "prompt": ""}', 400, None),
         ("get", "/api/sessions/nosuch", None, 404, "session_not_found"),
         ("get", "/api/sessions/story?start=5&end=2", None, 400, None),
-        ("get", "/api/search?k=0&q=x", None, 400, "invalid_request"),
+        ("get", "/api/search?k=0&q=x", None, 400, None),  # the library's refusal, as the CLI's and MCP's
+        ("get", "/api/conversations?offset=-3", None, 400, None),
         ("get", "/no/such/route", None, 404, "not_found"),
         # issue 30: fields the server does not honour are refused, not silently ignored
         ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, None),

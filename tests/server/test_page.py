@@ -38,7 +38,10 @@ SLOW = 60_000  # ms: a reply of a server that restores its session first, on 2 c
 WIDTHS = {"wide": (1440, 900), "narrow": (390, 844)}
 # what axe-core must find nothing of: contrast, labels and names of controls, ARIA
 AXE_RULES = {"color-contrast", "label", "button-name", "select-name", "link-name", "input-button-name", "summary-name", "nested-interactive", "duplicate-id-aria"}
-RESTORED = re.compile(r"^(restored exact · [\d,]+ tokens? from cache|restored from archive \(.+\) · [\d,]+ tokens? from cache|nothing restored · the prompt computed in full)$")
+RESTORED = re.compile(
+    r"^(Started from [\d,]+ tokens? already computed \(exact\)\.|Started from [\d,]+ tokens? restored from the archive \(.+\)\.|Computed the whole prompt: none of it was cached\.)$"
+)
+OPENS = {"exact": "Started from", "archive": "Started from", "none": "Computed the whole prompt"}
 
 
 @pytest.fixture
@@ -80,6 +83,7 @@ def page(request, browser, running):
     context, errors = _context(browser, *WIDTHS[request.param])
     page = context.new_page()
     page.goto(running.url)
+    expect(page.get_by_placeholder("API key")).to_be_visible()  # named at any width (at 390 px its label is hidden)
     page.fill("#api-key", KEY)
     page.click("#key-form button")
     _show_list(page)
@@ -140,7 +144,7 @@ def _say(page, sent: list, text: str) -> tuple[dict, str, dict]:
     assert last.locator(".body").text_content().strip() == reply.strip()
     note = last.get_by_test_id("restored").text_content()
     assert RESTORED.match(note), note
-    assert note.startswith({"exact": "restored exact", "archive": "restored from archive", "none": "nothing restored"}[report["restored"]])
+    assert note.startswith(OPENS[report["restored"]]) and ("exact" in note) == (report["restored"] == "exact")
     assert f"{report['cached_tokens']:,} token" in note or report["restored"] == "none"
     expect(last).to_be_in_viewport()
     expect(page.locator("#status")).to_be_empty()
@@ -191,6 +195,26 @@ def _open(page, conversation: str) -> None:
 def _shown(turns: list) -> list:
     """The turns the page shows of a version: all but an empty system turn."""
     return [t for t in turns if t["role"] != "system" or t["text"].strip()]
+
+
+# the menu's chosen option fits it: its text, in the menu's font, narrower than the menu less its arrow
+WHOLE_OPTION = """() => {
+  const menu = document.getElementById("version");
+  const pen = document.createElement("canvas").getContext("2d");
+  pen.font = getComputedStyle(menu).font;
+  return pen.measureText(menu.selectedOptions[0].text).width + 32 <= menu.clientWidth;
+}"""
+
+
+def _slow_searches(page) -> None:
+    """Searches answered a second late, as a large archive's are: the page must say it is searching."""
+    page.evaluate(
+        """() => {
+      const fetched = window.fetch;
+      window.fetch = (path, init) =>
+        String(path).startsWith("/api/search") ? new Promise((done) => setTimeout(() => done(fetched(path, init)), 1000)) : fetched(path, init);
+    }"""
+    )
 
 
 def _turn_roles(page) -> list:
@@ -273,6 +297,11 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     # search by meaning, once the server has embedded what it archived (in its idle time: ingest queues it)
     _embedded(running)
     _show_list(page)
+    _slow_searches(page)
+    page.fill("#search-q", "zqxj vbkw zqxj")
+    page.press("#search-q", "Enter")
+    expect(page.locator("#search-state")).to_have_text("Searching…")  # at once, while the server looks
+    expect(page.locator("#search-state")).to_have_text("No match for “zqxj vbkw zqxj”.")
     page.check("#search-meaning")
     page.fill("#search-q", "ships counted at night")
     page.press("#search-q", "Enter")
@@ -280,6 +309,7 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     hits.first.wait_for()
     found = _api(running, "/api/search", q="ships counted at night", k=10, semantic=1)["hits"]
     expect(hits).to_have_count(len(found))
+    expect(page.locator("#search-state")).to_have_text(f"{len(found)} nearest conversation{'s' if len(found) != 1 else ''}")
     assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}" + (", weak" if found[0]["weak"] else "")  # the API's score and mark
     _check_axe(axe, page)
     n, hit = next((n, h) for n, h in enumerate(found) if h["conversation_id"] != conversation)  # another conversation than the chat
@@ -321,6 +351,10 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     expect(versions).to_have_count(len(branched["history"]))
     assert any(v["branch_of"] for v in branched["history"])
     assert any("branch of" in t for t in versions.all_text_contents())
+    for version in [v["session_id"] for v in branched["history"]]:  # each option whole in the menu, at each width
+        page.select_option("#version", version)
+        expect(page.locator("#chat")).to_have_attribute("data-session-id", version)
+        assert page.evaluate(WHOLE_OPTION), page.locator("#version option:checked").text_content()
     expect(page.locator("#chat-meta")).to_contain_text(f"{len(branched['history'])} versions")
     _no_horizontal_scroll(page)
     _check_axe(axe, page)

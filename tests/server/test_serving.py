@@ -14,6 +14,7 @@ from kvdb.serving import Request, Sampling
 from kvdb.serving.engine import ARCHIVE_READ_PER_TOKEN, Engine
 from kvdb.serving.generation import pick
 from kvdb.serving.recent import RecentCaches
+from kvdb.serving.relay import title_of
 
 LOGITS = torch.log(torch.tensor([0.05, 0.6, 0.3, 0.05]))
 
@@ -22,7 +23,14 @@ def test_pick_is_greedy_at_temperature_0_and_keeps_to_the_nucleus():
     assert pick(LOGITS, Sampling(temperature=0), torch.Generator()) == 1
     drawn = {pick(LOGITS, Sampling(temperature=1, top_p=0.8), torch.Generator().manual_seed(s)) for s in range(200)}
     assert drawn == {1, 2}  # 0.6 + 0.3 covers 0.8: the two unlikely tokens are never drawn
-    assert {pick(LOGITS, Sampling(temperature=1), torch.Generator().manual_seed(s)) for s in range(200)} == {0, 1, 2, 3}
+    assert {pick(LOGITS, Sampling(temperature=1, top_p=1), torch.Generator().manual_seed(s)) for s in range(200)} == {0, 1, 2, 3}
+
+
+def test_a_chat_is_named_by_its_first_words_cut_on_a_word_with_an_ellipsis():
+    long = "Could you explain how the harbour master keeps the ledger of incoming ships during the long winter nights, lamp by lamp?"
+    named = title_of(long, "chat")
+    assert named.endswith("ships…") and len(named) <= 80 and long.startswith(named[:-1])
+    assert title_of("Where is the ledger?", "chat") == "Where is the ledger?" and title_of("  ", "chat") == "chat"
 
 
 @pytest.mark.parametrize(

@@ -178,3 +178,55 @@ def test_a_hold_lasts_ten_times_the_last_let_go_when_that_is_longer(tmp_path, mo
     monkeypatch.undo()
     assert storage.engine.hold_seconds() == pytest.approx(2.5)
     storage.close()
+
+
+def test_a_hold_past_its_time_commits_and_goes_on_until_another_process_waits(tmp_path, monkeypatch):
+    """Letting go checkpoints the file, at a cost that grows with the archive: past its hold a
+    batch commits and keeps the file while nobody waits, and lets go once a process asks for it
+    (a reader waiting on the lock touches ``.wanted``), which then reads what was committed."""
+    import subprocess
+    import sys
+    import time
+
+    from kvdb.storage import base
+    from kvdb.storage.base import Queue
+
+    monkeypatch.setattr(base, "HOLD_SECONDS", 0.05)
+    path = tmp_path / "a.duckdb"
+    storage = open_storage(path)
+    read = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only=True, lock_timeout=30); print(len(s.queued('semantic')))"
+    with storage.batch():
+        storage.apply(Queue(["s0"], "semantic"))
+        connections = storage.engine.connections
+        time.sleep(0.06)
+        storage.before_compute(short=True)
+        assert storage.engine.connections == connections and storage.held_for() < 0.05  # committed, held on, the hold begun anew
+        reader = subprocess.Popen([sys.executable, "-c", read], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        written = 1
+        while reader.poll() is None and written < 2000:  # short work, one queued session at a time, until the reader got in
+            storage.apply(Queue([f"s{written}"], "semantic"))
+            written += 1
+            time.sleep(0.01)
+            storage.before_compute(short=True)
+        out, err = reader.communicate(timeout=30)
+    assert reader.returncode == 0, err
+    assert storage.engine.connections > connections and 1 <= int(out) < written  # let go for it, with what was committed by then
+    assert not (tmp_path / "a.duckdb.wanted").exists()  # asked for and given
+    storage.close()
+
+
+def test_an_archive_of_0012_gets_an_index_for_each_read_of_a_nodes_rows(tmp_path):
+    """DuckDB scans an index only for a filter on all its columns: the keys that begin with
+    node_id served no ``where node_id = ?``, which scanned the table (migration 0013)."""
+    path = tmp_path / "a.duckdb"
+    DuckDBFile(path).close()
+    tables = ("token_blocks", "node_kv", "node_chunks", "search_ranges")
+    with duckdb.connect(str(path)) as conn:
+        for table in tables:
+            conn.execute(f"drop index ix_{table}_node")
+        conn.execute("update alembic_version set version_num = '0012'")
+    DuckDBFile(path).close()
+    with duckdb.connect(str(path), read_only=True) as conn:
+        indexes = dict(conn.execute("select table_name, expressions from duckdb_indexes() where index_name like 'ix_%_node'").fetchall())
+        assert indexes == {table: "[node_id]" for table in tables}
+        assert conn.execute("select version_num from alembic_version").fetchone() == ("0013",)

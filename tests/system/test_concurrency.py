@@ -133,14 +133,17 @@ def test_a_trie_changed_by_another_writer_meanwhile_is_taken_into_account(tmp_pa
 
 def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monkeypatch):
     """Reconnecting costs ~30 ms: within one ingest of the default tiers (no model's work: all of
-    it short), the sessions of a fresh hold keep the file; once held long enough, each lets it go."""
+    it short), the sessions of a fresh hold keep the file; once held long enough, each lets it go
+    if another process waits for it, else commits and goes on."""
     sessions = [{"name": n, "messages": [{"role": "user", "content": c}]} for n, c in (("a", "hi"), ("b", "yo"), ("c", "long " * 40))]
     path = write_jsonl(tmp_path / "three.jsonl", sessions)
     opened = []
-    for hold in (60.0, 0.0):
+    for hold, waiting in ((60.0, True), (0.0, False), (0.0, True)):
         monkeypatch.setattr(kvdb.storage.base, "HOLD_SECONDS", hold)  # the policy lives in storage (before_compute)
-        with kvdb.open(tmp_path / f"{hold}.duckdb", model=tiny_model) as db:
-            before = storage_of(db).engine.connections
+        with kvdb.open(tmp_path / f"{hold}-{waiting}.duckdb", model=tiny_model) as db:
+            engine = storage_of(db).engine
+            monkeypatch.setattr(engine, "wanted", lambda waiting=waiting: waiting)
+            before = engine.connections
             assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
-            opened.append(storage_of(db).engine.connections - before)
-    assert opened[0] == 0 and opened[1] >= 3  # held through a, b and c; or let go (and taken again) for each
+            opened.append(engine.connections - before)
+    assert opened[0] == opened[1] == 0 and opened[2] >= 3  # held through a, b and c; or let go (and taken again) for each

@@ -30,6 +30,13 @@ def test_identity_is_recorded(db):
     assert len(identity.weights_hash) == 64 and len(identity.tokenizer_hash) == 64
 
 
+def test_a_request_naming_no_sampling_samples_as_the_model_card_says(db):
+    from kvdb.serving import Sampling
+    from kvdb.serving.generation import model_sampling
+
+    assert model_sampling(db.loaded_model) == Sampling(temperature=0.2, top_p=0.9)  # not 1.0: gibberish at that
+
+
 def test_unicode_text_round_trips_byte_exact(db, tmp_path):
     path = tmp_path / "unicode.md"
     path.write_bytes(UNICODE_TEXT.encode("utf-8"))

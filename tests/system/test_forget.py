@@ -251,3 +251,27 @@ def test_a_forgotten_log_is_not_archived_again_by_watch_unless_asked(tmp_path, t
     with kvdb.open(db, model=tiny_loaded) as archive:
         assert any(PHRASES["source"] in archive.text(s.session_id) for s in archive.sessions())
         assert {f.status for f in archive.watched()} == {"ingested"}
+
+
+def test_delete_source_finds_a_file_by_any_spelling_of_its_path_and_no_other(tmp_path, tiny_loaded, monkeypatch):
+    """A source is recorded as its path was given; a delete names the file in any spelling
+    (relative, absolute, through a link), found by one query, not by listing every session.
+    Another file of the folder, and text given directly, stay."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = _log(logs / "a.jsonl", ["Which test fails?", "The parser test fails."])
+    other = _log(logs / "b.jsonl", ["Which test fails?", "None of them."])
+    (tmp_path / "link").symlink_to(logs)
+    monkeypatch.chdir(tmp_path)
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as archive:
+        archive.ingest(["logs/a.jsonl", other])  # relative, as a user in tmp_path types it
+        archive.ingest(text="Which test fails? Given directly.", name="typed")
+        listed = archive.sessions
+        monkeypatch.setattr(type(storage_of(archive)), "list_sessions", lambda self: pytest.fail("a delete listed every session"))
+        gone = archive.delete_source(tmp_path / "link" / "a.jsonl")  # absolute, through the link
+        monkeypatch.undo()
+        assert gone.sessions == 1
+        assert sorted(s.name for s in listed()) == ["b", "typed"]
+        assert not any("parser test" in archive.text(s.session_id) for s in listed())
+        with pytest.raises(kvdb.errors.InvalidArgument, match="no session was archived from"):
+            archive.delete_source(log)  # gone already, in its absolute spelling
