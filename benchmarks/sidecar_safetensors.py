@@ -13,9 +13,8 @@ Decision 0059 records the result.
 from __future__ import annotations
 
 import os
-import statistics
+import sys
 import tempfile
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,11 @@ from safetensors.numpy import load_file, save_file
 
 from kvdb.index import sidecar
 
+sys.path.insert(0, str(Path(__file__).parent))
+from report import median_seconds
+
 MAGIC = b"KVDBBNCH"
+RUNS = 5  # timed calls per measure, the median kept
 
 
 def segment_arrays(positions: int = 10_000_000) -> tuple[dict[str, np.ndarray], None]:
@@ -74,15 +77,6 @@ def atomic_save_file(arrays: dict[str, np.ndarray], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def median_seconds(run: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def allocated(run: Callable[[], object]) -> int:
     tracemalloc.start()
     kept = run()
@@ -96,14 +90,14 @@ def measure(name: str, arrays: dict[str, np.ndarray], checked: tuple[str, ...] |
     ours, theirs = folder / "sidecar.kvdb", folder / "sidecar.safetensors"
     plain = {k: (v.view(np.uint8).reshape(len(v), -1) if v.dtype.kind == "S" else v) for k, v in arrays.items()}
     rows = []
-    write_ours = median_seconds(lambda: sidecar.write(ours, MAGIC, {"kind": name}, arrays, checked))
-    write_theirs = median_seconds(lambda: atomic_save_file(plain, theirs))
+    write_ours = median_seconds(lambda: sidecar.write(ours, MAGIC, {"kind": name}, arrays, checked), RUNS)
+    write_theirs = median_seconds(lambda: atomic_save_file(plain, theirs), RUNS)
     for label, path, write, open_ in (
         ("kvdb sidecar (CRC of the checked arrays)", ours, write_ours, lambda: sidecar.read(ours, MAGIC, checked=checked)),
         ("kvdb sidecar (CRC not compared)", ours, write_ours, lambda: sidecar.read(ours, MAGIC, checked=checked, check_up_to=0)),
         ("safetensors load_file", theirs, write_theirs, lambda: load_file(str(theirs))),
     ):
-        seconds = median_seconds(open_)
+        seconds = median_seconds(open_, RUNS)
         rows.append(f"| {name} | {label} | {write * 1e3:.0f} | {seconds * 1e3:.1f} | {allocated(open_) / 2**20:.1f} | {path.stat().st_size / 2**20:.2f} |")
     return rows
 
