@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # download) and postgresql, whose binaries the DuckLake tests start a cluster of their own with.
 MISSING := $(if $(wildcard /usr/bin/chromium),,chromium) $(if $(wildcard /usr/lib/postgresql/*/bin/initdb),,postgresql)
 
-.PHONY: install system-packages demo test test-fast lint ruff bench clean
+.PHONY: install system-packages demo test test-fast lint ruff docs bench clean
 
 install: $(STAMP) system-packages
 
@@ -60,6 +60,10 @@ test-fast: install
 
 lint: ruff
 	$(VENV)/bin/mypy
+
+# docs/cli.md from the commands' help (tests/cli/test_docs.py fails while it is stale).
+docs: install
+	$(PY) -m kvdb_cli.reference > docs/cli.md
 
 # benchmarks/ is checked (names, loop closures), not formatted.
 ruff: install

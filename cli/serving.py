@@ -114,7 +114,7 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
 @click.pass_context
 def mcp(ctx, allow_continue, embedder, model):
     """Answer an agent over the Model Context Protocol, on stdin and stdout (register the
-    command `kvdb --db ARCHIVE mcp` with the agent: see README.md, "Agents"). Its tools:
+    command `kvdb --db ARCHIVE mcp` with the agent: see docs/agents.md). Its tools:
     search (by phrase or meaning; filters by session, agent, project folder and days), show (a
     conversation, paged), sessions (recent first), and with --allow-continue, continue (restore
     a conversation at a position and ask the model). The archive is opened read-only."""

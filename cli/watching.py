@@ -24,7 +24,7 @@ LOG_SUFFIX = ".watch.log"
     "agent",
     type=click.Choice(sorted(AGENT_FOLDERS)),
     default=None,
-    help="Watch this agent's own log folders too, beside any PATHS (see README.md, Agents).",
+    help="Watch this agent's own log folders too, beside any PATHS (see docs/agents.md).",
 )
 @click.option("--once", is_flag=True, help="One pass over what changed since the last, then exit (for cron).")
 @click.option("--status", "show_status", is_flag=True, help="List the files followed, as last archived, and whether a watcher runs; watch nothing.")

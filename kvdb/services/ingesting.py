@@ -15,8 +15,10 @@ done once before it, in ``prepare``: no getter writes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, Queue, SessionWrite
 from kvdb.storage.edits import SEMANTIC_WORK
 from kvdb.tiers import MODEL_TIERS, TIERS, Tier, parse_keep
+from kvdb.transcripts import Transcript
 from kvdb.transcripts.redaction import redacted
 
 if TYPE_CHECKING:
@@ -118,7 +121,8 @@ class Ingester:
             given = [dataclasses.replace(t, metadata={**t.metadata, "upstream": dict(upstream)}) for t in given]
         try:
             if given is not None:
-                return self._ingest_source(lambda: given, optional, kv_preset, progress, computed, keep_cache, conversation, redact)
+                planned = _planned(given, self._models.described(), redact)
+                return self._ingest_source(planned, optional, kv_preset, progress, computed, keep_cache, conversation)
             return self._ingest_paths(source, optional, kv_preset, progress, keep_cache, strict, redact, heard or (lambda results: None))
         finally:
             self._storage.release()  # done writing: other processes need not wait for this object's next call
@@ -135,27 +139,26 @@ class Ingester:
             except TranscriptError as exc:
                 results.append(IngestResult(None, Path(given).stem, str(given), 0, IngestStatus.FAILED, str(exc)))
         heard(list(results))  # the paths that failed to be listed
-        with self._storage.batch():  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
-            for path in dict.fromkeys(found):
-                committed = self._ingest_file(path, optional, kv_preset, progress, keep_cache, strict, redact)
+        files = list(dict.fromkeys(found))
+        if not files:
+            return results
+        reader = _FileReader(self._models.described, strict, redact, ahead=not self._claims.needed)
+        with self._storage.batch(), reader:  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
+            for at, path in enumerate(files):
+                committed = self._ingest_file(path, functools.partial(reader.read, files, at), optional, kv_preset, progress, keep_cache)
                 self._storage.after_commit(lambda committed=committed: heard(committed))
                 results.extend(committed)
         return results
 
     def _ingest_file(
-        self, path: Path, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool, redact: bool
+        self, path: Path, read: Callable[[], Read], optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool
     ) -> list[IngestResult]:
         def archive(progress: Progress | None) -> list[IngestResult]:
-            skipped: list[dict] | None = None if strict else []  # malformed records left out, named in the file's first result
+            planned, skipped = read()
             try:
-                results = self._ingest_source(
-                    lambda: transcripts.iter_transcripts(path, SESSION_BYTES, skipped),
-                    optional,
-                    kv_preset,
-                    progress,
-                    keep_cache=keep_cache,
-                    redact=redact,
-                )
+                if isinstance(planned, TranscriptError):
+                    raise planned
+                results = self._ingest_source(planned, optional, kv_preset, progress, keep_cache=keep_cache)
             except EmptyTranscript as exc:
                 results = [IngestResult(None, path.stem, str(path), 0, IngestStatus.EMPTY, str(exc))]
             except TranscriptError as exc:
@@ -190,23 +193,19 @@ class Ingester:
 
     def _ingest_source(
         self,
-        sessions: Callable[[], Iterable],
+        planned: list[Planned],
         optional: frozenset[str],
         kv_preset: str,
         progress: Progress | None,
         computed: Computed | None = None,
         keep_cache: bool = False,
         conversation: str | None = None,
-        redact: bool = False,
     ) -> list[IngestResult]:
-        """Archive the sessions of one source. It is parsed before the model loads (a malformed
-        file is refused in milliseconds), then each session is rendered and tokenized, all
-        before the first write: a failure anywhere writes nothing."""
-        items = [redacted(t) for t in sessions()] if redact else list(sessions())
+        """Archive the sessions of one source, read whole before the first write (``planned``):
+        a failure anywhere writes nothing. It was parsed before the model loads, so a malformed
+        file is refused in milliseconds."""
         loaded, books = self.prepare(optional, kv_preset)
-        context = loaded.context_tokens
         model_id = loaded.identity.model_id
-        planned = [part for item in items for part in plan_parts(loaded.tokenizer, model_id, item, context)]  # all before the first write
         if computed is not None and len(planned) > 1:
             raise InvalidArgument(f"a computed pass covers one session within the model's context; this one has {len(planned)} parts")
         if progress:
@@ -362,6 +361,55 @@ class Ingester:
         if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
             self._prefix_cache.save(pending[0], pending[2], pending[3])
         self._pending_prefix = (plan.session_id, ids, cache, path)
+
+
+# A file's sessions read and tokenized (or why it cannot be), and the records its reading left out
+Read = tuple[list[Planned] | TranscriptError, list[dict] | None]
+
+
+def _planned(items: Iterable[Transcript], described, redact: bool) -> list[Planned]:
+    """Sessions parsed, rendered and tokenized, as the sessions that archive them (``plan_parts``)."""
+    tokenizer, model_id, context = described.tokenizer, described.identity.model_id, described.context_tokens
+    return [part for item in items for part in plan_parts(tokenizer, model_id, redacted(item) if redact else item, context)]
+
+
+class _FileReader:
+    """Files read (parsed, rendered, tokenized) one ahead of their writes, on a thread of their
+    own: DuckDB's statements and the tokenizer let go of the GIL, so the next file is read on the
+    second core while this one's statements run (decision 0065). A file is parsed before the
+    model is looked at (a malformed one is refused without it), so files are read on the
+    caller's thread until one tells what the model is. With ``ahead`` false each file is read
+    when asked (a worker reads only the files it has claimed)."""
+
+    def __init__(self, describe: Callable[[], Any], strict: bool, redact: bool, ahead: bool):
+        self._describe, self._strict, self._redact = describe, strict, redact
+        self._described = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvdb-read") if ahead else None
+        self._next: tuple[int, Future[Read]] | None = None
+
+    def read(self, files: list[Path], at: int) -> Read:
+        ahead, self._next = self._next, None
+        read = ahead[1].result() if ahead is not None and ahead[0] == at else self._read(files[at])
+        if self._pool is not None and self._described is not None and at + 1 < len(files):
+            self._next = (at + 1, self._pool.submit(self._read, files[at + 1]))
+        return read
+
+    def _read(self, path: Path) -> Read:
+        skipped: list[dict] | None = None if self._strict else []  # malformed records left out, named in the file's first result
+        try:
+            items = list(transcripts.iter_transcripts(path, SESSION_BYTES, skipped))
+            if self._described is None:  # on the caller's thread: no file is read ahead before this
+                self._described = self._describe()
+            return _planned(items, self._described, self._redact), skipped
+        except TranscriptError as exc:
+            return exc, skipped
+
+    def __enter__(self) -> _FileReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # a read under way ends first: it writes nothing
 
 
 def _alphabet(loaded) -> int:

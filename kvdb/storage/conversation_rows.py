@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from kvdb.storage.base import ConversationRow, SessionRow, agent_of, cwd_of, folder_of, said_at_of, stamp
 from kvdb.storage.edits import Delete, Edit, Insert, Update
-from kvdb.storage.sql_rows import ANY, SESSION, session_row
+from kvdb.storage.literals import ANY
+from kvdb.storage.sql_rows import SESSION, session_row
 
 SUMMARY = ("versions", "updated_at", "latest_id", "said_at", "agent", "cwd", "folder")  # columns of the conversations table
 

@@ -22,6 +22,7 @@ from kvdb import sealing
 from kvdb.errors import ArchiveError, ArchiveKeyError, ArchiveLocked, ArchiveReadOnly, StaleWrite
 from kvdb.storage.base import hold_seconds
 from kvdb.storage.engine import REVISION, Engine, first_line, load_extensions, quoted, revision, transaction
+from kvdb.storage.literals import literal_connection
 
 SEALED_CATALOG = "kvdb"  # an encrypted file's name in its connection (a plain one's is its file's stem)
 COMPACT_MIN_BYTES = 1 << 20  # gc rewrites the file only to give back at least this much (and a quarter of it)
@@ -64,7 +65,7 @@ class DuckDBFile(Engine):
 
     def connection(self) -> duckdb.DuckDBPyConnection:
         if self._conn is None:
-            self._conn = self._connect()
+            self._conn = literal_connection(self._connect())
         return self._conn
 
     def _connect(self) -> duckdb.DuckDBPyConnection:

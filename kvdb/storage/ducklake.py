@@ -33,6 +33,7 @@ from kvdb.errors import ArchiveError, CorruptData, NewerArchiveError, StaleWrite
 from kvdb.storage import edits
 from kvdb.storage.base import utc_now
 from kvdb.storage.engine import REVISION, Engine, first_line, load_extensions, quoted, revision, transaction
+from kvdb.storage.literals import literal_connection
 from kvdb.user_cache import cache_dir
 
 ALIAS = "lake"
@@ -94,7 +95,7 @@ class DuckLake(Engine):
             except BaseException:
                 conn.close()
                 raise
-            self._conn = conn
+            self._conn = literal_connection(conn)
         return self._conn
 
     def _attach(self, cursor: duckdb.DuckDBPyConnection) -> None:

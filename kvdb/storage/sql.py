@@ -26,7 +26,8 @@ from kvdb.errors import ArchiveError
 from kvdb.storage import base, conversation_rows, edits, sql_apply
 from kvdb.storage.base import CodebookRow, ConversationFilter, ConversationRows, IndexState, ModelRow, NodeRow, Plan, SessionRow, WatchedFileRow
 from kvdb.storage.engine import Engine
-from kvdb.storage.sql_rows import ANY, CONVERSATION, NODE, SESSION, SESSIONS, UNSCORED, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
+from kvdb.storage.literals import ANY
+from kvdb.storage.sql_rows import CONVERSATION, NODE, SESSION, SESSIONS, UNSCORED, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)

@@ -33,7 +33,7 @@ from kvdb.storage.base import (
     SessionWrite,
     utc_now,
 )
-from kvdb.storage.sql_rows import ANY
+from kvdb.storage.literals import ANY
 
 
 def apply(conn, plan: Plan) -> dict | None:

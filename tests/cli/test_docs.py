@@ -1,42 +1,34 @@
-"""README.md documents the command line: every command in its command table, every option in its text.
+"""The command reference is the commands' own help, and the README names only real commands.
 
-The commands and options are read from the click application itself (``kvdb_cli.main:main``,
-subgroups such as ``codebooks train`` included), so a command or option added without a line in
-README.md fails here, and so does a table row naming a command that no longer exists.
+``docs/cli.md`` is written by ``kvdb_cli.reference`` from the click application itself
+(``kvdb_cli.main:main``, subgroups such as ``codebooks train`` included): a command or option
+added without ``make docs`` fails here. README.md's examples are read back against the CLI, so
+one that names a command or option that no longer exists fails too.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import shlex
 from pathlib import Path
 
 import click
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from kvdb_cli import reference
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CLI_MD = ROOT / "docs" / "cli.md"
 
 
 def _cli() -> click.Group:
     return importlib.import_module("kvdb_cli.main").main
 
 
-def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], click.Command]:
-    """Every command under ``group`` by its path (``("codebooks", "train")``), groups included."""
-    out: dict[tuple[str, ...], click.Command] = {}
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if command is None or command.hidden:
-            continue
-        out[prefix + (name,)] = command
-        if isinstance(command, click.Group):
-            out.update(_commands(command, prefix + (name,)))
-    return out
-
-
 def _leaves() -> dict[tuple[str, ...], click.Command]:
-    return {path: cmd for path, cmd in _commands(_cli()).items() if not isinstance(cmd, click.Group)}
+    return {path: cmd for path, cmd in reference.commands(_cli()).items() if not isinstance(cmd, click.Group)}
 
 
 def _option_names(command: click.Command) -> set[str]:
@@ -52,47 +44,46 @@ def _option_names(command: click.Command) -> set[str]:
     return names
 
 
-def _split_row(line: str) -> list[str]:
-    """The cells of a markdown table row; ``\\|`` inside a cell is not a separator."""
-    cells = re.split(r"(?<!\\)\|", line.strip())
-    return [c.strip() for c in cells[1:-1]]
+def _examples(text: str) -> list[str]:
+    """The ``kvdb ...`` command lines of the shell blocks of ``text`` (fenced, in no language or
+    a shell's), a ``$ `` prompt and a trailing comment taken off."""
+    lines, fence = [], None  # fence: the open block's language, None outside blocks
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("```"):
+            fence = line[3:].strip() if fence is None else None
+            continue
+        line = re.sub(r"^\$ ", "", line)
+        if fence in ("", "bash", "sh", "shell", "console") and line.startswith("kvdb "):
+            lines.append(re.sub(r"\s+#.*$", "", line))
+    return lines
 
 
-def _table_commands(text: str) -> list[tuple[str, ...]]:
-    """The command path each row of README's command table names (the table whose first header is "command").
+def _words(line: str) -> list[str]:
+    """A command line's words as the shell reads them; a line whose quote goes on to the next
+    line (a long SQL query) by its spaces."""
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
 
-    A row's first cell reads like ```kvdb codebooks train [--preset k4v3]```: the command is
-    the lowercase words after ``kvdb``, up to the first argument or option.
-    """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("|") and _split_row(line)[:1] == ["command"]), None)
-    assert start is not None, "README.md has no command table (a table whose first column is `command`)"
-    rows = []
-    for line in lines[start + 2 :]:  # past the header and its |---| separator
-        if not line.startswith("|"):
+
+def _command_of(line: str, commands: dict[tuple[str, ...], click.Command]) -> tuple[tuple[str, ...], list[str]]:
+    """(the command path an example line runs, the options it gives); a path of one word that is
+    no command where the line names none."""
+    valued = {o for p in _cli().params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+    words, path, at = _words(line)[1:], (), 0
+    while at < len(words):
+        word = words[at]
+        if not path and word.startswith("-"):  # a global option (--db FILE) before the command
+            at += 2 if word in valued else 1
+        elif path + (word,) in commands:
+            path, at = path + (word,), at + 1
+        else:
             break
-        cell = _split_row(line)[0]
-        code = re.search(r"`([^`]+)`", cell)
-        assert code, f"command table row does not name a command in backticks: {line}"
-        words = code.group(1).split()
-        assert words[0] == "kvdb", f"command table row does not start with `kvdb`: {line}"
-        path = []
-        for word in words[1:]:
-            if not re.fullmatch(r"[a-z][a-z0-9-]*", word):
-                break
-            path.append(word)
-        assert path, f"command table row names no command: {line}"
-        rows.append(tuple(path))
-    return rows
-
-
-def _mentions(text: str, option: str) -> bool:
-    return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text) is not None
-
-
-@pytest.fixture(scope="module")
-def readme() -> str:
-    return README.read_text(encoding="utf-8")
+    if not path:
+        return (words[at] if at < len(words) else "",), []
+    return path, [w.split("=")[0] for w in words if re.fullmatch(r"--?[a-zA-Z][\w-]*(=.*)?", w)]
 
 
 def test_the_cli_is_discovered():
@@ -106,28 +97,43 @@ def test_the_cli_is_discovered():
     assert {"--db", "--version", "--help"} <= _option_names(_cli())
 
 
-def test_the_table_parser_reads_the_rows(readme):
-    rows = _table_commands(readme)
-    assert ("ingest",) in rows and ("codebooks", "train") in rows and ("index", "rebuild") in rows
-    assert _table_commands("| command | what |\n|---|---|\n| `kvdb restore SESSION [--mode a\\|b]` | x |\n") == [("restore",)]
-    assert not _mentions("`--keeps` and `--keep-all`", "--keep") and _mentions("[--keep TIERS]", "--keep")
+def test_docs_cli_md_is_the_help_as_it_stands():
+    written = CLI_MD.read_text(encoding="utf-8")
+    assert written == reference.reference(_cli()), "docs/cli.md is stale: run `make docs` (python -m kvdb_cli.reference > docs/cli.md)"
 
 
-def test_every_command_is_in_the_command_table(readme):
-    rows = set(_table_commands(readme))
-    missing = [" ".join(path) for path in _leaves() if path not in rows]
-    assert not missing, f"commands missing from README.md's command table: {missing}"
+def test_the_reference_has_every_command_and_option():
+    written = CLI_MD.read_text(encoding="utf-8")
+    for path, command in {(): _cli(), **reference.commands(_cli())}.items():
+        title = " ".join(("kvdb", *path))
+        section = written.split(f"## `{title}`\n", 1)
+        assert len(section) == 2, f"docs/cli.md has no section for {title}"
+        body = section[1].split("\n## ", 1)[0]
+        assert f"Usage: {title} " in body
+        missing = [o for o in _option_names(command) if re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", body) is None]
+        assert not missing, f"{title}: options missing from its section of docs/cli.md: {missing}"
 
 
-def test_every_table_row_names_a_command(readme):
-    leaves = _leaves()
-    unknown = [" ".join(path) for path in _table_commands(readme) if path not in leaves]
-    assert not unknown, f"README.md's command table names commands the CLI does not have: {unknown}"
+def test_the_example_parser_reads_commands_and_options():
+    commands = {("search",): _cli(), ("codebooks",): _cli(), ("codebooks", "train"): _cli()}
+    assert _examples("x\n```bash\n$ kvdb --db a.duckdb search 'x y' -k 3  # why\n```\n") == ["kvdb --db a.duckdb search 'x y' -k 3"]
+    assert _command_of("kvdb --db a.duckdb search x -k 3", commands) == (("search",), ["--db", "-k"])
+    assert _command_of("kvdb codebooks train --preset k4v3", commands) == (("codebooks", "train"), ["--preset"])
+    assert _command_of("kvdb serach x", commands) == (("serach",), [])
 
 
-def test_every_option_is_documented(readme):
-    commands = {("kvdb",): _cli(), **{("kvdb", *path): cmd for path, cmd in _commands(_cli()).items()}}
-    missing = sorted(
-        f"{' '.join(path)} {option}" for path, command in commands.items() for option in _option_names(command) if not _mentions(readme, option)
-    )
-    assert not missing, f"options not mentioned in README.md: {missing}"
+@pytest.mark.parametrize("document", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_example_runs_a_command_with_its_options(document):
+    commands = {(): _cli(), **reference.commands(_cli())}
+    examples = _examples(document.read_text(encoding="utf-8"))
+    if document == README:
+        assert len(examples) >= 6, "README.md's quick start shows too few commands"
+    wrong = []
+    for line in examples:
+        path, options = _command_of(line, commands)
+        if path not in commands:
+            wrong.append(f"{line!r}: no command `kvdb {' '.join(path)}`")
+            continue
+        known = _option_names(commands[path]) | _option_names(_cli()) | {f for p in commands[path].params for f in p.opts + p.secondary_opts}
+        wrong += [f"{line!r}: `kvdb {' '.join(path)}` has no option {o}" for o in options if o not in known and o.split("=")[0] not in known]
+    assert not wrong, f"{document.name}: examples that name no real command or option:\n" + "\n".join(wrong)

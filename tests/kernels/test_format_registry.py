@@ -133,8 +133,8 @@ def kvdb_cli_main():
 def test_the_readme_table_lists_every_built_in_format_with_examples():
     from support import REPO
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    table = readme[readme.index("### Transcript formats") :].split("\n\n")[2]
+    readme = (REPO / "docs" / "transcripts.md").read_text(encoding="utf-8")
+    table = readme[readme.index("# Transcript formats") :].split("\n\n")[2]
     rows = {line.split("|")[1].strip().strip("`"): line.split("|")[4].strip() for line in table.splitlines()[2:]}
     assert {f.name for f in formats.registered()} <= set(rows)
     assert all(rows.values())
