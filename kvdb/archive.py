@@ -85,18 +85,6 @@ def _page(limit: int | None, offset: int) -> tuple[int | None, int]:
     return None if limit is None else check_count("limit", limit, 1), check_count("offset", offset)
 
 
-def open(  # noqa: A001 (mirrors builtins.open on purpose)
-    path: str | Path | None = None,
-    model=None,
-    read_only: bool = False,
-    data_path: str | Path | None = None,
-    prefix_cache_mb: float | None = None,
-    embedder=None,
-    key: str | bytes | None = None,
-) -> Archive:
-    return Archive(path, model, read_only, data_path, prefix_cache_mb, embedder, key)
-
-
 class Archive:
     """An archive: a DuckDB file, or a DuckLake (``ducklake:postgres:<conninfo>``). Several
     read-only Archives (processes) may read one file at once; a writing one excludes them only
@@ -686,3 +674,6 @@ class SessionHandle(Session):
 
     def delete(self) -> Deleted:
         return self.archive.delete(self.session_id)
+
+
+open = Archive  # noqa: A001 (kvdb.open(path), as builtins.open: the same signature, stated once)

@@ -49,7 +49,7 @@ CHUNK = 1 << 20  # plaintext bytes per chunk: a 16-byte tag each (0.0015 %)
 _PREFIX = 8  # random nonce prefix; a chunk's nonce is it and the chunk's index (u32)
 _TAG = 16
 _START = len(MAGIC) + _PREFIX
-# scrypt's cost: ~0.1-0.2 s and 16 MiB once per process and archive, per guess for an attacker
+# scrypt's cost: its time and 16 MiB once per process and archive, per guess for an attacker (decision 0063)
 SCRYPT = {"n": 1 << 14, "r": 8, "p": 1}
 KEY_ENV = "KVDB_KEY"
 _HOW = f"set ${KEY_ENV} or give --key-file"
@@ -189,7 +189,7 @@ def reading(path: Path) -> io.BufferedReader:
 def contents(f: io.BufferedReader):
     """The whole plaintext of a file from ``reading``, as a read-only buffer: a mapping of a
     plain file (a query pages in what it reads), the decrypted bytes of a sealed one (all of it
-    read and decrypted at once, ~4 GB/s of AES-GCM on one core, and held in memory)."""
+    read and decrypted at once, as fast as AES-GCM runs on one core (decision 0063), and held in memory)."""
     if isinstance(f.raw, _SealedReader):
         return f.raw.whole()
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -42,8 +42,8 @@ class Window(StrEnum):
 MODEL_TIERS = frozenset({Tier.LM, Tier.KV})
 # plain strings: click lists a Choice of enum members by their upper-case names
 TIERS = tuple(t.value for t in Tier)
-# the semantic tier is embedded by upkeep, not the ingest (decision 0053); tier L codes ~10 tokens/s
-# on 2 cores: opt in with --keep tokens,search,semantic,lm
+# the semantic tier is embedded by upkeep, not the ingest (decision 0053); tier L runs the model
+# over every token (decisions 0005, 0026): opt in with --keep tokens,search,semantic,lm
 DEFAULT_KEEP = "tokens,search,semantic"
 RESTORE_MODES = tuple(m.value for m in RestoreMode)
 WINDOWS = tuple(w.value for w in Window)

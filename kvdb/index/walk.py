@@ -40,9 +40,9 @@ TAIL_SHARE = 8
 MERGE_BATCH_TOKENS = 1 << 22  # nodes' tokens read from the database at once when an index is built
 # A batch's runs join the copy when the batch ends, or on a commit inside it once they are this
 # many and DEFERRED_GROWTH times as many as the tail holds: each merge sorts the whole tail
-# again, and merging each commit's (a second's) runs cost a backfill a third of its time. The
-# tail then grows fourfold a merge, and a backfill sorts 4/3 of its tokens, where doubling
-# sorted twice them (a fifth of its time at 1e7 tokens, decisions/0064).
+# again, and merging each commit's (a second's) runs cost a backfill much of its time (decision
+# 0055). The tail then grows fourfold a merge, and a backfill sorts 4/3 of its tokens, where
+# doubling sorted twice them (decisions/0064).
 DEFERRED_MIN = 1 << 18
 DEFERRED_GROWTH = 3
 

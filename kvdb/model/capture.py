@@ -304,9 +304,9 @@ def _recompute_ends(model, cache, ids: np.ndarray, head: int, tail: int) -> None
     """Run the first ``head`` and last ``tail`` tokens of ``ids`` in one forward pass onto a
     cache holding the middle (positions head .. n - tail), then put the cache in position order.
 
-    One pass instead of two reads the weights once (measured on SmolLM2 at 1,024 tokens:
-    0.21 s against 0.30 s). The mask makes it the same computation: the sinks see only
-    themselves, causally; the recent tokens see the middle, the sinks and, causally, themselves.
+    One pass instead of two reads the weights once (decision 0009 has the measurement). The mask
+    makes it the same computation: the sinks see only themselves, causally; the recent tokens see
+    the middle, the sinks and, causally, themselves.
     """
     n, mid = len(ids), len(ids) - head - tail
     if head + tail == 0:

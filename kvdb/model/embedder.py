@@ -70,7 +70,7 @@ class Embedder:
         """The forward pass: numpy's where it covers the model, unless this process has loaded
         transformers already (an ingest or a server, for the LM): there transformers' runs a
         batch of chunks faster, and OpenBLAS's threads do not contend with torch's
-        (benchmarks/semantic_ingest.py: the tier added 18.6% to ingest on numpy)."""
+        (benchmarks/RESULTS.md, "Semantic tier: ingest overhead", has the run on numpy)."""
         if self.numpy_forward is not None and "transformers" not in sys.modules:
             return self.numpy_forward
         if self._transformers_forward is None:

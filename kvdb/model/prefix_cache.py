@@ -152,7 +152,7 @@ class PrefixCache:
         parent = next(((k, p) for k, p in shorter if 0 < p < end and self._chain(k, p) is not None), None)
         start = parent[1] if parent is not None else 0
         # converted as the cache is read (a server saves each new conversation while the next
-        # request may be computing: 2,400 positions of SmolLM2 took 0.5-0.8 s in numpy)
+        # request may be computing; converting afterwards in numpy was slower, decision 0032)
         keys, values = capture.cache_arrays(cache, start, dtype=torch.float16 if self.dtype == "<f2" else torch.float32)
         if keys.dtype == np.float16 and not (np.isfinite(keys).all() and np.isfinite(values).all()):  # past float16's range
             keys, values = capture.cache_arrays(cache, start)

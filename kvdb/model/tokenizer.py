@@ -104,7 +104,7 @@ def load_full(name: str | None = None):
     if name == DEFAULT_MODEL:
         folder = embedded_folder()
         if not (folder / "config.json").is_file():
-            folder = model_folder(name)  # the first use converts the embedded GGUF (torch, ~30 s)
+            folder = model_folder(name)  # the first use converts the embedded GGUF (torch; benchmarks/RESULTS.md, "Ingest throughput and model load")
     with loading(name):
         if _tokenizer_class(folder) in GENERIC_FAST:
             from transformers import TokenizersBackend
@@ -133,7 +133,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
     A long text (a whole agent log rendered: tens of MB) is encoded in pieces, in one batch on
     every core: the fast tokenizer takes one text on one thread, and its time and memory grow
-    faster than the text (a 50 MB Claude Code log's 5.4M tokens: 75 s and 3 GB of RSS whole).
+    faster than the text (decision 0053 measured a whole Claude Code log).
     The pieces are cut where a special token begins, which is where the tokenizer cuts the text
     itself before anything else sees it (its added tokens are matched first), so the ids are
     the same as whole.

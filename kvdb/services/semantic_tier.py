@@ -47,7 +47,7 @@ CANDIDATES = 100  # chunks each retriever hands to the fusion, and sessions whol
 WEIGHTS = (0.7, 0.0, 0.3)  # cosine, chunk words, session words
 FUSION = "share"  # "share": as above; "minmax": each part scaled over the candidates (as before decision 0058)
 WEAK_BELOW = 0.41  # a hit under this score is marked weak: the cut-off that best told right top hits from unanswerable queries' on the held-out docstrings
-# A catch-up rewrites the sidecar (2.8 GB at 1e6 chunks: 39 s under load, benchmarks/semantic_latency.py)
+# A catch-up rewrites the sidecar (GBs at 1e6 chunks; benchmarks/RESULTS.md, "Semantic tier: index latency at 1e4-1e6 chunks")
 # only once the rows it changed since the file was written reach this share of them: until then
 # each new process reads those few nodes again, which costs less than the rewrite.
 SAVE_SHARE = 1 / 64

@@ -43,7 +43,7 @@ Progress = Callable[[int, int], None]
 BATCH = 64  # sessions read from the queue at a time
 WARM_SHARE = 0.9  # of the prefix cache's budget: past it, sessions get their log-probabilities and no cache
 # chunks per embedder call: a group of sessions is read, embedded without the archive's lock, then
-# committed a session at a time; one release of the file a group, not one a session (64 ms each)
+# committed a session at a time; one release of the file a group, not one a session (each costs a reconnect, decision 0054)
 GROUP_CHUNKS = 256
 SEMANTIC_ONLY = frozenset({Tier.SEMANTIC})
 NICENESS = 10  # a watcher's background upkeep gives way to the user's own work

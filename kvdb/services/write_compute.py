@@ -29,9 +29,9 @@ from kvdb.storage.base import AddTiers, NewNode, NodeRow, NodeTiers, SessionRow,
 if TYPE_CHECKING:  # torch, which tier K needs, is imported when the model is
     from kvdb.services.tier_k import TierK
 
-# Work shorter than this many new tokens (~0.3 s on 2 cores) keeps the file while the hold is
-# fresh (Storage.before_compute): readers wait at most about a second, and a stream of short
-# sessions does not pay a reconnect each.
+# Work shorter than this many new tokens (a fraction of a second of the model) keeps the file while
+# the hold is fresh (Storage.before_compute): readers wait at most about a second, and a stream of
+# short sessions does not pay a reconnect each (decision 0012).
 SHORT_WORK_TOKENS = 128
 
 

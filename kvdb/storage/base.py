@@ -15,11 +15,11 @@ import numpy as np
 
 # Services let the lock go before long work (a model's forward pass, a build), and before short
 # work too once a hold has lasted this long: other processes then wait about a second at most,
-# and a stream of short calls does not pay a reconnect (~30 ms) each.
+# and a stream of short calls does not pay a reconnect each (decision 0012).
 HOLD_SECONDS = 1.0
 # ... or this many times as long as the file's last let-go took, when longer: DuckDB writes its log
 # into the file then, and rewrites the last row group of each table written to, which grows with
-# the archive (decisions/0061): a backfill spends a tenth of its time on it, not a fifth or more.
+# the archive: a backfill then spends a small share of its time on it, not a growing one (decision 0061).
 HOLD_PER_LET_GO = 10
 
 

@@ -156,7 +156,7 @@ def _earlier(conn, session: SessionRow, path: list[str]) -> tuple[str | None, st
     """(the conversation of the longest session from the same source on ``path``, that of the
     latest session of the same file and name): rules 1 and 3. The candidates are read from the
     sessions table alone, and only the chosen ones' conversations looked up by key: joining the
-    membership table in made each session's write scan it whole (12 ms a write at 1e7 tokens)."""
+    membership table in made each session's write scan it whole (decision 0061)."""
     file = not session.source.startswith("<")  # a text or messages given in a call is no file
     query = (
         "select session_id, list_contains(?, session_id) as on_path, n_tokens, name = ? as same_name, created_at from sessions "

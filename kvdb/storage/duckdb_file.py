@@ -50,7 +50,7 @@ class DuckDBFile(Engine):
         self._released: tuple | None = None  # the file's state when this storage last let it go
         self._held_since = 0.0
         self._epoch = 0  # moves on each own write, and when the file changed while let go
-        self.connections = 0  # connections opened so far (each one costs ~30 ms)
+        self.connections = 0  # connections opened so far (each one costs a reconnect, decision 0012)
         self._batching = False  # inside ``batch()``: writes share the transaction the first began
         self._open = False  # a batch's transaction is open on the connection
         self._committed: list = []  # what waits for the batch's commit (``after_commit``)
@@ -98,7 +98,7 @@ class DuckDBFile(Engine):
     def open_connection(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the file, the archive's catalog in use. An encrypted file is
         attached to an in-memory database with its key; writing it needs httpfs's OpenSSL
-        (DuckDB's own crypto only reads), ~0.2 s a connection to load."""
+        (DuckDB's own crypto only reads), which each writing connection loads (decision 0063)."""
         if self.seal is None:
             return duckdb.connect(str(self.path), read_only=self.read_only)
         conn = duckdb.connect(":memory:")
@@ -169,8 +169,8 @@ class DuckDBFile(Engine):
 
     @contextlib.contextmanager
     def batch(self):
-        """One transaction for every write inside: a statement costs ~1 ms, a transaction's begin and
-        commit two more, and a source of many sessions made three commits a session. It commits
+        """One transaction for every write inside: a transaction's begin and commit cost as much as
+        two statements, and a source of many sessions made three commits a session (decision 0053). It commits
         at the end, or earlier once a hold has lasted its time (``keep``, or ``release`` when
         another process waits) or before long work (``release``). A write that fails
         rolls back the whole batch since its last commit: the caller's source fails whole."""

@@ -1,13 +1,12 @@
 """Statements with their parameters written into the SQL text as literals.
 
 DuckDB's Python client runs a statement with parameters as a prepare, then a bind and an
-execute: 0.2 ms more than the same statement with its values written in, and a list parameter
-(``in (select unnest(?))``) 0.8 ms more than an ``in (...)`` list. An ingest runs some 25
-statements a session, so the binding was a fifth of a backfill's time in the database (decision
-0065). Values whose literal is exact and cheap to write (integers, booleans, NULL, naive
-timestamps, ASCII text without NUL, short lists of those) are written in; any other value (bytes,
-floats, other text) stays a parameter, as does a long list, whose ``in`` list would cost more
-to parse than to bind.
+execute, and a list parameter (``in (select unnest(?))``) is converted and unnested besides. An
+ingest runs a score of short statements a session, so binding was a large share of a backfill's
+time in the database (decision 0065 has the measurements). Values whose literal is exact and
+cheap to write (integers, booleans, NULL, naive timestamps, ASCII text without NUL, short lists
+of those) are written in; any other value (bytes, floats, other text) stays a parameter, as does
+a long list, whose ``in`` list would cost more to parse than to bind.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Alembic, for the archives whose schema is behind this kvdb's: imported only then (it and
-SQLAlchemy cost ~0.5 s, more than a read-only command's whole budget)."""
+SQLAlchemy cost more than a read-only command's whole budget: decision 0031)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ class Storage:
         file (a forward pass, a model load, a build), hand the lock back, unless the work is
         ``short`` and the hold fresh (see base.hold_seconds). A hold past its time goes on, its
         batch committed, while no other process waits for the file: a let-go costs a checkpoint
-        that grows with the archive (a tenth of a backfill's time at 1e7 tokens)."""
+        that grows with the archive (decision 0061)."""
         if not short:
             self.release()
         elif self.held_for() >= self.engine.hold_seconds():
