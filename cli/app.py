@@ -49,7 +49,7 @@ def _fail(ctx: click.Context, message: str, code: int, kind: str):
 
 
 @contextlib.contextmanager
-def _layer_progress(what: str):
+def layer_progress(what: str):
     """A ``progress(kind, layer)`` for long one-time work: a bar on a terminal, else a line per
     layer on stderr, so a log or a CI run hears of minutes of work as it goes."""
     from tqdm import tqdm
@@ -66,7 +66,7 @@ PROGRESS_EVERY = 5.0  # seconds between progress lines when stderr is no termina
 
 
 @contextlib.contextmanager
-def _token_progress(what: str):
+def token_progress(what: str):
     """A ``progress(done, planned)`` over tokens: a bar on a terminal, else a line on stderr
     every few seconds, so a log hears of long work as it goes."""
     from tqdm import tqdm
@@ -98,14 +98,14 @@ def _token_progress(what: str):
     yield line
 
 
-def _emit(obj: dict) -> None:
+def emit(obj: dict) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, default=str))
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` kept on its one line of a listing: control characters (a CRLF file's ``\\r``, a
     newline inside a snippet, an escape sequence) print as escapes instead of moving the cursor
     or restyling the terminal. ``show`` and ``--json`` print text as it is."""
@@ -181,7 +181,7 @@ def main(ctx, db, data_path, key_file):
     ctx.obj = {"db": db, "data_path": data_path, "key": None if key_file is None else sealing.read_key_file(key_file)}
 
 
-def _open(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None, embedder: str | None = None) -> kvdb.Archive:
+def open_archive(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None, embedder: str | None = None) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
     archive = kvdb.open(
         ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb, embedder=embedder, key=ctx.obj["key"]

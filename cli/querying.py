@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
+from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 CELL_CHARS = 60  # a cell longer than this is cut in the table (--json gives it whole)
 
@@ -31,9 +31,9 @@ def sql(ctx, query, model, embedder, as_json):
     Prints a table; --json prints {"columns", "types", "rows"}. A write is refused."""
     if query == "-":
         query = sys.stdin.read()
-    found = _open(ctx, model, read_only=True, embedder=embedder).sql(query)
+    found = open_archive(ctx, model, read_only=True, embedder=embedder).sql(query)
     if as_json:
-        _emit(found.to_dict())
+        emit(found.to_dict())
         return
     for line in table(found.columns, found.rows):
         click.echo(line)
@@ -54,5 +54,5 @@ def table(columns: list[str], rows: list[tuple]) -> list[str]:
 
 
 def _cell(value) -> str:
-    text = "NULL" if value is None else _printable(str(value))
+    text = "NULL" if value is None else printable(str(value))
     return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"

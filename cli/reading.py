@@ -11,7 +11,7 @@ from kvdb.errors import KvdbError
 from kvdb.index.phrase import MIN_SHARE
 from kvdb.records import MeaningHit
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
-from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
+from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 DAY_HELP = "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
 SCOPE = (  # the filters `sessions` lists by and `search` keeps to: Archive.conversations' arguments
@@ -42,27 +42,25 @@ def sessions(ctx, every, agent, project, since, until, as_json):
     it was said: its log's last time, else when it was archived), with the file
     it came from and how many versions it has (conversations of one name are NAME#1, NAME#2, ...
     in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`)."""
-    archive = _open(ctx, read_only=True)
+    archive = open_archive(ctx, read_only=True)
     if every:
         if agent or project or since or until:
             raise click.UsageError("--versions lists every session; the filters go with the conversation list")
         for s in archive.sessions():
             if as_json:
-                _emit(s.to_dict())
+                emit(s.to_dict())
             else:
                 part = f" (part {s.part['number']})" if s.part else ""
-                click.echo(
-                    f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {_printable(s.name)}{part}  ({_printable(s.source)}){_via(s)}"
-                )
+                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {printable(s.name)}{part}  ({printable(s.source)}){_via(s)}")
         return
     for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
         if as_json:
-            _emit(c.to_dict())
+            emit(c.to_dict())
             continue
         versions = f"  [{c.versions} versions]" if c.versions > 1 else ""
         latest = c.latest
         click.echo(
-            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {_printable(c.title)}  ({_printable(latest.source)}){versions}{_via(latest)}"
+            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {printable(c.title)}  ({printable(latest.source)}){versions}{_via(latest)}"
         )
 
 
@@ -72,7 +70,7 @@ def _via(session) -> str:
     upstream = session.upstream
     if upstream is None:
         return ""
-    model = _printable(str(upstream.get("model")))
+    model = printable(str(upstream.get("model")))
     return f"  [via {model}]" if upstream.get("same_model") else f"  [via {model}: local tokenizer's tokens, no KV]"
 
 
@@ -83,11 +81,11 @@ def _via(session) -> str:
 def history(ctx, conversation, as_json):
     """List the versions of a conversation, oldest first: each state it was archived in (a log
     ingested as it grew, a chat turn after turn) and each fork. Version N is CONVERSATION@vN."""
-    found = _open(ctx, read_only=True).conversation(conversation)
+    found = open_archive(ctx, read_only=True).conversation(conversation)
     if as_json:
-        _emit(found.to_dict())
+        emit(found.to_dict())
         return
-    click.echo(f"{_printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)")
+    click.echo(f"{printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)")
     for v in found.versions:
         fork = f"  fork of {v.branch_of[:12]} after {v.forked_at} tok" if v.branch_of else ""
         part = f"  part {v.session.part['number']} from token {v.session.part['starts']}" if v.session.part else ""
@@ -107,14 +105,14 @@ def show(ctx, session, start, end, model, as_json):
 
     --json adds "side": the text of the session's file that is no turn (a title, summaries,
     tool schemas, alternative replies, hook output, attachment names)."""
-    archive = _open(ctx, model, read_only=True)
+    archive = open_archive(ctx, model, read_only=True)
     s = archive.session(session)
     text = archive.text(s.session_id, start, end)
     if as_json:
         start = 0 if start is None else start
         end = s.n_tokens if end is None else end
         tokens = archive.tokens(s.session_id, start, end).tolist()
-        _emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": tokens, "side": s.side})
+        emit({"session_id": s.session_id, "start": start, "end": end, "text": text, "tokens": tokens, "side": s.side})
     else:
         click.echo(text, nl=False)
         if sys.stdout.isatty() and not text.endswith("\n"):
@@ -158,7 +156,7 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     """Restore a session into the model and continue it greedily. The JSON's `reason` says why
     the restore took its mode, and an archive restore's `fidelity` what its tier K preset was
     measured to cost, under `preset_fidelity` (`--fidelity` measures this restore itself, under `fidelity`)."""
-    archive = _open(ctx, model, read_only=True)
+    archive = open_archive(ctx, model, read_only=True)
     s = archive.session(session)
     restored = archive.restore(s.session_id, at=at, mode=mode, window=window, max_loss=max_loss)
     text = archive.generate(restored, prompt, max_new_tokens)
@@ -167,10 +165,10 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     if fidelity is not None:
         out["fidelity"] = fidelity.to_dict()
     if as_json:
-        _emit(out)
+        emit(out)
     else:
         click.echo(
-            f"[restored {restored.position} tokens of {_printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]", err=True
+            f"[restored {restored.position} tokens of {printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]", err=True
         )
         if fidelity is not None:
             click.echo(
@@ -230,14 +228,14 @@ def search(
     word by word and letter by letter ("iphone" finds "iPhone"), unless --case-sensitive. Each hit gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
-    archive = _open(ctx, model, read_only=True, embedder=embedder)
+    archive = open_archive(ctx, model, read_only=True, embedder=embedder)
     if not archive.session_count():
         raise KvdbError("the archive is empty; ingest transcripts first with `kvdb ingest PATH`")
     if count_only:
         if semantic:
             raise click.UsageError("--count counts the places that hold the phrase; it does not go with --semantic")
         counted = archive.count(phrase, session=session, case_sensitive=case_sensitive)
-        _emit(counted.to_dict()) if as_json else click.echo(counted.count)
+        emit(counted.to_dict()) if as_json else click.echo(counted.count)
         sys.exit(0 if counted.count else 1)
     scope = {"agent": agent, "project": _folder(project), "since": since and since.date(), "until": until and until.date()}
     if semantic:
@@ -251,12 +249,12 @@ def search(
         )
     for h in hits:
         if as_json:
-            _emit(h.to_dict())
+            emit(h.to_dict())
             continue
         grade = "exact" if h.exact else f"score {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
         grade += ", weak" if isinstance(h, MeaningHit) and h.weak else ""
-        click.echo(f"{_printable(h.title or h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
-        click.echo("    " + _printable(h.before) + click.style(_printable(h.match), bold=True, reverse=True) + _printable(h.after))
+        click.echo(f"{printable(h.title or h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
+        click.echo("    " + printable(h.before) + click.style(printable(h.match), bold=True, reverse=True) + printable(h.after))
     if semantic and not as_json and any(isinstance(h, MeaningHit) and h.weak for h in hits):
         from kvdb.services.semantic_tier import WEAK_BELOW
 
@@ -272,9 +270,9 @@ def search(
 @click.pass_context
 def stats(ctx, as_json):
     """Sessions, tokens, and bytes stored per tier."""
-    st = _open(ctx, read_only=True).stats()
+    st = open_archive(ctx, read_only=True).stats()
     if as_json:
-        _emit(st.to_dict())
+        emit(st.to_dict())
         return
     click.echo(f"sessions       {st.sessions}")
     click.echo(f"tokens         {st.tokens}  (summed over sessions)")
@@ -302,12 +300,12 @@ def prefixes(ctx, as_json):
     runs no model for the default tiers, so a prefix's bits are "pending" until `kvdb upkeep`
     (or the idle time of `kvdb watch` and `kvdb serve`) has scored it.
     """
-    for p in _open(ctx, read_only=True).prefixes():
+    for p in open_archive(ctx, read_only=True).prefixes():
         if as_json:
-            _emit(p.to_dict())
+            emit(p.to_dict())
         else:
             bits = "  pending" if p.bits is None else f"{p.bits:>9.1f}"
-            click.echo(f"{p.tokens:>7} tok  {bits} bits  {p.sessions:>3} sessions  {_printable(' '.join(p.text.split()[:8]))}")
+            click.echo(f"{p.tokens:>7} tok  {bits} bits  {p.sessions:>3} sessions  {printable(' '.join(p.text.split()[:8]))}")
 
 
 def _folder(project: str | None) -> str | None:

@@ -32,21 +32,25 @@ def commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[tuple[str
     return out
 
 
-def help_text(command: click.Command, path: tuple[str, ...]) -> str:
-    """``kvdb PATH --help`` as a user sees it, at ``WIDTH`` columns."""
-    parent = None
-    for name in ("kvdb", *path[:-1]):  # a chain of contexts, so the usage line names the whole command
-        parent = click.Context(click.Command(name), info_name=name, parent=parent, terminal_width=WIDTH, max_content_width=WIDTH)
-    name = path[-1] if path else "kvdb"
-    ctx = click.Context(command, info_name=name, parent=parent if path else None, terminal_width=WIDTH, max_content_width=WIDTH)
+def help_text(main: click.Group, path: tuple[str, ...]) -> str:
+    """``kvdb PATH --help`` as a user sees it, at ``WIDTH`` columns: each context made as click
+    makes it for a command line (the group's settings, ``-h`` among them, passed down), so the
+    text does not depend on what ran before in the process (click keeps a command's help option
+    once made)."""
+    ctx = main.make_context("kvdb", [], resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH)
+    command: click.Command = main
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.get_command(ctx, name)  # type: ignore[assignment]
+        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH)
     return command.get_help(ctx).rstrip()
 
 
 def reference(main: click.Group) -> str:
     sections = [HEADER]
-    for path, command in {(): main, **commands(main)}.items():
+    for path in [(), *commands(main)]:
         title = " ".join(("kvdb", *path))
-        sections.append(f"## `{title}`\n\n```text\n{help_text(command, path)}\n```\n")
+        sections.append(f"## `{title}`\n\n```text\n{help_text(main, path)}\n```\n")
     return "\n".join(sections)
 
 

@@ -9,7 +9,7 @@ import click
 
 from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
-from kvdb_cli.app import _open, embedder_option, main, model_option
+from kvdb_cli.app import embedder_option, main, model_option, open_archive
 
 
 @main.command()
@@ -94,7 +94,7 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
         upstream = base_url(upstream)  # a malformed URL refused before the model loads
 
     engine = Engine(
-        _open(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder),
+        open_archive(ctx, model, prefix_cache_mb=prefix_cache_mb, embedder=embedder),
         keep=keep,
         restore=restore,
         queue=queue,
@@ -120,7 +120,7 @@ def mcp(ctx, allow_continue, embedder, model):
     a conversation at a position and ask the model). The archive is opened read-only."""
     from kvdb_mcp import build, over  # the SDK is imported by this command alone
 
-    archive = _open(ctx, model, read_only=True, embedder=embedder)
+    archive = open_archive(ctx, model, read_only=True, embedder=embedder)
     # Ctrl-C (and an agent's SIGINT) would wait for the SDK's stdin reader thread, that is, for
     # stdin to close. Nothing is left half-done by leaving at once: the archive is read-only.
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))

@@ -7,7 +7,7 @@ import sys
 import click
 
 from kvdb.codecs import presets
-from kvdb_cli.app import _emit, _layer_progress, _open, _token_progress, embedder_option, json_option, main, model_option
+from kvdb_cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, token_progress
 
 
 @main.command()
@@ -19,9 +19,9 @@ def verify(ctx, deep, as_json):
 
     Exit status 0 when everything holds, 1 when a problem was found (one line each).
     """
-    report = _open(ctx, read_only=True).verify(deep=deep)
+    report = open_archive(ctx, read_only=True).verify(deep=deep)
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         for note in report.notes:
             click.echo(f"note: {note}")
@@ -56,19 +56,19 @@ def upkeep(ctx, limit, show_status, only, embedder, model, as_json):
     the rest; `kvdb watch` and `kvdb serve` do it in their idle time. Each session commits
     alone: a run stopped any way (Ctrl-C, kill -9) is resumed by the next.
     """
-    archive = _open(ctx, model, embedder=embedder)
+    archive = open_archive(ctx, model, embedder=embedder)
     if show_status:
         pending = archive.pending()
         if as_json:
-            _emit(pending.to_dict())
+            emit(pending.to_dict())
         else:
             for work, queued in (("semantic", pending.semantic), ("logprobs", pending.logprobs)):
                 click.echo(f"{work:<9} {queued.sessions} sessions ({queued.tokens} tokens) queued")
         return
-    with _token_progress("upkeep") as progress:
+    with token_progress("upkeep") as progress:
         report = archive.upkeep(limit=limit, progress=progress, only=only)
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         left = report.pending
         click.echo(
@@ -82,9 +82,9 @@ def upkeep(ctx, limit, show_status, only, embedder, model, as_json):
 @click.pass_context
 def repair(ctx, as_json):
     """Rebuild what can be derived (search indexes), then say what cannot be repaired."""
-    result = _open(ctx).repair()
+    result = open_archive(ctx).repair()
     if as_json:
-        _emit(result.to_dict())
+        emit(result.to_dict())
     else:
         click.echo(f"rebuilt {len(result.rebuilt_indexes)} search index(es)")
         for problem in result.unrepairable:
@@ -113,9 +113,9 @@ def codebooks():
 @click.pass_context
 def codebooks_train(ctx, preset, tokens, model, as_json):
     """Train codebooks on the archive's own sessions; later `ingest --keep ...,kv` of the same preset uses them."""
-    report = _open(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
+    report = open_archive(ctx.parent, model).train_codebooks(preset=preset, tokens=tokens)
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         click.echo(f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s")
 
@@ -130,9 +130,9 @@ def codebooks_list(ctx, as_json):
     STORED is what the archive keeps; CENTROIDS what decoding uses (for shipped codebooks, a
     file in this machine's kvdb cache, shared by every archive of the model).
     """
-    for c in _open(ctx.parent, read_only=True).codebooks():
+    for c in open_archive(ctx.parent, read_only=True).codebooks():
         if as_json:
-            _emit(c.to_dict())
+            emit(c.to_dict())
         else:
             where = "" if c.on_this_machine else "  (not built on this machine yet)"
             click.echo(f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}")
@@ -152,11 +152,11 @@ def codebooks_build(ctx, preset, model, as_json):
     directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` of that preset on any archive
     with no trained codebooks of it; otherwise the first such ingest builds them.
     """
-    archive = _open(ctx.parent, model)
-    with _layer_progress("shipped codebooks") as heard:
+    archive = open_archive(ctx.parent, model)
+    with layer_progress("shipped codebooks") as heard:
         report = archive.build_shipped_codebooks(progress=heard, preset=preset)
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         state = f"built in {report.seconds}s" if report.built else "built already"
         click.echo(f"shipped {report.preset} codebooks ({report.bytes} bytes) {state}: {report.path}")
@@ -173,9 +173,9 @@ def index():
 @click.pass_context
 def index_rebuild(ctx, model, as_json):
     """Rebuild the search index from the archived token streams."""
-    report = _open(ctx.parent, model).rebuild_index()
+    report = open_archive(ctx.parent, model).rebuild_index()
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         click.echo(f"rebuilt index {report.index_key}: {report.sessions} sessions, {report.points} points in {report.seconds}s")
 
@@ -201,9 +201,9 @@ def gc(ctx, now, as_json):
     slot are renumbered, chunk sidecars rebuilt, exact caches of them removed, and the file
     rewritten (a lake's files holding deleted rows written again). What it cannot erase yet (a
     lake's replaced files, kept for readers) it names, with how to erase it."""
-    freed = _open(ctx).gc(now)
+    freed = open_archive(ctx).gc(now)
     if as_json:
-        _emit(freed.to_dict())
+        emit(freed.to_dict())
     else:
         click.echo(
             f"freed {freed.nodes} nodes, {freed.tokens} tokens, {freed.token_bytes} bytes of token blocks, "

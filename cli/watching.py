@@ -11,7 +11,7 @@ import click
 
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET
-from kvdb_cli.app import _emit, _open, _printable, embedder_option, json_option, main, model_option
+from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 PID_SUFFIX = ".watch.pid"  # beside the archive: the running watcher's process id, for --status
 LOG_SUFFIX = ".watch.log"
@@ -57,21 +57,21 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, readmit
         _status(ctx, as_json)
         return
     roots = [str(p) for p in agent_sources(agent, paths, follow=True)]
-    archive = _open(ctx, model, embedder=embedder)
+    archive = open_archive(ctx, model, embedder=embedder)
     archive.check_keep(keep, kv_preset)
     log = _log(archive.local_path(LOG_SUFFIX))
 
     def heard(results) -> None:
         for r in results:
             if as_json:
-                _emit(r.to_dict())
+                emit(r.to_dict())
             part = f" part {r.part}" if r.part is not None else ""
             line = (
                 f"{r.status.value} {r.source}"
                 + (f" ({r.name}{part}: {r.new_tokens} new tokens)" if r.status == "ingested" else "")
                 + (f": {r.error}" if r.error else "")
             )
-            (log.error if r.status == "failed" else log.info)(_printable(line))
+            (log.error if r.status == "failed" else log.info)(printable(line))
 
     if once:
         heard(archive.watch(roots, keep=keep, kv_preset=kv_preset, redact=redact, readmit_forgotten=readmit))
@@ -90,19 +90,17 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, readmit
 
 
 def _status(ctx, as_json: bool) -> None:
-    archive = _open(ctx, read_only=True)
+    archive = open_archive(ctx, read_only=True)
     pid_file = archive.local_path(PID_SUFFIX)
     pid = int(pid_file.read_text()) if pid_file.exists() else None
     running = pid is not None and _alive(pid)
     files = archive.watched()
     if as_json:
-        _emit({"running": running, "pid": pid if running else None, "files": [f.to_dict() for f in files]})
+        emit({"running": running, "pid": pid if running else None, "files": [f.to_dict() for f in files]})
         return
     click.echo(f"watcher running (pid {pid})" if running else "no watcher running")
     for f in files:
-        click.echo(
-            f"{f.status:<10} {f.size:>10} B  {f.checked_at:%Y-%m-%d %H:%M:%S}  {_printable(f.path)}" + (f"  ({_printable(f.detail)})" if f.detail else "")
-        )
+        click.echo(f"{f.status:<10} {f.size:>10} B  {f.checked_at:%Y-%m-%d %H:%M:%S}  {printable(f.path)}" + (f"  ({printable(f.detail)})" if f.detail else ""))
 
 
 def _alive(pid: int) -> bool:

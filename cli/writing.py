@@ -13,7 +13,7 @@ from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, parse_keep
-from kvdb_cli.app import _emit, _layer_progress, _open, _printable, _token_progress, embedder_option, json_option, main, model_option
+from kvdb_cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, printable, token_progress
 
 
 @main.command("formats")
@@ -31,7 +31,7 @@ def formats_command(example, as_json):
         return
     for f in known:
         if as_json:
-            _emit(f.to_dict())
+            emit(f.to_dict())
         else:
             click.echo(f"{f.name:<18} {f.reads}")
 
@@ -50,7 +50,7 @@ def formats_command(example, as_json):
     default=DEFAULT_KEEP,
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
-    "the model: ~4x smaller than xz, but codes ~10 tokens/s on 2 cores; with lm, tokens may be left out and "
+    "the model: ~4x smaller than xz, but codes ~200 tokens/s on 2 cores; with lm, tokens may be left out and "
     "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks of --kv-preset, else with the shipped ones, built on this machine's first use), "
     "semantic (each turn's chunks embedded for search by meaning: search --semantic; needs tokens).",
 )
@@ -116,13 +116,13 @@ def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder
     can use the archive between sessions, while the model computes.
     """
     sources = agent_sources(agent, paths)
-    archive = _open(ctx, model, embedder=embedder)
+    archive = open_archive(ctx, model, embedder=embedder)
     if "kv" in parse_keep(keep):
         spec = presets.resolve(kv_preset, archive.loaded_model.identity.weights_hash)
         if not any(c.source == "trained" and c.preset == spec for c in archive.codebooks()):
-            with _layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
+            with layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
                 archive.build_shipped_codebooks(progress=heard, preset=kv_preset)
-    with _token_progress("ingest") as progress:
+    with token_progress("ingest") as progress:
         results = archive.ingest(
             sources,
             keep=keep,
@@ -139,7 +139,7 @@ def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder
 
 def _emit_each(results) -> None:
     for r in results:
-        _emit(r.to_dict())
+        emit(r.to_dict())
 
 
 def _say_ingested(results) -> None:
@@ -148,14 +148,14 @@ def _say_ingested(results) -> None:
         if r.status in ("failed", "empty"):
             click.echo(f"{r.status:<10} {r.error}", err=r.status == "failed")
         elif r.status == "claimed":
-            click.echo(f"claimed    {_printable(r.source)}  (being archived by {r.claimed_by})")
+            click.echo(f"claimed    {printable(r.source)}  (being archived by {r.claimed_by})")
         else:
             new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
             dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
             part = f" (part {r.part})" if r.part is not None else ""
-            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {_printable(r.name)}{part}{new}{dropped}")
+            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {printable(r.name)}{part}{new}{dropped}")
         for skip in r.skipped:
-            click.echo(f"skipped    {_printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
+            click.echo(f"skipped    {printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
 
 
 @main.command()
@@ -173,11 +173,11 @@ def compact(ctx, session, keep, as_json):
     what remains decodes on any machine. What remains keeps show, search (if kept) and
     restore working.
     """
-    s = _open(ctx).compact(session, keep)
+    s = open_archive(ctx).compact(session, keep)
     if as_json:
-        _emit(s.to_dict())
+        emit(s.to_dict())
     else:
-        click.echo(f"compacted {s.session_id[:12]} ({_printable(s.name)}) to {keep}")
+        click.echo(f"compacted {s.session_id[:12]} ({printable(s.name)}) to {keep}")
 
 
 @main.command()
@@ -196,30 +196,30 @@ def delete(ctx, session, whole, from_file, as_json):
     --conversation every version, or with --source everything archived from one file. Prefixes
     other sessions share stay; `kvdb gc` then frees the rest and erases every byte of what was
     deleted from the archive's files (database, sidecars, caches)."""
-    archive = _open(ctx)
+    archive = open_archive(ctx)
     if whole and from_file:
         raise click.UsageError("--conversation and --source name different things; give one")
     if from_file:
         done = archive.delete_source(session)
         if as_json:
-            _emit(done.to_dict())
+            emit(done.to_dict())
         else:
             click.echo(
-                f"deleted {done.sessions} sessions ({done.conversations} conversations) archived from {_printable(done.source)}; `kvdb watch` will not archive it again"
+                f"deleted {done.sessions} sessions ({done.conversations} conversations) archived from {printable(done.source)}; `kvdb watch` will not archive it again"
             )
         return
     if whole:
         gone = archive.delete_conversation(session)
         if as_json:
-            _emit(gone.to_dict())
+            emit(gone.to_dict())
         else:
-            click.echo(f"deleted {gone.conversation.conversation_id[:12]} ({_printable(gone.conversation.title)}, {gone.sessions} versions)")
+            click.echo(f"deleted {gone.conversation.conversation_id[:12]} ({printable(gone.conversation.title)}, {gone.sessions} versions)")
         return
     s = archive.delete(session)
     if as_json:
-        _emit(s.to_dict())
+        emit(s.to_dict())
     else:
-        click.echo(f"deleted {s.session_id[:12]} ({_printable(s.name)})")
+        click.echo(f"deleted {s.session_id[:12]} ({printable(s.name)})")
 
 
 @main.command()
@@ -230,11 +230,11 @@ def delete(ctx, session, whole, from_file, as_json):
 def rename(ctx, conversation, title, as_json):
     """Give a conversation a TITLE, which lists, search hits and the page show, and which names
     it in any command; an empty TITLE names it by its first version again."""
-    c = _open(ctx).rename(conversation, title)
+    c = open_archive(ctx).rename(conversation, title)
     if as_json:
-        _emit(c.to_dict())
+        emit(c.to_dict())
     else:
-        click.echo(f"renamed {c.conversation_id[:12]} to {_printable(c.title)}")
+        click.echo(f"renamed {c.conversation_id[:12]} to {printable(c.title)}")
 
 
 @main.command()
@@ -266,6 +266,6 @@ def copy(ctx, source, target, encrypt, as_json):
     ctx.call_on_close(archive.close)
     report = archive.copy_to(target, data_path=ctx.obj["data_path"], key=key if encrypt else None)
     if as_json:
-        _emit(report.to_dict())
+        emit(report.to_dict())
     else:
         click.echo(f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal")

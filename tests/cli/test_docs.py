@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from kvdb_cli import reference
 
@@ -35,7 +36,8 @@ def _option_names(command: click.Command) -> set[str]:
     """The name a user types for each option: its long form (``--max-new-tokens``), or its short
     form when it has no long one (``-k``). The help option is included."""
     names = set()
-    for param in command.get_params(click.Context(command)):
+    helps = _cli().context_settings.get("help_option_names", ["--help"])  # as on a command line: click keeps the help option it first made
+    for param in command.get_params(click.Context(command, help_option_names=helps)):
         if not isinstance(param, click.Option) or param.hidden:
             continue
         flags = list(param.opts) + list(param.secondary_opts)
@@ -137,3 +139,12 @@ def test_every_example_runs_a_command_with_its_options(document):
         known = _option_names(commands[path]) | _option_names(_cli()) | {f for p in commands[path].params for f in p.opts + p.secondary_opts}
         wrong += [f"{line!r}: `kvdb {' '.join(path)}` has no option {o}" for o in options if o not in known and o.split("=")[0] not in known]
     assert not wrong, f"{document.name}: examples that name no real command or option:\n" + "\n".join(wrong)
+
+
+def test_the_reference_is_the_same_whatever_ran_before():
+    """click keeps a command's help option once a context has made it: the reference must make
+    its contexts as a command line does, or a test that ran `kvdb --help` first changes it."""
+    before = reference.reference(_cli())
+    for args in (["--help"], ["search", "--help"], ["codebooks", "train", "--help"]):
+        assert CliRunner().invoke(_cli(), args).exit_code == 0
+    assert reference.reference(_cli()) == before
