@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from kvdb.errors import ModelMismatch
 from kvdb.model import description, identity, source
@@ -23,11 +24,11 @@ class ModelProvider:
         named = model is None or isinstance(model, (str, os.PathLike))
         self._loaded = None if named else model
         self.name = source.model_name(str(model) if model else None) if named else model.identity.name
-        self._tokenizer = None  # (tokenizer, hash) when only the tokenizer was needed
+        self._tokenizer: tuple[Any, str] | None = None  # (tokenizer, hash) when only the tokenizer was needed
         self._full_tokenizer = None  # transformers' tokenizer without the model, once a chat template had to be read
         self._placed = False  # whether the model's identity in this archive was looked up
         self._registered = False
-        self._described = None  # description.Described, while the weights are not needed
+        self._described: description.Described | None = None  # while the weights are not needed
 
     @property
     def loaded(self):

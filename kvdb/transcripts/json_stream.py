@@ -159,6 +159,7 @@ class Located(dict):
     """A JSON object that remembers where it started, so shape errors in .json can name a line."""
 
     __slots__ = ("offset",)
+    offset: int
 
 
 class LocatingDecoder(json.JSONDecoder):
