@@ -68,7 +68,15 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
 if TYPE_CHECKING:
     import numpy as np
 
-    from kvdb.services.write_compute import Computed
+    from kvdb.model.embedder import Embedder
+    from kvdb.services.ingesting import Ingester
+    from kvdb.services.querying import Querying
+    from kvdb.services.restoring import Restorer
+    from kvdb.services.resuming import Resumer
+    from kvdb.services.semantic_tier import SemanticTier
+    from kvdb.services.tier_k import TierK
+    from kvdb.services.upkeep import Upkeep
+    from kvdb.services.write_compute import Computed, WriteCompute
 
 
 def default_path() -> str | Path:
@@ -132,56 +140,56 @@ class Archive:
         self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
-    def _querying(self):
+    def _querying(self) -> Querying:
         from kvdb.services.querying import Querying
 
         return Querying(self._storage, self._reader, self.search, self.search_meaning)
 
     @cached_property
-    def _tier_k(self):
+    def _tier_k(self) -> TierK:
         from kvdb.services.tier_k import TierK
 
         return TierK(self._storage, self._models, self._reader)
 
     @cached_property
-    def _semantic(self):
+    def _semantic(self) -> SemanticTier:
         from kvdb.services.semantic_tier import SemanticTier
 
         return SemanticTier(self._storage, self._models, self._reader, lambda: self._embedder)
 
     @cached_property
-    def _embedder(self):
+    def _embedder(self) -> Embedder:
         from kvdb.model import embedder
 
         given = self._embedder_given
         return given if not isinstance(given, (str, type(None))) else embedder.shared(given)
 
     @cached_property
-    def _write_compute(self):
+    def _write_compute(self) -> WriteCompute:
         from kvdb.services.write_compute import WriteCompute
 
         return WriteCompute(self._storage, self._tier_l, lambda: self._tier_k, self._prefix_cache)
 
     @cached_property
-    def _ingester(self):
+    def _ingester(self) -> Ingester:
         from kvdb.services.ingesting import Ingester
 
         return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._write_compute, self._indexes, self._prefix_cache)
 
     @cached_property
-    def _upkeep(self):
+    def _upkeep(self) -> Upkeep:
         from kvdb.services.upkeep import Upkeep
 
         return Upkeep(self._storage, self._models, self._reader, self._write_compute, lambda: self._semantic, self._prefix_cache)
 
     @cached_property
-    def _restorer(self):
+    def _restorer(self) -> Restorer:
         from kvdb.services.restoring import Restorer
 
         return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4"))
 
     @cached_property
-    def _resumer(self):
+    def _resumer(self) -> Resumer:
         from kvdb.services.resuming import Resumer
 
         return Resumer(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._prefix_cache)
