@@ -22,8 +22,9 @@ def commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[tuple[str
     """Every visible command under ``group`` by its path (``("codebooks", "train")``), groups
     included, in the order ``--help`` lists them."""
     out: dict[tuple[str, ...], click.Command] = {}
-    for name in group.list_commands(click.Context(group)):
-        command = group.get_command(click.Context(group), name)
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
         if command is None or command.hidden:
             continue
         out[prefix + (name,)] = command

@@ -52,9 +52,9 @@ def stream(conn, node_id: str) -> Stream:
 
 def node_tokens(conn, node_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
     """Token ids [start, end) of a node, decoded from only the blocks the range touches. One
-    statement (a statement is a millisecond, and a backfill reads nodes' tokens six times a
-    session), whose blocks are found by node_id alone, which its index serves (a filter on
-    block_no too scans the table); a node holds a part of a session at most, a few blocks."""
+    statement (a backfill reads nodes' tokens several times a session, decision 0064), whose
+    blocks are found by node_id alone, which its index serves (a filter on block_no too scans
+    the table); a node holds a part of a session at most, a few blocks."""
     query = (
         "select s.alphabet, s.block_size, s.n_tokens, b.block_no, b.data from token_streams s "
         "left join token_blocks b on b.node_id = ? where s.node_id = ? order by b.block_no"
