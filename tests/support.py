@@ -124,3 +124,14 @@ def examples(full: int) -> int:
     """A property's example count: ``full`` under ``KVDB_TESTS=thorough``, a fifth of it (at least
     10) by default, so make test stays short on 2 cores while every property still runs."""
     return full if os.environ.get("KVDB_TESTS") == "thorough" else max(10, full // 5)
+
+
+def undo_child_keys(conn) -> None:
+    """Take an archive's nodes back to before migration 0014 (no ``child_key``; a file's index on
+    parent and first token again), on its own connection: a lake has no indexes."""
+    indexed = conn.execute("select count(*) from duckdb_indexes() where index_name = 'ix_nodes_child_key'").fetchone()[0]
+    if indexed:
+        conn.execute("drop index ix_nodes_child_key")
+    conn.execute("alter table nodes drop column child_key")  # DuckDB alters no table an index depends on
+    if indexed:
+        conn.execute("create index ix_nodes_children on nodes (parent_id, first_token)")

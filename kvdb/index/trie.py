@@ -4,7 +4,7 @@ KV at position i depends only on tokens <= i, so sessions that share a prefix sh
 exactly, and every tier of that prefix can be stored once. A node's id is the content hash of
 the model and the whole token path up to the node's end, so a session's id names its leaf and
 cutting a node in two keeps the lower half's id. Finding the longest archived prefix walks down
-from the root: one query per node on the path, by (parent, first token).
+from the root: one query per node on the path, by the parent and the first tokens (``Storage.children_opening``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.storage import Storage
-from kvdb.storage.base import NodeRow
+from kvdb.storage.base import HEAD_TOKENS, NodeRow
 
 # A new session is stored under a node it shares fewer tokens of than this as its sibling, and
 # the node is not cut: a cut re-codes the whole node's tier L (a range-coded stream cannot be cut)
 # and rewrites its other tiers, to share a few tokens (a chat template's turn opening, a text's
-# first word) that cost about 2 bytes each to store twice (650 with tier K).
-MIN_SPLIT = 8
+# first word) that cost about 2 bytes each to store twice (650 with tier K). Storage keys a node
+# by as many of its first tokens, so a walk that cuts only past them reads one child a step.
+MIN_SPLIT = HEAD_TOKENS
 
 
 @dataclass(frozen=True)
@@ -86,16 +87,20 @@ def longest_prefix(
     A match that would end fewer than ``min_split`` tokens into a node ends at the node's start
     instead: where a new session is stored, that node is not cut (see ``MIN_SPLIT``). With
     ``heads`` (and ``min_split`` at ``MIN_SPLIT``), children whose head ``ids`` do not hold whole
-    are passed over unread: they can share fewer than ``min_split`` tokens at most."""
+    are passed over unread: they can share fewer than ``min_split`` tokens at most, and are not
+    even looked up (``Storage.children_opening``)."""
     tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
     best = PrefixMatch(0, None, 0)
     parent = None
     walked: tuple[NodeRow, ...] = ()
     while best.matched < len(ids):
         start = best.matched
-        kids = store.children(parent, model_id, int(ids[start]))
-        if heads is not None and min_split >= MIN_SPLIT and len(kids) > 1:
-            kids = [k for k in kids if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)]
+        if heads is not None and min_split >= MIN_SPLIT:
+            kids = store.children_opening(parent, model_id, ids[start : start + MIN_SPLIT])
+            if len(kids) > 1:  # a short child, or one keyed by its first token alone (before migration 0014)
+                kids = [k for k in kids if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)]
+        else:
+            kids = store.children(parent, model_id, int(ids[start]))
         if not kids:
             break
         scored = [

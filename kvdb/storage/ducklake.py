@@ -305,6 +305,11 @@ class DuckLake(Engine):
                 _group_conversations(conn)
             if found < "0012":  # the columns that list conversations in SQL
                 _fill_conversations(conn, altered="conversations" not in added)
+            if found < "0014":  # migration 0014's key of a node among its parent's children
+                from kvdb_migrations._frozen_0014_child_keys import FIRST_TOKEN_KEY
+
+                conn.execute("alter table nodes add column child_key varchar")
+                conn.execute(f"update nodes set child_key = {FIRST_TOKEN_KEY}")
             conn.execute("update alembic_version set version_num = ?", [REVISION])
 
     def schema_revision(self) -> str | None:
@@ -374,6 +379,7 @@ LAKE_UPGRADES = {
     "0010": ("pending_work",),
     "0011": (),
     "0012": (),  # 0013 adds indexes only, which a lake has none of
+    "0013": (),  # 0014 adds a column to nodes (``_upgrade``)
 }
 
 

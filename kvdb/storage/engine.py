@@ -32,7 +32,7 @@ if importlib.util.find_spec("pandas") is None:
 
 # The migration the tables of kvdb.storage.schema correspond to, the head of migrations/versions:
 # an archive at it opens without importing alembic or SQLAlchemy.
-REVISION = "0013"
+REVISION = "0014"
 
 
 class Engine(abc.ABC):

@@ -45,9 +45,10 @@ nodes = sa.Table(
     sa.Column("model_id", sa.String, nullable=False),
     sa.Column("start", sa.Integer, nullable=False),  # tokens on the path before this node
     sa.Column("n_tokens", sa.Integer, nullable=False),
-    sa.Column("first_token", sa.Integer, nullable=False),  # children are found by (parent_id, first_token)
+    sa.Column("first_token", sa.Integer, nullable=False),
     sa.Column("refcount", sa.Integer, nullable=False),  # sessions whose path runs through this node
     sa.Column("keep", sa.String, server_default="search"),  # tiers the node holds, comma-separated: "tokens", "search", "lm", "kv"
+    sa.Column("child_key", sa.String, nullable=True),  # how a walk finds it under its parent: base.child_key (since 0014)
 )
 
 # Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.model.lmcode),
@@ -190,9 +191,9 @@ pending_work = sa.Table(
     sa.Column("queued_at", sa.DateTime, nullable=False),
 )
 
-# Lookups the hot paths make: sessions by name, a node's children by first token, an index's slot runs.
+# Lookups the hot paths make: sessions by name, a node's children by their first tokens, an index's slot runs.
 sa.Index("ix_sessions_name", sessions.c.name)
-sa.Index("ix_nodes_children", nodes.c.parent_id, nodes.c.first_token)
+sa.Index("ix_nodes_child_key", nodes.c.child_key)
 sa.Index("ix_search_ranges_key", search_ranges.c.index_key)
 sa.Index("ix_conversation_sessions_conversation", conversation_sessions.c.conversation_id)
 # DuckDB scans an index only for a filter on all its columns: keys that begin with node_id

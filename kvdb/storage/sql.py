@@ -32,7 +32,7 @@ from kvdb.storage.sql_rows import CONVERSATION, NODE, SESSION, SESSIONS, UNSCORE
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
 CHUNK_ROW_BYTES = 56  # a chunk's node id (32 hex chars), number, span and embedder reference, beside its vector
-NODE_ROW_BYTES = 112  # node, parent and model ids (32 hex chars each) and four integers, counted as metadata
+NODE_ROW_BYTES = 192  # node, parent and model ids (32 hex chars each), four integers and the child key (~80 chars), counted as metadata
 FETCH_ROWS = 256  # rows a streamed read holds at once
 # What each tier's stored blobs are: table, owner column, part column, data column, order.
 BLOBS = {
@@ -299,6 +299,13 @@ class Storage:
         parent = "parent_id is null" if parent_id is None else "parent_id = ?"
         params = [*([] if parent_id is None else [parent_id]), model_id, int(first_token)]
         return [node_row(r) for r in self._rows(f"select {NODE} from nodes where {parent} and model_id = ? and first_token = ?", params)]
+
+    def children_opening(self, parent_id: str | None, model_id: str, opening: np.ndarray) -> list[NodeRow]:
+        """The children whose first ``HEAD_TOKENS`` tokens (all, in a shorter child) ``opening``
+        begins with, and those keyed before migration 0014 that open with its first token: one
+        lookup of ``ix_nodes_child_key`` (decision 0066)."""
+        keys = [base.child_key(parent_id, model_id, opening[:n]) for n in range(1, min(len(opening), base.HEAD_TOKENS) + 1)]
+        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where child_key {ANY}", [keys])]
 
     def node_path(self, node_id: str) -> list[NodeRow]:
         """The nodes from the root down to ``node_id`` (a session id names its leaf)."""

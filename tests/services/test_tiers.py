@@ -98,7 +98,7 @@ def test_a_new_session_sharing_a_few_tokens_of_a_tier_l_node_leaves_it_whole(arc
     b_text = ESSAY[: trie.MIN_SPLIT - 1] + "?! something else entirely"
     steps = StepCounter(monkeypatch)
     b = archive.ingest(text=b_text, name="b")[0]
-    assert steps.tokens == trie.MIN_SPLIT  # the match decoded the essay's node up to the first token that differs, no further
+    assert steps.tokens == 0  # the essay's node is keyed by its first MIN_SPLIT tokens: the walk does not even look it up to decode
     assert b.new_tokens == b.n_tokens and archive.stats().nodes == 2  # stored beside the essay, which is not cut
     assert [n.n_tokens for n in storage_of(archive).node_path(a.session_id)] == [a.n_tokens]
     assert archive.text("b") == b_text and archive.text("essay") == ESSAY

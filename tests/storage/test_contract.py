@@ -10,12 +10,15 @@ import json
 import numpy as np
 import pytest
 
+from support import undo_child_keys
+
 from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.index import trie
 from kvdb.records import Session
 from kvdb.storage import Storage, conversation_rows, open_storage
 from kvdb.storage.engine import REVISION
+from kvdb.storage.sql import NODE_ROW_BYTES
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
@@ -103,6 +106,60 @@ def branch(storage: Storage, name: str, ids: np.ndarray, keep=frozenset({"tokens
     return add(storage, name, ids, parent=parent, matched=match.matched, split=split, keep=keep, row=row, **node)
 
 
+def harbour_children(storage: Storage) -> tuple[str, dict[str, np.ndarray]]:
+    """A node ``the harbour: l`` with three children that open with the same token ("i") and
+    share fewer than ``trie.MIN_SPLIT`` tokens with each other, written as an ingest writes
+    them (uncut), and a short one: the node's id, and each session's tokens by name."""
+    texts = {"night": "the harbour: lights at night", "lamps": "the harbour: lamps", "keys": "the harbour: lignition keys", "lip": "the harbour: lip"}
+    ids = {name: ids_of(text) for name, text in texts.items()}
+    branch(storage, "night", ids["night"])
+    branch(storage, "lamps", ids["lamps"])  # cuts "the harbour: l" off
+    parent = trie.path_id(MODEL.model_id, ids["night"][:14])
+    for name in ("keys", "lip"):
+        add(storage, name, ids[name], parent=parent, matched=14)
+    return parent, ids
+
+
+def test_a_walk_reads_the_one_child_that_shares_a_streams_first_tokens(storage):
+    """Children are found by their first HEAD_TOKENS tokens, not every child that opens with
+    the same token; a short child by all of its tokens (decision 0066)."""
+    parent, ids = harbour_children(storage)
+    by_first = storage.children(parent, MODEL.model_id, ord("i"))
+    assert sorted(k.node_id for k in by_first) == sorted(trie.path_id(MODEL.model_id, ids[name]) for name in ("night", "keys", "lip"))
+    for name in ("night", "keys", "lip"):
+        [kid] = storage.children_opening(parent, MODEL.model_id, ids[name][14 : 14 + trie.MIN_SPLIT])
+        assert kid.node_id == trie.path_id(MODEL.model_id, ids[name])
+    assert storage.children_opening(parent, MODEL.model_id, ids_of("ignore")) == []  # shares "ig" with "ignition keys": fewer than its head
+    new = ids_of("the harbour: lignition keys turned")
+    match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
+    assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
+
+
+def test_an_archive_of_0013_finds_its_nodes_by_their_first_token(location):
+    """Migration 0014 keys the nodes before it by their first token alone: a walk finds them
+    by it and tells them apart by their heads, and nodes written after get keys of their own."""
+    storage = open_storage(location)
+    storage.apply(PutModel(MODEL))
+    parent, ids = harbour_children(storage)
+    conn = storage.engine.connection()
+    undo_child_keys(conn)
+    conn.execute("update alembic_version set version_num = '0013'")
+    storage.close()
+    storage = open_storage(location)  # upgraded
+    try:
+        assert storage.engine.schema_revision() == REVISION
+        old = storage.children_opening(parent, MODEL.model_id, ids["keys"][14 : 14 + trie.MIN_SPLIT])
+        assert len(old) == 3  # "ights at", "ignition", "ip": each keyed by "i" alone
+        new = ids_of("the harbour: lignition keys turned")
+        match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
+        assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
+        add(storage, "turned", new, parent=match.node.node_id, matched=match.matched)
+        [kid] = storage.children_opening(match.node.node_id, MODEL.model_id, new[match.matched :][: trie.MIN_SPLIT])
+        assert kid.node_id == trie.path_id(MODEL.model_id, new)
+    finally:
+        storage.close()
+
+
 def test_a_fresh_archive_is_empty(storage):
     assert storage.list_sessions() == [] and storage.shared_nodes() == [] and storage.node_shapes() == []
     assert storage.byte_counts()["sessions"] == 0 and storage.byte_counts()["token_bytes"] == 0
@@ -149,7 +206,7 @@ def test_byte_counts_count_text_in_utf8_bytes(storage):
     counts = storage.byte_counts()
     [row] = storage.list_sessions()
     expected = len(row.name.encode()) + len(row.source.encode()) + len(json.dumps(row.metadata, sort_keys=True).encode())
-    assert counts["metadata_bytes"] - empty == expected + 112 and storage.match_sessions("café") == [row]
+    assert counts["metadata_bytes"] - empty == expected + NODE_ROW_BYTES and storage.match_sessions("café") == [row]
 
 
 def test_a_split_keeps_both_paths_and_their_tiers(storage):
@@ -581,6 +638,7 @@ def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
     if conn.execute("select count(*) from duckdb_indexes() where index_name like '%\\_node' escape '\\'").fetchone()[0]:  # a file (a lake has no indexes)
         for table in ("token_blocks", "node_kv", "node_chunks", "search_ranges"):
             conn.execute(f"drop index ix_{table}_node")  # added by 0013
+    undo_child_keys(conn)
     conn.execute("update alembic_version set version_num = '0011'")
     storage.close()
     storage = open_storage(location)  # upgraded: the rows filled as a write fills them

@@ -15,6 +15,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
+from support import undo_child_keys
 
 import kvdb
 from kvdb.errors import ArchiveError, NewerArchiveError
@@ -90,6 +91,7 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
     store = DuckLake(where)
     for table in ("node_chunks", "conversations", "conversation_sessions", "watched_files", "pending_work"):  # a lake kvdb wrote before the semantic tier and conversations
         store.connection().execute(f"drop table {table}")
+    undo_child_keys(store.connection())
     store.connection().execute("update alembic_version set version_num = '0007'")
     store.close()
     with pytest.raises(ArchiveError, match="revision 0007; open it once with a command that writes"):
