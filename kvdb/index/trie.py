@@ -97,7 +97,7 @@ def longest_prefix(
         start = best.matched
         if heads is not None and min_split >= MIN_SPLIT:
             kids = store.children_opening(parent, model_id, ids[start : start + MIN_SPLIT])
-            if len(kids) > 1:  # a short child, or one keyed by its first token alone (before migration 0014)
+            if len(kids) > 1:  # children shorter than MIN_SPLIT, and those before migration 0014, are keyed by their first token alone
                 kids = [k for k in kids if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)]
         else:
             kids = store.children(parent, model_id, int(ids[start]))

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.codecs.entropy_coded import PAYLOAD
-from kvdb.storage.base import HEAD_TOKENS, Chunks, IndexState, NewNode, NodeRow, NodeTiers, Split, child_key
+from kvdb.storage.base import Chunks, IndexState, NewNode, NodeRow, NodeTiers, Split, child_key
 
 # Every table of kvdb.storage.schema, in its metadata's order (a test keeps the two equal): what
 # reads and copies every row names them from here, without importing SQLAlchemy.
@@ -182,7 +182,7 @@ def new_node(node: NewNode, model_id: str, alphabet: int) -> list[Edit]:
         "start": node.start,
         "n_tokens": len(node.tokens),
         "first_token": int(node.tokens[0]),
-        "child_key": child_key(node.parent_id, model_id, node.tokens[:HEAD_TOKENS]),
+        "child_key": child_key(node.parent_id, model_id, node.tokens),
         "refcount": 0,
         "keep": keep_text(node.keep),
     }
@@ -241,7 +241,7 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
         "start": node.start,
         "n_tokens": k,
         "first_token": node.first_token,
-        "child_key": child_key(node.parent_id, node.model_id, tokens[: min(k, HEAD_TOKENS)]),
+        "child_key": child_key(node.parent_id, node.model_id, tokens[:k]),
         "refcount": node.refcount,
         "keep": keep_text(keep),
     }
@@ -274,7 +274,7 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
         "start": node.start + k,
         "n_tokens": node.n_tokens - k,
         "first_token": int(tokens[k]),
-        "child_key": child_key(cut.head_id, node.model_id, tokens[k : k + HEAD_TOKENS]),
+        "child_key": child_key(cut.head_id, node.model_id, tokens[k:]),
         "keep": keep_text(keep),
     }
     edits.append(Update("nodes", "node_id", node.node_id, tail))

@@ -301,10 +301,12 @@ class Storage:
         return [node_row(r) for r in self._rows(f"select {NODE} from nodes where {parent} and model_id = ? and first_token = ?", params)]
 
     def children_opening(self, parent_id: str | None, model_id: str, opening: np.ndarray) -> list[NodeRow]:
-        """The children whose first ``HEAD_TOKENS`` tokens (all, in a shorter child) ``opening``
-        begins with, and those keyed before migration 0014 that open with its first token: one
-        lookup of ``ix_nodes_child_key`` (decision 0066)."""
-        keys = [base.child_key(parent_id, model_id, opening[:n]) for n in range(1, min(len(opening), base.HEAD_TOKENS) + 1)]
+        """The child whose first ``HEAD_TOKENS`` tokens ``opening`` begins with, and the children
+        keyed by their first token alone (shorter ones, and those before migration 0014) that
+        open with its first: one lookup of ``ix_nodes_child_key`` (decision 0066)."""
+        keys = [base.child_key(parent_id, model_id, opening[:1])]
+        if len(opening) >= base.HEAD_TOKENS:
+            keys.append(base.child_key(parent_id, model_id, opening))
         return [node_row(r) for r in self._rows(f"select {NODE} from nodes where child_key {ANY}", [keys])]
 
     def node_path(self, node_id: str) -> list[NodeRow]:

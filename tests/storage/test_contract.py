@@ -122,14 +122,17 @@ def harbour_children(storage: Storage) -> tuple[str, dict[str, np.ndarray]]:
 
 def test_a_walk_reads_the_one_child_that_shares_a_streams_first_tokens(storage):
     """Children are found by their first HEAD_TOKENS tokens, not every child that opens with
-    the same token; a short child by all of its tokens (decision 0066)."""
+    the same token; a shorter child by its first token (decision 0066)."""
     parent, ids = harbour_children(storage)
+    node = {name: trie.path_id(MODEL.model_id, ids[name]) for name in ids}
     by_first = storage.children(parent, MODEL.model_id, ord("i"))
-    assert sorted(k.node_id for k in by_first) == sorted(trie.path_id(MODEL.model_id, ids[name]) for name in ("night", "keys", "lip"))
-    for name in ("night", "keys", "lip"):
-        [kid] = storage.children_opening(parent, MODEL.model_id, ids[name][14 : 14 + trie.MIN_SPLIT])
-        assert kid.node_id == trie.path_id(MODEL.model_id, ids[name])
-    assert storage.children_opening(parent, MODEL.model_id, ids_of("ignore")) == []  # shares "ig" with "ignition keys": fewer than its head
+    assert sorted(k.node_id for k in by_first) == sorted(node[name] for name in ("night", "keys", "lip"))
+    for name in ("night", "keys"):
+        kids = storage.children_opening(parent, MODEL.model_id, ids[name][14 : 14 + trie.MIN_SPLIT])
+        assert sorted(k.node_id for k in kids) == sorted([node[name], node["lip"]])  # "ip" is two tokens: keyed by "i"
+    [lip] = storage.children_opening(parent, MODEL.model_id, ids["lip"][14:])  # "ip": no eight tokens to look up by
+    assert lip.node_id == node["lip"]
+    assert [k.node_id for k in storage.children_opening(parent, MODEL.model_id, ids_of("ignore it"))] == [node["lip"]]  # shares "ig" with two: fewer than a head
     new = ids_of("the harbour: lignition keys turned")
     match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
     assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
@@ -149,12 +152,12 @@ def test_an_archive_of_0013_finds_its_nodes_by_their_first_token(location):
     try:
         assert storage.engine.schema_revision() == REVISION
         old = storage.children_opening(parent, MODEL.model_id, ids["keys"][14 : 14 + trie.MIN_SPLIT])
-        assert len(old) == 3  # "ights at", "ignition", "ip": each keyed by "i" alone
+        assert len(old) == 3  # "ights at night", "ignition keys", "ip": each keyed by "i" alone
         new = ids_of("the harbour: lignition keys turned")
         match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
         assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
         add(storage, "turned", new, parent=match.node.node_id, matched=match.matched)
-        [kid] = storage.children_opening(match.node.node_id, MODEL.model_id, new[match.matched :][: trie.MIN_SPLIT])
+        [kid] = storage.children_opening(match.node.node_id, MODEL.model_id, new[match.matched :][: trie.MIN_SPLIT])  # " turned": keyed by its 8 tokens
         assert kid.node_id == trie.path_id(MODEL.model_id, new)
     finally:
         storage.close()
