@@ -16,8 +16,8 @@ the warm-up). Target: every command within 6x the baseline.
 The CLI timed is this checkout's (the folder above this script), whatever is installed.
 ``--before DIR`` also times the CLI of another source tree (a checkout, or ``git archive`` of a
 commit, unpacked) side by side, e.g. the code before a change. Prints the table and puts it in
-benchmarks/RESULTS.md in place of the section "## CLI startup" (appended if there is none),
-unless ``--no-results``.
+benchmarks/RESULTS.md in place of the section "## CLI startup (`benchmarks/cli.py`)" (appended
+if there is none), unless ``--no-results``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from report import RESULTS, describe
+from report import describe, publish
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = REPO / "examples" / "transcripts"
-HEADING = "## CLI startup"
 INGESTED = ("sessions.jsonl", "chat.jsonl", "story.txt", "notes.md")  # 3 sessions sharing a system prompt, and 3 more
 PHRASE = "lighthouse keeper"  # in story.txt
 TARGET = 6.0  # at most this many times the baseline
@@ -108,8 +107,8 @@ def main() -> None:
     base_median = statistics.median(baseline)
     before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
     lines = [
-        f"{HEADING} ({time.strftime('%Y-%m-%d')})\n",
-        f"`{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
+        "## CLI startup (`benchmarks/cli.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
         f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'sqlalchemy', 'torch', 'transformers', 'tokenizers')))}; "
         f"after: this checkout's CLI{before}; archive of {len(listed)} sessions "
         f"({sum(s['n_tokens'] for s in listed):,} tokens) ingested from examples/transcripts with SmolLM2-135M-Instruct; "
@@ -135,21 +134,7 @@ def main() -> None:
             cells.append(f"{median:.3f} | {median / base_median:.1f} | {heavy}")
         within = statistics.median(times[(label, "after")]) / base_median <= TARGET
         lines.append(f"| `{label}` | {' | '.join(cells)} | {'yes' if within else 'no'} |")
-    print("\n".join(lines))
-    if not args.no_results:
-        _replace_section("\n".join(lines) + "\n")
-
-
-def _replace_section(text: str) -> None:
-    """The section under HEADING (to the next "## " heading) replaced by ``text``, or ``text``
-    appended: the table of the last run is the one kept."""
-    old = RESULTS.read_text(encoding="utf-8")
-    start = old.find(f"\n{HEADING}")
-    if start < 0:
-        RESULTS.write_text(old.rstrip("\n") + "\n\n" + text, encoding="utf-8")
-        return
-    end = old.find("\n## ", start + 1)
-    RESULTS.write_text(old[: start + 1] + text + ("" if end < 0 else old[end:]), encoding="utf-8")
+    publish(lines, append=not args.no_results)
 
 
 def _env(tmp: Path, source: Path) -> dict:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/codec.py [--quick]
 
-Appends a dated section to benchmarks/RESULTS.md (``--quick`` only prints). Timings are medians of several runs on
+Writes its section of benchmarks/RESULTS.md, in place of the last run's (``--quick`` only prints). Timings are medians of several runs on
 one core (numpy and zstd are single-threaded here); generic compressors see the stream
 as the narrowest little-endian integer array that holds it.
 """
@@ -33,10 +33,8 @@ from kvdb.codecs import fractal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_points as points
-from report import describe
+from report import describe, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 VOCAB = 49152
 TEXT_NAMES = ("LICENSE", "LICENCE", "COPYING", "NOTICE", "README", "METADATA", "AUTHORS")
 TEXT_SUFFIXES = (".md", ".rst", ".txt")
@@ -344,8 +342,9 @@ def main() -> None:
 
     section = [
         "",
-        f"## Fractal codec — {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "## Fractal codec (`benchmarks/codec.py`)",
         "",
+        f"Run at {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.  ",
         f"Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`  ",
         f"Machine: {describe(f'numpy {np.__version__}', f'zstandard {zstandard.__version__}', f'zlib {zlib.ZLIB_RUNTIME_VERSION}')}  ",
         f"Token stream: {tokens.size:,} tokens from {text_source}. Timings: median of {runs} runs, one core. "
@@ -371,15 +370,9 @@ def main() -> None:
         f"Total benchmark time {time.perf_counter() - began:.0f} s.",
         "",
     ]
+    publish(section, append=not args.quick)
     if args.quick:
-        print("\n".join(section))
-        print("(--quick: not appended to RESULTS.md)")
-        return
-    if not RESULTS.exists():
-        RESULTS.write_text("# Benchmark results\n\nEach section is appended by the benchmark that produced it.\n")
-    with RESULTS.open("a") as out:
-        out.write("\n".join(section))
-    print("\n".join(section))
+        print("(--quick: not written to RESULTS.md)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ not. For each, with the shipped codebooks (k4v3, what ``--keep kv`` uses), it qu
 keys of one layer only, or the values of one layer only, every other layer and position exact,
 restores the cache with the window recomputed (as the archive does), and reports the
 perplexity ratio of the 128 teacher-forced tokens against the exact cache; and the whole cache
-quantized. Appends a table to benchmarks/RESULTS.md.
+quantized. Writes its table to benchmarks/RESULTS.md, in place of the last run's.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def main() -> None:
         print(f"{label} context at {start} scanned ({time.perf_counter() - began:.0f} s)", flush=True)
     names = list(columns)
     lines = [
-        f"\n## Which layers a verbatim copy depends on ({time.strftime('%Y-%m-%d')})\n",
-        f"`.venv/bin/python benchmarks/copy_scan.py{' --context ' + str(n) if n != 1024 else ''}` — {describe()}; "
+        "\n## Which layers a verbatim copy depends on (`benchmarks/copy_scan.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `.venv/bin/python benchmarks/copy_scan.py{' --context ' + str(n) if n != 1024 else ''}` — {describe()}; "
         f"SmolLM2-135M-Instruct; shipped k4v3 codebooks; contexts of {n} tokens from `corpus.real_text` past token {FIRST:,}: "
         f"the first whose next {PROBE + 1} tokens occur verbatim inside it (\"copy\") and the first whose next 64 do not "
         f"(\"no copy\"). Each cell: the perplexity ratio of the {PROBE} teacher-forced tokens when only that layer's keys (K) "

@@ -9,8 +9,8 @@ DynamicCache) -> teacher-forced continuation of the next 128 tokens, compared wi
 prefill cache. The model's default preset is also measured with its keys sharpened as a restore
 decodes them (``Codebooks.sharpened`` by ``presets.key_sharpening``, decision 0029). Bytes are
 the fractal-coded code streams as stored (``fractal.encode_blocks``), plus the exact window when
-it is stored (fp16), over the context's tokens; codebooks separately and amortised. Appends a
-section to benchmarks/RESULTS.md.
+it is stored (fp16), over the context's tokens; codebooks separately and amortised. Writes its
+section of benchmarks/RESULTS.md, in place of the last run's.
 
 Also measured, with the same teacher-forcing protocol and metric code: fp16 (the reference), the
 paper's two settings (per-head RVQ 256x2 on post-RoPE keys and values, and hybrid keys x4 / values
@@ -22,7 +22,6 @@ rate-distortion plot, benchmarks/kv_rate_distortion.png.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kv_support as KS
 from corpus import real_text
-from report import describe
+from report import describe, publish
 
 from kvdb.codecs import presets as P
 from kvdb.codecs import quant as Q
@@ -45,7 +44,6 @@ from kvdb.model import tokenizer as T
 from kvdb.model.source import DEFAULT_MODEL
 from kvdb.services import shipped_codebooks as SH
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 CTX = 1024
 CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
@@ -520,9 +518,9 @@ def main() -> None:
     total = time.perf_counter() - t_all
     section = [
         "",
-        f"## KV tier: residual VQ presets through the restore path ({datetime.date.today()})",
+        "## KV tier: residual VQ presets through the restore path (`benchmarks/kv.py`)",
         "",
-        f"`.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
         "",
         f"Model {DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
         f"Codebooks calibrated on the first {n_calib * CTX:,} tokens of `corpus.real_text` ({n_calib} contexts of {CTX}); "
@@ -575,10 +573,7 @@ def main() -> None:
         f"Total benchmark time {total:.0f} s.",
         "",
     ]
-    print("\n".join(section))
-    if not (args.quick or args.no_results):
-        with RESULTS.open("a") as out:
-            out.write("\n".join(section))
+    publish(section, append=not (args.quick or args.no_results))
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ def _xent_bits(train_ctx, train_sym, test_ctx, test_sym, contexts: int, size: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-results", action="store_true", help="print the tables without appending them to RESULTS.md")
+    parser.add_argument("--no-results", action="store_true", help="print the tables without writing them to RESULTS.md")
     args = parser.parse_args()
     t_all = time.perf_counter()
     lm, L, H, D = load_model()
@@ -451,14 +451,14 @@ def main() -> None:
     base_bpt = bytes_per_token(BASE)
 
     # -- tables ---------------------------------------------------------------------------------------
-    head = (f"`.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
+    head = (f"Run at {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC. `.venv/bin/python benchmarks/kv_ideas.py` — {describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; "
             f"pre-RoPE k16v4 trained in {t_train:.0f} s on the first 8,192 tokens of `corpus.real_text` (kv.py's calibration); "
             f"held-out contexts at kv.py's offsets: {[c['start'] for c in contexts if c['n'] == CTX]} (1,024 tokens) and "
             f"{[c['start'] for c in long]} (8,000), each followed by 128 teacher-forced tokens; window recomputed; ppl ratio "
             f"pooled over the contexts (min–max per context), top-1 = agreement of the argmax with the exact cache's. "
             f"B/token all-inclusive = code streams as stored + codebooks over 1e6 tokens; fp16 = {fp16:,} B/token. "
             f"Total {time.perf_counter() - t_all:.0f} s.")
-    lines = ["", f"## Tier K ideas on kv.py's held-out protocol (`benchmarks/kv_ideas.py`, {datetime.date.today()})", "", head, "",
+    lines = ["", "## Tier K ideas on kv.py's held-out protocol (`benchmarks/kv_ideas.py`)", "", head, "",
              f"### Where the loss at {LONG:,} tokens comes from: {BASE} everywhere, the keys of one layer (head) exact", "",
              f"{BASE}, nothing exact: ppl ratio {cell(base_r)} (top-1).", "",
              "| keys exact | ppl ratio (min–max) | top-1 |", "|---|---:|---:|"]

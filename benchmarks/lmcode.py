@@ -11,7 +11,7 @@ the same text, encode and decode throughput. Determinism: the logits the encoder
 token at a time are compared with the batched pass's, raw and after quantisation; and the
 one-token step is rerun with 2 intra-op threads to compare with the 1 thread coding pins.
 
-Appends a dated section to benchmarks/RESULTS.md (``--quick`` only prints).
+Writes its section of benchmarks/RESULTS.md, in place of the last run's (``--quick`` only prints).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from corpus import real_text  # noqa: E402
-from report import describe  # noqa: E402
+from report import describe, publish  # noqa: E402
 
 from kvdb.model import (  # noqa: E402
     chat,
@@ -46,7 +46,6 @@ from kvdb.model import (  # noqa: E402
 from kvdb.model import loading as lm_ops  # noqa: E402
 from kvdb.model import tokenizer as tok  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 CODE_FILES = ("json/decoder.py", "textwrap.py", "heapq.py", "bisect.py")
 CHUNK = 512
 
@@ -292,8 +291,9 @@ def main() -> None:
     prose = samples(lm.tokenizer, {"prose": 60 if args.quick else 200, "code": 1, "chat": 1})["prose"]
     threads = thread_check(lm.model, prose)
     lines = [
-        f"## Tier L: tokens coded against the model ({lm.identity.name}) — {started:%Y-%m-%d %H:%M} UTC",
+        f"## Tier L: tokens coded against the model, {lm.identity.name} (`benchmarks/lmcode.py`)",
         "",
+        f"Run at {started:%Y-%m-%d %H:%M} UTC.  ",
         f"Command: `python benchmarks/lmcode.py{' --quick' if args.quick else ''}`  ",
         f"Machine: {where}; load average at end {os.getloadavg()[0]:.1f}  ",
         "Samples: prose = licence/README text of installed packages (`benchmarks/corpus.py`); code = Python stdlib "
@@ -322,12 +322,7 @@ def main() -> None:
         threads + ".",
         "",
     ]
-    report = "\n".join(lines)
-    print("\n" + report)
-    if not args.quick:
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write("\n" + report)
-        print(f"appended to {RESULTS}")
+    publish(lines, append=not args.quick)
 
 
 if __name__ == "__main__":

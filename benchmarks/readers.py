@@ -1,6 +1,6 @@
 """Readers beside one long ingest: does `kvdb search` keep working while `kvdb ingest` runs?
 
-    .venv/bin/python benchmarks/readers.py [--sessions 8] [--chars 3000]
+    .venv/bin/python benchmarks/readers.py [--sessions 8] [--chars 3000] [--no-results]
 
 One `kvdb ingest` process archives a .jsonl of long real-text sessions on the embedded model
 while another process runs `kvdb search` (which opens the archive read-only) back to back
@@ -8,7 +8,7 @@ until the ingest ends. DuckDB admits one writing process or several read-only on
 ingest holds the file only while it touches it, so each search should wait at most about a
 session's commit. Reports the searches run, how many failed, their wall times (process start
 included, so the tokenizer load is in them), and how many sessions each search already saw.
-Appends a table to benchmarks/RESULTS.md.
+Writes its table to benchmarks/RESULTS.md, in place of the last run's.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--chars", type=int, default=3000, help="characters of real text per session")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     corpus = real_text(args.sessions * args.chars + 50_000)[50_000:]
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,16 +66,17 @@ def main() -> None:
     walls = [s[0] for s in searches]
     failed = [s for s in searches if s[1] not in (0, 1) or s[2] < 0]
     seen = sorted({s[2] for s in searches})
-    publish([
-        f"\n## Readers beside one long ingest ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
+    lines = [
+        "\n## Readers beside one long ingest (`benchmarks/readers.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
         f"one `kvdb ingest` of {args.sessions} sessions ({sum(r['n_tokens'] for r in ingested):,} tokens) while another process "
         "runs `kvdb search` then `kvdb sessions` back to back. Wall times include each process's start and tokenizer load.\n",
         "| ingest s (incl. model load) | search + sessions pairs | failed | wall s per pair, median / max | same pair, idle machine (median of 3) | sessions seen by the readers |",
         "|---:|---:|---:|---:|---:|---|",
         f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} | "
         f"{statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
-    ])
+    ]
+    publish(lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What every benchmark does with its results: time a call, describe the machine, print the
-table, append it to RESULTS.md."""
+table, and write it to RESULTS.md in place of its last run's section."""
 
 from __future__ import annotations
 

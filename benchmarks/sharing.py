@@ -1,13 +1,14 @@
 """Prefix sharing on a chat workload: conversations with one common system prompt, archived
 after every turn (as a chat app would), on the embedded model.
 
-    .venv/bin/python benchmarks/sharing.py [--conversations 4] [--turns 6] [--cli-conversations 2 --cli-turns 8]
+    .venv/bin/python benchmarks/sharing.py [--conversations 4] [--turns 6] [--cli-conversations 2 --cli-turns 8] [--no-results]
 
 Reports tokens summed over sessions against tokens stored once, the bytes of the token tier
 against what per-session storage would take, and the ingest time of each appended turn next
 to the conversation's length (the claim: time follows the turn, not the conversation): once
 in one process, and once with every turn ingested by its own `kvdb ingest` process, with the
-on-disk prefix cache and without it, side by side. Appends tables to benchmarks/RESULTS.md.
+on-disk prefix cache and without it, side by side. Writes its tables to benchmarks/RESULTS.md,
+in place of the last run's.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--cli-conversations", type=int, default=2, help="conversations for the one-process-per-turn runs")
     parser.add_argument("--cli-turns", type=int, default=8)
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     convs = conversations(args.conversations, args.turns)
     with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb") as db:
@@ -105,8 +107,8 @@ def main() -> None:
         st = db.stats()
     per_new, corr_new, corr_len = summary(rows)
     lines = [
-        f"\n## Prefix sharing on a chat workload ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/sharing.py', *sys.argv[1:]])}` — {platform.machine()}, {os.cpu_count()} cores; "
+        "\n## Prefix sharing on a chat workload (`benchmarks/sharing.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/sharing.py', *sys.argv[1:]])}` — {platform.machine()}, {os.cpu_count()} cores; "
         f"SmolLM2-135M-Instruct; {args.conversations} conversations × {args.turns} turns of real sentences after one common system "
         f"prompt, each conversation archived after every turn ({len(rows)} sessions, one process).\n",
         "| measure | value |",
@@ -138,7 +140,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|",
         *[f"| {a[0]} | {a[1]} | {a[2]} | {a[3]} | {a[4]:.3f} | {b[4]:.3f} |" for a, b in zip(*arms.values())],
     ]
-    publish(lines)
+    publish(lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 process or several read-only ones per file: the readers open read-only, the writer holds the
 file only while it touches it, and each waits for the other (KVDB_LOCK_TIMEOUT) when they meet.
 
-    .venv/bin/python benchmarks/soak.py [--seconds 120] [--model PATH]
+    .venv/bin/python benchmarks/soak.py [--seconds 120] [--model PATH] [--no-results]
 
 Reports commands run, errors, and sessions lost (reported ingested but absent at the end,
-or failing `kvdb verify --deep`). Appends a table to benchmarks/RESULTS.md. By default it uses
-a tiny random model (mechanics, not quality), so it finishes in minutes on 2 cores.
+or failing `kvdb verify --deep`). Writes its table to benchmarks/RESULTS.md, in place of the last
+run's. By default it uses a tiny random model (mechanics, not quality), so it finishes in
+minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--model", default=None, help="model folder or id (default: a tiny random Llama made here)")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -85,8 +87,8 @@ def main() -> None:
         verify = run(env, "verify", "--deep")
     lost = log["reported"] - sessions
     lines = [
-        f"\n## Soak: ingest beside search and restore ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *sys.argv[1:]])}` — {describe()}; "
+        "\n## Soak: ingest beside search and restore (`benchmarks/soak.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *sys.argv[1:]])}` — {describe()}; "
         f"{'tiny random Llama' if args.model is None else args.model}; two processes at a time through the `kvdb` CLI, "
         f"{args.seconds:g} s.\n",
         "| ingest commands | search commands | restore commands | errors | sessions reported | sessions lost | verify --deep |",
@@ -95,7 +97,7 @@ def main() -> None:
         f"{'ok' if verify.returncode == 0 else 'FAILED'} |",
         *(f"\n- {e}" for e in log["errors"][:10]),
     ]
-    publish(lines)
+    publish(lines, append=not args.no_results)
     sys.exit(1 if log["errors"] or lost or verify.returncode else 0)
 
 

@@ -1,6 +1,6 @@
 """Storage per tier policy on the same sessions: every byte an archive keeps, per session token.
 
-    .venv/bin/python benchmarks/tiers.py [--sessions 3] [--chars 1500] [--chat 0]
+    .venv/bin/python benchmarks/tiers.py [--sessions 3] [--chars 1500] [--chat 0] [--no-results]
 
 Three archives of the same real-text sessions on the embedded model: the default
 (`tokens,search`), with tier L added (`tokens,search,lm`), and tier L as the only copy of the
@@ -9,7 +9,8 @@ sidecar and the DuckDB file, the ingest time, and the time to read every session
 decode of tier L where it is the only copy), checking the tokens (and a text session's text) come back exactly.
 With ``--chat N`` the sessions are instead N conversations of 6 turns after one system prompt
 (`sharing.py`'s), archived after every turn: trie nodes of one turn each, where tier L's
-per-node overhead weighs most. Appends a table to benchmarks/RESULTS.md.
+per-node overhead weighs most. Writes its table to benchmarks/RESULTS.md, in place of the last
+run's of the same workload (real-text sessions, or ``--chat``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--chars", type=int, default=1500, help="characters of real text per session")
     parser.add_argument("--chat", type=int, default=0, help="N conversations of 6 turns instead, archived after every turn")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     if args.chat:
         from sharing import conversations
@@ -96,9 +98,12 @@ def main() -> None:
     ce_bits = results[POLICIES[0]]["ce_bits"]
     stored = results[POLICIES[0]]["stats"].stored_tokens
     header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
+    heading = (
+        "## Storage per tier policy on a chat workload (`benchmarks/tiers.py --chat`)" if args.chat else "## Storage per tier policy (`benchmarks/tiers.py`)"
+    )
     lines = [
-        f"\n## Storage per tier policy ({time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
+        f"\n{heading}\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
         f"{what}, {n:,} session tokens, {stored:,} stored once in the trie. Bytes per session token; `total` is every "
         "tier plus the search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is the "
         "tokens of every session from a fresh read-only open, checked against the first archive's. lm bits / CE: every "
@@ -117,7 +122,7 @@ def main() -> None:
             + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
             + (f"{8 * st.bytes['lm'] / ce_bits:.4f} |" if st.bytes.get("lm") else "|")
         )
-    publish(lines)
+    publish(lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where an archive restore without a forward pass loses quality: the recent window, or the rest?
 
-    .venv/bin/python benchmarks/window.py [--deep k8v7] [--body k4v3] [--contexts 4]
+    .venv/bin/python benchmarks/window.py [--deep k8v7] [--body k4v3] [--contexts 4] [--no-results]
 
 Codebooks of ``--deep`` stages are trained once on the first 4,096 tokens of ``corpus.real_text``
 (sinks left out, as the archive trains them); ``--body`` is a prefix of their stages (stages
@@ -12,8 +12,8 @@ offsets of benchmarks/kv.py), each followed by 128 teacher-forced tokens, it com
 - the same with the last 32 or 64 positions at the deep stages;
 - the same with every position at the deep stages.
 
-Pooled perplexity ratio against the exact cache, and top-1 agreement. Appends a table to
-benchmarks/RESULTS.md.
+Pooled perplexity ratio against the exact cache, and top-1 agreement. Writes its table to
+benchmarks/RESULTS.md, in place of the last run's.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--deep", default="k8v7")
     parser.add_argument("--body", default=P.DEFAULT_PRESET)
     parser.add_argument("--contexts", type=int, default=len(OFFSETS))
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     loaded = M.load(None)
     model = loaded.model
@@ -78,8 +79,8 @@ def main() -> None:
         score(f"stored window, every position at {args.deep}", KS.restore_cache(model, context, deep_k.copy(), deep_v.copy(), pre_rope=True, window="stored", exact_sinks=sinks))
         print(start, {name: round(float(np.exp(r[-1][0] / r[-1][1])), 4) for name, r in scored.items()}, file=sys.stderr, flush=True)
     lines = [
-        f"\n## Where a restore without a forward pass loses quality (`benchmarks/window.py`, {time.strftime('%Y-%m-%d')})\n",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/window.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; {args.deep} codebooks "
+        "\n## Where a restore without a forward pass loses quality (`benchmarks/window.py`)\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/window.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; {args.deep} codebooks "
         f"trained on 4,096 tokens ({train_s:.0f} s), {args.body} their first stages; {args.contexts} held-out contexts of {CONTEXT} tokens "
         f"(offsets {OFFSETS[: args.contexts]}), each followed by {PROBE} teacher-forced tokens; ppl ratio pooled over them, top-1 their mean.\n",
         "| restore | ppl ratio | per-context | top-1 agreement |",
@@ -90,7 +91,7 @@ def main() -> None:
             for name, r in scored.items()
         ],
     ]
-    publish(lines)
+    publish(lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -128,15 +128,14 @@ class Archive:
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
         self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"), prefix_cache_mb)
+        self._sink_cache = PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4")  # the attention sinks of stored restores
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes)
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
         self._conversations = Conversations(self._storage, self._reader)
         self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
-        self._housekeeping = Housekeeping(
-            self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes, PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4")
-        )
+        self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes, self._sink_cache)
         self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
@@ -186,7 +185,7 @@ class Archive:
     def _restorer(self) -> Restorer:
         from kvdb.services.restoring import Restorer
 
-        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4"))
+        return Restorer(self._storage, self._models, self._reader, self._tier_k, self._tier_l, self._sink_cache)
 
     @cached_property
     def _resumer(self) -> Resumer:

@@ -14,7 +14,7 @@ as surely as a flipped bit. Chunks bound the memory of a write and let a reader 
 chunks it reads (a header), and keep each encryption far below AES-GCM's 64 GiB limit.
 
 Which files are sealed is decided by their place: the writers and readers (``index/sidecar.py``,
-``serving/journal.py``, ``model/prefix_cache.py``) ask ``writing``/``reading`` for the path they
+``services/journal.py``, ``model/prefix_cache.py``) ask ``writing``/``reading`` for the path they
 touch, and every path beside an archive registered with a key is sealed. The registry keeps
 those kernel-level modules free of any knowledge of archives and keys, at the price of a
 process-wide table (an archive's storage registers itself when it opens).

@@ -18,21 +18,19 @@ A source file whose sessions are all deleted gets a tombstone in `kvdb watch`'s 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
-from kvdb import sealing
 from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.records import DeletedSource
+from kvdb.services import journal
+from kvdb.services.journal import Journal
 from kvdb.storage import Storage
-from kvdb.storage.base import DeleteSession, PutWatchedFiles, Queue, SessionRow, WatchedFileRow, utc_now
+from kvdb.storage.base import RECORD_LINE, DeleteSession, PutWatchedFiles, Queue, SessionRow, WatchedFileRow, utc_now
 
 FORGET_WORK = "forget"  # pending_work: a deleted session whose bytes gc has not erased yet
 FORGOTTEN = "forgotten"  # watched_files status: a tombstone
-# the serve journal beside the archive, named here as kvdb.serving names it (importing that package loads the engine)
-JOURNAL_SUFFIX, FAILED = ".serve", ".failed"
 TOMBSTONE_DETAIL = "deleted from the archive; `kvdb watch --readmit-forgotten` archives it again"
 
 
@@ -41,7 +39,7 @@ def source_file(source: str) -> str | None:
     messages given directly."""
     if source.startswith("<"):
         return None
-    return re.sub(r"#L[0-9]+$", "", source)
+    return re.sub(RECORD_LINE, "", source)
 
 
 def _spellings(file: str) -> list[str]:
@@ -70,14 +68,10 @@ class Forgetting:
     def _purge_journal(self, rows: list[SessionRow]) -> None:
         """The serve journal's entries set aside as failed (never archived, kept for a person to
         look at) that name a deleted conversation: they hold its text."""
-        folder = self._storage.derived_path(JOURNAL_SUFFIX)
-        if not folder.is_dir():
-            return
         names = {v for r in rows for v in (r.session_id, r.conversation_id, r.name) if v}
-        for path in folder.glob(f"*{FAILED}"):
+        for path in Journal(self._storage.derived_path(journal.SUFFIX)).set_aside_entries():
             try:
-                with sealing.reading(path) as f:  # as the journal wrote it (kvdb.serving is above this layer)
-                    entry = json.loads(f.read().decode("utf-8"))
+                entry = Journal.read(path)
             except (OSError, ValueError, CorruptData):
                 continue
             if isinstance(entry, dict) and (entry.get("conversation") in names or entry.get("name") in names):

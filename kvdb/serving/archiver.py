@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from kvdb.errors import KvdbError
+from kvdb.services.journal import Journal
 from kvdb.services.write_compute import Computed
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.gate import ModelGate
-from kvdb.serving.journal import Journal
 from kvdb.tiers import Tier, parse_keep
 
 log = logging.getLogger("kvdb.serve")

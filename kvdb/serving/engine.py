@@ -31,11 +31,12 @@ from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
 from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, PhraseCount, Session, Stats
+from kvdb.services import journal
+from kvdb.services.journal import Journal
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
 from kvdb.serving.gate import ModelGate
 from kvdb.serving.generation import Generation
-from kvdb.serving.journal import Journal
 from kvdb.serving.params import Request
 from kvdb.serving.recent import DEFAULT_BUDGET_BYTES, RecentCaches
 from kvdb.serving.relay import Relay, Relayed, title_of
@@ -45,7 +46,6 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS, check_
 
 DEFAULT_MAX_TOKENS = 512  # a request that names no max_tokens: as many as the context holds, up to this
 RESTORE_MODES = ("exact", "auto", "archive")
-JOURNAL_SUFFIX = ".serve"
 # Reading a position of the archive's exact cache costs about 1/32 of computing one more token
 # at the end of a prompt (SmolLM2 on 2 cores, decision 0032)
 ARCHIVE_READ_PER_TOKEN = 32
@@ -114,7 +114,7 @@ class Engine:
         self._gate = ModelGate(queue, queue_timeout)
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
-        self._journal = Journal(archive.local_path(JOURNAL_SUFFIX))
+        self._journal = Journal(archive.local_path(journal.SUFFIX))
         self._archiver = Archiver(self._journal, self._access, self._gate, keep, kv_preset)
         self._relay = Relay(self._journal.write, self._archiver.submit, self.model_name)
 

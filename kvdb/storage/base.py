@@ -162,6 +162,10 @@ class WatchedFileRow:
     detail: str | None = None
 
 
+# A session read from one record of a file (a JSON Lines export) records its source as FILE#L12
+# (kvdb.transcripts.files): the file is its source without this, in Python and in DuckDB alike.
+RECORD_LINE = r"#L[0-9]+$"
+
 # A node is found among its parent's children by its first tokens, this many: the key
 # ``child_key`` gives its row. The trie cuts a node only where this many tokens are shared
 # (``trie.MIN_SPLIT``), so at most one child shares them all with a new stream, and a walk reads

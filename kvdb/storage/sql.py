@@ -242,7 +242,7 @@ class Storage:
         made a row object each, 50k of them in a whole history, for every delete."""
         if not files:
             return []
-        query = f"select {SESSION} from {SESSIONS} where regexp_replace(source, '#L[0-9]+$', '') {ANY} order by created_at, session_id"
+        query = f"select {SESSION} from {SESSIONS} where regexp_replace(source, '{base.RECORD_LINE}', '') {ANY} order by created_at, session_id"
         return [session_row(r) for r in self._rows(query, [list(files)])]
 
     def conversation_sessions(self, conversation_id: str) -> list[SessionRow]:

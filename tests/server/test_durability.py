@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from kvdb.serving.journal import Journal
+from kvdb.services.journal import Journal
 
 pytestmark = pytest.mark.slow  # a server killed with -9
 

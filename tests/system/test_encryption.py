@@ -22,7 +22,7 @@ import pytest
 
 import kvdb
 from kvdb.errors import ArchiveKeyError
-from kvdb.serving.journal import Journal
+from kvdb.services.journal import Journal
 
 pytestmark = pytest.mark.slow  # the model's pass over each archive, and subprocesses
 

@@ -1,4 +1,4 @@
-"""The serve journal: each completed exchange as one file, durable before its reply's last bytes
+"""The serve journal: each completed exchange of ``kvdb serve`` as one file, durable before its reply's last bytes
 are sent, until the archive has committed it. A folder next to the archive
 (``<archive>.serve/``); entries are written to a temp name, fsynced, renamed and the folder
 fsynced, so an entry either exists whole or not at all, and a power cut or kill -9 after a reply
@@ -17,6 +17,7 @@ from pathlib import Path
 from kvdb import sealing
 from kvdb.errors import ArchiveError
 
+SUFFIX = ".serve"  # the journal's folder beside the archive
 FAILED = ".failed"  # an entry the archive refused, set aside (kept, never retried)
 
 
@@ -47,6 +48,10 @@ class Journal:
         for tmp in self.folder.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         return sorted(self.folder.glob("*.json"))
+
+    def set_aside_entries(self) -> list[Path]:
+        """The entries the archive refused, kept for a person to look at: a forget reads them too."""
+        return sorted(self.folder.glob(f"*{FAILED}")) if self.folder.is_dir() else []
 
     @staticmethod
     def read(path: Path) -> dict:
