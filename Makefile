@@ -36,7 +36,8 @@ ifneq ($(strip $(MISSING)),)
 	fi
 endif
 
-demo: install
+# The demo needs no system package: only the tests install them.
+demo: $(STAMP)
 	$(PY) examples/quickstart.py
 	$(VENV)/bin/kvdb --db examples/demo.duckdb sessions
 	$(VENV)/bin/kvdb --db examples/demo.duckdb show notes --end 12 && echo
@@ -62,16 +63,16 @@ lint: ruff
 	$(VENV)/bin/mypy
 
 # docs/cli.md from the commands' help (tests/cli/test_docs.py fails while it is stale).
-docs: install
-	$(PY) -m kvdb_cli.reference > docs/cli.md
+docs: $(STAMP)
+	$(PY) -m kvdb.cli.reference > docs/cli.md
 
 # benchmarks/ is checked (names, loop closures), not formatted.
 ruff: install
-	$(VENV)/bin/ruff check kvdb cli server mcpserver benchmarks
-	$(VENV)/bin/ruff format --check kvdb cli server mcpserver
+	$(VENV)/bin/ruff check kvdb benchmarks
+	$(VENV)/bin/ruff format --check kvdb
 
 # Each benchmark appends its table to benchmarks/RESULTS.md (about three hours in all on 2 cores).
-bench: install
+bench: $(STAMP)
 	$(PY) benchmarks/codec.py
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/search.py

@@ -485,7 +485,7 @@ def folder_bytes(path: Path) -> int:
 
 def kvdb_command() -> list[str]:
     script = Path(sys.executable).parent / "kvdb"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from kvdb_cli.main import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from kvdb.cli.main import main; main()"]
 
 
 def probe(kind: str, work: Path, extra: list[str] | None = None) -> dict:

@@ -48,7 +48,7 @@ HEAVY = ("torch", "transformers", "sqlalchemy", "alembic")  # none belongs on a 
 # Runs the click entry point in-process, then writes which heavy modules it imported to $KVDB_BENCH_IMPORTS.
 PROBE = (
     "import json, os, sys\n"
-    "from kvdb_cli.main import main\n"
+    "from kvdb.cli.main import main\n"
     "try:\n"
     "    main(sys.argv[1:], prog_name='kvdb', standalone_mode=False)\n"
     "except SystemExit:\n"
@@ -145,7 +145,7 @@ def _env(tmp: Path, source: Path) -> dict:
     env["KVDB_BENCH_IMPORTS"] = str(tmp / "imports.json")
     shim = tmp / "source"
     shim.mkdir()
-    for name, folder in (("kvdb", "kvdb"), ("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")):
+    for name, folder in (("kvdb", "kvdb"), ("kvdb.cli", "cli"), ("kvdb.migrations", "migrations")):
         (shim / name).symlink_to(source.resolve() / folder)
     env["PYTHONPATH"] = str(shim)
     return env

@@ -28,11 +28,11 @@ from report import describe, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "how long should dough rise"
-ENTRY = "import sys; from kvdb_cli.main import main; sys.argv[0] = 'kvdb'; sys.exit(main())"
+ENTRY = "import sys; from kvdb.cli.main import main; sys.argv[0] = 'kvdb'; sys.exit(main())"
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 # the stages of a profile: (label, the file and function whose cumulative time it is)
 STAGES = [
-    ("imports of the CLI (kvdb, numpy, duckdb, sqlalchemy)", "cli/main.py", "<module>"),
+    ("imports of the CLI (kvdb, numpy, duckdb, sqlalchemy)", "kvdb/cli/main.py", "<module>"),
     ("opening the archive", "kvdb/archive.py", "open"),
     ("loading the embedder (weights, tokenizer, cached hash)", "model/embedder.py", "__init__"),
     ("the chunk index (its sidecar opened, caught up)", "services/semantic_tier.py", "get"),

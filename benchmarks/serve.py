@@ -164,12 +164,13 @@ def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart:
 
 
 def shim(source: str, folder: str) -> str:
-    """A folder that maps the installed names of kvdb's front ends (``kvdb_cli``, ``kvdb_server``,
-    ``kvdb_migrations``) to ``source``'s folders, so that a baseline runs its own CLI and server."""
+    """A folder that maps the names a baseline from before one package tree installed its front
+    ends under (``kvdb_cli``, ``kvdb_server``, ``kvdb_mcp``, ``kvdb_migrations``) to its folders,
+    so that it runs its own CLI and server (a later baseline holds them in its ``kvdb/``)."""
     path = Path(folder) / "baseline-shim"
     path.mkdir(exist_ok=True)
-    for name, where in (("kvdb_cli", "cli"), ("kvdb_server", "server"), ("kvdb_migrations", "migrations")):
-        if not (path / name).exists():
+    for name, where in (("kvdb_cli", "cli"), ("kvdb_server", "server"), ("kvdb_mcp", "mcpserver"), ("kvdb_migrations", "migrations")):
+        if (Path(source) / where).is_dir() and not (path / name).exists():
             (path / name).symlink_to(Path(source).resolve() / where)
     return str(path)
 
@@ -334,14 +335,14 @@ def main() -> None:
     runs: dict[str, list[list[dict]]] = {}
     archive_costs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
-        def kvdb_server(name: str, source: str | None = None) -> Server:
+        def start_kvdb(name: str, source: str | None = None) -> Server:
             here = dict(env, PYTHONPATH=f"{source}{os.pathsep}{shim(source, folder)}") if source else env
             return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], here)
 
         plans = [
-            ("(a) kvdb", kvdb_server("a"), False),
-            *([("(a0) kvdb before", kvdb_server("a0", args.baseline), False)] if args.baseline else []),
-            ("(b) kvdb restarted", kvdb_server("b"), True),
+            ("(a) kvdb", start_kvdb("a"), False),
+            *([("(a0) kvdb before", start_kvdb("a0", args.baseline), False)] if args.baseline else []),
+            ("(b) kvdb restarted", start_kvdb("b"), True),
             ("(c) no reuse", Server([sys.executable, "-c", STOCK, "{port}"], env), False),
         ]
         if args.llama_python:
@@ -356,7 +357,7 @@ def main() -> None:
                 server.stop()
             print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
         for name, source in [("(a) kvdb", None), *([("(a0) kvdb before", args.baseline)] if args.baseline else [])] if "archive" in modes else []:
-            server = kvdb_server(f"archive-{name[1:3].strip(')')}", source)
+            server = start_kvdb(f"archive-{name[1:3].strip(')')}", source)
             server.start()
             try:
                 archive_costs[name] = archiving(server, Path(server.argv[2]), dialogues, args.max_tokens)
@@ -366,7 +367,7 @@ def main() -> None:
         concurrency = {}
         clients = conversations(4, args.turns, args.document_words, args.words)  # four conversations, however many replayed above
         for timeout in (30, None) if "concurrency" in modes else ():  # 30 s (the default before), then the default (600 s)
-            concurrent = kvdb_server(f"concurrent-{timeout}")
+            concurrent = start_kvdb(f"concurrent-{timeout}")
             if timeout is not None:
                 concurrent.argv += ["--queue-timeout", str(timeout)]
             concurrent.start()

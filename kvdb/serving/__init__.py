@@ -1,5 +1,5 @@
 """Serving the archive's model: OpenAI-style completions that resume from archived caches, and
-whose exchanges are archived (``kvdb serve``; the HTTP layer is ``kvdb_server``)."""
+whose exchanges are archived (``kvdb serve``; the HTTP layer is ``kvdb.server``)."""
 
 from kvdb.serving.engine import Engine
 from kvdb.serving.params import Request, Sampling

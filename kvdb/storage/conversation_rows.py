@@ -10,7 +10,7 @@ A session joins, in this order:
 4. else a conversation of its own, named by its id.
 
 Migration 0009 grouped the sessions of older archives by the same rules (frozen in
-``migrations/_frozen_0009_conversations.py``).
+``kvdb/migrations/_frozen_0009_conversations.py``).
 
 The same writes keep each conversation's row current with what listing filters, orders and pages
 by in SQL (``SUMMARY``): a session that becomes the latest version updates it from its own row,

@@ -306,7 +306,7 @@ class DuckLake(Engine):
             if found < "0012":  # the columns that list conversations in SQL
                 _fill_conversations(conn, altered="conversations" not in added)
             if found < "0014":  # migration 0014's key of a node among its parent's children
-                from kvdb_migrations._frozen_0014_child_keys import FIRST_TOKEN_KEY
+                from kvdb.migrations._frozen_0014_child_keys import FIRST_TOKEN_KEY
 
                 conn.execute("alter table nodes add column child_key varchar")
                 conn.execute(f"update nodes set child_key = {FIRST_TOKEN_KEY}")
@@ -385,7 +385,7 @@ LAKE_UPGRADES = {
 
 def _group_conversations(conn) -> None:
     """Migration 0009's grouping of the sessions an older kvdb wrote, on a lake."""
-    from kvdb_migrations import _frozen_0009_conversations as frozen
+    from kvdb.migrations import _frozen_0009_conversations as frozen
 
     sessions = conn.execute("select session_id, name, source, created_at from sessions").fetchall()
     parents = dict(conn.execute("select node_id, parent_id from nodes").fetchall())
@@ -397,7 +397,7 @@ def _group_conversations(conn) -> None:
 
 def _fill_conversations(conn, altered: bool) -> None:
     """Migration 0012 on a lake: the columns added (``altered``: to a table older than them) and filled."""
-    from kvdb_migrations import _frozen_0012_conversation_listing as frozen
+    from kvdb.migrations import _frozen_0012_conversation_listing as frozen
 
     if altered:
         for name, kind in frozen.COLUMNS:

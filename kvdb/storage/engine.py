@@ -30,7 +30,7 @@ from kvdb.user_cache import cache_dir
 if importlib.util.find_spec("pandas") is None:
     sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 
-# The migration the tables of kvdb.storage.schema correspond to, the head of migrations/versions:
+# The migration the tables of kvdb.storage.schema correspond to, the head of kvdb/migrations/versions:
 # an archive at it opens without importing alembic or SQLAlchemy.
 REVISION = "0014"
 

@@ -25,7 +25,7 @@ class DuckDBImpl(DefaultImpl):
 
 
 def script_directory() -> tuple[ScriptDirectory, Config]:
-    spec = importlib.util.find_spec("kvdb_migrations")
+    spec = importlib.util.find_spec("kvdb.migrations")
     assert spec is not None and spec.submodule_search_locations is not None  # a package installed with kvdb
     location = spec.submodule_search_locations[0]
     config = Config()

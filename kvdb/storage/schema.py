@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from kvdb.storage.engine import REVISION  # noqa: F401 (the head of migrations/versions, named where the tables are)
+from kvdb.storage.engine import REVISION  # noqa: F401 (the head of kvdb/migrations/versions, named where the tables are)
 
 metadata = sa.MetaData()
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from kvdb.errors import InvalidArgument
 from kvdb.services.watching import agent_folders, agent_sources
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 EXPORTS = Path(__file__).parents[1] / "fixtures" / "exports"
 CODEX = EXPORTS / "codex-cli" / "synthetic-legacy-rollout-2025-05.jsonl"

@@ -12,8 +12,8 @@ from support import write_jsonl
 
 import kvdb
 from kvdb.storage.sql import Storage
-from kvdb_cli.main import main
-from kvdb_mcp import build, over
+from kvdb.cli.main import main
+from kvdb.mcp import build, over
 
 TURNS = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} of the long talk about the harbour ledger. " * 3} for i in range(24)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 from support import write, write_jsonl
 
 from kvdb.errors import AmbiguousSession, SessionNotFound

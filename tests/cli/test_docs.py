@@ -1,7 +1,7 @@
 """The command reference is the commands' own help, and the README names only real commands.
 
-``docs/cli.md`` is written by ``kvdb_cli.reference`` from the click application itself
-(``kvdb_cli.main:main``, subgroups such as ``codebooks train`` included): a command or option
+``docs/cli.md`` is written by ``kvdb.cli.reference`` from the click application itself
+(``kvdb.cli.main:main``, subgroups such as ``codebooks train`` included): a command or option
 added without ``make docs`` fails here. README.md's examples are read back against the CLI, so
 one that names a command or option that no longer exists fails too.
 """
@@ -17,7 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from kvdb_cli import reference
+from kvdb.cli import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -25,7 +25,7 @@ CLI_MD = ROOT / "docs" / "cli.md"
 
 
 def _cli() -> click.Group:
-    return importlib.import_module("kvdb_cli.main").main
+    return importlib.import_module("kvdb.cli.main").main
 
 
 def _leaves() -> dict[tuple[str, ...], click.Command]:
@@ -101,7 +101,7 @@ def test_the_cli_is_discovered():
 
 def test_docs_cli_md_is_the_help_as_it_stands():
     written = CLI_MD.read_text(encoding="utf-8")
-    assert written == reference.reference(_cli()), "docs/cli.md is stale: run `make docs` (python -m kvdb_cli.reference > docs/cli.md)"
+    assert written == reference.reference(_cli()), "docs/cli.md is stale: run `make docs` (python -m kvdb.cli.reference > docs/cli.md)"
 
 
 def test_the_reference_has_every_command_and_option():

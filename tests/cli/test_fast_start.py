@@ -15,7 +15,7 @@ import kvdb
 FAST = """
 import json, sys
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 codes = {}
 for args in json.loads(sys.argv[1]):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 from support import CALIBRATION, KV, write
 
 # what each command printed before its result became a record: key -> JSON type, in order

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 import kvdb
 

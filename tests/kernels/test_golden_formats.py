@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvdb_migrations import _frozen_0002_fractal as frozen
+from kvdb.migrations import _frozen_0002_fractal as frozen
 
 from kvdb.codecs import code_layout, fractal, quant, rans
 from kvdb.index.walk import WalkIndex

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx2
 import pytest
 import uvicorn
-from kvdb_server import create_app
+from kvdb.server import create_app
 from openai import OpenAI
 
 import kvdb
@@ -61,7 +61,7 @@ class Running:
 
 
 def _start(db: Path, loaded, api_key: str | None = None, max_body_bytes: int = 2**16, upstream=None, **engine_options) -> Running:
-    """``upstream``: a ``kvdb_server.upstream.Upstream`` to forward completions to."""
+    """``upstream``: a ``kvdb.server.upstream.Upstream`` to forward completions to."""
     app = create_app(Engine(kvdb.open(db, model=loaded), **engine_options), api_key=api_key, max_body_bytes=max_body_bytes, upstream=upstream)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     sock = socket.socket()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kvdb_server import parse
+from kvdb.server import parse
 from openai.types import completion_create_params as text_params
 from openai.types.chat import completion_create_params as chat_params
 

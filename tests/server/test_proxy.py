@@ -25,7 +25,7 @@ import httpx2
 import openai
 import pytest
 from click.testing import CliRunner
-from kvdb_server.upstream import Upstream
+from kvdb.server.upstream import Upstream
 from openai import OpenAI
 
 import kvdb
@@ -253,7 +253,7 @@ def test_a_failed_archive_write_fails_no_reply_and_is_tried_again(pair, serve, t
 
 
 def test_sessions_says_which_upstream_and_that_no_kv_was_kept(tmp_path, tiny_model):
-    from kvdb_cli.main import main
+    from kvdb.cli.main import main
 
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as archive:
         archive.ingest(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], upstream={"model": "gpt-x", "same_model": False})
@@ -262,7 +262,7 @@ def test_sessions_says_which_upstream_and_that_no_kv_was_kept(tmp_path, tiny_mod
 
 
 def test_the_options_are_refused_in_one_line(tmp_path, monkeypatch):
-    from kvdb_cli.main import main
+    from kvdb.cli.main import main
 
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     db = str(tmp_path / "a.duckdb")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 from support import write_jsonl
 
 import kvdb

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 from support import CALIBRATION, KV, write
 
 from kvdb.errors import InvalidArgument

@@ -169,7 +169,7 @@ def test_cli_search(tmp_path, tiny_model):
     import json
 
     from click.testing import CliRunner
-    from kvdb_cli.main import main
+    from kvdb.cli.main import main
 
     write(tmp_path / "t" / "harbour.txt", TEXTS["harbour"])
     runner = CliRunner()

@@ -17,7 +17,7 @@ from kvdb.index import casing
 from kvdb.index import phrase as search_ops
 from kvdb.index.walk import WalkIndex
 from kvdb.model import tokenizer as tok
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 EXAMPLES = "We took the shinkansen from Tokyo to Kyoto with a JR Pass, and booked it on an iPhone."
 SHORT = ["tokyo", "kyoto", "to", "jr", "pass", "iphone", "nasa", "osaka", "rail", "the", "ebay", "macos", "gpt", "a"]

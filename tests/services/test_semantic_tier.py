@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 import kvdb
 from kvdb.errors import InvalidArgument, TierMissing
@@ -301,7 +301,7 @@ def test_the_score_is_the_weighted_parts_on_one_scale_and_weak_below_the_cut_off
 def test_the_command_line_and_mcp_give_the_archives_scores_and_marks(tmp_path, tiny_model):
     import anyio
 
-    from kvdb_mcp.tools import build, over
+    from kvdb.mcp.tools import build, over
 
     env = {"KVDB_MODEL": tiny_model, "KVDB_EMBEDDER": tiny_model}
     where = tmp_path / "c.duckdb"

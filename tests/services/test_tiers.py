@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 from support import CALIBRATION, KV, storage_of, write
 
 import kvdb
@@ -611,7 +611,7 @@ def test_advice_unknown_model_give_a_hugging_face_id_in_the_local_cache(tmp_path
     shutil.copytree(tiny_model, repo / "snapshots" / ("0" * 40))
     write(repo / "refs" / "main", "0" * 40)
     session = write(tmp_path / "s.txt", "archived with a model found in the Hugging Face cache")
-    command = [sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", str(tmp_path / "c.duckdb"), "ingest", str(session)]
+    command = [sys.executable, "-c", "from kvdb.cli.main import main; main()", "--db", str(tmp_path / "c.duckdb"), "ingest", str(session)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     refused = subprocess.run([*command, "--model", "kvdb-tests/tiny"], env=env, capture_output=True, text=True)
     assert refused.returncode == 4 and "a Hugging Face id already in the local cache" in refused.stderr

@@ -5,7 +5,7 @@ import json
 import duckdb
 import pytest
 from click.testing import CliRunner
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 import kvdb
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import kvdb_migrations
+import kvdb.migrations
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -56,10 +56,10 @@ def schemas(tmp_path_factory) -> tuple[dict, dict]:
     """(what the migrations create, what the definitions create)."""
     folder = tmp_path_factory.mktemp("schemas")
     config = Config()
-    config.set_main_option("script_location", str(Path(kvdb_migrations.__file__).parent))
+    config.set_main_option("script_location", str(Path(kvdb.migrations.__file__).parent))
     migrated = sa.create_engine(f"duckdb:///{folder / 'migrated.duckdb'}")
     with migrated.begin() as conn:
-        config.attributes["connection"] = conn  # what migrations/env.py runs on
+        config.attributes["connection"] = conn  # what kvdb/migrations/env.py runs on
         command.upgrade(config, "head")
     migrated.dispose()
     declared = sa.create_engine(f"duckdb:///{folder / 'declared.duckdb'}")

@@ -11,7 +11,7 @@ from support import write_jsonl
 
 import kvdb
 from kvdb.errors import ArchiveReadOnly
-from kvdb_cli.main import main
+from kvdb.cli.main import main
 
 
 @contextlib.contextmanager

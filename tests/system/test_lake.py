@@ -123,7 +123,7 @@ def test_a_catalog_that_is_down_is_a_clear_error_and_nothing_is_half_written(pos
 
 def _kvdb(*args, env=None, check=True):
     return subprocess.run(
-        [sys.executable, "-c", "from kvdb_cli.main import main; main()", *args], capture_output=True, text=True, env=env, check=check, cwd=ROOT
+        [sys.executable, "-c", "from kvdb.cli.main import main; main()", *args], capture_output=True, text=True, env=env, check=check, cwd=ROOT
     )
 
 
@@ -243,7 +243,7 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
     with kvdb.open(where, model=tiny_model, data_path=data_path):
         pass
     worker = subprocess.Popen(
-        [sys.executable, "-c", "from kvdb_cli.main import main; main()", "--db", where, "ingest", str(folder)],
+        [sys.executable, "-c", "from kvdb.cli.main import main; main()", "--db", where, "ingest", str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

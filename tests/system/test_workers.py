@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _kvdb(*args, env):
-    return subprocess.run([sys.executable, "-c", "from kvdb_cli.main import main; main()", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    return subprocess.run([sys.executable, "-c", "from kvdb.cli.main import main; main()", *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
 def test_two_workers_on_a_file_archive_what_one_process_does(tmp_path, tiny_model):

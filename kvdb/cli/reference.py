@@ -1,4 +1,4 @@
-"""docs/cli.md, written from the commands' own help: ``python -m kvdb_cli.reference > docs/cli.md``.
+"""docs/cli.md, written from the commands' own help: ``python -m kvdb.cli.reference > docs/cli.md``.
 
 The help is the one place a command's options and rules are written; this renders it at a fixed
 width, so the file is the same on every machine and a test can tell when it is stale
@@ -12,8 +12,8 @@ WIDTH = 100  # columns the help is wrapped at, whatever the terminal
 
 HEADER = """# Command reference
 
-Generated from `kvdb --help` and each command's `--help` by `python -m kvdb_cli.reference >
-docs/cli.md` (`make docs`); `make test` fails when this file is stale. Edit the help in `cli/`,
+Generated from `kvdb --help` and each command's `--help` by `python -m kvdb.cli.reference >
+docs/cli.md` (`make docs`); `make test` fails when this file is stale. Edit the help in `kvdb/cli/`,
 not this file.
 """
 
@@ -56,6 +56,6 @@ def reference(main: click.Group) -> str:
 
 
 if __name__ == "__main__":
-    from kvdb_cli.main import main
+    from kvdb.cli.main import main
 
     print(reference(main), end="")

@@ -7,9 +7,9 @@ import signal
 
 import click
 
+from kvdb.cli.app import embedder_option, main, model_option, open_archive
 from kvdb.model.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
-from kvdb_cli.app import embedder_option, main, model_option, open_archive
 
 
 @main.command()
@@ -77,9 +77,9 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
     each exchange is journalled and archived once its reply is sent.
     Serves until SIGINT or SIGTERM; the journal left over is archived at the next start.
     """
+    from kvdb.server import serve as run_server
+    from kvdb.server.upstream import base_url
     from kvdb.serving import Engine
-    from kvdb_server import serve as run_server
-    from kvdb_server.upstream import base_url
 
     upstream_key = None
     if upstream_key_env is not None:
@@ -118,7 +118,7 @@ def mcp(ctx, allow_continue, embedder, model):
     search (by phrase or meaning; filters by session, agent, project folder and days), show (a
     conversation, paged), sessions (recent first), and with --allow-continue, continue (restore
     a conversation at a position and ask the model). The archive is opened read-only."""
-    from kvdb_mcp import build, over  # the SDK is imported by this command alone
+    from kvdb.mcp import build, over  # the SDK is imported by this command alone
 
     archive = open_archive(ctx, model, read_only=True, embedder=embedder)
     # Ctrl-C (and an agent's SIGINT) would wait for the SDK's stdin reader thread, that is, for

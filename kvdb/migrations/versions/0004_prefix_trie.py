@@ -12,7 +12,7 @@ Create Date: 2026-11-29
 import sqlalchemy as sa
 from alembic import op
 
-from kvdb_migrations import _frozen_0002_fractal as fractal  # frozen: never the live kvdb.codecs.fractal
+from kvdb.migrations import _frozen_0002_fractal as fractal  # frozen: never the live kvdb.codecs.fractal
 
 revision = "0004"
 down_revision = "0003"

@@ -12,7 +12,7 @@ Create Date: 2026-12-05
 import sqlalchemy as sa
 from alembic import op
 
-from kvdb_migrations import _frozen_0012_conversation_listing as frozen
+from kvdb.migrations import _frozen_0012_conversation_listing as frozen
 
 revision = "0012"
 down_revision = "0011"

@@ -6,8 +6,8 @@ import sys
 
 import click
 
+from kvdb.cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, token_progress
 from kvdb.codecs import presets
-from kvdb_cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, token_progress
 
 
 @main.command()

@@ -10,7 +10,7 @@
   mcp`'s tools that read (search, show, sessions), through the same archive thread.
 - With an upstream (``kvdb serve --upstream``, ``upstream.py``), the completions and the models
   are the upstream's, forwarded, and each exchange is archived after its reply is sent.
-- ``/health``, open to all; ``/`` and ``/static/...``, the page (``server/static``), which
+- ``/health``, open to all; ``/`` and ``/static/...``, the page (``kvdb/server/static``), which
   holds no archive data: it asks for the key and sends it with its API calls. With an API
   key, every other route needs ``Authorization: Bearer KEY``.
 
@@ -26,6 +26,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
@@ -34,12 +35,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
 from kvdb.index.phrase import MIN_SHARE
+from kvdb.mcp import build
+from kvdb.server import parse
+from kvdb.server import upstream as relaying
+from kvdb.server.errors import HttpError, describe, install
+from kvdb.server.upstream import Upstream
 from kvdb.serving import Chunk, Engine, Reply
-from kvdb_mcp import build
-from kvdb_server import parse
-from kvdb_server import upstream as relaying
-from kvdb_server.errors import HttpError, describe, install
-from kvdb_server.upstream import Upstream
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -52,7 +53,8 @@ def create_app(
     its client closed with the app)."""
 
     mcp = build(engine.read)  # the MCP tools that read (`kvdb mcp`'s, but continue: generation is /v1's)
-    [mcp_route] = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
+    [sdk_route] = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True).routes
+    mcp_route = cast(Route, sdk_route)  # the SDK's one route: an endpoint
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

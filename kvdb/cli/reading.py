@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from kvdb.cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 from kvdb.errors import KvdbError
 from kvdb.index.phrase import MIN_SHARE
 from kvdb.records import MeaningHit
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
-from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 DAY_HELP = "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
 SCOPE = (  # the filters `sessions` lists by and `search` keeps to: Archive.conversations' arguments

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from fastapi import Request as HttpRequest
 
 from kvdb.errors import InvalidArgument
+from kvdb.server.errors import HttpError
 from kvdb.serving import Request, Sampling
-from kvdb_server.errors import HttpError
 
 MAX_BODY_BYTES = 4 * 2**20
 

@@ -9,9 +9,9 @@ import threading
 
 import click
 
+from kvdb.cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET
-from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 PID_SUFFIX = ".watch.pid"  # beside the archive: the running watcher's process id, for --status
 LOG_SUFFIX = ".watch.log"

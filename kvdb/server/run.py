@@ -12,9 +12,9 @@ import threading
 import uvicorn
 from uvicorn.server import HANDLED_SIGNALS
 
+from kvdb.server.app import create_app
+from kvdb.server.upstream import Upstream
 from kvdb.serving import Engine
-from kvdb_server.app import create_app
-from kvdb_server.upstream import Upstream
 
 GRACE_SECONDS = 10  # longest uvicorn waits for open connections once told to stop
 

@@ -4,7 +4,7 @@ The group and what every command shares are in ``app.py``; the commands are in m
 they do (``reading``, ``querying``, ``writing``, ``upkeep``, ``serving``, ``watching``), registered on the group here.
 """
 
-from kvdb_cli import querying, reading, serving, upkeep, watching, writing  # noqa: F401 (each registers its commands on the group)
-from kvdb_cli.app import main
+from kvdb.cli import querying, reading, serving, upkeep, watching, writing  # noqa: F401 (each registers its commands on the group)
+from kvdb.cli.app import main
 
 __all__ = ["main"]

@@ -27,10 +27,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from kvdb.errors import InvalidArgument, UpstreamError, UpstreamTimeout
+from kvdb.server import parse
+from kvdb.server.errors import describe
 from kvdb.serving import Engine, Relayed
 from kvdb.serving.relay import EXTENSION
-from kvdb_server import parse
-from kvdb_server.errors import describe
 
 CONNECT_S = 10.0  # to open a connection to the upstream
 READ_S = 600.0  # between two pieces of its reply: what the official openai client waits for one

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kvdb_cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
+from kvdb.cli.app import embedder_option, emit, json_option, main, model_option, open_archive, printable
 
 CELL_CHARS = 60  # a cell longer than this is cut in the table (--json gives it whole)
 

@@ -14,7 +14,7 @@ Create Date: 2026-12-05
 import sqlalchemy as sa
 from alembic import op
 
-from kvdb_migrations._frozen_0014_child_keys import FIRST_TOKEN_KEY
+from kvdb.migrations._frozen_0014_child_keys import FIRST_TOKEN_KEY
 
 revision = "0014"
 down_revision = "0013"

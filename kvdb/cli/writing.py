@@ -9,11 +9,11 @@ import click
 
 import kvdb
 from kvdb import sealing
+from kvdb.cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, printable, token_progress
 from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
 from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, parse_keep
-from kvdb_cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, printable, token_progress
 
 
 @main.command("formats")

@@ -12,7 +12,7 @@ Create Date: 2026-12-04
 import sqlalchemy as sa
 from alembic import op
 
-from kvdb_migrations import _frozen_0009_conversations as frozen
+from kvdb.migrations import _frozen_0009_conversations as frozen
 
 revision = "0009"
 down_revision = "0008"

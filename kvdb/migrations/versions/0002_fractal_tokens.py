@@ -14,7 +14,7 @@ import numpy as np
 import sqlalchemy as sa
 from alembic import op
 
-from kvdb_migrations import _frozen_0002_fractal as fractal  # frozen: never the live kvdb.codecs.fractal
+from kvdb.migrations import _frozen_0002_fractal as fractal  # frozen: never the live kvdb.codecs.fractal
 
 revision = "0002"
 down_revision = "0001"

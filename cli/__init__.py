@@ -1,1 +1,0 @@
-"""The `kvdb` command line (installed as the import package ``kvdb_cli``)."""

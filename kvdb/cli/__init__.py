@@ -1,0 +1,1 @@
+"""The `kvdb` command line (installed as the import package ``kvdb.cli``)."""

@@ -1,1 +1,0 @@
-"""Alembic environment and versions of the kvdb archive schema (installed as ``kvdb_migrations``)."""
