@@ -13,5 +13,17 @@ from kvdb.errors import KvdbError
 from kvdb.records import IngestResult, Prefix, RestoredSession, Session, Stats
 from kvdb.transcripts.formats import registered as formats
 
-__all__ = ["Archive", "IngestResult", "KvdbError", "Prefix", "RestoredSession", "Session", "SessionHandle", "Stats", "default_path", "formats", "open"]
+__all__ = [
+    "Archive",
+    "IngestResult",
+    "KvdbError",
+    "Prefix",
+    "RestoredSession",
+    "Session",
+    "SessionHandle",
+    "Stats",
+    "default_path",
+    "formats",
+    "open",
+]
 __version__ = "0.1.0"

@@ -128,14 +128,18 @@ class Archive:
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
         self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"), prefix_cache_mb)
-        self._sink_cache = PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4")  # the attention sinks of stored restores
+        self._sink_cache = PrefixCache(
+            self._storage.derived_path(".sinks"), dtype="<f4"
+        )  # the attention sinks of stored restores
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes)
         self._editor = Editor(self._storage, self._models, self._reader, self._tier_l)
         self._conversations = Conversations(self._storage, self._reader)
         self._integrity = Integrity(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes)
-        self._housekeeping = Housekeeping(self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes, self._sink_cache)
+        self._housekeeping = Housekeeping(
+            self._storage, self._indexes, self._prefix_cache, lambda: self._semantic.indexes, self._sink_cache
+        )
         self._inventory = Inventory(self._storage, self._prefix_cache)
 
     @cached_property
@@ -173,13 +177,23 @@ class Archive:
     def _ingester(self) -> Ingester:
         from kvdb.services.ingesting import Ingester
 
-        return Ingester(self._storage, self._models, self._tier_l, lambda: self._tier_k, self._write_compute, self._indexes, self._prefix_cache)
+        return Ingester(
+            self._storage,
+            self._models,
+            self._tier_l,
+            lambda: self._tier_k,
+            self._write_compute,
+            self._indexes,
+            self._prefix_cache,
+        )
 
     @cached_property
     def _upkeep(self) -> Upkeep:
         from kvdb.services.upkeep import Upkeep
 
-        return Upkeep(self._storage, self._models, self._reader, self._write_compute, lambda: self._semantic, self._prefix_cache)
+        return Upkeep(
+            self._storage, self._models, self._reader, self._write_compute, lambda: self._semantic, self._prefix_cache
+        )
 
     @cached_property
     def _restorer(self) -> Restorer:
@@ -341,7 +355,9 @@ class Archive:
 
         given = self._embedder_given
         named = given is None or isinstance(given, (str, os.PathLike))  # a loaded embedder cannot go to another process
-        background = BackgroundUpkeep(self.path, self.model_name, self._data_path, None if given is None else str(given), self._key)
+        background = BackgroundUpkeep(
+            self.path, self.model_name, self._data_path, None if given is None else str(given), self._key
+        )
 
         def idle() -> None:  # the queued work, in a process beside the watcher
             if not background.running() and self.pending().tokens:
@@ -472,12 +488,21 @@ class Archive:
         """Every prefix two or more sessions share, with its length, bits and whole text.
         ``words`` (deprecated, the 0.1 behaviour) cuts the text to its first words, spaces folded."""
         if words is not None:
-            warnings.warn("prefixes(words=...) is deprecated: Prefix.text is now the whole prefix; cut it yourself", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "prefixes(words=...) is deprecated: Prefix.text is now the whole prefix; cut it yourself",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return self._reader.prefixes(words)
 
     # restore --------------------------------------------------------------------------
     def restore(
-        self, session: str, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS
+        self,
+        session: str,
+        at: int | None = None,
+        mode: str = "auto",
+        window: str | None = None,
+        max_loss: float = DEFAULT_MAX_LOSS,
     ) -> RestoredSession:
         """The model with a cache holding the session's first ``at`` tokens (default: all).
 
@@ -504,7 +529,9 @@ class Archive:
         """How closely the archive restore follows the exact one, on a ``probe`` of the session's tokens."""
         return self._restorer.fidelity(session, at, probe, window)
 
-    def continue_session(self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None) -> str:
+    def continue_session(
+        self, session: str, prompt: str | None = None, max_new_tokens: int = 64, at: int | None = None
+    ) -> str:
         """Restore, append ``prompt`` (a new user turn for chat sessions), and continue greedily."""
         return self.generate(self.restore(session, at), prompt, max_new_tokens)
 
@@ -513,7 +540,9 @@ class Archive:
         positions afterwards, so calling it again continues from the same state."""
         return self._restorer.generate(restored, prompt, check_count("max_new_tokens", max_new_tokens, 1))
 
-    def resume(self, ids, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession | None:
+    def resume(
+        self, ids, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS
+    ) -> RestoredSession | None:
         """The cache of the longest archived prefix of ``ids`` (token ids) over ``better_than``
         tokens that the archive gives back without a forward pass over it: the exact cache the
         prefix cache keeps, or with ``mode="archive"`` tier K's (approximate), or with
@@ -589,7 +618,9 @@ class Archive:
         """The conversations whose chunks are nearest ``query`` in meaning (the semantic tier; its
         embedder loads on first use), one hit per conversation at its nearest chunk: the chunk's
         first position, which ``restore(at=)`` takes, and its text; filtered as ``search``."""
-        return self._semantic.search(query, check_count("k", k, 1), session, self._conversations.scope(agent, project, since, until))
+        return self._semantic.search(
+            query, check_count("k", k, 1), session, self._conversations.scope(agent, project, since, until)
+        )
 
     def sql(self, query: str) -> QueryResult:
         """Run one read-only DuckDB SELECT over the archive's views (conversations, sessions,
@@ -620,7 +651,9 @@ class Archive:
         """Rebuild what can be derived (the search indexes); report what cannot."""
         return self._integrity.repair()
 
-    def copy_to(self, location: str | Path, data_path: str | Path | None = None, key: str | bytes | None = None) -> CopyReport:
+    def copy_to(
+        self, location: str | Path, data_path: str | Path | None = None, key: str | bytes | None = None
+    ) -> CopyReport:
         """Copy every session into a new archive at ``location`` (a file, or an empty lake with
         its ``data_path``), verified table by table by content hashes; returns the rows copied
         and the hashes. The copy is encrypted under ``key`` where one is given (an existing
@@ -673,7 +706,9 @@ class SessionHandle(Session):
     def turns(self, start: int | None = None, end: int | None = None) -> list[Turn]:
         return self.archive.turns(self.session_id, start, end)
 
-    def restore(self, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
+    def restore(
+        self, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS
+    ) -> RestoredSession:
         return self.archive.restore(self.session_id, at, mode, window, max_loss)
 
     def search(self, phrase: str, k: int = 10, context: int = 32) -> list[Hit]:

@@ -35,7 +35,17 @@ class Session:
     @classmethod
     def from_row(cls, row: SessionRow, **extra) -> Self:
         """``extra``: the fields a subclass adds (what was done to the session)."""
-        return cls(row.session_id, row.name, row.source, row.n_tokens, row.created_at, row.model_id, row.metadata, conversation_id=row.conversation_id, **extra)
+        return cls(
+            row.session_id,
+            row.name,
+            row.source,
+            row.n_tokens,
+            row.created_at,
+            row.model_id,
+            row.metadata,
+            conversation_id=row.conversation_id,
+            **extra,
+        )
 
     def __eq__(self, other: object) -> bool:
         """By value, whatever the subclass: a session handle equals the record it stands for."""
@@ -132,7 +142,12 @@ class Compacted(Session):
     status: ClassVar[SessionChange] = SessionChange.COMPACTED
 
     def to_dict(self) -> dict:
-        return {"session_id": self.session_id, "name": self.name, "keep": ",".join(self.keep), "status": self.status.value}
+        return {
+            "session_id": self.session_id,
+            "name": self.name,
+            "keep": ",".join(self.keep),
+            "status": self.status.value,
+        }
 
 
 class IngestStatus(StrEnum):
@@ -156,7 +171,9 @@ class IngestResult:
     new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
     seconds: float = 0.0
     added: tuple[str, ...] = ()  # "updated": the tiers its path was given, which it was archived without
-    dropped: dict = field(default_factory=dict)  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
+    dropped: dict = field(
+        default_factory=dict
+    )  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
     skipped: tuple[dict, ...] = ()  # the file's first result: its malformed records left out, each {"line", "reason"}
     part: int | None = None  # which part (from 1) of a session longer than the model's context (``Session.part``)
@@ -166,7 +183,13 @@ class IngestResult:
         object.__setattr__(self, "skipped", tuple(self.skipped))
 
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {"session_id": self.session_id, "name": self.name, "source": self.source, "n_tokens": self.n_tokens, "status": self.status.value}
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "name": self.name,
+            "source": self.source,
+            "n_tokens": self.n_tokens,
+            "status": self.status.value,
+        }
         if self.status == "ingested":
             out.update(new_tokens=self.new_tokens, seconds=round(self.seconds, 4))
         if self.status == "updated":
@@ -209,7 +232,9 @@ class CodebookSet:
         object.__setattr__(self, "source", CodebookSource(self.source))
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), created_at=self.created_at.isoformat() if self.created_at else None, source=self.source.value)
+        return dict(
+            asdict(self), created_at=self.created_at.isoformat() if self.created_at else None, source=self.source.value
+        )
 
 
 @dataclass(frozen=True)
@@ -223,7 +248,12 @@ class PhraseCount:
     session: str | None = None
 
     def to_dict(self) -> dict:
-        return {"phrase": self.phrase, "count": self.count, "case_sensitive": self.case_sensitive, "session": self.session}
+        return {
+            "phrase": self.phrase,
+            "count": self.count,
+            "case_sensitive": self.case_sensitive,
+            "session": self.session,
+        }
 
 
 @dataclass(frozen=True)
@@ -304,7 +334,9 @@ class Stats:
     kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
     codebook_bytes: int = 0  # stored in the archive
     shipped_codebook_bytes: int = 0  # referenced: in this machine's cache, shared by every archive of the model
-    kv_bytes_by_preset: dict = field(default_factory=dict)  # tier K bytes per preset: its name where it has one, else its spec
+    kv_bytes_by_preset: dict = field(
+        default_factory=dict
+    )  # tier K bytes per preset: its name where it has one, else its spec
     pending: Pending = field(default_factory=Pending)  # the model's work queued by ingests that ran without it
 
     def to_dict(self) -> dict:
@@ -326,16 +358,19 @@ class Conversation:
     project: str | None
 
     def to_dict(self) -> dict:
-        return self.latest.to_dict() | {
-            "conversation_id": self.conversation_id,
-            "title": self.title,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.latest.said_at.isoformat(),  # its file's last time where it has one, not when it was archived
-            "versions": self.versions,
-            "branches": self.branches,
-            "agent": self.agent,
-            "project": self.project,
-        }
+        return (
+            self.latest.to_dict()
+            | {
+                "conversation_id": self.conversation_id,
+                "title": self.title,
+                "created_at": self.created_at.isoformat(),
+                "updated_at": self.latest.said_at.isoformat(),  # its file's last time where it has one, not when it was archived
+                "versions": self.versions,
+                "branches": self.branches,
+                "agent": self.agent,
+                "project": self.project,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -452,13 +487,22 @@ class Prefix:
 
     node_id: str
     tokens: int  # length of the shared prefix
-    bits: float | None  # its information content under the model, d_T = -log2 P(prefix); None while the model's pass is pending
+    bits: (
+        float | None
+    )  # its information content under the model, d_T = -log2 P(prefix); None while the model's pass is pending
     sessions: int
     text: str  # its first words
 
     def to_dict(self) -> dict:
         bits = None if self.bits is None else round(self.bits, 2)
-        return {"node_id": self.node_id, "tokens": self.tokens, "bits": bits, "pending": self.bits is None, "sessions": self.sessions, "text": self.text}
+        return {
+            "node_id": self.node_id,
+            "tokens": self.tokens,
+            "bits": bits,
+            "pending": self.bits is None,
+            "sessions": self.sessions,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -513,7 +557,9 @@ class RestoredSession:
     tokens: np.ndarray = field(repr=False)
     reason: str = ""  # why this mode, for the user (``auto`` weighs tier K's measured fidelity)
     fidelity: PresetFidelity | None = None  # of tier K's preset, for a restore from it; None for the others
-    window: str | None = None  # how an archive restore made its exact window ("stored", "recompute"); None for the others
+    window: str | None = (
+        None  # how an archive restore made its exact window ("stored", "recompute"); None for the others
+    )
 
     def __post_init__(self) -> None:
         self.mode = RestoreMode(self.mode)
@@ -617,7 +663,12 @@ class VerifyReport:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "checked": dict(self.checked), "problems": list(self.problems), "notes": list(self.notes)}
+        return {
+            "ok": self.ok,
+            "checked": dict(self.checked),
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+        }
 
 
 @dataclass(frozen=True)
@@ -690,7 +741,11 @@ class QueryResult:
 
     def to_dict(self) -> dict:
         """JSON's values: times as ISO 8601, decimals as numbers, bytes as hex, intervals in seconds."""
-        return {"columns": list(self.columns), "types": list(self.types), "rows": [[_plain(v) for v in row] for row in self.rows]}
+        return {
+            "columns": list(self.columns),
+            "types": list(self.types),
+            "rows": [[_plain(v) for v in row] for row in self.rows],
+        }
 
 
 def _plain(value: Any) -> Any:

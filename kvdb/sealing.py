@@ -71,7 +71,9 @@ def read_key_file(path: str | Path) -> bytes:
     except OSError as exc:
         raise ArchiveKeyError(f"cannot read the key file {path} ({exc.strerror or exc}); check --key-file") from exc
     if not key:
-        raise ArchiveKeyError(f"the key file {path} is empty; put the archive's key in it (e.g. `openssl rand -base64 32 > {path}`)")
+        raise ArchiveKeyError(
+            f"the key file {path} is empty; put the archive's key in it (e.g. `openssl rand -base64 32 > {path}`)"
+        )
     return key
 
 
@@ -125,18 +127,26 @@ def open_seal(archive: Path, key: bytes | None, create: bool) -> Seal | None:
     try:
         record = json.loads(path.read_text())
         if record.get("kvdb_seal") != SEAL_VERSION or record.get("kdf") != "scrypt":
-            raise ArchiveKeyError(f"{path} is of another kvdb version ({record.get('kvdb_seal')!r}); upgrade kvdb to open {archive}")
+            raise ArchiveKeyError(
+                f"{path} is of another kvdb version ({record.get('kvdb_seal')!r}); upgrade kvdb to open {archive}"
+            )
         stretched = _stretch(key, bytes.fromhex(record["salt"]), int(record["n"]), int(record["r"]), int(record["p"]))
         wrong = not hmac.compare_digest(_check(stretched), str(record["check"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ArchiveKeyError(f"{path}, which holds the salt of {archive}'s key, is damaged ({exc!r}); restore it from a copy of the archive") from exc
+        raise ArchiveKeyError(
+            f"{path}, which holds the salt of {archive}'s key, is damaged ({exc!r}); restore it from a copy of the archive"
+        ) from exc
     if wrong:
-        raise ArchiveKeyError(f"the key does not open {archive} (wrong key); {_HOW} with the key it was encrypted with{left}")
+        raise ArchiveKeyError(
+            f"the key does not open {archive} (wrong key); {_HOW} with the key it was encrypted with{left}"
+        )
     return Seal(stretched)
 
 
 # which files are sealed --------------------------------------------------------------
-_archives: dict[str, Seal | None] = {}  # an archive's path (absolute) -> its seal (None: plain), for the files beside it
+_archives: dict[
+    str, Seal | None
+] = {}  # an archive's path (absolute) -> its seal (None: plain), for the files beside it
 
 
 def register(archive: Path, seal: Seal | None) -> None:
@@ -237,7 +247,9 @@ class _SealedReader(io.RawIOBase):
         self._f, self._seal, self._path = f, seal, path
         head = f.read(_START)
         if head[: len(MAGIC)] != MAGIC:
-            raise CorruptData(f"{path} is not encrypted, but its archive is (written before it was, or by a kvdb without its key)")
+            raise CorruptData(
+                f"{path} is not encrypted, but its archive is (written before it was, or by a kvdb without its key)"
+            )
         self._prefix = head[len(MAGIC) :]
         body = os.fstat(f.fileno()).st_size - _START
         self._chunks = max(1, -(-body // (CHUNK + _TAG)))

@@ -34,7 +34,12 @@ class KvdbGroup(click.Group):
         except Exception as exc:  # the CLI promises one line, never a traceback
             if os.environ.get("KVDB_DEBUG"):
                 raise
-            _fail(ctx, f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)", EXIT_INTERNAL, "InternalError")
+            _fail(
+                ctx,
+                f"internal error: {type(exc).__name__}: {exc} (rerun with KVDB_DEBUG=1 for the traceback)",
+                EXIT_INTERNAL,
+                "InternalError",
+            )
 
 
 def _fail(ctx: click.Context, message: str, code: int, kind: str):
@@ -59,7 +64,9 @@ def layer_progress(what: str):
             yield lambda kind, layer: bar.update(1)
         return
     started = time.monotonic()
-    yield lambda kind, layer: click.echo(f"kvdb: {what}: {kind} layer {layer} trained ({time.monotonic() - started:.0f}s)", err=True)
+    yield lambda kind, layer: click.echo(
+        f"kvdb: {what}: {kind} layer {layer} trained ({time.monotonic() - started:.0f}s)", err=True
+    )
 
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines when stderr is no terminal (a log, a CI run, a pipe)
@@ -93,7 +100,10 @@ def token_progress(what: str):
         if now - last >= PROGRESS_EVERY:
             last = now
             rate = totals[0] / max(now - started, 1e-9)
-            click.echo(f"kvdb: {what}: {totals[0]:,} of {totals[1]:,} tokens ({now - started:.0f}s, {rate:,.0f} tokens/s)", err=True)
+            click.echo(
+                f"kvdb: {what}: {totals[0]:,} of {totals[1]:,} tokens ({now - started:.0f}s, {rate:,.0f} tokens/s)",
+                err=True,
+            )
 
     yield line
 
@@ -102,7 +112,11 @@ def emit(obj: dict) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, default=str))
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
 
 
 def printable(text: str) -> str:
@@ -121,7 +135,11 @@ def _remember_json(ctx: click.Context, _param, value: bool) -> bool:
 
 
 json_option = click.option(
-    "--json", "as_json", is_flag=True, callback=_remember_json, help="Print JSON (one object per line) instead of text; errors too, on stderr."
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_remember_json,
+    help="Print JSON (one object per line) instead of text; errors too, on stderr.",
 )
 model_option = click.option(
     "--model",
@@ -181,10 +199,22 @@ def main(ctx, db, data_path, key_file):
     ctx.obj = {"db": db, "data_path": data_path, "key": None if key_file is None else sealing.read_key_file(key_file)}
 
 
-def open_archive(ctx, model: str | None = None, read_only: bool = False, prefix_cache_mb: float | None = None, embedder: str | None = None) -> kvdb.Archive:
+def open_archive(
+    ctx,
+    model: str | None = None,
+    read_only: bool = False,
+    prefix_cache_mb: float | None = None,
+    embedder: str | None = None,
+) -> kvdb.Archive:
     """Commands that only read open the file read-only, so that several can run at once."""
     archive = kvdb.open(
-        ctx.obj["db"], model=model, read_only=read_only, data_path=ctx.obj["data_path"], prefix_cache_mb=prefix_cache_mb, embedder=embedder, key=ctx.obj["key"]
+        ctx.obj["db"],
+        model=model,
+        read_only=read_only,
+        data_path=ctx.obj["data_path"],
+        prefix_cache_mb=prefix_cache_mb,
+        embedder=embedder,
+        key=ctx.obj["key"],
     )
     ctx.call_on_close(archive.close)
     return archive

@@ -45,10 +45,16 @@ def table(columns: list[str], rows: list[tuple]) -> list[str]:
     cells = [[_cell(v) for v in row] for row in rows]
     heads = [_cell(c) for c in columns]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(heads)]
-    numeric = [bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows if r[i] is not None) for i in range(len(columns))]
+    numeric = [
+        bool(rows)
+        and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows if r[i] is not None)
+        for i in range(len(columns))
+    ]
 
     def line(values: list[str]) -> str:
-        return "  ".join(v.rjust(w) if right else v.ljust(w) for v, w, right in zip(values, widths, numeric, strict=True)).rstrip()
+        return "  ".join(
+            v.rjust(w) if right else v.ljust(w) for v, w, right in zip(values, widths, numeric, strict=True)
+        ).rstrip()
 
     return [line(heads), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
 

@@ -13,16 +13,32 @@ from kvdb.index.phrase import MIN_SHARE
 from kvdb.records import MeaningHit
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 
-DAY_HELP = "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
+DAY_HELP = (
+    "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
+)
 SCOPE = (  # the filters `sessions` lists by and `search` keeps to: Archive.conversations' arguments
-    click.option("--agent", default=None, help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...)."),
+    click.option(
+        "--agent",
+        default=None,
+        help="Only conversations written by this agent or format (claude-code, codex-cli, chatgpt, messages, ...).",
+    ),
     click.option(
         "--project",
         default=None,
         help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
     ),
-    click.option("--since", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or after {DAY_HELP}."),
-    click.option("--until", type=click.DateTime(["%Y-%m-%d"]), default=None, help=f"Only conversations said on or before {DAY_HELP}."),
+    click.option(
+        "--since",
+        type=click.DateTime(["%Y-%m-%d"]),
+        default=None,
+        help=f"Only conversations said on or after {DAY_HELP}.",
+    ),
+    click.option(
+        "--until",
+        type=click.DateTime(["%Y-%m-%d"]),
+        default=None,
+        help=f"Only conversations said on or before {DAY_HELP}.",
+    ),
 )
 
 
@@ -33,7 +49,12 @@ def scope_options(command):
 
 
 @main.command()
-@click.option("--versions", "every", is_flag=True, help="List every stored version of every conversation (each a session), oldest first.")
+@click.option(
+    "--versions",
+    "every",
+    is_flag=True,
+    help="List every stored version of every conversation (each a session), oldest first.",
+)
 @scope_options
 @json_option
 @click.pass_context
@@ -51,7 +72,9 @@ def sessions(ctx, every, agent, project, since, until, as_json):
                 emit(s.to_dict())
             else:
                 part = f" (part {s.part['number']})" if s.part else ""
-                click.echo(f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {printable(s.name)}{part}  ({printable(s.source)}){_via(s)}")
+                click.echo(
+                    f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {printable(s.name)}{part}  ({printable(s.source)}){_via(s)}"
+                )
         return
     for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
         if as_json:
@@ -85,12 +108,16 @@ def history(ctx, conversation, as_json):
     if as_json:
         emit(found.to_dict())
         return
-    click.echo(f"{printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)")
+    click.echo(
+        f"{printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)"
+    )
     for v in found.versions:
         fork = f"  fork of {v.branch_of[:12]} after {v.forked_at} tok" if v.branch_of else ""
         part = f"  part {v.session.part['number']} from token {v.session.part['starts']}" if v.session.part else ""
         mark = "  latest" if v.latest else ""
-        click.echo(f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{part}{fork}{mark}")
+        click.echo(
+            f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{part}{fork}{mark}"
+        )
 
 
 @main.command()
@@ -148,7 +175,12 @@ def show(ctx, session, start, end, model, as_json):
     "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).  "
     "[default: the preset's: stored for an entropy-coded one (e<bits>, as faithful and balanced are for SmolLM2), recompute for the others]",
 )
-@click.option("--fidelity", "with_fidelity", is_flag=True, help="Also measure the archive restore against an exact prefill on a 32-token probe.")
+@click.option(
+    "--fidelity",
+    "with_fidelity",
+    is_flag=True,
+    help="Also measure the archive restore against an exact prefill on a 32-token probe.",
+)
 @model_option
 @json_option
 @click.pass_context
@@ -168,7 +200,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
         emit(out)
     else:
         click.echo(
-            f"[restored {restored.position} tokens of {printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]", err=True
+            f"[restored {restored.position} tokens of {printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]",
+            err=True,
         )
         if fidelity is not None:
             click.echo(
@@ -183,7 +216,9 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option("-k", "k", type=int, default=10, show_default=True, help="Number of hits.")
 @click.option("--context", type=int, default=32, show_default=True, help="Tokens of context on each side.")
 @click.option(
-    "--each-occurrence", is_flag=True, help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does)."
+    "--each-occurrence",
+    is_flag=True,
+    help="A hit for each place that matches; without it, each conversation is one hit, its best (as --session does).",
 )
 @scope_options
 @click.option("--session", default=None, help="Search only this session (id, id prefix or name).")
@@ -219,7 +254,23 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @json_option
 @click.pass_context
 def search(
-    ctx, phrase, k, context, agent, project, since, until, session, each_occurrence, case_sensitive, min_share, semantic, count_only, embedder, model, as_json
+    ctx,
+    phrase,
+    k,
+    context,
+    agent,
+    project,
+    since,
+    until,
+    session,
+    each_occurrence,
+    case_sensitive,
+    min_share,
+    semantic,
+    count_only,
+    embedder,
+    model,
+    as_json,
 ):
     """Find PHRASE in the archived sessions.
 
@@ -237,31 +288,59 @@ def search(
         counted = archive.count(phrase, session=session, case_sensitive=case_sensitive)
         emit(counted.to_dict()) if as_json else click.echo(counted.count)
         sys.exit(0 if counted.count else 1)
-    scope = {"agent": agent, "project": _folder(project), "since": since and since.date(), "until": until and until.date()}
+    scope = {
+        "agent": agent,
+        "project": _folder(project),
+        "since": since and since.date(),
+        "until": until and until.date(),
+    }
     if semantic:
         hits = archive.search_meaning(phrase, k=k, session=session, **scope)
         waiting = archive.pending().semantic
         if waiting.sessions:  # ingest embeds nothing: upkeep, watch and serve catch up, newest first
-            click.echo(f"kvdb: {waiting.sessions} sessions ({waiting.tokens} tokens) are not embedded yet, so not searched by meaning: kvdb upkeep", err=True)
+            click.echo(
+                f"kvdb: {waiting.sessions} sessions ({waiting.tokens} tokens) are not embedded yet, so not searched by meaning: kvdb upkeep",
+                err=True,
+            )
     else:
         hits = archive.search(
-            phrase, k=k, context=context, session=session, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence, **scope
+            phrase,
+            k=k,
+            context=context,
+            session=session,
+            case_sensitive=case_sensitive,
+            min_share=min_share,
+            each_occurrence=each_occurrence,
+            **scope,
         )
     for h in hits:
         if as_json:
             emit(h.to_dict())
             continue
-        grade = "exact" if h.exact else f"score {h.similarity:.3f}" if h.similarity is not None else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        grade = (
+            "exact"
+            if h.exact
+            else f"score {h.similarity:.3f}"
+            if h.similarity is not None
+            else f"partial: {h.match_tokens}/{h.query_tokens} tokens"
+        )
         grade += ", weak" if isinstance(h, MeaningHit) and h.weak else ""
         click.echo(f"{printable(h.title or h.name)} {h.session_id[:12]} @{h.position}  [{grade}]")
-        click.echo("    " + printable(h.before) + click.style(printable(h.match), bold=True, reverse=True) + printable(h.after))
+        click.echo(
+            "    " + printable(h.before) + click.style(printable(h.match), bold=True, reverse=True) + printable(h.after)
+        )
     if semantic and not as_json and any(isinstance(h, MeaningHit) and h.weak for h in hits):
         from kvdb.services.semantic_tier import WEAK_BELOW
 
-        click.echo(f"kvdb: hits marked weak score under {WEAK_BELOW}: likely nothing archived is about this (decision 0058)", err=True)
+        click.echo(
+            f"kvdb: hits marked weak score under {WEAK_BELOW}: likely nothing archived is about this (decision 0058)",
+            err=True,
+        )
     if all(h.partial for h in hits):
         if not as_json:
-            click.echo("no full match; the hits above share only the end of the phrase" if hits else "no match", err=True)
+            click.echo(
+                "no full match; the hits above share only the end of the phrase" if hits else "no match", err=True
+            )
         sys.exit(1)
 
 
@@ -284,7 +363,9 @@ def stats(ctx, as_json):
             for preset, coded in st.kv_bytes_by_preset.items():
                 click.echo(f"  {preset:<14} {coded:>12}  (tier K of that preset)")
     if st.shipped_codebook_bytes:
-        click.echo(f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)")
+        click.echo(
+            f"shipped codebooks {st.shipped_codebook_bytes:>9}  (referenced, not stored: in this machine's kvdb cache)"
+        )
     for what, queued in (("to embed", st.pending.semantic), ("to score", st.pending.logprobs)):
         if queued.sessions:
             click.echo(f"pending        {queued.sessions} sessions ({queued.tokens} tokens) {what}: kvdb upkeep")
@@ -305,7 +386,9 @@ def prefixes(ctx, as_json):
             emit(p.to_dict())
         else:
             bits = "  pending" if p.bits is None else f"{p.bits:>9.1f}"
-            click.echo(f"{p.tokens:>7} tok  {bits} bits  {p.sessions:>3} sessions  {printable(' '.join(p.text.split()[:8]))}")
+            click.echo(
+                f"{p.tokens:>7} tok  {bits} bits  {p.sessions:>3} sessions  {printable(' '.join(p.text.split()[:8]))}"
+            )
 
 
 def _folder(project: str | None) -> str | None:

@@ -43,7 +43,9 @@ def help_text(main: click.Group, path: tuple[str, ...]) -> str:
     for name in path:
         assert isinstance(command, click.Group)
         command = command.get_command(ctx, name)  # type: ignore[assignment]
-        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH)
+        ctx = command.make_context(
+            name, [], parent=ctx, resilient_parsing=True, terminal_width=WIDTH, max_content_width=WIDTH
+        )
     return command.get_help(ctx).rstrip()
 
 

@@ -14,13 +14,26 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
 
 @main.command()
 @click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others)."
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (loopback by default: give 0.0.0.0, with --api-key, to serve others).",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @embedder_option
 @model_option
-@click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each exchange is archived with (as `kvdb ingest --keep`).")
-@click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
+@click.option(
+    "--keep",
+    default=DEFAULT_KEEP,
+    show_default=True,
+    help="Tiers each exchange is archived with (as `kvdb ingest --keep`).",
+)
+@click.option(
+    "--kv-preset",
+    default=DEFAULT_KV_PRESET,
+    show_default=True,
+    help="How finely tier K is coded (as `kvdb ingest --kv-preset`).",
+)
 @click.option(
     "--restore",
     type=click.Choice(["exact", "auto", "archive"]),
@@ -36,8 +49,19 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     show_default=True,
     help="--restore auto: the perplexity ratio over an exact cache that tier K's measured fidelity may reach (at least 1.0).",
 )
-@click.option("--api-key", envvar="KVDB_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).")
-@click.option("--queue", type=click.IntRange(min=0), default=8, show_default=True, help="Requests that may wait for the model; more are refused (429).")
+@click.option(
+    "--api-key",
+    envvar="KVDB_API_KEY",
+    default=None,
+    help="Require `Authorization: Bearer KEY` on every route but /health (env KVDB_API_KEY).",
+)
+@click.option(
+    "--queue",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Requests that may wait for the model; more are refused (429).",
+)
 @click.option(
     "--queue-timeout",
     type=click.FloatRange(min=0),
@@ -68,7 +92,23 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     "a client's own Authorization header is passed on, unless --api-key is given.",
 )
 @click.pass_context
-def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, api_key, queue, queue_timeout, prefix_cache_mb, upstream, upstream_key_env):
+def serve(
+    ctx,
+    host,
+    port,
+    embedder,
+    model,
+    keep,
+    kv_preset,
+    restore,
+    max_loss,
+    api_key,
+    queue,
+    queue_timeout,
+    prefix_cache_mb,
+    upstream,
+    upstream_key_env,
+):
     """Serve the model over an OpenAI-compatible HTTP API, archiving every exchange.
 
     Prompts resume from the longest prefix already computed or archived; each reply is in the
@@ -88,7 +128,8 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
         upstream_key = os.environ.get(upstream_key_env)
         if not upstream_key:
             raise click.BadParameter(
-                f"the environment variable {upstream_key_env} is not set (or empty); set it to the upstream's API key", param_hint="--upstream-key-env"
+                f"the environment variable {upstream_key_env} is not set (or empty); set it to the upstream's API key",
+                param_hint="--upstream-key-env",
             )
     if upstream is not None:
         upstream = base_url(upstream)  # a malformed URL refused before the model loads
@@ -102,13 +143,21 @@ def serve(ctx, host, port, embedder, model, keep, kv_preset, restore, max_loss, 
         kv_preset=kv_preset,
         max_loss=max_loss,
     )
-    serving = f"completions of {upstream}, archived with model {engine.model_name}'s tokenizer," if upstream else f"model {engine.model_name}"
+    serving = (
+        f"completions of {upstream}, archived with model {engine.model_name}'s tokenizer,"
+        if upstream
+        else f"model {engine.model_name}"
+    )
     click.echo(f"kvdb serve: {serving} on http://{host}:{port}{' (API key required)' if api_key else ''}", err=True)
     run_server(engine, host, port, api_key, upstream, upstream_key)
 
 
 @main.command()
-@click.option("--allow-continue", is_flag=True, help="Offer the `continue` tool, which loads the model and runs it (the others only read).")
+@click.option(
+    "--allow-continue",
+    is_flag=True,
+    help="Offer the `continue` tool, which loads the model and runs it (the others only read).",
+)
 @embedder_option
 @model_option
 @click.pass_context

@@ -6,12 +6,23 @@ import sys
 
 import click
 
-from kvdb.cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, token_progress
+from kvdb.cli.app import (
+    embedder_option,
+    emit,
+    json_option,
+    layer_progress,
+    main,
+    model_option,
+    open_archive,
+    token_progress,
+)
 from kvdb.codecs import presets
 
 
 @main.command()
-@click.option("--deep", is_flag=True, help="Check every stored block and decode every session (else a sample of each tier).")
+@click.option(
+    "--deep", is_flag=True, help="Check every stored block and decode every session (else a sample of each tier)."
+)
 @json_option
 @click.pass_context
 def verify(ctx, deep, as_json):
@@ -28,13 +39,20 @@ def verify(ctx, deep, as_json):
         for problem in report.problems:
             click.echo(f"problem: {problem}")
         checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
-        click.echo(f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}: checked {checked}", err=not report.ok)
+        click.echo(
+            f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}: checked {checked}", err=not report.ok
+        )
     if not report.ok:
         sys.exit(1)
 
 
 @main.command()
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Score at most this many sessions, then stop (the rest stay queued).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Score at most this many sessions, then stop (the rest stay queued).",
+)
 @click.option("--status", "show_status", is_flag=True, help="Say what is queued; do nothing.")
 @click.option(
     "--only",
@@ -107,7 +125,9 @@ def codebooks():
     "e.g. k4v3, k4v2, k2v1; overrides per layer as k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  "
     f"[default: {presets.DEFAULT_NAME}, as ingest's --kv-preset]",
 )
-@click.option("--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on.")
+@click.option(
+    "--tokens", type=click.IntRange(min=256), default=8192, show_default=True, help="Archived positions to train on."
+)
 @model_option
 @json_option
 @click.pass_context
@@ -117,7 +137,9 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
     if as_json:
         emit(report.to_dict())
     else:
-        click.echo(f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s")
+        click.echo(
+            f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s"
+        )
 
 
 @codebooks.command("list")
@@ -135,12 +157,17 @@ def codebooks_list(ctx, as_json):
             emit(c.to_dict())
         else:
             where = "" if c.on_this_machine else "  (not built on this machine yet)"
-            click.echo(f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}")
+            click.echo(
+                f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}"
+            )
 
 
 @codebooks.command("build")
 @click.option(
-    "--preset", default=presets.DEFAULT_NAME, show_default=True, help=f"A named preset ({', '.join(presets.NAMES)}) or a spec, as ingest's --kv-preset."
+    "--preset",
+    default=presets.DEFAULT_NAME,
+    show_default=True,
+    help=f"A named preset ({', '.join(presets.NAMES)}) or a spec, as ingest's --kv-preset.",
 )
 @model_option
 @json_option
@@ -177,7 +204,9 @@ def index_rebuild(ctx, model, as_json):
     if as_json:
         emit(report.to_dict())
     else:
-        click.echo(f"rebuilt index {report.index_key}: {report.sessions} sessions, {report.points} points in {report.seconds}s")
+        click.echo(
+            f"rebuilt index {report.index_key}: {report.sessions} sessions, {report.points} points in {report.seconds}s"
+        )
 
 
 @main.command()

@@ -27,10 +27,26 @@ LOG_SUFFIX = ".watch.log"
     help="Watch this agent's own log folders too, beside any PATHS (see docs/agents.md).",
 )
 @click.option("--once", is_flag=True, help="One pass over what changed since the last, then exit (for cron).")
-@click.option("--status", "show_status", is_flag=True, help="List the files followed, as last archived, and whether a watcher runs; watch nothing.")
-@click.option("--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`).")
-@click.option("--kv-preset", default=DEFAULT_KV_PRESET, show_default=True, help="How finely tier K is coded (as `kvdb ingest --kv-preset`).")
-@click.option("--redact", is_flag=True, help="Archive secrets of known shapes as [secret not archived] (as `kvdb ingest --redact`).")
+@click.option(
+    "--status",
+    "show_status",
+    is_flag=True,
+    help="List the files followed, as last archived, and whether a watcher runs; watch nothing.",
+)
+@click.option(
+    "--keep", default=DEFAULT_KEEP, show_default=True, help="Tiers each log is archived with (as `kvdb ingest --keep`)."
+)
+@click.option(
+    "--kv-preset",
+    default=DEFAULT_KV_PRESET,
+    show_default=True,
+    help="How finely tier K is coded (as `kvdb ingest --kv-preset`).",
+)
+@click.option(
+    "--redact",
+    is_flag=True,
+    help="Archive secrets of known shapes as [secret not archived] (as `kvdb ingest --redact`).",
+)
 @click.option(
     "--readmit-forgotten",
     "readmit",
@@ -83,7 +99,9 @@ def watch(ctx, paths, agent, once, show_status, keep, kv_preset, redact, readmit
     pid_file.write_text(str(os.getpid()))
     try:
         log.info("watching %s", ", ".join(roots))
-        archive.watch(roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset, redact=redact, readmit_forgotten=readmit)
+        archive.watch(
+            roots, stop=stop, heard=heard, keep=keep, kv_preset=kv_preset, redact=redact, readmit_forgotten=readmit
+        )
         log.info("stopped")
     finally:
         pid_file.unlink(missing_ok=True)
@@ -100,7 +118,10 @@ def _status(ctx, as_json: bool) -> None:
         return
     click.echo(f"watcher running (pid {pid})" if running else "no watcher running")
     for f in files:
-        click.echo(f"{f.status:<10} {f.size:>10} B  {f.checked_at:%Y-%m-%d %H:%M:%S}  {printable(f.path)}" + (f"  ({printable(f.detail)})" if f.detail else ""))
+        click.echo(
+            f"{f.status:<10} {f.size:>10} B  {f.checked_at:%Y-%m-%d %H:%M:%S}  {printable(f.path)}"
+            + (f"  ({printable(f.detail)})" if f.detail else "")
+        )
 
 
 def _alive(pid: int) -> bool:

@@ -9,7 +9,17 @@ import click
 
 import kvdb
 from kvdb import sealing
-from kvdb.cli.app import embedder_option, emit, json_option, layer_progress, main, model_option, open_archive, printable, token_progress
+from kvdb.cli.app import (
+    embedder_option,
+    emit,
+    json_option,
+    layer_progress,
+    main,
+    model_option,
+    open_archive,
+    printable,
+    token_progress,
+)
 from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
 from kvdb.services.watching import AGENT_FOLDERS, agent_sources
@@ -26,7 +36,9 @@ def formats_command(example, as_json):
     if example is not None:
         chosen = next((f for f in known if f.name == example), None)
         if chosen is None:
-            raise click.BadParameter(f"no format {example!r}; known: {', '.join(f.name for f in known)}", param_hint="--example")
+            raise click.BadParameter(
+                f"no format {example!r}; known: {', '.join(f.name for f in known)}", param_hint="--example"
+            )
         click.echo(chosen.example, nl=False)
         return
     for f in known:
@@ -120,7 +132,9 @@ def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder
     if "kv" in parse_keep(keep):
         spec = presets.resolve(kv_preset, archive.loaded_model.identity.weights_hash)
         if not any(c.source == "trained" and c.preset == spec for c in archive.codebooks()):
-            with layer_progress("shipped codebooks (once per machine)") as heard:  # minutes, said as such, not one session's seconds
+            with layer_progress(
+                "shipped codebooks (once per machine)"
+            ) as heard:  # minutes, said as such, not one session's seconds
                 archive.build_shipped_codebooks(progress=heard, preset=kv_preset)
     with token_progress("ingest") as progress:
         results = archive.ingest(
@@ -150,17 +164,28 @@ def _say_ingested(results) -> None:
         elif r.status == "claimed":
             click.echo(f"claimed    {printable(r.source)}  (being archived by {r.claimed_by})")
         else:
-            new = {"ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)", "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)"}.get(r.status, "")
+            new = {
+                "ingested": f"  ({r.new_tokens} new, {r.seconds:.2f}s)",
+                "updated": f"  (added {','.join(r.added)}, {r.seconds:.2f}s)",
+            }.get(r.status, "")
             dropped = "".join(f"  [{count} {kind} not archived]" for kind, count in r.dropped.items())
             part = f" (part {r.part})" if r.part is not None else ""
-            click.echo(f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {printable(r.name)}{part}{new}{dropped}")
+            click.echo(
+                f"{r.status:<10} {r.session_id[:12]}  {r.n_tokens:>7} tok  {printable(r.name)}{part}{new}{dropped}"
+            )
         for skip in r.skipped:
-            click.echo(f"skipped    {printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True)
+            click.echo(
+                f"skipped    {printable(re.sub(r'#L[0-9]+$', '', r.source))}:{skip['line']}: {skip['reason']}", err=True
+            )
 
 
 @main.command()
 @click.argument("session")
-@click.option("--keep", required=True, help="Tiers to keep, e.g. tokens, tokens,search, or lm (tier L as the only copy of the tokens).")
+@click.option(
+    "--keep",
+    required=True,
+    help="Tiers to keep, e.g. tokens, tokens,search, or lm (tier L as the only copy of the tokens).",
+)
 @json_option
 @click.pass_context
 def compact(ctx, session, keep, as_json):
@@ -182,7 +207,12 @@ def compact(ctx, session, keep, as_json):
 
 @main.command()
 @click.argument("session")
-@click.option("--conversation", "whole", is_flag=True, help="Delete every version of the conversation SESSION names, not one session.")
+@click.option(
+    "--conversation",
+    "whole",
+    is_flag=True,
+    help="Delete every version of the conversation SESSION names, not one session.",
+)
 @click.option(
     "--source",
     "from_file",
@@ -213,7 +243,9 @@ def delete(ctx, session, whole, from_file, as_json):
         if as_json:
             emit(gone.to_dict())
         else:
-            click.echo(f"deleted {gone.conversation.conversation_id[:12]} ({printable(gone.conversation.title)}, {gone.sessions} versions)")
+            click.echo(
+                f"deleted {gone.conversation.conversation_id[:12]} ({printable(gone.conversation.title)}, {gone.sessions} versions)"
+            )
         return
     s = archive.delete(session)
     if as_json:
@@ -240,7 +272,9 @@ def rename(ctx, conversation, title, as_json):
 @main.command()
 @click.argument("source")
 @click.argument("target")
-@click.option("--encrypt", is_flag=True, help="SOURCE is plain: TARGET is made encrypted under the key (--key-file or KVDB_KEY).")
+@click.option(
+    "--encrypt", is_flag=True, help="SOURCE is plain: TARGET is made encrypted under the key (--key-file or KVDB_KEY)."
+)
 @json_option
 @click.pass_context
 def copy(ctx, source, target, encrypt, as_json):
@@ -261,11 +295,15 @@ def copy(ctx, source, target, encrypt, as_json):
     """
     key = ctx.obj["key"] or sealing.given_key(None)
     if encrypt and key is None:
-        raise InvalidArgument("--encrypt needs the key to encrypt under: set KVDB_KEY or give --key-file (before the command)")
+        raise InvalidArgument(
+            "--encrypt needs the key to encrypt under: set KVDB_KEY or give --key-file (before the command)"
+        )
     archive = kvdb.open(source, read_only=True, key=b"" if encrypt else key)  # b"": read as the plain archive it is
     ctx.call_on_close(archive.close)
     report = archive.copy_to(target, data_path=ctx.obj["data_path"], key=key if encrypt else None)
     if as_json:
         emit(report.to_dict())
     else:
-        click.echo(f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal")
+        click.echo(
+            f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal"
+        )

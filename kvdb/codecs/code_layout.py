@@ -33,9 +33,13 @@ def read_codebooks(blob: bytes) -> KVCodebooks:
     try:
         return readers[head].from_bytes(blob)
     except KeyError as missing:
-        raise CorruptData(f"codebook blob's header has no {missing} field; the blob was written wrongly: train or build the codebooks again") from None
+        raise CorruptData(
+            f"codebook blob's header has no {missing} field; the blob was written wrongly: train or build the codebooks again"
+        ) from None
     except (TypeError, ValueError, AttributeError) as bad:
-        raise CorruptData(f"codebook blob's header does not describe its arrays ({bad}); train or build the codebooks again") from None
+        raise CorruptData(
+            f"codebook blob's header does not describe its arrays ({bad}); train or build the codebooks again"
+        ) from None
 
 
 def train(
@@ -52,7 +56,9 @@ def train(
     them (``kvdb.model.capture.cache_fisher``); a residual-VQ preset ignores it."""
     if transform.is_transform_preset(preset):
         if fisher is None:
-            raise InvalidArgument(f"transform preset {preset!r} needs the Fisher information of its calibration vectors")
+            raise InvalidArgument(
+                f"transform preset {preset!r} needs the Fisher information of its calibration vectors"
+            )
         if transform.is_entropy_coded(preset):
             return entropy_training.train(vectors, fisher, preset, pre_rope=True, meta=meta)
         return transform.train(vectors, fisher, preset, pre_rope=True, meta=meta)
@@ -150,7 +156,9 @@ def codes_from_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n
     return out[0], out[1]
 
 
-def decode_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def decode_streams(
+    codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: int, used: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``, of the first ``used`` of
     the ``n`` positions whose ``code_streams`` these are, one layer at a time.
 
@@ -165,11 +173,15 @@ def decode_streams(codebooks: KVCodebooks, streams: dict[int, np.ndarray], n: in
     return _decode_rvq_streams(codebooks, streams, n, used)
 
 
-def _decode_rvq_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n: int, used: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _decode_rvq_streams(
+    codebooks: Codebooks, streams: dict[int, np.ndarray], n: int, used: int | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     import torch
 
     used = n if used is None else used
-    rows = {size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()}  # [used, columns]: views
+    rows = {
+        size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()
+    }  # [used, columns]: views
     places = _stream_places(codebooks)
 
     def gather(kind: str, layer: int) -> np.ndarray:
@@ -178,12 +190,18 @@ def _decode_rvq_streams(codebooks: Codebooks, streams: dict[int, np.ndarray], n:
         if not stages or used == 0:
             return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
         every = all(len(heads) == codebooks.heads for _, _, heads in stages)
-        bags = (np.empty if every else np.zeros)((codebooks.heads, used, len(stages)), np.int64)  # a head without a stage reads row 0, zero
+        bags = (np.empty if every else np.zeros)(
+            (codebooks.heads, used, len(stages)), np.int64
+        )  # a head without a stage reads row 0, zero
         for stage, (size, column, heads) in enumerate(stages):
             if len(heads) == codebooks.heads:  # in place: no temporary (this is most of a stored-window restore)
-                np.add(rows[size][:, column : column + len(heads)].T, offsets[layer, :, stage, None], out=bags[:, :, stage])
+                np.add(
+                    rows[size][:, column : column + len(heads)].T, offsets[layer, :, stage, None], out=bags[:, :, stage]
+                )
             else:
-                bags[heads, :, stage] = rows[size][:, column : column + len(heads)].T + offsets[layer, heads, stage, None]
+                bags[heads, :, stage] = (
+                    rows[size][:, column : column + len(heads)].T + offsets[layer, heads, stage, None]
+                )
         summed = torch.nn.functional.embedding_bag(torch.from_numpy(bags.reshape(-1, len(stages))), table, mode="sum")
         return summed.numpy().reshape(codebooks.heads, used, codebooks.dim)
 

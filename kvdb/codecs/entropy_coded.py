@@ -114,7 +114,9 @@ class EntropyCodebooks:
         key = ("rows", layer)
         if key not in self._derived:
             kinds = (JOINT,) if self.joint else KINDS
-            self._derived[key] = np.ascontiguousarray(np.concatenate([self.classes[kind][layer].reshape(-1) for kind in kinds]), dtype=np.int32)
+            self._derived[key] = np.ascontiguousarray(
+                np.concatenate([self.classes[kind][layer].reshape(-1) for kind in kinds]), dtype=np.int32
+            )
         return self._derived[key]
 
     def predicted_rows(self) -> np.ndarray:
@@ -149,7 +151,9 @@ class EntropyCodebooks:
     def joint_encoder(self) -> np.ndarray:
         """A joint set's ``[layers, R, R]`` of centred vectors (kind > head > dim) to coefficients: ``diag(w) @ basis``."""
         if "joint encoder" not in self._derived:
-            self._derived["joint encoder"] = np.ascontiguousarray(self._joint_weights()[:, :, None] * self.basis[JOINT], dtype=np.float32)
+            self._derived["joint encoder"] = np.ascontiguousarray(
+                self._joint_weights()[:, :, None] * self.basis[JOINT], dtype=np.float32
+            )
         return self._derived["joint encoder"]
 
     def joint_decoder(self) -> np.ndarray:
@@ -157,7 +161,9 @@ class EntropyCodebooks:
         (the float16 basis is orthonormal only to about 1e-3), ``basis^-1 @ diag(1 / w)``."""
         if "joint decoder" not in self._derived:
             inverse = np.linalg.inv(self.basis[JOINT].astype(np.float64))
-            self._derived["joint decoder"] = np.ascontiguousarray(inverse / self._joint_weights()[:, None, :], dtype=np.float32)
+            self._derived["joint decoder"] = np.ascontiguousarray(
+                inverse / self._joint_weights()[:, None, :], dtype=np.float32
+            )
         return self._derived["joint decoder"]
 
     def _joint_weights(self) -> np.ndarray:
@@ -189,9 +195,9 @@ class EntropyCodebooks:
         """Integers int16 ``[layers, heads, dim, seq]`` per kind of float ``[layers, heads, seq, dim]`` arrays
         (of a joint set: a layer's rows in stream order, split in two halves alike)."""
         y = self.coefficients(keys, values)
-        q = closed_loop(y, self.predictor, self.predicted_rows(), self.step, self.rounding, self.value_of_rows, self._fed()).reshape(
-            self.layers, 2, self.heads, self.dim, -1
-        )
+        q = closed_loop(
+            y, self.predictor, self.predicted_rows(), self.step, self.rounding, self.value_of_rows, self._fed()
+        ).reshape(self.layers, 2, self.heads, self.dim, -1)
         return q[:, 0], q[:, 1]
 
     def coefficients(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -210,7 +216,9 @@ class EntropyCodebooks:
                     y[layer] += encoder[b].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
             else:
                 for b, (i, kind, head) in enumerate(blocks):
-                    y[layer, b * self.dim : (b + 1) * self.dim] = self.encoder(kind)[layer, head].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
+                    y[layer, b * self.dim : (b + 1) * self.dim] = (
+                        self.encoder(kind)[layer, head].T @ (x[i][layer, head] - self.centre[kind][layer, head]).T
+                    )
         return y
 
     def decode(self, codes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -222,10 +230,15 @@ class EntropyCodebooks:
             for layer in range(1, self.layers):
                 y[layer, rows] += self.predictor[layer] @ y[layer - 1, inputs]
         if self.joint:
-            x = (np.matmul(y.swapaxes(1, 2), self.joint_decoder()) + self._joint_centre()[:, None]).reshape(self.layers, -1, 2, self.heads, self.dim)
+            x = (np.matmul(y.swapaxes(1, 2), self.joint_decoder()) + self._joint_centre()[:, None]).reshape(
+                self.layers, -1, 2, self.heads, self.dim
+            )
             return x[:, :, 0].transpose(0, 2, 1, 3), x[:, :, 1].transpose(0, 2, 1, 3)
         y = y.reshape(self.layers, 2, self.heads, self.dim, -1)
-        return tuple(np.matmul(y[:, i].swapaxes(2, 3), self.decoder(kind)) + self.centre[kind][:, :, None] for i, kind in enumerate(KINDS))
+        return tuple(
+            np.matmul(y[:, i].swapaxes(2, 3), self.decoder(kind)) + self.centre[kind][:, :, None]
+            for i, kind in enumerate(KINDS)
+        )
 
     def value_of_rows(self, layer: int, q: np.ndarray) -> np.ndarray:
         """The values of a layer's predicted rows' integers ``q`` ``[P, n]`` (``closed_loop``'s ``value_of``)."""
@@ -288,7 +301,9 @@ class EntropyCodebooks:
             codes[:, layer] = rans.decode(data, self.row_classes(layer), n, tables).reshape(2, self.heads, self.dim, n)
         return codes[0], codes[1]
 
-    def decode_streams(self, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def decode_streams(
+        self, streams: dict[int, np.ndarray], n: int, used: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``: the layer's stream decoded
         straight to coefficients (one kernel call, which lets go of the GIL: the next layer's runs on
         a second thread while this one is rotated back and placed), the predicted rows given their
@@ -304,7 +319,15 @@ class EntropyCodebooks:
 
         def coefficients(layer: int) -> np.ndarray:
             y = np.empty((blocks, self.rows // blocks, used), np.float32)
-            rans.decode_into(layer_streams[layer], self.row_classes(layer), n, tables, self.recon, self.step, y.reshape(self.rows, used))
+            rans.decode_into(
+                layer_streams[layer],
+                self.row_classes(layer),
+                n,
+                tables,
+                self.recon,
+                self.step,
+                y.reshape(self.rows, used),
+            )
             return y
 
         predictor = torch.from_numpy(self.predictor)
@@ -334,7 +357,10 @@ class EntropyCodebooks:
 
         def rotate(layer: int, y):
             y = y.view(2, self.heads, self.dim, -1)
-            return tuple(torch.baddbmm(centres[kind][layer], y[i].transpose(1, 2), decoders[kind][layer]) for i, kind in enumerate(KINDS))
+            return tuple(
+                torch.baddbmm(centres[kind][layer], y[i].transpose(1, 2), decoders[kind][layer])
+                for i, kind in enumerate(KINDS)
+            )
 
         return rotate
 
@@ -348,7 +374,12 @@ class EntropyCodebooks:
         decoder, centre = torch.from_numpy(self.joint_decoder()), torch.from_numpy(self._joint_centre())
 
         def rotate(layer: int, y):
-            out = torch.addmm(centre[layer], y[0].t(), decoder[layer]).view(-1, 2 * self.heads, self.dim).transpose(0, 1).contiguous()
+            out = (
+                torch.addmm(centre[layer], y[0].t(), decoder[layer])
+                .view(-1, 2 * self.heads, self.dim)
+                .transpose(0, 1)
+                .contiguous()
+            )
             return out[: self.heads], out[self.heads :]
 
         return rotate
@@ -358,15 +389,18 @@ class EntropyCodebooks:
     def to_bytes(self) -> bytes:
         """``MAGIC | u32 version | u32 header length | JSON header | payload | u32 CRC32`` (docs/formats.md)."""
         version = 4 if self.joint else 1 if not self.predicted else 2 if self.prediction_inputs == self.predicted else 3
-        order = [f"per kind (k, v): centre [L,H,D], weights [L,H,D]{'' if self.joint else ', basis [L,H,D,D]'}, little-endian float32"]
+        order = [
+            f"per kind (k, v): centre [L,H,D], weights [L,H,D]{'' if self.joint else ', basis [L,H,D,D]'}, little-endian float32"
+        ]
         if self.joint:
             order.append("basis [L,R,R] float16, R = 2 H D")
         order.append("freqs [C,256] u16, recon [C,256] float32")
         if self.predicted:
             order.append(
-                {2: "predictor [L,P,P] float16, P = 2 H predicted", 3: "predictor [L,P,Q] float16, P = 2 H predicted, Q = 2 H inputs"}.get(
-                    version, "predictor [L,P,Q] float16"
-                )
+                {
+                    2: "predictor [L,P,P] float16, P = 2 H predicted",
+                    3: "predictor [L,P,Q] float16, P = 2 H predicted, Q = 2 H inputs",
+                }.get(version, "predictor [L,P,Q] float16")
             )
         header: dict[str, Any] = {
             "format": "kvdb-entropy-coded",
@@ -390,10 +424,17 @@ class EntropyCodebooks:
         per_kind = (self.centre, self.weights) if self.joint else (self.centre, self.weights, self.basis)
         parts = [np.ascontiguousarray(a[kind], dtype="<f4").tobytes() for kind in KINDS for a in per_kind]
         if self.joint:
-            parts.append(np.ascontiguousarray(self.basis[JOINT], dtype="<f2").tobytes())  # trained as float16 values: no loss
-        parts += [np.ascontiguousarray(self.freqs, dtype="<u2").tobytes(), np.ascontiguousarray(self.recon, dtype="<f4").tobytes()]
+            parts.append(
+                np.ascontiguousarray(self.basis[JOINT], dtype="<f2").tobytes()
+            )  # trained as float16 values: no loss
+        parts += [
+            np.ascontiguousarray(self.freqs, dtype="<u2").tobytes(),
+            np.ascontiguousarray(self.recon, dtype="<f4").tobytes(),
+        ]
         if self.predicted:
-            parts.append(np.ascontiguousarray(self.predictor, dtype="<f2").tobytes())  # trained as float16 values: no loss
+            parts.append(
+                np.ascontiguousarray(self.predictor, dtype="<f2").tobytes()
+            )  # trained as float16 values: no loss
         return framing.frame(MAGIC, version, header, parts)
 
     @classmethod
@@ -406,11 +447,17 @@ class EntropyCodebooks:
         if joint:
             classes = {JOINT: np.asarray(header["classes"][JOINT], np.int32).reshape(layers, rows)}
         else:
-            classes = {kind: np.asarray(header["classes"][kind], np.int32).reshape(layers, heads, dim) for kind in KINDS}
+            classes = {
+                kind: np.asarray(header["classes"][kind], np.int32).reshape(layers, heads, dim) for kind in KINDS
+            }
         arrays: dict[str, dict[str, np.ndarray]] = {"centre": {}, "weights": {}, "basis": {}}
         payload = framing.Arrays(blob, at, "entropy-coded codebook")
         for kind in KINDS:
-            for name, shape in (("centre", (layers, heads, dim)), ("weights", (layers, heads, dim)), ("basis", (layers, heads, dim, dim))):
+            for name, shape in (
+                ("centre", (layers, heads, dim)),
+                ("weights", (layers, heads, dim)),
+                ("basis", (layers, heads, dim, dim)),
+            ):
                 if not (joint and name == "basis"):
                     arrays[name][kind] = payload.take("<f4", shape).astype(np.float32)
         if joint:

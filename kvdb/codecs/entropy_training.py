@@ -20,7 +20,9 @@ from kvdb.errors import InvalidArgument
 def _symbol_counts(q: np.ndarray) -> np.ndarray:
     """Counts ``[rows, 256]`` of each row's rANS symbols (value + 127, 255 for escapes)."""
     rows = len(q)
-    return np.bincount((rans.symbols(q) + 256 * np.arange(rows)[:, None]).reshape(-1), minlength=rows * 256).reshape(rows, 256)
+    return np.bincount((rans.symbols(q) + 256 * np.arange(rows)[:, None]).reshape(-1), minlength=rows * 256).reshape(
+        rows, 256
+    )
 
 
 def _bits(counts: np.ndarray) -> np.ndarray:
@@ -72,21 +74,31 @@ def train(
     The predictor is fitted to the exact previous layer, not to the previous layer as decoded:
     fitted again to the decoded one, SmolLM2's ``e1.25p64`` spent 9% fewer bits held out at 5%
     less squared error, but lost more to the model (decision 0042)."""
-    bits, predicted, inputs = transform.preset_bits(preset), transform.predicted_coefficients(preset), transform.prediction_inputs(preset)
+    bits, predicted, inputs = (
+        transform.preset_bits(preset),
+        transform.predicted_coefficients(preset),
+        transform.prediction_inputs(preset),
+    )
     joint = transform.is_joint(preset)
     layers, heads, n, dim = vectors["k"].shape
     if n < 2:
         raise InvalidArgument(f"training entropy-coded codebooks needs at least 2 calibration positions, got {n}")
     limit, unit = (2 * heads * dim, "layer") if joint else (dim, "head")
     if predicted > limit:
-        raise InvalidArgument(f"preset {preset!r} predicts {predicted} coefficients per {unit}, but {unit}s have {limit}")
+        raise InvalidArgument(
+            f"preset {preset!r} predicts {predicted} coefficients per {unit}, but {unit}s have {limit}"
+        )
     if joint:
         centre, weights, basis, y = _joint_pca(vectors, fisher)
     else:
         centre, weights, basis, coefficients = {}, {}, {}, {}
         for kind in KINDS:
-            centre[kind], weights[kind], basis[kind], coefficients[kind] = transform.fisher_pca(vectors[kind], fisher[kind])
-        y = np.stack([coefficients[kind] for kind in KINDS], axis=1).reshape(layers, 2 * heads * dim, n)  # per layer, rows in stream order
+            centre[kind], weights[kind], basis[kind], coefficients[kind] = transform.fisher_pca(
+                vectors[kind], fisher[kind]
+            )
+        y = np.stack([coefficients[kind] for kind in KINDS], axis=1).reshape(
+            layers, 2 * heads * dim, n
+        )  # per layer, rows in stream order
     rows, input_rows = predicted_rows(heads, dim, predicted, joint), predicted_rows(heads, dim, inputs, joint)
     fed = np.searchsorted(rows, input_rows)
     predictor = _predictor(y, rows, input_rows) if predicted else np.zeros((0, 0, 0), np.float32)
@@ -101,7 +113,9 @@ def train(
     def integers(y: np.ndarray, step: float, value_of=None) -> np.ndarray:
         """Closed-loop integers of ``y`` (``value_of``: the decoder's value of integers, by default
         ``q * step``), which is left holding what they code."""
-        return by_kind(closed_loop(y, predictor, rows, step, rounding, value_of or (lambda _layer, q: q * np.float32(step)), fed))
+        return by_kind(
+            closed_loop(y, predictor, rows, step, rounding, value_of or (lambda _layer, q: q * np.float32(step)), fed)
+        )
 
     sample = y[:, :, :: max(1, n // 2048)]  # a sample of positions sets the step; all of them the tables
     step = _step_for(lambda step: integers(sample.copy(), step), float(np.abs(sample).max()), bits)
@@ -152,26 +166,42 @@ def _joint_pca(vectors: dict[str, np.ndarray], fisher: dict[str, np.ndarray]) ->
     coefficients ``[layers, R, n]``. SmolLM2's heads share much of what they hold: at one step,
     the joint rotation codes held-out vectors in 25% fewer bits than one per head, at less error (decision 0043)."""
     weights = {kind: transform.fisher_weights(fisher[kind]) for kind in KINDS}
-    x = np.stack([np.asarray(vectors[kind], np.float32) * weights[kind][:, :, None] for kind in KINDS], axis=1)  # [layers, 2, heads, n, dim]
+    x = np.stack(
+        [np.asarray(vectors[kind], np.float32) * weights[kind][:, :, None] for kind in KINDS], axis=1
+    )  # [layers, 2, heads, n, dim]
     layers, _, heads, n, dim = x.shape
     mu = x.mean(3)
     flat = (x - mu[:, :, :, None]).transpose(0, 3, 1, 2, 4).reshape(layers, n, 2 * heads * dim)
-    gram = np.stack([wide.T @ wide for wide in (flat[layer].astype(np.float64) for layer in range(layers))])  # a layer at a time in float64
+    gram = np.stack(
+        [wide.T @ wide for wide in (flat[layer].astype(np.float64) for layer in range(layers))]
+    )  # a layer at a time in float64
     _, vecs = np.linalg.eigh(gram / n)
-    basis = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float16).astype(np.float32)  # stored as float16 (half the bytes), so coded with those values
+    basis = (
+        np.ascontiguousarray(vecs[..., ::-1]).astype(np.float16).astype(np.float32)
+    )  # stored as float16 (half the bytes), so coded with those values
     centre = {kind: mu[:, i] / weights[kind] for i, kind in enumerate(KINDS)}
     return centre, weights, {JOINT: basis}, np.ascontiguousarray(np.matmul(flat, basis).swapaxes(1, 2))
 
 
-def _tables(q: np.ndarray, coded: np.ndarray, row_class: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray, float]:
+def _tables(
+    q: np.ndarray, coded: np.ndarray, row_class: np.ndarray, step: float
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Each class's rANS frequencies and reconstruction (the mean of the ``coded`` values each of
     its symbols stood for), and the bits per value the integers ``q`` (``[rows, n]``) cost under them."""
     class_counts = np.zeros((CLASSES, 256), np.int64)
     np.add.at(class_counts, row_class, _symbol_counts(q))
     symbols = rans.symbols(q) + 256 * row_class[:, None]
-    sums = np.bincount(symbols.reshape(-1), weights=coded.reshape(-1).astype(np.float64), minlength=CLASSES * 256).reshape(CLASSES, 256)
+    sums = np.bincount(
+        symbols.reshape(-1), weights=coded.reshape(-1).astype(np.float64), minlength=CLASSES * 256
+    ).reshape(CLASSES, 256)
     nominal = (np.arange(256) - rans.OFFSET) * step
     recon = np.where(class_counts > 0, sums / np.maximum(class_counts, 1), nominal).astype(np.float32)
     freqs = rans.frequencies(class_counts)
-    calibration = float(((class_counts * (rans.PRECISION - np.log2(np.maximum(freqs, 1)))).sum() + 16 * class_counts[:, rans.ESCAPE].sum()) / q.size)
+    calibration = float(
+        (
+            (class_counts * (rans.PRECISION - np.log2(np.maximum(freqs, 1)))).sum()
+            + 16 * class_counts[:, rans.ESCAPE].sum()
+        )
+        / q.size
+    )
     return freqs, recon, calibration

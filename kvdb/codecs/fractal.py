@@ -352,7 +352,9 @@ def append_to_block(blob: bytes, alphabet: int, symbols: np.ndarray | Sequence[i
     return _assemble(lay, total, words, bits)
 
 
-def append_blocks(last_blob: bytes | None, alphabet: int, symbols: np.ndarray | Sequence[int], block_size: int = DEFAULT_BLOCK) -> list[bytes]:
+def append_blocks(
+    last_blob: bytes | None, alphabet: int, symbols: np.ndarray | Sequence[int], block_size: int = DEFAULT_BLOCK
+) -> list[bytes]:
     """Append to a stream whose last block is ``last_blob`` (None for an empty stream).
 
     Returns the replacement for the last block (if there was a partial one) followed by the
@@ -384,7 +386,9 @@ def key_depth(alphabet: int) -> int:
     return depth
 
 
-def walk_keys(symbols: np.ndarray | Sequence[int], alphabet: int, context: np.ndarray | Sequence[int] = ()) -> np.ndarray:
+def walk_keys(
+    symbols: np.ndarray | Sequence[int], alphabet: int, context: np.ndarray | Sequence[int] = ()
+) -> np.ndarray:
     """uint64 key of every position: its last D symbols (newest most significant), walked on
     from ``context``, the symbols just before the stream; earlier positions read as ``alphabet``."""
     stream = check_symbols(symbols, alphabet)

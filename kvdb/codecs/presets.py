@@ -139,7 +139,9 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
     base, *overrides = preset.strip().split("+")
     m = _BASE.match(base)
     if not m:
-        raise InvalidArgument(f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1', 'k3v3+k12@18.2'")
+        raise InvalidArgument(
+            f"unknown preset {preset!r}: expected e.g. 'k4v2', 'k2x1024v1', 'k3v2+k5@0-1', 'k3v3+k12@18.2'"
+        )
     ks, kn, vs, vn = int(m[1]), int(m[2] or 256), int(m[3]), int(m[4] or 256)
     alloc = {"k": [[(kn,) * ks] * heads for _ in range(layers)], "v": [[(vn,) * vs] * heads for _ in range(layers)]}
     for o in overrides:
@@ -160,7 +162,9 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
                         "a layer's heads share its codebook sizes and differ only in how many stages they take"
                     )
                 if any(not 2 <= s <= 65536 for s in sizes):
-                    raise InvalidArgument(f"codebook size {sizes[0]} in {preset!r} is outside 2..65536 (codes are uint16)")
+                    raise InvalidArgument(
+                        f"codebook size {sizes[0]} in {preset!r} is outside 2..65536 (codes are uint16)"
+                    )
     return alloc
 
 
@@ -174,10 +178,22 @@ def allocation(preset: str, layers: int, heads: int) -> dict[str, list[tuple[int
 def depths(preset: str, layers: int, heads: int) -> dict[str, np.ndarray]:
     """How many of its layer's stages each head takes: int ``[layers, heads]`` per kind."""
     per_head = head_allocation(preset, layers, heads)
-    return {kind: np.array([[len(s) for s in layer] for layer in per_head[kind]], dtype=np.int64).reshape(layers, heads) for kind in KINDS}
+    return {
+        kind: np.array([[len(s) for s in layer] for layer in per_head[kind]], dtype=np.int64).reshape(layers, heads)
+        for kind in KINDS
+    }
 
 
 def code_bytes_per_token(preset: str, layers: int, heads: int) -> float:
     """Ideal packed bytes per token of a preset's codes (fractal blocks add 12 B per 4096 symbols)."""
     alloc = head_allocation(preset, layers, heads)
-    return sum(fractal.layout(s).bits_per_symbol for kind in KINDS for layer in alloc[kind] for sizes in layer for s in sizes) / 8
+    return (
+        sum(
+            fractal.layout(s).bits_per_symbol
+            for kind in KINDS
+            for layer in alloc[kind]
+            for sizes in layer
+            for s in sizes
+        )
+        / 8
+    )

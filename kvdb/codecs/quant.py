@@ -175,7 +175,10 @@ class Codebooks:
         _, header, offset = framing.unframe(blob, MAGIC, VERSION, "codebook")
         heads, dim = header["heads"], header["dim"]
         dtype = np.dtype(header["dtype"])
-        given = {kind: np.asarray(d, dtype=np.int64).reshape(header["layers"], heads) for kind, d in header.get("depths", {}).items()}
+        given = {
+            kind: np.asarray(d, dtype=np.int64).reshape(header["layers"], heads)
+            for kind, d in header.get("depths", {}).items()
+        }
         books: dict[str, list[list[np.ndarray]]] = {}
         for kind in KINDS:
             books[kind] = []
@@ -193,17 +196,33 @@ class Codebooks:
         wdtype = np.dtype(header.get("weights_dtype", "<f4"))
         for kind in header.get("weights", []):
             count = header["layers"] * heads * dim
-            weights[kind] = np.frombuffer(blob, dtype=wdtype, count=count, offset=offset).reshape(header["layers"], heads, dim).astype(np.float32)
+            weights[kind] = (
+                np.frombuffer(blob, dtype=wdtype, count=count, offset=offset)
+                .reshape(header["layers"], heads, dim)
+                .astype(np.float32)
+            )
             offset += count * wdtype.itemsize
         if offset != len(blob) - framing.CRC.size:
             raise CorruptData(f"codebook blob has {len(blob) - framing.CRC.size - offset} unexpected bytes")
         kept = {kind: d for kind, d in given.items() if not _uniform(d, header["stages"][kind])}
-        return cls(header["layers"], heads, dim, header["pre_rope"], books, header.get("preset", ""), header.get("meta", {}), weights, kept)
+        return cls(
+            header["layers"],
+            heads,
+            dim,
+            header["pre_rope"],
+            books,
+            header.get("preset", ""),
+            header.get("meta", {}),
+            weights,
+            kept,
+        )
 
 
 def _refuse_sharpened(codebooks: Codebooks, what: str) -> None:
     if "sharpened" in codebooks.meta:
-        raise InvalidArgument(f"codebooks sharpened for decoding (x{codebooks.meta['sharpened']}) cannot be {what}; use the trained ones")
+        raise InvalidArgument(
+            f"codebooks sharpened for decoding (x{codebooks.meta['sharpened']}) cannot be {what}; use the trained ones"
+        )
 
 
 def _uniform(depth: np.ndarray, stages: list) -> bool:
@@ -223,7 +242,15 @@ def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, max_points: int) -> np
         out = np.repeat(x.mean(0, keepdims=True), k, axis=0)
         out[: len(x)] = x
         return out.astype(np.float32)
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max_points, min_points_per_centroid=1, verbose=False)
+    km = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=niter,
+        seed=seed,
+        max_points_per_centroid=max_points,
+        min_points_per_centroid=1,
+        verbose=False,
+    )
     km.train(np.ascontiguousarray(x, dtype=np.float32))
     assert km.centroids is not None  # set by train
     return km.centroids.reshape(k, x.shape[1]).copy()
@@ -261,8 +288,14 @@ def train(
     import faiss
 
     shapes = {kind: np.shape(vectors[kind]) for kind in KINDS if kind in vectors}
-    if not shapes or any(len(s) != 4 for s in shapes.values()) or len({(s[0], s[1], s[3]) for s in shapes.values()}) != 1:
-        raise InvalidArgument(f"vectors must map 'k'/'v' to [layers, heads, n, dim] arrays of equal layers/heads/dim, got {shapes}")
+    if (
+        not shapes
+        or any(len(s) != 4 for s in shapes.values())
+        or len({(s[0], s[1], s[3]) for s in shapes.values()}) != 1
+    ):
+        raise InvalidArgument(
+            f"vectors must map 'k'/'v' to [layers, heads, n, dim] arrays of equal layers/heads/dim, got {shapes}"
+        )
     layers, heads, _, dim = next(iter(shapes.values()))
     alloc = allocation(preset, layers, heads)
     depth = depths(preset, layers, heads)
@@ -289,7 +322,15 @@ def train(
                         x = x[rng.choice(len(x), max_points, replace=False)]
                     resid = x.copy()
                     for stage, size in enumerate(sizes[: depth[kind][layer, head]]):
-                        c = _fp16(_kmeans(resid, size, niter, seed + 7919 * stage + 31 * head + layer, max_points // max(size, 1) + 1))
+                        c = _fp16(
+                            _kmeans(
+                                resid,
+                                size,
+                                niter,
+                                seed + 7919 * stage + 31 * head + layer,
+                                max_points // max(size, 1) + 1,
+                            )
+                        )
                         per_stage[stage][head] = c
                         resid -= c[_nearest(resid, c)]
                 books[kind].append(per_stage)
@@ -348,7 +389,11 @@ def _beam_codes(x: np.ndarray, books: list[np.ndarray], beam: int, block: int = 
             d = err[:, :, None] - 2.0 * (r @ c.T) + norms[stage][None, None, :]  # [m, B, K]
             flat = d.reshape(m, -1)
             keep = min(beam, flat.shape[1])
-            best = np.argpartition(flat, keep - 1, axis=1)[:, :keep] if keep < flat.shape[1] else np.broadcast_to(np.arange(flat.shape[1]), (m, keep))
+            best = (
+                np.argpartition(flat, keep - 1, axis=1)[:, :keep]
+                if keep < flat.shape[1]
+                else np.broadcast_to(np.arange(flat.shape[1]), (m, keep))
+            )
             parent, code = best // size, best % size
             rows = np.arange(m)[:, None]
             r = r[rows, parent] - c[code]
@@ -367,7 +412,9 @@ def _encode_kind(codebooks: Codebooks, kind: str, data: np.ndarray, beam: int = 
         for head in range(heads):
             stages = depth[layer, head]
             if stages:
-                codes[layer, head, :stages] = _beam_codes(data[layer, head], [b[head] for b in books[layer][:stages]], beam)
+                codes[layer, head, :stages] = _beam_codes(
+                    data[layer, head], [b[head] for b in books[layer][:stages]], beam
+                )
     return codes
 
 

@@ -120,9 +120,13 @@ class Tables:
         if f.dtype.kind not in "iu" or (f < 0).any() or (f > TOTAL).any():
             raise InvalidArgument(f"rANS table entries must be integers in 0 .. {TOTAL}")
         if (bad := np.flatnonzero(f.sum(axis=1) != TOTAL)).size:
-            raise InvalidArgument(f"rANS table {int(bad[0])} sums to {int(f[bad[0]].sum())}, not {TOTAL}: build tables with rans.frequencies")
+            raise InvalidArgument(
+                f"rANS table {int(bad[0])} sums to {int(f[bad[0]].sum())}, not {TOTAL}: build tables with rans.frequencies"
+            )
         if (bad := np.flatnonzero(f[:, ESCAPE] == 0)).size:
-            raise InvalidArgument(f"rANS table {int(bad[0])} gives ESCAPE (entry 255) frequency 0, so values outside -127 .. 127 could not code")
+            raise InvalidArgument(
+                f"rANS table {int(bad[0])} gives ESCAPE (entry 255) frequency 0, so values outside -127 .. 127 could not code"
+            )
         freqs = np.ascontiguousarray(f, dtype=np.uint16)
         starts = np.ascontiguousarray(np.cumsum(freqs, axis=1, dtype=np.uint16) - freqs)
         symbols = np.tile(np.arange(256, dtype=np.uint8), len(freqs))
@@ -146,9 +150,13 @@ def symbols(values) -> np.ndarray:
 def _classes(classes, tables: Tables) -> np.ndarray:
     c = np.asarray(classes)
     if c.ndim != 1 or (c.size and c.dtype.kind not in "iu"):
-        raise InvalidArgument(f"rANS classes must be a 1-D integer array (one class per row), not {c.dtype} {list(c.shape)}")
+        raise InvalidArgument(
+            f"rANS classes must be a 1-D integer array (one class per row), not {c.dtype} {list(c.shape)}"
+        )
     if c.size and (c.min() < 0 or c.max() >= tables.classes):
-        raise InvalidArgument(f"rANS classes must lie in 0 .. {tables.classes - 1} (one per table), found {int(c.min())} .. {int(c.max())}")
+        raise InvalidArgument(
+            f"rANS classes must lie in 0 .. {tables.classes - 1} (one per table), found {int(c.min())} .. {int(c.max())}"
+        )
     return np.ascontiguousarray(c, dtype=np.int32)
 
 
@@ -159,23 +167,43 @@ def encode(values, classes, tables: Tables) -> bytes:
     if v.ndim != 2 or (v.size and v.dtype.kind not in "iu"):
         raise InvalidArgument(f"rANS values must be a 2-D integer array [rows, n], not {v.dtype} {list(v.shape)}")
     if v.size and (v.min() < -32768 or v.max() > 32767):
-        raise InvalidArgument(f"rANS values must fit int16, found {int(v.min())} .. {int(v.max())}: clip them in the quantizer")
+        raise InvalidArgument(
+            f"rANS values must fit int16, found {int(v.min())} .. {int(v.max())}: clip them in the quantizer"
+        )
     c = _classes(classes, tables)
     if len(c) != v.shape[0]:
         raise InvalidArgument(f"rANS needs one class per row: {len(c)} classes for {v.shape[0]} rows")
     v = np.ascontiguousarray(v, dtype=np.int16)
     out = np.empty(STATES + 6 * v.size, dtype=np.uint8)  # at most 3 symbols a value, one word a symbol
     size = lib.kvdb_rans_encode(
-        v.ctypes.data, v.shape[0], v.shape[1], c.ctypes.data, tables.freqs.ctypes.data, tables.starts.ctypes.data, out.ctypes.data, out.size
+        v.ctypes.data,
+        v.shape[0],
+        v.shape[1],
+        c.ctypes.data,
+        tables.freqs.ctypes.data,
+        tables.starts.ctypes.data,
+        out.ctypes.data,
+        out.size,
     )
     if size == -2:
-        raise InvalidArgument("a value needs ESCAPE, which has frequency 0 in its row's table")  # Tables refuses such tables
+        raise InvalidArgument(
+            "a value needs ESCAPE, which has frequency 0 in its row's table"
+        )  # Tables refuses such tables
     assert size >= 0, "the bound above holds for any input"
     return out[:size].tobytes()
 
 
 def _decode(
-    data, c: np.ndarray, n: int, tables: Tables, used: int, values=None, recon=None, escape_step: float = 0.0, floats=None, row_stride: int = 0
+    data,
+    c: np.ndarray,
+    n: int,
+    tables: Tables,
+    used: int,
+    values=None,
+    recon=None,
+    escape_step: float = 0.0,
+    floats=None,
+    row_stride: int = 0,
 ) -> None:
     """One call of the C decoder for ``c``, classes already checked by :func:`_classes`."""
     lib = _lib()
@@ -188,7 +216,9 @@ def _decode(
         None if floats is None else floats.ctypes.data, row_stride,
     )  # fmt: skip
     if status:
-        raise CorruptData(f"a tier K rANS stream of {buf.size} bytes does not decode to {len(c)} rows of {n} values with these tables: the archive is damaged")
+        raise CorruptData(
+            f"a tier K rANS stream of {buf.size} bytes does not decode to {len(c)} rows of {n} values with these tables: the archive is damaged"
+        )
 
 
 def decode(data, classes, n: int, tables: Tables, used: int | None = None) -> np.ndarray:
@@ -209,12 +239,18 @@ def decode_into(data, classes, n: int, tables: Tables, recon, escape_step: float
     otherwise make. On CorruptData ``out`` holds garbage."""
     r = np.asarray(recon)
     if r.dtype != np.float32 or r.shape != (tables.classes, 256) or not r.flags.c_contiguous:
-        raise InvalidArgument(f"rANS recon must be C-contiguous float32 [{tables.classes}, 256], not {r.dtype} {list(r.shape)}")
+        raise InvalidArgument(
+            f"rANS recon must be C-contiguous float32 [{tables.classes}, 256], not {r.dtype} {list(r.shape)}"
+        )
     if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 2 or not out.flags.writeable:
         raise InvalidArgument("rANS decode_into needs a writeable float32 [rows, used] array")
     c = _classes(classes, tables)
     if out.shape[0] != len(c):
         raise InvalidArgument(f"rANS decode_into: out has {out.shape[0]} rows for {len(c)} classes")
     if out.shape[0] > 1 and (out.strides[0] <= 0 or out.strides[0] % 4) or out.shape[1] > 1 and out.strides[1] != 4:
-        raise InvalidArgument(f"rANS decode_into: out must have unit column stride and a positive row stride in whole floats, not strides {out.strides}")
-    _decode(data, c, n, tables, out.shape[1], recon=r, escape_step=escape_step, floats=out, row_stride=out.strides[0] // 4)
+        raise InvalidArgument(
+            f"rANS decode_into: out must have unit column stride and a positive row stride in whole floats, not strides {out.strides}"
+        )
+    _decode(
+        data, c, n, tables, out.shape[1], recon=r, escape_step=escape_step, floats=out, row_stride=out.strides[0] // 4
+    )

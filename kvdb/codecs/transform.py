@@ -175,7 +175,10 @@ class TransformCodebooks:
 
     @property
     def nbytes(self) -> int:
-        return sum(self.centre[k].size * 4 + self.weights[k].size * 4 + self.basis[k].size * 4 + self.levels[k].size * 4 for k in KINDS)
+        return sum(
+            self.centre[k].size * 4 + self.weights[k].size * 4 + self.basis[k].size * 4 + self.levels[k].size * 4
+            for k in KINDS
+        )
 
     def bits_per_element(self) -> float:
         return float(sum(int(self.bits[k].sum()) for k in KINDS) / sum(self.bits[k].size for k in KINDS))
@@ -188,7 +191,11 @@ class TransformCodebooks:
 
         out = []
         for kind, x in zip(KINDS, (keys, values)):
-            y = np.einsum("lhnd,lhde->lhen", np.asarray(x, np.float32) - self.centre[kind][:, :, None], self.encoder(kind).astype(np.float32))
+            y = np.einsum(
+                "lhnd,lhde->lhen",
+                np.asarray(x, np.float32) - self.centre[kind][:, :, None],
+                self.encoder(kind).astype(np.float32),
+            )
             codes = np.zeros(y.shape, np.uint16)
             bits, offsets, levels = self.bits[kind], self.offsets(kind), self.levels[kind]
             for b in range(1, MAX_BITS + 1):
@@ -205,7 +212,9 @@ class TransformCodebooks:
         """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s codes."""
         out = []
         for kind, c in zip(KINDS, codes):
-            found = np.take(self.levels[kind], self.offsets(kind)[..., None] + c.astype(np.int64), mode="clip")  # clipped: coefficients without bits
+            found = np.take(
+                self.levels[kind], self.offsets(kind)[..., None] + c.astype(np.int64), mode="clip"
+            )  # clipped: coefficients without bits
             y = np.where(self.bits[kind][..., None] > 0, found, 0.0).astype(np.float32)
             out.append(np.einsum("lhen,lhed->lhnd", y, self.decoder(kind)) + self.centre[kind][:, :, None])
         return out[0], out[1]
@@ -259,7 +268,9 @@ class TransformCodebooks:
             out.append(codes)
         return out[0], out[1]
 
-    def decode_streams(self, streams: dict[int, np.ndarray], n: int, used: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def decode_streams(
+        self, streams: dict[int, np.ndarray], n: int, used: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Each layer's ``(keys, values)``, float32 ``[heads, used, dim]``, straight from the streams:
         one gather of levels and one batched product per layer and kind."""
         import torch
@@ -273,7 +284,11 @@ class TransformCodebooks:
             for size, column, heads, coefs in self._columns()[kind][layer]:
                 start = torch.from_numpy(self.offsets(kind)[layer, heads, coefs])
                 y[heads, coefs] = levels[kind][rows[size][:, column : column + len(heads)].T + start[:, None]]
-            x = torch.baddbmm(torch.from_numpy(self.centre[kind][layer][:, None]), y.transpose(1, 2), torch.from_numpy(self.decoder(kind)[layer]))
+            x = torch.baddbmm(
+                torch.from_numpy(self.centre[kind][layer][:, None]),
+                y.transpose(1, 2),
+                torch.from_numpy(self.decoder(kind)[layer]),
+            )
             return x.numpy()
 
         for layer in range(self.layers):
@@ -352,7 +367,11 @@ def _lloyd_max(y, cumulative, bits: int, iterations: int):
         cut = torch.searchsorted(y, (levels[:, 1:] + levels[:, :-1]) / 2)
         edges = torch.cat([torch.zeros_like(cut[:, :1]), cut, torch.full_like(cut[:, :1], n)], 1)
         sums = cumulative[:, torch.arange(len(y))[:, None], edges]  # [2, rows, size + 1]
-        return (edges[:, 1:] - edges[:, :-1]).to(y.dtype), sums[0, :, 1:] - sums[0, :, :-1], sums[1, :, 1:] - sums[1, :, :-1]
+        return (
+            (edges[:, 1:] - edges[:, :-1]).to(y.dtype),
+            sums[0, :, 1:] - sums[0, :, :-1],
+            sums[1, :, 1:] - sums[1, :, :-1],
+        )
 
     for _ in range(iterations):
         counts, total, _ = cells(levels)
@@ -410,5 +429,9 @@ def train(
     levels = {}
     for kind in KINDS:
         flat = bits[kind].reshape(-1)
-        levels[kind] = np.concatenate([tables[kind][int(b)][i] for i, b in enumerate(flat) if b > 0] or [np.zeros(0)]).astype(np.float32)
-    return TransformCodebooks(layers, heads, dim, pre_rope, preset, centre, weights, basis, bits, levels, dict(meta or {}))
+        levels[kind] = np.concatenate(
+            [tables[kind][int(b)][i] for i, b in enumerate(flat) if b > 0] or [np.zeros(0)]
+        ).astype(np.float32)
+    return TransformCodebooks(
+        layers, heads, dim, pre_rope, preset, centre, weights, basis, bits, levels, dict(meta or {})
+    )

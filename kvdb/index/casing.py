@@ -115,7 +115,9 @@ def unit_variants(tokenizer, unit: str, first: bool) -> list[np.ndarray]:
     return out
 
 
-def lookup(index: WalkIndex, pieces: list[np.ndarray], ranges: Ranges, absent: set[bytes], keep: frozenset[bytes] = frozenset()) -> list[bool]:
+def lookup(
+    index: WalkIndex, pieces: list[np.ndarray], ranges: Ranges, absent: set[bytes], keep: frozenset[bytes] = frozenset()
+) -> list[bool]:
     """Whether each piece occurs (its last ``REACH`` tokens, for one longer), in one batched
     lookup of those not known yet: the range and first key's range of each found (and of each
     of ``keep``, found or not: a search's partial hits lie around it) go in ``ranges``, the
@@ -159,7 +161,9 @@ def _kept(spans: list[list[np.ndarray]], found: list[bool] | np.ndarray) -> list
     return [[piece for piece, ok in zip(span, found[a:b]) if ok] for span, a, b in zip(spans, at[:-1], at[1:])]
 
 
-def walk(index: WalkIndex, spans: list[list[np.ndarray]], ranges: Ranges, also: Sequence[np.ndarray] = ()) -> list[np.ndarray] | None:
+def walk(
+    index: WalkIndex, spans: list[list[np.ndarray]], ranges: Ranges, also: Sequence[np.ndarray] = ()
+) -> list[np.ndarray] | None:
     """The products of ``spans`` (per unit, its token sequences) that the index holds.
 
     Each unit's sequences are tested alone first, by their last ``D`` tokens
@@ -176,7 +180,9 @@ def walk(index: WalkIndex, spans: list[list[np.ndarray]], ranges: Ranges, also: 
     held = _held(index, {piece[-index.depth :].tobytes(): piece[-index.depth :] for piece in flat})
     spans = _kept(spans, [held[piece[-index.depth :].tobytes()] for piece in flat])
     while all(spans) and len(spans) > 1 and math.prod(len(span) for span in spans) > FINAL_MAX:
-        spans = [[np.concatenate(pair) for pair in itertools.product(*spans[i : i + 2])] for i in range(0, len(spans), 2)]
+        spans = [
+            [np.concatenate(pair) for pair in itertools.product(*spans[i : i + 2])] for i in range(0, len(spans), 2)
+        ]
         flat = [piece for span in spans for piece in span]
         if len(flat) > JOIN_MAX:
             return None
@@ -199,7 +205,9 @@ def variants(tokenizer, index: WalkIndex, phrase: str, own: list[np.ndarray]) ->
     when it ended before its last lookup (a word in no casing the index holds)."""
     ranges: Ranges = {}
     spans = [unit_variants(tokenizer, unit, i == 0) for i, unit in enumerate(units(phrase))]
-    suffixes = [piece[-s:] for piece in own for s in range(1, min(len(piece), index.depth) + 1)]  # a search's partial hits read these
+    suffixes = [
+        piece[-s:] for piece in own for s in range(1, min(len(piece), index.depth) + 1)
+    ]  # a search's partial hits read these
     found = walk(index, spans, ranges, [*own, *suffixes]) or []
     out = {piece.tobytes(): piece for piece in own}
     for piece in found:

@@ -27,8 +27,20 @@ VERSION = 1
 # Arrays whose bytes the CRC covers: all but the vectors, the inverted file and the postings, whose
 # sizes alone are checked (a CRC reads every byte: 4-5 GB at 1e6 chunks, ~2 s an open, where a
 # query reads a few pages of them). A flipped bit there moves a score until `kvdb repair`.
-_CHECKED = ("node_ids", "row_node", "spans", "live", "bm25.words", "bm25.df", "bm25.lengths", "bm25.gone", "bm25.segment_sizes")
-REGROW = 4  # an inverted file is trained again at this many times the rows it was trained for (its cells' count doubles)
+_CHECKED = (
+    "node_ids",
+    "row_node",
+    "spans",
+    "live",
+    "bm25.words",
+    "bm25.df",
+    "bm25.lengths",
+    "bm25.gone",
+    "bm25.segment_sizes",
+)
+REGROW = (
+    4  # an inverted file is trained again at this many times the rows it was trained for (its cells' count doubles)
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,9 @@ class ChunkIndex:
         self.unsaved = 0  # rows appended or made tombstones since the file was read or written
 
     @classmethod
-    def build(cls, embedder: str, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]) -> ChunkIndex:
+    def build(
+        cls, embedder: str, nodes: Sequence[str], spans: np.ndarray, vectors: np.ndarray, texts: Sequence[str]
+    ) -> ChunkIndex:
         """The index of these rows, the vector index chosen (and trained) for their number."""
         built = cls(embedder, vectors.shape[1])
         built.index = vector_ops.build(vectors)
@@ -152,7 +166,9 @@ class ChunkIndex:
                 numbers[node_id] = len(self.node_ids)
                 self.node_ids.append(node_id)
         n, added = self._n, len(nodes)
-        self._row_node, self._spans, self._live = (_room(a, n, added) for a in (self._row_node, self._spans, self._live))
+        self._row_node, self._spans, self._live = (
+            _room(a, n, added) for a in (self._row_node, self._spans, self._live)
+        )
         self._row_node[n : n + added] = np.fromiter(map(numbers.__getitem__, nodes), np.int64, added)
         self._spans[n : n + added] = np.asarray(spans, np.int64).reshape(-1, 2)
         self._live[n : n + added] = True
@@ -218,12 +234,22 @@ class ChunkIndex:
             loaded = cls(header["embedder"], header["dim"])
             loaded.node_ids = np.asarray(arrays["node_ids"]).astype(str).tolist()
             loaded._numbers = {n: i for i, n in enumerate(loaded.node_ids)}
-            loaded._row_node, loaded._spans, loaded.vectors = arrays["row_node"], arrays["spans"], Appended(arrays["vectors"])
+            loaded._row_node, loaded._spans, loaded.vectors = (
+                arrays["row_node"],
+                arrays["spans"],
+                Appended(arrays["vectors"]),
+            )
             loaded._live = np.array(arrays["live"])  # written in place (tombstones): a copy of its own
             loaded._n = len(loaded._live)
-            loaded.words = ranking.BM25.from_arrays({n[len("bm25.") :]: a for n, a in arrays.items() if n.startswith("bm25.")}, **header["bm25"])
+            loaded.words = ranking.BM25.from_arrays(
+                {n[len("bm25.") :]: a for n, a in arrays.items() if n.startswith("bm25.")}, **header["bm25"]
+            )
             loaded.trained_for = header["trained_for"]
-            loaded.index = vector_ops.read(_reader(arrays["faiss"])) if loaded.trained_for else vector_ops.build(loaded.vectors.base)
+            loaded.index = (
+                vector_ops.read(_reader(arrays["faiss"]))
+                if loaded.trained_for
+                else vector_ops.build(loaded.vectors.base)
+            )
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: FAISS refusing its bytes
             raise CorruptData(f"{path}: damaged ({exc}); {sidecar.REMEDY}") from exc
         if loaded.index.ntotal != loaded.rows or len(loaded.words) != loaded.rows or loaded.rows != header["rows"]:
@@ -235,7 +261,11 @@ class ChunkIndex:
         """The header alone, or None when the file is missing, unreadable or of another version."""
         try:
             _, header = sidecar.header(path, (MAGIC,))
-            return ChunkHeader(header["embedder"], header["rows"], header["live"]) if header.get("version") == VERSION else None
+            return (
+                ChunkHeader(header["embedder"], header["rows"], header["live"])
+                if header.get("version") == VERSION
+                else None
+            )
         except (OSError, CorruptData, KeyError, TypeError):
             return None
 

@@ -40,7 +40,12 @@ class Candidates:
 
     @classmethod
     def concat(cls, parts: Sequence[Candidates]) -> Candidates:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64) for f in ("run", "end", "shared", "variant")))
+        return cls(
+            *(
+                np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+                for f in ("run", "end", "shared", "variant")
+            )
+        )
 
     def __len__(self) -> int:
         return len(self.run)
@@ -105,7 +110,9 @@ def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
     return [phrase[-s:] for s in range(first, least - 1, -1)]
 
 
-def bounded(index: WalkIndex, wanted: Iterable[np.ndarray], known: dict[bytes, KeyRange] | None = None) -> dict[bytes, KeyRange]:
+def bounded(
+    index: WalkIndex, wanted: Iterable[np.ndarray], known: dict[bytes, KeyRange] | None = None
+) -> dict[bytes, KeyRange]:
     """The key range of each piece, by its bytes, and of each one's last D tokens (its first
     key), which come with it: every bound of a query found in one pass. ``known``: ranges
     looked up already (the casing walk's), not looked up again."""
@@ -122,10 +129,20 @@ def unsuffixed(variants: Sequence[np.ndarray]) -> list[int]:
     """The variants that end with no other: two variants end at one position only when one is a
     suffix of the other, and then the longer's matches are the shorter's too."""
     whole = {phrase.tobytes() for phrase in variants}
-    return [v for v, phrase in enumerate(variants) if not any(phrase[s:].tobytes() in whole for s in range(1, len(phrase)))]
+    return [
+        v for v, phrase in enumerate(variants) if not any(phrase[s:].tobytes() in whole for s in range(1, len(phrase)))
+    ]
 
 
-def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: int, limit: int, least: int, ranges: dict[bytes, KeyRange]) -> Candidates:
+def candidates(
+    index: WalkIndex,
+    slots: SlotMap,
+    phrase: np.ndarray,
+    variant: int,
+    limit: int,
+    least: int,
+    ranges: dict[bytes, KeyRange],
+) -> Candidates:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
     sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of the phrase and
     of its ``lookups`` (``bounded``).
@@ -169,7 +186,9 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
         run, local = slots.locate(ends)
         live = run >= 0
         position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
-        keep = np.flatnonzero(live & (position - np.minimum(shared, length) + 1 >= 0))[: limit - taken]  # a match cannot begin before its path does
+        keep = np.flatnonzero(live & (position - np.minimum(shared, length) + 1 >= 0))[
+            : limit - taken
+        ]  # a match cannot begin before its path does
         parts.append((run[keep], position[keep], shared[keep]))
         taken += len(keep)
 
@@ -189,7 +208,13 @@ def candidates(index: WalkIndex, slots: SlotMap, phrase: np.ndarray, variant: in
     )
 
 
-def count(index: WalkIndex, slots: SlotMap, owned: np.ndarray, variants: Sequence[np.ndarray], known: dict[bytes, KeyRange] | None = None) -> int:
+def count(
+    index: WalkIndex,
+    slots: SlotMap,
+    owned: np.ndarray,
+    variants: Sequence[np.ndarray],
+    known: dict[bytes, KeyRange] | None = None,
+) -> int:
     """How many archived positions end a full match of some variant: each counted once, in a
     node some session uses (``owned``, per run of ``slots``).
 
@@ -245,12 +270,16 @@ def search(
         raise InvalidArgument(f"k must be at least 1, got {k}")
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
-    least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]  # tokens a hit of each variant must share
+    least = [
+        max(1, math.ceil(min_share * len(phrase))) for phrase in variants
+    ]  # tokens a hit of each variant must share
     whole = [len(phrase) for phrase in variants]
     # the partial matches' suffixes too, though the full matches may leave no room for them:
     # bounding them with the phrase's costs less than a second pass over the segments; but
     # where the variants' ranges are ``known`` (a casing walk), the suffixes wait until needed
-    suffixes = [p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v])]
+    suffixes = [
+        p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v])
+    ]
     ranges = bounded(index, [*variants, *suffixes] if known is None else variants, known)
     hits: list[Hit] = []
     seen: set[tuple[str, int]] = set()
@@ -261,7 +290,12 @@ def search(
             break
         if sharing is least:
             ranges = bounded(index, suffixes, ranges)
-        pool = Candidates.concat([candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges) for v, phrase in enumerate(variants)])
+        pool = Candidates.concat(
+            [
+                candidates(index, slots, phrase, v, k * len(variants), sharing[v], ranges)
+                for v, phrase in enumerate(variants)
+            ]
+        )
         lengths = np.array(whole)[pool.variant]
         if sharing is least:
             pool = pool.take(np.flatnonzero(pool.shared < lengths))  # the full ones were checked already
@@ -271,17 +305,30 @@ def search(
         pool = pool.take(np.lexsort((pool.variant, pool.end, pool.run, -pool.shared / lengths)))
         at = 0
         while at < len(pool) and len(hits) < k:
-            batch = [(int(r), int(e), int(v)) for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))]
+            batch = [
+                (int(r), int(e), int(v))
+                for r, e, v in zip(*(a[at : at + k - len(hits) + 2] for a in (pool.run, pool.end, pool.variant)))
+            ]
             at += len(batch)
             owners = sessions_of(sorted({str(slots.node_ids[run]) for run, _, _ in batch}))
             live = [  # a node every session left, or of a group that has its hit: skip
-                c for c in batch if str(slots.node_ids[c[0]]) in owners and (group is None or group(owners[str(slots.node_ids[c[0]])]) not in grouped)
+                c
+                for c in batch
+                if str(slots.node_ids[c[0]]) in owners
+                and (group is None or group(owners[str(slots.node_ids[c[0]])]) not in grouped)
             ]
-            spans = [(owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context) for run, end, v in live]
+            spans = [
+                (owners[str(slots.node_ids[run])], max(0, end + 1 - len(variants[v]) - context), end + 1 + context)
+                for run, end, v in live
+            ]
             for (_, end, v), (session_id, lo, _), window in zip(live, spans, fetch(spans)):
                 phrase = variants[v]
                 shared = shared_suffix(window[: end + 1 - lo], phrase)
-                if shared < least[v] or (session_id, end) in seen or (group is not None and group(session_id) in grouped):
+                if (
+                    shared < least[v]
+                    or (session_id, end) in seen
+                    or (group is not None and group(session_id) in grouped)
+                ):
                     continue
                 seen.add((session_id, end))
                 if group is not None:

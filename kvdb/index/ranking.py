@@ -80,7 +80,9 @@ class BM25:
         self.vocab: dict[str, int] = {}
         self.df = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)  # words per chunk
-        self.gone = np.zeros(0, dtype=bool)  # chunks removed: their postings stay until a rebuild, their words no longer count
+        self.gone = np.zeros(
+            0, dtype=bool
+        )  # chunks removed: their postings stay until a rebuild, their words no longer count
         self.segments: list[_Segment] = []
 
     def __len__(self) -> int:
@@ -234,7 +236,14 @@ class BM25:
         for i, (n_terms, n_postings) in enumerate(np.asarray(arrays["segment_sizes"]).tolist()):
             if n_postings:  # a segment's starts hold one more than its terms
                 starts = arrays["starts"][t + i : t + i + n_terms + 1]
-                index.segments.append(_Segment(arrays["terms"][t : t + n_terms], starts, arrays["docs"][p : p + n_postings], arrays["tf"][p : p + n_postings]))
+                index.segments.append(
+                    _Segment(
+                        arrays["terms"][t : t + n_terms],
+                        starts,
+                        arrays["docs"][p : p + n_postings],
+                        arrays["tf"][p : p + n_postings],
+                    )
+                )
             t, p = t + n_terms, p + n_postings
         return index
 
@@ -252,7 +261,9 @@ def _merged(older: _Segment, newer: _Segment) -> _Segment:
     term keeps each term's chunks ascending."""
     terms = np.concatenate((older.expanded_terms(), newer.expanded_terms()))
     order = np.argsort(terms, kind="stable")
-    return _segment(terms[order], np.concatenate((older.docs, newer.docs))[order], np.concatenate((older.tf, newer.tf))[order])
+    return _segment(
+        terms[order], np.concatenate((older.docs, newer.docs))[order], np.concatenate((older.tf, newer.tf))[order]
+    )
 
 
 def top_k(scores: np.ndarray, k: int, floor: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -289,7 +300,9 @@ def normalised(scores: np.ndarray, how: str = "minmax") -> np.ndarray:
     raise ValueError(f"unknown normalisation {how!r} (minmax, zscore)")
 
 
-def weighted(results: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float] | None = None, how: str = "minmax") -> tuple[np.ndarray, np.ndarray]:
+def weighted(
+    results: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float] | None = None, how: str = "minmax"
+) -> tuple[np.ndarray, np.ndarray]:
     """Weighted-score fusion of (ids, scores) candidate lists: (ids, fused scores) best first,
     fused(d) = Σ_r w_r · norm_r(d), each list normalised on its own (:func:`normalised`).
 

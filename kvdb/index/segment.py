@@ -36,7 +36,9 @@ MAGIC_V6 = b"KVDBIDX6"  # the same arrays end to end, 8-byte aligned: still read
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
-_PLACING = 1 << 12  # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
+_PLACING = (
+    1 << 12
+)  # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 BISECT_KEYS = 32  # bounds past which a block is bisected rather than derived whole
 # Tokens of a position's path that set its place: entries are in the order of their last REACH
@@ -70,15 +72,25 @@ class Runs:
     # the run on its path (its parent's last, or any other with the same tokens), in this
     # segment or the one below; a run with one keeps no context
     link: np.ndarray
-    held: np.ndarray  # int64 (stored u4): tokens of context a run without a link keeps: the whole path before it, up to REACH - 1
+    held: (
+        np.ndarray
+    )  # int64 (stored u4): tokens of context a run without a link keeps: the whole path before it, up to REACH - 1
     context: np.ndarray  # every run's kept context in turn, oldest token first (stored as the tokens are)
 
     @classmethod
     def empty(cls, dtype: np.dtype) -> Runs:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype))
+        return cls(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, dtype),
+        )
 
     @classmethod
-    def table(cls, firsts: list[int], lengths: list[int], links: list[int], contexts: list[np.ndarray], dtype: np.dtype) -> Runs:
+    def table(
+        cls, firsts: list[int], lengths: list[int], links: list[int], contexts: list[np.ndarray], dtype: np.dtype
+    ) -> Runs:
         """From each run's first slot, length, link (-1 for none) and kept context (``held_context``; empty with a link)."""
         held = np.array([len(c) for c in contexts], np.int64)
         return cls(
@@ -91,7 +103,9 @@ class Runs:
 
     @classmethod
     def concat(cls, parts: list[Runs]) -> Runs:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "link", "held", "context")))
+        return cls(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("first", "length", "link", "held", "context"))
+        )
 
     def __len__(self) -> int:
         return len(self.first)
@@ -103,7 +117,13 @@ class Runs:
 
     def take(self, runs: np.ndarray) -> Runs:
         """The runs ``runs`` (ascending indices), their contexts with them."""
-        return Runs(self.first[runs], self.length[runs], self.link[runs], self.held[runs], self.context[_spans(self.opens[runs], self.held[runs])])
+        return Runs(
+            self.first[runs],
+            self.length[runs],
+            self.link[runs],
+            self.held[runs],
+            self.context[_spans(self.opens[runs], self.held[runs])],
+        )
 
     def slots(self) -> np.ndarray:
         """Every slot a run covers, ascending (the slots between runs are tombstones)."""
@@ -122,7 +142,9 @@ def held_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
     """The last ``REACH - 1`` tokens before a run on its path (all of them when the path is
     shorter: the alphabet's size, the symbol ``fractal.walk_keys`` reads before a path starts,
     is implied past them)."""
-    before = np.zeros(0, np.int64) if context is None else np.asarray(context)[len(context) - min(len(context), REACH - 1) :]
+    before = (
+        np.zeros(0, np.int64) if context is None else np.asarray(context)[len(context) - min(len(context), REACH - 1) :]
+    )
     return fractal.check_symbols(before, alphabet).astype(token_dtype(alphabet))
 
 
@@ -145,14 +167,20 @@ class Pieces:
         if len(pieces) and not (lengths.min() >= 1 and lengths.max() <= width):
             raise InvalidArgument(f"a piece covers 1 to {width} symbols, got {lengths.min()} to {lengths.max()}")
         tokens = np.full((len(pieces), width), alphabet, np.int64)
-        flat = fractal.check_symbols(np.concatenate(pieces) if len(pieces) else np.zeros(0, np.int64), alphabet).astype(np.int64)
+        flat = fractal.check_symbols(np.concatenate(pieces) if len(pieces) else np.zeros(0, np.int64), alphabet).astype(
+            np.int64
+        )
         row = np.repeat(np.arange(len(pieces)), lengths)
         at = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         tokens[row, lengths[row] - 1 - at] = flat  # newest first
         lo = _packed(np.where(np.arange(depth) < lengths[:, None], tokens[:, :depth], 0), alphabet)
-        step = np.array([(alphabet + 1) ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64)  # all D tokens: one key
+        step = np.array(
+            [(alphabet + 1) ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64
+        )  # all D tokens: one key
         past = lo > np.uint64((1 << 64) - 1) - step  # lo + step is 2**64: past every key
-        return cls(lo, np.where(past, np.uint64((1 << 64) - 1), lo + np.where(past, np.uint64(0), step)), past, tokens, lengths)
+        return cls(
+            lo, np.where(past, np.uint64((1 << 64) - 1), lo + np.where(past, np.uint64(0), step)), past, tokens, lengths
+        )
 
 
 class Segment:
@@ -189,7 +217,14 @@ class Segment:
     @classmethod
     def empty(cls, alphabet: int, generation: int, first: int = 0) -> Segment:
         return cls(
-            alphabet, generation, first, first, np.zeros(0, token_dtype(alphabet)), Runs.empty(token_dtype(alphabet)), np.zeros(0, _SLOT), np.zeros(0, _SAMPLE)
+            alphabet,
+            generation,
+            first,
+            first,
+            np.zeros(0, token_dtype(alphabet)),
+            Runs.empty(token_dtype(alphabet)),
+            np.zeros(0, _SLOT),
+            np.zeros(0, _SAMPLE),
         )
 
     @property
@@ -227,8 +262,12 @@ class Segment:
                     out[todo[lower]] = self.below._read(slots[todo[lower]], depths[todo[lower]])
                 todo = todo[~lower]
             run = np.searchsorted(self.runs.first, slots[todo], side="right") - 1
-            if (run < 0).any() or (slots[todo] >= self.runs.first[run] + self.runs.length[run]).any():  # a damaged link: no run holds it
-                raise CorruptData("a search index segment links a run to a slot no run holds; run `kvdb repair` to rebuild it")
+            if (run < 0).any() or (
+                slots[todo] >= self.runs.first[run] + self.runs.length[run]
+            ).any():  # a damaged link: no run holds it
+                raise CorruptData(
+                    "a search index segment links a run to a slot no run holds; run `kvdb repair` to rebuild it"
+                )
             back = depths[todo] - (slots[todo] - self.runs.first[run])  # 1: the token just before the run
             inside = back <= 0
             out[todo[inside]] = self.tokens[slots[todo[inside]] - depths[todo[inside]] - self.first]
@@ -254,7 +293,9 @@ class Segment:
             return np.zeros(len(keys), np.int64)
         block = np.searchsorted(self.samples, keys, side="left") - 1  # the last block whose first key is smaller
         base = np.maximum(block, 0) * BLOCK
-        if len(keys) > BISECT_KEYS:  # many keys (a casing walk's round): bisect each block, six keys derived a bound, not 63
+        if (
+            len(keys) > BISECT_KEYS
+        ):  # many keys (a casing walk's round): bisect each block, six keys derived a bound, not 63
             lo, hi = np.ones(len(keys), np.int64), np.minimum(BLOCK, n - base)
             while (open_ := np.flatnonzero(lo < hi)).size:
                 mid = (lo[open_] + hi[open_]) // 2
@@ -290,11 +331,15 @@ class Segment:
         deep = np.flatnonzero(pieces.lengths > self.depth)
         if deep.size:
             twice = np.concatenate([deep, deep])
-            both = self._search(a[twice], b[twice], pieces.tokens[twice], pieces.lengths[twice], np.repeat([False, True], len(deep)))
+            both = self._search(
+                a[twice], b[twice], pieces.tokens[twice], pieces.lengths[twice], np.repeat([False, True], len(deep))
+            )
             a[deep], b[deep] = both[: len(deep)], both[len(deep) :]
         return a, b, a0, b0
 
-    def _search(self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: np.ndarray | bool) -> np.ndarray:
+    def _search(
+        self, lo: np.ndarray, hi: np.ndarray, query: np.ndarray, lengths: np.ndarray, after_equal: np.ndarray | bool
+    ) -> np.ndarray:
         """Per query (tokens by depth, newest first, ``lengths`` of them), the first place in
         ``[lo, hi)`` of ``order`` whose entry's path is not smaller (where ``after_equal``: not
         smaller or equal) in tokens ``D`` to ``length - 1`` back; every entry of ``[lo, hi)``
@@ -362,7 +407,11 @@ class Segment:
         and the tokens are read where they lie, a chunk at a time, not copied."""
         table = self.runs.take(np.asarray(runs, np.int64))
         owner = np.maximum(np.searchsorted(table.first, table.link, side="right") - 1, 0)
-        within = (table.link >= 0) & (table.link >= table.first[owner]) & (table.link < table.first[owner] + table.length[owner])
+        within = (
+            (table.link >= 0)
+            & (table.link >= table.first[owner])
+            & (table.link < table.first[owner] + table.length[owner])
+        )
         table = self._contexts(table, (table.link >= 0) & ~within)
         ext = table.held + table.length
         starts = np.cumsum(ext) - ext  # where each run's context, else its first slot, lies among the positions
@@ -405,7 +454,9 @@ class Segment:
         held, tokens = table.held.copy(), []
         for at in range(0, len(linked), _LINKS):
             rows = linked[at : at + _LINKS]
-            before = self._read(np.repeat(table.first[rows], width), np.tile(np.arange(width, 0, -1), len(rows))).reshape(len(rows), width)  # oldest first
+            before = self._read(
+                np.repeat(table.first[rows], width), np.tile(np.arange(width, 0, -1), len(rows))
+            ).reshape(len(rows), width)  # oldest first
             real = before != self.alphabet  # the padding lies before the path's start only
             held[rows] = real.sum(1)
             tokens.append(before[real])
@@ -426,7 +477,11 @@ class Segment:
             run = np.searchsorted(starts, np.maximum(at, 0), side="right") - 1
             local, held = at - starts[run], table.held[run]
             from_context = (at >= 0) & (local < held)
-            context = table.context[np.where(from_context, table.opens[run] + local, 0)] if len(table.context) else np.zeros(len(at), np.int64)
+            context = (
+                table.context[np.where(from_context, table.opens[run] + local, 0)]
+                if len(table.context)
+                else np.zeros(len(at), np.int64)
+            )
             own = self.tokens[np.where((at >= 0) & ~from_context, table.first[run] + local - held - self.first, 0)]
             symbol = np.where(at < 0, self.alphabet, np.where(from_context, context, own)).astype(np.uint64)
             keys = keys * np.uint64(self.alphabet + 1) + symbol
@@ -547,11 +602,26 @@ class Segment:
             raise CorruptData(f"{path} is not a kvdb search index segment ({exc!r}); {sidecar.REMEDY}") from exc
         if not fit:
             raise CorruptData(f"{path} has arrays its header does not describe; {sidecar.REMEDY}")
-        first_slot, length, link, held = (arrays[name].astype(np.int64) for name in ("run_first", "run_length", "run_link", "run_held"))
+        first_slot, length, link, held = (
+            arrays[name].astype(np.int64) for name in ("run_first", "run_length", "run_link", "run_held")
+        )
         table = Runs(first_slot, length, link, held, arrays["run_context"])
-        if int(table.held.sum()) != len(table.context) or (runs and (int(table.held.max()) >= REACH or int(table.link.max()) >= ntotal)):
+        if int(table.held.sum()) != len(table.context) or (
+            runs and (int(table.held.max()) >= REACH or int(table.link.max()) >= ntotal)
+        ):
             raise CorruptData(f"{path} has run contexts its header does not count; {sidecar.REMEDY}")
-        return cls(alphabet, generation, first, ntotal, arrays["tokens"], table, arrays["order"], arrays["samples"], _ident(header), header.get("base"))
+        return cls(
+            alphabet,
+            generation,
+            first,
+            ntotal,
+            arrays["tokens"],
+            table,
+            arrays["order"],
+            arrays["samples"],
+            _ident(header),
+            header.get("base"),
+        )
 
 
 def _ident(header: dict) -> str:

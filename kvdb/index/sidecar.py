@@ -49,7 +49,9 @@ class Sidecar:
     arrays: dict[str, np.ndarray]  # read-only views of one mapping of the file
 
 
-def write(path: Path, magic: bytes, fields: Mapping, arrays: Mapping[str, np.ndarray], checked: Collection[str] | None = None) -> int:
+def write(
+    path: Path, magic: bytes, fields: Mapping, arrays: Mapping[str, np.ndarray], checked: Collection[str] | None = None
+) -> int:
     """Write ``arrays`` (each made C-contiguous) under ``fields``, atomically; the CRC32 of the
     ``checked`` arrays (None: all), which the header holds too."""
     if len(magic) != 8 or any(key in fields for key in RESERVED):
@@ -111,7 +113,10 @@ def read(
     try:
         if found == magic:
             start = _aligned(end)
-            places = {name: (np.dtype(e["dtype"]), tuple(int(n) for n in e["shape"]), start + int(e["offset"])) for name, e in fields["arrays"].items()}
+            places = {
+                name: (np.dtype(e["dtype"]), tuple(int(n) for n in e["shape"]), start + int(e["offset"]))
+                for name, e in fields["arrays"].items()
+            }
         else:
             places, at = {}, end
             for name, (dtype, shape) in older[found](fields).items():
@@ -124,10 +129,14 @@ def read(
     for name, (dtype, shape, at) in places.items():
         count = int(np.prod(shape))
         if min(shape, default=0) < 0 or at < end or at + dtype.itemsize * count > size:
-            raise CorruptData(f"{path} is cut short or its header is damaged: array {name!r} lies past its {size} bytes; {REMEDY}")
+            raise CorruptData(
+                f"{path} is cut short or its header is damaged: array {name!r} lies past its {size} bytes; {REMEDY}"
+            )
         flat = np.frombuffer(mapping, dtype, count, at)
         arrays[name] = flat if len(shape) == 1 else flat.reshape(shape)
-    if found != magic and size != max((at + dtype.itemsize * int(np.prod(shape)) for dtype, shape, at in places.values()), default=end):
+    if found != magic and size != max(
+        (at + dtype.itemsize * int(np.prod(shape)) for dtype, shape, at in places.values()), default=end
+    ):
         raise CorruptData(f"{path} has {size} bytes where its header promises another length; {REMEDY}")
     if (check_up_to is None or size <= check_up_to) and _crc32(arrays, checked) != crc:
         raise CorruptData(f"{path} failed its integrity check (CRC32); {REMEDY}")
@@ -140,7 +149,9 @@ def _header(f, path: Path, magics: Collection[bytes]) -> tuple[bytes, dict, int]
     magic = head[:8]
     if len(head) < _PREFIX or magic not in magics:
         expected = " or ".join(m.decode(errors="replace") for m in magics)
-        raise CorruptData(f"{path} is not a sidecar of this kvdb (magic {magic!r}, expected {expected}: another kind, or another version); {REMEDY}")
+        raise CorruptData(
+            f"{path} is not a sidecar of this kvdb (magic {magic!r}, expected {expected}: another kind, or another version); {REMEDY}"
+        )
     (length,) = _LENGTH.unpack_from(head, 8)
     text = f.read(length)
     try:

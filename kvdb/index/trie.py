@@ -62,14 +62,18 @@ class Heads:
     children (agent logs that all open alike) had every child read for every new session."""
 
     def __init__(self) -> None:
-        self._heads: dict[tuple[str, int, int], np.ndarray] = {}  # keyed by the node's place too: a cut node keeps its id
+        self._heads: dict[
+            tuple[str, int, int], np.ndarray
+        ] = {}  # keyed by the node's place too: a cut node keeps its id
 
     def of(self, store: Storage, node: NodeRow, tokens_of: Callable[[NodeRow], np.ndarray]) -> np.ndarray:
         key = (node.node_id, node.start, node.n_tokens)
         head = self._heads.get(key)
         if head is None:
             n = min(MIN_SPLIT, node.n_tokens)
-            head = self._heads[key] = store.node_tokens(node.node_id, 0, n) if "tokens" in node.keep else tokens_of(node)[:n]
+            head = self._heads[key] = (
+                store.node_tokens(node.node_id, 0, n) if "tokens" in node.keep else tokens_of(node)[:n]
+            )
         return head
 
 
@@ -97,14 +101,26 @@ def longest_prefix(
         start = best.matched
         if heads is not None and min_split >= MIN_SPLIT:
             kids = store.children_opening(parent, model_id, ids[start : start + MIN_SPLIT])
-            if len(kids) > 1:  # children shorter than MIN_SPLIT, and those before migration 0014, are keyed by their first token alone
-                kids = [k for k in kids if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)]
+            if (
+                len(kids) > 1
+            ):  # children shorter than MIN_SPLIT, and those before migration 0014, are keyed by their first token alone
+                kids = [
+                    k
+                    for k in kids
+                    if common_prefix(heads.of(store, k, tokens_of), ids[start:]) == min(MIN_SPLIT, k.n_tokens)
+                ]
         else:
             kids = store.children(parent, model_id, int(ids[start]))
         if not kids:
             break
         scored = [
-            (k.n_tokens if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id else common_prefix(tokens_of(k), ids[start:]), k) for k in kids
+            (
+                k.n_tokens
+                if k.end <= len(ids) and path_id(model_id, ids[: k.end]) == k.node_id
+                else common_prefix(tokens_of(k), ids[start:]),
+                k,
+            )
+            for k in kids
         ]
         common, kid = max(scored, key=lambda pair: pair[0])
         walked += (kid,)
@@ -131,7 +147,9 @@ class TrieView:
     owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
     conversations: dict[str, str]  # session_id -> its conversation
-    titles: dict[str, str] = field(default_factory=dict)  # session_id -> the title its file gave it, where it records one, oldest first
+    titles: dict[str, str] = field(
+        default_factory=dict
+    )  # session_id -> the title its file gave it, where it records one, oldest first
 
     @functools.cached_property
     def age(self) -> dict[str, int]:
@@ -174,8 +192,18 @@ class TrieView:
         shapes = store.node_shapes()
         sessions = store.list_sessions()
         conversations = {s.session_id: s.conversation_id for s in sessions}
-        view = cls({n.node_id: n for n, _, _ in shapes}, {n.node_id: (a, b) for n, a, b in shapes}, {}, {s.session_id: s.name for s in sessions}, conversations)
-        view.titles = {s.session_id: s.metadata["title"] for s in sessions if isinstance(s.metadata.get("title"), str) and s.metadata["title"]}
+        view = cls(
+            {n.node_id: n for n, _, _ in shapes},
+            {n.node_id: (a, b) for n, a, b in shapes},
+            {},
+            {s.session_id: s.name for s in sessions},
+            conversations,
+        )
+        view.titles = {
+            s.session_id: s.metadata["title"]
+            for s in sessions
+            if isinstance(s.metadata.get("title"), str) and s.metadata["title"]
+        }
         oldest_first = sorted(sessions, key=lambda s: (s.created_at, s.session_id))
         first: dict[str, str] = {}  # node_id -> the oldest conversation through it
         for session in reversed(oldest_first):  # newest first, so the oldest is written last
@@ -194,7 +222,9 @@ class TrieView:
             node = self.nodes.get(node.parent_id) if node.parent_id else None
         return out[::-1]
 
-    def windows(self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: TokensBySlot) -> list[np.ndarray]:
+    def windows(
+        self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: TokensBySlot
+    ) -> list[np.ndarray]:
         """Token ids of (session_id, start, end) ranges, clipped at each session's end: from the
         search index's copy where the node is in it (``runs``: node_id -> first slot), else from
         the token blocks, all of them in one query."""
@@ -206,7 +236,15 @@ class TrieView:
             ]
             for sid, lo, hi in requests
         ]
-        wanted = sorted({(nid, k) for ps in parts for nid, a, b in ps if nid not in runs for k in fractal.blocks_for_range(a, b, self.streams[nid][1])})
+        wanted = sorted(
+            {
+                (nid, k)
+                for ps in parts
+                for nid, a, b in ps
+                if nid not in runs
+                for k in fractal.blocks_for_range(a, b, self.streams[nid][1])
+            }
+        )
         blobs = store.load_blocks(wanted)
         out = []
         for ps in parts:

@@ -77,7 +77,12 @@ class Tokens:
         split = self._tail.first
         if isinstance(at, slice):
             start, stop, _ = at.indices(len(self))
-            return np.concatenate([self._base.tokens[start : min(stop, split)], self._tail.tokens[max(start, split) - split : max(stop, split) - split]])
+            return np.concatenate(
+                [
+                    self._base.tokens[start : min(stop, split)],
+                    self._tail.tokens[max(start, split) - split : max(stop, split) - split],
+                ]
+            )
         at = np.asarray(at, np.int64)
         out = np.empty(at.shape, self.dtype)
         in_tail = at >= split
@@ -180,7 +185,13 @@ class WalkIndex:
         self.extend([(first, tokens, context)], first + len(tokens))
         return first
 
-    def extend(self, runs: list[tuple[int, np.ndarray, np.ndarray | None]], ntotal: int, parents: dict[int, int] | None = None, settle: bool = True) -> None:
+    def extend(
+        self,
+        runs: list[tuple[int, np.ndarray, np.ndarray | None]],
+        ntotal: int,
+        parents: dict[int, int] | None = None,
+        settle: bool = True,
+    ) -> None:
         """Merge slot runs (first slot, tokens, the tokens before them on their path) at or past
         the last slot, then count ``ntotal`` slots: one sort and one merge for them all. Slots no
         run covers are tombstones (a node gone before this copy caught up with it). ``settle``:
@@ -196,10 +207,16 @@ class WalkIndex:
         self.check_runs(firsts, lengths, ntotal)
         by_slot = np.zeros(ntotal - self.ntotal, token_dtype(self.alphabet))
         for first, tokens, _ in runs:
-            by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(tokens, self.alphabet)
-        self.append(by_slot, self.run_table(firsts, lengths, [context for _, _, context in runs], parents or {}), settle)
+            by_slot[first - self.ntotal : first - self.ntotal + len(tokens)] = fractal.check_symbols(
+                tokens, self.alphabet
+            )
+        self.append(
+            by_slot, self.run_table(firsts, lengths, [context for _, _, context in runs], parents or {}), settle
+        )
 
-    def run_table(self, firsts: list[int], lengths: list[int], contexts: list[np.ndarray | None], parents: dict[int, int]) -> Runs:
+    def run_table(
+        self, firsts: list[int], lengths: list[int], contexts: list[np.ndarray | None], parents: dict[int, int]
+    ) -> Runs:
         """The runs ``extend`` describes, each with its link or its context."""
         links = dict(parents)
         width = self.reach - 1
@@ -210,13 +227,20 @@ class WalkIndex:
         ]
         for (first, _), (found, _) in zip(unknown, self.ranges([context for _, context in unknown]) if unknown else []):
             links[first] = found.any_slot()
-        kept = [held_context(None if links.get(first, -1) >= 0 else context, self.alphabet) for first, context in zip(firsts, contexts)]
+        kept = [
+            held_context(None if links.get(first, -1) >= 0 else context, self.alphabet)
+            for first, context in zip(firsts, contexts)
+        ]
         return Runs.table(firsts, lengths, [links.get(first, -1) for first in firsts], kept, token_dtype(self.alphabet))
 
     def check_runs(self, firsts: list[int], lengths: list[int], ntotal: int) -> None:
         ends = [first + n for first, n in zip(firsts, lengths)]
-        if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(ends, default=self.ntotal):
-            raise CorruptData("the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`")
+        if any(first < end for first, end in zip(firsts, [self.ntotal, *ends])) or ntotal < max(
+            ends, default=self.ntotal
+        ):
+            raise CorruptData(
+                "the database's search slot runs overlap, or end past its slot count; run `kvdb index rebuild`"
+            )
 
     def append(self, by_slot: np.ndarray, runs: Runs, settle: bool = True) -> None:
         """Merge ``runs`` (checked, sorted) whose tokens ``by_slot`` holds, slot ``self.ntotal`` on,
@@ -234,7 +258,9 @@ class WalkIndex:
             self.base = self.base.extended(self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
         else:
             tail = self.tail
-            self.base = Segment(self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples)
+            self.base = Segment(
+                self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples
+            )
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
         self.tail.below = self.base
 
@@ -295,7 +321,12 @@ class WalkIndex:
         tail = None
         if _follows(Segment.read_header(tail_path(path)), base.ident, base.ntotal, base.generation):
             tail = Segment.load(tail_path(path), check)
-            if not _follows({"base": tail.base, "first": tail.first, "generation": tail.generation}, base.ident, base.ntotal, base.generation):
+            if not _follows(
+                {"base": tail.base, "first": tail.first, "generation": tail.generation},
+                base.ident,
+                base.ntotal,
+                base.generation,
+            ):
                 tail = None  # another writer merged and wrote a new base and tail meanwhile: this base is caught up instead
         return cls(base.alphabet, base.generation, base, tail)
 
@@ -306,7 +337,11 @@ class WalkIndex:
         if base is None:
             return None
         tail = Segment.read_header(tail_path(path))
-        ntotal = tail["ntotal"] if tail is not None and _follows(tail, base["id"], base["ntotal"], base["generation"]) else base["ntotal"]
+        ntotal = (
+            tail["ntotal"]
+            if tail is not None and _follows(tail, base["id"], base["ntotal"], base["generation"])
+            else base["ntotal"]
+        )
         return IndexHeader(base["alphabet"], ntotal, base["generation"])
 
 
@@ -343,8 +378,12 @@ class _Batch:
     ntotal: int  # the next free slot
     armed: bool = False  # runs wait for a commit, which merges them or leaves them for a later one
     runs: list[tuple[int, np.ndarray, np.ndarray | None]] = dataclasses.field(default_factory=list)
-    parents: dict[int, int] = dataclasses.field(default_factory=dict)  # a run's first slot -> its parent's last, where the parent is in the batch
-    last: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> its last slot, for the runs of the batch
+    parents: dict[int, int] = dataclasses.field(
+        default_factory=dict
+    )  # a run's first slot -> its parent's last, where the parent is in the batch
+    last: dict[str, int] = dataclasses.field(
+        default_factory=dict
+    )  # node id -> its last slot, for the runs of the batch
 
 
 class Indexes:
@@ -358,7 +397,9 @@ class Indexes:
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
-        self._batches: dict[str, _Batch] = {}  # key -> the runs the open batch numbered, merged into the copy later (``_committed``)
+        self._batches: dict[
+            str, _Batch
+        ] = {}  # key -> the runs the open batch numbered, merged into the copy later (``_committed``)
         self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
@@ -416,7 +457,12 @@ class Indexes:
             self.rebuilt.append(key)
         elif index.ntotal == state.ntotal:
             return index
-        self._merge(index, state.ranges, state.ntotal, self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)))
+        self._merge(
+            index,
+            state.ranges,
+            state.ntotal,
+            self._store.nodes_of(self._store.model_ids_with_tokenizer(tokenizer_hash)),
+        )
         self._save(key, index)
         return index
 
@@ -446,11 +492,15 @@ class Indexes:
             for node_id in batch:
                 tokens = read.get(node_id)
                 if tokens is None or len(tokens) != shapes[node_id].n_tokens:
-                    raise CorruptData(f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`")
+                    raise CorruptData(
+                        f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`"
+                    )
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
         parents = {  # a parent this merge indexes too: the run links to its last slot
-            ranges[n]: ranges[p] + shapes[p].n_tokens - 1 for n in wanted if (p := shapes[n].parent_id) is not None and p in ranges and p in shapes
+            ranges[n]: ranges[p] + shapes[p].n_tokens - 1
+            for n in wanted
+            if (p := shapes[n].parent_id) is not None and p in ranges and p in shapes
         }
         contexts = [None if ranges[n] in parents else self._context(shapes[n], index) for n in wanted]
         index.append(by_slot, index.run_table(firsts, lengths, contexts, parents))
@@ -510,7 +560,13 @@ class Indexes:
         return True
 
     def commit(
-        self, key: str, tokenizer_hash: str, plan: SessionWrite | AddTiers, joining: dict[str, tuple[np.ndarray, np.ndarray]], alphabet: int = 0, based_on=None
+        self,
+        key: str,
+        tokenizer_hash: str,
+        plan: SessionWrite | AddTiers,
+        joining: dict[str, tuple[np.ndarray, np.ndarray]],
+        alphabet: int = 0,
+        based_on=None,
     ) -> None:
         """Commit a plan whose nodes join the index (``joining``: node id -> its tokens, and the
         tokens before them on its path): a session's new node, or nodes given the search tier.
@@ -530,7 +586,9 @@ class Indexes:
         self._checked[key] = None
         self._save(key, index)
 
-    def _commit_in_batch(self, key: str, index: WalkIndex, plan: SessionWrite | AddTiers, joining: dict, based_on) -> None:
+    def _commit_in_batch(
+        self, key: str, index: WalkIndex, plan: SessionWrite | AddTiers, joining: dict, based_on
+    ) -> None:
         """In a batch (``Storage.batch``) the runs take their slots in the database now and join the
         copy in one merge when the batch commits (``WalkIndex.extend``: one sort and one merge for
         them all; a merge per session cost most of a backfill's time), the sidecar saved then."""
@@ -541,7 +599,12 @@ class Indexes:
         first, slot = {}, batch.ntotal
         for node_id, (tokens, _) in joining.items():
             first[node_id], slot = slot, slot + len(tokens)
-        self._store.apply(dataclasses.replace(plan, index=IndexState(key, index.alphabet, index.depth, slot, index.generation, first)), based_on)
+        self._store.apply(
+            dataclasses.replace(
+                plan, index=IndexState(key, index.alphabet, index.depth, slot, index.generation, first)
+            ),
+            based_on,
+        )
         parent = plan.node.parent_id if isinstance(plan, SessionWrite) and plan.node is not None else None
         for node_id, (tokens, context) in joining.items():
             batch.runs.append((first[node_id], tokens, context))
@@ -561,7 +624,9 @@ class Indexes:
         if batch is None or index is None:
             return
         batch.armed = False
-        if self._store.batching and batch.ntotal - index.ntotal < max(DEFERRED_MIN, DEFERRED_GROWTH * index.tail.entries):
+        if self._store.batching and batch.ntotal - index.ntotal < max(
+            DEFERRED_MIN, DEFERRED_GROWTH * index.tail.entries
+        ):
             return
         self._merge_batch(key, settle=not self._store.batching)
 
@@ -585,7 +650,12 @@ class Indexes:
 
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:
     """Whether a tail's header names this base and begins where it ends."""
-    return tail is not None and tail.get("base") == base and tail.get("first") == ntotal and tail.get("generation") == generation
+    return (
+        tail is not None
+        and tail.get("base") == base
+        and tail.get("first") == ntotal
+        and tail.get("generation") == generation
+    )
 
 
 def _batches(items: list[str], sizes: list[int], limit: int) -> Iterator[list[str]]:

@@ -77,8 +77,12 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
 
         def found(archive: kvdb.Archive) -> list:
             if semantic:
-                return archive.search_meaning(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
-            return archive.search(query, k=wanted, session=session, agent=agent, project=project, since=first, until=last)
+                return archive.search_meaning(
+                    query, k=wanted, session=session, agent=agent, project=project, since=first, until=last
+                )
+            return archive.search(
+                query, k=wanted, session=session, agent=agent, project=project, since=first, until=last
+            )
 
         hits = _call(call, found)
         out: dict[str, Any] = {"hits": [h.to_dict() for h in hits]}
@@ -96,9 +100,17 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
 
         def read(archive: kvdb.Archive) -> dict[str, Any]:
             handle = archive.session(session)
-            end = min(handle.n_tokens, check_count("start", start) + min(check_count("max_tokens", max_tokens, 1), 4 * SHOW_TOKENS))
+            end = min(
+                handle.n_tokens,
+                check_count("start", start) + min(check_count("max_tokens", max_tokens, 1), 4 * SHOW_TOKENS),
+            )
             turns = archive.turns(handle.session_id, start, end)
-            out: dict[str, Any] = {"session": handle.to_dict(), "start": start, "end": end, "turns": [t.to_dict() for t in turns]}
+            out: dict[str, Any] = {
+                "session": handle.to_dict(),
+                "start": start,
+                "end": end,
+                "turns": [t.to_dict() for t in turns],
+            }
             if end < handle.n_tokens:
                 out["next_start"] = end
                 out["note"] = f"cut at token {end} of {handle.n_tokens}; call show again with start={end} for more"
@@ -110,13 +122,20 @@ def build(call: Call, model_name: str | None = None) -> MCPServer:
 
     @server.tool()
     def sessions(
-        limit: int = 20, offset: int = 0, agent: str | None = None, project: str | None = None, since: str | None = None, until: str | None = None
+        limit: int = 20,
+        offset: int = 0,
+        agent: str | None = None,
+        project: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
     ) -> dict[str, Any]:
         """List archived conversations, the most recently updated first, each once as its latest
         version (conversation_id, title, session_id, n_tokens, versions, agent, project,
         updated_at). Filters as `search`'s. Pages of `limit`; `next_offset` gives the next page."""
         days = _day(since, "since"), _day(until, "until")
-        return _call(call, lambda archive: archive.conversation_page(agent, project, *days, min(limit, 200), offset)).to_dict()
+        return _call(
+            call, lambda archive: archive.conversation_page(agent, project, *days, min(limit, 200), offset)
+        ).to_dict()
 
     if model_name is not None:
 
@@ -146,7 +165,9 @@ class _Server(MCPServer):
         naming each argument and what it takes, as a tool's own errors read."""
         takes = next((list(t.input_schema["properties"]) for t in await self.list_tools() if t.name == name), None)
         if takes is not None and (unknown := sorted(set(arguments) - set(takes))):
-            raise ToolError(f"Error executing tool {name}: unknown argument {unknown[0]!r}; {name} takes {', '.join(takes)}")
+            raise ToolError(
+                f"Error executing tool {name}: unknown argument {unknown[0]!r}; {name} takes {', '.join(takes)}"
+            )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:

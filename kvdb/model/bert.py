@@ -38,7 +38,9 @@ class Bert:
 
     def __init__(self, folder: Path, config: dict):
         weights = mapped(folder / WEIGHTS)
-        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""  # a checkpoint saved from BertFor*
+        prefix = (
+            "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
+        )  # a checkpoint saved from BertFor*
 
         def w(name: str) -> np.ndarray:
             return weights[prefix + name].astype(np.float32, copy=False)
@@ -52,7 +54,9 @@ class Bert:
 
         self.heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.word, self.position, self.token_type = (w(f"embeddings.{n}_embeddings.weight") for n in ("word", "position", "token_type"))
+        self.word, self.position, self.token_type = (
+            w(f"embeddings.{n}_embeddings.weight") for n in ("word", "position", "token_type")
+        )
         self.embed_norm = norm("embeddings")
         self.layers = [
             {
@@ -107,7 +111,12 @@ def mapped(path: Path) -> dict[str, np.ndarray]:
     the word embeddings it uses, not the whole file (45 of all-MiniLM-L6-v2's 87 MB)."""
     tensors, base = header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    return {name: data[base + t["data_offsets"][0] : base + t["data_offsets"][1]].view(DTYPES[t["dtype"]]).reshape(t["shape"]) for name, t in tensors.items()}
+    return {
+        name: data[base + t["data_offsets"][0] : base + t["data_offsets"][1]]
+        .view(DTYPES[t["dtype"]])
+        .reshape(t["shape"])
+        for name, t in tensors.items()
+    }
 
 
 DTYPES: dict[str, np.dtype] = {

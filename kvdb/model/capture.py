@@ -90,7 +90,9 @@ def apply_rope(model, keys, start: int = 0, inverse: bool = False) -> np.ndarray
 def _turned(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     rotary = cos.shape[-1]
     if rotary > k.shape[-1] or rotary % 2:
-        raise UnsupportedModel(f"rotary tables of {rotary} dims do not fit keys of {k.shape[-1]}; this model's RoPE layout is not supported")
+        raise UnsupportedModel(
+            f"rotary tables of {rotary} dims do not fit keys of {k.shape[-1]}; this model's RoPE layout is not supported"
+        )
     turn, rest = k[..., :rotary], k[..., rotary:]
     turned = turn * cos + _rotate_half(turn) * sin
     return turned if rotary == k.shape[-1] else torch.cat([turned, rest], dim=-1)
@@ -138,7 +140,9 @@ def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache=None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def capture_chunks(
+    model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache=None
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield ``(start, keys, values)`` per chunk of ``ids``: float32 ``[layers, kv_heads, n, head_dim]``.
 
     One forward pass per chunk over a growing ``DynamicCache`` (pass ``cache`` to continue one);
@@ -159,7 +163,9 @@ def capture_chunks(model, ids, chunk: int = CHUNK, pre_rope: bool = False, cache
         yield lo, np.ascontiguousarray(keys, dtype=np.float32), np.ascontiguousarray(values, dtype=np.float32)
 
 
-def cache_arrays(cache, start: int = 0, end: int | None = None, dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray]:
+def cache_arrays(
+    cache, start: int = 0, end: int | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[np.ndarray, np.ndarray]:
     """Keys (post-RoPE, as cached) and values of positions [start, end) of a DynamicCache,
     ``[layers, kv_heads, seq, head_dim]`` in ``dtype``: ingest takes tier K from the pass it
     scores with, and the prefix cache float16 straight from the cache (one copy, not three)."""
@@ -194,7 +200,9 @@ def build_cache(model, keys, values, pre_rope: bool = False, start: int = 0, cac
     keys = torch.as_tensor(np.asarray(keys, dtype=np.float32))
     values = torch.as_tensor(np.asarray(values, dtype=np.float32))
     if keys.shape != values.shape or keys.ndim != 4:
-        raise ValueError(f"keys and values must both be [layers, heads, seq, dim], got {tuple(keys.shape)} and {tuple(values.shape)}")
+        raise ValueError(
+            f"keys and values must both be [layers, heads, seq, dim], got {tuple(keys.shape)} and {tuple(values.shape)}"
+        )
     if pre_rope:
         keys = rotator(model, start, keys.shape[-2])(keys.clone())
     return _into_cache(model, keys, values, cache)
@@ -276,7 +284,9 @@ def restore_layers(
     n = len(ids)
     head = min(sinks, n) if window in ("recompute", "quantized") else 0
     tail = min(recent, n - head) if window == "recompute" else 0
-    given = min(exact_sinks[0].shape[2], n) if window == "stored" and exact_sinks is not None else 0  # positions taken from exact_sinks
+    given = (
+        min(exact_sinks[0].shape[2], n) if window == "stored" and exact_sinks is not None else 0
+    )  # positions taken from exact_sinks
     rotate = rotator(model, head, n - head - tail) if pre_rope else None
     dtype = next(model.parameters()).dtype
     cache = new_cache(model)
@@ -284,7 +294,9 @@ def restore_layers(
     for layer, (k, v) in enumerate(layers):
         k, v = (torch.as_tensor(np.asarray(a, dtype=np.float32) if isinstance(a, np.ndarray) else a) for a in (k, v))
         if k.shape != v.shape or k.ndim != 3 or k.shape[1] < n:
-            raise ValueError(f"layer {layer}: keys and values must both be [heads, seq >= {n}, dim], got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"layer {layer}: keys and values must both be [heads, seq >= {n}, dim], got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         k, v = k[:, head : n - tail], v[:, head : n - tail]
         if rotate is not None:
             rotate(k, layer)
@@ -318,10 +330,20 @@ def _recompute_ends(model, cache, ids: np.ndarray, head: int, tail: int) -> None
     allowed[head:, : mid + head] = True
     allowed[head:, mid + head :] = torch.ones(tail, tail, dtype=torch.bool).tril()
     keys_at = torch.cat([torch.arange(head, n - tail), positions[0]])  # the absolute position of each cached column
-    model(tokens, cache=cache, position_ids=positions, attention_mask=_masks(model, allowed, positions[0], keys_at), use_cache=True)
+    model(
+        tokens,
+        cache=cache,
+        position_ids=positions,
+        attention_mask=_masks(model, allowed, positions[0], keys_at),
+        use_cache=True,
+    )
     for layer in cache.layers:  # [middle, sinks, recent] -> [sinks, middle, recent]
-        layer.keys = torch.cat([layer.keys[:, :, mid : mid + head], layer.keys[:, :, :mid], layer.keys[:, :, mid + head :]], dim=2)
-        layer.values = torch.cat([layer.values[:, :, mid : mid + head], layer.values[:, :, :mid], layer.values[:, :, mid + head :]], dim=2)
+        layer.keys = torch.cat(
+            [layer.keys[:, :, mid : mid + head], layer.keys[:, :, :mid], layer.keys[:, :, mid + head :]], dim=2
+        )
+        layer.values = torch.cat(
+            [layer.values[:, :, mid : mid + head], layer.values[:, :, :mid], layer.values[:, :, mid + head :]], dim=2
+        )
 
 
 def _masks(model, allowed: torch.Tensor, queries_at: torch.Tensor, keys_at: torch.Tensor):
@@ -340,7 +362,9 @@ def _masks(model, allowed: torch.Tensor, queries_at: torch.Tensor, keys_at: torc
     if not window or (kinds and "sliding_attention" not in kinds):
         return additive(allowed)
     windowed = additive(allowed & (queries_at[:, None] - keys_at[None, :] < window))
-    return {kind: windowed if kind == "sliding_attention" else additive(allowed) for kind in kinds} if kinds else windowed
+    return (
+        {kind: windowed if kind == "sliding_attention" else additive(allowed) for kind in kinds} if kinds else windowed
+    )
 
 
 @torch.no_grad()

@@ -30,8 +30,12 @@ TEXTUAL = {
 }
 _PROBE = "\u2063kvdb probe\u2063"
 _DEFAULT_SYSTEM: dict[str, bool] = {}  # template source -> whether it writes a system prompt of its own
-_TURN_MARKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> how its turns open, as its own ids (see turns)
-_TURN_FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> the markup around a turn's content (see turn_content)
+_TURN_MARKERS: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # tokenizer -> how its turns open, as its own ids (see turns)
+_TURN_FRAMES: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # tokenizer -> the markup around a turn's content (see turn_content)
 _HISTORY = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
 ROLE_TOKENS = 32  # tokens after a turn's opening that hold its role word (byte-level tokenizers: one a byte)
 
@@ -39,11 +43,15 @@ ROLE_TOKENS = 32  # tokens after a turn's opening that hold its role word (byte-
 def render(tokenizer, messages, add_generation_prompt: bool = False) -> str:
     """Messages as the model saw them in training, under the rules above."""
     if isinstance(tokenizer, LightTokenizer):
-        raise TypeError(f"rendering messages needs transformers' tokenizer (model.load(), tokenizer.load_full()), not {tokenizer!r}")
+        raise TypeError(
+            f"rendering messages needs transformers' tokenizer (model.load(), tokenizer.load_full()), not {tokenizer!r}"
+        )
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         turns = [_textual(m) for m in messages]
-        return "".join(f"{m['role']}: {m['content']}\n\n" for m in turns) + ("assistant: " if add_generation_prompt else "")
+        return "".join(f"{m['role']}: {m['content']}\n\n" for m in turns) + (
+            "assistant: " if add_generation_prompt else ""
+        )
     native_tools = "tool_calls" in str(template)
     turns = [_for_template(m, native_tools) for m in messages]
     if (not turns or turns[0]["role"] != "system") and writes_default_system(tokenizer):
@@ -103,7 +111,9 @@ def writes_default_system(tokenizer) -> bool:
     if template not in _DEFAULT_SYSTEM:
         try:
             bare = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False)
-            blank = tokenizer.apply_chat_template([{"role": "system", "content": ""}, {"role": "user", "content": _PROBE}], tokenize=False)
+            blank = tokenizer.apply_chat_template(
+                [{"role": "system", "content": ""}, {"role": "user", "content": _PROBE}], tokenize=False
+            )
             _DEFAULT_SYSTEM[template] = bare.find(_PROBE) > blank.find(_PROBE) >= 0
         except Exception:  # noqa: BLE001 - a template that refuses a system turn has no default to replace
             _DEFAULT_SYSTEM[template] = False
@@ -118,7 +128,12 @@ def _for_template(message: dict, native_tools: bool) -> dict:
         return turn | {k: message[k] for k in ("tool_call_id", "name") if k in message}
     turn = _textual({k: v for k, v in message.items() if k != "tool_calls"})
     turn["tool_calls"] = [
-        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": _arguments(call["arguments"])}} for call in message["tool_calls"]
+        {
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["name"], "arguments": _arguments(call["arguments"])},
+        }
+        for call in message["tool_calls"]
     ]
     return turn
 
@@ -128,10 +143,18 @@ def _textual(message: dict) -> dict:
     content = message["content"]
     if message["role"] == "tool":
         error = " error=true" if message.get("is_error") else ""
-        content = TEXTUAL["tool_result"].format(id=_attribute(message.get("tool_call_id")), name=_attribute(message.get("name")), error=error, content=content)
+        content = TEXTUAL["tool_result"].format(
+            id=_attribute(message.get("tool_call_id")),
+            name=_attribute(message.get("name")),
+            error=error,
+            content=content,
+        )
     elif message.get("name"):
         content = TEXTUAL["name"].format(name=message["name"], content=content)
-    calls = [TEXTUAL["tool_call"].format(id=_attribute(c["id"]), name=_attribute(c["name"]), arguments=c["arguments"]) for c in message.get("tool_calls", ())]
+    calls = [
+        TEXTUAL["tool_call"].format(id=_attribute(c["id"]), name=_attribute(c["name"]), arguments=c["arguments"])
+        for c in message.get("tool_calls", ())
+    ]
     if calls:
         content = "\n".join(([content] if content else []) + calls)
     if message.get("thinking"):

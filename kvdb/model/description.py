@@ -53,7 +53,11 @@ def remember(name: str, identity: ModelRow, config) -> None:
     folder = _folder(name)
     if folder is None:
         return
-    facts = {"identity": asdict(identity), "context_tokens": context_tokens(config), "vocab_size": int(config.vocab_size)}
+    facts = {
+        "identity": asdict(identity),
+        "context_tokens": context_tokens(config),
+        "vocab_size": int(config.vocab_size),
+    }
     write_cached(FACTS, stamp_key(folder), json.dumps(facts, sort_keys=True))
 
 

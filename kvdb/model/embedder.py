@@ -55,7 +55,10 @@ class Embedder:
         config = _read(folder, "config.json")
         settings = _settings(folder)
         self.pooling, self.normalise, self.prompts = settings["pooling"], settings["normalise"], settings["prompts"]
-        self.max_tokens = int(settings["max_tokens"] or min(MAX_TOKENS, int(_read(folder, "tokenizer_config.json").get("model_max_length") or MAX_TOKENS)))
+        self.max_tokens = int(
+            settings["max_tokens"]
+            or min(MAX_TOKENS, int(_read(folder, "tokenizer_config.json").get("model_max_length") or MAX_TOKENS))
+        )
         self.tokenizer = _tokenizer(folder, self.name)
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.enable_padding()  # to the longest of a batch; the mask keeps the padding out
@@ -89,11 +92,15 @@ class Embedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        encoded = self.tokenizer.encode_batch([prefix + text for text in texts])  # all at once, on every core; padded to the longest
+        encoded = self.tokenizer.encode_batch(
+            [prefix + text for text in texts]
+        )  # all at once, on every core; padded to the longest
         ids = np.array([e.ids for e in encoded], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
         lengths = mask.sum(1).astype(np.int64)
-        order = np.argsort(-lengths, kind="stable")  # a batch of texts of like length pads little: chunks run from a line to 256 word pieces
+        order = np.argsort(
+            -lengths, kind="stable"
+        )  # a batch of texts of like length pads little: chunks run from a line to 256 word pieces
         for at in range(0, len(texts), BATCH):
             rows = order[at : at + BATCH]
             width = max(int(lengths[rows].max()), 1)
@@ -120,7 +127,11 @@ def _transformers(folder: Path, name: str) -> Callable[[np.ndarray, np.ndarray],
 
     @torch.inference_mode()
     def forward(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask, dtype=torch.long)).last_hidden_state.float().numpy()
+        return (
+            model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask, dtype=torch.long))
+            .last_hidden_state.float()
+            .numpy()
+        )
 
     return forward
 
@@ -180,7 +191,9 @@ def _settings(folder: Path) -> dict:
     modules = _read(folder, "modules.json")
     prompts = _read(folder, "config_sentence_transformers.json").get("prompts") or {}
     return {
-        "pooling": "cls" if pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens") else "mean",
+        "pooling": "cls"
+        if pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens")
+        else "mean",
         "normalise": not modules or any("Normalize" in str(m.get("type", "")) for m in modules if isinstance(m, dict)),
         "max_tokens": _read(folder, "sentence_bert_config.json").get("max_seq_length"),
         "prompts": {"query": prompts.get("query", ""), "document": prompts.get("document", prompts.get("passage", ""))},
@@ -208,4 +221,6 @@ def _folder(name: str) -> str:
 
         return snapshot_download(name, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - any failure to find it locally is the same advice
-        raise ModelNotFound(f"embedder {name!r} is neither a folder nor in the local Hugging Face cache ({error}); give a folder holding the model") from None
+        raise ModelNotFound(
+            f"embedder {name!r} is neither a folder nor in the local Hugging Face cache ({error}); give a folder holding the model"
+        ) from None

@@ -18,7 +18,15 @@ from kvdb.storage import Storage
 from kvdb.storage.base import ModelRow
 
 # Recorded in every model row since 0.1.0 (and compared against rows that record nothing else).
-RECORDED = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+RECORDED = (
+    "model_type",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "vocab_size",
+)
 # What attention computes depends on these too, where a config has them.
 ATTENTION = (
     "sliding_window",
@@ -43,7 +51,9 @@ ATTENTION = (
 def config_of(model_config) -> dict:
     """What a model row records of a transformers config: the 0.1.0 keys, and ``attention``."""
     recorded = {key: getattr(model_config, key, None) for key in RECORDED}
-    keys = [key for key in RECORDED if key != "vocab_size"] + list(ATTENTION)  # the vocabulary is the tokenizer's, hashed apart
+    keys = [key for key in RECORDED if key != "vocab_size"] + list(
+        ATTENTION
+    )  # the vocabulary is the tokenizer's, hashed apart
     attention = {key: getattr(model_config, key) for key in keys if getattr(model_config, key, None) is not None}
     return dict(recorded, attention=json.loads(json.dumps(attention, sort_keys=True, default=str)))
 

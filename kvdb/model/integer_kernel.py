@@ -23,16 +23,32 @@ from kvdb.errors import Busy
 
 
 class _Linear(Structure):
-    _fields_ = [("inputs", c_int64), ("outputs", c_int64), ("weight", c_void_p), ("scale", c_void_p), ("bias", c_void_p)]
+    _fields_ = [
+        ("inputs", c_int64),
+        ("outputs", c_int64),
+        ("weight", c_void_p),
+        ("scale", c_void_p),
+        ("bias", c_void_p),
+    ]
 
 
 class _Layer(Structure):
-    _fields_ = [("qkv", _Linear), ("out", _Linear), ("gate_up", _Linear), ("down", _Linear), ("attn_norm", c_void_p), ("mlp_norm", c_void_p)]
+    _fields_ = [
+        ("qkv", _Linear),
+        ("out", _Linear),
+        ("gate_up", _Linear),
+        ("down", _Linear),
+        ("attn_norm", c_void_p),
+        ("mlp_norm", c_void_p),
+    ]
 
 
 class _Model(Structure):
     _fields_ = [
-        *[(name, c_int64) for name in ("n_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "threads")],
+        *[
+            (name, c_int64)
+            for name in ("n_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "threads")
+        ],
         ("eps", c_double),
         ("layers", POINTER(_Layer)),
         ("head", _Linear),
@@ -54,7 +70,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, f"kvdb.model._integer_kernel is not built ({exc}); reinstall kvdb with a C compiler"
     lib = ctypes.CDLL(_integer_kernel.__file__)
     lib.kvdb_forward.restype = c_int
-    lib.kvdb_forward.argtypes = [POINTER(_Model), POINTER(_Cache), c_int64, c_int64, c_void_p, c_void_p, c_void_p, c_void_p]
+    lib.kvdb_forward.argtypes = [
+        POINTER(_Model),
+        POINTER(_Cache),
+        c_int64,
+        c_int64,
+        c_void_p,
+        c_void_p,
+        c_void_p,
+        c_void_p,
+    ]
     lib.kvdb_kernel_isa.restype = c_char_p
     lib.kvdb_kernel_isa.argtypes = [c_int]
     isa = lib.kvdb_kernel_isa(0 if os.environ.get("KVDB_INTEGER_SIMD") == "0" else 1).decode()
@@ -87,7 +112,17 @@ class Kernel:
         self._coeffs = torch.tensor(exp_coeffs, dtype=torch.float64)
         self._exp_table = exp_table.contiguous()
         self._layers = (_Layer * len(ilm.layers))(
-            *[_Layer(_linear(x.qkv), _linear(x.out), _linear(x.gate_up), _linear(x.down), _ptr(x.attn_norm), _ptr(x.mlp_norm)) for x in ilm.layers]
+            *[
+                _Layer(
+                    _linear(x.qkv),
+                    _linear(x.out),
+                    _linear(x.gate_up),
+                    _linear(x.down),
+                    _ptr(x.attn_norm),
+                    _ptr(x.mlp_norm),
+                )
+                for x in ilm.layers
+            ]
         )
         self._ilm = ilm  # keeps every buffer the structures point into alive
         self._model = _Model(
@@ -123,7 +158,11 @@ class Kernel:
         self._model.threads = torch.get_num_threads()
         assert _LIB is not None  # a Kernel is only made where the library loaded
         held = _Cache(cache.capacity, _ptr(cache.k), _ptr(cache.v), _ptr(cache.ks), _ptr(cache.vs))
-        status = _LIB.kvdb_forward(ctypes.byref(self._model), ctypes.byref(held), cache.length, n, _ptr(h), _ptr(cos), _ptr(sin), _ptr(logits))
+        status = _LIB.kvdb_forward(
+            ctypes.byref(self._model), ctypes.byref(held), cache.length, n, _ptr(h), _ptr(cos), _ptr(sin), _ptr(logits)
+        )
         if status != 0:
-            raise Busy(f"tier L's integer kernel could not allocate its scratch memory for {n} positions after {cache.length}: free memory and retry")
+            raise Busy(
+                f"tier L's integer kernel could not allocate its scratch memory for {n} positions after {cache.length}: free memory and retry"
+            )
         return logits

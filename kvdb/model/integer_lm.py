@@ -62,7 +62,9 @@ def _series(terms: list[Fraction]) -> list[float]:
 
 
 _EXP_COEFFS = _series([Fraction(1, math.factorial(k)) for k in range(4)])  # |r| <= ln2/128
-_SIN_COEFFS = _series([Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(10)])  # in r**2, times r; |r| <= pi/4
+_SIN_COEFFS = _series(
+    [Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(10)]
+)  # in r**2, times r; |r| <= pi/4
 _COS_COEFFS = _series([Fraction((-1) ** k, math.factorial(2 * k)) for k in range(11)])  # in r**2
 
 
@@ -116,7 +118,9 @@ def inverse_frequencies(theta: float, dim: int) -> np.ndarray:
     with decimal.localcontext() as ctx:
         ctx.prec = 40
         log_theta = decimal.Decimal(theta).ln()
-        return np.array([float((-(decimal.Decimal(2 * i) / dim) * log_theta).exp()) for i in range(dim // 2)], dtype=np.float64)
+        return np.array(
+            [float((-(decimal.Decimal(2 * i) / dim) * log_theta).exp()) for i in range(dim // 2)], dtype=np.float64
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -150,7 +154,12 @@ class Linear:
             None
             if all(b is None for b in biases)
             else torch.cat(
-                [b.detach().to(torch.float64) if b is not None else torch.zeros(m.weight.shape[0], dtype=torch.float64) for b, m in zip(biases, modules)]
+                [
+                    b.detach().to(torch.float64)
+                    if b is not None
+                    else torch.zeros(m.weight.shape[0], dtype=torch.float64)
+                    for b, m in zip(biases, modules)
+                ]
             )
         )
         return cls(q.to(torch.int8).contiguous(), s[:, 0].contiguous(), None if bias is None else bias.contiguous())
@@ -283,7 +292,9 @@ class IntegerLM:
             return f"tier L's deterministic forward (payload version 3) covers Llama-family models; {type(model).__name__} ({name}) is not one"
         rope = _rope(cfg)
         if rope.get("rope_type", "default") != "default":
-            return f"the deterministic forward covers the default rotary embedding, not {rope.get('rope_type')!r} scaling"
+            return (
+                f"the deterministic forward covers the default rotary embedding, not {rope.get('rope_type')!r} scaling"
+            )
         if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
             return "the deterministic forward covers SiLU MLPs without biases"
         if getattr(cfg, "pretraining_tp", 1) not in (1, None):
@@ -317,7 +328,9 @@ class IntegerLM:
         cos, sin = cos[start : start + n, None], sin[start : start + n, None]  # [n, 1, dim/2]
         causal = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]  # [n, keys]
         for i, layer in enumerate(self.layers):
-            h = h + layer.out(self._attention(layer, i, rms_norm(h, layer.attn_norm, self.eps, self.root), cache, cos, sin, causal))
+            h = h + layer.out(
+                self._attention(layer, i, rms_norm(h, layer.attn_norm, self.eps, self.root), cache, cos, sin, causal)
+            )
             gate, up = layer.gate_up(rms_norm(h, layer.mlp_norm, self.eps, self.root)).chunk(2, dim=-1)
             h = h + layer.down(silu(gate) * up)
         return self.head(rms_norm(h, self.norm, self.eps, self.root))
@@ -335,7 +348,9 @@ class IntegerLM:
         keys, key_scales = cache.k[index, :, :end].to(torch.float64), cache.ks[index, :, :end, None]
         values, value_scales = cache.v[index, :, :end].to(torch.float64), cache.vs[index, :, :end, None]
         group = self.heads // self.kv_heads
-        qq, qs = quantize_rows(q.transpose(0, 1).reshape(self.kv_heads, group * n, d))  # query heads by the KV head they read
+        qq, qs = quantize_rows(
+            q.transpose(0, 1).reshape(self.kv_heads, group * n, d)
+        )  # query heads by the KV head they read
         scores = ((qq @ keys.transpose(1, 2)) * qs) * key_scales.transpose(1, 2)  # [kv_heads, group * n, keys]
         scores = (scores * (1 / math.sqrt(d))).reshape(self.kv_heads, group, n, -1)
         allowed = causal[None, None]
@@ -345,7 +360,9 @@ class IntegerLM:
         per_one = ATTN_ONE / weighted.amax(-1, keepdim=True)
         w = torch.round(weighted * per_one).reshape(self.kv_heads, group * n, -1)
         total = torch.round(e * ATTN_ONE).sum(-1, keepdim=True).reshape(self.kv_heads, group * n, 1)
-        out = ((w @ values) / per_one.reshape(self.kv_heads, group * n, 1)) / (total / ATTN_ONE)  # [kv_heads, group * n, d]
+        out = ((w @ values) / per_one.reshape(self.kv_heads, group * n, 1)) / (
+            total / ATTN_ONE
+        )  # [kv_heads, group * n, d]
         return out.reshape(self.kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, self.heads * d)
 
 

@@ -154,7 +154,9 @@ class Context:
         return cls(new_cache(model), None, 0, 1)
 
     def copy(self) -> Context:
-        return Context(copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length, self.version)
+        return Context(
+            copy.deepcopy(self.cache), None if self.logits is None else self.logits.copy(), self.length, self.version
+        )
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,9 @@ def version_for(model) -> int:
 
 
 _WARNED: set[int] = set()
-_INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {version: its IntegerLM} (weights quantized once)
+_INTEGER: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> {version: its IntegerLM} (weights quantized once)
 
 
 def _integer(model, version: int):
@@ -246,7 +250,9 @@ def _start(model, context: Context | None, version: int | None) -> Context:
     """A copy of ``context`` to code on, or an empty one of ``version`` (default: ``version_for``)."""
     if context is not None:
         if version is not None and version != context.version:
-            raise InvalidArgument(f"a version-{context.version} context cannot code a version-{version} payload; build it with context_for(version={version})")
+            raise InvalidArgument(
+                f"a version-{context.version} context cannot code a version-{version} payload; build it with context_for(version={version})"
+            )
         return context.copy()
     return Context.empty(model, version_for(model) if version is None else version)
 
@@ -299,7 +305,9 @@ def encode(model, ids, *, context: Context | None = None, version: int | None = 
     return _encode(model, ids, context, version, keep_context=False)[0]
 
 
-def encode_with_context(model, ids, *, context: Context | None = None, version: int | None = None) -> tuple[bytes, Context]:
+def encode_with_context(
+    model, ids, *, context: Context | None = None, version: int | None = None
+) -> tuple[bytes, Context]:
     """:func:`encode`, also returning the context after ``ids`` (to code a child trie node given it)."""
     return _encode(model, ids, context, version, keep_context=True)
 
@@ -307,7 +315,14 @@ def encode_with_context(model, ids, *, context: Context | None = None, version: 
 def _encode(model, ids, context, version, keep_context: bool):
     vocab = vocab_size(model)
     encoder = constriction.stream.queue.RangeEncoder()
-    ctx, context_len = _code(model, ids, context, version, keep_context, lambda logits, token: encoder.encode(token, _entropy_model(logits, vocab, PRECISION)))
+    ctx, context_len = _code(
+        model,
+        ids,
+        context,
+        version,
+        keep_context,
+        lambda logits, token: encoder.encode(token, _entropy_model(logits, vocab, PRECISION)),
+    )
     body = encoder.get_compressed().astype("<u4").tobytes()
     ids = np.asarray(ids)
     head = MAGIC + bytes([ctx.version]) + _varint(vocab) + _varint(context_len) + _varint(ids.size) + _digest(ids)
@@ -369,7 +384,9 @@ def read_header(payload: bytes) -> Header:
     if len(payload) < 3 or payload[:2] != MAGIC:
         raise CorruptData("not a kvdb token-stream payload (bad magic or too short)")
     if payload[2] not in VERSIONS:
-        raise CorruptData(f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {', '.join(map(str, VERSIONS))})")
+        raise CorruptData(
+            f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {', '.join(map(str, VERSIONS))})"
+        )
     vocab, at = _read_varint(payload, 3)
     context_len, at = _read_varint(payload, at)
     n_tokens, at = _read_varint(payload, at)
@@ -399,15 +416,21 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
         raise InvalidArgument(f"payload was coded with a {header.vocab}-token vocabulary, the model has {vocab}")
     ctx = _start(model, context, header.version)
     if ctx.length != header.context_len:
-        raise InvalidArgument(f"payload was coded after {header.context_len} context tokens, the context given holds {ctx.length}")
+        raise InvalidArgument(
+            f"payload was coded after {header.context_len} context tokens, the context given holds {ctx.length}"
+        )
     words = np.frombuffer(bytes(payload)[header.size :], dtype="<u4").astype(np.uint32)
     # Every symbol keeps a floor frequency, so no token costs less than -log2(1 - (V-1)/2**P) bits:
     # a header claiming more tokens than the body can hold is refused before the model runs.
     min_bits = -np.log2(1.0 - (vocab - 1) / float(1 << PRECISION))
     if header.n_tokens > 1 and (header.n_tokens - 1) * min_bits > 2 * (32 * words.size + 64):
-        raise CorruptData(f"token-stream payload claims {header.n_tokens} tokens, more than its {4 * words.size}-byte body can hold")
+        raise CorruptData(
+            f"token-stream payload claims {header.n_tokens} tokens, more than its {4 * words.size}-byte body can hold"
+        )
     decoder = constriction.stream.queue.RangeDecoder(words)
-    out = _decode_tokens(model, header.n_tokens, ctx, lambda logits: int(decoder.decode(_entropy_model(logits, vocab, PRECISION))))
+    out = _decode_tokens(
+        model, header.n_tokens, ctx, lambda logits: int(decoder.decode(_entropy_model(logits, vocab, PRECISION)))
+    )
     if _digest(out) != header.digest:
         raise CorruptData(
             "decoded tokens fail the payload's digest: the payload is damaged, or it was coded with another "
@@ -416,7 +439,9 @@ def decode(model, payload: bytes, *, context: Context | None = None) -> tuple[np
     return out, ctx
 
 
-def decode_node(model, payload: bytes, n_tokens: int, *, context: Context | None = None, expect: np.ndarray | None = None) -> tuple[np.ndarray, Context]:
+def decode_node(
+    model, payload: bytes, n_tokens: int, *, context: Context | None = None, expect: np.ndarray | None = None
+) -> tuple[np.ndarray, Context]:
     """The first ``n_tokens`` tokens of a node payload (:func:`encode_node`) and the context after
     them. ``n_tokens`` may be fewer than the node holds: a range coder decodes in order, so a read
     of a node's start costs a model step per token read, not per token stored. With ``expect``,

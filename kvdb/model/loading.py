@@ -50,7 +50,9 @@ def load(name: str | None = None) -> LoadedModel:
     tokenizer = tok.load_full(name)
     model = causal_lm(name, folder)
     _check_cache_layout(name, model)
-    loaded = LoadedModel(model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None))
+    loaded = LoadedModel(
+        model, tokenizer, _identity(name, model, tokenizer, Path(folder) if Path(folder).is_dir() else None)
+    )
     description.remember(name, loaded.identity, model.config)
     return loaded
 
@@ -60,15 +62,22 @@ def _check_cache_layout(name: str, model) -> None:
     """Refuse, before anything is written, a model whose attention state is not one K/V pair per
     layer and position (recurrent or state-space layers): kvdb archives, slices and restores those."""
     layers = model.config.num_hidden_layers
-    kinds = sorted(set(getattr(model.config, "layer_types", None) or []) - {"full_attention", "sliding_attention", "chunked_attention"})
+    kinds = sorted(
+        set(getattr(model.config, "layer_types", None) or [])
+        - {"full_attention", "sliding_attention", "chunked_attention"}
+    )
     if kinds:
-        raise UnsupportedModel(f"model {name!r} has {', '.join(kinds)} layers, whose state is not a per-position K/V cache; kvdb cannot archive it")
+        raise UnsupportedModel(
+            f"model {name!r} has {', '.join(kinds)} layers, whose state is not a per-position K/V cache; kvdb cannot archive it"
+        )
     cache = new_cache(model)
     try:
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache, use_cache=True)
         held = [layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None]
     except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
-        raise UnsupportedModel(f"model {name!r} does not run on a per-layer K/V cache ({type(exc).__name__}: {exc}); kvdb cannot archive it") from exc
+        raise UnsupportedModel(
+            f"model {name!r} does not run on a per-layer K/V cache ({type(exc).__name__}: {exc}); kvdb cannot archive it"
+        ) from exc
     if held != [2] * layers:
         raise UnsupportedModel(
             f"model {name!r} keeps K/V for {len(held)} of its {layers} layers on a plain cache; kvdb archives one K/V pair per layer and position"

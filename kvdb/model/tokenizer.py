@@ -54,11 +54,17 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-ROLE_HEADER = r"^(system|user|assistant|tool|model|developer)\n"  # the role word a template writes after a turn's opening token
-_SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> which ids are special tokens (see snippet_text)
+ROLE_HEADER = (
+    r"^(system|user|assistant|tool|model|developer)\n"  # the role word a template writes after a turn's opening token
+)
+_SPECIAL: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # tokenizer -> which ids are special tokens (see snippet_text)
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 PIECE_CHARS = 1 << 16  # a text longer than this is encoded in pieces of about this many characters (see encode)
-KNOWN_PIECES = 64  # the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
+KNOWN_PIECES = (
+    64  # the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
+)
 _KNOWN = Recent(KNOWN_PIECES)  # tokenizer -> {piece: its ids}
 
 
@@ -104,7 +110,9 @@ def load_full(name: str | None = None):
     if name == DEFAULT_MODEL:
         folder = embedded_folder()
         if not (folder / "config.json").is_file():
-            folder = model_folder(name)  # the first use converts the embedded GGUF (torch; benchmarks/RESULTS.md, "Ingest throughput and model load")
+            folder = model_folder(
+                name
+            )  # the first use converts the embedded GGUF (torch; benchmarks/RESULTS.md, "Ingest throughput and model load")
     with loading(name):
         if _tokenizer_class(folder) in GENERIC_FAST:
             from transformers import TokenizersBackend
@@ -154,7 +162,9 @@ def encode(tokenizer, text: str) -> list[int]:
                 fresh = tokenizer(batch, add_special_tokens=False)["input_ids"]
             for k, ids in zip(todo, fresh):
                 encoded[k] = ids
-        _KNOWN.put(tokenizer, [(piece, array("i", ids)) for piece, ids in zip(pieces[:-1], encoded)])  # the last piece is the one a growing text changes
+        _KNOWN.put(
+            tokenizer, [(piece, array("i", ids)) for piece, ids in zip(pieces[:-1], encoded)]
+        )  # the last piece is the one a growing text changes
         return [i for ids in encoded for i in ids]
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.encode(text, add_special_tokens=False).ids
@@ -176,10 +186,14 @@ def _pieces(tokenizer, text: str) -> list[str]:
     it is short, has none, or the tokenizer reads special tokens as plain text)."""
     if len(text) <= PIECE_CHARS:
         return [text]
-    backend = tokenizer.backend if isinstance(tokenizer, LightTokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    backend = (
+        tokenizer.backend if isinstance(tokenizer, LightTokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    )
     if backend is None or backend.encode_special_tokens:
         return [text]
-    specials = [t.content for t in backend.get_added_tokens_decoder().values() if t.special and not t.normalized and t.content]
+    specials = [
+        t.content for t in backend.get_added_tokens_decoder().values() if t.special and not t.normalized and t.content
+    ]
     if not specials:
         return [text]
     found = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
@@ -229,7 +243,11 @@ def snippet_text(tokenizer, ids) -> str:
 def _special_mask(tokenizer) -> np.ndarray:
     """Whether each id up to the largest special token's is a special token."""
     if tokenizer not in _SPECIAL:
-        added = tokenizer.backend.get_added_tokens_decoder() if isinstance(tokenizer, LightTokenizer) else tokenizer.added_tokens_decoder
+        added = (
+            tokenizer.backend.get_added_tokens_decoder()
+            if isinstance(tokenizer, LightTokenizer)
+            else tokenizer.added_tokens_decoder
+        )
         ids = [i for i, token in added.items() if token.special]
         mask = np.zeros(max(ids, default=0) + 1, dtype=bool)
         mask[ids] = True

@@ -46,7 +46,11 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 
 def create_app(
-    engine: Engine, api_key: str | None = None, max_body_bytes: int = parse.MAX_BODY_BYTES, static: Path = STATIC, upstream: Upstream | None = None
+    engine: Engine,
+    api_key: str | None = None,
+    max_body_bytes: int = parse.MAX_BODY_BYTES,
+    static: Path = STATIC,
+    upstream: Upstream | None = None,
 ) -> FastAPI:
     """The app over ``engine``, which it starts (archiving, replaying the journal) and closes
     with the app's lifespan; with ``upstream``, completions and models are forwarded to it (and
@@ -70,7 +74,9 @@ def create_app(
     authorize = _authorize(api_key)
     api = APIRouter(dependencies=[Depends(authorize)])
 
-    app.router.routes.append(Route("/mcp", endpoint=_Keyed(mcp_route.endpoint, authorize)))  # the SDK's ASGI app, outside the router
+    app.router.routes.append(
+        Route("/mcp", endpoint=_Keyed(mcp_route.endpoint, authorize))
+    )  # the SDK's ASGI app, outside the router
 
     @app.get("/health")
     def health() -> dict:
@@ -80,12 +86,17 @@ def create_app(
     def page() -> FileResponse:
         index = static / "index.html"
         if not index.is_file():
-            raise HttpError(404, f"this server has no page ({index} is missing); the API is under /v1 and /api", "not_found")
+            raise HttpError(
+                404, f"this server has no page ({index} is missing); the API is under /v1 and /api", "not_found"
+            )
         return FileResponse(index)
 
     app.mount("/static", StaticFiles(directory=static, check_dir=False), name="static")
 
-    served = {name: {"id": name, "object": "model", "created": 0, "owned_by": "kvdb"} for name in (engine.model_name, engine.embedder_name)}
+    served = {
+        name: {"id": name, "object": "model", "created": 0, "owned_by": "kvdb"}
+        for name in (engine.model_name, engine.embedder_name)
+    }
 
     if upstream is not None:
         _relaying(api, engine, upstream)
@@ -99,7 +110,9 @@ def create_app(
         def model(model_id: str) -> dict:
             if model_id not in served:
                 raise HttpError(
-                    404, f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)", "model_not_found"
+                    404,
+                    f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)",
+                    "model_not_found",
                 )
             return served[model_id]
 
@@ -160,7 +173,12 @@ def create_app(
         min_share: float = Query(MIN_SHARE, ge=0, le=1),
         each_occurrence: int = Query(0, ge=0, le=1),
     ) -> dict:
-        return {"hits": [h.to_dict() for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share, bool(each_occurrence))]}
+        return {
+            "hits": [
+                h.to_dict()
+                for h in engine.search(q, k, bool(semantic), bool(case_sensitive), min_share, bool(each_occurrence))
+            ]
+        }
 
     @api.get("/api/count")
     def count(q: str = Query(..., min_length=1), case_sensitive: int = Query(0, ge=0, le=1)) -> dict:
@@ -224,7 +242,11 @@ def _authorize(api_key: str | None):
                 "missing_api_key",
             )
         if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise HttpError(401, "incorrect API key; send the key the server was started with (--api-key or $KVDB_API_KEY)", "invalid_api_key")
+            raise HttpError(
+                401,
+                "incorrect API key; send the key the server was started with (--api-key or $KVDB_API_KEY)",
+                "invalid_api_key",
+            )
 
     return check
 
@@ -237,7 +259,9 @@ async def _complete(engine: Engine, body: dict, chat: bool):
             return JSONResponse((await run_in_threadpool(reply.result)).to_dict())
         finally:
             reply.cancel()  # the request cancelled (the server stopping): the model is let go at the next token
-    return StreamingResponse(_events(reply, asked.include_usage), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        _events(reply, asked.include_usage), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def _events(reply: Reply, include_usage: bool) -> AsyncIterator[str]:

@@ -37,7 +37,13 @@ STATUSES = (
     (UpstreamError, 502, "upstream_unreachable"),
     (KvdbError, 400, None),
 )
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 class HttpError(Exception):
@@ -85,7 +91,9 @@ def install(app: FastAPI) -> None:
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)  # registered for RequestValidationError only
-        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())[1:])) or 'request'}: {e.get('msg')}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ())[1:])) or 'request'}: {e.get('msg')}" for e in exc.errors()
+        )
         return _respond(HttpError(400, f"invalid request: {problems}", "invalid_request"))
 
     app.add_exception_handler(KvdbError, known)

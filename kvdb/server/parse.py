@@ -42,8 +42,27 @@ NOT_HONOURED: dict[str, tuple] = {
 }
 # Fields that ask nothing of the reply: read and let be. (Abuse identifiers, metadata for
 # OpenAI's stored completions, and prompt-caching hints: every prefix is cached here anyway.)
-IGNORED = {"user", "safety_identifier", "metadata", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"}
-HONOURED = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "logprobs", "kvdb"}
+IGNORED = {
+    "user",
+    "safety_identifier",
+    "metadata",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+}
+HONOURED = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "kvdb",
+}
 # Each endpoint's own fields (OpenAI's schemas); the rest of the fields above are common to both.
 CHAT_ONLY = {
     "messages",
@@ -84,7 +103,11 @@ class Parsed:
 async def raw_body(request: HttpRequest, limit: int) -> bytes:
     """The body's bytes; 413 past ``limit`` bytes (declared or sent)."""
     declared = request.headers.get("content-length")
-    too_large = HttpError(413, f"the request body is over the server's limit of {limit:,} bytes; send less (fewer or shorter messages)", "request_too_large")
+    too_large = HttpError(
+        413,
+        f"the request body is over the server's limit of {limit:,} bytes; send less (fewer or shorter messages)",
+        "request_too_large",
+    )
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
@@ -113,7 +136,9 @@ def completion(body: dict, chat: bool) -> Parsed:
     known = (HONOURED | IGNORED | set(NOT_HONOURED) | CHAT_ONLY | TEXT_ONLY) - other
     for key, value in body.items():
         if key in other:
-            raise InvalidArgument(f"{key} is not a field of {endpoint} (the other completions endpoint reads it); leave it out")
+            raise InvalidArgument(
+                f"{key} is not a field of {endpoint} (the other completions endpoint reads it); leave it out"
+            )
         if key not in known:
             raise InvalidArgument(f"unknown field {key!r}; {endpoint} reads {', '.join(sorted(known))}")
         if key in NOT_HONOURED and value is not None and value not in NOT_HONOURED[key]:
@@ -126,11 +151,17 @@ def completion(body: dict, chat: bool) -> Parsed:
         raise InvalidArgument("stream_options and kvdb must be JSON objects")
     for key, value in options.items():
         if key not in STREAM_OPTIONS:
-            raise InvalidArgument(f"unknown stream_options field {key!r}; this server reads {', '.join(sorted(STREAM_OPTIONS))}")
+            raise InvalidArgument(
+                f"unknown stream_options field {key!r}; this server reads {', '.join(sorted(STREAM_OPTIONS))}"
+            )
         if key == "include_obfuscation" and value:
-            raise InvalidArgument("stream_options.include_obfuscation is not supported by this server (chunks are not padded); leave it out")
+            raise InvalidArgument(
+                "stream_options.include_obfuscation is not supported by this server (chunks are not padded); leave it out"
+            )
     if unknown := set(extension) - EXTENSION:
-        raise InvalidArgument(f"unknown kvdb field {sorted(unknown)[0]!r}; the kvdb object reads {', '.join(sorted(EXTENSION))}")
+        raise InvalidArgument(
+            f"unknown kvdb field {sorted(unknown)[0]!r}; the kvdb object reads {', '.join(sorted(EXTENSION))}"
+        )
     if not isinstance(_default(body.get("stream"), False), bool):
         raise InvalidArgument(f"stream must be true or false, got {body['stream']!r}")
     sampling = Sampling(
@@ -162,8 +193,12 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     chat API asks with ``logprobs: true`` and ``top_logprobs``, the text API with ``logprobs: N``."""
     asked, top = body.get("logprobs"), body.get("top_logprobs")
     if not chat:
-        if asked is not None and not (isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked <= MAX_TEXT_LOGPROBS):
-            raise InvalidArgument(f"logprobs must be an integer from 0 to {MAX_TEXT_LOGPROBS} (alternatives per token), got {asked!r}")
+        if asked is not None and not (
+            isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked <= MAX_TEXT_LOGPROBS
+        ):
+            raise InvalidArgument(
+                f"logprobs must be an integer from 0 to {MAX_TEXT_LOGPROBS} (alternatives per token), got {asked!r}"
+            )
         return asked
     if not isinstance(_default(asked, False), bool):
         raise InvalidArgument(f"logprobs must be true or false, got {asked!r}")
@@ -195,14 +230,18 @@ def embeddings(body: dict, served: str) -> tuple[list[str], str]:
     given = body.get("input")
     texts = [given] if isinstance(given, str) else given
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise InvalidArgument("input must be a string or a non-empty list of strings (token arrays are not read: give the text)")
+        raise InvalidArgument(
+            "input must be a string or a non-empty list of strings (token arrays are not read: give the text)"
+        )
     return texts, encoding
 
 
 def title(body) -> str | None:
     """A rename's ``{"title": ...}``: a string (empty or null: named by its first version again)."""
     if not isinstance(body, dict) or set(body) != {"title"}:
-        raise InvalidArgument('a rename is a JSON object with one field, {"title": "..."} (null or "" to drop the title)')
+        raise InvalidArgument(
+            'a rename is a JSON object with one field, {"title": "..."} (null or "" to drop the title)'
+        )
     if body["title"] is not None and not isinstance(body["title"], str):
         raise InvalidArgument(f"title must be a string or null, got {body['title']!r}")
     return body["title"]

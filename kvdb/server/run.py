@@ -44,7 +44,12 @@ class _Server(uvicorn.Server):
 
 
 def serve(
-    engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, upstream: str | None = None, upstream_key: str | None = None
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    upstream: str | None = None,
+    upstream_key: str | None = None,
 ) -> None:
     """``upstream``: the base URL of an OpenAI-compatible API to forward completions to (with
     ``upstream_key``, its API key), archiving each exchange."""

@@ -35,8 +35,22 @@ from kvdb.serving.relay import EXTENSION
 CONNECT_S = 10.0  # to open a connection to the upstream
 READ_S = 600.0  # between two pieces of its reply: what the official openai client waits for one
 MAX_BODY_BYTES = 64 * 2**20  # a request forwarded (images inline): the upstream has its own limit
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"}
-NOT_PASSED_BACK = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}  # the body is sent decoded, by this server
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
+NOT_PASSED_BACK = HOP_BY_HOP | {
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+}  # the body is sent decoded, by this server
 PASSED_ON = ("content-type", "accept")  # a request's headers forwarded, with ``openai-*`` (organization, project)
 
 
@@ -45,7 +59,9 @@ def base_url(url: str) -> str:
     a URL with no path is taken to mean ``/v1``."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InvalidArgument(f"--upstream must be an http:// or https:// URL of an OpenAI-compatible API, such as http://127.0.0.1:8080/v1; got {url!r}")
+        raise InvalidArgument(
+            f"--upstream must be an http:// or https:// URL of an OpenAI-compatible API, such as http://127.0.0.1:8080/v1; got {url!r}"
+        )
     if parts.query or parts.fragment:
         raise InvalidArgument(f"--upstream is the API's base URL, without a query or fragment; got {url!r}")
     path = parts.path.rstrip("/") or "/v1"
@@ -80,7 +96,9 @@ class Upstream:
     def failed(self, exc: Exception) -> UpstreamError:
         """A transport error, as the one line the client gets."""
         if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
-            return UpstreamError(f"cannot reach the upstream {self.url} ({_reason(exc)}); check that it runs and that --upstream names it")
+            return UpstreamError(
+                f"cannot reach the upstream {self.url} ({_reason(exc)}); check that it runs and that --upstream names it"
+            )
         if isinstance(exc, httpx2.TimeoutException):
             return UpstreamTimeout(f"the upstream {self.url} did not answer within {READ_S:.0f} s ({_reason(exc)})")
         return UpstreamError(f"the upstream {self.url} broke off its reply ({_reason(exc)})")
@@ -110,7 +128,9 @@ async def completion(upstream: Upstream, engine: Engine, request: Request, chat:
 
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             streaming = True
-            return _Relaying(upstream, response, sent, end, status_code=response.status_code, headers=_passed_back(response))
+            return _Relaying(
+                upstream, response, sent, end, status_code=response.status_code, headers=_passed_back(response)
+            )
         reply = await _read(upstream, response)
         sent(reply, False)  # a queue's put: the reply goes out now, its archiving on the engine's threads
         return Response(reply, response.status_code, _passed_back(response))
@@ -155,7 +175,14 @@ class _Relaying(StreamingResponse):
     leave before the upstream's body ends, and the stream's task is then cancelled). A stream the
     upstream breaks off ends with an error event (the status was sent already) and is not archived."""
 
-    def __init__(self, upstream: Upstream, response: httpx2.Response, sent: Callable[[bytes, bool], None], end: Callable[[], None], **options):
+    def __init__(
+        self,
+        upstream: Upstream,
+        response: httpx2.Response,
+        sent: Callable[[bytes, bool], None],
+        end: Callable[[], None],
+        **options,
+    ):
         self._upstream, self._response, self._sent, self._end = upstream, response, sent, end
         self._received = bytearray()
         self._whole = self._broken = False

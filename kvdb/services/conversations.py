@@ -59,7 +59,9 @@ class Conversations:
         found = self._storage.conversations_page(ConversationFilter(agent, project, since, until), limit, offset)
         return ConversationPage([_conversation(row) for row in found.conversations], found.total, max(offset, 0))
 
-    def scope(self, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None) -> set[str] | None:
+    def scope(
+        self, agent: str | None, project: str | None, since: dt.date | None, until: dt.date | None
+    ) -> set[str] | None:
         """The conversations these filters admit (as ``listed``), for a search to keep to; None: no filter."""
         admits = ConversationFilter(agent, project, since, until)
         return None if admits.admits_all else set(self._storage.conversation_ids(admits))
@@ -70,17 +72,27 @@ class Conversations:
         shared = self._sharing(rows)
         versions, followed, continued = [], _followed(rows), _continued(rows, shared)
         for i, row in enumerate(rows):
-            leaf = row.session_id not in followed and i not in continued and not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
+            leaf = (
+                row.session_id not in followed
+                and i not in continued
+                and not any(shared(i, j) == row.n_tokens for j in range(len(rows)) if j != i)
+            )
             earlier = [j for j in range(i) if _same_part(rows[j], row)]
             most = max((shared(i, j) for j in earlier), default=0)
             # a fork: an earlier version holds those tokens and went on another way; it forks from the first such.
             # A log's first part that an earlier whole version holds goes on in the parts after it: no fork
-            went_on = [j for j in earlier if shared(i, j) == most and rows[j].n_tokens > most and not (j in continued and most == row.n_tokens)]
+            went_on = [
+                j
+                for j in earlier
+                if shared(i, j) == most and rows[j].n_tokens > most and not (j in continued and most == row.n_tokens)
+            ]
             branch_of, forked_at = (rows[went_on[0]].session_id, most) if went_on else (None, None)
             versions.append(Version(Session.from_row(row), i + 1, i == len(rows) - 1, leaf, branch_of, forked_at))
         summary = self._storage.conversation_row(rows[0].conversation_id)
         assert summary is not None  # its sessions were just read
-        return ConversationHistory(dataclasses.replace(_conversation(summary), branches=sum(v.leaf for v in versions)), versions)
+        return ConversationHistory(
+            dataclasses.replace(_conversation(summary), branches=sum(v.leaf for v in versions)), versions
+        )
 
     def _sharing(self, rows: list[SessionRow]) -> Callable[[int, int], int]:
         """shared(a, b): how many first tokens the versions ``rows[a]`` and ``rows[b]`` share (as the trie stores them)."""
@@ -122,7 +134,11 @@ def _continued(rows: list[SessionRow], shared: Callable[[int, int], int]) -> set
     """The whole versions that a log's first part is a prefix of: the log passed the model's
     context, and the parts after that one go on from them (no end of the conversation)."""
     firsts = [k for k, r in enumerate(rows) if _part(r).get("number") == 1]
-    return {j for j, r in enumerate(rows) if not _part(r) and any(k != j and shared(k, j) == rows[k].n_tokens for k in firsts)}
+    return {
+        j
+        for j, r in enumerate(rows)
+        if not _part(r) and any(k != j and shared(k, j) == rows[k].n_tokens for k in firsts)
+    }
 
 
 def _followed(rows: list[SessionRow]) -> set[str]:
@@ -137,7 +153,9 @@ def _conversation(row: ConversationRow) -> Conversation:
     first version's name; about the first folder a version records (``Session.project``), begun
     when its first version's file says."""
     latest = Session.from_row(row.latest)
-    return Conversation(latest.conversation_id, row.title, latest, row.started_at, row.versions, row.branches, row.agent, row.project)
+    return Conversation(
+        latest.conversation_id, row.title, latest, row.started_at, row.versions, row.branches, row.agent, row.project
+    )
 
 
 def labelled(hits: list[Hit], view: TrieView, titles: dict[str, str]) -> list[Hit]:
@@ -174,7 +192,9 @@ def widening(search: Callable[[int], list[Hit]], dedupe: Callable[[list[Hit], in
     return best
 
 
-def scoped_owners(view: TrieView, reader: Reader, session: str | None, within: set[str] | None) -> dict[str, str] | None:
+def scoped_owners(
+    view: TrieView, reader: Reader, session: str | None, within: set[str] | None
+) -> dict[str, str] | None:
     """node_id -> the session a scoped search reports its hits in: ``session``'s path, or the
     paths of the conversations ``within``; None when the search is not scoped."""
     if session is not None:

@@ -52,7 +52,9 @@ class Editor:
                             f"session {row.session_id[:12]} ({row.name}) has no tier L on tokens [{node.start}, {node.end}): "
                             "dropping the token tier would lose them; re-ingest it with --keep tokens,search,lm first"
                         )
-        recoded = self._recode_for_tier_l_alone(row, [n for n in path if "tokens" in drops[n.node_id] and "tokens" in n.keep])
+        recoded = self._recode_for_tier_l_alone(
+            row, [n for n in path if "tokens" in drops[n.node_id] and "tokens" in n.keep]
+        )
         restored = {}
         if "tokens" in keep and any("tokens" not in n.keep for n in path):
             from kvdb.model import (
@@ -61,7 +63,9 @@ class Editor:
 
             ids = self._reader.path_tokens(row)
             logprobs = lm_ops.score(self._models.for_session(row).model, ids)[0]
-            restored = {n.node_id: (ids[n.start : n.end], logprobs[n.start : n.end]) for n in path if "tokens" not in n.keep}
+            restored = {
+                n.node_id: (ids[n.start : n.end], logprobs[n.start : n.end]) for n in path if "tokens" not in n.keep
+            }
         self._storage.apply(DropTiers(drops, restored, recoded))
         return Compacted.from_row(row, keep=tuple(t for t in Tier if t in keep))
 

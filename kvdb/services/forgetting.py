@@ -100,7 +100,9 @@ class Forgetting:
         given = os.fspath(path)
         rows = self._storage.sessions_from(_spellings(given))
         if not rows:
-            raise InvalidArgument(f"no session was archived from {given}; `kvdb sessions` lists the sessions and their sources")
+            raise InvalidArgument(
+                f"no session was archived from {given}; `kvdb sessions` lists the sessions and their sources"
+            )
         with self._storage.batch():
             for r in rows:
                 self._storage.apply(DeleteSession(r.session_id))

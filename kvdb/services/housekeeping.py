@@ -52,11 +52,17 @@ class Housekeeping:
         freed = self._storage.apply(CollectGarbage())
         assert freed is not None  # CollectGarbage returns what it freed
         pruned = self._prefix_cache.prune(live_paths(self._storage)) + self._prefix_cache.trim().entries
-        renumbered = tuple(key for key, tok_hash in self._index_keys() if self._indexes.compact(key, tok_hash, any_tombstone=bool(forgetting)))
+        renumbered = tuple(
+            key
+            for key, tok_hash in self._index_keys()
+            if self._indexes.compact(key, tok_hash, any_tombstone=bool(forgetting))
+        )
         if forgetting:
             self._rebuild_chunk_indexes()
             if self._sinks is not None:
-                shutil.rmtree(self._sinks.folder, ignore_errors=True)  # keyed by content: computed again on the next restore
+                shutil.rmtree(
+                    self._sinks.folder, ignore_errors=True
+                )  # keyed by content: computed again on the next restore
             self._storage.apply(Dequeue(forgetting, FORGET_WORK))  # before a file's copy, which then holds no mark
         try:
             files = self._storage.compact_files(forget=bool(forgetting), now=now)
@@ -64,9 +70,13 @@ class Housekeeping:
             if forgetting:  # the copy failed: the next gc erases again
                 self._storage.apply(Queue(forgetting, FORGET_WORK))
             raise
-        if forgetting and files.get("data_files_kept"):  # a lake's replaced files still hold the rows: the marks wait for them
+        if forgetting and files.get(
+            "data_files_kept"
+        ):  # a lake's replaced files still hold the rows: the marks wait for them
             self._storage.apply(Queue(forgetting, FORGET_WORK))
-        return GcReport(**freed, prefix_cache_entries=pruned, renumbered_indexes=renumbered, forgotten=len(forgetting), **files)
+        return GcReport(
+            **freed, prefix_cache_entries=pruned, renumbered_indexes=renumbered, forgotten=len(forgetting), **files
+        )
 
     def _rebuild_chunk_indexes(self) -> None:
         """Each chunk sidecar holding a tombstone or a node gc freed (their words stay in it) built
@@ -100,10 +110,14 @@ class Housekeeping:
         prefix cache are derived, and rebuilt there on first use."""
         from kvdb.storage import schema
 
-        counts = target.apply(ImportRows({t.name: self._storage.table_rows(t.name) for t in schema.metadata.sorted_tables}))
+        counts = target.apply(
+            ImportRows({t.name: self._storage.table_rows(t.name) for t in schema.metadata.sorted_tables})
+        )
         assert counts is not None  # ImportRows returns the rows copied per table
         source, copied = self._storage.content_hashes(), target.content_hashes()
         differing = sorted(name for name in source if source[name] != copied[name])
         if differing:
-            raise CorruptData(f"the copy in {target.describe()} differs from {self._storage.describe()} in {', '.join(differing)}; delete it and copy again")
+            raise CorruptData(
+                f"the copy in {target.describe()} differs from {self._storage.describe()} in {', '.join(differing)}; delete it and copy again"
+            )
         return CopyReport(self._storage.describe(), target.describe(), counts, source)

@@ -111,7 +111,9 @@ class Ingester:
         if sum(x is not None for x in (source, text, messages)) != 1:
             raise InvalidArgument("give exactly one of: paths, text=, messages=")
         if (computed is not None or conversation is not None or upstream is not None) and source is not None:
-            raise InvalidArgument("computed=, conversation= and upstream= go with one session, given as text= or messages=")
+            raise InvalidArgument(
+                "computed=, conversation= and upstream= go with one session, given as text= or messages="
+            )
         self._storage.check_writable()
         optional = parse_keep(keep)
         given = [transcripts.transcript_from_text(text, name or "text")] if text is not None else None
@@ -123,12 +125,22 @@ class Ingester:
             if given is not None:
                 planned = _planned(given, self._models.described(), redact)
                 return self._ingest_source(planned, optional, kv_preset, progress, computed, keep_cache, conversation)
-            return self._ingest_paths(source, optional, kv_preset, progress, keep_cache, strict, redact, heard or (lambda results: None))
+            return self._ingest_paths(
+                source, optional, kv_preset, progress, keep_cache, strict, redact, heard or (lambda results: None)
+            )
         finally:
             self._storage.release()  # done writing: other processes need not wait for this object's next call
 
     def _ingest_paths(
-        self, source, optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool, strict: bool, redact: bool, heard: Heard
+        self,
+        source,
+        optional: frozenset[str],
+        kv_preset: str,
+        progress: Progress | None,
+        keep_cache: bool,
+        strict: bool,
+        redact: bool,
+        heard: Heard,
     ) -> list[IngestResult]:
         paths = [source] if isinstance(source, (str, Path)) else list(source)
         results: list[IngestResult] = []
@@ -143,15 +155,26 @@ class Ingester:
         if not files:
             return results
         reader = _FileReader(self._models.described, strict, redact, ahead=not self._claims.needed)
-        with self._storage.batch(), reader:  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
+        with (
+            self._storage.batch(),
+            reader,
+        ):  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
             for at, path in enumerate(files):
-                committed = self._ingest_file(path, functools.partial(reader.read, files, at), optional, kv_preset, progress, keep_cache)
+                committed = self._ingest_file(
+                    path, functools.partial(reader.read, files, at), optional, kv_preset, progress, keep_cache
+                )
                 self._storage.after_commit(lambda committed=committed: heard(committed))
                 results.extend(committed)
         return results
 
     def _ingest_file(
-        self, path: Path, read: Callable[[], Read], optional: frozenset[str], kv_preset: str, progress: Progress | None, keep_cache: bool
+        self,
+        path: Path,
+        read: Callable[[], Read],
+        optional: frozenset[str],
+        kv_preset: str,
+        progress: Progress | None,
+        keep_cache: bool,
     ) -> list[IngestResult]:
         def archive(progress: Progress | None) -> list[IngestResult]:
             planned, skipped = read()
@@ -207,22 +230,32 @@ class Ingester:
         loaded, books = self.prepare(optional, kv_preset)
         model_id = loaded.identity.model_id
         if computed is not None and len(planned) > 1:
-            raise InvalidArgument(f"a computed pass covers one session within the model's context; this one has {len(planned)} parts")
+            raise InvalidArgument(
+                f"a computed pass covers one session within the model's context; this one has {len(planned)} parts"
+            )
         if progress:
             progress(0, sum(len(p.ids) for p in planned))
         results = []
-        queued = (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()  # embedded later, newest first: the embedder's pass is no ingest's
-        with self._storage.batch():  # the source's sessions in one transaction (committed early when the lock is let go)
+        queued = (
+            (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()
+        )  # embedded later, newest first: the embedder's pass is no ingest's
+        with (
+            self._storage.batch()
+        ):  # the source's sessions in one transaction (committed early when the lock is let go)
             unchanged = self._unchanged(model_id, planned, optional - {Tier.SEMANTIC}, queued)
             for one in planned:
-                result = unchanged.get(id(one)) or self._archive(loaded, one, optional - {Tier.SEMANTIC}, books, computed, keep_cache, conversation, queued)
+                result = unchanged.get(id(one)) or self._archive(
+                    loaded, one, optional - {Tier.SEMANTIC}, books, computed, keep_cache, conversation, queued
+                )
                 results.append(dataclasses.replace(result, dropped=one.item.dropped) if one.item.dropped else result)
                 if progress:
                     progress(len(one.ids), 0)
                 self._storage.before_compute(short=True)  # a hold past HOLD_SECONDS lets readers in (and commits)
         return results
 
-    def _unchanged(self, model_id: str, planned: list[Planned], keep: frozenset[str], queued: tuple[str, ...]) -> dict[int, IngestResult]:
+    def _unchanged(
+        self, model_id: str, planned: list[Planned], keep: frozenset[str], queued: tuple[str, ...]
+    ) -> dict[int, IngestResult]:
         """The results of the sessions of ``planned`` archived already with every tier of
         ``keep`` (by ``id()`` of each), found in one read: a watched log past the model's context
         is read again whole at each turn, and all its parts but the last are unchanged. Those
@@ -238,7 +271,15 @@ class Ingester:
         seconds = (time.perf_counter() - began) / max(1, len(done))
         return {
             id(one): IngestResult(
-                done[id(one)], one.item.name, one.item.source, len(one.ids), IngestStatus.UNCHANGED, None, 0, seconds, part=one.part.get("number")
+                done[id(one)],
+                one.item.name,
+                one.item.source,
+                len(one.ids),
+                IngestStatus.UNCHANGED,
+                None,
+                0,
+                seconds,
+                part=one.part.get("number"),
             )
             for one in planned
             if id(one) in done
@@ -262,7 +303,9 @@ class Ingester:
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
-        if conversation is None and planned.part.get("follows") is not None:  # a part continues the conversation of the part before it
+        if (
+            conversation is None and planned.part.get("follows") is not None
+        ):  # a part continues the conversation of the part before it
             before = self._storage.get_session(planned.part["follows"])
             # ... when that part is this file's own: the same tokens archived from another file (a resumed log's copied
             # history) are that file's session, and this file's conversation is decided by the rule, as a whole session's
@@ -271,7 +314,9 @@ class Ingester:
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)
 
-        def tokens_of(node):  # this session's prefix is the context a tier-L node decodes in; its own tokens, how far to decode
+        def tokens_of(
+            node,
+        ):  # this session's prefix is the context a tier-L node decodes in; its own tokens, how far to decode
             return self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :])
 
         for _ in range(COMMIT_ATTEMPTS):
@@ -287,7 +332,9 @@ class Ingester:
             _, edit, joining, cache = work
             try:
                 self._commit(loaded, edit, joining, plan.version)
-            except StaleWrite:  # another writer committed meanwhile: plan again; the work stands if the plan is the same
+            except (
+                StaleWrite
+            ):  # another writer committed meanwhile: plan again; the work stands if the plan is the same
                 continue
             work = None
             if plan.match is not None:
@@ -299,9 +346,17 @@ class Ingester:
                 added = tuple(t for t in TIERS if any(t in tiers for _, tiers in plan.lacking))
                 status = IngestStatus.UPDATED if status == IngestStatus.UNCHANGED else status
         else:
-            raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again")
-        if status != IngestStatus.INGESTED and SEMANTIC_WORK in queued and any(Tier.SEMANTIC not in n.keep for n in plan.path):
-            self._storage.apply(Queue([plan.session_id], SEMANTIC_WORK))  # archived before without it: embedded later too
+            raise StaleWrite(
+                f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again"
+            )
+        if (
+            status != IngestStatus.INGESTED
+            and SEMANTIC_WORK in queued
+            and any(Tier.SEMANTIC not in n.keep for n in plan.path)
+        ):
+            self._storage.apply(
+                Queue([plan.session_id], SEMANTIC_WORK)
+            )  # archived before without it: embedded later too
         seconds = time.perf_counter() - began
         return IngestResult(
             plan.session_id,
@@ -316,7 +371,16 @@ class Ingester:
             part=planned.part.get("number"),
         )
 
-    def _computed(self, loaded, plan: SessionPlan, planned: Planned, books: str | None, computed: Computed | None, cache, scored: bool) -> tuple:
+    def _computed(
+        self,
+        loaded,
+        plan: SessionPlan,
+        planned: Planned,
+        books: str | None,
+        computed: Computed | None,
+        cache,
+        scored: bool,
+    ) -> tuple:
         """(the edit, the nodes joining the search index, the session's cache) of ``plan``;
         ``scored``: the model's pass made now, not queued (a server keeps each exchange's cache)."""
         if plan.runs_model or scored:
@@ -324,7 +388,11 @@ class Ingester:
         if plan.match is not None:
             work = self._compute.session(loaded, planned, plan, books, computed, score=scored)
             node = work.write.node
-            joining = {node.node_id: (node.tokens, plan.ids[: plan.match.matched])} if node is not None and "search" in node.keep else {}
+            joining = (
+                {node.node_id: (node.tokens, plan.ids[: plan.match.matched])}
+                if node is not None and "search" in node.keep
+                else {}
+            )
             return work.write, joining, work.cache
         return self._compute.tiers(loaded, plan, books, cache)
 
@@ -350,15 +418,23 @@ class Ingester:
         assert match is not None
         if cache is None:  # the model did not run: nothing to keep
             return
-        grows = match.node is not None and match.offset == match.node.n_tokens and self._storage.has_session(match.node.node_id)
+        grows = (
+            match.node is not None
+            and match.offset == match.node.n_tokens
+            and self._storage.has_session(match.node.node_id)
+        )
         if not (grows or now):
             return
-        path = trie.ends_deepest_first(self._storage.node_path(plan.session_id))  # an entry stores what it adds to its path's
+        path = trie.ends_deepest_first(
+            self._storage.node_path(plan.session_id)
+        )  # an entry stores what it adds to its path's
         if now:
             self._prefix_cache.save(plan.session_id, cache, path)
             return
         pending, ids = self._pending_prefix, plan.ids
-        if pending is not None and not (len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])):
+        if pending is not None and not (
+            len(ids) > len(pending[1]) and np.array_equal(ids[: len(pending[1])], pending[1])
+        ):
             self._prefix_cache.save(pending[0], pending[2], pending[3])
         self._pending_prefix = (plan.session_id, ids, cache, path)
 
@@ -370,7 +446,9 @@ Read = tuple[list[Planned] | TranscriptError, list[dict] | None]
 def _planned(items: Iterable[Transcript], described, redact: bool) -> list[Planned]:
     """Sessions parsed, rendered and tokenized, as the sessions that archive them (``plan_parts``)."""
     tokenizer, model_id, context = described.tokenizer, described.identity.model_id, described.context_tokens
-    return [part for item in items for part in plan_parts(tokenizer, model_id, redacted(item) if redact else item, context)]
+    return [
+        part for item in items for part in plan_parts(tokenizer, model_id, redacted(item) if redact else item, context)
+    ]
 
 
 class _FileReader:
@@ -395,7 +473,9 @@ class _FileReader:
         return read
 
     def _read(self, path: Path) -> Read:
-        skipped: list[dict] | None = None if self._strict else []  # malformed records left out, named in the file's first result
+        skipped: list[dict] | None = (
+            None if self._strict else []
+        )  # malformed records left out, named in the file's first result
         try:
             items = list(transcripts.iter_transcripts(path, SESSION_BYTES, skipped))
             if self._described is None:  # on the caller's thread: no file is read ahead before this

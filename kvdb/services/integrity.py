@@ -33,7 +33,9 @@ SAMPLE = 64  # blobs per tier checked without --deep
 
 
 class Integrity:
-    def __init__(self, storage: Storage, indexes: Indexes, prefix_cache: PrefixCache, chunk_indexes: Callable[[], ChunkIndexes]):
+    def __init__(
+        self, storage: Storage, indexes: Indexes, prefix_cache: PrefixCache, chunk_indexes: Callable[[], ChunkIndexes]
+    ):
         self._storage = storage
         self._indexes = indexes
         self._prefix_cache = prefix_cache
@@ -46,7 +48,10 @@ class Integrity:
         before = len(self._indexes.rebuilt)
         for tok_hash in self._storage.tokenizer_hashes():
             self._indexes.get(index_key(tok_hash), tok_hash)
-        notes = [f"search index {key} was missing or disagreed with the database; rebuilt" for key in self._indexes.rebuilt[before:]]
+        notes = [
+            f"search index {key} was missing or disagreed with the database; rebuilt"
+            for key in self._indexes.rebuilt[before:]
+        ]
         indexes = {key: self._indexes.path(key) for key in self._storage.index_keys()}
         report = verify(self._storage, indexes, deep, notes, self._prefix_cache.entries())
         try:
@@ -70,8 +75,12 @@ class Integrity:
             report.checked["semantic indexes"] += 1
             header = ChunkIndex.read_header(chunk_indexes.path(embedder_id))
             if header is None or header.live != sum(self._storage.chunk_counts(embedder_id).values()):
-                report.problems.append(f"semantic index {embedder_id}: {chunk_indexes.path(embedder_id)} is missing or stale (run `kvdb repair`)")
-        report.notes.extend(f"semantic index {e} was missing or unreadable; rebuilt" for e in chunk_indexes.rebuilt[before:])
+                report.problems.append(
+                    f"semantic index {embedder_id}: {chunk_indexes.path(embedder_id)} is missing or stale (run `kvdb repair`)"
+                )
+        report.notes.extend(
+            f"semantic index {e} was missing or unreadable; rebuilt" for e in chunk_indexes.rebuilt[before:]
+        )
 
     def repair(self) -> RepairReport:
         """Rebuild what can be derived (the search indexes, the semantic tier's; the prefix
@@ -90,7 +99,9 @@ class Integrity:
         return RepairReport(tuple(rebuilt), pruned, tuple(self.verify(deep=True).problems))
 
 
-def verify(store: Storage, index_paths, deep: bool = False, notes: Sequence[str] = (), prefix_entries: dict | None = None) -> VerifyReport:
+def verify(
+    store: Storage, index_paths, deep: bool = False, notes: Sequence[str] = (), prefix_entries: dict | None = None
+) -> VerifyReport:
     """``index_paths``: key -> sidecar path of each search index the archive should have;
     ``prefix_entries``: node id -> the positions each prefix-cache entry says it holds."""
     report = VerifyReport(notes=list(notes))
@@ -172,7 +183,11 @@ def _check_blobs(store: Storage, report: VerifyReport, shapes, deep: bool) -> No
     for codebook_id, _, data in store.stored_blobs("codebooks"):
         report.checked["codebooks"] += 1
         # a reference to shipped codebooks stands for centroids this machine builds; its own bytes are checked
-        read = shipped_codebooks.Reference.from_bytes if shipped_codebooks.is_reference(data) else code_layout.read_codebooks
+        read = (
+            shipped_codebooks.Reference.from_bytes
+            if shipped_codebooks.is_reference(data)
+            else code_layout.read_codebooks
+        )
         _guard(report, f"codebooks {codebook_id[:12]}", read, data)
 
 
@@ -186,12 +201,20 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
         if node.parent_id and parent is None:
             report.problems.append(f"node {node.node_id[:12]} names a parent {node.parent_id[:12]} that is not stored")
         elif parent is not None and parent[0].end != node.start:
-            report.problems.append(f"node {node.node_id[:12]} starts at {node.start}, its parent ends at {parent[0].end}")
-        held = lengths.get(node.node_id)  # none: tier L only (recomputed), or tokens the model has not scored yet (pending_work)
+            report.problems.append(
+                f"node {node.node_id[:12]} starts at {node.start}, its parent ends at {parent[0].end}"
+            )
+        held = lengths.get(
+            node.node_id
+        )  # none: tier L only (recomputed), or tokens the model has not scored yet (pending_work)
         if held is not None and held != (node.n_tokens if "tokens" in node.keep else None):
-            report.problems.append(f"node {node.node_id[:12]} has {lengths.get(node.node_id)} log-probabilities for {node.n_tokens} tokens")
+            report.problems.append(
+                f"node {node.node_id[:12]} has {lengths.get(node.node_id)} log-probabilities for {node.n_tokens} tokens"
+            )
         if not node.keep & {"tokens", "lm"}:
-            report.problems.append(f"node {node.node_id[:12]} holds neither token blocks nor tier L: tokens [{node.start}, {node.end}) are lost")
+            report.problems.append(
+                f"node {node.node_id[:12]} holds neither token blocks nor tier L: tokens [{node.start}, {node.end}) are lost"
+            )
     for session in sessions:
         report.checked["sessions"] += 1
         path: list[NodeRow] = []
@@ -200,11 +223,15 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
             path.append(shapes[node_id][0])
             node_id = shapes[node_id][0].parent_id
         if not path or path[0].node_id != session.session_id or node_id is not None:
-            report.problems.append(f"session {session.session_id[:12]} ({session.name}): its trie path is broken; it cannot be read")
+            report.problems.append(
+                f"session {session.session_id[:12]} ({session.name}): its trie path is broken; it cannot be read"
+            )
             continue
         through.update(n.node_id for n in path)
         if path[0].end != session.n_tokens:
-            report.problems.append(f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}")
+            report.problems.append(
+                f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}"
+            )
         if deep and not all("tokens" in n.keep for n in path):
             # decoding tier L needs the model; `kvdb restore --mode decode` (or `show`) does it, and
             # checks the tokens against the node ids
@@ -213,13 +240,19 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
             try:
                 ids = store.load_tokens(session.session_id)
             except (KvdbError, KeyError) as exc:
-                report.problems.append(f"session {session.session_id[:12]} ({session.name}): tokens do not decode: {exc}")
+                report.problems.append(
+                    f"session {session.session_id[:12]} ({session.name}): tokens do not decode: {exc}"
+                )
                 continue
             if trie.path_id(session.model_id, ids) != session.session_id:
-                report.problems.append(f"session {session.session_id[:12]} ({session.name}): decoded tokens do not match its content hash")
+                report.problems.append(
+                    f"session {session.session_id[:12]} ({session.name}): decoded tokens do not match its content hash"
+                )
     for node, _, _ in shapes.values():
         if node.refcount != through[node.node_id]:
-            report.problems.append(f"node {node.node_id[:12]} counts {node.refcount} sessions, {through[node.node_id]} run through it")
+            report.problems.append(
+                f"node {node.node_id[:12]} counts {node.refcount} sessions, {through[node.node_id]} run through it"
+            )
 
 
 def _check_indexes(store: Storage, report: VerifyReport, index_paths) -> None:
@@ -232,7 +265,9 @@ def _check_indexes(store: Storage, report: VerifyReport, index_paths) -> None:
         report.checked["search indexes"] += 1
         header = WalkIndex.read_header(path)
         if header is None or (header.generation, header.ntotal) != (state.generation, state.ntotal):
-            report.problems.append(f"search index {key}: {path} is missing or stale (run `kvdb repair` or `kvdb index rebuild`)")
+            report.problems.append(
+                f"search index {key}: {path} is missing or stale (run `kvdb repair` or `kvdb index rebuild`)"
+            )
             continue
         try:
             WalkIndex.load(path, check=True)

@@ -35,7 +35,12 @@ class Inventory:
             n,
             counts["stored_tokens"],
             counts["nodes"],
-            dict(tiers, file=self._storage.footprint(), codebooks=counts["codebook_bytes"], prefix_cache=self._prefix_cache.size()),
+            dict(
+                tiers,
+                file=self._storage.footprint(),
+                codebooks=counts["codebook_bytes"],
+                prefix_cache=self._prefix_cache.size(),
+            ),
             per_token,
             ratio,
             counts["codebook_bytes"],
@@ -66,7 +71,9 @@ class Inventory:
             model = self._storage.get_model(model_id)
             assert model is not None  # a session's model is stored with it
             c = model.config
-            kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")  # GPT-2, GPT-NeoX: one per query head
+            kv_heads = c.get("num_key_value_heads") or c.get(
+                "num_attention_heads"
+            )  # GPT-2, GPT-NeoX: one per query head
             if c.get("num_hidden_layers") and kv_heads:
                 head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
                 return 2 * c["num_hidden_layers"] * kv_heads * head_dim * 2

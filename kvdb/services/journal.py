@@ -37,7 +37,9 @@ class Journal:
             self._sync_folder()
         except OSError as exc:  # the reply is not sent: it could not be kept
             tmp.unlink(missing_ok=True)
-            raise ArchiveError(f"cannot write the serve journal {self.folder} ({exc.strerror or exc}); free disk space or fix its permissions") from exc
+            raise ArchiveError(
+                f"cannot write the serve journal {self.folder} ({exc.strerror or exc}); free disk space or fix its permissions"
+            ) from exc
         return path
 
     def pending(self) -> list[Path]:

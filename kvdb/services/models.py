@@ -116,5 +116,7 @@ class ModelProvider:
             described = description.describe(self.name)
             if described is None:  # never loaded on this machine: loading it learns (and caches) its facts
                 return self.get()
-            self._described = dataclasses.replace(described, identity=identity.in_archive(self._storage, described.identity))
+            self._described = dataclasses.replace(
+                described, identity=identity.in_archive(self._storage, described.identity)
+            )
         return self._described

@@ -24,7 +24,13 @@ SESSION_TURNS_CACHED = 64  # sessions whose turns one query keeps decoded (a que
 
 
 class Querying:
-    def __init__(self, storage: Storage, reader: Reader, search: Callable[..., list[Hit]], search_meaning: Callable[..., list[Hit]]):
+    def __init__(
+        self,
+        storage: Storage,
+        reader: Reader,
+        search: Callable[..., list[Hit]],
+        search_meaning: Callable[..., list[Hit]],
+    ):
         """``search(phrase, k, case_sensitive=)`` and ``search_meaning(query, k)``: the archive's searches."""
         self._storage = storage
         self._reader = reader
@@ -39,7 +45,10 @@ class Querying:
         @lru_cache(maxsize=SESSION_TURNS_CACHED)
         def turns(session_id: str) -> list[dict]:
             found = self._reader.turns(session_id)
-            return [{"turn": i, "role": t.role, "start": t.start, "stop": t.end, "text": t.text} for i, t in enumerate(found, 1)]
+            return [
+                {"turn": i, "role": t.role, "start": t.start, "stop": t.end, "text": t.text}
+                for i, t in enumerate(found, 1)
+            ]
 
         def search(phrase: str, k: int, partial: bool, case_sensitive: bool) -> list[dict]:
             hits = self._search(phrase, _k(k), case_sensitive=case_sensitive)

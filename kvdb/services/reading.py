@@ -85,12 +85,16 @@ class Reader:
         if len(latest) < 2:  # nothing to order: no query for each one's first version
             return list(latest.values())
         first = {c: self._storage.conversation_sessions(c)[0] for c in latest}
-        return sorted(latest.values(), key=lambda r: (first[r.conversation_id].created_at, first[r.conversation_id].session_id))
+        return sorted(
+            latest.values(), key=lambda r: (first[r.conversation_id].created_at, first[r.conversation_id].session_id)
+        )
 
     def _version(self, ref: str, number: int) -> SessionRow:
         versions = self._storage.conversation_sessions(self.resolve(ref).conversation_id)
         if number > len(versions):
-            raise SessionNotFound(f"no version {number} of {ref!r}: it has {len(versions)}, {ref}@v1 to {ref}@v{len(versions)} (oldest first)")
+            raise SessionNotFound(
+                f"no version {number} of {ref!r}: it has {len(versions)}, {ref}@v1 to {ref}@v{len(versions)} (oldest first)"
+            )
         return versions[number - 1]
 
     def sessions(self) -> list[Session]:
@@ -130,7 +134,9 @@ class Reader:
         clipped = [(role, max(a + first, start), min(b + first, end)) for role, a, b in chat.turns(tokenizer, ids)]
         return [Turn(role, _said(tokenizer, role, ids[a - first : b - first]), a, b) for role, a, b in clipped if a < b]
 
-    def path_tokens(self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None) -> np.ndarray:
+    def path_tokens(
+        self, row: SessionRow, start: int = 0, end: int | None = None, path: list[NodeRow] | None = None
+    ) -> np.ndarray:
         """Tokens [start, end) of a session (``path``: its nodes, when read already): from the
         token blocks, or from tier L where the path holds some only there."""
         end = row.n_tokens if end is None else end
@@ -177,7 +183,9 @@ class Reader:
             else:
                 head = self._storage.load_tokens(node.node_id, 0, min(node.end, 4 * words))
                 text = " ".join(self._models.text_of_tokens(node.model_id, head).split()[:words])
-            out.append(Prefix(node.node_id, node.end, None if logprobs is None else bits(logprobs), node.refcount, text))
+            out.append(
+                Prefix(node.node_id, node.end, None if logprobs is None else bits(logprobs), node.refcount, text)
+            )
         return out
 
 
@@ -191,7 +199,9 @@ def clip_range(row: SessionRow, start: int | None, end: int | None) -> tuple[int
     start = 0 if start is None else start
     end = row.n_tokens if end is None else end
     if not 0 <= start <= end <= row.n_tokens:
-        raise InvalidArgument(f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), which has {row.n_tokens} tokens")
+        raise InvalidArgument(
+            f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), which has {row.n_tokens} tokens"
+        )
     return start, end
 
 

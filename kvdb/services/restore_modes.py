@@ -32,7 +32,16 @@ def restore_exact(loaded: LoadedModel, session_id: str, prefix: np.ndarray) -> R
     """The cache of ``prefix`` (a session's first tokens), recomputed by one chunked prefill."""
     start = time.perf_counter()
     cache = lm_ops.prefill(loaded.model, prefix)
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.EXACT, time.perf_counter() - start, prefix)
+    return RestoredSession(
+        session_id,
+        loaded.model,
+        loaded.tokenizer,
+        cache,
+        len(prefix),
+        RestoreMode.EXACT,
+        time.perf_counter() - start,
+        prefix,
+    )
 
 
 def restore_archive(
@@ -49,7 +58,15 @@ def restore_archive(
     positions (``"recompute"``; docs/decisions/0009-tier-k-exact-window.md, 0022 and 0024)."""
     cache = capture.restore_layers(loaded.model, prefix, layers, pre_rope=True, window=window, exact_sinks=exact_sinks)
     return RestoredSession(
-        session_id, loaded.model, loaded.tokenizer, cache, len(prefix), RestoreMode.ARCHIVE, time.perf_counter() - started, prefix, window=window
+        session_id,
+        loaded.model,
+        loaded.tokenizer,
+        cache,
+        len(prefix),
+        RestoreMode.ARCHIVE,
+        time.perf_counter() - started,
+        prefix,
+        window=window,
     )
 
 
@@ -58,13 +75,22 @@ def judged(measured: PresetFidelity, max_loss: float) -> tuple[bool, str]:
     preset was measured, at every length measured, within ``max_loss`` (decision 0039)."""
     worst = fidelity_ops.worst_ppl(measured.lengths)
     if measured.source is CodebookSource.TRAINED:
-        return False, f"tier K was coded with codebooks trained on this archive ({measured.label}), whose fidelity nobody measured"
+        return (
+            False,
+            f"tier K was coded with codebooks trained on this archive ({measured.label}), whose fidelity nobody measured",
+        )
     if worst is None:
         return False, f"tier K preset {measured.label} has no measured fidelity for this model"
     at, ratio = worst
     if ratio > max_loss:
-        return False, f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at {at:,} tokens, above max-loss {max_loss:g}"
-    return True, f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at worst ({at:,} tokens), within max-loss {max_loss:g}"
+        return (
+            False,
+            f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at {at:,} tokens, above max-loss {max_loss:g}",
+        )
+    return (
+        True,
+        f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at worst ({at:,} tokens), within max-loss {max_loss:g}",
+    )
 
 
 def measured_words(measured: PresetFidelity) -> str:
@@ -91,7 +117,13 @@ def fidelity(loaded: LoadedModel, archived_cache, exact_cache, probe: np.ndarray
 
 
 def decode_node(
-    loaded: LoadedModel, node: NodeRow, payload: bytes, before: np.ndarray, context, end: int | None = None, expect: np.ndarray | None = None
+    loaded: LoadedModel,
+    node: NodeRow,
+    payload: bytes,
+    before: np.ndarray,
+    context,
+    end: int | None = None,
+    expect: np.ndarray | None = None,
 ) -> tuple[np.ndarray, lmcode.Context]:
     """A node's tokens [0, ``end``) (default: all of them) from its tier-L payload, given ``before``
     (its path's tokens) and their ``context``; with ``expect``, only up to the first token that
@@ -100,13 +132,18 @@ def decode_node(
     all. A self-describing "KL" payload (what kvdb wrote before node payloads) is decoded whole,
     against its digest."""
     if len(before) != node.start:
-        raise InvalidArgument(f"node {node.node_id[:12]} starts at token {node.start}; {len(before)} tokens were given before it")
+        raise InvalidArgument(
+            f"node {node.node_id[:12]} starts at token {node.start}; {len(before)} tokens were given before it"
+        )
     end = node.n_tokens if end is None else end
     if not lmcode.is_node_payload(payload):
         ids, after = lmcode.decode(loaded.model, payload, context=context)
         return ids[:end], after
     ids, after = lmcode.decode_node(loaded.model, payload, end, context=context, expect=expect)
-    if len(ids) == node.n_tokens and trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id:
+    if (
+        len(ids) == node.n_tokens
+        and trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id
+    ):
         raise CorruptData(
             f"tier L payload of node {node.node_id[:12]} decodes to tokens its id does not hash: the payload is damaged, "
             "or this machine computes the model's forward pass differently from the encoder's"
@@ -114,7 +151,9 @@ def decode_node(
     return ids, after
 
 
-def decode_path(loaded: LoadedModel, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> tuple[np.ndarray, lmcode.Context | None]:
+def decode_path(
+    loaded: LoadedModel, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int
+) -> tuple[np.ndarray, lmcode.Context | None]:
     """Tokens [0, ``at``) of a path's nodes, root first, each with its tier-L payload or its
     tokens, and the context after them. A payload is decoded given the context its parent left
     (of the payload's version: where the version changes along the path, that context is built
@@ -139,7 +178,9 @@ def decode_path(loaded: LoadedModel, parts: list[tuple[NodeRow, bytes | np.ndarr
     return (np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)), context
 
 
-def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int) -> RestoredSession:
+def restore_decode(
+    loaded: LoadedModel, session_id: str, parts: list[tuple[NodeRow, bytes | np.ndarray]], at: int
+) -> RestoredSession:
     """The cache of tokens [0, ``at``) rebuilt from tier L along a path (``decode_path``): version
     1's own context, which is the model's cache; after versions 2 and 3 (an integer forward pass,
     not the model's), one prefill of the tokens."""
@@ -152,7 +193,9 @@ def restore_decode(loaded: LoadedModel, session_id: str, parts: list[tuple[NodeR
             cache.crop(-extra)
     else:
         cache = lm_ops.prefill(loaded.model, tokens)
-    return RestoredSession(session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens)
+    return RestoredSession(
+        session_id, loaded.model, loaded.tokenizer, cache, at, RestoreMode.DECODE, time.perf_counter() - start, tokens
+    )
 
 
 def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool, before: np.ndarray) -> np.ndarray:
@@ -167,7 +210,9 @@ def continuation_ids(loaded: LoadedModel, prompt: str | None, as_turn: bool, bef
     return np.asarray(tok.encode(loaded.tokenizer, text), dtype=np.int64)
 
 
-def continue_restored(loaded: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int) -> str:
+def continue_restored(
+    loaded: LoadedModel, restored: RestoredSession, prompt_ids: np.ndarray, max_new_tokens: int
+) -> str:
     """Greedy continuation after the restored tokens (and the prompt, if any)."""
     if max_new_tokens < 1:
         raise InvalidArgument(f"max_new_tokens must be at least 1, got {max_new_tokens}")

@@ -22,19 +22,34 @@ from kvdb.storage.base import NodeRow
 from kvdb.tiers import DEFAULT_MAX_LOSS, DEFAULT_WINDOW, RESTORE_MODES, WINDOWS, check_max_loss
 
 # what each mode does, as the end of a restore's reason
-_DONE = {"exact": "prefilled exactly", "archive": "restored from tier K", "decode": "decoded from tier L (some tokens are kept only there)"}
+_DONE = {
+    "exact": "prefilled exactly",
+    "archive": "restored from tier K",
+    "decode": "decoded from tier L (some tokens are kept only there)",
+}
 
 
 class Restorer:
-    def __init__(self, storage: Storage, models: ModelProvider, reader: Reader, tier_k: TierK, tier_l: TierL, sinks: PrefixCache):
-        self._sinks = sinks  # exact caches of paths' first positions, by content: every path that opens alike shares one
+    def __init__(
+        self, storage: Storage, models: ModelProvider, reader: Reader, tier_k: TierK, tier_l: TierL, sinks: PrefixCache
+    ):
+        self._sinks = (
+            sinks  # exact caches of paths' first positions, by content: every path that opens alike shares one
+        )
         self._storage = storage
         self._models = models
         self._reader = reader
         self._tier_k = tier_k
         self._tier_l = tier_l
 
-    def restore(self, ref: str, at: int | None = None, mode: str = "auto", window: str | None = None, max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession:
+    def restore(
+        self,
+        ref: str,
+        at: int | None = None,
+        mode: str = "auto",
+        window: str | None = None,
+        max_loss: float = DEFAULT_MAX_LOSS,
+    ) -> RestoredSession:
         if mode not in RESTORE_MODES:
             raise InvalidArgument(f"unknown restore mode {mode!r}; choose from {', '.join(RESTORE_MODES)}")
         if window is not None and window not in WINDOWS:
@@ -46,15 +61,23 @@ class Restorer:
         loaded = self._models.for_session(row)
         path = self._storage.node_path(row.session_id)
         nodes = [n for n in path if n.start < at]
-        measured = self._tier_k.path_fidelity(nodes) if nodes and all("kv" in n.keep for n in nodes) and mode in ("auto", "archive") else None
+        measured = (
+            self._tier_k.path_fidelity(nodes)
+            if nodes and all("kv" in n.keep for n in nodes) and mode in ("auto", "archive")
+            else None
+        )
         mode, reason = _mode(mode, nodes, measured, max_loss)
-        window = window or (presets.restore_window(measured.spec) if measured is not None else DEFAULT_WINDOW)  # the preset's, unless told
+        window = window or (
+            presets.restore_window(measured.spec) if measured is not None else DEFAULT_WINDOW
+        )  # the preset's, unless told
         restored = self._restore(loaded, row, path, nodes, at, mode, window)
         restored.reason = reason
         restored.fidelity = measured if restored.mode == "archive" else None
         return restored
 
-    def _restore(self, loaded, row, path: list[NodeRow], nodes: list[NodeRow], at: int, mode: str, window: str) -> RestoredSession:
+    def _restore(
+        self, loaded, row, path: list[NodeRow], nodes: list[NodeRow], at: int, mode: str, window: str
+    ) -> RestoredSession:
         if mode == "decode" and nodes:
             return self._tier_l.restore(row, nodes, at)
         tokens = self._reader.path_tokens(row, 0, at, path)
@@ -90,7 +113,11 @@ class Restorer:
             raise InvalidArgument(f"a fidelity probe needs at least {capture.SINKS + 3} tokens up to --at")
         archived = self.restore(row.session_id, at=cut, mode="archive", window=window)
         exact = self.restore(row.session_id, at=cut, mode="exact")
-        return Fidelity(**restore_ops.fidelity(self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at)))
+        return Fidelity(
+            **restore_ops.fidelity(
+                self._models.get(), archived.cache, exact.cache, self._reader.path_tokens(row, cut, at)
+            )
+        )
 
     def generate(self, restored: RestoredSession, prompt: str | None = None, max_new_tokens: int = 64) -> str:
         """Continue a restored session greedily, from the same state however often it is called."""

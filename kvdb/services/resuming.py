@@ -29,14 +29,23 @@ RESUME_MODES = ("exact", "auto", "archive")
 
 
 class Resumer:
-    def __init__(self, storage: Storage, models: ModelProvider, tier_l: TierL, tier_k: Callable[[], TierK], prefix_cache: PrefixCache):
+    def __init__(
+        self,
+        storage: Storage,
+        models: ModelProvider,
+        tier_l: TierL,
+        tier_k: Callable[[], TierK],
+        prefix_cache: PrefixCache,
+    ):
         self._storage = storage
         self._models = models
         self._tier_l = tier_l
         self._tier_k = tier_k  # built on first use: only `--restore archive` reads tier K
         self._prefix_cache = prefix_cache
 
-    def resume(self, ids: np.ndarray, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS) -> RestoredSession | None:
+    def resume(
+        self, ids: np.ndarray, better_than: int = 0, mode: str = "exact", max_loss: float = DEFAULT_MAX_LOSS
+    ) -> RestoredSession | None:
         """The cache of the longest archived prefix of ``ids`` longer than ``better_than`` tokens:
         from the prefix cache (the deepest node of the matched path it holds, cropped to the
         match: the prefix of an archived exchange is resumed from the exchange's cache), or, with
@@ -50,7 +59,12 @@ class Resumer:
         model_id = loaded.identity.model_id
         ids = np.asarray(ids, dtype=np.int64)
         started = time.perf_counter()
-        match = trie.longest_prefix(self._storage, model_id, ids, lambda node: self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :]))
+        match = trie.longest_prefix(
+            self._storage,
+            model_id,
+            ids,
+            lambda node: self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :]),
+        )
         if match.node is None or match.matched <= better_than:
             return None
         path = list(match.path)
@@ -60,21 +74,41 @@ class Resumer:
             found[1].crop(at - found[0])
             found = (at, found[1])
         held = found[0] if found is not None else better_than
-        leaf = self._storage.get_session(match.node.node_id)  # tier K is read through a session: the one ending in the match's node
+        leaf = self._storage.get_session(
+            match.node.node_id
+        )  # tier K is read through a session: the one ending in the match's node
         nodes = [n for n in path if n.start < at]
-        if mode != "exact" and leaf is not None and at - capture.SINKS - capture.RECENT > held and all("kv" in n.keep for n in nodes):
+        if (
+            mode != "exact"
+            and leaf is not None
+            and at - capture.SINKS - capture.RECENT > held
+            and all("kv" in n.keep for n in nodes)
+        ):
             measured = self._tier_k().path_fidelity(nodes)
-            taken, why = restore_ops.judged(measured, max_loss) if mode == "auto" else (True, restore_ops.measured_words(measured))
+            taken, why = (
+                restore_ops.judged(measured, max_loss)
+                if mode == "auto"
+                else (True, restore_ops.measured_words(measured))
+            )
             if taken:
                 layers = self._tier_k().layers(leaf, nodes, at)
                 # the server counts the window it recomputes as computed (not cached) tokens
-                restored = restore_ops.restore_archive(loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute")
+                restored = restore_ops.restore_archive(
+                    loaded, trie.path_id(model_id, ids[:at]), ids[:at], layers, started, window="recompute"
+                )
                 restored.reason, restored.fidelity = why, measured
                 return restored
         if found is None:
             return None
         return RestoredSession(
-            trie.path_id(model_id, ids[:held]), loaded.model, loaded.tokenizer, found[1], held, RestoreMode.EXACT, time.perf_counter() - started, ids[:held]
+            trie.path_id(model_id, ids[:held]),
+            loaded.model,
+            loaded.tokenizer,
+            found[1],
+            held,
+            RestoreMode.EXACT,
+            time.perf_counter() - started,
+            ids[:held],
         )
 
     def keep(self, ids: np.ndarray, cache) -> None:

@@ -60,7 +60,9 @@ class Searcher:
         within one ``session``, or ``each_occurrence``, the ``k`` best hits. ``within``: only
         these conversations."""
         if not 0 <= min_share <= 1:
-            raise InvalidArgument(f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}")
+            raise InvalidArgument(
+                f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}"
+            )
         found = self._lookup(phrase, session, case_sensitive, within)
         if found is None:
             return []
@@ -96,9 +98,16 @@ class Searcher:
         if found is None:
             return PhraseCount(phrase, 0, case_sensitive, session)
 
-        return PhraseCount(phrase, search_ops.count(found.index, found.slots, found.owned, found.variants, found.known), case_sensitive, session)
+        return PhraseCount(
+            phrase,
+            search_ops.count(found.index, found.slots, found.owned, found.variants, found.known),
+            case_sensitive,
+            session,
+        )
 
-    def _lookup(self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None) -> _Lookup | None:
+    def _lookup(
+        self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None
+    ) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
         runs (those on ``session``'s path, or on the paths of the conversations ``within``, when
         given), and the trie; None when nothing is indexed."""
@@ -108,16 +117,26 @@ class Searcher:
         variants = phrase_variants(tokenizer, phrase, case_sensitive)
         longest = max(len(v) for v in variants)
         if longest > search_ops.MAX_PHRASE_TOKENS:
-            raise InvalidArgument(f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}")
+            raise InvalidArgument(
+                f"phrase is {longest} tokens long; search takes at most {search_ops.MAX_PHRASE_TOKENS}"
+            )
         key = index_key(tok_hash)
         with self._derived.pinned() as version:  # one version for the index, its slot runs and the trie
             index = self._indexes.get(key, tok_hash, version=version)
             slots = self._derived.get(key, lambda: self._slot_map(key, index.ntotal))
             view = self._trie_view()
-            owned = self._derived.get(f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool))  # runs some session uses
-            runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))  # node id -> first slot
+            owned = self._derived.get(
+                f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool)
+            )  # runs some session uses
+            runs = self._derived.get(
+                f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist()))
+            )  # node id -> first slot
             scoping = session is not None or within is not None
-            at = self._derived.get(f"{key}:at", lambda: {str(n): i for i, n in enumerate(slots.node_ids)}) if scoping else {}  # node id -> its run
+            at = (
+                self._derived.get(f"{key}:at", lambda: {str(n): i for i, n in enumerate(slots.node_ids)})
+                if scoping
+                else {}
+            )  # node id -> its run
         if not len(slots.first):
             return None
         known: dict[bytes, KeyRange] | None = None
@@ -125,11 +144,16 @@ class Searcher:
             variants, known = casing.variants(tokenizer, index, phrase, variants)
         scoped = scoped_owners(view, self._reader, session, within)
         owners = view.owner if scoped is None else scoped
-        if scoped is not None:  # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass over all
+        if (
+            scoped is not None
+        ):  # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass over all
             keep = np.sort(np.fromiter((at[n] for n in owners if n in at), dtype=np.int64))
             if not len(keep):
                 return None
-            slots, owned = SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]), owned[keep]
+            slots, owned = (
+                SlotMap(slots.node_ids[keep], slots.first[keep], slots.length[keep], slots.start[keep]),
+                owned[keep],
+            )
         sessions_of = lambda node_ids: {n: owners[n] for n in node_ids if n in owners}  # noqa: E731
         fetch = lambda requests: view.windows(self._storage, requests, runs, index.tokens)  # noqa: E731
         return _Lookup(tokenizer, variants, index, slots, owned, view, sessions_of, fetch, known)
@@ -148,7 +172,13 @@ class Searcher:
         key = index_key(tok_hash)
         start = time.perf_counter()
         index = self._indexes.rebuild(key, tok_hash)
-        return RebuiltIndex(key, len(self._storage.list_sessions()), len(self._storage.slot_runs(key)), index.ntotal, round(time.perf_counter() - start, 3))
+        return RebuiltIndex(
+            key,
+            len(self._storage.list_sessions()),
+            len(self._storage.slot_runs(key)),
+            index.ntotal,
+            round(time.perf_counter() - start, 3),
+        )
 
 
 def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list[np.ndarray]:
@@ -173,5 +203,11 @@ def casings(phrase: str) -> list[str]:
     words = phrase.split(" ")
     first = next((i for i, c in enumerate(phrase) if c.isalpha()), 0)
     lower = phrase.lower()
-    forms = [phrase, lower, lower[:first] + lower[first:].capitalize(), " ".join(w.capitalize() for w in words), phrase.upper()]
+    forms = [
+        phrase,
+        lower,
+        lower[:first] + lower[first:].capitalize(),
+        " ".join(w.capitalize() for w in words),
+        phrase.upper(),
+    ]
     return list(dict.fromkeys(forms))

@@ -37,7 +37,9 @@ from kvdb.storage.edits import SEMANTIC_WORK
 if TYPE_CHECKING:
     from kvdb.model.embedder import Embedder
 
-CANDIDATES = 100  # chunks each retriever hands to the fusion, and sessions whole-session BM25 does (benchmarks/hybrid.py)
+CANDIDATES = (
+    100  # chunks each retriever hands to the fusion, and sessions whole-session BM25 does (benchmarks/hybrid.py)
+)
 # The fusion (decision 0058): a chunk's cosine to the query, the share of the query's word weight
 # the chunk holds (BM25 over its ceiling) and the share its whole conversation holds, weighted;
 # none scaled over the list, so a score means the same for any query and any archive.
@@ -51,11 +53,15 @@ WEAK_BELOW = 0.41  # a hit under this score is marked weak: the cut-off that bes
 # only once the rows it changed since the file was written reach this share of them: until then
 # each new process reads those few nodes again, which costs less than the rewrite.
 SAVE_SHARE = 1 / 64
-TOOL_ROLES = frozenset({"tool", "ipython", "function"})  # turns holding what a tool gave back, by the template's role word
+TOOL_ROLES = frozenset(
+    {"tool", "ipython", "function"}
+)  # turns holding what a tool gave back, by the template's role word
 # a tool call's or result's block, as chat.TEXTUAL writes it and as templates that render tools do
 # (Qwen's <tool_call>, <tool_response>); one left open runs to the turn's end
 _TOOL_BLOCK = re.compile(r"<(tool_call|tool_result|tool_response)\b[^>]*>.*?(?:</\1>|\Z)", re.DOTALL)
-_NO_TIER = "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
+_NO_TIER = (
+    "no session has the semantic tier; ingest with `--keep tokens,search,semantic` (archived sessions again, to add it)"
+)
 
 
 class SemanticTier:
@@ -114,7 +120,9 @@ class SemanticTier:
         on one scale for any query and any list; under ``WEAK_BELOW`` the hit is marked weak."""
         if not query or not query.strip():
             raise InvalidArgument("empty search query; give some text to look for")
-        with self._derived.pinned():  # one version for the embedders, the trie and the index; each read again only when it moves
+        with (
+            self._derived.pinned()
+        ):  # one version for the embedders, the trie and the index; each read again only when it moves
             embedded_with = self._derived.get("embedders", self._storage.chunk_embedders)  # a scan of every chunk row
             if not embedded_with:  # said before the embedder loads
                 raise TierMissing(self._no_tier())
@@ -125,7 +133,9 @@ class SemanticTier:
                     "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
                 )
             view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
-            table = self._derived.get(("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view))
+            table = self._derived.get(
+                ("chunks", embedder.embedder_id), lambda: self.indexes.get(embedder.embedder_id, view)
+            )
         if table is None:
             raise TierMissing(self._no_tier())
         query_vector = embedder.embed([query], kind="query")[0]
@@ -145,7 +155,9 @@ class SemanticTier:
         session_words, session_ceiling = table.words.grouped(query, groups, len(keys))
         session_share = session_words / max(session_ceiling, 1e-12)
         words_rows, _ = ranking.top_k(chunk_words, CANDIDATES)
-        sessions, _ = ranking.top_k(session_share, max(2 * k, 20))  # past these, a session is a candidate by its chunks alone
+        sessions, _ = ranking.top_k(
+            session_share, max(2 * k, 20)
+        )  # past these, a session is a candidate by its chunks alone
         # each candidate chunk: the retrievers' best, and every chunk of the sessions whole-session
         # BM25 puts first, so that a session it finds lands on its own best chunk
         rows = np.union1d(np.union1d(dense_rows, words_rows), np.flatnonzero(np.isin(groups, sessions)))
@@ -157,7 +169,8 @@ class SemanticTier:
         _, first = np.unique(groups[rows[order]], return_index=True)  # each session's best chunk
         best = order[np.sort(first)][:k]
         found = [
-            (owners(table.node_of(row)) or "", int(table.spans[row, 0]), int(table.spans[row, 1])) for row in rows[best].tolist()
+            (owners(table.node_of(row)) or "", int(table.spans[row, 0]), int(table.spans[row, 1]))
+            for row in rows[best].tolist()
         ]  # a row in a group has an owner
         texts = self._texts(view, found)
         titles = self._derived.get("titles", self._storage.conversation_titles)
@@ -177,7 +190,9 @@ class SemanticTier:
         for session_id, _, _ in requests:
             if session_id not in tokenizers:
                 tokenizers[session_id] = self._models.tokenizer_for(self._reader.resolve(session_id))
-        return [tok.snippet_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)]
+        return [
+            tok.snippet_text(tokenizers[session_id], window) for (session_id, _, _), window in zip(requests, windows)
+        ]
 
 
 def fusion(parts: np.ndarray) -> np.ndarray:
@@ -187,7 +202,9 @@ def fusion(parts: np.ndarray) -> np.ndarray:
     return np.asarray(WEIGHTS, np.float64) @ parts.astype(np.float64)
 
 
-def _groups(table: ChunkIndex, view: trie.TrieView, owners: Callable[[str], str | None]) -> tuple[np.ndarray, list[str]]:
+def _groups(
+    table: ChunkIndex, view: trie.TrieView, owners: Callable[[str], str | None]
+) -> tuple[np.ndarray, list[str]]:
     """Each row's conversation as a number (-1: a row no session in scope owns, or a tombstone),
     and the conversations by number: the documents of whole-session BM25."""
     number: dict[str, int] = {}
@@ -214,7 +231,11 @@ def said(tokenizer, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
     whole = backend.decode_batch([ids[a:b].tolist() for _, a, b in prose], skip_special_tokens=False)
     runs = [run for (_, a, b), text in zip(prose, whole) for run in _outside_tools(backend, ids, a, b, text)]
     spans = chunk_ops.spans(runs)
-    texts = backend.decode_batch([ids[a:b].tolist() for a, b in spans.tolist()], skip_special_tokens=True) if len(spans) else []
+    texts = (
+        backend.decode_batch([ids[a:b].tolist() for a, b in spans.tolist()], skip_special_tokens=True)
+        if len(spans)
+        else []
+    )
     roles = {a: role for role, a, _ in turns if role}
     keep = [bool(text.strip()) and text.strip() != roles.get(int(a)) for text, a in zip(texts, spans[:, 0].tolist())]
     return spans[np.array(keep, dtype=bool)], [text for text, kept in zip(texts, keep) if kept]
@@ -323,8 +344,12 @@ class ChunkIndexes:
 
     def _chunk_texts(self, view: trie.TrieView, nodes: list[str], spans: np.ndarray) -> list[str]:
         """Each chunk's text, read from its session's tokens ("" for a node no session owns)."""
-        readable = [(i, owner) for i, owner in enumerate(view.owner.get(node_id) for node_id in nodes) if owner is not None]
+        readable = [
+            (i, owner) for i, owner in enumerate(view.owner.get(node_id) for node_id in nodes) if owner is not None
+        ]
         texts = [""] * len(nodes)
-        for (i, _), text in zip(readable, self._texts(view, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable])):
+        for (i, _), text in zip(
+            readable, self._texts(view, [(owner, int(spans[i, 0]), int(spans[i, 1])) for i, owner in readable])
+        ):
             texts[i] = text
         return texts

@@ -64,7 +64,11 @@ class Reference:
 
     def to_bytes(self) -> bytes:
         """``MAGIC | u32 version | u32 JSON length | JSON | u32 CRC32`` (docs/formats.md)."""
-        body = json.dumps({"recipe": self.recipe, "content_sha256": self.content_sha256, "bytes": self.nbytes}, sort_keys=True, separators=(",", ":")).encode()
+        body = json.dumps(
+            {"recipe": self.recipe, "content_sha256": self.content_sha256, "bytes": self.nbytes},
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
         head = _PREFIX.pack(MAGIC, VERSION, len(body)) + body
         return head + _CRC.pack(zlib.crc32(head))
 
@@ -75,7 +79,9 @@ class Reference:
             raise CorruptData("not a kvdb shipped-codebook reference (bad magic)")
         _, version, length = _PREFIX.unpack_from(blob)
         if version > VERSION:
-            raise CorruptData(f"shipped-codebook reference version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb")
+            raise CorruptData(
+                f"shipped-codebook reference version {version} is newer than this kvdb reads ({VERSION}); upgrade kvdb"
+            )
         (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
         if len(blob) != _PREFIX.size + length + _CRC.size or zlib.crc32(blob[: -_CRC.size]) != crc:
             raise CorruptData("shipped-codebook reference failed its length or CRC check")
@@ -142,10 +148,15 @@ def buildable(wanted: dict, identity) -> bool:
     """Whether this kvdb can build a recipe for a model: its version, model and calibration text
     are this kvdb's (the preset and sizes may be any)."""
     ours = recipe(identity)
-    return all(wanted.get(field) == ours[field] for field in ("version", "weights_hash", "tokenizer_hash", "calibration_sha256"))
+    return all(
+        wanted.get(field) == ours[field]
+        for field in ("version", "weights_hash", "tokenizer_hash", "calibration_sha256")
+    )
 
 
-def build(loaded, progress=None, wanted: dict | None = None, preset: str | None = None) -> tuple[Reference, KVCodebooks, bool]:
+def build(
+    loaded, progress=None, wanted: dict | None = None, preset: str | None = None
+) -> tuple[Reference, KVCodebooks, bool]:
     """(reference, codebooks, whether they were built now) for a loaded model and a recipe
     (default: this kvdb's, of ``preset``, a spec): this machine's cached build, else a new one
     (157 s for SmolLM2's compact preset on 2 idle cores; written atomically, so a concurrent first
@@ -204,5 +215,23 @@ def codebook_set(row: CodebookRow) -> CodebookSet:
     if row.small_blob is not None and is_reference(row.small_blob):
         reference = Reference.from_bytes(row.small_blob)
         on_machine = cache_path(reference.key).is_file()
-        return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, CodebookSource.SHIPPED, row.stored_bytes, reference.nbytes, on_machine)
-    return CodebookSet(row.codebook_id, row.model_id, row.preset, row.created_at, CodebookSource.TRAINED, row.stored_bytes, row.stored_bytes, True)
+        return CodebookSet(
+            row.codebook_id,
+            row.model_id,
+            row.preset,
+            row.created_at,
+            CodebookSource.SHIPPED,
+            row.stored_bytes,
+            reference.nbytes,
+            on_machine,
+        )
+    return CodebookSet(
+        row.codebook_id,
+        row.model_id,
+        row.preset,
+        row.created_at,
+        CodebookSource.TRAINED,
+        row.stored_bytes,
+        row.stored_bytes,
+        True,
+    )

@@ -34,9 +34,13 @@ class TierK:
         self._reader = reader
         self._books: dict[str, KVCodebooks] = {}
         self._decoding: dict[str, KVCodebooks] = {}  # codebook id -> sharpened for restores
-        self._references: dict[str, bytes] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
+        self._references: dict[
+            str, bytes
+        ] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
 
-    def codebooks(self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME) -> tuple[str, KVCodebooks]:
+    def codebooks(
+        self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME
+    ) -> tuple[str, KVCodebooks]:
         """The named codebooks, else the model's newest of ``preset`` (a name or a spec), else the
         shipped ones of that spec (kvdb.services.shipped_codebooks: built on this machine's first
         use; ``ensure_codebooks`` references them in the archive)."""
@@ -48,7 +52,9 @@ class TierK:
             codebook_id = found[0]
         if codebook_id not in self._books:
             data = self._storage.codebook_data(codebook_id)
-            self._books[codebook_id] = self._referenced(model_id, data) if shipped.is_reference(data) else code_layout.read_codebooks(data)
+            self._books[codebook_id] = (
+                self._referenced(model_id, data) if shipped.is_reference(data) else code_layout.read_codebooks(data)
+            )
         return codebook_id, self._books[codebook_id]
 
     def build_shipped(self, progress=None, preset: str = presets.DEFAULT_NAME) -> ShippedCodebooks:
@@ -60,7 +66,12 @@ class TierK:
         self._storage.before_compute()  # a first build takes minutes: nobody waits on the file meanwhile
         reference, books, built = shipped.build(loaded, progress, preset=spec)
         return ShippedCodebooks(
-            loaded.identity.model_id, books.preset, reference.nbytes, built, str(shipped.cache_path(reference.key)), round(time.perf_counter() - start, 2)
+            loaded.identity.model_id,
+            books.preset,
+            reference.nbytes,
+            built,
+            str(shipped.cache_path(reference.key)),
+            round(time.perf_counter() - start, 2),
         )
 
     def ensure_codebooks(self, model_id: str, preset: str = presets.DEFAULT_NAME) -> str:
@@ -68,7 +79,9 @@ class TierK:
         model's newest of that spec, else the shipped ones, whose reference is written to the
         archive here (their first build on this machine takes minutes, with the file let go).
         Sessions coded before keep the codebooks they were coded with."""
-        codebook_id, books = self.codebooks(model_id, preset=preset)  # parsed now, with the file held: coding later reads nothing from it
+        codebook_id, books = self.codebooks(
+            model_id, preset=preset
+        )  # parsed now, with the file held: coding later reads nothing from it
         if self._storage.codebooks_for(model_id, books.preset) is None:
             reference = self._references[codebook_id]
             self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, reference))
@@ -88,7 +101,11 @@ class TierK:
         model = self._storage.get_model(row.model_id)
         assert model is not None  # the model of stored codebooks is stored
         # a benchmark's trained codebooks are not this archive's: only shipped figures describe its restores
-        figures = fidelity.measured(model.weights_hash, row.preset, source.value) if source is CodebookSource.SHIPPED else None
+        figures = (
+            fidelity.measured(model.weights_hash, row.preset, source.value)
+            if source is CodebookSource.SHIPPED
+            else None
+        )
         name = presets.name_of(row.preset, model.weights_hash)
         if figures is None:
             return PresetFidelity(name, row.preset, source)
@@ -137,10 +154,14 @@ class TierK:
     def _loaded(self, model_id: str):
         loaded = self._models.get()
         if loaded.identity.model_id != model_id:
-            raise InvalidArgument(f"tier K of model {model_id[:12]} needs that model; this archive is open with {loaded.identity.name}")
+            raise InvalidArgument(
+                f"tier K of model {model_id[:12]} needs that model; this archive is open with {loaded.identity.name}"
+            )
         return loaded
 
-    def codes(self, loaded, cache, start: int, end: int | None = None, codebook_id: str | None = None) -> tuple[str, dict[int, np.ndarray]]:
+    def codes(
+        self, loaded, cache, start: int, end: int | None = None, codebook_id: str | None = None
+    ) -> tuple[str, dict[int, np.ndarray]]:
         """Tier K of positions [start, end) from the ingest pass's own cache, as token-major code
         streams, with the codebooks named (looked up before the file was let go: coding then reads
         nothing from it), else the model's newest."""
@@ -182,11 +203,19 @@ class TierK:
             contexts.append(ids)
             used += k.shape[2] - capture.SINKS
         if used < needed:  # too few under the --tokens cap, or in the archive
-            advice = f"pass --tokens {needed} or more" if tokens < needed else "archive more sessions first, then run `kvdb codebooks train` again"
+            advice = (
+                f"pass --tokens {needed} or more"
+                if tokens < needed
+                else "archive more sessions first, then run `kvdb codebooks train` again"
+            )
             raise InvalidArgument(
                 f"training {preset} codebooks needs at least {needed} archived positions (attention sinks left out), and {used} were read; {advice}"
             )
-        fisher = dict(zip(quant.KINDS, capture.cache_fisher(loaded.model, contexts))) if transform.is_transform_preset(preset) else None
+        fisher = (
+            dict(zip(quant.KINDS, capture.cache_fisher(loaded.model, contexts)))
+            if transform.is_transform_preset(preset)
+            else None
+        )
         books = code_layout.train(
             {"k": np.concatenate(keys, axis=2), "v": np.concatenate(values, axis=2)},
             preset,
@@ -214,7 +243,9 @@ class TierK:
             raise InvalidArgument(
                 f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values"
             )
-        return max(size for kind in presets.allocation(preset, layers, heads).values() for stage in kind for size in stage)
+        return max(
+            size for kind in presets.allocation(preset, layers, heads).values() for stage in kind for size in stage
+        )
 
     def layers(self, row: SessionRow, nodes: list[NodeRow], at: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """De-quantized pre-RoPE keys and values of positions [0, at), layer by layer
@@ -229,10 +260,15 @@ class TierK:
                     f"ingest it with --keep tokens,search,kv, or restore with --mode exact"
                 )
             used = min(node.n_tokens, at - node.start)  # de-quantize only the positions restored
-            parts.append(code_layout.decode_streams(self._restoring(node.model_id, stored[0]), stored[1], node.n_tokens, used))
+            parts.append(
+                code_layout.decode_streams(self._restoring(node.model_id, stored[0]), stored[1], node.n_tokens, used)
+            )
         if len(parts) == 1:  # one node (the common case): its layers as decoded, not joined
             return parts[0]
-        return ((np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)) for ks, vs in (zip(*layer) for layer in zip(*parts)))
+        return (
+            (np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+            for ks, vs in (zip(*layer) for layer in zip(*parts))
+        )
 
 
 def _loss(measured: PresetFidelity) -> float:

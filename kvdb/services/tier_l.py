@@ -43,7 +43,9 @@ class TierL:
         for node in nodes:
             if node.start > at:
                 context = lmcode.context_for(loaded.model, ids[at : node.start], context=context)
-            payloads[node.node_id], context = lmcode.encode_node(loaded.model, ids[node.start : node.end], context=context)
+            payloads[node.node_id], context = lmcode.encode_node(
+                loaded.model, ids[node.start : node.end], context=context
+            )
             at = node.end
         return payloads
 
@@ -53,7 +55,12 @@ class TierL:
             return None
         version = lmcode.version_for(loaded.model) if version is None else version
         recent = self._recent
-        if recent is not None and recent[1].version == version and len(recent[0]) == length and np.array_equal(recent[0], ids[:length]):
+        if (
+            recent is not None
+            and recent[1].version == version
+            and len(recent[0]) == length
+            and np.array_equal(recent[0], ids[:length])
+        ):
             return recent[1]
         return lmcode.context_for(loaded.model, ids[:length], version=version)
 
@@ -113,7 +120,9 @@ class TierL:
         prefix shared with a session archived without tier L) is read from its tokens instead."""
         from kvdb.services import restore_modes as restore_ops
 
-        return restore_ops.restore_decode(self._models.for_session(row), row.session_id, self._parts(row, nodes, at), at)
+        return restore_ops.restore_decode(
+            self._models.for_session(row), row.session_id, self._parts(row, nodes, at), at
+        )
 
     def session_tokens(self, row: SessionRow, path: list[NodeRow], end: int) -> np.ndarray:
         """A session's tokens [0, ``end``), decoding tier L where the path holds some only there:

@@ -49,7 +49,9 @@ SEMANTIC_ONLY = frozenset({Tier.SEMANTIC})
 NICENESS = 10  # a watcher's background upkeep gives way to the user's own work
 
 NodeKey = tuple[str, int, int]  # a node and its span: a node another writer cut keeps its id, not its start
-Prepared = tuple[SessionRow, np.ndarray, list[tuple[NodeKey, tuple[np.ndarray, list[str]]]]]  # a session, its tokens, its lacking nodes cut
+Prepared = tuple[
+    SessionRow, np.ndarray, list[tuple[NodeKey, tuple[np.ndarray, list[str]]]]
+]  # a session, its tokens, its lacking nodes cut
 
 
 def _key(node: NodeRow) -> NodeKey:
@@ -58,7 +60,13 @@ def _key(node: NodeRow) -> NodeKey:
 
 class Upkeep:
     def __init__(
-        self, storage: Storage, models: ModelProvider, reader: Reader, compute: WriteCompute, semantic: Callable[[], SemanticTier], prefix_cache: PrefixCache
+        self,
+        storage: Storage,
+        models: ModelProvider,
+        reader: Reader,
+        compute: WriteCompute,
+        semantic: Callable[[], SemanticTier],
+        prefix_cache: PrefixCache,
     ):
         self._storage = storage
         self._models = models
@@ -70,7 +78,13 @@ class Upkeep:
     def pending(self) -> Pending:
         return Pending.from_counts(self._storage.pending_counts())
 
-    def run(self, limit: int | None = None, progress: Progress | None = None, stop: Callable[[], bool] | None = None, only: str | None = None) -> UpkeepReport:
+    def run(
+        self,
+        limit: int | None = None,
+        progress: Progress | None = None,
+        stop: Callable[[], bool] | None = None,
+        only: str | None = None,
+    ) -> UpkeepReport:
         """Do the queued work, newest session first, the embedder's before the language model's
         (search by meaning before d_T): all of it (or the ``only`` kind: ``semantic`` or
         ``logprobs``), or ``limit`` sessions of each, or until ``stop()`` says so between two
@@ -83,7 +97,12 @@ class Upkeep:
         self._models.described()  # the tokenizer loaded before the first read, not while the archive is held (seconds)
         pending = self.pending()
         if progress is not None:
-            progress(0, {None: pending.tokens, SEMANTIC_WORK: pending.semantic.tokens, LOGPROBS_WORK: pending.logprobs.tokens}[only])
+            progress(
+                0,
+                {None: pending.tokens, SEMANTIC_WORK: pending.semantic.tokens, LOGPROBS_WORK: pending.logprobs.tokens}[
+                    only
+                ],
+            )
         done = {SEMANTIC_WORK: [0, 0], LOGPROBS_WORK: [0, 0]}
         warmed = 0
         try:
@@ -128,13 +147,17 @@ class Upkeep:
         group: list[Prepared] = []
         cut: set[NodeKey] = set()
         chunks = 0
-        paths = self._storage.session_paths([row.session_id for row in queued])  # one walk up for them all, not two a session
+        paths = self._storage.session_paths(
+            [row.session_id for row in queued]
+        )  # one walk up for them all, not two a session
         for row in queued:
             path = paths.get(row.session_id) or self._storage.node_path(row.session_id)
             ids = self._reader.path_tokens(row, path=path)
             lacking = [n for n, _ in missing_tiers(path, SEMANTIC_ONLY) if _key(n) not in cut]
             cut.update(map(_key, lacking))
-            nodes = list(zip(map(_key, lacking), self._semantic().cut(tokenizer, ids, [(n.start, n.end) for n in lacking])))
+            nodes = list(
+                zip(map(_key, lacking), self._semantic().cut(tokenizer, ids, [(n.start, n.end) for n in lacking]))
+            )
             group.append((row, ids, nodes))
             chunks += sum(len(texts) for _, (_, texts) in nodes)
             if chunks >= GROUP_CHUNKS:
@@ -166,13 +189,17 @@ class Upkeep:
                 self._storage.before_compute()
                 made = self._semantic().chunks(self._models.described().tokenizer, ids, [(n.start, n.end) for n in new])
                 computed.update(zip(map(_key, new), made))
-            edit = AddTiers({n.node_id: NodeTiers(chunks=computed[_key(n)]) for n in lacking}, done=(row.session_id, SEMANTIC_WORK))
+            edit = AddTiers(
+                {n.node_id: NodeTiers(chunks=computed[_key(n)]) for n in lacking}, done=(row.session_id, SEMANTIC_WORK)
+            )
             try:
                 self._storage.apply(edit, plan.version)
                 return
             except StaleWrite:  # another writer changed the path meanwhile: read it again
                 continue
-        raise StaleWrite(f"{COMMIT_ATTEMPTS} commits of session {row.session_id[:12]}'s semantic tier found another writer's first; run upkeep again")
+        raise StaleWrite(
+            f"{COMMIT_ATTEMPTS} commits of session {row.session_id[:12]}'s semantic tier found another writer's first; run upkeep again"
+        )
 
     def _node_tokens(self, node: NodeRow) -> np.ndarray:
         return self._storage.node_tokens(node.node_id)
@@ -208,7 +235,13 @@ class BackgroundUpkeep:
     resumes from the queue next time). It takes the archive's lock only to read and commit."""
 
     def __init__(self, location, model: str | None, data_path, embedder: str | None, key: bytes | None = None):
-        self._args = (str(location), model, None if data_path is None else str(data_path), embedder, key or b"")  # b"": no key
+        self._args = (
+            str(location),
+            model,
+            None if data_path is None else str(data_path),
+            embedder,
+            key or b"",
+        )  # b"": no key
         self._process: Any = None  # a spawn context's Process
 
     def running(self) -> bool:

@@ -53,8 +53,12 @@ class AgentHome:
 
 
 AGENT_FOLDERS = {
-    "claude-code": AgentHome("CLAUDE_CONFIG_DIR", ".", ("~/.claude", "~/.config/claude"), ("projects",)),  # PROJECT/SESSION.jsonl
-    "codex": AgentHome("CODEX_HOME", ".", ("~/.codex",), ("sessions", "archived_sessions")),  # YYYY/MM/DD/rollout-*.jsonl
+    "claude-code": AgentHome(
+        "CLAUDE_CONFIG_DIR", ".", ("~/.claude", "~/.config/claude"), ("projects",)
+    ),  # PROJECT/SESSION.jsonl
+    "codex": AgentHome(
+        "CODEX_HOME", ".", ("~/.codex",), ("sessions", "archived_sessions")
+    ),  # YYYY/MM/DD/rollout-*.jsonl
     "gemini": AgentHome("GEMINI_CLI_HOME", ".gemini", ("~/.gemini",), ("tmp",)),  # PROJECT_HASH/chats/session-*.json(l)
 }
 
@@ -79,7 +83,9 @@ def agent_sources(agent: str | None, paths: Iterable[str | Path] = (), *, follow
     given = list(paths)  # as typed: a file's errors name it so
     if agent is None:
         if not given:
-            raise InvalidArgument(f"give the files or folders to read, or --from {'|'.join(AGENT_FOLDERS)} for an agent's own")
+            raise InvalidArgument(
+                f"give the files or folders to read, or --from {'|'.join(AGENT_FOLDERS)} for an agent's own"
+            )
         return given
     if given and not follow:
         return given
@@ -87,7 +93,9 @@ def agent_sources(agent: str | None, paths: Iterable[str | Path] = (), *, follow
     found = [f for f in folders if f.exists()]
     if not found and not given:
         home = AGENT_FOLDERS[agent]
-        named = " or ".join(str(f) for f in folders[:: len(home.logs)])  # each home's first folder: where its logs begin
+        named = " or ".join(
+            str(f) for f in folders[:: len(home.logs)]
+        )  # each home's first folder: where its logs begin
         raise InvalidArgument(
             f"no {agent} logs at {named}: {agent} has not run as this user, or keeps them elsewhere; "
             f"give their folder as PATH (--from {agent} PATH), or set {home.variable} as {agent} itself reads it"
@@ -109,7 +117,9 @@ class Watching:
     def watched(self) -> list[WatchedFile]:
         return [_record(r) for r in self._storage.watched_files()]
 
-    def pass_over(self, roots: Iterable[str | Path], ingest: Ingest, only: set[Path] | None = None) -> list[IngestResult]:
+    def pass_over(
+        self, roots: Iterable[str | Path], ingest: Ingest, only: set[Path] | None = None
+    ) -> list[IngestResult]:
         """Ingest every transcript file under ``roots`` (or the files ``only`` names, found
         there by a change) that changed since the checkpoint, and checkpoint each; the results
         of those ingested, and of those left waiting."""
@@ -122,7 +132,11 @@ class Watching:
             of the archive (letting it go and taking it again costs a pass ~0.1 s), else ``last``."""
             if path not in checkpointed and (found or last):
                 status, detail = _summary(found)
-                self._storage.apply(PutWatchedFiles([WatchedFileRow(str(path), stat.st_size, stat.st_mtime_ns, utc_now(), status, detail)]))
+                self._storage.apply(
+                    PutWatchedFiles(
+                        [WatchedFileRow(str(path), stat.st_size, stat.st_mtime_ns, utc_now(), status, detail)]
+                    )
+                )
                 checkpointed.add(path)
 
         try:
@@ -137,7 +151,11 @@ class Watching:
                     if not self._readmit:
                         continue  # its sessions were deleted: a tombstone, however it grows
                     seen = None
-                if seen is not None and (seen.size, seen.mtime_ns) == (stat.st_size, stat.st_mtime_ns) and seen.status != IngestStatus.WAITING:
+                if (
+                    seen is not None
+                    and (seen.size, seen.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+                    and seen.status != IngestStatus.WAITING
+                ):
                     continue
                 found = _one(path, stat, ingest, functools.partial(checkpoint, path, stat))
                 results.extend(found)
@@ -172,7 +190,14 @@ class Watching:
 
         attempt(None)
         changes_or_idle = watch(
-            *folders, stop_event=stop, debounce=DEBOUNCE_MS, step=50, recursive=True, raise_interrupt=False, rust_timeout=IDLE_MS, yield_on_timeout=True
+            *folders,
+            stop_event=stop,
+            debounce=DEBOUNCE_MS,
+            step=50,
+            recursive=True,
+            raise_interrupt=False,
+            rust_timeout=IDLE_MS,
+            yield_on_timeout=True,
         )
         for changes in changes_or_idle:
             touched = {path for path in (Path(p).resolve() for _, p in changes) if _listed(path, folders)}
@@ -192,7 +217,9 @@ class Watching:
 
 def _one(path: Path, stat: os.stat_result, ingest: Ingest, heard: Heard) -> list[IngestResult]:
     if path.suffix.lower() == ".jsonl" and stat.st_size and not _ends_line(path, stat.st_size):
-        return [IngestResult(None, path.stem, str(path), 0, IngestStatus.WAITING, "its last line is still being written")]
+        return [
+            IngestResult(None, path.stem, str(path), 0, IngestStatus.WAITING, "its last line is still being written")
+        ]
     try:
         return ingest(path, heard)
     except TranscriptError as exc:
@@ -214,7 +241,9 @@ def _existing(roots: Iterable[str | Path]) -> list[Path]:
     out = [Path(r).expanduser() for r in roots]
     missing = [str(p) for p in out if not p.exists()]
     if missing:
-        raise InvalidArgument(f"nothing to watch at {', '.join(missing)}; give folders or files that exist (or the agent's folder with --from)")
+        raise InvalidArgument(
+            f"nothing to watch at {', '.join(missing)}; give folders or files that exist (or the agent's folder with --from)"
+        )
     return out
 
 

@@ -50,7 +50,9 @@ def ingest_with_workers(
     files = list(dict.fromkeys(files))
     from kvdb.storage import open_storage
 
-    open_storage(location, data_path=data_path, key=key).close()  # created or migrated once, before workers race to do it
+    open_storage(
+        location, data_path=data_path, key=key
+    ).close()  # created or migrated once, before workers race to do it
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads forked mid-use
     tasks, events = context.Queue(), context.Queue()
     for path in files:
@@ -60,7 +62,19 @@ def ingest_with_workers(
         tasks.put(None)
     threads = max(1, (os.cpu_count() or 1) // count)  # the cores shared out: more threads than cores only contend
     # the key as the parent resolved it (b"": none), through the spawn's pipe: a --key-file's is in no environment
-    args = (str(location), model, keep, kv_preset, None if data_path is None else str(data_path), threads, strict, redact, key or b"", tasks, events)
+    args = (
+        str(location),
+        model,
+        keep,
+        kv_preset,
+        None if data_path is None else str(data_path),
+        threads,
+        strict,
+        redact,
+        key or b"",
+        tasks,
+        events,
+    )
     processes = [context.Process(target=_work, args=args, daemon=True) for _ in range(count)]
     for p in processes:
         p.start()
@@ -116,7 +130,14 @@ def _work(
     try:
         with kvdb.open(location, model=model, data_path=data_path, key=key) as archive:
             while (path := tasks.get()) is not None:
-                done = archive.ingest(path, keep=keep, kv_preset=kv_preset, progress=lambda d, p: events.put(("progress", d, p)), strict=strict, redact=redact)
+                done = archive.ingest(
+                    path,
+                    keep=keep,
+                    kv_preset=kv_preset,
+                    progress=lambda d, p: events.put(("progress", d, p)),
+                    strict=strict,
+                    redact=redact,
+                )
                 events.put(("results", [dataclasses.asdict(r) for r in done]))
     except KvdbError as exc:
         events.put(("error", type(exc).__name__, str(exc)))

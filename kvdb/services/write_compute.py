@@ -66,9 +66,19 @@ class WriteCompute:
         self._tier_l = tier_l
         self._tier_k = tier_k  # built on first use: most ingests keep no tier K
         self._prefix_cache = prefix_cache
-        self._recent: tuple[np.ndarray, object] | None = None  # (ids, cache) of the last session scored, for the next one's shared prefix
+        self._recent: tuple[np.ndarray, object] | None = (
+            None  # (ids, cache) of the last session scored, for the next one's shared prefix
+        )
 
-    def session(self, loaded, planned: Planned, plan: SessionPlan, books: str | None, given: Computed | None = None, score: bool = False) -> SessionWork:
+    def session(
+        self,
+        loaded,
+        planned: Planned,
+        plan: SessionPlan,
+        books: str | None,
+        given: Computed | None = None,
+        score: bool = False,
+    ) -> SessionWork:
         """The write of a session the trie does not hold: its new node (and the split of the node
         it leaves), computed over what is new only. ``books``: tier K's codebook id. The model's
         pass is made where the plan needs it, a caller's own is given, or ``score`` asks. The
@@ -83,7 +93,9 @@ class WriteCompute:
             split_kv = self._tier_k().cut(match.node, match.offset)
         resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
-        scoring = (plan.runs_model or given is not None or score) and first < len(ids)  # else the model's pass is queued (pending_work)
+        scoring = (plan.runs_model or given is not None or score) and first < len(
+            ids
+        )  # else the model's pass is queued (pending_work)
         short = (len(ids) - first < SHORT_WORK_TOKENS or not scoring) and "lm" not in keep
         self._storage.before_compute(short=short)  # reads done: the model's work needs no file
         split, parent_id, lm_context = None, None, None
@@ -95,7 +107,11 @@ class WriteCompute:
         elif match.node is not None:
             parent_id = match.node.node_id
         logprobs, cache = self._score(loaded, ids, first, resumable, given) if scoring else (None, None)
-        tokens_back = {n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first]) for n in plan.back if logprobs is not None}
+        tokens_back = {
+            n.node_id: (ids[n.start : n.end], logprobs[n.start - first : n.end - first])
+            for n in plan.back
+            if logprobs is not None
+        }
         node = None
         if match.matched < len(ids):
             payload = self._tier_l.encode(loaded, ids, match.matched, lm_context) if "lm" in keep else None
@@ -108,7 +124,9 @@ class WriteCompute:
             metadata["text"] = item.text  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
         row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
         alphabet = max(loaded.vocab_size, len(loaded.tokenizer))
-        above = [n.node_id for n in plan.path[:-1]] + ([parent_id] if parent_id is not None else [])  # a split's head stands for the node it cuts
+        above = [n.node_id for n in plan.path[:-1]] + (
+            [parent_id] if parent_id is not None else []
+        )  # a split's head stands for the node it cuts
         path = (*above, node.node_id) if node is not None else tuple(above)
         return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back, path=path), cache)
 
@@ -120,7 +138,9 @@ class WriteCompute:
         missing = {n.node_id: tiers for n, tiers in plan.lacking}
         nodes = [n for n, _ in plan.lacking]
         back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
-        scoring = bool(back) or (bool(kv) and cache is None)  # log-probabilities of tokens given back; a cache for tier K
+        scoring = bool(back) or (
+            bool(kv) and cache is None
+        )  # log-probabilities of tokens given back; a cache for tier K
         self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:
@@ -135,7 +155,9 @@ class WriteCompute:
         joining = {n.node_id: (ids[n.start : n.end], ids[: n.start]) for n in nodes if "search" in missing[n.node_id]}
         return AddTiers({node_id: NodeTiers(**tiers) for node_id, tiers in given.items() if tiers}), joining, cache
 
-    def owed(self, loaded, ids: np.ndarray, path: list[NodeRow], unscored: list[NodeRow]) -> tuple[dict[str, np.ndarray], Any]:
+    def owed(
+        self, loaded, ids: np.ndarray, path: list[NodeRow], unscored: list[NodeRow]
+    ) -> tuple[dict[str, np.ndarray], Any]:
         """The model's pass that an ingest without it queued (``kvdb upkeep``): log-probabilities
         of the ``unscored`` nodes of a session's ``path``, and the cache of all its ``ids``."""
         at = min([len(ids) - 1] + [n.start for n in unscored])  # one position at least: the pass leaves the whole cache
@@ -143,7 +165,9 @@ class WriteCompute:
         logprobs, cache = self._score(loaded, ids, at, trie.ends_deepest_first(path))
         return {n.node_id: logprobs[n.start - at : n.end - at] for n in unscored}, cache
 
-    def _score(self, loaded, ids: np.ndarray, start: int, resumable: list[tuple[str, int]], given: Computed | None = None):
+    def _score(
+        self, loaded, ids: np.ndarray, start: int, resumable: list[tuple[str, int]], given: Computed | None = None
+    ):
         """Log-probabilities of ids[start:] and the cache of all of ``ids``: taken from ``given``
         as far as it agrees with ``ids``, else resuming the shared prefix's cache from the last
         session scored in this process, else from the prefix cache on disk (the deepest of the
@@ -156,7 +180,9 @@ class WriteCompute:
             logprobs, cache = lm_ops.score(loaded.model, ids, start=at, cache=cache)
             logprobs = np.concatenate([known, logprobs])
         else:
-            logprobs, cache = lm_ops.score(loaded.model, ids, start=start, cache=self._resumed(loaded, ids, start - 1, resumable))
+            logprobs, cache = lm_ops.score(
+                loaded.model, ids, start=start, cache=self._resumed(loaded, ids, start - 1, resumable)
+            )
         self._recent = (ids, cache) if len(ids) <= RECENT_CACHE_TOKENS else None
         return logprobs, cache
 

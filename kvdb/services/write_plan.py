@@ -92,7 +92,12 @@ class SessionPlan:
         if self.match is None:
             return ("tiers", tuple((n.node_id, n.start, n.n_tokens, tiers) for n, tiers in self.lacking))
         node = self.match.node
-        return ("session", self.match.matched, self.match.offset, None if node is None else (node.node_id, node.start, node.n_tokens, node.keep))
+        return (
+            "session",
+            self.match.matched,
+            self.match.offset,
+            None if node is None else (node.node_id, node.start, node.n_tokens, node.keep),
+        )
 
 
 def plan_parts(tokenizer, model_id: str, item: Transcript, context_tokens: int) -> list[Planned]:
@@ -119,7 +124,12 @@ def plan_parts(tokenizer, model_id: str, item: Transcript, context_tokens: int) 
         part = {"number": number, "follows": trie.path_id(model_id, out[-1].ids) if out else None, "starts": start}
         last = number == len(bounds)
         text = None if item.text is None else tok.decode(tokenizer, ids[start:end])
-        one = dataclasses.replace(item, text=text, metadata=dict(item.metadata if last else metadata, part=part), dropped=item.dropped if last else {})
+        one = dataclasses.replace(
+            item,
+            text=text,
+            metadata=dict(item.metadata if last else metadata, part=part),
+            dropped=item.dropped if last else {},
+        )
         out.append(Planned(one, ids[start:end]))
     return out
 
@@ -149,7 +159,12 @@ def render_ids(tokenizer, item: Transcript) -> np.ndarray:
 
 
 def plan_session(
-    storage: Storage, model_id: str, ids: np.ndarray, keep: frozenset[str], tokens_of: Callable[[NodeRow], np.ndarray], heads: trie.Heads | None = None
+    storage: Storage,
+    model_id: str,
+    ids: np.ndarray,
+    keep: frozenset[str],
+    tokens_of: Callable[[NodeRow], np.ndarray],
+    heads: trie.Heads | None = None,
 ) -> SessionPlan:
     """The work of archiving ``ids`` with the tiers ``keep``, as the archive stands now.
     ``tokens_of(node)``: a node's tokens (decoded from tier L for a node held only there);

@@ -7,4 +7,15 @@ from kvdb.serving.relay import Relayed
 from kvdb.serving.reply import Reply
 from kvdb.serving.responses import Chunk, Completion, Embeddings, Header, SessionView
 
-__all__ = ["Chunk", "Completion", "Embeddings", "Engine", "Header", "Relayed", "Reply", "Request", "Sampling", "SessionView"]
+__all__ = [
+    "Chunk",
+    "Completion",
+    "Embeddings",
+    "Engine",
+    "Header",
+    "Relayed",
+    "Reply",
+    "Request",
+    "Sampling",
+    "SessionView",
+]

@@ -30,7 +30,15 @@ from kvdb.errors import Busy, ContextTooLong, InvalidArgument, KvdbError, ModelM
 from kvdb.index.phrase import MIN_SHARE, Hit
 from kvdb.model import capture, chat
 from kvdb.model import tokenizer as tok
-from kvdb.records import Conversation, ConversationHistory, ConversationPage, DeletedConversation, PhraseCount, Session, Stats
+from kvdb.records import (
+    Conversation,
+    ConversationHistory,
+    ConversationPage,
+    DeletedConversation,
+    PhraseCount,
+    Session,
+    Stats,
+)
 from kvdb.services import journal
 from kvdb.services.journal import Journal
 from kvdb.serving.access import ArchiveAccess
@@ -75,7 +83,12 @@ class Prompt:
     conversation: str | None  # the one it continues or starts; None: the one whose archived session it extends
 
     def entry(self, reply: str) -> dict:
-        return {"kind": self.kind, "content": self.exchange(reply), "name": self.name, "conversation": self.conversation}
+        return {
+            "kind": self.kind,
+            "content": self.exchange(reply),
+            "name": self.name,
+            "conversation": self.conversation,
+        }
 
 
 class Engine:
@@ -103,7 +116,9 @@ class Engine:
         self._restore = restore
         self._access = ArchiveAccess(archive)
         try:
-            self._access(lambda a: a.check_keep(keep, kv_preset))  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
+            self._access(
+                lambda a: a.check_keep(keep, kv_preset)
+            )  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
         except KvdbError:
             self._access.close()
             raise
@@ -153,14 +168,29 @@ class Engine:
         prompt = self._prompt(request)
         max_tokens = self._room(len(prompt.ids), request.sampling.max_tokens)
         release = self._gate.admit()
-        header = Header(f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), request.model or self.model_name, request.chat)
-        return Reply(header, lambda emit, cancelled: self._reply(header, prompt, request, max_tokens, emit, cancelled, release))
+        header = Header(
+            f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}",
+            int(time.time()),
+            request.model or self.model_name,
+            request.chat,
+        )
+        return Reply(
+            header, lambda emit, cancelled: self._reply(header, prompt, request, max_tokens, emit, cancelled, release)
+        )
 
-    def _reply(self, header: Header, prompt: Prompt, request: Request, max_tokens: int, emit, cancelled, release) -> Completion:
+    def _reply(
+        self, header: Header, prompt: Prompt, request: Request, max_tokens: int, emit, cancelled, release
+    ) -> Completion:
         try:
             start = self._start(prompt.ids, len(prompt.ids) - 1, self._restore)
             generation = Generation(
-                self._loaded, start.cache, prompt.ids, request.sampling, max_tokens, lambda: cancelled() or self._stopping.is_set(), request.logprobs
+                self._loaded,
+                start.cache,
+                prompt.ids,
+                request.sampling,
+                max_tokens,
+                lambda: cancelled() or self._stopping.is_set(),
+                request.logprobs,
             )
             for delta in generation.deltas():
                 emit(delta)
@@ -168,7 +198,9 @@ class Engine:
                 raise Busy("the reply was cancelled: the client went away, or the server is shutting down")
             self._recent.put(generation.fed, generation.cache, start.approximate)
             # durable before the reply is; generation's pass handed over unless a tier-K restore made it inexact
-            self._archiver.submit(self._journal.write(prompt.entry(generation.text)), None if start.approximate else generation.computed)
+            self._archiver.submit(
+                self._journal.write(prompt.entry(generation.text)), None if start.approximate else generation.computed
+            )
         finally:
             release()
         return Completion(
@@ -198,11 +230,21 @@ class Engine:
         # The archive is not waited for while it is busy (archiving, most likely, this process's
         # last exchange, which the hit in memory holds already): a follow-up starts at once.
         ask = worth < limit and not (hit is not None and self._access.busy)
-        found = self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode, max_loss=self._max_loss)) if ask else None
+        found = (
+            self._access(lambda a: a.resume(ids[:limit], better_than=worth, mode=mode, max_loss=self._max_loss))
+            if ask
+            else None
+        )
         if found is not None:
             approximate = found.mode == "archive"
             fidelity = found.fidelity.summary if found.fidelity is not None else None
-            return Start(found.cache, found.position, approximate, found.position - (capture.SINKS + capture.RECENT if approximate else 0), fidelity)
+            return Start(
+                found.cache,
+                found.position,
+                approximate,
+                found.position - (capture.SINKS + capture.RECENT if approximate else 0),
+                fidelity,
+            )
         if hit is not None:
             return Start(hit[1], held, hit[2], held)
         return Start(None, 0, False, 0)
@@ -218,27 +260,43 @@ class Engine:
             messages = list(transcript.messages)
         if ref is None:
             # a chat of one turn starts a conversation; a longer one sent whole joins the one whose archived session it extends
-            opens = request.conversation or (uuid.uuid4().hex if sent is None or not any(m["role"] == "assistant" for m in messages) else None)
+            opens = request.conversation or (
+                uuid.uuid4().hex if sent is None or not any(m["role"] == "assistant" for m in messages) else None
+            )
             if sent is not None:
-                ids = np.asarray(tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
+                ids = np.asarray(
+                    tok.encode(tokenizer, chat.render(tokenizer, messages, add_generation_prompt=True)), dtype=np.int64
+                )
                 users = [m["content"] for m in messages if m["role"] == "user"] or [messages[0]["content"]]
                 return Prompt(
-                    ids, request.name or title_of(users[0], "chat"), "messages", lambda reply: [*sent, {"role": "assistant", "content": reply}], opens
+                    ids,
+                    request.name or title_of(users[0], "chat"),
+                    "messages",
+                    lambda reply: [*sent, {"role": "assistant", "content": reply}],
+                    opens,
                 )
             assert prompt is not None
             ids = np.asarray(tok.encode(tokenizer, prompt), dtype=np.int64)
-            return Prompt(ids, request.name or title_of(prompt, "completion"), "text", lambda reply: prompt + reply, opens)
+            return Prompt(
+                ids, request.name or title_of(prompt, "completion"), "text", lambda reply: prompt + reply, opens
+            )
         session, before, before_text = self._access(lambda a: self._archived_prefix(a, ref, request.at))
         added = chat.turns_suffix(tokenizer, messages) if prompt is None else prompt
         ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
 
-        def exchange(reply: str) -> str:  # the continued session's text, the new turns and the reply, as one text session
+        def exchange(
+            reply: str,
+        ) -> str:  # the continued session's text, the new turns and the reply, as one text session
             if prompt is not None:
                 return before_text + prompt + reply
-            return before_text + chat.turns_suffix(tokenizer, [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False)
+            return before_text + chat.turns_suffix(
+                tokenizer, [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False
+            )
 
         # a continuation is a later version of the session's conversation; from before its end, a fork of it
-        return Prompt(ids, request.name or session.name, "text", exchange, request.conversation or session.conversation_id)
+        return Prompt(
+            ids, request.name or session.name, "text", exchange, request.conversation or session.conversation_id
+        )
 
     def _archived_prefix(self, archive: Archive, ref: str, at: int | None) -> tuple[Session, np.ndarray, str]:
         session = archive.session(ref)
@@ -273,7 +331,11 @@ class Engine:
         return self._access(lambda a: a.sessions())
 
     def conversations(
-        self, agent: str | None = None, project: str | None = None, since: dt.date | None = None, until: dt.date | None = None
+        self,
+        agent: str | None = None,
+        project: str | None = None,
+        since: dt.date | None = None,
+        until: dt.date | None = None,
     ) -> list[Conversation]:
         return self._access(lambda a: a.conversations(agent, project, since, until))
 
@@ -302,15 +364,27 @@ class Engine:
             session = archive.session(ref)
             turns = archive.turns(session.session_id, start, end)
             text = archive.text(session.session_id, start, end)
-            return SessionView(session, 0 if start is None else start, session.n_tokens if end is None else end, text, turns)
+            return SessionView(
+                session, 0 if start is None else start, session.n_tokens if end is None else end, text, turns
+            )
 
         return self._access(read)
 
     def search(
-        self, phrase: str, k: int = 10, semantic: bool = False, case_sensitive: bool = False, min_share: float = MIN_SHARE, each_occurrence: bool = False
+        self,
+        phrase: str,
+        k: int = 10,
+        semantic: bool = False,
+        case_sensitive: bool = False,
+        min_share: float = MIN_SHARE,
+        each_occurrence: bool = False,
     ) -> list[Hit]:
         if not semantic:
-            return self._access(lambda a: a.search(phrase, k=k, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence))
+            return self._access(
+                lambda a: a.search(
+                    phrase, k=k, case_sensitive=case_sensitive, min_share=min_share, each_occurrence=each_occurrence
+                )
+            )
         return self._access(lambda a: a.search_meaning(phrase, k=k))
 
     def count(self, phrase: str, case_sensitive: bool = False) -> PhraseCount:

@@ -51,7 +51,9 @@ class ModelGate:
             with self._count:
                 self._waiting -= 1
         if not taken:
-            raise Busy(f"waited {self.timeout:g} s for the model, which is busy; retry later, or start the server with a larger --queue-timeout")
+            raise Busy(
+                f"waited {self.timeout:g} s for the model, which is busy; retry later, or start the server with a larger --queue-timeout"
+            )
         if self.closed:
             self._lock.release()
             raise Busy("the server is shutting down; retry when it is back")

@@ -122,14 +122,18 @@ class Generation:
         self._top = top_logprobs
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
-        self._scores: list[np.ndarray] = []  # ln p of the prompt's tokens from ``_scored`` on, then of each generated token
+        self._scores: list[
+            np.ndarray
+        ] = []  # ln p of the prompt's tokens from ``_scored`` on, then of each generated token
         self._scored = 0
         self.text = ""
         self.finish_reason = "length"
 
     @property
     def fed(self) -> np.ndarray:
-        return np.concatenate([self._ids, np.asarray(self.tokens, dtype=np.int64)])[: len(self._ids) + len(self.tokens) - 1]
+        return np.concatenate([self._ids, np.asarray(self.tokens, dtype=np.int64)])[
+            : len(self._ids) + len(self.tokens) - 1
+        ]
 
     @property
     def computed(self) -> Computed:
@@ -168,11 +172,15 @@ class Generation:
                 break
             if self._top is not None:
                 self.logprobs.append(self._logprob(logprobs, token, len(text)))
-            text = cast(str, tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False))  # one sequence: one string
+            text = cast(
+                str, tokenizer.decode(self.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            )  # one sequence: one string
             cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
             if cut >= 0:
                 text, self.finish_reason = text[:cut], "stop"
-                self.logprobs = [t for t in self.logprobs if t.offset < cut]  # those wholly in the stop string are not the reply's
+                self.logprobs = [
+                    t for t in self.logprobs if t.offset < cut
+                ]  # those wholly in the stop string are not the reply's
                 break
             ready = min(len(text) - hold, len(text.rstrip(UNFINISHED)))
             if ready > sent:
@@ -190,4 +198,9 @@ class Generation:
         tokenizer = self._loaded.tokenizer
         top = torch.topk(logprobs, self._top) if self._top else None
         alternatives = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
-        return TokenLogprob(token_bytes(tokenizer, token), float(logprobs[token]), offset, tuple((token_bytes(tokenizer, t), p) for t, p in alternatives))
+        return TokenLogprob(
+            token_bytes(tokenizer, token),
+            float(logprobs[token]),
+            offset,
+            tuple((token_bytes(tokenizer, t), p) for t, p in alternatives),
+        )

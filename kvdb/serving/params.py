@@ -43,8 +43,14 @@ class Sampling:
         if self.seed is not None and not _integer(self.seed):
             raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOPS or not all(isinstance(s, str) and s for s in stop):
-            raise InvalidArgument(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings, got {self.stop!r}")
+        if (
+            not isinstance(stop, (list, tuple))
+            or len(stop) > MAX_STOPS
+            or not all(isinstance(s, str) and s for s in stop)
+        ):
+            raise InvalidArgument(
+                f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings, got {self.stop!r}"
+            )
         object.__setattr__(self, "stop", tuple(stop))
 
     def defaulted(self, model: Sampling) -> Sampling:
@@ -69,7 +75,9 @@ class Request:
     session: str | None = None
     at: int | None = None
     name: str | None = None
-    conversation: str | None = None  # the archived conversation it continues (default: ``session``'s, else a new one for a new chat)
+    conversation: str | None = (
+        None  # the archived conversation it continues (default: ``session``'s, else a new one for a new chat)
+    )
     model: str | None = None  # what the client named; the reply echoes it (one model is served, whatever the name)
     logprobs: int | None = None
 
@@ -83,15 +91,21 @@ class Request:
         if self.session is not None and not (isinstance(self.session, str) and self.session):
             raise InvalidArgument(f"kvdb.session must be a session id, id prefix or name, got {self.session!r}")
         if self.at is not None and (self.session is None or not (_integer(self.at) and self.at >= 0)):
-            raise InvalidArgument(f"kvdb.at must be a token position (an integer >= 0) in kvdb.session, got {self.at!r}")
+            raise InvalidArgument(
+                f"kvdb.at must be a token position (an integer >= 0) in kvdb.session, got {self.at!r}"
+            )
         if self.model is not None and not isinstance(self.model, str):
             raise InvalidArgument(f"model must be a string, got {self.model!r}")
         if self.name is not None and not (isinstance(self.name, str) and self.name.strip()):
             raise InvalidArgument(f"kvdb.name must be a non-empty string, got {self.name!r}")
         if self.conversation is not None and not (isinstance(self.conversation, str) and self.conversation.strip()):
-            raise InvalidArgument(f"kvdb.conversation must be a conversation id (GET /api/conversations), got {self.conversation!r}")
+            raise InvalidArgument(
+                f"kvdb.conversation must be a conversation id (GET /api/conversations), got {self.conversation!r}"
+            )
         if self.logprobs is not None and not (_integer(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise InvalidArgument(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
+            raise InvalidArgument(
+                f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}"
+            )
 
     @property
     def chat(self) -> bool:

@@ -40,7 +40,11 @@ class RecentCaches:
         """(positions held, a cache of ids[:positions], approximate) from the entry sharing the
         longest prefix with ``ids``, at most ``limit`` positions; None when none shares any."""
         with self._lock:
-            scored = [(min(trie.common_prefix(e.ids, ids), limit), key) for key, e in self._entries.items() if not (exact_only and e.approximate)]
+            scored = [
+                (min(trie.common_prefix(e.ids, ids), limit), key)
+                for key, e in self._entries.items()
+                if not (exact_only and e.approximate)
+            ]
             held, key = max(scored, default=(0, None), key=lambda pair: pair[0])
             if not held:
                 return None
@@ -53,11 +57,19 @@ class RecentCaches:
         """Keep ``cache`` (the cache of ``ids``, taken over: the caller must not change it); an
         entry whose ids it extends is dropped, holding nothing more."""
         ids = np.asarray(ids, dtype=np.int64)
-        nbytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if getattr(layer, "keys", None) is not None)
+        nbytes = sum(
+            layer.keys.nbytes + layer.values.nbytes
+            for layer in cache.layers
+            if getattr(layer, "keys", None) is not None
+        )
         if nbytes > self.budget or not len(ids):
             return
         with self._lock:
-            for key in [k for k, e in self._entries.items() if trie.common_prefix(e.ids, ids) == len(e.ids) and (e.approximate or not approximate)]:
+            for key in [
+                k
+                for k, e in self._entries.items()
+                if trie.common_prefix(e.ids, ids) == len(e.ids) and (e.approximate or not approximate)
+            ]:
                 del self._entries[key]
             self._entries[self._next] = Recent(ids, cache, approximate, nbytes)
             self._next += 1

@@ -67,10 +67,20 @@ def entry(relayed: Relayed, local_model: str) -> dict | None:
             return None
         assert isinstance(reply, dict)
         if conversation is None and not any(isinstance(m, dict) and m.get("role") == "assistant" for m in sent):
-            conversation = uuid.uuid4().hex  # a chat of one turn starts a conversation; a longer one joins the one it extends
+            conversation = (
+                uuid.uuid4().hex
+            )  # a chat of one turn starts a conversation; a longer one joins the one it extends
         users = [_text(m.get("content")) for m in sent if isinstance(m, dict) and m.get("role") == "user"]
-        name = extension.get("name") or title_of(users[0] if users else _text(sent[0].get("content") if isinstance(sent[0], dict) else ""), "chat")
-        return {"kind": "messages", "content": [*sent, reply], "name": name, "conversation": conversation, "upstream": upstream}
+        name = extension.get("name") or title_of(
+            users[0] if users else _text(sent[0].get("content") if isinstance(sent[0], dict) else ""), "chat"
+        )
+        return {
+            "kind": "messages",
+            "content": [*sent, reply],
+            "name": name,
+            "conversation": conversation,
+            "upstream": upstream,
+        }
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -79,7 +89,13 @@ def entry(relayed: Relayed, local_model: str) -> dict | None:
         return None
     assert isinstance(reply, str)
     name = extension.get("name") or title_of(prompt, "completion")
-    return {"kind": "text", "content": prompt + reply, "name": name, "conversation": conversation or uuid.uuid4().hex, "upstream": upstream}
+    return {
+        "kind": "text",
+        "content": prompt + reply,
+        "name": name,
+        "conversation": conversation or uuid.uuid4().hex,
+        "upstream": upstream,
+    }
 
 
 def _whole(reply: bytes, chat: bool) -> tuple[dict | str | None, str | None]:
@@ -92,7 +108,9 @@ def _whole(reply: bytes, chat: bool) -> tuple[dict | str | None, str | None]:
         message = choice.get("message")
         if not isinstance(message, dict):
             raise ValueError("a chat reply's choice has no message")
-        return {key: value for key, value in message.items() if value is not None} | {"role": "assistant"}, data.get("model")
+        return {key: value for key, value in message.items() if value is not None} | {"role": "assistant"}, data.get(
+            "model"
+        )
     return str(choice.get("text") or ""), data.get("model")
 
 
@@ -121,7 +139,10 @@ def _streamed(reply: bytes, chat: bool) -> tuple[dict | str | None, str | None]:
         delta = choice.get("delta") or {}
         text.append(str(delta.get("content") or ""))
         for call in delta.get("tool_calls") or ():
-            held = calls.setdefault(call.get("index", len(calls)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            held = calls.setdefault(
+                call.get("index", len(calls)),
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
             held["id"] = held["id"] or call.get("id")
             function = call.get("function") or {}
             held["function"]["name"] += function.get("name") or ""
@@ -180,7 +201,12 @@ class Relay:
             made = entry(relayed, self._local_model)
             if made is not None:
                 self._submit(self._write(made))
-        except (KvdbError, ValueError, TypeError, AttributeError) as exc:  # the reply was sent; its exchange is not archived
+        except (
+            KvdbError,
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # the reply was sent; its exchange is not archived
             log.error("a relayed exchange was not archived: %s", exc)
         except Exception:  # the thread outlives one exchange
             log.exception("a relayed exchange was not archived")

@@ -39,7 +39,9 @@ class Header:
         kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool, first: bool = False, logprobs: Logprobs = None) -> dict:
+    def choice(
+        self, text: str, finish_reason: str | None, streamed: bool, first: bool = False, logprobs: Logprobs = None
+    ) -> dict:
         if not self.chat:
             return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": _text_logprobs(logprobs)}
         reported = {"content": [_chat_logprob(t) for t in logprobs], "refusal": None} if logprobs is not None else None
@@ -92,7 +94,9 @@ class Completion:
     approximate: bool
     logprobs: Logprobs = None  # the reply's tokens', when asked for
     fidelity: str | None = None  # a restore from tier K: its preset and what it was measured to cost
-    conversation_id: str | None = None  # the conversation the exchange is archived in; None: the one whose archived session it extends
+    conversation_id: str | None = (
+        None  # the conversation the exchange is archived in; None: the one whose archived session it extends
+    )
 
     def usage(self) -> dict:
         return {
@@ -134,7 +138,9 @@ class Chunk:
         if self.usage and self.done is not None:
             return out | {"choices": [], "usage": self.done.usage(), "kvdb": self.done.kvdb()}
         finish = self.done.finish_reason if self.done is not None else None
-        out["choices"] = [self.header.choice(self.text, finish, streamed=True, first=self.first, logprobs=self.logprobs)]
+        out["choices"] = [
+            self.header.choice(self.text, finish, streamed=True, first=self.first, logprobs=self.logprobs)
+        ]
         return out | ({"kvdb": self.done.kvdb()} if self.done is not None else {})
 
 

@@ -17,7 +17,11 @@ def is_lake(location) -> TypeGuard[str]:
 
 
 def open_storage(
-    location: str | Path, read_only: bool = False, lock_timeout: float | None = None, data_path: str | Path | None = None, key: bytes | None = None
+    location: str | Path,
+    read_only: bool = False,
+    lock_timeout: float | None = None,
+    data_path: str | Path | None = None,
+    key: bytes | None = None,
 ) -> Storage:
     """The backend for ``location``: a DuckLake for ``ducklake:...``, else a DuckDB file.
     ``key``: an encrypted archive's (``kvdb.sealing``); None for a plain one."""

@@ -26,7 +26,15 @@ from kvdb.storage.edits import Delete, Edit, Insert, Update
 from kvdb.storage.literals import ANY
 from kvdb.storage.sql_rows import SESSION, session_row
 
-SUMMARY = ("versions", "updated_at", "latest_id", "said_at", "agent", "cwd", "folder")  # columns of the conversations table
+SUMMARY = (
+    "versions",
+    "updated_at",
+    "latest_id",
+    "said_at",
+    "agent",
+    "cwd",
+    "folder",
+)  # columns of the conversations table
 
 # The versions of a page of conversations, as a listing sums them up (``listed``): the conversations
 # table's rows that ``{where}`` admits (a filter on its own columns), ordered and cut (``{paged}``),
@@ -61,7 +69,9 @@ select distinct whole from walk where node_id = first_part
 """
 
 
-def listed(conn, where: str, params: list, paged: str = "", bounds: list | None = None) -> tuple[list[ConversationRow], int | None]:
+def listed(
+    conn, where: str, params: list, paged: str = "", bounds: list | None = None
+) -> tuple[list[ConversationRow], int | None]:
     """A page of conversations (``LISTED``), each summed up by the rules of
     ``kvdb.services.conversations``: a version is an end of its conversation (``branches``) unless
     a session runs through its leaf, a later part goes on from it (``follows``), or a first part of
@@ -79,14 +89,22 @@ def listed(conn, where: str, params: list, paged: str = "", bounds: list | None 
         for whole in rows
         if whole[12] is None and whole[5] > part[5]
     ]
-    continued = {r[0] for r in conn.execute(CONTINUED, [list(column) for column in zip(*pairs, strict=True)]).fetchall()} if pairs else set()
+    continued = (
+        {r[0] for r in conn.execute(CONTINUED, [list(column) for column in zip(*pairs, strict=True)]).fetchall()}
+        if pairs
+        else set()
+    )
     out = []
     for rows in grouped.values():
         first, latest = rows[0], rows[-1]
         went_on = {r[13] for r in rows if r[13]} | continued
         title = first[8] or next((r[14] for r in reversed(rows) if r[14]), first[1])
         branches = sum(not r[11] and r[0] not in went_on for r in rows)
-        out.append(ConversationRow(session_row(latest), title, stamp(first[15], first[4]), len(rows), branches, first[9], first[10]))
+        out.append(
+            ConversationRow(
+                session_row(latest), title, stamp(first[15], first[4]), len(rows), branches, first[9], first[10]
+            )
+        )
     return out, (int(next(iter(grouped.values()))[0][16]) if grouped else None)
 
 
@@ -95,15 +113,26 @@ def joined(conn, session: SessionRow, path: list[str], named: str | None) -> lis
     in its conversation."""
     grown, same_file = _earlier(conn, session, path)
     conversation = grown or named or same_file or session.session_id
-    edits: list[Edit] = [Insert("conversation_sessions", [{"session_id": session.session_id, "conversation_id": conversation}])]
-    row = conn.execute("select versions, updated_at, latest_id, cwd from conversations where conversation_id = ?", [conversation]).fetchone()
+    edits: list[Edit] = [
+        Insert("conversation_sessions", [{"session_id": session.session_id, "conversation_id": conversation}])
+    ]
+    row = conn.execute(
+        "select versions, updated_at, latest_id, cwd from conversations where conversation_id = ?", [conversation]
+    ).fetchone()
     if row is None:  # a conversation's row comes with its first session (migration 0012 made those of older archives)
-        return edits + [Insert("conversations", [{"conversation_id": conversation, "title": None, **summary([session])}])]
+        return edits + [
+            Insert("conversations", [{"conversation_id": conversation, "title": None, **summary([session])}])
+        ]
     count, updated_at, latest_id, cwd = row
-    if count is not None and (session.created_at, session.session_id) > (updated_at, latest_id):  # a new latest version, as a log grows
+    if count is not None and (session.created_at, session.session_id) > (
+        updated_at,
+        latest_id,
+    ):  # a new latest version, as a log grows
         latest = _latest(session) | ({"cwd": cwd_of(session.metadata)} if cwd is None else {})
         return edits + [Update("conversations", "conversation_id", conversation, {"versions": count + 1, **latest})]
-    return edits + [Update("conversations", "conversation_id", conversation, summary(_with(conn, conversation, session)))]
+    return edits + [
+        Update("conversations", "conversation_id", conversation, summary(_with(conn, conversation, session)))
+    ]
 
 
 def left(conn, session_ids: list[str]) -> list[Edit]:
@@ -116,7 +145,14 @@ def left(conn, session_ids: list[str]) -> list[Edit]:
     edits: list[Edit] = [Delete("conversation_sessions", "session_id", session_ids)]
     gone = set(session_ids)
     for conversation, versions in versions_of(conn, sorted(kept)).items():
-        edits.append(Update("conversations", "conversation_id", conversation, summary([r for r in versions if r.session_id not in gone])))
+        edits.append(
+            Update(
+                "conversations",
+                "conversation_id",
+                conversation,
+                summary([r for r in versions if r.session_id not in gone]),
+            )
+        )
     return edits + ([Delete("conversations", "conversation_id", emptied)] if emptied else [])
 
 
@@ -125,16 +161,20 @@ def summary(versions: list[SessionRow]) -> dict:
     its agent and folder are its first version's, its project the first cwd a version records)."""
     first = versions[0]
     cwd = next((found for r in versions if (found := cwd_of(r.metadata)) is not None), None)
-    return {"versions": len(versions), **_latest(versions[-1]), "agent": agent_of(first.metadata), "cwd": cwd, "folder": folder_of(first.source)}
+    return {
+        "versions": len(versions),
+        **_latest(versions[-1]),
+        "agent": agent_of(first.metadata),
+        "cwd": cwd,
+        "folder": folder_of(first.source),
+    }
 
 
 def versions_of(conn, conversation_ids: list[str]) -> dict[str, list[SessionRow]]:
     """These conversations' sessions, each one's oldest first, through the index on membership."""
     if not conversation_ids:
         return {}
-    query = (
-        f"select {SESSION} from conversation_sessions c join sessions s using (session_id) where c.conversation_id {ANY} order by s.created_at, s.session_id"
-    )
+    query = f"select {SESSION} from conversation_sessions c join sessions s using (session_id) where c.conversation_id {ANY} order by s.created_at, s.session_id"
     out: dict[str, list[SessionRow]] = {}
     for r in conn.execute(query, [list(conversation_ids)]).fetchall():
         out.setdefault(r[7], []).append(session_row(r))
@@ -162,12 +202,18 @@ def _earlier(conn, session: SessionRow, path: list[str]) -> tuple[str | None, st
         "select session_id, list_contains(?, session_id) as on_path, n_tokens, name = ? as same_name, created_at from sessions "
         "where source = ? and session_id <> ? and (list_contains(?, session_id) or (? and name = ?))"
     )
-    rows = conn.execute(query, [path, session.name, session.source, session.session_id, path, file, session.name]).fetchall()
+    rows = conn.execute(
+        query, [path, session.name, session.source, session.session_id, path, file, session.name]
+    ).fetchall()
     grown = max((r for r in rows if r[1]), key=lambda r: r[2], default=None)
     same_file = max((r for r in rows if r[3]), key=lambda r: (r[4], r[0]), default=None) if file else None
-    return (None if grown is None else _conversation_of(conn, grown[0])), (None if same_file is None else _conversation_of(conn, same_file[0]))
+    return (None if grown is None else _conversation_of(conn, grown[0])), (
+        None if same_file is None else _conversation_of(conn, same_file[0])
+    )
 
 
 def _conversation_of(conn, session_id: str) -> str:
-    row = conn.execute("select conversation_id from conversation_sessions where session_id = ?", [session_id]).fetchone()
+    row = conn.execute(
+        "select conversation_id from conversation_sessions where session_id = ?", [session_id]
+    ).fetchone()
     return session_id if row is None else row[0]  # a session no migration or write grouped is a conversation of its own

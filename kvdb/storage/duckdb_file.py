@@ -29,16 +29,24 @@ COMPACT_MIN_BYTES = 1 << 20  # gc rewrites the file only to give back at least t
 
 
 class DuckDBFile(Engine):
-    def __init__(self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False, key: bytes | None = None):
+    def __init__(
+        self, path: str | Path, lock_timeout: float | None = None, read_only: bool = False, key: bytes | None = None
+    ):
         """Open (creating and migrating as needed). While another process holds the file, wait up
         to ``lock_timeout`` seconds (``$KVDB_LOCK_TIMEOUT``, default 10), then raise ArchiveLocked.
         A read-only storage of an older archive upgrades it first; of a missing one, refuses.
         ``key``: an encrypted archive's (``kvdb.sealing``), which a new archive is created under."""
         self.path = Path(path)
         if self.path.exists() and self.path.is_dir():
-            raise ArchiveError(f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)")
-        if read_only and not self.path.exists():  # reading creates nothing: a typo in --db must not leave an archive behind
-            raise ArchiveError(f"no archive at {self.path}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+            raise ArchiveError(
+                f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)"
+            )
+        if (
+            read_only and not self.path.exists()
+        ):  # reading creates nothing: a typo in --db must not leave an archive behind
+            raise ArchiveError(
+                f"no archive at {self.path}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`"
+            )
         if not read_only:
             _check_writable(self.path)
         self._key = key
@@ -106,7 +114,9 @@ class DuckDBFile(Engine):
             if not self.read_only:
                 load_extensions(conn, ("httpfs",))
             mode = ", READ_ONLY" if self.read_only else ""
-            conn.execute(f"ATTACH '{quoted(self.path)}' AS {SEALED_CATALOG} (ENCRYPTION_KEY '{self.seal.database_key}'{mode})")
+            conn.execute(
+                f"ATTACH '{quoted(self.path)}' AS {SEALED_CATALOG} (ENCRYPTION_KEY '{self.seal.database_key}'{mode})"
+            )
             conn.execute(f"USE {SEALED_CATALOG}")
         except BaseException:
             conn.close()
@@ -123,13 +133,19 @@ class DuckDBFile(Engine):
         except OSError:  # unreadable: DuckDB's message says why
             foreign = False
         if foreign:
-            return ArchiveError(f"{self.path} is not a kvdb archive (not a DuckDB database file); check --db (or $KVDB_DB)")
-        if "without a key" in message or "Wrong encryption key" in message:  # encrypted, its seal file gone or another's
+            return ArchiveError(
+                f"{self.path} is not a kvdb archive (not a DuckDB database file); check --db (or $KVDB_DB)"
+            )
+        if (
+            "without a key" in message or "Wrong encryption key" in message
+        ):  # encrypted, its seal file gone or another's
             seal = sealing.seal_path(self.path)
             return ArchiveKeyError(
                 f"{self.path} is encrypted, and {seal.name} beside it is missing or not its own: restore it from where the archive came from"
             )
-        return ArchiveError(f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}")
+        return ArchiveError(
+            f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}"
+        )
 
     def release(self) -> None:
         """Let the file go; a batch's writes so far are committed first (the next write begins anew)."""
@@ -250,7 +266,9 @@ class DuckDBFile(Engine):
             "select database_name, block_size, free_blocks from pragma_database_size() where database_name = current_database()"
         ).fetchone()  # type: ignore[misc]
         before = self.path.stat().st_size
-        if not (forget and int(free_blocks)) and int(free_blocks) * int(block_size) < max(COMPACT_MIN_BYTES, before // 4):
+        if not (forget and int(free_blocks)) and int(free_blocks) * int(block_size) < max(
+            COMPACT_MIN_BYTES, before // 4
+        ):
             return {"file_bytes": before}
         staging = self.path.with_name(f".{self.path.name}.compacting-{os.getpid()}")
         staging.unlink(missing_ok=True)
@@ -359,10 +377,14 @@ def _check_writable(path: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ArchiveReadOnly(f"cannot create the folder {folder} for archive {path} ({exc.strerror}); give --db a path in a folder you can write to") from None
+        raise ArchiveReadOnly(
+            f"cannot create the folder {folder} for archive {path} ({exc.strerror}); give --db a path in a folder you can write to"
+        ) from None
     fix = "make it writable, or move the archive; commands that only read (sessions, search, show, mcp) still work"
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ArchiveReadOnly(f"archive {path} is in a folder this process cannot write to ({folder}: DuckDB writes its log {path.name}.wal there); {fix}")
+        raise ArchiveReadOnly(
+            f"archive {path} is in a folder this process cannot write to ({folder}: DuckDB writes its log {path.name}.wal there); {fix}"
+        )
     if path.exists() and not os.access(path, os.W_OK):
         raise ArchiveReadOnly(f"archive {path} is read-only to this process; {fix}")
 

@@ -51,7 +51,14 @@ LOST_CATALOG = (
 ABORTED = "Current transaction is aborted"  # may be a lost catalog: ``DuckLake._catalog_answers`` tells
 EXTENSIONS = ("postgres", "ducklake")  # wheels duckdb-extension-NAME: DuckDB cannot download here
 # How httpfs says an object store could not be reached or refused the request.
-UNREACHABLE_DATA = ("Could not connect to server", "HTTP Error", "HTTP PUT", "HTTP GET", "HTTP HEAD", "Could not resolve hostname")
+UNREACHABLE_DATA = (
+    "Could not connect to server",
+    "HTTP Error",
+    "HTTP PUT",
+    "HTTP GET",
+    "HTTP HEAD",
+    "Could not resolve hostname",
+)
 # Two tables of kvdb's own beside the schema's. ``kvdb_commits``, one row: the lake's own random
 # id (what this machine's derived files are kept under, so that a lake made again at the same
 # conninfo never meets the files of the one before) and the commits. ``kvdb_claims``: input
@@ -72,7 +79,9 @@ class DuckLake(Engine):
         under ``data_path`` if its catalog is empty. ``data_path`` is needed only then: the
         catalog remembers it."""
         if not location.startswith(CATALOG_PREFIX):
-            raise ArchiveError(f"kvdb keeps a lake's catalog in PostgreSQL: give --db as {CATALOG_PREFIX}<libpq conninfo>, not {_without_password(location)}")
+            raise ArchiveError(
+                f"kvdb keeps a lake's catalog in PostgreSQL: give --db as {CATALOG_PREFIX}<libpq conninfo>, not {_without_password(location)}"
+            )
         self.location = location
         self.data_path = None if data_path is None else str(data_path)
         self.read_only = read_only
@@ -99,12 +108,18 @@ class DuckLake(Engine):
         return self._conn
 
     def _attach(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        remote = "://" in (self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or "")
-        load_extensions(cursor, EXTENSIONS + (("httpfs",) if remote else ()))  # object storage (s3://, https://...) through httpfs
+        remote = "://" in (
+            self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or ""
+        )
+        load_extensions(
+            cursor, EXTENSIONS + (("httpfs",) if remote else ())
+        )  # object storage (s3://, https://...) through httpfs
         secret = _object_store_secret() if remote else None
         if secret is not None:
             cursor.execute(secret)
-        options = ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]  # rows go to Parquet, not into the catalog
+        options = (
+            ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]
+        )  # rows go to Parquet, not into the catalog
         if self.data_path is not None and not self.read_only:
             options.append(f"DATA_PATH '{quoted(self.data_path.rstrip('/') + '/')}'")
         try:
@@ -117,12 +132,18 @@ class DuckLake(Engine):
     def _unattachable(self, message: str) -> ArchiveError:
         where = self.describe()
         if "does not exist - and creating a new DuckLake is explicitly disabled" in message:
-            return ArchiveError(f"no archive at {where}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+            return ArchiveError(
+                f"no archive at {where}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`"
+            )
         if "data_path is not set" in message:
-            return ArchiveError(f"{where} holds no archive yet: give --data-path DIR (or $KVDB_DATA_PATH) to create one there")
+            return ArchiveError(
+                f"{where} holds no archive yet: give --data-path DIR (or $KVDB_DATA_PATH) to create one there"
+            )
         if "Unable to connect to Postgres" in message:
             reason = message.split('": ', 1)[-1].strip().splitlines()[0]
-            return ArchiveError(f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db")
+            return ArchiveError(
+                f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db"
+            )
         return ArchiveError(f"cannot open archive {where}: {_without_password(message.strip().splitlines()[0])}")
 
     def explain(self, exc: duckdb.Error) -> Exception | None:
@@ -135,7 +156,9 @@ class DuckLake(Engine):
                 "address and the AWS_* credentials in the environment. The transaction in progress was not half-written"
             )
         if ".parquet" in message:
-            return CorruptData(f"a data file of {self.describe()} cannot be read ({first_line(exc)}); `kvdb verify` names the damaged files")
+            return CorruptData(
+                f"a data file of {self.describe()} cannot be read ({first_line(exc)}); `kvdb verify` names the damaged files"
+            )
         if any(sign in message for sign in LOST_CATALOG) or (ABORTED in message and not self._catalog_answers()):
             return ArchiveError(
                 f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
@@ -198,13 +221,18 @@ class DuckLake(Engine):
                 return held[0]
             conn.execute(COUNT_COMMIT)
             conn.execute("delete from kvdb_claims where claim_key = ?", [key])
-            conn.execute("insert into kvdb_claims (claim_key, owner, until) values (?, ?, ?)", [key, owner, now + dt.timedelta(seconds=lease_seconds)])
+            conn.execute(
+                "insert into kvdb_claims (claim_key, owner, until) values (?, ?, ?)",
+                [key, owner, now + dt.timedelta(seconds=lease_seconds)],
+            )
             return None
 
         return self._until_no_conflict(take)
 
     def release_claim(self, key: str, owner: str) -> None:
-        self._until_no_conflict(lambda conn: conn.execute("delete from kvdb_claims where claim_key = ? and owner = ?", [key, owner]))
+        self._until_no_conflict(
+            lambda conn: conn.execute("delete from kvdb_claims where claim_key = ? and owner = ?", [key, owner])
+        )
 
     def _until_no_conflict(self, work, refused: str | None = None):
         """``work(conn)`` in a transaction, again from a fresh snapshot while another commit wins;
@@ -230,7 +258,11 @@ class DuckLake(Engine):
                 f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table}')"
             ).fetchall()
             for data_file, data_size, delete_file, delete_size in listed:
-                problems += [f"table {table}: {p}" for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size)) if p]
+                problems += [
+                    f"table {table}: {p}"
+                    for p in (_file_problem(data_file, data_size), _file_problem(delete_file, delete_size))
+                    if p
+                ]
         return problems
 
     def compact_files(self, forget: bool = False, now: bool = False) -> dict:
@@ -241,9 +273,15 @@ class DuckLake(Engine):
         gc deletes what this one merged). ``data_files_kept``: the files still waiting so."""
         older = "older_than => now()" if now else f"older_than => now() - interval '{SNAPSHOT_RETENTION}'"
         conn = self.connection()  # the maintenance calls commit by themselves
-        rewritten = conn.execute(f"call ducklake_rewrite_data_files('{ALIAS}', delete_threshold => 0)").fetchall() if forget else []
+        rewritten = (
+            conn.execute(f"call ducklake_rewrite_data_files('{ALIAS}', delete_threshold => 0)").fetchall()
+            if forget
+            else []
+        )
         merged = conn.execute(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
-        conn.execute(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").fetchall()  # count(*): no timestamps to convert
+        conn.execute(
+            f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})"
+        ).fetchall()  # count(*): no timestamps to convert
         meta = f"__ducklake_metadata_{ALIAS}"
         (scheduled,) = conn.execute(f"select count(*) from {meta}.ducklake_files_scheduled_for_deletion").fetchone()  # type: ignore[misc]
         (deleted,) = conn.execute(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").fetchone()  # type: ignore[misc]
@@ -251,7 +289,9 @@ class DuckLake(Engine):
             f"select (select count(*) from {meta}.ducklake_data_file where end_snapshot is not null)"
             f" + (select count(*) from {meta}.ducklake_delete_file where end_snapshot is not null)"
         ).fetchone()
-        kept = int(scheduled) - int(deleted) + int(ended)  # what older snapshots still read, and what waits to be deleted
+        kept = (
+            int(scheduled) - int(deleted) + int(ended)
+        )  # what older snapshots still read, and what waits to be deleted
         return {
             "data_files_merged": sum(int(r[2]) for r in [*rewritten, *merged]),
             "data_files_written": sum(int(r[3]) for r in [*rewritten, *merged]),
@@ -266,7 +306,11 @@ class DuckLake(Engine):
 
     def footprint(self) -> int:
         """The data files' bytes (the catalog's rows are counted in ``byte_counts``)."""
-        (size,) = self.connection().execute(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')").fetchone()  # type: ignore[misc]
+        (size,) = (
+            self.connection()
+            .execute(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')")
+            .fetchone()
+        )  # type: ignore[misc]
         return int(size)
 
     def describe(self) -> str:
@@ -281,11 +325,17 @@ class DuckLake(Engine):
 
         def commit(conn):
             if based_on is not None and _snapshot(conn) != based_on:  # the transaction's snapshot: what it reads
-                raise StaleWrite(f"another writer committed to {self.describe()} since this write was planned; plan again")
+                raise StaleWrite(
+                    f"another writer committed to {self.describe()} since this write was planned; plan again"
+                )
             conn.execute(COUNT_COMMIT)
             return work(conn)
 
-        refused = None if based_on is None else f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot"
+        refused = (
+            None
+            if based_on is None
+            else f"another writer committed to {self.describe()} meanwhile; plan again on a fresh snapshot"
+        )
         return self._until_no_conflict(commit, refused)
 
     # schema ---------------------------------------------------------------------------
@@ -323,12 +373,18 @@ class DuckLake(Engine):
             self._upgrade(found)
             return
         if found is not None:
-            raise NewerArchiveError(f"{self.describe()} has schema revision {found}; this kvdb reads {REVISION} (upgrade kvdb to open it)")
+            raise NewerArchiveError(
+                f"{self.describe()} has schema revision {found}; this kvdb reads {REVISION} (upgrade kvdb to open it)"
+            )
         if self.read_only:
-            raise ArchiveError(f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`")
+            raise ArchiveError(
+                f"no archive at {self.describe()}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`"
+            )
         try:
             with transaction(self.connection()) as conn:
-                (tables,) = conn.execute(f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'").fetchone()
+                (tables,) = conn.execute(
+                    f"select count(*) from information_schema.tables where table_catalog = '{ALIAS}'"
+                ).fetchone()
                 if tables:
                     raise ArchiveError(f"{self.describe()} is a DuckLake but not a kvdb archive; choose another --db")
                 for statement in _keyless_tables():
@@ -339,7 +395,9 @@ class DuckLake(Engine):
                 conn.execute("create table alembic_version (version_num varchar not null)")
                 conn.execute("insert into alembic_version values (?)", [REVISION])
         except duckdb.Error as exc:  # an object store nobody answers at, say: the creation rolled back whole
-            raise (self.explain(exc) or ArchiveError(f"cannot create archive {self.describe()}: {first_line(exc)}")) from exc
+            raise (
+                self.explain(exc) or ArchiveError(f"cannot create archive {self.describe()}: {first_line(exc)}")
+            ) from exc
 
 
 def _file_problem(path: str | None, size: int | None) -> str | None:
@@ -391,7 +449,9 @@ def _group_conversations(conn) -> None:
     parents = dict(conn.execute("select node_id, parent_id from nodes").fetchall())
     grouped = frozen.groups(sessions, parents)
     if grouped:
-        conn.executemany("insert into conversations (conversation_id) values (?)", [[c] for c in sorted(set(grouped.values()))])
+        conn.executemany(
+            "insert into conversations (conversation_id) values (?)", [[c] for c in sorted(set(grouped.values()))]
+        )
         conn.executemany("insert into conversation_sessions values (?, ?)", list(grouped.items()))
 
 
@@ -415,7 +475,14 @@ def _keyless_tables(only: tuple[str, ...] | None = None) -> list[str]:
 
     bare, dialect = sa.MetaData(), Dialect()
     tables = [
-        sa.Table(t.name, bare, *[sa.Column(c.name, c.type, nullable=c.nullable and not c.primary_key, server_default=c.server_default) for c in t.columns])
+        sa.Table(
+            t.name,
+            bare,
+            *[
+                sa.Column(c.name, c.type, nullable=c.nullable and not c.primary_key, server_default=c.server_default)
+                for c in t.columns
+            ],
+        )
         for t in schema.metadata.sorted_tables
         if only is None or t.name in only
     ]

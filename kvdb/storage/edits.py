@@ -39,7 +39,15 @@ TABLES = (
 LOGPROBS_WORK = "logprobs"  # pending_work: the session's path holds tokens the model has not scored
 SEMANTIC_WORK = "semantic"  # pending_work: the session's path lacks the semantic tier it was ingested with
 PAYLOAD_BLOCK = 1 << 20  # bytes per row of an entropy-coded tier K payload
-NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")  # every tier a node can hold
+NODE_TABLES = (
+    "token_blocks",
+    "token_streams",
+    "node_logprobs",
+    "search_ranges",
+    "node_lm",
+    "node_kv",
+    "node_chunks",
+)  # every tier a node can hold
 TIER_TABLES = (
     ("search", "search_ranges"),
     ("lm", "node_lm"),
@@ -124,9 +132,13 @@ def token_rows(node_id: str, stream: Stream, tokens: np.ndarray, logprobs: np.nd
     """Token blocks and log-probabilities of a node whose stream row says how to code them;
     ``logprobs`` None: the model has not scored them yet (``pending_work`` says who will)."""
     if not stream.n_tokens == len(tokens) == (len(tokens) if logprobs is None else len(logprobs)):
-        raise ValueError(f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs or ())} log-probabilities)")
+        raise ValueError(
+            f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs or ())} log-probabilities)"
+        )
     blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
-    rows: list[Edit] = [Insert("token_blocks", [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])]
+    rows: list[Edit] = [
+        Insert("token_blocks", [{"node_id": node_id, "block_no": k, "data": blob} for k, blob in enumerate(blocks)])
+    ]
     return rows + (logprob_rows(node_id, logprobs) if logprobs is not None else [])
 
 
@@ -134,11 +146,16 @@ def logprob_rows(node_id: str, logprobs: np.ndarray) -> list[Edit]:
     return [Insert("node_logprobs", [{"node_id": node_id, "logprobs": logprob_bytes(logprobs)}])]
 
 
-def tier_rows(node_id: str, tokens: np.ndarray, logprobs: np.ndarray | None, alphabet: int, held: bool = True) -> list[Edit]:
+def tier_rows(
+    node_id: str, tokens: np.ndarray, logprobs: np.ndarray | None, alphabet: int, held: bool = True
+) -> list[Edit]:
     """A node's stream row, and its token blocks and log-probabilities unless it is held in
     tier L only (then both are the model's to recompute: decoding, then scoring)."""
     stream = Stream(alphabet, fractal.DEFAULT_BLOCK, len(tokens))
-    row = Insert("token_streams", [{"node_id": node_id, "alphabet": alphabet, "block_size": stream.block_size, "n_tokens": len(tokens)}])
+    row = Insert(
+        "token_streams",
+        [{"node_id": node_id, "alphabet": alphabet, "block_size": stream.block_size, "n_tokens": len(tokens)}],
+    )
     return [row] + (token_rows(node_id, stream, tokens, logprobs) if held else [])
 
 
@@ -168,7 +185,14 @@ def chunk_rows(node_id: str, chunks: Chunks) -> list[Edit]:
     """A node's semantic tier: its chunks' spans and vectors, float16."""
     vectors = np.asarray(chunks.vectors, dtype="<f2")
     rows = [
-        {"node_id": node_id, "chunk_no": k, "start": int(a), "stop": int(b), "embedder": chunks.embedder, "vector": vectors[k].tobytes()}
+        {
+            "node_id": node_id,
+            "chunk_no": k,
+            "start": int(a),
+            "stop": int(b),
+            "embedder": chunks.embedder,
+            "vector": vectors[k].tobytes(),
+        }
         for k, (a, b) in enumerate(chunks.spans)
     ]
     return [Insert("node_chunks", rows)] if rows else []
@@ -228,11 +252,15 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
     logprobs: np.ndarray | None
     if held.tokens is None:
         if cut.tokens is None or cut.logprobs is None:
-            raise ValueError(f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities")
+            raise ValueError(
+                f"node {node.node_id} is held in tier L only: a split must bring its tokens and log-probabilities"
+            )
         tokens, logprobs = np.asarray(cut.tokens), np.asarray(cut.logprobs, dtype=np.float32)
     else:
         tokens, logprobs = held.tokens, held.logprobs  # logprobs None: not scored yet, nor will its halves be
-    edits: list[Edit] = [Delete(table, "node_id", [node.node_id]) for table in ("token_blocks", "token_streams", "node_logprobs")]
+    edits: list[Edit] = [
+        Delete(table, "node_id", [node.node_id]) for table in ("token_blocks", "token_streams", "node_logprobs")
+    ]
     edits += tier_rows(node.node_id, tokens[k:], None if logprobs is None else logprobs[k:], alphabet)
     head = {
         "node_id": cut.head_id,
@@ -252,7 +280,9 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
         edits.append(Delete("node_kv", "node_id", [node.node_id]))
         if PAYLOAD in streams:  # an entropy-coded payload cannot be cut: both halves come coded again
             if cut.kv_head is None or cut.kv_tail is None:
-                raise ValueError(f"node {node.node_id} keeps entropy-coded tier K: a split must bring both halves re-coded")
+                raise ValueError(
+                    f"node {node.node_id} keeps entropy-coded tier K: a split must bring both halves re-coded"
+                )
             edits += kv_rows(cut.head_id, codebook_id, {PAYLOAD: cut.kv_head})
             edits += kv_rows(node.node_id, codebook_id, {PAYLOAD: cut.kv_tail})
         else:  # token-major streams: the first k positions' columns go to the head
@@ -268,7 +298,12 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
     if "lm" in node.keep:
         if cut.lm_head is None or cut.lm_tail is None:
             raise ValueError(f"node {node.node_id} keeps tier L: a split must bring both halves re-coded")
-        edits.append(Insert("node_lm", [{"node_id": cut.head_id, "payload": cut.lm_head}, {"node_id": node.node_id, "payload": cut.lm_tail}]))
+        edits.append(
+            Insert(
+                "node_lm",
+                [{"node_id": cut.head_id, "payload": cut.lm_head}, {"node_id": node.node_id, "payload": cut.lm_tail}],
+            )
+        )
     tail = {
         "parent_id": cut.head_id,
         "start": node.start + k,
@@ -280,8 +315,15 @@ def split(held: Held, cut: Split, alphabet: int) -> list[Edit]:
     edits.append(Update("nodes", "node_id", node.node_id, tail))
     if held.search_run is not None:  # the points stay where they are; the slot run is cut in two
         index_key, first_slot, n_tokens = held.search_run
-        edits.append(Update("search_ranges", "node_id", node.node_id, {"first_slot": first_slot + k, "n_tokens": n_tokens - k}))
-        edits.append(Insert("search_ranges", [{"node_id": cut.head_id, "index_key": index_key, "first_slot": first_slot, "n_tokens": k}]))
+        edits.append(
+            Update("search_ranges", "node_id", node.node_id, {"first_slot": first_slot + k, "n_tokens": n_tokens - k})
+        )
+        edits.append(
+            Insert(
+                "search_ranges",
+                [{"node_id": cut.head_id, "index_key": index_key, "first_slot": first_slot, "n_tokens": k}],
+            )
+        )
     return edits
 
 
@@ -296,7 +338,10 @@ def slot_runs(state: IndexState, n_tokens: dict[str, int]) -> list[Edit]:
     the executor's (``sql_apply._index_state``: updated in place where it is recorded)."""
     if not state.ranges:
         return []
-    runs = [{"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]} for nid, first in state.ranges.items()]
+    runs = [
+        {"node_id": nid, "index_key": state.index_key, "first_slot": first, "n_tokens": n_tokens[nid]}
+        for nid, first in state.ranges.items()
+    ]
     return [Insert("search_ranges", runs)]
 
 

@@ -181,7 +181,9 @@ def _extension_file(name: str) -> Path:
     try:
         module = importlib.import_module(f"duckdb_extension_{name}")
     except ImportError as exc:
-        raise ArchiveError(f"this archive needs the DuckDB extension {name}: pip install duckdb-extension-{name}=={duckdb.__version__}") from exc
+        raise ArchiveError(
+            f"this archive needs the DuckDB extension {name}: pip install duckdb-extension-{name}=={duckdb.__version__}"
+        ) from exc
     assert module.__file__ is not None  # a package installed from a wheel, not a namespace
     return next(Path(module.__file__).parent.glob(f"extensions/*/{name}.duckdb_extension"))
 

@@ -57,7 +57,9 @@ def _upgrade(conn: sa.Connection, where: str) -> None:
     if current == script.get_current_head():
         return
     if current is not None and current not in {rev.revision for rev in script.walk_revisions()}:
-        raise NewerArchiveError(f"{where} was written by a newer kvdb (schema revision {current}); upgrade kvdb to open it")
+        raise NewerArchiveError(
+            f"{where} was written by a newer kvdb (schema revision {current}); upgrade kvdb to open it"
+        )
     if current is None and sa.inspect(conn).get_table_names():
         raise ArchiveError(f"{where} is a DuckDB file but not a kvdb archive; choose another --db path")
     config.attributes["connection"] = conn

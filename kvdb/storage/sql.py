@@ -24,10 +24,32 @@ import numpy as np
 from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError
 from kvdb.storage import base, conversation_rows, edits, sql_apply
-from kvdb.storage.base import CodebookRow, ConversationFilter, ConversationRows, IndexState, ModelRow, NodeRow, Plan, SessionRow, WatchedFileRow
+from kvdb.storage.base import (
+    CodebookRow,
+    ConversationFilter,
+    ConversationRows,
+    IndexState,
+    ModelRow,
+    NodeRow,
+    Plan,
+    SessionRow,
+    WatchedFileRow,
+)
 from kvdb.storage.engine import Engine
 from kvdb.storage.literals import ANY
-from kvdb.storage.sql_rows import CONVERSATION, NODE, SESSION, SESSIONS, UNSCORED, kv_streams, logprobs_blob, node_row, node_tokens, path_rows, session_row
+from kvdb.storage.sql_rows import (
+    CONVERSATION,
+    NODE,
+    SESSION,
+    SESSIONS,
+    UNSCORED,
+    kv_streams,
+    logprobs_blob,
+    node_row,
+    node_tokens,
+    path_rows,
+    session_row,
+)
 
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
@@ -101,7 +123,9 @@ class Storage:
 
     def check_writable(self) -> None:
         if self.read_only:
-            raise ArchiveError(f"archive {self.describe()} is open read-only; open it without read_only=True to change it")
+            raise ArchiveError(
+                f"archive {self.describe()} is open read-only; open it without read_only=True to change it"
+            )
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
         self.check_writable()
@@ -182,7 +206,9 @@ class Storage:
 
     # models and codebooks -----------------------------------------------------------------
     def get_model(self, model_id: str) -> ModelRow | None:
-        rows = self._rows("select model_id, name, weights_hash, tokenizer_hash, config from models where model_id = ?", [model_id])
+        rows = self._rows(
+            "select model_id, name, weights_hash, tokenizer_hash, config from models where model_id = ?", [model_id]
+        )
         if not rows:
             return None
         model_id, name, weights_hash, tokenizer_hash, config = rows[0]
@@ -197,18 +223,25 @@ class Storage:
     def codebooks_for(self, model_id: str, preset: str | None = None) -> tuple[str, bytes] | None:
         """The newest codebook set stored for a model (of one preset spec, if named): (codebook_id, serialized codebooks)."""
         among, args = ("", [model_id]) if preset is None else (" and preset = ?", [model_id, preset])
-        rows = self._rows(f"select codebook_id, data from codebooks where model_id = ?{among} order by created_at desc limit 1", args)
+        rows = self._rows(
+            f"select codebook_id, data from codebooks where model_id = ?{among} order by created_at desc limit 1", args
+        )
         return None if not rows else (rows[0][0], rows[0][1])
 
     def node_codebooks(self, node_ids: list[str]) -> dict[str, str]:
         """The codebook id each of these nodes' tier K was coded with (nodes without tier K left out)."""
         if not node_ids:
             return {}
-        return dict(self._rows(f"select distinct node_id, codebook_id from node_kv where node_id {ANY}", [list(node_ids)]))
+        return dict(
+            self._rows(f"select distinct node_id, codebook_id from node_kv where node_id {ANY}", [list(node_ids)])
+        )
 
     def kv_bytes_by_codebooks(self) -> dict[str, int]:
         """Tier K code bytes stored per codebook id."""
-        return {r[0]: int(r[1]) for r in self._rows("select codebook_id, sum(octet_length(data)) from node_kv group by codebook_id")}
+        return {
+            r[0]: int(r[1])
+            for r in self._rows("select codebook_id, sum(octet_length(data)) from node_kv group by codebook_id")
+        }
 
     def codebook_data(self, codebook_id: str) -> bytes:
         rows = self._rows("select data from codebooks where codebook_id = ?", [codebook_id])
@@ -250,7 +283,9 @@ class Storage:
         query = f"select {SESSION} from {SESSIONS} where {CONVERSATION} = ? order by created_at, session_id"
         return [session_row(r) for r in self._rows(query, [conversation_id])]
 
-    def conversations_page(self, admits: ConversationFilter, limit: int | None = None, offset: int = 0) -> ConversationRows:
+    def conversations_page(
+        self, admits: ConversationFilter, limit: int | None = None, offset: int = 0
+    ) -> ConversationRows:
         """The conversations ``admits`` lets through, the most recently updated first (ties by id,
         the greater first), from ``offset`` on, at most ``limit``: filtered, ordered and paged on
         the conversations table's own columns, and only the page's versions read and summed up
@@ -283,7 +318,10 @@ class Storage:
 
     def extended_sessions(self) -> set[str]:
         """The sessions another session runs through (a longer version of them is archived)."""
-        return {r[0] for r in self._rows("select session_id from sessions join nodes on node_id = session_id where refcount > 1")}
+        return {
+            r[0]
+            for r in self._rows("select session_id from sessions join nodes on node_id = session_id where refcount > 1")
+        }
 
     def watched_files(self) -> list[WatchedFileRow]:
         """`kvdb watch`'s checkpoint, by path."""
@@ -292,13 +330,21 @@ class Storage:
 
     def match_sessions(self, ref: str) -> list[SessionRow]:
         """Sessions whose id starts with ``ref`` or whose name equals it."""
-        return [session_row(r) for r in self._rows(f"select {SESSION} from {SESSIONS} where name = ? or starts_with(session_id, ?)", [ref, ref.lower()])]
+        return [
+            session_row(r)
+            for r in self._rows(
+                f"select {SESSION} from {SESSIONS} where name = ? or starts_with(session_id, ?)", [ref, ref.lower()]
+            )
+        ]
 
     # the trie ---------------------------------------------------------------------------
     def children(self, parent_id: str | None, model_id: str, first_token: int) -> list[NodeRow]:
         parent = "parent_id is null" if parent_id is None else "parent_id = ?"
         params = [*([] if parent_id is None else [parent_id]), model_id, int(first_token)]
-        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where {parent} and model_id = ? and first_token = ?", params)]
+        return [
+            node_row(r)
+            for r in self._rows(f"select {NODE} from nodes where {parent} and model_id = ? and first_token = ?", params)
+        ]
 
     def children_opening(self, parent_id: str | None, model_id: str, opening: np.ndarray) -> list[NodeRow]:
         """The child whose first ``HEAD_TOKENS`` tokens ``opening`` begins with, and the children
@@ -333,11 +379,18 @@ class Storage:
 
     def nodes_of(self, model_ids: list[str]) -> list[NodeRow]:
         """Every node of these models (unused ones too, until gc), parents before children."""
-        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where model_id {ANY} order by start, node_id", [list(model_ids)])]
+        return [
+            node_row(r)
+            for r in self._rows(
+                f"select {NODE} from nodes where model_id {ANY} order by start, node_id", [list(model_ids)]
+            )
+        ]
 
     def shared_nodes(self) -> list[NodeRow]:
         """Nodes on the paths of two or more sessions, shortest first."""
-        return [node_row(r) for r in self._rows(f"select {NODE} from nodes where refcount >= 2 order by start, node_id")]
+        return [
+            node_row(r) for r in self._rows(f"select {NODE} from nodes where refcount >= 2 order by start, node_id")
+        ]
 
     def node_shapes(self) -> list[tuple[NodeRow, int, int]]:
         """Every node with its token stream's alphabet and block size."""
@@ -354,7 +407,11 @@ class Storage:
         """Token ids [start, end) along a node path the caller has read already."""
         end = path[-1].end if end is None else end
         with self._read() as conn:
-            pieces = [node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start) for n in path if n.start < end and n.end > start]
+            pieces = [
+                node_tokens(conn, n.node_id, max(start, n.start) - n.start, min(end, n.end) - n.start)
+                for n in path
+                if n.start < end and n.end > start
+            ]
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
     def load_tokens(self, session_id: str, start: int = 0, end: int | None = None) -> np.ndarray:
@@ -367,7 +424,9 @@ class Storage:
         with self._read() as conn:
             coded = {
                 r[0]: r[1:]
-                for r in conn.execute(f"select node_id, alphabet, block_size, n_tokens from token_streams where node_id {ANY}", [node_ids]).fetchall()
+                for r in conn.execute(
+                    f"select node_id, alphabet, block_size, n_tokens from token_streams where node_id {ANY}", [node_ids]
+                ).fetchall()
             }
             blobs: dict[str, list[bytes]] = {node_id: [] for node_id in coded}
             query = f"select node_id, data from token_blocks where node_id {ANY} order by node_id, block_no"
@@ -377,7 +436,9 @@ class Storage:
         for node_id in node_ids:
             row = coded.get(node_id)
             if row is None or len(blobs[node_id]) != len(fractal.blocks_for_range(0, int(row[2]), int(row[1]))):
-                raise ValueError(f"node {node_id} holds no token blocks (held in tier L only: the services decode those)")
+                raise ValueError(
+                    f"node {node_id} holds no token blocks (held in tier L only: the services decode those)"
+                )
             out[node_id] = fractal.decode_range(blobs[node_id], int(row[0]), int(row[1]), 0, int(row[2]))
         return out
 
@@ -409,7 +470,14 @@ class Storage:
 
     def unscored(self, node_ids: list[str]) -> set[str]:
         """Of these nodes, those holding tokens the model has not scored (an ingest without it)."""
-        return {r[0] for r in self._rows(f"select n.node_id from nodes n where n.node_id {ANY} and {UNSCORED}", [node_ids])} if node_ids else set()
+        return (
+            {
+                r[0]
+                for r in self._rows(f"select n.node_id from nodes n where n.node_id {ANY} and {UNSCORED}", [node_ids])
+            }
+            if node_ids
+            else set()
+        )
 
     def pending_sessions(self, work: str, limit: int) -> list[SessionRow]:
         """Sessions ``work`` is queued for, the newest first (what is searched and restored next):
@@ -422,7 +490,9 @@ class Storage:
 
     def queued(self, work: str) -> list[str]:
         """The session ids ``work`` is queued for, deleted sessions' included (a forget waits for gc)."""
-        return [r[0] for r in self._rows("select session_id from pending_work where work = ? order by session_id", [work])]
+        return [
+            r[0] for r in self._rows("select session_id from pending_work where work = ? order by session_id", [work])
+        ]
 
     def pending_counts(self) -> dict[str, tuple[int, int]]:
         """Queued work by kind: (sessions, their tokens)."""
@@ -475,7 +545,9 @@ class Storage:
         """The index's row, with the slot runs that begin at ``from_slot`` or later in ``ranges``
         (a reader catching up reads only the runs it lacks)."""
         with self._read() as conn:
-            row = conn.execute("select alphabet, depth, ntotal, generation from search_indexes where index_key = ?", [index_key]).fetchone()
+            row = conn.execute(
+                "select alphabet, depth, ntotal, generation from search_indexes where index_key = ?", [index_key]
+            ).fetchone()
             if row is None:
                 return None
             query = "select node_id, first_slot from search_ranges where index_key = ? and first_slot >= ?"
@@ -509,7 +581,9 @@ class Storage:
             if sample is not None:
                 (count,) = conn.execute(f"select count(*) from {table}").fetchone()  # type: ignore[misc]
                 every = max(1, count // max(sample, 1))
-            yield from _streamed(conn.execute(f"select owner, part, data from ({numbered}) where (n - 1) % ? = 0 order by n", [every]))
+            yield from _streamed(
+                conn.execute(f"select owner, part, data from ({numbered}) where (n - 1) % ? = 0 order by n", [every])
+            )
 
     def dangling_references(self) -> list[tuple[str, str, str, str]]:
         """(what refers, its id, what it names, the missing id): sessions and nodes naming an
@@ -535,7 +609,9 @@ class Storage:
 
         columns = [c.name for c in schema.metadata.tables[table].columns]
         with self._read() as conn:
-            for row in _streamed(conn.execute(f"select {', '.join(columns)} from {table} order by {', '.join(columns)}")):
+            for row in _streamed(
+                conn.execute(f"select {', '.join(columns)} from {table} order by {', '.join(columns)}")
+            ):
                 yield dict(zip(columns, row, strict=True))
 
     def content_hashes(self) -> dict[str, str]:
@@ -564,7 +640,9 @@ class Storage:
             f"{total('codebooks', 'data')}, (select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv)), "
             f"{total('node_chunks', 'vector')} + {CHUNK_ROW_BYTES} * (select count(*) from node_chunks)"
         )
-        sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens, semantic = (int(v) for v in self._rows(query)[0])
+        sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens, semantic = (
+            int(v) for v in self._rows(query)[0]
+        )
         return {
             "sessions": sessions,
             "tokens": tokens,

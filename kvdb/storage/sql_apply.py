@@ -51,24 +51,32 @@ def run(conn, changes: list[edits.Edit]) -> None:
     for change in changes:
         if isinstance(change, edits.Recount):
             if change.node_ids:
-                conn.execute(f"update nodes set refcount = refcount + ? where node_id {ANY}", [change.delta, list(change.node_ids)])
+                conn.execute(
+                    f"update nodes set refcount = refcount + ? where node_id {ANY}",
+                    [change.delta, list(change.node_ids)],
+                )
         elif isinstance(change, edits.Insert):
             if change.rows:
                 columns = list(change.rows[0])
                 one = f"({', '.join('?' * len(columns))})"
-                for at in range(0, len(change.rows), INSERT_ROWS):  # one statement a batch: a lake writes a data file per statement
+                for at in range(
+                    0, len(change.rows), INSERT_ROWS
+                ):  # one statement a batch: a lake writes a data file per statement
                     batch = change.rows[at : at + INSERT_ROWS]
                     conn.execute(
                         f"insert into {change.table} ({', '.join(columns)}) values {', '.join([one] * len(batch))}",
                         [_value(row[c]) for row in batch for c in columns],
                     )
         elif isinstance(change, edits.Delete):
-            conn.execute(f"delete from {change.table} where {change.column} {ANY}", [[_value(v) for v in change.values]])
+            conn.execute(
+                f"delete from {change.table} where {change.column} {ANY}", [[_value(v) for v in change.values]]
+            )
         else:
             columns = list(change.values)
             assignments = ", ".join(f"{c} = ?" for c in columns)
             conn.execute(
-                f"update {change.table} set {assignments} where {change.column} = ?", [*(_value(change.values[c]) for c in columns), _value(change.key)]
+                f"update {change.table} set {assignments} where {change.column} = ?",
+                [*(_value(change.values[c]) for c in columns), _value(change.key)],
             )
 
 
@@ -84,11 +92,23 @@ def _held(conn, node_id: str) -> edits.Held:
         tokens = sql_rows.node_tokens(conn, node_id)
         blob = sql_rows.logprobs_blob(conn, node_id)
         logprobs = None if blob is None else np.frombuffer(blob, "<f4")
-    return edits.Held(node, tokens, logprobs, sql_rows.kv_streams(conn, node_id), sql_rows.search_run(conn, node_id), sql_rows.chunk_rows(conn, node_id))
+    return edits.Held(
+        node,
+        tokens,
+        logprobs,
+        sql_rows.kv_streams(conn, node_id),
+        sql_rows.search_run(conn, node_id),
+        sql_rows.chunk_rows(conn, node_id),
+    )
 
 
 def _tokens_back(conn, node_id: str, tokens: np.ndarray, logprobs: np.ndarray) -> None:
-    run(conn, edits.add_tiers(sql_rows.node(conn, node_id), sql_rows.stream(conn, node_id), NodeTiers(tokens=(tokens, logprobs))))
+    run(
+        conn,
+        edits.add_tiers(
+            sql_rows.node(conn, node_id), sql_rows.stream(conn, node_id), NodeTiers(tokens=(tokens, logprobs))
+        ),
+    )
 
 
 def _session_write(conn, w: SessionWrite) -> None:
@@ -104,7 +124,12 @@ def _session_write(conn, w: SessionWrite) -> None:
         raise StaleWrite(f"session {w.session.session_id[:12]} was archived while this write was planned; plan again")
     run(conn, [edits.Insert("sessions", [_session_values(w.session)])])
     path = list(w.path) or [n.node_id for n in sql_rows.path_rows(conn, w.session.session_id)]
-    run(conn, [edits.Recount(path, +1)] + conversation_rows.joined(conn, w.session, path, w.conversation) + _owed(conn, w, path))
+    run(
+        conn,
+        [edits.Recount(path, +1)]
+        + conversation_rows.joined(conn, w.session, path, w.conversation)
+        + _owed(conn, w, path),
+    )
     if w.index is not None:
         _index_state(conn, w.index, {w.node.node_id: len(w.node.tokens)} if w.node is not None else {})
 
@@ -114,13 +139,22 @@ def _owed(conn, w: SessionWrite, path: list[str]) -> list[edits.Edit]:
     on the session's path holds tokens it has not scored (a new node without log-probabilities
     does: no need to look, and a statement is a millisecond of a backfill's session)."""
     fresh = w.node is not None and w.node.logprobs is None and "tokens" in w.node.keep
-    unscored = fresh or conn.execute(f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]).fetchone()[0]
-    return edits.queued([(w.session.session_id, kind) for kind in [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]], utc_now())
+    unscored = (
+        fresh
+        or conn.execute(
+            f"select count(*) from nodes n where n.node_id {ANY} and {sql_rows.UNSCORED}", [path]
+        ).fetchone()[0]
+    )
+    return edits.queued(
+        [(w.session.session_id, kind) for kind in [*w.queued, *([edits.LOGPROBS_WORK] if unscored else [])]], utc_now()
+    )
 
 
 def _queue(conn, plan: Queue) -> None:
     query = f"select session_id from pending_work where work = ? and session_id {ANY}"
-    queued = {r[0] for r in conn.execute(query, [plan.work, plan.session_ids]).fetchall()} if plan.session_ids else set()
+    queued = (
+        {r[0] for r in conn.execute(query, [plan.work, plan.session_ids]).fetchall()} if plan.session_ids else set()
+    )
     run(conn, edits.queued([(s, plan.work) for s in dict.fromkeys(plan.session_ids) if s not in queued], utc_now()))
 
 
@@ -141,9 +175,15 @@ def _index_state(conn, state, known: dict[str, int] | None = None) -> None:
     lengths = dict(known or {})
     unknown = [node_id for node_id in state.ranges if node_id not in lengths]
     if unknown:
-        lengths |= {r[0]: int(r[1]) for r in conn.execute(f"select node_id, n_tokens from nodes where node_id {ANY}", [unknown]).fetchall()}
+        lengths |= {
+            r[0]: int(r[1])
+            for r in conn.execute(f"select node_id, n_tokens from nodes where node_id {ANY}", [unknown]).fetchall()
+        }
     values = [state.alphabet, state.depth, state.ntotal, state.generation]
-    updated = conn.execute("update search_indexes set alphabet = ?, depth = ?, ntotal = ?, generation = ? where index_key = ?", [*values, state.index_key])
+    updated = conn.execute(
+        "update search_indexes set alphabet = ?, depth = ?, ntotal = ?, generation = ? where index_key = ?",
+        [*values, state.index_key],
+    )
     if not updated.fetchone()[0]:
         row = dict(zip(("index_key", "alphabet", "depth", "ntotal", "generation"), [state.index_key, *values]))
         run(conn, [edits.Insert("search_indexes", [row])])
@@ -185,7 +225,13 @@ def _rename_conversation(conn, plan: RenameConversation) -> None:
 def _collect_garbage(conn, plan: CollectGarbage) -> dict:
     dead = [r[0] for r in conn.execute("select node_id from nodes where refcount <= 0").fetchall()]
     (tokens,) = conn.execute("select coalesce(sum(n_tokens), 0) from nodes where refcount <= 0").fetchone()
-    freed = conn.execute(f"select coalesce(sum(octet_length(data)), 0) from token_blocks where node_id {ANY}", [dead]).fetchone()[0] if dead else 0
+    freed = (
+        conn.execute(
+            f"select coalesce(sum(octet_length(data)), 0) from token_blocks where node_id {ANY}", [dead]
+        ).fetchone()[0]
+        if dead
+        else 0
+    )
     run(conn, edits.collect(dead))
     return {"nodes": len(dead), "tokens": int(tokens), "token_bytes": int(freed)}
 
@@ -197,7 +243,13 @@ def _drop_tiers(conn, plan: DropTiers) -> None:
     for node_id, (tokens, logprobs) in plan.tokens_back.items():
         _tokens_back(conn, node_id, tokens, logprobs)
     for node_id, payload in plan.recoded.items():
-        run(conn, [edits.Delete("node_lm", "node_id", [node_id]), edits.Insert("node_lm", [{"node_id": node_id, "payload": payload}])])
+        run(
+            conn,
+            [
+                edits.Delete("node_lm", "node_id", [node_id]),
+                edits.Insert("node_lm", [{"node_id": node_id, "payload": payload}]),
+            ],
+        )
 
 
 def _add_tiers(conn, plan: AddTiers) -> None:
@@ -213,21 +265,48 @@ def _add_tiers(conn, plan: AddTiers) -> None:
 
 
 def _put_logprobs(conn, plan: PutLogprobs) -> None:
-    have = {r[0] for r in conn.execute(f"select node_id from node_logprobs where node_id {ANY}", [list(plan.logprobs)]).fetchall()} if plan.logprobs else set()
-    run(conn, [e for node_id, lp in plan.logprobs.items() if node_id not in have for e in edits.logprob_rows(node_id, lp)])
+    have = (
+        {
+            r[0]
+            for r in conn.execute(
+                f"select node_id from node_logprobs where node_id {ANY}", [list(plan.logprobs)]
+            ).fetchall()
+        }
+        if plan.logprobs
+        else set()
+    )
+    run(
+        conn,
+        [e for node_id, lp in plan.logprobs.items() if node_id not in have for e in edits.logprob_rows(node_id, lp)],
+    )
     _dequeue(conn, [plan.session_id], edits.LOGPROBS_WORK)
 
 
 def _put_model(conn, plan: PutModel) -> None:
     row = plan.row
     if conn.execute("select 1 from models where model_id = ?", [row.model_id]).fetchone() is None:
-        values = dict(model_id=row.model_id, name=row.name, weights_hash=row.weights_hash, tokenizer_hash=row.tokenizer_hash)
-        run(conn, [edits.Insert("models", [{**values, "config": json.dumps(row.config, sort_keys=True), "created_at": utc_now()}])])
+        values = dict(
+            model_id=row.model_id, name=row.name, weights_hash=row.weights_hash, tokenizer_hash=row.tokenizer_hash
+        )
+        run(
+            conn,
+            [
+                edits.Insert(
+                    "models", [{**values, "config": json.dumps(row.config, sort_keys=True), "created_at": utc_now()}]
+                )
+            ],
+        )
 
 
 def _put_codebooks(conn, plan: PutCodebooks) -> None:
     if conn.execute("select 1 from codebooks where codebook_id = ?", [plan.codebook_id]).fetchone() is None:
-        row = {"codebook_id": plan.codebook_id, "model_id": plan.model_id, "preset": plan.preset, "created_at": utc_now(), "data": plan.data}
+        row = {
+            "codebook_id": plan.codebook_id,
+            "model_id": plan.model_id,
+            "preset": plan.preset,
+            "created_at": utc_now(),
+            "data": plan.data,
+        }
         run(conn, [edits.Insert("codebooks", [row])])
 
 

@@ -19,7 +19,9 @@ from kvdb.storage.base import NodeRow, SessionRow
 from kvdb.storage.edits import Stream, keep_from_text
 
 NODE = "node_id, parent_id, model_id, start, n_tokens, first_token, refcount, keep"
-CONVERSATION = "coalesce(conversation_id, session_id)"  # a session no migration or write grouped is a conversation of its own
+CONVERSATION = (
+    "coalesce(conversation_id, session_id)"  # a session no migration or write grouped is a conversation of its own
+)
 SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, {CONVERSATION}"
 SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
 # nodes n that hold tokens the model has not scored (an ingest without it queued the pass)
@@ -44,7 +46,9 @@ def node(conn, node_id: str) -> NodeRow:
 
 
 def stream(conn, node_id: str) -> Stream:
-    row = conn.execute("select alphabet, block_size, n_tokens from token_streams where node_id = ?", [node_id]).fetchone()
+    row = conn.execute(
+        "select alphabet, block_size, n_tokens from token_streams where node_id = ?", [node_id]
+    ).fetchone()
     if row is None:
         raise LookupError(f"node {node_id} has no token stream")
     return Stream(int(row[0]), int(row[1]), int(row[2]))
@@ -80,13 +84,18 @@ def logprobs_blob(conn, node_id: str) -> bytes | None:
 
 
 def kv_streams(conn, node_id: str) -> tuple[str, dict[int, np.ndarray]] | None:
-    rows = conn.execute("select alphabet, codebook_id, data from node_kv where node_id = ? order by alphabet, block_no", [node_id]).fetchall()
+    rows = conn.execute(
+        "select alphabet, codebook_id, data from node_kv where node_id = ? order by alphabet, block_no", [node_id]
+    ).fetchall()
     if not rows:
         return None
     blobs: dict[int, list[bytes]] = {}
     for size, _, data in rows:
         blobs.setdefault(int(size), []).append(data)
-    return rows[0][1], {size: np.frombuffer(b"".join(b), np.uint8) if size == PAYLOAD else fractal.decode_blocks(b, size) for size, b in blobs.items()}
+    return rows[0][1], {
+        size: np.frombuffer(b"".join(b), np.uint8) if size == PAYLOAD else fractal.decode_blocks(b, size)
+        for size, b in blobs.items()
+    }
 
 
 CHUNK = "node_id, chunk_no, start, stop, embedder, vector"
@@ -95,11 +104,18 @@ CHUNK = "node_id, chunk_no, start, stop, embedder, vector"
 def chunk_rows(conn, node_id: str) -> list[dict]:
     """A node's node_chunks rows, as the edits write them."""
     names = CHUNK.split(", ")
-    return [dict(zip(names, row)) for row in conn.execute(f"select {CHUNK} from node_chunks where node_id = ? order by chunk_no", [node_id]).fetchall()]
+    return [
+        dict(zip(names, row))
+        for row in conn.execute(
+            f"select {CHUNK} from node_chunks where node_id = ? order by chunk_no", [node_id]
+        ).fetchall()
+    ]
 
 
 def search_run(conn, node_id: str) -> tuple[str, int, int] | None:
-    row = conn.execute("select index_key, first_slot, n_tokens from search_ranges where node_id = ?", [node_id]).fetchone()
+    row = conn.execute(
+        "select index_key, first_slot, n_tokens from search_ranges where node_id = ?", [node_id]
+    ).fetchone()
     return None if row is None else (row[0], int(row[1]), int(row[2]))
 
 

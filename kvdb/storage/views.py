@@ -66,7 +66,19 @@ VIEWS: dict[str, tuple[str, ...]] = {
     "tiers": ("tier", "nodes", "tokens", "bytes"),
 }
 # table macro -> its columns: search hits and a session's turns, as relations a query joins
-HIT_COLUMNS = ("rank", "conversation_id", "session_id", "title", "name", "position", "match_tokens", "score", "exact", "text", "context")
+HIT_COLUMNS = (
+    "rank",
+    "conversation_id",
+    "session_id",
+    "title",
+    "name",
+    "position",
+    "match_tokens",
+    "score",
+    "exact",
+    "text",
+    "context",
+)
 MACROS: dict[str, tuple[str, ...]] = {
     "search": HIT_COLUMNS,
     "search_meaning": HIT_COLUMNS,
@@ -217,9 +229,15 @@ def refuse_writing_functions(conn: duckdb.DuckDBPyConnection, query: str) -> Non
     """Refuse a query that calls a function that writes, found in DuckDB's parse tree of it."""
     (tree,) = conn.execute("select json_serialize_sql(?)", [query]).fetchone()  # type: ignore[misc]
     called = set(_function_names(json.loads(tree)))
-    writing = sorted(n for n in called if n.lower() in WRITING_FUNCTIONS or (n.lower().startswith("ducklake_") and n.lower() not in READING_DUCKLAKE))
+    writing = sorted(
+        n
+        for n in called
+        if n.lower() in WRITING_FUNCTIONS or (n.lower().startswith("ducklake_") and n.lower() not in READING_DUCKLAKE)
+    )
     if writing:
-        raise QueryRefused(f"SQL: {writing[0]}() changes the database; a query over the archive only reads (`kvdb gc` does the upkeep)")
+        raise QueryRefused(
+            f"SQL: {writing[0]}() changes the database; a query over the archive only reads (`kvdb gc` does the upkeep)"
+        )
 
 
 def _function_names(node) -> Iterator[str]:
@@ -294,7 +312,13 @@ def _without_zones(query: str, columns: list[str], types: list[str]) -> str:
     """``query`` with its times with a zone in UTC without it (nested in a list or struct: as text)."""
     picked = []
     for i, (name, kind) in enumerate(zip(columns, types, strict=True), 1):
-        value = f"timezone('UTC', #{i})" if kind == f"TIMESTAMP {ZONED}" else f"cast(#{i} as varchar)" if ZONED in kind else f"#{i}"
+        value = (
+            f"timezone('UTC', #{i})"
+            if kind == f"TIMESTAMP {ZONED}"
+            else f"cast(#{i} as varchar)"
+            if ZONED in kind
+            else f"#{i}"
+        )
         picked.append(f'{value} as "{_quoted(name)}"')
     body = query.rstrip().rstrip(";").rstrip()  # one statement (``check``): a semicolon can only end it
     return f"select {', '.join(picked)} from (\n{body}\n) as q"
@@ -347,10 +371,14 @@ def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyCon
 
     engine = storage.engine
     with storage.explained():
-        if isinstance(engine, DuckLake):  # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
+        if isinstance(
+            engine, DuckLake
+        ):  # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
             conn = engine.connection().cursor()
             db = ALIAS
-        elif isinstance(engine, DuckDBFile) and engine.seal is not None:  # a cursor too: DuckDB attaches a file once per process
+        elif (
+            isinstance(engine, DuckDBFile) and engine.seal is not None
+        ):  # a cursor too: DuckDB attaches a file once per process
             conn = engine.connection().cursor()
             db = SEALED_CATALOG
         else:

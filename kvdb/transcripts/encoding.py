@@ -85,7 +85,9 @@ def decode(data: bytes, shown: str, first_line: int = 1, first_byte: int = 0, re
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = first_line + data.count(b"\n", 0, error.start)
-        invalid = TranscriptError(shown, f"invalid UTF-8 at byte {first_byte + error.start}{_likely_encoding(data, shown)}", line)
+        invalid = TranscriptError(
+            shown, f"invalid UTF-8 at byte {first_byte + error.start}{_likely_encoding(data, shown)}", line
+        )
     line, byte = first_line + data.count(b"\n"), first_byte + len(data)
     for chunk in rest:
         _refuse_nul(chunk, shown, line, byte)
@@ -95,7 +97,10 @@ def decode(data: bytes, shown: str, first_line: int = 1, first_byte: int = 0, re
 
 def transcoding_error(error: UnicodeDecodeError, shown: str) -> TranscriptError:
     """A UTF-16/32 file (it has the mark) whose bytes are not valid in it."""
-    return TranscriptError(shown, f"the file starts with a {error.encoding.upper()} byte order mark, but is not valid {error.encoding.upper()}: {error.reason}")
+    return TranscriptError(
+        shown,
+        f"the file starts with a {error.encoding.upper()} byte order mark, but is not valid {error.encoding.upper()}: {error.reason}",
+    )
 
 
 def utf8_cut(data: bytes) -> int:
@@ -129,7 +134,12 @@ def _wide_encoding(data: bytes) -> str | None:
     sample = data[: 4096 - 4096 % 4]
     if len(sample) < 4:
         return None
-    for name, width, offsets in (("UTF-32LE", 4, (1, 2, 3)), ("UTF-32BE", 4, (0, 1, 2)), ("UTF-16LE", 2, (1,)), ("UTF-16BE", 2, (0,))):
+    for name, width, offsets in (
+        ("UTF-32LE", 4, (1, 2, 3)),
+        ("UTF-32BE", 4, (0, 1, 2)),
+        ("UTF-16LE", 2, (1,)),
+        ("UTF-16BE", 2, (0,)),
+    ):
         columns = [sample[offset::width] for offset in offsets]
         if all(column.count(0) >= 0.9 * len(column) for column in columns):
             return name
@@ -155,7 +165,11 @@ def _has_utf8_sequence(data: bytes) -> bool:
 
 
 def _quoted(path: str) -> str:
-    return path if path.replace("/", "").replace(".", "").replace("-", "").replace("_", "").isalnum() else "'" + path.replace("'", "'\\''") + "'"
+    return (
+        path
+        if path.replace("/", "").replace(".", "").replace("-", "").replace("_", "").isalnum()
+        else "'" + path.replace("'", "'\\''") + "'"
+    )
 
 
 def _suffix(path: str) -> str:

@@ -49,7 +49,9 @@ def find_transcript_files(paths: Iterable[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def iter_transcripts(path: str | Path, max_session_bytes: int | None = None, skipped: list[dict] | None = None) -> Iterator[Transcript]:
+def iter_transcripts(
+    path: str | Path, max_session_bytes: int | None = None, skipped: list[dict] | None = None
+) -> Iterator[Transcript]:
     """Yield the sessions of one file as they are read; a TranscriptError comes when reached
     (``EmptyTranscript`` for a file with nothing to archive).
 
@@ -98,7 +100,11 @@ def _walk(root: Path) -> list[Path]:
     files: list[Path] = []
     for directory, subdirectories, names in os.walk(root, onerror=unreadable):
         subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
-        files.extend(Path(directory, name) for name in names if not name.startswith(".") and _suffix(Path(name)) in SUPPORTED_SUFFIXES)
+        files.extend(
+            Path(directory, name)
+            for name in names
+            if not name.startswith(".") and _suffix(Path(name)) in SUPPORTED_SUFFIXES
+        )
     return sorted(files)
 
 
@@ -111,7 +117,9 @@ def _iter_text(file, shown: str, limit: int | None) -> Iterator[Transcript]:
     yield Transcript(Path(shown).stem, shown, text, None, {"format": "text"})
 
 
-def _iter_json_file(file, shown: str, limit: int | None, jsonl: bool, skipped: list[dict] | None) -> Iterator[Transcript]:
+def _iter_json_file(
+    file, shown: str, limit: int | None, jsonl: bool, skipped: list[dict] | None
+) -> Iterator[Transcript]:
     """JSON Lines or one JSON value, whichever the content is: a ``.json`` holding one object per
     line reads as JSONL, and a ``.jsonl`` holding one value over several lines reads as JSON."""
     as_jsonl = _looks_like_jsonl(file, jsonl)
@@ -156,7 +164,9 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             break
         used += len(raw)
         if limit is not None and used > limit:
-            raise TranscriptError(shown, too_large("the session", limit), line if layout in (None, "sessions") else first)
+            raise TranscriptError(
+                shown, too_large("the session", limit), line if layout in (None, "sessions") else first
+            )
         text = decode(raw, shown, line, offset)
         offset += len(raw)
         if line == 1:
@@ -175,7 +185,10 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             waiting.append((line, obj))
             continue
         decided = layout is None
-        for at, record in [(line, obj), *(waiting if decided else ())]:  # the record that sets the layout, then those read before it
+        for at, record in [
+            (line, obj),
+            *(waiting if decided else ()),
+        ]:  # the record that sets the layout, then those read before it
             try:
                 if isinstance(record, Invalid):
                     raise record
@@ -205,11 +218,14 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             raise TranscriptError(shown, reason, at)
         skipped.append({"line": at, "reason": reason})
     if skipped:
-        skipped.sort(key=lambda skip: skip["line"])  # the records waiting for a layout were taken after the one that set it
+        skipped.sort(
+            key=lambda skip: skip["line"]
+        )  # the records waiting for a layout were taken after the one that set it
     if layout is None:
         if skipped:
             raise TranscriptError(
-                shown, f"no line holds a record kvdb reads ({len(skipped)} skipped; the first, line {skipped[0]['line']}: {skipped[0]['reason']})"
+                shown,
+                f"no line holds a record kvdb reads ({len(skipped)} skipped; the first, line {skipped[0]['line']}: {skipped[0]['reason']})",
             )
         raise EmptyTranscript(shown, "empty transcript")
     if log is not None:
@@ -268,7 +284,12 @@ def _iter_json_list(stream: JsonStream, stem: str, shown: str, skipped: list[dic
                 log, sessions = stream.parse("session #0", lambda value: _first_in_list(value, stem, shown))
                 yield from sessions
             elif log is not None:
-                stream.parse(f"{log.label}[{count}]", lambda value, c=count, into=log: into.add(value, c), f"{log.label}[{count}]: ", skipped)
+                stream.parse(
+                    f"{log.label}[{count}]",
+                    lambda value, c=count, into=log: into.add(value, c),
+                    f"{log.label}[{count}]: ",
+                    skipped,
+                )
             else:
                 read = lambda value, c=count: read_session(value, f"{stem}#{c}", f"{shown}#{c}")  # noqa: E731 - bound to this element
                 yield from stream.parse(f"session #{count}", read, f"session #{count}: ", skipped, instead=[])
@@ -329,6 +350,12 @@ def transcript_from_messages(messages, name: str = "messages") -> Transcript:
     first prompt is."""
     try:
         conversation = Conversation().add_all(messages)
-        return chat(name, "<messages>", conversation, {"format": "messages"}, title=first_prompt(conversation.messages()) if name == "messages" else None)
+        return chat(
+            name,
+            "<messages>",
+            conversation,
+            {"format": "messages"},
+            title=first_prompt(conversation.messages()) if name == "messages" else None,
+        )
     except Invalid as error:
         raise TranscriptError("<messages>", str(error)) from None

@@ -59,7 +59,14 @@ PLACEHOLDER_PARTS = {
     "redacted_thinking": "redacted thinking",
 }
 # LLaMA-Factory v1's media parts, whose "value" is the file's path or URL
-VALUE_MEDIA = {"image_url": "image", "video_url": "video", "audio_url": "audio", "image": "image", "video": "video", "audio": "audio"}
+VALUE_MEDIA = {
+    "image_url": "image",
+    "video_url": "video",
+    "audio_url": "audio",
+    "image": "image",
+    "video": "video",
+    "audio": "audio",
+}
 # Responses API items that are a hosted tool's work, with no text of the transcript's own
 HOSTED_CALLS = (
     "web_search_call",
@@ -180,7 +187,9 @@ class Conversation:
 
     def _normalise(self, message) -> list[dict]:
         if not isinstance(message, dict):
-            raise Invalid(f'expected a message object with "role" and "content" (or ShareGPT "from" and "value"), got {kind(message)}')
+            raise Invalid(
+                f'expected a message object with "role" and "content" (or ShareGPT "from" and "value"), got {kind(message)}'
+            )
         item_type = message.get("type")
         if "role" in message:
             return self._role_message(message)
@@ -191,7 +200,14 @@ class Conversation:
                 {
                     "role": "assistant",
                     "content": "",
-                    "tool_calls": [_call(message.get("call_id") or message.get("id"), message.get("name"), message.get("arguments"), message)],
+                    "tool_calls": [
+                        _call(
+                            message.get("call_id") or message.get("id"),
+                            message.get("name"),
+                            message.get("arguments"),
+                            message,
+                        )
+                    ],
                 }
             ]
         if item_type == "function_call_output":
@@ -221,7 +237,10 @@ class Conversation:
         if isinstance(message.get("name"), str) and message["name"]:
             out["name"] = message["name"]
         calls = [p for p in parts if isinstance(p, dict) and p["kind"] == "call"]
-        calls += [_openai_call(c.get("id"), c.get("function"), c) for c in _list(message.get("tool_calls"), "tool_calls", message)]
+        calls += [
+            _openai_call(c.get("id"), c.get("function"), c)
+            for c in _list(message.get("tool_calls"), "tool_calls", message)
+        ]
         if message.get("function_call") is not None:
             calls.append(_openai_call(None, message["function_call"], message))
         if calls:
@@ -270,14 +289,21 @@ class Conversation:
         if isinstance(part, str):
             return part
         if not isinstance(part, dict):
-            raise Invalid(f'each part must be a string or an object such as {{"type": "text", "text": "..."}}, not {kind(part)}')
+            raise Invalid(
+                f'each part must be a string or an object such as {{"type": "text", "text": "..."}}, not {kind(part)}'
+            )
         part_type = part.get("type", "text")
         if "value" in part:
             return self._value_part(part_type, part)
         if part_type in TEXT_PARTS:
             return _string(part.get(TEXT_PARTS[part_type]), TEXT_PARTS[part_type], part, f"a {part_type} part needs")
         if part_type in THINKING_PARTS:
-            return {"kind": "thinking", "text": _string(part.get(THINKING_PARTS[part_type]), THINKING_PARTS[part_type], part, f"a {part_type} part needs")}
+            return {
+                "kind": "thinking",
+                "text": _string(
+                    part.get(THINKING_PARTS[part_type]), THINKING_PARTS[part_type], part, f"a {part_type} part needs"
+                ),
+            }
         if part_type in PLACEHOLDER_PARTS:
             return placeholder(PLACEHOLDER_PARTS[part_type], self.dropped)
         if part_type == "tool_use":
@@ -285,7 +311,12 @@ class Conversation:
         if part_type == "tool_result":
             inner = part.get("content")
             text = "\n".join(p for p in self._parts(inner) if isinstance(p, str))
-            return {"kind": "result", "id": part.get("tool_use_id"), "text": text, "is_error": bool(part.get("is_error"))}
+            return {
+                "kind": "result",
+                "id": part.get("tool_use_id"),
+                "text": text,
+                "is_error": bool(part.get("is_error")),
+            }
         if isinstance(part_type, str):
             return placeholder(f"{part_type} part", self.dropped)
         raise Invalid(f'a part\'s "type" must be a string, not {kind(part_type)}', part)
@@ -304,7 +335,10 @@ class Conversation:
             return dict(call, kind="call")
         if part_type in ("text", "tool_call"):  # a call that is no JSON {"name", ...} stays the text it is
             return text
-        raise Invalid(f'unknown part type {part_type!r} of a {{"type", "value"}} part; known: text, reasoning, tool_call, {", ".join(VALUE_MEDIA)}', part)
+        raise Invalid(
+            f'unknown part type {part_type!r} of a {{"type", "value"}} part; known: text, reasoning, tool_call, {", ".join(VALUE_MEDIA)}',
+            part,
+        )
 
     def _reasoning(self, item: dict) -> str:
         content = self._parts(item.get("content"))  # parsed once: a placeholder in it counts once
@@ -363,7 +397,9 @@ def _call(call_id, name, arguments, node) -> dict:
 
 def _openai_call(call_id, function, node) -> dict:
     if not isinstance(function, dict):
-        raise Invalid(f'a tool call\'s "function" must be an object with "name" and "arguments", not {kind(function)}', node)
+        raise Invalid(
+            f'a tool call\'s "function" must be an object with "name" and "arguments", not {kind(function)}', node
+        )
     return _call(call_id, function.get("name"), function.get("arguments", ""), node)
 
 

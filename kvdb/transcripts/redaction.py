@@ -53,7 +53,11 @@ def redacted(transcript: Transcript) -> Transcript:
 
     text = scrub(transcript.text)
     messages = scrub(transcript.messages)
-    metadata = dict(transcript.metadata, side=scrub(transcript.metadata["side"])) if "side" in transcript.metadata else transcript.metadata
+    metadata = (
+        dict(transcript.metadata, side=scrub(transcript.metadata["side"]))
+        if "side" in transcript.metadata
+        else transcript.metadata
+    )
     if isinstance(metadata.get("title"), str):
         metadata = dict(metadata, title=_title(metadata["title"], found))
     return dataclasses.replace(transcript, text=text, messages=messages, metadata=metadata, dropped=dict(counted))

@@ -35,13 +35,23 @@ class Transcript:
 SIDE_FIELDS = ("title", "summaries", "tools", "alternatives", "events", "attachments")
 MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio"}
 TITLE_CHARS = 80  # a title made from a prompt: a line of a list, ellipsis included
-NUMBERED = ("branch", "window")  # what a format numbers a file's other sessions by, as it names them ("NAME [branch 2]")
+NUMBERED = (
+    "branch",
+    "window",
+)  # what a format numbers a file's other sessions by, as it names them ("NAME [branch 2]")
 WRAPPED = re.compile(r"\s*<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.DOTALL)  # a block a harness wraps in a tag
 PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,40} not archived\]")
 UNTITLED = "Untitled"  # a session without a word of text to be titled by (an export cut to its ids): still no bare id
 
 
-def chat(name: str, source: str, conversation: Conversation, metadata: dict, side: dict | None = None, title: str | None = None) -> Transcript:
+def chat(
+    name: str,
+    source: str,
+    conversation: Conversation,
+    metadata: dict,
+    side: dict | None = None,
+    title: str | None = None,
+) -> Transcript:
     """``side``: the session's side fields; empty lists are left out. ``title``: what lists show
     where the name is not it (an id, a file the tool named), kept as ``metadata["title"]`` with
     the name's ``[branch N]`` or ``[window N]``, so that a file's sessions stay told apart. It is
@@ -50,11 +60,22 @@ def chat(name: str, source: str, conversation: Conversation, metadata: dict, sid
     kept = {key: list(value) for key, value in (side or {}).items() if value}
     unknown = sorted(set(kept) - set(SIDE_FIELDS))
     if unknown:
-        raise ValueError(f"unknown side fields {unknown}; known: {SIDE_FIELDS}")  # a format module's bug, not the user's
+        raise ValueError(
+            f"unknown side fields {unknown}; known: {SIDE_FIELDS}"
+        )  # a format module's bug, not the user's
     if title is not None:
-        title += "".join(f" [{key} {metadata[key]}]" for key in NUMBERED if isinstance(metadata.get(key), int) and metadata[key] > 1)
+        title += "".join(
+            f" [{key} {metadata[key]}]" for key in NUMBERED if isinstance(metadata.get(key), int) and metadata[key] > 1
+        )
         metadata = dict(metadata, title=title)
-    return Transcript(name, source, None, conversation.messages(), dict(metadata, side=kept) if kept else metadata, dict(conversation.dropped))
+    return Transcript(
+        name,
+        source,
+        None,
+        conversation.messages(),
+        dict(metadata, side=kept) if kept else metadata,
+        dict(conversation.dropped),
+    )
 
 
 def shortened(text: str, limit: int = TITLE_CHARS) -> str:

@@ -33,12 +33,19 @@ def upgrade() -> None:
     )
     op.create_index("ix_conversation_sessions_conversation", "conversation_sessions", ["conversation_id"])
     conn = op.get_bind()
-    sessions = [tuple(r) for r in conn.execute(sa.text("select session_id, name, source, created_at from sessions")).fetchall()]
+    sessions = [
+        tuple(r) for r in conn.execute(sa.text("select session_id, name, source, created_at from sessions")).fetchall()
+    ]
     parents = {r[0]: r[1] for r in conn.execute(sa.text("select node_id, parent_id from nodes")).fetchall()}
     grouped = frozen.groups(sessions, parents)
     if grouped:
-        conn.execute(sa.text("insert into conversations (conversation_id) values (:c)"), [{"c": c} for c in sorted(set(grouped.values()))])
-        conn.execute(sa.text("insert into conversation_sessions values (:s, :c)"), [{"s": s, "c": c} for s, c in grouped.items()])
+        conn.execute(
+            sa.text("insert into conversations (conversation_id) values (:c)"),
+            [{"c": c} for c in sorted(set(grouped.values()))],
+        )
+        conn.execute(
+            sa.text("insert into conversation_sessions values (:s, :c)"), [{"s": s, "c": c} for s, c in grouped.items()]
+        )
 
 
 def downgrade() -> None:

@@ -25,7 +25,9 @@ depends_on = None
 def upgrade() -> None:
     op.drop_index("ix_nodes_children", "nodes")
     op.add_column("nodes", sa.Column("child_key", sa.String, nullable=True))
-    op.create_index("ix_nodes_child_key", "nodes", ["child_key"])  # before the keys: DuckDB indexes no table with updates outstanding
+    op.create_index(
+        "ix_nodes_child_key", "nodes", ["child_key"]
+    )  # before the keys: DuckDB indexes no table with updates outstanding
     op.execute(f"update nodes set child_key = {FIRST_TOKEN_KEY}")
 
 

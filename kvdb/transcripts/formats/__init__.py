@@ -41,7 +41,17 @@ BUILT_IN = (
     "kvdb.transcripts.formats.responses",
 )
 
-__all__ = ["BUILT_IN", "GROUP", "Format", "Log", "log_format", "read_session", "registered", "session_format", "unknown_shape"]
+__all__ = [
+    "BUILT_IN",
+    "GROUP",
+    "Format",
+    "Log",
+    "log_format",
+    "read_session",
+    "registered",
+    "session_format",
+    "unknown_shape",
+]
 
 
 @functools.cache
@@ -52,7 +62,9 @@ def registered() -> tuple[Format, ...]:
         try:
             entry.load().register(found.append)
         except Exception as error:  # a plugin's own bug, named with the package to blame
-            raise FormatPluginError(f"the format plugin {entry.name!r} ({entry.value}) failed to load: {error}; upgrade or uninstall it") from error
+            raise FormatPluginError(
+                f"the format plugin {entry.name!r} ({entry.value}) failed to load: {error}; upgrade or uninstall it"
+            ) from error
     for name in BUILT_IN:
         importlib.import_module(name).register(found.append)
     return tuple(found)
@@ -82,9 +94,15 @@ def unknown_shape(obj) -> str:
         return f"expected a session object (an object in one of the formats `kvdb formats` lists), got {kind(obj)}"
     keys = {str(key) for key in obj}
     shown = ", ".join(f'"{key}"' for key in sorted(keys)[:8]) + (", ..." if len(keys) > 8 else "") if keys else "none"
-    overlap, closest = max(((len(keys & set(f.marks)), f) for f in registered() if f.marks), key=lambda pair: pair[0], default=(0, None))
+    overlap, closest = max(
+        ((len(keys & set(f.marks)), f) for f in registered() if f.marks), key=lambda pair: pair[0], default=(0, None)
+    )
     if closest is None or not overlap:
         return f"an object with keys {shown} is no session of any format kvdb reads (`kvdb formats` lists them)"
     missing = [f'"{mark}"' for mark in closest.marks if mark not in keys]
-    lacks = f"whose objects also have {' and '.join(missing)}" if missing else "whose keys it has, but not in the shape that tool writes them"
+    lacks = (
+        f"whose objects also have {' and '.join(missing)}"
+        if missing
+        else "whose keys it has, but not in the shape that tool writes them"
+    )
     return f"an object with keys {shown} is no session of any format kvdb reads; the closest is {closest.name} ({closest.reads}), {lacks}"

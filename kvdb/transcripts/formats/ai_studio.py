@@ -21,7 +21,9 @@ from kvdb.transcripts.sessions import Transcript, add_system, chat, first_prompt
 from kvdb.transcripts.stamps import said
 
 ROLES = {"user": "user", "model": "assistant"}
-DRIVE_UNTITLED = "Untitled prompt"  # Drive's name for a chat the user did not name ("Untitled prompt (3)" after the first)
+DRIVE_UNTITLED = (
+    "Untitled prompt"  # Drive's name for a chat the user did not name ("Untitled prompt (3)" after the first)
+)
 MEDIA = {
     "driveImage": "image",
     "inlineImage": "image",
@@ -67,7 +69,16 @@ class AIStudio(Format):
                 result = object_at(chunk, "codeExecutionResult")
                 outcome = result.get("outcome", "OUTCOME_OK")
                 conversation.add(
-                    {"role": "user", "content": [{"type": "tool_result", "content": _text(result.get("output")), "is_error": outcome != "OUTCOME_OK"}]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "content": _text(result.get("output")),
+                                "is_error": outcome != "OUTCOME_OK",
+                            }
+                        ],
+                    },
                     f"chunks[{index}]: ",
                 )
                 turn = None
@@ -95,14 +106,19 @@ def _system(instruction, obj: dict):
     if isinstance(instruction, dict) and isinstance(instruction.get("text"), str):
         return instruction["text"] or None
     if isinstance(instruction, dict) and isinstance(instruction.get("parts"), list):
-        return [{"type": "text", "text": _text(part.get("text") if isinstance(part, dict) else part)} for part in instruction["parts"]]
+        return [
+            {"type": "text", "text": _text(part.get("text") if isinstance(part, dict) else part)}
+            for part in instruction["parts"]
+        ]
     raise Invalid(f'"systemInstruction" must be {{"text"}} or {{"parts": [{{"text"}}]}}, not {kind(instruction)}', obj)
 
 
 def _chunk(chunk: dict, turn: dict, conversation: Conversation, side: dict) -> None:
     texts = [chunk["text"]] if isinstance(chunk.get("text"), str) else []
     if not texts:  # newer files also hold the text in parts; where both are, they are the same text
-        texts = [_text(part.get("text")) for part in chunk.get("parts") or () if isinstance(part, dict) and "text" in part]
+        texts = [
+            _text(part.get("text")) for part in chunk.get("parts") or () if isinstance(part, dict) and "text" in part
+        ]
     block_type = "thinking" if chunk.get("isThought") else "text"
     turn["content"] += [{"type": block_type, block_type: text} for text in texts if text]
     for key, media in MEDIA.items():
@@ -113,7 +129,13 @@ def _chunk(chunk: dict, turn: dict, conversation: Conversation, side: dict) -> N
     if isinstance(chunk.get("inlineFile"), dict):
         mime = str(chunk["inlineFile"].get("mimeType", ""))
         turn["content"].append(
-            {"type": "text", "text": placeholder(mime.split("/")[0] if mime.startswith(("image/", "audio/", "video/")) else "file", conversation.dropped)}
+            {
+                "type": "text",
+                "text": placeholder(
+                    mime.split("/")[0] if mime.startswith(("image/", "audio/", "video/")) else "file",
+                    conversation.dropped,
+                ),
+            }
         )
     code = chunk.get("executableCode")
     if isinstance(code, dict):
@@ -121,7 +143,9 @@ def _chunk(chunk: dict, turn: dict, conversation: Conversation, side: dict) -> N
     for source in object_at(chunk, "grounding").get("groundingChunks") or ():
         web = object_at(source, "web") if isinstance(source, dict) else {}
         if web:
-            side["events"].append({"type": "grounding source", "text": "\n".join(str(web[k]) for k in ("title", "uri") if web.get(k))})
+            side["events"].append(
+                {"type": "grounding source", "text": "\n".join(str(web[k]) for k in ("title", "uri") if web.get(k))}
+            )
     if isinstance(chunk.get("errorMessage"), str) and chunk["errorMessage"]:
         side["events"].append({"type": "error", "text": chunk["errorMessage"]})
 

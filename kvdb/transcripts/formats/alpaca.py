@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind
-from kvdb.transcripts.sessions import Transcript, add_system, chat, is_session_object, session_metadata, session_name, session_title
+from kvdb.transcripts.sessions import (
+    Transcript,
+    add_system,
+    chat,
+    is_session_object,
+    session_metadata,
+    session_name,
+    session_title,
+)
 
 
 class Alpaca(Format):
@@ -27,7 +35,15 @@ class Alpaca(Format):
         add_system(conversation, obj.get("system"), "system", obj)
         conversation.add_text("user", obj["instruction"] + (f"\n\n{obj['input']}" if obj.get("input") else ""))
         conversation.add_text("assistant", obj["output"] or "")
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "alpaca"), title=session_title(obj, name, conversation))]
+        return [
+            chat(
+                session_name(obj, name),
+                source,
+                conversation,
+                session_metadata(obj, "alpaca"),
+                title=session_title(obj, name, conversation),
+            )
+        ]
 
 
 def register(add) -> None:

@@ -52,7 +52,16 @@ class ChatGPT(Format):
             extra = {"branch": branch} if branch > 1 else {}
             name = title if branch == 1 else f"{title} [branch {branch}]"
             prompt = _prompt(mapping, path) if untitled else None
-            sessions.append(chat(name, source, conversation, dict(metadata, **extra), {"attachments": conversation.attachments}, prompt))
+            sessions.append(
+                chat(
+                    name,
+                    source,
+                    conversation,
+                    dict(metadata, **extra),
+                    {"attachments": conversation.attachments},
+                    prompt,
+                )
+            )
         if not sessions:
             raise Invalid("the conversation holds no messages", obj)
         return sessions
@@ -66,7 +75,12 @@ def _prompt(mapping: dict, path: list[str]) -> str:
         message = mapping[node_id].get("message") or {}
         content = message.get("content") or {}
         if content.get("content_type", "text") in ("text", "multimodal_text"):
-            typed.append({"role": (message.get("author") or {}).get("role"), "content": "\n".join(p for p in content.get("parts") or [] if isinstance(p, str))})
+            typed.append(
+                {
+                    "role": (message.get("author") or {}).get("role"),
+                    "content": "\n".join(p for p in content.get("parts") or [] if isinstance(p, str)),
+                }
+            )
     return first_prompt(typed)
 
 
@@ -125,7 +139,11 @@ def _add(message, conversation: Conversation, where: str) -> None:
         text = text or placeholder(content_type, conversation.dropped)
     recipient = message.get("recipient", "all")
     if role == "assistant" and recipient not in (None, "all") and text:
-        turn: dict = {"role": "assistant", "content": None, "tool_calls": [{"id": None, "function": {"name": recipient, "arguments": text}}]}
+        turn: dict = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": None, "function": {"name": recipient, "arguments": text}}],
+        }
     elif text:
         turn = {"role": role, "content": text} | ({"name": author["name"]} if author.get("name") else {})
     else:
@@ -138,7 +156,9 @@ def _reasoning(content: dict) -> str:
     some exports hold either in "parts"."""
     thoughts = content.get("thoughts") or []
     if not isinstance(thoughts, list) or not all(isinstance(t, dict) for t in thoughts):
-        raise Invalid(f'"thoughts" must be a list of objects with "summary" and "content", not {kind(thoughts)}', content)
+        raise Invalid(
+            f'"thoughts" must be a list of objects with "summary" and "content", not {kind(thoughts)}', content
+        )
     texts = ["\n".join(filter(None, (t.get("summary"), t.get("content")))) for t in thoughts]
     texts += [part for part in content.get("parts") or [] if isinstance(part, str)]
     texts.append(content["content"] if isinstance(content.get("content"), str) else "")

@@ -58,10 +58,22 @@ class ClaudeAi(Format):
             for key in path:
                 for turn in _turns(by_id[key], conversation, attachments):
                     conversation.add(turn, f"chat_messages[{key!r}]: ")
-            side = {"attachments": attachments, "summaries": [summary] if isinstance(summary, str) and summary and branch == 1 else []}
+            side = {
+                "attachments": attachments,
+                "summaries": [summary] if isinstance(summary, str) and summary and branch == 1 else [],
+            }
             extra = {"branch": branch} if branch > 1 else {}
             prompt = None if obj.get("name") else first_prompt(_typed(by_id[key]) for key in path)
-            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
+            sessions.append(
+                chat(
+                    title if branch == 1 else f"{title} [branch {branch}]",
+                    source,
+                    conversation,
+                    dict(metadata, **extra),
+                    side,
+                    prompt,
+                )
+            )
         return sessions
 
 
@@ -111,7 +123,9 @@ def _typed(message: dict) -> dict:
     """A message's own text, without the documents attached to it that open the turn the model read."""
     content = message.get("content")
     blocks = content if isinstance(content, list) and content else [{"type": "text", "text": message.get("text")}]
-    texts = [b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)]
+    texts = [
+        b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
     return {"role": SENDERS.get(str(message.get("sender")), ""), "content": "\n".join(texts)}
 
 
@@ -120,7 +134,11 @@ def _block(block):
     if not isinstance(block, dict):
         return block  # Conversation names what is wrong with it
     if block.get("type") == "thinking":
-        summaries = [s["summary"] for s in block.get("summaries") or () if isinstance(s, dict) and isinstance(s.get("summary"), str)]
+        summaries = [
+            s["summary"]
+            for s in block.get("summaries") or ()
+            if isinstance(s, dict) and isinstance(s.get("summary"), str)
+        ]
         thinking = block.get("thinking") if isinstance(block.get("thinking"), str) else ""
         return {"type": "thinking", "thinking": "\n".join(filter(None, [*summaries, thinking]))}
     if block.get("type") == "tool_result" and isinstance(block.get("content"), list):

@@ -44,7 +44,19 @@ INJECTED = (
 )
 # keys whose strings are text in the records that are no message (ids, paths, enums and times are not)
 EVENT_TEXT = frozenset(
-    {"content", "text", "stdout", "stderr", "command", "summary", "prompt", "lastPrompt", "result", "message", "formatted"}
+    {
+        "content",
+        "text",
+        "stdout",
+        "stderr",
+        "command",
+        "summary",
+        "prompt",
+        "lastPrompt",
+        "result",
+        "message",
+        "formatted",
+    }
     | {"blockingError", "banner", "description", "snippet", "subject", "stopReason", "apiRefusalExplanation", "title"}
 )
 # keys of a tool's structured result (``toolUseResult``) that hold its output
@@ -63,7 +75,11 @@ class ClaudeCode(Format):
     )
 
     def opens_log(self, record) -> bool:
-        return isinstance(record, dict) and ("parentUuid" in record or "sessionId" in record or (record.get("type") == "summary" and "leafUuid" in record))
+        return isinstance(record, dict) and (
+            "parentUuid" in record
+            or "sessionId" in record
+            or (record.get("type") == "summary" and "leafUuid" in record)
+        )
 
     def log(self, stem: str, shown: str) -> EventLog:
         return EventLog(stem, shown)
@@ -86,7 +102,9 @@ class EventLog(Log):
         self._names: dict[str | None, str] = {}  # leaf uuid -> summary
         self._summaries: list[str] = []
         self._side: dict[tuple[str, str | None], dict[str, list]] = {}  # (session, agent) -> side fields
-        self._titles: dict[tuple[str, str | None], dict[str, str]] = {}  # (session, agent) -> the last title of each kind (TITLES)
+        self._titles: dict[
+            tuple[str, str | None], dict[str, str]
+        ] = {}  # (session, agent) -> the last title of each kind (TITLES)
         self._mirrors: dict[tuple[str, str | None], list[tuple[dict, int]]] = {}  # (session, agent) -> (message, line)
         self._skipped: Counter = Counter()  # records with no text, by type
         self._held: Counter = Counter()  # records kept as side fields, by type
@@ -110,7 +128,12 @@ class EventLog(Log):
             return
         data = event.get("data") if record == "progress" else None
         mirrored = data.get("message") if isinstance(data, dict) and data.get("type") == "agent_progress" else None
-        if isinstance(data, dict) and isinstance(mirrored, dict) and mirrored.get("type") in MESSAGE_EVENTS and isinstance(mirrored.get("message"), dict):
+        if (
+            isinstance(data, dict)
+            and isinstance(mirrored, dict)
+            and mirrored.get("type") in MESSAGE_EVENTS
+            and isinstance(mirrored.get("message"), dict)
+        ):
             error = message_error(mirrored["message"])
             if error is not None:
                 raise Invalid(f"the sub-agent message this progress record mirrors: {error}", event)
@@ -127,7 +150,9 @@ class EventLog(Log):
             else:
                 self._skipped[f"{event.get('type', 'untyped')} event"] += 1
             for key, text in texts:
-                self._keep(event, "events", {"type": label if key in ("content", "text") else f"{label} {key}", "text": text})
+                self._keep(
+                    event, "events", {"type": label if key in ("content", "text") else f"{label} {key}", "text": text}
+                )
         if isinstance(uuid, str):  # a link of the chain all the same
             self._link(event, uuid)
 
@@ -166,16 +191,31 @@ class EventLog(Log):
 
     def sessions(self) -> list[Transcript]:
         # a link to no event of the file (a bad line's, or one before a cut) goes to the event written before
-        links = {uuid: self._previous[uuid] if parent is not None and parent not in self._parents else parent for uuid, parent in self._parents.items()}
+        links = {
+            uuid: self._previous[uuid] if parent is not None and parent not in self._parents else parent
+            for uuid, parent in self._parents.items()
+        }
         parent_message = {uuid: self._message_parent(uuid, links) for uuid in self._messages}
         has_child = set(parent_message.values())
         groups: dict[tuple[str, str | None], list[str]] = {}
-        for leaf in reversed([uuid for uuid in self._messages if uuid not in has_child]):  # the leaf written last comes first
+        for leaf in reversed(
+            [uuid for uuid in self._messages if uuid not in has_child]
+        ):  # the leaf written last comes first
             groups.setdefault(self._group(self._messages[leaf]), []).append(leaf)
-        mirrors = {group: mirrored for group, mirrored in self._mirrors.items() if group not in groups}  # a sub-agent's own events come first
-        if not groups and not mirrors:  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
-            raise EmptyTranscript(self._shown, self._why_empty()) if self._summaries_only() else Invalid(self._why_empty())
-        built: list[tuple[tuple[str, str | None] | None, str, Conversation, dict, str | None]] = []  # (group of a main session, name, ..., title)
+        mirrors = {
+            group: mirrored for group, mirrored in self._mirrors.items() if group not in groups
+        }  # a sub-agent's own events come first
+        if (
+            not groups and not mirrors
+        ):  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
+            raise (
+                EmptyTranscript(self._shown, self._why_empty())
+                if self._summaries_only()
+                else Invalid(self._why_empty())
+            )
+        built: list[
+            tuple[tuple[str, str | None] | None, str, Conversation, dict, str | None]
+        ] = []  # (group of a main session, name, ..., title)
         named: set[str] = set()  # the summaries that name a session
         for group, leaves in groups.items():
             for branch, (leaf, chain) in enumerate(self._chains(leaves, parent_message), start=1):
@@ -184,14 +224,28 @@ class EventLog(Log):
                     named.add(name)
                 titles = self._titles.get(group, {})
                 title = titles.get("custom-title") or self._names.get(leaf) or titles.get("ai-title")
-                metadata = {"format": "claude-code", "id": group[0], "line": self._lines[chain[0]]} | ({"agent": group[1]} if group[1] else {})
+                metadata = {"format": "claude-code", "id": group[0], "line": self._lines[chain[0]]} | (
+                    {"agent": group[1]} if group[1] else {}
+                )
                 if branch > 1:
                     name, metadata["branch"] = f"{name} [branch {branch}]", branch
-                conversation = self._conversation([(self._messages[uuid]["message"], f"event {uuid}") for uuid in chain])
+                conversation = self._conversation(
+                    [(self._messages[uuid]["message"], f"event {uuid}") for uuid in chain]
+                )
                 built.append((group if branch == 1 else None, name, conversation, metadata, title))
         for group, mirrored in mirrors.items():
-            metadata = {"format": "claude-code", "id": group[0], "line": mirrored[0][1]} | ({"agent": group[1]} if group[1] else {})
-            built.append((group, _name(group), self._conversation([(message, f"line {line}") for message, line in mirrored]), metadata, None))
+            metadata = {"format": "claude-code", "id": group[0], "line": mirrored[0][1]} | (
+                {"agent": group[1]} if group[1] else {}
+            )
+            built.append(
+                (
+                    group,
+                    _name(group),
+                    self._conversation([(message, f"line {line}") for message, line in mirrored]),
+                    metadata,
+                    None,
+                )
+            )
         # what belongs to no session read (a record of another session id, or of none) goes with the first
         mains = {owner for owner, *_ in built if owner is not None}
         first = [{"summaries": [summary for summary in self._summaries if summary not in named]}] + [
@@ -202,8 +256,20 @@ class EventLog(Log):
             sides = ([self._side.get(owner, {})] if owner is not None else []) + (first if index == 0 else [])
             if index == 0:
                 conversation.dropped.update(self._skipped)
-            side = {field: [value for s in sides for value in s.get(field, ())] for field in ("title", "summaries", "events")}
-            out.append(chat(name, self._shown, conversation, metadata, side, title or first_prompt(conversation.messages(), INJECTED)))
+            side = {
+                field: [value for s in sides for value in s.get(field, ())]
+                for field in ("title", "summaries", "events")
+            }
+            out.append(
+                chat(
+                    name,
+                    self._shown,
+                    conversation,
+                    metadata,
+                    side,
+                    title or first_prompt(conversation.messages(), INJECTED),
+                )
+            )
         return out
 
     def _chains(self, leaves: list[str], parent_message: dict[str, str | None]) -> list[tuple[str, list[str]]]:
@@ -213,13 +279,21 @@ class EventLog(Log):
         replies: set[str] = set()  # the ids of their replies
         for leaf in leaves:
             chain, seen = [leaf], {leaf}
-            while (parent := parent_message[chain[-1]]) is not None and parent not in seen:  # a cycle of links ends the chain
+            while (
+                parent := parent_message[chain[-1]]
+            ) is not None and parent not in seen:  # a cycle of links ends the chain
                 chain.append(parent)
                 seen.add(parent)
             own = [uuid for uuid in chain if uuid not in main]
             if not chains:
                 chains.append((leaf, chain[::-1]))
-            elif not (own and all(self._tool_results_only(uuid) or self._messages[uuid]["message"].get("id") in replies for uuid in own)):
+            elif not (
+                own
+                and all(
+                    self._tool_results_only(uuid) or self._messages[uuid]["message"].get("id") in replies
+                    for uuid in own
+                )
+            ):
                 chains.append((leaf, chain[::-1]))
                 continue
             # parallel tool calls: a reply is written as one event per call, and each result
@@ -251,7 +325,10 @@ class EventLog(Log):
         held = [f"{count} {kind}{'s' if count > 1 else ''}" for kind, count in self._skipped.items()]
         held += [f"{count} {kind} record{'s' if count > 1 else ''} of text" for kind, count in self._held.items()]
         if self._summaries:
-            held.insert(0, f"{len(self._summaries)} summar{'ies' if len(self._summaries) > 1 else 'y'} of sessions in other files")
+            held.insert(
+                0,
+                f"{len(self._summaries)} summar{'ies' if len(self._summaries) > 1 else 'y'} of sessions in other files",
+            )
         return f"the event log holds no user or assistant messages{' (only ' + ', '.join(held) + ')' if held else ''}"
 
     def _message_parent(self, uuid: str, links: dict[str, str | None]) -> str | None:
@@ -306,8 +383,12 @@ def _tool_output(event: dict) -> list[str]:
     result = event.get("toolUseResult")
     if result is None:
         return []
-    shown = "\n".join(text for _, text in strings_under(event["message"].get("content"), {"content", "text"}.__contains__, "content"))
-    texts = [result] if isinstance(result, str) else [text for _, text in strings_under(result, TOOL_OUTPUT.__contains__)]
+    shown = "\n".join(
+        text for _, text in strings_under(event["message"].get("content"), {"content", "text"}.__contains__, "content")
+    )
+    texts = (
+        [result] if isinstance(result, str) else [text for _, text in strings_under(result, TOOL_OUTPUT.__contains__)]
+    )
     return [text for text in texts if text.strip() and text not in shown]
 
 

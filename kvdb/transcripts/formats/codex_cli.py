@@ -26,9 +26,16 @@ from kvdb.transcripts.sessions import Transcript, chat, first_prompt, strings_un
 
 ENVELOPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")
 HEADER_KEYS = {"id", "timestamp", "instructions", "git", "cwd", "originator", "cli_version"}
-DIALOGUE_EVENTS = {"user_message": "message", "agent_message": "message", "agent_reasoning": "text", "agent_reasoning_raw_content": "text"}
+DIALOGUE_EVENTS = {
+    "user_message": "message",
+    "agent_message": "message",
+    "agent_reasoning": "text",
+    "agent_reasoning_raw_content": "text",
+}
 INJECTED = ("# AGENTS.md instructions for",)  # a user turn Codex writes itself, with the project's instructions
-AGENTS_BLOCK = re.compile(r"\s*# AGENTS\.md instructions for [^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>", re.DOTALL)  # the same, as a part of a turn
+AGENTS_BLOCK = re.compile(
+    r"\s*# AGENTS\.md instructions for [^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>", re.DOTALL
+)  # the same, as a part of a turn
 IDE_REQUEST = "## My request for Codex:"  # the IDE extension sends its context first, then this, then the prompt
 # items that are the harness's bookkeeping, with no text the model was given
 NO_TEXT_ITEMS = ("ghost_snapshot",)
@@ -58,7 +65,11 @@ class CodexCli(Format):
             return False
         if isinstance(record.get("payload"), dict):
             return record.get("type") in ENVELOPES and "timestamp" in record
-        return isinstance(record.get("id"), str) and isinstance(record.get("timestamp"), str) and set(record) <= HEADER_KEYS  # the older header
+        return (
+            isinstance(record.get("id"), str)
+            and isinstance(record.get("timestamp"), str)
+            and set(record) <= HEADER_KEYS
+        )  # the older header
 
     def log(self, stem: str, shown: str) -> Rollout:
         return Rollout(stem, shown)
@@ -75,13 +86,17 @@ class Rollout(Log):
         self._stem, self._shown = stem, shown
         self._meta: dict | None = None
         self._line = 0
-        self._windows: list[tuple[Conversation, list[tuple[str, list[str]]]]] = [(Conversation(), [])]  # (conversation, its events)
+        self._windows: list[tuple[Conversation, list[tuple[str, list[str]]]]] = [
+            (Conversation(), [])
+        ]  # (conversation, its events)
         self._said: set[str] = set()  # every text the response items hold, to tell a repeating event
         self._outputs: dict[str, str] = {}  # call id -> the output the model was given
         self._tools: list[str] = []
         self._title: list[str] = []
         self._model: str | None = None
-        self._instructions: str | None = None  # the 2025 "instructions", until the first item says whether it repeats them
+        self._instructions: str | None = (
+            None  # the 2025 "instructions", until the first item says whether it repeats them
+        )
 
     def add(self, record, line: int) -> None:
         if not isinstance(record, dict):
@@ -171,9 +186,16 @@ class Rollout(Log):
             if isinstance(text, str) and text:
                 events.append((event_type, [text]))
         elif event_type == "exec_command_end":  # the model was given the output; kept where it was given other text
-            output = payload.get("aggregated_output") or "\n".join(filter(None, (payload.get("stdout"), payload.get("stderr"))))
+            output = payload.get("aggregated_output") or "\n".join(
+                filter(None, (payload.get("stdout"), payload.get("stderr")))
+            )
             given = self._outputs.get(str(payload.get("call_id")), "")
-            if isinstance(output, str) and output and output not in given and json.dumps(output, ensure_ascii=False)[1:-1] not in given:
+            if (
+                isinstance(output, str)
+                and output
+                and output not in given
+                and json.dumps(output, ensure_ascii=False)[1:-1] not in given
+            ):
                 events.append((event_type, [output]))
         else:
             self._note(event_type, payload)
@@ -186,7 +208,12 @@ class Rollout(Log):
     def _context(self, context: dict) -> None:
         if isinstance(context.get("model"), str):
             self._model = context["model"]
-        texts = [text for key, value in context.items() if key.endswith("instructions") for _, text in strings_under(value, _text_key, key)]
+        texts = [
+            text
+            for key, value in context.items()
+            if key.endswith("instructions")
+            for _, text in strings_under(value, _text_key, key)
+        ]
         if texts:
             self._windows[-1][1].append(("turn_context", texts))
 
@@ -231,15 +258,32 @@ class Rollout(Log):
         out: list[Transcript] = []
         title = self._title[-1] if self._title else None
         for number, (conversation, events) in enumerate(self._windows, start=1):
-            kept = [{"type": event_type, "text": "\n".join(new)} for event_type, texts in events if (new := [text for text in texts if text not in self._said])]
+            kept = [
+                {"type": event_type, "text": "\n".join(new)}
+                for event_type, texts in events
+                if (new := [text for text in texts if text not in self._said])
+            ]
             if conversation.empty:
                 if kept:
-                    raise Invalid(f"window {number} of the rollout holds events but no conversation items to attach them to")
+                    raise Invalid(
+                        f"window {number} of the rollout holds events but no conversation items to attach them to"
+                    )
                 continue
             side = {"events": kept, "tools": self._tools, "title": self._title} if not out else {"events": kept}
             extra = {"window": number} if number > 1 else {}
-            title = title or first_prompt(map(_request, conversation.messages()), INJECTED)  # the first window's, for the windows after it
-            out.append(chat(name if number == 1 else f"{name} [window {number}]", self._shown, conversation, dict(metadata, **extra), side, title))
+            title = title or first_prompt(
+                map(_request, conversation.messages()), INJECTED
+            )  # the first window's, for the windows after it
+            out.append(
+                chat(
+                    name if number == 1 else f"{name} [window {number}]",
+                    self._shown,
+                    conversation,
+                    dict(metadata, **extra),
+                    side,
+                    title,
+                )
+            )
         if not out:
             raise Invalid("the rollout holds no conversation items (no response_item lines)")
         return out
@@ -267,11 +311,19 @@ def _shaped(item, conversation: Conversation) -> dict | None:
             return dict(item, name=f"{item['namespace']}.{item.get('name')}")
         return item
     if item_type == "custom_tool_call":
-        return {"type": "function_call", "call_id": call_id, "name": item.get("name"), "arguments": _string(item.get("input"), "input", item)}
+        return {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": item.get("name"),
+            "arguments": _string(item.get("input"), "input", item),
+        }
     if item_type in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         return {"role": "tool", "tool_call_id": call_id, "content": [output] if isinstance(output, dict) else output}
-    if item_type in ("local_shell_call", "web_search_call"):  # the call the model made; a hosted search's results it was not shown here
+    if item_type in (
+        "local_shell_call",
+        "web_search_call",
+    ):  # the call the model made; a hosted search's results it was not shown here
         return {
             "type": "function_call",
             "call_id": call_id,
@@ -292,11 +344,20 @@ def _shaped(item, conversation: Conversation) -> dict | None:
         prompt = item.get("revised_prompt")
         return {
             "role": "assistant",
-            "content": "\n".join(filter(None, (prompt if isinstance(prompt, str) else None, placeholder("generated image", conversation.dropped)))),
+            "content": "\n".join(
+                filter(
+                    None,
+                    (prompt if isinstance(prompt, str) else None, placeholder("generated image", conversation.dropped)),
+                )
+            ),
         }
     if item_type == "agent_message":  # another agent's message to this one
         author = item.get("author")
-        return {"role": "user", "content": item.get("content"), **({"name": author} if isinstance(author, str) and author else {})}
+        return {
+            "role": "user",
+            "content": item.get("content"),
+            **({"name": author} if isinstance(author, str) and author else {}),
+        }
     if item_type in ("compaction", "compaction_summary", "context_compaction"):
         return {"role": "user", "content": placeholder("compaction", conversation.dropped)}
     return None

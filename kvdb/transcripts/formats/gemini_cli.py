@@ -30,13 +30,26 @@ from kvdb.transcripts.stamps import StampedLog
 
 MESSAGE_TYPES = ("user", "gemini")
 NOTICE_TYPES = ("info", "error", "warning")
-CLAUDE_KEYS = ("uuid", "parentUuid", "message", "role")  # what a Claude Code event (or a chat message) has and a Gemini record never does
+CLAUDE_KEYS = (
+    "uuid",
+    "parentUuid",
+    "message",
+    "role",
+)  # what a Claude Code event (or a chat message) has and a Gemini record never does
 MEDIA = {"image": "image", "audio": "audio", "video": "video"}
-INJECTED = ("This is the Gemini CLI. We are setting up the context for our chat.",)  # the first user turn of a chat, without <session_context>
+INJECTED = (
+    "This is the Gemini CLI. We are setting up the context for our chat.",
+)  # the first user turn of a chat, without <session_context>
 
 
 def _header(record) -> bool:
-    return isinstance(record, dict) and "sessionId" in record and "projectHash" in record and "type" not in record and "messages" not in record
+    return (
+        isinstance(record, dict)
+        and "sessionId" in record
+        and "projectHash" in record
+        and "type" not in record
+        and "messages" not in record
+    )
 
 
 def _message(record) -> bool:
@@ -54,11 +67,22 @@ def _patch(record) -> bool:
 
 
 def _prompt(record) -> bool:
-    return isinstance(record, dict) and "sessionId" in record and "messageId" in record and isinstance(record.get("message"), str) and "uuid" not in record
+    return (
+        isinstance(record, dict)
+        and "sessionId" in record
+        and "messageId" in record
+        and isinstance(record.get("message"), str)
+        and "uuid" not in record
+    )
 
 
 def _content(record) -> bool:
-    return isinstance(record, dict) and record.get("role") in ("user", "model") and isinstance(record.get("parts"), list) and "content" not in record
+    return (
+        isinstance(record, dict)
+        and record.get("role") in ("user", "model")
+        and isinstance(record.get("parts"), list)
+        and "content" not in record
+    )
 
 
 class GeminiCli(Format):
@@ -86,7 +110,11 @@ class GeminiCli(Format):
                 and "role" not in messages[0]
             )
         history = obj.get("clientHistory", obj.get("history"))
-        return isinstance(history, list) and any(_content(item) for item in history[:1]) or isinstance(obj.get("clientHistory"), list)
+        return (
+            isinstance(history, list)
+            and any(_content(item) for item in history[:1])
+            or isinstance(obj.get("clientHistory"), list)
+        )
 
     def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
         if "messages" in obj:  # a session file of the older layout: its records, as a log's
@@ -117,7 +145,9 @@ class GeminiLog(Log):
     def __init__(self, stem: str, shown: str):
         self._stem, self._shown = stem, shown
         self._meta: dict = {}
-        self._records: dict[str, tuple[list[dict], list[dict]]] = {}  # message id -> (its turns, its events), the last written
+        self._records: dict[
+            str, tuple[list[dict], list[dict]]
+        ] = {}  # message id -> (its turns, its events), the last written
         self._order: dict[str, None] = {}  # the session's message ids, in order
         self._branches: list[list[tuple[list[dict], list[dict]]]] = []  # what rewinds and replacements left behind
         self._notes: list[dict] = []
@@ -132,7 +162,9 @@ class GeminiLog(Log):
             self._records[record["id"]] = entry
         elif _patch(record):
             self._patch(record)
-        elif _header(record) or (not self._meta and isinstance(record, dict) and "sessionId" in record and "messageId" not in record):
+        elif _header(record) or (
+            not self._meta and isinstance(record, dict) and "sessionId" in record and "messageId" not in record
+        ):
             self._meta = record
             self._set(record)
         elif _prompt(record):
@@ -140,11 +172,19 @@ class GeminiLog(Log):
                 raise Invalid(f'"sessionId" must be a string, not {kind(record["sessionId"])}', record)
             self._prompts.setdefault(record["sessionId"], []).append(record["message"])
         elif _content(record):
-            Conversation(record).add_all(_turns(record["role"], record["parts"]))  # checked now, so that a refused record leaves no trace
+            Conversation(record).add_all(
+                _turns(record["role"], record["parts"])
+            )  # checked now, so that a refused record leaves no trace
             self._contents.append(record)
         else:
-            shown = f"an object with keys {', '.join(sorted(map(str, record)))}" if isinstance(record, dict) else kind(record)
-            raise Invalid(f"expected a Gemini CLI record (a message with id, type and content, a $set or $rewindTo, a header), got {shown}")
+            shown = (
+                f"an object with keys {', '.join(sorted(map(str, record)))}"
+                if isinstance(record, dict)
+                else kind(record)
+            )
+            raise Invalid(
+                f"expected a Gemini CLI record (a message with id, type and content, a $set or $rewindTo, a header), got {shown}"
+            )
 
     def _patch(self, record: dict) -> None:
         if "$rewindTo" in record:
@@ -165,7 +205,9 @@ class GeminiLog(Log):
         messages = update.get("messages")
         if messages is not None:
             if not isinstance(messages, list) or not all(_message(m) for m in messages):
-                raise Invalid('"$set" "messages" must be a list of message records (each with id, type and content)', update)
+                raise Invalid(
+                    '"$set" "messages" must be a list of message records (each with id, type and content)', update
+                )
             entries = [(m["id"], _entry(m)) for m in messages]
             if self._order:
                 self._branches.append([self._records[i] for i in self._order])
@@ -181,7 +223,12 @@ class GeminiLog(Log):
             return [self._content_session(self._contents, {})]
         if self._prompts:
             typed = {sid: _user_turns(prompts) for sid, prompts in self._prompts.items()}
-            return [chat(sid, self._shown, c, {"format": "gemini-cli", "id": sid}, title=first_prompt(c.messages(), INJECTED)) for sid, c in typed.items()]
+            return [
+                chat(
+                    sid, self._shown, c, {"format": "gemini-cli", "id": sid}, title=first_prompt(c.messages(), INJECTED)
+                )
+                for sid, c in typed.items()
+            ]
         session_id = self._meta.get("sessionId")
         name = session_id if isinstance(session_id, str) and session_id else self._stem
         metadata: dict[str, object] = {"format": "gemini-cli"}
@@ -204,7 +251,9 @@ class GeminiLog(Log):
             side = {"events": events} if out else {"events": self._notes + events, "title": self._title}
             title = title or first_prompt(conversation.messages(), INJECTED)  # the session's, for its branches
             numbered = dict(metadata, branch=branch) if out else metadata
-            out.append(chat(name if not out else f"{name} [branch {branch}]", self._shown, conversation, numbered, side, title))
+            out.append(
+                chat(name if not out else f"{name} [branch {branch}]", self._shown, conversation, numbered, side, title)
+            )
         if not out:
             raise EmptyTranscript(self._shown, "the session holds no messages")
         return out
@@ -216,7 +265,8 @@ class GeminiLog(Log):
         for index, content in enumerate(contents):
             if not _content(content):
                 raise Invalid(
-                    f"{'clientHistory' if restore else 'history'}[{index}]: expected a Content object {{role: user|model, parts}}, got {kind(content)}", obj
+                    f"{'clientHistory' if restore else 'history'}[{index}]: expected a Content object {{role: user|model, parts}}, got {kind(content)}",
+                    obj,
                 )
         extra = {"id": obj["messageId"]} if isinstance(obj.get("messageId"), str) else {}
         return [self._content_session(contents, extra, obj if restore else None)]
@@ -227,7 +277,9 @@ class GeminiLog(Log):
             for turn in _turns(content["role"], content["parts"]):
                 conversation.add(turn, f"history[{index}]: ")
         events = []
-        if restore is not None:  # what the UI showed and the call being checkpointed, where the history does not hold them
+        if (
+            restore is not None
+        ):  # what the UI showed and the call being checkpointed, where the history does not hold them
             said = json.dumps(contents, ensure_ascii=False)
             for item in restore.get("history") or ():
                 if (
@@ -242,7 +294,9 @@ class GeminiLog(Log):
                 events.append({"type": "toolCall", "text": json.dumps(call, ensure_ascii=False)})
         if conversation.empty:
             raise EmptyTranscript(self._shown, "the checkpoint holds no history")
-        title = first_prompt(conversation.messages(), INJECTED) if restore is not None else None  # a /chat save file is named by its tag
+        title = (
+            first_prompt(conversation.messages(), INJECTED) if restore is not None else None
+        )  # a /chat save file is named by its tag
         return chat(self._stem, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events}, title)
 
 
@@ -259,11 +313,25 @@ def _entry(record: dict) -> tuple[list[dict], list[dict]]:
     check = Conversation(record)
     if record_type in NOTICE_TYPES:
         return [], [{"type": record_type, "text": text} for text in _texts(record["content"])]
-    turns = _turns("model" if record_type == "gemini" else "user", record["content"], record.get("thoughts"), record.get("toolCalls"))
+    turns = _turns(
+        "model" if record_type == "gemini" else "user",
+        record["content"],
+        record.get("thoughts"),
+        record.get("toolCalls"),
+    )
     for turn in turns:
         check.add(turn)
-    said = "\n".join(m["content"] + m.get("thinking", "") + "".join(c["arguments"] for c in m.get("tool_calls", ())) for m in check.messages()) if turns else ""
-    events = [{"type": "displayContent", "text": text} for text in _texts(record.get("displayContent")) if text not in said]
+    said = (
+        "\n".join(
+            m["content"] + m.get("thinking", "") + "".join(c["arguments"] for c in m.get("tool_calls", ()))
+            for m in check.messages()
+        )
+        if turns
+        else ""
+    )
+    events = [
+        {"type": "displayContent", "text": text} for text in _texts(record.get("displayContent")) if text not in said
+    ]
     for call in record.get("toolCalls") or ():
         for key in ("description", "resultDisplay"):
             shown = call.get(key)
@@ -280,22 +348,46 @@ def _turns(role: str, content, thoughts=None, calls=None) -> list[dict]:
     if thoughts:
         if not isinstance(thoughts, list) or not all(isinstance(t, dict) for t in thoughts):
             raise Invalid(f'"thoughts" must be a list of {{subject, description}} objects, not {kind(thoughts)}')
-        blocks.append({"type": "thinking", "thinking": "\n\n".join("\n".join(filter(None, (t.get("subject"), t.get("description")))) for t in thoughts)})
-    for part in [content] if isinstance(content, (str, dict)) else content if isinstance(content, list) else _refuse(content):
+        blocks.append(
+            {
+                "type": "thinking",
+                "thinking": "\n\n".join(
+                    "\n".join(filter(None, (t.get("subject"), t.get("description")))) for t in thoughts
+                ),
+            }
+        )
+    for part in (
+        [content] if isinstance(content, (str, dict)) else content if isinstance(content, list) else _refuse(content)
+    ):
         block = _block(part)
         (results if block["type"] == "tool_result" else blocks).append(block)
     if calls is not None:
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
             raise Invalid(f'"toolCalls" must be a list of tool call objects, not {kind(calls)}')
         for call in calls:
-            blocks.append({"type": "tool_use", "id": call.get("id"), "name": call.get("name"), "input": call.get("args", {})})
+            blocks.append(
+                {"type": "tool_use", "id": call.get("id"), "name": call.get("name"), "input": call.get("args", {})}
+            )
             result = call.get("result")
             for part in [result] if isinstance(result, (str, dict)) else result or ():
                 block = _block(part)
                 if block["type"] == "tool_result":
-                    results.append(dict(block, tool_use_id=call.get("id"), is_error=block["is_error"] or call.get("status") == "error"))
+                    results.append(
+                        dict(
+                            block,
+                            tool_use_id=call.get("id"),
+                            is_error=block["is_error"] or call.get("status") == "error",
+                        )
+                    )
                 else:
-                    results.append({"type": "tool_result", "tool_use_id": call.get("id"), "content": [block], "is_error": call.get("status") == "error"})
+                    results.append(
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": call.get("id"),
+                            "content": [block],
+                            "is_error": call.get("status") == "error",
+                        }
+                    )
     turns = []
     if blocks or not results:
         turns.append({"role": "assistant" if role == "model" else "user", "content": blocks})
@@ -314,13 +406,22 @@ def _block(part) -> dict:
     if not isinstance(part, dict):
         raise Invalid(f'each part must be an object such as {{"text": "..."}}, not {kind(part)}')
     if isinstance(part.get("text"), str):
-        return {"type": "thinking", "thinking": part["text"]} if part.get("thought") else {"type": "text", "text": part["text"]}
+        return (
+            {"type": "thinking", "thinking": part["text"]}
+            if part.get("thought")
+            else {"type": "text", "text": part["text"]}
+        )
     if isinstance(part.get("functionCall"), dict):
         call = part["functionCall"]
         return {"type": "tool_use", "id": call.get("id"), "name": call.get("name"), "input": call.get("args", {})}
     if isinstance(part.get("functionResponse"), dict):
         response = part["functionResponse"].get("response")
-        return {"type": "tool_result", "tool_use_id": part["functionResponse"].get("id"), "content": _response_text(response), "is_error": _is_error(response)}
+        return {
+            "type": "tool_result",
+            "tool_use_id": part["functionResponse"].get("id"),
+            "content": _response_text(response),
+            "is_error": _is_error(response),
+        }
     if isinstance(part.get("executableCode"), dict):
         return {"type": "text", "text": str(part["executableCode"].get("code", ""))}
     if isinstance(part.get("codeExecutionResult"), dict):
@@ -338,7 +439,9 @@ def _response_text(response) -> str:
     if not isinstance(response, dict):
         return response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
     texts = [response[key] for key in ("output", "error") if isinstance(response.get(key), str)]
-    rest = {key: value for key, value in response.items() if not (key in ("output", "error") and isinstance(value, str))}
+    rest = {
+        key: value for key, value in response.items() if not (key in ("output", "error") and isinstance(value, str))
+    }
     return "\n".join(texts + ([json.dumps(rest, ensure_ascii=False)] if rest else []))
 
 

@@ -26,14 +26,16 @@ SENDERS = {"human": "user", "user": "user", "assistant": "assistant"}
 
 
 def _conversation_item(obj) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("conversation"), dict) and isinstance(obj.get("responses"), (list, dict))
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("conversation"), dict)
+        and isinstance(obj.get("responses"), (list, dict))
+    )
 
 
 class Grok(Format):
     name = "grok"
-    reads = (
-        'the Grok data export (prod-grok-backend.json): {"conversations": [{"conversation": {"title"}, "responses": [{"response": {"message", "sender"}}]}]}'
-    )
+    reads = 'the Grok data export (prod-grok-backend.json): {"conversations": [{"conversation": {"title"}, "responses": [{"response": {"message", "sender"}}]}]}'
     example = (
         '{"conversations": [{"conversation": {"id": "c1", "title": "Greeting"}, "responses": [\n'
         '  {"response": {"_id": "r1", "message": "Hi", "sender": "human", "parent_response_id": null}},\n'
@@ -50,7 +52,9 @@ class Grok(Format):
     def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
         if _conversation_item(obj):
             return _sessions(obj, name, source)
-        return [s for index, item in enumerate(obj["conversations"]) for s in _sessions(item, f"{name}#{index}", source)]
+        return [
+            s for index, item in enumerate(obj["conversations"]) for s in _sessions(item, f"{name}#{index}", source)
+        ]
 
 
 def _sessions(item: dict, name: str, source: str) -> list[Transcript]:
@@ -75,7 +79,9 @@ def _sessions(item: dict, name: str, source: str) -> list[Transcript]:
         metadata["id"] = session_id
     times = [_field(head, "create_time", "createTime"), _field(head, "modify_time", "modifyTime")]
     metadata |= said(*times, *(_field(r, "create_time", "createTime") for r in responses))
-    branches, alternatives = alternative_replies(paths, lambda key: _role(by_id[key]) == "assistant" and not by_id[key].get("toolResponses"))
+    branches, alternatives = alternative_replies(
+        paths, lambda key: _role(by_id[key]) == "assistant" and not by_id[key].get("toolResponses")
+    )
     sessions = []
     for branch, path in enumerate([paths[0], *branches], start=1):
         conversation, side, turn_of = Conversation(item), dict[str, list](attachments=[], events=[]), dict[str, int]()
@@ -84,11 +90,22 @@ def _sessions(item: dict, name: str, source: str) -> list[Transcript]:
             for turn in _turns(by_id[key], conversation, side):
                 conversation.add(turn, f"responses[{key!r}]: ")
         if branch == 1:
-            side["alternatives"] = [_alternative(turn_of[taken], by_id[other], conversation, side) for taken, other in alternatives]
+            side["alternatives"] = [
+                _alternative(turn_of[taken], by_id[other], conversation, side) for taken, other in alternatives
+            ]
             side["summaries"] = [head["summary"]] if isinstance(head.get("summary"), str) and head["summary"] else []
         extra = {"branch": branch} if branch > 1 else {}
         prompt = None if head.get("title") else first_prompt(conversation.messages())
-        sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
+        sessions.append(
+            chat(
+                title if branch == 1 else f"{title} [branch {branch}]",
+                source,
+                conversation,
+                dict(metadata, **extra),
+                side,
+                prompt,
+            )
+        )
     return sessions
 
 
@@ -97,7 +114,9 @@ def _turns(response: dict, conversation: Conversation, side: dict) -> list[dict]
     text = _text(response)
     for ids_key in ("file_attachments", "image_attachments"):
         for _ in response.get(ids_key) or ():
-            text += ("\n" if text else "") + placeholder("image" if ids_key == "image_attachments" else "file", conversation.dropped)
+            text += ("\n" if text else "") + placeholder(
+                "image" if ids_key == "image_attachments" else "file", conversation.dropped
+            )
     for meta in response.get("fileAttachmentsMetadata") or ():
         if isinstance(meta, dict):
             side["attachments"].append(str(meta.get("fileName") or meta.get("fileMetadataId", "")))
@@ -119,8 +138,18 @@ def _turns(response: dict, conversation: Conversation, side: dict) -> list[dict]
     blocks: list[dict] = [{"type": "thinking", "thinking": "\n".join(thinking)}] if thinking else []
     blocks.append({"type": "text", "text": text})
     calls = [call for call in response.get("toolResponses") or () if isinstance(call, dict)]
-    blocks += [{"type": "tool_use", "id": None, "name": call.get("toolName"), "input": call.get("input", {})} for call in calls]
-    results = [{"type": "tool_result", "tool_use_id": None, "content": _json(call.get("output")), "is_error": bool(call.get("isError"))} for call in calls]
+    blocks += [
+        {"type": "tool_use", "id": None, "name": call.get("toolName"), "input": call.get("input", {})} for call in calls
+    ]
+    results = [
+        {
+            "type": "tool_result",
+            "tool_use_id": None,
+            "content": _json(call.get("output")),
+            "is_error": bool(call.get("isError")),
+        }
+        for call in calls
+    ]
     return [{"role": role, "content": blocks}] + ([{"role": "user", "content": results}] if results else [])
 
 

@@ -19,7 +19,15 @@ class LMSYS(Format):
 
     def read(self, obj: dict, name: str, source: str) -> list[Transcript]:
         conversation = Conversation(obj).add_all(obj["conversation"])
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "lmsys"), title=session_title(obj, name, conversation))]
+        return [
+            chat(
+                session_name(obj, name),
+                source,
+                conversation,
+                session_metadata(obj, "lmsys"),
+                title=session_title(obj, name, conversation),
+            )
+        ]
 
 
 def register(add) -> None:

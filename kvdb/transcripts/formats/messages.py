@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format, Log
 from kvdb.transcripts.messages import Conversation, Invalid, kind, message_error
-from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name, session_title
+from kvdb.transcripts.sessions import (
+    Transcript,
+    add_system,
+    chat,
+    dataset_side,
+    is_session_object,
+    session_metadata,
+    session_name,
+    session_title,
+)
 
 
 class MessageLog(Log):
@@ -28,7 +37,15 @@ class MessageLog(Log):
         self._conversation.add(record)
 
     def sessions(self) -> list[Transcript]:
-        return [chat(self._stem, self._shown, self._conversation, {"format": "messages"}, {"attachments": self._conversation.attachments})]
+        return [
+            chat(
+                self._stem,
+                self._shown,
+                self._conversation,
+                {"format": "messages"},
+                {"attachments": self._conversation.attachments},
+            )
+        ]
 
 
 class Messages(Format):
@@ -47,7 +64,9 @@ class Messages(Format):
         key = "messages" if "messages" in obj else "chosen_messages"
         messages, rejected = obj[key], obj.get("rejected_messages")
         if isinstance(messages, list) and isinstance(rejected, list):
-            shared = next((i for i, (a, b) in enumerate(zip(messages, rejected)) if a != b), min(len(messages), len(rejected)))
+            shared = next(
+                (i for i, (a, b) in enumerate(zip(messages, rejected)) if a != b), min(len(messages), len(rejected))
+            )
             conversation.add_all(messages[:shared], key)
             turn = len(conversation)
             conversation.add_all(messages[shared:], key, shared)
@@ -59,7 +78,9 @@ class Messages(Format):
                 raise Invalid(f'"rejected_messages" must be a list of messages, not {kind(rejected)}', obj)
         side = dataset_side(obj, conversation) | {"alternatives": alternatives}
         metadata = session_metadata(obj, "anthropic" if "system" in obj else "openai")
-        return [chat(session_name(obj, name), source, conversation, metadata, side, session_title(obj, name, conversation))]
+        return [
+            chat(session_name(obj, name), source, conversation, metadata, side, session_title(obj, name, conversation))
+        ]
 
     def opens_log(self, record) -> bool:
         return message_error(record) is None

@@ -56,9 +56,16 @@ class OpenWebUI(Format):
         metadata: dict[str, object] = {"format": self.name}
         if row_id:
             metadata["id"] = row_id
-        metadata |= said(obj.get("created_at"), obj.get("updated_at"), held.get("timestamp"), *(node.get("timestamp") for node in nodes.values()))
+        metadata |= said(
+            obj.get("created_at"),
+            obj.get("updated_at"),
+            held.get("timestamp"),
+            *(node.get("timestamp") for node in nodes.values()),
+        )
         untitled, title = title in (None, DEFAULT_TITLE), title or str(row_id or name)
-        other_title = held.get("title") if isinstance(held.get("title"), str) and held["title"] not in ("", title) else None
+        other_title = (
+            held.get("title") if isinstance(held.get("title"), str) and held["title"] not in ("", title) else None
+        )
         branches, alternatives = alternative_replies(paths, lambda key: nodes[key].get("role") == "assistant")
         sessions = []
         for branch, path in enumerate([paths[0], *branches], start=1):
@@ -68,11 +75,22 @@ class OpenWebUI(Format):
                 conversation.add(_message(nodes[key], attachments), f"history.messages[{key!r}]: ")
             side: dict[str, list] = {"attachments": attachments}
             if branch == 1:
-                side["alternatives"] = [{"turn": turn_of[taken], "text": _content(nodes[other])} for taken, other in alternatives]
+                side["alternatives"] = [
+                    {"turn": turn_of[taken], "text": _content(nodes[other])} for taken, other in alternatives
+                ]
                 side["title"] = [other_title] if other_title else []
             extra = {"branch": branch} if branch > 1 else {}
             prompt = first_prompt(conversation.messages()) if untitled else None
-            sessions.append(chat(title if branch == 1 else f"{title} [branch {branch}]", source, conversation, dict(metadata, **extra), side, prompt))
+            sessions.append(
+                chat(
+                    title if branch == 1 else f"{title} [branch {branch}]",
+                    source,
+                    conversation,
+                    dict(metadata, **extra),
+                    side,
+                    prompt,
+                )
+            )
         return sessions
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation, Invalid, kind
-from kvdb.transcripts.sessions import Transcript, add_system, chat, is_session_object, session_metadata, session_name, session_title
+from kvdb.transcripts.sessions import (
+    Transcript,
+    add_system,
+    chat,
+    is_session_object,
+    session_metadata,
+    session_name,
+    session_title,
+)
 
 
 class Responses(Format):
@@ -37,7 +45,15 @@ class Responses(Format):
                 raise Invalid(f'"output" must be a list of items, not {kind(output)}', obj)
             for index, item in enumerate(output):
                 conversation.add(item, f"output[{index}]: ")
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "openai-responses"), title=session_title(obj, name, conversation))]
+        return [
+            chat(
+                session_name(obj, name),
+                source,
+                conversation,
+                session_metadata(obj, "openai-responses"),
+                title=session_title(obj, name, conversation),
+            )
+        ]
 
 
 def register(add) -> None:

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from kvdb.transcripts.formats.base import Format
 from kvdb.transcripts.messages import Conversation
-from kvdb.transcripts.sessions import Transcript, add_system, chat, dataset_side, is_session_object, session_metadata, session_name, session_title
+from kvdb.transcripts.sessions import (
+    Transcript,
+    add_system,
+    chat,
+    dataset_side,
+    is_session_object,
+    session_metadata,
+    session_name,
+    session_title,
+)
 
 
 class ShareGPT(Format):
@@ -31,7 +40,16 @@ class ShareGPT(Format):
             conversation.add(obj["chosen"], '"chosen": ')
         if "rejected" in obj:
             side["alternatives"] = conversation.alternatives([obj["rejected"]], turn, "rejected")
-        return [chat(session_name(obj, name), source, conversation, session_metadata(obj, "sharegpt"), side, session_title(obj, name, conversation))]
+        return [
+            chat(
+                session_name(obj, name),
+                source,
+                conversation,
+                session_metadata(obj, "sharegpt"),
+                side,
+                session_title(obj, name, conversation),
+            )
+        ]
 
 
 def register(add) -> None:

@@ -20,7 +20,9 @@ from kvdb.transcripts.messages import Conversation, Invalid, kind
 from kvdb.transcripts.sessions import Transcript, chat, object_at
 from kvdb.transcripts.stamps import said
 
-HUMANIZED = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})\s*@\s*(\d{1,2})h\s*(\d{1,2})m\s*(\d{1,2})s")  # "2025-03-01@10h15m02s"
+HUMANIZED = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})\s*@\s*(\d{1,2})h\s*(\d{1,2})m\s*(\d{1,2})s"
+)  # "2025-03-01@10h15m02s"
 
 
 class SillyTavern(Format):
@@ -68,14 +70,19 @@ class ChatLog(Log):
             raise Invalid(f"expected a message object, got {kind(record)}")
         if not _is_message(record):
             if self._lines or self._headed or not _header(record):  # a header opens the file, once
-                raise Invalid(f'expected a message with "mes" and "is_user", got an object with keys {", ".join(sorted(map(str, record)))}', record)
+                raise Invalid(
+                    f'expected a message with "mes" and "is_user", got an object with keys {", ".join(sorted(map(str, record)))}',
+                    record,
+                )
             self._headed = True
             if record.get("create_date") is not None:
                 self._metadata["created"] = record["create_date"]
                 self._times.append(record["create_date"])
             settings = object_at(record, "chat_metadata")
             self._side["events"] += [
-                {"type": label, "text": settings[key]} for key, label in PROMPT_NOTES if isinstance(settings.get(key), str) and settings[key].strip()
+                {"type": label, "text": settings[key]}
+                for key, label in PROMPT_NOTES
+                if isinstance(settings.get(key), str) and settings[key].strip()
             ]
             return
         text = _string(record, "mes")
@@ -93,7 +100,10 @@ class ChatLog(Log):
             events.append({"type": str(extra.get("type") or "system"), "text": said})
         else:
             image = extra.get("image")  # shown with the message, and sent to a model that sees images
-            turn: dict = {"role": "user" if record["is_user"] else "assistant", "content": [text, {"type": "image"}] if image else text}
+            turn: dict = {
+                "role": "user" if record["is_user"] else "assistant",
+                "content": [text, {"type": "image"}] if image else text,
+            }
             if speaker:
                 turn["name"] = speaker
             if isinstance(extra.get("reasoning"), str) and extra["reasoning"]:
@@ -109,14 +119,20 @@ class ChatLog(Log):
         if isinstance(extra.get("display_text"), str) and extra["display_text"].strip():
             self._side["events"].append({"type": "display text", "text": extra["display_text"]})
         file = object_at(extra, "file")
-        self._side["attachments"] += [str(name) for name in (file.get("name"), extra.get("image")) if isinstance(name, str) and name]
+        self._side["attachments"] += [
+            str(name) for name in (file.get("name"), extra.get("image")) if isinstance(name, str) and name
+        ]
 
     def sessions(self) -> list[Transcript]:
         if not self._lines:
             raise EmptyTranscript(self._shown, "the chat holds no messages (only its header)")
         if self._conversation.empty:
             raise Invalid(f"the chat's {self._lines} messages are all system notes, none a turn the model was sent")
-        return [chat(self._stem, self._shown, self._conversation, self._metadata | said(*map(_time, self._times)), self._side)]
+        return [
+            chat(
+                self._stem, self._shown, self._conversation, self._metadata | said(*map(_time, self._times)), self._side
+            )
+        ]
 
 
 def _time(value):
@@ -137,10 +153,23 @@ def _tool_turns(invocations: list, record: dict) -> list[dict]:
             raise Invalid('each of "extra.tool_invocations" needs a string "name"', record)
         call_id = None if invocation.get("id") is None else str(invocation["id"])
         arguments = invocation.get("parameters", "")
-        calls.append({"id": call_id, "function": {"name": invocation["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+        calls.append(
+            {
+                "id": call_id,
+                "function": {
+                    "name": invocation["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
         result = invocation.get("result", "")
         results.append(
-            {"role": "tool", "tool_call_id": call_id, "name": invocation["name"], "content": result if isinstance(result, str) else json.dumps(result)}
+            {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "name": invocation["name"],
+                "content": result if isinstance(result, str) else json.dumps(result),
+            }
         )
     return [{"role": "assistant", "content": "", "tool_calls": calls}, *results]
 
