@@ -288,7 +288,8 @@ class Archive:
 
             if source is None or computed is not None or keep_cache or conversation is not None or upstream is not None:
                 raise InvalidArgument(
-                    "workers= ingests files (source=); text=, messages=, computed=, keep_cache=, conversation= and upstream= go with one process"
+                    "workers= ingests files (source=); text=, messages=, computed=, keep_cache=, conversation= "
+                    "and upstream= go with one process"
                 )
             self._storage.release()  # the workers open the archive themselves
             paths = [source] if isinstance(source, (str, Path)) else list(source)

@@ -349,7 +349,9 @@ class Conversation:
     versions (``Archive.conversation`` lists them)."""
 
     conversation_id: str
-    title: str  # the user's (``rename``), else the latest its versions' files give (``Session.title``), else its first version's name
+    # the user's (``rename``), else the latest its versions' files give (``Session.title``), else its first
+    # version's name
+    title: str
     latest: Session
     created_at: dt.datetime  # when its first version began (``Session.started_at``: its file's time where it has one)
     versions: int
@@ -358,19 +360,17 @@ class Conversation:
     project: str | None
 
     def to_dict(self) -> dict:
-        return (
-            self.latest.to_dict()
-            | {
-                "conversation_id": self.conversation_id,
-                "title": self.title,
-                "created_at": self.created_at.isoformat(),
-                "updated_at": self.latest.said_at.isoformat(),  # its file's last time where it has one, not when it was archived
-                "versions": self.versions,
-                "branches": self.branches,
-                "agent": self.agent,
-                "project": self.project,
-            }
-        )
+        return self.latest.to_dict() | {
+            "conversation_id": self.conversation_id,
+            "title": self.title,
+            "created_at": self.created_at.isoformat(),
+            # its file's last time where it has one, not when it was archived
+            "updated_at": self.latest.said_at.isoformat(),
+            "versions": self.versions,
+            "branches": self.branches,
+            "agent": self.agent,
+            "project": self.project,
+        }
 
 
 @dataclass(frozen=True)
@@ -585,7 +585,8 @@ class _ReadAsDict:
 
     def _deprecated(self, how: str) -> dict:
         warnings.warn(
-            f"reading {type(self).__name__} as a dict ({how}) is deprecated and goes in the next release: use its attributes, or to_dict()",
+            f"reading {type(self).__name__} as a dict ({how}) is deprecated and goes in the next release: "
+            "use its attributes, or to_dict()",
             DeprecationWarning,
             stacklevel=3,
         )

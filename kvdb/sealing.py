@@ -117,7 +117,8 @@ def open_seal(archive: Path, key: bytes | None, create: bool) -> Seal | None:
     if not path.exists():
         if key is not None:
             raise ArchiveKeyError(
-                f"{archive} is not encrypted (no {path.name} beside it): open it without a key (unset ${KEY_ENV}, drop --key-file), "
+                f"{archive} is not encrypted (no {path.name} beside it): open it without a key "
+                f"(unset ${KEY_ENV}, drop --key-file), "
                 "or write an encrypted copy with `kvdb copy --encrypt`"
             )
         return None
@@ -134,7 +135,8 @@ def open_seal(archive: Path, key: bytes | None, create: bool) -> Seal | None:
         wrong = not hmac.compare_digest(_check(stretched), str(record["check"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ArchiveKeyError(
-            f"{path}, which holds the salt of {archive}'s key, is damaged ({exc!r}); restore it from a copy of the archive"
+            f"{path}, which holds the salt of {archive}'s key, is damaged ({exc!r}); "
+            "restore it from a copy of the archive"
         ) from exc
     if wrong:
         raise ArchiveKeyError(

@@ -50,7 +50,8 @@ WINDOWS = tuple(w.value for w in Window)
 DEFAULT_WINDOW = (
     Window.RECOMPUTE.value
 )  # a restore's window unless its preset says otherwise (presets.restore_window, decision 0041)
-# the perplexity ratio over an exact cache that ``auto`` tolerates from tier K's measured fidelity (issue 33, decision 0039)
+# the perplexity ratio over an exact cache that ``auto`` tolerates from tier K's measured fidelity (issue 33,
+# decision 0039)
 DEFAULT_MAX_LOSS = 1.05
 
 
@@ -71,7 +72,8 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[Tier]:
         )
     if "semantic" in tiers and "tokens" not in tiers:
         raise InvalidArgument(
-            "the semantic tier needs the token tier (a hit's snippet, and the words its ranking counts, are read from the tokens)"
+            "the semantic tier needs the token tier (a hit's snippet, and the words its ranking counts, "
+            "are read from the tokens)"
         )
     return frozenset(Tier(t) for t in tiers)
 
@@ -80,6 +82,7 @@ def check_max_loss(max_loss: float) -> float:
     """A tolerated perplexity ratio: an exact cache is 1.0, so a tolerance below it asks for better than exact."""
     if not max_loss >= 1.0:  # NaN too
         raise InvalidArgument(
-            f"max_loss is a perplexity ratio over the exact cache's, at least 1.0 (1.05: 5% more perplexed); got {max_loss}"
+            "max_loss is a perplexity ratio over the exact cache's, at least 1.0 (1.05: 5% more perplexed); "
+            f"got {max_loss}"
         )
     return float(max_loss)

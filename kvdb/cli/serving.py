@@ -39,7 +39,8 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     type=click.Choice(["exact", "auto", "archive"]),
     default="exact",
     show_default=True,
-    help="Where prompts resume from: exact caches only; also tier K where its preset is measured within --max-loss (auto); "
+    help="Where prompts resume from: exact caches only; also tier K where its preset is measured within --max-loss "
+    "(auto); "
     "or also tier K whatever its fidelity (archive). Tier K is approximate: replies say so.",
 )
 @click.option(
@@ -47,7 +48,8 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     type=float,
     default=DEFAULT_MAX_LOSS,
     show_default=True,
-    help="--restore auto: the perplexity ratio over an exact cache that tier K's measured fidelity may reach (at least 1.0).",
+    help="--restore auto: the perplexity ratio over an exact cache that tier K's measured fidelity may reach "
+    "(at least 1.0).",
 )
 @click.option(
     "--api-key",
@@ -67,7 +69,8 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     type=click.FloatRange(min=0),
     default=600.0,
     show_default=True,
-    help="Seconds a request may wait for the model before it is refused (429); the official openai client waits 600 s for a reply.",
+    help="Seconds a request may wait for the model before it is refused (429); "
+    "the official openai client waits 600 s for a reply.",
 )
 @click.option(
     "--prefix-cache-mb",
@@ -75,7 +78,8 @@ from kvdb.tiers import DEFAULT_KEEP, DEFAULT_KV_PRESET, DEFAULT_MAX_LOSS
     envvar="KVDB_PREFIX_CACHE_MB",
     default=DEFAULT_PREFIX_CACHE_MB,
     show_default=True,
-    help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; 0 turns them off (env KVDB_PREFIX_CACHE_MB).",
+    help="Cap of the exact caches kept beside the archive (<archive>.prefix/), least recently used deleted first; "
+    "0 turns them off (env KVDB_PREFIX_CACHE_MB).",
 )
 @click.option(
     "--upstream",

@@ -58,7 +58,8 @@ def verify(ctx, deep, as_json):
     "--only",
     type=click.Choice(["semantic", "logprobs"]),
     default=None,
-    help="Do one kind of work: semantic (the embedder: search by meaning) or logprobs (the language model: d_T, exact caches).",
+    help="Do one kind of work: semantic (the embedder: search by meaning) or logprobs "
+    "(the language model: d_T, exact caches).",
 )
 @embedder_option
 @model_option
@@ -90,7 +91,8 @@ def upkeep(ctx, limit, show_status, only, embedder, model, as_json):
     else:
         left = report.pending
         click.echo(
-            f"embedded {report.embedded.sessions} sessions, scored {report.scored.sessions} ({report.cached} caches kept) in {report.seconds:.1f}s; "
+            f"embedded {report.embedded.sessions} sessions, scored {report.scored.sessions} "
+            f"({report.cached} caches kept) in {report.seconds:.1f}s; "
             f"left: {left.semantic.sessions} to embed, {left.logprobs.sessions} to score"
         )
 
@@ -120,9 +122,12 @@ def codebooks():
 @click.option(
     "--preset",
     default=None,
-    help=f"A named preset ({', '.join(presets.NAMES)}: a spec per model), entropy coding at e<bits> per element (e.g. e3, e1.5; e1.25p64 also predicts each head's first 64 coefficients from the previous layer), fixed-rate transform coding at t<bits> (e.g. t3), "
+    help=f"A named preset ({', '.join(presets.NAMES)}: a spec per model), entropy coding at e<bits> per element "
+    "(e.g. e3, e1.5; e1.25p64 also predicts each head's first 64 coefficients from the previous layer), "
+    "fixed-rate transform coding at t<bits> (e.g. t3), "
     "or residual stages of 256 centroids for keys and values, "
-    "e.g. k4v3, k4v2, k2v1; overrides per layer as k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 (layer 18, head 2).  "
+    "e.g. k4v3, k4v2, k2v1; overrides per layer as k3v3+k8@7,18+k2@0-5, or per KV head as k3v3+k12@18.2 "
+    "(layer 18, head 2).  "
     f"[default: {presets.DEFAULT_NAME}, as ingest's --kv-preset]",
 )
 @click.option(
@@ -138,7 +143,8 @@ def codebooks_train(ctx, preset, tokens, model, as_json):
         emit(report.to_dict())
     else:
         click.echo(
-            f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions ({report.bytes} bytes) in {report.seconds}s"
+            f"trained {report.preset} codebooks {report.codebook_id[:12]} on {report.tokens} positions "
+            f"({report.bytes} bytes) in {report.seconds}s"
         )
 
 
@@ -158,7 +164,8 @@ def codebooks_list(ctx, as_json):
         else:
             where = "" if c.on_this_machine else "  (not built on this machine yet)"
             click.echo(
-                f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  centroids {c.centroid_bytes:>10}{where}"
+                f"{c.codebook_id[:12]}  {c.source:<7}  {c.preset:<8}  stored {c.stored_bytes:>10}  "
+                f"centroids {c.centroid_bytes:>10}{where}"
             )
 
 
@@ -213,7 +220,8 @@ def index_rebuild(ctx, model, as_json):
 @click.option(
     "--now",
     is_flag=True,
-    help="On a lake, delete the data files this gc replaced at once, not an hour later (a reader still scanning an older snapshot fails).",
+    help="On a lake, delete the data files this gc replaced at once, not an hour later "
+    "(a reader still scanning an older snapshot fails).",
 )
 @json_option
 @click.pass_context
@@ -238,7 +246,8 @@ def gc(ctx, now, as_json):
             f"freed {freed.nodes} nodes, {freed.tokens} tokens, {freed.token_bytes} bytes of token blocks, "
             f"{freed.prefix_cache_entries} prefix-cache entries"
             + (
-                f"; merged {freed.data_files_merged} data files into {freed.data_files_written}, deleted {freed.data_files_deleted}"
+                f"; merged {freed.data_files_merged} data files into {freed.data_files_written}, "
+                f"deleted {freed.data_files_deleted}"
                 if freed.data_files_merged is not None
                 else ""
             )
@@ -246,7 +255,8 @@ def gc(ctx, now, as_json):
         )
         if freed.forgotten and freed.data_files_kept:
             click.echo(
-                f"{freed.data_files_kept} replaced data files still hold deleted rows, kept an hour for readers of older snapshots: "
+                f"{freed.data_files_kept} replaced data files still hold deleted rows, "
+                "kept an hour for readers of older snapshots: "
                 "run `kvdb gc` again after that, or `kvdb gc --now` to delete them at once",
                 err=True,
             )

@@ -51,7 +51,8 @@ LOG_SUFFIX = ".watch.log"
     "--readmit-forgotten",
     "readmit",
     is_flag=True,
-    help="Archive again the logs whose sessions were all deleted (status forgotten), which watch otherwise leaves alone however they grow.",
+    help="Archive again the logs whose sessions were all deleted (status forgotten), "
+    "which watch otherwise leaves alone however they grow.",
 )
 @embedder_option
 @model_option

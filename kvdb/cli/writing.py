@@ -55,7 +55,8 @@ def formats_command(example, as_json):
     "agent",
     type=click.Choice(sorted(AGENT_FOLDERS)),
     default=None,
-    help="Everything this agent left on this machine: its own log folders (as `kvdb watch --from`), when no PATHS are given.",
+    help="Everything this agent left on this machine: its own log folders (as `kvdb watch --from`), "
+    "when no PATHS are given.",
 )
 @click.option(
     "--keep",
@@ -63,7 +64,9 @@ def formats_command(example, as_json):
     show_default=True,
     help="Tiers to store: tokens (1.95 B/token), search (phrase index; needs tokens), lm (tokens coded against "
     "the model: ~4x smaller than xz, but codes ~200 tokens/s on 2 cores; with lm, tokens may be left out and "
-    "reads decode lm), kv (quantized KV cache for restores without a forward pass; coded with the archive's trained codebooks of --kv-preset, else with the shipped ones, built on this machine's first use), "
+    "reads decode lm), kv (quantized KV cache for restores without a forward pass; "
+    "coded with the archive's trained codebooks of --kv-preset, else with the shipped ones, "
+    "built on this machine's first use), "
     "semantic (each turn's chunks embedded for search by meaning: search --semantic; needs tokens).",
 )
 @click.option(
@@ -72,8 +75,10 @@ def formats_command(example, as_json):
     show_default=True,
     help="How finely tier K (--keep ...,kv) is coded: faithful, balanced or compact (each a spec per model; "
     "`kvdb restore` auto takes tier K only for one measured within --max-loss), or a spec: e3 (entropy coded, 3 bits "
-    "per element on average; e1.35p64 also predicts each head's first 64 coefficients from the previous layer; e0.9jp384 rotates a layer's "
-    "keys and values, all heads, together and predicts all 384), t3 (transform coded at fixed rates) or k4v3 (residual VQ, 4 key and 3 value stages).",
+    "per element on average; e1.35p64 also predicts each head's first 64 coefficients from the previous layer; "
+    "e0.9jp384 rotates a layer's "
+    "keys and values, all heads, together and predicts all 384), t3 (transform coded at fixed rates) "
+    "or k4v3 (residual VQ, 4 key and 3 value stages).",
 )
 @click.option(
     "--workers",
@@ -86,12 +91,14 @@ def formats_command(example, as_json):
 @click.option(
     "--strict",
     is_flag=True,
-    help="Refuse a whole file for one malformed record (a JSON Lines line, an element of a JSON list). Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
+    help="Refuse a whole file for one malformed record (a JSON Lines line, an element of a JSON list). "
+    "Default: leave the record out, name it (skipped: line, reason) and ingest the rest, with exit status 1.",
 )
 @click.option(
     "--redact",
     is_flag=True,
-    help="Archive secrets of known shapes (API keys and tokens of OpenAI, Anthropic, AWS, GitHub, GitLab, Slack, Google, Hugging Face; "
+    help="Archive secrets of known shapes (API keys and tokens of OpenAI, Anthropic, AWS, GitHub, GitLab, Slack, "
+    "Google, Hugging Face; "
     "bearer tokens; private keys) as [secret not archived], counted in the result's dropped.",
 )
 @embedder_option
@@ -118,7 +125,8 @@ def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder
     ("skipped" in --json), and the rest of its file ingests; --strict refuses the file instead.
     A file that fails is reported with its line and writes nothing; the others still ingest.
     Exit status 1 when a file failed or a record was skipped. A file with nothing to archive
-    (no text; an agent log of summaries alone) is reported `empty`, which is no failure. Ingesting the same transcript again reports it `unchanged`, or
+    (no text; an agent log of summaries alone) is reported `empty`, which is no failure. Ingesting
+    the same transcript again reports it `unchanged`, or
     `updated` when --keep names tiers it was archived without, which it is then given.
     A file is parsed once, and its sessions rendered and tokenized once, all before the first
     write: memory holds one file's sessions at a time. A session longer than the model's
@@ -217,7 +225,8 @@ def compact(ctx, session, keep, as_json):
     "--source",
     "from_file",
     is_flag=True,
-    help="SESSION is a file: delete every session archived from it, and keep `kvdb watch` from archiving it again (see --readmit-forgotten).",
+    help="SESSION is a file: delete every session archived from it, and keep `kvdb watch` from archiving it again "
+    "(see --readmit-forgotten).",
 )
 @json_option
 @click.pass_context
@@ -235,7 +244,8 @@ def delete(ctx, session, whole, from_file, as_json):
             emit(done.to_dict())
         else:
             click.echo(
-                f"deleted {done.sessions} sessions ({done.conversations} conversations) archived from {printable(done.source)}; `kvdb watch` will not archive it again"
+                f"deleted {done.sessions} sessions ({done.conversations} conversations) "
+                f"archived from {printable(done.source)}; `kvdb watch` will not archive it again"
             )
         return
     if whole:
@@ -244,7 +254,8 @@ def delete(ctx, session, whole, from_file, as_json):
             emit(gone.to_dict())
         else:
             click.echo(
-                f"deleted {gone.conversation.conversation_id[:12]} ({printable(gone.conversation.title)}, {gone.sessions} versions)"
+                f"deleted {gone.conversation.conversation_id[:12]} "
+                f"({printable(gone.conversation.title)}, {gone.sessions} versions)"
             )
         return
     s = archive.delete(session)
@@ -305,5 +316,6 @@ def copy(ctx, source, target, encrypt, as_json):
         emit(report.to_dict())
     else:
         click.echo(
-            f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows in {len(report.rows)} tables, content hashes equal"
+            f"copied {report.source} to {report.target}: {sum(report.rows.values())} rows "
+            f"in {len(report.rows)} tables, content hashes equal"
         )

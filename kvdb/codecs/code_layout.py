@@ -34,7 +34,8 @@ def read_codebooks(blob: bytes) -> KVCodebooks:
         return readers[head].from_bytes(blob)
     except KeyError as missing:
         raise CorruptData(
-            f"codebook blob's header has no {missing} field; the blob was written wrongly: train or build the codebooks again"
+            f"codebook blob's header has no {missing} field; "
+            "the blob was written wrongly: train or build the codebooks again"
         ) from None
     except (TypeError, ValueError, AttributeError) as bad:
         raise CorruptData(

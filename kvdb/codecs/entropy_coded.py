@@ -55,7 +55,9 @@ from kvdb.errors import CorruptData
 
 KINDS = ("k", "v")
 MAGIC = b"KVDBEC\x00\x00"
-VERSION = 4  # 2 adds the predictor, 3 its inputs, 4 the joint rotation; each set is written at the lowest version that holds it, byte for byte
+# 2 adds the predictor, 3 its inputs, 4 the joint rotation; each set is written at the lowest version that holds it,
+# byte for byte
+VERSION = 4
 JOINT = "joint"  # the key of a joint set's basis and classes
 CLASSES = 64
 ROUNDING = 0.5
@@ -125,7 +127,8 @@ class EntropyCodebooks:
 
     @property
     def prediction_inputs(self) -> int:
-        """The leading coefficients of the previous layer (per head, or of the layer if joint) that the prediction reads."""
+        """The leading coefficients of the previous layer (per head, or of the layer if joint) that the prediction
+        reads."""
         return self.inputs or self.predicted
 
     def input_rows(self) -> np.ndarray:
@@ -149,7 +152,8 @@ class EntropyCodebooks:
         return self._derived[key]
 
     def joint_encoder(self) -> np.ndarray:
-        """A joint set's ``[layers, R, R]`` of centred vectors (kind > head > dim) to coefficients: ``diag(w) @ basis``."""
+        """A joint set's ``[layers, R, R]`` of centred vectors (kind > head > dim) to coefficients:
+        ``diag(w) @ basis``."""
         if "joint encoder" not in self._derived:
             self._derived["joint encoder"] = np.ascontiguousarray(
                 self._joint_weights()[:, :, None] * self.basis[JOINT], dtype=np.float32
@@ -201,7 +205,8 @@ class EntropyCodebooks:
         return q[:, 0], q[:, 1]
 
     def coefficients(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """The rotated coefficients ``[layers, R, seq]`` (rows in stream order) of float ``[layers, heads, seq, dim]`` keys and values.
+        """The rotated coefficients ``[layers, R, seq]`` (rows in stream order) of float
+        ``[layers, heads, seq, dim]`` keys and values.
 
         Made a layer and head at a time as ``encoder^T @ (x - centre)^T`` straight into rows:
         stacking the cache and transposing it to rows took 8 of an 8,150-token encode's 10 s."""
@@ -390,7 +395,8 @@ class EntropyCodebooks:
         """``MAGIC | u32 version | u32 header length | JSON header | payload | u32 CRC32`` (docs/formats.md)."""
         version = 4 if self.joint else 1 if not self.predicted else 2 if self.prediction_inputs == self.predicted else 3
         order = [
-            f"per kind (k, v): centre [L,H,D], weights [L,H,D]{'' if self.joint else ', basis [L,H,D,D]'}, little-endian float32"
+            "per kind (k, v): centre [L,H,D], "
+            f"weights [L,H,D]{'' if self.joint else ', basis [L,H,D,D]'}, little-endian float32"
         ]
         if self.joint:
             order.append("basis [L,R,R] float16, R = 2 H D")

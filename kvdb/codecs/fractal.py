@@ -1,4 +1,5 @@
-"""Contractive iterated-map codes for symbol streams (choices and numbers: docs/decisions/0002-fractal-token-codec.md; byte layout: docs/formats.md).
+"""Contractive iterated-map codes for symbol streams (choices and numbers:
+docs/decisions/0002-fractal-token-codec.md; byte layout: docs/formats.md).
 
 A symbol c of an N-ary alphabet is a contractive map of a box onto its own cell; walking a
 stream through the maps gives points whose most significant part is the latest symbol. We

@@ -79,7 +79,11 @@ def resolve(name_or_spec: str, weights_hash: str) -> str:
     base, *overrides = given.split("+")
     if not _BASE.match(base) or not all(_OVERRIDE.match(o) for o in overrides):
         raise InvalidArgument(
-            f"unknown preset {name_or_spec!r}: name one of {', '.join(NAMES)}, or give a spec such as 'e3' (entropy coded, bits per element), 'e1.25p64' (the same, predicted from the previous layer), 'e1.25p64i32' (predicted from its first 32 coefficients per head), 't3' (transform coded), 'k4v2' or 'k3v2+k5@0-1'"
+            f"unknown preset {name_or_spec!r}: name one of {', '.join(NAMES)}, "
+            "or give a spec such as 'e3' (entropy coded, bits per element), "
+            "'e1.25p64' (the same, predicted from the previous layer), "
+            "'e1.25p64i32' (predicted from its first 32 coefficients per head), "
+            "'t3' (transform coded), 'k4v2' or 'k3v2+k5@0-1'"
         )
     return given
 
@@ -158,7 +162,8 @@ def head_allocation(preset: str, layers: int, heads: int) -> dict[str, list[list
             for sizes in per_head:
                 if sizes != longest[: len(sizes)]:
                     raise InvalidArgument(
-                        f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes ({sizes} and {longest}): "
+                        f"{preset!r} gives {kind} heads of layer {layer} codebooks of different sizes "
+                        f"({sizes} and {longest}): "
                         "a layer's heads share its codebook sizes and differ only in how many stages they take"
                     )
                 if any(not 2 <= s <= 65536 for s in sizes):

@@ -2,7 +2,8 @@
 
 One residual quantizer per (layer, KV head, kind), kind ``k`` (keys) or ``v`` (values), trained
 with faiss k-means on the model's own vectors (choices and measurements in
-docs/decisions/0010-tier-k-default-preset.md; byte layout in docs/formats.md). Stage s quantizes what stages < s left over; the decoded vector is the sum of the
+docs/decisions/0010-tier-k-default-preset.md; byte layout in docs/formats.md). Stage s quantizes what
+stages < s left over; the decoded vector is the sum of the
 chosen centroids. Stages nest: the first n stages of a deeper quantizer are exactly the
 quantizer a shallower preset would train, so one training run serves every preset that takes a
 prefix of its stages (the benchmarks cut them down with ``benchmarks/kv_support.truncate``).

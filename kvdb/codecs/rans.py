@@ -121,11 +121,13 @@ class Tables:
             raise InvalidArgument(f"rANS table entries must be integers in 0 .. {TOTAL}")
         if (bad := np.flatnonzero(f.sum(axis=1) != TOTAL)).size:
             raise InvalidArgument(
-                f"rANS table {int(bad[0])} sums to {int(f[bad[0]].sum())}, not {TOTAL}: build tables with rans.frequencies"
+                f"rANS table {int(bad[0])} sums to {int(f[bad[0]].sum())}, not {TOTAL}: "
+                "build tables with rans.frequencies"
             )
         if (bad := np.flatnonzero(f[:, ESCAPE] == 0)).size:
             raise InvalidArgument(
-                f"rANS table {int(bad[0])} gives ESCAPE (entry 255) frequency 0, so values outside -127 .. 127 could not code"
+                f"rANS table {int(bad[0])} gives ESCAPE (entry 255) frequency 0, "
+                "so values outside -127 .. 127 could not code"
             )
         freqs = np.ascontiguousarray(f, dtype=np.uint16)
         starts = np.ascontiguousarray(np.cumsum(freqs, axis=1, dtype=np.uint16) - freqs)
@@ -155,7 +157,8 @@ def _classes(classes, tables: Tables) -> np.ndarray:
         )
     if c.size and (c.min() < 0 or c.max() >= tables.classes):
         raise InvalidArgument(
-            f"rANS classes must lie in 0 .. {tables.classes - 1} (one per table), found {int(c.min())} .. {int(c.max())}"
+            f"rANS classes must lie in 0 .. {tables.classes - 1} (one per table), "
+            f"found {int(c.min())} .. {int(c.max())}"
         )
     return np.ascontiguousarray(c, dtype=np.int32)
 
@@ -211,13 +214,15 @@ def _decode(
         raise InvalidArgument(f"rANS decoding needs 0 <= used <= n, not used={used}, n={n}")
     buf = np.frombuffer(data, dtype=np.uint8)
     status = lib.kvdb_rans_decode(
-        buf.ctypes.data, buf.size, len(c), n, used, c.ctypes.data, tables.freqs.ctypes.data, tables.starts.ctypes.data, tables.slots.ctypes.data,
+        buf.ctypes.data, buf.size, len(c), n, used, c.ctypes.data,
+        tables.freqs.ctypes.data, tables.starts.ctypes.data, tables.slots.ctypes.data,
         None if values is None else values.ctypes.data, None if recon is None else recon.ctypes.data, escape_step,
         None if floats is None else floats.ctypes.data, row_stride,
     )  # fmt: skip
     if status:
         raise CorruptData(
-            f"a tier K rANS stream of {buf.size} bytes does not decode to {len(c)} rows of {n} values with these tables: the archive is damaged"
+            f"a tier K rANS stream of {buf.size} bytes does not decode to {len(c)} rows of {n} values "
+            "with these tables: the archive is damaged"
         )
 
 
@@ -249,7 +254,8 @@ def decode_into(data, classes, n: int, tables: Tables, recon, escape_step: float
         raise InvalidArgument(f"rANS decode_into: out has {out.shape[0]} rows for {len(c)} classes")
     if out.shape[0] > 1 and (out.strides[0] <= 0 or out.strides[0] % 4) or out.shape[1] > 1 and out.strides[1] != 4:
         raise InvalidArgument(
-            f"rANS decode_into: out must have unit column stride and a positive row stride in whole floats, not strides {out.strides}"
+            "rANS decode_into: out must have unit column stride and a positive row stride in whole floats, "
+            f"not strides {out.strides}"
         )
     _decode(
         data, c, n, tables, out.shape[1], recon=r, escape_step=escape_step, floats=out, row_stride=out.strides[0] // 4

@@ -64,10 +64,13 @@ def preset_bits(preset: str) -> float:
         or (m[5] is not None and not 0 < int(m[5]) <= int(m[4]))
     ):
         raise InvalidArgument(
-            f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]; "
+            f"unknown transform preset {preset!r}: expected t<bits per element> or e<bits per element>, "
+            f"e.g. 't3' or 'e1.5', bits in (0, {MAX_BITS}]; "
             "an entropy-coded one may add j (one rotation per layer across its heads and kinds), e.g. 'e1.2j', "
-            "p<coefficients> (each head's first ones, or with j the layer's, predicted from the previous layer), e.g. 'e2p32', "
-            "and then i<inputs> (predicted from only the previous layer's first ones, at most p<coefficients>), e.g. 'e2p64i32'"
+            "p<coefficients> (each head's first ones, or with j the layer's, predicted from the previous layer), "
+            "e.g. 'e2p32', "
+            "and then i<inputs> (predicted from only the previous layer's first ones, at most p<coefficients>), "
+            "e.g. 'e2p64i32'"
         )
     return float(m[2])
 

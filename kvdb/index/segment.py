@@ -91,7 +91,8 @@ class Runs:
     def table(
         cls, firsts: list[int], lengths: list[int], links: list[int], contexts: list[np.ndarray], dtype: np.dtype
     ) -> Runs:
-        """From each run's first slot, length, link (-1 for none) and kept context (``held_context``; empty with a link)."""
+        """From each run's first slot, length, link (-1 for none) and kept context (``held_context``; empty with a
+        link)."""
         held = np.array([len(c) for c in contexts], np.int64)
         return cls(
             np.array(firsts, np.int64),

@@ -150,7 +150,8 @@ def _header(f, path: Path, magics: Collection[bytes]) -> tuple[bytes, dict, int]
     if len(head) < _PREFIX or magic not in magics:
         expected = " or ".join(m.decode(errors="replace") for m in magics)
         raise CorruptData(
-            f"{path} is not a sidecar of this kvdb (magic {magic!r}, expected {expected}: another kind, or another version); {REMEDY}"
+            f"{path} is not a sidecar of this kvdb (magic {magic!r}, expected {expected}: "
+            f"another kind, or another version); {REMEDY}"
         )
     (length,) = _LENGTH.unpack_from(head, 8)
     text = f.read(length)

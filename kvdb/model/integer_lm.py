@@ -289,7 +289,10 @@ class IntegerLM:
         cfg = getattr(model, "config", None)
         name = getattr(cfg, "model_type", type(model).__name__)
         if name != "llama" or not hasattr(getattr(model, "model", None), "layers") or not hasattr(model, "lm_head"):
-            return f"tier L's deterministic forward (payload version 3) covers Llama-family models; {type(model).__name__} ({name}) is not one"
+            return (
+                "tier L's deterministic forward (payload version 3) covers Llama-family models; "
+                f"{type(model).__name__} ({name}) is not one"
+            )
         rope = _rope(cfg)
         if rope.get("rope_type", "default") != "default":
             return (

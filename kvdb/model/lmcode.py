@@ -251,7 +251,8 @@ def _start(model, context: Context | None, version: int | None) -> Context:
     if context is not None:
         if version is not None and version != context.version:
             raise InvalidArgument(
-                f"a version-{context.version} context cannot code a version-{version} payload; build it with context_for(version={version})"
+                f"a version-{context.version} context cannot code a version-{version} payload; "
+                f"build it with context_for(version={version})"
             )
         return context.copy()
     return Context.empty(model, version_for(model) if version is None else version)
@@ -385,7 +386,8 @@ def read_header(payload: bytes) -> Header:
         raise CorruptData("not a kvdb token-stream payload (bad magic or too short)")
     if payload[2] not in VERSIONS:
         raise CorruptData(
-            f"token-stream payload version {payload[2]} is not one this kvdb reads (it reads {', '.join(map(str, VERSIONS))})"
+            f"token-stream payload version {payload[2]} is not one this kvdb reads "
+            f"(it reads {', '.join(map(str, VERSIONS))})"
         )
     vocab, at = _read_varint(payload, 3)
     context_len, at = _read_varint(payload, at)

@@ -68,7 +68,8 @@ def _check_cache_layout(name: str, model) -> None:
     )
     if kinds:
         raise UnsupportedModel(
-            f"model {name!r} has {', '.join(kinds)} layers, whose state is not a per-position K/V cache; kvdb cannot archive it"
+            f"model {name!r} has {', '.join(kinds)} layers, whose state is not a per-position K/V cache; "
+            "kvdb cannot archive it"
         )
     cache = new_cache(model)
     try:
@@ -76,11 +77,13 @@ def _check_cache_layout(name: str, model) -> None:
         held = [layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None]
     except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
         raise UnsupportedModel(
-            f"model {name!r} does not run on a per-layer K/V cache ({type(exc).__name__}: {exc}); kvdb cannot archive it"
+            f"model {name!r} does not run on a per-layer K/V cache ({type(exc).__name__}: {exc}); "
+            "kvdb cannot archive it"
         ) from exc
     if held != [2] * layers:
         raise UnsupportedModel(
-            f"model {name!r} keeps K/V for {len(held)} of its {layers} layers on a plain cache; kvdb archives one K/V pair per layer and position"
+            f"model {name!r} keeps K/V for {len(held)} of its {layers} layers on a plain cache; "
+            "kvdb archives one K/V pair per layer and position"
         )
 
 

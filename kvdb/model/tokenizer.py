@@ -13,13 +13,13 @@ Archives record :func:`fingerprint` (the ``tokenizer_hash``: sha256 of the seria
 NUL, the chat template), so the light tokenizer must give transformers' fingerprint exactly.
 Loading, transformers may change the backend: it adds special tokens the config names and
 ``tokenizer.json`` lacks, marks the ones it has as special, builds a post-processor where there
-is none, and patches the pre-tokenizer of large Mistral vocabularies. A folder transformers saved is a fixed point of those changes; another need not
-be. So the light tokenizer is used only when its fingerprint equals the one transformers gave
-for the same files: that one is cached under ``cache_dir()/tokenizer-hashes``, keyed by the
-folder's file sizes and mtimes and the library versions, and written whenever transformers
-loads the tokenizer (:func:`load_full`, which ``model.load()`` calls). Otherwise, and for
-other tokenizer classes, Hub ids or an embedded model not yet converted, :func:`load`
-returns transformers' tokenizer.
+is none, and patches the pre-tokenizer of large Mistral vocabularies. A folder transformers
+saved is a fixed point of those changes; another need not be. So the light tokenizer is used
+only when its fingerprint equals the one transformers gave for the same files: that one is
+cached under ``cache_dir()/tokenizer-hashes``, keyed by the folder's file sizes and mtimes and
+the library versions, and written whenever transformers loads the tokenizer (:func:`load_full`,
+which ``model.load()`` calls). Otherwise, and for other tokenizer classes, Hub ids or an
+embedded model not yet converted, :func:`load` returns transformers' tokenizer.
 
 A light tokenizer does not render chat templates: ingest and generation load the model, and
 with it :func:`load_full`'s tokenizer.
@@ -110,9 +110,9 @@ def load_full(name: str | None = None):
     if name == DEFAULT_MODEL:
         folder = embedded_folder()
         if not (folder / "config.json").is_file():
-            folder = model_folder(
-                name
-            )  # the first use converts the embedded GGUF (torch; benchmarks/RESULTS.md, "Ingest throughput and model load")
+            # the first use converts the embedded GGUF (torch; benchmarks/RESULTS.md, "Ingest throughput and
+            # model load")
+            folder = model_folder(name)
     with loading(name):
         if _tokenizer_class(folder) in GENERIC_FAST:
             from transformers import TokenizersBackend

@@ -111,7 +111,8 @@ def create_app(
             if model_id not in served:
                 raise HttpError(
                     404,
-                    f"model {model_id!r} is not served here; this server serves {' and '.join(map(repr, served))} (GET /v1/models)",
+                    f"model {model_id!r} is not served here; "
+                    f"this server serves {' and '.join(map(repr, served))} (GET /v1/models)",
                     "model_not_found",
                 )
             return served[model_id]
@@ -131,7 +132,8 @@ def create_app(
 
     @api.get("/api/sessions")
     def sessions(versions: int = Query(0, ge=0, le=1)) -> dict:
-        """Each conversation as its latest version, the most recently updated first; ``versions=1``: every stored session, oldest first."""
+        """Each conversation as its latest version, the most recently updated first; ``versions=1``: every
+        stored session, oldest first."""
         listed = engine.sessions() if versions else engine.conversations()
         return {"sessions": [s.to_dict() for s in listed]}
 
@@ -238,7 +240,8 @@ def _authorize(api_key: str | None):
         if scheme.lower() != "bearer" or not given.strip():
             raise HttpError(
                 401,
-                "this server needs an API key: send `Authorization: Bearer KEY` with the key it was started with (--api-key or $KVDB_API_KEY)",
+                "this server needs an API key: send `Authorization: Bearer KEY` "
+                "with the key it was started with (--api-key or $KVDB_API_KEY)",
                 "missing_api_key",
             )
         if not hmac.compare_digest(given.strip().encode(), api_key.encode()):

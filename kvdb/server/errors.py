@@ -83,7 +83,8 @@ def install(app: FastAPI) -> None:
     async def starlette(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)  # registered for HTTPException only
         message = (
-            f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/chat/completions, GET /api/sessions"
+            f"no route {request.method} {request.url.path}; "
+            "see GET /v1/models, POST /v1/chat/completions, GET /api/sessions"
             if exc.status_code == 404
             else str(exc.detail)
         )

@@ -156,7 +156,8 @@ def completion(body: dict, chat: bool) -> Parsed:
             )
         if key == "include_obfuscation" and value:
             raise InvalidArgument(
-                "stream_options.include_obfuscation is not supported by this server (chunks are not padded); leave it out"
+                "stream_options.include_obfuscation is not supported by this server (chunks are not padded); "
+                "leave it out"
             )
     if unknown := set(extension) - EXTENSION:
         raise InvalidArgument(

@@ -60,7 +60,8 @@ def base_url(url: str) -> str:
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise InvalidArgument(
-            f"--upstream must be an http:// or https:// URL of an OpenAI-compatible API, such as http://127.0.0.1:8080/v1; got {url!r}"
+            "--upstream must be an http:// or https:// URL of an OpenAI-compatible API, "
+            f"such as http://127.0.0.1:8080/v1; got {url!r}"
         )
     if parts.query or parts.fragment:
         raise InvalidArgument(f"--upstream is the API's base URL, without a query or fragment; got {url!r}")
@@ -97,7 +98,8 @@ class Upstream:
         """A transport error, as the one line the client gets."""
         if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
             return UpstreamError(
-                f"cannot reach the upstream {self.url} ({_reason(exc)}); check that it runs and that --upstream names it"
+                f"cannot reach the upstream {self.url} ({_reason(exc)}); "
+                "check that it runs and that --upstream names it"
             )
         if isinstance(exc, httpx2.TimeoutException):
             return UpstreamTimeout(f"the upstream {self.url} did not answer within {READ_S:.0f} s ({_reason(exc)})")
@@ -153,8 +155,10 @@ def _own_fields_out(raw: bytes) -> tuple[dict | None, bytes]:
     extension = body["kvdb"]
     if extension is not None and not (isinstance(extension, dict) and set(extension) <= set(EXTENSION)):
         raise InvalidArgument(
-            "this server forwards completions to an upstream (--upstream): its kvdb object reads name and conversation alone "
-            "(session and at continue an archived session with the local model: run kvdb serve without --upstream for that)"
+            "this server forwards completions to an upstream (--upstream): "
+            "its kvdb object reads name and conversation alone "
+            "(session and at continue an archived session with the local model: "
+            "run kvdb serve without --upstream for that)"
         )
     return body, json.dumps({k: v for k, v in body.items() if k != "kvdb"}, ensure_ascii=False).encode()
 

@@ -95,7 +95,8 @@ class Conversations:
         )
 
     def _sharing(self, rows: list[SessionRow]) -> Callable[[int, int], int]:
-        """shared(a, b): how many first tokens the versions ``rows[a]`` and ``rows[b]`` share (as the trie stores them)."""
+        """shared(a, b): how many first tokens the versions ``rows[a]`` and ``rows[b]`` share (as the trie
+        stores them)."""
         paths = [{n.node_id: n.end for n in self._storage.node_path(r.session_id)} for r in rows]
         return lambda a, b: max((end for node, end in paths[a].items() if node in paths[b]), default=0)
 

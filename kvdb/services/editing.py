@@ -49,7 +49,8 @@ class Editor:
                     drops[node.node_id].add("tokens")
                     if "lm" not in node.keep:
                         raise InvalidArgument(
-                            f"session {row.session_id[:12]} ({row.name}) has no tier L on tokens [{node.start}, {node.end}): "
+                            f"session {row.session_id[:12]} ({row.name}) has no tier L "
+                            f"on tokens [{node.start}, {node.end}): "
                             "dropping the token tier would lose them; re-ingest it with --keep tokens,search,lm first"
                         )
         recoded = self._recode_for_tier_l_alone(

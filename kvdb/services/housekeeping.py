@@ -118,6 +118,7 @@ class Housekeeping:
         differing = sorted(name for name in source if source[name] != copied[name])
         if differing:
             raise CorruptData(
-                f"the copy in {target.describe()} differs from {self._storage.describe()} in {', '.join(differing)}; delete it and copy again"
+                f"the copy in {target.describe()} differs from {self._storage.describe()} in {', '.join(differing)}; "
+                "delete it and copy again"
             )
         return CopyReport(self._storage.describe(), target.describe(), counts, source)

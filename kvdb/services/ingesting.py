@@ -204,7 +204,8 @@ class Ingester:
 
     def prepare(self, keep, kv_preset: str = DEFAULT_NAME) -> tuple[Any, str | None]:
         """(the model, tier K's codebook id of ``kv_preset`` if ``keep`` asks for tier K): the
-        model's description alone where ``keep`` asks for no tier only it makes. The archive's writes that come before any session's (the model's row; the shipped codebooks'
+        model's description alone where ``keep`` asks for no tier only it makes. The archive's
+        writes that come before any session's (the model's row; the shipped codebooks'
         reference, built on this machine's first use), done at once. A server calls it at start,
         to fail there."""
         optional = parse_keep(keep)
@@ -307,8 +308,9 @@ class Ingester:
             conversation is None and planned.part.get("follows") is not None
         ):  # a part continues the conversation of the part before it
             before = self._storage.get_session(planned.part["follows"])
-            # ... when that part is this file's own: the same tokens archived from another file (a resumed log's copied
-            # history) are that file's session, and this file's conversation is decided by the rule, as a whole session's
+            # ... when that part is this file's own: the same tokens archived from another file (a resumed log's
+            # copied history) are that file's session, and this file's conversation is decided by the rule, as a
+            # whole session's
             conversation = before.conversation_id if before is not None and before.source == item.source else None
         status, new_tokens, cache = IngestStatus.UNCHANGED, 0, None
         added: tuple[str, ...] = ()
@@ -347,7 +349,8 @@ class Ingester:
                 status = IngestStatus.UPDATED if status == IngestStatus.UNCHANGED else status
         else:
             raise StaleWrite(
-                f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; run the ingest again"
+                f"{COMMIT_ATTEMPTS} commits of session {plan.session_id[:12]} in a row found another writer's first; "
+                "run the ingest again"
             )
         if (
             status != IngestStatus.INGESTED

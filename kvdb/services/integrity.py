@@ -76,7 +76,8 @@ class Integrity:
             header = ChunkIndex.read_header(chunk_indexes.path(embedder_id))
             if header is None or header.live != sum(self._storage.chunk_counts(embedder_id).values()):
                 report.problems.append(
-                    f"semantic index {embedder_id}: {chunk_indexes.path(embedder_id)} is missing or stale (run `kvdb repair`)"
+                    f"semantic index {embedder_id}: {chunk_indexes.path(embedder_id)} is missing or stale "
+                    "(run `kvdb repair`)"
                 )
         report.notes.extend(
             f"semantic index {e} was missing or unreadable; rebuilt" for e in chunk_indexes.rebuilt[before:]
@@ -213,7 +214,8 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
             )
         if not node.keep & {"tokens", "lm"}:
             report.problems.append(
-                f"node {node.node_id[:12]} holds neither token blocks nor tier L: tokens [{node.start}, {node.end}) are lost"
+                f"node {node.node_id[:12]} holds neither token blocks nor tier L: "
+                f"tokens [{node.start}, {node.end}) are lost"
             )
     for session in sessions:
         report.checked["sessions"] += 1
@@ -230,7 +232,8 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
         through.update(n.node_id for n in path)
         if path[0].end != session.n_tokens:
             report.problems.append(
-                f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, its path holds {path[0].end}"
+                f"session {session.session_id[:12]} ({session.name}) says {session.n_tokens} tokens, "
+                f"its path holds {path[0].end}"
             )
         if deep and not all("tokens" in n.keep for n in path):
             # decoding tier L needs the model; `kvdb restore --mode decode` (or `show`) does it, and

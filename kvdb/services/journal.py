@@ -38,7 +38,8 @@ class Journal:
         except OSError as exc:  # the reply is not sent: it could not be kept
             tmp.unlink(missing_ok=True)
             raise ArchiveError(
-                f"cannot write the serve journal {self.folder} ({exc.strerror or exc}); free disk space or fix its permissions"
+                f"cannot write the serve journal {self.folder} ({exc.strerror or exc}); "
+                "free disk space or fix its permissions"
             ) from exc
         return path
 

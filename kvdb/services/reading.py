@@ -62,7 +62,8 @@ class Reader:
                 return same[int(numbered[2]) - 1]
             if same:
                 raise SessionNotFound(
-                    f"no conversation {ref!r}: {len(same)} conversations are named {numbered[1]!r}, {numbered[1]}#1 to {numbered[1]}#{len(same)}"
+                    f"no conversation {ref!r}: {len(same)} conversations are named {numbered[1]!r}, "
+                    f"{numbered[1]}#1 to {numbered[1]}#{len(same)}"
                 )
         matches = [m for m in matches if m.session_id.startswith(ref.lower())]
         if not matches:
@@ -93,7 +94,8 @@ class Reader:
         versions = self._storage.conversation_sessions(self.resolve(ref).conversation_id)
         if number > len(versions):
             raise SessionNotFound(
-                f"no version {number} of {ref!r}: it has {len(versions)}, {ref}@v1 to {ref}@v{len(versions)} (oldest first)"
+                f"no version {number} of {ref!r}: it has {len(versions)}, {ref}@v1 to {ref}@v{len(versions)} "
+                "(oldest first)"
             )
         return versions[number - 1]
 
@@ -200,7 +202,8 @@ def clip_range(row: SessionRow, start: int | None, end: int | None) -> tuple[int
     end = row.n_tokens if end is None else end
     if not 0 <= start <= end <= row.n_tokens:
         raise InvalidArgument(
-            f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), which has {row.n_tokens} tokens"
+            f"range [{start}, {end}) is outside session {row.session_id[:12]} ({row.name}), "
+            f"which has {row.n_tokens} tokens"
         )
     return start, end
 

@@ -77,7 +77,8 @@ def judged(measured: PresetFidelity, max_loss: float) -> tuple[bool, str]:
     if measured.source is CodebookSource.TRAINED:
         return (
             False,
-            f"tier K was coded with codebooks trained on this archive ({measured.label}), whose fidelity nobody measured",
+            f"tier K was coded with codebooks trained on this archive ({measured.label}), "
+            "whose fidelity nobody measured",
         )
     if worst is None:
         return False, f"tier K preset {measured.label} has no measured fidelity for this model"
@@ -85,11 +86,13 @@ def judged(measured: PresetFidelity, max_loss: float) -> tuple[bool, str]:
     if ratio > max_loss:
         return (
             False,
-            f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at {at:,} tokens, above max-loss {max_loss:g}",
+            f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at {at:,} tokens, "
+            f"above max-loss {max_loss:g}",
         )
     return (
         True,
-        f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at worst ({at:,} tokens), within max-loss {max_loss:g}",
+        f"tier K preset {measured.label} is measured at ppl x{ratio:.2f} at worst ({at:,} tokens), "
+        f"within max-loss {max_loss:g}",
     )
 
 
@@ -145,7 +148,8 @@ def decode_node(
         and trie.path_id(loaded.identity.model_id, np.concatenate([before, ids])) != node.node_id
     ):
         raise CorruptData(
-            f"tier L payload of node {node.node_id[:12]} decodes to tokens its id does not hash: the payload is damaged, "
+            f"tier L payload of node {node.node_id[:12]} decodes to tokens its id does not hash: "
+            "the payload is damaged, "
             "or this machine computes the model's forward pass differently from the encoder's"
         )
     return ids, after

@@ -144,9 +144,9 @@ class Searcher:
             variants, known = casing.variants(tokenizer, index, phrase, variants)
         scoped = scoped_owners(view, self._reader, session, within)
         owners = view.owner if scoped is None else scoped
-        if (
-            scoped is not None
-        ):  # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass over all
+        # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass
+        # over all
+        if scoped is not None:
             keep = np.sort(np.fromiter((at[n] for n in owners if n in at), dtype=np.int64))
             if not len(keep):
                 return None

@@ -48,10 +48,13 @@ CANDIDATES = (
 # there that its session's do not, so they only pick candidates (decision 0058).
 WEIGHTS = (0.7, 0.0, 0.3)  # cosine, chunk words, session words
 FUSION = "share"  # "share": as above; "minmax": each part scaled over the candidates (as before decision 0058)
-WEAK_BELOW = 0.41  # a hit under this score is marked weak: the cut-off that best told right top hits from unanswerable queries' on the held-out docstrings
-# A catch-up rewrites the sidecar (GBs at 1e6 chunks; benchmarks/RESULTS.md, "Semantic tier: index latency at 1e4-1e6 chunks")
-# only once the rows it changed since the file was written reach this share of them: until then
-# each new process reads those few nodes again, which costs less than the rewrite.
+# a hit under this score is marked weak: the cut-off that best told right top hits from unanswerable queries' on the
+# held-out docstrings
+WEAK_BELOW = 0.41
+# A catch-up rewrites the sidecar (GBs at 1e6 chunks;
+# benchmarks/RESULTS.md, "Semantic tier: index latency at 1e4-1e6 chunks") only once the rows it changed since the
+# file was written reach this share of them: until then each new process reads those few nodes again, which costs
+# less than the rewrite.
 SAVE_SHARE = 1 / 64
 TOOL_ROLES = frozenset(
     {"tool", "ipython", "function"}
@@ -106,7 +109,10 @@ class SemanticTier:
     def _no_tier(self) -> str:
         waiting = self._storage.pending_counts().get(SEMANTIC_WORK)
         if waiting:  # ingested with it, not embedded yet
-            return f"no session is embedded yet: {waiting[0]} sessions ({waiting[1]} tokens) wait for it; run `kvdb upkeep` (watch and serve embed when idle)"
+            return (
+                f"no session is embedded yet: {waiting[0]} sessions ({waiting[1]} tokens) wait for it; "
+                "run `kvdb upkeep` (watch and serve embed when idle)"
+            )
         return _NO_TIER
 
     def search(self, query: str, k: int = 10, session: str | None = None, within: set[str] | None = None) -> list[Hit]:
@@ -129,7 +135,8 @@ class SemanticTier:
             embedder = self._embedder()
             if embedder.embedder_id not in embedded_with:
                 raise InvalidArgument(
-                    f"the semantic tier was embedded with {', '.join(embedded_with)}, not {embedder.embedder_id}: search with that embedder (--embedder), "
+                    f"the semantic tier was embedded with {', '.join(embedded_with)}, not {embedder.embedder_id}: "
+                    "search with that embedder (--embedder), "
                     "or add the tier for this one (ingest again with --keep ...,semantic and --embedder)"
                 )
             view = self._derived.get("trie", lambda: trie.TrieView.load(self._storage))
@@ -177,7 +184,8 @@ class SemanticTier:
         hits: list[Hit] = [
             MeaningHit(
                 sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", float(fused[i]),
-                cosine=float(parts[0, i]), words=float(parts[1, i]), session_words=float(parts[2, i]), weak=bool(fused[i] < WEAK_BELOW),
+                cosine=float(parts[0, i]), words=float(parts[1, i]), session_words=float(parts[2, i]),
+                weak=bool(fused[i] < WEAK_BELOW),
             )
             for (sid, a, b), text, i in zip(found, texts, best.tolist())
         ]  # fmt: skip

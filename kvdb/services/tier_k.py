@@ -209,7 +209,8 @@ class TierK:
                 else "archive more sessions first, then run `kvdb codebooks train` again"
             )
             raise InvalidArgument(
-                f"training {preset} codebooks needs at least {needed} archived positions (attention sinks left out), and {used} were read; {advice}"
+                f"training {preset} codebooks needs at least {needed} archived positions (attention sinks left out), "
+                f"and {used} were read; {advice}"
             )
         fisher = (
             dict(zip(quant.KINDS, capture.cache_fisher(loaded.model, contexts)))
@@ -241,7 +242,8 @@ class TierK:
         bare = [f"{kind}@{layer}.{head}" for kind, d in depth.items() for layer, head in np.argwhere(d == 0)]
         if bare:
             raise InvalidArgument(
-                f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; every head needs at least one of keys and of values"
+                f"preset {preset!r} gives {', '.join(bare[:4])}{' ...' if len(bare) > 4 else ''} no stages; "
+                "every head needs at least one of keys and of values"
             )
         return max(
             size for kind in presets.allocation(preset, layers, heads).values() for stage in kind for size in stage

@@ -25,7 +25,8 @@ class TierL:
         self._storage = storage
         self._models = models
         self._recent: tuple[np.ndarray, lmcode.Context] | None = None  # (ids, context) after the last session coded
-        self._decoded: dict = {}  # tokens decoded: a session's first ones by its id, a whole node's by (node id, start, length)
+        # tokens decoded: a session's first ones by its id, a whole node's by (node id, start, length)
+        self._decoded: dict = {}
 
     def encode(self, loaded, ids: np.ndarray, start: int, context=None) -> bytes:
         """Tier L of ids[start:] given the context of ids[:start] (the previous session's, when it

@@ -3,8 +3,8 @@
 Ingest archives the default tiers at the tokenizer's speed and queues, per session, what a
 model's pass makes (``pending_work``): the semantic tier (the embedder's), embedded first, since
 search by meaning covers a session only once it is done; then the log-probabilities of the nodes
-on its path (the language model's: d_T, ``kvdb prefixes``). One pass over a session gives them and its exact cache, which warms the
-prefix cache, so a restore of recent work resumes instead of prefilling. Sessions go newest
+on its path (the language model's: d_T, ``kvdb prefixes``). One pass over a session gives them and its exact
+cache, which warms the prefix cache, so a restore of recent work resumes instead of prefilling. Sessions go newest
 first; caches are kept while the prefix cache has room, so the newest stay warm rather than being
 the first a full cache evicts. The embedder's work goes a group of sessions at a time, their
 chunks embedded in one call (decision 0054); the language model's a session at a time. Each
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 BATCH = 64  # sessions read from the queue at a time
 WARM_SHARE = 0.9  # of the prefix cache's budget: past it, sessions get their log-probabilities and no cache
-# chunks per embedder call: a group of sessions is read, embedded without the archive's lock, then
-# committed a session at a time; one release of the file a group, not one a session (each costs a reconnect, decision 0054)
+# chunks per embedder call: a group of sessions is read, embedded without the archive's lock, then committed
+# a session at a time; one release of the file a group, not one a session (each costs a reconnect, decision 0054)
 GROUP_CHUNKS = 256
 SEMANTIC_ONLY = frozenset({Tier.SEMANTIC})
 NICENESS = 10  # a watcher's background upkeep gives way to the user's own work
@@ -198,7 +198,8 @@ class Upkeep:
             except StaleWrite:  # another writer changed the path meanwhile: read it again
                 continue
         raise StaleWrite(
-            f"{COMMIT_ATTEMPTS} commits of session {row.session_id[:12]}'s semantic tier found another writer's first; run upkeep again"
+            f"{COMMIT_ATTEMPTS} commits of session {row.session_id[:12]}'s semantic tier found another writer's first; "
+            "run upkeep again"
         )
 
     def _node_tokens(self, node: NodeRow) -> np.ndarray:

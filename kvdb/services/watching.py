@@ -242,7 +242,8 @@ def _existing(roots: Iterable[str | Path]) -> list[Path]:
     missing = [str(p) for p in out if not p.exists()]
     if missing:
         raise InvalidArgument(
-            f"nothing to watch at {', '.join(missing)}; give folders or files that exist (or the agent's folder with --from)"
+            f"nothing to watch at {', '.join(missing)}; "
+            "give folders or files that exist (or the agent's folder with --from)"
         )
     return out
 

@@ -87,7 +87,8 @@ def ingest_with_workers(
                 dead = [p for p in processes if p.exitcode not in (None, 0)]
                 if dead:
                     raise WorkerDied(
-                        f"an ingest worker died (exit {dead[0].exitcode}); what it reported is archived, run the command again for the rest"
+                        f"an ingest worker died (exit {dead[0].exitcode}); "
+                        "what it reported is archived, run the command again for the rest"
                     ) from None
                 continue
             if kind == "progress" and progress:

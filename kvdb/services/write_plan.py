@@ -115,7 +115,8 @@ def plan_parts(tokenizer, model_id: str, item: Transcript, context_tokens: int) 
     if item.text is not None and tok.decode(tokenizer, ids) != item.text:
         raise TranscriptError(
             item.source,
-            f"renders to {len(ids):,} tokens, more than the {context_tokens:,} of the model's context, and this tokenizer "
+            f"renders to {len(ids):,} tokens, more than the {context_tokens:,} of the model's context, "
+            "and this tokenizer "
             "does not give its text back exactly, so it cannot be cut into parts; split it into smaller sessions",
         )
     out: list[Planned] = []

@@ -6,12 +6,13 @@ first, when no request has used the model for a moment (``ModelGate``), and inge
 the server's tiers and with the pass generation made over it (``Computed``): the model runs
 again only over what the chat template adds after the reply, so no request waits for it (the
 model is held only for an exchange computed whole: one replayed from the journal, or one kept
-with tier L or K), and the ingest keeps the exchange's exact cache in the prefix cache. Only then is the entry deleted: whenever the
-process dies, an exchange is in the journal, in the archive, or both (archiving it again then
+with tier L or K), and the ingest keeps the exchange's exact cache in the prefix cache. Only then is the entry deleted:
+whenever the process dies, an exchange is in the journal, in the archive, or both (archiving it again then
 finds it archived). An entry that fails for a reason other than the archive refusing it (a
 full disk, say) stays in the journal and is tried again while the server is idle, after 1 s,
-then twice as long each time (up to a minute). On stop it finishes the entry in hand and leaves the rest to the next start. Idle, it does
-the work ingest queues (the semantic tier, the model's pass: ``kvdb upkeep``), a session at a time.
+then twice as long each time (up to a minute). On stop it finishes the entry in hand and leaves the rest to the
+next start. Idle, it does the work ingest queues (the semantic tier, the model's pass: ``kvdb upkeep``), a session
+at a time.
 
 An exchange an upstream server answered (``kvdb serve --upstream``, ``relay.py``) is ingested
 with no computed pass: with the server's tiers and its exact cache where the upstream named the
@@ -127,7 +128,8 @@ class Archiver:
         except Exception:  # the worker outlives one bad entry, which stays in the journal, tried again later
             self._retry[path] = (time.monotonic() + after, min(2 * after, RETRY_AFTER_S[1]))
             log.exception(
-                "archiving journal entry %s failed; it stays in the journal, tried again in %.0f s and at the next start",
+                "archiving journal entry %s failed; it stays in the journal, tried again in %.0f s "
+                "and at the next start",
                 path.name,
                 after,
             )

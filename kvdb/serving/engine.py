@@ -259,7 +259,8 @@ class Engine:
             assert transcript.messages is not None  # a chat transcript holds messages
             messages = list(transcript.messages)
         if ref is None:
-            # a chat of one turn starts a conversation; a longer one sent whole joins the one whose archived session it extends
+            # a chat of one turn starts a conversation; a longer one sent whole joins the one whose archived session it
+            # extends
             opens = request.conversation or (
                 uuid.uuid4().hex if sent is None or not any(m["role"] == "assistant" for m in messages) else None
             )
@@ -302,7 +303,8 @@ class Engine:
         session = archive.session(ref)
         if session.model_id != self._loaded.identity.model_id:
             raise ModelMismatch(
-                f"session {session.session_id[:12]} ({session.name}) was archived with another model than {self.model_name!r}, which this server runs; serve it with that session's --model"
+                f"session {session.session_id[:12]} ({session.name}) was archived with another model than "
+                f"{self.model_name!r}, which this server runs; serve it with that session's --model"
             )
         at = session.n_tokens if at is None else at
         return session, archive.tokens(session.session_id, 0, at), archive.text(session.session_id, 0, at)

@@ -42,7 +42,8 @@ class ModelGate:
         with self._count:
             if self._waiting >= self.size:
                 raise Busy(
-                    f"the model is busy and {self._waiting} requests wait for it already (the queue holds {self.size}); retry later, or start the server with a larger --queue"
+                    f"the model is busy and {self._waiting} requests wait for it already "
+                    f"(the queue holds {self.size}); retry later, or start the server with a larger --queue"
                 )
             self._waiting += 1
         try:
@@ -52,7 +53,8 @@ class ModelGate:
                 self._waiting -= 1
         if not taken:
             raise Busy(
-                f"waited {self.timeout:g} s for the model, which is busy; retry later, or start the server with a larger --queue-timeout"
+                f"waited {self.timeout:g} s for the model, which is busy; "
+                "retry later, or start the server with a larger --queue-timeout"
             )
         if self.closed:
             self._lock.release()

@@ -34,7 +34,8 @@ class Reply:
             self._events.put(("error", exc))
 
     def deltas(self) -> Iterator[Delta]:
-        """The reply's text (and its tokens' log-probabilities, when asked for) as it comes; ``completion`` is set once it ends. Raises what the work raised."""
+        """The reply's text (and its tokens' log-probabilities, when asked for) as it comes; ``completion`` is
+        set once it ends. Raises what the work raised."""
         while self.completion is None:
             kind, value = self._events.get()
             if kind == "error":

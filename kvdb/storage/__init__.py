@@ -28,7 +28,8 @@ def open_storage(
     if is_lake(location):
         if key is not None:
             raise ArchiveKeyError(
-                "a DuckLake archive cannot be encrypted under a key (DuckLake's ENCRYPTED mode keeps each data file's key in its catalog, "
+                "a DuckLake archive cannot be encrypted under a key "
+                "(DuckLake's ENCRYPTED mode keeps each data file's key in its catalog, "
                 "in plain); unset $KVDB_KEY and drop --key-file for a lake, or keep the archive in a file"
             )
         from kvdb.storage.ducklake import DuckLake

@@ -57,16 +57,19 @@ order by p.updated_at desc, p.conversation_id desc, s.created_at, s.session_id
 
 # The whole versions (of the pairs given: whole, first part, the part's end) that a first part is a
 # prefix of: its leaf lies on their path, found by walking up from their leaf no further than the part's end.
-CONTINUED = """
+CONTINUED = (
+    """
 with recursive walk as (
     select p.whole, p.first_part, p.part_end, n.node_id, n.start, n.parent_id
-    from (select unnest(?) as whole, unnest(?) as first_part, unnest(?) as part_end) p join nodes n on n.node_id = p.whole
+    from (select unnest(?) as whole, unnest(?) as first_part, unnest(?) as part_end) p"""
+    """ join nodes n on n.node_id = p.whole
     union all
     select w.whole, w.first_part, w.part_end, n.node_id, n.start, n.parent_id
     from walk w join nodes n on n.node_id = w.parent_id where w.start >= w.part_end
 )
 select distinct whole from walk where node_id = first_part
 """
+)
 
 
 def listed(
@@ -139,7 +142,10 @@ def left(conn, session_ids: list[str]) -> list[Edit]:
     """The rows to delete with these sessions: their membership, and each conversation they empty."""
     query = f"select distinct conversation_id from conversation_sessions where session_id {ANY}"
     touched = [r[0] for r in conn.execute(query, [session_ids]).fetchall()]
-    remaining = f"select distinct conversation_id from conversation_sessions where conversation_id {ANY} and session_id not {ANY}"
+    remaining = (
+        "select distinct conversation_id from conversation_sessions "
+        f"where conversation_id {ANY} and session_id not {ANY}"
+    )
     kept = {r[0] for r in conn.execute(remaining, [touched, session_ids]).fetchall()} if touched else set()
     emptied = [c for c in touched if c not in kept]
     edits: list[Edit] = [Delete("conversation_sessions", "session_id", session_ids)]
@@ -174,7 +180,10 @@ def versions_of(conn, conversation_ids: list[str]) -> dict[str, list[SessionRow]
     """These conversations' sessions, each one's oldest first, through the index on membership."""
     if not conversation_ids:
         return {}
-    query = f"select {SESSION} from conversation_sessions c join sessions s using (session_id) where c.conversation_id {ANY} order by s.created_at, s.session_id"
+    query = (
+        f"select {SESSION} from conversation_sessions c join sessions s using (session_id) "
+        f"where c.conversation_id {ANY} order by s.created_at, s.session_id"
+    )
     out: dict[str, list[SessionRow]] = {}
     for r in conn.execute(query, [list(conversation_ids)]).fetchall():
         out.setdefault(r[7], []).append(session_row(r))
@@ -199,7 +208,8 @@ def _earlier(conn, session: SessionRow, path: list[str]) -> tuple[str | None, st
     membership table in made each session's write scan it whole (decision 0061)."""
     file = not session.source.startswith("<")  # a text or messages given in a call is no file
     query = (
-        "select session_id, list_contains(?, session_id) as on_path, n_tokens, name = ? as same_name, created_at from sessions "
+        "select session_id, list_contains(?, session_id) as on_path, n_tokens, name = ? as same_name, "
+        "created_at from sessions "
         "where source = ? and session_id <> ? and (list_contains(?, session_id) or (? and name = ?))"
     )
     rows = conn.execute(

@@ -141,7 +141,8 @@ class DuckDBFile(Engine):
         ):  # encrypted, its seal file gone or another's
             seal = sealing.seal_path(self.path)
             return ArchiveKeyError(
-                f"{self.path} is encrypted, and {seal.name} beside it is missing or not its own: restore it from where the archive came from"
+                f"{self.path} is encrypted, and {seal.name} beside it is missing or not its own: "
+                "restore it from where the archive came from"
             )
         return ArchiveError(
             f"cannot open archive {self.path}: {message.replace(str(self.path.resolve()), str(self.path))}"
@@ -263,7 +264,8 @@ class DuckDBFile(Engine):
         conn = self.connection()
         conn.execute("checkpoint")
         database, block_size, free_blocks = conn.execute(
-            "select database_name, block_size, free_blocks from pragma_database_size() where database_name = current_database()"
+            "select database_name, block_size, free_blocks from pragma_database_size() "
+            "where database_name = current_database()"
         ).fetchone()  # type: ignore[misc]
         before = self.path.stat().st_size
         if not (forget and int(free_blocks)) and int(free_blocks) * int(block_size) < max(
@@ -282,7 +284,8 @@ class DuckDBFile(Engine):
             message = first_line(exc)
             self.release()  # not to keep the half-made copy attached
             raise ArchiveError(
-                f"gc freed what no session uses, but could not rewrite {self.path} smaller ({message}); the archive is whole, run gc again with more free disk"
+                f"gc freed what no session uses, but could not rewrite {self.path} smaller ({message}); "
+                "the archive is whole, run gc again with more free disk"
             ) from exc
         finally:
             staging.unlink(missing_ok=True)
@@ -378,12 +381,14 @@ def _check_writable(path: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ArchiveReadOnly(
-            f"cannot create the folder {folder} for archive {path} ({exc.strerror}); give --db a path in a folder you can write to"
+            f"cannot create the folder {folder} for archive {path} ({exc.strerror}); "
+            "give --db a path in a folder you can write to"
         ) from None
     fix = "make it writable, or move the archive; commands that only read (sessions, search, show, mcp) still work"
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ArchiveReadOnly(
-            f"archive {path} is in a folder this process cannot write to ({folder}: DuckDB writes its log {path.name}.wal there); {fix}"
+            f"archive {path} is in a folder this process cannot write to "
+            f"({folder}: DuckDB writes its log {path.name}.wal there); {fix}"
         )
     if path.exists() and not os.access(path, os.W_OK):
         raise ArchiveReadOnly(f"archive {path} is read-only to this process; {fix}")

@@ -80,7 +80,8 @@ class DuckLake(Engine):
         catalog remembers it."""
         if not location.startswith(CATALOG_PREFIX):
             raise ArchiveError(
-                f"kvdb keeps a lake's catalog in PostgreSQL: give --db as {CATALOG_PREFIX}<libpq conninfo>, not {_without_password(location)}"
+                f"kvdb keeps a lake's catalog in PostgreSQL: give --db as {CATALOG_PREFIX}<libpq conninfo>, "
+                f"not {_without_password(location)}"
             )
         self.location = location
         self.data_path = None if data_path is None else str(data_path)
@@ -142,7 +143,8 @@ class DuckLake(Engine):
         if "Unable to connect to Postgres" in message:
             reason = message.split('": ', 1)[-1].strip().splitlines()[0]
             return ArchiveError(
-                f"cannot reach the catalog of {where}: {_without_password(reason)}; start PostgreSQL, or check the conninfo in --db"
+                f"cannot reach the catalog of {where}: {_without_password(reason)}; "
+                "start PostgreSQL, or check the conninfo in --db"
             )
         return ArchiveError(f"cannot open archive {where}: {_without_password(message.strip().splitlines()[0])}")
 
@@ -157,11 +159,13 @@ class DuckLake(Engine):
             )
         if ".parquet" in message:
             return CorruptData(
-                f"a data file of {self.describe()} cannot be read ({first_line(exc)}); `kvdb verify` names the damaged files"
+                f"a data file of {self.describe()} cannot be read ({first_line(exc)}); "
+                "`kvdb verify` names the damaged files"
             )
         if any(sign in message for sign in LOST_CATALOG) or (ABORTED in message and not self._catalog_answers()):
             return ArchiveError(
-                f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); the transaction in progress was "
+                f"lost the catalog of {self.describe()} (PostgreSQL is down or unreachable); "
+                "the transaction in progress was "
                 "not half-written: run the command again when it is back (it finds what was committed)"
             )
         return None
@@ -210,7 +214,9 @@ class DuckLake(Engine):
                 self._catalog = None
                 if attempt == 2 or not isinstance(exc, psycopg.OperationalError):
                     raise ArchiveError(
-                        f"cannot reach the catalog of {self.describe()}: {_without_password(str(exc).strip().splitlines()[0])}; start PostgreSQL, or check the conninfo in --db"
+                        f"cannot reach the catalog of {self.describe()}: "
+                        f"{_without_password(str(exc).strip().splitlines()[0])}; "
+                        "start PostgreSQL, or check the conninfo in --db"
                     ) from exc
 
     def claim(self, key: str, owner: str, lease_seconds: float, steal_from: str | None = None) -> str | None:
@@ -255,7 +261,8 @@ class DuckLake(Engine):
         conn = self.connection()
         for table in [*edits.TABLES, *OWN_TABLES]:
             listed = conn.execute(
-                f"select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes from ducklake_list_files('{ALIAS}', '{table}')"
+                "select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes "
+                f"from ducklake_list_files('{ALIAS}', '{table}')"
             ).fetchall()
             for data_file, data_size, delete_file, delete_size in listed:
                 problems += [
@@ -345,7 +352,9 @@ class DuckLake(Engine):
         ``LAKE_UPGRADES``; any other change needs an upgrade written here."""
         if self.read_only:
             raise ArchiveError(
-                f"{self.describe()} has schema revision {found}; open it once with a command that writes (`kvdb ingest`, `kvdb repair`) to upgrade it to {REVISION}"
+                f"{self.describe()} has schema revision {found}; "
+                "open it once with a command that writes (`kvdb ingest`, `kvdb repair`) "
+                f"to upgrade it to {REVISION}"
             )
         added = tuple(name for since, names in LAKE_UPGRADES.items() if since >= found for name in names)
         with transaction(self.connection()) as conn:

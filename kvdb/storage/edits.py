@@ -133,7 +133,8 @@ def token_rows(node_id: str, stream: Stream, tokens: np.ndarray, logprobs: np.nd
     ``logprobs`` None: the model has not scored them yet (``pending_work`` says who will)."""
     if not stream.n_tokens == len(tokens) == (len(tokens) if logprobs is None else len(logprobs)):
         raise ValueError(
-            f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} (with {len(logprobs or ())} log-probabilities)"
+            f"node {node_id} holds {stream.n_tokens} tokens, not {len(tokens)} "
+            f"(with {len(logprobs or ())} log-probabilities)"
         )
     blocks = fractal.encode_blocks(tokens, stream.alphabet, stream.block_size)
     rows: list[Edit] = [

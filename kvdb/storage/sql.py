@@ -54,7 +54,8 @@ from kvdb.storage.sql_rows import (
 STREAM_ROW_BYTES = 12  # alphabet, block_size and n_tokens of a token_streams row, counted in its tier
 SMALL_BLOB = 4096  # codebook blobs listed whole: references to shipped codebooks (trained ones are MBs)
 CHUNK_ROW_BYTES = 56  # a chunk's node id (32 hex chars), number, span and embedder reference, beside its vector
-NODE_ROW_BYTES = 192  # node, parent and model ids (32 hex chars each), four integers and the child key (~80 chars), counted as metadata
+# node, parent and model ids (32 hex chars each), four integers and the child key (~80 chars), counted as metadata
+NODE_ROW_BYTES = 192
 FETCH_ROWS = 256  # rows a streamed read holds at once
 # What each tier's stored blobs are: table, owner column, part column, data column, order.
 BLOBS = {
@@ -221,7 +222,8 @@ class Storage:
         return sorted({r[0] for r in self._rows("select tokenizer_hash from models")})
 
     def codebooks_for(self, model_id: str, preset: str | None = None) -> tuple[str, bytes] | None:
-        """The newest codebook set stored for a model (of one preset spec, if named): (codebook_id, serialized codebooks)."""
+        """The newest codebook set stored for a model (of one preset spec, if named): (codebook_id, serialized
+        codebooks)."""
         among, args = ("", [model_id]) if preset is None else (" and preset = ?", [model_id, preset])
         rows = self._rows(
             f"select codebook_id, data from codebooks where model_id = ?{among} order by created_at desc limit 1", args
@@ -252,7 +254,8 @@ class Storage:
     def codebook_rows(self) -> list[CodebookRow]:
         """Every codebook set, oldest first."""
         query = (
-            "select codebook_id, model_id, preset, created_at, octet_length(data), case when octet_length(data) <= ? then data end "
+            "select codebook_id, model_id, preset, created_at, octet_length(data), "
+            "case when octet_length(data) <= ? then data end "
             "from codebooks order by created_at, codebook_id"
         )
         return [CodebookRow(*row) for row in self._rows(query, [SMALL_BLOB])]
@@ -275,7 +278,10 @@ class Storage:
         made a row object each, 50k of them in a whole history, for every delete."""
         if not files:
             return []
-        query = f"select {SESSION} from {SESSIONS} where regexp_replace(source, '{base.RECORD_LINE}', '') {ANY} order by created_at, session_id"
+        query = (
+            f"select {SESSION} from {SESSIONS} where regexp_replace(source, '{base.RECORD_LINE}', '') {ANY} "
+            "order by created_at, session_id"
+        )
         return [session_row(r) for r in self._rows(query, [list(files)])]
 
     def conversation_sessions(self, conversation_id: str) -> list[SessionRow]:
@@ -448,7 +454,8 @@ class Storage:
             return {}
         query = (
             "select b.node_id, b.block_no, b.data from token_blocks b "
-            "join (select unnest(?) as node_id, unnest(?) as block_no) w on b.node_id = w.node_id and b.block_no = w.block_no"
+            "join (select unnest(?) as node_id, unnest(?) as block_no) w "
+            "on b.node_id = w.node_id and b.block_no = w.block_no"
         )
         rows = self._rows(query, [[w[0] for w in wanted], [int(w[1]) for w in wanted]])
         return {(r[0], int(r[1])): r[2] for r in rows}
@@ -484,8 +491,14 @@ class Storage:
         by when their conversation was last said (a backfill archives a year of logs in minutes),
         then by when they were archived."""
         queued = "(select session_id from pending_work where work = ?)"
-        said = "(select c.said_at from conversations c where c.conversation_id = coalesce(conversation_sessions.conversation_id, sessions.session_id))"
-        query = f"select {SESSION} from {SESSIONS} where session_id in {queued} order by {said} desc nulls last, created_at desc, session_id limit ?"
+        said = (
+            "(select c.said_at from conversations c "
+            "where c.conversation_id = coalesce(conversation_sessions.conversation_id, sessions.session_id))"
+        )
+        query = (
+            f"select {SESSION} from {SESSIONS} where session_id in {queued} "
+            f"order by {said} desc nulls last, created_at desc, session_id limit ?"
+        )
         return [session_row(r) for r in self._rows(query, [work, limit])]
 
     def queued(self, work: str) -> list[str]:
@@ -496,14 +509,20 @@ class Storage:
 
     def pending_counts(self) -> dict[str, tuple[int, int]]:
         """Queued work by kind: (sessions, their tokens)."""
-        query = "select p.work, count(*), coalesce(sum(s.n_tokens), 0) from pending_work p join sessions s on s.session_id = p.session_id group by p.work"
+        query = (
+            "select p.work, count(*), coalesce(sum(s.n_tokens), 0) "
+            "from pending_work p join sessions s on s.session_id = p.session_id group by p.work"
+        )
         return {r[0]: (int(r[1]), int(r[2])) for r in self._rows(query)}
 
     def logprob_lengths(self) -> dict[str, int]:
         return {r[0]: int(r[1]) // 4 for r in self._rows("select node_id, octet_length(logprobs) from node_logprobs")}
 
     def max_alphabet(self, model_ids: list[str]) -> int:
-        query = f"select coalesce(max(s.alphabet), 0) from token_streams s join nodes n on n.node_id = s.node_id where n.model_id {ANY}"
+        query = (
+            "select coalesce(max(s.alphabet), 0) from token_streams s join nodes n on n.node_id = s.node_id "
+            f"where n.model_id {ANY}"
+        )
         return int(self._value(query, [list(model_ids)]))
 
     def node_lm_payload(self, node_id: str) -> bytes | None:
@@ -517,7 +536,10 @@ class Storage:
         """Chunks by ``embedder`` per node some session still uses: a copy of the index that
         holds as many for each node is up to date (a node's rows are only added, deleted, or
         moved to a new node by a split)."""
-        query = "select c.node_id, count(*) from node_chunks c join nodes n on n.node_id = c.node_id where c.embedder = ? and n.refcount > 0 group by c.node_id"
+        query = (
+            "select c.node_id, count(*) from node_chunks c join nodes n on n.node_id = c.node_id "
+            "where c.embedder = ? and n.refcount > 0 group by c.node_id"
+        )
         return dict(self._rows(query, [embedder]))
 
     def chunks_of(self, embedder: str, node_ids: list[str] | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -564,7 +586,8 @@ class Storage:
     def slot_runs(self, index_key: str) -> list[tuple[str, int, int, int]]:
         """(node_id, first_slot, n_tokens, node start) of every live node in an index."""
         query = (
-            "select r.node_id, r.first_slot, r.n_tokens, n.start from search_ranges r join nodes n on n.node_id = r.node_id "
+            "select r.node_id, r.first_slot, r.n_tokens, n.start "
+            "from search_ranges r join nodes n on n.node_id = r.node_id "
             "where r.index_key = ? and n.refcount > 0"
         )
         return [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in self._rows(query, [index_key])]
@@ -575,7 +598,10 @@ class Storage:
         The part is the block number for "tokens", the alphabet the block was coded for for
         "kv", and 0 for "lm" and "codebooks"."""
         table, owner, part, data, order = BLOBS[tier]
-        numbered = f"select {owner} as owner, {part} as part, {data} as data, row_number() over (order by {order}) as n from {table}"
+        numbered = (
+            f"select {owner} as owner, {part} as part, {data} as data, "
+            f"row_number() over (order by {order}) as n from {table}"
+        )
         with self._read() as conn:
             every = 1
             if sample is not None:
@@ -634,10 +660,14 @@ class Storage:
 
         query = (
             "select (select count(*) from sessions), (select coalesce(sum(n_tokens), 0) from sessions), "
-            "(select coalesce(sum(strlen(metadata) + strlen(name) + strlen(source)), 0) from sessions), "  # strlen: UTF-8 bytes
-            "(select count(*) from token_streams), (select coalesce(sum(n_tokens), 0) from token_streams), (select count(*) from nodes), "
-            f"{total('token_blocks', 'data')}, {total('node_logprobs', 'logprobs')}, {total('node_lm', 'payload')}, {total('node_kv', 'data')}, "
-            f"{total('codebooks', 'data')}, (select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv)), "
+            # strlen: UTF-8 bytes
+            "(select coalesce(sum(strlen(metadata) + strlen(name) + strlen(source)), 0) from sessions), "
+            "(select count(*) from token_streams), (select coalesce(sum(n_tokens), 0) from token_streams), "
+            "(select count(*) from nodes), "
+            f"{total('token_blocks', 'data')}, {total('node_logprobs', 'logprobs')}, "
+            f"{total('node_lm', 'payload')}, {total('node_kv', 'data')}, "
+            f"{total('codebooks', 'data')}, "
+            "(select coalesce(sum(n_tokens), 0) from nodes where node_id in (select node_id from node_kv)), "
             f"{total('node_chunks', 'vector')} + {CHUNK_ROW_BYTES} * (select count(*) from node_chunks)"
         )
         sessions, tokens, text, streams, stored, nodes, blocks, logprobs, lm, kv, books, kv_tokens, semantic = (

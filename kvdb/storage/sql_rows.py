@@ -32,7 +32,8 @@ def path_rows(conn, node_id: str) -> list[NodeRow]:
     """The nodes from the root down to ``node_id``, by a recursive walk up."""
     query = (
         f"with recursive path as (select {NODE} from nodes where node_id = ? "
-        f"union all select {', '.join('n.' + c for c in NODE.split(', '))} from nodes n join path on n.node_id = path.parent_id) "
+        f"union all select {', '.join('n.' + c for c in NODE.split(', '))} "
+        "from nodes n join path on n.node_id = path.parent_id) "
         f"select {NODE} from path order by start"
     )
     return [node_row(r) for r in conn.execute(query, [node_id]).fetchall()]

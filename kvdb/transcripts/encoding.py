@@ -99,7 +99,8 @@ def transcoding_error(error: UnicodeDecodeError, shown: str) -> TranscriptError:
     """A UTF-16/32 file (it has the mark) whose bytes are not valid in it."""
     return TranscriptError(
         shown,
-        f"the file starts with a {error.encoding.upper()} byte order mark, but is not valid {error.encoding.upper()}: {error.reason}",
+        f"the file starts with a {error.encoding.upper()} byte order mark, "
+        f"but is not valid {error.encoding.upper()}: {error.reason}",
     )
 
 
@@ -122,8 +123,9 @@ def _refuse_nul(data: bytes, shown: str, first_line: int, first_byte: int) -> No
     if wide:
         raise TranscriptError(
             shown,
-            f"this looks like {wide} text without a byte order mark; kvdb reads UTF-8, or UTF-16/UTF-32 that starts with a "
-            f"byte order mark. Convert it with: iconv -f {wide} -t UTF-8 {_quoted(shown)} > converted{_suffix(shown)}",
+            f"this looks like {wide} text without a byte order mark; kvdb reads UTF-8, or UTF-16/UTF-32 that "
+            "starts with a byte order mark. "
+            f"Convert it with: iconv -f {wide} -t UTF-8 {_quoted(shown)} > converted{_suffix(shown)}",
             line,
         )
     raise TranscriptError(shown, f"binary file (NUL byte at byte {first_byte + nul}), not a transcript", line)
@@ -157,7 +159,10 @@ def _likely_encoding(data: bytes, shown: str) -> str:
         data.decode("cp1252" if name == "WINDOWS-1252" else "latin-1")
     except UnicodeDecodeError:
         return ""
-    return f"; the file is not UTF-8 and looks like {name} text. Convert it with: iconv -f {name} -t UTF-8 {_quoted(shown)} > converted{_suffix(shown)}"
+    return (
+        f"; the file is not UTF-8 and looks like {name} text. "
+        f"Convert it with: iconv -f {name} -t UTF-8 {_quoted(shown)} > converted{_suffix(shown)}"
+    )
 
 
 def _has_utf8_sequence(data: bytes) -> bool:

@@ -225,7 +225,8 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
         if skipped:
             raise TranscriptError(
                 shown,
-                f"no line holds a record kvdb reads ({len(skipped)} skipped; the first, line {skipped[0]['line']}: {skipped[0]['reason']})",
+                f"no line holds a record kvdb reads ({len(skipped)} skipped; "
+                f"the first, line {skipped[0]['line']}: {skipped[0]['reason']})",
             )
         raise EmptyTranscript(shown, "empty transcript")
     if log is not None:

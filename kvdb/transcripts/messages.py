@@ -188,7 +188,8 @@ class Conversation:
     def _normalise(self, message) -> list[dict]:
         if not isinstance(message, dict):
             raise Invalid(
-                f'expected a message object with "role" and "content" (or ShareGPT "from" and "value"), got {kind(message)}'
+                'expected a message object with "role" and "content" (or ShareGPT "from" and "value"), '
+                f"got {kind(message)}"
             )
         item_type = message.get("type")
         if "role" in message:
@@ -217,7 +218,8 @@ class Conversation:
         if item_type in HOSTED_CALLS:
             return [{"role": "assistant", "content": placeholder(item_type.replace("_", " "), self.dropped)}]
         raise Invalid(
-            'expected a message object with "role" and "content" (or ShareGPT "from" and "value", or a Responses API item), '
+            'expected a message object with "role" and "content" (or ShareGPT "from" and "value", '
+            "or a Responses API item), "
             f"got an object with keys {', '.join(sorted(map(str, message))) or 'none'}",
             message,
         )
@@ -336,7 +338,8 @@ class Conversation:
         if part_type in ("text", "tool_call"):  # a call that is no JSON {"name", ...} stays the text it is
             return text
         raise Invalid(
-            f'unknown part type {part_type!r} of a {{"type", "value"}} part; known: text, reasoning, tool_call, {", ".join(VALUE_MEDIA)}',
+            f'unknown part type {part_type!r} of a {{"type", "value"}} part; '
+            f"known: text, reasoning, tool_call, {', '.join(VALUE_MEDIA)}",
             part,
         )
 

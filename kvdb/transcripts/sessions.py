@@ -121,7 +121,8 @@ def add_system(conversation: Conversation, system, key: str, owner) -> None:
 
 
 def session_name(obj: dict, default: str) -> str:
-    """The "name" (or a "title"), else the "id" (or LMSYS "conversation_id"), else ``default``; null counts as absent."""
+    """The "name" (or a "title"), else the "id" (or LMSYS "conversation_id"), else ``default``; null counts as
+    absent."""
     name = obj.get("name", obj.get("title"))
     session_id = obj.get("id", obj.get("conversation_id"))
     valid_id = isinstance(session_id, (str, int)) and not isinstance(session_id, bool) and session_id != ""

@@ -105,4 +105,7 @@ def unknown_shape(obj) -> str:
         if missing
         else "whose keys it has, but not in the shape that tool writes them"
     )
-    return f"an object with keys {shown} is no session of any format kvdb reads; the closest is {closest.name} ({closest.reads}), {lacks}"
+    return (
+        f"an object with keys {shown} is no session of any format kvdb reads; "
+        f"the closest is {closest.name} ({closest.reads}), {lacks}"
+    )

@@ -36,9 +36,13 @@ MEDIA = {
 
 class AIStudio(Format):
     name = "ai-studio"
-    reads = 'Google AI Studio chats saved to Drive: {"runSettings", "systemInstruction", "chunkedPrompt": {"chunks": [{"role", "text"}]}}'
+    reads = (
+        "Google AI Studio chats saved to Drive: "
+        '{"runSettings", "systemInstruction", "chunkedPrompt": {"chunks": [{"role", "text"}]}}'
+    )
     example = (
-        '{"runSettings": {"model": "models/gemini-2.5-pro"}, "systemInstruction": {"text": "Be brief."}, "chunkedPrompt": {"chunks": [\n'
+        '{"runSettings": {"model": "models/gemini-2.5-pro"}, "systemInstruction": {"text": "Be brief."}, '
+        '"chunkedPrompt": {"chunks": [\n'
         '  {"role": "user", "text": "Hi"},\n'
         '  {"role": "model", "text": "The user greets me.", "isThought": true},\n'
         '  {"role": "model", "text": "Hello!"}], "pendingInputs": [{"role": "user", "text": ""}]}}\n'

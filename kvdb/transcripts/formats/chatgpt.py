@@ -15,11 +15,16 @@ from kvdb.transcripts.stamps import said
 
 class ChatGPT(Format):
     name = "chatgpt"
-    reads = 'the ChatGPT data export\'s conversations.json: [{"title", "mapping": {id: {"message", "parent", "children"}}, "current_node"}]'
+    reads = (
+        "the ChatGPT data export's conversations.json: "
+        '[{"title", "mapping": {id: {"message", "parent", "children"}}, "current_node"}]'
+    )
     example = (
         '[{"title": "Greeting", "current_node": "b", "mapping": {\n'
-        '  "a": {"id": "a", "parent": null, "children": ["b"], "message": {"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["Hi"]}}},\n'
-        '  "b": {"id": "b", "parent": "a", "children": [], "message": {"author": {"role": "assistant"}, "content": {"content_type": "text", "parts": ["Hello!"]}}}}}]\n'
+        '  "a": {"id": "a", "parent": null, "children": ["b"], '
+        '"message": {"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["Hi"]}}},\n'
+        '  "b": {"id": "b", "parent": "a", "children": [], '
+        '"message": {"author": {"role": "assistant"}, "content": {"content_type": "text", "parts": ["Hello!"]}}}}}]\n'
     )
     marks = ("title", "mapping", "current_node", "create_time")
 

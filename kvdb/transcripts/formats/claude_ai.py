@@ -23,11 +23,16 @@ NO_TEXT = ("token_budget",)  # blocks that hold no text of the conversation (a c
 
 class ClaudeAi(Format):
     name = "claude-ai"
-    reads = 'the Claude.ai data export\'s conversations.json: [{"uuid", "name", "chat_messages": [{"sender", "text", "content"}]}]'
+    reads = (
+        "the Claude.ai data export's conversations.json: "
+        '[{"uuid", "name", "chat_messages": [{"sender", "text", "content"}]}]'
+    )
     example = (
         '[{"uuid": "c1", "name": "Greeting", "summary": "", "chat_messages": [\n'
-        '  {"uuid": "m1", "sender": "human", "text": "Hi", "content": [{"type": "text", "text": "Hi"}], "attachments": [], "files": []},\n'
-        '  {"uuid": "m2", "sender": "assistant", "text": "Hello!", "content": [{"type": "text", "text": "Hello!"}], "attachments": [], "files": []}]}]\n'
+        '  {"uuid": "m1", "sender": "human", "text": "Hi", "content": [{"type": "text", "text": "Hi"}], '
+        '"attachments": [], "files": []},\n'
+        '  {"uuid": "m2", "sender": "assistant", "text": "Hello!", "content": [{"type": "text", "text": "Hello!"}], '
+        '"attachments": [], "files": []}]}]\n'
     )
     marks = ("uuid", "name", "chat_messages", "account")
 

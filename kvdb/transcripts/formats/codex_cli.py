@@ -42,20 +42,27 @@ NO_TEXT_ITEMS = ("ghost_snapshot",)
 # what the keys of an event's text end with (the rest are identifiers, settings, paths, counts and images)
 TEXT_KEYS = (
     "text", "message", "output", "instructions", "prompt", "body", "explanation", "snippet",
-    "query", "queries", "reason", "hint", "objective", "title", "note", "content", "stdout", "stderr", "err", "error", "diff",
+    "query", "queries", "reason", "hint", "objective", "title", "note", "content", "stdout", "stderr",
+    "err", "error", "diff",
 )  # fmt: skip
 
 
 class CodexCli(Format):
     name = "codex-cli"
-    reads = "Codex CLI rollouts (~/.codex/sessions/.../rollout-*.jsonl): {timestamp, type, payload} lines of Responses items and events"
+    reads = (
+        "Codex CLI rollouts (~/.codex/sessions/.../rollout-*.jsonl): "
+        "{timestamp, type, payload} lines of Responses items and events"
+    )
     suffix = ".jsonl"
     example = (
-        '{"timestamp": "2025-09-19T09:02:12Z", "type": "session_meta", "payload": {"id": "0199", "cwd": "/repo", "instructions": null}}\n'
+        '{"timestamp": "2025-09-19T09:02:12Z", "type": "session_meta", '
+        '"payload": {"id": "0199", "cwd": "/repo", "instructions": null}}\n'
         '{"timestamp": "2025-09-19T09:02:13Z", "type": "response_item", "payload": {"type": "message", "role": "user", '
         '"content": [{"type": "input_text", "text": "List the files"}]}}\n'
-        '{"timestamp": "2025-09-19T09:02:14Z", "type": "event_msg", "payload": {"type": "agent_message", "message": "Two files."}}\n'
-        '{"timestamp": "2025-09-19T09:02:14Z", "type": "response_item", "payload": {"type": "message", "role": "assistant", '
+        '{"timestamp": "2025-09-19T09:02:14Z", "type": "event_msg", '
+        '"payload": {"type": "agent_message", "message": "Two files."}}\n'
+        '{"timestamp": "2025-09-19T09:02:14Z", "type": "response_item", '
+        '"payload": {"type": "message", "role": "assistant", '
         '"content": [{"type": "output_text", "text": "Two files."}]}}\n'
     )
     marks = ("timestamp", "type", "payload")

@@ -87,10 +87,14 @@ def _content(record) -> bool:
 
 class GeminiCli(Format):
     name = "gemini-cli"
-    reads = "Gemini CLI sessions (~/.gemini/tmp/PROJECT/chats/session-*.jsonl or .json), /chat save checkpoints and logs.json"
+    reads = (
+        "Gemini CLI sessions (~/.gemini/tmp/PROJECT/chats/session-*.jsonl or .json), "
+        "/chat save checkpoints and logs.json"
+    )
     suffix = ".jsonl"
     example = (
-        '{"sessionId": "5e1b", "projectHash": "9da8", "startTime": "2026-04-23T12:52:52Z", "lastUpdated": "2026-04-23T12:52:52Z"}\n'
+        '{"sessionId": "5e1b", "projectHash": "9da8", "startTime": "2026-04-23T12:52:52Z", '
+        '"lastUpdated": "2026-04-23T12:52:52Z"}\n'
         '{"id": "m1", "timestamp": "2026-04-23T12:53:05Z", "type": "user", "content": [{"text": "Say hello"}]}\n'
         '{"id": "m2", "timestamp": "2026-04-23T12:53:11Z", "type": "gemini", "content": "Hello!", '
         '"thoughts": [{"subject": "Greeting", "description": "A short reply will do."}]}\n'
@@ -183,7 +187,8 @@ class GeminiLog(Log):
                 else kind(record)
             )
             raise Invalid(
-                f"expected a Gemini CLI record (a message with id, type and content, a $set or $rewindTo, a header), got {shown}"
+                "expected a Gemini CLI record (a message with id, type and content, a $set or $rewindTo, a header), "
+                f"got {shown}"
             )
 
     def _patch(self, record: dict) -> None:
@@ -265,7 +270,8 @@ class GeminiLog(Log):
         for index, content in enumerate(contents):
             if not _content(content):
                 raise Invalid(
-                    f"{'clientHistory' if restore else 'history'}[{index}]: expected a Content object {{role: user|model, parts}}, got {kind(content)}",
+                    f"{'clientHistory' if restore else 'history'}[{index}]: "
+                    f"expected a Content object {{role: user|model, parts}}, got {kind(content)}",
                     obj,
                 )
         extra = {"id": obj["messageId"]} if isinstance(obj.get("messageId"), str) else {}

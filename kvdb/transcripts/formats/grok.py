@@ -35,7 +35,10 @@ def _conversation_item(obj) -> bool:
 
 class Grok(Format):
     name = "grok"
-    reads = 'the Grok data export (prod-grok-backend.json): {"conversations": [{"conversation": {"title"}, "responses": [{"response": {"message", "sender"}}]}]}'
+    reads = (
+        "the Grok data export (prod-grok-backend.json): "
+        '{"conversations": [{"conversation": {"title"}, "responses": [{"response": {"message", "sender"}}]}]}'
+    )
     example = (
         '{"conversations": [{"conversation": {"id": "c1", "title": "Greeting"}, "responses": [\n'
         '  {"response": {"_id": "r1", "message": "Hi", "sender": "human", "parent_response_id": null}},\n'

@@ -11,7 +11,10 @@ class LMSYS(Format):
     name = "lmsys"
     reads = 'LMSYS-Chat-1M rows: {"conversation_id", "conversation": [{"role", "content"}, ...]}'
     suffix = ".jsonl"
-    example = '{"conversation_id": "33f01b2c", "model": "vicuna-13b", "conversation": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n'
+    example = (
+        '{"conversation_id": "33f01b2c", "model": "vicuna-13b", '
+        '"conversation": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n'
+    )
     marks = ("conversation",)
 
     def claims(self, obj) -> bool:

@@ -50,9 +50,16 @@ class MessageLog(Log):
 
 class Messages(Format):
     name = "messages"
-    reads = 'OpenAI Chat Completions or Anthropic Messages: {"messages": [...]} objects, a list of messages, or one message per line'
+    reads = (
+        'OpenAI Chat Completions or Anthropic Messages: {"messages": [...]} objects, a list of messages, '
+        "or one message per line"
+    )
     suffix = ".jsonl"
-    example = '{"role": "system", "content": "You are terse."}\n{"role": "user", "content": "Capital of France?"}\n{"role": "assistant", "content": "Paris."}\n'
+    example = (
+        '{"role": "system", "content": "You are terse."}\n'
+        '{"role": "user", "content": "Capital of France?"}\n'
+        '{"role": "assistant", "content": "Paris."}\n'
+    )
     marks = ("messages", "tools", "chosen_messages", "rejected_messages")
 
     def claims(self, obj) -> bool:

@@ -23,9 +23,13 @@ DEFAULT_TITLE = "New Chat"  # what the app calls a chat it has not titled
 
 class OpenWebUI(Format):
     name = "open-webui"
-    reads = 'Open WebUI chat exports: {"title", "chat": {"history": {"messages": {id: {"parentId", "role", "content"}}, "currentId"}}}, or a list'
+    reads = (
+        'Open WebUI chat exports: {"title", "chat": {"history": {"messages": {id: {"parentId", "role", "content"}}, '
+        '"currentId"}}}, or a list'
+    )
     example = (
-        '[{"id": "c1", "title": "Greeting", "chat": {"id": "", "title": "Greeting", "history": {"currentId": "b", "messages": {\n'
+        '[{"id": "c1", "title": "Greeting", "chat": {"id": "", "title": "Greeting", '
+        '"history": {"currentId": "b", "messages": {\n'
         '  "a": {"id": "a", "parentId": null, "childrenIds": ["b"], "role": "user", "content": "Hi"},\n'
         '  "b": {"id": "b", "parentId": "a", "childrenIds": [], "role": "assistant", "content": "Hello!"}}}}}]\n'
     )

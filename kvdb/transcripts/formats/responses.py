@@ -20,7 +20,8 @@ class Responses(Format):
     name = "openai-responses"
     reads = 'OpenAI Responses API requests and responses: {"instructions", "input": [...], "output": [...]}'
     example = (
-        '{"instructions": "Be brief.", "input": [{"role": "user", "content": [{"type": "input_text", "text": "2+2?"}]}],\n'
+        '{"instructions": "Be brief.", '
+        '"input": [{"role": "user", "content": [{"type": "input_text", "text": "2+2?"}]}],\n'
         ' "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]}\n'
     )
     marks = ("input", "output")

@@ -22,7 +22,10 @@ from kvdb.transcripts.sessions import (
 
 class ShareGPT(Format):
     name = "sharegpt"
-    reads = 'ShareGPT datasets: {"conversations": [{"from": "human", "value": ...}, ...]}, one per line or a list (with LLaMA-Factory\'s "tools", "images", "chosen"/"rejected")'
+    reads = (
+        'ShareGPT datasets: {"conversations": [{"from": "human", "value": ...}, ...]}, one per line or a list '
+        '(with LLaMA-Factory\'s "tools", "images", "chosen"/"rejected")'
+    )
     suffix = ".jsonl"
     example = '{"id": "q1", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]}\n'
     marks = ("conversations", "chosen", "rejected", "tools")

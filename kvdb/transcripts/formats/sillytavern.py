@@ -27,7 +27,10 @@ HUMANIZED = re.compile(
 
 class SillyTavern(Format):
     name = "sillytavern"
-    reads = 'SillyTavern chats (*.jsonl): a header {"user_name", "character_name", "chat_metadata"}, then {"name", "is_user", "mes", "swipes"} a line'
+    reads = (
+        'SillyTavern chats (*.jsonl): a header {"user_name", "character_name", "chat_metadata"}, '
+        'then {"name", "is_user", "mes", "swipes"} a line'
+    )
     suffix = ".jsonl"
     example = (
         '{"user_name": "User", "character_name": "Aqua", "create_date": "2025-03-01@10h15m02s", "chat_metadata": {}}\n'
@@ -71,7 +74,8 @@ class ChatLog(Log):
         if not _is_message(record):
             if self._lines or self._headed or not _header(record):  # a header opens the file, once
                 raise Invalid(
-                    f'expected a message with "mes" and "is_user", got an object with keys {", ".join(sorted(map(str, record)))}',
+                    'expected a message with "mes" and "is_user", '
+                    f"got an object with keys {', '.join(sorted(map(str, record)))}",
                     record,
                 )
             self._headed = True
