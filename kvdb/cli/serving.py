@@ -171,10 +171,10 @@ def mcp(ctx, allow_continue, embedder, model):
     search (by phrase or meaning; filters by session, agent, project folder and days), show (a
     conversation, paged), sessions (recent first), and with --allow-continue, continue (restore
     a conversation at a position and ask the model). The archive is opened read-only."""
-    from kvdb.mcp import build, over  # the SDK is imported by this command alone
+    from kvdb.mcp import build, make_call  # the SDK is imported by this command alone
 
     archive = open_archive(ctx, model, read_only=True, embedder=embedder)
     # Ctrl-C (and an agent's SIGINT) would wait for the SDK's stdin reader thread, that is, for
     # stdin to close. Nothing is left half-done by leaving at once: the archive is read-only.
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
-    build(over(archive), archive.model_name if allow_continue else None).run("stdio")
+    build(make_call(archive), archive.model_name if allow_continue else None).run("stdio")

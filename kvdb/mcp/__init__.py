@@ -2,6 +2,6 @@
 ``mcp`` SDK). Import name ``kvdb.mcp``; it parses, calls the library, and formats, as the CLI
 and the HTTP server do: its results are the records' ``to_dict()``."""
 
-from kvdb.mcp.tools import build, over
+from kvdb.mcp.tools import build, make_call
 
-__all__ = ["build", "over"]
+__all__ = ["build", "make_call"]

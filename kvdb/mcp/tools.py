@@ -34,7 +34,7 @@ INSTRUCTIONS = (
 Call = Callable[[Callable[[kvdb.Archive], Any]], Any]  # runs a read on the archive, returns its result
 
 
-def over(archive: kvdb.Archive) -> Call:
+def make_call(archive: kvdb.Archive) -> Call:
     """Reads on an archive this process opened (read-only): the file let go after each, so that a
     writer (`kvdb watch`) is not kept out between calls."""
 
@@ -49,7 +49,7 @@ def over(archive: kvdb.Archive) -> Call:
 
 
 def build(call: Call, model_name: str | None = None) -> MCPServer:
-    """An MCP server whose tools read the archive through ``call`` (``over(archive)``, or `kvdb
+    """An MCP server whose tools read the archive through ``call`` (``make_call(archive)``, or `kvdb
     serve`'s archive thread); with ``model_name``, the `continue` tool too, run by that model."""
     server = _Server("kvdb", instructions=INSTRUCTIONS)
 

@@ -70,7 +70,7 @@ class Conversations:
         """A conversation (named by any of its versions, its id or its title) and its versions."""
         rows = self._rows(ref)
         shared = self._sharing(rows)
-        versions, followed, continued = [], _followed(rows), _continued(rows, shared)
+        versions, followed, continued = [], _find_followed(rows), _continued(rows, shared)
         for i, row in enumerate(rows):
             leaf = (
                 row.session_id not in followed
@@ -142,7 +142,7 @@ def _continued(rows: list[SessionRow], shared: Callable[[int, int], int]) -> set
     }
 
 
-def _followed(rows: list[SessionRow]) -> set[str]:
+def _find_followed(rows: list[SessionRow]) -> set[str]:
     """The sessions a later part goes on from: no end of the conversation, though no session extends them."""
     return {_part(r)["follows"] for r in rows if _part(r).get("follows")}
 
@@ -183,7 +183,9 @@ def one_per_conversation(hits: list[Hit], k: int) -> list[Hit]:
     return out
 
 
-def widening(search: Callable[[int], list[Hit]], dedupe: Callable[[list[Hit], int], list[Hit]], k: int) -> list[Hit]:
+def widen_search(
+    search: Callable[[int], list[Hit]], dedupe: Callable[[list[Hit], int], list[Hit]], k: int
+) -> list[Hit]:
     """``k`` conversations' best hits: a search for ``k`` hits, and one for four times as many when
     several of the first fall in one conversation."""
     hits = search(k)

@@ -18,7 +18,7 @@ from kvdb.index.walk import Indexes, KeyRange, SlotMap, WalkIndex, index_key
 from kvdb.model import tokenizer as tok
 from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache
-from kvdb.services.conversations import labelled, one_per_conversation, scoped_owners, widening
+from kvdb.services.conversations import labelled, one_per_conversation, scoped_owners, widen_search
 from kvdb.services.models import ModelProvider
 from kvdb.services.reading import Reader
 from kvdb.storage import Storage
@@ -91,7 +91,7 @@ class Searcher:
 
         if each:
             return hits(k)
-        return widening(hits, one_per_conversation, k)
+        return widen_search(hits, one_per_conversation, k)
 
     def count(self, phrase: str, session: str | None = None, case_sensitive: bool = False) -> PhraseCount:
         found = self._lookup(phrase, session, case_sensitive)

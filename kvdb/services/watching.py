@@ -157,7 +157,7 @@ class Watching:
                     and seen.status != IngestStatus.WAITING
                 ):
                     continue
-                found = _one(path, stat, ingest, functools.partial(checkpoint, path, stat))
+                found = _ingest_one(path, stat, ingest, functools.partial(checkpoint, path, stat))
                 results.extend(found)
                 checkpoint(path, stat, found, last=True)  # a file that waits, or failed before its ingest said anything
         finally:
@@ -200,7 +200,7 @@ class Watching:
             yield_on_timeout=True,
         )
         for changes in changes_or_idle:
-            touched = {path for path in (Path(p).resolve() for _, p in changes) if _listed(path, folders)}
+            touched = {path for path in (Path(p).resolve() for _, p in changes) if _is_listed(path, folders)}
             if touched:  # those files alone: the folders are not walked again at each change
                 attempt(touched)
             elif not changes and idle is not None:
@@ -215,7 +215,7 @@ class Watching:
             self._storage.release()
 
 
-def _one(path: Path, stat: os.stat_result, ingest: Ingest, heard: Heard) -> list[IngestResult]:
+def _ingest_one(path: Path, stat: os.stat_result, ingest: Ingest, heard: Heard) -> list[IngestResult]:
     if path.suffix.lower() == ".jsonl" and stat.st_size and not _ends_line(path, stat.st_size):
         return [
             IngestResult(None, path.stem, str(path), 0, IngestStatus.WAITING, "its last line is still being written")
@@ -226,7 +226,7 @@ def _one(path: Path, stat: os.stat_result, ingest: Ingest, heard: Heard) -> list
         return [IngestResult(None, path.stem, str(path), 0, IngestStatus.FAILED, str(exc))]
 
 
-def _listed(path: Path, folders: list[Path]) -> bool:
+def _is_listed(path: Path, folders: list[Path]) -> bool:
     """Whether a pass over ``folders`` lists ``path``: a transcript's suffix, and nothing hidden
     below the folder (as ``find_transcript_files`` walks)."""
     if path.suffix.lower() not in SUPPORTED_SUFFIXES:

@@ -313,11 +313,8 @@ class DuckLake(Engine):
 
     def footprint(self) -> int:
         """The data files' bytes (the catalog's rows are counted in ``byte_counts``)."""
-        (size,) = (
-            self.connection()
-            .execute(f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')")
-            .fetchone()
-        )  # type: ignore[misc]
+        query = f"select coalesce(sum(file_size_bytes), 0) from ducklake_table_info('{ALIAS}')"
+        (size,) = self.connection().execute(query).fetchone()  # type: ignore[misc]
         return int(size)
 
     def describe(self) -> str:

@@ -13,7 +13,7 @@ from support import write_jsonl
 import kvdb
 from kvdb.storage.sql import Storage
 from kvdb.cli.main import main
-from kvdb.mcp import build, over
+from kvdb.mcp import build, make_call
 
 TURNS = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} of the long talk about the harbour ledger. " * 3} for i in range(24)]
 
@@ -30,7 +30,7 @@ def db(tmp_path, tiny_loaded):
 def calls(db, tiny_model, *asked):
     async def run():
         with kvdb.open(db, model=tiny_model, read_only=True) as archive:
-            async with Client(build(over(archive))) as client:
+            async with Client(build(make_call(archive))) as client:
                 return [await client.call_tool(name, arguments) for name, arguments in asked]
 
     return anyio.run(run)

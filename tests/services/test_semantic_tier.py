@@ -301,7 +301,7 @@ def test_the_score_is_the_weighted_parts_on_one_scale_and_weak_below_the_cut_off
 def test_the_command_line_and_mcp_give_the_archives_scores_and_marks(tmp_path, tiny_model):
     import anyio
 
-    from kvdb.mcp.tools import build, over
+    from kvdb.mcp.tools import build, make_call
 
     env = {"KVDB_MODEL": tiny_model, "KVDB_EMBEDDER": tiny_model}
     where = tmp_path / "c.duckdb"
@@ -314,6 +314,6 @@ def test_the_command_line_and_mcp_give_the_archives_scores_and_marks(tmp_path, t
     lines = [json.loads(x) for x in printed.stdout.splitlines()]
     with kvdb.open(where, model=tiny_model, embedder=tiny_model, read_only=True) as archive:
         hits = [h.to_dict() for h in archive.search_meaning(query, k=10)]
-        result = anyio.run(build(over(archive)).call_tool, "search", {"query": query, "semantic": True})
+        result = anyio.run(build(make_call(archive)).call_tool, "search", {"query": query, "semantic": True})
     assert lines == hits and {"score", "weak", "cosine"} <= set(hits[0])
     assert json.loads(result.content[0].text)["hits"] == hits
