@@ -505,24 +505,12 @@ class Archive:
         window: str | None = None,
         max_loss: float = DEFAULT_MAX_LOSS,
     ) -> RestoredSession:
-        """The model with a cache holding the session's first ``at`` tokens (default: all).
-
-        ``exact`` prefills from the token tier; ``archive`` builds the cache from tier K (no
-        forward pass over the session, approximate: see ``fidelity``); ``decode`` rebuilds tokens
-        and cache from tier L alone, one model step per token; ``auto`` takes tier K only when
-        every node on the path has it, coded with a preset measured (kvdb/data/kv_fidelity.json,
-        shipped codebooks) within ``max_loss``, a perplexity ratio over the exact cache's, at every
-        length measured; else the exact prefill (or tier L's decode, where the tokens are only
-        there). The result's ``reason`` says why it took its mode, and an archive restore's
-        ``fidelity`` what its preset was measured to cost.
-
-        ``window`` is how an archive restore makes the exact window: ``recompute`` recomputes
-        the sinks and the 32 most recent positions in one forward pass over the restored prefix;
-        ``stored`` runs no forward pass (the 4 attention sinks come exact from this machine's
-        cache of them, shared by every session that opens with the same tokens and computed
-        once; every other position from tier K): faster, and further from the exact cache.
-        None (the default) takes the preset's (``presets.restore_window``): stored for an
-        entropy-coded preset, recompute for the others; the result's ``window`` says which.
+        """The model with a cache holding the session's first ``at`` tokens (default: all), made as
+        ``mode`` says: ``exact``, ``archive``, ``decode`` or ``auto``. Modes and their rule: ``kvdb restore
+        --help`` (docs/cli.md); ``window`` (None: the preset's) and ``max_loss`` are its ``--window`` and
+        ``--max-loss``. Returns a ``RestoredSession``: its ``mode``, ``reason`` (why that mode),
+        ``window`` and ``fidelity`` (what an archive restore's preset was measured to cost) say how it
+        was made.
         """
         return self._restorer.restore(session, at, mode, window, max_loss)
 
@@ -547,8 +535,7 @@ class Archive:
         """The cache of the longest archived prefix of ``ids`` (token ids) over ``better_than``
         tokens that the archive gives back without a forward pass over it: the exact cache the
         prefix cache keeps, or with ``mode="archive"`` tier K's (approximate), or with
-        ``mode="auto"`` tier K's where its preset is measured within ``max_loss`` (as ``restore``'s
-        auto); None if none."""
+        ``mode="auto"`` tier K's where ``restore``'s auto would take it; None if none."""
         return self._resumer.resume(ids, better_than, mode, max_loss)
 
     def keep_cache(self, ids, cache) -> None:

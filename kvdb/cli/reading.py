@@ -161,28 +161,27 @@ def show(ctx, session, start, end, model, as_json):
     type=click.Choice(RESTORE_MODES),
     default="auto",
     show_default=True,
-    help="exact: prefill from the token tier; archive: build the cache from tier K (no forward pass, approximate); "
-    "decode: rebuild tokens and cache from tier L alone; auto: archive when the session's tier K preset is measured "
-    "within --max-loss, "
-    "else exact (or decode, where the tokens are only in tier L).",
+    help="exact: prefill from the token tier; archive: build the cache from tier K (approximate; see --window); "
+    "decode: rebuild tokens and cache from tier L alone, one model step per token; auto: one of them, by the rule "
+    "above (archive only for a preset measured within --max-loss).",
 )
 @click.option(
     "--max-loss",
     type=float,
     default=DEFAULT_MAX_LOSS,
     show_default=True,
-    help="auto mode: the perplexity ratio over an exact cache that tier K's measured fidelity may reach at every "
-    "measured length (at least 1.0).",
+    help="auto mode: the perplexity ratio over an exact cache that tier K's preset may have been measured at, at "
+    "every length measured (at least 1.0; 1.05: 5% more perplexed).",
 )
 @click.option(
     "--window",
     type=click.Choice(WINDOWS),
     default=None,
-    help="archive mode: recompute recomputes the sinks and the 32 most recent positions in one forward pass; "
-    "stored runs none (exact sinks from this machine's cache of them, the rest from tier K: faster, "
-    "further from exact).  "
-    "[default: the preset's: stored for an entropy-coded one (e<bits>, as faithful and balanced are for SmolLM2), "
-    "recompute for the others]",
+    help="archive mode: how the exact window is made. recompute: the 4 attention sinks and the 32 most recent "
+    "positions are recomputed in one forward pass; stored: no forward pass (the sinks exact from this machine's "
+    "cache of them, computed once per opening, the rest from tier K): faster, further from exact.  "
+    "[default: the preset's: stored for an entropy-coded one of at least half a bit per element (faithful and "
+    "balanced for SmolLM2), recompute for the others (compact)]",
 )
 @click.option(
     "--fidelity",
@@ -194,9 +193,18 @@ def show(ctx, session, start, end, model, as_json):
 @json_option
 @click.pass_context
 def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, with_fidelity, model, as_json):
-    """Restore a session into the model and continue it greedily. The JSON's `reason` says why
-    the restore took its mode, and an archive restore's `fidelity` what its tier K preset was
-    measured to cost, under `preset_fidelity` (`--fidelity` measures this restore itself, under `fidelity`)."""
+    """Restore a session into the model and continue it greedily.
+
+    --mode auto takes tier K only when every node restored has it, coded with a preset whose shipped codebooks were
+    measured (kvdb/data/kv_fidelity.json) at a perplexity ratio over the exact cache of at most --max-loss at every
+    length measured; else it prefills exactly, or decodes tier L where the tokens are only there. Codebooks trained
+    on the archive (`kvdb codebooks train`), and presets nobody measured, are prefilled (decision 0039). A restore
+    from tier K is approximate: its speed and fidelity per preset are in benchmarks/RESULTS.md, "Tier K named
+    presets".
+
+    The JSON's `reason` says why the restore took its mode; `preset_fidelity`, for a restore from tier K, what its
+    preset was measured to cost; `window`, how it made its exact window; and with --fidelity, `fidelity`, this
+    restore measured against an exact prefill."""
     archive = open_archive(ctx, model, read_only=True)
     s = archive.session(session)
     restored = archive.restore(s.session_id, at=at, mode=mode, window=window, max_loss=max_loss)
@@ -236,9 +244,8 @@ def restore(ctx, session, at, prompt, max_new_tokens, mode, max_loss, window, wi
 @click.option(
     "--case-sensitive",
     is_flag=True,
-    help="Match the phrase's casing only. By default it is also looked for in lower case, sentence case, "
-    "with every word "
-    "capitalised and in upper case (other mixtures are not found).",
+    help="Match the phrase's casing only. By default every other casing the archive holds is searched too, "
+    "word by word and letter by letter (decision 0057).",
 )
 @click.option(
     "--min-share",
