@@ -48,7 +48,7 @@ HEAVY = ("torch", "transformers", "sqlalchemy", "alembic")  # none belongs on a 
 # Runs the click entry point in-process, then writes which heavy modules it imported to $KVDB_BENCH_IMPORTS.
 PROBE = (
     "import json, os, sys\n"
-    "from kvdb.cli.main import main\n"
+    "from kvdb_main import main\n"
     "try:\n"
     "    main(sys.argv[1:], prog_name='kvdb', standalone_mode=False)\n"
     "except SystemExit:\n"
@@ -72,27 +72,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvdb-cli-bench-") as tmp:
         tmp = Path(tmp)
         envs = {name: _env(tmp / name, source) for name, source in trees.items()}
-        base = tmp / "base" / "archive.duckdb"
-        base.parent.mkdir()
-        _kvdb(["ingest", *(str(TRANSCRIPTS / name) for name in INGESTED)], base, envs["after"])
-        listed = [json.loads(line) for line in _kvdb(["sessions", "--json"], base, envs["after"]).splitlines()]
-        session = listed[-1]["session_id"]
-        deleted = _copy(base, tmp / "deleted")  # gc's starting point: one session gone, its prefixes unreferenced
-        _kvdb(["delete", listed[0]["session_id"]], deleted, envs["after"])
-        commands = [  # (label, argv, archive each repetition starts from, fresh copy per repetition)
-            ("kvdb --help", ["--help"], base, False),
-            ("kvdb sessions", ["sessions"], base, False),
-            ("kvdb show SESSION --end 10", ["show", session, "--end", "10"], base, False),
-            (f'kvdb search "{PHRASE}"', ["search", PHRASE], base, False),
-            ("kvdb stats", ["stats"], base, False),
-            ("kvdb prefixes", ["prefixes"], base, False),
-            ("kvdb verify", ["verify"], base, False),
-            ("kvdb delete SESSION", ["delete", session], base, True),
-            ("kvdb gc", ["gc"], deleted, True),
+        made = {name: _archives(tmp / name, env) for name, env in envs.items()}  # an older kvdb opens no newer schema
+        listed = made["after"][2]
+        session = listed[-1]["session_id"]  # a content hash: the same in every tree
+        commands = [  # (label, argv, the archive each repetition starts from (0: as ingested, 1: one session deleted), fresh copy per repetition)
+            ("kvdb --help", ["--help"], 0, False),
+            ("kvdb sessions", ["sessions"], 0, False),
+            ("kvdb show SESSION --end 10", ["show", session, "--end", "10"], 0, False),
+            (f'kvdb search "{PHRASE}"', ["search", PHRASE], 0, False),
+            ("kvdb stats", ["stats"], 0, False),
+            ("kvdb prefixes", ["prefixes"], 0, False),
+            ("kvdb verify", ["verify"], 0, False),
+            ("kvdb delete SESSION", ["delete", session], 0, True),
+            ("kvdb gc", ["gc"], 1, True),
         ]
         imports = {
-            (label, name): _imports(argv, _copy(archive, tmp / "probe") if fresh else archive, env, tmp)
-            for label, argv, archive, fresh in commands
+            (label, name): _imports(argv, _copy(made[name][which], tmp / "probe") if fresh else made[name][which], env, tmp)
+            for label, argv, which, fresh in commands
             for name, env in envs.items()
         }
         times: dict = {}
@@ -100,10 +96,10 @@ def main() -> None:
         for _rep in range(args.reps):  # round-robin, so a noisy moment falls on every command alike
             baseline.append(_timed([sys.executable, "-c", "import duckdb"], envs["after"], tmp))
             floor.append(_timed([sys.executable, "-c", FLOOR], envs["after"], tmp))
-            for label, argv, archive, fresh in commands:
+            for label, argv, which, fresh in commands:
                 for name, env in envs.items():
-                    db = _copy(archive, tmp / f"rep-{name}") if fresh else archive
-                    times.setdefault((label, name), []).append(_timed([_kvdb_script(), "--db", str(db), *argv], env, tmp))
+                    db = _copy(made[name][which], tmp / f"rep-{name}") if fresh else made[name][which]
+                    times.setdefault((label, name), []).append(_timed([*KVDB, "--db", str(db), *argv], env, tmp))
     base_median = statistics.median(baseline)
     before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
     lines = [
@@ -138,26 +134,42 @@ def main() -> None:
 
 
 def _env(tmp: Path, source: Path) -> dict:
-    """The environment that runs the CLI of ``source``: the import names the editable install
-    maps to folders of another name, linked to that tree's folders."""
+    """The environment that runs the CLI of ``source``: its ``kvdb`` package linked into a folder
+    on the path, with the names a tree from before one package tree (decision 0067) installed its
+    CLI and migrations under, and ``kvdb_main``, which names its console script's ``main``."""
     env = {k: v for k, v in os.environ.items() if k not in ("KVDB_DB", "KVDB_MODEL", "PYTHONPATH")}
     tmp.mkdir(parents=True, exist_ok=True)
     env["KVDB_BENCH_IMPORTS"] = str(tmp / "imports.json")
     shim = tmp / "source"
     shim.mkdir()
-    for name, folder in (("kvdb", "kvdb"), ("kvdb.cli", "cli"), ("kvdb.migrations", "migrations")):
+    before_0067 = (source / "cli").is_dir()
+    for name, folder in (("kvdb", "kvdb"), *((("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")) if before_0067 else ())):
         (shim / name).symlink_to(source.resolve() / folder)
+    entry = "kvdb_cli.main" if before_0067 else "kvdb.cli.main"
+    (shim / "kvdb_main.py").write_text(f"from {entry} import main  # noqa: F401\n")
     env["PYTHONPATH"] = str(shim)
     return env
 
 
-def _kvdb_script() -> str:
-    return str(Path(sys.executable).with_name("kvdb"))
+# the console script of the tree on PYTHONPATH (_env)
+KVDB = [sys.executable, "-c", "import sys; from kvdb_main import main; sys.argv[0] = 'kvdb'; sys.exit(main())"]
+
+
+def _archives(folder: Path, env: dict) -> tuple[Path, Path, list[dict]]:
+    """The archive the commands run on, made by the tree's own CLI, a copy of it with its first
+    session deleted (gc's starting point: its prefixes unreferenced), and its sessions as listed."""
+    base = folder / "base" / "archive.duckdb"
+    base.parent.mkdir(parents=True)
+    _kvdb(["ingest", *(str(TRANSCRIPTS / name) for name in INGESTED)], base, env)
+    listed = [json.loads(line) for line in _kvdb(["sessions", "--json"], base, env).splitlines()]
+    deleted = _copy(base, folder / "deleted")
+    _kvdb(["delete", listed[0]["session_id"]], deleted, env)
+    return base, deleted, listed
 
 
 def _kvdb(argv: list[str], db: Path, env: dict) -> str:
     """Run one command for the set-up (not timed); its stdout."""
-    run = subprocess.run([_kvdb_script(), "--db", str(db), *argv], env=env, cwd=db.parent, capture_output=True, text=True)
+    run = subprocess.run([*KVDB, "--db", str(db), *argv], env=env, cwd=db.parent, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"kvdb {' '.join(argv)} failed ({run.returncode}): {run.stderr.strip()}")
     return run.stdout

@@ -204,22 +204,24 @@ def _with(conn, conversation: str, session: SessionRow) -> list[SessionRow]:
 def _earlier(conn, session: SessionRow, path: list[str]) -> tuple[str | None, str | None]:
     """(the conversation of the longest session from the same source on ``path``, that of the
     latest session of the same file and name): rules 1 and 3. The candidates are read from the
-    sessions table alone, and only the chosen ones' conversations looked up by key: joining the
-    membership table in made each session's write scan it whole (decision 0061)."""
+    sessions table alone, by its key and by ``ix_sessions_name``, and only the chosen ones'
+    conversations looked up by key: joining the membership table in made each session's write
+    scan it whole (decision 0061), and so did a filter on the source beside them, which DuckDB
+    serves from no index (decision 0066)."""
     file = not session.source.startswith("<")  # a text or messages given in a call is no file
-    query = (
-        "select session_id, list_contains(?, session_id) as on_path, n_tokens, name = ? as same_name, "
-        "created_at from sessions "
-        "where source = ? and session_id <> ? and (list_contains(?, session_id) or (? and name = ?))"
-    )
-    rows = conn.execute(
-        query, [path, session.name, session.source, session.session_id, path, file, session.name]
-    ).fetchall()
-    grown = max((r for r in rows if r[1]), key=lambda r: r[2], default=None)
-    same_file = max((r for r in rows if r[3]), key=lambda r: (r[4], r[0]), default=None) if file else None
+    columns = "session_id, source, n_tokens, created_at"
+    on_path = conn.execute(f"select {columns} from sessions where session_id {ANY}", [path]).fetchall() if path else []
+    named = conn.execute(f"select {columns} from sessions where name = ?", [session.name]).fetchall() if file else []
+    grown = max(_from_source(on_path, session), key=lambda r: r[2], default=None)
+    same_file = max(_from_source(named, session), key=lambda r: (r[3], r[0]), default=None)
     return (None if grown is None else _conversation_of(conn, grown[0])), (
         None if same_file is None else _conversation_of(conn, same_file[0])
     )
+
+
+def _from_source(rows: list[tuple], session: SessionRow) -> list[tuple]:
+    """The other sessions of ``rows`` archived from ``session``'s source."""
+    return [r for r in rows if r[1] == session.source and r[0] != session.session_id]
 
 
 def _conversation_of(conn, session_id: str) -> str:

@@ -93,7 +93,7 @@ def test_a_package_adds_a_format_through_an_entry_point(plugin_path, tmp_path):
     assert formats.registered()[0].name == "notes-app"  # plugins are asked first
     [session] = read_transcripts(write(tmp_path / "n.json", '{"note_title": "Shopping", "lines": ["milk", "eggs"]}'))
     assert (session.name, session.metadata["format"], [m["content"] for m in session.messages]) == ("Shopping", "notes-app", ["milk", "eggs"])
-    listed = CliRunner().invoke(kvdb.cli_main(), ["formats", "--json"])
+    listed = CliRunner().invoke(cli_main(), ["formats", "--json"])
     assert listed.exit_code == 0 and json.loads(listed.stdout.splitlines()[0])["name"] == "notes-app"
 
 
@@ -114,17 +114,17 @@ def test_an_object_of_no_known_shape_names_the_closest_format(tmp_path):
 
 def test_formats_lists_each_with_what_it_reads_and_its_example():
     runner = CliRunner()
-    listed = runner.invoke(kvdb.cli_main(), ["formats", "--json"])
+    listed = runner.invoke(cli_main(), ["formats", "--json"])
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert listed.exit_code == 0 and [r["name"] for r in rows] == [f.name for f in kvdb.formats()]
     assert all(r["reads"] and r["example"] for r in rows)
-    example = runner.invoke(kvdb.cli_main(), ["formats", "--example", "chatgpt"])
+    example = runner.invoke(cli_main(), ["formats", "--example", "chatgpt"])
     assert example.exit_code == 0 and json.loads(example.stdout)[0]["title"] == "Greeting"
-    unknown = runner.invoke(kvdb.cli_main(), ["formats", "--example", "nope"])
+    unknown = runner.invoke(cli_main(), ["formats", "--example", "nope"])
     assert unknown.exit_code == 2 and "known: gemini-cli, codex-cli, claude-code" in unknown.output
 
 
-def kvdb.cli_main():
+def cli_main():
     from kvdb.cli.main import main
 
     return main
