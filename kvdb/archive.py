@@ -128,9 +128,8 @@ class Archive:
         self.model_name = self._models.name
         self._indexes = Indexes(self._storage)
         self._prefix_cache = PrefixCache(self._storage.derived_path(".prefix"), prefix_cache_mb)
-        self._sink_cache = PrefixCache(
-            self._storage.derived_path(".sinks"), dtype="<f4"
-        )  # the attention sinks of stored restores
+        # the attention sinks of stored restores
+        self._sink_cache = PrefixCache(self._storage.derived_path(".sinks"), dtype="<f4")
         self._tier_l = TierL(self._storage, self._models)
         self._reader = Reader(self._storage, self._models, self._tier_l)
         self._searcher = Searcher(self._storage, self._models, self._reader, self._indexes)

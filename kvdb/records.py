@@ -171,9 +171,8 @@ class IngestResult:
     new_tokens: int = 0  # tokens stored (and computed) anew: the rest was a prefix archived already
     seconds: float = 0.0
     added: tuple[str, ...] = ()  # "updated": the tiers its path was given, which it was archived without
-    dropped: dict = field(
-        default_factory=dict
-    )  # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
+    # kind -> parts of the transcript kept only as a "[KIND not archived]" placeholder
+    dropped: dict = field(default_factory=dict)
     claimed_by: str | None = None  # "claimed": the worker (host:pid) archiving the file meanwhile
     skipped: tuple[dict, ...] = ()  # the file's first result: its malformed records left out, each {"line", "reason"}
     part: int | None = None  # which part (from 1) of a session longer than the model's context (``Session.part``)
@@ -334,9 +333,8 @@ class Stats:
     kv_ratio_vs_fp16: float | None = None  # fp16 KV bytes/token of the model / bytes_per_token["kv"]
     codebook_bytes: int = 0  # stored in the archive
     shipped_codebook_bytes: int = 0  # referenced: in this machine's cache, shared by every archive of the model
-    kv_bytes_by_preset: dict = field(
-        default_factory=dict
-    )  # tier K bytes per preset: its name where it has one, else its spec
+    # tier K bytes per preset: its name where it has one, else its spec
+    kv_bytes_by_preset: dict = field(default_factory=dict)
     pending: Pending = field(default_factory=Pending)  # the model's work queued by ingests that ran without it
 
     def to_dict(self) -> dict:
@@ -487,9 +485,8 @@ class Prefix:
 
     node_id: str
     tokens: int  # length of the shared prefix
-    bits: (
-        float | None
-    )  # its information content under the model, d_T = -log2 P(prefix); None while the model's pass is pending
+    # its information content under the model, d_T = -log2 P(prefix); None while the model's pass is pending
+    bits: float | None
     sessions: int
     text: str  # its first words
 

@@ -146,9 +146,8 @@ def open_seal(archive: Path, key: bytes | None, create: bool) -> Seal | None:
 
 
 # which files are sealed --------------------------------------------------------------
-_archives: dict[
-    str, Seal | None
-] = {}  # an archive's path (absolute) -> its seal (None: plain), for the files beside it
+# an archive's path (absolute) -> its seal (None: plain), for the files beside it
+_archives: dict[str, Seal | None] = {}
 
 
 def register(archive: Path, seal: Seal | None) -> None:

@@ -47,9 +47,8 @@ TIERS = tuple(t.value for t in Tier)
 DEFAULT_KEEP = "tokens,search,semantic"
 RESTORE_MODES = tuple(m.value for m in RestoreMode)
 WINDOWS = tuple(w.value for w in Window)
-DEFAULT_WINDOW = (
-    Window.RECOMPUTE.value
-)  # a restore's window unless its preset says otherwise (presets.restore_window, decision 0041)
+# a restore's window unless its preset says otherwise (presets.restore_window, decision 0041)
+DEFAULT_WINDOW = Window.RECOMPUTE.value
 # the perplexity ratio over an exact cache that ``auto`` tolerates from tier K's measured fidelity (issue 33,
 # decision 0039)
 DEFAULT_MAX_LOSS = 1.05

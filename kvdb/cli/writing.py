@@ -140,9 +140,8 @@ def ingest(ctx, paths, agent, keep, kv_preset, workers, strict, redact, embedder
     if "kv" in parse_keep(keep):
         spec = presets.resolve(kv_preset, archive.loaded_model.identity.weights_hash)
         if not any(c.source == "trained" and c.preset == spec for c in archive.codebooks()):
-            with layer_progress(
-                "shipped codebooks (once per machine)"
-            ) as heard:  # minutes, said as such, not one session's seconds
+            # minutes, said as such, not one session's seconds
+            with layer_progress("shipped codebooks (once per machine)") as heard:
                 archive.build_shipped_codebooks(progress=heard, preset=kv_preset)
     with token_progress("ingest") as progress:
         results = archive.ingest(

@@ -180,9 +180,8 @@ def _decode_rvq_streams(
     import torch
 
     used = n if used is None else used
-    rows = {
-        size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()
-    }  # [used, columns]: views
+    # [used, columns]: views
+    rows = {size: np.asarray(symbols).reshape(n, -1)[:used] for size, symbols in streams.items()}
     places = _stream_places(codebooks)
 
     def gather(kind: str, layer: int) -> np.ndarray:
@@ -191,9 +190,8 @@ def _decode_rvq_streams(
         if not stages or used == 0:
             return np.zeros((codebooks.heads, used, codebooks.dim), np.float32)
         every = all(len(heads) == codebooks.heads for _, _, heads in stages)
-        bags = (np.empty if every else np.zeros)(
-            (codebooks.heads, used, len(stages)), np.int64
-        )  # a head without a stage reads row 0, zero
+        # a head without a stage reads row 0, zero
+        bags = (np.empty if every else np.zeros)((codebooks.heads, used, len(stages)), np.int64)
         for stage, (size, column, heads) in enumerate(stages):
             if len(heads) == codebooks.heads:  # in place: no temporary (this is most of a stored-window restore)
                 np.add(

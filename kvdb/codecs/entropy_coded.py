@@ -430,17 +430,15 @@ class EntropyCodebooks:
         per_kind = (self.centre, self.weights) if self.joint else (self.centre, self.weights, self.basis)
         parts = [np.ascontiguousarray(a[kind], dtype="<f4").tobytes() for kind in KINDS for a in per_kind]
         if self.joint:
-            parts.append(
-                np.ascontiguousarray(self.basis[JOINT], dtype="<f2").tobytes()
-            )  # trained as float16 values: no loss
+            # trained as float16 values: no loss
+            parts.append(np.ascontiguousarray(self.basis[JOINT], dtype="<f2").tobytes())
         parts += [
             np.ascontiguousarray(self.freqs, dtype="<u2").tobytes(),
             np.ascontiguousarray(self.recon, dtype="<f4").tobytes(),
         ]
         if self.predicted:
-            parts.append(
-                np.ascontiguousarray(self.predictor, dtype="<f2").tobytes()
-            )  # trained as float16 values: no loss
+            # trained as float16 values: no loss
+            parts.append(np.ascontiguousarray(self.predictor, dtype="<f2").tobytes())
         return framing.frame(MAGIC, version, header, parts)
 
     @classmethod

@@ -96,9 +96,8 @@ def train(
             centre[kind], weights[kind], basis[kind], coefficients[kind] = transform.fisher_pca(
                 vectors[kind], fisher[kind]
             )
-        y = np.stack([coefficients[kind] for kind in KINDS], axis=1).reshape(
-            layers, 2 * heads * dim, n
-        )  # per layer, rows in stream order
+        # per layer, rows in stream order
+        y = np.stack([coefficients[kind] for kind in KINDS], axis=1).reshape(layers, 2 * heads * dim, n)
     rows, input_rows = predicted_rows(heads, dim, predicted, joint), predicted_rows(heads, dim, inputs, joint)
     fed = np.searchsorted(rows, input_rows)
     predictor = _predictor(y, rows, input_rows) if predicted else np.zeros((0, 0, 0), np.float32)
@@ -166,19 +165,16 @@ def _joint_pca(vectors: dict[str, np.ndarray], fisher: dict[str, np.ndarray]) ->
     coefficients ``[layers, R, n]``. SmolLM2's heads share much of what they hold: at one step,
     the joint rotation codes held-out vectors in 25% fewer bits than one per head, at less error (decision 0043)."""
     weights = {kind: transform.fisher_weights(fisher[kind]) for kind in KINDS}
-    x = np.stack(
-        [np.asarray(vectors[kind], np.float32) * weights[kind][:, :, None] for kind in KINDS], axis=1
-    )  # [layers, 2, heads, n, dim]
+    # [layers, 2, heads, n, dim]
+    x = np.stack([np.asarray(vectors[kind], np.float32) * weights[kind][:, :, None] for kind in KINDS], axis=1)
     layers, _, heads, n, dim = x.shape
     mu = x.mean(3)
     flat = (x - mu[:, :, :, None]).transpose(0, 3, 1, 2, 4).reshape(layers, n, 2 * heads * dim)
-    gram = np.stack(
-        [wide.T @ wide for wide in (flat[layer].astype(np.float64) for layer in range(layers))]
-    )  # a layer at a time in float64
+    # a layer at a time in float64
+    gram = np.stack([wide.T @ wide for wide in (flat[layer].astype(np.float64) for layer in range(layers))])
     _, vecs = np.linalg.eigh(gram / n)
-    basis = (
-        np.ascontiguousarray(vecs[..., ::-1]).astype(np.float16).astype(np.float32)
-    )  # stored as float16 (half the bytes), so coded with those values
+    # stored as float16 (half the bytes), so coded with those values
+    basis = np.ascontiguousarray(vecs[..., ::-1]).astype(np.float16).astype(np.float32)
     centre = {kind: mu[:, i] / weights[kind] for i, kind in enumerate(KINDS)}
     return centre, weights, {JOINT: basis}, np.ascontiguousarray(np.matmul(flat, basis).swapaxes(1, 2))
 

@@ -189,9 +189,8 @@ def encode(values, classes, tables: Tables) -> bytes:
         out.size,
     )
     if size == -2:
-        raise InvalidArgument(
-            "a value needs ESCAPE, which has frequency 0 in its row's table"
-        )  # Tables refuses such tables
+        # Tables refuses such tables
+        raise InvalidArgument("a value needs ESCAPE, which has frequency 0 in its row's table")
     assert size >= 0, "the bound above holds for any input"
     return out[:size].tobytes()
 

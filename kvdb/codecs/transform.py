@@ -215,9 +215,8 @@ class TransformCodebooks:
         """Float32 ``[layers, heads, seq, dim]`` keys and values of ``encode``'s codes."""
         out = []
         for kind, c in zip(KINDS, codes):
-            found = np.take(
-                self.levels[kind], self.offsets(kind)[..., None] + c.astype(np.int64), mode="clip"
-            )  # clipped: coefficients without bits
+            # clipped: coefficients without bits
+            found = np.take(self.levels[kind], self.offsets(kind)[..., None] + c.astype(np.int64), mode="clip")
             y = np.where(self.bits[kind][..., None] > 0, found, 0.0).astype(np.float32)
             out.append(np.einsum("lhen,lhed->lhnd", y, self.decoder(kind)) + self.centre[kind][:, :, None])
         return out[0], out[1]

@@ -205,9 +205,8 @@ def variants(tokenizer, index: WalkIndex, phrase: str, own: list[np.ndarray]) ->
     when it ended before its last lookup (a word in no casing the index holds)."""
     ranges: Ranges = {}
     spans = [unit_variants(tokenizer, unit, i == 0) for i, unit in enumerate(units(phrase))]
-    suffixes = [
-        piece[-s:] for piece in own for s in range(1, min(len(piece), index.depth) + 1)
-    ]  # a search's partial hits read these
+    # a search's partial hits read these
+    suffixes = [piece[-s:] for piece in own for s in range(1, min(len(piece), index.depth) + 1)]
     found = walk(index, spans, ranges, [*own, *suffixes]) or []
     out = {piece.tobytes(): piece for piece in own}
     for piece in found:

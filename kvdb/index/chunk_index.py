@@ -38,9 +38,8 @@ _CHECKED = (
     "bm25.gone",
     "bm25.segment_sizes",
 )
-REGROW = (
-    4  # an inverted file is trained again at this many times the rows it was trained for (its cells' count doubles)
-)
+# an inverted file is trained again at this many times the rows it was trained for (its cells' count doubles)
+REGROW = 4
 
 
 @dataclass(frozen=True)

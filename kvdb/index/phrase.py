@@ -186,9 +186,8 @@ def candidates(
         run, local = slots.locate(ends)
         live = run >= 0
         position = np.where(live, slots.start[np.maximum(run, 0)] + local, -1)
-        keep = np.flatnonzero(live & (position - np.minimum(shared, length) + 1 >= 0))[
-            : limit - taken
-        ]  # a match cannot begin before its path does
+        # a match cannot begin before its path does
+        keep = np.flatnonzero(live & (position - np.minimum(shared, length) + 1 >= 0))[: limit - taken]
         parts.append((run[keep], position[keep], shared[keep]))
         taken += len(keep)
 
@@ -270,9 +269,8 @@ def search(
         raise InvalidArgument(f"k must be at least 1, got {k}")
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
-    least = [
-        max(1, math.ceil(min_share * len(phrase))) for phrase in variants
-    ]  # tokens a hit of each variant must share
+    # tokens a hit of each variant must share
+    least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]
     whole = [len(phrase) for phrase in variants]
     # the partial matches' suffixes too, though the full matches may leave no room for them:
     # bounding them with the phrase's costs less than a second pass over the segments; but

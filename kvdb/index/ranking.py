@@ -80,9 +80,8 @@ class BM25:
         self.vocab: dict[str, int] = {}
         self.df = np.zeros(0, np.int64)
         self.lengths = np.zeros(0, np.int64)  # words per chunk
-        self.gone = np.zeros(
-            0, dtype=bool
-        )  # chunks removed: their postings stay until a rebuild, their words no longer count
+        # chunks removed: their postings stay until a rebuild, their words no longer count
+        self.gone = np.zeros(0, dtype=bool)
         self.segments: list[_Segment] = []
 
     def __len__(self) -> int:

@@ -36,9 +36,8 @@ MAGIC_V6 = b"KVDBIDX6"  # the same arrays end to end, 8-byte aligned: still read
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
 _CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
-_PLACING = (
-    1 << 12
-)  # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
+# new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
+_PLACING = 1 << 12
 BLOCK = 64  # sorted slots per sampled key: 8 / 64 bytes a position, one block's keys derived per bound
 BISECT_KEYS = 32  # bounds past which a block is bisected rather than derived whole
 # Tokens of a position's path that set its place: entries are in the order of their last REACH
@@ -72,9 +71,8 @@ class Runs:
     # the run on its path (its parent's last, or any other with the same tokens), in this
     # segment or the one below; a run with one keeps no context
     link: np.ndarray
-    held: (
-        np.ndarray
-    )  # int64 (stored u4): tokens of context a run without a link keeps: the whole path before it, up to REACH - 1
+    # int64 (stored u4): tokens of context a run without a link keeps: the whole path before it, up to REACH - 1
+    held: np.ndarray
     context: np.ndarray  # every run's kept context in turn, oldest token first (stored as the tokens are)
 
     @classmethod
@@ -175,9 +173,8 @@ class Pieces:
         at = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         tokens[row, lengths[row] - 1 - at] = flat  # newest first
         lo = _packed(np.where(np.arange(depth) < lengths[:, None], tokens[:, :depth], 0), alphabet)
-        step = np.array(
-            [(alphabet + 1) ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64
-        )  # all D tokens: one key
+        # all D tokens: one key
+        step = np.array([(alphabet + 1) ** (depth - min(n, depth)) for n in lengths.tolist()], np.uint64)
         past = lo > np.uint64((1 << 64) - 1) - step  # lo + step is 2**64: past every key
         return cls(
             lo, np.where(past, np.uint64((1 << 64) - 1), lo + np.where(past, np.uint64(0), step)), past, tokens, lengths
@@ -263,9 +260,8 @@ class Segment:
                     out[todo[lower]] = self.below._read(slots[todo[lower]], depths[todo[lower]])
                 todo = todo[~lower]
             run = np.searchsorted(self.runs.first, slots[todo], side="right") - 1
-            if (run < 0).any() or (
-                slots[todo] >= self.runs.first[run] + self.runs.length[run]
-            ).any():  # a damaged link: no run holds it
+            # a damaged link: no run holds it
+            if (run < 0).any() or (slots[todo] >= self.runs.first[run] + self.runs.length[run]).any():
                 raise CorruptData(
                     "a search index segment links a run to a slot no run holds; run `kvdb repair` to rebuild it"
                 )
@@ -294,9 +290,8 @@ class Segment:
             return np.zeros(len(keys), np.int64)
         block = np.searchsorted(self.samples, keys, side="left") - 1  # the last block whose first key is smaller
         base = np.maximum(block, 0) * BLOCK
-        if (
-            len(keys) > BISECT_KEYS
-        ):  # many keys (a casing walk's round): bisect each block, six keys derived a bound, not 63
+        # many keys (a casing walk's round): bisect each block, six keys derived a bound, not 63
+        if len(keys) > BISECT_KEYS:
             lo, hi = np.ones(len(keys), np.int64), np.minimum(BLOCK, n - base)
             while (open_ := np.flatnonzero(lo < hi)).size:
                 mid = (lo[open_] + hi[open_]) // 2

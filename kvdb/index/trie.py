@@ -62,9 +62,8 @@ class Heads:
     children (agent logs that all open alike) had every child read for every new session."""
 
     def __init__(self) -> None:
-        self._heads: dict[
-            tuple[str, int, int], np.ndarray
-        ] = {}  # keyed by the node's place too: a cut node keeps its id
+        # keyed by the node's place too: a cut node keeps its id
+        self._heads: dict[tuple[str, int, int], np.ndarray] = {}
 
     def of(self, store: Storage, node: NodeRow, tokens_of: Callable[[NodeRow], np.ndarray]) -> np.ndarray:
         key = (node.node_id, node.start, node.n_tokens)
@@ -101,9 +100,8 @@ def longest_prefix(
         start = best.matched
         if heads is not None and min_split >= MIN_SPLIT:
             kids = store.children_opening(parent, model_id, ids[start : start + MIN_SPLIT])
-            if (
-                len(kids) > 1
-            ):  # children shorter than MIN_SPLIT, and those before migration 0014, are keyed by their first token alone
+            # children shorter than MIN_SPLIT, and those before migration 0014, are keyed by their first token alone
+            if len(kids) > 1:
                 kids = [
                     k
                     for k in kids
@@ -147,9 +145,8 @@ class TrieView:
     owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
     conversations: dict[str, str]  # session_id -> its conversation
-    titles: dict[str, str] = field(
-        default_factory=dict
-    )  # session_id -> the title its file gave it, where it records one, oldest first
+    # session_id -> the title its file gave it, where it records one, oldest first
+    titles: dict[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def age(self) -> dict[str, int]:

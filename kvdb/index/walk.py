@@ -381,12 +381,10 @@ class _Batch:
     ntotal: int  # the next free slot
     armed: bool = False  # runs wait for a commit, which merges them or leaves them for a later one
     runs: list[tuple[int, np.ndarray, np.ndarray | None]] = dataclasses.field(default_factory=list)
-    parents: dict[int, int] = dataclasses.field(
-        default_factory=dict
-    )  # a run's first slot -> its parent's last, where the parent is in the batch
-    last: dict[str, int] = dataclasses.field(
-        default_factory=dict
-    )  # node id -> its last slot, for the runs of the batch
+    # a run's first slot -> its parent's last, where the parent is in the batch
+    parents: dict[int, int] = dataclasses.field(default_factory=dict)
+    # node id -> its last slot, for the runs of the batch
+    last: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class Indexes:
@@ -400,9 +398,8 @@ class Indexes:
         self._folder = storage.derived_path(".index")
         self._loaded: dict[str, WalkIndex] = {}
         self._checked: dict[str, object] = {}  # key -> the storage version its loaded copy was last checked at
-        self._batches: dict[
-            str, _Batch
-        ] = {}  # key -> the runs the open batch numbered, merged into the copy later (``_committed``)
+        # key -> the runs the open batch numbered, merged into the copy later (``_committed``)
+        self._batches: dict[str, _Batch] = {}
         self.rebuilt: list[str] = []  # keys built afresh by this process (not caught up), in order
 
     def path(self, key: str) -> Path:
@@ -484,9 +481,8 @@ class Indexes:
         position's last ``depth`` tokens, so deriving it costs less than storing it, and the
         stream is held once, at 2 bytes a token."""
         shapes = {n.node_id: n for n in nodes}
-        wanted = sorted(
-            (node_id for node_id in ranges if node_id in shapes), key=ranges.__getitem__
-        )  # a run's node gone already (gc): its slots are tombstones
+        # a run's node gone already (gc): its slots are tombstones
+        wanted = sorted((node_id for node_id in ranges if node_id in shapes), key=ranges.__getitem__)
         firsts, lengths = [ranges[n] for n in wanted], [shapes[n].n_tokens for n in wanted]
         index.check_runs(firsts, lengths, ntotal)
         by_slot = np.zeros(ntotal - index.ntotal, token_dtype(index.alphabet))

@@ -38,9 +38,8 @@ class Bert:
 
     def __init__(self, folder: Path, config: dict):
         weights = mapped(folder / WEIGHTS)
-        prefix = (
-            "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
-        )  # a checkpoint saved from BertFor*
+        # a checkpoint saved from BertFor*
+        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
 
         def w(name: str) -> np.ndarray:
             return weights[prefix + name].astype(np.float32, copy=False)

@@ -285,9 +285,8 @@ def restore_layers(
     n = len(ids)
     head = min(sinks, n) if window in ("recompute", "quantized") else 0
     tail = min(recent, n - head) if window == "recompute" else 0
-    given = (
-        min(exact_sinks[0].shape[2], n) if window == "stored" and exact_sinks is not None else 0
-    )  # positions taken from exact_sinks
+    # positions taken from exact_sinks
+    given = min(exact_sinks[0].shape[2], n) if window == "stored" and exact_sinks is not None else 0
     rotate = rotator(model, head, n - head - tail) if pre_rope else None
     dtype = next(model.parameters()).dtype
     cache = new_cache(model)

@@ -30,12 +30,10 @@ TEXTUAL = {
 }
 _PROBE = "\u2063kvdb probe\u2063"
 _DEFAULT_SYSTEM: dict[str, bool] = {}  # template source -> whether it writes a system prompt of its own
-_TURN_MARKERS: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # tokenizer -> how its turns open, as its own ids (see turns)
-_TURN_FRAMES: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # tokenizer -> the markup around a turn's content (see turn_content)
+# tokenizer -> how its turns open, as its own ids (see turns)
+_TURN_MARKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# tokenizer -> the markup around a turn's content (see turn_content)
+_TURN_FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _HISTORY = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
 ROLE_TOKENS = 32  # tokens after a turn's opening that hold its role word (byte-level tokenizers: one a byte)
 

@@ -92,15 +92,13 @@ class Embedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        encoded = self.tokenizer.encode_batch(
-            [prefix + text for text in texts]
-        )  # all at once, on every core; padded to the longest
+        # all at once, on every core; padded to the longest
+        encoded = self.tokenizer.encode_batch([prefix + text for text in texts])
         ids = np.array([e.ids for e in encoded], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encoded], dtype=np.float32)
         lengths = mask.sum(1).astype(np.int64)
-        order = np.argsort(
-            -lengths, kind="stable"
-        )  # a batch of texts of like length pads little: chunks run from a line to 256 word pieces
+        # a batch of texts of like length pads little: chunks run from a line to 256 word pieces
+        order = np.argsort(-lengths, kind="stable")
         for at in range(0, len(texts), BATCH):
             rows = order[at : at + BATCH]
             width = max(int(lengths[rows].max()), 1)

@@ -51,9 +51,8 @@ ATTENTION = (
 def config_of(model_config) -> dict:
     """What a model row records of a transformers config: the 0.1.0 keys, and ``attention``."""
     recorded = {key: getattr(model_config, key, None) for key in RECORDED}
-    keys = [key for key in RECORDED if key != "vocab_size"] + list(
-        ATTENTION
-    )  # the vocabulary is the tokenizer's, hashed apart
+    # the vocabulary is the tokenizer's, hashed apart
+    keys = [key for key in RECORDED if key != "vocab_size"] + list(ATTENTION)
     attention = {key: getattr(model_config, key) for key in keys if getattr(model_config, key, None) is not None}
     return dict(recorded, attention=json.loads(json.dumps(attention, sort_keys=True, default=str)))
 

@@ -62,9 +62,8 @@ def _series(terms: list[Fraction]) -> list[float]:
 
 
 _EXP_COEFFS = _series([Fraction(1, math.factorial(k)) for k in range(4)])  # |r| <= ln2/128
-_SIN_COEFFS = _series(
-    [Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(10)]
-)  # in r**2, times r; |r| <= pi/4
+# in r**2, times r; |r| <= pi/4
+_SIN_COEFFS = _series([Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(10)])
 _COS_COEFFS = _series([Fraction((-1) ** k, math.factorial(2 * k)) for k in range(11)])  # in r**2
 
 
@@ -351,9 +350,8 @@ class IntegerLM:
         keys, key_scales = cache.k[index, :, :end].to(torch.float64), cache.ks[index, :, :end, None]
         values, value_scales = cache.v[index, :, :end].to(torch.float64), cache.vs[index, :, :end, None]
         group = self.heads // self.kv_heads
-        qq, qs = quantize_rows(
-            q.transpose(0, 1).reshape(self.kv_heads, group * n, d)
-        )  # query heads by the KV head they read
+        # query heads by the KV head they read
+        qq, qs = quantize_rows(q.transpose(0, 1).reshape(self.kv_heads, group * n, d))
         scores = ((qq @ keys.transpose(1, 2)) * qs) * key_scales.transpose(1, 2)  # [kv_heads, group * n, keys]
         scores = (scores * (1 / math.sqrt(d))).reshape(self.kv_heads, group, n, -1)
         allowed = causal[None, None]
@@ -363,9 +361,8 @@ class IntegerLM:
         per_one = ATTN_ONE / weighted.amax(-1, keepdim=True)
         w = torch.round(weighted * per_one).reshape(self.kv_heads, group * n, -1)
         total = torch.round(e * ATTN_ONE).sum(-1, keepdim=True).reshape(self.kv_heads, group * n, 1)
-        out = ((w @ values) / per_one.reshape(self.kv_heads, group * n, 1)) / (
-            total / ATTN_ONE
-        )  # [kv_heads, group * n, d]
+        # [kv_heads, group * n, d]
+        out = ((w @ values) / per_one.reshape(self.kv_heads, group * n, 1)) / (total / ATTN_ONE)
         return out.reshape(self.kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, self.heads * d)
 
 

@@ -230,9 +230,8 @@ def version_for(model) -> int:
 
 
 _WARNED: set[int] = set()
-_INTEGER: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # model -> {version: its IntegerLM} (weights quantized once)
+# model -> {version: its IntegerLM} (weights quantized once)
+_INTEGER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _integer(model, version: int):

@@ -154,9 +154,8 @@ class PrefixCache:
         # converted as the cache is read (a server saves each new conversation while the next
         # request may be computing; converting afterwards in numpy was slower, decision 0032)
         keys, values = capture.cache_arrays(cache, start, dtype=torch.float16 if self.dtype == "<f2" else torch.float32)
-        if keys.dtype == np.float16 and not (
-            np.isfinite(keys).all() and np.isfinite(values).all()
-        ):  # past float16's range
+        # past float16's range
+        if keys.dtype == np.float16 and not (np.isfinite(keys).all() and np.isfinite(values).all()):
             keys, values = capture.cache_arrays(cache, start)
         dtype = "<f2" if keys.dtype == np.float16 else "<f4"
         body = [np.ascontiguousarray(a, dtype).reshape(-1).view(np.uint8).data for a in (keys, values)]

@@ -54,17 +54,14 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-ROLE_HEADER = (
-    r"^(system|user|assistant|tool|model|developer)\n"  # the role word a template writes after a turn's opening token
-)
-_SPECIAL: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # tokenizer -> which ids are special tokens (see snippet_text)
+# the role word a template writes after a turn's opening token
+ROLE_HEADER = r"^(system|user|assistant|tool|model|developer)\n"
+# tokenizer -> which ids are special tokens (see snippet_text)
+_SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
 PIECE_CHARS = 1 << 16  # a text longer than this is encoded in pieces of about this many characters (see encode)
-KNOWN_PIECES = (
-    64  # the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
-)
+# the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
+KNOWN_PIECES = 64
 _KNOWN = Recent(KNOWN_PIECES)  # tokenizer -> {piece: its ids}
 
 
@@ -162,9 +159,8 @@ def encode(tokenizer, text: str) -> list[int]:
                 fresh = tokenizer(batch, add_special_tokens=False)["input_ids"]
             for k, ids in zip(todo, fresh):
                 encoded[k] = ids
-        _KNOWN.put(
-            tokenizer, [(piece, array("i", ids)) for piece, ids in zip(pieces[:-1], encoded)]
-        )  # the last piece is the one a growing text changes
+        # the last piece is the one a growing text changes
+        _KNOWN.put(tokenizer, [(piece, array("i", ids)) for piece, ids in zip(pieces[:-1], encoded)])
         return [i for ids in encoded for i in ids]
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.encode(text, add_special_tokens=False).ids

@@ -74,9 +74,8 @@ def create_app(
     authorize = _authorize(api_key)
     api = APIRouter(dependencies=[Depends(authorize)])
 
-    app.router.routes.append(
-        Route("/mcp", endpoint=_Keyed(mcp_route.endpoint, authorize))
-    )  # the SDK's ASGI app, outside the router
+    # the SDK's ASGI app, outside the router
+    app.router.routes.append(Route("/mcp", endpoint=_Keyed(mcp_route.endpoint, authorize)))
 
     @app.get("/health")
     def health() -> dict:

@@ -45,12 +45,8 @@ HOP_BY_HOP = {
     "transfer-encoding",
     "upgrade",
 }
-NOT_PASSED_BACK = HOP_BY_HOP | {
-    "content-length",
-    "content-encoding",
-    "date",
-    "server",
-}  # the body is sent decoded, by this server
+# the body is sent decoded, by this server
+NOT_PASSED_BACK = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
 PASSED_ON = ("content-type", "accept")  # a request's headers forwarded, with ``openai-*`` (organization, project)
 
 

@@ -60,9 +60,8 @@ class Housekeeping:
         if forgetting:
             self._rebuild_chunk_indexes()
             if self._sinks is not None:
-                shutil.rmtree(
-                    self._sinks.folder, ignore_errors=True
-                )  # keyed by content: computed again on the next restore
+                # keyed by content: computed again on the next restore
+                shutil.rmtree(self._sinks.folder, ignore_errors=True)
             self._storage.apply(Dequeue(forgetting, FORGET_WORK))  # before a file's copy, which then holds no mark
         try:
             files = self._storage.compact_files(forget=bool(forgetting), now=now)
@@ -70,9 +69,8 @@ class Housekeeping:
             if forgetting:  # the copy failed: the next gc erases again
                 self._storage.apply(Queue(forgetting, FORGET_WORK))
             raise
-        if forgetting and files.get(
-            "data_files_kept"
-        ):  # a lake's replaced files still hold the rows: the marks wait for them
+        # a lake's replaced files still hold the rows: the marks wait for them
+        if forgetting and files.get("data_files_kept"):
             self._storage.apply(Queue(forgetting, FORGET_WORK))
         return GcReport(
             **freed, prefix_cache_entries=pruned, renumbered_indexes=renumbered, forgotten=len(forgetting), **files

@@ -155,10 +155,8 @@ class Ingester:
         if not files:
             return results
         reader = _FileReader(self._models.described, strict, redact, ahead=not self._claims.needed)
-        with (
-            self._storage.batch(),
-            reader,
-        ):  # files commit together until the lock is let go (HOLD_SECONDS), then each is said
+        # files commit together until the lock is let go (HOLD_SECONDS), then each is said
+        with self._storage.batch(), reader:
             for at, path in enumerate(files):
                 committed = self._ingest_file(
                     path, functools.partial(reader.read, files, at), optional, kv_preset, progress, keep_cache
@@ -237,12 +235,10 @@ class Ingester:
         if progress:
             progress(0, sum(len(p.ids) for p in planned))
         results = []
-        queued = (
-            (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()
-        )  # embedded later, newest first: the embedder's pass is no ingest's
-        with (
-            self._storage.batch()
-        ):  # the source's sessions in one transaction (committed early when the lock is let go)
+        # embedded later, newest first: the embedder's pass is no ingest's
+        queued = (SEMANTIC_WORK,) if Tier.SEMANTIC in optional else ()
+        # the source's sessions in one transaction (committed early when the lock is let go)
+        with self._storage.batch():
             unchanged = self._unchanged(model_id, planned, optional - {Tier.SEMANTIC}, queued)
             for one in planned:
                 result = unchanged.get(id(one)) or self._archive(
@@ -304,9 +300,8 @@ class Ingester:
         began = time.perf_counter()
         ids, item = planned.ids, planned.item
         model_id = loaded.identity.model_id
-        if (
-            conversation is None and planned.part.get("follows") is not None
-        ):  # a part continues the conversation of the part before it
+        # a part continues the conversation of the part before it
+        if conversation is None and planned.part.get("follows") is not None:
             before = self._storage.get_session(planned.part["follows"])
             # ... when that part is this file's own: the same tokens archived from another file (a resumed log's
             # copied history) are that file's session, and this file's conversation is decided by the rule, as a
@@ -316,9 +311,8 @@ class Ingester:
         added: tuple[str, ...] = ()
         work = None  # (the plan's key, the edit, the nodes joining the index, the cache)
 
-        def tokens_of(
-            node,
-        ):  # this session's prefix is the context a tier-L node decodes in; its own tokens, how far to decode
+        # this session's prefix is the context a tier-L node decodes in; its own tokens, how far to decode
+        def tokens_of(node):
             return self._tier_l.node_tokens(node, ids[: node.start], like=ids[node.start :])
 
         for _ in range(COMMIT_ATTEMPTS):
@@ -334,9 +328,8 @@ class Ingester:
             _, edit, joining, cache = work
             try:
                 self._commit(loaded, edit, joining, plan.version)
-            except (
-                StaleWrite
-            ):  # another writer committed meanwhile: plan again; the work stands if the plan is the same
+            # another writer committed meanwhile: plan again; the work stands if the plan is the same
+            except StaleWrite:
                 continue
             work = None
             if plan.match is not None:
@@ -357,9 +350,8 @@ class Ingester:
             and SEMANTIC_WORK in queued
             and any(Tier.SEMANTIC not in n.keep for n in plan.path)
         ):
-            self._storage.apply(
-                Queue([plan.session_id], SEMANTIC_WORK)
-            )  # archived before without it: embedded later too
+            # archived before without it: embedded later too
+            self._storage.apply(Queue([plan.session_id], SEMANTIC_WORK))
         seconds = time.perf_counter() - began
         return IngestResult(
             plan.session_id,
@@ -428,9 +420,8 @@ class Ingester:
         )
         if not (grows or now):
             return
-        path = trie.ends_deepest_first(
-            self._storage.node_path(plan.session_id)
-        )  # an entry stores what it adds to its path's
+        # an entry stores what it adds to its path's
+        path = trie.ends_deepest_first(self._storage.node_path(plan.session_id))
         if now:
             self._prefix_cache.save(plan.session_id, cache, path)
             return
@@ -476,9 +467,8 @@ class _FileReader:
         return read
 
     def _read(self, path: Path) -> Read:
-        skipped: list[dict] | None = (
-            None if self._strict else []
-        )  # malformed records left out, named in the file's first result
+        # malformed records left out, named in the file's first result
+        skipped: list[dict] | None = None if self._strict else []
         try:
             items = list(transcripts.iter_transcripts(path, SESSION_BYTES, skipped))
             if self._described is None:  # on the caller's thread: no file is read ahead before this

@@ -205,9 +205,8 @@ def _check_trie(store: Storage, report: VerifyReport, shapes, deep: bool) -> Non
             report.problems.append(
                 f"node {node.node_id[:12]} starts at {node.start}, its parent ends at {parent[0].end}"
             )
-        held = lengths.get(
-            node.node_id
-        )  # none: tier L only (recomputed), or tokens the model has not scored yet (pending_work)
+        # none: tier L only (recomputed), or tokens the model has not scored yet (pending_work)
+        held = lengths.get(node.node_id)
         if held is not None and held != (node.n_tokens if "tokens" in node.keep else None):
             report.problems.append(
                 f"node {node.node_id[:12]} has {lengths.get(node.node_id)} log-probabilities for {node.n_tokens} tokens"

@@ -71,9 +71,8 @@ class Inventory:
             model = self._storage.get_model(model_id)
             assert model is not None  # a session's model is stored with it
             c = model.config
-            kv_heads = c.get("num_key_value_heads") or c.get(
-                "num_attention_heads"
-            )  # GPT-2, GPT-NeoX: one per query head
+            # GPT-2, GPT-NeoX: one per query head
+            kv_heads = c.get("num_key_value_heads") or c.get("num_attention_heads")
             if c.get("num_hidden_layers") and kv_heads:
                 head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
                 return 2 * c["num_hidden_layers"] * kv_heads * head_dim * 2

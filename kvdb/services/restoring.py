@@ -67,9 +67,8 @@ class Restorer:
             else None
         )
         mode, reason = _mode(mode, nodes, measured, max_loss)
-        window = window or (
-            presets.restore_window(measured.spec) if measured is not None else DEFAULT_WINDOW
-        )  # the preset's, unless told
+        # the preset's, unless told
+        window = window or (presets.restore_window(measured.spec) if measured is not None else DEFAULT_WINDOW)
         restored = self._restore(loaded, row, path, nodes, at, mode, window)
         restored.reason = reason
         restored.fidelity = measured if restored.mode == "archive" else None

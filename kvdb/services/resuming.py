@@ -74,9 +74,8 @@ class Resumer:
             found[1].crop(at - found[0])
             found = (at, found[1])
         held = found[0] if found is not None else better_than
-        leaf = self._storage.get_session(
-            match.node.node_id
-        )  # tier K is read through a session: the one ending in the match's node
+        # tier K is read through a session: the one ending in the match's node
+        leaf = self._storage.get_session(match.node.node_id)
         nodes = [n for n in path if n.start < at]
         if (
             mode != "exact"

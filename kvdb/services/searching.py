@@ -128,9 +128,8 @@ class Searcher:
             owned = self._derived.get(
                 f"{key}:owned", lambda: np.array([str(n) in view.owner for n in slots.node_ids], bool)
             )  # runs some session uses
-            runs = self._derived.get(
-                f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist()))
-            )  # node id -> first slot
+            # node id -> first slot
+            runs = self._derived.get(f"{key}:runs", lambda: dict(zip(slots.node_ids, slots.first.tolist())))
             scoping = session is not None or within is not None
             at = (
                 self._derived.get(f"{key}:at", lambda: {str(n): i for i, n in enumerate(slots.node_ids)})

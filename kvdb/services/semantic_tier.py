@@ -56,9 +56,8 @@ WEAK_BELOW = 0.41
 # file was written reach this share of them: until then each new process reads those few nodes again, which costs
 # less than the rewrite.
 SAVE_SHARE = 1 / 64
-TOOL_ROLES = frozenset(
-    {"tool", "ipython", "function"}
-)  # turns holding what a tool gave back, by the template's role word
+# turns holding what a tool gave back, by the template's role word
+TOOL_ROLES = frozenset({"tool", "ipython", "function"})
 # a tool call's or result's block, as chat.TEXTUAL writes it and as templates that render tools do
 # (Qwen's <tool_call>, <tool_response>); one left open runs to the turn's end
 _TOOL_BLOCK = re.compile(r"<(tool_call|tool_result|tool_response)\b[^>]*>.*?(?:</\1>|\Z)", re.DOTALL)
@@ -126,9 +125,8 @@ class SemanticTier:
         on one scale for any query and any list; under ``WEAK_BELOW`` the hit is marked weak."""
         if not query or not query.strip():
             raise InvalidArgument("empty search query; give some text to look for")
-        with (
-            self._derived.pinned()
-        ):  # one version for the embedders, the trie and the index; each read again only when it moves
+        # one version for the embedders, the trie and the index; each read again only when it moves
+        with self._derived.pinned():
             embedded_with = self._derived.get("embedders", self._storage.chunk_embedders)  # a scan of every chunk row
             if not embedded_with:  # said before the embedder loads
                 raise TierMissing(self._no_tier())
@@ -162,9 +160,8 @@ class SemanticTier:
         session_words, session_ceiling = table.words.grouped(query, groups, len(keys))
         session_share = session_words / max(session_ceiling, 1e-12)
         words_rows, _ = ranking.top_k(chunk_words, CANDIDATES)
-        sessions, _ = ranking.top_k(
-            session_share, max(2 * k, 20)
-        )  # past these, a session is a candidate by its chunks alone
+        # past these, a session is a candidate by its chunks alone
+        sessions, _ = ranking.top_k(session_share, max(2 * k, 20))
         # each candidate chunk: the retrievers' best, and every chunk of the sessions whole-session
         # BM25 puts first, so that a session it finds lands on its own best chunk
         rows = np.union1d(np.union1d(dense_rows, words_rows), np.flatnonzero(np.isin(groups, sessions)))

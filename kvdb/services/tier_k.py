@@ -34,9 +34,8 @@ class TierK:
         self._reader = reader
         self._books: dict[str, KVCodebooks] = {}
         self._decoding: dict[str, KVCodebooks] = {}  # codebook id -> sharpened for restores
-        self._references: dict[
-            str, bytes
-        ] = {}  # codebook id -> the shipped codebooks' reference, as the archive stores it
+        # codebook id -> the shipped codebooks' reference, as the archive stores it
+        self._references: dict[str, bytes] = {}
 
     def codebooks(
         self, model_id: str, codebook_id: str | None = None, preset: str = presets.DEFAULT_NAME
@@ -79,9 +78,8 @@ class TierK:
         model's newest of that spec, else the shipped ones, whose reference is written to the
         archive here (their first build on this machine takes minutes, with the file let go).
         Sessions coded before keep the codebooks they were coded with."""
-        codebook_id, books = self.codebooks(
-            model_id, preset=preset
-        )  # parsed now, with the file held: coding later reads nothing from it
+        # parsed now, with the file held: coding later reads nothing from it
+        codebook_id, books = self.codebooks(model_id, preset=preset)
         if self._storage.codebooks_for(model_id, books.preset) is None:
             reference = self._references[codebook_id]
             self._storage.apply(PutCodebooks(codebook_id, model_id, books.preset, reference))

@@ -49,9 +49,8 @@ SEMANTIC_ONLY = frozenset({Tier.SEMANTIC})
 NICENESS = 10  # a watcher's background upkeep gives way to the user's own work
 
 NodeKey = tuple[str, int, int]  # a node and its span: a node another writer cut keeps its id, not its start
-Prepared = tuple[
-    SessionRow, np.ndarray, list[tuple[NodeKey, tuple[np.ndarray, list[str]]]]
-]  # a session, its tokens, its lacking nodes cut
+# a session, its tokens, its lacking nodes cut
+Prepared = tuple[SessionRow, np.ndarray, list[tuple[NodeKey, tuple[np.ndarray, list[str]]]]]
 
 
 def _key(node: NodeRow) -> NodeKey:
@@ -147,9 +146,8 @@ class Upkeep:
         group: list[Prepared] = []
         cut: set[NodeKey] = set()
         chunks = 0
-        paths = self._storage.session_paths(
-            [row.session_id for row in queued]
-        )  # one walk up for them all, not two a session
+        # one walk up for them all, not two a session
+        paths = self._storage.session_paths([row.session_id for row in queued])
         for row in queued:
             path = paths.get(row.session_id) or self._storage.node_path(row.session_id)
             ids = self._reader.path_tokens(row, path=path)
@@ -236,13 +234,8 @@ class BackgroundUpkeep:
     resumes from the queue next time). It takes the archive's lock only to read and commit."""
 
     def __init__(self, location, model: str | None, data_path, embedder: str | None, key: bytes | None = None):
-        self._args = (
-            str(location),
-            model,
-            None if data_path is None else str(data_path),
-            embedder,
-            key or b"",
-        )  # b"": no key
+        # b"": no key
+        self._args = (str(location), model, None if data_path is None else str(data_path), embedder, key or b"")
         self._process: Any = None  # a spawn context's Process
 
     def running(self) -> bool:

@@ -53,12 +53,10 @@ class AgentHome:
 
 
 AGENT_FOLDERS = {
-    "claude-code": AgentHome(
-        "CLAUDE_CONFIG_DIR", ".", ("~/.claude", "~/.config/claude"), ("projects",)
-    ),  # PROJECT/SESSION.jsonl
-    "codex": AgentHome(
-        "CODEX_HOME", ".", ("~/.codex",), ("sessions", "archived_sessions")
-    ),  # YYYY/MM/DD/rollout-*.jsonl
+    # PROJECT/SESSION.jsonl
+    "claude-code": AgentHome("CLAUDE_CONFIG_DIR", ".", ("~/.claude", "~/.config/claude"), ("projects",)),
+    # YYYY/MM/DD/rollout-*.jsonl
+    "codex": AgentHome("CODEX_HOME", ".", ("~/.codex",), ("sessions", "archived_sessions")),
     "gemini": AgentHome("GEMINI_CLI_HOME", ".gemini", ("~/.gemini",), ("tmp",)),  # PROJECT_HASH/chats/session-*.json(l)
 }
 
@@ -93,9 +91,8 @@ def agent_sources(agent: str | None, paths: Iterable[str | Path] = (), *, follow
     found = [f for f in folders if f.exists()]
     if not found and not given:
         home = AGENT_FOLDERS[agent]
-        named = " or ".join(
-            str(f) for f in folders[:: len(home.logs)]
-        )  # each home's first folder: where its logs begin
+        # each home's first folder: where its logs begin
+        named = " or ".join(str(f) for f in folders[:: len(home.logs)])
         raise InvalidArgument(
             f"no {agent} logs at {named}: {agent} has not run as this user, or keeps them elsewhere; "
             f"give their folder as PATH (--from {agent} PATH), or set {home.variable} as {agent} itself reads it"

@@ -50,9 +50,8 @@ def ingest_with_workers(
     files = list(dict.fromkeys(files))
     from kvdb.storage import open_storage
 
-    open_storage(
-        location, data_path=data_path, key=key
-    ).close()  # created or migrated once, before workers race to do it
+    # created or migrated once, before workers race to do it
+    open_storage(location, data_path=data_path, key=key).close()
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads forked mid-use
     tasks, events = context.Queue(), context.Queue()
     for path in files:

@@ -93,9 +93,8 @@ class WriteCompute:
             split_kv = self._tier_k().cut(match.node, match.offset)
         resumable = trie.ends_deepest_first(plan.path)  # deepest first, with the positions each holds
         first = plan.scored_from
-        scoring = (plan.runs_model or given is not None or score) and first < len(
-            ids
-        )  # else the model's pass is queued (pending_work)
+        # else the model's pass is queued (pending_work)
+        scoring = (plan.runs_model or given is not None or score) and first < len(ids)
         short = (len(ids) - first < SHORT_WORK_TOKENS or not scoring) and "lm" not in keep
         self._storage.before_compute(short=short)  # reads done: the model's work needs no file
         split, parent_id, lm_context = None, None, None
@@ -124,9 +123,8 @@ class WriteCompute:
             metadata["text"] = item.text  # this tokenizer does not round-trip it: kept verbatim so `show` stays exact
         row = SessionRow(plan.session_id, item.name, item.source, model_id, utc_now(), len(ids), metadata)
         alphabet = max(loaded.vocab_size, len(loaded.tokenizer))
-        above = [n.node_id for n in plan.path[:-1]] + (
-            [parent_id] if parent_id is not None else []
-        )  # a split's head stands for the node it cuts
+        # a split's head stands for the node it cuts
+        above = [n.node_id for n in plan.path[:-1]] + ([parent_id] if parent_id is not None else [])
         path = (*above, node.node_id) if node is not None else tuple(above)
         return SessionWork(SessionWrite(row, alphabet, split, node, tokens_back=tokens_back, path=path), cache)
 
@@ -138,9 +136,8 @@ class WriteCompute:
         missing = {n.node_id: tiers for n, tiers in plan.lacking}
         nodes = [n for n, _ in plan.lacking]
         back, lm, kv = ([n for n in nodes if tier in missing[n.node_id]] for tier in ("tokens", "lm", "kv"))
-        scoring = bool(back) or (
-            bool(kv) and cache is None
-        )  # log-probabilities of tokens given back; a cache for tier K
+        # log-probabilities of tokens given back; a cache for tier K
+        scoring = bool(back) or (bool(kv) and cache is None)
         self._storage.before_compute(short=not lm and not (scoring and len(ids) >= SHORT_WORK_TOKENS))
         given: dict[str, dict] = {n.node_id: {} for n in nodes}
         if scoring:

@@ -175,9 +175,8 @@ def plan_session(
     if storage.has_session(session_id):
         path = storage.node_path(session_id)
         return SessionPlan(session_id, ids, keep, version, None, path, missing_tiers(path, keep))
-    match = trie.longest_prefix(
-        storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads
-    )  # a node is cut only where MIN_SPLIT of its tokens are shared
+    # a node is cut only where MIN_SPLIT of its tokens are shared
+    match = trie.longest_prefix(storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads)
     return SessionPlan(session_id, ids, keep, version, match, list(match.path), [])
 
 

@@ -55,9 +55,8 @@ class Archiver:
         self._gate = gate
         self._keep = keep
         self._kv_preset = kv_preset
-        self._keep_runs_model = bool(
-            parse_keep(keep) & {"lm", "kv"}
-        )  # tier L codes, and tier K quantizes, with the model
+        # tier L codes, and tier K quantizes, with the model
+        self._keep_runs_model = bool(parse_keep(keep) & {"lm", "kv"})
         self._queue: queue.Queue[tuple[Path, Computed | None] | None] = queue.Queue()
         self._retry: dict[Path, tuple[float, float]] = {}  # entry -> (when to try it again, the wait after that)
         self._stopping = threading.Event()
@@ -119,11 +118,8 @@ class Archiver:
         _, after = self._retry.pop(path, (0.0, RETRY_AFTER_S[0]))
         try:
             self._archive(path, computed)
-        except (
-            KvdbError,
-            ValueError,
-            KeyError,
-        ) as exc:  # the archive refuses it, or it is no entry: retrying cannot help
+        # the archive refuses it, or it is no entry: retrying cannot help
+        except (KvdbError, ValueError, KeyError) as exc:
             log.error("journal entry %s set aside as %s: %s", path.name, self._journal.set_aside(path).name, exc)
         except Exception:  # the worker outlives one bad entry, which stays in the journal, tried again later
             self._retry[path] = (time.monotonic() + after, min(2 * after, RETRY_AFTER_S[1]))

@@ -116,9 +116,8 @@ class Engine:
         self._restore = restore
         self._access = ArchiveAccess(archive)
         try:
-            self._access(
-                lambda a: a.check_keep(keep, kv_preset)
-            )  # a bad keep refused, tier K's codebooks built, at start: not at each exchange
+            # a bad keep refused, tier K's codebooks built, at start: not at each exchange
+            self._access(lambda a: a.check_keep(keep, kv_preset))
         except KvdbError:
             self._access.close()
             raise
@@ -285,9 +284,8 @@ class Engine:
         added = chat.turns_suffix(tokenizer, messages) if prompt is None else prompt
         ids = np.concatenate([before, np.asarray(tok.encode(tokenizer, added), dtype=np.int64)])
 
-        def exchange(
-            reply: str,
-        ) -> str:  # the continued session's text, the new turns and the reply, as one text session
+        # the continued session's text, the new turns and the reply, as one text session
+        def exchange(reply: str) -> str:
             if prompt is not None:
                 return before_text + prompt + reply
             return before_text + chat.turns_suffix(

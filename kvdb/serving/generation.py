@@ -122,9 +122,8 @@ class Generation:
         self._top = top_logprobs
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
-        self._scores: list[
-            np.ndarray
-        ] = []  # ln p of the prompt's tokens from ``_scored`` on, then of each generated token
+        # ln p of the prompt's tokens from ``_scored`` on, then of each generated token
+        self._scores: list[np.ndarray] = []
         self._scored = 0
         self.text = ""
         self.finish_reason = "length"
@@ -178,9 +177,8 @@ class Generation:
             cut = min((i for i in (text.find(s, max(0, sent - hold)) for s in stops) if i >= 0), default=-1)
             if cut >= 0:
                 text, self.finish_reason = text[:cut], "stop"
-                self.logprobs = [
-                    t for t in self.logprobs if t.offset < cut
-                ]  # those wholly in the stop string are not the reply's
+                # those wholly in the stop string are not the reply's
+                self.logprobs = [t for t in self.logprobs if t.offset < cut]
                 break
             ready = min(len(text) - hold, len(text.rstrip(UNFINISHED)))
             if ready > sent:

@@ -67,9 +67,8 @@ def entry(relayed: Relayed, local_model: str) -> dict | None:
             return None
         assert isinstance(reply, dict)
         if conversation is None and not any(isinstance(m, dict) and m.get("role") == "assistant" for m in sent):
-            conversation = (
-                uuid.uuid4().hex
-            )  # a chat of one turn starts a conversation; a longer one joins the one it extends
+            # a chat of one turn starts a conversation; a longer one joins the one it extends
+            conversation = uuid.uuid4().hex
         users = [_text(m.get("content")) for m in sent if isinstance(m, dict) and m.get("role") == "user"]
         name = extension.get("name") or title_of(
             users[0] if users else _text(sent[0].get("content") if isinstance(sent[0], dict) else ""), "chat"
@@ -201,12 +200,8 @@ class Relay:
             made = entry(relayed, self._local_model)
             if made is not None:
                 self._submit(self._write(made))
-        except (
-            KvdbError,
-            ValueError,
-            TypeError,
-            AttributeError,
-        ) as exc:  # the reply was sent; its exchange is not archived
+        # the reply was sent; its exchange is not archived
+        except (KvdbError, ValueError, TypeError, AttributeError) as exc:
             log.error("a relayed exchange was not archived: %s", exc)
         except Exception:  # the thread outlives one exchange
             log.exception("a relayed exchange was not archived")

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterator
 from kvdb.serving.generation import Delta
 from kvdb.serving.responses import Completion, Header
 
-Work = Callable[
-    [Callable[[Delta], None], Callable[[], bool]], Completion
-]  # (emit a delta, cancelled?) -> the completion
+# (emit a delta, cancelled?) -> the completion
+Work = Callable[[Callable[[Delta], None], Callable[[], bool]], Completion]
 
 
 class Reply:

@@ -69,9 +69,8 @@ class SessionRow:
     created_at: dt.datetime
     n_tokens: int
     metadata: dict
-    conversation_id: str = (
-        ""  # the conversation it is a state of (kvdb.storage.conversation_rows); "" in a row not written yet
-    )
+    # the conversation it is a state of (kvdb.storage.conversation_rows); "" in a row not written yet
+    conversation_id: str = ""
 
 
 # What a session says of itself, read from its row (``kvdb.records.Session`` shows them): defined
@@ -228,9 +227,8 @@ class Split:
     lm_tail: bytes | None = None
     tokens: np.ndarray | None = None  # the node's tokens (decoded from tier L) and log-probabilities (scored
     logprobs: np.ndarray | None = None  # again), when it is held in tier L only
-    kv_head: np.ndarray | None = (
-        None  # entropy-coded tier K payloads of the two halves, re-coded, when the node has one
-    )
+    # entropy-coded tier K payloads of the two halves, re-coded, when the node has one
+    kv_head: np.ndarray | None = None
     kv_tail: np.ndarray | None = None
 
 
@@ -269,12 +267,10 @@ class SessionWrite:
     # Nodes on the session's path held in tier L only get their tokens and log-probabilities back
     # (node id -> both) from the new session's own: a node two sessions share keeps its tokens.
     tokens_back: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    conversation: str | None = (
-        None  # the conversation it continues, when its writer knows (a server's chat); else the rule decides
-    )
-    queued: tuple[
-        str, ...
-    ] = ()  # work left for `kvdb upkeep` ("semantic"); "logprobs" is queued wherever its path holds unscored tokens
+    # the conversation it continues, when its writer knows (a server's chat); else the rule decides
+    conversation: str | None = None
+    # work left for `kvdb upkeep` ("semantic"); "logprobs" is queued wherever its path holds unscored tokens
+    queued: tuple[str, ...] = ()
     # The session's trie path (node ids, root first) as planned, with the split and the new node: the
     # write is made on the snapshot the plan read (``based_on``), so the path stands. Empty: read it.
     path: tuple[str, ...] = ()

@@ -127,10 +127,8 @@ def joined(conn, session: SessionRow, path: list[str], named: str | None) -> lis
             Insert("conversations", [{"conversation_id": conversation, "title": None, **summary([session])}])
         ]
     count, updated_at, latest_id, cwd = row
-    if count is not None and (session.created_at, session.session_id) > (
-        updated_at,
-        latest_id,
-    ):  # a new latest version, as a log grows
+    # a new latest version, as a log grows
+    if count is not None and (session.created_at, session.session_id) > (updated_at, latest_id):
         latest = _latest(session) | ({"cwd": cwd_of(session.metadata)} if cwd is None else {})
         return edits + [Update("conversations", "conversation_id", conversation, {"versions": count + 1, **latest})]
     return edits + [

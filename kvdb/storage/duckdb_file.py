@@ -41,9 +41,8 @@ class DuckDBFile(Engine):
             raise ArchiveError(
                 f"{self.path} is a directory; give the path of an archive file (e.g. {self.path}/archive.duckdb)"
             )
-        if (
-            read_only and not self.path.exists()
-        ):  # reading creates nothing: a typo in --db must not leave an archive behind
+        # reading creates nothing: a typo in --db must not leave an archive behind
+        if read_only and not self.path.exists():
             raise ArchiveError(
                 f"no archive at {self.path}; check --db (or $KVDB_DB), or create it with `kvdb ingest PATH`"
             )
@@ -136,9 +135,8 @@ class DuckDBFile(Engine):
             return ArchiveError(
                 f"{self.path} is not a kvdb archive (not a DuckDB database file); check --db (or $KVDB_DB)"
             )
-        if (
-            "without a key" in message or "Wrong encryption key" in message
-        ):  # encrypted, its seal file gone or another's
+        # encrypted, its seal file gone or another's
+        if "without a key" in message or "Wrong encryption key" in message:
             seal = sealing.seal_path(self.path)
             return ArchiveKeyError(
                 f"{self.path} is encrypted, and {seal.name} beside it is missing or not its own: "

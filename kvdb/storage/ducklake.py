@@ -112,15 +112,13 @@ class DuckLake(Engine):
         remote = "://" in (
             self.data_path or self._catalog_value("select value from ducklake_metadata where key = 'data_path'") or ""
         )
-        load_extensions(
-            cursor, EXTENSIONS + (("httpfs",) if remote else ())
-        )  # object storage (s3://, https://...) through httpfs
+        # object storage (s3://, https://...) through httpfs
+        load_extensions(cursor, EXTENSIONS + (("httpfs",) if remote else ()))
         secret = _object_store_secret() if remote else None
         if secret is not None:
             cursor.execute(secret)
-        options = (
-            ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]
-        )  # rows go to Parquet, not into the catalog
+        # rows go to Parquet, not into the catalog
+        options = ["READ_ONLY"] if self.read_only else ["DATA_INLINING_ROW_LIMIT 0"]
         if self.data_path is not None and not self.read_only:
             options.append(f"DATA_PATH '{quoted(self.data_path.rstrip('/') + '/')}'")
         try:
@@ -286,9 +284,8 @@ class DuckLake(Engine):
             else []
         )
         merged = conn.execute(f"call ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
-        conn.execute(
-            f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})"
-        ).fetchall()  # count(*): no timestamps to convert
+        # count(*): no timestamps to convert
+        conn.execute(f"select count(*) from ducklake_expire_snapshots('{ALIAS}', {older})").fetchall()
         meta = f"__ducklake_metadata_{ALIAS}"
         (scheduled,) = conn.execute(f"select count(*) from {meta}.ducklake_files_scheduled_for_deletion").fetchone()  # type: ignore[misc]
         (deleted,) = conn.execute(f"select count(*) from ducklake_cleanup_old_files('{ALIAS}', {older})").fetchone()  # type: ignore[misc]
@@ -296,9 +293,8 @@ class DuckLake(Engine):
             f"select (select count(*) from {meta}.ducklake_data_file where end_snapshot is not null)"
             f" + (select count(*) from {meta}.ducklake_delete_file where end_snapshot is not null)"
         ).fetchone()
-        kept = (
-            int(scheduled) - int(deleted) + int(ended)
-        )  # what older snapshots still read, and what waits to be deleted
+        # what older snapshots still read, and what waits to be deleted
+        kept = int(scheduled) - int(deleted) + int(ended)
         return {
             "data_files_merged": sum(int(r[2]) for r in [*rewritten, *merged]),
             "data_files_written": sum(int(r[3]) for r in [*rewritten, *merged]),

@@ -47,12 +47,10 @@ nodes = sa.Table(
     sa.Column("n_tokens", sa.Integer, nullable=False),
     sa.Column("first_token", sa.Integer, nullable=False),
     sa.Column("refcount", sa.Integer, nullable=False),  # sessions whose path runs through this node
-    sa.Column(
-        "keep", sa.String, server_default="search"
-    ),  # tiers the node holds, comma-separated: "tokens", "search", "lm", "kv"
-    sa.Column(
-        "child_key", sa.String, nullable=True
-    ),  # how a walk finds it under its parent: base.child_key (since 0014)
+    # tiers the node holds, comma-separated: "tokens", "search", "lm", "kv"
+    sa.Column("keep", sa.String, server_default="search"),
+    # how a walk finds it under its parent: base.child_key (since 0014)
+    sa.Column("child_key", sa.String, nullable=True),
 )
 
 # Tier L: a node's tokens range-coded against the model's own next-token distribution (kvdb.model.lmcode),
@@ -159,9 +157,8 @@ conversations = sa.Table(
     sa.Column("versions", sa.Integer, nullable=True),
     sa.Column("updated_at", sa.DateTime, nullable=True),  # its latest version's created_at
     sa.Column("latest_id", sa.String, nullable=True),  # its latest version: the last by (created_at, session_id)
-    sa.Column(
-        "said_at", sa.DateTime, nullable=True
-    ),  # when its latest version was said (Session.said_at), as its log wrote it, without a zone
+    # when its latest version was said (Session.said_at), as its log wrote it, without a zone
+    sa.Column("said_at", sa.DateTime, nullable=True),
     sa.Column("agent", sa.String, nullable=True),  # its first version's format
     sa.Column("cwd", sa.String, nullable=True),  # the first working directory a version records
     sa.Column("folder", sa.String, nullable=True),  # its first version's file's folder; its project: cwd, else this

@@ -59,9 +59,8 @@ def run(conn, changes: list[edits.Edit]) -> None:
             if change.rows:
                 columns = list(change.rows[0])
                 one = f"({', '.join('?' * len(columns))})"
-                for at in range(
-                    0, len(change.rows), INSERT_ROWS
-                ):  # one statement a batch: a lake writes a data file per statement
+                # one statement a batch: a lake writes a data file per statement
+                for at in range(0, len(change.rows), INSERT_ROWS):
                     batch = change.rows[at : at + INSERT_ROWS]
                     conn.execute(
                         f"insert into {change.table} ({', '.join(columns)}) values {', '.join([one] * len(batch))}",

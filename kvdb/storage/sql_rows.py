@@ -19,9 +19,8 @@ from kvdb.storage.base import NodeRow, SessionRow
 from kvdb.storage.edits import Stream, keep_from_text
 
 NODE = "node_id, parent_id, model_id, start, n_tokens, first_token, refcount, keep"
-CONVERSATION = (
-    "coalesce(conversation_id, session_id)"  # a session no migration or write grouped is a conversation of its own
-)
+# a session no migration or write grouped is a conversation of its own
+CONVERSATION = "coalesce(conversation_id, session_id)"
 SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, {CONVERSATION}"
 SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
 # nodes n that hold tokens the model has not scored (an ingest without it queued the pass)

@@ -391,14 +391,12 @@ def _read_only_connection(storage: Storage) -> Iterator[tuple[duckdb.DuckDBPyCon
 
     engine = storage.engine
     with storage.explained():
-        if isinstance(
-            engine, DuckLake
-        ):  # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
+        # a cursor: the lake as attached (READ_ONLY where the archive is), no second attach
+        if isinstance(engine, DuckLake):
             conn = engine.connection().cursor()
             db = ALIAS
-        elif (
-            isinstance(engine, DuckDBFile) and engine.seal is not None
-        ):  # a cursor too: DuckDB attaches a file once per process
+        # a cursor too: DuckDB attaches a file once per process
+        elif isinstance(engine, DuckDBFile) and engine.seal is not None:
             conn = engine.connection().cursor()
             db = SEALED_CATALOG
         else:

@@ -179,16 +179,13 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             obj = Invalid(f"invalid JSON: {error.msg} (column {error.colno})")
         except RecursionError:
             obj = Invalid("invalid JSON: nested too deeply")
-        if (
-            layout is None and _undecided(obj) and len(waiting) < WAITING_RECORDS
-        ):  # a typed record of no layout (an agent log's snapshot line): the next decides
+        # a typed record of no layout (an agent log's snapshot line): the next decides
+        if layout is None and _undecided(obj) and len(waiting) < WAITING_RECORDS:
             waiting.append((line, obj))
             continue
         decided = layout is None
-        for at, record in [
-            (line, obj),
-            *(waiting if decided else ()),
-        ]:  # the record that sets the layout, then those read before it
+        # the record that sets the layout, then those read before it
+        for at, record in [(line, obj), *(waiting if decided else ())]:
             try:
                 if isinstance(record, Invalid):
                     raise record
@@ -218,9 +215,8 @@ def _iter_jsonl(file, shown: str, limit: int | None, skipped: list[dict] | None)
             raise TranscriptError(shown, reason, at)
         skipped.append({"line": at, "reason": reason})
     if skipped:
-        skipped.sort(
-            key=lambda skip: skip["line"]
-        )  # the records waiting for a layout were taken after the one that set it
+        # the records waiting for a layout were taken after the one that set it
+        skipped.sort(key=lambda skip: skip["line"])
     if layout is None:
         if skipped:
             raise TranscriptError(

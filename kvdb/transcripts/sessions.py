@@ -35,10 +35,8 @@ class Transcript:
 SIDE_FIELDS = ("title", "summaries", "tools", "alternatives", "events", "attachments")
 MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio"}
 TITLE_CHARS = 80  # a title made from a prompt: a line of a list, ellipsis included
-NUMBERED = (
-    "branch",
-    "window",
-)  # what a format numbers a file's other sessions by, as it names them ("NAME [branch 2]")
+# what a format numbers a file's other sessions by, as it names them ("NAME [branch 2]")
+NUMBERED = ("branch", "window")
 WRAPPED = re.compile(r"\s*<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.DOTALL)  # a block a harness wraps in a tag
 PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,40} not archived\]")
 UNTITLED = "Untitled"  # a session without a word of text to be titled by (an export cut to its ids): still no bare id
@@ -60,9 +58,8 @@ def chat(
     kept = {key: list(value) for key, value in (side or {}).items() if value}
     unknown = sorted(set(kept) - set(SIDE_FIELDS))
     if unknown:
-        raise ValueError(
-            f"unknown side fields {unknown}; known: {SIDE_FIELDS}"
-        )  # a format module's bug, not the user's
+        # a format module's bug, not the user's
+        raise ValueError(f"unknown side fields {unknown}; known: {SIDE_FIELDS}")
     if title is not None:
         title += "".join(
             f" [{key} {metadata[key]}]" for key in NUMBERED if isinstance(metadata.get(key), int) and metadata[key] > 1

@@ -21,9 +21,8 @@ from kvdb.transcripts.sessions import Transcript, add_system, chat, first_prompt
 from kvdb.transcripts.stamps import said
 
 ROLES = {"user": "user", "model": "assistant"}
-DRIVE_UNTITLED = (
-    "Untitled prompt"  # Drive's name for a chat the user did not name ("Untitled prompt (3)" after the first)
-)
+# Drive's name for a chat the user did not name ("Untitled prompt (3)" after the first)
+DRIVE_UNTITLED = "Untitled prompt"
 MEDIA = {
     "driveImage": "image",
     "inlineImage": "image",

@@ -105,9 +105,8 @@ class EventLog(Log):
         self._names: dict[str | None, str] = {}  # leaf uuid -> summary
         self._summaries: list[str] = []
         self._side: dict[tuple[str, str | None], dict[str, list]] = {}  # (session, agent) -> side fields
-        self._titles: dict[
-            tuple[str, str | None], dict[str, str]
-        ] = {}  # (session, agent) -> the last title of each kind (TITLES)
+        # (session, agent) -> the last title of each kind (TITLES)
+        self._titles: dict[tuple[str, str | None], dict[str, str]] = {}
         self._mirrors: dict[tuple[str, str | None], list[tuple[dict, int]]] = {}  # (session, agent) -> (message, line)
         self._skipped: Counter = Counter()  # records with no text, by type
         self._held: Counter = Counter()  # records kept as side fields, by type
@@ -201,24 +200,20 @@ class EventLog(Log):
         parent_message = {uuid: self._message_parent(uuid, links) for uuid in self._messages}
         has_child = set(parent_message.values())
         groups: dict[tuple[str, str | None], list[str]] = {}
-        for leaf in reversed(
-            [uuid for uuid in self._messages if uuid not in has_child]
-        ):  # the leaf written last comes first
+        # the leaf written last comes first
+        for leaf in reversed([uuid for uuid in self._messages if uuid not in has_child]):
             groups.setdefault(self._group(self._messages[leaf]), []).append(leaf)
-        mirrors = {
-            group: mirrored for group, mirrored in self._mirrors.items() if group not in groups
-        }  # a sub-agent's own events come first
-        if (
-            not groups and not mirrors
-        ):  # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
+        # a sub-agent's own events come first
+        mirrors = {group: mirrored for group, mirrored in self._mirrors.items() if group not in groups}
+        # summaries alone: nothing to archive; other records: a layout kvdb may misread, never "empty"
+        if not groups and not mirrors:
             raise (
                 EmptyTranscript(self._shown, self._why_empty())
                 if self._summaries_only()
                 else Invalid(self._why_empty())
             )
-        built: list[
-            tuple[tuple[str, str | None] | None, str, Conversation, dict, str | None]
-        ] = []  # (group of a main session, name, ..., title)
+        # (group of a main session, name, ..., title)
+        built: list[tuple[tuple[str, str | None] | None, str, Conversation, dict, str | None]] = []
         named: set[str] = set()  # the summaries that name a session
         for group, leaves in groups.items():
             for branch, (leaf, chain) in enumerate(self._chains(leaves, parent_message), start=1):
@@ -282,9 +277,8 @@ class EventLog(Log):
         replies: set[str] = set()  # the ids of their replies
         for leaf in leaves:
             chain, seen = [leaf], {leaf}
-            while (
-                parent := parent_message[chain[-1]]
-            ) is not None and parent not in seen:  # a cycle of links ends the chain
+            # a cycle of links ends the chain
+            while (parent := parent_message[chain[-1]]) is not None and parent not in seen:
                 chain.append(parent)
                 seen.add(parent)
             own = [uuid for uuid in chain if uuid not in main]

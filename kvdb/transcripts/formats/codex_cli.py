@@ -33,9 +33,8 @@ DIALOGUE_EVENTS = {
     "agent_reasoning_raw_content": "text",
 }
 INJECTED = ("# AGENTS.md instructions for",)  # a user turn Codex writes itself, with the project's instructions
-AGENTS_BLOCK = re.compile(
-    r"\s*# AGENTS\.md instructions for [^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>", re.DOTALL
-)  # the same, as a part of a turn
+# the same, as a part of a turn
+AGENTS_BLOCK = re.compile(r"\s*# AGENTS\.md instructions for [^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>", re.DOTALL)
 IDE_REQUEST = "## My request for Codex:"  # the IDE extension sends its context first, then this, then the prompt
 # items that are the harness's bookkeeping, with no text the model was given
 NO_TEXT_ITEMS = ("ghost_snapshot",)
@@ -93,17 +92,15 @@ class Rollout(Log):
         self._stem, self._shown = stem, shown
         self._meta: dict | None = None
         self._line = 0
-        self._windows: list[tuple[Conversation, list[tuple[str, list[str]]]]] = [
-            (Conversation(), [])
-        ]  # (conversation, its events)
+        # (conversation, its events)
+        self._windows: list[tuple[Conversation, list[tuple[str, list[str]]]]] = [(Conversation(), [])]
         self._said: set[str] = set()  # every text the response items hold, to tell a repeating event
         self._outputs: dict[str, str] = {}  # call id -> the output the model was given
         self._tools: list[str] = []
         self._title: list[str] = []
         self._model: str | None = None
-        self._instructions: str | None = (
-            None  # the 2025 "instructions", until the first item says whether it repeats them
-        )
+        # the 2025 "instructions", until the first item says whether it repeats them
+        self._instructions: str | None = None
 
     def add(self, record, line: int) -> None:
         if not isinstance(record, dict):
@@ -278,9 +275,8 @@ class Rollout(Log):
                 continue
             side = {"events": kept, "tools": self._tools, "title": self._title} if not out else {"events": kept}
             extra = {"window": number} if number > 1 else {}
-            title = title or first_prompt(
-                map(_request, conversation.messages()), INJECTED
-            )  # the first window's, for the windows after it
+            # the first window's, for the windows after it
+            title = title or first_prompt(map(_request, conversation.messages()), INJECTED)
             out.append(
                 chat(
                     name if number == 1 else f"{name} [window {number}]",
@@ -327,10 +323,8 @@ def _shaped(item, conversation: Conversation) -> dict | None:
     if item_type in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         return {"role": "tool", "tool_call_id": call_id, "content": [output] if isinstance(output, dict) else output}
-    if item_type in (
-        "local_shell_call",
-        "web_search_call",
-    ):  # the call the model made; a hosted search's results it was not shown here
+    # the call the model made; a hosted search's results it was not shown here
+    if item_type in ("local_shell_call", "web_search_call"):
         return {
             "type": "function_call",
             "call_id": call_id,

@@ -30,16 +30,11 @@ from kvdb.transcripts.stamps import StampedLog
 
 MESSAGE_TYPES = ("user", "gemini")
 NOTICE_TYPES = ("info", "error", "warning")
-CLAUDE_KEYS = (
-    "uuid",
-    "parentUuid",
-    "message",
-    "role",
-)  # what a Claude Code event (or a chat message) has and a Gemini record never does
+# what a Claude Code event (or a chat message) has and a Gemini record never does
+CLAUDE_KEYS = ("uuid", "parentUuid", "message", "role")
 MEDIA = {"image": "image", "audio": "audio", "video": "video"}
-INJECTED = (
-    "This is the Gemini CLI. We are setting up the context for our chat.",
-)  # the first user turn of a chat, without <session_context>
+# the first user turn of a chat, without <session_context>
+INJECTED = ("This is the Gemini CLI. We are setting up the context for our chat.",)
 
 
 def _header(record) -> bool:
@@ -149,9 +144,8 @@ class GeminiLog(Log):
     def __init__(self, stem: str, shown: str):
         self._stem, self._shown = stem, shown
         self._meta: dict = {}
-        self._records: dict[
-            str, tuple[list[dict], list[dict]]
-        ] = {}  # message id -> (its turns, its events), the last written
+        # message id -> (its turns, its events), the last written
+        self._records: dict[str, tuple[list[dict], list[dict]]] = {}
         self._order: dict[str, None] = {}  # the session's message ids, in order
         self._branches: list[list[tuple[list[dict], list[dict]]]] = []  # what rewinds and replacements left behind
         self._notes: list[dict] = []
@@ -176,9 +170,8 @@ class GeminiLog(Log):
                 raise Invalid(f'"sessionId" must be a string, not {kind(record["sessionId"])}', record)
             self._prompts.setdefault(record["sessionId"], []).append(record["message"])
         elif _content(record):
-            Conversation(record).add_all(
-                _turns(record["role"], record["parts"])
-            )  # checked now, so that a refused record leaves no trace
+            # checked now, so that a refused record leaves no trace
+            Conversation(record).add_all(_turns(record["role"], record["parts"]))
             self._contents.append(record)
         else:
             shown = (
@@ -283,9 +276,8 @@ class GeminiLog(Log):
             for turn in _turns(content["role"], content["parts"]):
                 conversation.add(turn, f"history[{index}]: ")
         events = []
-        if (
-            restore is not None
-        ):  # what the UI showed and the call being checkpointed, where the history does not hold them
+        # what the UI showed and the call being checkpointed, where the history does not hold them
+        if restore is not None:
             said = json.dumps(contents, ensure_ascii=False)
             for item in restore.get("history") or ():
                 if (
@@ -300,9 +292,8 @@ class GeminiLog(Log):
                 events.append({"type": "toolCall", "text": json.dumps(call, ensure_ascii=False)})
         if conversation.empty:
             raise EmptyTranscript(self._shown, "the checkpoint holds no history")
-        title = (
-            first_prompt(conversation.messages(), INJECTED) if restore is not None else None
-        )  # a /chat save file is named by its tag
+        # a /chat save file is named by its tag
+        title = first_prompt(conversation.messages(), INJECTED) if restore is not None else None
         return chat(self._stem, self._shown, conversation, {"format": "gemini-cli", **extra}, {"events": events}, title)
 
 

@@ -20,9 +20,8 @@ from kvdb.transcripts.messages import Conversation, Invalid, kind
 from kvdb.transcripts.sessions import Transcript, chat, object_at
 from kvdb.transcripts.stamps import said
 
-HUMANIZED = re.compile(
-    r"(\d{4})-(\d{1,2})-(\d{1,2})\s*@\s*(\d{1,2})h\s*(\d{1,2})m\s*(\d{1,2})s"
-)  # "2025-03-01@10h15m02s"
+# "2025-03-01@10h15m02s"
+HUMANIZED = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})\s*@\s*(\d{1,2})h\s*(\d{1,2})m\s*(\d{1,2})s")
 
 
 class SillyTavern(Format):
