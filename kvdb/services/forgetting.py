@@ -24,7 +24,6 @@ from pathlib import Path
 
 from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.records import DeletedSource
-from kvdb.services import journal
 from kvdb.services.journal import Journal
 from kvdb.storage import Storage
 from kvdb.storage.base import RECORD_LINE, DeleteSession, PutWatchedFiles, Queue, SessionRow, WatchedFileRow, utc_now
@@ -69,7 +68,7 @@ class Forgetting:
         """The serve journal's entries set aside as failed (never archived, kept for a person to
         look at) that name a deleted conversation: they hold its text."""
         names = {v for r in rows for v in (r.session_id, r.conversation_id, r.name) if v}
-        for path in Journal(self._storage.derived_path(journal.SUFFIX)).set_aside_entries():
+        for path in Journal.beside(self._storage.derived_path).set_aside_entries():
             try:
                 entry = Journal.read(path)
             except (OSError, ValueError, CorruptData):

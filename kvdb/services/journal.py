@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvdb import sealing
@@ -25,6 +26,12 @@ class Journal:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self._count = itertools.count()
+
+    @classmethod
+    def beside(cls, derived_path: Callable[[str], Path]) -> Journal:
+        """The journal of an archive whose ``derived_path`` names the files beside it: the one
+        place that says where serve writes it and a forget looks for it."""
+        return cls(derived_path(SUFFIX))
 
     def write(self, entry: dict) -> Path:
         name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._count):06d}.json"

@@ -39,7 +39,6 @@ from kvdb.records import (
     Session,
     Stats,
 )
-from kvdb.services import journal
 from kvdb.services.journal import Journal
 from kvdb.serving.access import ArchiveAccess
 from kvdb.serving.archiver import Archiver
@@ -128,7 +127,7 @@ class Engine:
         self._gate = ModelGate(queue, queue_timeout)
         self._recent = RecentCaches(cache_bytes)
         self._stopping = threading.Event()
-        self._journal = Journal(archive.local_path(journal.SUFFIX))
+        self._journal = Journal.beside(archive.local_path)
         self._archiver = Archiver(self._journal, self._access, self._gate, keep, kv_preset)
         self._relay = Relay(self._journal.write, self._archiver.submit, self.model_name)
 

@@ -26,15 +26,8 @@ from kvdb.storage.edits import Delete, Edit, Insert, Update
 from kvdb.storage.literals import ANY
 from kvdb.storage.sql_rows import SESSION, session_row
 
-SUMMARY = (
-    "versions",
-    "updated_at",
-    "latest_id",
-    "said_at",
-    "agent",
-    "cwd",
-    "folder",
-)  # columns of the conversations table
+# columns of the conversations table
+SUMMARY = ("versions", "updated_at", "latest_id", "said_at", "agent", "cwd", "folder")
 
 # The versions of a page of conversations, as a listing sums them up (``listed``): the conversations
 # table's rows that ``{where}`` admits (a filter on its own columns), ordered and cut (``{paged}``),
@@ -57,19 +50,17 @@ order by p.updated_at desc, p.conversation_id desc, s.created_at, s.session_id
 
 # The whole versions (of the pairs given: whole, first part, the part's end) that a first part is a
 # prefix of: its leaf lies on their path, found by walking up from their leaf no further than the part's end.
-CONTINUED = (
-    """
+CONTINUED = """
 with recursive walk as (
     select p.whole, p.first_part, p.part_end, n.node_id, n.start, n.parent_id
-    from (select unnest(?) as whole, unnest(?) as first_part, unnest(?) as part_end) p"""
-    """ join nodes n on n.node_id = p.whole
+    from (select unnest(?) as whole, unnest(?) as first_part, unnest(?) as part_end) p
+         join nodes n on n.node_id = p.whole
     union all
     select w.whole, w.first_part, w.part_end, n.node_id, n.start, n.parent_id
     from walk w join nodes n on n.node_id = w.parent_id where w.start >= w.part_end
 )
 select distinct whole from walk where node_id = first_part
 """
-)
 
 
 def listed(

@@ -39,15 +39,8 @@ TABLES = (
 LOGPROBS_WORK = "logprobs"  # pending_work: the session's path holds tokens the model has not scored
 SEMANTIC_WORK = "semantic"  # pending_work: the session's path lacks the semantic tier it was ingested with
 PAYLOAD_BLOCK = 1 << 20  # bytes per row of an entropy-coded tier K payload
-NODE_TABLES = (
-    "token_blocks",
-    "token_streams",
-    "node_logprobs",
-    "search_ranges",
-    "node_lm",
-    "node_kv",
-    "node_chunks",
-)  # every tier a node can hold
+# every tier a node can hold
+NODE_TABLES = ("token_blocks", "token_streams", "node_logprobs", "search_ranges", "node_lm", "node_kv", "node_chunks")
 TIER_TABLES = (
     ("search", "search_ranges"),
     ("lm", "node_lm"),

@@ -120,32 +120,32 @@ def _definitions(db: str) -> dict[str, str]:
             with v as (
                 select cs.conversation_id,
                        arg_min(s.name, {order}) as first_name,
-                       arg_max({_text("s.metadata", "title")}, {order}) filter"""
-            f""" (where {_text("s.metadata", "title")} is not null) as file_title,
+                       arg_max({_text("s.metadata", "title")}, {order})
+                           filter (where {_text("s.metadata", "title")} is not null) as file_title,
                        arg_min(coalesce({started}, s.created_at), {order}) as started_at
                 from {t}.conversation_sessions cs join {t}.sessions s using (session_id) group by cs.conversation_id
             )
             select c.conversation_id, coalesce(c.title, v.file_title, v.first_name) as title, c.agent,
                    coalesce(c.cwd, c.folder) as project, c.versions, c.latest_id as latest_session_id, l.n_tokens,
                    v.started_at, c.said_at, c.updated_at
-            from {t}.conversations c left join v using (conversation_id) left join {t}.sessions l"""
-            " on l.session_id = c.latest_id"
+            from {t}.conversations c left join v using (conversation_id)
+                 left join {t}.sessions l on l.session_id = c.latest_id"""
         ),
         "sessions": (
             f"""
             select s.session_id, coalesce(cs.conversation_id, s.session_id) as conversation_id, s.name,
-                   coalesce({_text("s.metadata", "title")}, s.name) as title, s.source,"""
-            f""" {_text("s.metadata", "format")} as agent,
+                   coalesce({_text("s.metadata", "title")}, s.name) as title, s.source,
+                   {_text("s.metadata", "format")} as agent,
                    coalesce({cwd}, {folder}) as project, m.name as model, s.n_tokens,
                    try_cast(s.metadata ->> '$.part.number' as integer) as part, s.created_at,
                    coalesce({started}, s.created_at) as started_at, coalesce({ended}, s.created_at) as said_at
-            from {t}.sessions s left join {t}.conversation_sessions cs using (session_id)"""
-            f" left join {t}.models m using (model_id)"
+            from {t}.sessions s left join {t}.conversation_sessions cs using (session_id)
+                 left join {t}.models m using (model_id)"""
         ),
         "turns": (
-            """
-            select c.conversation_id, c.latest_id as session_id, c.agent, coalesce(c.cwd, c.folder) as project,"""
-            f""" c.said_at,
+            f"""
+            select c.conversation_id, c.latest_id as session_id, c.agent, coalesce(c.cwd, c.folder) as project,
+                   c.said_at,
                    unnest(kvdb_turns(c.latest_id), recursive := true)
             from {t}.conversations c where c.latest_id is not null"""
         ),
@@ -155,8 +155,8 @@ def _definitions(db: str) -> dict[str, str]:
             from temp.main.conversations group by agent""",
         "projects": (
             """
-            select project, count(*) as conversations, sum(versions)::bigint as sessions,"""
-            """ count(distinct agent) as agents,
+            select project, count(*) as conversations, sum(versions)::bigint as sessions,
+                   count(distinct agent) as agents,
                    sum(n_tokens)::bigint as tokens, min(started_at) as first_started_at, max(said_at) as last_said_at
             from temp.main.conversations group by project"""
         ),
@@ -168,16 +168,16 @@ def _definitions(db: str) -> dict[str, str]:
             union all
             select 'search', count(*), coalesce(sum(n.n_tokens), 0), null from {t}.nodes n where {kept.format("search")}
             union all
-            select 'lm', count(*), coalesce(sum(n.n_tokens), 0), coalesce(sum(octet_length(l.payload)), 0)"""
-            f""" from {t}.node_lm l join {t}.nodes n using (node_id)
+            select 'lm', count(*), coalesce(sum(n.n_tokens), 0), coalesce(sum(octet_length(l.payload)), 0)
+            from {t}.node_lm l join {t}.nodes n using (node_id)
             union all
             select 'kv', count(*), coalesce(sum(n.n_tokens), 0), coalesce(sum(k.bytes), 0)
-            from (select node_id, sum(octet_length(data)) as bytes from {t}.node_kv group by node_id)"""
-            f""" k join {t}.nodes n using (node_id)
+            from (select node_id, sum(octet_length(data)) as bytes from {t}.node_kv group by node_id) k
+                 join {t}.nodes n using (node_id)
             union all
             select 'semantic', count(*), coalesce(sum(n.n_tokens), 0), coalesce(sum(k.bytes), 0)
-            from (select node_id, sum(octet_length(vector)) as bytes from {t}.node_chunks group by node_id)"""
-            f" k join {t}.nodes n using (node_id)"
+            from (select node_id, sum(octet_length(vector)) as bytes from {t}.node_chunks group by node_id) k
+                 join {t}.nodes n using (node_id)"""
         ),
     }
 
