@@ -34,7 +34,7 @@ from kvdb.index import sidecar
 MAGIC = b"KVDBIDX7"  # the sidecar format (sidecar.py)
 MAGIC_V6 = b"KVDBIDX6"  # the same arrays end to end, 8-byte aligned: still read
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
-_CHUNK = 1 << 22  # positions whose keys are derived at once when a segment is sorted: bounds temporary memory
+_CHUNK = 1 << 20  # positions whose keys are derived at once when a segment is sorted: ~64 bytes each meanwhile
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
 # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
 _PLACING = 1 << 12
@@ -412,16 +412,20 @@ class Segment:
         ext = table.held + table.length
         starts = np.cumsum(ext) - ext  # where each run's context, else its first slot, lies among the positions
         m = int(ext.sum())
-        index_type = np.dtype(np.int32 if m < 1 << 31 else np.int64)
-        slots = table.slots()
-        real = np.repeat(starts + table.held - table.first, table.length) + slots
+        index_type = np.dtype(np.int32 if m < 1 << 31 else np.int64)  # positions and ranks: half the memory
+
+        def real() -> np.ndarray:
+            """Each slot's position (held only while needed: 8 bytes a position)."""
+            slots = table.slots()
+            return np.repeat(starts + table.held - table.first, table.length) + slots
+
         before = np.arange(-1, m - 1, dtype=index_type)
         before[starts] = -1
-        before[starts[within]] = real[np.searchsorted(slots, table.link[within])]
+        before[starts[within]] = real()[np.searchsorted(table.slots(), table.link[within])]
         keys = np.empty(m, np.uint64)
         for at in range(0, m, _CHUNK):
             keys[at : at + _CHUNK] = self._layout_keys(table, starts, before, np.arange(at, min(m, at + _CHUNK)))
-        rank, pad = _dense(keys, keys == _packed(np.full((1, self.depth), self.alphabet), self.alphabet)[0])
+        rank, pad = _dense(keys, keys == _packed(np.full((1, self.depth), self.alphabet), self.alphabet)[0], index_type)
         del keys
         jump = before
         for _ in range(self.depth - 1):
@@ -429,15 +433,17 @@ class Segment:
         del before
         h = self.depth
         while h < self.reach and pad is not None:
-            pair = np.where(jump >= 0, rank[np.maximum(jump, 0)], pad)
-            pair += rank * (m + 1)
-            rank, pad = _dense(pair, pair == pad * (m + 1) + pad)
+            pair = rank.astype(np.int64) * (m + 1)
+            pair += np.where(jump >= 0, rank[np.maximum(jump, 0)], pad)
+            del rank
+            rank, pad = _dense(pair, pair == pad * (m + 1) + pad, index_type)
             del pair
             h *= 2
             if h < self.reach and pad is not None:
                 jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1).astype(index_type)
-        order = np.argsort(rank[real], kind="stable")
-        return slots[order].astype(_SLOT)
+        del jump
+        order = np.argsort(rank[real()], kind="stable")
+        return table.slots()[order].astype(_SLOT)
 
     def _contexts(self, table: Runs, read: np.ndarray) -> Runs:
         """``table`` with the context of each run ``read`` marks read through its link (up to
@@ -651,16 +657,17 @@ def _packed(symbols: np.ndarray, alphabet: int) -> np.ndarray:
     return keys
 
 
-def _dense(values: np.ndarray, padding: np.ndarray) -> tuple[np.ndarray, int | None]:
-    """(each value's rank among the distinct values, the rank an all-padding window takes:
+def _dense(values: np.ndarray, padding: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]:
+    """(each value's rank among the distinct values, as ``dtype``; the rank an all-padding window takes:
     that of the values ``padding`` marks, one past the largest when none is; None when every
     value is distinct, and no further key can reorder them)."""
     order = np.argsort(values)
     ascending = values[order]
     new = np.ones(len(values), bool)
     new[1:] = ascending[1:] != ascending[:-1]
-    rank = np.empty(len(values), np.int64)
-    rank[order] = np.cumsum(new) - 1
+    del ascending
+    rank = np.empty(len(values), dtype)
+    rank[order] = np.cumsum(new, dtype=dtype) - 1
     if new.all():
         return rank, None
     marked = np.flatnonzero(padding)

@@ -10,8 +10,9 @@ are filtered out at query time; their slots stay as tombstones until the index i
 The token at every slot is kept too (2 bytes, or 4 for vocabularies over 65,536), so checking
 a hit and showing its context read memory, not the database: derived data, like the rest.
 
-The index is derived data: it lives in sidecar files next to the archive (a base, and a tail
-that commits rewrite until it merges into the base), bound to the
+The index is derived data: it lives in sidecar files next to the archive (bases of up to
+``SEGMENT_SLOTS`` slots each, and a tail that commits rewrite until it merges into the newest
+base or becomes a base itself), bound to the
 database by a generation number and the slot count, and is rebuilt from the token streams
 whenever it is missing or disagrees with the database. Why sorted keys and not FAISS: see
 docs/decisions/0001-sorted-walk-keys-not-faiss.md (measured: a FAISS flat range search scans 16 bytes/token per query
@@ -47,6 +48,11 @@ MERGE_BATCH_TOKENS = 1 << 22  # nodes' tokens read from the database at once whe
 # doubling sorted twice them (decisions/0064).
 DEFERRED_MIN = 1 << 18
 DEFERRED_GROWTH = 3
+# Slots past which a segment is sorted no more: the tail is then kept as a base of its own and a
+# new tail begins. Sorting a segment takes tens of bytes a position (``Segment._sorted``), so one
+# segment for a whole history sorted 1e8 positions at once in 8.8 GB; a lookup pays a bound per
+# segment instead (docs/decisions/0068-bounded-segments.md).
+SEGMENT_SLOTS = 1 << 24
 
 
 def index_key(tokenizer_hash: str) -> str:
@@ -58,6 +64,12 @@ def tail_path(path: Path) -> Path:
     return path.with_suffix(".tail")
 
 
+def base_path(path: Path, number: int) -> Path:
+    """Where base ``number`` lies: the first at ``path`` itself (``KEY.keys``), the next ones
+    beside it (``KEY.1.keys``, ...)."""
+    return path if number == 0 else path.with_suffix(f".{number}{path.suffix}")
+
+
 @dataclass(frozen=True)
 class IndexHeader:
     alphabet: int
@@ -66,30 +78,32 @@ class IndexHeader:
 
 
 class Tokens:
-    """The token at every slot, tombstones included, across the base and the tail."""
+    """The token at every slot, tombstones included, across the segments."""
 
-    def __init__(self, base: Segment, tail: Segment):
-        self._base, self._tail = base, tail
-        self.dtype = token_dtype(base.alphabet)
+    def __init__(self, segments: Sequence[Segment]):
+        self._segments = segments
+        self._firsts = np.array([segment.first for segment in segments], np.int64)
+        self.dtype = token_dtype(segments[0].alphabet)
 
     def __len__(self) -> int:
-        return self._tail.ntotal
+        return self._segments[-1].ntotal
 
     def __getitem__(self, at):
-        split = self._tail.first
         if isinstance(at, slice):
             start, stop, _ = at.indices(len(self))
             return np.concatenate(
-                [
-                    self._base.tokens[start : min(stop, split)],
-                    self._tail.tokens[max(start, split) - split : max(stop, split) - split],
+                [np.zeros(0, self.dtype)]
+                + [
+                    s.tokens[max(start, s.first) - s.first : max(min(stop, s.ntotal), s.first) - s.first]
+                    for s in self._segments
                 ]
             )
         at = np.asarray(at, np.int64)
         out = np.empty(at.shape, self.dtype)
-        in_tail = at >= split
-        out[in_tail] = self._tail.tokens[at[in_tail] - split]
-        out[~in_tail] = self._base.tokens[at[~in_tail]]
+        owner = _owners(self._firsts, at)
+        for number, segment in enumerate(self._segments):
+            mine = owner == number
+            out[mine] = segment.tokens[at[mine] - segment.first]
         return out
 
 
@@ -155,17 +169,34 @@ class Bounds:
 
 class WalkIndex:
     """The slots of every archived position in walk-key order, and the token at every slot, in
-    two segments: a base, rewritten only when the tail merges into it, and the tail the commits
-    since then rewrite (6.2 bytes a position; docs/decisions/0046-slots-in-key-order.md)."""
+    segments of consecutive slots: bases, of which only the newest is rewritten (when the tail
+    merges into it), and the tail the commits since then rewrite (6.2 bytes a position;
+    docs/decisions/0046-slots-in-key-order.md). A lookup bounds each segment."""
 
-    def __init__(self, alphabet: int, generation: int = 0, base: Segment | None = None, tail: Segment | None = None):
+    def __init__(
+        self, alphabet: int, generation: int = 0, bases: list[Segment] | None = None, tail: Segment | None = None
+    ):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)  # tokens one key resolves
         self.reach = REACH  # tokens the order resolves: the longest piece a lookup takes
         self.generation = generation
-        self.base = base if base is not None else Segment.empty(alphabet, generation)
+        self.bases = bases or [Segment.empty(alphabet, generation)]
         self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
-        self.tail.below = self.base
+        self._chain()
+
+    def _chain(self) -> None:
+        """Each segment reads the slots before its own (a run's link, its context) in the one below."""
+        for below, above in zip(self.segments, self.segments[1:]):
+            above.below = below
+
+    @property
+    def base(self) -> Segment:
+        """The newest base: the one the tail merges into."""
+        return self.bases[-1]
+
+    @property
+    def segments(self) -> list[Segment]:
+        return [*self.bases, self.tail]
 
     @property
     def ntotal(self) -> int:
@@ -174,11 +205,11 @@ class WalkIndex:
 
     @property
     def entries(self) -> int:
-        return self.base.entries + self.tail.entries
+        return sum(segment.entries for segment in self.segments)
 
     @property
     def tokens(self) -> Tokens:
-        return Tokens(self.base, self.tail)
+        return Tokens(self.segments)
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
@@ -246,25 +277,56 @@ class WalkIndex:
 
     def append(self, by_slot: np.ndarray, runs: Runs, settle: bool = True) -> None:
         """Merge ``runs`` (checked, sorted) whose tokens ``by_slot`` holds, slot ``self.ntotal`` on,
-        into the tail; then, unless ``settle`` is False, merge the tail into the base once it has
+        into the tail, in parts that keep it within ``SEGMENT_SLOTS`` (a full tail becomes a
+        base); then, unless ``settle`` is False, merge the tail into the newest base once it has
         outgrown it. A long batch passes False until it ends: its merges double the tail, and
         merging it into the base at each eighth re-sorted the base a score of times in a backfill,
         where the batch's end sorts it once (or, into an empty base, not at all)."""
-        self.tail = self.tail.extended(self.ntotal + len(by_slot), by_slot, runs)
-        if settle and self.tail.ntotal - self.tail.first > max(TAIL_MIN, self.base.ntotal // TAIL_SHARE):
+        for start, stop, part in self._parts(len(by_slot), runs):
+            self.tail = self.tail.extended(self.ntotal + stop - start, by_slot[start:stop], part)
+            if _size(self.tail) >= SEGMENT_SLOTS:
+                self._seal()
+        if settle and _size(self.tail) > max(TAIL_MIN, _size(self.base) // TAIL_SHARE):
             self.settle()
 
-    def settle(self) -> None:
-        """Merge the tail into the base (an empty base: the tail becomes it)."""
-        if self.base.ntotal:
-            self.base = self.base.extended(self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
+    def _parts(self, slots: int, runs: Runs) -> Iterator[tuple[int, int, Runs]]:
+        """``append``'s slots ``[start, stop)`` (from ``self.ntotal``) and their runs, cut between
+        runs where the tail reaches ``SEGMENT_SLOTS`` slots (or passes them by less than a run),
+        to be sealed before the next part joins it; read lazily, as the tail it fills changes."""
+        starts = runs.first - self.ntotal
+        ends = starts + runs.length
+        start, at = 0, 0
+        while at < len(runs):
+            room = SEGMENT_SLOTS - _size(self.tail)
+            until = min(len(runs), max(at + 1, int(np.searchsorted(ends, start + room, side="left")) + 1))
+            stop = slots if until == len(runs) else int(starts[until])
+            yield start, stop, runs.take(np.arange(at, until))
+            start, at = stop, until
+        if start < slots or not len(runs):  # tombstones alone
+            yield start, slots, runs.take(np.zeros(0, np.int64))
+
+    def _seal(self) -> None:
+        """The tail becomes the newest base (replacing an empty one), and a new tail begins."""
+        tail = self.tail
+        sealed = Segment(
+            self.alphabet, self.generation, tail.first, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples
+        )  # no ident: it is saved as a base
+        if _size(self.base) == 0:
+            self.bases[-1] = sealed
         else:
-            tail = self.tail
-            self.base = Segment(
-                self.alphabet, self.generation, 0, tail.ntotal, tail.tokens, tail.runs, tail.order, tail.samples
-            )
+            self.bases.append(sealed)
+        self.tail = Segment.empty(self.alphabet, self.generation, sealed.ntotal)
+        self._chain()
+
+    def settle(self) -> None:
+        """Merge the tail into the newest base; or, where the two would pass ``SEGMENT_SLOTS``
+        or the base is empty, make the tail a base."""
+        if _size(self.base) == 0 or _size(self.base) + _size(self.tail) > SEGMENT_SLOTS:
+            self._seal()
+            return
+        self.bases[-1] = self.base.extended(self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
-        self.tail.below = self.base
+        self._chain()
 
     def ranges(self, pieces: Sequence[np.ndarray]) -> list[tuple[KeyRange, KeyRange]]:
         """Per piece (``len(piece) <= reach``), the entries whose last ``len(piece)`` tokens are
@@ -285,21 +347,23 @@ class WalkIndex:
         if not pieces:
             return np.zeros(0, bool)
         prepared = Pieces.of([piece[-self.depth :] for piece in pieces], self.alphabet)
-        return self.base.holds(prepared) | self.tail.holds(prepared)
+        return np.logical_or.reduce([segment.holds(prepared) for segment in self.segments])
 
     def bounds(self, pieces: Sequence[np.ndarray]) -> Bounds:
         """``ranges`` as arrays, each piece's ``KeyRange`` made when asked for: a casing walk
         bounds hundreds of pieces and keeps the ranges of a few."""
         prepared = Pieces.of(pieces, self.alphabet)
-        return Bounds(tuple((segment.order, *segment.bounds(prepared)) for segment in (self.base, self.tail)))
+        return Bounds(tuple((segment.order, *segment.bounds(prepared)) for segment in self.segments))
 
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
-        """``Segment.symbols`` of slots in either segment."""
+        """``Segment.symbols`` of slots in any segment."""
         slots = np.asarray(slots, np.int64)
         out = np.empty((len(slots), len(depths)), np.int64)
-        in_tail = slots >= self.tail.first
-        out[in_tail] = self.tail.symbols(slots[in_tail], depths)
-        out[~in_tail] = self.base.symbols(slots[~in_tail], depths)
+        segments = self.segments
+        owner = _owners(np.array([segment.first for segment in segments], np.int64), slots)
+        for number, segment in enumerate(segments):
+            mine = owner == number
+            out[mine] = segment.symbols(slots[mine], depths)
         return out
 
     def within(self, piece: np.ndarray) -> np.ndarray:
@@ -308,44 +372,49 @@ class WalkIndex:
 
     # persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """The base when it changed (a new one has no ident yet), then the tail that follows
-        it: a crash between the two leaves a tail that names another base, which is ignored."""
-        if self.base.ident is None:
-            self.base.save(path)
-        self.tail.save(tail_path(path), base=self.base.ident)
+        """Each base that changed (a new one has no ident yet), then the tail, each file naming
+        the one it follows: a crash between two leaves a file that names another, which is
+        ignored with those after it. Then the files of bases this index no longer has."""
+        below = None
+        for number, segment in enumerate(self.bases):
+            if segment.ident is None:
+                segment.save(base_path(path, number), base=below)
+            below = segment.ident
+        self.tail.save(tail_path(path), base=below)
+        number = len(self.bases)
+        while base_path(path, number).exists():
+            base_path(path, number).unlink()
+            number += 1
 
     @classmethod
     def load(cls, path: Path, check: bool = False) -> WalkIndex:
-        """Map the base and, when it follows that base, the tail. ``check``: compare CRCs."""
+        """Map the bases and the tail, each as far as it follows the one before it. ``check``: compare CRCs."""
         base = Segment.load(path, check)
         if base.first != 0:
             raise CorruptData(f"{path} is not the base of a search index")
-        tail = None
-        if _follows(Segment.read_header(tail_path(path)), base.ident, base.ntotal, base.generation):
-            tail = Segment.load(tail_path(path), check)
-            if not _follows(
-                {"base": tail.base, "first": tail.first, "generation": tail.generation},
-                base.ident,
-                base.ntotal,
-                base.generation,
-            ):
-                # another writer merged and wrote a new base and tail meanwhile: this base is caught up instead
-                tail = None
-        return cls(base.alphabet, base.generation, base, tail)
+        bases = [base]
+        while (following := _following(base_path(path, len(bases)), bases[-1], check)) is not None:
+            bases.append(following)
+        return cls(base.alphabet, base.generation, bases, _following(tail_path(path), bases[-1], check))
 
     @staticmethod
     def read_header(path: Path) -> IndexHeader | None:
-        """What the base and its tail hold, or None when the base is missing or unreadable."""
-        base = Segment.read_header(path)
-        if base is None:
+        """What the bases and the tail hold, or None when the first base is missing or unreadable."""
+        first = Segment.read_header(path)
+        if first is None:
             return None
+        last, number = first, 1
+        while (header := Segment.read_header(base_path(path, number))) is not None and _follows(
+            header, last["id"], last["ntotal"], last["generation"]
+        ):
+            last, number = header, number + 1
         tail = Segment.read_header(tail_path(path))
         ntotal = (
             tail["ntotal"]
-            if tail is not None and _follows(tail, base["id"], base["ntotal"], base["generation"])
-            else base["ntotal"]
+            if tail is not None and _follows(tail, last["id"], last["ntotal"], last["generation"])
+            else last["ntotal"]
         )
-        return IndexHeader(base["alphabet"], ntotal, base["generation"])
+        return IndexHeader(first["alphabet"], ntotal, first["generation"])
 
 
 @dataclass(frozen=True)
@@ -649,8 +718,28 @@ class Indexes:
         self._save(key, index)
 
 
+def _following(path: Path, below: Segment, check: bool) -> Segment | None:
+    """The segment at ``path`` when it follows ``below``, by its header and again once mapped
+    (another writer may replace the file between the two), else None."""
+    if not _follows(Segment.read_header(path), below.ident, below.ntotal, below.generation):
+        return None
+    segment = Segment.load(path, check)
+    header = {"base": segment.base, "first": segment.first, "generation": segment.generation}
+    return segment if _follows(header, below.ident, below.ntotal, below.generation) else None
+
+
+def _size(segment: Segment) -> int:
+    """Slots a segment spans, tombstones included."""
+    return segment.ntotal - segment.first
+
+
+def _owners(firsts: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Per slot, which of the segments beginning at ``firsts`` (ascending) holds it."""
+    return np.maximum(np.searchsorted(firsts, slots, side="right") - 1, 0)
+
+
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:
-    """Whether a tail's header names this base and begins where it ends."""
+    """Whether a segment's header names the one below and begins where it ends."""
     return (
         tail is not None
         and tail.get("base") == base

@@ -115,7 +115,7 @@ def _assert_ordered_and_found(trie, firsts, indexes, rng) -> None:
     paths = [_path(trie, i) for i in range(len(trie))]
     ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
     for index in indexes:
-        for part in (index.base, index.tail):  # sorted by the last `reach` tokens, newest first
+        for part in index.segments:  # sorted by the last `reach` tokens, newest first
             rows = part.symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
             assert all(tuple(a) <= tuple(b) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
     for _ in range(60):
@@ -154,7 +154,46 @@ def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(mon
         index.save(tmp_path / f"{name}.keys")
     linked, grown = (WalkIndex.load(tmp_path / f"{name}.keys") for name in ("linked", "grown"))  # the links as the files keep them
     assert longest < 200 or max(len(_path(trie, i)) for i in range(len(trie))) > 2 * whole.reach
-    _assert_ordered_and_found(trie, firsts, (whole, linked, grown), rng)
+    monkeypatch.setattr(walk, "SEGMENT_SLOTS", ntotal // 5)  # bases of a fifth: links and contexts read in the ones below
+    bounded, bounded_grown = WalkIndex(ALPHABET), _grown(runs)
+    bounded.extend(runs, ntotal, parents=parents)
+    assert len(bounded.bases) >= 4 and len(bounded_grown.bases) >= 3
+    bounded_grown.save(tmp_path / "bounded.keys")
+    bounded_grown = WalkIndex.load(tmp_path / "bounded.keys")
+    _assert_ordered_and_found(trie, firsts, (whole, linked, grown, bounded, bounded_grown), rng)
+
+
+def test_bases_stop_growing_at_segment_slots_and_their_files_follow_each_other(monkeypatch, tmp_path):
+    """A segment is sorted up to ``SEGMENT_SLOTS`` slots (past them by less than a run), then
+    kept as a base; each base's file names the one before it, a file that names another is
+    left out with those after it, and a save removes the files of bases the index no longer has."""
+    rng = np.random.default_rng(5)
+    trie = _trie(rng, 80, 40)
+    runs, firsts, parents = _runs_of(trie)
+    ntotal = int(firsts[-1])
+    monkeypatch.setattr(walk, "SEGMENT_SLOTS", ntotal // 6)
+    index = WalkIndex(ALPHABET, 5)
+    index.extend(runs, ntotal, parents=parents)
+    index.settle()
+    sizes = [base.ntotal - base.first for base in index.bases]
+    assert len(sizes) >= 6 and max(sizes) < walk.SEGMENT_SLOTS + 40 and sum(sizes) == ntotal and index.tail.entries == 0
+    path = tmp_path / "i.keys"
+    index.save(path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["i.keys", "i.tail", *(f"i.{n}.keys" for n in range(1, len(sizes)))])
+    assert WalkIndex.read_header(path).ntotal == WalkIndex.load(path).ntotal == ntotal
+    other = WalkIndex(ALPHABET, 5)
+    other.extend(runs[:20], runs[20][0], parents={k: v for k, v in parents.items() if k < runs[20][0]})
+    other.settle()
+    other.save(tmp_path / "o.keys")
+    (tmp_path / "o.1.keys").replace(tmp_path / "i.2.keys")  # another index's second base in place of ours
+    loaded = WalkIndex.load(path)
+    assert len(loaded.bases) == 2 and loaded.ntotal == index.bases[1].ntotal == WalkIndex.read_header(path).ntotal
+    few = WalkIndex(ALPHABET, 6)
+    few.extend(runs[:3], runs[3][0])
+    few.save(path)  # numbered anew: fewer bases
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("i.")) == ["i.keys", "i.tail"]
+    assert WalkIndex.load(path).ntotal == runs[3][0]
 
 
 def test_few_new_entries_are_placed_by_binary_search_in_the_order_a_sort_gives(monkeypatch):

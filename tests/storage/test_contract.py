@@ -550,15 +550,19 @@ FILTERS = [
 
 
 def check_listing(storage: Storage) -> None:
+    """Every filter's whole listing and one page of it; the rows themselves and the edges of paging
+    once, unfiltered (a lake answers each query in tens of milliseconds, and this runs four times)."""
     for admits in FILTERS:
         expected = listed_in_python(storage, admits)
         every = storage.conversations_page(admits)
         assert [c.latest.conversation_id for c in every.conversations] == expected and every.total == len(expected), admits
         assert sorted(storage.conversation_ids(admits)) == sorted(expected), admits
-        for listed in every.conversations:
-            versions = storage.conversation_sessions(listed.latest.conversation_id)
-            assert (listed.latest, listed.versions) == (versions[-1], len(versions)) and storage.conversation_row(listed.latest.conversation_id) == listed
-        for limit, offset in [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50), (len(expected), 0)]:
+        if admits == FILTERS[0]:
+            for listed in every.conversations:
+                versions = storage.conversation_sessions(listed.latest.conversation_id)
+                assert (listed.latest, listed.versions) == (versions[-1], len(versions)) and storage.conversation_row(listed.latest.conversation_id) == listed
+        pages = [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50), (len(expected), 0)] if admits == FILTERS[0] else [(2, 1)]
+        for limit, offset in pages:
             page = storage.conversations_page(admits, limit, offset)
             wanted = expected[offset:][:limit]
             assert [c.latest.conversation_id for c in page.conversations] == wanted and page.total == len(expected), (admits, limit, offset)
