@@ -57,17 +57,33 @@ def scope_options(command):
     help="List every stored version of every conversation (each a session), oldest first.",
 )
 @scope_options
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="List the N most recently updated conversations (still oldest first), and say on stderr how many "
+    "earlier ones it left out. Default: all.",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Leave out the N most recently updated conversations first (with --limit: the next page back).",
+)
 @json_option
 @click.pass_context
-def sessions(ctx, every, agent, project, since, until, as_json):
+def sessions(ctx, every, agent, project, since, until, limit, offset, as_json):
     """List the archived conversations, oldest first, each as its latest version (with the time
     it was said: its log's last time, else when it was archived), with the file
     it came from and how many versions it has (conversations of one name are NAME#1, NAME#2, ...
     in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`)."""
     archive = open_archive(ctx, read_only=True)
     if every:
-        if agent or project or since or until:
-            raise click.UsageError("--versions lists every session; the filters go with the conversation list")
+        if agent or project or since or until or limit or offset:
+            raise click.UsageError(
+                "--versions lists every session; the filters, --limit and --offset go with the conversation list"
+            )
         for s in archive.sessions():
             if as_json:
                 emit(s.to_dict())
@@ -78,7 +94,13 @@ def sessions(ctx, every, agent, project, since, until, as_json):
                     f"{printable(s.name)}{part}  ({printable(s.source)}){_via(s)}"
                 )
         return
-    for c in reversed(archive.conversations(agent, _folder(project), since and since.date(), until and until.date())):
+    page = archive.conversation_page(
+        agent, _folder(project), since and since.date(), until and until.date(), limit, offset
+    )
+    left_out = page.total - offset - len(page.conversations)
+    if left_out > 0 and not as_json:
+        click.echo(f"... {left_out} earlier conversations (--offset {offset + len(page.conversations)})", err=True)
+    for c in reversed(page.conversations):
         if as_json:
             emit(c.to_dict())
             continue

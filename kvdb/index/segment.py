@@ -34,7 +34,7 @@ from kvdb.index import sidecar
 MAGIC = b"KVDBIDX7"  # the sidecar format (sidecar.py)
 MAGIC_V6 = b"KVDBIDX6"  # the same arrays end to end, 8-byte aligned: still read
 _SCAN = 32  # entries a bound compares at once, once its binary search is down to them
-_CHUNK = 1 << 20  # positions whose keys are derived at once when a segment is sorted: ~64 bytes each meanwhile
+_CHUNK = 1 << 18  # positions whose keys are derived at once when a segment is sorted: ~80 bytes each meanwhile
 _LINKS = 1 << 12  # linked runs whose contexts are read at once when a segment is sorted ([runs, REACH - 1] tokens)
 # new entries placed at once by binary search ([entries, REACH] tokens read for them, and 32 entries compared each)
 _PLACING = 1 << 12
@@ -662,10 +662,10 @@ def _dense(values: np.ndarray, padding: np.ndarray, dtype: np.dtype) -> tuple[np
     that of the values ``padding`` marks, one past the largest when none is; None when every
     value is distinct, and no further key can reorder them)."""
     order = np.argsort(values)
-    ascending = values[order]
     new = np.ones(len(values), bool)
-    new[1:] = ascending[1:] != ascending[:-1]
-    del ascending
+    for at in range(1, len(values), _CHUNK):  # the sorted values compared a chunk at a time, not copied whole
+        stop = min(at + _CHUNK, len(values))
+        new[at:stop] = values[order[at:stop]] != values[order[at - 1 : stop - 1]]
     rank = np.empty(len(values), dtype)
     rank[order] = np.cumsum(new, dtype=dtype) - 1
     if new.all():

@@ -76,6 +76,52 @@ class Heads:
         return head
 
 
+class Written:
+    """The trie paths of the sessions a writer archived last, by their first tokens. A log's next
+    part, or its next version in the same process, extends one of them, and its walk starts at
+    that leaf instead of the root, which read one node a step: the parts of a long log made each
+    part's walk one step longer than the last. A path is used only when its rows read back, in
+    one statement, as a chain from the root to a leaf whose id the new stream's prefix hashes
+    to: a node cut since has a new parent, and the chain breaks."""
+
+    OPENINGS = 1024  # first tokens remembered, the least recently written forgotten first
+    PER_OPENING = 4  # sessions remembered per first tokens (agent logs open alike), the latest first
+
+    def __init__(self) -> None:
+        self._paths: dict[bytes, list[tuple[str, int, tuple[str, ...]]]] = {}
+
+    def wrote(self, session_id: str, ids: np.ndarray, path: tuple[str, ...]) -> None:
+        """A session whose trie path (node ids, root first, its leaf last) a commit just wrote."""
+        key = _opening(ids)
+        kept = [entry for entry in self._paths.pop(key, []) if entry[0] != session_id]
+        self._paths[key] = [(session_id, len(ids), path), *kept][: self.PER_OPENING]
+        while len(self._paths) > self.OPENINGS:
+            del self._paths[next(iter(self._paths))]
+
+    def extended(self, store: Storage, model_id: str, ids: np.ndarray) -> PrefixMatch | None:
+        """The match of a remembered session that ``ids`` extend (its whole path), or None."""
+        for leaf, end, path in self._paths.get(_opening(ids), ()):
+            if end > len(ids) or path_id(model_id, ids[:end]) != leaf:
+                continue
+            found = store.nodes_by_id(list(path))
+            chain = [found.get(node_id) for node_id in path]
+            rows = [row for row in chain if row is not None]
+            if (
+                len(rows) == len(path)
+                and rows[0].parent_id is None
+                and rows[0].start == 0
+                and rows[-1].node_id == leaf
+                and rows[-1].end == end
+                and all(b.parent_id == a.node_id and b.start == a.end for a, b in zip(rows, rows[1:]))
+            ):
+                return PrefixMatch(end, rows[-1], rows[-1].n_tokens, tuple(rows))
+        return None
+
+
+def _opening(ids: np.ndarray) -> bytes:
+    return np.asarray(ids[:HEAD_TOKENS], "<i8").tobytes()
+
+
 def longest_prefix(
     store: Storage,
     model_id: str,
@@ -83,6 +129,7 @@ def longest_prefix(
     tokens_of: Callable[[NodeRow], np.ndarray] | None = None,
     min_split: int = 0,
     heads: Heads | None = None,
+    written: Written | None = None,
 ) -> PrefixMatch:
     """A node that ``ids`` cover whole is recognised by its id (the hash of its path) without
     reading its tokens; only the node where they diverge is compared token by token, its tokens
@@ -91,11 +138,12 @@ def longest_prefix(
     instead: where a new session is stored, that node is not cut (see ``MIN_SPLIT``). With
     ``heads`` (and ``min_split`` at ``MIN_SPLIT``), children whose head ``ids`` do not hold whole
     are passed over unread: they can share fewer than ``min_split`` tokens at most, and are not
-    even looked up (``Storage.children_opening``)."""
+    even looked up (``Storage.children_opening``). With ``written``, a walk that extends a
+    session it remembers starts at that session's leaf (``Written``)."""
     tokens_of = tokens_of or (lambda node: store.node_tokens(node.node_id))
-    best = PrefixMatch(0, None, 0)
-    parent = None
-    walked: tuple[NodeRow, ...] = ()
+    best = (written.extended(store, model_id, ids) if written is not None else None) or PrefixMatch(0, None, 0)
+    parent = best.node.node_id if best.node is not None else None
+    walked: tuple[NodeRow, ...] = best.path
     while best.matched < len(ids):
         start = best.matched
         if heads is not None and min_split >= MIN_SPLIT:

@@ -374,12 +374,18 @@ class WalkIndex:
     def save(self, path: Path) -> None:
         """Each base that changed (a new one has no ident yet), then the tail, each file naming
         the one it follows: a crash between two leaves a file that names another, which is
-        ignored with those after it. Then the files of bases this index no longer has."""
+        ignored with those after it. Then the files of bases this index no longer has.
+
+        A base written is mapped from its file in place of the arrays it was built in: its
+        pages are then the page cache's, read as lookups touch them, where a backfill held every
+        base it sealed in its own memory (~100 MB a base)."""
         below = None
         for number, segment in enumerate(self.bases):
             if segment.ident is None:
                 segment.save(base_path(path, number), base=below)
-            below = segment.ident
+                self.bases[number] = Segment.load(base_path(path, number))
+            below = self.bases[number].ident
+        self._chain()
         self.tail.save(tail_path(path), base=below)
         number = len(self.bases)
         while base_path(path, number).exists():

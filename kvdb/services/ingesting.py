@@ -77,6 +77,7 @@ class Ingester:
         self._prefix_cache = prefix_cache
         self._compute = compute  # shared with ``kvdb upkeep``: the model runs in one place on the write path
         self._heads = trie.Heads()  # nodes' first tokens, read once: a node's children are told apart by them
+        self._written = trie.Written()  # the last sessions' paths: a log's next part walks on from its last
         self._claims = InputClaims(storage)
         # (session id, ids, cache, its path's nodes deepest first) of the last growing conversation, saved on close
         self._pending_prefix: tuple[str, np.ndarray, object, list[tuple[str, int]]] | None = None
@@ -317,7 +318,7 @@ class Ingester:
 
         for _ in range(COMMIT_ATTEMPTS):
             self._index_ready(loaded, keep)  # a rebuild commits: before the snapshot the plan rests on
-            plan = plan_session(self._storage, model_id, ids, keep, tokens_of, self._heads)
+            plan = plan_session(self._storage, model_id, ids, keep, tokens_of, self._heads, self._written)
             if plan.done:
                 break
             if work is None or work[0] != plan.key:
@@ -332,6 +333,8 @@ class Ingester:
             except StaleWrite:
                 continue
             work = None
+            if isinstance(edit, SessionWrite) and edit.path:
+                self._written.wrote(plan.session_id, ids, edit.path)
             if plan.match is not None:
                 status, new_tokens = IngestStatus.INGESTED, len(ids) - plan.match.matched
                 self._keep_prefix(plan, cache, now=keep_cache)

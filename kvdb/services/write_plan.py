@@ -166,17 +166,21 @@ def plan_session(
     keep: frozenset[str],
     tokens_of: Callable[[NodeRow], np.ndarray],
     heads: trie.Heads | None = None,
+    written: trie.Written | None = None,
 ) -> SessionPlan:
     """The work of archiving ``ids`` with the tiers ``keep``, as the archive stands now.
     ``tokens_of(node)``: a node's tokens (decoded from tier L for a node held only there);
-    ``heads``: nodes' first tokens, kept by a writer across its sessions (``trie.Heads``)."""
+    ``heads`` and ``written``: nodes' first tokens and the paths of the last sessions, kept by a
+    writer across its sessions (``trie.Heads``, ``trie.Written``)."""
     version = storage.version()  # a commit of this plan is refused if anything lands after this
     session_id = trie.path_id(model_id, ids)
     if storage.has_session(session_id):
         path = storage.node_path(session_id)
         return SessionPlan(session_id, ids, keep, version, None, path, missing_tiers(path, keep))
     # a node is cut only where MIN_SPLIT of its tokens are shared
-    match = trie.longest_prefix(storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads)
+    match = trie.longest_prefix(
+        storage, model_id, ids, tokens_of, min_split=trie.MIN_SPLIT, heads=heads, written=written
+    )
     return SessionPlan(session_id, ids, keep, version, match, list(match.path), [])
 
 

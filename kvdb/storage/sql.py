@@ -361,6 +361,13 @@ class Storage:
             keys.append(base.child_key(parent_id, model_id, opening))
         return [node_row(r) for r in self._rows(f"select {NODE} from nodes where child_key {ANY}", [keys])]
 
+    def nodes_by_id(self, node_ids: list[str]) -> dict[str, NodeRow]:
+        """The nodes of ``node_ids`` that exist, by id, in one statement."""
+        if not node_ids:
+            return {}
+        rows = self._rows(f"select {NODE} from nodes where node_id {ANY}", [list(node_ids)])
+        return {row.node_id: row for row in map(node_row, rows)}
+
     def node_path(self, node_id: str) -> list[NodeRow]:
         """The nodes from the root down to ``node_id`` (a session id names its leaf)."""
         with self._read() as conn:

@@ -83,6 +83,17 @@ def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tin
     assert listed["versions"] == 2 and listed["agent"] == "messages" and listed["project"] == str(tmp_path)
     assert "[2 versions]" in run("sessions") and len(run("sessions", "--versions").splitlines()) == 2
     assert run("sessions", "--agent", "claude-code") == "" and run("sessions", "--since", "2999-01-01") == ""
+    for name in ("second", "third"):
+        (tmp_path / f"{name}.txt").write_text(f"the {name} talk")
+        run("ingest", str(tmp_path / f"{name}.txt"))
+    paged = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), "sessions", "--limit", "2"], env={"KVDB_MODEL": tiny_model})
+    assert [line.split()[-2] for line in paged.stdout.splitlines()] == ["second", "third"]  # the two latest, oldest first
+    assert paged.stderr == "... 1 earlier conversations (--offset 2)\n"
+    assert [json.loads(line)["title"] for line in run("sessions", "--limit", "1", "--offset", "1", "--json").splitlines()] == ["second"]
+    refused = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), "sessions", "--versions", "--limit", "1"], env={"KVDB_MODEL": tiny_model})
+    assert run("sessions", "--offset", "3") == "" and refused.exit_code == 2 and "--limit" in refused.stderr
+    run("sessions", "--limit", "0", exit_code=2)
+    run("delete", "second"), run("delete", "third")
     hits = [json.loads(line) for line in run("search", "harbour", "--project", str(tmp_path), "--json").splitlines()]
     assert [h["title"] for h in hits] == ["talk"] and run("search", "harbour", "--project", str(tmp_path / "nowhere"), exit_code=1) == ""
     history = json.loads(run("history", "talk", "--json"))["history"]

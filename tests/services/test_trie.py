@@ -117,6 +117,33 @@ def test_children_that_open_alike_are_told_apart_by_their_heads(archive, monkeyp
     assert len(reads) <= 1 and archive.verify(deep=True).ok  # the heads are read once per process
 
 
+def test_a_grown_log_walks_on_from_its_last_version_and_a_cut_since_walks_from_the_root(archive, monkeypatch):
+    """A writer remembers the paths of the sessions it archived (``trie.Written``): each longer
+    version walks on from the last one's leaf, one lookup, where a walk from the root looked up a
+    node a step of a path that grows a node a version. A node of a remembered path cut since
+    (another session shares part of it) breaks the chain read back, and the walk starts at the root."""
+    store = storage_of(archive)
+    lookups: list = []
+    opening = type(store).children_opening
+    monkeypatch.setattr(type(store), "children_opening", lambda self, *a: lookups.append(a[0]) or opening(self, *a))
+    text = "The keeper's log, day 0."
+    [grown] = archive.ingest(text=text, name="log", keep="tokens,search")
+    for day in range(1, 6):
+        text += f" Day {day}: the lamp lit at dusk, and the ships counted."
+        lookups.clear()
+        previous, [grown] = grown, archive.ingest(text=text, name="log", keep="tokens,search")
+        assert lookups == [previous.session_id]  # the children of the last version's leaf alone
+    path = store.node_path(grown.session_id)
+    assert len(path) == 6  # a node a version
+    day_2 = archive.text(path[2].node_id)
+    archive.ingest(text=day_2[: -len(" ships counted.")] + " no ships at all", name="cut", keep="tokens,search")
+    assert len(store.node_path(grown.session_id)) == 7  # the third node cut in two
+    lookups.clear()
+    [again] = archive.ingest(text=text + " Day 6: fog.", name="log", keep="tokens,search")
+    assert len(lookups) == 8 and lookups[0] is None  # from the root, down the path of seven
+    assert archive.text(again.session_id) == text + " Day 6: fog." and archive.verify(deep=True).ok
+
+
 def test_delete_and_gc_never_break_a_sharing_session(archive):
     common = "The harbour lights were lit at dusk. "
     a = archive.ingest(text=common + "Ships came home.", name="a")[0]
