@@ -413,15 +413,10 @@ class Segment:
         starts = np.cumsum(ext) - ext  # where each run's context, else its first slot, lies among the positions
         m = int(ext.sum())
         index_type = np.dtype(np.int32 if m < 1 << 31 else np.int64)  # positions and ranks: half the memory
-
-        def real() -> np.ndarray:
-            """Each slot's position (held only while needed: 8 bytes a position)."""
-            slots = table.slots()
-            return np.repeat(starts + table.held - table.first, table.length) + slots
-
+        shift = starts + table.held - table.first  # a slot's position is its run's shift plus the slot
         before = np.arange(-1, m - 1, dtype=index_type)
         before[starts] = -1
-        before[starts[within]] = real()[np.searchsorted(table.slots(), table.link[within])]
+        before[starts[within]] = shift[owner[within]] + table.link[within]
         keys = np.empty(m, np.uint64)
         for at in range(0, m, _CHUNK):
             keys[at : at + _CHUNK] = self._layout_keys(table, starts, before, np.arange(at, min(m, at + _CHUNK)))
@@ -442,8 +437,9 @@ class Segment:
             if h < self.reach and pad is not None:
                 jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1).astype(index_type)
         del jump
-        order = np.argsort(rank[real()], kind="stable")
-        return table.slots()[order].astype(_SLOT)
+        slots = table.slots()  # derived here, not held through the doubling: 8 bytes a position
+        order = np.argsort(rank[np.repeat(shift, table.length) + slots], kind="stable")
+        return slots[order].astype(_SLOT)
 
     def _contexts(self, table: Runs, read: np.ndarray) -> Runs:
         """``table`` with the context of each run ``read`` marks read through its link (up to

@@ -104,11 +104,11 @@ class Written:
             if end > len(ids) or path_id(model_id, ids[:end]) != leaf:
                 continue
             found = store.nodes_by_id(list(path))
-            chain = [found.get(node_id) for node_id in path]
-            rows = [row for row in chain if row is not None]
+            if not all(node_id in found for node_id in path):
+                continue  # gone (a batch rolled back, or gc)
+            rows = [found[node_id] for node_id in path]
             if (
-                len(rows) == len(path)
-                and rows[0].parent_id is None
+                rows[0].parent_id is None
                 and rows[0].start == 0
                 and rows[-1].node_id == leaf
                 and rows[-1].end == end

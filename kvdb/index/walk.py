@@ -82,7 +82,6 @@ class Tokens:
 
     def __init__(self, segments: Sequence[Segment]):
         self._segments = segments
-        self._firsts = np.array([segment.first for segment in segments], np.int64)
         self.dtype = token_dtype(segments[0].alphabet)
 
     def __len__(self) -> int:
@@ -100,9 +99,7 @@ class Tokens:
             )
         at = np.asarray(at, np.int64)
         out = np.empty(at.shape, self.dtype)
-        owner = _owners(self._firsts, at)
-        for number, segment in enumerate(self._segments):
-            mine = owner == number
+        for segment, mine in _by_segment(self._segments, at):
             out[mine] = segment.tokens[at[mine] - segment.first]
         return out
 
@@ -320,7 +317,10 @@ class WalkIndex:
 
     def settle(self) -> None:
         """Merge the tail into the newest base; or, where the two would pass ``SEGMENT_SLOTS``
-        or the base is empty, make the tail a base."""
+        or the base is empty, make the tail a base. An empty tail leaves the bases as they are
+        (a base of its own would be an empty file, a merge a copy of the base to write again)."""
+        if _size(self.tail) == 0:
+            return
         if _size(self.base) == 0 or _size(self.base) + _size(self.tail) > SEGMENT_SLOTS:
             self._seal()
             return
@@ -359,10 +359,7 @@ class WalkIndex:
         """``Segment.symbols`` of slots in any segment."""
         slots = np.asarray(slots, np.int64)
         out = np.empty((len(slots), len(depths)), np.int64)
-        segments = self.segments
-        owner = _owners(np.array([segment.first for segment in segments], np.int64), slots)
-        for number, segment in enumerate(segments):
-            mine = owner == number
+        for segment, mine in _by_segment(self.segments, slots):
             out[mine] = segment.symbols(slots[mine], depths)
         return out
 
@@ -739,9 +736,12 @@ def _size(segment: Segment) -> int:
     return segment.ntotal - segment.first
 
 
-def _owners(firsts: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """Per slot, which of the segments beginning at ``firsts`` (ascending) holds it."""
-    return np.maximum(np.searchsorted(firsts, slots, side="right") - 1, 0)
+def _by_segment(segments: Sequence[Segment], slots: np.ndarray) -> Iterator[tuple[Segment, np.ndarray]]:
+    """Each segment (consecutive, ascending) with the mask of ``slots`` it holds."""
+    firsts = np.array([segment.first for segment in segments], np.int64)
+    owner = np.maximum(np.searchsorted(firsts, slots, side="right") - 1, 0)
+    for number, segment in enumerate(segments):
+        yield segment, owner == number
 
 
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:
