@@ -21,8 +21,8 @@ import platformdirs
 
 from kvdb import sealing
 from kvdb.errors import InvalidArgument, check_count
+from kvdb.index.indexes import Indexes
 from kvdb.index.phrase import MIN_SHARE, Hit
-from kvdb.index.walk import Indexes
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import (
     CodebookSet,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvdb.errors import CorruptData
-from kvdb.index.walk import Indexes, index_key
+from kvdb.index.indexes import Indexes, index_key
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import CopyReport, GcReport
 from kvdb.services.forgetting import FORGET_WORK, Forgetting

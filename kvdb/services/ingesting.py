@@ -29,7 +29,7 @@ from kvdb.codecs import presets
 from kvdb.codecs.presets import DEFAULT_NAME
 from kvdb.errors import EmptyTranscript, InvalidArgument, StaleWrite, TranscriptError
 from kvdb.index import trie
-from kvdb.index.walk import Indexes, index_key
+from kvdb.index.indexes import Indexes, index_key
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import IngestResult, IngestStatus
 from kvdb.services.claims import InputClaims

@@ -17,7 +17,7 @@ from kvdb.codecs import code_layout, fractal
 from kvdb.codecs.entropy_coded import PAYLOAD
 from kvdb.errors import CorruptData, KvdbError
 from kvdb.index import trie
-from kvdb.index.walk import Indexes, index_key
+from kvdb.index.indexes import Indexes, index_key
 from kvdb.model import lmcode
 from kvdb.model.prefix_cache import PrefixCache
 from kvdb.records import RepairReport, VerifyReport

@@ -13,8 +13,9 @@ import numpy as np
 from kvdb.errors import InvalidArgument
 from kvdb.index import casing, trie
 from kvdb.index import phrase as search_ops
+from kvdb.index.indexes import Indexes, index_key
 from kvdb.index.phrase import Hit
-from kvdb.index.walk import Indexes, KeyRange, SlotMap, WalkIndex, index_key
+from kvdb.index.walk import KeyRange, SlotMap, WalkIndex
 from kvdb.model import tokenizer as tok
 from kvdb.records import PhraseCount, RebuiltIndex
 from kvdb.services.cache import DerivedCache

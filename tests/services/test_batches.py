@@ -100,11 +100,11 @@ def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, t
 def test_a_long_batch_merges_its_tail_into_the_base_once_at_its_end(tmp_path, tiny_loaded, monkeypatch):
     """Merges inside a batch grow the tail however far past its share of the base; only the
     batch's end merges it into the base (a backfill sorted the base again at each eighth)."""
-    from kvdb.index import walk
+    from kvdb.index import indexes, walk
     from kvdb.storage import base
 
     monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a commit after each session
-    monkeypatch.setattr(walk, "DEFERRED_MIN", 1)  # a merge at a commit once the runs are as many as the tail's
+    monkeypatch.setattr(indexes, "DEFERRED_MIN", 1)  # a merge at a commit once the runs are as many as the tail's
     monkeypatch.setattr(walk, "TAIL_MIN", 1)
     merges, settles = [], []
     extend, settle = walk.WalkIndex.extend, walk.WalkIndex.settle
