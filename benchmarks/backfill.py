@@ -355,11 +355,18 @@ def word_pool(templates: list[Template]) -> list[str]:
     return sorted({w.lower() for t in templates for s in t.texts for w in WORD.findall(s) if len(w) <= 12})
 
 
-def count_tokens(templates: list[Template]) -> None:
-    """Each template's tokens: SmolLM2's tokenizer over its text fields."""
+def fast_tokenizer():
+    """SmolLM2's ``tokenizers.Tokenizer``: kvdb's light tokenizer's, or on a cache's first use
+    (the embedded model not yet converted) the one inside transformers' tokenizer."""
     from kvdb.model import tokenizer as T
 
-    backend = T.load().backend
+    loaded = T.load()
+    return loaded.backend if isinstance(loaded, T.LightTokenizer) else loaded.backend_tokenizer
+
+
+def count_tokens(templates: list[Template]) -> None:
+    """Each template's tokens: SmolLM2's tokenizer over its text fields."""
+    backend = fast_tokenizer()
     for t in templates:
         t.tokens = sum(len(e.ids) for e in backend.encode_batch(t.texts)) if t.texts else 0
 
@@ -639,9 +646,7 @@ def phrase_queries(search, plan: dict) -> dict:
 
 def probe_tokenizer(work: Path, plan: dict, launched: float) -> dict:
     """The same parse, then SmolLM2's tokenizer batch-encoding every text field."""
-    from kvdb.model import tokenizer as T
-
-    backend = T.load().backend
+    backend = fast_tokenizer()
     texts: list[str] = []
     tokens = 0
     for item in messages(work / "history"):

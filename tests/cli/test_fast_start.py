@@ -115,3 +115,19 @@ def test_search_by_meaning_with_a_bert_embedder_imports_neither_torch_nor_transf
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["codes"] == {"search": 0}  # it found a hit (no hit exits 1): the embedder ran
     assert not {"torch", "transformers"} & set(report["heavy"]), f"imported {report['heavy']} to search by meaning"
+
+
+def test_a_first_ingest_learns_the_models_facts_in_a_process_of_its_own(tmp_path, tiny_model):
+    """A model never loaded on this machine is loaded once to learn its id (decision 0070): in a
+    process of its own, which ends with the weights, not in the ingest's, which kept them to
+    its end. The command imports no torch, and the facts are cached: the next needs no process."""
+    history = tmp_path / "chat.jsonl"
+    history.write_text('{"role": "user", "content": "the harbour at dawn"}\n{"role": "assistant", "content": "Quiet."}\n')
+    commands = [["--db", str(tmp_path / "a.duckdb"), "ingest", str(history), "--model", tiny_model]]
+    env = dict(os.environ, KVDB_CACHE=str(tmp_path / "fresh-cache"))
+    out = subprocess.run([sys.executable, "-c", FAST, json.dumps(commands)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["codes"] == {"ingest": 0}
+    assert "torch" not in report["heavy"]
+    assert list((tmp_path / "fresh-cache" / "model-facts").glob("*.txt"))  # learnt there, kept here
