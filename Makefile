@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # download) and postgresql, whose binaries the DuckLake tests start a cluster of their own with.
 MISSING := $(if $(wildcard /usr/bin/chromium),,chromium) $(if $(wildcard /usr/lib/postgresql/*/bin/initdb),,postgresql)
 
-.PHONY: install system-packages demo test test-fast lint ruff docs bench clean
+.PHONY: install system-packages demo test test-fast lint ruff docs fidelity bench clean
 
 install: $(STAMP) system-packages
 
@@ -65,6 +65,13 @@ lint: ruff
 # docs/cli.md from the commands' help (tests/cli/test_docs.py fails while it is stale).
 docs: $(STAMP)
 	$(PY) -m kvdb.cli.reference > docs/cli.md
+
+# A release step, not a benchmark to read: measure again what `restore --mode auto` reads,
+# kvdb/data/kv_fidelity.json (each tier K preset's fidelity, shipped and trained codebooks),
+# with RESULTS.md's "Tier K named presets" (it trains and restores every preset). Run it when
+# tier K's codebooks, presets or restore path change, and before a release; commit its file.
+fidelity: $(STAMP)
+	$(PY) benchmarks/kv_presets.py
 
 # benchmarks/ is checked (names, loop closures), not formatted.
 ruff: install

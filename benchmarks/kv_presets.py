@@ -41,6 +41,7 @@ from kv import CONT, CTX, _exact_pass, _peer_cache, load_model, spaced_starts
 from report import describe, publish
 
 from kvdb.codecs import code_layout as CL
+from kvdb.codecs import fidelity as F
 from kvdb.codecs import presets as P
 from kvdb.codecs import transform
 from kvdb.model import capture as C
@@ -226,7 +227,7 @@ def main() -> None:
     publish(lines, append=not args.no_results)
     if not args.no_results:
         for _name, spec, source, _, _, figures in rows:
-            KS.record_fidelity(weights, spec, source, figures, P.key_sharpening(weights, spec), f"benchmarks/kv_presets.py {today}")
+            F.record(weights, spec, source, figures, P.key_sharpening(weights, spec), f"benchmarks/kv_presets.py {today}")
 
 
 # issue 33's rows: (name, ppl ratio, KL, top-1, ratio vs fp16), drawn as the corner each must reach

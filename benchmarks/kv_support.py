@@ -1,19 +1,14 @@
 """What the tier K benchmarks (kv.py, kv_ideas.py, window.py, copy_scan.py) need beyond the
 library: a restore from whole arrays, codebooks cut down to a shallower preset, the exact
-stored bytes of a set of codes, and the writing of measured figures to the fidelity table the
-library ships (``record_fidelity``). The library restores from streams layer by layer and stores one
+stored bytes of a set of codes. The library restores from streams layer by layer and stores one
 trained preset, so none of these has a caller in kvdb/; they live here so a scan of presets and
 window policies needs one training run and no archive.
 """
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 
-from kvdb.codecs import fidelity as F
 from kvdb.codecs import fractal
 from kvdb.codecs import quant as Q
 from kvdb.codecs.code_layout import code_streams
@@ -81,35 +76,3 @@ def stored_code_bytes(codebooks: Q.Codebooks, codes: tuple[np.ndarray, np.ndarra
     return total
 
 
-def record_fidelity(
-    weights_hash: str,
-    spec: str,
-    source: str,
-    lengths: dict[int, dict[str, float | None]],
-    key_sharpening: float,
-    measured_by: str,
-) -> None:
-    """Write what a run measured of one preset spec's codebooks (``source``: "shipped" or
-    "trained") on one model into ``kvdb/data/kv_fidelity.json``, replacing that entry whole (its
-    figures come from one run). ``lengths``: context length -> ``{"ppl_ratio", "kl", "top1"}``,
-    a figure None where the run did not measure it; ``key_sharpening``: the factor the restores
-    measured applied (``presets.key_sharpening``), without which the library ignores the entry;
-    ``measured_by``: e.g. "benchmarks/kv.py 2026-12-02". Other models', specs' and sources'
-    entries are kept."""
-    if source not in F.SOURCES:
-        raise InvalidArgument(f"source {source!r}: expected one of {', '.join(F.SOURCES)}")
-    for n, figures in lengths.items():
-        if set(figures) != set(F.FIGURES):
-            raise InvalidArgument(f"length {n}: expected the figures {', '.join(F.FIGURES)} (None where unmeasured), got {sorted(figures)}")
-    path = F.FILE
-    table = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    entry = {
-        "key_sharpening": key_sharpening,
-        "lengths": {str(n): {k: (None if v is None else round(float(v), 4)) for k, v in figures.items()} for n, figures in sorted(lengths.items())},
-        "measured_by": measured_by,
-    }
-    table.setdefault(weights_hash, {}).setdefault(spec, {})[source] = entry
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    F.table.cache_clear()

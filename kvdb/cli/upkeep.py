@@ -180,7 +180,7 @@ def codebooks_list(ctx, as_json):
 @json_option
 @click.pass_context
 def codebooks_build(ctx, preset, model, as_json):
-    """Build this machine's shipped codebooks for the model now (once; about 2.5 minutes for SmolLM2 on 2 cores).
+    """Build this machine's shipped codebooks for the model now (once; minutes on 2 cores).
 
     They are trained on the calibration text shipped with kvdb, cached in the kvdb cache
     directory ($KVDB_CACHE), and used by `ingest --keep ...,kv` of that preset on any archive

@@ -25,7 +25,7 @@ from kvdb.index import vectors as vector_ops
 MAGIC = b"KVDBCHK1"  # the sidecar format (sidecar.py), which this file's layout became unchanged
 VERSION = 1
 # Arrays whose bytes the CRC covers: all but the vectors, the inverted file and the postings, whose
-# sizes alone are checked (a CRC reads every byte: 4-5 GB at 1e6 chunks, ~2 s an open, where a
+# sizes alone are checked (a CRC reads every byte, gigabytes at 1e6 chunks at each open, where a
 # query reads a few pages of them). A flipped bit there moves a score until `kvdb repair`.
 _CHECKED = (
     "node_ids",

@@ -2,8 +2,8 @@
 
 Exact (a flat scan) up to ``FLAT_UP_TO`` vectors; past that an inverted file of
 ``lists(n)`` k-means cells, of which ``NPROBE`` nearest the query are scanned. On 2 cores, one
-thread per query: a flat scan of 1e6 384-d vectors takes 94 ms (the target is 30), and the inverted
-file at 1e6 with 128 of its 4,000 cells probed is well within it, finding what the exact scan
+thread per query: a flat scan of 1e6 384-d vectors takes several times the latency target, and the
+inverted file at 1e6 with 128 of its 4,000 cells probed is well within it, finding what the exact scan
 finds (16 probed is faster, but loses hit@10; benchmarks/RESULTS.md, "Semantic tier: index
 latency at 1e4-1e6 chunks", and decisions/0037). A query is one vector, so FAISS's threads would
 only wait on each other.

@@ -1,6 +1,6 @@
 """A BERT encoder's forward pass in numpy, for the semantic tier's embedder.
 
-Importing torch and transformers costs a command 3-5 s before its first vector; the default
+Importing torch and transformers costs a command seconds before its first vector; the default
 embedder (all-MiniLM-L6-v2) is a 6-layer BERT, whose forward pass is a few matrix products
 numpy runs as fast. It covers BERT-family checkpoints as transformers' ``BertModel`` runs them
 (``model_type`` "bert": learned absolute positions, post-LayerNorm, exact GELU) stored in one

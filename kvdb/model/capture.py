@@ -108,7 +108,7 @@ def rotator(model, start: int, count: int, inverse: bool = False):
     The tables are computed once for all the layers a restore turns one by one. The pairs
     (x1, x2) of the two halves become (x1 cos - x2 sin, x2 cos + x1 sin): three passes over the
     keys and a temporary of half their size, where the general form makes five and two
-    (measured at 8,500 positions of SmolLM2: 0.15 s against 0.51 s). Rotary tables whose halves
+    (decision 0042 measured it). Rotary tables whose halves
     differ or cover part of the head take the general form."""
     tables = rope_tables(model, start, count)
     if tables is None:
@@ -232,8 +232,8 @@ def _hold(cache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
 def prefix_view(cache, positions: int):
     """A cache of the first ``positions`` positions of ``cache`` that shares its tensors (views,
     no copy): a cache layer grows by concatenation and crops by slicing, into new tensors, so
-    neither cache changes what the other holds. A server resumes a turn from memory this way
-    (measured on SmolLM2 at 2,750 positions: a copy of its 120 MB took 0.05-0.1 s of the turn)."""
+    neither cache changes what the other holds. A server resumes a turn from memory this way,
+    where a copy of the whole cache was a share of the turn's time that grows with the context."""
     from transformers import DynamicCache
 
     view: Any = DynamicCache()  # its layers are made by update(): full-attention layers, which hold keys

@@ -11,7 +11,7 @@ and the prefixes it wants on queries and documents (e5's and bge's ``prompts``).
 compared with vectors of the same model.
 
 A BERT-family model (the default among them) runs on numpy (:mod:`kvdb.model.bert`), so search
-by meaning starts without importing torch or transformers (3-5 s); any other architecture runs
+by meaning starts without importing torch or transformers (seconds); any other architecture runs
 through transformers' ``AutoModel``. Either way the words are cut by the ``tokenizers`` library
 and the hidden states pooled and normalised here, once.
 """

@@ -1,8 +1,8 @@
 """A model's tokenizer without torch or transformers, for the commands that only read.
 
 ``kvdb show``, ``search`` and ``sessions`` only turn token ids into text and a phrase into ids.
-transformers takes ~1 s to import (``AutoTokenizer`` ~1.5 s, and torch with it); the
-`tokenizers` library it wraps takes ~20 ms. For a model folder whose ``tokenizer_config.json``
+transformers takes seconds to import (``AutoTokenizer`` more, and torch with it); the
+`tokenizers` library it wraps, a fiftieth of that. For a model folder whose ``tokenizer_config.json``
 names the generic fast tokenizer (``TokenizersBackend``; v4 wrote ``PreTrainedTokenizerFast``),
 transformers' tokenizer is that library's ``Tokenizer`` read from ``tokenizer.json``, plus the
 chat template and the config's ``split_special_tokens``; :func:`load` builds exactly that, as a
@@ -86,7 +86,7 @@ def load(name: str | None = None):
     if name == DEFAULT_MODEL and (not folder.is_dir() or _cached_fingerprint(folder) is None):
         # The first use converts the GGUF and asks transformers for the fingerprint in a process
         # of its own: in this one, the de-quantized weights and transformers stayed resident to
-        # the end of a first ingest, which needs only the tokenizer (850 MiB of its 1.7 GiB at 1e7 tokens)
+        # the end of a first ingest, which needs only the tokenizer (decision 0070)
         in_own_process("kvdb.model.tokenizer:first_load", name)
     light = _light(name, folder) if folder.is_dir() else None
     if light is None:
@@ -108,7 +108,7 @@ def first_load(name: str) -> None:
 def load_full(name: str | None = None):
     """transformers' tokenizer (what ``model.load()`` returns; it renders chat templates).
 
-    AutoTokenizer imports transformers' whole model registry (~1.5 s, and torch); a folder whose
+    AutoTokenizer imports transformers' whole model registry (and torch); a folder whose
     config names the generic fast tokenizer is loaded by that class directly, which is the object
     AutoTokenizer would build (same class, same files, same fingerprint).
     """

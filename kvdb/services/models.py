@@ -118,7 +118,7 @@ class ModelProvider:
                 source.require_local(self.name)
                 self._storage.before_compute()
                 # in a process of its own, whose weights go back to the system with it: in this
-                # one they stayed resident to the end of a first ingest (850 MiB of its 1.7 GiB at 1e7 tokens)
+                # one they stayed resident to the end of a first ingest (decision 0070)
                 source.in_own_process("kvdb.model.loading:learn", self.name)
                 described = description.describe(self.name)
             if described is None:  # a Hugging Face id: its cache's files are not stamped, its facts not kept

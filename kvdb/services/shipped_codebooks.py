@@ -159,7 +159,7 @@ def build(
 ) -> tuple[Reference, KVCodebooks, bool]:
     """(reference, codebooks, whether they were built now) for a loaded model and a recipe
     (default: this kvdb's, of ``preset``, a spec): this machine's cached build, else a new one
-    (157 s for SmolLM2's compact preset on 2 idle cores; written atomically, so a concurrent first
+    (minutes on 2 cores: decision 0023; written atomically, so a concurrent first
     build is harmless). ``progress(kind, layer)`` hears of each layer trained."""
     wanted = wanted or recipe(loaded.identity, preset)
     path = cache_path(recipe_key(wanted))

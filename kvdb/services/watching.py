@@ -126,7 +126,7 @@ class Watching:
 
         def checkpoint(path: Path, stat: os.stat_result, found: list[IngestResult], last: bool = False) -> None:
             """The file's checkpoint, once: as soon as its ingest has committed, on the same hold
-            of the archive (letting it go and taking it again costs a pass ~0.1 s), else ``last``."""
+            of the archive (letting it go and taking it again costs a pass of its own), else ``last``."""
             if path not in checkpointed and (found or last):
                 status, detail = _summary(found)
                 self._storage.apply(

@@ -5,11 +5,7 @@ planted phrase whole in the file the ground truth names. No model, no tokenizer.
 import datetime as dt
 import json
 import random
-import sys
 
-from support import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
 import backfill as B
 
 

@@ -1,13 +1,8 @@
 """The rankers benchmarks/hybrid.py measured against the semantic tier's fusion: reciprocal-rank
 fusion by hand, and the LM's query likelihood against an unbatched forward pass."""
 
-import sys
-
 import numpy as np
 import pytest
-from support import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
 import rankers
 from rankers import rrf
 

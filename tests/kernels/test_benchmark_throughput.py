@@ -2,14 +2,9 @@
 as the fixtures do (the ids that link records are replaced together), and a tool's fixtures
 that do not read whole are left out with the reason, not timed."""
 
-import sys
-
-from support import REPO
+import formats as F
 
 from kvdb.transcripts import iter_transcripts
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import formats as F
 
 
 def shape(path):

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+import search_points
 from hypothesis import HealthCheck, given, settings
-from support import examples
 from hypothesis import strategies as st
+from support import examples
 
-from benchmarks import search_points
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, InvalidArgument
 

@@ -3,11 +3,10 @@ with the benchmarks' helpers over them (benchmarks/kv_support.py)."""
 
 from __future__ import annotations
 
+import kv_support as KS
 import numpy as np
 import pytest
-from support import REPO
 
-from benchmarks import kv_support as KS
 from kvdb.codecs import code_layout as CL
 from kvdb.codecs import presets as P
 from kvdb.codecs import quant as Q
@@ -299,9 +298,6 @@ def test_decode_is_the_sum_of_each_stage_centroid_over_the_metric_scales(tiny):
 @pytest.mark.model
 def test_embedded_fidelity_smoke(embedded):
     """Calibrate a small quantizer on one text, restore another through codes; the model still agrees."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from corpus import real_text
 
     ids = np.asarray(tok.encode(embedded.tokenizer, real_text(40_000)), dtype=np.int64)

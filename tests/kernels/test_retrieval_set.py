@@ -1,13 +1,9 @@
 """benchmarks/retrieval.py's retrieval set: which functions it keeps, what it searches for, and
 what it searches (the source less the docstring), on a small source written here."""
 
-import sys
 import textwrap
 
-from support import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import retrieval as R  # noqa: E402
+import retrieval as R
 
 SOURCE = textwrap.dedent(
     '''\

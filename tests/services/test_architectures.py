@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import kv_support
 import numpy as np
 import pytest
 import torch
 from support import make_tiny_model
 
 import kvdb
-from benchmarks import kv_support
 from kvdb.errors import ModelMismatch
 from kvdb.model import loading as lm_ops
 from kvdb.model.prefix_cache import PrefixCache
