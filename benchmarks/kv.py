@@ -50,7 +50,7 @@ CONT = 128  # continuation tokens scored (CONT + 1 fed)
 # and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
 # the preset of a model nobody measured; the embedded model's own default (presets.MEASURED_PRESETS["compact"],
-# from benchmarks/kv_ideas.py's scan at 8,000 tokens) is measured beside it
+# from benchmarks/kv_ideas.py's scan, at tag studies-2026-12-06, at 8,000 tokens) is measured beside it
 UNIFORM = P.DEFAULT_PRESET
 # the paper's settings, expressed with the harness's own codebooks and window policy
 PAPER = [

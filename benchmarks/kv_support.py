@@ -1,4 +1,4 @@
-"""What the tier K benchmarks (kv.py, kv_ideas.py, window.py, copy_scan.py) need beyond the
+"""What the tier K benchmarks (kv.py, kv_presets.py) need beyond the
 library: a restore from whole arrays, codebooks cut down to a shallower preset, the exact
 stored bytes of a set of codes. The library restores from streams layer by layer and stores one
 trained preset, so none of these has a caller in kvdb/; they live here so a scan of presets and

@@ -1,4 +1,4 @@
-"""The rankers benchmarks/hybrid.py measured against the semantic tier's fusion, and which lost
+"""The rankers benchmarks/hybrid.py (at tag studies-2026-12-06) measured against the semantic tier's fusion, and which lost
 there (so they are not in the library): reciprocal-rank fusion, and a rerank by the archive's
 own LM, the query's likelihood after each candidate's context.
 

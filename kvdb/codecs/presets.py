@@ -38,7 +38,7 @@ UNMEASURED = {"faithful": "k8v6", "balanced": "k6v4", "compact": DEFAULT_PRESET}
 # Entropy-coded presets below this many bits per element restore with the window recomputed (restore_window).
 STORED_WINDOW_BITS = 0.5
 # Presets measured on one model's weights (by their hash): deeper key codes for its copy heads,
-# fewer where keys barely matter (benchmarks/kv_ideas.py, decisions 0027 and 0028). The heads
+# fewer where keys barely matter (benchmarks/kv_ideas.py at tag studies-2026-12-06, decisions 0027 and 0028). The heads
 # are that model's, so no other model gets them. A name's figures are looked up by its spec
 # (kvdb.codecs.fidelity), so changing a spec here is the whole change.
 MEASURED_PRESETS = {
@@ -55,7 +55,8 @@ MEASURED_PRESETS = {
 
 
 # How much a restore sharpens de-quantized keys (``quant.Codebooks.sharpened``), measured on one
-# model's weights (benchmarks/kv_ideas.py, decision 0029); 1.0, none, for a model nobody measured.
+# model's weights (benchmarks/kv_ideas.py at tag studies-2026-12-06, decision 0029); 1.0, none,
+# for a model nobody measured.
 MEASURED_KEY_SHARPENING = {
     # SmolLM2-135M-Instruct, the embedded model
     "7d74ab7a13046166f57ed5b0ae3aa7974a6ea452d092cd9f66fe8efc4ef13f35": 1.05,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-WINDOW = 256  # tokens per chunk at most: 256 found more than 64 or 128 and as much as 512 (benchmarks/chunk_sizes.py)
+# tokens per chunk at most: 256 found more than 64 or 128 and as much as 512 (decision 0036;
+# benchmarks/chunk_sizes.py, at tag studies-2026-12-06)
+WINDOW = 256
 OVERLAP = 64
 
 

@@ -37,9 +37,9 @@ from kvdb.storage.edits import SEMANTIC_WORK
 if TYPE_CHECKING:
     from kvdb.model.embedder import Embedder
 
-CANDIDATES = (
-    100  # chunks each retriever hands to the fusion, and sessions whole-session BM25 does (benchmarks/hybrid.py)
-)
+# chunks each retriever hands to the fusion, and sessions whole-session BM25 does (decision 0037;
+# benchmarks/hybrid.py, at tag studies-2026-12-06)
+CANDIDATES = 100
 # The fusion (decision 0058): a chunk's cosine to the query, the share of the query's word weight
 # the chunk holds (BM25 over its ceiling) and the share its whole conversation holds, weighted;
 # none scaled over the list, so a score means the same for any query and any archive.
