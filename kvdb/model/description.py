@@ -48,6 +48,12 @@ def describe(name: str | None = None) -> Described | None:
     return Described(tok.load_full(name), identity, int(facts["context_tokens"]), int(facts["vocab_size"]))
 
 
+def kept(name: str) -> bool:
+    """Whether a load of the model caches its facts: the embedded model (converted on its first
+    load) and a local folder, not a Hugging Face id."""
+    return name == DEFAULT_MODEL or _folder(name) is not None
+
+
 def remember(name: str, identity: ModelRow, config) -> None:
     """Cache what ``describe`` reads, from a loaded model's transformers ``config``."""
     folder = _folder(name)

@@ -57,12 +57,6 @@ def load(name: str | None = None) -> LoadedModel:
     return loaded
 
 
-def learn(name: str) -> None:
-    """Load the model once, for the facts ``description.describe`` reads: in a process of its own
-    (``source.in_own_process``), which ends with its weights."""
-    load(name)
-
-
 @torch.no_grad()
 def _check_cache_layout(name: str, model) -> None:
     """Refuse, before anything is written, a model whose attention state is not one K/V pair per

@@ -102,9 +102,10 @@ def embedded_gguf() -> Path:
 
 def in_own_process(function: str, *args: str) -> None:
     """Call ``function`` ("module:name", imported there alone: torch stays out of this process)
-    with ``args`` in a fresh interpreter, and wait for it: what it loads goes back to the system
-    when it ends, where this process would keep the heap it grew. A ``KvdbError`` it raises is
-    raised here as it was. A command line, not multiprocessing: a spawned worker imports the
+    with ``args`` in a fresh interpreter, and wait for it; what it returns is dropped there. What
+    it loads goes back to the system when it ends, where this process would keep the heap it
+    grew. A ``KvdbError`` it raises is raised here with its message (as ``ModelNotFound`` where
+    ``kvdb.errors`` has no class of its name). A command line, not multiprocessing: a spawned worker imports the
     caller's main module again, and a user's script without a ``__main__`` guard would run twice."""
     import json
     import subprocess
@@ -117,7 +118,10 @@ def in_own_process(function: str, *args: str) -> None:
     lines = done.stdout.strip().splitlines()
     raised = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     if raised is not None:
-        raise getattr(errors, raised["type"])(raised["message"])
+        kind = getattr(errors, raised["type"], None)
+        if isinstance(kind, type) and issubclass(kind, errors.KvdbError) and kind.__init__ is Exception.__init__:
+            raise kind(raised["message"])
+        raise errors.ModelNotFound(raised["message"])
     last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     raise errors.ModelNotFound(f"loading the model in a process of its own failed: {last}")
 

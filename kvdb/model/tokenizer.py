@@ -83,26 +83,22 @@ def load(name: str | None = None):
     name = model_name(name)
     require_local(name)
     folder = embedded_folder() if name == DEFAULT_MODEL else Path(name)
-    if name == DEFAULT_MODEL and (not folder.is_dir() or _cached_fingerprint(folder) is None):
+    expected = _cached_fingerprint(folder) if folder.is_dir() else None
+    if name == DEFAULT_MODEL and expected is None:
         # The first use converts the GGUF and asks transformers for the fingerprint in a process
         # of its own: in this one, the de-quantized weights and transformers stayed resident to
         # the end of a first ingest, which needs only the tokenizer (decision 0070)
-        in_own_process("kvdb.model.tokenizer:first_load", name)
+        in_own_process("kvdb.model.tokenizer:load_full", name)
+        expected = _cached_fingerprint(folder)
     light = _light(name, folder) if folder.is_dir() else None
     if light is None:
         return load_full(name)
-    expected = _cached_fingerprint(folder)
     if expected is None:  # first read of these files: transformers says what the fingerprint is (and caches it)
         full = load_full(name)
         expected = fingerprint(full)
         if expected != light.fingerprint:
             return full
     return light if expected == light.fingerprint else load_full(name)
-
-
-def first_load(name: str) -> None:
-    """What ``load_full``'s first call leaves behind: the embedded GGUF converted, its fingerprint cached."""
-    load_full(name)
 
 
 def load_full(name: str | None = None):

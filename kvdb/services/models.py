@@ -114,14 +114,14 @@ class ModelProvider:
             return self.get()
         if self._described is None:
             described = description.describe(self.name)
-            if described is None:  # never loaded on this machine: a load learns (and caches) its facts
-                source.require_local(self.name)
+            if described is None and description.kept(self.name):  # never loaded on this machine
                 self._storage.before_compute()
-                # in a process of its own, whose weights go back to the system with it: in this
-                # one they stayed resident to the end of a first ingest (decision 0070)
-                source.in_own_process("kvdb.model.loading:learn", self.name)
+                # a load caches the facts: in a process of its own, whose weights go back to the
+                # system with it; in this one they stayed resident to the end of a first ingest
+                # (decision 0070)
+                source.in_own_process("kvdb.model.loading:load", self.name)
                 described = description.describe(self.name)
-            if described is None:  # a Hugging Face id: its cache's files are not stamped, its facts not kept
+            if described is None:  # a Hugging Face id: its facts are not kept, so it loads here
                 return self.get()
             self._described = dataclasses.replace(
                 described, identity=identity.in_archive(self._storage, described.identity)
