@@ -23,20 +23,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
-from kvdb.index.segment import REACH, Pieces, Runs, Segment, held_context, token_dtype
+from kvdb.index import sorting
+from kvdb.index.segment import REACH, Runs, Segment, held_context, token_dtype
+from kvdb.index.stack import Pieces, Stack
 
 # A tail is rewritten at every commit, so it merges into the base once it holds more than
 # TAIL_MIN slots and an eighth of the base's: a commit writes O(tail), a merge O(index).
 TAIL_MIN = 1 << 20
 TAIL_SHARE = 8
 # Slots past which a segment is sorted no more: the tail is then kept as a base of its own and a
-# new tail begins. Sorting a segment takes tens of bytes a position (``Segment._sorted``), so one
+# new tail begins. Sorting a segment takes tens of bytes a position (``sorting.sorted_slots``), so one
 # segment for a whole history sorted 1e8 positions at once in 8.8 GB; a lookup pays a bound per
 # segment instead (docs/decisions/0068-bounded-segments.md).
 SEGMENT_SLOTS = 1 << 24
@@ -93,6 +96,11 @@ class KeyRange:
     parts: tuple[tuple[np.ndarray, int, int], ...]
 
     def __len__(self) -> int:
+        return self.size
+
+    @cached_property
+    def size(self) -> int:
+        """Entries in all: a search asks it of each range many times."""
         return sum(b - a for _, a, b in self.parts)
 
     def slots(self) -> np.ndarray:
@@ -130,7 +138,7 @@ class KeyRange:
 
 @dataclass(frozen=True)
 class Bounds:
-    """Per segment, its order and the bounds ``Segment.bounds`` gives: ``(order, a, b, a0, b0)``."""
+    """Per segment, its order and the bounds ``Stack.bounds`` gives: ``(order, a, b, a0, b0)``."""
 
     parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
 
@@ -161,6 +169,7 @@ class WalkIndex:
         self.generation = generation
         self.bases = bases or [Segment.empty(alphabet, generation)]
         self.tail = tail if tail is not None else Segment.empty(alphabet, generation, self.base.ntotal)
+        self._stack: Stack | None = None
         self._chain()
 
     def _chain(self) -> None:
@@ -176,6 +185,14 @@ class WalkIndex:
     @property
     def segments(self) -> list[Segment]:
         return [*self.bases, self.tail]
+
+    @property
+    def stack(self) -> Stack:
+        """The segments as one for a lookup, made again once a commit or a merge replaced one."""
+        segments = self.segments
+        if self._stack is None or not self._stack.same(segments):
+            self._stack = Stack(segments)
+        return self._stack
 
     @property
     def ntotal(self) -> int:
@@ -262,7 +279,7 @@ class WalkIndex:
         merging it into the base at each eighth re-sorted the base a score of times in a backfill,
         where the batch's end sorts it once (or, into an empty base, not at all)."""
         for start, stop, part in self._parts(len(by_slot), runs):
-            self.tail = self.tail.extended(self.ntotal + stop - start, by_slot[start:stop], part)
+            self.tail = sorting.extended(self.tail, self.ntotal + stop - start, by_slot[start:stop], part)
             if _size(self.tail) >= SEGMENT_SLOTS:
                 self._seal()
         if settle and _size(self.tail) > max(TAIL_MIN, _size(self.base) // TAIL_SHARE):
@@ -306,7 +323,7 @@ class WalkIndex:
         if _size(self.base) == 0 or _size(self.base) + _size(self.tail) > SEGMENT_SLOTS:
             self._seal()
             return
-        self.bases[-1] = self.base.extended(self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
+        self.bases[-1] = sorting.extended(self.base, self.tail.ntotal, np.asarray(self.tail.tokens), self.tail.runs)
         self.tail = Segment.empty(self.alphabet, self.generation, self.base.ntotal)
         self._chain()
 
@@ -328,22 +345,18 @@ class WalkIndex:
         piece of up to D): a casing walk's first test of hundreds of words' casings."""
         if not pieces:
             return np.zeros(0, bool)
-        prepared = Pieces.of([piece[-self.depth :] for piece in pieces], self.alphabet)
-        return np.logical_or.reduce([segment.holds(prepared) for segment in self.segments])
+        return self.stack.holds(Pieces.of([piece[-self.depth :] for piece in pieces], self.alphabet))
 
     def bounds(self, pieces: Sequence[np.ndarray]) -> Bounds:
         """``ranges`` as arrays, each piece's ``KeyRange`` made when asked for: a casing walk
         bounds hundreds of pieces and keeps the ranges of a few."""
-        prepared = Pieces.of(pieces, self.alphabet)
-        return Bounds(tuple((segment.order, *segment.bounds(prepared)) for segment in self.segments))
+        stack = self.stack
+        found = stack.bounds(Pieces.of(pieces, self.alphabet))
+        return Bounds(tuple((segment.order, *bound) for segment, bound in zip(stack.segments, found)))
 
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
-        """``Segment.symbols`` of slots in any segment."""
-        slots = np.asarray(slots, np.int64)
-        out = np.empty((len(slots), len(depths)), np.int64)
-        for segment, mine in _by_segment(self.segments, slots):
-            out[mine] = segment.symbols(slots[mine], depths)
-        return out
+        """``Stack.symbols`` of slots in any segment."""
+        return self.stack.symbols(slots, depths)
 
     def within(self, piece: np.ndarray) -> np.ndarray:
         """Sorted slots whose last ``len(piece)`` tokens are ``piece`` (``len(piece) <= reach``)."""

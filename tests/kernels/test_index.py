@@ -8,8 +8,9 @@ import pytest
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
-from kvdb.index import segment, walk
+from kvdb.index import segment, sorting, walk
 from kvdb.index.segment import REACH
+from kvdb.index.stack import Stack
 from kvdb.index.walk import WalkIndex
 
 ALPHABET = 300
@@ -30,8 +31,8 @@ def test_runs_merged_at_once_equal_runs_merged_one_by_one():
         one_by_one.extend([run], ntotal if i == len(runs) - 1 else run[0] + len(run[1]))
     for got in (together, one_by_one):
         assert got.ntotal == ntotal and got.entries == 120  # the hole's 10 slots hold no keys
-        for segment in (got.base, got.tail):
-            assert np.all(np.diff(segment.keys_at(segment.order).astype(np.float64)) >= 0)
+        for part in (got.base, got.tail):
+            assert np.all(np.diff(Stack.under(part).keys_at(part.order).astype(np.float64)) >= 0)
         np.testing.assert_array_equal(got.tokens[80:90], 0)
     np.testing.assert_array_equal(np.sort(together.tail.order), np.sort(one_by_one.tail.order))
     np.testing.assert_array_equal(together.tokens[:], one_by_one.tokens[:])
@@ -116,7 +117,7 @@ def _assert_ordered_and_found(trie, firsts, indexes, rng) -> None:
     ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
     for index in indexes:
         for part in index.segments:  # sorted by the last `reach` tokens, newest first
-            rows = part.symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
+            rows = Stack.under(part).symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
             assert all(tuple(a) <= tuple(b) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
     for _ in range(60):
         slot, path = ends[int(rng.integers(len(ends)))]
@@ -203,8 +204,9 @@ def test_few_new_entries_are_placed_by_binary_search_in_the_order_a_sort_gives(m
     """A commit of fewer entries than a 64th of the tail's places them by binary search over 256
     tokens, read through links; here every commit does (a sampled key every 2 entries), and the
     reads and sorts go a few runs and positions at a time."""
-    for name, value in (("BLOCK", 2), ("_LINKS", 3), ("_CHUNK", 97), ("_PLACING", 5)):
-        monkeypatch.setattr(segment, name, value)
+    monkeypatch.setattr(segment, "BLOCK", 2)
+    for name, value in (("_LINKS", 3), ("_CHUNK", 97), ("_PLACING", 5)):
+        monkeypatch.setattr(sorting, name, value)
     monkeypatch.setattr(walk, "TAIL_MIN", 1 << 30)
     rng = np.random.default_rng(4)
     trie = _trie(rng, 60, 120)
