@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
-from support import CALIBRATION, REPO, examples, make_tiny_model
+from support import CALIBRATION, examples, make_tiny_model
 
 import kvdb
-
-# The tests of the benchmarks import their modules by the names the benchmarks import each other
-# by (``import kv_support``), from this one entry: appended, so a benchmark's name never hides an
-# installed package's.
-sys.path.append(str(REPO / "benchmarks"))
 
 # properties without settings of their own: hypothesis' 100 examples scaled like the others, and no
 # deadline (a loaded 2-core machine would fail a property on time, not on its claim)

@@ -135,3 +135,30 @@ def undo_child_keys(conn) -> None:
     conn.execute("alter table nodes drop column child_key")  # DuckDB alters no table an index depends on
     if indexed:
         conn.execute("create index ix_nodes_children on nodes (parent_id, first_token)")
+
+
+def stream(seed: int, alphabet: int, length: int) -> np.ndarray:
+    """Uniform symbols, with the extreme values forced in so that edge digits are exercised."""
+    symbols = np.random.default_rng(seed).integers(0, alphabet, length)
+    if length:
+        symbols[np.random.default_rng(seed + 1).integers(0, length, 2)] = [0, alphabet - 1]
+    return symbols
+
+
+def clustered_vectors(layers=2, heads=2, n=600, dim=8, seed=0):
+    """Keys or values for the KV tier's codebooks: ``[layers, heads, n, dim]``."""
+    rng = np.random.default_rng(seed)
+    # anisotropic, clustered data, a little like real K/V; the same clusters for every seed
+    centres = np.random.default_rng(99).standard_normal((layers, heads, 5, dim)) * 3
+    pick = rng.integers(0, 5, size=(layers, heads, n))
+    base = np.take_along_axis(centres, pick[..., None].repeat(dim, -1), axis=2)
+    scale = np.linspace(2.0, 0.2, dim)
+    return (base + rng.standard_normal((layers, heads, n, dim)) * scale).astype(np.float32)
+
+
+def trained_codebooks():
+    """Residual VQ codebooks ``k3x16v2x16`` of two layers, and the keys and values they were trained on."""
+    from kvdb.codecs import quant
+
+    k, v = clustered_vectors(seed=1), clustered_vectors(seed=2)
+    return quant.train({"k": k, "v": v}, "k3x16v2x16", niter=8), k, v

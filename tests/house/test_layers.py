@@ -175,3 +175,19 @@ def test_the_front_ends_live_in_the_package():
     """One package tree: every module is imported by the name of its folder under kvdb/."""
     names = modules()
     assert all(any(name == f or name.startswith(f + ".") for name in names) for f in FRONT_ENDS) and "kvdb.migrations.versions" in names
+
+
+def test_kvdbs_tests_import_no_benchmark():
+    """A benchmark may change or leave the tree (a study, kept at a tag) without a test of kvdb
+    breaking: the benchmarks' own tests live in benchmarks/tests/."""
+    benchmarks = {path.stem for path in (REPO / "benchmarks").glob("*.py")}
+    found = []
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            )
+            found += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in benchmarks]
+    assert benchmarks and not found

@@ -1,12 +1,14 @@
-"""KV tier: residual VQ codebooks (kvdb.codecs.quant) and capture/restore of K/V (kvdb.model.capture),
-with the benchmarks' helpers over them (benchmarks/kv_support.py)."""
+"""KV tier: residual VQ codebooks (kvdb.codecs.quant) and capture/restore of K/V (kvdb.model.capture)."""
 
 from __future__ import annotations
 
-import kv_support as KS
+from pathlib import Path
+
 import numpy as np
 import pytest
+from support import clustered_vectors, trained_codebooks
 
+import kvdb
 from kvdb.codecs import code_layout as CL
 from kvdb.codecs import presets as P
 from kvdb.codecs import quant as Q
@@ -15,21 +17,17 @@ from kvdb.model import capture as C
 from kvdb.model import loading as M
 from kvdb.model import tokenizer as tok
 
+CALIBRATION_FILE = Path(kvdb.__file__).parent / "data" / "calibration.txt"  # real text: ~9k tokens
 
-def _vectors(layers=2, heads=2, n=600, dim=8, seed=0):
-    rng = np.random.default_rng(seed)
-    # anisotropic, clustered data, a little like real K/V; the same clusters for every seed
-    centres = np.random.default_rng(99).standard_normal((layers, heads, 5, dim)) * 3
-    pick = rng.integers(0, 5, size=(layers, heads, n))
-    base = np.take_along_axis(centres, pick[..., None].repeat(dim, -1), axis=2)
-    scale = np.linspace(2.0, 0.2, dim)
-    return (base + rng.standard_normal((layers, heads, n, dim)) * scale).astype(np.float32)
+
+def _restored(model, ids, keys, values, **restore):
+    """``capture.restore_layers`` of whole ``[layers, kv_heads, seq, head_dim]`` arrays (taken over)."""
+    return C.restore_layers(model, ids, zip(keys, values), **restore)
 
 
 @pytest.fixture(scope="module")
 def trained():
-    k, v = _vectors(seed=1), _vectors(seed=2)
-    return Q.train({"k": k, "v": v}, "k3x16v2x16", niter=8), k, v
+    return trained_codebooks()
 
 
 def test_codebook_bytes_round_trip(trained):
@@ -55,41 +53,34 @@ def test_codebook_bytes_round_trip(trained):
 
 def test_encode_decode_shapes_and_error_drops_with_stages(trained):
     cb, _, _ = trained
-    k, v = _vectors(n=300, seed=3), _vectors(n=300, seed=4)  # held out
+    k, v = clustered_vectors(n=300, seed=3), clustered_vectors(n=300, seed=4)  # held out
     kc, vc = Q.encode(cb, k, v)
     assert kc.dtype == np.uint16 and kc.shape == (2, 2, 3, 300) and vc.shape == (2, 2, 2, 300)
     assert kc.max() < 16
     errors = []
-    for stages in (1, 2, 3):
-        sub = KS.truncate(cb, f"k{stages}x16v1x16")
-        kq, vq = Q.decode(sub, (kc[:, :, :stages], vc[:, :, :1]))
+    for stages in (1, 2, 3):  # the codes' first stages alone decode with the codebooks' first stages
+        kq, vq = Q.decode(cb, (kc[:, :, :stages], vc[:, :, :1]))
         assert kq.shape == k.shape and vq.shape == v.shape and kq.dtype == np.float32
         errors.append(float(((kq - k) ** 2).mean()))
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 0.5 * float(((k - k.mean(2, keepdims=True)) ** 2).mean())
-    # nested stages: decoding a prefix of the codes equals decoding with truncated codebooks
-    full_k, _ = Q.decode(cb, (kc[:, :, :2], vc))
-    np.testing.assert_array_equal(full_k, Q.decode(KS.truncate(cb, "k2x16v2x16"), (kc[:, :, :2], vc))[0])
     with pytest.raises(InvalidArgument):
         Q.encode(cb, k[:, :, :, :4], v)
 
 
 def test_stored_code_bytes_match_fractal(trained):
     cb, _, _ = trained
-    kc, vc = Q.encode(cb, _vectors(n=100, seed=5), _vectors(n=100, seed=6))
+    kc, vc = Q.encode(cb, clustered_vectors(n=100, seed=5), clustered_vectors(n=100, seed=6))
     streams = CL.code_streams(cb, (kc, vc))
     assert list(streams) == [16]
     assert len(streams[16]) == 100 * 2 * 2 * (3 + 2)
     # token-major: position 0's symbols first, kind > layer > stage > head
     first = np.concatenate([kc[0, :, :, 0].T.reshape(-1), kc[1, :, :, 0].T.reshape(-1), vc[0, :, :, 0].T.reshape(-1), vc[1, :, :, 0].T.reshape(-1)])
     assert np.array_equal(streams[16][:20], first)
-    # 16-ary symbols cost 4 bits; one block (12 B header + CRC)
-    assert KS.stored_code_bytes(cb, (kc, vc)) == 2000 // 2 + 12
-    assert KS.stored_code_bytes(cb, (kc, vc), start=4) == 96 * 20 // 2 + 12
 
 
 def test_per_layer_training():
-    k, v = _vectors(n=200, seed=7), _vectors(n=200, seed=8)
+    k, v = clustered_vectors(n=200, seed=7), clustered_vectors(n=200, seed=8)
     cb = Q.train({"k": k, "v": v}, "k1x8v1x8+k2x8@1", niter=4)
     assert cb.stages("k") == [(8,), (8, 8)]
     kc, vc = Q.encode(cb, k, v)
@@ -103,7 +94,7 @@ def test_heads_with_fewer_stages_than_their_layer():
     """A per-head preset: each head is coded with its own stages only, stores only those (codes,
     streams and centroids: codebook format version 2) and decodes to the sum of its centroids;
     a preset whose heads all take their layers' stages is still written as version 1."""
-    k, v = _vectors(layers=3, n=300, seed=11), _vectors(layers=3, n=300, seed=12)
+    k, v = clustered_vectors(layers=3, n=300, seed=11), clustered_vectors(layers=3, n=300, seed=12)
     cb = Q.train({"k": k, "v": v}, "k1x16v1x8+k3x16@1.1+v2x8@2.0", niter=4)
     assert cb.stages("k") == [(16,), (16,) * 3, (16,)] and cb.depth("k").tolist() == [[1, 1], [1, 3], [1, 1]]
     assert not cb.books["k"][1][1][0].any() and cb.books["k"][1][1][1].any()  # head 0 has no stage 1
@@ -132,21 +123,13 @@ def test_heads_with_fewer_stages_than_their_layer():
     for layer, (got_k, got_v) in enumerate(CL.decode_streams(cb, CL.code_streams(cb, (kc, vc)), 300, 200)):
         np.testing.assert_array_equal(got_k, keys[layer, :, :200])
         np.testing.assert_array_equal(got_v, values[layer, :, :200])
-    shallow = KS.truncate(cb, "k1x16v1x8+k2x16@1.1")
-    assert shallow.depth("k")[1].tolist() == [1, 2] and shallow.depths.keys() == {"k"}
-    assert shallow.stages("v")[2] == (8,) and not shallow.books["k"][1][1][0].any()
-    # stages nest per head too: cutting the uniform set down is training the per-head preset
-    assert KS.truncate(uniform, "k1x16v1x8+k3x16@1.1+v2x8@2.0").to_bytes() == blob
-    assert KS.truncate(cb, "k1x16v1x8").to_bytes()[8:12] == (1).to_bytes(4, "little")
-    with pytest.raises(InvalidArgument, match="needs 3 k stages in layer 1 head 0"):
-        KS.truncate(cb, "k1x16v1x8+k3x16@1")
 
 
 def test_decode_streams_gives_decode_layer_by_layer():
     """The restore path decodes the stored streams a layer at a time: the same vectors as
     decoding the codes, for a prefix of the positions, with stage counts and codebook sizes
     (so streams) differing by layer, and a kind with no stages in a layer."""
-    k, v = _vectors(n=300, seed=9), _vectors(n=300, seed=10)
+    k, v = clustered_vectors(n=300, seed=9), clustered_vectors(n=300, seed=10)
     cb = Q.train({"k": k, "v": v}, "k2x16v1x8+k3x32@1+v2x16@0", niter=4)
     codes = Q.encode(cb, k, v)
     streams = CL.code_streams(cb, codes)
@@ -205,7 +188,7 @@ def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
     k, v = C.capture(tiny.model, prefix, chunk=32, pre_rope=pre_rope)
     exact = M.prefill(tiny.model, prefix[: C.SINKS])
     for window in ("none", "quantized", "recompute", "stored"):
-        cache = KS.restore_cache(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
+        cache = _restored(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
         assert cache.get_seq_length() == 80
         lp, am = C.teacher_forced(tiny.model, cache, cont)
         np.testing.assert_allclose(lp, lp_exact, atol=1e-4)
@@ -221,7 +204,7 @@ def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
     ids = _ids(n + 8, seed=5)
     k, v = C.capture(tiny.model, ids[:n], pre_rope=True)
     lp_exact, _ = C.teacher_forced(tiny.model, M.prefill(tiny.model, ids[:n]), ids[n:])
-    cache = KS.restore_cache(tiny.model, ids[:n], k, v, pre_rope=True)
+    cache = _restored(tiny.model, ids[:n], k, v, pre_rope=True)
     assert cache.get_seq_length() == n
     np.testing.assert_allclose(C.teacher_forced(tiny.model, cache, ids[n:])[0], lp_exact, atol=1e-4)
 
@@ -229,7 +212,7 @@ def test_one_pass_over_sinks_and_window_is_exact_at_any_length(tiny, n):
 def test_restored_cache_generates(tiny):
     ids = _ids(40, seed=3)
     k, v = C.capture(tiny.model, ids[:-1], pre_rope=True)
-    cache = KS.restore_cache(tiny.model, ids[:-1], k, v, pre_rope=True)
+    cache = _restored(tiny.model, ids[:-1], k, v, pre_rope=True)
     out = M.generate(tiny.model, tiny.tokenizer, cache, ids, 5)
     expect = M.generate(tiny.model, tiny.tokenizer, M.prefill(tiny.model, ids[:-1]), ids, 5)
     assert out == expect
@@ -241,7 +224,7 @@ def test_quantized_restore_end_to_end_tiny(tiny):
     cb = Q.train({"k": k, "v": v}, "k2x32v2x32", niter=6)
     cb2 = Q.Codebooks.from_bytes(cb.to_bytes())
     kq, vq = Q.decode(cb2, Q.encode(cb2, k, v))
-    cache = KS.restore_cache(tiny.model, ids, kq, vq, pre_rope=True)
+    cache = _restored(tiny.model, ids, kq, vq, pre_rope=True)
     assert cache.get_seq_length() == 300
     # the recomputed window is exact at the sinks
     exact = M.prefill(tiny.model, ids)
@@ -260,7 +243,7 @@ def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, 
         raise AssertionError("the stored window ran the model")
 
     monkeypatch.setattr(tiny.model, "forward", no_forward)
-    cache = KS.restore_cache(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
+    cache = _restored(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
     monkeypatch.undo()
     got_k, got_v = C.cache_arrays(cache)
     want_k, want_v = C.cache_arrays(exact)
@@ -298,9 +281,7 @@ def test_decode_is_the_sum_of_each_stage_centroid_over_the_metric_scales(tiny):
 @pytest.mark.model
 def test_embedded_fidelity_smoke(embedded):
     """Calibrate a small quantizer on one text, restore another through codes; the model still agrees."""
-    from corpus import real_text
-
-    ids = np.asarray(tok.encode(embedded.tokenizer, real_text(40_000)), dtype=np.int64)
+    ids = np.asarray(tok.encode(embedded.tokenizer, CALIBRATION_FILE.read_text()), dtype=np.int64)
     model = embedded.model
     k, v = C.capture(model, ids[:512], pre_rope=True)
     cb = Q.train({"k": k[:, :, C.SINKS :], "v": v[:, :, C.SINKS :]}, "k2x64v1x64", niter=6)
@@ -308,19 +289,19 @@ def test_embedded_fidelity_smoke(embedded):
     kp, vp = C.capture(model, prefix, pre_rope=True)
     lp_exact, am_exact = C.teacher_forced(model, M.prefill(model, prefix), cont)
     kq, vq = Q.decode(cb, Q.encode(cb, kp, vp))
-    cache = KS.restore_cache(model, prefix, kq, vq, pre_rope=True)
+    cache = _restored(model, prefix, kq, vq, pre_rope=True)
     lp, am = C.teacher_forced(model, cache, cont)
     ratio = float(np.exp(lp_exact.mean() - lp.mean()))
     assert ratio < 3.0, ratio  # coarse codebooks: damage is bounded, not zero
     assert (am == am_exact).mean() > 0.4
     # unquantized arrays through the same path are exact
-    exact_cache = KS.restore_cache(model, prefix, kp, vp, pre_rope=True)
+    exact_cache = _restored(model, prefix, kp, vp, pre_rope=True)
     np.testing.assert_allclose(C.teacher_forced(model, exact_cache, cont)[0], lp_exact, atol=2e-3)
 
 
 def test_beam_encoding_never_worse_and_weights_round_trip(trained):
     cb, _, _ = trained
-    k, v = _vectors(n=200, seed=9), _vectors(n=200, seed=10)
+    k, v = clustered_vectors(n=200, seed=9), clustered_vectors(n=200, seed=10)
     greedy = Q.decode(cb, Q.encode(cb, k, v))[0]
     beam = Q.decode(cb, Q.encode(cb, k, v, beam=4))[0]
     err = lambda a: float(((a - k) ** 2).sum(-1).mean())  # noqa: E731
@@ -339,7 +320,7 @@ def test_sharpened_codebooks_decode_keys_further_from_each_heads_centre():
     """Decoding with ``sharpened(f)`` gives ``c + f * (key - c)``, c the mean of the head's
     first-stage centroids, for every head whatever its depth; values do not move; f = 1 is the
     codebooks themselves; and the sharpened set can neither encode nor be stored."""
-    k, v = _vectors(layers=3, heads=2, n=400, dim=4, seed=5), _vectors(layers=3, heads=2, n=400, dim=4, seed=6)
+    k, v = clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=5), clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=6)
     cb = Q.train({"k": k, "v": v}, "k3x16v1x16+k1x16@2.1", niter=4)
     codes = Q.encode(cb, k, v)
     keys, values = Q.decode(cb, codes)
@@ -359,7 +340,7 @@ def test_a_preset_of_uneven_depths_round_trips_through_its_streams():
     """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
     decode equals the sum of the centroids each head has."""
     preset = "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1"  # SmolLM2's compact of decision 0028
-    k, v = _vectors(layers=30, heads=3, n=300, dim=4, seed=3), _vectors(layers=30, heads=3, n=300, dim=4, seed=4)
+    k, v = clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=3), clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=4)
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)
     assert [len(s) for s in cb.stages("k")] == [len(s) for s in P.allocation(preset, 30, 3)["k"]]
@@ -373,4 +354,3 @@ def test_a_preset_of_uneven_depths_round_trips_through_its_streams():
     for layer, head in ((0, 0), (7, 2), (7, 0), (18, 2), (8, 1)):
         want = sum(cb.books["k"][layer][s][head][codes[0][layer, head, s]] for s in range(cb.depth("k")[layer, head]))
         np.testing.assert_allclose(keys[layer, head], want, rtol=1e-6, atol=1e-6)
-    assert KS.stored_code_bytes(cb, codes, start=4) > 296 * codes_per_position  # one byte a code, and the blocks' headers

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import kv_support
 import numpy as np
 import pytest
 import torch
@@ -180,7 +179,7 @@ def test_the_recomputed_window_is_the_model_own_computation(arch_loaded):
     loaded = arch_loaded
     ids = np.arange(6 * WINDOW) % 200 + 3
     keys, values = capture.capture(loaded.model, ids, pre_rope=True)
-    restored = kv_support.restore_cache(loaded.model, ids, keys, values, pre_rope=True)
+    restored = capture.restore_layers(loaded.model, ids, zip(keys, values), pre_rope=True)
     fresh = lm_ops.prefill(loaded.model, ids)
     for ours, theirs in zip(restored.layers, fresh.layers, strict=True):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-4, rtol=1e-4)
