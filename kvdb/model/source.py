@@ -19,6 +19,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -104,26 +105,55 @@ def in_own_process(function: str, *args: str) -> None:
     """Call ``function`` ("module:name", imported there alone: torch stays out of this process)
     with ``args`` in a fresh interpreter, and wait for it; what it returns is dropped there. What
     it loads goes back to the system when it ends, where this process would keep the heap it
-    grew. A ``KvdbError`` it raises is raised here with its message (as ``ModelNotFound`` where
-    ``kvdb.errors`` has no class of its name). A command line, not multiprocessing: a spawned worker imports the
-    caller's main module again, and a user's script without a ``__main__`` guard would run twice."""
+    grew. Its stderr is relayed as it comes (a first conversion's progress bar), and a
+    ``KvdbError`` it raises is raised here with its message (as ``ModelNotFound`` where
+    ``kvdb.errors`` has no class of its name). A command line, not multiprocessing: a spawned
+    worker imports the caller's main module again, and a user's script without a ``__main__``
+    guard would run twice."""
     import json
     import subprocess
     import sys
 
     code = "import sys; from kvdb.model.source import _call; _call(*sys.argv[1:])"
-    done = subprocess.run([sys.executable, "-c", code, function, *args], capture_output=True, text=True)
-    if done.returncode == 0:
+    with subprocess.Popen(
+        [sys.executable, "-c", code, function, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as child:
+        relayed = _Relay(child.stderr)
+        relayed.start()
+        out = child.stdout.read().decode(errors="replace") if child.stdout else ""
+        returncode = child.wait()
+        relayed.join()
+    if returncode == 0:
         return
-    lines = done.stdout.strip().splitlines()
+    lines = out.strip().splitlines()
     raised = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     if raised is not None:
         kind = getattr(errors, raised["type"], None)
         if isinstance(kind, type) and issubclass(kind, errors.KvdbError) and kind.__init__ is Exception.__init__:
             raise kind(raised["message"])
         raise errors.ModelNotFound(raised["message"])
-    last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    last = (relayed.tail.strip().splitlines() or [f"exit status {returncode}"])[-1]
     raise errors.ModelNotFound(f"loading the model in a process of its own failed: {last}")
+
+
+class _Relay(threading.Thread):
+    """Copies a child's stderr to this process's as it comes, keeping its last few kilobytes."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.tail = stream, ""
+
+    def run(self) -> None:
+        import codecs
+        import sys
+
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end inside a character
+        for chunk in iter(lambda: self.stream.read1(1 << 16), b""):
+            piece = text.decode(chunk)
+            self.tail = (self.tail + piece)[-4096:]
+            with contextlib.suppress(OSError, ValueError):  # a closed or full stderr loses the relay, not the load
+                sys.stderr.write(piece)
+                sys.stderr.flush()
 
 
 def _call(function: str, *args: str) -> None:

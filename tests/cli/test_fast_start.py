@@ -131,3 +131,17 @@ def test_a_first_ingest_learns_the_models_facts_in_a_process_of_its_own(tmp_path
     assert report["codes"] == {"ingest": 0}
     assert "torch" not in report["heavy"]
     assert list((tmp_path / "fresh-cache" / "model-facts").glob("*.txt"))  # learnt there, kept here
+
+
+def test_what_the_first_load_prints_is_relayed_as_it_comes(capfd):
+    """The first load's child (decision 0070) may take 20 s to convert the embedded model: its
+    stderr (transformers' progress bar) reaches the user's, where capturing it left a first
+    ingest silent that long. Its last line still names a failure."""
+    from kvdb.errors import ModelNotFound
+    from kvdb.model import source
+
+    source.in_own_process("warnings:warn", "converting the embedded model ✓")
+    assert "converting the embedded model ✓" in capfd.readouterr().err
+    with pytest.raises(ModelNotFound, match="loading the model in a process of its own failed: .*No module named"):
+        source.in_own_process("kvdb.no_such_module:load")
+    assert "No module named" in capfd.readouterr().err
