@@ -89,7 +89,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from rankers import rrf
 from report import describe, publish
-from retrieval import GRID, RRF_K, TIER_PARTS, fusion
+from retrieval import RRF_K, TIER_PARTS, fusion
 
 PIP = "pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt"
 HISTORIES, SEED = 3, 0
@@ -282,7 +282,7 @@ def pooled(histories: list[History], n_distractors: int, seed: int) -> History:
 # the run ----------------------------------------------------------------------------------------
 
 
-def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool = False) -> dict:
+def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
     import kvdb
     from kvdb.index.ranking import BM25
 
@@ -394,12 +394,6 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path, grid: bool
                             "top5": [n for n in found if n not in question.others][:DEPTH],
                         }
                     )
-        if grid:  # each fusion tried (decision 0058), untimed
-            for how, *weights in GRID:
-                with fusion(tuple(weights), how):  # type: ignore[arg-type]
-                    for question, set_name in zip(history.questions, sets):
-                        tally = tallies[set_name].setdefault(f"grid {how} {weights}", Tally())
-                        tally.add(question, [h.name for h in db.search_meaning(question.text, k=depth)], 0.0)
         # the weak mark (decision 0058): on each question's first hit, and on its first evidence hit in the top 5
         weak = info["weak"] = {"first_right": [], "first_wrong": [], "evidence": []}
         for question in history.questions:
@@ -431,7 +425,6 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
-    parser.add_argument("--grid", action="store_true", help="also score each fusion of retrieval.py's GRID (decision 0058); prints only")
     parser.add_argument(
         "--pooled",
         type=int,
@@ -463,7 +456,7 @@ def main() -> None:
             histories.append(pooled(histories, args.pooled, args.seed))
         for history in histories:
             print(f"{history.name}: {len(history.sessions)} sessions, {len(history.questions)} questions", flush=True)
-            infos[history.name] = run_history(history, embedder, tallies, Path(tmp), args.grid)
+            infos[history.name] = run_history(history, embedder, tallies, Path(tmp))
     results = {
         "machine": machine,
         "seed": args.seed,
@@ -490,7 +483,7 @@ def main() -> None:
         for miss in info.get("misses", []):
             print(f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; evidence {miss['evidence']}; top 5 {miss['top5']}")
     for lines in sections(results, flags):
-        publish(lines, append=not (args.limit or args.no_results or args.grid))
+        publish(lines, append=not (args.limit or args.no_results))
 
 
 def sections(results: dict, flags: str) -> list[list[str]]:
@@ -561,7 +554,7 @@ def pooled_section(results: dict, flags: str) -> list[str]:
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for method, r in rows.items():
-            if method.startswith("grid ") or method not in pool:
+            if method not in pool:
                 continue
             q = pool[method]
             lines.append(
