@@ -193,28 +193,25 @@ class Stack:
         # two rounds: every STRIDE-th entry of the block, then the entries between the two it
         # falls between (14 keys derived a bound of a 64-entry block, not 63, nor 6 rounds of one)
         stride = max(1, math.isqrt(stored.BLOCK))
-        passed = self._smaller(keys, owner, base, np.zeros(len(keys), np.int64), size, stride)
-        lo = stride * passed + 1
-        return np.where(
-            block < 0, 0, base + lo + self._smaller(keys, owner, base + lo - 1, lo - 1, size, 1, stride - 1)
-        )
+        lo = stride * self._smaller(keys, owner, base, stride, size, stride, (stored.BLOCK - 1) // stride) + 1
+        return np.where(block < 0, 0, base + lo + self._smaller(keys, owner, base, lo, size, 1, stride - 1))
 
     def _smaller(
         self,
         keys: np.ndarray,
         owner: np.ndarray,
-        start: np.ndarray,
-        offset: np.ndarray,
+        base: np.ndarray,
+        first: np.ndarray | int,
         size: np.ndarray,
         step: int,
-        count: int | None = None,
+        count: int,
     ) -> np.ndarray:
-        """Per key, how many of the entries ``start + step``, ``start + 2 step``, ... (``count``
-        of them, or as many as lie below ``size`` entries past the block's start, ``start - offset``)
-        have a smaller first key: one derivation of them all."""
-        probes = step * np.arange(1, (count if count is not None else (stored.BLOCK - 1) // step) + 1)
-        rows, columns = np.nonzero(offset[:, None] + probes[None, :] < size[:, None])
-        derived = self.keys_at(self.order_at(owner[rows], start[rows] + probes[columns]), owner[rows])
+        """Per key, how many of the entries ``first``, ``first + step``, ... (``count`` of them,
+        those below ``size``) of its block (from entry ``base``) have a smaller first key: one
+        derivation of them all."""
+        at = np.broadcast_to(first, keys.shape)[:, None] + step * np.arange(count)[None, :]
+        rows, columns = np.nonzero(at < size[:, None])
+        derived = self.keys_at(self.order_at(owner[rows], base[rows] + at[rows, columns]), owner[rows])
         return np.bincount(rows, weights=derived < keys[rows], minlength=len(keys)).astype(np.int64)
 
     def holds(self, pieces: Pieces) -> np.ndarray:

@@ -65,12 +65,12 @@ class IndexHeader:
 class Tokens:
     """The token at every slot, tombstones included, across the segments."""
 
-    def __init__(self, segments: Sequence[Segment]):
-        self._segments = segments
-        self.dtype = token_dtype(segments[0].alphabet)
+    def __init__(self, stack: Stack):
+        self._stack = stack
+        self.dtype = token_dtype(stack.alphabet)
 
     def __len__(self) -> int:
-        return self._segments[-1].ntotal
+        return self._stack.segments[-1].ntotal
 
     def __getitem__(self, at):
         if isinstance(at, slice):
@@ -79,14 +79,12 @@ class Tokens:
                 [np.zeros(0, self.dtype)]
                 + [
                     s.tokens[max(start, s.first) - s.first : max(min(stop, s.ntotal), s.first) - s.first]
-                    for s in self._segments
+                    for s in self._stack.segments
                 ]
             )
         at = np.asarray(at, np.int64)
-        out = np.empty(at.shape, self.dtype)
-        for segment, mine in _by_segment(self._segments, at):
-            out[mine] = segment.tokens[at[mine] - segment.first]
-        return out
+        flat = at.reshape(-1)
+        return self._stack.tokens_at(flat, self._stack.owner(flat)).astype(self.dtype).reshape(at.shape)
 
 
 @dataclass(frozen=True)
@@ -205,7 +203,7 @@ class WalkIndex:
 
     @property
     def tokens(self) -> Tokens:
-        return Tokens(self.segments)
+        return Tokens(self.stack)
 
     def add(self, tokens: np.ndarray, context: np.ndarray | None = None) -> int:
         """Index ``tokens`` (walked on from ``context``, the tokens just before them on their
@@ -454,14 +452,6 @@ def _following(path: Path, below: Segment, check: bool) -> Segment | None:
 def _size(segment: Segment) -> int:
     """Slots a segment spans, tombstones included."""
     return segment.ntotal - segment.first
-
-
-def _by_segment(segments: Sequence[Segment], slots: np.ndarray) -> Iterator[tuple[Segment, np.ndarray]]:
-    """Each segment (consecutive, ascending) with the mask of ``slots`` it holds."""
-    firsts = np.array([segment.first for segment in segments], np.int64)
-    owner = np.maximum(np.searchsorted(firsts, slots, side="right") - 1, 0)
-    for number, segment in enumerate(segments):
-        yield segment, owner == number
 
 
 def _follows(tail: dict | None, base: str | None, ntotal: int, generation: int) -> bool:
