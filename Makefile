@@ -78,7 +78,8 @@ ruff: install
 	$(VENV)/bin/ruff check kvdb benchmarks
 	$(VENV)/bin/ruff format --check kvdb
 
-# Each benchmark replaces its section of benchmarks/RESULTS.md (about three hours in all on 2 cores). The
+# Each benchmark replaces its record in benchmarks/results/ (the same command and arguments) and
+# renders benchmarks/RESULTS.md from the records (about three hours in all on 2 cores). The
 # one-off studies whose conclusions sit in decisions (kv_ideas, copy_scan, window, embedders,
 # chunk_sizes, hybrid, index_size) are at tag studies-2026-12-06, which those decisions name.
 bench: $(STAMP)

@@ -875,12 +875,6 @@ def semantic_row(r: dict) -> str | None:
     )
 
 
-
-def section_name(results: list[dict]) -> str:
-    """A run of 1e8 alone (40 minutes) has a section of its own, beside the smaller scales' and
-    their plot, which it would otherwise replace."""
-    return "Backfill at 1e8" if min(float(r["tokens_target"]) for r in results) >= 1e8 else "Backfill"
-
 def report(results: list[dict], args, elapsed: float) -> str:
     import duckdb
 
@@ -894,8 +888,6 @@ def report(results: list[dict], args, elapsed: float) -> str:
     versions.append(f"SQLite {sqlite3.sqlite_version}")
     command = "benchmarks/backfill.py " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "benchmarks/backfill.py"
     lines = [
-        f"## {section_name(results)}: a whole history into kvdb, tantivy and SQLite FTS5 (issue 53)",
-        "",
         f"`.venv/bin/python {command}` ("
         + (
             "its scales taken from the checkpoint, each run at the time its heading gives"
@@ -1117,9 +1109,9 @@ def main() -> None:
     text = report(results, args, time.perf_counter() - start) + targets(results)
     if not args.no_results:
         png = Path(__file__).with_name("backfill.png")
-        if section_name(results) == "Backfill" and plot(results, png):
+        if len(results) > 1 and plot(results, png):
             text += f"\nPlot: `benchmarks/{png.name}` (wall time to a searchable index against history size).\n"
-        publish(text.splitlines())
+        publish("Backfill: a whole history into kvdb, tantivy and SQLite FTS5", text, data=[as_json(r) for r in results])
     elif not args.json:
         print(text)
 

@@ -3,7 +3,7 @@ tantivy, bm25s and DuckDB's fts extension, on quality, query latency at 1e6 chun
 of a catch-up and the bytes on disk.
 
     .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-backfill.txt -r benchmarks/requirements-bm25.txt
-    .venv/bin/python benchmarks/bm25_libraries.py [--chunks N] [--quality-only] [--out FILE]
+    .venv/bin/python benchmarks/bm25_libraries.py [--chunks N] [--quality-only] [--no-results]
 
 Quality, one document a target (as the tier's session-level BM25 sees them):
 
@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import real_text
+from report import describe, publish
 from retrieval import QUERIES, SEED, retrieval_set
 
 from kvdb.index import ranking, sidecar
@@ -351,22 +352,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=CHUNKS, help=f"synthetic chunks at scale (default {CHUNKS:,})")
     parser.add_argument("--quality-only", action="store_true", help="the quality sets alone")
-    parser.add_argument("--out", type=Path, help="also write the tables to this file")
+    parser.add_argument("--no-results", action="store_true", help="print the tables; leave RESULTS.md alone")
     args = parser.parse_args()
     random.seed(SEED)
-    lines = []
+    lines = [describe(), ""]
+    data = {}
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
+        data["quality"] = quality(tmp)
         lines += ["Quality: one document a target (stdlib: hit@1, hit@10; LongMemEval slice and Chit-Chat: hit@1, recall@5)", ""]
-        lines += table(quality(tmp), {})
+        lines += table(data["quality"], {})
         if not args.quality_only:
+            data["scale"] = scale(args.chunks, tmp)
             lines += ["", f"At {args.chunks:,} chunks (+300 stdlib documents): one query on one thread, build and catch-up (+1%) persisted", ""]
             formats = {"build s": ".1f", "MiB": ".0f", "p50 ms": ".1f", "p95 ms": ".1f", "catch-up s": ".1f", "queries": "d"}
-            lines += table(scale(args.chunks, tmp), formats)
-    print("\n".join(lines))
-    if args.out:
-        args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
+            lines += table(data["scale"], formats)
+    publish("BM25 libraries against kvdb's own (issue 54 item 4)", lines, data=data, append=not (args.no_results or args.quality_only))
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,9 @@ the warm-up). Target: every command within 6x the baseline.
 
 The CLI timed is this checkout's (the folder above this script), whatever is installed.
 ``--before DIR`` also times the CLI of another source tree (a checkout, or ``git archive`` of a
-commit, unpacked) side by side, e.g. the code before a change. Prints the table and puts it in
-benchmarks/RESULTS.md in place of the section "## CLI startup (`benchmarks/cli.py`)" (appended
-if there is none), unless ``--no-results``.
+commit, unpacked) side by side, e.g. the code before a change. Prints the table and records it
+(benchmarks/results/, rendered into RESULTS.md) in place of the last run with the same arguments,
+unless ``--no-results``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ def main() -> None:
     base_median = statistics.median(baseline)
     before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
     lines = [
-        "## CLI startup (`benchmarks/cli.py`)\n",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
         f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'sqlalchemy', 'torch', 'transformers', 'tokenizers')))}; "
         f"after: this checkout's CLI{before}; archive of {len(listed)} sessions "
@@ -130,7 +129,7 @@ def main() -> None:
             cells.append(f"{median:.3f} | {median / base_median:.1f} | {heavy}")
         within = statistics.median(times[(label, "after")]) / base_median <= TARGET
         lines.append(f"| `{label}` | {' | '.join(cells)} | {'yes' if within else 'no'} |")
-    publish(lines, append=not args.no_results)
+    publish("CLI startup", lines, append=not args.no_results)
 
 
 def _env(tmp: Path, source: Path) -> dict:

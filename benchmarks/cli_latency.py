@@ -93,8 +93,6 @@ def main() -> None:
         ]
         split = stages(db)
     lines = [
-        "## CLI search --semantic end to end (`benchmarks/cli_latency.py`)",
-        "",
         describe("OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1"),
         f"{sessions} sessions ({args.db or 'the chat files of examples/transcripts, `--keep tokens,search,semantic`, the embedded SmolLM2'}); "
         f"median of {args.runs} fresh processes each, wall time of the whole command.",
@@ -109,7 +107,7 @@ def main() -> None:
         "|---|---:|",
         *(f"| {label} | {seconds:.2f} |" for label, seconds in split),
     ]
-    publish(lines, append=not args.no_results)
+    publish("CLI search --semantic end to end", lines, append=not args.no_results)
 
 
 def _python_pass() -> float:

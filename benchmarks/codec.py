@@ -341,9 +341,6 @@ def main() -> None:
     variants = archive_variants()
 
     section = [
-        "",
-        "## Fractal codec (`benchmarks/codec.py`)",
-        "",
         f"Run at {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.  ",
         f"Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`  ",
         f"Machine: {describe(f'numpy {np.__version__}', f'zstandard {zstandard.__version__}', f'zlib {zlib.ZLIB_RUNTIME_VERSION}')}  ",
@@ -370,7 +367,7 @@ def main() -> None:
         f"Total benchmark time {time.perf_counter() - began:.0f} s.",
         "",
     ]
-    publish(section, append=not args.quick)
+    publish("Fractal codec", section, append=not args.quick)
     if args.quick:
         print("(--quick: not written to RESULTS.md)")
 

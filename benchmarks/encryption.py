@@ -10,7 +10,7 @@ phrase search, 3 times (the sidecars read: mapped where plain, read and decrypte
 encrypted); ``--queries`` phrase searches; ``--restores`` exact restores of a session's first
 ``RESTORED`` tokens (its tokens read, then a prefill of the embedded model). Then `kvdb sessions`
 as a process, the whole command (the key's scrypt and DuckDB's key included), 3 times. Prints a
-RESULTS.md section, and writes it to ``--out`` when given (it never edits RESULTS.md itself).
+RESULTS.md section and records it, unless ``--no-results``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shlex
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,7 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=4000, help="characters a session")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--restores", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=None, help="write the section here too")
+    parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
 
     text = real_text(args.sessions * args.chars)
@@ -131,15 +130,7 @@ def main() -> None:
         return f"| {label} | {p:.{digits}f} {unit} | {e:.{digits}f} {unit} | {e / p:.2f}x ({e - p:+.{digits}f} {unit}) |"
 
     n = tokens["plain"]
-    command = "nice -n 10 .venv/bin/python benchmarks/encryption.py " + shlex.join(
-        [f"--sessions={args.sessions}", f"--chars={args.chars}", f"--queries={args.queries}", f"--restores={args.restores}"]
-        + ([f"--out={args.out}"] if args.out else [])
-    )
     lines = [
-        "## Encryption at rest: its cost (`benchmarks/encryption.py`, issue 55 item 2)",
-        "",
-        f"`{command}`",
-        "",
         f"({machine}). Two archives of the same {args.sessions} sessions of real text ({n:,} tokens, the embedded model's tokenizer), "
         "one plain and one encrypted (`KVDB_KEY`), ingested in turns with the default tiers (tokens, search, semantic); "
         "then each one's upkeep (the semantic tier), a fresh read-only open with its first phrase search (3 times), "
@@ -158,9 +149,7 @@ def main() -> None:
         row("files beside it", {s: v[1] / 2**20 for s, v in sizes.items()}, "MiB", 2),
         "",
     ]
-    section = publish(lines, append=False)
-    if args.out:
-        args.out.write_text(section, encoding="utf-8")
+    publish("Encryption at rest: its cost (issue 55 item 2)", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

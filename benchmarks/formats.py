@@ -123,8 +123,6 @@ def format_table(no_results: bool) -> None:
                 )
             )
     lines = [
-        "## Transcript formats (`benchmarks/formats.py`)",
-        "",
         describe(),
         "",
         "| file | format | sessions | tokens | dropped (placeholders) | text kept (by `show`) | rendered |",
@@ -132,7 +130,7 @@ def format_table(no_results: bool) -> None:
         *(f"| {' | '.join(map(str, row))} |" for row in rows),
         "",
     ]
-    publish(lines, append=not no_results)
+    publish("Transcript formats", lines, append=not no_results)
 
 
 def throughput(args) -> None:
@@ -171,8 +169,6 @@ def throughput(args) -> None:
         rows.append(f"| {' | '.join(map(str, cells))} |")
         print(rows[-1], flush=True)
     lines = [
-        "## Parse and render throughput of agent logs (`benchmarks/formats.py --throughput`)",
-        "",
         f"{started}; {args.workers} worker process{'es' if args.workers > 1 else ''}; load average {os.getloadavg()[0]:.1f} at the end.",
         "Each tool's fixtures that read whole today, copied with fresh ids to about"
         f" {args.mb:g} MB; seconds (MB/s) of one pass: parse (`iter_transcripts`, lenient), + render (`chat.render`, the embedded"
@@ -186,7 +182,7 @@ def throughput(args) -> None:
         "",
         *([f"Fixtures left out (they do not read whole yet): {_cell('; '.join(left_out), 1000)}", ""] if left_out else []),
     ]
-    publish(lines, append=not args.no_results)
+    publish("Parse and render throughput of agent logs", lines, append=not args.no_results)
 
 
 def _cell(text: str, width: int = 160) -> str:

@@ -82,7 +82,6 @@ def main() -> None:
         ("kvdb ingest (render, score, hash, store)", f"{med(ingest):.0f} tok/s", f"{med(ingest) / med(prefill_one_pass):.2f}x raw prefill"),
     ]
     table = [
-        "\n## Ingest throughput and model load (`benchmarks/ingest.py`)\n",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/ingest.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"SmolLM2-135M-Instruct, {n_tokens} tokens of real text in 4 documents, median of {args.runs} runs.\n",
@@ -90,9 +89,9 @@ def main() -> None:
         "|---|---|---|",
         *[f"| {a} | {b} | {c} |" for a, b, c in rows],
     ]
-    publish(table)
+    publish("Ingest throughput and model load", table)
     if args.kv_tokens:
-        publish(kv_overhead(lm, args.kv_tokens, args.runs))
+        publish("Tier K at ingest", kv_overhead(lm, args.kv_tokens, args.runs))
 
 
 def kv_overhead(lm, n: int, runs: int) -> list[str]:
@@ -117,7 +116,6 @@ def kv_overhead(lm, n: int, runs: int) -> list[str]:
     base = statistics.median(seconds[variants[0]])
     specs = presets.named(lm.identity.weights_hash)
     lines = [
-        "\n## Tier K at ingest (`benchmarks/ingest.py`)\n",
         f"`.venv/bin/python benchmarks/ingest.py` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; SmolLM2-135M-Instruct; one text of {n:,} tokens ingested into a fresh archive, "
         f"shipped codebooks built beforehand; median of {runs} runs, the variants taking turns. Target (issue 33): tier K adds ≤ 25%.\n",

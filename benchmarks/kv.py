@@ -517,9 +517,6 @@ def main() -> None:
         print(f"wrote {plot_path}", flush=True)
     total = time.perf_counter() - t_all
     section = [
-        "",
-        "## KV tier: residual VQ presets through the restore path (`benchmarks/kv.py`)",
-        "",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
         "",
         f"Model {DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
@@ -573,7 +570,7 @@ def main() -> None:
         f"Total benchmark time {total:.0f} s.",
         "",
     ]
-    publish(section, append=not (args.quick or args.no_results))
+    publish("KV tier: residual VQ presets through the restore path", section, append=not (args.quick or args.no_results))
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def main() -> None:
             f"{t_calib:.0f} s); shipped: `kvdb/data/calibration.txt` by `shipped_codebooks.build`. Held-out contexts at kv.py's offsets: "
             + ", ".join(f"{n:,} tokens {[c['start'] for c in contexts if c['n'] == n]}" for n in lengths)
             + f"; each followed by 128 teacher-forced tokens through the preset's default restore (window stored for an entropy-coded preset of half a bit per element or more, recomputed for the others). Total {time.perf_counter() - t_all:.0f} s.")
-    lines = ["", "## Tier K named presets (`benchmarks/kv_presets.py`)", "", head, "",
+    lines = [head, "",
              "| preset | spec | codebooks | codebooks MB | build s | "
              + " | ".join(f"ratio @{n:,} | ppl ratio @{n:,} | KL @{n:,} | top-1 @{n:,}" for n in lengths) + " |",
              "|---|---|---|---:|---:|" + "---:|---:|---:|---:|" * len(lengths)]
@@ -224,7 +224,7 @@ def main() -> None:
     if not args.no_results:
         plot(rows, peer, fp16 / quanto_bpt, fp16, lengths, HERE / "kv_presets.png")
         lines += ["", "![KL against ratio, every preset and the peer at each length](kv_presets.png)"]
-    publish(lines, append=not args.no_results)
+    publish("Tier K named presets", lines, append=not args.no_results)
     if not args.no_results:
         for _name, spec, source, _, _, figures in rows:
             F.record(weights, spec, source, figures, P.key_sharpening(weights, spec), f"benchmarks/kv_presets.py {today}")

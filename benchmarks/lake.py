@@ -266,12 +266,12 @@ def main() -> None:
         f"--queries {args.queries} --parts {args.parts} --machines-scale {args.machines_scale}`. PostgreSQL 15 on a unix socket on this machine; Parquet files on local disk."
     )
     if ingest or searches:  # each part's section has a heading of its own: a rerun of one part replaces its section alone
-        lines = ["## DuckLake against a file (`benchmarks/lake.py`)", "", describe(), "", command, ""]
+        lines = [describe(), "", command, ""]
         lines += ingest_table(args, load_s, ingest, ceiling) if ingest else []
         lines += search_table(args, searches) if searches else []
-        publish(lines, append=not args.no_results)
+        publish("DuckLake against a file", lines, append=not args.no_results)
     if machines:
-        publish(["## Two machines on one lake (`benchmarks/lake.py --parts machines`)", "", describe(), "", command, "", *machines_table(args, machines)], append=not args.no_results)
+        publish("Two machines on one lake", [describe(), "", command, "", *machines_table(args, machines)], append=not args.no_results)
 
 
 def ingest_table(args, load_s: float, ingest: list[dict], ceiling: tuple[float, float]) -> list[str]:

@@ -291,8 +291,6 @@ def main() -> None:
     prose = samples(lm.tokenizer, {"prose": 60 if args.quick else 200, "code": 1, "chat": 1})["prose"]
     threads = thread_check(lm.model, prose)
     lines = [
-        f"## Tier L: tokens coded against the model, {lm.identity.name} (`benchmarks/lmcode.py`)",
-        "",
         f"Run at {started:%Y-%m-%d %H:%M} UTC.  ",
         f"Command: `python benchmarks/lmcode.py{' --quick' if args.quick else ''}`  ",
         f"Machine: {where}; load average at end {os.getloadavg()[0]:.1f}  ",
@@ -322,7 +320,7 @@ def main() -> None:
         threads + ".",
         "",
     ]
-    publish(lines, append=not args.quick)
+    publish(f"Tier L: tokens coded against the model, {lm.identity.name}", lines, append=not args.quick)
 
 
 if __name__ == "__main__":

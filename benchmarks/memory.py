@@ -482,11 +482,11 @@ def main() -> None:
     for info in infos.values():
         for miss in info.get("misses", []):
             print(f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; evidence {miss['evidence']}; top 5 {miss['top5']}")
-    for lines in sections(results, flags):
-        publish(lines, append=not (args.limit or args.no_results))
+    for title, lines in sections(results, flags):
+        publish(title, lines, data=results, append=not (args.limit or args.no_results))
 
 
-def sections(results: dict, flags: str) -> list[list[str]]:
+def sections(results: dict, flags: str) -> list[tuple[str, list[str]]]:
     """One RESULTS section per set, so that a run of one set (``--set``) replaces only its own."""
     out = []
     for set_name, rows in results["sets"].items():
@@ -495,8 +495,6 @@ def sections(results: dict, flags: str) -> list[list[str]]:
         info = [i for name, i in results["histories"].items() if name != "pooled" and name.startswith("longmemeval") == set_name.startswith("LongMemEval")]
         sessions, tokens, ingest = (sum(i[key] for i in info) for key in ("sessions", "tokens", "ingest_s"))
         lines = [
-            f"## Conversation memory: {set_name} (`benchmarks/memory.py`)",
-            "",
             f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
             "",
             f"{len(info)} histor{'y' if len(info) == 1 else 'ies'}, {sessions} sessions, {tokens:,} tokens, ingested with "
@@ -517,9 +515,9 @@ def sections(results: dict, flags: str) -> list[list[str]]:
         ]
         if len(tier) > 1:
             lines += ["", "recall@5 by question kind, semantic tier / BM25 alone: " + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier)]
-        out.append(lines + [""])
+        out.append((f"Conversation memory: {set_name}", lines + [""]))
     if "pooled" in results["histories"]:
-        out.append(pooled_section(results, flags))
+        out.append(("Conversation memory: pooled archive", pooled_section(results, flags)))
     return out
 
 
@@ -528,8 +526,6 @@ def pooled_section(results: dict, flags: str) -> list[str]:
     info = results["histories"]["pooled"]
     real = info["sessions"] - info["distractors"]
     lines = [
-        "## Conversation memory: pooled archive (`benchmarks/memory.py --pooled`)",
-        "",
         f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
         "",
         f"One archive of every set's sessions ({real}, {info['tokens'] - info['distractor_tokens']:,} tokens) and {info['distractors']:,} "

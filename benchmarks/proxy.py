@@ -128,8 +128,6 @@ def main() -> None:
             f"| {1000 * (statistics.median(p) - statistics.median(d)):+.1f} / {1000 * (quantile(p, 0.95) - quantile(d, 0.95)):+.1f} | {1000 * statistics.median(added):+.1f} |"
         )
     lines = [
-        "## kvdb serve --upstream: the proxy's added latency",
-        "",
         f"`nice -n 10 .venv/bin/python benchmarks/proxy.py --requests {args.requests} --max-tokens {args.max_tokens}{' --model ' + args.model if args.model else ''}`",
         f"({describe()}). Upstream: `kvdb serve` ({args.model or 'the embedded model'}) on loopback; proxy: `kvdb serve --upstream` on loopback in",
         f"front of it, archiving each exchange. {args.requests} rounds, each a streamed and a whole chat, direct and proxied (order alternating),",
@@ -141,7 +139,7 @@ def main() -> None:
         "",
         f"The proxy's archive held {held} of the {expected} exchanges {archive_lag:.1f} s after the last reply (each archived off the response path).",
     ]
-    publish(lines, append=not args.no_results)
+    publish("kvdb serve --upstream: the proxy's added latency", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,6 @@ def main() -> None:
     failed = [s for s in searches if s[1] not in (0, 1) or s[2] < 0]
     seen = sorted({s[2] for s in searches})
     lines = [
-        "\n## Readers beside one long ingest (`benchmarks/readers.py`)\n",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
         f"one `kvdb ingest` of {args.sessions} sessions ({sum(r['n_tokens'] for r in ingested):,} tokens) while another process "
         "runs `kvdb search` then `kvdb sessions` back to back. Wall times include each process's start and tokenizer load.\n",
@@ -76,7 +75,7 @@ def main() -> None:
         f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} | "
         f"{statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
     ]
-    publish(lines, append=not args.no_results)
+    publish("Readers beside one long ingest", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

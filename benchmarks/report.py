@@ -1,15 +1,41 @@
-"""What every benchmark does with its results: time a call, describe the machine, print the
-table, and write it to RESULTS.md in place of its last run's section."""
+"""What every benchmark does with its results: time a call, describe the machine, and publish a
+section. A section is a JSON record in benchmarks/results/ (the command and arguments that ran,
+when and on which commit, its tables as rows, its raw data where it has some), and RESULTS.md is
+rendered from the records: a rerun of the same command replaces its record, a run with other
+arguments adds one, so no two sections share a heading.
+
+    .venv/bin/python benchmarks/report.py    # render RESULTS.md again, after editing a record's notes
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import platform
+import re
+import shlex
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+RECORDS = HERE / "results"
+PYTHON = ".venv/bin/python"
+# Flags that say where a run keeps its scratch files or how it prints, not what it measures.
+_QUIET = {"--json", "--no-results"}
+_PLACES = {"--checkpoint", "--workdir", "--work", "--scratch", "--out"}
+_PREAMBLE = """# Benchmark results
+
+Rendered by `benchmarks/report.py` from the records in `benchmarks/results/`: one JSON file per
+benchmark run and section, with the command and arguments that ran, when and on which commit, the
+tables as rows, and the raw measurements where the benchmark has them. A rerun of a command replaces
+its section; edit a record's `notes` and run `.venv/bin/python benchmarks/report.py` to render this
+file again (`benchmarks/tests/test_report.py` fails when it is stale).
+"""
 
 
 def median_seconds(call, runs: int) -> float:
@@ -36,29 +62,154 @@ def describe(*versions: str) -> str:
     return "; ".join(parts) + f"; load average {os.getloadavg()[0]:.1f} at start"
 
 
-def publish(lines: list[str], append: bool = True) -> str:
-    """Print a results section and (unless ``append`` is False) write it to benchmarks/RESULTS.md:
-    in place of the sections with the same heading (its first line) when there are some, a rerun
-    replacing its last results, else at the end."""
-    text = "\n".join(lines) + "\n"
-    print(text)
+def command(argv: list[str]) -> str:
+    """The command line that reproduces a run's figures: the script and its arguments, less the
+    flags that only choose scratch places or how the run prints."""
+    kept, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in _QUIET or flag in _PLACES:
+            skip = flag in _PLACES and "=" not in arg
+            continue
+        kept.append(arg)
+    return shlex.join([PYTHON, f"benchmarks/{Path(argv[0]).name}", *kept])
+
+
+def publish(title: str, body: list[str] | str, *, data: object = None, append: bool = True) -> str:
+    """Print a results section, and unless ``append`` is False, record it and render RESULTS.md.
+    ``body`` is markdown (paragraphs and tables); ``data``, when given, is the run's measurements
+    as JSON-able values, kept beside the tables for whoever wants more than they show."""
+    record = {
+        "title": title,
+        "command": command(sys.argv),
+        "measured": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "blocks": blocks("\n".join(body) if isinstance(body, list) else body),
+        "notes": [],
+        "data": data,
+    }
+    section = rendered(record)
+    print(section)
     if append:
-        RESULTS.write_text(replaced(RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "", text), encoding="utf-8")
-    return text
+        write(record, RECORDS)
+        RESULTS.write_text(document(RECORDS), encoding="utf-8")
+    return section
 
 
-def replaced(document: str, section: str) -> str:
-    """``document`` with ``section`` in place of the first section of the same heading, and any
-    later ones of that heading removed; appended when there is none."""
-    section = section.lstrip("\n")  # a section written as "\n## ...": its heading is its first non-blank line
-    heading = section.split("\n", 1)[0]
-    parts = document.split("\n## ")
-    head, sections = parts[0], ["## " + p for p in parts[1:]]
-    if document.startswith("## "):
-        head, sections = "", [document] if len(parts) == 1 else [parts[0]] + ["## " + p for p in parts[1:]]
-    same = [i for i, s in enumerate(sections) if s.split("\n", 1)[0] == heading]
-    if not same:
-        return document.rstrip("\n") + "\n\n" + section if document.strip() else section
-    kept = [s for i, s in enumerate(sections) if i not in same[1:]]
-    kept[same[0]] = section.rstrip("\n") + "\n"
-    return "\n".join(x.rstrip("\n") + "\n" for x in ([head] if head else []) + kept)
+def write(record: dict, folder: Path) -> Path:
+    """Write ``record`` as its file in ``folder``, in place of an earlier run of the same command
+    and title; through a temporary file, so that a killed run leaves the last record whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key(record)}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def key(record: dict) -> str:
+    """A record's file name: its command less the interpreter (or, for a note, the benchmark it
+    is about), then its title, as one slug, so that a folder listing groups each benchmark's sections."""
+    run = record["command"] or record.get("benchmark", "")
+    run = run.removeprefix(PYTHON).strip().removeprefix("benchmarks/").replace(".py", "", 1)
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{run} {record['title']}".lower()).strip("-")
+    return slug[:120].rstrip("-")
+
+
+def document(folder: Path) -> str:
+    """RESULTS.md: the preamble and every record's section, in file-name order."""
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+    return "\n".join([_PREAMBLE, *(rendered(r) for r in records)])
+
+
+def rendered(record: dict) -> str:
+    """One section's markdown: a heading with its command, when it ran, its blocks, its notes."""
+    where = f" (`{record['command']}`" + (f", at `{record['revision']}`" if record.get("revision") else "") + ")"
+    lines = [f"## {record['title']}{where if record['command'] else ''}", ""]
+    if record.get("measured") or record.get("commit"):
+        lines += [
+            f"Measured {record.get('measured') or 'at a date not recorded'} on commit `{record.get('commit')}`.",
+            "",
+        ]
+    for block in [*record["blocks"], *({"text": note} for note in record.get("notes", []))]:
+        lines += [*(_table(block) if "rows" in block else [block["text"]]), ""]
+    return "\n".join(lines)
+
+
+def blocks(markdown: str) -> list[dict]:
+    """Markdown cut into text blocks and tables; a table is its columns, their alignment and its
+    rows of cells, so that a reader of the record gets the figures without parsing markdown."""
+    out: list[dict] = []
+    lines = markdown.strip("\n").split("\n")
+    i = 0
+    while i < len(lines):
+        if _is_table(lines, i):
+            end = i + 2
+            while end < len(lines) and lines[end].lstrip().startswith("|"):
+                end += 1
+            cells = [_cells(line) for line in lines[i:end]]
+            align = [("left" if c.startswith(":") else "") + ("right" if c.endswith(":") else "") for c in cells[1]]
+            out.append({"columns": cells[0], "align": align, "rows": cells[2:]})
+            i = end
+            continue
+        end = i
+        while end < len(lines) and not _is_table(lines, end):
+            end += 1
+        text = "\n".join(lines[i:end]).strip("\n")
+        if text.strip():
+            out.append({"text": text})
+        i = end
+    return out
+
+
+def _is_table(lines: list[str], i: int) -> bool:
+    return (
+        lines[i].lstrip().startswith("|")
+        and i + 1 < len(lines)
+        and re.fullmatch(r"\s*\|?(\s*:?-+:?\s*\|)+\s*:?-*:?\s*", lines[i + 1]) is not None
+    )
+
+
+def _cells(line: str) -> list[str]:
+    """A table row's cells, split at each ``|`` outside backticks and not escaped."""
+    row = line.strip().removeprefix("|")
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    cells, cell, code, escaped = [], "", False, False
+    for ch in row:
+        if ch == "|" and not code and not escaped:
+            cells.append(cell.strip())
+            cell = ""
+        else:
+            cell += ch
+            code ^= ch == "`"
+        escaped = ch == "\\" and not escaped
+    return [*cells, cell.strip()]
+
+
+def _table(block: dict) -> list[str]:
+    rule = {"": "---", "left": ":---", "right": "---:", "leftright": ":---:"}
+    return [
+        "| " + " | ".join(block["columns"]) + " |",
+        "|" + "|".join(rule[a] for a in block["align"]) + "|",
+        *("| " + " | ".join(row) + " |" for row in block["rows"]),
+    ]
+
+
+def _commit() -> str | None:
+    """The commit a run measured, with ``+changes`` when tracked files differed from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=HERE, capture_output=True, text=True)
+    except OSError:
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+if __name__ == "__main__":
+    RESULTS.write_text(document(RECORDS), encoding="utf-8")
+    print(f"wrote {RESULTS} from {len(list(RECORDS.glob('*.json')))} records in {RECORDS}")

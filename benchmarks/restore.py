@@ -79,7 +79,6 @@ def main() -> None:
             print(rows[-1], file=sys.stderr, flush=True)
         st = db.stats()
     lines = [
-        f"\n## Restore by mode and window: {trained['preset']} (`benchmarks/restore.py`)\n",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {describe(f'torch {torch.__version__}')}; "
         f"SmolLM2-135M-Instruct; {trained['preset']} codebooks trained on 4,096 tokens of one text ({trained['seconds']} s); each session "
         f"another stretch of text, restored at its length less a {PROBE}-token probe; median of {args.runs}. "
@@ -97,7 +96,7 @@ def main() -> None:
             for cut, t, f, nbytes, floor in rows
         ],
     ]
-    publish(lines)
+    publish(f"Restore by mode and window: {trained['preset']}", lines)
 
 
 if __name__ == "__main__":

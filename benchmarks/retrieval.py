@@ -525,7 +525,6 @@ def main() -> None:
     chance = 1 / len(items)
     flags = (" --quick" if args.quick else "") + (f" --queries {n}" if args.queries else "")
     lines = [
-        "\n## Search by meaning on standard-library docstrings: the semantic tier (`benchmarks/retrieval.py`)\n",
         f"`.venv/bin/python benchmarks/retrieval.py{flags}` — {load}; one torch thread; SmolLM2-135M-Instruct ({info['layers']} layers). "
         f"Total {elapsed / 60:.1f} min.\n",
         f"Retrieval set: {len(items)} functions picked (seed {args.seed}) from {pool} eligible in {len(MODULES)} pure-Python modules "
@@ -553,7 +552,7 @@ def main() -> None:
         f"({len(weak['wrong'])}) are marked, and {weak_none:.3f} of the top hits of {len(weak['unanswerable'])} queries whose function "
         f"is not archived (eligible functions the seed did not pick) are marked."
     )
-    publish(lines, append=not (args.quick or args.no_results or args.held_out))
+    publish("Search by meaning on standard-library docstrings: the semantic tier", lines, append=not (args.quick or args.no_results or args.held_out))
 
 
 if __name__ == "__main__":

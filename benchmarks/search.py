@@ -586,7 +586,6 @@ def kvdb_source() -> str:
 def report(results: list[dict], args, elapsed: float, planted: int) -> str:
     f = lambda x: f"{x:.2f}" if x < 100 else f"{x:.0f}"  # noqa: E731
     lines = [
-        "\n## Phrase search (`benchmarks/search.py`)\n",
         f"`{shlex.join(['.venv/bin/python', 'benchmarks/search.py', *sys.argv[1:]])}` — {platform.machine()}, "
         f"{os.cpu_count()} cores (shared with other work; load average {os.getloadavg()[0]:.1f} at the end), "
         f"duckdb {duckdb.__version__} "
@@ -765,7 +764,7 @@ def main() -> None:
         png = Path(__file__).with_name("search_latency.png")
         if len(results) > 1 and plot(results, png):
             text += f"\nPlot: `benchmarks/{png.name}` (p50 and p95 latency against archived tokens).\n"
-        publish(text.splitlines())  # in place of the last run's section
+        publish("Phrase search", text, data=[as_json(r) for r in results])
     elif not args.json:
         print(text)
 

@@ -63,8 +63,6 @@ def main() -> None:
             archive.close()
     base, more = seconds[without], seconds[with_tier]
     lines = [
-        "## Semantic tier: ingest overhead (`benchmarks/semantic_ingest.py`)",
-        "",
         describe("torch", "transformers"),
         f"{len(texts)} Python functions of benchmarks/retrieval.py (text sessions) and the {len(chats)} chat files of examples/transcripts, "
         f"{tokens:,} tokens, each ingested into both archives in turn (the order alternating); the embedded SmolLM2 for both. "
@@ -75,7 +73,7 @@ def main() -> None:
         f"| `{without}` | {base:.1f} | {1e3 * base / tokens:.2f} | |",
         f"| `{with_tier}` | {more:.1f} | {1e3 * more / tokens:.2f} | {100 * (more / base - 1):+.1f}% |",
     ]
-    publish(lines, append=not args.no_results)
+    publish("Semantic tier: ingest overhead", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -156,8 +156,6 @@ def main() -> None:
         )
         print(opened[-1], flush=True)
     lines = [
-        "## Semantic tier: index latency at 1e4-1e6 chunks (`benchmarks/semantic_latency.py`)",
-        "",
         describe("faiss-cpu", "torch", "transformers"),
         f"`.venv/bin/python benchmarks/semantic_latency.py {' '.join(sys.argv[1:])}`.",
         "The 300 target documents of benchmarks/retrieval.py embedded by all-MiniLM-L6-v2, filled with synthetic unit vectors "
@@ -179,7 +177,7 @@ def main() -> None:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *opened,
     ]
-    publish(lines, append=not args.no_results)
+    publish("Semantic tier: index latency at 1e4-1e6 chunks", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

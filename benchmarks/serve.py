@@ -381,8 +381,6 @@ def main() -> None:
     if {"(d) llama.cpp restarted", "(a) kvdb", "(b) kvdb restarted"} <= set(ttft):
         ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
     lines = [
-        "## kvdb serve: this checkout against a baseline (`benchmarks/serve.py --baseline`)" if args.baseline else "## kvdb serve: multi-turn conversations (`benchmarks/serve.py`)",
-        "",
         describe(),
         "",
         f"{args.conversations} conversations x {args.turns} turns: a document of {args.document_words} words, then "
@@ -401,7 +399,8 @@ def main() -> None:
           + (f" ({', '.join(why)})" if why else "") for t, (f, n, why) in concurrency.items()),
         "",
     ]
-    publish(lines, append=not args.no_results)
+    title = "kvdb serve: this checkout against a baseline" if args.baseline else "kvdb serve: multi-turn conversations"
+    publish(title, lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

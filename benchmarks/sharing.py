@@ -107,7 +107,6 @@ def main() -> None:
         st = db.stats()
     per_new, corr_new, corr_len = summary(rows)
     lines = [
-        "\n## Prefix sharing on a chat workload (`benchmarks/sharing.py`)\n",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/sharing.py', *sys.argv[1:]])}` — {platform.machine()}, {os.cpu_count()} cores; "
         f"SmolLM2-135M-Instruct; {args.conversations} conversations × {args.turns} turns of real sentences after one common system "
         f"prompt, each conversation archived after every turn ({len(rows)} sessions, one process).\n",
@@ -140,7 +139,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|",
         *[f"| {a[0]} | {a[1]} | {a[2]} | {a[3]} | {a[4]:.3f} | {b[4]:.3f} |" for a, b in zip(*arms.values())],
     ]
-    publish(lines, append=not args.no_results)
+    publish("Prefix sharing on a chat workload", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,6 @@ def main() -> None:
         verify = run(env, "verify", "--deep")
     lost = log["reported"] - sessions
     lines = [
-        "\n## Soak: ingest beside search and restore (`benchmarks/soak.py`)\n",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *sys.argv[1:]])}` — {describe()}; "
         f"{'tiny random Llama' if args.model is None else args.model}; two processes at a time through the `kvdb` CLI, "
         f"{args.seconds:g} s.\n",
@@ -97,7 +96,7 @@ def main() -> None:
         f"{'ok' if verify.returncode == 0 else 'FAILED'} |",
         *(f"\n- {e}" for e in log["errors"][:10]),
     ]
-    publish(lines, append=not args.no_results)
+    publish("Soak: ingest beside search and restore", lines, append=not args.no_results)
     sys.exit(1 if log["errors"] or lost or verify.returncode else 0)
 
 

@@ -98,11 +98,8 @@ def main() -> None:
     ce_bits = results[POLICIES[0]]["ce_bits"]
     stored = results[POLICIES[0]]["stats"].stored_tokens
     header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
-    heading = (
-        "## Storage per tier policy on a chat workload (`benchmarks/tiers.py --chat`)" if args.chat else "## Storage per tier policy (`benchmarks/tiers.py`)"
-    )
+    heading = "Storage per tier policy on a chat workload" if args.chat else "Storage per tier policy"
     lines = [
-        f"\n{heading}\n",
         f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
         f"{what}, {n:,} session tokens, {stored:,} stored once in the trie. Bytes per session token; `total` is every "
         "tier plus the search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is the "
@@ -122,7 +119,7 @@ def main() -> None:
             + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
             + (f"{8 * st.bytes['lm'] / ce_bits:.4f} |" if st.bytes.get("lm") else "|")
         )
-    publish(lines, append=not args.no_results)
+    publish(heading, lines, append=not args.no_results)
 
 
 if __name__ == "__main__":

@@ -141,8 +141,6 @@ def main() -> None:
         watcher.terminate()
         watcher.wait(timeout=120)
     lines = [
-        "## kvdb watch",
-        "",
         f"`.venv/bin/python benchmarks/watch.py --sizes {args.sizes} --repeats {args.repeats} --idle {args.idle:g} --gap {args.gap:g}`; "
         f"{describe(f'kvdb {kvdb.__version__}')}.",
         "",
@@ -161,7 +159,7 @@ def main() -> None:
         cells = [f"{latency:.2f}", f"{worst:.2f}", f"{ingest:.2f}", f"{aside:.2f}"] if latency is not None else ["", "", "", ""]
         lines.append(f"| {size:,} | {tokens:,} | {parts} | {' | '.join(cells)} | {note} |")
     lines += ["", f"Idle: the watcher took {100 * idle:.2f}% of one core over {args.idle:g} s with nothing written."]
-    publish(lines, append=not args.no_results)
+    publish("kvdb watch", lines, append=not args.no_results)
 
 
 if __name__ == "__main__":
