@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from kvdb.files import replace_whole
+
 
 def cache_dir() -> Path:
     import platformdirs
@@ -28,8 +30,4 @@ def read_cached(kind: str, key: str) -> str | None:
 
 
 def write_cached(kind: str, key: str, text: str) -> None:
-    path = cache_dir() / kind / f"{key}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_whole(cache_dir() / kind / f"{key}.txt", text.encode())

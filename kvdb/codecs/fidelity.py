@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 
 from kvdb.codecs import presets
 from kvdb.errors import InvalidArgument
+from kvdb.files import replace_whole
 
 FILE = Path(__file__).resolve().parents[1] / "data" / "kv_fidelity.json"  # kvdb/data/
 SOURCES = ("shipped", "trained")
@@ -80,7 +80,5 @@ def record(
         "measured_by": measured_by,
     }
     found.setdefault(weights_hash, {}).setdefault(spec, {})[source] = entry
-    tmp = FILE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, FILE)
+    replace_whole(FILE, (json.dumps(found, indent=2, sort_keys=True) + "\n").encode())
     table.cache_clear()

@@ -29,6 +29,7 @@ from kvdb.codecs import code_layout, presets, transform
 from kvdb.codecs.code_layout import KVCodebooks
 from kvdb.codecs.quant import KINDS
 from kvdb.errors import CorruptData
+from kvdb.files import replace_whole
 from kvdb.model import tokenizer as tok
 from kvdb.records import CodebookSet, CodebookSource
 from kvdb.storage.base import CodebookRow
@@ -168,10 +169,7 @@ def build(
     if found is None:
         books = _train(loaded, wanted, progress)
         data = books.to_bytes()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        replace_whole(path, data)
         found = data, books
     data, books = found
     return Reference(wanted, hashlib.sha256(data).hexdigest(), len(data)), books, built

@@ -19,6 +19,7 @@ FRONT_ENDS = ("kvdb.cli", "kvdb.server", "kvdb.mcp")
 RANKS = {
     "kvdb.errors": 0,
     "kvdb.user_cache": 0,
+    "kvdb.files": 0,
     "kvdb.recent": 0,
     "kvdb.codecs": 1,
     "kvdb.sealing": 1,
@@ -41,7 +42,7 @@ RANKS = {
 # package, and seal the files they write (kvdb.sealing: bytes in, bytes out, under the archive's
 # key), but never storage, indexes or services.
 KERNELS = ("kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.index.sidecar")
-KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.sealing", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
+KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.files", "kvdb.sealing", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
 
 
 def modules() -> dict[str, Path]:
