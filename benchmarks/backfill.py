@@ -1,7 +1,8 @@
 """Backfill: a whole history archived by `kvdb ingest`, and the same messages indexed by tantivy
 and SQLite FTS5, at 1e6 to 1e8 tokens (issue 53's targets).
 
-    .venv/bin/python benchmarks/backfill.py [--tokens 1e6 1e7 [1e8]] [--phrases 300] [--semantic-seconds 300] [--no-semantic] [--no-results] [--json]
+    .venv/bin/python benchmarks/backfill.py [--tokens 1e6 1e7 [1e8]] [--phrases 300] [--semantic-seconds 300]
+        [--no-semantic] [--no-results] [--json]
 
 tantivy is measured when its wheel is installed (``.venv/bin/pip install --no-deps
 --require-hashes -r benchmarks/requirements-backfill.txt``); FTS5 comes with Python's sqlite3.
@@ -29,8 +30,9 @@ Per scale, in one run and on the same files:
   ``project=`` its folder; ``conversations(project=)`` and ``conversation_page(project=, 20)`` (MCP
   ``sessions``), and ``kvdb sessions --project`` as a command.
 - the semantic tier's catch-up: ``Archive.upkeep(only="semantic")`` in a process of its own,
-  stopped when the sessions queued for the embedder are done or after ``--semantic-seconds``, then, in the same process, the embedder's raw batch throughput on the chunks of the
-  sessions it embedded (what the tier embeds of each session, ``kvdb.services.semantic_tier.said``).
+  stopped when the sessions queued for the embedder are done or after ``--semantic-seconds``, then,
+  in the same process, the embedder's raw batch throughput on the chunks of the sessions it
+  embedded (what the tier embeds of each session, ``kvdb.services.semantic_tier.said``).
 - tantivy (one document per message text field; the default tokenizer; positions) and FTS5
   (unicode61), each in a process of its own: build time from process start to a committed index
   (reading and parsing the files included), bytes on disk, phrase query p50/p95, recall.
@@ -68,18 +70,30 @@ from report import describe, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "exports"
-AGENTS = ("claude-code", "codex-cli", "gemini-cli", "chatgpt", "claude-ai", "ai-studio", "grok", "open-webui", "sillytavern")
+AGENTS = (
+    "claude-code",
+    "codex-cli",
+    "gemini-cli",
+    "chatgpt",
+    "claude-ai",
+    "ai-studio",
+    "grok",
+    "open-webui",
+    "sillytavern",
+)
 MUTATE = 0.15  # share of a text field's words replaced in each copy
 SHIFT_DAYS = 365  # a copy's times move back by up to this many days
 
 UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
-PREFIXED = re.compile(r"\b(msg|toolu|srvtoolu|req|call|fc|rs|resp|chatcmpl)_([A-Za-z0-9]{8,})\b")  # Anthropic's and OpenAI's message and call ids
+# Anthropic's and OpenAI's message and call ids
+PREFIXED = re.compile(r"\b(msg|toolu|srvtoolu|req|call|fc|rs|resp|chatcmpl)_([A-Za-z0-9]{8,})\b")
 ISO = re.compile(r"\b(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})")
 TIME_KEY = re.compile(r"time|date|_at$|[a-z]At$|^timestamp$", re.IGNORECASE)
 WORD = re.compile(r"(?<![\\\w])[A-Za-z]{4,}(?!\w)")  # a whole word (never the letter after a backslash)
 USER = ("user", "human")
 NOT_SAID_KEYS = ("toolUseResult",)  # Claude Code's structured copy of a tool's result
-NOT_SAID = ("tool_result", "function_call_output", "progress")  # under a user turn, but not what the user typed (a progress event mirrors a sub-agent's)
+# under a user turn, but not what the user typed (a progress event mirrors a sub-agent's)
+NOT_SAID = ("tool_result", "function_call_output", "progress")
 
 ADJECTIVES = (
     "quartz amber cobalt saffron juniper basalt copper velvet granite hollow silver crimson "
@@ -170,7 +184,13 @@ def user_texts(records: list, keys: frozenset[str]) -> list[str]:
         elif isinstance(obj, list):
             for v in obj:
                 walk(v, key, user)
-        elif isinstance(obj, str) and user and key in keys and len(obj.split()) >= 8 and not obj.lstrip().startswith(("<", "/", "[", "{")):
+        elif (
+            isinstance(obj, str)
+            and user
+            and key in keys
+            and len(obj.split()) >= 8
+            and not obj.lstrip().startswith(("<", "/", "[", "{"))
+        ):
             out.append(obj)
 
     for record in records:
@@ -261,7 +281,15 @@ class Copy:
     partly replaced and its phrases planted. Every string is changed as a function of its value,
     so a text a log repeats (Codex CLI's events repeat its messages) stays one text."""
 
-    def __init__(self, salt: str, keys: frozenset[str], cwd: str, shift: dt.timedelta, pool: list[str], plants: dict[str, list[str]] | None = None):
+    def __init__(
+        self,
+        salt: str,
+        keys: frozenset[str],
+        cwd: str,
+        shift: dt.timedelta,
+        pool: list[str],
+        plants: dict[str, list[str]] | None = None,
+    ):
         self.salt, self.keys, self.cwd, self.shift, self.pool = salt, keys, cwd, shift, pool
         self.plants = plants or {}
         self._texts: dict[str, str] = {}
@@ -313,7 +341,13 @@ class Copy:
                     out[k] = self.cwd
                 elif k == "projectHash" and isinstance(v, str):
                     out[k] = hashlib.sha256(self.cwd.encode()).hexdigest()
-                elif k == "$numberLong" and isinstance(v, str) and v.isdigit() and key is not None and TIME_KEY.search(key or ""):
+                elif (
+                    k == "$numberLong"
+                    and isinstance(v, str)
+                    and v.isdigit()
+                    and key is not None
+                    and TIME_KEY.search(key or "")
+                ):
                     out[k] = str(int(self._epoch(int(v))))
                 else:
                     out[self.ids(k)] = self._walk(v, k if k != "$date" else key)
@@ -384,7 +418,13 @@ def project_names(n: int) -> list[str]:
 
 
 def build_history(
-    folder: Path, templates: list[Template], pool: list[str], tokens: int, phrases: list[str], n_projects: int, rng: random.Random
+    folder: Path,
+    templates: list[Template],
+    pool: list[str],
+    tokens: int,
+    phrases: list[str],
+    n_projects: int,
+    rng: random.Random,
 ) -> tuple[list[Planted], dict]:
     """Copies of the templates, round after round (each round in its own order), until their
     tokens reach ``tokens``; each phrase planted in a user text of a copy drawn at random.
@@ -424,8 +464,13 @@ def build_history(
 
 def history_files(folder: Path) -> list[tuple[Path, frozenset[str], str]]:
     """(file, its agent's text keys, its project folder) of every file of a history."""
-    keys = {agent: frozenset(tomllib.loads((FIXTURES / agent / "text-keys.toml").read_text(encoding="utf-8"))["keys"]) for agent in AGENTS}
-    return [(p, keys[p.parent.name], str(p.parent.parent)) for p in sorted(folder.glob("*/*/*")) if p.parent.name in keys]
+    keys = {
+        agent: frozenset(tomllib.loads((FIXTURES / agent / "text-keys.toml").read_text(encoding="utf-8"))["keys"])
+        for agent in AGENTS
+    }
+    return [
+        (p, keys[p.parent.name], str(p.parent.parent)) for p in sorted(folder.glob("*/*/*")) if p.parent.name in keys
+    ]
 
 
 def messages(folder: Path):
@@ -498,7 +543,17 @@ def kvdb_command() -> list[str]:
 def probe(kind: str, work: Path, extra: list[str] | None = None) -> dict:
     """Run this script's ``--probe kind`` in a process of its own; its JSON answer, with its
     peak RSS."""
-    cmd = [sys.executable, __file__, "--probe", kind, "--work", str(work), "--launched", repr(time.time()), *(extra or [])]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--probe",
+        kind,
+        "--work",
+        str(work),
+        "--launched",
+        repr(time.time()),
+        *(extra or []),
+    ]
     wall, rss, rc = run_measured(cmd, work / f"{kind}.out", work / f"{kind}.err")
     if rc != 0:
         tail = (work / f"{kind}.err").read_text()[-2000:]
@@ -548,7 +603,11 @@ def probe_kvdb(work: Path, plan: dict) -> dict:
     cli = []
     for _ in range(max(1, reps)):
         t = time.perf_counter()
-        subprocess.run([*kvdb_command(), "--db", plan["db"], "sessions", "--project", plan["projects"][0], "--json"], capture_output=True, check=True)
+        subprocess.run(
+            [*kvdb_command(), "--db", plan["db"], "sessions", "--project", plan["projects"][0], "--json"],
+            capture_output=True,
+            check=True,
+        )
         cli.append(time.perf_counter() - t)
     return {
         "open_s": open_s,
@@ -600,7 +659,9 @@ def probe_tantivy(work: Path, plan: dict, launched: float) -> dict:
         result = searcher.search(index.parse_query(f'"{phrase}"', ["body"]), 10)
         return [searcher.doc(address)["conv"][0] for _, address in result.hits]
 
-    return {"build_s": build_s, "parse_s": parse_s, "docs": docs, "bytes": folder_bytes(folder)} | phrase_queries(search, plan)
+    return {"build_s": build_s, "parse_s": parse_s, "docs": docs, "bytes": folder_bytes(folder)} | phrase_queries(
+        search, plan
+    )
 
 
 def probe_fts5(work: Path, plan: dict, launched: float) -> dict:
@@ -627,9 +688,13 @@ def probe_fts5(work: Path, plan: dict, launched: float) -> dict:
     build_s = time.time() - launched
 
     def search(phrase: str) -> list[str]:
-        return [r[0] for r in con.execute("select conv from m where m match ? order by rank limit 10", (f'"{phrase}"',))]
+        return [
+            r[0] for r in con.execute("select conv from m where m match ? order by rank limit 10", (f'"{phrase}"',))
+        ]
 
-    out = {"build_s": build_s, "parse_s": parse_s, "docs": docs, "bytes": folder_bytes(path)} | phrase_queries(search, plan)
+    out = {"build_s": build_s, "parse_s": parse_s, "docs": docs, "bytes": folder_bytes(path)} | phrase_queries(
+        search, plan
+    )
     con.close()
     return out
 
@@ -641,7 +706,12 @@ def phrase_queries(search, plan: dict) -> dict:
         first.append(f)
         lat.append(m)
         found += p["file"] in convs
-    return {"lat": lat, "first": first, "recall": found / len(plan["planted"]), "rss_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {
+        "lat": lat,
+        "first": first,
+        "recall": found / len(plan["planted"]),
+        "rss_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
 
 def probe_tokenizer(work: Path, plan: dict, launched: float) -> dict:
@@ -684,7 +754,9 @@ def probe_semantic(work: Path, plan: dict, seconds: float) -> dict:
                 first.extend((time.perf_counter() - began, tokens))
             done[0] += 1
 
-    report = archive.upkeep(progress=progress, stop=lambda: done[0] >= queued or time.perf_counter() - began > seconds, only="semantic")
+    report = archive.upkeep(
+        progress=progress, stop=lambda: done[0] >= queued or time.perf_counter() - began > seconds, only="semantic"
+    )
     upkeep_s = time.perf_counter() - began
     embedded = report.embedded
     transformers_loaded = "transformers" in sys.modules
@@ -697,7 +769,8 @@ def probe_semantic(work: Path, plan: dict, seconds: float) -> dict:
     texts: list[str] = []
     for s in order[: embedded.sessions]:
         ids = np.asarray(archive.tokens(s.session_id), dtype=np.int64)
-        spans, said_texts = said(tokenizer, ids)  # what the tier embeds of the session: its turns cut, tool output left out
+        # what the tier embeds of the session: its turns cut, tool output left out
+        spans, said_texts = said(tokenizer, ids)
         prefix, digest, at = {}, hashlib.sha1(), 0  # a chunk is a function of the tokens up to its end
         for b in sorted(set(spans[:, 1].tolist())):
             digest.update(ids[at:b].tobytes())
@@ -751,7 +824,10 @@ def run_scale(n: int, args, templates: list[Template], pool: list[str], phrases:
     t = time.perf_counter()
     planted, counts = build_history(history, templates, pool, n, phrases, args.projects, rng)
     counts.update(build_s=time.perf_counter() - t, bytes=folder_bytes(history))
-    log(f"  {counts['files']} files, {counts['bytes'] / 1e6:.1f} MB, ~{counts['estimated_tokens']:,} tokens in {counts['build_s']:.1f} s")
+    log(
+        f"  {counts['files']} files, {counts['bytes'] / 1e6:.1f} MB, "
+        f"~{counts['estimated_tokens']:,} tokens in {counts['build_s']:.1f} s"
+    )
     db = work / "kvdb" / "archive.duckdb"
     db.parent.mkdir()
     sizes: dict[str, int] = {}
@@ -763,7 +839,9 @@ def run_scale(n: int, args, templates: list[Template], pool: list[str], phrases:
 
     log("  kvdb ingest ...")
     load = os.getloadavg()[0]
-    wall, rss, rc = run_measured([*kvdb_command(), "--db", str(db), "ingest", str(history), "--json"], work / "ingest.out", work / "ingest.err")
+    wall, rss, rc = run_measured(
+        [*kvdb_command(), "--db", str(db), "ingest", str(history), "--json"], work / "ingest.out", work / "ingest.err"
+    )
     statuses: dict[str, int] = {}
     read_tokens = 0  # every session it rendered and tokenized: ingested, or found archived already (unchanged)
     for line in (work / "ingest.out").read_text().splitlines():
@@ -773,8 +851,21 @@ def run_scale(n: int, args, templates: list[Template], pool: list[str], phrases:
             continue
         statuses[r.get("status", "?")] = statuses.get(r.get("status", "?"), 0) + 1
         read_tokens += r.get("n_tokens") or 0
-    result = {"tokens_target": n, "history": counts, "phrases": len(planted), "load": load, "load_after_ingest": os.getloadavg()[0]}
-    result["kvdb"] = {"ingest_s": wall, "peak_rss": rss, "rc": rc, "statuses": statuses, "read_tokens": read_tokens, "bytes": folder_bytes(db.parent)}
+    result = {
+        "tokens_target": n,
+        "history": counts,
+        "phrases": len(planted),
+        "load": load,
+        "load_after_ingest": os.getloadavg()[0],
+    }
+    result["kvdb"] = {
+        "ingest_s": wall,
+        "peak_rss": rss,
+        "rc": rc,
+        "statuses": statuses,
+        "read_tokens": read_tokens,
+        "bytes": folder_bytes(db.parent),
+    }
     log(f"  kvdb ingest: {wall:.1f} s, exit {rc}, {statuses}, peak RSS {rss / 2**20:.0f} MiB")
     if rc not in (0, 1):
         log((work / "ingest.err").read_text()[-3000:])
@@ -784,7 +875,10 @@ def run_scale(n: int, args, templates: list[Template], pool: list[str], phrases:
     result["kvdb"] |= search
     result["kvdb"]["bytes_after_search"] = folder_bytes(db.parent)
     if importlib.util.find_spec("tantivy") is None:
-        log("  tantivy not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-backfill.txt")
+        log(
+            "  tantivy not installed: .venv/bin/pip install --no-deps "
+            "--require-hashes -r benchmarks/requirements-backfill.txt"
+        )
         result["tantivy"] = None
     else:
         log("  tantivy ...")
@@ -817,14 +911,20 @@ def engine_rows(r: dict) -> list[str]:
     rows = []
     if "lat" in k:
         rows.append(
-            f"| kvdb ingest (tokens, search) | {k['ingest_s']:.1f} | {tokens / k['ingest_s']:,.0f} | {mb(k['peak_rss'])} | {k['bytes'] / stored:.2f} "
-            f"| {ms(pct(k['lat'], 50))} | {ms(pct(k['lat'], 95))} | {ms(pct(k['first'], 50))} / {ms(pct(k['first'], 95))} | {k['recall']:.3f} |"
+            f"| kvdb ingest (tokens, search) | {k['ingest_s']:.1f} | {tokens / k['ingest_s']:,.0f} | "
+            f"{mb(k['peak_rss'])} | {k['bytes'] / stored:.2f} | {ms(pct(k['lat'], 50))} | {ms(pct(k['lat'], 95))} | "
+            f"{ms(pct(k['first'], 50))} / {ms(pct(k['first'], 95))} | {k['recall']:.3f} |"
         )
     else:
         rows.append(
-            f"| kvdb ingest (tokens, search) | {k['ingest_s']:.1f} | {tokens / k['ingest_s']:,.0f} | {mb(k['peak_rss'])} | {k['bytes'] / stored:.2f} | – | – | – | search failed: {k.get('failed', '')} |"
+            f"| kvdb ingest (tokens, search) | {k['ingest_s']:.1f} | "
+            f"{tokens / k['ingest_s']:,.0f} | {mb(k['peak_rss'])} | {k['bytes'] / stored:.2f} "
+            f"| – | – | – | search failed: {k.get('failed', '')} |"
         )
-    for key, label in (("tantivy", "tantivy 0.27 (parse + index + commit)"), ("fts5", "SQLite FTS5 (parse + insert + commit)")):
+    for key, label in (
+        ("tantivy", "tantivy 0.27 (parse + index + commit)"),
+        ("fts5", "SQLite FTS5 (parse + insert + commit)"),
+    ):
         p = r.get(key)
         if not p:
             rows.append(f"| {label} | not installed | | | | | | | |")
@@ -832,13 +932,15 @@ def engine_rows(r: dict) -> list[str]:
             rows.append(f"| {label} | failed: {p['failed']} | | | | | | | |")
         else:
             rows.append(
-                f"| {label} | {p['build_s']:.1f} (parse {p['parse_s']:.2f}) | {tokens / p['build_s']:,.0f} | {mb(p['peak_rss'])} | {p['bytes'] / stored:.2f} "
-                f"| {ms(pct(p['lat'], 50))} | {ms(pct(p['lat'], 95))} | {ms(pct(p['first'], 50))} / {ms(pct(p['first'], 95))} | {p['recall']:.3f} |"
+                f"| {label} | {p['build_s']:.1f} (parse {p['parse_s']:.2f}) | {tokens / p['build_s']:,.0f} | "
+                f"{mb(p['peak_rss'])} | {p['bytes'] / stored:.2f} | {ms(pct(p['lat'], 50))} | {ms(pct(p['lat'], 95))} "
+                f"| {ms(pct(p['first'], 50))} / {ms(pct(p['first'], 95))} | {p['recall']:.3f} |"
             )
     z = r.get("tokenizer")
     if z and "failed" not in z:
         rows.append(
-            f"| SmolLM2 tokenizer alone (parse + encode_batch) | {z['build_s']:.1f} (parse {z['parse_s']:.2f}) | {tokens / z['build_s']:,.0f} | {mb(z['peak_rss'])} | | | | | |"
+            f"| SmolLM2 tokenizer alone (parse + encode_batch) | {z['build_s']:.1f} (parse {z['parse_s']:.2f}) | "
+            f"{tokens / z['build_s']:,.0f} | {mb(z['peak_rss'])} | | | | | |"
         )
     return rows
 
@@ -850,9 +952,12 @@ def kvdb_row(r: dict) -> str:
     tokens = k["tokens"]
     overhead = pct(k["lat_filtered"], 50) - pct(k["lat"], 50)
     return (
-        f"| {r['tokens_target']:.0e} | {tokens:,} | {k['conversations']:,} | {k['sessions']:,} | {sum(k['statuses'].values()) - k['statuses'].get('ingested', 0)} "
-        f"| {1e3 * k['first_query_s']:.0f} | {ms(pct(k['lat_filtered'], 50))} / {ms(pct(k['lat_filtered'], 95))} (+{ms(overhead)}) | {k['recall_filtered']:.3f} "
-        f"| {ms(pct(k['listing'], 50))} / {ms(max(k['listing']))} | {ms(pct(k['paging'], 50))} / {ms(max(k['paging']))} | {k['cli_sessions_s']:.2f} | {mb(k.get('search_peak_rss'))} |"
+        f"| {r['tokens_target']:.0e} | {tokens:,} | {k['conversations']:,} | {k['sessions']:,} | "
+        f"{sum(k['statuses'].values()) - k['statuses'].get('ingested', 0)} | {1e3 * k['first_query_s']:.0f} | "
+        f"{ms(pct(k['lat_filtered'], 50))} / {ms(pct(k['lat_filtered'], 95))} (+{ms(overhead)}) | "
+        f"{k['recall_filtered']:.3f} | {ms(pct(k['listing'], 50))} / {ms(max(k['listing']))} | "
+        f"{ms(pct(k['paging'], 50))} / {ms(max(k['paging']))} | "
+        f"{k['cli_sessions_s']:.2f} | {mb(k.get('search_peak_rss'))} |"
     )
 
 
@@ -867,11 +972,19 @@ def semantic_row(r: dict) -> str | None:
     full = s["queued_tokens"] / rate if rate else float("nan")
     loaded = "–"
     if s.get("first_s") is not None and s["upkeep_s"] > s["first_s"] and s["embedded_sessions"] > 1:
-        loaded = f"{(s['embedded_tokens'] - s['first_tokens']) / (s['upkeep_s'] - s['first_s']) / raw_rate:.0%} (first session {s['first_s']:.1f} s)"
+        loaded = (
+            f"{(s['embedded_tokens'] - s['first_tokens']) / (s['upkeep_s'] - s['first_s']) / raw_rate:.0%} "
+            f"(first session {s['first_s']:.1f} s)"
+        )
     return (
-        f"| {r['tokens_target']:.0e} | {s['embedded_sessions']:,} of {s['queued_sessions']:,} ({s['embedded_tokens']:,} tokens) | {s['upkeep_s']:.1f} | {rate:,.0f} "
-        f"| {s['chunks']:,} ({s['stored_chunks'] if s['stored_chunks'] is not None else '?'} stored in all) | {s['raw_s']:.1f} | {raw_rate:,.0f} | {rate / raw_rate:.0%} | {loaded} "
-        f"| {full / 60:.1f} min | {s['forward']}, {mb(s['peak_rss'])} MiB{'; the language model scored ' + str(s['scored_sessions']) + ' sessions too' if s['scored_sessions'] else ''} |"
+        f"| {r['tokens_target']:.0e} | {s['embedded_sessions']:,} of {s['queued_sessions']:,} "
+        f"({s['embedded_tokens']:,} tokens) | {s['upkeep_s']:.1f} | {rate:,.0f} | {s['chunks']:,} "
+        f"({s['stored_chunks'] if s['stored_chunks'] is not None else '?'} stored in all) | {s['raw_s']:.1f} | "
+        f"{raw_rate:,.0f} | {rate / raw_rate:.0%} | {loaded} | {full / 60:.1f} min | {s['forward']}, "
+        f"{mb(s['peak_rss'])} MiB"
+        f"""{
+            "; the language model scored " + str(s["scored_sessions"]) + " sessions too" if s["scored_sessions"] else ""
+        } |"""
     )
 
 
@@ -896,40 +1009,50 @@ def report(results: list[dict], args, elapsed: float) -> str:
         )
         + f"), on {describe(*versions)}.",
         "",
-        "The history: the repository's fixture logs and exports (Claude Code, Codex CLI, Gemini CLI, ChatGPT, Claude.ai, AI Studio, Grok, "
-        "Open WebUI, SillyTavern), copied with fresh ids, times moved over a year, spread over "
-        f"{args.projects} project folders (1/rank), ~15% of each copy's words replaced so no two copies repeat; {args.phrases} made-up phrases planted once each "
-        "in a user message (lower, sentence, title or upper case) and searched in lower case. Every engine reads the same files. Build and ingest "
-        "times run from process start to a committed, searchable index (kvdb: `kvdb ingest HISTORY --json`, the default tiers; the peers: "
-        "reading and parsing the JSON, one document per message text field). Tokens/s: the tokens of every session kvdb rendered (ingested, "
-        "or `unchanged`: a copy whose tokens another copy holds already), over each engine's time; bytes/token: over the tokens archived "
-        "(`stats().tokens`). Latencies: each phrase's median of "
-        f"{args.reps} repeats after its first call (k=10; kvdb through `Archive.search`, one hit per conversation); recall: a full match in the file that holds the phrase. "
-        "The machine is shared with other engineers' test runs: each scale's load averages say how far to trust its timings.",
+        "The history: the repository's fixture logs and exports (Claude Code, Codex CLI, Gemini CLI, ChatGPT, "
+        "Claude.ai, AI Studio, Grok, Open WebUI, SillyTavern), copied with fresh ids, times moved over a year, spread "
+        f"over {args.projects} project folders (1/rank), ~15% of each copy's words replaced so no two copies repeat; "
+        f"{args.phrases} made-up phrases planted once each in a user message (lower, sentence, title or upper case) "
+        "and searched in lower case. Every engine reads the same files. Build and ingest times run from process start "
+        "to a committed, searchable index (kvdb: `kvdb ingest HISTORY --json`, the default tiers; the peers: reading "
+        "and parsing the JSON, one document per message text field). Tokens/s: the tokens of every session kvdb "
+        "rendered (ingested, or `unchanged`: a copy whose tokens another copy holds already), over each engine's time; "
+        f"bytes/token: over the tokens archived (`stats().tokens`). Latencies: each phrase's median of {args.reps} "
+        "repeats after its first call (k=10; kvdb through `Archive.search`, one hit per conversation); recall: a full "
+        "match in the file that holds the phrase. The machine is shared with other engineers' test runs: each scale's "
+        "load averages say how far to trust its timings.",
     ]
     for r in results:
         h = r["history"]
         lines += [
             "",
-            f"### {r['tokens_target']:.0e} tokens: {r['kvdb']['read_tokens']:,} read, {r['kvdb'].get('tokens', 0):,} archived, {h['files']:,} files ({h['bytes'] / 1e6:.0f} MB), "
-            f"{r['kvdb'].get('conversations', 0):,} conversations, {r['phrases']} phrases; load average {r['load']:.1f} before kvdb's ingest, {r['load_after_ingest']:.1f} after it; ran at {r.get('ran_at', '?')}",
+            f"### {r['tokens_target']:.0e} tokens: {r['kvdb']['read_tokens']:,} read, {r['kvdb'].get('tokens', 0):,} "
+            f"archived, {h['files']:,} files ({h['bytes'] / 1e6:.0f} MB), {r['kvdb'].get('conversations', 0):,} "
+            f"conversations, {r['phrases']} phrases; load average {r['load']:.1f} before kvdb's ingest, "
+            f"{r['load_after_ingest']:.1f} after it; ran at {r.get('ran_at', '?')}",
             "",
-            "| engine | build s | tokens/s | peak RSS MiB | bytes/token | phrase p50 ms | p95 ms | first call p50 / p95 ms | recall |",
+            "| engine | build s | tokens/s | peak RSS MiB | bytes/token "
+            "| phrase p50 ms | p95 ms | first call p50 / p95 ms | recall |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             *engine_rows(r),
         ]
         k = r["kvdb"]
         if "bytes_after_semantic" in k:
             lines.append(
-                f"\nkvdb's bytes/token: {k['bytes'] / k['tokens']:.2f} after ingest, {k['bytes_after_semantic'] / k['tokens']:.2f} after the semantic catch-up below (as far as it went)."
+                f"\nkvdb's bytes/token: {k['bytes'] / k['tokens']:.2f} after "
+                f"ingest, {k['bytes_after_semantic'] / k['tokens']:.2f} "
+                "after the semantic catch-up below (as far as it went)."
             )
     lines += [
         "",
-        "kvdb's archive-wide reads (ms; filtered search: `search(phrase, project=its folder)`, with its overhead over the unfiltered p50; listing: "
-        "`conversations(project=)` and `conversation_page(project=, limit=20)` (MCP `sessions`) over the 10 projects holding most phrases, median and slowest; "
+        "kvdb's archive-wide reads (ms; filtered search: `search(phrase, project=its folder)`, with its overhead over "
+        "the unfiltered p50; listing: `conversations(project=)` and `conversation_page(project=, limit=20)` (MCP "
+        "`sessions`) over the 10 projects holding most phrases, median and slowest; "
         "`kvdb sessions --project --json` as a command, in seconds with the process start):",
         "",
-        "| tokens | archived | conversations | sessions | not ingested (unchanged, failed, ...) | first search ms (opens the index) | filtered search p50 / p95 | filtered recall | conversations(project) p50 / max | conversation_page p50 / max | `kvdb sessions --project` s | searching process peak RSS MiB |",
+        "| tokens | archived | conversations | sessions | not ingested (unchanged, failed, ...) | first search ms "
+        "(opens the index) | filtered search p50 / p95 | filtered recall | conversations(project) p50 / max | "
+        "conversation_page p50 / max | `kvdb sessions --project` s | searching process peak RSS MiB |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(kvdb_row(r) for r in results),
     ]
@@ -937,12 +1060,14 @@ def report(results: list[dict], args, elapsed: float) -> str:
     if semantic:
         lines += [
             "",
-            f"The semantic tier's catch-up: `Archive.upkeep` stopped when the sessions queued for the embedder are done or after {args.semantic_seconds:.0f} s "
-            '(`only="semantic"`), then the embedder alone (`Embedder.embed`, its own batches) on the chunks of '
-            "the sessions it embedded (what the tier embeds of each session: its turns cut, tool calls and results left out; a chunk another version of the conversation holds counted once). "
-            "Rates are the sessions' tokens per second; the whole catch-up is extrapolated at upkeep's rate:",
+            "The semantic tier's catch-up: `Archive.upkeep` stopped when the sessions queued for the embedder are done "
+            f'or after {args.semantic_seconds:.0f} s (`only="semantic"`), then the embedder alone (`Embedder.embed`, '
+            "its own batches) on the chunks of the sessions it embedded (what the tier embeds of each session: its "
+            "turns cut, tool calls and results left out; a chunk another version of the conversation holds counted "
+            "once). Rates are the sessions' tokens per second; the whole catch-up is extrapolated at upkeep's rate:",
             "",
-            "| tokens | embedded | upkeep s | tokens/s | chunks | embedder alone s | tokens/s | upkeep / raw | after its first session (loading) | whole catch-up | forward, peak RSS |",
+            "| tokens | embedded | upkeep s | tokens/s | chunks | embedder alone s | tokens/s | upkeep / raw | after "
+            "its first session (loading) | whole catch-up | forward, peak RSS |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *semantic,
         ]
@@ -956,21 +1081,29 @@ def targets(results: list[dict]) -> str:
     if r:
         k, tv = r["kvdb"], r.get("tantivy")
         rate = k["read_tokens"] / k["ingest_s"]
-        lines.append(f"- default ingest at 1e7 ≥ 100k tokens/s: {'met' if rate >= 1e5 else 'NOT met'} ({rate:,.0f} tokens/s, {k['ingest_s']:.0f} s)")
+        lines.append(
+            f"- default ingest at 1e7 ≥ 100k tokens/s: {'met' if rate >= 1e5 else 'NOT met'} "
+            f"({rate:,.0f} tokens/s, {k['ingest_s']:.0f} s)"
+        )
         if tv and "build_s" in tv:
             lines.append(
-                f"- within 3x of tantivy's build at 1e7: {'met' if k['ingest_s'] <= 3 * tv['build_s'] else 'NOT met'} ({k['ingest_s'] / tv['build_s']:.1f}x: {k['ingest_s']:.0f} s against {tv['build_s']:.1f} s)"
+                "- within 3x of tantivy's build at 1e7: "
+                f"{'met' if k['ingest_s'] <= 3 * tv['build_s'] else 'NOT met'} "
+                f"({k['ingest_s'] / tv['build_s']:.1f}x: {k['ingest_s']:.0f} s against {tv['build_s']:.1f} s)"
             )
     r = at.get(10**8)
     if r:
         k = r["kvdb"]
         lines.append(
-            f"- default ingest at 1e8 ≤ 20 min and ≤ 1.5 GB RSS: {'met' if k['ingest_s'] <= 1200 and (k['peak_rss'] or 0) <= 1.5e9 else 'NOT met'} ({k['ingest_s'] / 60:.1f} min, {mb(k['peak_rss'])} MiB)"
+            "- default ingest at 1e8 ≤ 20 min and ≤ 1.5 GB RSS: "
+            f"{'met' if k['ingest_s'] <= 1200 and (k['peak_rss'] or 0) <= 1.5e9 else 'NOT met'} "
+            f"({k['ingest_s'] / 60:.1f} min, {mb(k['peak_rss'])} MiB)"
         )
         if "lat" in k:
             p50, p95 = pct(k["lat"], 50), pct(k["lat"], 95)
             lines.append(
-                f"- phrase search p50 / p95 at 1e8 no worse than 1.87 / 3.11 ms: {'met' if p50 <= 1.87e-3 and p95 <= 3.11e-3 else 'NOT met'} ({ms(p50)} / {ms(p95)} ms)"
+                "- phrase search p50 / p95 at 1e8 no worse than 1.87 / 3.11 ms: "
+                f"{'met' if p50 <= 1.87e-3 and p95 <= 3.11e-3 else 'NOT met'} ({ms(p50)} / {ms(p95)} ms)"
             )
     for r in results:
         k = r["kvdb"]
@@ -978,16 +1111,22 @@ def targets(results: list[dict]) -> str:
             over = pct(k["lat_filtered"], 50) - pct(k["lat"], 50)
             worst = max(max(k["listing"]), max(k["paging"]))
             lines.append(
-                f"- at {r['tokens_target']:.0e} ({k['conversations']:,} conversations; the target is at 50k): a filtered search {ms(over)} ms beyond the search, "
-                f"`conversations(project=)` / MCP's page at most {ms(worst)} ms: {'within' if over <= 0.05 and worst <= 0.05 else 'NOT within'} 50 ms"
+                f"- at {r['tokens_target']:.0e} ({k['conversations']:,} conversations; the target is at 50k): a "
+                f"filtered search {ms(over)} ms beyond the search, `conversations(project=)` / MCP's page at most "
+                f"{ms(worst)} ms: {'within' if over <= 0.05 and worst <= 0.05 else 'NOT within'} 50 ms"
             )
         s = r.get("semantic")
         if s and "failed" not in s and s["raw_s"] and s["upkeep_s"]:
             share = s["raw_s"] / s["upkeep_s"]
             full = s["queued_tokens"] * s["upkeep_s"] / max(s["embedded_tokens"], 1)
             lines.append(
-                f"- semantic tier at {r['tokens_target']:.0e}: upkeep at {share:.0%} of the embedder's raw throughput ({'met' if share >= 0.8 else 'NOT met'}: ≥ 80%); "
-                f"the whole catch-up {full / 60:.0f} min{' (target at 1e7: ≤ 60 min, ' + ('met' if full <= 3600 else 'NOT met') + ')' if r['tokens_target'] == 10**7 else ''}"
+                f"- semantic tier at {r['tokens_target']:.0e}: upkeep at {share:.0%} of the embedder's raw throughput "
+                f"({'met' if share >= 0.8 else 'NOT met'}: ≥ 80%); the whole catch-up {full / 60:.0f} min"
+                f"""{
+                    " (target at 1e7: ≤ 60 min, " + ("met" if full <= 3600 else "NOT met") + ")"
+                    if r["tokens_target"] == 10**7
+                    else ""
+                }"""
             )
     return "\n".join(lines) + "\n"
 
@@ -1037,22 +1176,31 @@ def as_json(r: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", nargs="+", default=["1e6", "1e7"], help="history sizes in tokens (default 1e6 1e7; 1e8 takes hours)")
+    parser.add_argument(
+        "--tokens", nargs="+", default=["1e6", "1e7"], help="history sizes in tokens (default 1e6 1e7; 1e8 takes hours)"
+    )
     parser.add_argument("--phrases", type=int, default=300, help="planted phrases (default 300)")
     parser.add_argument("--projects", type=int, default=30, help="project folders the copies spread over (default 30)")
     parser.add_argument("--reps", type=int, default=3, help="timed repeats per query after its first call (default 3)")
-    parser.add_argument("--semantic-seconds", type=float, default=300, help="stop the semantic catch-up after this long (default 300)")
+    parser.add_argument(
+        "--semantic-seconds", type=float, default=300, help="stop the semantic catch-up after this long (default 300)"
+    )
     parser.add_argument("--no-semantic", action="store_true", help="leave the semantic catch-up out")
-    parser.add_argument("--workdir", type=Path, default=None, help="where the histories and archives go (default: a temporary folder)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where the histories and archives go (default: a temporary folder)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep each scale's folder")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md or the plot")
-    parser.add_argument("--json", action="store_true", help="also print one JSON object per scale on stdout (progress goes to stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="also print one JSON object per scale on stdout (progress goes to stderr)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--checkpoint",
         type=Path,
         default=None,
-        help="a JSON Lines file each finished scale is added to; the scales it holds already (same seed and phrases) are taken from it, not run again",
+        help="a JSON Lines file each finished scale is added to; the scales it "
+        "holds already (same seed and phrases) are taken from it, not run again",
     )
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one engine's measures, in a process of its own
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -1076,9 +1224,13 @@ def main() -> None:
     count_tokens(templates)
     pool = word_pool(templates)
     phrases = make_phrases(args.phrases, random.Random(args.seed))
-    log(f"{len(templates)} template files, ~{sum(t.tokens for t in templates):,} tokens of text fields a round; {len(pool):,} words to swap in")
+    log(
+        f"{len(templates)} template files, ~{sum(t.tokens for t in templates):,} "
+        f"tokens of text fields a round; {len(pool):,} words to swap in"
+    )
     done = {}
-    if args.checkpoint and args.checkpoint.exists():  # a run stopped part way (these machines are shared): its finished scales
+    # a run stopped part way (these machines are shared): its finished scales
+    if args.checkpoint and args.checkpoint.exists():
         for line in args.checkpoint.read_text().splitlines():
             r = json.loads(line)
             if r.get("seed") == args.seed and r.get("phrases") == args.phrases:
@@ -1094,7 +1246,8 @@ def main() -> None:
             work = root / f"{n:.0e}"
             work.mkdir()
             results.append(
-                run_scale(n, args, templates, pool, phrases, work) | {"seed": args.seed, "ran_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+                run_scale(n, args, templates, pool, phrases, work)
+                | {"seed": args.seed, "ran_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
             )
             if args.checkpoint:
                 with args.checkpoint.open("a") as f:
@@ -1111,7 +1264,9 @@ def main() -> None:
         png = Path(__file__).with_name("backfill.png")
         if len(results) > 1 and plot(results, png):
             text += f"\nPlot: `benchmarks/{png.name}` (wall time to a searchable index against history size).\n"
-        publish("Backfill: a whole history into kvdb, tantivy and SQLite FTS5", text, data=[as_json(r) for r in results])
+        publish(
+            "Backfill: a whole history into kvdb, tantivy and SQLite FTS5", text, data=[as_json(r) for r in results]
+        )
     elif not args.json:
         print(text)
 

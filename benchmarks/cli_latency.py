@@ -41,7 +41,9 @@ STAGES = [
 
 
 def kvdb(db: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ENTRY, "--db", str(db), *args], capture_output=True, text=True, env=ENV, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, "--db", str(db), *args], capture_output=True, text=True, env=ENV, cwd=ROOT
+    )
 
 
 def wall(db: Path, args: list[str], runs: int) -> float:
@@ -59,13 +61,24 @@ def stages(db: Path) -> list[tuple[str, float]]:
     """One run under cProfile in a fresh process: the cumulative seconds of each stage."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "profile"
-        script = f"import cProfile, sys; sys.argv = ['kvdb', '--db', {str(db)!r}, 'search', '--semantic', {QUERY!r}, '-k', '3']\n"
+        script = (
+            "import cProfile, sys; sys.argv = ['kvdb', '--db', "
+            f"{str(db)!r}, 'search', '--semantic', {QUERY!r}, '-k', '3']\n"
+        )
         script += f"cProfile.run({ENTRY.replace('sys.exit(main())', 'main(standalone_mode=False)')!r}, {str(out)!r})"
         subprocess.run([sys.executable, "-c", script], capture_output=True, env=ENV, cwd=ROOT, check=True)
         stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
     found = []
     for label, where, function in STAGES:
-        found.append((label, max((v[3] for (file, _, name), v in stats.items() if file.endswith(where) and name == function), default=0.0)))
+        found.append(
+            (
+                label,
+                max(
+                    (v[3] for (file, _, name), v in stats.items() if file.endswith(where) and name == function),
+                    default=0.0,
+                ),
+            )
+        )
     return found
 
 
@@ -80,7 +93,9 @@ def main() -> None:
         db = args.db
         if db is None:
             db = Path(folder) / "small.duckdb"
-            chats = sorted(str(p) for p in (ROOT / "examples" / "transcripts").iterdir() if p.suffix in (".json", ".jsonl"))
+            chats = sorted(
+                str(p) for p in (ROOT / "examples" / "transcripts").iterdir() if p.suffix in (".json", ".jsonl")
+            )
             done = kvdb(db, "ingest", *chats, "--keep", "tokens,search,semantic")
             if done.returncode != 0:
                 raise SystemExit(f"ingest failed: {done.stderr}")
@@ -94,7 +109,10 @@ def main() -> None:
         split = stages(db)
     lines = [
         describe("OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1"),
-        f"{sessions} sessions ({args.db or 'the chat files of examples/transcripts, `--keep tokens,search,semantic`, the embedded SmolLM2'}); "
+        f"{sessions} sessions "
+        f"""({
+            args.db or "the chat files of examples/transcripts, `--keep tokens,search,semantic`, the embedded SmolLM2"
+        }); """
         f"median of {args.runs} fresh processes each, wall time of the whole command.",
         "",
         "| command | p50 s |",

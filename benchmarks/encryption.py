@@ -1,7 +1,8 @@
 """What encrypting an archive costs (issue 55, item 2): ingest, search and restore, an encrypted
 archive against a plain one built alike, side by side in one run.
 
-    nice -n 10 .venv/bin/python benchmarks/encryption.py [--sessions 16] [--chars 4000] [--queries 40] [--restores 4] [--out FILE]
+    nice -n 10 .venv/bin/python benchmarks/encryption.py [--sessions 16] [--chars 4000] [--queries 40]
+        [--restores 4] [--out FILE]
 
 Both archives take the same sessions of real text (``corpus.py``), in turns (which one goes
 first alternates), with the default tiers, then the semantic tier's upkeep (the embedder's pass
@@ -120,22 +121,28 @@ def main() -> None:
         for _ in range(3):
             began = time.perf_counter()
             subprocess.run(
-                [KVDB, "--db", str(dbs[side]), "sessions"], env=env | ({"KVDB_KEY": KEY} if side == "encrypted" else {}), check=True, capture_output=True
+                [KVDB, "--db", str(dbs[side]), "sessions"],
+                env=env | ({"KVDB_KEY": KEY} if side == "encrypted" else {}),
+                check=True,
+                capture_output=True,
             )
             times.append(time.perf_counter() - began)
         listing[side] = statistics.median(times)
 
     def row(label: str, values: dict, unit: str = "s", digits: int = 3) -> str:
         p, e = values["plain"], values["encrypted"]
-        return f"| {label} | {p:.{digits}f} {unit} | {e:.{digits}f} {unit} | {e / p:.2f}x ({e - p:+.{digits}f} {unit}) |"
+        return (
+            f"| {label} | {p:.{digits}f} {unit} | {e:.{digits}f} {unit} | {e / p:.2f}x ({e - p:+.{digits}f} {unit}) |"
+        )
 
     n = tokens["plain"]
     lines = [
-        f"({machine}). Two archives of the same {args.sessions} sessions of real text ({n:,} tokens, the embedded model's tokenizer), "
-        "one plain and one encrypted (`KVDB_KEY`), ingested in turns with the default tiers (tokens, search, semantic); "
-        "then each one's upkeep (the semantic tier), a fresh read-only open with its first phrase search (3 times), "
-        f"{args.queries} phrase searches and {args.restores} exact restores of a session's first {RESTORED} tokens "
-        "(the archives in turns, which first alternating), and `kvdb sessions` as a process (3 times, the key's scrypt included).",
+        f"({machine}). Two archives of the same {args.sessions} sessions of real text ({n:,} tokens, the embedded "
+        "model's tokenizer), one plain and one encrypted (`KVDB_KEY`), ingested in turns with the default tiers "
+        "(tokens, search, semantic); then each one's upkeep (the semantic tier), a fresh read-only open with its first "
+        f"phrase search (3 times), {args.queries} phrase searches and {args.restores} exact restores of a session's "
+        f"first {RESTORED} tokens (the archives in turns, which first alternating), "
+        "and `kvdb sessions` as a process (3 times, the key's scrypt included).",
         "",
         "| step | plain | encrypted | encrypted / plain |",
         "|---|---|---|---|",

@@ -2,7 +2,8 @@
 `kvdb show`, or (``--throughput``) how fast agent logs parse and render.
 
     .venv/bin/python benchmarks/formats.py [--no-results]
-    .venv/bin/python benchmarks/formats.py --throughput [--mb 100] [--workers 1] [--tools claude-code codex-cli gemini-cli] [--no-tokens] [--no-results]
+    .venv/bin/python benchmarks/formats.py --throughput [--mb 100] [--workers 1]
+        [--tools claude-code codex-cli gemini-cli] [--no-tokens] [--no-results]
 
 The format table, on the embedded model: the sessions each file gives, their tokens, what was
 kept only as a placeholder, and whether every text of the file comes back from `show`. "Text
@@ -55,7 +56,9 @@ RENDERED = {
     "openai": "chat template; tool calls and results as <tool_call>/<tool_result> text; name as `name: text`",
     "openai-responses": "chat template; reasoning as <thinking>, calls joined to their assistant turn",
     "chatgpt": "chat template along current_node; other branches as `[branch N]` sessions",
-    "anthropic": "chat template; system first; tool_use/tool_result as text, thinking as <thinking>, image as a placeholder",
+    "anthropic": (
+        "chat template; system first; tool_use/tool_result as text, thinking as <thinking>, image as a placeholder"
+    ),
     "claude-code": "chat template along the parentUuid chain; named by its summary",
     "lmsys": "chat template",
     "alpaca": "chat template; input after the instruction and a blank line",
@@ -78,12 +81,21 @@ def kvdb_format(db: Path, session_id: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
-    parser.add_argument("--throughput", action="store_true", help="time parsing and rendering agent logs instead of the format table")
+    parser.add_argument(
+        "--throughput", action="store_true", help="time parsing and rendering agent logs instead of the format table"
+    )
     parser.add_argument("--mb", type=float, default=TARGET_MB, help="megabytes of logs per tool (--throughput)")
     parser.add_argument("--workers", type=int, default=1, help="processes to read the files with (--throughput)")
-    parser.add_argument("--tools", nargs="+", default=list(AGENT_LOGS), help="fixture folders of tests/fixtures/exports to time, or `all` (--throughput)")
+    parser.add_argument(
+        "--tools",
+        nargs="+",
+        default=list(AGENT_LOGS),
+        help="fixture folders of tests/fixtures/exports to time, or `all` (--throughput)",
+    )
     parser.add_argument("--no-tokens", action="store_true", help="leave out the token ids column (--throughput)")
-    parser.add_argument("--note", default="", help="a line to add under the table, such as what else ran on the machine (--throughput)")
+    parser.add_argument(
+        "--note", default="", help="a line to add under the table, such as what else ran on the machine (--throughput)"
+    )
     args = parser.parse_args()
     if args.throughput:
         throughput(args)
@@ -98,15 +110,25 @@ def format_table(no_results: bool) -> None:
         for path in sorted(TRANSCRIPTS.iterdir()):
             results = [json.loads(line) for line in kvdb(db, "ingest", str(path), "--json").splitlines()]
             shown = "".join(kvdb(db, "show", r["session_id"]) for r in results)
-            sessions = [s for s in map(json.loads, kvdb(db, "sessions", "--json").splitlines()) if s["session_id"] in {r["session_id"] for r in results}]
+            sessions = [
+                s
+                for s in map(json.loads, kvdb(db, "sessions", "--json").splitlines())
+                if s["session_id"] in {r["session_id"] for r in results}
+            ]
             formats = sorted({kvdb_format(db, s["session_id"]) for s in sessions})
             if path.suffix in (".txt", ".md"):
                 kept = "yes" if shown == path.read_text(encoding="utf-8") else "NO"
             else:
-                raw = [json.loads(line) for line in path.read_text().splitlines()] if path.suffix == ".jsonl" else json.loads(path.read_text())
+                raw = (
+                    [json.loads(line) for line in path.read_text().splitlines()]
+                    if path.suffix == ".jsonl"
+                    else json.loads(path.read_text())
+                )
                 wanted = list(conversation_texts(raw))
                 missing = [t for t in wanted if t not in shown]
-                kept = f"{len(wanted) - len(missing)}/{len(wanted)}" + ("" if not missing else f" (missing: {missing[:2]})")
+                kept = f"{len(wanted) - len(missing)}/{len(wanted)}" + (
+                    "" if not missing else f" (missing: {missing[:2]})"
+                )
             dropped = {}
             for r in results:
                 for kind, count in r.get("dropped", {}).items():
@@ -169,18 +191,25 @@ def throughput(args) -> None:
         rows.append(f"| {' | '.join(map(str, cells))} |")
         print(rows[-1], flush=True)
     lines = [
-        f"{started}; {args.workers} worker process{'es' if args.workers > 1 else ''}; load average {os.getloadavg()[0]:.1f} at the end.",
+        f"{started}; {args.workers} worker process{'es' if args.workers > 1 else ''}; "
+        f"load average {os.getloadavg()[0]:.1f} at the end.",
         "Each tool's fixtures that read whole today, copied with fresh ids to about"
-        f" {args.mb:g} MB; seconds (MB/s) of one pass: parse (`iter_transcripts`, lenient), + render (`chat.render`, the embedded"
-        " model's tokenizer, no weights), + token ids (`tokenizer.encode`, as the ingest does). A column with several workers is the"
-        f" slowest worker's time. Target: {TARGET_MB} MB parsed and rendered in {TARGET_S:g} s.",
+        f" {args.mb:g} MB; seconds (MB/s) of one pass: parse (`iter_transcripts`, lenient), + render (`chat.render`, "
+        "the embedded model's tokenizer, no weights), + token ids (`tokenizer.encode`, as the ingest does). A column "
+        "with several workers is the slowest worker's time. Target: "
+        f"{TARGET_MB} MB parsed and rendered in {TARGET_S:g} s.",
         *([args.note] if args.note else []),
         "",
-        "| tool | fixtures read | MB | files | sessions | messages | rendered MB | tokens | tokenizer load s | parse s (MB/s) | + render s (MB/s) | + tokens s (MB/s) | parse + render of 100 MB |",
+        "| tool | fixtures read | MB | files | sessions | messages | rendered MB | tokens | tokenizer load s | parse "
+        "s (MB/s) | + render s (MB/s) | + tokens s (MB/s) | parse + render of 100 MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *rows,
         "",
-        *([f"Fixtures left out (they do not read whole yet): {_cell('; '.join(left_out), 1000)}", ""] if left_out else []),
+        *(
+            [f"Fixtures left out (they do not read whole yet): {_cell('; '.join(left_out), 1000)}", ""]
+            if left_out
+            else []
+        ),
     ]
     publish("Parse and render throughput of agent logs", lines, append=not args.no_results)
 

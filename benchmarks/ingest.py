@@ -30,13 +30,18 @@ import kvdb
 from kvdb.model import loading as lm_ops
 from kvdb.model import tokenizer as tok
 
-LOAD = "import time; t = time.perf_counter(); from kvdb.model import loading; loading.load(); print(time.perf_counter() - t)"
+LOAD = (
+    "import time; t = time.perf_counter(); from kvdb.model import "
+    "loading; loading.load(); print(time.perf_counter() - t)"
+)
 
 
 def timed_load(cache: str) -> tuple[float, float]:
     """(seconds inside load(), wall seconds of the whole process) in a fresh interpreter."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", LOAD], env=dict(os.environ, KVDB_CACHE=cache), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD], env=dict(os.environ, KVDB_CACHE=cache), capture_output=True, text=True, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1]), time.perf_counter() - start
 
 
@@ -44,7 +49,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096, help="tokens of real text to ingest")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--kv-tokens", type=int, default=8150, help="tokens of the one text ingested with and without tier K (0: skip)")
+    parser.add_argument(
+        "--kv-tokens", type=int, default=8150, help="tokens of the one text ingested with and without tier K (0: skip)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as cache:
@@ -67,7 +74,8 @@ def main() -> None:
         for d in docs:
             lm_ops.prefill(lm.model, np.asarray(tok.encode(lm.tokenizer, d)))
         prefill_chunked.append(n_tokens / (time.perf_counter() - start))
-        with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb", model=lm) as db:  # the load is measured above
+        # the load is measured above
+        with tempfile.TemporaryDirectory() as tmp, kvdb.open(Path(tmp) / "bench.duckdb", model=lm) as db:
             start = time.perf_counter()
             for i, d in enumerate(docs):
                 db.ingest(text=d, name=f"doc{i}-{run}")
@@ -76,14 +84,22 @@ def main() -> None:
     med = statistics.median
     rows = [
         ("first model load (converts the GGUF), in load()", f"{first[0]:.1f} s", f"process wall {first[1]:.1f} s"),
-        ("later model load, in load()", f"{med(x[0] for x in later):.1f} s", f"process wall {med(x[1] for x in later):.1f} s"),
+        (
+            "later model load, in load()",
+            f"{med(x[0] for x in later):.1f} s",
+            f"process wall {med(x[1] for x in later):.1f} s",
+        ),
         ("raw prefill, one forward pass per document", f"{med(prefill_one_pass):.0f} tok/s", ""),
         ("raw prefill, 512-token chunks with cache", f"{med(prefill_chunked):.0f} tok/s", ""),
-        ("kvdb ingest (render, score, hash, store)", f"{med(ingest):.0f} tok/s", f"{med(ingest) / med(prefill_one_pass):.2f}x raw prefill"),
+        (
+            "kvdb ingest (render, score, hash, store)",
+            f"{med(ingest):.0f} tok/s",
+            f"{med(ingest) / med(prefill_one_pass):.2f}x raw prefill",
+        ),
     ]
     table = [
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/ingest.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/ingest.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — "
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"SmolLM2-135M-Instruct, {n_tokens} tokens of real text in 4 documents, median of {args.runs} runs.\n",
         "| measure | value | note |",
         "|---|---|---|",
@@ -116,15 +132,19 @@ def kv_overhead(lm, n: int, runs: int) -> list[str]:
     base = statistics.median(seconds[variants[0]])
     specs = presets.named(lm.identity.weights_hash)
     lines = [
-        f"`.venv/bin/python benchmarks/ingest.py` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; SmolLM2-135M-Instruct; one text of {n:,} tokens ingested into a fresh archive, "
-        f"shipped codebooks built beforehand; median of {runs} runs, the variants taking turns. Target (issue 33): tier K adds ≤ 25%.\n",
+        f"`.venv/bin/python benchmarks/ingest.py` ({time.strftime('%Y-%m-%d')}) — {platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M-Instruct; "
+        f"one text of {n:,} tokens ingested into a fresh archive, shipped codebooks built beforehand; median of {runs} "
+        "runs, the variants taking turns. Target (issue 33): tier K adds ≤ 25%.\n",
         "| --keep | preset | spec | seconds | overhead |",
         "|---|---|---|---:|---:|",
     ]
     for keep, preset in variants:
         t = statistics.median(seconds[(keep, preset)])
-        lines.append(f"| `{keep}` | {preset or ''} | {specs[preset] if preset else ''} | {t:.1f} | {'' if preset is None else f'{100 * (t / base - 1):+.1f}%'} |")
+        lines.append(
+            f"| `{keep}` | {preset or ''} | {specs[preset] if preset else ''} | {t:.1f} | "
+            f"{'' if preset is None else f'{100 * (t / base - 1):+.1f}%'} |"
+        )
     return lines
 
 

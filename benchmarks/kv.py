@@ -46,8 +46,8 @@ from kvdb.services import shipped_codebooks as SH
 
 CTX = 1024
 CONT = 128  # continuation tokens scored (CONT + 1 fed)
-# per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of layers 0-5
-# and values of layers 0-1 barely matter; later layers carry the damage
+# per-layer allocations from the one-context sensitivity scan in docs/decisions/0010-tier-k-default-preset.md: keys of
+# layers 0-5 and values of layers 0-1 barely matter; later layers carry the damage
 PER_LAYER = ["k2v1+k4@6-29+v2@2-29", "k3v2+k6@12-29+v4@10-29"]
 # the preset of a model nobody measured; the embedded model's own default (presets.MEASURED_PRESETS["compact"],
 # from benchmarks/kv_ideas.py's scan, at tag studies-2026-12-06, at 8,000 tokens) is measured beside it
@@ -85,7 +85,8 @@ def _peer_cache(model, prefix, backend: str, nbits: int):
     return cache
 
 
-_AROUND = [(5, 3), (5, -10), (-13, 3), (-13, -10), (17, 3), (17, -10)]  # where a point's number goes, the nth close point's at n
+# where a point's number goes, the nth close point's at n
+_AROUND = [(5, 3), (5, -10), (-13, 3), (-13, -10), (17, 3), (17, -10)]
 
 
 def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
@@ -97,8 +98,13 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    style = {"kvdb preset": ("o", "tab:blue"), "kvdb window variant": ("s", "tab:cyan"), "paper setting": ("D", "tab:red"),
-             "QuantizedCache peer": ("^", "tab:green"), "fp16": ("*", "black")}
+    style = {
+        "kvdb preset": ("o", "tab:blue"),
+        "kvdb window variant": ("s", "tab:cyan"),
+        "paper setting": ("D", "tab:red"),
+        "QuantizedCache peer": ("^", "tab:green"),
+        "fp16": ("*", "black"),
+    }
     fig = plt.figure(figsize=(15, 8))
     ax = fig.add_axes((0.055, 0.08, 0.55, 0.80))
     key = fig.add_axes((0.63, 0.02, 0.36, 0.96))
@@ -106,15 +112,31 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     for group, (marker, color) in style.items():
         pts = [p for p in points if p[1] == group]
         if pts:
-            ax.scatter([p[2] for p in pts], [p[3] for p in pts], marker=marker, color=color, s=60 if group != "fp16" else 140,
-                       label=group, zorder=3)
+            ax.scatter(
+                [p[2] for p in pts],
+                [p[3] for p in pts],
+                marker=marker,
+                color=color,
+                s=60 if group != "fp16" else 140,
+                label=group,
+                zorder=3,
+            )
     numbered = sorted(points, key=lambda p: (p[2], p[3]))
     placed = []  # stagger the numbers of points that sit close together
     rows = [(f"default = {default}", "black"), ("", "black")]
     for n, (label, group, x, y) in enumerate(numbered, 1):
-        near = sum(abs(np.log10(x / px)) < 0.05 and abs(np.arcsinh(y / 10) - np.arcsinh(py / 10)) < 0.3 for px, py in placed)
+        near = sum(
+            abs(np.log10(x / px)) < 0.05 and abs(np.arcsinh(y / 10) - np.arcsinh(py / 10)) < 0.3 for px, py in placed
+        )
         placed.append((x, y))
-        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=_AROUND[near % len(_AROUND)], fontsize=7, color=style[group][1])
+        ax.annotate(
+            str(n),
+            (x, y),
+            textcoords="offset points",
+            xytext=_AROUND[near % len(_AROUND)],
+            fontsize=7,
+            color=style[group][1],
+        )
         rows.append((f"{n:>2}  {label}: {fp16_per_token / x:.1f}x, {y:+.1f}%", style[group][1]))
     for i, (text, color) in enumerate(rows):
         key.text(0, 1 - i / max(len(rows), 44), text, fontsize=7, color=color, va="top", family="monospace")
@@ -126,12 +148,19 @@ def _plot(points, fp16_per_token: int, path: Path, default: str) -> None:
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("all-inclusive bytes / token (codes + stored window + codebooks over 1e6 tokens; log scale)")
     ax.set_ylabel("perplexity increase vs exact cache (%; linear to 20, log above)")
-    sec = ax.secondary_xaxis("top", functions=(lambda b: fp16_per_token / np.maximum(b, 1e-9), lambda r: fp16_per_token / np.maximum(r, 1e-9)))
+    sec = ax.secondary_xaxis(
+        "top",
+        functions=(lambda b: fp16_per_token / np.maximum(b, 1e-9), lambda r: fp16_per_token / np.maximum(r, 1e-9)),
+    )
     sec.set_xlabel("compression ratio vs fp16")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"KV cache rate–distortion, {DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens", fontsize=9,
-                 x=0.33, y=0.99)
+    fig.suptitle(
+        f"KV cache rate–distortion, {DEFAULT_MODEL}, held-out 1024-token contexts, 128 teacher-forced tokens",
+        fontsize=9,
+        x=0.33,
+        y=0.99,
+    )
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
@@ -245,7 +274,9 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
             kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
 
             def restored(label, k, v, prefix=prefix, cont=cont, lp_exact=lp_exact, am_exact=am_exact):
-                lp, am = C.teacher_forced(model, KS.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont)
+                lp, am = C.teacher_forced(
+                    model, KS.restore_cache(model, prefix, k, v, pre_rope=True, window="recompute"), cont
+                )
                 add(label, lp, am, lp_exact, am_exact)
 
             for which, preset in (("pre", default), ("shipped", default), ("pre", UNIFORM)):
@@ -257,7 +288,10 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
                 diagnosed = which == "pre" and preset == default
                 variants = [("", None)] + ([(f", {label}", part) for label, part in DIAGNOSES] if diagnosed else [])
                 for suffix, part in variants:
-                    restored(f"{which} {preset}{suffix}", *((kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)))
+                    restored(
+                        f"{which} {preset}{suffix}",
+                        *((kq.copy(), vq.copy()) if part is None else _exact_part(kq, vq, kpre, vals, part)),
+                    )
                 del kq, vq
             for backend, nbits in peers:
                 label = f"QuantizedCache {backend} {nbits}-bit"
@@ -271,21 +305,37 @@ def _long_contexts(model, ids, lengths, n_long, calib_end, books, default, sharp
         for label, (nll, nll_e, agree) in found.items():
             ratio = float(np.exp(np.concatenate(nll).mean() - np.concatenate(nll_e).mean()))
             per = [float(np.exp(a.mean() - b.mean())) for a, b in zip(nll, nll_e)]
-            rows.append(f"| {n:,} | {label} | {ratio:.4f} | {min(per):.3f}–{max(per):.3f} | {float(np.concatenate(agree).mean()):.3f} | {len(nll)} |")
+            rows.append(
+                f"| {n:,} | {label} | {ratio:.4f} | {min(per):.3f}–{max(per):.3f} | "
+                f"{float(np.concatenate(agree).mean()):.3f} | {len(nll)} |"
+            )
         rows.append(f"| {n:,} | (offsets) | {starts} | | | |")
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="2 calibration contexts, 1 eval context, few presets; prints only")
+    ap.add_argument(
+        "--quick", action="store_true", help="2 calibration contexts, 1 eval context, few presets; prints only"
+    )
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--calib", type=int, default=8, help="calibration contexts of 1024 tokens")
-    ap.add_argument("--eval", type=int, default=4, help="held-out contexts of 1024 + 129 tokens (at least 4 for results)")
+    ap.add_argument(
+        "--eval", type=int, default=4, help="held-out contexts of 1024 + 129 tokens (at least 4 for results)"
+    )
     ap.add_argument("--no-peers", action="store_true", help="skip the transformers QuantizedCache (quanto, HQQ) peers")
-    ap.add_argument("--plot", type=Path, default=None, help=f"rate-distortion PNG (default {PLOT.name}; not drawn with --quick unless given)")
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help=f"rate-distortion PNG (default {PLOT.name}; not drawn with --quick unless given)",
+    )
     ap.add_argument("--x1024", action="store_true", help="also train and measure 1024-entry key codebooks")
-    ap.add_argument("--long", default="4096,8000", help="long context lengths for the default preset, its diagnoses and the peers ('' skips)")
+    ap.add_argument(
+        "--long",
+        default="4096,8000",
+        help="long context lengths for the default preset, its diagnoses and the peers ('' skips)",
+    )
     ap.add_argument("--long-eval", type=int, default=2, help="held-out contexts per long length")
     args = ap.parse_args()
     n_calib, n_eval = (2, 1) if args.quick else (args.calib, args.eval)
@@ -300,13 +350,20 @@ def main() -> None:
     # held-out: contexts far past the calibration text (different files), spaced apart
     eval_starts = spaced_starts(ids, max(len(calib_ids) + 20_000, len(ids) // 3), CTX, n_eval)
     assert eval_starts[-1] + CTX + CONT + 1 <= len(ids), "corpus too short"
-    print(f"corpus {len(text):,} chars, {len(ids):,} tokens; calib {len(calib_ids)} tokens; eval starts {eval_starts}", flush=True)
+    print(
+        f"corpus {len(text):,} chars, {len(ids):,} tokens; calib {len(calib_ids)} tokens; eval starts {eval_starts}",
+        flush=True,
+    )
     shipped_text = SH.CALIBRATION.read_text(encoding="utf-8")
 
     def check_held_out(s: int, n: int) -> None:
         """The shipped codebooks' text must not hold what they are scored on."""
         held_out = T.decode(lm.tokenizer, ids[s : s + n + CONT + 1].tolist())
-        shared = [held_out[i : i + 80] for i in range(0, max(len(held_out) - 80, 1), 40) if held_out[i : i + 80] in shipped_text]
+        shared = [
+            held_out[i : i + 80]
+            for i in range(0, max(len(held_out) - 80, 1), 40)
+            if held_out[i : i + 80] in shipped_text
+        ]
         assert not shared, f"held-out context at {s} shares text with kvdb/data/calibration.txt: {shared[0]!r}"
 
     for s in eval_starts:
@@ -346,7 +403,8 @@ def main() -> None:
     blob = pre.to_bytes()
     assert Q.Codebooks.from_bytes(blob).to_bytes() == blob
     t = time.perf_counter()
-    shipped_books = SH.build(lm, preset=default)[1]  # what `--keep kv` uses on a fresh archive: trained on kvdb/data/calibration.txt
+    # what `--keep kv` uses on a fresh archive: trained on kvdb/data/calibration.txt
+    shipped_books = SH.build(lm, preset=default)[1]
     t_shipped = time.perf_counter() - t
     print(f"shipped codebooks ready in {t_shipped:.0f} s", flush=True)
     del ck, cv, ckpost
@@ -356,14 +414,33 @@ def main() -> None:
     if args.quick:
         presets = ["k2v1", "k4v2"]
     else:
-        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER] + ([default] if default != UNIFORM else [])
+        presets = ["k2v1", "k3v1", "k3v2", "k4v1", "k4v2", "k4v3", "k6v3", "k6v4", *PER_LAYER] + (
+            [default] if default != UNIFORM else []
+        )
     configs = [(f"pre {p}", "pre", p, "recompute", "kv") for p in presets]
-    configs += [(f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv") for p in ([default] if args.quick else [default, "k2v2", "k2v1"])]
-    sharpened = [(f"pre {default}, keys sharpened x{sharpen}", "pre", default, "recompute", "kv"),
-                 (f"shipped {default} (packaged calibration text), keys sharpened x{sharpen}", "shipped", default, "recompute", "kv")] if sharpen != 1.0 else []
+    configs += [
+        (f"shipped {p} (packaged calibration text)", "shipped", p, "recompute", "kv")
+        for p in ([default] if args.quick else [default, "k2v2", "k2v1"])
+    ]
+    sharpened = (
+        [
+            (f"pre {default}, keys sharpened x{sharpen}", "pre", default, "recompute", "kv"),
+            (
+                f"shipped {default} (packaged calibration text), keys sharpened x{sharpen}",
+                "shipped",
+                default,
+                "recompute",
+                "kv",
+            ),
+        ]
+        if sharpen != 1.0
+        else []
+    )
     configs += sharpened
     factors = {c[0]: sharpen for c in sharpened}
-    configs += [(f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])]
+    configs += [
+        (f"post {p}", "post", p, "recompute", "kv") for p in (["k4v2"] if args.quick else ["k2v1", "k4v2", "k6v3"])
+    ]
     base = "k4v2"
     configs += [
         (f"pre {base} window fp16 stored", "pre", base, "stored", "kv"),
@@ -379,11 +456,22 @@ def main() -> None:
     if big is not None:
         configs += [(f"pre {p}", "big", p, "recompute", "kv") for p in ("k2x1024v1", "k3x1024v2")]
     peers = [] if args.no_peers else list(PEERS)
-    peer_rows = {f"QuantizedCache {b} {n}-bit": {"nll": [], "agree": [], "restore_s": [], "backend": b, "nbits": n, "error": None}
-                 for b, n in peers}
+    peer_rows = {
+        f"QuantizedCache {b} {n}-bit": {
+            "nll": [],
+            "agree": [],
+            "restore_s": [],
+            "backend": b,
+            "nbits": n,
+            "error": None,
+        }
+        for b, n in peers
+    }
     books = {"pre": pre, "post": post, "big": big, "shipped": shipped_books}
 
-    rows = {c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs}
+    rows = {
+        c[0]: {"nll": [], "nll_exact": [], "agree": [], "bytes": [], "restore_s": [], "encode_s": []} for c in configs
+    }
     for e, s in enumerate(eval_starts):
         prefix, cont = ids[s : s + CTX], ids[s + CTX : s + CTX + CONT + 1]
         kpre, vals, lp_exact, am_exact = _exact_pass(model, prefix, cont)
@@ -397,7 +485,8 @@ def main() -> None:
                 pr["restore_s"].append(time.perf_counter() - t)
                 lp, am = C.teacher_forced(model, cache, cont)
                 del cache
-            except Exception as exc:  # noqa: BLE001 -- a peer that does not install or run on this machine is reported and skipped
+            except Exception as exc:  # noqa: BLE001
+                # a peer that does not install or run on this machine is reported and skipped
                 pr["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 print(f"{plabel} failed: {pr['error']}", flush=True)
                 continue
@@ -441,8 +530,14 @@ def main() -> None:
             else:  # sinks recomputed from tier-T tokens; codes kept for every later position
                 code_b, win_b = KS.stored_code_bytes(cb, (kc, vc), start=C.SINKS), 0
             if kinds != "kv":  # the exact kind would be stored in fp16
-                only = Q.Codebooks(L, H, D, cb.pre_rope, {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
-                                   depths={kk: d for kk, d in cb.depths.items() if kk in kinds})
+                only = Q.Codebooks(
+                    L,
+                    H,
+                    D,
+                    cb.pre_rope,
+                    {kk: (cb.books[kk] if kk in kinds else [[] for _ in range(L)]) for kk in Q.KINDS},
+                    depths={kk: d for kk, d in cb.depths.items() if kk in kinds},
+                )
                 code_b = KS.stored_code_bytes(only, (kc, vc), start=C.SINKS) + (CTX - C.SINKS) * fp16_per_token // 2
             r = rows[label]
             r["nll"].append(-lp)
@@ -456,14 +551,18 @@ def main() -> None:
         print(f"eval context {e + 1}/{n_eval} done ({time.perf_counter() - t_all:.0f} s)", flush=True)
 
     # -- table --------------------------------------------------------------------------------------
-    header = ("| configuration | window | bits / archived vector (K/V) | B/token (codes+window) | ratio vs fp16 | codebooks MB (fp16) "
-              "| all-incl. B/token @1e6 tok | ratio incl. codebooks @1e5 tok | @1e6 tok | ppl (pooled) | ppl increase | ppl ratio (pooled) "
-              "| per-context ppl ratio min–max | top-1 agreement | restore s (median) |")
+    header = (
+        "| configuration | window | bits / archived vector (K/V) | B/token (codes+window) | ratio vs fp16 | codebooks "
+        "MB (fp16) | all-incl. B/token @1e6 tok | ratio incl. codebooks @1e5 tok | @1e6 tok | ppl (pooled) | ppl "
+        "increase | ppl ratio (pooled) | per-context ppl ratio min–max | top-1 agreement | restore s (median) |"
+    )
     lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     nll_exact_all = np.concatenate(rows[configs[0][0]]["nll_exact"])
     ppl_exact = float(np.exp(nll_exact_all.mean()))
-    lines.append(f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | {fp16_per_token:,.1f} | 1.0x | 1.0x "
-                 f"| {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |")
+    lines.append(
+        f"| fp16 (exact cache, reference) | — | {16 * D}/{16 * D} | {fp16_per_token:,.1f} | 1.0x | — | "
+        f"{fp16_per_token:,.1f} | 1.0x | 1.0x | {ppl_exact:.2f} | +0.0% | 1.0000 | 1.000–1.000 | 1.000 | — |"
+    )
     points = [("fp16", "fp16", float(fp16_per_token), 0.0)]
     for label, _which, preset, window_, kinds in configs:
         r = rows[label]
@@ -474,13 +573,18 @@ def main() -> None:
         bpt = float(np.median(r["bytes"]))
         cbb = r["codebook_bytes"]
         allin = bpt + cbb / 1e6
-        win = {"recompute": "sinks+recent recomputed", "stored": "36 tok fp16 stored", "quantized": "sinks recomputed, recent VQ",
-               "none": "none (all VQ)"}[r["window"]]
+        win = {
+            "recompute": "sinks+recent recomputed",
+            "stored": "36 tok fp16 stored",
+            "quantized": "sinks recomputed, recent VQ",
+            "none": "none (all VQ)",
+        }[r["window"]]
         lines.append(
-            f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, H, D)} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} "
-            f"| {allin:,.1f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
-            f"| {fp16_per_token / allin:.1f}x | {ppl_exact * ratio_ppl:.2f} | {100 * (ratio_ppl - 1):+.1f}% | {ratio_ppl:.4f} "
-            f"| {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} | {np.median(r['restore_s']):.2f} |"
+            f"| {label} | {win} | {_bits_per_vector(preset, kinds, L, H, D)} | {bpt:,.1f} | "
+            f"{fp16_per_token / bpt:.1f}x | {cbb / 1e6:.2f} | {allin:,.1f} | {fp16_per_token / (bpt + cbb / 1e5):.1f}x "
+            f"| {fp16_per_token / allin:.1f}x | {ppl_exact * ratio_ppl:.2f} | {100 * (ratio_ppl - 1):+.1f}% | "
+            f"{ratio_ppl:.4f} | {min(per_ctx):.3f}–{max(per_ctx):.3f} "
+            f"| {agree:.3f} | {np.median(r['restore_s']):.2f} |"
         )
         if label.startswith("paper"):
             group, short = "paper setting", ("paper RVQ 256x2" if preset == "k2v2" else "paper hybrid K4/V2")
@@ -489,7 +593,14 @@ def main() -> None:
         else:
             group, short = "kvdb preset", label
         if kinds == "kv":  # the one-kind rows sit at ~2x and would squash the axis; they stay in the table
-            points.append((short.replace(default, "default").replace(" (packaged calibration text)", ""), group, allin, 100 * (ratio_ppl - 1)))
+            points.append(
+                (
+                    short.replace(default, "default").replace(" (packaged calibration text)", ""),
+                    group,
+                    allin,
+                    100 * (ratio_ppl - 1),
+                )
+            )
     peer_failures = []
     for plabel, pr in peer_rows.items():
         if pr["error"] or not pr["nll"]:
@@ -503,74 +614,103 @@ def main() -> None:
         per_ctx = [float(np.exp(a.mean() - b.mean())) for a, b in zip(pr["nll"], rows[configs[0][0]]["nll_exact"])]
         agree = float(np.concatenate(pr["agree"]).mean())
         lines.append(
-            f"| {plabel} (group {g}) | none (all quantized) | {bits_vec:g}/{bits_vec:g} | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | — "
-            f"| {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | {fp16_per_token / bpt:.1f}x | {ppl_exact * ratio_ppl:.2f} "
-            f"| {100 * (ratio_ppl - 1):+.1f}% | {ratio_ppl:.4f} | {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} "
+            f"| {plabel} (group {g}) | none (all quantized) | {bits_vec:g}/{bits_vec:g} | {bpt:,.1f} | "
+            f"{fp16_per_token / bpt:.1f}x | — | {bpt:,.1f} | {fp16_per_token / bpt:.1f}x | "
+            f"{fp16_per_token / bpt:.1f}x | {ppl_exact * ratio_ppl:.2f} | {100 * (ratio_ppl - 1):+.1f}% | "
+            f"{ratio_ppl:.4f} | {min(per_ctx):.3f}–{max(per_ctx):.3f} | {agree:.3f} "
             f"| {np.median(pr['restore_s']):.2f} |"
         )
         points.append((f"{pr['backend']} {nb}-bit", "QuantizedCache peer", bpt, 100 * (ratio_ppl - 1)))
     lengths = [int(x) for x in args.long.split(",") if x.strip()]
-    long_rows = _long_contexts(model, ids, lengths, 1 if args.quick else args.long_eval, len(calib_ids), books, default, sharpen, [] if args.no_peers else PEERS, check_held_out) if lengths else []
+    long_rows = (
+        _long_contexts(
+            model,
+            ids,
+            lengths,
+            1 if args.quick else args.long_eval,
+            len(calib_ids),
+            books,
+            default,
+            sharpen,
+            [] if args.no_peers else PEERS,
+            check_held_out,
+        )
+        if lengths
+        else []
+    )
     plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
     if plot_path is not None:
         _plot(points, fp16_per_token, plot_path, default)
         print(f"wrote {plot_path}", flush=True)
     total = time.perf_counter() - t_all
     section = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `.venv/bin/python benchmarks/kv.py {' '.join(sys.argv[1:])}` — {describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `.venv/bin/python benchmarks/kv.py "
+        f"{' '.join(sys.argv[1:])}` — "
+        f"{describe(f'torch {torch.__version__}', f'torch threads {torch.get_num_threads()}')}.",
         "",
         f"Model {DEFAULT_MODEL} ({L} layers, {H} KV heads, head_dim {D}; fp16 KV = {fp16_per_token:,} B/token). "
-        f"Codebooks calibrated on the first {n_calib * CTX:,} tokens of `corpus.real_text` ({n_calib} contexts of {CTX}); "
-        f"faiss k-means, 12 iterations, greedy encoding, centroids stored fp16, sink positions left out of training. Evaluated on {n_eval} held-out contexts of {CTX} tokens "
-        f"(token offsets {eval_starts}, other files), each followed by {CONT} teacher-forced tokens; exact-prefill perplexity "
-        f"on them {ppl_exact:.2f}. B/token = fractal-coded code streams as stored (block headers/CRC included) + exact window "
-        f"if stored, / {CTX} tokens (median over contexts; identical for every context). Recomputed windows cost no bytes: "
-        f"they are recomputed from the token tier (~1.95 B/token, stored by every archive anyway). "
-        f"ppl ratio = exp(mean NLL restored − mean NLL exact) pooled over all scored tokens; top-1 = share of the "
-        f"{CONT + 1} positions whose argmax equals the exact cache's. Restore s = decode + DynamicCache build + window recompute. "
-        f"Shipped rows: kvdb's own codebooks (`kvdb.services.shipped_codebooks`, what `--keep kv` uses on an archive with none), trained on "
-        f"`kvdb/data/calibration.txt` (CC0 legal text and two chapters of the Vim manual; no 80-character span of it occurs in the "
-        f"held-out contexts), ready in {t_shipped:.0f} s (0 when this machine had built them). "
-        f"Calibration capture {t_capture:.0f} s{' (KVBENCH_CACHE)' if os.environ.get('KVBENCH_CACHE') else ''}, training (pre-RoPE k{kmax}v{vmax}) {t_train_pre:.0f} s, post-RoPE keys "
-        f"{t_train_post:.0f} s. Presets with fewer stages are prefixes of the trained quantizer (stages nest). "
-        f"Paper reference (GPT-2, simulated quantization, window and codebooks excluded): 54x at +15.0% ppl, 36x at +11.2%.",
+        f"Codebooks calibrated on the first {n_calib * CTX:,} tokens of `corpus.real_text` ({n_calib} contexts of "
+        f"{CTX}); faiss k-means, 12 iterations, greedy encoding, centroids stored fp16, sink positions left out of "
+        f"training. Evaluated on {n_eval} held-out contexts of {CTX} tokens (token offsets {eval_starts}, other "
+        f"files), each followed by {CONT} teacher-forced tokens; exact-prefill perplexity on them {ppl_exact:.2f}. "
+        "B/token = fractal-coded code streams as stored (block headers/CRC included) + exact window if stored, / "
+        f"{CTX} tokens (median over contexts; identical for every context). Recomputed windows cost no bytes: they are "
+        "recomputed from the token tier (~1.95 B/token, stored by every archive anyway). ppl ratio = exp(mean NLL "
+        f"restored − mean NLL exact) pooled over all scored tokens; top-1 = share of the {CONT + 1} positions whose "
+        "argmax equals the exact cache's. Restore s = decode + DynamicCache build + window recompute. Shipped rows: "
+        "kvdb's own codebooks (`kvdb.services.shipped_codebooks`, what `--keep kv` uses on an archive with none), "
+        "trained on `kvdb/data/calibration.txt` (CC0 legal text and two chapters of the Vim manual; no 80-character "
+        f"span of it occurs in the held-out contexts), ready in {t_shipped:.0f} s (0 when this machine had built "
+        f"them). Calibration capture {t_capture:.0f} s{' (KVBENCH_CACHE)' if os.environ.get('KVBENCH_CACHE') else ''}, "
+        f"training (pre-RoPE k{kmax}v{vmax}) {t_train_pre:.0f} s, post-RoPE keys {t_train_post:.0f} s. Presets with "
+        "fewer stages are prefixes of the trained quantizer (stages nest). Paper reference (GPT-2, simulated "
+        "quantization, window and codebooks excluded): 54x at +15.0% ppl, 36x at +11.2%.",
         "",
         (
-            f"Every row uses the same protocol: the {CTX}-token context is put in a cache, then the same {CONT + 1} tokens are fed "
-            f"in one teacher-forced call and compared with the exact (fp32) prefill cache by the same code (`capture.teacher_forced`). "
-            f"Bits / archived vector = code bits per {D}-dim head vector, keys/values, mean over layers ({16 * D} = kept in fp16); "
-            f"all-inclusive B/token = codes + stored window + codebooks amortised over 1e6 tokens (recomputed windows additionally "
-            f"need the token tier, ~1.95 B/token). ppl increase = ppl ratio − 1. Paper settings: the harness's post-RoPE codebooks "
-            f"truncated to k2v2 (256x2 per head, keys and values) and k4v2 (hybrid keys x4 / values x2), with the 4 sink + 32 recent "
-            f"positions stored exactly in fp16 and counted in the bytes. QuantizedCache peers: transformers {transformers.__version__} "
-            f"`QuantizedCache(backend, config, nbits)` with its defaults (q_group_size 64, axis 0, residual_length 128), "
-            f"optimum-quanto {_version('optimum-quanto')}, hqq {_version('hqq')}; the {CTX}-token prefix is prefilled in one call, "
-            f"which quantizes all of it on the first update (the full-precision residual buffer only takes later tokens, so it holds "
-            f"0 archived tokens), then the {CONT + 1} tokens are teacher-forced through that cache. With axis 0 and group 64 every "
-            f"group is one {D}-dim head vector of one token, so bytes/token = layers·2·kv_heads·(nbits·{D} + 2·16)/8 "
-            f"(nbits per element plus a scale and a zero-point per group, counted as fp16; the cache holds them in fp32 in memory, "
-            f"which would add 32 bits per vector); no codebooks. "
-            f"Plot: `{(plot_path or PLOT).name}` (x all-inclusive B/token, log; y ppl increase %; the one-kind rows are left out)."
+            f"Every row uses the same protocol: the {CTX}-token context is put in a cache, then the same {CONT + 1} "
+            "tokens are fed in one teacher-forced call and compared with the exact (fp32) prefill cache by the same "
+            f"code (`capture.teacher_forced`). Bits / archived vector = code bits per {D}-dim head vector, "
+            f"keys/values, mean over layers ({16 * D} = kept in fp16); all-inclusive B/token = codes + stored window + "
+            "codebooks amortised over 1e6 tokens (recomputed windows additionally need the token tier, ~1.95 B/token). "
+            "ppl increase = ppl ratio − 1. Paper settings: the harness's post-RoPE codebooks truncated to k2v2 "
+            "(256x2 per head, keys and values) and k4v2 (hybrid keys x4 / values x2), with the 4 sink + 32 recent "
+            "positions stored exactly in fp16 and counted in the bytes. QuantizedCache peers: transformers "
+            f"{transformers.__version__} `QuantizedCache(backend, config, nbits)` with its defaults (q_group_size 64, "
+            f"axis 0, residual_length 128), optimum-quanto {_version('optimum-quanto')}, hqq {_version('hqq')}; the "
+            f"{CTX}-token prefix is prefilled in one call, which quantizes all of it on the first update (the "
+            "full-precision residual buffer only takes later tokens, so it holds 0 archived tokens), then the "
+            f"{CONT + 1} tokens are teacher-forced through that cache. With axis 0 and group 64 every group is one "
+            f"{D}-dim head vector of one token, so bytes/token = layers·2·kv_heads·(nbits·{D} + 2·16)/8 (nbits "
+            "per element plus a scale and a zero-point per group, counted as fp16; the cache holds them in fp32 in "
+            f"memory, which would add 32 bits per vector); no codebooks. Plot: `{(plot_path or PLOT).name}` (x "
+            "all-inclusive B/token, log; y ppl increase %; the one-kind rows are left out)."
             + (f" Peers that failed: {'; '.join(peer_failures)}." if peer_failures else "")
         ),
         "",
         *lines,
         "",
-        *([
-            f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each followed by the same "
-            f"{CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and shipped codebooks at the model's default "
-            f"{default}, and `pre` at {UNIFORM} (every layer alike). "
-            f"The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
-            "",
-            "| context tokens | configuration | ppl ratio (pooled) | per-context min–max | top-1 agreement | contexts |",
-            "|---:|---|---:|---:|---:|---:|",
-            *long_rows,
-            "",
-        ] if long_rows else []),
+        *(
+            [
+                f"Long contexts: {args.long_eval} held-out contexts per length, past the calibration text, each "
+                f"followed by the same {CONT + 1} teacher-forced tokens; window recomputed; the trained (`pre`) and "
+                f"shipped codebooks at the model's default {default}, and `pre` at {UNIFORM} (every layer alike). "
+                "The diagnoses keep one part of the `pre` cache exact to show where the loss comes from.",
+                "",
+                "| context tokens | configuration | ppl ratio (pooled) "
+                "| per-context min–max | top-1 agreement | contexts |",
+                "|---:|---|---:|---:|---:|---:|",
+                *long_rows,
+                "",
+            ]
+            if long_rows
+            else []
+        ),
         f"Total benchmark time {total:.0f} s.",
         "",
     ]
-    publish("KV tier: residual VQ presets through the restore path", section, append=not (args.quick or args.no_results))
+    publish(
+        "KV tier: residual VQ presets through the restore path", section, append=not (args.quick or args.no_results)
+    )
 
 
 if __name__ == "__main__":

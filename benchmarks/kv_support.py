@@ -47,24 +47,45 @@ def truncate(codebooks: Q.Codebooks, preset: str) -> Q.Codebooks:
         if (want[kind] > have_depth).any():
             layer, head = np.argwhere(want[kind] > have_depth)[0]
             raise InvalidArgument(
-                f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages in layer {layer} head {head}; trained: {have_depth[layer, head]}"
+                f"preset {preset!r} needs {want[kind][layer, head]} {kind} stages "
+                f"in layer {layer} head {head}; trained: {have_depth[layer, head]}"
             )
         books[kind] = []
         for layer, sizes in enumerate(alloc[kind]):
             have = codebooks.stages(kind)[layer]
             if tuple(have[: len(sizes)]) != tuple(sizes):
-                raise InvalidArgument(f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}")
+                raise InvalidArgument(
+                    f"preset {preset!r} needs {kind} stages {sizes} in layer {layer}; trained: {have}"
+                )
             stages = codebooks.books[kind][layer][: len(sizes)]
             short = want[kind][layer] < have_depth[layer].clip(max=len(sizes))
             if short.any():  # keep the invariant: a head's centroids past its depth are zero
-                stages = [np.where((want[kind][layer] > stage)[:, None, None], book, 0).astype(np.float32) for stage, book in enumerate(stages)]
+                stages = [
+                    np.where((want[kind][layer] > stage)[:, None, None], book, 0).astype(np.float32)
+                    for stage, book in enumerate(stages)
+                ]
             books[kind].append(stages)
         if not Q._uniform(want[kind], alloc[kind]):
             kept[kind] = want[kind]
-    return Q.Codebooks(codebooks.layers, codebooks.heads, codebooks.dim, codebooks.pre_rope, books, preset, dict(codebooks.meta), dict(codebooks.weights), kept)
+    return Q.Codebooks(
+        codebooks.layers,
+        codebooks.heads,
+        codebooks.dim,
+        codebooks.pre_rope,
+        books,
+        preset,
+        dict(codebooks.meta),
+        dict(codebooks.weights),
+        kept,
+    )
 
 
-def stored_code_bytes(codebooks: Q.Codebooks, codes: tuple[np.ndarray, np.ndarray], start: int = 0, block_size: int = fractal.DEFAULT_BLOCK) -> int:
+def stored_code_bytes(
+    codebooks: Q.Codebooks,
+    codes: tuple[np.ndarray, np.ndarray],
+    start: int = 0,
+    block_size: int = fractal.DEFAULT_BLOCK,
+) -> int:
     """Exact bytes of the code streams as the archive stores them (the fractal codec's block headers
     and CRCs included; an entropy-coded payload as it is): a preset's cost without writing an archive."""
     total = 0
@@ -74,5 +95,3 @@ def stored_code_bytes(codebooks: Q.Codebooks, codes: tuple[np.ndarray, np.ndarra
         elif len(symbols):
             total += len(b"".join(fractal.encode_blocks(symbols, size, block_size)))
     return total
-
-

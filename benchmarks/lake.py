@@ -11,7 +11,8 @@
   ``--machines-scale`` tokens, each committing sessions the other then finds, their hits
   checked against a file archive given the same sessions.
 
-    .venv/bin/python benchmarks/lake.py [--files 24] [--words 400] [--scales 1e6] [--queries 60] [--parts ingest,search,machines] [--machines-scale 1e8] [--no-results]
+    .venv/bin/python benchmarks/lake.py [--files 24] [--words 400] [--scales 1e6] [--queries 60]
+        [--parts ingest,search,machines] [--machines-scale 1e8] [--no-results]
 
 PostgreSQL is a cluster of the benchmark's own (tests/postgres.py: a temporary folder, a unix
 socket, removed after). Appends a section to benchmarks/RESULTS.md unless ``--no-results``.
@@ -49,13 +50,25 @@ SESSION_TOKENS = 4000
 def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -> list[dict]:
     """One `kvdb ingest` per configuration, each into a new archive, timed whole (model loads included)."""
     plans = [("file", 1, str(tmp / "ingest.duckdb"), {})]
-    plans += [("lake, 1 thread", 1, f"ducklake:postgres:{cluster.new_database()}", {"OMP_NUM_THREADS": "1"})]  # what one core does: workers' scaling
+    # what one core does: workers' scaling
+    plans += [("lake, 1 thread", 1, f"ducklake:postgres:{cluster.new_database()}", {"OMP_NUM_THREADS": "1"})]
     plans += [("lake", n, f"ducklake:postgres:{cluster.new_database()}", {}) for n in workers]
     rows = []
     for i, (backend, n, where, env) in enumerate(plans):
         began = time.perf_counter()
         out = subprocess.run(
-            [str(KVDB), "--db", where, "--data-path", str(tmp / f"data-{i}"), "ingest", "--workers", str(n), str(folder), "--json"],
+            [
+                str(KVDB),
+                "--db",
+                where,
+                "--data-path",
+                str(tmp / f"data-{i}"),
+                "ingest",
+                "--workers",
+                str(n),
+                str(folder),
+                "--json",
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -65,7 +78,17 @@ def ingest_runs(cluster: Cluster, folder: Path, tmp: Path, workers: list[int]) -
         results = [json.loads(line) for line in out.stdout.splitlines()]
         tokens = sum(r["n_tokens"] for r in results if r["status"] == "ingested")
         busy = sum(r.get("seconds", 0.0) for r in results)  # each session's own time: model work and its commit
-        rows.append({"backend": backend, "workers": n, "seconds": seconds, "tokens": tokens, "sessions": len(results), "tok_s": tokens / seconds, "busy": busy})
+        rows.append(
+            {
+                "backend": backend,
+                "workers": n,
+                "seconds": seconds,
+                "tokens": tokens,
+                "sessions": len(results),
+                "tok_s": tokens / seconds,
+                "busy": busy,
+            }
+        )
         print(f"ingest {backend} x{n}: {seconds:.1f} s, {tokens / seconds:.0f} tok/s", file=sys.stderr, flush=True)
     return rows
 
@@ -96,7 +119,9 @@ def core_scaling(text: str, seconds: float = 30.0) -> tuple[float, float]:
 
 def model_load_seconds() -> float:
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from kvdb.model import loading; loading.load(None)"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", "from kvdb.model import loading; loading.load(None)"], check=True, capture_output=True
+    )
     return time.perf_counter() - began
 
 
@@ -145,7 +170,9 @@ def search_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, queries: list
     }
 
 
-def machines_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, texts: list[str], queries: list[str], tmp: Path) -> dict:
+def machines_scale(
+    cluster: Cluster, n_tokens: int, ids: np.ndarray, texts: list[str], queries: list[str], tmp: Path
+) -> dict:
     """Two machines on one lake of ``n_tokens``: each keeps its own copy of the search index (its
     own cache folder), commits new sessions in turn, and searches the other's; a file archive
     given the same sessions answers every query alike."""
@@ -172,7 +199,8 @@ def machines_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, texts: list
         try:
             for i, text in enumerate(texts):
                 writer, reader = ("a", "b") if i % 2 == 0 else ("b", "a")
-                phrase = f"commit marker {i}{writer}zq"  # the lake holds the real text already, tiled: a phrase only the new session holds
+                # the lake holds the real text already, tiled: a phrase only the new session holds
+                phrase = f"commit marker {i}{writer}zq"
                 text = f"{phrase}. {text}"
                 began = time.perf_counter()
                 machines[writer].ingest(text=text, name=f"new-{i}")
@@ -188,7 +216,9 @@ def machines_scale(cluster: Cluster, n_tokens: int, ids: np.ndarray, texts: list
                     for machine in machines.values():
                         assert [h.to_dict() for h in machine.search(q, k=10)] == expected, (q, writer)
                     compared += 1
-                out["rounds"].append({"writer": writer, "ingest_s": ingest_s, "catch_up_s": catch_up_s, "compared": compared})
+                out["rounds"].append(
+                    {"writer": writer, "ingest_s": ingest_s, "catch_up_s": catch_up_s, "compared": compared}
+                )
                 print(f"machines at {n_tokens:.0e}: {out['rounds'][-1]}", file=sys.stderr, flush=True)
         finally:
             for machine in machines.values():
@@ -201,7 +231,10 @@ def catalog_bytes(where: str) -> int:
     try:
         (size,) = (
             store.engine.connection()
-            .execute("select * from postgres_query('__ducklake_metadata_lake', 'select pg_database_size(current_database())')")
+            .execute(
+                "select * from postgres_query('__ducklake_metadata_lake', "
+                "'select pg_database_size(current_database())')"
+            )
             .fetchone()
         )
         return int(size)
@@ -220,8 +253,14 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--scales", default="1e6")
     parser.add_argument("--queries", type=int, default=60)
-    parser.add_argument("--parts", default="ingest,search", help="which parts to run (ingest, search, machines): a part alone for a rerun")
-    parser.add_argument("--machines-scale", default="1e6", help="archived tokens of the machines part (two machines, one lake)")
+    parser.add_argument(
+        "--parts",
+        default="ingest,search",
+        help="which parts to run (ingest, search, machines): a part alone for a rerun",
+    )
+    parser.add_argument(
+        "--machines-scale", default="1e6", help="archived tokens of the machines part (two machines, one lake)"
+    )
     parser.add_argument("--no-results", action="store_true")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -262,16 +301,22 @@ def main() -> None:
     finally:
         cluster.stop()
     command = (
-        f"Command: `.venv/bin/python benchmarks/lake.py --files {args.files} --words {args.words} --workers {args.workers} --scales {args.scales} "
-        f"--queries {args.queries} --parts {args.parts} --machines-scale {args.machines_scale}`. PostgreSQL 15 on a unix socket on this machine; Parquet files on local disk."
+        f"Command: `.venv/bin/python benchmarks/lake.py --files {args.files} --words {args.words} --workers "
+        f"{args.workers} --scales {args.scales} --queries {args.queries} --parts {args.parts} --machines-scale "
+        f"{args.machines_scale}`. PostgreSQL 15 on a unix socket on this machine; Parquet files on local disk."
     )
-    if ingest or searches:  # each part's section has a heading of its own: a rerun of one part replaces its section alone
+    # each part's section has a heading of its own: a rerun of one part replaces its section alone
+    if ingest or searches:
         lines = [describe(), "", command, ""]
         lines += ingest_table(args, load_s, ingest, ceiling) if ingest else []
         lines += search_table(args, searches) if searches else []
         publish("DuckLake against a file", lines, append=not args.no_results)
     if machines:
-        publish("Two machines on one lake", [describe(), "", command, "", *machines_table(args, machines)], append=not args.no_results)
+        publish(
+            "Two machines on one lake",
+            [describe(), "", command, "", *machines_table(args, machines)],
+            append=not args.no_results,
+        )
 
 
 def ingest_table(args, load_s: float, ingest: list[dict], ceiling: tuple[float, float]) -> list[str]:
@@ -279,33 +324,39 @@ def ingest_table(args, load_s: float, ingest: list[dict], ceiling: tuple[float, 
     thread = next(r for r in ingest if r["backend"] == "lake, 1 thread")
     two = next((r for r in ingest if r["backend"] == "lake" and r["workers"] == 2), None)
     return [
-        f"Ingest: {args.files} files of {args.words} words of real text, embedded model, default tiers; wall time of the whole "
-        f"`kvdb ingest` (each worker loads the model: {load_s:.1f} s for one process).",
+        f"Ingest: {args.files} files of {args.words} words of real text, embedded model, default tiers; wall time of "
+        f"the whole `kvdb ingest` (each worker loads the model: {load_s:.1f} s for one process).",
         "",
-        "| archive | workers | seconds | tokens | tokens/s | vs 1 worker on the lake | sessions' own s, summed (model work and commits) |",
+        "| archive | workers | seconds | tokens | tokens/s | vs 1 worker "
+        "on the lake | sessions' own s, summed (model work and commits) |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x | {r['busy']:.1f} |"
+            f"| {r['backend']} | {r['workers']} | {r['seconds']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | "
+            f"{r['tok_s'] / one['tok_s']:.2f}x | {r['busy']:.1f} |"
             for r in ingest
         ),
         "",
         *([f"2 workers against 1 worker held to one thread: {two['tok_s'] / thread['tok_s']:.2f}x."] if two else []),
-        f"What the cores allow: the model's scoring pass on one thread, {ceiling[0]:.0f} tokens/s in one process alone, "
-        f"{ceiling[1]:.0f} in two processes at once ({ceiling[1] / ceiling[0]:.2f}x).",
+        f"What the cores allow: the model's scoring pass on one thread, {ceiling[0]:.0f} tokens/s in one process "
+        f"alone, {ceiling[1]:.0f} in two processes at once ({ceiling[1] / ceiling[0]:.2f}x).",
         "",
     ]
 
 
 def search_table(args, searches: list[dict]) -> list[str]:
     return [
-        f"Search: {args.queries} phrases of 2-4 words from the text, k=10, file and lake queried in turn; sessions of {SESSION_TOKENS} tokens; "
-        "the lake is a `kvdb copy` of the file, and every query's hits are checked equal on both.",
+        f"Search: {args.queries} phrases of 2-4 words from the text, k=10, file and lake queried in turn; sessions of "
+        f"{SESSION_TOKENS} tokens; the lake is a `kvdb copy` of "
+        "the file, and every query's hits are checked equal on both.",
         "",
-        "| tokens | file p50 ms | file p95 ms | lake p50 ms | lake p95 ms | lake / file p50 | copy s | lake's first search s (this machine's copy of the index built) | file B/token | lake Parquet B/token | lake catalog B/token (over an empty lake's) |",
+        "| tokens | file p50 ms | file p95 ms | lake p50 ms | lake p95 ms | lake / file "
+        "p50 | copy s | lake's first search s (this machine's copy of the index built) | "
+        "file B/token | lake Parquet B/token | lake catalog B/token (over an empty lake's) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {s['tokens']:.0e} | {s['file_p50'] * 1e3:.1f} | {s['file_p95'] * 1e3:.1f} | {s['lake_p50'] * 1e3:.1f} | {s['lake_p95'] * 1e3:.1f} | "
-            f"{s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | {s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |"
+            f"| {s['tokens']:.0e} | {s['file_p50'] * 1e3:.1f} | {s['file_p95'] * 1e3:.1f} | {s['lake_p50'] * 1e3:.1f} "
+            f"| {s['lake_p95'] * 1e3:.1f} | {s['lake_p50'] / s['file_p50']:.2f}x | {s['copy_s']:.1f} | "
+            f"{s['first_s']:.1f} | {s['file_bpt']:.2f} | {s['parquet_bpt']:.2f} | {s['catalog_bpt']:.2f} |"
             for s in searches
         ),
         "",
@@ -314,17 +365,23 @@ def search_table(args, searches: list[dict]) -> list[str]:
 
 def machines_table(args, m: dict) -> list[str]:
     return [
-        f"Two machines on one lake of {m['tokens']:,} archived tokens (`--parts machines --machines-scale {args.machines_scale}`): a `kvdb copy` of a file archive "
-        f"({m['copy_s']:.0f} s), then machines a and b, each with its own cache folder and so its own copy of the search index. They ingest "
-        f"{len(m['rounds'])} texts of {args.words} words in turn (embedded model), the same texts go into the file archive, and after each commit the other "
-        "machine searches a phrase only the new session holds (its first search catches its copy up with the commit). Both machines' hits equal the file's on every "
-        "query, checked after each commit.",
+        f"Two machines on one lake of {m['tokens']:,} archived tokens (`--parts machines --machines-scale "
+        f"{args.machines_scale}`): a `kvdb copy` of a file archive ({m['copy_s']:.0f} s), then machines a and b, each "
+        f"with its own cache folder and so its own copy of the search index. They ingest {len(m['rounds'])} texts of "
+        f"{args.words} words in turn (embedded model), the same texts go into the file archive, and after each commit "
+        "the other machine searches a phrase only the new session holds (its first search catches its copy up with the "
+        "commit). Both machines' hits equal the file's on every query, checked after each commit.",
         "",
-        f"Each machine's first search (its copy of the index built from the lake's rows): a {m['a_first_s']:.1f} s, b {m['b_first_s']:.1f} s.",
+        "Each machine's first search (its copy of the index built from the "
+        f"lake's rows): a {m['a_first_s']:.1f} s, b {m['b_first_s']:.1f} s.",
         "",
-        "| commit | writer | ingest s | the other's first search after it s (catch-up) | queries compared on a, b and the file |",
+        "| commit | writer | ingest s | the other's first search after "
+        "it s (catch-up) | queries compared on a, b and the file |",
         "|---:|---|---:|---:|---:|",
-        *(f"| {i + 1} | {r['writer']} | {r['ingest_s']:.1f} | {r['catch_up_s']:.2f} | {r['compared']} |" for i, r in enumerate(m["rounds"])),
+        *(
+            f"| {i + 1} | {r['writer']} | {r['ingest_s']:.1f} | {r['catch_up_s']:.2f} | {r['compared']} |"
+            for i, r in enumerate(m["rounds"])
+        ),
         "",
     ]
 

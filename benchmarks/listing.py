@@ -68,7 +68,8 @@ def build(path: Path, conversations: int, projects: int) -> None:
                json_object('format', agent, 'cwd', project, 'id', md5('id' || i), 'line', 1,
                            'started', strftime(created_at - to_minutes(30), '%Y-%m-%dT%H:%M:%S'),
                            'ended', strftime(created_at - to_minutes(1), '%Y-%m-%dT%H:%M:%S'),
-                           'side', json_object('summaries', [md5('a' || i) || ' ' || md5('b' || i) || ' ' || md5('c' || i) || ' ' || md5('d' || i)]))::varchar
+                           'side', json_object('summaries', [md5('a' || i) || ' ' || md5('b' || i) || ' ' || \
+md5('c' || i) || ' ' || md5('d' || i)]))::varchar
         from v
         """
     )
@@ -76,7 +77,8 @@ def build(path: Path, conversations: int, projects: int) -> None:
     con.execute(
         """
         insert into conversations
-        select conversation_id, null, max(versions), max(created_at), arg_max(session_id, v), max(created_at) - to_minutes(1),
+        select conversation_id, null, max(versions), max(created_at), arg_max(session_id, v), \
+max(created_at) - to_minutes(1),
                any_value(agent), any_value(project), any_value(project)
         from v group by conversation_id
         """
@@ -111,17 +113,34 @@ def measure(location: str, repeats: int, label: str) -> None:
         print(f"{label}: {archive.conversation_page(limit=1).total} conversations, {len(mine)} of them in {project}")
         listed = best(repeats, lambda: archive.conversations(project=project))
         print(f"  conversations(project=X)           {listed:8.1f} ms  ({len(mine)} conversations built)")
-        print(f"  conversation_page(limit=20)        {best(repeats, lambda: archive.conversation_page(limit=20)):8.1f} ms  (MCP sessions)")
-        print(f"  conversation_page(project, 20)     {best(repeats, lambda: archive.conversation_page(project=project, limit=20)):8.1f} ms")
+        print(
+            "  conversation_page(limit=20)        "
+            f"{best(repeats, lambda: archive.conversation_page(limit=20)):8.1f} ms  (MCP sessions)"
+        )
+        print(
+            "  conversation_page(project, 20)     "
+            f"{best(repeats, lambda: archive.conversation_page(project=project, limit=20)):8.1f} ms"
+        )
         conversations = archive._conversations
-        print(f"  scope(project=X): the query        {best(repeats, lambda: conversations.scope(None, project, None, None)):8.1f} ms")
+        print(
+            "  scope(project=X): the query        "
+            f"{best(repeats, lambda: conversations.scope(None, project, None, None)):8.1f} ms"
+        )
         view = TrieView.load(archive._storage)
         within = conversations.scope(None, project, None, None) or set()
         fresh = lambda: TrieView(view.nodes, view.streams, view.owner, view.names, view.conversations)  # noqa: E731
         owners = best(repeats, lambda: view.owners_within(within))
-        print(f"  owners_within(X), view loaded      {owners:8.1f} ms  (first on a new view: {first_call(fresh):.1f} ms)")
-        print(f"  conversations(): every one         {best(min(repeats, 2), archive.conversations):8.1f} ms  (`kvdb sessions`, no filter)")
-        print(f"  before: every session read, then X {best(min(repeats, 2), lambda: listed_before(archive, project)):8.1f} ms  (the listing before 0012)")
+        print(
+            f"  owners_within(X), view loaded      {owners:8.1f} ms  (first on a new view: {first_call(fresh):.1f} ms)"
+        )
+        print(
+            "  conversations(): every one         "
+            f"{best(min(repeats, 2), archive.conversations):8.1f} ms  (`kvdb sessions`, no filter)"
+        )
+        print(
+            "  before: every session read, then X "
+            f"{best(min(repeats, 2), lambda: listed_before(archive, project)):8.1f} ms  (the listing before 0012)"
+        )
 
 
 def listed_before(archive, project: str) -> list:
@@ -141,10 +160,17 @@ def listed_before(archive, project: str) -> list:
         ends = sum(r.session_id not in extended and r.session_id not in followed for r in rows)
         folder = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)
         title = titles.get(conversation_id) or next(
-            (r.metadata["title"] for r in reversed(rows) if isinstance(r.metadata.get("title"), str) and r.metadata["title"]), first.name
+            (
+                r.metadata["title"]
+                for r in reversed(rows)
+                if isinstance(r.metadata.get("title"), str) and r.metadata["title"]
+            ),
+            first.name,
         )
         if folder is not None and (folder + "/").startswith(project + "/"):
-            out.append(Conversation(conversation_id, title, latest, first.started_at, len(rows), ends, first.agent, folder))
+            out.append(
+                Conversation(conversation_id, title, latest, first.started_at, len(rows), ends, first.agent, folder)
+            )
     return sorted(out, key=lambda x: (x.latest.created_at, x.conversation_id), reverse=True)
 
 
@@ -166,18 +192,26 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=50_000)
     parser.add_argument("--projects", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--lake", action="store_true", help="also on a DuckLake copy (PostgreSQL from tests/postgres.py)")
+    parser.add_argument(
+        "--lake", action="store_true", help="also on a DuckLake copy (PostgreSQL from tests/postgres.py)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "listing.duckdb"
         start = time.perf_counter()
         build(path, args.conversations, args.projects)
-        print(f"built {args.conversations} conversations in {time.perf_counter() - start:.1f} s ({path.stat().st_size / 1e6:.0f} MB)")
+        print(
+            f"built {args.conversations} conversations in "
+            f"{time.perf_counter() - start:.1f} s ({path.stat().st_size / 1e6:.0f} MB)"
+        )
         measure(str(path), args.repeats, "file")
         runs = min(args.repeats, 3)
         cli = command(str(path), runs, "--project", "/home/user/projects/p7")
         print(f"  kvdb sessions --project X          {cli:8.1f} ms  (a new interpreter, start to end)")
-        print(f"  kvdb sessions --agent nobody       {command(str(path), runs, '--agent', 'nobody'):8.1f} ms  (the same, listing nothing)")
+        print(
+            "  kvdb sessions --agent nobody       "
+            f"{command(str(path), runs, '--agent', 'nobody'):8.1f} ms  (the same, listing nothing)"
+        )
         if args.lake:
             from postgres import Cluster
 

@@ -94,7 +94,9 @@ def cross_entropy_bits(logits: np.ndarray, ids: np.ndarray) -> float:
         rows = logits[start : min(start + 256, ids.size - 1)].astype(np.float64)
         top = rows.max(1, keepdims=True)
         lse = top[:, 0] + np.log(np.exp(rows - top).sum(1))
-        total += float((lse - rows[np.arange(rows.shape[0]), ids[start + 1 : start + 1 + rows.shape[0]]]).sum()) / math.log(2)
+        total += float(
+            (lse - rows[np.arange(rows.shape[0]), ids[start + 1 : start + 1 + rows.shape[0]]]).sum()
+        ) / math.log(2)
     return total
 
 
@@ -217,8 +219,18 @@ def table(results: list[dict]) -> list[str]:
         "encode tok/s | decode tok/s | median step ms | batched fwd tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    total = {"name": "**all**", "text_bytes": 0, "tokens": 0, "payload": 0, "body": 0, "xent_bits": 0.0, "quantised_bits": 0.0, "baselines": {},
-             "v3_payload": 0, "v3_body": 0}
+    total = {
+        "name": "**all**",
+        "text_bytes": 0,
+        "tokens": 0,
+        "payload": 0,
+        "body": 0,
+        "xent_bits": 0.0,
+        "quantised_bits": 0.0,
+        "baselines": {},
+        "v3_payload": 0,
+        "v3_body": 0,
+    }
     for r in results:
         for key in ("text_bytes", "tokens", "payload", "body", "xent_bits", "quantised_bits", "v3_payload", "v3_body"):
             total[key] += r[key]
@@ -227,7 +239,9 @@ def table(results: list[dict]) -> list[str]:
     for r in [*results, total]:
         n, b = r["tokens"], r["baselines"]
         timing = (
-            f"{r['encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['step_ms']:.1f} | {r['batched_tps']:.0f}" if "encode_tps" in r else "| | |"
+            f"{r['encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['step_ms']:.1f} | {r['batched_tps']:.0f}"
+            if "encode_tps" in r
+            else "| | |"
         )
         lines.append(
             f"| {r['name']} | {n:,} | {r['text_bytes']:,} | {b['gzip -9']:,} | {b['xz -9e']:,} | {b['zstd -19']:,} | "
@@ -241,34 +255,39 @@ def table(results: list[dict]) -> list[str]:
 def v3_table(results: list[dict]) -> list[str]:
     """Payload version 3 (kvdb.model.integer_lm, by its compiled kernel) beside version 1, on the same tokens."""
     lines = [
-        "| sample | tokens | xz -9e B | v1 B (body) | v3 B (body) | xz / v3 | v1 body / CE | v3 body / CE | v3 payload / CE | "
-        "v1 encode tok/s | v3 encode tok/s | v1 decode tok/s | v3 decode tok/s |",
+        "| sample | tokens | xz -9e B | v1 B (body) | v3 B (body) | xz / v3 | v1 body / CE | v3 body / CE | v3 payload "
+        "/ CE | v1 encode tok/s | v3 encode tok/s | v1 decode tok/s | v3 decode tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    total = {key: sum(r[key] for r in results) for key in ("tokens", "payload", "body", "v3_payload", "v3_body", "xent_bits")}
+    total = {
+        key: sum(r[key] for r in results) for key in ("tokens", "payload", "body", "v3_payload", "v3_body", "xent_bits")
+    }
     total["xz"] = sum(r["baselines"]["xz -9e"] for r in results)
     for r in [*results, {"name": "**all**", **total}]:
         xz = r.get("xz", r.get("baselines", {}).get("xz -9e"))
         timing = (
-            f"{r['encode_tps']:.1f} | {r['v3_encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['v3_decode_tps']:.1f}" if "encode_tps" in r else "| | |"
+            f"{r['encode_tps']:.1f} | {r['v3_encode_tps']:.1f} | {r['decode_tps']:.1f} | {r['v3_decode_tps']:.1f}"
+            if "encode_tps" in r
+            else "| | |"
         )
         lines.append(
-            f"| {r['name']} | {r['tokens']:,} | {xz:,} | {r['payload']:,} ({r['body']:,}) | {r['v3_payload']:,} ({r['v3_body']:,}) | "
-            f"{xz / r['v3_payload']:.2f} | {8 * r['body'] / r['xent_bits']:.4f} | {8 * r['v3_body'] / r['xent_bits']:.4f} | "
-            f"{8 * r['v3_payload'] / r['xent_bits']:.4f} | {timing} |"
+            f"| {r['name']} | {r['tokens']:,} | {xz:,} | {r['payload']:,} ({r['body']:,}) | {r['v3_payload']:,} "
+            f"({r['v3_body']:,}) | {xz / r['v3_payload']:.2f} | {8 * r['body'] / r['xent_bits']:.4f} | "
+            f"{8 * r['v3_body'] / r['xent_bits']:.4f} | {8 * r['v3_payload'] / r['xent_bits']:.4f} | {timing} |"
         )
     return lines
 
 
 def determinism_table(results: list[dict]) -> list[str]:
     lines = [
-        "| sample | positions | logits bit-identical | quantised CDF identical | max abs diff | median per-row max abs diff |",
+        "| sample | positions | logits bit-identical | quantised "
+        "CDF identical | max abs diff | median per-row max abs diff |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
-            f"| {r['name']} | {r['rows']:,} | {r['same_bits']:,} | {r['same_cdf']:,} ({100 * r['same_cdf'] / r['rows']:.1f}%) | "
-            f"{r['max_diff']:.2e} | {r['median_row_max_diff']:.2e} |"
+            f"| {r['name']} | {r['rows']:,} | {r['same_bits']:,} | {r['same_cdf']:,} "
+            f"({100 * r['same_cdf'] / r['rows']:.1f}%) | {r['max_diff']:.2e} | {r['median_row_max_diff']:.2e} |"
         )
     return lines
 
@@ -278,7 +297,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small samples; print only")
     args = parser.parse_args()
     budgets = {"prose": 160, "code": 120, "chat": 120} if args.quick else {"prose": 800, "code": 500, "chat": 500}
-    started, where = datetime.datetime.now(datetime.UTC), describe(f'torch {torch.__version__}')
+    started, where = datetime.datetime.now(datetime.UTC), describe(f"torch {torch.__version__}")
     lm = lm_ops.load()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))  # batched passes as ingest runs them
     began = time.perf_counter()
@@ -295,25 +314,27 @@ def main() -> None:
         f"Command: `python benchmarks/lmcode.py{' --quick' if args.quick else ''}`  ",
         f"Machine: {where}; load average at end {os.getloadavg()[0]:.1f}  ",
         "Samples: prose = licence/README text of installed packages (`benchmarks/corpus.py`); code = Python stdlib "
-        f"{', '.join(CODE_FILES)}; chat = `examples/transcripts` chat.jsonl + sessions.jsonl rendered with the chat template; "
-        "each cut to its token budget. Baselines compress the UTF-8 text of exactly those tokens. Tier L bytes count the whole "
-        "payload (its 20-24-byte header included; body = range-coder words only). Cross-entropy: float64 softmax of "
-        "one batched chunked forward pass (first token: log2 vocab). Quantised ideal: -log2 of the integer frequencies the coder "
-        "uses. Timings (version 1): one encode and one decode per sample (the model runs one token per step, 1 intra-op thread); "
-        "median step = median time of one model step over encode and decode; batched fwd = chunked forward of 512 tokens, 2 threads.",
+        f"{', '.join(CODE_FILES)}; chat = `examples/transcripts` chat.jsonl + sessions.jsonl rendered with the chat "
+        "template; each cut to its token budget. Baselines compress the UTF-8 text of exactly those tokens. Tier L "
+        "bytes count the whole payload (its 20-24-byte header included; body = range-coder words only). Cross-entropy: "
+        "float64 softmax of one batched chunked forward pass (first token: log2 vocab). Quantised ideal: -log2 of the "
+        "integer frequencies the coder uses. Timings (version 1): one encode and one decode per sample (the model runs "
+        "one token per step, 1 intra-op thread); median step = median time of one model step over encode and decode; "
+        "batched fwd = chunked forward of 512 tokens, 2 threads.",
         "",
         *table(results),
         "",
-        "Payload version 3 (the default where the model has kvdb.model.integer_lm's forward pass: portable) beside version 1, "
-        "on the same tokens. v3 runs the pass's compiled kernel (kvdb/model/integer_kernel.c, "
-        f"{integer_kernel.ISA} dot products): it encodes with batched chunks of 256 tokens on 2 threads and decodes one "
-        "integer step per token; CE is the float model's cross-entropy as above; the payload column counts v3's header. "
-        f"Quantizing the model's weights for it took {integer_build_s:.1f} s, once a process, before the timings.",
+        "Payload version 3 (the default where the model has kvdb.model.integer_lm's forward pass: portable) beside "
+        "version 1, on the same tokens. v3 runs the pass's compiled kernel (kvdb/model/integer_kernel.c, "
+        f"{integer_kernel.ISA} dot products): it encodes with batched chunks of 256 tokens on 2 threads and decodes "
+        "one integer step per token; CE is the float model's cross-entropy as above; the payload column counts v3's "
+        "header. Quantizing the model's weights for it took "
+        f"{integer_build_s:.1f} s, once a process, before the timings.",
         "",
         *v3_table(results),
         "",
-        "Determinism (version 1): next-token logits of the one-token step (encoder and decoder) against the batched chunked pass, "
-        "raw float32 and after quantisation to integer CDFs:",
+        "Determinism (version 1): next-token logits of the one-token step (encoder and decoder) against the batched "
+        "chunked pass, raw float32 and after quantisation to integer CDFs:",
         "",
         *determinism_table(results),
         "",

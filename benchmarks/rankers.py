@@ -1,6 +1,6 @@
-"""The rankers benchmarks/hybrid.py (at tag studies-2026-12-06) measured against the semantic tier's fusion, and which lost
-there (so they are not in the library): reciprocal-rank fusion, and a rerank by the archive's
-own LM, the query's likelihood after each candidate's context.
+"""The rankers benchmarks/hybrid.py (at tag studies-2026-12-06) measured against the semantic
+tier's fusion, and which lost there (so they are not in the library): reciprocal-rank fusion,
+and a rerank by the archive's own LM, the query's likelihood after each candidate's context.
 
 - RRF(BM25, MiniLM) hit@1 0.533 against the weighted min-max fusion's 0.637 (RESULTS.md,
   "Hybrid ranking").
@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def rrf(rankings: Sequence[np.ndarray], k: float = 60, weights: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rrf(
+    rankings: Sequence[np.ndarray], k: float = 60, weights: Sequence[float] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion: (ids, fused scores) best first, fused(d) = Σ_r w_r / (k + rank_r(d))
     with ranks from 1 over the rankings that hold d (each ranking's ids distinct).
 
@@ -37,7 +39,11 @@ TOKENS_PER_BATCH = 4096  # padded positions a forward pass takes: bounds the act
 
 
 def query_logprob(
-    model, contexts: Sequence[np.ndarray], query: np.ndarray, max_context: int | None = None, tokens_per_batch: int = TOKENS_PER_BATCH
+    model,
+    contexts: Sequence[np.ndarray],
+    query: np.ndarray,
+    max_context: int | None = None,
+    tokens_per_batch: int = TOKENS_PER_BATCH,
 ) -> np.ndarray:
     """Mean ln p(query tokens | context) per context (float64, one per context), in batches.
 

@@ -57,7 +57,13 @@ def main() -> None:
                 f.write(json.dumps({"name": f"long{i}", "messages": [{"role": "user", "content": text}]}) + "\n")
         idle = [pair(env)[0] for _ in range(3)]  # the same pair with nothing else running
         started = time.monotonic()
-        writer = subprocess.Popen([KVDB, "ingest", str(batch), "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        writer = subprocess.Popen(
+            [KVDB, "ingest", str(batch), "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         searches = []  # (wall seconds, exit code, sessions seen)
         while writer.poll() is None:
             searches.append(pair(env))
@@ -67,13 +73,16 @@ def main() -> None:
     failed = [s for s in searches if s[1] not in (0, 1) or s[2] < 0]
     seen = sorted({s[2] for s in searches})
     lines = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
-        f"one `kvdb ingest` of {args.sessions} sessions ({sum(r['n_tokens'] for r in ingested):,} tokens) while another process "
-        "runs `kvdb search` then `kvdb sessions` back to back. Wall times include each process's start and tokenizer load.\n",
-        "| ingest s (incl. model load) | search + sessions pairs | failed | wall s per pair, median / max | same pair, idle machine (median of 3) | sessions seen by the readers |",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. "
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/readers.py', *sys.argv[1:]])}` — {describe()}; "
+        f"SmolLM2-135M-Instruct; one `kvdb ingest` of {args.sessions} sessions "
+        f"({sum(r['n_tokens'] for r in ingested):,} tokens) while another process runs `kvdb search` then `kvdb "
+        "sessions` back to back. Wall times include each process's start and tokenizer load.\n",
+        "| ingest s (incl. model load) | search + sessions pairs | failed | wall s per pair, median / max | same "
+        "pair, idle machine (median of 3) | sessions seen by the readers |",
         "|---:|---:|---:|---:|---:|---|",
-        f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} | "
-        f"{statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
+        f"| {ingest_seconds:.1f} | {len(searches)} | {len(failed)} | {statistics.median(walls):.2f} / {max(walls):.2f} "
+        f"| {statistics.median(idle):.2f} | {', '.join(map(str, seen))} |",
     ]
     publish("Readers beside one long ingest", lines, append=not args.no_results)
 

@@ -50,7 +50,11 @@ def copy_floor(nbytes: int, runs: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1024,4096,8000", help="session lengths restored")
-    parser.add_argument("--preset", default=None, help="a name (faithful, balanced, compact) or a spec; default: balanced (presets.DEFAULT_NAME)")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="a name (faithful, balanced, compact) or a spec; default: balanced (presets.DEFAULT_NAME)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     lengths = [int(t) for t in args.tokens.split(",")]
@@ -67,32 +71,47 @@ def main() -> None:
         for n in lengths:
             session = db.session(f"s{n}")
             cut = session.n_tokens - PROBE
-            db.restore(session.session_id, at=cut, mode="archive", window="stored")  # this machine's sink cache, filled once
+            # this machine's sink cache, filled once
+            db.restore(session.session_id, at=cut, mode="archive", window="stored")
             timing = {
                 "exact": median_seconds(partial(db.restore, session.session_id, at=cut, mode="exact"), args.runs),
-                "stored": median_seconds(partial(db.restore, session.session_id, at=cut, mode="archive", window="stored"), args.runs),
-                "recompute": median_seconds(partial(db.restore, session.session_id, at=cut, mode="archive", window="recompute"), args.runs),
+                "stored": median_seconds(
+                    partial(db.restore, session.session_id, at=cut, mode="archive", window="stored"), args.runs
+                ),
+                "recompute": median_seconds(
+                    partial(db.restore, session.session_id, at=cut, mode="archive", window="recompute"), args.runs
+                ),
             }
             fidelity = {w: db.fidelity(session.session_id, probe=PROBE, window=w) for w in ("stored", "recompute")}
-            cache_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * cut * 4
+            cache_bytes = (
+                2
+                * config.num_hidden_layers
+                * config.num_key_value_heads
+                * (config.hidden_size // config.num_attention_heads)
+                * cut
+                * 4
+            )
             rows.append((cut, timing, fidelity, cache_bytes, copy_floor(cache_bytes)))
             print(rows[-1], file=sys.stderr, flush=True)
         st = db.stats()
     lines = [
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — {describe(f'torch {torch.__version__}')}; "
-        f"SmolLM2-135M-Instruct; {trained['preset']} codebooks trained on 4,096 tokens of one text ({trained['seconds']} s); each session "
-        f"another stretch of text, restored at its length less a {PROBE}-token probe; median of {args.runs}. "
-        f"Archive, stored window: no forward pass (4 exact sinks from this machine's sink cache, the rest from tier K). "
-        f"Archive, recomputed window: sinks and the 32 most recent positions recomputed in one forward pass. "
-        f"Floor: the fp32 cache's bytes copied once at this machine's best copy rate. Fidelity: top-1 agreement and "
-        f"perplexity ratio of the {PROBE} teacher-forced tokens after the restored prefix, against the exact cache. "
-        f"Tier K stored: {st.bytes_per_token['kv']:.1f} B/token, {st.kv_ratio_vs_fp16:.1f}x vs fp16; codebooks {st.codebook_bytes / 1e6:.1f} MB.\n",
-        "| restored tokens | fp32 cache MB | floor s | exact prefill s | archive, stored window s | speed-up | archive, recomputed window s | speed-up | stored: top-1 / ppl ratio | recomputed: top-1 / ppl ratio |",
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/restore.py', *sys.argv[1:]])}` ({time.strftime('%Y-%m-%d')}) — "
+        f"{describe(f'torch {torch.__version__}')}; SmolLM2-135M-Instruct; {trained['preset']} codebooks trained on "
+        f"4,096 tokens of one text ({trained['seconds']} s); each session another stretch of text, restored at its "
+        f"length less a {PROBE}-token probe; median of {args.runs}. Archive, stored window: no forward pass (4 exact "
+        "sinks from this machine's sink cache, the rest from tier K). Archive, recomputed window: sinks and the 32 "
+        "most recent positions recomputed in one forward pass. Floor: the fp32 cache's bytes copied once at this "
+        f"machine's best copy rate. Fidelity: top-1 agreement and perplexity ratio of the {PROBE} teacher-forced "
+        f"tokens after the restored prefix, against the exact cache. Tier K stored: {st.bytes_per_token['kv']:.1f} "
+        f"B/token, {st.kv_ratio_vs_fp16:.1f}x vs fp16; codebooks {st.codebook_bytes / 1e6:.1f} MB.\n",
+        "| restored tokens | fp32 cache MB | floor s | exact prefill s | archive, stored window s | speed-up | "
+        "archive, recomputed window s | speed-up | stored: top-1 / ppl ratio | recomputed: top-1 / ppl ratio |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {cut} | {nbytes / 1e6:.0f} | {floor:.3f} | {t['exact']:.3f} | {t['stored']:.3f} | {t['exact'] / t['stored']:.1f}x | "
-            f"{t['recompute']:.3f} | {t['exact'] / t['recompute']:.1f}x | "
-            f"{f['stored'].top1_agreement:.3f} / {f['stored'].ppl_ratio:.4f} | {f['recompute'].top1_agreement:.3f} / {f['recompute'].ppl_ratio:.4f} |"
+            f"| {cut} | {nbytes / 1e6:.0f} | {floor:.3f} | {t['exact']:.3f} | {t['stored']:.3f} | "
+            f"{t['exact'] / t['stored']:.1f}x | {t['recompute']:.3f} | {t['exact'] / t['recompute']:.1f}x | "
+            f"{f['stored'].top1_agreement:.3f} / {f['stored'].ppl_ratio:.4f} | "
+            f"{f['recompute'].top1_agreement:.3f} / {f['recompute'].ppl_ratio:.4f} |"
             for cut, t, f, nbytes, floor in rows
         ],
     ]

@@ -181,7 +181,10 @@ TIER_PARTS = {
 }
 # --grid: the fusions tried on the held-out set (decision 0058): (fusion, cosine, chunk words, session words)
 GRID = [("minmax", 0.7, 0.3, 0.0), ("minmax", 0.6, 0.2, 0.2), ("minmax", 0.5, 0.25, 0.25)] + [
-    ("share", d, w, round(1 - d - w, 2)) for d in (0.4, 0.5, 0.6, 0.7, 0.8) for w in (0.0, 0.1, 0.2, 0.3, 0.4) if d + w <= 1.0
+    ("share", d, w, round(1 - d - w, 2))
+    for d in (0.4, 0.5, 0.6, 0.7, 0.8)
+    for w in (0.0, 0.1, 0.2, 0.3, 0.4)
+    if d + w <= 1.0
 ]
 
 
@@ -339,7 +342,9 @@ class MiniLM:
         import torch
 
         with torch.inference_mode():
-            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=MINILM_MAX_TOKENS, return_tensors="pt")
+            batch = self.tokenizer(
+                texts, padding=True, truncation=True, max_length=MINILM_MAX_TOKENS, return_tensors="pt"
+            )
             hidden = self.model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -420,8 +425,14 @@ def archive_rows(items: list[Item], unanswerable: list[Item], tmp: Path, grid: b
             if (i + 1) % 50 == 0:
                 print(f"  ingested {i + 1}/{len(items)} ({time.perf_counter() - start:.0f} s)", flush=True)
         db.upkeep(only="semantic")  # ingest queues the embedder's pass (decision 0053): counted in the ingest's time
-        info.update(ingest_s=time.perf_counter() - start, tokens=tokens, layers=db.loaded_model.model.config.num_hidden_layers)
-        rows = [measure("lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)])]
+        info.update(
+            ingest_s=time.perf_counter() - start, tokens=tokens, layers=db.loaded_model.model.config.num_hidden_layers
+        )
+        rows = [
+            measure(
+                "lexical: `Archive.search`", items, lambda q: [h.name for h in db.search(q, k=K_LEXICAL, context=0)]
+            )
+        ]
         rows.append(measure(TIER, items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]))
         info["weak"] = weak_figures(db, items, unanswerable)
         for method, weights in TIER_PARTS.items():
@@ -431,9 +442,13 @@ def archive_rows(items: list[Item], unanswerable: list[Item], tmp: Path, grid: b
             info["grid"] = []
             for how, *weights in GRID:
                 with fusion(tuple(weights), how):  # type: ignore[arg-type]
-                    row = measure(f"{how} {weights}", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)])
+                    row = measure(
+                        f"{how} {weights}", items, lambda q: [h.name for h in db.search_meaning(q, k=K_SEMANTIC)]
+                    )
                     figures = weak_figures(db, items, unanswerable)
-                info["grid"].append((how, weights, row.hit1, row.hit10, cut_off(figures["right"], figures["unanswerable"])))
+                info["grid"].append(
+                    (how, weights, row.hit1, row.hit10, cut_off(figures["right"], figures["unanswerable"]))
+                )
                 print(f"    cut-off {info['grid'][-1][-1]}", flush=True)
         info["weights"], info["weak_below"] = semantic_tier.WEIGHTS, semantic_tier.WEAK_BELOW
     return rows, info
@@ -451,9 +466,13 @@ def minilm_rows(items: list[Item]) -> tuple[list[Row], dict]:
     model = MiniLM()
     loaded = time.perf_counter() - start
     start = time.perf_counter()
-    documents = np.concatenate([model.embed([item.document for item in items[i : i + 16]]) for i in range(0, len(items), 16)])
+    documents = np.concatenate(
+        [model.embed([item.document for item in items[i : i + 16]]) for i in range(0, len(items), 16)]
+    )
     embedded = time.perf_counter() - start
-    truncated = sum(len(model.tokenizer(item.document, verbose=False)["input_ids"]) > MINILM_MAX_TOKENS for item in items)
+    truncated = sum(
+        len(model.tokenizer(item.document, verbose=False)["input_ids"]) > MINILM_MAX_TOKENS for item in items
+    )
     names = [item.name for item in items]
     bm25 = ranking.BM25()
     bm25.add([item.document for item in items])
@@ -477,15 +496,20 @@ def minilm_rows(items: list[Item]) -> tuple[list[Row], dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="40 queries: a smoke run that prints only")
-    parser.add_argument("--queries", type=int, default=None, help=f"how many functions to pick (default {QUERIES}; 40 with --quick)")
+    parser.add_argument(
+        "--queries", type=int, default=None, help=f"how many functions to pick (default {QUERIES}; 40 with --quick)"
+    )
     parser.add_argument("--seed", type=int, default=SEED, help=f"the pick's random seed (default {SEED})")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     parser.add_argument(
         "--held-out",
         action="store_true",
-        help="archive and ask eligible functions the seed did not pick (the set decision 0058 chose the fusion and the cut-off on); prints only",
+        help="archive and ask eligible functions the seed did not pick (the set "
+        "decision 0058 chose the fusion and the cut-off on); prints only",
     )
-    parser.add_argument("--grid", action="store_true", help="also try each fusion of GRID, with its best cut-off (decision 0058)")
+    parser.add_argument(
+        "--grid", action="store_true", help="also try each fusion of GRID, with its best cut-off (decision 0058)"
+    )
     args = parser.parse_args()
     n = args.queries or (40 if args.quick else QUERIES)
 
@@ -511,9 +535,10 @@ def main() -> None:
     weak_none = sum(s < below for s in weak["unanswerable"]) / max(len(weak["unanswerable"]), 1)
     best_cut = cut_off(weak["right"], weak["unanswerable"])
     print(
-        f"weak cut-off {below} (weights {info['weights']}): top hits answered right kept strong {strong_right:.3f} ({len(weak['right'])}), "
-        f"answered wrong marked weak {weak_wrong:.3f} ({len(weak['wrong'])}), unanswerable marked weak {weak_none:.3f} ({len(weak['unanswerable'])}); "
-        f"this set's own best cut-off {best_cut[0]} (balanced {best_cut[1]:.3f})",
+        f"weak cut-off {below} (weights {info['weights']}): top hits answered right kept strong {strong_right:.3f} "
+        f"({len(weak['right'])}), answered wrong marked weak {weak_wrong:.3f} ({len(weak['wrong'])}), unanswerable "
+        f"marked weak {weak_none:.3f} ({len(weak['unanswerable'])}); this "
+        f"set's own best cut-off {best_cut[0]} (balanced {best_cut[1]:.3f})",
         flush=True,
     )
     for how, weights, hit1, hit10, cut in info.get("grid", []):
@@ -525,34 +550,45 @@ def main() -> None:
     chance = 1 / len(items)
     flags = (" --quick" if args.quick else "") + (f" --queries {n}" if args.queries else "")
     lines = [
-        f"`.venv/bin/python benchmarks/retrieval.py{flags}` — {load}; one torch thread; SmolLM2-135M-Instruct ({info['layers']} layers). "
-        f"Total {elapsed / 60:.1f} min.\n",
-        f"Retrieval set: {len(items)} functions picked (seed {args.seed}) from {pool} eligible in {len(MODULES)} pure-Python modules "
-        f"of this machine's Python {sys.version.split()[0]} standard library (selection rule: the module docstring of "
-        f"`benchmarks/retrieval.py`). Query = the docstring's first line (≥ {MIN_WORDS} words); target = the function's "
-        f"source without its docstring ({MIN_LINES}–{MAX_LINES} body lines), one session each: {info['tokens']:,} tokens in all, "
-        f'ingested with `keep="{info["keep"]}"` in {info["ingest_s"]:.0f} s. Chance hit@1 = {chance:.4f}.\n',
-        f"hit@1: the target is the session of the first hit; hit@10: among the first {DEPTH} distinct sessions of the hits "
-        f'(lexical asks k={K_LEXICAL} hits with `context=0`, the semantic tier k={K_SEMANTIC}; "sessions" is the mean number '
-        f"of distinct sessions those hits name). Latency: median of one call per query (ms), after one untimed call "
-        f'("first call": the index\'s load). all-MiniLM-L6-v2: loaded in '
-        f"{mini['load_s']:.1f} s, {len(items)} documents embedded in {mini['embed_s']:.1f} s ({mini['truncated']} truncated at "
-        f"{MINILM_MAX_TOKENS} tokens); its latency is the query's embedding plus a brute-force cosine over the documents.\n",
+        f"`.venv/bin/python benchmarks/retrieval.py{flags}` — {load}; one torch thread; SmolLM2-135M-Instruct "
+        f"({info['layers']} layers). Total {elapsed / 60:.1f} min.\n",
+        f"Retrieval set: {len(items)} functions picked (seed {args.seed}) from {pool} eligible in {len(MODULES)} "
+        f"pure-Python modules of this machine's Python {sys.version.split()[0]} standard library (selection rule: the "
+        f"module docstring of `benchmarks/retrieval.py`). Query = the docstring's first line (≥ {MIN_WORDS} words); "
+        f"target = the function's source without its docstring ({MIN_LINES}–{MAX_LINES} body lines), one session "
+        f"each: {info['tokens']:,} tokens in all, ingested with "
+        f'`keep="{info["keep"]}"` in {info["ingest_s"]:.0f} s. Chance hit@1 = {chance:.4f}.\n',
+        f"hit@1: the target is the session of the first hit; hit@10: among the first {DEPTH} distinct sessions of the "
+        f'hits (lexical asks k={K_LEXICAL} hits with `context=0`, the semantic tier k={K_SEMANTIC}; "sessions" is the '
+        "mean number of distinct sessions those hits name). Latency: median of one call per query (ms), after one "
+        f'untimed call ("first call": the index\'s load). all-MiniLM-L6-v2: loaded in {mini["load_s"]:.1f} s, '
+        f"{len(items)} documents embedded in {mini['embed_s']:.1f} s ({mini['truncated']} truncated at "
+        f"{MINILM_MAX_TOKENS} tokens); its latency is the query's "
+        "embedding plus a brute-force cosine over the documents.\n",
         "| method | hit@1 | hit@10 | median ms / query | first call s | sessions |",
         "|---|---:|---:|---:|---:|---:|",
-        *[f"| {r.method} | {r.hit1:.3f} | {r.hit10:.3f} | {r.median_ms:.1f} | {r.first_s:.2f} | {r.sessions:.1f} |" for r in rows],
+        *[
+            f"| {r.method} | {r.hit1:.3f} | {r.hit10:.3f} | {r.median_ms:.1f} | {r.first_s:.2f} | {r.sessions:.1f} |"
+            for r in rows
+        ],
         "",
         f"**{best.method.split(':')[0].split(' (')[0]} wins** (hit@1 {best.hit1:.3f}, hit@10 {best.hit10:.3f}). "
-        f"The query occurs verbatim in {verbatim} of the {len(items)} targets: phrase search (hit@10 {lexical.hit10:.3f}) "
-        "finds the others only through the partial matches of a query's last words that it ranks after full ones.",
+        f"The query occurs verbatim in {verbatim} of the {len(items)} targets: phrase search (hit@10 "
+        f"{lexical.hit10:.3f}) finds the others only through the partial "
+        "matches of a query's last words that it ranks after full ones.",
     ]
     lines.append(
-        f"\nScores (decision 0058) are on one scale for every query; a hit under {below} is marked weak. Of the top hits, "
-        f"{strong_right:.3f} of those that were right ({len(weak['right'])}) stay unmarked, {weak_wrong:.3f} of the wrong ones "
-        f"({len(weak['wrong'])}) are marked, and {weak_none:.3f} of the top hits of {len(weak['unanswerable'])} queries whose function "
-        f"is not archived (eligible functions the seed did not pick) are marked."
+        f"\nScores (decision 0058) are on one scale for every query; a hit under {below} is marked weak. Of the top "
+        f"hits, {strong_right:.3f} of those that were right ({len(weak['right'])}) stay unmarked, {weak_wrong:.3f} of "
+        f"the wrong ones ({len(weak['wrong'])}) are marked, and {weak_none:.3f} of the top hits of "
+        f"{len(weak['unanswerable'])} queries whose function is not "
+        "archived (eligible functions the seed did not pick) are marked."
     )
-    publish("Search by meaning on standard-library docstrings: the semantic tier", lines, append=not (args.quick or args.no_results or args.held_out))
+    publish(
+        "Search by meaning on standard-library docstrings: the semantic tier",
+        lines,
+        append=not (args.quick or args.no_results or args.held_out),
+    )
 
 
 if __name__ == "__main__":

@@ -284,7 +284,25 @@ class InfiniGram:
         np.array(offsets, "<u8").tofile(folder / "offset.0")
         self.tokens = at // 2 - len(offsets)
         t = time.perf_counter()
-        cmd = [sys.executable, "-m", "infini_gram.indexing", "--data_dir", str(folder), "--save_dir", str(folder), "--temp_dir", str(folder / "tmp"), "--token_dtype", "u16", "--cpus", str(os.cpu_count()), "--mem", "8", "--ulimit", "4096"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "infini_gram.indexing",
+            "--data_dir",
+            str(folder),
+            "--save_dir",
+            str(folder),
+            "--temp_dir",
+            str(folder / "tmp"),
+            "--token_dtype",
+            "u16",
+            "--cpus",
+            str(os.cpu_count()),
+            "--mem",
+            "8",
+            "--ulimit",
+            "4096",
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
         self.build_s = time.perf_counter() - t
         self.bytes = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
@@ -301,7 +319,10 @@ class InfiniGram:
 def infini_gram(truth: Truth, folder: Path) -> InfiniGram | None:
     """The peer, or None (and why, once) when its wheel is not installed."""
     if importlib.util.find_spec("infini_gram") is None:
-        log("  infini-gram not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-search.txt")
+        log(
+            "  infini-gram not installed: .venv/bin/pip install --no-deps "
+            "--require-hashes -r benchmarks/requirements-search.txt"
+        )
         return None
     return InfiniGram(truth, folder)
 
@@ -332,7 +353,9 @@ def build_archive(path: Path, tok_hash: str, sessions: list[np.ndarray]) -> tupl
     for i, s in enumerate(sessions):  # each session a root node of its own: synthetic sessions share no prefix
         sid = trie.path_id(model_id, s)
         row = SessionRow(sid, f"s{i:05d}", "bench", model_id, base + dt.timedelta(seconds=i), len(s), {"kind": "text"})
-        storage.apply(SessionWrite(row, ALPHABET, node=NewNode(sid, None, 0, s, np.zeros(len(s), dtype=np.float32), keep)))
+        storage.apply(
+            SessionWrite(row, ALPHABET, node=NewNode(sid, None, 0, s, np.zeros(len(s), dtype=np.float32), keep))
+        )
         ids.append(sid)
     storage.close()
     write_s = time.perf_counter() - t
@@ -365,14 +388,26 @@ def probe(path: Path, phrases: list[str]) -> dict:
         for i in range(100):
             db.search(phrases[i % len(phrases)], k=10)
         after = memory_mb()
-    return {"open_ms": open_ms, "first_query_ms": first_ms, "rss_mb_before_open": before["VmRSS"], "rss_mb_after_100_queries": after["VmRSS"], "rss_anon_mb": after["RssAnon"], "rss_file_mb": after["RssFile"]}
+    return {
+        "open_ms": open_ms,
+        "first_query_ms": first_ms,
+        "rss_mb_before_open": before["VmRSS"],
+        "rss_mb_after_100_queries": after["VmRSS"],
+        "rss_anon_mb": after["RssAnon"],
+        "rss_file_mb": after["RssFile"],
+    }
 
 
 def probe_in_fresh_process(path: Path, phrases: list[str]) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(phrases, f)
     try:
-        out = subprocess.run([sys.executable, __file__, "--probe", str(path), "--phrases", f.name], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--probe", str(path), "--phrases", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     finally:
         os.unlink(f.name)
     return json.loads(out.stdout)
@@ -412,9 +447,12 @@ def natural_phrases(tok, truth: Truth, space: np.ndarray, rng: np.random.Generat
             occ = truth.token_occurrences(variants)
             count = len(occ)
             kind = (
-                "natural-rare" if count <= RARE_MAX
-                else "natural-very-frequent" if count > RECALL_MAX
-                else "natural-frequent" if count >= FREQUENT_MIN
+                "natural-rare"
+                if count <= RARE_MAX
+                else "natural-very-frequent"
+                if count > RECALL_MAX
+                else "natural-frequent"
+                if count >= FREQUENT_MIN
                 else None
             )
             if kind is None or not want[kind]:
@@ -446,14 +484,15 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     index_bytes = sum(f.stat().st_size for f in index_files)
     log(f"  store write {write_s:.1f} s, rebuild_index {index_s:.1f} s, index {index_bytes / n_tokens:.4f} B/token")
 
-    queries = [
-        Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted
-    ]
+    queries = [Query(p, "planted", phrase_variants(tok, p)) for p, _ in corpus.planted]
     for q in queries:
         q.truth = truth.token_occurrences(q.variants)
         q.text_count = truth.text_occurrences(q.phrase)
     queries += natural_phrases(tok, truth, space, rng, args.per_class)
-    log(f"  {len(queries)} phrases: " + ", ".join(f"{k} {sum(q.kind == k for q in queries)}" for k in dict.fromkeys(q.kind for q in queries)))
+    log(
+        f"  {len(queries)} phrases: "
+        + ", ".join(f"{k} {sum(q.kind == k for q in queries)}" for k in dict.fromkeys(q.kind for q in queries))
+    )
 
     t = time.perf_counter()
     sa = SuffixIndex(truth)
@@ -465,7 +504,10 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
     con.execute("SELECT count(*) FROM docs WHERE contains(text, 'warm-up')").fetchall()
 
     probed = probe_in_fresh_process(path, [q.phrase for q in queries])
-    log(f"  fresh process: index opened in {probed['open_ms']:.1f} ms, first query {probed['first_query_ms']:.0f} ms, {probed['rss_mb_after_100_queries']:.0f} MB resident after 100 queries")
+    log(
+        f"  fresh process: index opened in {probed['open_ms']:.1f} ms, first query {probed['first_query_ms']:.0f} "
+        f"ms, {probed['rss_mb_after_100_queries']:.0f} MB resident after 100 queries"
+    )
     db = kvdb.open(path)
     first_ms = probed["first_query_ms"]
 
@@ -481,13 +523,24 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         assert sa_found == q.truth, f"suffix array disagrees with ground truth on {q.phrase!r}"
         if ig is not None:
             assert ig.count(q.variants) == len(q.truth), f"infini-gram disagrees with ground truth on {q.phrase!r}"
-        assert db.count(q.phrase, case_sensitive=True).count == len(q.truth), f"Archive.count disagrees with ground truth on {q.phrase!r}"
+        assert db.count(q.phrase, case_sensitive=True).count == len(q.truth), (
+            f"Archive.count disagrees with ground truth on {q.phrase!r}"
+        )
         recall_rows.append((q, len(exact & q.truth), len(exact)))
 
     # latency, k=10: each phrase's first search in every casing timed alone (the pages of the casings and partial hits
     # the recall check above did not touch are read then), then the median of the repeats, at every scale
     reps = reps_of(args)
-    lat: dict[str, list[float]] = {"kvdb": [], "kvdb_first": [], "kvdb_case": [], "count": [], "contains": [], "like": [], "sa": [], "infini_gram": []}
+    lat: dict[str, list[float]] = {
+        "kvdb": [],
+        "kvdb_first": [],
+        "kvdb_case": [],
+        "count": [],
+        "contains": [],
+        "like": [],
+        "sa": [],
+        "infini_gram": [],
+    }
     lat_by_kind: dict[str, list[float]] = {}
     for q in queries:
         lat["kvdb_first"].append(1e3 * median_seconds(partial(db.search, q.phrase, k=10), 1))
@@ -496,12 +549,33 @@ def run_scale(n_tokens: int, corpus: Corpus, tok, tok_hash: str, space: np.ndarr
         lat_by_kind.setdefault(q.kind, []).append(ms)
         lat["kvdb_case"].append(1e3 * median_seconds(partial(db.search, q.phrase, k=10, case_sensitive=True), reps))
         lat["count"].append(1e3 * median_seconds(partial(db.count, q.phrase), reps))
-        lat["contains"].append(1e3 * median_seconds(lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(), reps))
+        lat["contains"].append(
+            1e3
+            * median_seconds(
+                lambda phrase=q.phrase: con.execute("SELECT id FROM docs WHERE contains(text, ?)", [phrase]).fetchall(),
+                reps,
+            )
+        )
         pattern = like_pattern(q.phrase)
-        lat["like"].append(1e3 * median_seconds(lambda pattern=pattern: con.execute("SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]).fetchall(), reps))
-        lat["sa"].append(1e3 * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps))  # tokenizing timed, as kvdb's is
+        lat["like"].append(
+            1e3
+            * median_seconds(
+                lambda pattern=pattern: con.execute(
+                    "SELECT id FROM docs WHERE text LIKE ? ESCAPE '\\'", [pattern]
+                ).fetchall(),
+                reps,
+            )
+        )
+        # tokenizing timed, as kvdb's is
+        lat["sa"].append(
+            1e3
+            * median_seconds(lambda phrase=q.phrase, index=sa: index.search(phrase_variants(tok, phrase), k=10), reps)
+        )
         if ig is not None:
-            lat["infini_gram"].append(1e3 * median_seconds(lambda phrase=q.phrase, engine=ig: engine.count(phrase_variants(tok, phrase)), reps))
+            lat["infini_gram"].append(
+                1e3
+                * median_seconds(lambda phrase=q.phrase, engine=ig: engine.count(phrase_variants(tok, phrase)), reps)
+            )
     db.close()
     con.close()
     out = {
@@ -536,15 +610,32 @@ def as_json(r: dict) -> dict:
     """One scale as ``--json`` prints it: kvdb's default search, then its peers on the same stream."""
 
     def spread(values: list[float]) -> dict:
-        return {"p50_ms": round(pct(values, 50), 3), "p95_ms": round(pct(values, 95), 3), "p99_ms": round(pct(values, 99), 3)} if values else {}
+        return (
+            {
+                "p50_ms": round(pct(values, 50), 3),
+                "p95_ms": round(pct(values, 95), 3),
+                "p99_ms": round(pct(values, 99), 3),
+            }
+            if values
+            else {}
+        )
 
     occurrences = sum(len(q.truth) for q, _, _ in r["recall_rows"])
     found = sum(c for _, c, _ in r["recall_rows"])
     peers = {
-        "numpy_suffix_array": spread(r["lat"]["sa"]) | {"build_s": round(r["sa_build_s"], 2), "bytes_per_token": round(r["sa_bpt"], 3)},
-        "infini_gram": spread(r["lat"]["infini_gram"]) | {"build_s": round(r["ig"]["build_s"], 2), "bytes_per_token": round(r["ig"]["bpt"], 3), "open_ms": round(r["ig"]["open_ms"], 1)}
+        "numpy_suffix_array": spread(r["lat"]["sa"])
+        | {"build_s": round(r["sa_build_s"], 2), "bytes_per_token": round(r["sa_bpt"], 3)},
+        "infini_gram": spread(r["lat"]["infini_gram"])
+        | {
+            "build_s": round(r["ig"]["build_s"], 2),
+            "bytes_per_token": round(r["ig"]["bpt"], 3),
+            "open_ms": round(r["ig"]["open_ms"], 1),
+        }
         if r["ig"]
-        else {"error": "not installed: .venv/bin/pip install --no-deps --require-hashes -r benchmarks/requirements-search.txt"},
+        else {
+            "error": "not installed: .venv/bin/pip install --no-deps "
+            "--require-hashes -r benchmarks/requirements-search.txt"
+        },
         "duckdb_contains": spread(r["lat"]["contains"]),
         "duckdb_like": spread(r["lat"]["like"]),
     }
@@ -576,8 +667,12 @@ def kvdb_source() -> str:
     """Where the measured kvdb came from: its folder, and the git commit when it lies in a work tree."""
     folder = Path(kvdb.__file__).resolve().parent
     try:
-        rev = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "."], capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "."], capture_output=True, text=True, check=True
+        ).stdout.strip()
         return f"{folder.name}/ at {rev}{' with uncommitted changes' if dirty else ''}"
     except (OSError, subprocess.CalledProcessError):
         return str(folder)
@@ -591,18 +686,20 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
         f"duckdb {duckdb.__version__} "
         f"(default threads), SmolLM2 tokenizer (49,152 ids); model not loaded. kvdb imported from `{kvdb_source()}`. "
         f"Total {elapsed / 60:.1f} min.\n",
-        "Data: real text from installed package docs up to 1e6 tokens; from 1e7 on, the real stream plus synthetic sessions "
-        f"of its sentences shuffled. Sessions of {SESSION_MIN:,}–{SESSION_MAX:,} tokens. {planted} planted phrases "
-        f"(1–20 tokens, random words, {PLANT_COPIES} copies each at word starts), plus whole-word n-grams of "
+        "Data: real text from installed package docs up to 1e6 tokens; from 1e7 on, the real stream plus synthetic "
+        f"sessions of its sentences shuffled. Sessions of {SESSION_MIN:,}–{SESSION_MAX:,} tokens. {planted} planted "
+        f"phrases (1–20 tokens, random words, {PLANT_COPIES} copies each at word starts), plus whole-word n-grams of "
         f"{', '.join(map(str, NATURAL_LENGTHS))} tokens sampled from each scale: rare (≤ {RARE_MAX} occurrences), "
         f"frequent ({FREQUENT_MIN}–{RECALL_MAX}) and very frequent (> {RECALL_MAX}, timed only).\n",
         "Ground truth: token-subsequence search over the archived token streams, within a session. An occurrence is a "
         "(session, end position) where either tokenization kvdb searches ends: the phrase as typed, or after a space. "
-        "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True, each_occurrence=True)` hits (the ground truth is in the phrase's casing) with `exact=True`. "
-        "Text occurrences = overlapping substring matches in the decoded session text; "
-        "\"missed by tokenization\" = text occurrences minus token occurrences (a substring whose tokens are neither variant).\n",
+        "Recall/precision count `Archive.search(phrase, k=occurrences+5, case_sensitive=True, each_occurrence=True)` "
+        "hits (the ground truth is in the phrase's casing) with `exact=True`. Text occurrences = overlapping substring "
+        'matches in the decoded session text; "missed by tokenization" = text occurrences minus token occurrences (a '
+        "substring whose tokens are neither variant).\n",
         "### Recall and precision\n",
-        "| tokens | kind | phrase tokens | phrases checked | token occurrences | found | recall | precision | text occurrences | missed by tokenization |",
+        "| tokens | kind | phrase tokens | phrases checked | token occurrences | "
+        "found | recall | precision | text occurrences | missed by tokenization |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -615,43 +712,66 @@ def report(results: list[dict], args, elapsed: float, planted: int) -> str:
             returned = sum(n for _, _, n in rows)
             text = sum(q.text_count for q, _, _ in rows)
             lines.append(
-                f"| {r['tokens']:.0e} | {kind} | {min(max(map(len, q.variants)) for q, _, _ in rows)}–{max(max(map(len, q.variants)) for q, _, _ in rows)} "
-                f"| {len(rows)} | {occ:,} | {found:,} | {found / occ:.4f} | {found / returned if returned else float('nan'):.4f} "
-                f"| {text:,} | {text - occ:,} |"
+                f"| {r['tokens']:.0e} | {kind} | "
+                f"{min(max(map(len, q.variants)) for q, _, _ in rows)}–"
+                f"{max(max(map(len, q.variants)) for q, _, _ in rows)} "
+                f"| {len(rows)} | {occ:,} | {found:,} | {found / occ:.4f} | "
+                f"{found / returned if returned else float('nan'):.4f} | {text:,} | {text - occ:,} |"
             )
     lines += [
         "",
-        f"### Latency (k=10, ms per query, median of {reps_of(args)} repeats per phrase; p50/p95 over all phrases) and size\n",
-        "kvdb = `Archive.search(phrase, k=10)`, index loaded, tokenizer loaded: the phrase in up to five casings (as typed, lower, "
-        "sentence, title, upper case), each as typed and after a space; case-sensitive = `case_sensitive=True`, its own casing alone. DuckDB = `SELECT id FROM docs WHERE contains(text, ?)` "
-        "/ `... text LIKE '%…%'` over one row of decoded text per session, in memory. Suffix array = numpy prefix doubling "
-        "over the concatenated token streams; query = tokenize both variants + two binary searches each + map to sessions; "
-        "bytes = int32 suffix array + uint16 tokens. infini-gram = its engine (`infini-gram` 2.6.0) over the same sessions, built by its own "
-        "indexer; query = tokenize both variants + `find` each (a count and the suffix-array ranges, no context), bytes = its files. "
-        "Open = `WalkIndex.load` in a fresh process; resident = that process's RSS after opening the archive and 100 searches "
-        "(of it, mapped index and library files shared through the page cache). Count = `Archive.count(phrase)`, every casing, exact "
-        "(checked against the ground truth, case-sensitive, on every recall phrase). First call = each phrase's first "
-        "`Archive.search(phrase, k=10)`, timed once before its repeats, after the recall check's case-sensitive searches of it: it "
+        f"### Latency (k=10, ms per query, median of {reps_of(args)} "
+        "repeats per phrase; p50/p95 over all phrases) and size\n",
+        "kvdb = `Archive.search(phrase, k=10)`, index loaded, tokenizer loaded: the phrase in up to five casings (as "
+        "typed, lower, sentence, title, upper case), each as typed and after a space; case-sensitive = "
+        "`case_sensitive=True`, its own casing alone. DuckDB = `SELECT id FROM docs WHERE contains(text, ?)` / `... "
+        "text LIKE '%…%'` over one row of decoded text per session, in memory. Suffix array = numpy prefix doubling "
+        "over the concatenated token streams; query = tokenize both variants + two binary searches each + map to "
+        "sessions; bytes = int32 suffix array + uint16 tokens. infini-gram = its engine (`infini-gram` 2.6.0) over the "
+        "same sessions, built by its own indexer; query = tokenize both variants + `find` each (a count and the "
+        "suffix-array ranges, no context), bytes = its files. Open = `WalkIndex.load` in a fresh process; resident = "
+        "that process's RSS after opening the archive and 100 searches (of it, mapped index and library files shared "
+        "through the page cache). Count = `Archive.count(phrase)`, every casing, exact (checked against the ground "
+        "truth, case-sensitive, on every recall phrase). First call = each phrase's first `Archive.search(phrase, "
+        "k=10)`, timed once before its repeats, after the recall check's case-sensitive searches of it: it "
         "reads the pages of the other casings and of the partial hits for the first time.\n",
-        "| tokens | sessions | phrases | kvdb p50 | kvdb p95 | kvdb first call p50 | first call p95 | kvdb case-sensitive p50 | case-sensitive p95 | kvdb first query (loads index) | contains p50 | contains p95 | LIKE p50 | LIKE p95 "
-        "| suffix array p50 | SA p95 | kvdb index build s | kvdb index B/token | SA build s | SA B/token "
-        "| infini-gram p50 | infini-gram p95 | infini-gram build s | infini-gram B/token | kvdb open ms | resident MB (mapped) | kvdb count p50 | count p95 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| tokens | sessions | phrases | kvdb p50 | kvdb p95 | kvdb first call p50 | first call p95 | kvdb "
+        "case-sensitive p50 | case-sensitive p95 | kvdb first query (loads index) | contains p50 | contains p95 | LIKE "
+        "p50 | LIKE p95 | suffix array p50 | SA p95 | kvdb index build s | kvdb index B/token | SA build s | SA "
+        "B/token | infini-gram p50 | infini-gram p95 | infini-gram build s | infini-gram B/token | kvdb open ms | "
+        "resident MB (mapped) | kvdb count p50 | count p95 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         L = r["lat"]
         lines.append(
-            f"| {r['tokens']:.0e} | {r['sessions']} | {len(L['kvdb'])} | {f(pct(L['kvdb'], 50))} | {f(pct(L['kvdb'], 95))} | {f(pct(L['kvdb_first'], 50))} | {f(pct(L['kvdb_first'], 95))} | {f(pct(L['kvdb_case'], 50))} | {f(pct(L['kvdb_case'], 95))} | {f(r['first_ms'])} "
-            f"| {f(pct(L['contains'], 50))} | {f(pct(L['contains'], 95))} | {f(pct(L['like'], 50))} | {f(pct(L['like'], 95))} "
-            f"| {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | {r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} "
-            + (f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} | {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} " if r["ig"] else "| – | – | – | – ")
-            + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} ({r['probe']['rss_file_mb']:.0f}) | {f(pct(L['count'], 50))} | {f(pct(L['count'], 95))} |"
+            f"| {r['tokens']:.0e} | {r['sessions']} | {len(L['kvdb'])} | {f(pct(L['kvdb'], 50))} | "
+            f"{f(pct(L['kvdb'], 95))} | {f(pct(L['kvdb_first'], 50))} | {f(pct(L['kvdb_first'], 95))} | "
+            f"{f(pct(L['kvdb_case'], 50))} | {f(pct(L['kvdb_case'], 95))} | {f(r['first_ms'])} | "
+            f"{f(pct(L['contains'], 50))} | {f(pct(L['contains'], 95))} | {f(pct(L['like'], 50))} | "
+            f"{f(pct(L['like'], 95))} | {f(pct(L['sa'], 50))} | {f(pct(L['sa'], 95))} | {r['index_s']:.2f} | "
+            f"{r['index_bpt']:.4f} | {r['sa_build_s']:.2f} | {r['sa_bpt']:.2f} "
+            + (
+                f"| {f(pct(L['infini_gram'], 50))} | {f(pct(L['infini_gram'], 95))} "
+                f"| {r['ig']['build_s']:.2f} | {r['ig']['bpt']:.2f} "
+                if r["ig"]
+                else "| – | – | – | – "
+            )
+            + f"| {r['probe']['open_ms']:.1f} | {r['probe']['rss_mb_after_100_queries']:.0f} "
+            f"({r['probe']['rss_file_mb']:.0f}) | {f(pct(L['count'], 50))} | {f(pct(L['count'], 95))} |"
         )
     kinds = list(dict.fromkeys(k for r in results for k in r["lat_by_kind"]))
-    lines += ["", "kvdb p50 / p95 (ms) by phrase kind:\n", "| tokens | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
+    lines += [
+        "",
+        "kvdb p50 / p95 (ms) by phrase kind:\n",
+        "| tokens | " + " | ".join(kinds) + " |",
+        "|---:|" + "---:|" * len(kinds),
+    ]
     for r in results:
         cells = [
-            f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–" for k in kinds
+            f"{f(pct(r['lat_by_kind'][k], 50))} / {f(pct(r['lat_by_kind'][k], 95))}" if k in r["lat_by_kind"] else "–"
+            for k in kinds
         ]
         lines.append(f"| {r['tokens']:.0e} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -661,7 +781,10 @@ def targets(results: list[dict]) -> str:
     at = {r["tokens"]: r for r in results}
     recall = [c / len(q.truth) for r in results for q, c, _ in r["recall_rows"] if q.truth]
     lines = ["", "Targets:\n"]
-    lines.append(f"- recall 1.0 on exact occurrences: {'met' if recall and min(recall) == 1.0 else 'NOT met'} (lowest per-phrase recall {min(recall):.4f})")
+    lines.append(
+        f"- recall 1.0 on exact occurrences: {'met' if recall and min(recall) == 1.0 else 'NOT met'} "
+        f"(lowest per-phrase recall {min(recall):.4f})"
+    )
     if 10**6 in at:
         p50 = pct(at[10**6]["lat"]["kvdb"], 50)
         lines.append(f"- p50 ≤ 10 ms at 1e6 tokens: {'met' if p50 <= 10 else 'NOT met'} ({p50:.2f} ms)")
@@ -678,17 +801,27 @@ def targets(results: list[dict]) -> str:
             + ")"
         )
     bpt = max(r["index_bpt"] for r in results)
-    lines.append(f"- index ≤ 7 bytes/token (issue 36): {'met' if bpt <= 7 else 'NOT met'} ({bpt:.4f} B/token at most: 4-byte slot and 2-byte token per position, a sampled key per 64)")
+    lines.append(
+        f"- index ≤ 7 bytes/token (issue 36): {'met' if bpt <= 7 else 'NOT met'} ({bpt:.4f} B/token at most: "
+        "4-byte slot and 2-byte token per position, a sampled key per 64)"
+    )
     if 10**8 in at:
         r = at[10**8]
         p50, p95 = pct(r["lat"]["kvdb"], 50), pct(r["lat"]["kvdb"], 95)
         first50, first95 = pct(r["lat"]["kvdb_first"], 50), pct(r["lat"]["kvdb_first"], 95)
         lines.append(
-            f"- at 1e8 tokens, p50 ≤ 3 ms and p95 ≤ 10 ms: {'met' if p50 <= 3 and p95 <= 10 else 'NOT met'} ({p50:.2f} / {p95:.2f} ms; "
-            f"each phrase's first call {first50:.2f} / {first95:.2f} ms, {'met' if first50 <= 3 and first95 <= 10 else 'NOT met'})"
+            f"- at 1e8 tokens, p50 ≤ 3 ms and p95 ≤ 10 ms: {'met' if p50 <= 3 and p95 <= 10 else 'NOT met'} "
+            f"({p50:.2f} / {p95:.2f} ms; each phrase's first call {first50:.2f} / {first95:.2f} ms, "
+            f"{'met' if first50 <= 3 and first95 <= 10 else 'NOT met'})"
         )
-        lines.append(f"- opening the index at 1e8 ≤ 100 ms: {'met' if r['probe']['open_ms'] <= 100 else 'NOT met'} ({r['probe']['open_ms']:.1f} ms)")
-        lines.append(f"- building 1e8 tokens ≤ 10 minutes: {'met' if r['index_s'] <= 600 else 'NOT met'} ({r['index_s']:.0f} s)")
+        lines.append(
+            "- opening the index at 1e8 ≤ 100 ms: "
+            f"{'met' if r['probe']['open_ms'] <= 100 else 'NOT met'} ({r['probe']['open_ms']:.1f} ms)"
+        )
+        lines.append(
+            "- building 1e8 tokens ≤ 10 minutes: "
+            rf"{'met' if r['index_s'] <= 600 else 'NOT met'} ({r['index_s']:.0f} s)"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -702,7 +835,14 @@ def plot(results: list[dict], path: Path) -> bool:
         return False
     xs = [r["tokens"] for r in results]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = (("kvdb", "kvdb Archive.search (k=10)"), ("kvdb_case", "kvdb, case-sensitive"), ("contains", "DuckDB contains()"), ("like", "DuckDB LIKE"), ("sa", "suffix array (numpy)"), ("infini_gram", "infini-gram find"))
+    series = (
+        ("kvdb", "kvdb Archive.search (k=10)"),
+        ("kvdb_case", "kvdb, case-sensitive"),
+        ("contains", "DuckDB contains()"),
+        ("like", "DuckDB LIKE"),
+        ("sa", "suffix array (numpy)"),
+        ("infini_gram", "infini-gram find"),
+    )
     for key, label in series:
         if not all(r["lat"][key] for r in results):
             continue
@@ -727,9 +867,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1e5 tokens only, few phrases: a smoke run")
     parser.add_argument("--scales", default=None, help="comma-separated token counts (default 1e5,1e6,1e7,1e8)")
-    parser.add_argument("--reps", type=int, default=None, help="timed repeats per phrase and method (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed repeats per phrase and method (default 3; 1 with --quick)"
+    )
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md or plot")
-    parser.add_argument("--json", action="store_true", help="also print one JSON object per scale on stdout (progress goes to stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="also print one JSON object per scale on stdout (progress goes to stderr)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)  # internal: measure opening in a fresh process
     parser.add_argument("--phrases", type=Path, help=argparse.SUPPRESS)
@@ -750,7 +894,10 @@ def main() -> None:
     if args.quick:
         corpus.planted = corpus.planted[::3]
     space, _ = vocab_tables(tok)
-    log(f"corpus: {sum(len(s) for s in corpus.sessions):,} tokens in {len(corpus.sessions)} sessions, {len(corpus.planted)} planted phrases")
+    log(
+        f"corpus: {sum(len(s) for s in corpus.sessions):,} tokens in "
+        f"{len(corpus.sessions)} sessions, {len(corpus.planted)} planted phrases"
+    )
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

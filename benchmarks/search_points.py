@@ -143,7 +143,9 @@ def _usable(alphabet: int, dtype: np.dtype | type, dim: int | None) -> tuple[Geo
     geo = geometry(alphabet, dim)
     depth = geo.capacity(dtype)
     if depth < 1:
-        raise InvalidArgument(f"{np.dtype(dtype)} points of dimension {geo.dim} cannot resolve one symbol of {alphabet}")
+        raise InvalidArgument(
+            f"{np.dtype(dtype)} points of dimension {geo.dim} cannot resolve one symbol of {alphabet}"
+        )
     return geo, depth
 
 

@@ -39,7 +39,11 @@ def main() -> None:
 
     items, _, _ = retrieval_set(300, 0)
     texts = [(item.name, item.document) for item in items[: args.sessions]]
-    chats = [path for path in find_transcript_files([ROOT / "examples" / "transcripts"]) if any(t.messages is not None for t in iter_transcripts(path))]
+    chats = [
+        path
+        for path in find_transcript_files([ROOT / "examples" / "transcripts"])
+        if any(t.messages is not None for t in iter_transcripts(path))
+    ]
     model = loading.load(None)
     start = time.perf_counter()
     embedder = Embedder()
@@ -49,7 +53,10 @@ def main() -> None:
     seconds = {without: 0.0, with_tier: 0.0}
     tokens = 0
     with tempfile.TemporaryDirectory() as folder:
-        archives = {keep: kvdb.open(Path(folder) / f"{n}.duckdb", model=model, embedder=embedder) for n, keep in enumerate(seconds)}
+        archives = {
+            keep: kvdb.open(Path(folder) / f"{n}.duckdb", model=model, embedder=embedder)
+            for n, keep in enumerate(seconds)
+        }
         sessions = [((), {"text": text, "name": name}) for name, text in texts] + [((str(path),), {}) for path in chats]
         for i, (paths, given) in enumerate(sessions):
             order = list(seconds) if i % 2 == 0 else list(seconds)[::-1]
@@ -64,9 +71,10 @@ def main() -> None:
     base, more = seconds[without], seconds[with_tier]
     lines = [
         describe("torch", "transformers"),
-        f"{len(texts)} Python functions of benchmarks/retrieval.py (text sessions) and the {len(chats)} chat files of examples/transcripts, "
-        f"{tokens:,} tokens, each ingested into both archives in turn (the order alternating); the embedded SmolLM2 for both. "
-        f"The embedder (all-MiniLM-L6-v2) loads once per process: {load_s:.1f} s, not counted below.",
+        f"{len(texts)} Python functions of benchmarks/retrieval.py (text sessions) and the {len(chats)} chat files of "
+        f"examples/transcripts, {tokens:,} tokens, each ingested into both archives in turn (the order alternating); "
+        "the embedded SmolLM2 for both. The embedder (all-MiniLM-L6-v2) "
+        f"loads once per process: {load_s:.1f} s, not counted below.",
         "",
         "| --keep | seconds | per 1,000 tokens | overhead |",
         "|---|---:|---:|---:|",

@@ -65,7 +65,8 @@ index.append(["f" * 32] * len(vectors), np.zeros((len(vectors), 2), np.int64), v
 appended = time.perf_counter()
 index.save(__import__("pathlib").Path(path))
 saved = time.perf_counter()
-print(json.dumps({"import": imported - start, "open": opened - imported, "first_query": answered - opened, "counts": counted - answered,
+print(json.dumps({"import": imported - start, "open": opened - imported, "first_query": answered - opened, \
+"counts": counted - answered,
                   "append": appended - counted, "save": saved - appended, "nodes": len(held), "hits": len(rows)}))
 """
 
@@ -78,7 +79,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--no-results", action="store_true")
-    parser.add_argument("--scratch", default=None, help="folder for the sidecars (default: the system's temporary folder)")
+    parser.add_argument(
+        "--scratch", default=None, help="folder for the sidecars (default: the system's temporary folder)"
+    )
     args = parser.parse_args()
 
     import faiss
@@ -112,7 +115,13 @@ def main() -> None:
         texts = [items[i].document for i in range(len(items))] + [items[int(i)].document for i in source]
         del filler, noise
         start = time.perf_counter()
-        table = ChunkIndex.build("bench@0", [f"{i // CHUNKS_PER_NODE:032x}" for i in range(size)], np.zeros((size, 2), np.int64), vectors, texts)
+        table = ChunkIndex.build(
+            "bench@0",
+            [f"{i // CHUNKS_PER_NODE:032x}" for i in range(size)],
+            np.zeros((size, 2), np.int64),
+            vectors,
+            texts,
+        )
         build_s = time.perf_counter() - start
         index = table.index
         times, found = [], []
@@ -132,7 +141,8 @@ def main() -> None:
         with_embed = [t + e for t, e in zip(times, embed_ms)]
         rows.append(
             f"| {size:,} | {kind} | {build_s:.1f} | {statistics.median(times):.2f} | {percentile(times, 95):.2f} | "
-            f"{statistics.median(with_embed):.1f} | {percentile(with_embed, 95):.1f} | {hit10:.3f} | {hit10_exact:.3f} |"
+            f"{statistics.median(with_embed):.1f} | "
+            f"{percentile(with_embed, 95):.1f} | {hit10:.3f} | {hit10_exact:.3f} |"
         )
         print(rows[-1], flush=True)
         del exact, index
@@ -146,34 +156,41 @@ def main() -> None:
             size_mb = sidecar.stat().st_size / 2**20
             child_start = time.perf_counter()
             child = subprocess.run(
-                [sys.executable, "-c", NEW_PROCESS, str(sidecar), str(query_file), queries[0], str(SESSION_CHUNKS)], capture_output=True, text=True, check=True
+                [sys.executable, "-c", NEW_PROCESS, str(sidecar), str(query_file), queries[0], str(SESSION_CHUNKS)],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             wall = time.perf_counter() - child_start
             got = json.loads(child.stdout.strip().splitlines()[-1])
         opened.append(
-            f"| {size:,} | {kind} | {build_s:.1f} | {save_s:.1f} | {size_mb:,.0f} | {got['import']:.2f} | {got['open']:.2f} | {1e3 * got['first_query']:.0f} | "
-            f"{wall:.1f} | {got['counts']:.2f} | {got['append']:.2f} | {got['save']:.1f} |"
+            f"| {size:,} | {kind} | {build_s:.1f} | {save_s:.1f} | {size_mb:,.0f} | {got['import']:.2f} | "
+            f"{got['open']:.2f} | {1e3 * got['first_query']:.0f} | {wall:.1f} | {got['counts']:.2f} | "
+            f"{got['append']:.2f} | {got['save']:.1f} |"
         )
         print(opened[-1], flush=True)
     lines = [
         describe("faiss-cpu", "torch", "transformers"),
         f"`.venv/bin/python benchmarks/semantic_latency.py {' '.join(sys.argv[1:])}`.",
-        "The 300 target documents of benchmarks/retrieval.py embedded by all-MiniLM-L6-v2, filled with synthetic unit vectors "
-        "near them to each size; the 300 real queries embedded. Search alone asks for 40 nearest (as `search --semantic -k 10`); "
-        f"Embedding one query took {statistics.median(embed_ms):.1f} ms (p50). "
-        "hit@10: the target among the first 10 real documents returned, by this index and by an exact scan of the same vectors.",
+        "The 300 target documents of benchmarks/retrieval.py embedded by all-MiniLM-L6-v2, filled with synthetic unit "
+        "vectors near them to each size; the 300 real queries embedded. Search alone asks for 40 nearest (as `search "
+        f"--semantic -k 10`); Embedding one query took {statistics.median(embed_ms):.1f} ms (p50). hit@10: the target "
+        "among the first 10 real documents returned, by this index and by an exact scan of the same vectors.",
         "",
-        "| chunks | index | derive s | search p50 ms | search p95 ms | + embedding p50 ms | + embedding p95 ms | hit@10 | hit@10, exact scan |",
+        "| chunks | index | derive s | search p50 ms | search p95 ms | + "
+        "embedding p50 ms | + embedding p95 ms | hit@10 | hit@10, exact scan |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        "The tier's index kept between processes (its sidecar, `kvdb/index/chunk_index.py`): derive s is the build every new "
-        f"process paid before (vector index and BM25 over the chunks' texts, {CHUNKS_PER_NODE} chunks a node; the database read "
-        "and the texts' decoding, also paid then, not counted); a NEW process then imports, opens the sidecar (memory-mapped), "
-        f"answers one query (vector search and BM25), and catches up with one more session of {SESSION_CHUNKS} chunks: its rows "
-        "counted per node, appended, the sidecar saved again. process s: the new process's whole run, from its start.",
+        "The tier's index kept between processes (its sidecar, `kvdb/index/chunk_index.py`): derive s is the build "
+        f"every new process paid before (vector index and BM25 over the chunks' texts, {CHUNKS_PER_NODE} chunks a "
+        "node; the database read and the texts' decoding, also paid then, not counted); a NEW process then imports, "
+        "opens the sidecar (memory-mapped), answers one query (vector search and BM25), and catches up with one more "
+        f"session of {SESSION_CHUNKS} chunks: its rows counted per node, appended, the sidecar saved again. process s: "
+        "the new process's whole run, from its start.",
         "",
-        "| chunks | index | derive s | save s | sidecar MB | import s | open s | first query ms | process s | count per node s | append s | save again s |",
+        "| chunks | index | derive s | save s | sidecar MB | import s | open s | "
+        "first query ms | process s | count per node s | append s | save again s |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *opened,
     ]

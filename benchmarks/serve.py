@@ -123,7 +123,12 @@ def turn(client, messages: list[dict], max_tokens: int) -> dict:
     began = time.perf_counter()
     first, reply, usage = None, [], None
     stream = client.chat.completions.create(
-        model="default", messages=messages, max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True}
+        model="default",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -143,7 +148,8 @@ def turn(client, messages: list[dict], max_tokens: int) -> dict:
 
 
 def replay(server: Server, dialogues: list[list[str]], max_tokens: int, restart: bool) -> list[list[dict]]:
-    """Every conversation turn by turn; with ``restart``, a SIGKILL and a fresh start before each turn after the first."""
+    """Every conversation turn by turn; with ``restart``, a SIGKILL and a fresh start before each turn after
+    the first."""
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
@@ -169,7 +175,12 @@ def shim(source: str, folder: str) -> str:
     so that it runs its own CLI and server (a later baseline holds them in its ``kvdb/``)."""
     path = Path(folder) / "baseline-shim"
     path.mkdir(exist_ok=True)
-    for name, where in (("kvdb_cli", "cli"), ("kvdb_server", "server"), ("kvdb_mcp", "mcpserver"), ("kvdb_migrations", "migrations")):
+    for name, where in (
+        ("kvdb_cli", "cli"),
+        ("kvdb_server", "server"),
+        ("kvdb_mcp", "mcpserver"),
+        ("kvdb_migrations", "migrations"),
+    ):
         if (Path(source) / where).is_dir() and not (path / name).exists():
             (path / name).symlink_to(Path(source).resolve() / where)
     return str(path)
@@ -195,19 +206,28 @@ def archiving(server: Server, db: Path, dialogues: list[list[str]], max_tokens: 
             began = time.perf_counter()
             while journal_entries(db) and time.perf_counter() - began < 600:
                 time.sleep(0.02)
-            rows.append({"total": row["total"], "archive": time.perf_counter() - began, "prompt_tokens": row["prompt_tokens"]})
+            rows.append(
+                {"total": row["total"], "archive": time.perf_counter() - began, "prompt_tokens": row["prompt_tokens"]}
+            )
             messages.append({"role": "assistant", "content": row["reply"]})
     follow = []
     for users in dialogues:
-        messages = [{"role": "system", "content": SYSTEM + " "}, {"role": "user", "content": users[0]}]  # not archived before: a new conversation
+        # not archived before: a new conversation
+        messages = [{"role": "system", "content": SYSTEM + " "}, {"role": "user", "content": users[0]}]
         first = turn(client, messages, max_tokens)
         time.sleep(pause)
         messages += [{"role": "assistant", "content": first["reply"]}, {"role": "user", "content": users[1]}]
         follow.append(turn(client, messages, max_tokens))
-    return {"turns": rows, "follow_ttft": [f["ttft"] for f in follow], "follow_prompt": [f["prompt_tokens"] for f in follow]}
+    return {
+        "turns": rows,
+        "follow_ttft": [f["ttft"] for f in follow],
+        "follow_prompt": [f["prompt_tokens"] for f in follow],
+    }
 
 
-def concurrent_failures(server: Server, dialogues: list[list[str]], max_tokens: int, clients: int = 4) -> tuple[int, int, list[str]]:
+def concurrent_failures(
+    server: Server, dialogues: list[list[str]], max_tokens: int, clients: int = 4
+) -> tuple[int, int, list[str]]:
     """(failed, total, the kinds of failure) of requests with ``clients`` conversations replayed at once."""
     from openai import OpenAI
 
@@ -266,10 +286,14 @@ async def complete(request: Request):
     def events():
         for piece in streamer:
             if piece:
-                yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": int(time.time()), "model": "stock",
-                                             "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}) + "\\n\\n"
-        usage = {"prompt_tokens": ids.shape[1], "completion_tokens": 0, "total_tokens": ids.shape[1], "prompt_tokens_details": {"cached_tokens": 0}}
-        yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": int(time.time()), "model": "stock", "choices": [], "usage": usage}) + "\\n\\n"
+                yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", \
+"created": int(time.time()), "model": "stock",
+                                             "choices": [{"index": 0, "delta": {"content": piece}, \
+"finish_reason": None}]}) + "\\n\\n"
+        usage = {"prompt_tokens": ids.shape[1], "completion_tokens": 0, "total_tokens": ids.shape[1], \
+"prompt_tokens_details": {"cached_tokens": 0}}
+        yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "created": int(time.time()), \
+"model": "stock", "choices": [], "usage": usage}) + "\\n\\n"
         yield "data: [DONE]\\n\\n"
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -279,12 +303,22 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 
 def summarise(runs: dict[str, list[list[dict]]], turns: int) -> list[str]:
     names = list(runs)
-    header = "| turn | prompt tokens | " + " | ".join(f"{n} TTFT s (cached)" for n in names) + " | " + " | ".join(f"{n} total s" for n in names) + " |"
+    header = (
+        "| turn | prompt tokens | "
+        + " | ".join(f"{n} TTFT s (cached)" for n in names)
+        + " | "
+        + " | ".join(f"{n} total s" for n in names)
+        + " |"
+    )
     lines = [header, "|" + "---:|" * (2 + 2 * len(names))]
     for t in range(turns):
         rows = {n: [conv[t] for conv in runs[n]] for n in names}
         prompt = statistics.mean(r["prompt_tokens"] or 0 for r in rows[names[0]])
-        ttft = " | ".join(f"{statistics.median(r['ttft'] for r in rows[n]):.3f} ({statistics.mean((r['cached_tokens'] or 0) for r in rows[n]):.0f})" for n in names)
+        ttft = " | ".join(
+            f"{statistics.median(r['ttft'] for r in rows[n]):.3f} "
+            f"({statistics.mean((r['cached_tokens'] or 0) for r in rows[n]):.0f})"
+            for n in names
+        )
         total = " | ".join(f"{statistics.median(r['total'] for r in rows[n]):.3f}" for n in names)
         lines.append(f"| {t + 1} | {prompt:.0f} | {ttft} | {total} |")
     return lines
@@ -295,7 +329,8 @@ def archive_table(costs: dict[str, dict], turns: int) -> list[str]:
     exchange (medians over the conversations); then the follow-up TTFTs."""
     names = list(costs)
     lines = [
-        "Each exchange's cost after its reply (a fresh server each, turns sent one after another once the last is archived):",
+        "Each exchange's cost after its reply (a fresh server each, "
+        "turns sent one after another once the last is archived):",
         "",
         "| turn | prompt tokens | " + " | ".join(f"{n} reply s | {n} archived after s" for n in names) + " |",
         "|" + "---:|" * (2 + 2 * len(names)),
@@ -303,12 +338,20 @@ def archive_table(costs: dict[str, dict], turns: int) -> list[str]:
     for t in range(turns):
         rows = {n: costs[n]["turns"][t::turns] for n in names}
         prompt = statistics.mean(r["prompt_tokens"] or 0 for r in rows[names[0]])
-        cells = " | ".join(f"{statistics.median(r['total'] for r in rows[n]):.3f} | {statistics.median(r['archive'] for r in rows[n]):.3f}" for n in names)
+        cells = " | ".join(
+            f"{statistics.median(r['total'] for r in rows[n]):.3f} | "
+            f"{statistics.median(r['archive'] for r in rows[n]):.3f}"
+            for n in names
+        )
         lines.append(f"| {t + 1} | {prompt:.0f} | {cells} |")
     lines += [
         "",
-        *(f"- {n}: a follow-up sent 1.5 s after a first exchange of {statistics.mean(costs[n]['follow_prompt']):.0f} prompt tokens: "
-          f"TTFT median {statistics.median(costs[n]['follow_ttft']):.3f} s, max {max(costs[n]['follow_ttft']):.3f} s" for n in names),
+        *(
+            f"- {n}: a follow-up sent 1.5 s after a first exchange of {statistics.mean(costs[n]['follow_prompt']):.0f} "
+            f"prompt tokens: TTFT median {statistics.median(costs[n]['follow_ttft']):.3f} s, max "
+            f"{max(costs[n]['follow_ttft']):.3f} s"
+            for n in names
+        ),
         "",
     ]
     return lines
@@ -321,9 +364,17 @@ def main() -> None:
     parser.add_argument("--document-words", type=int, default=1800)
     parser.add_argument("--words", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)")
-    parser.add_argument("--modes", default="a,b,c,d,concurrency,archive", help="which of a, b, c, d, the 4-client check and the archive costs to run")
-    parser.add_argument("--baseline", default=None, help="another kvdb source tree to run (a) and the archive costs from, side by side")
+    parser.add_argument(
+        "--llama-python", default=None, help="a Python with llama-cpp-python[server] installed, for (d)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="a,b,c,d,concurrency,archive",
+        help="which of a, b, c, d, the 4-client check and the archive costs to run",
+    )
+    parser.add_argument(
+        "--baseline", default=None, help="another kvdb source tree to run (a) and the archive costs from, side by side"
+    )
     parser.add_argument("--baseline-label", default=None, help="what the baseline is (a commit), for the results")
     parser.add_argument("--no-results", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
@@ -335,6 +386,7 @@ def main() -> None:
     runs: dict[str, list[list[dict]]] = {}
     archive_costs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as folder:
+
         def start_kvdb(name: str, source: str | None = None) -> Server:
             here = dict(env, PYTHONPATH=f"{source}{os.pathsep}{shim(source, folder)}") if source else env
             return Server([str(KVDB), "--db", str(Path(folder) / f"{name}.duckdb"), "serve", "--port", "{port}"], here)
@@ -347,8 +399,23 @@ def main() -> None:
         ]
         if args.llama_python:
             gguf = str(source.embedded_gguf())
-            llama = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--port", "{port}", "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]
-            plans += [("(d) llama.cpp", Server(llama, env, health="/v1/models"), False), ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True)]
+            llama = [
+                args.llama_python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                gguf,
+                "--port",
+                "{port}",
+                "--n_ctx",
+                "8192",
+                "--n_threads",
+                str(os.cpu_count()),
+            ]
+            plans += [
+                ("(d) llama.cpp", Server(llama, env, health="/v1/models"), False),
+                ("(d) llama.cpp restarted", Server(llama, env, health="/v1/models"), True),
+            ]
         for name, server, restart in [p for p in plans if p[0][1] in modes]:
             server.start()
             try:
@@ -356,7 +423,11 @@ def main() -> None:
             finally:
                 server.stop()
             print(f"{name}:", *summarise({name: runs[name]}, args.turns), sep="\n", file=sys.stderr, flush=True)
-        for name, source in [("(a) kvdb", None), *([("(a0) kvdb before", args.baseline)] if args.baseline else [])] if "archive" in modes else []:
+        for name, source in (
+            [("(a) kvdb", None), *([("(a0) kvdb before", args.baseline)] if args.baseline else [])]
+            if "archive" in modes
+            else []
+        ):
             server = start_kvdb(f"archive-{name[1:3].strip(')')}", source)
             server.start()
             try:
@@ -365,8 +436,10 @@ def main() -> None:
                 server.stop()
             print(f"{name} archive costs:", archive_costs[name], file=sys.stderr, flush=True)
         concurrency = {}
-        clients = conversations(4, args.turns, args.document_words, args.words)  # four conversations, however many replayed above
-        for timeout in (30, None) if "concurrency" in modes else ():  # 30 s (the default before), then the default (600 s)
+        # four conversations, however many replayed above
+        clients = conversations(4, args.turns, args.document_words, args.words)
+        # 30 s (the default before), then the default (600 s)
+        for timeout in (30, None) if "concurrency" in modes else ():
             concurrent = start_kvdb(f"concurrent-{timeout}")
             if timeout is not None:
                 concurrent.argv += ["--queue-timeout", str(timeout)]
@@ -377,26 +450,45 @@ def main() -> None:
                 concurrent.stop()
     last = args.turns - 1
     ttft = {n: statistics.median(conv[last]["ttft"] for conv in r) for n, r in runs.items()}
-    ratios = [f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x" for n in runs if n != "(c) no reuse" and "(c) no reuse" in ttft]
+    ratios = [
+        f"- turn {args.turns} TTFT ratio, (c) no reuse / {n}: {ttft['(c) no reuse'] / ttft[n]:.1f}x"
+        for n in runs
+        if n != "(c) no reuse" and "(c) no reuse" in ttft
+    ]
     if {"(d) llama.cpp restarted", "(a) kvdb", "(b) kvdb restarted"} <= set(ttft):
-        ratios += [f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted / {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x" for n in ("(a) kvdb", "(b) kvdb restarted")]
+        ratios += [
+            f"- turn {args.turns} TTFT ratio, (d) llama.cpp restarted "
+            f"/ {n}: {ttft['(d) llama.cpp restarted'] / ttft[n]:.1f}x"
+            for n in ("(a) kvdb", "(b) kvdb restarted")
+        ]
     lines = [
         describe(),
         "",
         f"{args.conversations} conversations x {args.turns} turns: a document of {args.document_words} words, then "
         f"{args.words} words a turn; greedy replies of at most "
         f"{args.max_tokens} tokens; medians over the conversations (cached tokens: their mean). Command: "
-        f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} --document-words {args.document_words} --words {args.words}"
-        + (" --llama-python PY" if args.llama_python else "") + (" --baseline SRC" if args.baseline else "")
-        + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`") + (f"; SRC is a checkout of {args.baseline_label}" if args.baseline_label else ""),
+        f"`.venv/bin/python benchmarks/serve.py --conversations {args.conversations} --turns {args.turns} "
+        f"--document-words {args.document_words} --words {args.words}"
+        + (" --llama-python PY" if args.llama_python else "")
+        + (" --baseline SRC" if args.baseline else "")
+        + (f" --modes {args.modes}`" if args.modes != parser.get_default("modes") else "`")
+        + (f"; SRC is a checkout of {args.baseline_label}" if args.baseline_label else ""),
         "",
         *(summarise(runs, args.turns) if runs else []),
         "",
         *(archive_table(archive_costs, args.turns) if archive_costs else []),
         *ratios,
-        *(f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to ready (model load; kvdb: the journal archived too)" for n, rows in runs.items() if "restarted" in n and args.turns > 1),
-        *(f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"
-          + (f" ({', '.join(why)})" if why else "") for t, (f, n, why) in concurrency.items()),
+        *(
+            f"- {n}: {statistics.mean(r['ready'] for conv in rows for r in conv[1:]):.1f} s from the restart to "
+            "ready (model load; kvdb: the journal archived too)"
+            for n, rows in runs.items()
+            if "restarted" in n and args.turns > 1
+        ),
+        *(
+            f"- 4 concurrent clients against (a), `--queue-timeout {t or '600 (default)'}`: {f} failed of {n} requests"
+            + (f" ({', '.join(why)})" if why else "")
+            for t, (f, n, why) in concurrency.items()
+        ),
         "",
     ]
     title = "kvdb serve: this checkout against a baseline" if args.baseline else "kvdb serve: multi-turn conversations"

@@ -1,7 +1,8 @@
 """Prefix sharing on a chat workload: conversations with one common system prompt, archived
 after every turn (as a chat app would), on the embedded model.
 
-    .venv/bin/python benchmarks/sharing.py [--conversations 4] [--turns 6] [--cli-conversations 2 --cli-turns 8] [--no-results]
+    .venv/bin/python benchmarks/sharing.py [--conversations 4] [--turns 6] [--cli-conversations 2 --cli-turns 8]
+        [--no-results]
 
 Reports tokens summed over sessions against tokens stored once, the bytes of the token tier
 against what per-session storage would take, and the ingest time of each appended turn next
@@ -65,7 +66,13 @@ def per_process_turns(convs: list[list[dict]], cache_mb: int) -> list[tuple[int,
             for t in range(1, len(messages)):
                 path = Path(tmp) / f"c{c}t{t}.json"
                 path.write_text(json.dumps({"messages": messages[: t + 1]}))
-                done = subprocess.run([str(kvdb_script), "ingest", str(path), "--json"], env=env, capture_output=True, text=True, check=True)
+                done = subprocess.run(
+                    [str(kvdb_script), "ingest", str(path), "--json"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 [r] = [json.loads(line) for line in done.stdout.splitlines()]
                 rows.append((c, t, r["n_tokens"], r["new_tokens"], r["seconds"]))
     return rows
@@ -84,7 +91,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--cli-conversations", type=int, default=2, help="conversations for the one-process-per-turn runs")
+    parser.add_argument(
+        "--cli-conversations", type=int, default=2, help="conversations for the one-process-per-turn runs"
+    )
     parser.add_argument("--cli-turns", type=int, default=8)
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
@@ -107,9 +116,11 @@ def main() -> None:
         st = db.stats()
     per_new, corr_new, corr_len = summary(rows)
     lines = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/sharing.py', *sys.argv[1:]])}` — {platform.machine()}, {os.cpu_count()} cores; "
-        f"SmolLM2-135M-Instruct; {args.conversations} conversations × {args.turns} turns of real sentences after one common system "
-        f"prompt, each conversation archived after every turn ({len(rows)} sessions, one process).\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. "
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/sharing.py', *sys.argv[1:]])}` — {platform.machine()}, "
+        f"{os.cpu_count()} cores; SmolLM2-135M-Instruct; {args.conversations} conversations × {args.turns} turns of "
+        "real sentences after one common system prompt, each conversation "
+        f"archived after every turn ({len(rows)} sessions, one process).\n",
         "| measure | value |",
         "|---|---|",
         f"| sessions | {st.sessions} |",
@@ -117,7 +128,8 @@ def main() -> None:
         f"| tokens stored once (trie) | {st.stored_tokens:,} ({st.stored_tokens / st.tokens:.1%}) |",
         f"| trie nodes | {st.nodes} |",
         f"| token tier bytes, trie | {st.bytes['tokens']:,} ({st.bytes_per_token['tokens']:.3f} B per session token) |",
-        f"| token tier bytes, one stream per session | {per_session_bytes:,} ({per_session_bytes / st.tokens:.3f} B per session token) |",
+        f"| token tier bytes, one stream per session | {per_session_bytes:,} "
+        f"({per_session_bytes / st.tokens:.3f} B per session token) |",
         f"| ingest time per new token, turns 3 and later (median) | {per_new:.2f} ms |",
         f"| correlation of ingest time with new tokens / with session length | {corr_new:.2f} / {corr_len:.2f} |",
         "",
@@ -128,12 +140,17 @@ def main() -> None:
     cli_convs = conversations(args.cli_conversations, args.cli_turns)
     arms = {"prefix cache on": per_process_turns(cli_convs, 1024), "prefix cache off": per_process_turns(cli_convs, 0)}
     lines += [
-        f"\n### Every turn in its own process ({args.cli_conversations} conversations × {args.cli_turns} turns, `kvdb ingest --json` per turn)\n",
-        "Seconds are the ingest's own (`seconds` in the JSON), without the process's model load. The prefix cache keeps the exact "
-        "KV of a conversation seen growing (from its second archived turn on); summaries cover turns 3 and later.\n",
+        f"\n### Every turn in its own process ({args.cli_conversations} "
+        f"conversations × {args.cli_turns} turns, `kvdb ingest --json` per turn)\n",
+        "Seconds are the ingest's own (`seconds` in the JSON), without the process's model load. The prefix cache "
+        "keeps the exact KV of a conversation seen growing (from its "
+        "second archived turn on); summaries cover turns 3 and later.\n",
         "| arm | median ms per new token | corr. with new tokens | corr. with session length | total ingest s |",
         "|---|---:|---:|---:|---:|",
-        *[f"| {arm} | {summary(r)[0]:.2f} | {summary(r)[1]:.2f} | {summary(r)[2]:.2f} | {sum(x[4] for x in r):.2f} |" for arm, r in arms.items()],
+        *[
+            f"| {arm} | {summary(r)[0]:.2f} | {summary(r)[1]:.2f} | {summary(r)[2]:.2f} | {sum(x[4] for x in r):.2f} |"
+            for arm, r in arms.items()
+        ],
         "",
         "| conversation | turn | session tokens | new tokens | s, cache on | s, cache off |",
         "|---:|---:|---:|---:|---:|---:|",

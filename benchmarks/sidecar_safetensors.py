@@ -46,7 +46,9 @@ def segment_arrays(positions: int = 10_000_000) -> tuple[dict[str, np.ndarray], 
     }, None  # every array checked (when asked)
 
 
-def chunk_arrays(chunks: int = 100_000, dim: int = 384, words: int = 60) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+def chunk_arrays(
+    chunks: int = 100_000, dim: int = 384, words: int = 60
+) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     rng = np.random.default_rng(1)
     postings = chunks * words
     arrays = {
@@ -65,7 +67,17 @@ def chunk_arrays(chunks: int = 100_000, dim: int = 384, words: int = 60) -> tupl
         "bm25.docs": rng.integers(0, chunks, postings).astype(np.int64),
         "bm25.tf": rng.integers(1, 4, postings).astype(np.float64),
     }
-    return arrays, ("node_ids", "row_node", "spans", "live", "bm25.words", "bm25.df", "bm25.lengths", "bm25.gone", "bm25.segment_sizes")
+    return arrays, (
+        "node_ids",
+        "row_node",
+        "spans",
+        "live",
+        "bm25.words",
+        "bm25.df",
+        "bm25.lengths",
+        "bm25.gone",
+        "bm25.segment_sizes",
+    )
 
 
 def atomic_save_file(arrays: dict[str, np.ndarray], path: Path) -> None:
@@ -93,12 +105,25 @@ def measure(name: str, arrays: dict[str, np.ndarray], checked: tuple[str, ...] |
     write_ours = median_seconds(lambda: sidecar.write(ours, MAGIC, {"kind": name}, arrays, checked), RUNS)
     write_theirs = median_seconds(lambda: atomic_save_file(plain, theirs), RUNS)
     for label, path, write, open_ in (
-        ("kvdb sidecar (CRC of the checked arrays)", ours, write_ours, lambda: sidecar.read(ours, MAGIC, checked=checked)),
-        ("kvdb sidecar (CRC not compared)", ours, write_ours, lambda: sidecar.read(ours, MAGIC, checked=checked, check_up_to=0)),
+        (
+            "kvdb sidecar (CRC of the checked arrays)",
+            ours,
+            write_ours,
+            lambda: sidecar.read(ours, MAGIC, checked=checked),
+        ),
+        (
+            "kvdb sidecar (CRC not compared)",
+            ours,
+            write_ours,
+            lambda: sidecar.read(ours, MAGIC, checked=checked, check_up_to=0),
+        ),
         ("safetensors load_file", theirs, write_theirs, lambda: load_file(str(theirs))),
     ):
         seconds = median_seconds(open_, RUNS)
-        rows.append(f"| {name} | {label} | {write * 1e3:.0f} | {seconds * 1e3:.1f} | {allocated(open_) / 2**20:.1f} | {path.stat().st_size / 2**20:.2f} |")
+        rows.append(
+            f"| {name} | {label} | {write * 1e3:.0f} | {seconds * 1e3:.1f} | "
+            f"{allocated(open_) / 2**20:.1f} | {path.stat().st_size / 2**20:.2f} |"
+        )
     return rows
 
 
@@ -106,7 +131,10 @@ def main() -> None:
     print("| sidecar | format | write ms | open ms | MiB allocated by an open | file MiB |")
     print("|---|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (arrays, checked) in (("segment, 1e7 positions", segment_arrays()), ("chunk index, 1e5 chunks", chunk_arrays())):
+        for name, (arrays, checked) in (
+            ("segment, 1e7 positions", segment_arrays()),
+            ("chunk index, 1e5 chunks", chunk_arrays()),
+        ):
             print("\n".join(measure(name, arrays, checked, Path(tmp))))
 
 

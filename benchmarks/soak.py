@@ -78,7 +78,10 @@ def main() -> None:
         (tmp / "in").mkdir()
         log = {"ingest": 0, "search": 0, "restore": 0, "errors": [], "reported": set()}
         deadline = time.monotonic() + args.seconds
-        threads = [threading.Thread(target=writer, args=(env, tmp / "in", deadline, log)), threading.Thread(target=reader, args=(env, deadline, log))]
+        threads = [
+            threading.Thread(target=writer, args=(env, tmp / "in", deadline, log)),
+            threading.Thread(target=reader, args=(env, deadline, log)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -87,13 +90,15 @@ def main() -> None:
         verify = run(env, "verify", "--deep")
     lost = log["reported"] - sessions
     lines = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *sys.argv[1:]])}` — {describe()}; "
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. "
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *sys.argv[1:]])}` — {describe()}; "
         f"{'tiny random Llama' if args.model is None else args.model}; two processes at a time through the `kvdb` CLI, "
         f"{args.seconds:g} s.\n",
-        "| ingest commands | search commands | restore commands | errors | sessions reported | sessions lost | verify --deep |",
+        "| ingest commands | search commands | restore commands | "
+        "errors | sessions reported | sessions lost | verify --deep |",
         "|---:|---:|---:|---:|---:|---:|---|",
-        f"| {log['ingest']} | {log['search']} | {log['restore']} | {len(log['errors'])} | {len(log['reported'])} | {len(lost)} | "
-        f"{'ok' if verify.returncode == 0 else 'FAILED'} |",
+        f"| {log['ingest']} | {log['search']} | {log['restore']} | {len(log['errors'])} | {len(log['reported'])} | "
+        f"{len(lost)} | {'ok' if verify.returncode == 0 else 'FAILED'} |",
         *(f"\n- {e}" for e in log["errors"][:10]),
     ]
     publish("Soak: ingest beside search and restore", lines, append=not args.no_results)

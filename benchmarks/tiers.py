@@ -54,7 +54,15 @@ def run(policy: str, sessions: dict[str, dict], folder: Path, expected: dict[str
         st = db.stats()
         ce_bits = stored_cross_entropy(db, tokens, st.stored_tokens) if "tokens" in policy else None
     index = sum(p.stat().st_size for p in path.with_name(path.name + ".index").glob("*"))
-    return {"stats": st, "index": index, "ingest": ingest, "read": read, "exact": exact, "ce_bits": ce_bits, "tokens": tokens}
+    return {
+        "stats": st,
+        "index": index,
+        "ingest": ingest,
+        "read": read,
+        "exact": exact,
+        "ce_bits": ce_bits,
+        "tokens": tokens,
+    }
 
 
 def stored_cross_entropy(db, tokens: dict[str, np.ndarray], stored: int) -> float:
@@ -78,14 +86,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--chars", type=int, default=1500, help="characters of real text per session")
-    parser.add_argument("--chat", type=int, default=0, help="N conversations of 6 turns instead, archived after every turn")
+    parser.add_argument(
+        "--chat", type=int, default=0, help="N conversations of 6 turns instead, archived after every turn"
+    )
     parser.add_argument("--no-results", action="store_true", help="print only; do not write RESULTS.md")
     args = parser.parse_args()
     if args.chat:
         from sharing import conversations
 
-        sessions = {f"c{c}t{t}": {"messages": conv[: t + 2]} for c, conv in enumerate(conversations(args.chat, 6)) for t in range(6)}
-        what = f"{args.chat} conversations of 6 turns of real sentences after one system prompt, archived after every turn ({len(sessions)} sessions)"
+        sessions = {
+            f"c{c}t{t}": {"messages": conv[: t + 2]}
+            for c, conv in enumerate(conversations(args.chat, 6))
+            for t in range(6)
+        }
+        what = (
+            f"{args.chat} conversations of 6 turns of real sentences after one "
+            f"system prompt, archived after every turn ({len(sessions)} sessions)"
+        )
     else:
         corpus = real_text(args.sessions * args.chars + 10_000)[10_000:]
         sessions = {f"s{i}": {"text": corpus[i * args.chars : (i + 1) * args.chars]} for i in range(args.sessions)}
@@ -97,16 +114,21 @@ def main() -> None:
     n = results[POLICIES[0]]["stats"].tokens
     ce_bits = results[POLICIES[0]]["ce_bits"]
     stored = results[POLICIES[0]]["stats"].stored_tokens
-    header = "| --keep | " + " | ".join(TIERS) + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
+    header = (
+        "| --keep | "
+        + " | ".join(TIERS)
+        + " | search sidecar | total | DuckDB file | ingest s | read-back s | exact | lm bits / CE |"
+    )
     heading = "Storage per tier policy on a chat workload" if args.chat else "Storage per tier policy"
     lines = [
-        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. `{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; SmolLM2-135M-Instruct; "
-        f"{what}, {n:,} session tokens, {stored:,} stored once in the trie. Bytes per session token; `total` is every "
-        "tier plus the search sidecar (the DuckDB file adds its page overhead, large at this size). Read-back is the "
-        "tokens of every session from a fresh read-only open, checked against the first archive's. lm bits / CE: every "
-        "byte of the stored tier-L payloads (node framing, the coder's flush and each root's first token included) over "
-        f"the model's cross-entropy of the tokens stored ({ce_bits / stored:.3f} bits/token, from the log-probabilities "
-        "ingest stored).\n",
+        f"Run at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. "
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/tiers.py', *sys.argv[1:]])}` — {describe()}; "
+        f"SmolLM2-135M-Instruct; {what}, {n:,} session tokens, {stored:,} stored once in the trie. Bytes per session "
+        "token; `total` is every tier plus the search sidecar (the DuckDB file adds its page overhead, large at this "
+        "size). Read-back is the tokens of every session from a fresh read-only open, checked against the first "
+        "archive's. lm bits / CE: every byte of the stored tier-L payloads (node framing, the coder's flush and each "
+        f"root's first token included) over the model's cross-entropy of the tokens stored ({ce_bits / stored:.3f} "
+        "bits/token, from the log-probabilities ingest stored).\n",
         header,
         "|" + "---|" * (header.count("|") - 1),
     ]
@@ -115,8 +137,10 @@ def main() -> None:
         per = {tier: st.bytes.get(tier, 0) / st.tokens for tier in TIERS}
         total = sum(per.values()) + r["index"] / st.tokens
         lines.append(
-            f"| `{policy}` | " + " | ".join(f"{per[t]:.3f}" for t in TIERS)
-            + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | {r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
+            f"| `{policy}` | "
+            + " | ".join(f"{per[t]:.3f}" for t in TIERS)
+            + f" | {r['index'] / st.tokens:.3f} | **{total:.3f}** | {st.bytes['file'] / st.tokens:.1f} | "
+            f"{r['ingest']:.1f} | {r['read']:.2f} | {r['exact']} | "
             + (f"{8 * st.bytes['lm'] / ce_bits:.4f} |" if st.bytes.get("lm") else "|")
         )
     publish(heading, lines, append=not args.no_results)

@@ -37,8 +37,9 @@ from kvdb.model import tokenizer as tok
 
 KVDB = str(Path(sys.executable).with_name("kvdb"))
 WORDS = (
-    "harbour ledger keeper lamp storm tide ship anchor chart compass rope sail mast deck hull keel rudder wind fog beacon "
-    "test module function error patch commit branch merge review build deploy cache index query schema table column"
+    "harbour ledger keeper lamp storm tide ship anchor chart compass rope sail mast deck hull keel rudder wind fog "
+    "beacon test module function error patch commit branch merge "
+    "review build deploy cache index query schema table column"
 ).split()
 
 
@@ -50,7 +51,11 @@ def write_log(path: Path, tokens: int, tokenizer) -> int:
     """A JSON Lines chat of about ``tokens`` tokens; its token count (of the text, roughly)."""
     lines, total, k = [], 0, 0
     while total < tokens:
-        message = {"role": "user" if k % 2 == 0 else "assistant", "content": f"log {tokens}, turn {k}: {turn_text(k, 120)}"}  # no two logs share a part
+        # no two logs share a part
+        message = {
+            "role": "user" if k % 2 == 0 else "assistant",
+            "content": f"log {tokens}, turn {k}: {turn_text(k, 120)}",
+        }
         total += len(tok.encode(tokenizer, message["content"])) + 5
         lines.append(json.dumps(message) + "\n")
         k += 1
@@ -68,7 +73,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,20000,100000")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--idle", type=float, default=30.0)
-    parser.add_argument("--gap", type=float, default=0.0, help="seconds of quiet before each appended turn (past 2 s, upkeep runs beside the watcher)")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds of quiet before each appended turn (past 2 s, upkeep runs beside the watcher)",
+    )
     parser.add_argument("--no-results", action="store_true", help="print the table, leave RESULTS.md as it is")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -78,7 +88,12 @@ def main() -> None:
     tokenizer = tok.load()
     with kvdb.open(db):  # created before the watcher, so the reader below can open it
         pass
-    watcher = subprocess.Popen([KVDB, "--db", str(db), "watch", str(logs), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    watcher = subprocess.Popen(
+        [KVDB, "--db", str(db), "watch", str(logs), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     reports: queue.Queue[dict] = queue.Queue()
     threading.Thread(target=lambda: [reports.put(json.loads(line)) for line in watcher.stdout], daemon=True).start()
     reader = kvdb.open(db, read_only=True)
@@ -118,19 +133,34 @@ def main() -> None:
             first = reports_of(log)
             failed = [r for r in first if r["status"] != "ingested"]
             if failed:
-                rows.append((size, tokens, len(first), None, None, None, None, f"{failed[0]['status']}: {failed[0].get('error')}"))
+                rows.append(
+                    (
+                        size,
+                        tokens,
+                        len(first),
+                        None,
+                        None,
+                        None,
+                        None,
+                        f"{failed[0]['status']}: {failed[0].get('error')}",
+                    )
+                )
                 continue
             latencies, ingests = [], []
             for r in range(args.repeats):
                 phrase = f"zqx{size}marker{r}"
-                turns = [{"role": "user", "content": f"And the {phrase}?"}, {"role": "assistant", "content": f"The {phrase} is in the ledger."}]
+                turns = [
+                    {"role": "user", "content": f"And the {phrase}?"},
+                    {"role": "assistant", "content": f"The {phrase} is in the ledger."},
+                ]
                 time.sleep(args.gap)
                 written = time.monotonic()
                 with open(log, "a", encoding="utf-8") as f:
                     f.write("".join(json.dumps(t) + "\n" for t in turns))
                 found = searchable(phrase)
                 latencies.append(found - written)
-                ingests.append(sum(r.get("seconds", 0.0) for r in reports_of(log)))  # the parts before the last are "unchanged"
+                # the parts before the last are "unchanged"
+                ingests.append(sum(r.get("seconds", 0.0) for r in reports_of(log)))
             latency, ingest = statistics.median(latencies), statistics.median(ingests)
             rows.append((size, tokens, len(first), latency, max(latencies), ingest, latency - ingest, ""))
         before, started = cpu_seconds(watcher.pid), time.monotonic()
@@ -141,22 +171,26 @@ def main() -> None:
         watcher.terminate()
         watcher.wait(timeout=120)
     lines = [
-        f"`.venv/bin/python benchmarks/watch.py --sizes {args.sizes} --repeats {args.repeats} --idle {args.idle:g} --gap {args.gap:g}`; "
-        f"{describe(f'kvdb {kvdb.__version__}')}.",
+        f"`.venv/bin/python benchmarks/watch.py --sizes {args.sizes} --repeats {args.repeats} --idle {args.idle:g} "
+        f"--gap {args.gap:g}`; {describe(f'kvdb {kvdb.__version__}')}.",
         "",
         "A turn (a user line and an assistant line, 2 lines) appended to a JSON Lines log the watcher follows; "
-        "latency: from the write to the first search that finds it (median and largest of the repeats); ingest: the watcher's "
-        "own report of that ingest (no model runs: the new turns' tokens and search entries; their log-probabilities and "
-        "semantic chunks are queued for upkeep). A log past the model's context is archived in parts (decision 0049); the "
-        "rest of the latency is the watcher's notice of the change, reading and rendering the log again (its pieces but the "
-        "last tokenized already), one read that finds the parts that did not change, taking and letting go of the archive, "
-        "and the search's poll.",
+        "latency: from the write to the first search that finds it (median and largest of the repeats); ingest: the "
+        "watcher's own report of that ingest (no model runs: the new turns' tokens and search entries; their "
+        "log-probabilities and semantic chunks are queued for upkeep). A log past the model's context is archived in "
+        "parts (decision 0049); the rest of the latency is the watcher's notice of the change, reading and rendering "
+        "the log again (its pieces but the last tokenized already), one read that finds the parts that did not change, "
+        "taking and letting go of the archive, and the search's poll.",
         "",
         "| asked tokens | log tokens | parts | latency s | max latency s | ingest s | latency less ingest s | |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for size, tokens, parts, latency, worst, ingest, aside, note in rows:
-        cells = [f"{latency:.2f}", f"{worst:.2f}", f"{ingest:.2f}", f"{aside:.2f}"] if latency is not None else ["", "", "", ""]
+        cells = (
+            [f"{latency:.2f}", f"{worst:.2f}", f"{ingest:.2f}", f"{aside:.2f}"]
+            if latency is not None
+            else ["", "", "", ""]
+        )
         lines.append(f"| {size:,} | {tokens:,} | {parts} | {' | '.join(cells)} | {note} |")
     lines += ["", f"Idle: the watcher took {100 * idle:.2f}% of one core over {args.idle:g} s with nothing written."]
     publish("kvdb watch", lines, append=not args.no_results)

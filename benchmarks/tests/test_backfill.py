@@ -27,7 +27,9 @@ def test_a_copy_has_fresh_ids_linked_as_before_and_moved_times():
     assert len(new) == len(old) and not new & old and not new & _uuids(two, "uuid")  # fresh, and per copy
     assert _uuids(one, "parentUuid") <= new  # every parent link still points into the copy
     assert len(_uuids(t.records, "parentUuid")) == len(_uuids(one, "parentUuid"))
-    assert {r["sessionId"] for r in one if "sessionId" in r} == {B.fresh_uuid("copy1", s) for s in {r["sessionId"] for r in t.records if "sessionId" in r}}
+    assert {r["sessionId"] for r in one if "sessionId" in r} == {
+        B.fresh_uuid("copy1", s) for s in {r["sessionId"] for r in t.records if "sessionId" in r}
+    }
     ids = [
         (a["message"]["id"], b["message"]["id"])
         for a, b in zip(t.records, one)
@@ -50,8 +52,12 @@ def test_copies_say_different_words_and_keep_json_strings_valid():
         if B.is_json(original):
             assert copied == original  # tool arguments stay as the log wrote them
     text = "Please check the parser before merging it into main today"
-    assert B.mutate(text, random.Random(1), ["zebra"], rate=1.0) == "Zebra zebra the zebra zebra zebra it zebra zebra zebra"
-    assert B.mutate("C:\\Users and \\ntext", random.Random(1), ["zebra"], rate=1.0) == "C:\\Users and \\ntext"  # never after a backslash
+    assert (
+        B.mutate(text, random.Random(1), ["zebra"], rate=1.0)
+        == "Zebra zebra the zebra zebra zebra it zebra zebra zebra"
+    )
+    # never after a backslash
+    assert B.mutate("C:\\Users and \\ntext", random.Random(1), ["zebra"], rate=1.0) == "C:\\Users and \\ntext"
     assert B.mutate(text, random.Random(1), ["zebra"], rate=0.0) == text
 
 
@@ -71,7 +77,9 @@ def test_build_history_plants_each_phrase_in_the_file_it_names(tmp_path):
         t.tokens = sum(len(s.split()) for s in t.texts)  # words stand in for tokens
     pool = B.word_pool(templates)
     phrases = B.make_phrases(12, random.Random(0))
-    planted, counts = B.build_history(tmp_path, templates, pool, 2 * sum(t.tokens for t in templates), phrases, 4, random.Random(0))
+    planted, counts = B.build_history(
+        tmp_path, templates, pool, 2 * sum(t.tokens for t in templates), phrases, 4, random.Random(0)
+    )
     assert counts["files"] >= 2 * len(templates) and counts["projects"] <= 4
     assert sorted(p.phrase for p in planted) == sorted(phrases)
     for p in planted:

@@ -22,7 +22,9 @@ def test_copies_with_fresh_ids_read_like_their_fixture(tmp_path):
 
 
 def test_only_fixtures_read_whole_are_timed(tmp_path):
-    (tmp_path / "whole.jsonl").write_text('{"role": "user", "content": "hi"}\n{"role": "assistant", "content": "hello"}\n')
+    (tmp_path / "whole.jsonl").write_text(
+        '{"role": "user", "content": "hi"}\n{"role": "assistant", "content": "hello"}\n'
+    )
     (tmp_path / "part.jsonl").write_text('{"role": "user", "content": "hi"}\nnot json\n')
     (tmp_path / "none.json").write_text('{"neither": 1}')
     readable, unread = F.fixtures_read(tmp_path)

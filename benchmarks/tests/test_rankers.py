@@ -1,5 +1,6 @@
-"""The rankers benchmarks/hybrid.py (at tag studies-2026-12-06) measured against the semantic tier's fusion: reciprocal-rank
-fusion by hand, and the LM's query likelihood against an unbatched forward pass."""
+"""The rankers benchmarks/hybrid.py (at tag studies-2026-12-06) measured against the semantic
+tier's fusion: reciprocal-rank fusion by hand, and the LM's query likelihood against an
+unbatched forward pass."""
 
 import numpy as np
 import pytest

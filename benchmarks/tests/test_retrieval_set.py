@@ -49,7 +49,8 @@ SOURCE = textwrap.dedent(
 
 def test_functions_keep_the_def_line_and_body_and_drop_the_docstring():
     found = {item.name: (item, body) for item, body in R.functions(SOURCE, "mod")}
-    assert set(found) == {"mod.scale", "mod.short_doc", "mod.Box.fill"}  # no docstring on its own lines, none after it, nested
+    # no docstring on its own lines, none after it, nested
+    assert set(found) == {"mod.scale", "mod.short_doc", "mod.Box.fill"}
     item, body = found["mod.scale"]
     assert item.query == "Multiply every value by the given factor."
     assert item.document == (

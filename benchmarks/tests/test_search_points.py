@@ -14,7 +14,10 @@ from kvdb.errors import InvalidArgument
 FAST = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("symbols, alphabet", [([0, 256], 256), ([-1], 256), ([0], 1), ([0], fractal.MAX_ALPHABET + 1), ([0.5], 256), ([[1, 2]], 256)])
+@pytest.mark.parametrize(
+    "symbols, alphabet",
+    [([0, 256], 256), ([-1], 256), ([0], 1), ([0], fractal.MAX_ALPHABET + 1), ([0.5], 256), ([[1, 2]], 256)],
+)
 def test_bad_symbols_or_alphabets_are_rejected(symbols, alphabet):
     for call in (search_points.walk, search_points.query_point):
         with pytest.raises(InvalidArgument):
@@ -57,7 +60,9 @@ def test_decay_law_and_separation(alphabet, dtype, seed, data):
     suffix = rng.integers(0, alphabet, shared)
     a = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
     b = np.concatenate([rng.integers(0, alphabet, data.draw(st.integers(0, 12))), suffix])
-    distance = np.linalg.norm(search_points.walk(a, alphabet, dtype)[-1:].astype(np.float64) - search_points.walk(b, alphabet, dtype)[-1:])
+    distance = np.linalg.norm(
+        search_points.walk(a, alphabet, dtype)[-1:].astype(np.float64) - search_points.walk(b, alphabet, dtype)[-1:]
+    )
     slack = 4 * np.sqrt(geo.dim) * np.finfo(dtype).eps * geo.extent
     if a.size and b.size:
         assert distance <= geo.decay(shared) + slack
