@@ -582,11 +582,12 @@ def probe_kvdb(work: Path, plan: dict) -> dict:
     first_query_s = time.perf_counter() - t
     file_of = {s.session_id: source_file(s.source) for s in archive.sessions()}
     stats = archive.stats()
-    lat, first, found, lat_f, found_f = [], [], 0, [], 0
+    lat, first, found, lat_f, found_f, lat_exact = [], [], 0, [], 0, []
     for p in plan["planted"]:
         f, m, hits = timed(lambda p=p: archive.search(p["phrase"]), reps)
         first.append(f)
         lat.append(m)
+        lat_exact.append(timed(lambda p=p: archive.search(p["phrase"], case_sensitive=True), reps)[1])
         found += any(h.exact and file_of.get(h.session_id) == p["file"] for h in hits)
         _, m, hits = timed(lambda p=p: archive.search(p["phrase"], project=p["project"]), reps)
         lat_f.append(m)
@@ -620,6 +621,7 @@ def probe_kvdb(work: Path, plan: dict) -> dict:
         "first": first,
         "recall": found / len(plan["planted"]),
         "lat_filtered": lat_f,
+        "lat_case_sensitive": lat_exact,
         "recall_filtered": found_f / len(plan["planted"]),
         "listing": listing,
         "paging": paging,
@@ -1103,8 +1105,16 @@ def targets(results: list[dict]) -> str:
             p50, p95 = pct(k["lat"], 50), pct(k["lat"], 95)
             lines.append(
                 "- phrase search p50 / p95 at 1e8 no worse than 1.87 / 3.11 ms: "
-                f"{'met' if p50 <= 1.87e-3 and p95 <= 3.11e-3 else 'NOT met'} ({ms(p50)} / {ms(p95)} ms)"
+                f"{'met' if p50 <= 1.87e-3 and p95 <= 3.11e-3 else 'NOT met'} ({ms(p50)} / {ms(p95)} ms, in any "
+                "casing); issue 54's budget for a search in any casing at 1e8, p50 ≤ 3 ms and p95 ≤ 10 ms: "
+                f"{'met' if p50 <= 3e-3 and p95 <= 10e-3 else 'NOT met'}"
             )
+            if "lat_case_sensitive" in k:
+                exact = pct(k["lat_case_sensitive"], 50), pct(k["lat_case_sensitive"], 95)
+                lines.append(
+                    f"- the same phrases with `case_sensitive=True` (one casing looked up, as typed): "
+                    f"{ms(exact[0])} / {ms(exact[1])} ms"
+                )
     for r in results:
         k = r["kvdb"]
         if "lat" in k:
@@ -1168,7 +1178,7 @@ def as_json(r: dict) -> dict:
     out = json.loads(json.dumps(r))
     for engine in ("kvdb", "tantivy", "fts5"):
         e = out.get(engine) or {}
-        for key in ("lat", "first", "lat_filtered", "listing", "paging"):
+        for key in ("lat", "first", "lat_filtered", "lat_case_sensitive", "listing", "paging"):
             if key in e:
                 e[key] = {"p50": pct(e[key], 50), "p95": pct(e[key], 95), "n": len(e[key])}
     return out
