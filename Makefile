@@ -73,10 +73,10 @@ docs: $(STAMP)
 fidelity: $(STAMP)
 	$(PY) benchmarks/kv_presets.py
 
-# The library and the benchmarks alike: lint, and formatted at 120 columns.
+# The library, the benchmarks and the tests alike: lint, and formatted at 120 columns.
 ruff: install
-	$(VENV)/bin/ruff check kvdb benchmarks
-	$(VENV)/bin/ruff format --check kvdb benchmarks
+	$(VENV)/bin/ruff check kvdb benchmarks tests
+	$(VENV)/bin/ruff format --check kvdb benchmarks tests
 
 # Each benchmark replaces its record in benchmarks/results/ (the same command and arguments) and
 # renders benchmarks/RESULTS.md from the records (about three hours in all on 2 cores). The

@@ -44,7 +44,10 @@ def _bindir() -> Path:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
     if initdb is None:
-        raise PostgresMissing("needs Debian's postgresql (the DuckLake tests start a cluster of their own): `sudo apt-get install postgresql`, or `make install` as root")
+        raise PostgresMissing(
+            "needs Debian's postgresql (the DuckLake tests start a cluster of their own): "
+            "`sudo apt-get install postgresql`, or `make install` as root"
+        )
     return Path(initdb).resolve().parent
 
 
@@ -66,7 +69,10 @@ class Cluster:
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", SUPERUSER, "--no-sync")
         stop = [*self._as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.folder), *stop], stdin=subprocess.PIPE, text=True, start_new_session=True
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.folder), *stop],
+            stdin=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         self.start_again()
         return self
@@ -74,7 +80,11 @@ class Cluster:
     def stop(self) -> None:
         """Stop (immediately: nothing here is kept) and remove the folder."""
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self._as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True, cwd=self.folder)
+            subprocess.run(
+                [*self._as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                cwd=self.folder,
+            )
         shutil.rmtree(self.folder, ignore_errors=True)
         if self._watchdog is not None:
             self._watchdog.communicate("stopped")  # its work is done
@@ -86,7 +96,9 @@ class Cluster:
 
     def start_again(self) -> None:
         options = f"-c listen_addresses='' -k {self.folder} -c fsync=off -c max_connections=200"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"), "-w", "start")
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"), "-w", "start"
+        )
 
     def conninfo(self, dbname: str) -> str:
         return f"dbname={dbname} host={self.folder} user={SUPERUSER}"

@@ -35,7 +35,11 @@ def make_tiny_model(folder: Path, seed: int = 0, arch: str = "Llama", **config) 
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", bos_token="<|im_start|>", unk_token="<|endoftext|>", pad_token="<|im_end|>"
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
     )
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -84,7 +88,21 @@ def storage_of(archive):
 
 
 # keys under which a transcript of any format holds conversation text (not ids, types or data)
-TEXT_KEYS = {"content", "text", "value", "thinking", "arguments", "output", "instruction", "input", "system", "instructions", "parts", "message", "mes"}
+TEXT_KEYS = {
+    "content",
+    "text",
+    "value",
+    "thinking",
+    "arguments",
+    "output",
+    "instruction",
+    "input",
+    "system",
+    "instructions",
+    "parts",
+    "message",
+    "mes",
+}
 
 
 def conversation_texts(value, key=None):
@@ -99,7 +117,6 @@ def conversation_texts(value, key=None):
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from conversation_texts(v, k)
-
 
 
 # Float premises --------------------------------------------------------------------------
@@ -117,7 +134,9 @@ def sqrt_probe() -> tuple[str, bool]:
     whether every one of them is the correctly rounded root)."""
     x = torch.from_numpy(np.random.default_rng(0).uniform(1e-5, 100.0, (100_000, 1)))
     roots = torch.sqrt(x)
-    return hashlib.sha256(roots.numpy().astype("<f8").tobytes()).hexdigest(), bool(np.array_equal(roots.numpy(), np.sqrt(x.numpy())))
+    return hashlib.sha256(roots.numpy().astype("<f8").tobytes()).hexdigest(), bool(
+        np.array_equal(roots.numpy(), np.sqrt(x.numpy()))
+    )
 
 
 def examples(full: int) -> int:
@@ -129,7 +148,9 @@ def examples(full: int) -> int:
 def undo_child_keys(conn) -> None:
     """Take an archive's nodes back to before migration 0014 (no ``child_key``; a file's index on
     parent and first token again), on its own connection: a lake has no indexes."""
-    indexed = conn.execute("select count(*) from duckdb_indexes() where index_name = 'ix_nodes_child_key'").fetchone()[0]
+    indexed = conn.execute("select count(*) from duckdb_indexes() where index_name = 'ix_nodes_child_key'").fetchone()[
+        0
+    ]
     if indexed:
         conn.execute("drop index ix_nodes_child_key")
     conn.execute("alter table nodes drop column child_key")  # DuckDB alters no table an index depends on

@@ -11,11 +11,17 @@ from mcp import Client
 from support import write_jsonl
 
 import kvdb
-from kvdb.storage.sql import Storage
 from kvdb.cli.main import main
 from kvdb.mcp import build, make_call
+from kvdb.storage.sql import Storage
 
-TURNS = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} of the long talk about the harbour ledger. " * 3} for i in range(24)]
+TURNS = [
+    {
+        "role": "user" if i % 2 == 0 else "assistant",
+        "content": f"Turn {i} of the long talk about the harbour ledger. " * 3,
+    }
+    for i in range(24)
+]
 
 
 @pytest.fixture
@@ -62,12 +68,16 @@ def test_out_of_range_arguments_are_refused_as_the_cli_refuses_them(db, tiny_mod
         "max_tokens must be an integer of at least 1, got -5",
         "start must be an integer of at least 0, got -3",
     ]
-    refused = CliRunner().invoke(main, ["--db", str(db), "search", "harbour", "-k", "0"], env={"KVDB_MODEL": tiny_model})
+    refused = CliRunner().invoke(
+        main, ["--db", str(db), "search", "harbour", "-k", "0"], env={"KVDB_MODEL": tiny_model}
+    )
     assert refused.exit_code == 2 and refused.stderr == "kvdb: error: k must be an integer of at least 1, got 0\n"
 
 
 def test_a_missing_mistyped_or_misspelt_argument_is_one_line(db, tiny_model):
-    missing, mistyped, misspelt = calls(db, tiny_model, ("search", {}), ("search", {"query": "harbour", "k": "ten"}), ("sessions", {"limt": 5}))
+    missing, mistyped, misspelt = calls(
+        db, tiny_model, ("search", {}), ("search", {"query": "harbour", "k": "ten"}), ("sessions", {"limt": 5})
+    )
     assert error(missing) == "query is required"
     assert error(mistyped).startswith("k: input should be a valid integer") and error(mistyped).endswith("got 'ten'")
     assert error(misspelt) == "unknown argument 'limt'; sessions takes limit, offset, agent, project, since, until"
@@ -92,5 +102,7 @@ def test_show_pages_read_their_page_alone(db, tiny_model, monkeypatch):
     assert max(read) < handle.n_tokens / 4  # each page reads near its own 100 tokens, never the whole talk
     for start, page in zip(starts, pages, strict=True):
         end = min(start + 100, handle.n_tokens)
-        clipped = [(t.role, max(t.start, start), min(t.end, end)) for t in whole if max(t.start, start) < min(t.end, end)]
+        clipped = [
+            (t.role, max(t.start, start), min(t.end, end)) for t in whole if max(t.start, start) < min(t.end, end)
+        ]
         assert [(t["role"], t["start"], t["end"]) for t in page.structured_content["turns"]] == clipped

@@ -21,7 +21,11 @@ def test_every_known_shape_is_replaced_and_counted_wherever_it_is():
         None,
         (
             {"role": "user", "content": f"my key is {OPENAI}, and {AWS}"},
-            {"role": "assistant", "content": "Let me use it.", "tool_calls": [{"id": "1", "name": "Bash", "arguments": f'{{"cmd": "gh auth {GITHUB}"}}'}]},
+            {
+                "role": "assistant",
+                "content": "Let me use it.",
+                "tool_calls": [{"id": "1", "name": "Bash", "arguments": f'{{"cmd": "gh auth {GITHUB}"}}'}],
+            },
             {"role": "tool", "content": f"Authorization: Bearer {'x' * 24}\n{KEY_BLOCK}", "tool_call_id": "1"},
         ),
         {"side": {"events": [{"type": "hook", "text": f"token {GITHUB}"}]}},
@@ -32,7 +36,9 @@ def test_every_known_shape_is_replaced_and_counted_wherever_it_is():
     assert not any(secret in flat for secret in (OPENAI, GITHUB, AWS, "MIIEowIBAAKCAQEA", "x" * 24))
     assert clean.dropped == {"image": 1, "secret": 6} and flat.count("[secret not archived]") == 6
     assert clean.messages[0]["content"] == "my key is [secret not archived], and [secret not archived]"
-    assert redacted(Transcript("t", "t.txt", "sk-short and a plain sentence", None, {})).dropped == {}  # too short to be a key
+    assert (
+        redacted(Transcript("t", "t.txt", "sk-short and a plain sentence", None, {})).dropped == {}
+    )  # too short to be a key
 
 
 def test_ingest_redacts_only_when_asked(archive, tmp_path):

@@ -55,11 +55,15 @@ def test_a_log_grows_waits_for_its_last_line_forks_and_is_rotated(tmp_path, tiny
         assert waiting.status == "waiting" and [f.status for f in archive.watched()] == ["waiting"]
         append(log, line(TURNS[3])[20:])
         [grown] = archive.watch([logs])
-        assert grown.status == "ingested" and 0 < grown.new_tokens < grown.n_tokens - first.n_tokens + 8  # only the new turns
+        assert (
+            grown.status == "ingested" and 0 < grown.new_tokens < grown.n_tokens - first.n_tokens + 8
+        )  # only the new turns
         [conversation] = archive.conversations()
         assert conversation.versions == 2 and conversation.latest.session_id == grown.session_id
 
-        log.write_text("".join(map(line, [*TURNS[:2], {"role": "user", "content": "Never mind."}])), encoding="utf-8")  # rewritten
+        log.write_text(
+            "".join(map(line, [*TURNS[:2], {"role": "user", "content": "Never mind."}])), encoding="utf-8"
+        )  # rewritten
         [forked] = archive.watch([logs])
         history = archive.conversation(conversation.conversation_id)
         assert forked.status == "ingested" and len(history.versions) == 3  # the old versions stay: a fork, not a loss
@@ -86,7 +90,15 @@ def test_a_restarted_watcher_stores_a_long_log_s_new_turn_alone_and_runs_no_mode
     logs.mkdir()
     log = logs / "long.jsonl"
     log.write_text(
-        "".join(line({"role": ("user", "assistant")[i % 2], "content": f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(20))}) for i in range(50))
+        "".join(
+            line(
+                {
+                    "role": ("user", "assistant")[i % 2],
+                    "content": f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(20)),
+                }
+            )
+            for i in range(50)
+        )
     )
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as archive:
         assert archive.loaded_model is not None  # this machine has loaded the model once: its facts are cached
@@ -119,8 +131,10 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
     env = {**os.environ, "KVDB_MODEL": tiny_model}
 
     def start():
-        err = open(tmp_path / "watch.err", "a", encoding="utf-8")  # noqa: SIM115 - the process writes it
-        return subprocess.Popen([KVDB, "--db", str(db), "watch", str(logs)], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        err = open(tmp_path / "watch.err", "a", encoding="utf-8")  # the process writes it
+        return subprocess.Popen(
+            [KVDB, "--db", str(db), "watch", str(logs)], env=env, stdout=subprocess.DEVNULL, stderr=err, text=True
+        )
 
     def said() -> str:
         return (tmp_path / "watch.err").read_text(encoding="utf-8")
@@ -128,7 +142,9 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
     def versions(expected: int) -> int:
         deadline = time.monotonic() + 60
         while True:
-            listed = subprocess.run([KVDB, "--db", str(db), "sessions", "--versions", "--json"], env=env, capture_output=True, text=True)
+            listed = subprocess.run(
+                [KVDB, "--db", str(db), "sessions", "--versions", "--json"], env=env, capture_output=True, text=True
+            )
             count = len(listed.stdout.splitlines()) if listed.returncode == 0 else 0
             if count >= expected or time.monotonic() > deadline:
                 return count
@@ -139,8 +155,16 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
         assert versions(1) == 1, said()
         append(log, line(TURNS[2]) + line(TURNS[3]))
         assert versions(2) == 2, said()
-        status = json.loads(subprocess.run([KVDB, "--db", str(db), "watch", "--status", "--json"], env=env, capture_output=True, text=True).stdout)
-        assert status["running"] and status["pid"] == watcher.pid and [f["path"] for f in status["files"]] == [str(log.resolve())]
+        status = json.loads(
+            subprocess.run(
+                [KVDB, "--db", str(db), "watch", "--status", "--json"], env=env, capture_output=True, text=True
+            ).stdout
+        )
+        assert (
+            status["running"]
+            and status["pid"] == watcher.pid
+            and [f["path"] for f in status["files"]] == [str(log.resolve())]
+        )
     finally:
         watcher.send_signal(signal.SIGTERM)
         watcher.wait(timeout=60)
@@ -153,7 +177,9 @@ def test_the_watcher_archives_each_change_and_stops_cleanly(tmp_path, tiny_model
         assert versions(3) == 3, said()  # the restarted watcher's first pass finds it
         logged = Path(str(db) + ".watch.log")
         deadline = time.monotonic() + 60
-        while logged.read_text(encoding="utf-8").count("ingested") < 3 and time.monotonic() < deadline:  # logged after the pass's checkpoint
+        while (
+            logged.read_text(encoding="utf-8").count("ingested") < 3 and time.monotonic() < deadline
+        ):  # logged after the pass's checkpoint
             time.sleep(0.1)
         assert logged.read_text(encoding="utf-8").count("ingested") == 3, logged.read_text(encoding="utf-8")
     finally:
@@ -166,7 +192,12 @@ def test_from_names_each_agents_own_folder(tmp_path, tiny_model, agent):
     home = tmp_path / "home"
     moved = ("CLAUDE_CONFIG_DIR", "CODEX_HOME", "GEMINI_CLI_HOME")  # each moves its agent's folder from the home
     env = {**{k: v for k, v in os.environ.items() if k not in moved}, "KVDB_MODEL": tiny_model, "HOME": str(home)}
-    missing = subprocess.run([KVDB, "--db", str(tmp_path / "a.duckdb"), "watch", "--from", agent, "--once"], env=env, capture_output=True, text=True)
+    missing = subprocess.run(
+        [KVDB, "--db", str(tmp_path / "a.duckdb"), "watch", "--from", agent, "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 2 and f"no {agent} logs at {home}" in missing.stderr
 
 
@@ -186,12 +217,16 @@ def test_an_idle_watcher_does_the_queued_work_beside_it(tmp_path, tiny_model):
             while not (stats and stats["sessions"] and stats["pending"] == kvdb.records.Pending().to_dict()):
                 assert time.monotonic() < deadline, f"still queued: {stats}"
                 time.sleep(0.5)
-                status = subprocess.run([KVDB, "--db", str(db), "stats", "--json"], env=env, capture_output=True, text=True)
+                status = subprocess.run(
+                    [KVDB, "--db", str(db), "stats", "--json"], env=env, capture_output=True, text=True
+                )
                 stats = json.loads(status.stdout) if status.returncode == 0 else None
         finally:
             stop.set()
             watcher.join(timeout=60)
         assert not watcher.is_alive()
         [session] = archive.sessions()
-        assert archive.search_meaning(TURNS[1]["content"], k=1)[0].session_id == session.session_id  # embedded beside the watcher
+        assert (
+            archive.search_meaning(TURNS[1]["content"], k=1)[0].session_id == session.session_id
+        )  # embedded beside the watcher
         assert archive.stats().bytes["logprobs"] == 4 * session.n_tokens  # and scored

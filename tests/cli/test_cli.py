@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import write, write_jsonl
 
+from kvdb.cli.main import main
 from kvdb.errors import AmbiguousSession, SessionNotFound
 
 TEXT = "Line one — ünïcode ☕\nline two\n"
@@ -35,7 +35,9 @@ def lines(result):
 
 def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     story = write(tmp_path / "t" / "story.txt", TEXT)
-    write_jsonl(tmp_path / "t" / "chat.jsonl", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    write_jsonl(
+        tmp_path / "t" / "chat.jsonl", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    )
 
     ingested = run("ingest", str(tmp_path / "t"), "--json")
     assert ingested.exit_code == 0, ingested.output
@@ -50,8 +52,14 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     listed = lines(run("sessions", "--json"))
     assert {r["name"] for r in listed} == {"story", "chat"}
     conversation = {"conversation_id", "title", "updated_at", "versions", "branches", "agent", "project"}
-    assert all(set(r) == {"session_id", "name", "source", "n_tokens", "created_at", "said_at", "part", "upstream"} | conversation for r in listed)
-    assert all(r["said_at"] == r["updated_at"] and r["part"] is None for r in listed)  # files with no times of their own, within the context
+    assert all(
+        set(r)
+        == {"session_id", "name", "source", "n_tokens", "created_at", "said_at", "part", "upstream"} | conversation
+        for r in listed
+    )
+    assert all(
+        r["said_at"] == r["updated_at"] and r["part"] is None for r in listed
+    )  # files with no times of their own, within the context
     assert all(r["versions"] == 1 and r["title"] == r["name"] for r in listed)
     assert {r["source"] for r in listed} == {str(story), str(tmp_path / "t" / "chat.jsonl")}
 
@@ -61,9 +69,24 @@ def test_ingest_sessions_show_restore_stats_delete(run, tmp_path):
     assert part["start"] == 0 and part["end"] == 4 and len(part["tokens"]) == 4 and TEXT.startswith(part["text"])
 
     restored = lines(run("restore", "chat", "--prompt", "more?", "--max-new-tokens", "3", "--json"))[0]
-    assert set(restored) == {"session_id", "mode", "restored_tokens", "seconds", "reason", "preset_fidelity", "window", "text"}
-    assert restored["mode"] == "exact" and restored["restored_tokens"] == next(r["n_tokens"] for r in rows if r["name"] == "chat")
-    assert restored["reason"] == "not every token restored has tier K: prefilled exactly" and restored["preset_fidelity"] is None and restored["window"] is None
+    assert set(restored) == {
+        "session_id",
+        "mode",
+        "restored_tokens",
+        "seconds",
+        "reason",
+        "preset_fidelity",
+        "window",
+        "text",
+    }
+    assert restored["mode"] == "exact" and restored["restored_tokens"] == next(
+        r["n_tokens"] for r in rows if r["name"] == "chat"
+    )
+    assert (
+        restored["reason"] == "not every token restored has tier K: prefilled exactly"
+        and restored["preset_fidelity"] is None
+        and restored["window"] is None
+    )
 
     at = lines(run("restore", "story", "--at", "5", "--max-new-tokens", "2", "--json"))[0]
     assert at["restored_tokens"] == 5
@@ -108,7 +131,9 @@ def test_out_of_range_and_missing_model(run, tmp_path):
     assert run("ingest", str(tmp_path / "s.txt")).exit_code == 0
     bad = run("show", "s", "--end", "999")
     assert bad.exit_code == 2 and "outside session" in bad.stderr
-    missing = CliRunner().invoke(main, ["--db", str(tmp_path / "x.duckdb"), "ingest", str(tmp_path / "s.txt"), "--model", str(tmp_path / "nope")])
+    missing = CliRunner().invoke(
+        main, ["--db", str(tmp_path / "x.duckdb"), "ingest", str(tmp_path / "s.txt"), "--model", str(tmp_path / "nope")]
+    )
     assert missing.exit_code == 4 and "cannot load model" in missing.stderr
 
 
@@ -117,7 +142,9 @@ def test_real_script_in_subprocess(tmp_path, tiny_model):
     script = Path(sys.executable).with_name("kvdb")
     story = write(tmp_path / "story.md", TEXT)
     env = dict(os.environ, KVDB_DB=str(tmp_path / "sub.duckdb"), KVDB_MODEL=tiny_model)
-    ingest = subprocess.run([str(script), "ingest", str(story), "--json"], env=env, capture_output=True, text=True, timeout=300)
+    ingest = subprocess.run(
+        [str(script), "ingest", str(story), "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert ingest.returncode == 0, ingest.stderr
     assert json.loads(ingest.stdout)["status"] == "ingested"
     show = subprocess.run([str(script), "show", "story"], env=env, capture_output=True, timeout=300)
@@ -161,7 +188,17 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
-    result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "ingest", str(write(tmp_path / "t.txt", TEXT)), "--model", "no-such-org/no-such-model"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "--db",
+            str(tmp_path / "a.duckdb"),
+            "ingest",
+            str(write(tmp_path / "t.txt", TEXT)),
+            "--model",
+            "no-such-org/no-such-model",
+        ],
+    )
     assert result.exit_code == 4, result.output
     assert "Retrying" not in result.output and "no-such-org/no-such-model" in result.output
 
@@ -170,15 +207,25 @@ def test_a_model_that_is_not_here_fails_at_once_offline(tmp_path):
 
 
 def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_path):
-    assert run("ingest", str(write(tmp_path / "harbour.txt", "The keeper watched the harbour lights at dusk.\n"))).exit_code == 0
+    assert (
+        run(
+            "ingest", str(write(tmp_path / "harbour.txt", "The keeper watched the harbour lights at dusk.\n"))
+        ).exit_code
+        == 0
+    )
     mixed = run("search", "harbour lights", "-k", "10", "--min-share", "0", "--each-occurrence", "--json")
     assert mixed.exit_code == 0  # one full match is enough; the partial ones come after it
     rows = lines(mixed)
     assert {r["name"] for r in rows} == {"harbour"}
     assert rows[0]["exact"] and not rows[0]["partial"] and any(r["partial"] for r in rows)
     shares = [r["match_tokens"] / r["query_tokens"] for r in rows if r["partial"]]
-    default = lines(run("search", "harbour lights", "-k", "10", "--json"))  # partial hits on under half the phrase left out
-    assert default == [r for r in rows if not r["partial"] or r["match_tokens"] / r["query_tokens"] >= 0.5] and min(shares) < 0.5
+    default = lines(
+        run("search", "harbour lights", "-k", "10", "--json")
+    )  # partial hits on under half the phrase left out
+    assert (
+        default == [r for r in rows if not r["partial"] or r["match_tokens"] / r["query_tokens"] >= 0.5]
+        and min(shares) < 0.5
+    )
     assert run("search", "harbour lights", "--min-share", "1.5").exit_code == 2
 
     partial = run("search", "zebra lights", "--json")
@@ -189,7 +236,9 @@ def test_search_hits_name_their_session_and_only_full_matches_succeed(run, tmp_p
 
     counted = run("search", "Harbour Lights", "--count")
     assert counted.exit_code == 0 and counted.stdout.strip() == "1"  # the other casing, counted once
-    assert lines(run("search", "harbour lights", "--count", "--case-sensitive", "--json")) == [{"phrase": "harbour lights", "count": 1, "case_sensitive": True, "session": None}]
+    assert lines(run("search", "harbour lights", "--count", "--case-sensitive", "--json")) == [
+        {"phrase": "harbour lights", "count": 1, "case_sensitive": True, "session": None}
+    ]
     none = run("search", "zebra lights", "--count")
     assert none.exit_code == 1 and none.stdout.strip() == "0"
     refused = run("search", "harbour", "--count", "--semantic")
@@ -204,13 +253,20 @@ def test_listings_escape_control_characters_but_show_and_json_do_not(run, tmp_pa
     listed = run("sessions")  # stdout_bytes: click's runner turns the \r\n of .stdout into \n
     assert b"odd\\x1b[31mname" in listed.stdout_bytes and b"\x1b" not in listed.stdout_bytes
     hits = run("search", "lights", "-k", "1", "--context", "4")
-    assert b"\\r\\n" in hits.stdout_bytes and b"\r" not in hits.stdout_bytes and len(hits.stdout_bytes.splitlines()) == 2
+    assert (
+        b"\\r\\n" in hits.stdout_bytes and b"\r" not in hits.stdout_bytes and len(hits.stdout_bytes.splitlines()) == 2
+    )
     assert "\r\n" in lines(run("search", "lights", "-k", "1", "--json"))[0]["context"]
     assert lines(run("sessions", "--json"))[0]["name"] == "odd\x1b[31mname"
     assert run("show", "odd\x1b[31mname").stdout_bytes == crlf.encode()  # the exact text, for pipes
 
     for tail in ("one", "two"):
-        assert run("ingest", str(write(tmp_path / f"{tail}.txt", f"\x07bell shared opening words here, then {tail}"))).exit_code == 0
+        assert (
+            run(
+                "ingest", str(write(tmp_path / f"{tail}.txt", f"\x07bell shared opening words here, then {tail}"))
+            ).exit_code
+            == 0
+        )
     prefixes = run("prefixes")
     assert b"\\x07bell shared" in prefixes.stdout_bytes and b"\x07" not in prefixes.stdout_bytes
 
@@ -242,7 +298,9 @@ def test_the_first_kv_ingest_says_it_builds_the_shipped_codebooks_off_a_terminal
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "fresh-cache"))
     first = run("ingest", str(write(tmp_path / "a.txt", TEXT)), "--keep", "tokens,search,kv", "--json")
     assert first.exit_code == 0, first.stderr
-    said = [line for line in first.stderr.splitlines() if line.startswith("kvdb: shipped codebooks (once per machine): ")]
+    said = [
+        line for line in first.stderr.splitlines() if line.startswith("kvdb: shipped codebooks (once per machine): ")
+    ]
     assert said and all(" layer " in line and line.endswith("s)") for line in said)
     again = run("ingest", str(write(tmp_path / "b.txt", TEXT + " again")), "--keep", "tokens,search,kv", "--json")
     assert again.exit_code == 0 and "shipped codebooks" not in again.stderr  # built once per machine
@@ -303,17 +361,28 @@ def test_a_file_that_is_not_an_archive_is_refused_by_the_name_given(tmp_path, mo
 
 
 def test_a_bad_line_is_skipped_and_named_the_rest_ingested_and_strict_refuses_the_file(run, tmp_path):
-    write(tmp_path / "in" / "chat.jsonl", '{"role": "user", "content": "first question"}\n{"role": \n{"role": "assistant", "content": "an answer"}\n')
+    write(
+        tmp_path / "in" / "chat.jsonl",
+        '{"role": "user", "content": "first question"}\n{"role": \n{"role": "assistant", "content": "an answer"}\n',
+    )
     result = run("ingest", str(tmp_path / "in"), "--json")
     assert result.exit_code == 1
     [r] = lines(result)
-    assert r["status"] == "ingested" and r["skipped"] == [{"line": 2, "reason": r["skipped"][0]["reason"]}] and "invalid JSON" in r["skipped"][0]["reason"]
+    assert (
+        r["status"] == "ingested"
+        and r["skipped"] == [{"line": 2, "reason": r["skipped"][0]["reason"]}]
+        and "invalid JSON" in r["skipped"][0]["reason"]
+    )
     shown = run("show", r["session_id"])
     assert "first question" in shown.stdout and "an answer" in shown.stdout
     human = run("ingest", str(tmp_path / "in"))
     assert human.exit_code == 1 and "chat.jsonl:2: invalid JSON" in human.stderr
     strict = run("ingest", str(tmp_path / "in" / "chat.jsonl"), "--strict", "--json")
-    assert strict.exit_code == 1 and [x["status"] for x in lines(strict)] == ["failed"] and "chat.jsonl:2" in lines(strict)[0]["error"]
+    assert (
+        strict.exit_code == 1
+        and [x["status"] for x in lines(strict)] == ["failed"]
+        and "chat.jsonl:2" in lines(strict)[0]["error"]
+    )
 
 
 def test_a_log_of_summaries_alone_is_empty_and_no_failure(run, tmp_path):

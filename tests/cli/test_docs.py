@@ -36,7 +36,9 @@ def _option_names(command: click.Command) -> set[str]:
     """The name a user types for each option: its long form (``--max-new-tokens``), or its short
     form when it has no long one (``-k``). The help option is included."""
     names = set()
-    helps = _cli().context_settings.get("help_option_names", ["--help"])  # as on a command line: click keeps the help option it first made
+    helps = _cli().context_settings.get(
+        "help_option_names", ["--help"]
+    )  # as on a command line: click keeps the help option it first made
     for param in command.get_params(click.Context(command, help_option_names=helps)):
         if not isinstance(param, click.Option) or param.hidden:
             continue
@@ -92,7 +94,16 @@ def test_the_cli_is_discovered():
     """Guards the tests below against passing vacuously: the introspection finds the real commands."""
     leaves = _leaves()
     assert len(leaves) >= 10
-    for known in [("ingest",), ("sessions",), ("show",), ("restore",), ("search",), ("stats",), ("codebooks", "train"), ("index", "rebuild")]:
+    for known in [
+        ("ingest",),
+        ("sessions",),
+        ("show",),
+        ("restore",),
+        ("search",),
+        ("stats",),
+        ("codebooks", "train"),
+        ("index", "rebuild"),
+    ]:
         assert known in leaves, f"{' '.join(known)} not found in the CLI: {sorted(leaves)}"
     assert {"--keep", "--model", "--json", "--help"} <= _option_names(leaves[("ingest",)])
     assert "-k" in _option_names(leaves[("search",)])
@@ -101,7 +112,9 @@ def test_the_cli_is_discovered():
 
 def test_docs_cli_md_is_the_help_as_it_stands():
     written = CLI_MD.read_text(encoding="utf-8")
-    assert written == reference.reference(_cli()), "docs/cli.md is stale: run `make docs` (python -m kvdb.cli.reference > docs/cli.md)"
+    assert written == reference.reference(_cli()), (
+        "docs/cli.md is stale: run `make docs` (python -m kvdb.cli.reference > docs/cli.md)"
+    )
 
 
 def test_the_reference_has_every_command_and_option():
@@ -118,7 +131,9 @@ def test_the_reference_has_every_command_and_option():
 
 def test_the_example_parser_reads_commands_and_options():
     commands = {("search",): _cli(), ("codebooks",): _cli(), ("codebooks", "train"): _cli()}
-    assert _examples("x\n```bash\n$ kvdb --db a.duckdb search 'x y' -k 3  # why\n```\n") == ["kvdb --db a.duckdb search 'x y' -k 3"]
+    assert _examples("x\n```bash\n$ kvdb --db a.duckdb search 'x y' -k 3  # why\n```\n") == [
+        "kvdb --db a.duckdb search 'x y' -k 3"
+    ]
     assert _command_of("kvdb --db a.duckdb search x -k 3", commands) == (("search",), ["--db", "-k"])
     assert _command_of("kvdb codebooks train --preset k4v3", commands) == (("codebooks", "train"), ["--preset"])
     assert _command_of("kvdb serach x", commands) == (("serach",), [])
@@ -136,8 +151,16 @@ def test_every_example_runs_a_command_with_its_options(document):
         if path not in commands:
             wrong.append(f"{line!r}: no command `kvdb {' '.join(path)}`")
             continue
-        known = _option_names(commands[path]) | _option_names(_cli()) | {f for p in commands[path].params for f in p.opts + p.secondary_opts}
-        wrong += [f"{line!r}: `kvdb {' '.join(path)}` has no option {o}" for o in options if o not in known and o.split("=")[0] not in known]
+        known = (
+            _option_names(commands[path])
+            | _option_names(_cli())
+            | {f for p in commands[path].params for f in p.opts + p.secondary_opts}
+        )
+        wrong += [
+            f"{line!r}: `kvdb {' '.join(path)}` has no option {o}"
+            for o in options
+            if o not in known and o.split("=")[0] not in known
+        ]
     assert not wrong, f"{document.name}: examples that name no real command or option:\n" + "\n".join(wrong)
 
 

@@ -6,12 +6,15 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import EXAMPLES, write
+
+from kvdb.cli.main import main
 
 
 def invoke(tmp_path, *args, model):
-    return CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), *args], env={"KVDB_MODEL": model}, catch_exceptions=False)
+    return CliRunner().invoke(
+        main, ["--db", str(tmp_path / "a.duckdb"), *args], env={"KVDB_MODEL": model}, catch_exceptions=False
+    )
 
 
 def test_a_malformed_file_is_refused_before_the_model_loads(tmp_path):
@@ -44,7 +47,9 @@ def test_utf16_transcripts_round_trip_and_latin1_is_refused_with_the_fix(tmp_pat
     latin.write_bytes("Grüße aus Köln\n".encode("latin-1"))
     refused = invoke(tmp_path, "ingest", str(latin), model=tiny_model)
     assert refused.exit_code == 1
-    assert f"looks like LATIN1 text. Convert it with: iconv -f LATIN1 -t UTF-8 {latin} > converted.txt" in refused.stderr
+    assert (
+        f"looks like LATIN1 text. Convert it with: iconv -f LATIN1 -t UTF-8 {latin} > converted.txt" in refused.stderr
+    )
 
 
 def test_a_side_field_comes_back_from_show_json(tmp_path, tiny_model):

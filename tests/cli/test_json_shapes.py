@@ -6,8 +6,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import CALIBRATION, KV, write
+
+from kvdb.cli.main import main
 
 # what each command printed before its result became a record: key -> JSON type, in order
 SHAPES = {
@@ -31,7 +32,15 @@ SHAPES = {
         "file_bytes": int,
         "forgotten": int,  # deleted sessions whose bytes it erased (issue 55)
     },
-    "gc again": {"nodes": int, "tokens": int, "token_bytes": int, "prefix_cache_entries": int, "renumbered_indexes": list, "file_bytes": int, "forgotten": int},
+    "gc again": {
+        "nodes": int,
+        "tokens": int,
+        "token_bytes": int,
+        "prefix_cache_entries": int,
+        "renumbered_indexes": list,
+        "file_bytes": int,
+        "forgotten": int,
+    },
 }
 
 
@@ -49,8 +58,17 @@ def printed(tmp_path_factory, tiny_model):
 
     run("ingest", str(write(tmp / "calibration.txt", CALIBRATION)))
     out = {"codebooks train": run("codebooks", "train", "--preset", "k2v1", "--tokens", "2000")}
-    run("ingest", str(write(tmp / "s.txt", CALIBRATION[:200] + " and a session of its own, with tier K.")), "--keep", KV, "--kv-preset", "k2v1")
-    out["restore --fidelity"] = run("restore", "s", "--mode", "archive", "--fidelity", "--max-new-tokens", "1")["fidelity"]
+    run(
+        "ingest",
+        str(write(tmp / "s.txt", CALIBRATION[:200] + " and a session of its own, with tier K.")),
+        "--keep",
+        KV,
+        "--kv-preset",
+        "k2v1",
+    )
+    out["restore --fidelity"] = run("restore", "s", "--mode", "archive", "--fidelity", "--max-new-tokens", "1")[
+        "fidelity"
+    ]
     out["index rebuild"] = run("index", "rebuild")
     out["verify"] = run("verify")
     out["repair"] = run("repair")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from kvdb.cli.main import main
 
 import kvdb
+from kvdb.cli.main import main
 
 
 def test_kvdb_sql_prints_a_table_json_and_one_line_errors(tmp_path, tiny_model):
@@ -20,7 +20,9 @@ def test_kvdb_sql_prints_a_table_json_and_one_line_errors(tmp_path, tiny_model):
     runner = CliRunner()
 
     def run(*args, stdin=None):
-        return runner.invoke(main, ["--db", db, "sql", *args], env={"KVDB_MODEL": tiny_model}, input=stdin, catch_exceptions=False)
+        return runner.invoke(
+            main, ["--db", db, "sql", *args], env={"KVDB_MODEL": tiny_model}, input=stdin, catch_exceptions=False
+        )
 
     shown = run("select title, n_tokens, said_at from conversations order by title")
     assert shown.exit_code == 0, shown.output
@@ -31,11 +33,22 @@ def test_kvdb_sql_prints_a_table_json_and_one_line_errors(tmp_path, tiny_model):
     as_json = run("select title, n_tokens, said_at from conversations order by title", "--json")
     assert as_json.exit_code == 0 and json.loads(as_json.stdout) == expected
 
-    hits = run("-", "--json", stdin="select c.title, h.exact from search('harbour master') h join conversations c using (conversation_id) order by 1")
+    hits = run(
+        "-",
+        "--json",
+        stdin=(
+            "select c.title, h.exact from search('harbour master') h "
+            "join conversations c using (conversation_id) order by 1"
+        ),
+    )
     assert json.loads(hits.stdout)["rows"] == [["lamp", True], ["notes", True]]
 
     bad = run("selec 1")
-    assert bad.exit_code == 2 and bad.stdout == "" and bad.stderr == 'kvdb: error: SQL: Parser Error: syntax error at or near "selec"\n'
+    assert (
+        bad.exit_code == 2
+        and bad.stdout == ""
+        and bad.stderr == 'kvdb: error: SQL: Parser Error: syntax error at or near "selec"\n'
+    )
     write = run("delete from sessions", "--json")
     refused = json.loads(write.stderr)
     assert write.exit_code == 2 and refused["type"] == "QueryRefused" and "DELETE" in refused["error"]

@@ -25,7 +25,8 @@ RANKS = {
     "kvdb.sealing": 1,
     "kvdb.transcripts": 1,
     "kvdb.storage": 2,
-    "kvdb.migrations": 2,  # alembic's environment (run by kvdb.storage.migrate), revisions and frozen rules (a lake's upgrade reads them too)
+    # alembic's environment (run by kvdb.storage.migrate), revisions and frozen rules (a lake's upgrade reads them too)
+    "kvdb.migrations": 2,
     "kvdb.model": 3,
     "kvdb.index": 4,
     "kvdb.tiers": 4,
@@ -42,7 +43,15 @@ RANKS = {
 # package, and seal the files they write (kvdb.sealing: bytes in, bytes out, under the archive's
 # key), but never storage, indexes or services.
 KERNELS = ("kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.index.sidecar")
-KERNEL_MAY_IMPORT = ("kvdb.errors", "kvdb.files", "kvdb.sealing", "kvdb.codecs", "kvdb.model.integer_lm", "kvdb.model.integer_kernel", "kvdb.model._integer_kernel")
+KERNEL_MAY_IMPORT = (
+    "kvdb.errors",
+    "kvdb.files",
+    "kvdb.sealing",
+    "kvdb.codecs",
+    "kvdb.model.integer_lm",
+    "kvdb.model.integer_kernel",
+    "kvdb.model._integer_kernel",
+)
 
 
 def modules() -> dict[str, Path]:
@@ -56,7 +65,12 @@ def modules() -> dict[str, Path]:
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out: set[str] = set()
 
@@ -167,7 +181,13 @@ def test_the_library_knows_nothing_of_its_front_ends():
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{name} -> {n}" for n in names if n.split(".")[0] in outside or n.startswith(FRONT_ENDS)]
     assert found == []
 
@@ -175,7 +195,10 @@ def test_the_library_knows_nothing_of_its_front_ends():
 def test_the_front_ends_live_in_the_package():
     """One package tree: every module is imported by the name of its folder under kvdb/."""
     names = modules()
-    assert all(any(name == f or name.startswith(f + ".") for name in names) for f in FRONT_ENDS) and "kvdb.migrations.versions" in names
+    assert (
+        all(any(name == f or name.startswith(f + ".") for name in names) for f in FRONT_ENDS)
+        and "kvdb.migrations.versions" in names
+    )
 
 
 def test_kvdbs_tests_import_no_benchmark():
@@ -188,7 +211,9 @@ def test_kvdbs_tests_import_no_benchmark():
             names = (
                 [alias.name for alias in node.names]
                 if isinstance(node, ast.Import)
-                else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                else []
             )
             found += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in benchmarks]
     assert benchmarks and not found

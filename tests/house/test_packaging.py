@@ -24,5 +24,12 @@ def test_the_wheel_builds_without_warnings_and_carries_its_data(tmp_path):
     assert "Warning" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
     [wheel] = tmp_path.glob("kvdb-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"kvdb/data/calibration.txt", "kvdb/data/kv_fidelity.json", "kvdb/server/static/index.html", "kvdb/migrations/script.py.mako"} <= names
-    assert any(n.startswith("kvdb/model/_integer_kernel") for n in names) and any(n.startswith("kvdb/codecs/_rans") for n in names)
+    assert {
+        "kvdb/data/calibration.txt",
+        "kvdb/data/kv_fidelity.json",
+        "kvdb/server/static/index.html",
+        "kvdb/migrations/script.py.mako",
+    } <= names
+    assert any(n.startswith("kvdb/model/_integer_kernel") for n in names) and any(
+        n.startswith("kvdb/codecs/_rans") for n in names
+    )

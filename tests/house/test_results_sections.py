@@ -19,7 +19,9 @@ DIRECT_WRITES = re.compile(r"RESULTS\.open\(|RESULTS\.write_text\(|open\([^)\n]*
 def test_no_two_sections_of_results_share_a_heading():
     """``report.replaced`` finds the section to replace by its heading: two of the same heading are
     a rerun that was appended instead, and the older one's figures read as current."""
-    headings = [line for line in (BENCHMARKS / "RESULTS.md").read_text(encoding="utf-8").splitlines() if line.startswith("## ")]
+    headings = [
+        line for line in (BENCHMARKS / "RESULTS.md").read_text(encoding="utf-8").splitlines() if line.startswith("## ")
+    ]
     repeated = sorted(heading for heading, n in Counter(headings).items() if n > 1)
     assert not repeated, f"headings of more than one section: {repeated}"
 
@@ -27,5 +29,9 @@ def test_no_two_sections_of_results_share_a_heading():
 def test_only_report_writes_results():
     """A benchmark that writes RESULTS.md itself (appending to it, say) bypasses the replacing of
     its last run's section, which lives in one place: ``report.publish``."""
-    writers = sorted(path.name for path in BENCHMARKS.glob("*.py") if path.name != "report.py" and DIRECT_WRITES.search(path.read_text(encoding="utf-8")))
+    writers = sorted(
+        path.name
+        for path in BENCHMARKS.glob("*.py")
+        if path.name != "report.py" and DIRECT_WRITES.search(path.read_text(encoding="utf-8"))
+    )
     assert not writers, f"benchmarks that write RESULTS.md themselves, not through report.publish: {writers}"

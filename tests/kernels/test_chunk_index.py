@@ -12,7 +12,13 @@ from kvdb.index import ranking
 from kvdb.index import vectors as vector_ops
 from kvdb.index.chunk_index import ChunkHeader, ChunkIndex
 
-TEXTS = ["the cat sat on the mat", "dogs bark at the postman", "a cat and a dog met", "split_path joins paths", "hello world again"]
+TEXTS = [
+    "the cat sat on the mat",
+    "dogs bark at the postman",
+    "a cat and a dog met",
+    "split_path joins paths",
+    "hello world again",
+]
 
 
 def _unit(rng, n: int, dim: int = 16) -> np.ndarray:
@@ -22,7 +28,9 @@ def _unit(rng, n: int, dim: int = 16) -> np.ndarray:
 
 def _index(rng, n: int = 20) -> ChunkIndex:
     nodes = [f"{i // 3:032x}" for i in range(n)]  # three chunks a node
-    return ChunkIndex.build("embedder@1", nodes, np.arange(2 * n).reshape(n, 2), _unit(rng, n), [TEXTS[i % len(TEXTS)] for i in range(n)])
+    return ChunkIndex.build(
+        "embedder@1", nodes, np.arange(2 * n).reshape(n, 2), _unit(rng, n), [TEXTS[i % len(TEXTS)] for i in range(n)]
+    )
 
 
 def test_a_saved_index_answers_as_the_one_in_memory(tmp_path):

@@ -17,9 +17,13 @@ from kvdb.errors import CorruptData, InvalidArgument
 
 def _vectors(layers=2, heads=2, n=700, dim=8, seed=0):
     rng = np.random.default_rng(seed)
-    mixing = np.random.default_rng(99).standard_normal((layers, heads, dim, dim))  # correlated dimensions, the same for every seed
+    mixing = np.random.default_rng(99).standard_normal(
+        (layers, heads, dim, dim)
+    )  # correlated dimensions, the same for every seed
     scale = np.linspace(2.0, 0.2, dim)
-    return (np.einsum("lhnd,lhde->lhne", rng.standard_normal((layers, heads, n, dim)) * scale, mixing) + 1.5).astype(np.float32)
+    return (np.einsum("lhnd,lhde->lhne", rng.standard_normal((layers, heads, n, dim)) * scale, mixing) + 1.5).astype(
+        np.float32
+    )
 
 
 def _fisher(layers=2, heads=2, dim=8):
@@ -74,14 +78,18 @@ def test_the_payload_round_trips_and_decodes_as_the_arrays_do(trained):
     for layer, (lk, lv) in enumerate(CL.decode_streams(trained, streams, 50, used=30)):
         np.testing.assert_allclose(lk, keys[layer, :, :30], atol=1e-5)
         np.testing.assert_allclose(lv, values[layer, :, :30], atol=1e-5)
-    later = CL.codes_from_streams(trained, CL.code_streams(trained, codes, start=20), 30)  # a node's later positions, coded again
+    later = CL.codes_from_streams(
+        trained, CL.code_streams(trained, codes, start=20), 30
+    )  # a node's later positions, coded again
     for a, b in zip(later, codes):
         np.testing.assert_array_equal(a, b[..., 20:])
 
 
 def test_values_far_past_the_calibration_escape_and_come_back(trained):
     k, v = _vectors(n=10, seed=7), _vectors(n=10, seed=8)
-    k[0, 0, 3] *= 50  # one position of one head far outside anything calibrated (int16 saturates only some 30,000 steps out)
+    k[0, 0, 3] *= (
+        50  # one position of one head far outside anything calibrated (int16 saturates only some 30,000 steps out)
+    )
     codes = CL.encode(trained, k, v)
     assert np.abs(codes[0]).max() > 127  # past the tables: escaped
     back = CL.codes_from_streams(trained, CL.code_streams(trained, codes), 10)
@@ -124,8 +132,28 @@ def test_bytes_round_trip_and_refuse_damage(trained):
 
 def test_entropy_coded_presets_parse_and_need_the_fisher_information():
     assert P.resolve("e3", "any") == "e3" and P.resolve("e1.5", "any") == "e1.5"
-    assert P.resolve("e2p32", "any") == "e2p32" and P.resolve("e2p64i32", "any") == "e2p64i32" and P.resolve("e1.2jp128", "any") == "e1.2jp128"
-    for bad in ("e0", "e9", "e", "e-1", "t3p8", "e2p0", "e2p", "e2p4i5", "e2p4i0", "e2i4", "t3p8i4", "t3j", "e2jp0", "e2jp8i9", "e2pj8"):
+    assert (
+        P.resolve("e2p32", "any") == "e2p32"
+        and P.resolve("e2p64i32", "any") == "e2p64i32"
+        and P.resolve("e1.2jp128", "any") == "e1.2jp128"
+    )
+    for bad in (
+        "e0",
+        "e9",
+        "e",
+        "e-1",
+        "t3p8",
+        "e2p0",
+        "e2p",
+        "e2p4i5",
+        "e2p4i0",
+        "e2i4",
+        "t3p8i4",
+        "t3j",
+        "e2jp0",
+        "e2jp8i9",
+        "e2pj8",
+    ):
         with pytest.raises(InvalidArgument):
             P.resolve(bad, "any")
     with pytest.raises(InvalidArgument, match="Fisher"):
@@ -190,12 +218,16 @@ def test_a_predicted_payload_decodes_straight_as_the_reference_decodes(predicted
     for layer, (lk, lv) in enumerate(CL.decode_streams(predicted, streams, 60, used=45)):
         np.testing.assert_allclose(lk, keys[layer, :, :45], atol=1e-5)
         np.testing.assert_allclose(lv, values[layer, :, :45], atol=1e-5)
-    later = CL.codes_from_streams(predicted, CL.code_streams(predicted, codes, start=25), 35)  # a cut node's tail: its integers unchanged
+    later = CL.codes_from_streams(
+        predicted, CL.code_streams(predicted, codes, start=25), 35
+    )  # a cut node's tail: its integers unchanged
     for a, b in zip(later, codes):
         np.testing.assert_array_equal(a, b[..., 25:])
 
 
-def test_a_predicted_set_is_format_version_2_or_3_with_fewer_inputs_or_4_joint_and_a_plain_one_stays_version_1(predicted, trained):
+def test_a_predicted_set_is_format_version_2_or_3_with_fewer_inputs_or_4_joint_and_a_plain_one_stays_version_1(
+    predicted, trained
+):
     blob = predicted.to_bytes()
     version = 4 if predicted.joint else 3 if predicted.prediction_inputs < predicted.predicted else 2
     assert int.from_bytes(blob[8:12], "little") == version and int.from_bytes(trained.to_bytes()[8:12], "little") == 1
@@ -205,7 +237,9 @@ def test_a_predicted_set_is_format_version_2_or_3_with_fewer_inputs_or_4_joint_a
     assert back.prediction_inputs == predicted.prediction_inputs and back.joint == predicted.joint
     assert header.get("inputs") == {2: None, 3: 2, 4: 8}[version]
     np.testing.assert_array_equal(back.predictor, predicted.predictor)
-    assert predicted.nbytes == _train_layered("e3j" if predicted.joint else "e3").nbytes + predicted.predictor.size * 2  # float16, counted in the ratio a benchmark reports
+    assert (
+        predicted.nbytes == _train_layered("e3j" if predicted.joint else "e3").nbytes + predicted.predictor.size * 2
+    )  # float16, counted in the ratio a benchmark reports
     with pytest.raises(InvalidArgument, match="predicts 9 coefficients per head, but heads have 8"):
         _train_layered("e3p9")
     with pytest.raises(InvalidArgument, match="predicts 33 coefficients per layer, but layers have 32"):
@@ -232,7 +266,9 @@ def test_one_rotation_per_layer_codes_heads_that_share_at_a_fraction_of_the_erro
     errors, bits = [], []
     for preset in ("e2", "e2j"):
         books = ET.train(dict(zip(EC.KINDS, calibration)), fisher, preset)
-        assert books.joint == (preset == "e2j") and books.basis[EC.JOINT if books.joint else "k"].shape == ((2, 32, 32) if books.joint else (2, 2, 8, 8))
+        assert books.joint == (preset == "e2j") and books.basis[EC.JOINT if books.joint else "k"].shape == (
+            (2, 32, 32) if books.joint else (2, 2, 8, 8)
+        )
         k, v = books.decode(books.encode(*held))
         errors.append(float(((k - held[0]) ** 2).mean() + ((v - held[1]) ** 2).mean()))
         bits.append(_payload_bits(books, *held))

@@ -45,13 +45,19 @@ def comes_back(text: str, held: str) -> bool:
     call's arguments; a text that is itself a JSON object (a dataset's tool
     call, ``{"name": ..., "arguments": {...}}``, read as a structured call) comes back when
     each of its values does: a string as written, anything else as JSON text."""
-    if text in held or json.dumps(text, ensure_ascii=False)[1:-1] in held:  # a tool call's arguments: JSON text, its strings escaped
+    if (
+        text in held or json.dumps(text, ensure_ascii=False)[1:-1] in held
+    ):  # a tool call's arguments: JSON text, its strings escaped
         return True
     try:
         value = json.loads(text)
     except ValueError:
         return False
-    return isinstance(value, dict) and bool(value) and all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in held for v in value.values())
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in held for v in value.values())
+    )
 
 
 def strings(value):

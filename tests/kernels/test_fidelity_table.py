@@ -18,7 +18,12 @@ def test_a_recorded_entry_is_what_the_library_reads_and_a_rerun_replaces_only_it
     try:
         fidelity.record(MODEL, "k4v3", "shipped", {1024: {"ppl_ratio": 1.031, "kl": None, "top1": 0.9}}, 1.0, "a run")
         fidelity.record(
-            MODEL, "k6v4", "shipped", {8000: {"ppl_ratio": 1.2, "kl": 0.1, "top1": 0.8}, 1024: {"ppl_ratio": 1.01, "kl": 0.01, "top1": 0.97}}, 1.0, "a run"
+            MODEL,
+            "k6v4",
+            "shipped",
+            {8000: {"ppl_ratio": 1.2, "kl": 0.1, "top1": 0.8}, 1024: {"ppl_ratio": 1.01, "kl": 0.01, "top1": 0.97}},
+            1.0,
+            "a run",
         )
         assert fidelity.measured(MODEL, "k4v3", "shipped") == {
             "key_sharpening": 1.0,
@@ -28,10 +33,17 @@ def test_a_recorded_entry_is_what_the_library_reads_and_a_rerun_replaces_only_it
         assert fidelity.worst_ppl(fidelity.measured(MODEL, "k6v4", "shipped")["lengths"]) == (8000, 1.2)
         fidelity.record(MODEL, "k4v3", "shipped", {4096: {"ppl_ratio": 1.02, "kl": 0.02, "top1": 0.95}}, 1.0, "a rerun")
         table = json.loads(path.read_text())
-        assert set(table[MODEL]["k4v3"]["shipped"]["lengths"]) == {"4096"} and table[MODEL]["k4v3"]["shipped"]["measured_by"] == "a rerun"
+        assert (
+            set(table[MODEL]["k4v3"]["shipped"]["lengths"]) == {"4096"}
+            and table[MODEL]["k4v3"]["shipped"]["measured_by"] == "a rerun"
+        )
         assert set(table[MODEL]["k6v4"]["shipped"]["lengths"]) == {"1024", "8000"}
-        assert fidelity.measured(MODEL, "k4v3", "trained") is None and fidelity.measured(MODEL, "k2v1", "shipped") is None
-        fidelity.record(MODEL, "k2v1", "shipped", {1024: {"ppl_ratio": 1.5, "kl": None, "top1": 0.7}}, 1.05, "sharpened")  # not what a restore applies here
+        assert (
+            fidelity.measured(MODEL, "k4v3", "trained") is None and fidelity.measured(MODEL, "k2v1", "shipped") is None
+        )
+        fidelity.record(
+            MODEL, "k2v1", "shipped", {1024: {"ppl_ratio": 1.5, "kl": None, "top1": 0.7}}, 1.05, "sharpened"
+        )  # not what a restore applies here
         assert fidelity.measured(MODEL, "k2v1", "shipped") is None
         with pytest.raises(InvalidArgument, match="figures"):
             fidelity.record(MODEL, "k4v3", "shipped", {1024: {"ppl_ratio": 1.0}}, 1.0, "a run")
@@ -46,5 +58,9 @@ def test_the_shipped_table_holds_only_whole_measured_entries():
     for by_spec in fidelity.table().values():
         for by_source in by_spec.values():
             for source, entry in by_source.items():
-                assert source in fidelity.SOURCES and entry["measured_by"].startswith("benchmarks/") and entry["key_sharpening"] >= 1.0
+                assert (
+                    source in fidelity.SOURCES
+                    and entry["measured_by"].startswith("benchmarks/")
+                    and entry["key_sharpening"] >= 1.0
+                )
                 assert entry["lengths"] and all(set(f) == set(fidelity.FIGURES) for f in entry["lengths"].values())

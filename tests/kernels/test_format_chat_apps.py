@@ -25,7 +25,14 @@ def side(session) -> dict:
 
 
 def claude_message(uuid, sender, text, parent=None, **more):
-    message = {"uuid": uuid, "sender": sender, "text": text, "content": [{"type": "text", "text": text}], "attachments": [], "files": []}
+    message = {
+        "uuid": uuid,
+        "sender": sender,
+        "text": text,
+        "content": [{"type": "text", "text": text}],
+        "attachments": [],
+        "files": [],
+    }
     if parent is not None:
         message["parent_message_uuid"] = parent
     return message | more
@@ -39,12 +46,26 @@ def test_claude_ai_reads_content_blocks_and_never_the_flattened_text_too(tmp_pat
         "content": [
             {"type": "thinking", "thinking": "Weighing it.", "summaries": [{"summary": "Weighing the question"}]},
             {"type": "tool_use", "id": "t1", "name": "web_search", "input": {"query": "q"}},
-            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "knowledge", "title": "A page", "url": "https://a.example", "text": "found"}]},
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [{"type": "knowledge", "title": "A page", "url": "https://a.example", "text": "found"}],
+            },
             {"type": "token_budget", "remaining": 10},
             {"type": "text", "text": "Yes."},
         ],
     }
-    (session,) = read(tmp_path, [{"uuid": "c1", "name": "", "summary": "A short chat.", "chat_messages": [claude_message("m1", "human", "Is it?"), answer]}])
+    (session,) = read(
+        tmp_path,
+        [
+            {
+                "uuid": "c1",
+                "name": "",
+                "summary": "A short chat.",
+                "chat_messages": [claude_message("m1", "human", "Is it?"), answer],
+            }
+        ],
+    )
     assert session.name == "c1"  # the app's unnamed conversation
     assert [m["role"] for m in session.messages] == ["user", "assistant", "tool", "assistant"]
     assert session.messages[1]["thinking"] == "Weighing the question\nWeighing it."
@@ -60,7 +81,10 @@ def test_claude_ai_attachments_open_the_user_turn_and_files_are_counted(tmp_path
     message["attachments"] = [{"file_name": "notes.txt", "extracted_content": "the notes' text"}]
     message["files"] = [{"file_name": "photo.png"}]
     del message["content"]  # exports before 2025 hold only "text"
-    (session,) = read(tmp_path, [{"uuid": "c1", "name": "Files", "chat_messages": [message, claude_message("m2", "assistant", "Done.")]}])
+    (session,) = read(
+        tmp_path,
+        [{"uuid": "c1", "name": "Files", "chat_messages": [message, claude_message("m2", "assistant", "Done.")]}],
+    )
     assert session.messages[0]["content"] == "the notes' text\n[file not archived]\nSummarise these"
     assert session.dropped == {"file": 1}
     assert side(session)["attachments"] == ["notes.txt", "photo.png"]
@@ -73,7 +97,9 @@ def test_claude_ai_parent_links_make_a_session_per_branch_the_current_leaf_first
         claude_message("m3", "human", "Edited follow-up", parent="m2"),
         claude_message("m4", "human", "Original follow-up", parent="m2"),
     ]
-    sessions = read(tmp_path, [{"uuid": "c1", "name": "Tree", "current_leaf_message_uuid": "m3", "chat_messages": messages}])
+    sessions = read(
+        tmp_path, [{"uuid": "c1", "name": "Tree", "current_leaf_message_uuid": "m3", "chat_messages": messages}]
+    )
     assert [s.name for s in sessions] == ["Tree", "Tree [branch 2]"]
     assert [m["content"] for m in sessions[0].messages] == ["Question", "First answer", "Edited follow-up"]
     assert [m["content"] for m in sessions[1].messages] == ["Question", "First answer", "Original follow-up"]
@@ -95,9 +121,22 @@ def test_a_claude_ai_message_of_an_unknown_sender_fails_loudly(tmp_path):
 
 def webui_chat(current="a2"):
     nodes = {
-        "u1": {"id": "u1", "parentId": None, "childrenIds": ["a1", "a2"], "role": "user", "content": "Question", "files": [{"name": "plan.pdf"}]},
+        "u1": {
+            "id": "u1",
+            "parentId": None,
+            "childrenIds": ["a1", "a2"],
+            "role": "user",
+            "content": "Question",
+            "files": [{"name": "plan.pdf"}],
+        },
         "a1": {"id": "a1", "parentId": "u1", "childrenIds": [], "role": "assistant", "content": "Older answer"},
-        "a2": {"id": "a2", "parentId": "u1", "childrenIds": ["u2", "u3"], "role": "assistant", "content": "Newer answer"},
+        "a2": {
+            "id": "a2",
+            "parentId": "u1",
+            "childrenIds": ["u2", "u3"],
+            "role": "assistant",
+            "content": "Newer answer",
+        },
         "u2": {"id": "u2", "parentId": "a2", "childrenIds": [], "role": "user", "content": "Follow-up"},
         "u3": {"id": "u3", "parentId": "a2", "childrenIds": [], "role": "user", "content": "Edited follow-up"},
     }
@@ -118,14 +157,24 @@ def test_an_open_webui_chat_object_with_an_empty_id_reads_and_is_not_read_twice(
     (session,) = read(
         tmp_path,
         webui_chat(current="a2")
-        | {"history": {"messages": {k: v for k, v in webui_chat()["history"]["messages"].items() if k[0] != "u" or k == "u1"}, "currentId": "a2"}},
+        | {
+            "history": {
+                "messages": {k: v for k, v in webui_chat()["history"]["messages"].items() if k[0] != "u" or k == "u1"},
+                "currentId": "a2",
+            }
+        },
     )
     assert session.name == "Chat" and "id" not in session.metadata
     assert [m["content"] for m in session.messages] == ["Question", "Newer answer"]
 
 
 def test_an_open_webui_chat_without_history_reads_its_flat_messages_by_position(tmp_path):
-    chat = {"id": "", "title": "Flat", "history": {"messages": {}}, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    chat = {
+        "id": "",
+        "title": "Flat",
+        "history": {"messages": {}},
+        "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+    }
     (session,) = read(tmp_path, chat)
     assert [m["content"] for m in session.messages] == ["a", "b"]
 
@@ -136,7 +185,13 @@ def test_an_open_webui_chat_without_history_reads_its_flat_messages_by_position(
 def grok_export():
     def response(rid, sender, message, parent, ms, **more):
         return {
-            "response": {"_id": rid, "sender": sender, "message": message, "parent_response_id": parent, "create_time": {"$date": {"$numberLong": str(ms)}}}
+            "response": {
+                "_id": rid,
+                "sender": sender,
+                "message": message,
+                "parent_response_id": parent,
+                "create_time": {"$date": {"$numberLong": str(ms)}},
+            }
             | more
         }
 
@@ -153,7 +208,10 @@ def grok_export():
             web_search_results=[{"title": "A source", "url": "https://s.example"}],
         ),
     ]
-    return {"conversations": [{"conversation": {"id": "c1", "title": "Grok chat"}, "responses": responses}], "projects": []}
+    return {
+        "conversations": [{"conversation": {"id": "c1", "title": "Grok chat"}, "responses": responses}],
+        "projects": [],
+    }
 
 
 def test_grok_orders_by_time_and_keeps_the_regeneration_not_taken_with_its_thinking(tmp_path):
@@ -168,7 +226,10 @@ def test_grok_orders_by_time_and_keeps_the_regeneration_not_taken_with_its_think
 def test_grok_is_told_from_sharegpt_though_both_hold_conversations():
     assert formats.session_format(grok_export()).name == "grok"
     assert formats.session_format({"conversations": [{"from": "human", "value": "hi"}]}).name == "sharegpt"
-    assert formats.session_format({"conversations": [{"from": "human", "value": "hi", "conversation": {}}]}).name == "sharegpt"
+    assert (
+        formats.session_format({"conversations": [{"from": "human", "value": "hi", "conversation": {}}]}).name
+        == "sharegpt"
+    )
 
 
 # Google AI Studio -------------------------------------------------------------------------
@@ -250,7 +311,11 @@ def test_a_sillytavern_header_alone_is_nothing_to_archive(tmp_path):
 
 
 def test_a_sillytavern_group_chat_keeps_its_scenario_display_text_and_counts_its_image(tmp_path):
-    header = {"user_name": "User", "character_name": "unused", "chat_metadata": {"scenario": "A night watch.", "note_prompt": "Keep it short."}}
+    header = {
+        "user_name": "User",
+        "character_name": "unused",
+        "chat_metadata": {"scenario": "A night watch.", "note_prompt": "Keep it short."},
+    }
     path = write_jsonl(
         tmp_path / "group.jsonl",
         [
@@ -260,7 +325,10 @@ def test_a_sillytavern_group_chat_keeps_its_scenario_display_text_and_counts_its
         ],
     )
     [session] = read_transcripts(path)
-    assert [m["content"] for m in session.messages] == ["What did you see?\n[image not archived]", "Torches."] and session.dropped == {"image": 1}
+    assert [m["content"] for m in session.messages] == [
+        "What did you see?\n[image not archived]",
+        "Torches.",
+    ] and session.dropped == {"image": 1}
     assert session.metadata["side"]["events"] == [
         {"type": "scenario", "text": "A night watch."},
         {"type": "author's note", "text": "Keep it short."},

@@ -17,7 +17,14 @@ FIXTURES = REPO / "tests" / "fixtures" / "exports" / "claude-code"
 
 
 def event(uuid, parent, role, content, session="s1", **extra):
-    return {"parentUuid": parent, "type": role, "message": {"role": role, "content": content}, "uuid": uuid, "sessionId": session, **extra}
+    return {
+        "parentUuid": parent,
+        "type": role,
+        "message": {"role": role, "content": content},
+        "uuid": uuid,
+        "sessionId": session,
+        **extra,
+    }
 
 
 def jsonl(*rows) -> str:
@@ -88,7 +95,14 @@ def test_system_attachment_and_hook_records_are_side_events_not_turns_and_only_t
                 "sessionId": "s1",
                 "content": "<local-command-stdout>done</local-command-stdout>",
             },
-            {"parentUuid": "x1", "type": "system", "subtype": "turn_duration", "uuid": "x2", "sessionId": "s1", "durationMs": 5},
+            {
+                "parentUuid": "x1",
+                "type": "system",
+                "subtype": "turn_duration",
+                "uuid": "x2",
+                "sessionId": "s1",
+                "durationMs": 5,
+            },
             event("a1", "x2", "assistant", "ran"),
             {"type": "permission-mode", "permissionMode": "default", "sessionId": "s1"},
         ),
@@ -111,16 +125,29 @@ def test_a_tools_structured_result_is_kept_where_the_model_was_shown_less(tmp_pa
         jsonl(
             event("u1", None, "user", "read a.py"),
             event("a1", "u1", "assistant", [call]),
-            event("r1", "a1", "user", shown, toolUseResult={"type": "text", "file": {"filePath": "a.py", "content": "a = 1\nb = 2", "numLines": 2}}),
+            event(
+                "r1",
+                "a1",
+                "user",
+                shown,
+                toolUseResult={"type": "text", "file": {"filePath": "a.py", "content": "a = 1\nb = 2", "numLines": 2}},
+            ),
             event("a2", "r1", "assistant", [dict(call, id="t2")]),
             event(
-                "r2", "a2", "user", [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}], toolUseResult={"stdout": "ok", "stderr": "warning: slow"}
+                "r2",
+                "a2",
+                "user",
+                [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}],
+                toolUseResult={"stdout": "ok", "stderr": "warning: slow"},
             ),
         ),
     )
     [session] = read_transcripts(path)
     # the file's lines without their numbers, and the stderr the model never saw; "ok" it was shown
-    assert side(session)["events"] == [{"type": "tool output", "text": "a = 1\nb = 2"}, {"type": "tool output", "text": "warning: slow"}]
+    assert side(session)["events"] == [
+        {"type": "tool output", "text": "a = 1\nb = 2"},
+        {"type": "tool output", "text": "warning: slow"},
+    ]
 
 
 def test_a_sub_agent_file_is_one_session_named_by_its_agent():
@@ -133,7 +160,10 @@ def test_a_parent_log_mirrors_its_sub_agent_as_a_session_of_its_own():
     """A parent log holds its sub-agent's turns in agent_progress records: read, they are the
     sub-agent's session, not lost among the parent's notices."""
     main, agent = read_transcripts(FIXTURES / "spotter-ae4a77f8-lines65-101-task-subagent.jsonl")
-    assert (main.name, agent.name) == ("ae4a77f8-aedd-4bc1-888f-c94edc91af04", "ae4a77f8-aedd-4bc1-888f-c94edc91af04 [agent aac57f5]")
+    assert (main.name, agent.name) == (
+        "ae4a77f8-aedd-4bc1-888f-c94edc91af04",
+        "ae4a77f8-aedd-4bc1-888f-c94edc91af04 [agent aac57f5]",
+    )
     assert contents(agent)[0].startswith("Search hex.pm for the latest versions")
     assert sum(m["role"] == "tool" for m in agent.messages) == 12 and main.dropped == {}
 
@@ -172,7 +202,13 @@ def test_a_bad_line_in_the_middle_does_not_split_the_conversation(tmp_path):
 def test_a_message_of_the_wrong_shape_is_refused_at_its_line_and_leaves_no_trace(tmp_path):
     bad = event("u2", "a1", "user", [{"type": "text", "text": 5}], toolUseResult={"stdout": "should not be kept"})
     path = write(
-        tmp_path / "log.jsonl", jsonl(event("u1", None, "user", "one"), event("a1", "u1", "assistant", "two"), bad, event("u3", "u2", "user", "three"))
+        tmp_path / "log.jsonl",
+        jsonl(
+            event("u1", None, "user", "one"),
+            event("a1", "u1", "assistant", "two"),
+            bad,
+            event("u3", "u2", "user", "three"),
+        ),
     )
     [session], skipped = lenient(path)
     assert contents(session) == ["one", "two", "three"] and "side" not in session.metadata
@@ -198,7 +234,13 @@ def test_events_without_links_are_one_session_in_file_order(tmp_path):
 
 
 def test_an_interrupt_marker_without_uuid_and_a_bare_string_are_skipped_and_named(tmp_path):
-    marker = {"type": "user", "uuid": None, "parentUuid": "a1", "sessionId": "s1", "message": {"role": "user", "content": "[Request interrupted by user]"}}
+    marker = {
+        "type": "user",
+        "uuid": None,
+        "parentUuid": "a1",
+        "sessionId": "s1",
+        "message": {"role": "user", "content": "[Request interrupted by user]"},
+    }
     for rows, lines in [
         ([marker, "a bare string line", event("u1", None, "user", "hi"), event("a1", "u1", "assistant", "yo")], [1, 2]),
         ([event("u1", None, "user", "hi"), "a bare string line", event("a1", "u1", "assistant", "yo"), marker], [2, 4]),
@@ -211,9 +253,16 @@ def test_an_interrupt_marker_without_uuid_and_a_bare_string_are_skipped_and_name
 def test_another_message_under_a_uuid_already_taken_is_kept_not_replaced(tmp_path):
     path = write(
         tmp_path / "log.jsonl",
-        jsonl(event("u1", None, "user", "first"), event("a1", "u1", "assistant", "reply"), event("a1", "u1", "assistant", "another reply")),
+        jsonl(
+            event("u1", None, "user", "first"),
+            event("a1", "u1", "assistant", "reply"),
+            event("a1", "u1", "assistant", "another reply"),
+        ),
     )
-    assert sorted(tuple(contents(s)) for s in read_transcripts(path)) == [("first", "another reply"), ("first", "reply")]
+    assert sorted(tuple(contents(s)) for s in read_transcripts(path)) == [
+        ("first", "another reply"),
+        ("first", "reply"),
+    ]
 
 
 def test_detection_is_no_broader_than_the_event_links():
@@ -234,4 +283,7 @@ def test_an_orphan_follows_the_event_before_it_of_its_own_session(tmp_path):
             event("a1", "lost-line", "assistant", "s2 answer", session="s2"),
         ),
     )
-    assert {s.name: contents(s) for s in read_transcripts(path)} == {"s2": ["s2 question", "s2 answer"], "s1": ["s1 question"]}
+    assert {s.name: contents(s) for s in read_transcripts(path)} == {
+        "s2": ["s2 question", "s2 answer"],
+        "s1": ["s1 question"],
+    }

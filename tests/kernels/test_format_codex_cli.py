@@ -12,7 +12,11 @@ from kvdb.transcripts import iter_transcripts, read_transcripts
 from kvdb.transcripts.formats import log_format, session_format
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "codex-cli"
-META = {"timestamp": "t", "type": "session_meta", "payload": {"id": "thread-1", "cwd": "/repo", "base_instructions": {"text": "You are Codex."}}}
+META = {
+    "timestamp": "t",
+    "type": "session_meta",
+    "payload": {"id": "thread-1", "cwd": "/repo", "base_instructions": {"text": "You are Codex."}},
+}
 
 
 def envelope(kind: str, payload: dict) -> dict:
@@ -28,7 +32,13 @@ def event(payload: dict) -> dict:
 
 
 def said(role: str, text: str) -> dict:
-    return item({"type": "message", "role": role, "content": [{"type": "input_text" if role == "user" else "output_text", "text": text}]})
+    return item(
+        {
+            "type": "message",
+            "role": role,
+            "content": [{"type": "input_text" if role == "user" else "output_text", "text": text}],
+        }
+    )
 
 
 def write(tmp_path: Path, *records, name: str = "rollout.jsonl") -> Path:
@@ -52,14 +62,24 @@ def test_the_envelope_form_is_one_session_named_by_its_thread_with_instructions_
         META,
         envelope("turn_context", {"cwd": "/repo", "model": "gpt-5", "approval_policy": "never", "summary": "auto"}),
         said("user", "List the files"),
-        item({"type": "reasoning", "summary": [{"type": "summary_text", "text": "**Listing**"}], "encrypted_content": "opaque"}),
+        item(
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "**Listing**"}],
+                "encrypted_content": "opaque",
+            }
+        ),
         item({"type": "function_call", "name": "shell", "arguments": '{"command":["ls"]}', "call_id": "c1"}),
         item({"type": "function_call_output", "call_id": "c1", "output": "a.txt\nb.txt"}),
         said("assistant", "Two files."),
     )
     [session], skipped = read(path)
     assert skipped == [] and session.name == "thread-1"
-    assert session.metadata["format"] == "codex-cli" and session.metadata["model"] == "gpt-5" and session.metadata["cwd"] == "/repo"
+    assert (
+        session.metadata["format"] == "codex-cli"
+        and session.metadata["model"] == "gpt-5"
+        and session.metadata["cwd"] == "/repo"
+    )
     roles = [m["role"] for m in session.messages]
     assert roles == ["system", "user", "assistant", "tool", "assistant"]
     assert session.messages[0]["content"] == "You are Codex."
@@ -73,7 +93,10 @@ def test_the_older_form_a_header_then_bare_items_and_state_markers(tmp_path):
     assert session.messages[0]["role"] == "system" and "AGENTS.md" in session.messages[0]["content"]
     calls = [call for m in session.messages for call in m.get("tool_calls", ())]
     assert [c["name"] for c in calls] == ["local_shell", "shell"]
-    assert json.loads(calls[0]["arguments"])["command"] == ["ls", "-la"]  # a local shell call is a call with its command, not a placeholder
+    assert json.loads(calls[0]["arguments"])["command"] == [
+        "ls",
+        "-la",
+    ]  # a local shell call is a call with its command, not a placeholder
     assert session.messages[-1] == {"role": "assistant", "content": "SYNTHETIC: There are two files, a.txt and b.txt."}
     assert session.dropped == {}
 
@@ -85,7 +108,13 @@ def test_event_messages_that_repeat_the_items_are_not_kept_twice_and_the_rest_ar
         event({"type": "user_message", "message": "List the files", "images": []}),
         said("user", "List the files"),
         event({"type": "agent_message", "message": "Two files."}),  # written before the item it repeats
-        event({"type": "token_count", "info": {"total_token_usage": {"input_tokens": 5}}, "rate_limits": {"plan_type": "pro"}}),
+        event(
+            {
+                "type": "token_count",
+                "info": {"total_token_usage": {"input_tokens": 5}},
+                "rate_limits": {"plan_type": "pro"},
+            }
+        ),
         said("assistant", "Two files."),
         event({"type": "task_complete", "turn_id": "t1", "last_agent_message": "Two files."}),
         event({"type": "error", "message": "stream disconnected before completion"}),
@@ -97,7 +126,10 @@ def test_event_messages_that_repeat_the_items_are_not_kept_twice_and_the_rest_ar
     for once in ("List the files", "Two files."):
         assert text.count(once) == 1, once
     side = session.metadata["side"]
-    assert side["events"] == [{"type": "error", "text": "stream disconnected before completion"}, {"type": "agent_message", "text": "Shown in the UI only"}]
+    assert side["events"] == [
+        {"type": "error", "text": "stream disconnected before completion"},
+        {"type": "agent_message", "text": "Shown in the UI only"},
+    ]
     assert side["title"] == ["Listing files"]
 
 
@@ -108,7 +140,9 @@ def test_command_output_the_model_was_not_given_is_a_side_event(tmp_path):
         said("user", "Run it"),
         item({"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"}),
         item({"type": "function_call_output", "call_id": "c1", "output": "Exit code: 0\nOutput:\nok\n"}),
-        event({"type": "exec_command_end", "call_id": "c1", "aggregated_output": "ok\n", "stdout": "ok\n", "exit_code": 0}),
+        event(
+            {"type": "exec_command_end", "call_id": "c1", "aggregated_output": "ok\n", "stdout": "ok\n", "exit_code": 0}
+        ),
         item({"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c2"}),
         item({"type": "function_call_output", "call_id": "c2", "output": "aborted"}),
         event({"type": "exec_command_end", "call_id": "c2", "aggregated_output": "partial output\n", "exit_code": 1}),
@@ -124,7 +158,14 @@ def test_a_compaction_starts_a_window_of_its_own_from_the_replacement_history(tm
         said("user", "First task"),
         said("assistant", "Done with the first."),
         envelope(
-            "compacted", {"message": "", "replacement_history": [said("user", "First task")["payload"], said("user", "Summary: the first is done")["payload"]]}
+            "compacted",
+            {
+                "message": "",
+                "replacement_history": [
+                    said("user", "First task")["payload"],
+                    said("user", "Summary: the first is done")["payload"],
+                ],
+            },
         ),
         said("user", "Second task"),
     )
@@ -141,11 +182,22 @@ def test_items_without_text_are_counted_placeholders_and_hosted_calls_keep_their
             {
                 "type": "message",
                 "role": "user",
-                "content": [{"type": "input_text", "text": "Draw and search"}, {"type": "input_image", "image_url": "data:..."}],
+                "content": [
+                    {"type": "input_text", "text": "Draw and search"},
+                    {"type": "input_image", "image_url": "data:..."},
+                ],
             }
         ),
         item({"type": "web_search_call", "status": "completed", "action": {"type": "search", "query": "kv caches"}}),
-        item({"type": "image_generation_call", "id": "ig1", "status": "completed", "revised_prompt": "a cache", "result": "iVBOR..."}),
+        item(
+            {
+                "type": "image_generation_call",
+                "id": "ig1",
+                "status": "completed",
+                "revised_prompt": "a cache",
+                "result": "iVBOR...",
+            }
+        ),
         item({"type": "ghost_snapshot", "ghost_commit": {"id": "abc"}}),
     )
     [session], _ = read(path)
@@ -175,7 +227,18 @@ def test_a_bad_line_is_skipped_and_named(tmp_path):
 def test_detection_tells_a_rollout_from_claude_code_events_and_responses_items():
     assert log_format(META).name == "codex-cli"
     assert log_format({"id": "x", "timestamp": "2025-05-07T17:24:21Z", "instructions": "be brief"}).name == "codex-cli"
-    assert log_format({"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": "s", "message": {"role": "user", "content": "hi"}}).name == "claude-code"
+    assert (
+        log_format(
+            {
+                "type": "user",
+                "uuid": "u1",
+                "parentUuid": None,
+                "sessionId": "s",
+                "message": {"role": "user", "content": "hi"},
+            }
+        ).name
+        == "claude-code"
+    )
     bare = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
     assert log_format(bare).name == "messages"  # a bare Responses item opens no rollout: only the header does
     assert log_format({"id": "x", "timestamp": "t", "title": "a chat"}) is None  # a header has only the header's keys
@@ -197,5 +260,7 @@ def test_the_2025_instructions_are_a_system_turn_unless_the_first_item_repeats_t
     [sent], _ = read(write(tmp_path, meta, said("user", "Test it"), name="b.jsonl"))
     assert sent.messages[0] == {"role": "system", "content": "Use uv run."}
     refused = item({"type": "message", "role": "user", "content": 42})
-    [alone], skipped = read(write(tmp_path, meta, refused, name="c.jsonl"))  # a refused item leaves no trace, and the instructions stay
+    [alone], skipped = read(
+        write(tmp_path, meta, refused, name="c.jsonl")
+    )  # a refused item leaves no trace, and the instructions stay
     assert alone.messages == ({"role": "system", "content": "Use uv run."},) and [s["line"] for s in skipped] == [2]

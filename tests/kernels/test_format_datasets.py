@@ -25,7 +25,11 @@ def test_v1_parts_text_reasoning_tool_call_and_media(tmp_path):
     record = {
         "messages": [
             parts("user", ("image_url", "data/1.jpg"), ("text", "How big is this circle?")),
-            parts("assistant", ("reasoning", "Radius 2, so 4 pi."), ("tool_call", '{"name": "area", "arguments": {"radius": 2}}')),
+            parts(
+                "assistant",
+                ("reasoning", "Radius 2, so 4 pi."),
+                ("tool_call", '{"name": "area", "arguments": {"radius": 2}}'),
+            ),
             parts("tool", ("text", "12.57")),
             parts("assistant", ("text", "About 12.57.")),
         ],
@@ -34,16 +38,30 @@ def test_v1_parts_text_reasoning_tool_call_and_media(tmp_path):
     session = one(write_jsonl(tmp_path / "sft.jsonl", [record]))
     assert session.messages == (
         {"role": "user", "content": "[image not archived]\nHow big is this circle?"},
-        {"role": "assistant", "content": "", "thinking": "Radius 2, so 4 pi.", "tool_calls": [{"id": None, "name": "area", "arguments": '{"radius": 2}'}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "thinking": "Radius 2, so 4 pi.",
+            "tool_calls": [{"id": None, "name": "area", "arguments": '{"radius": 2}'}],
+        },
         {"role": "tool", "content": "12.57"},
         {"role": "assistant", "content": "About 12.57."},
     )
-    assert session.metadata == {"format": "openai", "title": "How big is this circle?", "side": {"tools": [TOOLS], "attachments": ["data/1.jpg"]}}
+    assert session.metadata == {
+        "format": "openai",
+        "title": "How big is this circle?",
+        "side": {"tools": [TOOLS], "attachments": ["data/1.jpg"]},
+    }
     assert session.dropped == {"image": 1}
 
 
 def test_a_v1_tool_call_that_is_no_json_call_stays_text_and_an_unknown_part_is_refused(tmp_path):
-    session = one(write_jsonl(tmp_path / "a.jsonl", [{"messages": [parts("user", ("text", "hi")), parts("assistant", ("tool_call", "call area(2)"))]}]))
+    session = one(
+        write_jsonl(
+            tmp_path / "a.jsonl",
+            [{"messages": [parts("user", ("text", "hi")), parts("assistant", ("tool_call", "call area(2)"))]}],
+        )
+    )
     assert session.messages[1] == {"role": "assistant", "content": "call area(2)"}
     with pytest.raises(TranscriptError, match="unknown part type 'sticker'"):
         read_transcripts(write_jsonl(tmp_path / "b.jsonl", [{"messages": [parts("user", ("sticker", "x"))]}]))
@@ -91,7 +109,12 @@ def test_glaive_tool_calls_with_tools_as_a_json_string_or_a_list(tmp_path):
         {"from": "gpt", "value": "Cold."},
     ]
     as_text, as_list = read_transcripts(
-        write(tmp_path / "glaive.json", json.dumps([{"conversations": turns, "tools": json.dumps([schema])}, {"conversations": turns, "tools": [schema]}]))
+        write(
+            tmp_path / "glaive.json",
+            json.dumps(
+                [{"conversations": turns, "tools": json.dumps([schema])}, {"conversations": turns, "tools": [schema]}]
+            ),
+        )
     )
     assert as_text.metadata["side"] == {"tools": [json.dumps([schema])]}
     assert as_list.metadata["side"] == {"tools": [json.dumps(schema)]}
@@ -115,6 +138,10 @@ def test_media_lists_beside_the_turns_are_counted_and_their_markers_kept(tmp_pat
 
 
 def test_openai_text_parts_are_still_read_beside_value_parts(tmp_path):
-    session = one(write_jsonl(tmp_path / "o.jsonl", [{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}]))
+    session = one(
+        write_jsonl(
+            tmp_path / "o.jsonl", [{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}]
+        )
+    )
     assert session.messages == ({"role": "user", "content": "hi"},)
     assert "side" not in session.metadata

@@ -39,7 +39,11 @@ def install(folder, module: str, code: str) -> None:
 def test_every_format_reads_its_own_example_whole(tmp_path, known):
     path = write(tmp_path / f"example{known.suffix}", known.example)
     sessions = read_transcripts(path)
-    rows = [json.loads(line) for line in known.example.splitlines()] if known.suffix == ".jsonl" else json.loads(known.example)
+    rows = (
+        [json.loads(line) for line in known.example.splitlines()]
+        if known.suffix == ".jsonl"
+        else json.loads(known.example)
+    )
     texts = list(conversation_texts(rows))
     held = json.dumps([[s.name, s.messages] for s in sessions], ensure_ascii=False)
     assert sessions and texts and all(json.dumps(t, ensure_ascii=False)[1:-1] in held for t in texts)
@@ -47,22 +51,25 @@ def test_every_format_reads_its_own_example_whole(tmp_path, known):
 
 def test_the_built_ins_register_through_the_hook_in_order():
     names = [f.name for f in formats.registered()]
-    assert names[: len(formats.BUILT_IN)] == [
-        "gemini-cli",
-        "codex-cli",
-        "claude-code",
-        "chatgpt",
-        "sillytavern",
-        "claude-ai",
-        "open-webui",
-        "grok",
-        "ai-studio",
-        "messages",
-        "sharegpt",
-        "lmsys",
-        "alpaca",
-        "openai-responses",
-    ][: len(names)]
+    assert (
+        names[: len(formats.BUILT_IN)]
+        == [
+            "gemini-cli",
+            "codex-cli",
+            "claude-code",
+            "chatgpt",
+            "sillytavern",
+            "claude-ai",
+            "open-webui",
+            "grok",
+            "ai-studio",
+            "messages",
+            "sharegpt",
+            "lmsys",
+            "alpaca",
+            "openai-responses",
+        ][: len(names)]
+    )
     assert len(set(names)) == len(names)
 
 
@@ -92,7 +99,11 @@ def test_a_package_adds_a_format_through_an_entry_point(plugin_path, tmp_path):
     ''')  # fmt: skip
     assert formats.registered()[0].name == "notes-app"  # plugins are asked first
     [session] = read_transcripts(write(tmp_path / "n.json", '{"note_title": "Shopping", "lines": ["milk", "eggs"]}'))
-    assert (session.name, session.metadata["format"], [m["content"] for m in session.messages]) == ("Shopping", "notes-app", ["milk", "eggs"])
+    assert (session.name, session.metadata["format"], [m["content"] for m in session.messages]) == (
+        "Shopping",
+        "notes-app",
+        ["milk", "eggs"],
+    )
     listed = CliRunner().invoke(cli_main(), ["formats", "--json"])
     assert listed.exit_code == 0 and json.loads(listed.stdout.splitlines()[0])["name"] == "notes-app"
 

@@ -33,7 +33,9 @@ def test_round_trip_and_random_ranges(alphabet, length, block_size, seed):
         assert np.array_equal(window, symbols[start:end])
 
 
-@pytest.mark.parametrize("alphabet", [2, 3, 4, 8, 32, 128, 256, 1024, 49152, fractal.MAX_ALPHABET])  # 4-128: a transform preset's one bit string
+@pytest.mark.parametrize(
+    "alphabet", [2, 3, 4, 8, 32, 128, 256, 1024, 49152, fractal.MAX_ALPHABET]
+)  # 4-128: a transform preset's one bit string
 def test_large_stream_round_trip(alphabet):
     symbols = stream(7, alphabet, 100_000)
     blobs = fractal.encode_blocks(symbols, alphabet)
@@ -71,7 +73,9 @@ def test_appends_equal_one_encoding(alphabet, pieces, block_size, seed):
     blobs: list[bytes] = []
     done = 0
     for size in pieces:
-        replacement = fractal.append_blocks(blobs[-1] if blobs else None, alphabet, symbols[done : done + size], block_size)
+        replacement = fractal.append_blocks(
+            blobs[-1] if blobs else None, alphabet, symbols[done : done + size], block_size
+        )
         if blobs and fractal.block_count(blobs[-1], alphabet) < block_size:
             blobs.pop()
         blobs += replacement
@@ -134,7 +138,9 @@ def test_bad_ranges_and_block_sizes_are_rejected():
 
 
 @FAST
-@given(alphabet=st.sampled_from([2, 3, 5, 259, 49152, fractal.MAX_ALPHABET]), seed=st.integers(0, 2**32), data=st.data())
+@given(
+    alphabet=st.sampled_from([2, 3, 5, 259, 49152, fractal.MAX_ALPHABET]), seed=st.integers(0, 2**32), data=st.data()
+)
 def test_key_range_holds_exactly_the_occurrences(alphabet, seed, data):
     rng = np.random.default_rng(seed)
     symbols = rng.integers(0, min(alphabet, 4), 600)  # a small working set, so phrases recur

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
-from support import examples
 from hypothesis import strategies as st
+from support import examples
 
 from kvdb import transcripts
 from kvdb.codecs import fractal, quant
@@ -14,11 +14,22 @@ from kvdb.errors import CorruptData, InvalidArgument, KvdbError, TranscriptError
 from kvdb.index.walk import WalkIndex
 from kvdb.model import lmcode
 
-FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["role", "content", "from", "value", "messages", "conversations", "id", "name", "x"]), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["role", "content", "from", "value", "messages", "conversations", "id", "name", "x"]),
+            inner,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -77,8 +88,18 @@ def test_stored_blob_readers_on_garbage(tmp_path_factory, data):
 def test_damaged_real_blobs_are_refused(seed, flips):
     rng = np.random.default_rng(seed)
     [blob] = fractal.encode_blocks(rng.integers(0, 49152, 300), 49152)
-    books = quant.train({"k": rng.normal(size=(1, 1, 300, 4)).astype(np.float32), "v": rng.normal(size=(1, 1, 300, 4)).astype(np.float32)}, "k1v1", niter=1)
-    for good, read in ((blob, lambda b: fractal.decode_block(b, 49152)), (books.to_bytes(), quant.Codebooks.from_bytes)):
+    books = quant.train(
+        {
+            "k": rng.normal(size=(1, 1, 300, 4)).astype(np.float32),
+            "v": rng.normal(size=(1, 1, 300, 4)).astype(np.float32),
+        },
+        "k1v1",
+        niter=1,
+    )
+    for good, read in (
+        (blob, lambda b: fractal.decode_block(b, 49152)),
+        (books.to_bytes(), quant.Codebooks.from_bytes),
+    ):
         damaged = bytearray(good)
         for at in rng.integers(0, len(damaged), flips):
             damaged[at] ^= 1 << int(rng.integers(0, 8))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvdb.migrations import _frozen_0002_fractal as frozen
 
 from kvdb.codecs import code_layout, fractal, quant, rans
 from kvdb.index.walk import WalkIndex
+from kvdb.migrations import _frozen_0002_fractal as frozen
 from kvdb.model import capture, lmcode
 from kvdb.model.prefix_cache import PrefixCache
 
@@ -40,9 +40,9 @@ def assert_golden(files: dict[str, bytes]) -> None:
         if data != stored:
             at = next((i for i, (a, b) in enumerate(zip(data, stored)) if a != b), min(len(data), len(stored)))
             pytest.fail(
-                f"{name}: the code now writes {len(data)} bytes where kvdb 0.1.0 wrote {len(stored)}; they first differ at "
-                f"byte {at} (now {data[at : at + 8].hex()}, golden {stored[at : at + 8].hex()}). A format change needs a new "
-                "format version, not new golden files."
+                f"{name}: the code now writes {len(data)} bytes where kvdb 0.1.0 wrote {len(stored)}; "
+                f"they first differ at byte {at} (now {data[at : at + 8].hex()}, golden {stored[at : at + 8].hex()}). "
+                "A format change needs a new format version, not new golden files."
             )
 
 
@@ -57,10 +57,24 @@ def prefix_budget(monkeypatch):
 
 def test_the_golden_folder_holds_exactly_the_generated_files(tmp_path, prefix_budget):
     generated = (
-        golden.fractal_files() | golden.kl_files() | golden.kl_node_files() | golden.quant_files() | golden.transform_files() | golden.entropy_coded_files() | golden.rans_files() | golden.index_files(tmp_path) | golden.prefix_files(tmp_path)
+        golden.fractal_files()
+        | golden.kl_files()
+        | golden.kl_node_files()
+        | golden.quant_files()
+        | golden.transform_files()
+        | golden.entropy_coded_files()
+        | golden.rans_files()
+        | golden.index_files(tmp_path)
+        | golden.prefix_files(tmp_path)
     )
-    committed = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file() and p.suffix in (".bin", ".keys", ".tail", ".kv")}
-    kept = {f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)} | {golden.PREFIX_V1, *golden.INDEX_V3, *golden.INDEX_V4, *golden.INDEX_V5, *golden.INDEX_V6}
+    committed = {
+        p.relative_to(GOLDEN).as_posix()
+        for p in GOLDEN.rglob("*")
+        if p.is_file() and p.suffix in (".bin", ".keys", ".tail", ".kv")
+    }
+    kept = {
+        f"kl/{case[0]}.bin" for case in (golden.MODEL_CASE, golden.V2_CASE, golden.V3_CASE, golden.MODEL_NODE_CASE)
+    } | {golden.PREFIX_V1, *golden.INDEX_V3, *golden.INDEX_V4, *golden.INDEX_V5, *golden.INDEX_V6}
     assert committed == set(generated) | kept
 
 
@@ -76,11 +90,18 @@ def test_golden_fractal_blocks_decode_to_their_symbols(alphabet, block_size, n):
     blobs = blocks(golden.fractal_dir(alphabet, block_size, n))
     expected = golden.symbols(n, alphabet)
     assert len(blobs) == -(-n // block_size)
-    assert [fractal.block_count(b, alphabet) for b in blobs] == [min(block_size, n - k * block_size) for k in range(len(blobs))]
+    assert [fractal.block_count(b, alphabet) for b in blobs] == [
+        min(block_size, n - k * block_size) for k in range(len(blobs))
+    ]
     np.testing.assert_array_equal(fractal.decode_blocks(blobs, alphabet), expected)
-    lo, hi = max(0, min(block_size, n) - 3), min(n, block_size + 2)  # across the first block boundary, where there is one
+    lo, hi = (
+        max(0, min(block_size, n) - 3),
+        min(n, block_size + 2),
+    )  # across the first block boundary, where there is one
     needed = fractal.blocks_for_range(lo, hi, block_size)
-    np.testing.assert_array_equal(fractal.decode_range(blobs[needed.start : needed.stop], alphabet, block_size, lo, hi), expected[lo:hi])
+    np.testing.assert_array_equal(
+        fractal.decode_range(blobs[needed.start : needed.stop], alphabet, block_size, lo, hi), expected[lo:hi]
+    )
 
 
 @pytest.mark.parametrize("alphabet", [2, 259, 65537])
@@ -106,8 +127,14 @@ def test_the_frozen_migration_codec_is_todays_kvdb_fractal(alphabet):
     """Format 1 today. When kvdb.codecs.fractal writes a new format this fails, on purpose: the frozen
     copy keeps writing format 1 for migration 0002, and this comparison is then dropped."""
     stream = golden.symbols(3 * fractal.DEFAULT_BLOCK + 5, alphabet, salt=9)
-    assert (frozen.FORMAT_TAG, frozen.DEFAULT_BLOCK, frozen.MIN_ALPHABET) == (fractal.FORMAT_TAG, fractal.DEFAULT_BLOCK, fractal.MIN_ALPHABET)
-    assert frozen.encode_blocks(stream, alphabet, frozen.DEFAULT_BLOCK) == fractal.encode_blocks(stream, alphabet, fractal.DEFAULT_BLOCK)
+    assert (frozen.FORMAT_TAG, frozen.DEFAULT_BLOCK, frozen.MIN_ALPHABET) == (
+        fractal.FORMAT_TAG,
+        fractal.DEFAULT_BLOCK,
+        fractal.MIN_ALPHABET,
+    )
+    assert frozen.encode_blocks(stream, alphabet, frozen.DEFAULT_BLOCK) == fractal.encode_blocks(
+        stream, alphabet, fractal.DEFAULT_BLOCK
+    )
 
 
 def test_migrations_do_not_import_kvdb():
@@ -136,7 +163,9 @@ def check_kl(payload: bytes, model, vocab: int, context: int, n: int, version: i
     assert header.digest == golden.token_digest(ids)
     assert header.size == 3 + sum(varint_length(v) for v in (vocab, context, n)) + 8 + 4
     assert (len(payload) - header.size) % 4 == 0
-    decoded, after = lmcode.decode(model, payload, context=lmcode.context_for(model, before, version=version) if context else None)
+    decoded, after = lmcode.decode(
+        model, payload, context=lmcode.context_for(model, before, version=version) if context else None
+    )
     np.testing.assert_array_equal(decoded, ids)
     assert after.length == context + n
 
@@ -155,8 +184,9 @@ def require_golden_frequencies(model, case, version: int) -> None:
     machine that wrote its golden file: its bytes cannot be written here, by design of its version."""
     if golden.frequency_digest(model, *case[1:], version=version) != golden.FREQUENCIES_AS_GOLDEN[case[0]]:
         pytest.skip(
-            f"premise does not hold on this CPU: its float kernels give the committed model other coding frequencies for kl/{case[0]}.bin "
-            f"than the machine that wrote it (payload version {version} is not portable; version 3 is checked on every machine)"
+            "premise does not hold on this CPU: its float kernels give the committed model other coding frequencies "
+            f"for kl/{case[0]}.bin than the machine that wrote it "
+            f"(payload version {version} is not portable; version 3 is checked on every machine)"
         )
 
 
@@ -195,7 +225,9 @@ def check_node(payload: bytes, model, vocab: int, context: int, n: int, version:
     """A node payload: its tag, and the tokens it decodes to given the context."""
     before, ids = golden.kl_inputs(vocab, context, n)
     assert payload[0] == lmcode.NODE_TAG | version
-    decoded, after = lmcode.decode_node(model, payload, n, context=lmcode.context_for(model, before, version=version) if context else None)
+    decoded, after = lmcode.decode_node(
+        model, payload, n, context=lmcode.context_for(model, before, version=version) if context else None
+    )
     np.testing.assert_array_equal(decoded, ids)
     assert after.length == context + n
 
@@ -222,19 +254,25 @@ def test_entropy_coded_codebooks_and_payload_encode_to_the_golden_bytes_and_deco
 
     assert_golden(golden.entropy_coded_files())
     read = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
-    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_codebooks().to_bytes()
+    assert (
+        isinstance(read, entropy_coded.EntropyCodebooks)
+        and read.to_bytes() == golden.entropy_coded_codebooks().to_bytes()
+    )
     streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
     codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
     for a, b in zip(codes, golden.entropy_coded_codes()):
         assert np.array_equal(a, b)
     keys, values = read.decode(codes)
-    # docs/formats.md: y = recon[class][q + 127] for a symbol the class's table codes, else q * step; x = y @ (basis^T diag(1 / weights)) + centre
+    # docs/formats.md: y = recon[class][q + 127] for a symbol the class's table codes, else q * step;
+    # x = y @ (basis^T diag(1 / weights)) + centre
     q = codes[1][1, 0].astype(np.int64)  # layer 1, head 0's values: [dim, seq]
     classes = read.classes["v"][1, 0][:, None]
     coded = (np.abs(q) <= 127) & (read.freqs[classes, np.clip(q + 127, 0, 255)] > 0)
     y = np.where(coded, read.recon[classes, np.clip(q + 127, 0, 255)], q * read.step).T.astype(np.float32)
     expected = y @ (read.basis["v"][1, 0].T / read.weights["v"][1, 0][None, :]) + read.centre["v"][1, 0]
-    scale = 1e-5 * float(np.abs(expected).max())  # the escaped int16 extremes make some values thousands: float32 sums round there
+    scale = 1e-5 * float(
+        np.abs(expected).max()
+    )  # the escaped int16 extremes make some values thousands: float32 sums round there
     np.testing.assert_allclose(values[1, 0], expected, rtol=0, atol=scale)
     for layer, (k, v) in enumerate(code_layout.decode_streams(read, streams, golden.SEQ)):
         np.testing.assert_allclose(k, keys[layer], rtol=0, atol=scale)
@@ -251,7 +289,9 @@ def test_predicted_entropy_coded_codebooks_decode_the_golden_payload_with_their_
 
     blob = (GOLDEN / "entropy_coded" / f"{name}.bin").read_bytes()
     read = code_layout.read_codebooks(blob)
-    made = {2: golden.entropy_coded_predicted_codebooks, 3: golden.entropy_coded_predicted_from_fewer_codebooks}[version]()
+    made = {2: golden.entropy_coded_predicted_codebooks, 3: golden.entropy_coded_predicted_from_fewer_codebooks}[
+        version
+    ]()
     assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == made.to_bytes()
     assert int.from_bytes(blob[8:12], "little") == version and read.predicted == 2 and read.prediction_inputs == inputs
     plain = code_layout.read_codebooks((GOLDEN / "entropy_coded" / "codebooks.bin").read_bytes())
@@ -263,7 +303,11 @@ def test_predicted_entropy_coded_codebooks_decode_the_golden_payload_with_their_
     for key, books in (("plain", plain), ("predicted", read)):
         keys, values = books.decode(codes)
         coefficients[key] = np.stack(
-            [np.einsum("lhnd,lhde->lhen", x - books.centre[kind][:, :, None], books.encoder(kind)) for kind, x in zip(entropy_coded.KINDS, (keys, values))], 1
+            [
+                np.einsum("lhnd,lhde->lhen", x - books.centre[kind][:, :, None], books.encoder(kind))
+                for kind, x in zip(entropy_coded.KINDS, (keys, values))
+            ],
+            1,
         ).reshape(golden.LAYERS, -1, golden.SEQ)
     rows = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(2)).reshape(-1)
     fed = (np.arange(2 * golden.HEADS)[:, None] * golden.DIM + np.arange(inputs)).reshape(-1)
@@ -281,14 +325,23 @@ def test_joint_entropy_coded_codebooks_are_version_4_and_decode_the_golden_paylo
 
     blob = (GOLDEN / "entropy_coded" / "joint_codebooks.bin").read_bytes()
     read = code_layout.read_codebooks(blob)
-    assert isinstance(read, entropy_coded.EntropyCodebooks) and read.to_bytes() == golden.entropy_coded_joint_codebooks().to_bytes()
-    assert int.from_bytes(blob[8:12], "little") == 4 and read.joint and read.predicted == 2 and read.prediction_inputs == 1
+    assert (
+        isinstance(read, entropy_coded.EntropyCodebooks)
+        and read.to_bytes() == golden.entropy_coded_joint_codebooks().to_bytes()
+    )
+    assert (
+        int.from_bytes(blob[8:12], "little") == 4 and read.joint and read.predicted == 2 and read.prediction_inputs == 1
+    )
     streams = {entropy_coded.PAYLOAD: np.frombuffer((GOLDEN / "entropy_coded" / "payload.bin").read_bytes(), np.uint8)}
-    codes = code_layout.codes_from_streams(read, streams, golden.SEQ)  # the integers are laid out as any set's: a layer's rows in order
+    codes = code_layout.codes_from_streams(
+        read, streams, golden.SEQ
+    )  # the integers are laid out as any set's: a layer's rows in order
     rows = 2 * golden.HEADS * golden.DIM
     q = np.stack(codes, 1).reshape(golden.LAYERS, rows, golden.SEQ)
-    # docs/formats.md: y = recon[class][q + 127] (an escape: q * step); layer 1's first 2 rows gain predictor[1] @ layer 0's first row;
-    # x (kind > head > dim) = y @ basis^-1 / weights + centre, the basis a signed permutation here (its inverse its transpose)
+    # docs/formats.md: y = recon[class][q + 127] (an escape: q * step);
+    # layer 1's first 2 rows gain predictor[1] @ layer 0's first row;
+    # x (kind > head > dim) = y @ basis^-1 / weights + centre,
+    # the basis a signed permutation here (its inverse its transpose)
     classes = np.broadcast_to(read.classes[entropy_coded.JOINT][..., None], q.shape)
     symbol = np.clip(q.astype(np.int64) + 127, 0, 254)
     coded = (np.abs(q) <= 127) & (read.freqs[classes, symbol] > 0)  # else an escape: q * step
@@ -296,9 +349,9 @@ def test_joint_entropy_coded_codebooks_are_version_4_and_decode_the_golden_paylo
     y[1, :2] += read.predictor[1] @ y[0, :1]
     weights = np.concatenate([read.weights[kind].reshape(golden.LAYERS, -1) for kind in entropy_coded.KINDS], 1)
     centre = np.concatenate([read.centre[kind].reshape(golden.LAYERS, -1) for kind in entropy_coded.KINDS], 1)
-    x = (np.matmul(y.swapaxes(1, 2), read.basis[entropy_coded.JOINT].swapaxes(1, 2)) / weights[:, None] + centre[:, None]).reshape(
-        golden.LAYERS, golden.SEQ, 2, golden.HEADS, golden.DIM
-    )
+    x = (
+        np.matmul(y.swapaxes(1, 2), read.basis[entropy_coded.JOINT].swapaxes(1, 2)) / weights[:, None] + centre[:, None]
+    ).reshape(golden.LAYERS, golden.SEQ, 2, golden.HEADS, golden.DIM)
     keys, values = read.decode(codes)
     scale = 1e-6 * float(np.abs(x).max())  # float32 of values up to 32767 steps (escapes)
     np.testing.assert_allclose(keys, x[:, :, 0].transpose(0, 2, 1, 3), rtol=0, atol=scale)
@@ -313,16 +366,21 @@ def test_transform_codebooks_and_streams_encode_to_the_golden_bytes_and_decode_f
     read = code_layout.read_codebooks((GOLDEN / "transform" / "codebooks.bin").read_bytes())
     made = golden.transform_codebooks()
     assert read.to_bytes() == made.to_bytes() and read.bits_per_element() == made.bits_per_element()
-    streams = {int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
-               for folder in sorted((GOLDEN / "transform" / "streams").iterdir())}
+    streams = {
+        int(folder.name[1:]): fractal.decode_blocks(blocks(f"transform/streams/{folder.name}"), int(folder.name[1:]))
+        for folder in sorted((GOLDEN / "transform" / "streams").iterdir())
+    }
     codes = code_layout.codes_from_streams(read, streams, golden.SEQ)
     for a, b in zip(codes, golden.transform_codes()):
         assert np.array_equal(a, b)
     keys, values = read.decode(codes)
-    # docs/formats.md: x = y @ (basis^T diag(1 / weights)) + centre, y the levels of the coded coefficients, 0 for the others
+    # docs/formats.md: x = y @ (basis^T diag(1 / weights)) + centre,
+    # y the levels of the coded coefficients, 0 for the others
     y = np.zeros((golden.SEQ, golden.DIM), np.float32)
     for d, bits in enumerate(golden.TRANSFORM_BITS["v"][1][0]):  # layer 1, head 0's values
-        start = sum(1 << b for b in np.array(golden.TRANSFORM_BITS["v"]).reshape(-1)[: golden.HEADS * golden.DIM + d] if b)
+        start = sum(
+            1 << b for b in np.array(golden.TRANSFORM_BITS["v"]).reshape(-1)[: golden.HEADS * golden.DIM + d] if b
+        )
         y[:, d] = read.levels["v"][start + codes[1][1, 0, d]] if bits else 0
     expected = y @ (read.basis["v"][1, 0].T / read.weights["v"][1, 0][None, :]) + read.centre["v"][1, 0]
     np.testing.assert_allclose(values[1, 0], expected, rtol=1e-6, atol=1e-6)
@@ -339,20 +397,31 @@ def test_rans_rows_encode_to_the_golden_bytes_and_decode_from_them():
         data = (GOLDEN / "rans" / f"{name}.bin").read_bytes()
         np.testing.assert_array_equal(rans.decode(data, classes, n, tables), values)
     values, classes = (a.astype(np.int64) for a in golden.rans_inputs(7, 9))
-    assert ((np.abs(values) > 127) | (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).sum() >= 10  # escapes of both kinds are in the bytes
+    assert (
+        (np.abs(values) > 127) | (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)
+    ).sum() >= 10  # escapes of both kinds are in the bytes
     assert ((np.abs(values) <= 127) & (tables.freqs[classes[:, None], np.clip(values + 127, 0, 254)] == 0)).any()
 
 
-@pytest.mark.parametrize("name, weights, per_head", [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False),
-                                                     ("codebooks_v2.bin", True, True)])
+@pytest.mark.parametrize(
+    "name, weights, per_head",
+    [("codebooks.bin", True, False), ("codebooks_no_weights.bin", False, False), ("codebooks_v2.bin", True, True)],
+)
 def test_golden_codebooks_read_back(name, weights, per_head):
     read, made = quant.Codebooks.from_bytes((GOLDEN / "quant" / name).read_bytes()), golden.codebooks(weights, per_head)
     assert (read.layers, read.heads, read.dim, read.pre_rope, read.preset, read.meta) == (
-        made.layers, made.heads, made.dim, made.pre_rope, made.preset, made.meta
+        made.layers,
+        made.heads,
+        made.dim,
+        made.pre_rope,
+        made.preset,
+        made.meta,
     )
     for kind in quant.KINDS:
         assert read.stages(kind) == golden.STAGES[kind]
-        assert read.depth(kind).tolist() == (golden.DEPTHS[kind] if per_head else [[len(s)] * golden.HEADS for s in golden.STAGES[kind]])
+        assert read.depth(kind).tolist() == (
+            golden.DEPTHS[kind] if per_head else [[len(s)] * golden.HEADS for s in golden.STAGES[kind]]
+        )
         for layer_read, layer_made in zip(read.books[kind], made.books[kind], strict=True):
             for a, b in zip(layer_read, layer_made, strict=True):
                 np.testing.assert_array_equal(a, b)
@@ -366,11 +435,14 @@ def test_golden_code_streams_read_back(folder, per_head):
     books = golden.codebooks(per_head=per_head)
     sizes = sorted({size for kind in quant.KINDS for sizes in golden.STAGES[kind] for size in sizes})
     streams = {size: fractal.decode_blocks(blocks(f"quant/{folder}/a{size}"), size) for size in sizes}
-    for ours, theirs in zip(code_layout.codes_from_streams(books, streams, golden.SEQ), golden.codes(per_head), strict=True):
+    for ours, theirs in zip(
+        code_layout.codes_from_streams(books, streams, golden.SEQ), golden.codes(per_head), strict=True
+    ):
         np.testing.assert_array_equal(ours, theirs)
 
 
-# -- the search sidecar ("KVDBIDX7"; "KVDBIDX6" read; "KVDBIDX3" to "KVDBIDX5" rebuilt: tests/services/test_search.py) --
+# -- the search sidecar ("KVDBIDX7"; "KVDBIDX6" read; "KVDBIDX3" to "KVDBIDX5" rebuilt:
+#    tests/services/test_search.py) --
 
 _PREFIX = struct.Struct("<8s I")  # magic, JSON header length
 
@@ -381,7 +453,8 @@ def test_search_sidecar_writes_the_golden_bytes(tmp_path):
         stored = (GOLDEN / name).read_bytes()
         magic, length = _PREFIX.unpack_from(stored)
         assert data[: _PREFIX.size + length] == stored[: _PREFIX.size + length], (
-            f"{name}: header {data[_PREFIX.size :][:length]!r} differs from the golden {stored[_PREFIX.size :][:length]!r}"
+            f"{name}: header {data[_PREFIX.size :][:length]!r} "
+            f"differs from the golden {stored[_PREFIX.size :][:length]!r}"
         )
     assert_golden(files)
 
@@ -397,12 +470,30 @@ def test_golden_search_sidecar_reads_back(alphabet, generation, first, second, v
     for segment, entries in ((path, first), (path.with_suffix(".tail"), second)):
         magic, length = _PREFIX.unpack_from(segment.read_bytes())
         header = json.loads(segment.read_bytes()[_PREFIX.size :][:length])
-        assert magic == f"KVDBIDX{version}".encode() and (header["entries"] if version == 6 else header["arrays"]["order"]["shape"][0]) == entries
-    assert (index.alphabet, index.generation, index.ntotal, index.base.ntotal) == (alphabet, generation, first + second, first)
+        assert (
+            magic == f"KVDBIDX{version}".encode()
+            and (header["entries"] if version == 6 else header["arrays"]["order"]["shape"][0]) == entries
+        )
+    assert (index.alphabet, index.generation, index.ntotal, index.base.ntotal) == (
+        alphabet,
+        generation,
+        first + second,
+        first,
+    )
     np.testing.assert_array_equal(index.tokens[:], stream)
-    for old in (f"index/a{alphabet}.keys", f"index/v4/a{alphabet}.keys", f"index/v5/a{alphabet}.keys"):  # KVDBIDX3 to 5 read as missing: rebuilt
+    for old in (
+        f"index/a{alphabet}.keys",
+        f"index/v4/a{alphabet}.keys",
+        f"index/v5/a{alphabet}.keys",
+    ):  # KVDBIDX3 to 5 read as missing: rebuilt
         assert WalkIndex.read_header(GOLDEN / old) is None
-    cases = [(10, 3), (first - 1, min(4, index.depth)), (first + 2, index.depth), (first + 5, index.depth + 3), (first + second - 1, min(index.reach, first + second))]
+    cases = [
+        (10, 3),
+        (first - 1, min(4, index.depth)),
+        (first + 2, index.depth),
+        (first + 5, index.depth + 3),
+        (first + second - 1, min(index.reach, first + second)),
+    ]
     for at, length in cases:  # pieces of one key and of several; the later ones span both nodes
         piece = stream[at - length + 1 : at + 1]
         ends = [p for p in range(length - 1, len(stream)) if np.array_equal(stream[p - length + 1 : p + 1], piece)]
@@ -420,7 +511,10 @@ def test_prefix_cache_writes_the_golden_bytes(tmp_path, prefix_budget):
     "files, key",
     [
         ({golden.PREFIX_V1: golden.PREFIX_KEY}, golden.PREFIX_KEY),  # a whole float32 cache, as kvdb 0.1.0 wrote it
-        ({f"prefix/{k}.kv": k for k in (golden.PREFIX_KEY, golden.PREFIX_CHILD_KEY)}, golden.PREFIX_CHILD_KEY),  # a float16 chain
+        (
+            {f"prefix/{k}.kv": k for k in (golden.PREFIX_KEY, golden.PREFIX_CHILD_KEY)},
+            golden.PREFIX_CHILD_KEY,
+        ),  # a float16 chain
     ],
 )
 def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget, files, key):
@@ -440,7 +534,9 @@ def test_golden_prefix_cache_entry_reads_back(tmp_path, prefix_budget, files, ke
 # -- codebook headers that do not describe their arrays ------------------------------------
 
 
-@pytest.mark.parametrize("name", ["quant/codebooks_v2.bin", "transform/codebooks.bin", "entropy_coded/joint_codebooks.bin"])
+@pytest.mark.parametrize(
+    "name", ["quant/codebooks_v2.bin", "transform/codebooks.bin", "entropy_coded/joint_codebooks.bin"]
+)
 @pytest.mark.parametrize("damage", ["a field gone", "a field of the wrong type"])
 def test_a_codebook_header_that_passes_its_crc_but_lacks_a_field_is_corrupt_data(name, damage):
     """Written wrongly, not damaged in transit: the CRC holds, so only the header's reading can tell."""

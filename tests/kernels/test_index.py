@@ -99,7 +99,10 @@ def _path(trie, i) -> np.ndarray:
 def _runs_of(trie) -> tuple[list, np.ndarray, dict[int, int]]:
     """(runs as ``WalkIndex.extend`` takes them, each node's first slot, each run's parent's last slot)."""
     firsts = np.cumsum([0] + [len(t) for _, t in trie])
-    runs = [(int(firsts[i]), tokens, None if parent is None else _path(trie, parent)) for i, (parent, tokens) in enumerate(trie)]
+    runs = [
+        (int(firsts[i]), tokens, None if parent is None else _path(trie, parent))
+        for i, (parent, tokens) in enumerate(trie)
+    ]
     return runs, firsts, {int(firsts[i]): int(firsts[p + 1]) - 1 for i, (p, _) in enumerate(trie) if p is not None}
 
 
@@ -114,7 +117,11 @@ def _assert_ordered_and_found(trie, firsts, indexes, rng) -> None:
     """Each segment sorted by its entries' last ``REACH`` tokens, and pieces of random length
     found exactly where a scan of the paths finds them."""
     paths = [_path(trie, i) for i in range(len(trie))]
-    ends = [(firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1]) for i, path in enumerate(paths) for j in range(len(trie[i][1]))]
+    ends = [
+        (firsts[i] + j, path[: len(path) - len(trie[i][1]) + j + 1])
+        for i, path in enumerate(paths)
+        for j in range(len(trie[i][1]))
+    ]
     for index in indexes:
         for part in index.segments:  # sorted by the last `reach` tokens, newest first
             rows = Stack.under(part).symbols(np.asarray(part.order, np.int64), np.arange(part.reach))
@@ -149,13 +156,19 @@ def test_pieces_up_to_the_order_s_reach_are_one_range_however_the_index_grew(mon
     monkeypatch.setattr(walk, "TAIL_MIN", 64 * longest // 40)
     grown = _grown(runs)
     assert grown.base.ntotal > 0 and grown.tail.entries > 0
-    assert longest < 200 or ((grown.tail.runs.link >= 0) & (grown.tail.runs.link < grown.tail.first)).any()  # a tail's run linked into the base
+    assert (
+        longest < 200 or ((grown.tail.runs.link >= 0) & (grown.tail.runs.link < grown.tail.first)).any()
+    )  # a tail's run linked into the base
     linked.settle()
     for name, index in (("linked", linked), ("grown", grown)):
         index.save(tmp_path / f"{name}.keys")
-    linked, grown = (WalkIndex.load(tmp_path / f"{name}.keys") for name in ("linked", "grown"))  # the links as the files keep them
+    linked, grown = (
+        WalkIndex.load(tmp_path / f"{name}.keys") for name in ("linked", "grown")
+    )  # the links as the files keep them
     assert longest < 200 or max(len(_path(trie, i)) for i in range(len(trie))) > 2 * whole.reach
-    monkeypatch.setattr(walk, "SEGMENT_SLOTS", ntotal // 5)  # bases of a fifth: links and contexts read in the ones below
+    monkeypatch.setattr(
+        walk, "SEGMENT_SLOTS", ntotal // 5
+    )  # bases of a fifth: links and contexts read in the ones below
     bounded, bounded_grown = WalkIndex(ALPHABET), _grown(runs)
     bounded.extend(runs, ntotal, parents=parents)
     assert len(bounded.bases) >= 4 and len(bounded_grown.bases) >= 3
@@ -180,7 +193,13 @@ def test_bases_stop_growing_at_segment_slots_and_their_files_follow_each_other(m
     index.settle()  # an empty tail: no empty base, and the newest not sorted again
     assert index.base is newest
     sizes = [base.ntotal - base.first for base in index.bases]
-    assert len(sizes) >= 6 and max(sizes) < walk.SEGMENT_SLOTS + 40 and min(sizes) > 0 and sum(sizes) == ntotal and index.tail.entries == 0
+    assert (
+        len(sizes) >= 6
+        and max(sizes) < walk.SEGMENT_SLOTS + 40
+        and min(sizes) > 0
+        and sum(sizes) == ntotal
+        and index.tail.entries == 0
+    )
     path = tmp_path / "i.keys"
     index.save(path)
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -227,7 +246,10 @@ def test_an_opened_index_is_mapped_not_read(tmp_path, monkeypatch):
     path = tmp_path / "i.keys"
     index.save(path)
     loaded = WalkIndex.load(path)
-    assert all(isinstance(getattr(a.base, "obj", None), mmap.mmap) for a in (loaded.base.order, loaded.base.tokens, loaded.base.samples))
+    assert all(
+        isinstance(getattr(a.base, "obj", None), mmap.mmap)
+        for a in (loaded.base.order, loaded.base.tokens, loaded.base.samples)
+    )
     np.testing.assert_array_equal(loaded.within(np.array([3, 4])), index.within(np.array([3, 4])))
     data = bytearray(path.read_bytes())
     data[-1] ^= 1  # the last slot's token

@@ -73,7 +73,10 @@ def _texts() -> list[str]:
     rng = np.random.default_rng(0)
     prose = (REPO / "kvdb" / "data" / "calibration.txt").read_text()
     code = (REPO / "kvdb" / "model" / "integer_lm.py").read_text()
-    chat = "".join(f"<|im_start|>{role}\n{line}<|im_end|>\n" for role, line in zip(("user", "assistant") * 20, prose.splitlines()[:40]))
+    chat = "".join(
+        f"<|im_start|>{role}\n{line}<|im_end|>\n"
+        for role, line in zip(("user", "assistant") * 20, prose.splitlines()[:40])
+    )
     unicode = "".join(chr(c) for c in rng.integers(0x20, 0x2FFF, size=3000) if not 0xD800 <= c < 0xE000)
     return [prose[:7000], code[:5000], chat, unicode]
 
@@ -152,7 +155,9 @@ for settings in given["runs"]:  # each run under the settings before it too
 """
 
 
-def _digests_elsewhere(model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, simd: bool = True) -> list[str]:
+def _digests_elsewhere(
+    model: str | None, ids: np.ndarray, runs: list[dict], capability: str | None = None, simd: bool = True
+) -> list[str]:
     """The logits' digest in a fresh process, once per entry of ``runs`` (the kernel or, with
     ``"kernel": False``, the reference pass; thread count, oneDNN off, float32 matmul
     precision), under ``ATEN_CPU_CAPABILITY=capability`` if given, the kernel with its plain C
@@ -180,8 +185,14 @@ def test_other_processes_compute_the_same_bits(tiny, tiny_model):
     here = digest(ilm.forward(ids, ilm.new_cache()))
     reference = [{"threads": 1, "kernel": False}, {"threads": 2, "kernel": False}]
     kernel = [{"threads": 2}, {"threads": 1}]
-    plain = _digests_elsewhere(tiny_model, ids, kernel + reference, capability="default", simd=False)  # no SIMD anywhere
-    best = _digests_elsewhere(tiny_model, ids, [*kernel, reference[1], {"threads": 1, "kernel": False, "no_mkldnn": True, "precision": "medium"}])
+    plain = _digests_elsewhere(
+        tiny_model, ids, kernel + reference, capability="default", simd=False
+    )  # no SIMD anywhere
+    best = _digests_elsewhere(
+        tiny_model,
+        ids,
+        [*kernel, reference[1], {"threads": 1, "kernel": False, "no_mkldnn": True, "precision": "medium"}],
+    )
     assert plain + best == [here] * 8
 
 
@@ -197,10 +208,17 @@ def test_the_embedded_models_logits_match_the_golden_digest_on_any_instruction_s
     assert digest(logits) == GOLDEN_DIGEST
     if sqrt_probe()[0] == SQRT_PROBE_AS_GOLDEN:  # version 2's premise: torch.sqrt rounds as where its digest was taken
         assert digest(ilm.with_torch_sqrt().forward(ids, ilm.new_cache())) == GOLDEN_DIGEST_V2
-    assert _digests_elsewhere(None, ids, [{"threads": 2, "kernel": False}, {"threads": 1}], capability="default", simd=False) == [GOLDEN_DIGEST] * 2
+    assert (
+        _digests_elsewhere(
+            None, ids, [{"threads": 2, "kernel": False}, {"threads": 1}], capability="default", simd=False
+        )
+        == [GOLDEN_DIGEST] * 2
+    )
     with torch.no_grad():
         exact = embedded.model(torch.as_tensor(ids)[None]).logits[0].double()
-    nll = lambda lg: -torch.log_softmax(lg, -1)[:-1].gather(1, torch.as_tensor(ids[1:])[:, None]).mean().item()  # noqa: E731
+    nll = (  # noqa: E731
+        lambda lg: -torch.log_softmax(lg, -1)[:-1].gather(1, torch.as_tensor(ids[1:])[:, None]).mean().item()
+    )
     assert nll(logits) < 1.02 * nll(exact)  # close to the float model (benchmarks/lmcode.py measures it at length)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import sqrt_probe, examples
+from support import examples, sqrt_probe
 
 from kvdb.errors import CorruptData, InvalidArgument
 from kvdb.model import lmcode
@@ -151,7 +151,9 @@ def test_round_trip_rebuilds_tokens_and_cache(tiny, text, version):
     assert out.dtype == np.int64 and np.array_equal(out, ids)
     assert tok.decode(tiny.tokenizer, out) == text
     assert ctx.length == ids.size == cached_length(ctx)
-    if version in lmcode.INTEGER_VERSIONS:  # the integer forward pass: near the float model's logits (its 8-bit weights)
+    if (
+        version in lmcode.INTEGER_VERSIONS
+    ):  # the integer forward pass: near the float model's logits (its 8-bit weights)
         np.testing.assert_allclose(ctx.logits, next_logits_after_prefill(tiny.model, ids).numpy(), atol=0.05)
         return
     # the rebuilt cache continues like a fresh prefill (float32 tolerance: one-token steps round differently)
@@ -170,9 +172,17 @@ def test_encode_with_context_returns_the_decoders_context(tiny, version):
 
 
 def test_new_payloads_are_version_3_where_the_model_has_an_integer_forward(tiny):
-    assert lmcode.version_for(tiny.model) == 3 and lmcode.read_header(lmcode.encode(tiny.model, ids_of(tiny, "x y"))).version == 3
+    assert (
+        lmcode.version_for(tiny.model) == 3
+        and lmcode.read_header(lmcode.encode(tiny.model, ids_of(tiny, "x y"))).version == 3
+    )
     with pytest.raises(InvalidArgument, match="version-1 context"):
-        lmcode.encode(tiny.model, ids_of(tiny, "z"), context=lmcode.context_for(tiny.model, ids_of(tiny, "x y"), version=1), version=3)
+        lmcode.encode(
+            tiny.model,
+            ids_of(tiny, "z"),
+            context=lmcode.context_for(tiny.model, ids_of(tiny, "x y"), version=1),
+            version=3,
+        )
 
 
 def test_version_2_is_the_integer_pass_with_torch_sqrt(tiny):
@@ -181,7 +191,9 @@ def test_version_2_is_the_integer_pass_with_torch_sqrt(tiny):
     v2, v3 = lmcode._integer(tiny.model, 2), lmcode._integer(tiny.model, 3)
     assert v2.kernel is None and v2.layers is v3.layers and v2.root is torch.sqrt
     if sqrt_probe()[1]:
-        pytest.skip("premise does not hold on this CPU: torch.sqrt is correctly rounded here, so the two passes may agree")
+        pytest.skip(
+            "premise does not hold on this CPU: torch.sqrt is correctly rounded here, so the two passes may agree"
+        )
     ids = ids_of(tiny, PROSE * 2 + CODE)
     assert not torch.equal(v2.forward(ids, v2.new_cache()), v3.forward(ids, v3.new_cache()))
 
@@ -194,9 +206,18 @@ def test_a_node_payload_is_a_tag_byte_and_about_the_information_it_codes(tiny, v
     ctx = lmcode.context_for(tiny.model, prefix, version=version)
     node, after = lmcode.encode_node(tiny.model, ids, context=ctx)
     bits = []
-    lmcode._code(tiny.model, ids, ctx, None, True, lambda logits, t: bits.append(lmcode.PRECISION - math.log2(lmcode.frequencies(logits)[t])))
+    lmcode._code(
+        tiny.model,
+        ids,
+        ctx,
+        None,
+        True,
+        lambda logits, t: bits.append(lmcode.PRECISION - math.log2(lmcode.frequencies(logits)[t])),
+    )
     assert node[0] == lmcode.NODE_TAG | version and len(node) - 1 <= math.ceil(sum(bits) / 8) + 2
-    assert len(node) < len(lmcode.encode(tiny.model, ids, context=ctx)) - 16  # a "KL" payload's header alone is 20 bytes
+    assert (
+        len(node) < len(lmcode.encode(tiny.model, ids, context=ctx)) - 16
+    )  # a "KL" payload's header alone is 20 bytes
     assert lmcode.is_node_payload(node) and lmcode.payload_version(node) == version
     out, decoded = lmcode.decode_node(tiny.model, node, ids.size, context=ctx)
     assert np.array_equal(out, ids) and ctx.length == prefix.size  # the context given is not modified
@@ -240,7 +261,9 @@ def test_suffix_given_prefix_round_trip(tiny, version):
     # a second child of the same parent, and a context rebuilt from the prefix's ids, both work
     other = ids_of(tiny, "another branch")
     got_other, _ = lmcode.decode(
-        tiny.model, lmcode.encode(tiny.model, other, context=root_ctx), context=lmcode.context_for(tiny.model, prefix, version=version)
+        tiny.model,
+        lmcode.encode(tiny.model, other, context=root_ctx),
+        context=lmcode.context_for(tiny.model, prefix, version=version),
     )
     assert np.array_equal(got_other, other)
 
@@ -260,7 +283,9 @@ def test_wrong_context_is_refused_or_detected(tiny, version):
     with pytest.raises(InvalidArgument, match="context"):
         lmcode.decode(tiny.model, child)
     with pytest.raises(InvalidArgument, match="context"):
-        lmcode.decode(tiny.model, child, context=lmcode.context_for(tiny.model, prefix, version=1 if version > 1 else 3))
+        lmcode.decode(
+            tiny.model, child, context=lmcode.context_for(tiny.model, prefix, version=1 if version > 1 else 3)
+        )
     wrong = lmcode.context_for(tiny.model, prefix[::-1], version=version)  # same length, other tokens
     with pytest.raises(CorruptData, match="digest"):
         lmcode.decode(tiny.model, child, context=wrong)
@@ -293,7 +318,7 @@ def test_damaged_payloads_raise_corrupt_data(tiny):
         "version": payload[:2] + b"\x09" + payload[3:],
         "bad varint": payload[:3] + b"\xff" * 6 + payload[9:],
     }
-    for name, bad in cases.items():
+    for name, bad in cases.items():  # noqa: B007 - the key names the case, for the reader
         with pytest.raises(CorruptData):
             lmcode.decode(tiny.model, bad)
     size = lmcode.read_header(payload).size
@@ -348,7 +373,9 @@ def test_decodes_in_another_process_with_other_thread_settings(tiny, tiny_model,
 
 # -- the embedded model ---------------------------------------------------------------------
 
-SENTENCE = "The archive keeps every session it has seen, so a later question can be answered from the exact context.\n\n"
+SENTENCE = (
+    "The archive keeps every session it has seen, so a later question can be answered from the exact context.\n\n"
+)
 TABLE = "\n| model | bits/token |\n|---|---:|\n| SmolLM2 | 3.9 |\n"
 VARIED = SENTENCE + CODE + "\n" + UNICODE + TABLE
 

@@ -61,7 +61,9 @@ def test_every_model_has_each_name_and_a_name_is_found_by_its_spec(weights):
     for name in P.NAMES:
         spec = P.resolve(name, weights)
         assert P.name_of(spec, weights) == name and P.resolve(spec, weights) == spec  # a spec passes through
-        if not transform.is_transform_preset(spec):  # a transform preset has no stages: its grammar is checked by resolve
+        if not transform.is_transform_preset(
+            spec
+        ):  # a transform preset has no stages: its grammar is checked by resolve
             P.allocation(spec, 30, 3)  # every named residual-VQ spec parses
     assert P.name_of("k2v1", weights) is None
 

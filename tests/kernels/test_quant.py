@@ -36,7 +36,14 @@ def test_codebook_bytes_round_trip(trained):
     blob = cb.to_bytes()
     back = Q.Codebooks.from_bytes(blob)
     assert back.to_bytes() == blob
-    assert (back.layers, back.heads, back.dim, back.pre_rope, back.preset, back.meta) == (cb.layers, cb.heads, cb.dim, cb.pre_rope, cb.preset, cb.meta)
+    assert (back.layers, back.heads, back.dim, back.pre_rope, back.preset, back.meta) == (
+        cb.layers,
+        cb.heads,
+        cb.dim,
+        cb.pre_rope,
+        cb.preset,
+        cb.meta,
+    )
     for kind in Q.KINDS:
         assert back.stages(kind) == cb.stages(kind)
         for a, b in zip(back.books[kind], cb.books[kind]):
@@ -75,7 +82,14 @@ def test_stored_code_bytes_match_fractal(trained):
     assert list(streams) == [16]
     assert len(streams[16]) == 100 * 2 * 2 * (3 + 2)
     # token-major: position 0's symbols first, kind > layer > stage > head
-    first = np.concatenate([kc[0, :, :, 0].T.reshape(-1), kc[1, :, :, 0].T.reshape(-1), vc[0, :, :, 0].T.reshape(-1), vc[1, :, :, 0].T.reshape(-1)])
+    first = np.concatenate(
+        [
+            kc[0, :, :, 0].T.reshape(-1),
+            kc[1, :, :, 0].T.reshape(-1),
+            vc[0, :, :, 0].T.reshape(-1),
+            vc[1, :, :, 0].T.reshape(-1),
+        ]
+    )
     assert np.array_equal(streams[16][:20], first)
 
 
@@ -177,7 +191,9 @@ def test_pre_rope_inverse_is_exact(tiny):
     np.testing.assert_allclose(C.apply_rope(tiny.model, pre), post, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(pre, axis=-1), np.linalg.norm(post, axis=-1), rtol=1e-5)
     # the inverse at an offset: the last 20 keys
-    np.testing.assert_allclose(C.apply_rope(tiny.model, post[:, :, 30:], start=30, inverse=True), pre[:, :, 30:], atol=1e-5)
+    np.testing.assert_allclose(
+        C.apply_rope(tiny.model, post[:, :, 30:], start=30, inverse=True), pre[:, :, 30:], atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("pre_rope", [False, True])
@@ -188,7 +204,9 @@ def test_build_cache_reproduces_exact_logits(tiny, pre_rope):
     k, v = C.capture(tiny.model, prefix, chunk=32, pre_rope=pre_rope)
     exact = M.prefill(tiny.model, prefix[: C.SINKS])
     for window in ("none", "quantized", "recompute", "stored"):
-        cache = _restored(tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact))
+        cache = _restored(
+            tiny.model, prefix, k.copy(), v.copy(), pre_rope=pre_rope, window=window, exact_sinks=C.cache_arrays(exact)
+        )
         assert cache.get_seq_length() == 80
         lp, am = C.teacher_forced(tiny.model, cache, cont)
         np.testing.assert_allclose(lp, lp_exact, atol=1e-4)
@@ -228,7 +246,9 @@ def test_quantized_restore_end_to_end_tiny(tiny):
     assert cache.get_seq_length() == 300
     # the recomputed window is exact at the sinks
     exact = M.prefill(tiny.model, ids)
-    np.testing.assert_allclose(cache.layers[0].keys[0, :, :4].numpy(), exact.layers[0].keys[0, :, :4].numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        cache.layers[0].keys[0, :, :4].numpy(), exact.layers[0].keys[0, :, :4].numpy(), atol=1e-5
+    )
 
 
 def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, monkeypatch):
@@ -243,16 +263,22 @@ def test_the_stored_window_runs_no_forward_pass_and_takes_the_sinks_given(tiny, 
         raise AssertionError("the stored window ran the model")
 
     monkeypatch.setattr(tiny.model, "forward", no_forward)
-    cache = _restored(tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks)  # taken over
+    cache = _restored(
+        tiny.model, ids, kq.copy(), vq.copy(), pre_rope=True, window="stored", exact_sinks=sinks
+    )  # taken over
     monkeypatch.undo()
     got_k, got_v = C.cache_arrays(cache)
     want_k, want_v = C.cache_arrays(exact)
     np.testing.assert_allclose(got_k[:, :, : C.SINKS], want_k[:, :, : C.SINKS], atol=1e-5)  # exact where stored exact
     np.testing.assert_allclose(got_v[:, :, : C.SINKS], want_v[:, :, : C.SINKS], atol=1e-5)
-    np.testing.assert_allclose(got_k[:, :, C.SINKS :], C.apply_rope(tiny.model, kq)[:, :, C.SINKS :], atol=1e-5)  # the codes elsewhere
+    np.testing.assert_allclose(
+        got_k[:, :, C.SINKS :], C.apply_rope(tiny.model, kq)[:, :, C.SINKS :], atol=1e-5
+    )  # the codes elsewhere
     error = np.abs(got_v[:, :, C.SINKS :] - want_v[:, :, C.SINKS :]).mean() / np.abs(want_v).mean()
     assert 0 < error < 1  # bounded, not exact
-    assert cache.get_seq_length() == len(ids) and M.generate(tiny.model, tiny.tokenizer, cache, np.concatenate([ids, ids[:1]]), 3)
+    assert cache.get_seq_length() == len(ids) and M.generate(
+        tiny.model, tiny.tokenizer, cache, np.concatenate([ids, ids[:1]]), 3
+    )
 
 
 def test_decode_is_the_sum_of_each_stage_centroid_over_the_metric_scales(tiny):
@@ -261,7 +287,10 @@ def test_decode_is_the_sum_of_each_stage_centroid_over_the_metric_scales(tiny):
     ids = _ids(200, seed=7)
     k, v = C.capture(tiny.model, ids, pre_rope=True)
     layers = k.shape[0]
-    weights = {"k": np.random.default_rng(0).uniform(0.5, 2.0, k.shape[:2] + k.shape[3:]), "v": np.ones(v.shape[:2] + v.shape[3:])}
+    weights = {
+        "k": np.random.default_rng(0).uniform(0.5, 2.0, k.shape[:2] + k.shape[3:]),
+        "v": np.ones(v.shape[:2] + v.shape[3:]),
+    }
     cb = Q.train({"k": k, "v": v}, f"k3x16v2x16+k1x16@{layers - 1}", niter=4, weights=weights)
     codes = Q.encode(cb, k, v)
     for kc, vc in ((codes[0], codes[1]), (codes[0][:, :, :2], codes[1][:, :, :1])):
@@ -320,7 +349,10 @@ def test_sharpened_codebooks_decode_keys_further_from_each_heads_centre():
     """Decoding with ``sharpened(f)`` gives ``c + f * (key - c)``, c the mean of the head's
     first-stage centroids, for every head whatever its depth; values do not move; f = 1 is the
     codebooks themselves; and the sharpened set can neither encode nor be stored."""
-    k, v = clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=5), clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=6)
+    k, v = (
+        clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=5),
+        clustered_vectors(layers=3, heads=2, n=400, dim=4, seed=6),
+    )
     cb = Q.train({"k": k, "v": v}, "k3x16v1x16+k1x16@2.1", niter=4)
     codes = Q.encode(cb, k, v)
     keys, values = Q.decode(cb, codes)
@@ -340,7 +372,10 @@ def test_a_preset_of_uneven_depths_round_trips_through_its_streams():
     """Layers and heads of different depths in one set: codes -> token-major streams -> codes, and
     decode equals the sum of the centroids each head has."""
     preset = "k3v3+k16@18.2+k12@7.2,20.2,23.0+k2@0-5+v2@0-1"  # SmolLM2's compact of decision 0028
-    k, v = clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=3), clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=4)
+    k, v = (
+        clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=3),
+        clustered_vectors(layers=30, heads=3, n=300, dim=4, seed=4),
+    )
     cb = Q.train({"k": k, "v": v}, preset, niter=2)
     codes = Q.encode(cb, k, v)
     assert [len(s) for s in cb.stages("k")] == [len(s) for s in P.allocation(preset, 30, 3)["k"]]

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from support import examples
 from hypothesis import strategies as st
+from support import examples
 
 from kvdb.codecs import rangecoder
 from kvdb.errors import CorruptData

@@ -10,7 +10,17 @@ from kvdb.index.ranking import BM25, top_k, weighted, words
 
 
 def test_words_split_identifiers_and_lower_case():
-    assert words("def py_scanstring(HTTPServer, getHTTPResponse2):") == ["def", "py", "scanstring", "http", "server", "get", "http", "response", "2"]
+    assert words("def py_scanstring(HTTPServer, getHTTPResponse2):") == [
+        "def",
+        "py",
+        "scanstring",
+        "http",
+        "server",
+        "get",
+        "http",
+        "response",
+        "2",
+    ]
     assert words("os.path.join(a, b) # Split the PATH") == ["os", "path", "join", "a", "b", "split", "the", "path"]
     assert words("x86_64 camelCase ABC Café") == ["x", "86", "64", "camel", "case", "abc", "café"]
     assert words("  -- ") == []

@@ -64,7 +64,16 @@ def test_random_tables_and_values_round_trip(seed):
 
 
 def test_every_int16_extreme_codes_in_every_kind_of_table():
-    tables = rans.Tables(np.stack([dominant_table(127), dominant_table(0), dominant_table(254), rans.frequencies(np.zeros((1, 256), np.int64))[0]]))
+    tables = rans.Tables(
+        np.stack(
+            [
+                dominant_table(127),
+                dominant_table(0),
+                dominant_table(254),
+                rans.frequencies(np.zeros((1, 256), np.int64))[0],
+            ]
+        )
+    )
     values = np.array([EXTREMES] * 4, dtype=np.int16)
     round_trip(values, np.arange(4, dtype=np.int32), tables)
     round_trip(values[::-1].copy(), np.arange(4, dtype=np.int32), tables)
@@ -119,7 +128,9 @@ def test_decode_into_writes_recon_and_escapes_times_the_step_into_a_strided_view
     rans.decode_into(data, classes, n, tables, recon, 0.25, out)
     kept = values[:, :used].astype(np.int64)
     has_symbol = (np.abs(kept) <= 127) & (tables.freqs[classes[:, None], np.clip(kept + 127, 0, 254)] > 0)
-    expected = np.where(has_symbol, recon[classes[:, None], np.clip(kept + 127, 0, 254)], kept.astype(np.float32) * np.float32(0.25))
+    expected = np.where(
+        has_symbol, recon[classes[:, None], np.clip(kept + 127, 0, 254)], kept.astype(np.float32) * np.float32(0.25)
+    )
     np.testing.assert_array_equal(out, expected)
     assert (~has_symbol).any()  # the case exercised escapes
     assert (buffer[:, :10] == -7).all() and (buffer[:, 10 + used :] == -7).all()
@@ -233,7 +244,10 @@ def test_a_decoder_written_from_the_document_reads_what_the_c_encoder_writes():
     classes = rng.integers(0, 5, 7).astype(np.int32)
     data = rans.encode(values, classes, tables)
     assert reference_decode(data, classes, 60, tables.freqs) == values.tolist()
-    assert reference_decode(rans.encode(values[:, :1], classes, tables), classes, 1, tables.freqs) == values[:, :1].tolist()
+    assert (
+        reference_decode(rans.encode(values[:, :1], classes, tables), classes, 1, tables.freqs)
+        == values[:, :1].tolist()
+    )
 
 
 # -- damage ----------------------------------------------------------------------------------
@@ -268,7 +282,11 @@ def test_a_flipped_byte_in_the_states_is_corrupt(stream, at):
 
 def test_the_wrong_tables_classes_or_length_are_corrupt(stream):
     data, classes, tables = stream
-    for args in ((data, classes[::-1].copy(), 80, tables), (data, classes, 79, tables), (data, classes[:-1], 80, tables)):
+    for args in (
+        (data, classes[::-1].copy(), 80, tables),
+        (data, classes, 79, tables),
+        (data, classes[:-1], 80, tables),
+    ):
         with pytest.raises(CorruptData):
             rans.decode(*args)
 
@@ -331,7 +349,10 @@ def test_tables_precompute_starts_and_the_slot_of_every_symbol():
         (np.zeros((0, 256), np.int64), "classes, 256"),
         (np.full((1, 256), 16.0), "integers"),
         (np.full((1, 256), 15), "sums to 3840"),
-        (dominant_table(3)[None] + np.eye(1, 256, 255, dtype=np.int64) * -1 + np.eye(1, 256, 3, dtype=np.int64), "ESCAPE"),
+        (
+            dominant_table(3)[None] + np.eye(1, 256, 255, dtype=np.int64) * -1 + np.eye(1, 256, 3, dtype=np.int64),
+            "ESCAPE",
+        ),
     ],
 )
 def test_bad_tables_are_refused(freqs, match):
@@ -357,8 +378,14 @@ def test_bad_arguments_are_refused_with_what_to_fix():
     out = np.zeros((3, 8), np.float32)
     cases += [
         (lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon[:1], 1.0, out[:, :4]), "recon"),
-        (lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon, 1.0, out[:, ::2]), "unit column stride"),
-        (lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon, 1.0, out[:, :4].astype(np.float64)), "float32"),
+        (
+            lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon, 1.0, out[:, ::2]),
+            "unit column stride",
+        ),
+        (
+            lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon, 1.0, out[:, :4].astype(np.float64)),
+            "float32",
+        ),
         (lambda: rans.decode_into(data, np.zeros(2, np.int32), 4, tables, recon, 1.0, out[:, :4]), "rows"),
         (lambda: rans.decode_into(data, np.zeros(3, np.int32), 4, tables, recon, 1.0, out[:, :5]), "used"),
     ]

@@ -48,7 +48,11 @@ def test_a_sealed_file_reads_back_and_any_damage_is_corrupt(archive, n):
 
 def test_a_sidecar_beside_an_encrypted_archive_is_sealed_and_reads_back(archive):
     path = archive.with_name(archive.name + ".index") / "s.keys"
-    arrays = {"ids": np.arange(1000, dtype="<u2"), "empty": np.zeros(0, "<i8"), "words": np.array([b"quillwort"], "|S16")}
+    arrays = {
+        "ids": np.arange(1000, dtype="<u2"),
+        "empty": np.zeros(0, "<i8"),
+        "words": np.array([b"quillwort"], "|S16"),
+    }
     sidecar.write(path, b"KVDBTEST", {"kind": "test"}, arrays)
     assert b"quillwort" not in path.read_bytes() and np.arange(8, dtype="<u2").tobytes() not in path.read_bytes()
     read = sidecar.read(path, b"KVDBTEST")
@@ -72,4 +76,7 @@ def test_a_wrong_or_missing_key_and_a_key_for_a_plain_archive(tmp_path, archive)
     with pytest.raises(ArchiveKeyError, match="not encrypted"):
         sealing.open_seal(plain, b"the key", create=False)
     assert sealing.open_seal(plain, None, create=False) is None
-    assert sealing.open_seal(archive, b"the key", create=True).database_key == sealing.open_seal(archive, b"the key", create=False).database_key  # type: ignore[union-attr]
+    assert (
+        sealing.open_seal(archive, b"the key", create=True).database_key
+        == sealing.open_seal(archive, b"the key", create=False).database_key
+    )  # type: ignore[union-attr]

@@ -72,7 +72,9 @@ def test_a_flipped_byte_in_a_checked_array_is_refused(tmp_path):
     with pytest.raises(CorruptData, match="integrity") as caught:
         sidecar.read(path, MAGIC)
     assert str(path) in str(caught.value) and "kvdb repair" in str(caught.value)
-    assert sidecar.read(path, MAGIC, check_up_to=path.stat().st_size - 1).arrays["small"].tolist() == list(range(5))  # large: not read whole
+    assert sidecar.read(path, MAGIC, check_up_to=path.stat().st_size - 1).arrays["small"].tolist() == list(
+        range(5)
+    )  # large: not read whole
     with pytest.raises(CorruptData, match="integrity"):
         sidecar.read(path, MAGIC, check_up_to=path.stat().st_size)
 
@@ -82,7 +84,9 @@ def test_the_reader_says_which_arrays_the_crc_covers(tmp_path):
     outside it is not checked (the chunk index's vectors: a CRC would read GBs an open)."""
     path = _written(tmp_path, checked=("small", "names"))
     _flipped(path, _place(path, "vectors"))
-    assert not np.array_equal(sidecar.read(path, MAGIC, checked=("small", "names")).arrays["vectors"], _arrays()["vectors"])
+    assert not np.array_equal(
+        sidecar.read(path, MAGIC, checked=("small", "names")).arrays["vectors"], _arrays()["vectors"]
+    )
     _flipped(path, _place(path, "names"))
     with pytest.raises(CorruptData, match="integrity"):
         sidecar.read(path, MAGIC, checked=("small", "names"))
@@ -169,7 +173,11 @@ def test_an_older_layout_reads_through_its_magic(tmp_path):
     path.write_bytes(b"KVDBOLD1" + struct.pack("<I", len(header)) + header + a.tobytes() + b.tobytes())
     older = {b"KVDBOLD1": lambda h: {"a": (np.dtype("<u4"), (h["n"],)), "b": (np.dtype("<u2"), (h["m"],))}}
     read = sidecar.read(path, MAGIC, older=older)
-    assert read.magic == b"KVDBOLD1" and read.arrays["a"].tolist() == [0, 1, 2, 3] and read.arrays["b"].tolist() == [0, 1, 2]
+    assert (
+        read.magic == b"KVDBOLD1"
+        and read.arrays["a"].tolist() == [0, 1, 2, 3]
+        and read.arrays["b"].tolist() == [0, 1, 2]
+    )
     path.write_bytes(path.read_bytes() + b"\0")
     with pytest.raises(CorruptData, match="another length"):
         sidecar.read(path, MAGIC, older=older)
@@ -186,7 +194,9 @@ def test_a_search_index_of_the_layout_before_takes_a_commit(tmp_path):
     stream = np.concatenate([index.tokens[:], added])
     index.add(added)
     index.save(base)
-    assert base.read_bytes() == (GOLDEN / "index/v6/a259.keys").read_bytes() and tail_path(base).read_bytes().startswith(b"KVDBIDX7")
+    assert base.read_bytes() == (GOLDEN / "index/v6/a259.keys").read_bytes() and tail_path(
+        base
+    ).read_bytes().startswith(b"KVDBIDX7")
     again = WalkIndex.load(base, check=True)
     assert again.ntotal == len(stream) and np.array_equal(again.tokens[:], stream)
     assert again.within(added[-2:]).tolist() == index.within(added[-2:]).tolist()
@@ -199,7 +209,9 @@ def test_a_chunk_index_written_before_the_module_opens():
     assert loaded.rows == 7 and loaded.live.tolist() == [False] * 3 + [True] * 4
     assert loaded.counts() == {f"{1:032x}": 3, f"{2:032x}": 1}
     fresh = ranking.BM25()
-    fresh.add(["split_path joins paths", "hello world again", "the cat sat on the mat", "dogs bark at the postman"])  # rows 3 to 6
+    fresh.add(
+        ["split_path joins paths", "hello world again", "the cat sat on the mat", "dogs bark at the postman"]
+    )  # rows 3 to 6
     for query in ("cat", "split path", "the postman"):
         assert np.allclose(loaded.words.scores(query), np.concatenate([np.zeros(3), fresh.scores(query)]))
     assert loaded.nearest(np.ones(4, np.float32), 7)[0].min() >= 3

@@ -34,7 +34,10 @@ def test_a_claude_code_log_says_when_and_where_it_ran():
     assert len(times) > 10
     for session in read_transcripts(path):
         assert session.metadata["cwd"] == "/home/marco/projects/spotter"
-        assert (session.metadata["started"], session.metadata["ended"]) == (min(times).isoformat(), max(times).isoformat())
+        assert (session.metadata["started"], session.metadata["ended"]) == (
+            min(times).isoformat(),
+            max(times).isoformat(),
+        )
 
 
 def test_a_codex_rollout_gets_its_times_and_keeps_the_cwd_of_its_meta():
@@ -42,14 +45,19 @@ def test_a_codex_rollout_gets_its_times_and_keeps_the_cwd_of_its_meta():
     [session] = read_transcripts(path)
     times = times_of(path)
     assert session.metadata["ended"] == max(times).isoformat() and session.metadata["started"] == min(times).isoformat()
-    assert session.metadata["cwd"] == next(json.loads(t)["payload"]["cwd"] for t in path.read_text().splitlines() if '"session_meta"' in t)
+    assert session.metadata["cwd"] == next(
+        json.loads(t)["payload"]["cwd"] for t in path.read_text().splitlines() if '"session_meta"' in t
+    )
 
 
 def test_a_gemini_session_takes_its_header_times_too():
     path = EXPORTS / "gemini-cli" / "vct-session-2026-04-23.jsonl"
     [session, *_] = read_transcripts(path)
     header = json.loads(path.read_text().splitlines()[0])
-    assert session.metadata["started"] <= dt.datetime.fromisoformat(header["startTime"]).astimezone(dt.UTC).replace(tzinfo=None).isoformat()
+    assert (
+        session.metadata["started"]
+        <= dt.datetime.fromisoformat(header["startTime"]).astimezone(dt.UTC).replace(tzinfo=None).isoformat()
+    )
     assert session.metadata["ended"] >= max(times_of(path)).isoformat()
 
 
@@ -90,9 +98,17 @@ def test_the_format_s_own_metadata_comes_first_and_a_refused_record_counts_for_n
         log.add({"bad": True, "timestamp": "2030-01-01T00:00:00Z", "cwd": "/bad"}, 2)
     log.add({"timestamp": "0001-01-01T00:00:00+01:00"}, 3)  # no time UTC can hold: no time
     [session] = log.sessions()
-    assert session.metadata == {"format": "fixed", "cwd": "/own", "started": "2026-03-01T10:00:00", "ended": "2026-03-01T10:00:00"}
+    assert session.metadata == {
+        "format": "fixed",
+        "cwd": "/own",
+        "started": "2026-03-01T10:00:00",
+        "ended": "2026-03-01T10:00:00",
+    }
 
 
 def test_a_gemini_session_file_of_the_older_layout_gets_its_times():
     [session, *_] = read_transcripts(EXPORTS / "gemini-cli" / "vct-legacy-session-2025-10-11.json")
-    assert (session.metadata["started"], session.metadata["ended"]) == ("2025-10-11T11:58:27.603000", "2025-10-11T12:00:30.384000")
+    assert (session.metadata["started"], session.metadata["ended"]) == (
+        "2025-10-11T11:58:27.603000",
+        "2025-10-11T12:00:30.384000",
+    )

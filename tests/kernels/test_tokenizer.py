@@ -142,7 +142,10 @@ def test_a_text_that_grows_encodes_only_its_last_piece_again(tiny_model, private
     light, full = tok.load(tiny_model), tok.load_full(tiny_model)
     counting = dataclasses.replace(light, backend=CountingBackend(light.backend))
     monkeypatch.setattr(tok, "PIECE_CHARS", 4096)
-    turn = "<|im_start|>user\nAnd the harbour ledger? 😀<|im_end|>\n<|im_start|>assistant\nIn the keeper's lamp room.<|im_end|>\n"
+    turn = (
+        "<|im_start|>user\nAnd the harbour ledger? 😀<|im_end|>\n"
+        "<|im_start|>assistant\nIn the keeper's lamp room.<|im_end|>\n"
+    )
     text = long_text()
     first = tok._pieces(light, text)
     assert tok.encode(counting, text) == full(text, add_special_tokens=False)["input_ids"] and len(first) > 3
@@ -151,7 +154,9 @@ def test_a_text_that_grows_encodes_only_its_last_piece_again(tiny_model, private
     assert tok.encode(counting, grown) == full(grown, add_special_tokens=False)["input_ids"]
     assert counting.backend.encoded == [tok._pieces(light, grown)[-1]]  # the last piece, grown: no other again
     monkeypatch.setattr(tok._KNOWN, "size", 1)
-    assert tok.encode(counting, "x" + grown) == full("x" + grown, add_special_tokens=False)["input_ids"]  # a new first piece
+    assert (
+        tok.encode(counting, "x" + grown) == full("x" + grown, add_special_tokens=False)["input_ids"]
+    )  # a new first piece
     assert tok._KNOWN.count(counting) == 1  # the remembered pieces are bounded
 
 
@@ -189,7 +194,10 @@ def _template_in_config(folder: Path) -> None:  # transformers 4 kept it in toke
 
 def _named_templates_in_config(folder: Path) -> None:
     (folder / "chat_template.jinja").unlink()
-    edit_json(folder / "tokenizer_config.json", lambda c: c.update(chat_template=[{"name": "default", "template": "A"}, {"name": "rag", "template": "B"}]))
+    edit_json(
+        folder / "tokenizer_config.json",
+        lambda c: c.update(chat_template=[{"name": "default", "template": "A"}, {"name": "rag", "template": "B"}]),
+    )
 
 
 def _extra_template_file(folder: Path) -> None:
@@ -220,7 +228,15 @@ def _v4_class_name(folder: Path) -> None:
 
 @pytest.mark.parametrize(
     "variant",
-    [_template_in_config, _named_templates_in_config, _extra_template_file, _no_template, _truncation_and_padding, _split_special_tokens, _v4_class_name],
+    [
+        _template_in_config,
+        _named_templates_in_config,
+        _extra_template_file,
+        _no_template,
+        _truncation_and_padding,
+        _split_special_tokens,
+        _v4_class_name,
+    ],
 )
 def test_folder_variants_stay_light_and_equal(tiny_model, private_cache, variant):
     folder = tokenizer_copy(tiny_model, private_cache.parent / "tok")
@@ -238,9 +254,13 @@ def _unflagged_special_token(folder: Path) -> None:
 @pytest.mark.parametrize(
     "mutation",
     [
-        lambda folder: edit_json(folder / "tokenizer_config.json", lambda c: c.update(mask_token="<|mask|>")),  # added at load
+        lambda folder: edit_json(
+            folder / "tokenizer_config.json", lambda c: c.update(mask_token="<|mask|>")
+        ),  # added at load
         _unflagged_special_token,  # marked special at load
-        lambda folder: edit_json(folder / "tokenizer.json", lambda d: d.update(post_processor=None)),  # one built at load
+        lambda folder: edit_json(
+            folder / "tokenizer.json", lambda d: d.update(post_processor=None)
+        ),  # one built at load
     ],
     ids=["special-token-missing", "special-token-unflagged", "no-post-processor"],
 )

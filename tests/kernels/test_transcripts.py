@@ -140,7 +140,9 @@ def test_jsonl_with_one_session_per_line_names_each_session(tmp_path):
 
 
 def test_null_id_and_name_count_as_absent(tmp_path):
-    path = write(tmp_path / "n.jsonl", jsonl({"id": None, "name": None, "messages": [{"role": "user", "content": "a"}]}))
+    path = write(
+        tmp_path / "n.jsonl", jsonl({"id": None, "name": None, "messages": [{"role": "user", "content": "a"}]})
+    )
     [transcript] = read_transcripts(path)
     assert (transcript.name, transcript.metadata) == ("n#1", {"format": "openai", "title": "a"})
 
@@ -205,7 +207,11 @@ def test_json_list_mixes_formats_and_names_unnamed_items_by_index(tmp_path):
     first, second = read_transcripts(path)
 
     assert (first.name, first.source, first.metadata) == ("named", f"{path}#0", {"format": "openai"})
-    assert (second.name, second.source, second.metadata) == ("many#1", f"{path}#1", {"format": "sharegpt", "title": "b"})
+    assert (second.name, second.source, second.metadata) == (
+        "many#1",
+        f"{path}#1",
+        {"format": "sharegpt", "title": "b"},
+    )
 
 
 def test_transcript_from_messages_normalises_like_files():
@@ -298,25 +304,34 @@ BAD_JSONL = [
     ("empty", b"", "empty transcript", None),
     ("blank lines only", b"\n  \n\r\n", "empty transcript", None),
     ("invalid json", b'{"role": "user", "content": "a"}\n{"role": \n', "invalid JSON", 2),
-    ("invalid utf-8", b'{"role": "user", "content": "a"}\n{"role": "user", "content": "\xff"}\n', "invalid UTF-8 at byte 62", 2),
+    ("invalid utf-8", b'{"role": "user", "content": "a"}\n{"role": "user", "content": "\xff"}\n',
+     "invalid UTF-8 at byte 62", 2),
     ("binary", b'{"role": "user", "content": "a"}\n\x00\x01\x02', "binary file", 2),
     ("unknown role", jsonl({"role": "user", "content": "a"}, {"role": "narrator", "content": "b"}),
      "unknown role 'narrator'; allowed roles: assistant, bard", 2),
-    ("content not a string", jsonl({"role": "user", "content": 5}), "must be a string, null or a list of content parts, not a number", 1),
+    ("content not a string", jsonl({"role": "user", "content": 5}),
+     "must be a string, null or a list of content parts, not a number", 1),
     ("missing content", jsonl({"role": "user", "content": "a"}, {"role": "user"}), 'has no "content"', 2),
     ("role not a string", jsonl({"role": None, "content": "a"}), '"role" must be a string, not null', 1),
     ("message not an object", jsonl({"role": "user", "content": "a"}, ["user", "a"]), "got a list", 2),
     ("messages not a list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": "hi"}),
      "messages must be a list, not a string", 2),
-    ("session without messages", jsonl({"messages": [{"role": "user", "content": "a"}]}, {}), "no session of any format", 2),
-    ("empty messages list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": []}), "no messages", 2),
-    ("bad message inside a session", jsonl({"messages": [{"role": "user", "content": "a"}, {"role": "x", "content": "b"}]}),
-     "messages[1]: unknown role 'x'", 1),
-    ("message line among sessions", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"role": "user", "content": "b"}),
+    ("session without messages", jsonl({"messages": [{"role": "user", "content": "a"}]}, {}),
      "no session of any format", 2),
-    ("session line among messages", jsonl({"role": "user", "content": "a"}, {"messages": []}), 'expected a message object', 2),
-    ("name not a string", jsonl({"name": 7, "messages": [{"role": "user", "content": "a"}]}), '"name" must be a non-empty string', 1),
-    ("id not a scalar", jsonl({"name": "n", "id": {"a": 1}, "messages": [{"role": "user", "content": "a"}]}), '"id" must be', 1),
+    ("empty messages list", jsonl({"messages": [{"role": "user", "content": "a"}]}, {"messages": []}),
+     "no messages", 2),
+    ("bad message inside a session",
+     jsonl({"messages": [{"role": "user", "content": "a"}, {"role": "x", "content": "b"}]}),
+     "messages[1]: unknown role 'x'", 1),
+    ("message line among sessions",
+     jsonl({"messages": [{"role": "user", "content": "a"}]}, {"role": "user", "content": "b"}),
+     "no session of any format", 2),
+    ("session line among messages", jsonl({"role": "user", "content": "a"}, {"messages": []}),
+     'expected a message object', 2),
+    ("name not a string", jsonl({"name": 7, "messages": [{"role": "user", "content": "a"}]}),
+     '"name" must be a non-empty string', 1),
+    ("id not a scalar", jsonl({"name": "n", "id": {"a": 1}, "messages": [{"role": "user", "content": "a"}]}),
+     '"id" must be', 1),
 ]  # fmt: skip
 
 BAD_JSON = [
@@ -330,15 +345,20 @@ BAD_JSON = [
     ("no session key", b'{\n"id": 1\n}', "no session of any format", 1),
     ("messages not a list", b'{"messages": {"role": "user"}}', "messages must be a list, not an object", 1),
     ("empty messages", b'{\n  "messages": []\n}', "no messages", 1),
-    ("unknown role, located", b'{"messages": [\n  {"role": "user", "content": "a"},\n  {"role": "alien", "content": "b"}\n]}',
+    ("unknown role, located",
+     b'{"messages": [\n  {"role": "user", "content": "a"},\n  {"role": "alien", "content": "b"}\n]}',
      "messages[1]: unknown role 'alien'", 3),
-    ("sharegpt unknown role", b'{"conversations": [\n  {"from": "human", "value": "a"},\n  {"from": "robot", "value": "b"}\n]}',
+    ("sharegpt unknown role",
+     b'{"conversations": [\n  {"from": "human", "value": "a"},\n  {"from": "robot", "value": "b"}\n]}',
      "unknown role 'robot'", 3),
     ("sharegpt value not a string", b'{"conversations": [\n  {"from": "human", "value": 5}\n]}', '"value"', 2),
-    ("message not an object falls back to its session", b'[\n {"messages": [{"role": "user", "content": "a"}]},\n {"messages": [\n  "hi"]}\n]',
+    ("message not an object falls back to its session",
+     b'[\n {"messages": [{"role": "user", "content": "a"}]},\n {"messages": [\n  "hi"]}\n]',
      "session #1: messages[0]", 3),
-    ("list item not an object", b'[{"messages": [{"role": "user", "content": "a"}]}, 3]', "session #1: expected a session object", None),
-    ("text part without text", b'{"messages": [\n{"role": "user", "content": [{"type": "text"}]}]}', "needs a string", 2),
+    ("list item not an object", b'[{"messages": [{"role": "user", "content": "a"}]}, 3]',
+     "session #1: expected a session object", None),
+    ("text part without text", b'{"messages": [\n{"role": "user", "content": [{"type": "text"}]}]}',
+     "needs a string", 2),
 ]  # fmt: skip
 
 
@@ -417,7 +437,12 @@ def _lenient(path) -> tuple[list[Transcript], list[dict]]:
 
 
 def test_a_malformed_line_is_left_out_and_named_and_the_rest_is_read(tmp_path):
-    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "one"}) + '{"role": \n' + jsonl({"role": "narrator", "content": "x"}, {"role": "assistant", "content": "two"}))
+    path = write(
+        tmp_path / "m.jsonl",
+        jsonl({"role": "user", "content": "one"})
+        + '{"role": \n'
+        + jsonl({"role": "narrator", "content": "x"}, {"role": "assistant", "content": "two"}),
+    )
     [session], skipped = _lenient(path)
     assert [m["content"] for m in session.messages] == ["one", "two"]
     assert [s["line"] for s in skipped] == [2, 3]
@@ -427,10 +452,15 @@ def test_a_malformed_line_is_left_out_and_named_and_the_rest_is_read(tmp_path):
 
 def test_a_bad_session_of_a_json_list_is_left_out_and_named_and_the_rest_is_read(tmp_path):
     good = lambda text: {"messages": [{"role": "user", "content": text}]}  # noqa: E731
-    path = write(tmp_path / "list.json", "[\n" + ",\n".join(json.dumps(s) for s in [good("one"), {"colour": "blue"}, good("three")]) + "\n]\n")
+    path = write(
+        tmp_path / "list.json",
+        "[\n" + ",\n".join(json.dumps(s) for s in [good("one"), {"colour": "blue"}, good("three")]) + "\n]\n",
+    )
     sessions, skipped = _lenient(path)
     assert [s.messages[0]["content"] for s in sessions] == ["one", "three"]
-    assert skipped == [{"line": 3, "reason": skipped[0]["reason"]}] and skipped[0]["reason"].startswith("session #1: an object with keys")
+    assert skipped == [{"line": 3, "reason": skipped[0]["reason"]}] and skipped[0]["reason"].startswith(
+        "session #1: an object with keys"
+    )
     assert read_error(path).line == 3  # strict: the file fails there, as before
     broken = write(tmp_path / "broken.json", '[{"messages": [{"role": "user", "content": "a"}]}, {"messages": ]')
     with pytest.raises(TranscriptError, match="invalid JSON"):  # JSON that does not parse is never skipped past
@@ -438,11 +468,27 @@ def test_a_bad_session_of_a_json_list_is_left_out_and_named_and_the_rest_is_read
 
 
 def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_the_layout(tmp_path):
-    event = lambda uuid, parent, role, text: {"type": role, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": {"role": role, "content": text}}  # noqa: E731
+    event = lambda uuid, parent, role, text: {  # noqa: E731
+        "type": role,
+        "uuid": uuid,
+        "parentUuid": parent,
+        "sessionId": "s",
+        "message": {"role": role, "content": text},
+    }
     path = write(
         tmp_path / "log.jsonl",
         "not json at all\n"
-        + jsonl(event("a", None, "user", "hello"), "a bare string line", {"type": "user", "uuid": None, "parentUuid": "a", "message": {"role": "user", "content": "[Request interrupted by user]"}}, event("b", "a", "assistant", "hi there")),
+        + jsonl(
+            event("a", None, "user", "hello"),
+            "a bare string line",
+            {
+                "type": "user",
+                "uuid": None,
+                "parentUuid": "a",
+                "message": {"role": "user", "content": "[Request interrupted by user]"},
+            },
+            event("b", "a", "assistant", "hi there"),
+        ),
     )
     [session], skipped = _lenient(path)
     assert [m["content"] for m in session.messages] == ["hello", "hi there"]
@@ -452,7 +498,13 @@ def test_an_agent_logs_bad_events_are_left_out_and_its_first_good_record_sets_th
 def test_a_log_of_summaries_alone_is_empty_not_failed(tmp_path):
     from kvdb.errors import EmptyTranscript
 
-    path = write(tmp_path / "summaries.jsonl", jsonl({"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"}, {"type": "summary", "summary": "Docs", "leafUuid": "x2"}))
+    path = write(
+        tmp_path / "summaries.jsonl",
+        jsonl(
+            {"type": "summary", "summary": "Fixing the build", "leafUuid": "x1"},
+            {"type": "summary", "summary": "Docs", "leafUuid": "x2"},
+        ),
+    )
     with pytest.raises(EmptyTranscript, match="2 summaries of sessions in other files"):
         _lenient(path)
     with pytest.raises(EmptyTranscript):
@@ -463,7 +515,9 @@ def test_a_file_of_bad_lines_alone_fails_naming_the_first(tmp_path):
     from kvdb.errors import EmptyTranscript
 
     path = write(tmp_path / "bad.jsonl", "{oops\n[1, 2\n")
-    with pytest.raises(TranscriptError, match="no line holds a record kvdb reads \\(2 skipped; the first, line 1: invalid JSON") as caught:
+    with pytest.raises(
+        TranscriptError, match="no line holds a record kvdb reads \\(2 skipped; the first, line 1: invalid JSON"
+    ) as caught:
         _lenient(path)
     assert not isinstance(caught.value, EmptyTranscript)
 
@@ -472,7 +526,11 @@ def test_every_export_fixture_names_its_source_and_licence():
     """Fixtures from other projects come in with where they came from (tests/fixtures/README.md)."""
     root = Path(__file__).resolve().parents[1] / "fixtures"
     readme = (root / "README.md").read_text()
-    files = sorted(p for p in (root / "exports").rglob("*") if p.is_file() and not p.name.startswith("LAYOUTS") and p.name != "text-keys.toml")  # text-keys.toml: what test_export_fixtures checks
+    files = sorted(
+        p
+        for p in (root / "exports").rglob("*")
+        if p.is_file() and not p.name.startswith("LAYOUTS") and p.name != "text-keys.toml"
+    )  # text-keys.toml: what test_export_fixtures checks
     assert len(files) >= 30
     unlisted = [p.name for p in files if f"`{p.name}`" not in readme]
     assert unlisted == []
@@ -480,7 +538,9 @@ def test_every_export_fixture_names_its_source_and_licence():
     for line in readme.splitlines():  # a row names its licence, or the heading of its table does for all of them
         heading = line if line.startswith("#") else heading
         if line.startswith("| `") and any(f"`{p.name}`" in line for p in files):
-            licensed.append(any(word in line + heading for word in ("MIT", "Apache-2.0", "SYNTHETIC", "CC0", "| same |")))
+            licensed.append(
+                any(word in line + heading for word in ("MIT", "Apache-2.0", "SYNTHETIC", "CC0", "| same |"))
+            )
     assert len(licensed) >= len(files) and all(licensed)
 
 
@@ -517,7 +577,13 @@ def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branc
     """With parallel tool calls Claude Code writes a reply as one event per call and each result
     as the child of its own call: read by links alone, all but one result looked like branches
     (this sub-agent log read as 10 sessions). Every call and every result is in the one."""
-    path = Path(__file__).resolve().parents[1] / "fixtures" / "exports" / "claude-code" / "spotter-subagent-agent-aac57f5.jsonl"
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "fixtures"
+        / "exports"
+        / "claude-code"
+        / "spotter-subagent-agent-aac57f5.jsonl"
+    )
     [session], skipped = _lenient(path)
     assert skipped == []
     calls, results = {}, {}
@@ -526,7 +592,11 @@ def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branc
             if isinstance(part, dict) and part.get("type") == "tool_use":
                 calls[part["id"]] = part["name"]
             if isinstance(part, dict) and part.get("type") == "tool_result":
-                text = part["content"] if isinstance(part["content"], str) else "".join(p.get("text", "") for p in part["content"])
+                text = (
+                    part["content"]
+                    if isinstance(part["content"], str)
+                    else "".join(p.get("text", "") for p in part["content"])
+                )
                 results[part["tool_use_id"]] = text
     assert len(calls) == len(results) == 12
     held = json.dumps(session.messages)
@@ -537,11 +607,26 @@ def test_parallel_tool_calls_of_a_claude_code_log_are_one_conversation_not_branc
 def test_a_skipped_message_counts_no_placeholder_and_waiting_records_count_against_the_limit(tmp_path):
     from kvdb.transcripts import iter_transcripts
 
-    path = write(tmp_path / "m.jsonl", jsonl({"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": 5}]}, {"role": "assistant", "content": "a"}))
+    path = write(
+        tmp_path / "m.jsonl",
+        jsonl(
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": 5}]},
+            {"role": "assistant", "content": "a"},
+        ),
+    )
     [session], skipped = _lenient(path)
-    assert [s["line"] for s in skipped] == [2] and session.dropped == {}  # the image of the refused message is not counted
+    assert [s["line"] for s in skipped] == [
+        2
+    ] and session.dropped == {}  # the image of the refused message is not counted
     snapshot = json.dumps({"type": "file-history-snapshot", "snapshot": {"pad": "x" * 200}}) + "\n"
-    event = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": "s", "message": {"role": "user", "content": "hi"}}
+    event = {
+        "type": "user",
+        "uuid": "u1",
+        "parentUuid": None,
+        "sessionId": "s",
+        "message": {"role": "user", "content": "hi"},
+    }
     big = write(tmp_path / "log.jsonl", snapshot * 3 + jsonl(event))
     with pytest.raises(TranscriptError, match="larger than"):
         list(iter_transcripts(big, max_session_bytes=400, skipped=[]))
@@ -552,7 +637,18 @@ def test_a_cycle_of_parent_links_ends_the_chain():
     from kvdb.transcripts.formats.claude_code import EventLog
 
     log = EventLog("s", "s.jsonl")
-    for line, (uuid, parent, role) in enumerate([("a", "b", "user"), ("b", "a", "assistant"), ("c", "b", "user")], start=1):
-        log.add({"type": role, "uuid": uuid, "parentUuid": parent, "sessionId": "s", "message": {"role": role, "content": uuid}}, line)
+    for line, (uuid, parent, role) in enumerate(
+        [("a", "b", "user"), ("b", "a", "assistant"), ("c", "b", "user")], start=1
+    ):
+        log.add(
+            {
+                "type": role,
+                "uuid": uuid,
+                "parentUuid": parent,
+                "sessionId": "s",
+                "message": {"role": role, "content": uuid},
+            },
+            line,
+        )
     [session] = log.sessions()
     assert [m["content"] for m in session.messages] == ["a", "b", "c"]

@@ -8,14 +8,18 @@ from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from support import examples
 from hypothesis import strategies as st
+from support import examples
 
 from kvdb.errors import TranscriptError
 from kvdb.transcripts import iter_transcripts, json_stream, read_transcripts
 
 TINY_CHUNKS = (1, 2, 3, 5, 7)
-PROPERTY = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 MB = 1 << 20
 USER_A = {"messages": [{"role": "user", "content": "a"}]}
 
@@ -56,14 +60,26 @@ def too_large(label, size):
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # any character, escapes, emoji
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text
-nested = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8)
+nested = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8
+)
 content = text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), min_size=1, max_size=3)
 openai = st.fixed_dictionaries(
-    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "Assistant", "system"]), "content": content}), min_size=1, max_size=3)},
+    {
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.sampled_from(["user", "Assistant", "system"]), "content": content}),
+            min_size=1,
+            max_size=3,
+        )
+    },
     optional={"name": text.filter(bool), "id": st.integers(), "extra": nested},
 )
 sharegpt = st.fixed_dictionaries(
-    {"conversations": st.lists(st.fixed_dictionaries({"from": st.sampled_from(["human", "gpt"]), "value": text}), min_size=1, max_size=3)},
+    {
+        "conversations": st.lists(
+            st.fixed_dictionaries({"from": st.sampled_from(["human", "gpt"]), "value": text}), min_size=1, max_size=3
+        )
+    },
     optional={"id": text.filter(bool), "extra": nested},
 )
 dump_styles = st.sampled_from([
@@ -118,7 +134,10 @@ def test_invalid_json_deep_into_a_minified_line_names_its_column(tmp_path):
 
     column = raw.index(",,") + 2
     assert column > 1000
-    assert (len(parsed), error) == (40, (f"invalid JSON: Expecting property name enclosed in double quotes (column {column})", 3))
+    assert (len(parsed), error) == (
+        40,
+        (f"invalid JSON: Expecting property name enclosed in double quotes (column {column})", 3),
+    )
     with pytest.raises(json.JSONDecodeError) as expected:
         json.loads("\n\n" + raw)
     assert (expected.value.lineno, expected.value.colno) == (3, column)
@@ -152,7 +171,11 @@ def test_encoding_errors_name_the_byte_whatever_the_chunk_size(tmp_path, tail, p
     # compare the errors alone.
     _, error = outcome(path)
     assert all(outcome(path, chunk)[1] == error for chunk in TINY_CHUNKS)
-    reason = f"binary file (NUL byte at byte {at}), not a transcript" if problem == b"\x00" else f"invalid UTF-8 at byte {at}"
+    reason = (
+        f"binary file (NUL byte at byte {at}), not a transcript"
+        if problem == b"\x00"
+        else f"invalid UTF-8 at byte {at}"
+    )
     assert error == (reason, raw.count(b"\n", 0, at) + 1)
 
 
@@ -160,7 +183,12 @@ def test_encoding_errors_name_the_byte_whatever_the_chunk_size(tmp_path, tail, p
 
 
 def test_a_list_element_over_the_limit_names_its_number_and_line(tmp_path):
-    sessions = [USER_A, USER_A, {"messages": [{"role": "user", "content": "é" * 600}]}, USER_A]  # 1200 bytes, 600 characters
+    sessions = [
+        USER_A,
+        USER_A,
+        {"messages": [{"role": "user", "content": "é" * 600}]},
+        USER_A,
+    ]  # 1200 bytes, 600 characters
     raw = json.dumps(sessions, indent=1, ensure_ascii=False)
     path = write(tmp_path / "l.json", raw)
     element = json.dumps(sessions[2], indent=1, ensure_ascii=False).replace("\n", "\n ")
@@ -170,7 +198,9 @@ def test_a_list_element_over_the_limit_names_its_number_and_line(tmp_path):
     assert (len(parsed), error) == (2, (too_large("session #2", "1 KiB"), raw[: raw.index(element)].count("\n") + 1))
 
     assert assert_chunk_size_does_not_matter(path, max_session_bytes=size)[1] is None
-    assert assert_chunk_size_does_not_matter(path, max_session_bytes=size - 1)[1][0] == too_large("session #2", f"{size - 1} bytes")
+    assert assert_chunk_size_does_not_matter(path, max_session_bytes=size - 1)[1][0] == too_large(
+        "session #2", f"{size - 1} bytes"
+    )
 
 
 def test_a_lone_object_over_the_limit_names_the_line_it_starts_on(tmp_path):
@@ -180,8 +210,14 @@ def test_a_lone_object_over_the_limit_names_the_line_it_starts_on(tmp_path):
 
 
 def test_jsonl_limits_each_line_or_the_whole_message_file(tmp_path):
-    sessions = write(tmp_path / "s.jsonl", "".join(map(jsonl_line, [USER_A, USER_A, {"messages": [{"role": "user", "content": "x" * 2100}]}])))
-    assert outcome(sessions, max_session_bytes=2048) == (read_transcripts(sessions)[:2], (too_large("the session", "2 KiB"), 3))
+    sessions = write(
+        tmp_path / "s.jsonl",
+        "".join(map(jsonl_line, [USER_A, USER_A, {"messages": [{"role": "user", "content": "x" * 2100}]}])),
+    )
+    assert outcome(sessions, max_session_bytes=2048) == (
+        read_transcripts(sessions)[:2],
+        (too_large("the session", "2 KiB"), 3),
+    )
     assert len(outcome(sessions, max_session_bytes=4096)[0]) == 3
 
     messages = write(tmp_path / "m.jsonl", "\n" + jsonl_line({"role": "user", "content": "y"}) * 10)
@@ -231,7 +267,10 @@ def test_a_100_mb_session_is_refused_without_reading_it(tmp_path, suffix, head, 
 
 
 def test_a_30_mb_minified_list_streams_in_bounded_memory(tmp_path):
-    session = json.dumps({"messages": [{"role": "user", "content": "q" * 3000}, {"role": "gpt", "content": "東京" * 50}]}, ensure_ascii=False)
+    session = json.dumps(
+        {"messages": [{"role": "user", "content": "q" * 3000}, {"role": "gpt", "content": "東京" * 50}]},
+        ensure_ascii=False,
+    )
     count = 30 * MB // len(session)
     path = tmp_path / "big.json"
     with open(path, "w", encoding="utf-8") as file:
@@ -258,7 +297,9 @@ def test_sessions_before_an_error_are_yielded_first(tmp_path, suffix, raw, reaso
     path = write(tmp_path / f"lazy{suffix}", raw)
     sessions = iter_transcripts(path)
 
-    assert [next(sessions).name, next(sessions).name] == [f"lazy#{n}" for n in ((0, 1) if suffix == ".json" else (1, 2))]
+    assert [next(sessions).name, next(sessions).name] == [
+        f"lazy#{n}" for n in ((0, 1) if suffix == ".json" else (1, 2))
+    ]
     with pytest.raises(TranscriptError) as caught:
         next(sessions)
     assert (caught.value.reason.startswith(reason), caught.value.line) == (True, line)

@@ -14,9 +14,13 @@ from kvdb.errors import CorruptData, InvalidArgument
 
 def _vectors(layers=2, heads=2, n=700, dim=8, seed=0):
     rng = np.random.default_rng(seed)
-    mixing = np.random.default_rng(99).standard_normal((layers, heads, dim, dim))  # correlated dimensions, the same for every seed
+    mixing = np.random.default_rng(99).standard_normal(
+        (layers, heads, dim, dim)
+    )  # correlated dimensions, the same for every seed
     scale = np.linspace(2.0, 0.2, dim)
-    return (np.einsum("lhnd,lhde->lhne", rng.standard_normal((layers, heads, n, dim)) * scale, mixing) + 1.5).astype(np.float32)
+    return (np.einsum("lhnd,lhde->lhne", rng.standard_normal((layers, heads, n, dim)) * scale, mixing) + 1.5).astype(
+        np.float32
+    )
 
 
 def _fisher(layers=2, heads=2, dim=8):

@@ -16,7 +16,9 @@ def test_flat_is_exact_and_the_inverted_file_finds_near_neighbours(monkeypatch):
     queries = _unit(data[:20] + 0.05 * rng.standard_normal((20, 32)))
     scores, rows = vector_ops.nearest(vector_ops.build(data), queries, 5)
     exact = np.argsort(-(queries @ data.T), axis=1)[:, :5]
-    assert np.array_equal(rows, exact) and np.allclose(scores, np.take_along_axis(queries @ data.T, exact, axis=1), atol=1e-5)
+    assert np.array_equal(rows, exact) and np.allclose(
+        scores, np.take_along_axis(queries @ data.T, exact, axis=1), atol=1e-5
+    )
     monkeypatch.setattr(vector_ops, "FLAT_UP_TO", 1000)
     index = vector_ops.build(data)
     assert type(index).__name__ == "IndexIVFFlat" and index.nlist == vector_ops.lists(3000)

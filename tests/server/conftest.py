@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx2
 import pytest
 import uvicorn
-from kvdb.server import create_app
 from openai import OpenAI
 
 import kvdb
+from kvdb.server import create_app
 from kvdb.serving import Engine
 
 
@@ -39,7 +39,9 @@ class Running:
 
     def chat(self, messages: list[dict], **options):
         """A greedy chat completion of 8 tokens with the official client (``options`` override)."""
-        return self.openai().chat.completions.create(model="kvdb", messages=messages, **({"max_tokens": 8, "temperature": 0} | options))
+        return self.openai().chat.completions.create(
+            model="kvdb", messages=messages, **({"max_tokens": 8, "temperature": 0} | options)
+        )
 
     def http(self, **headers) -> httpx2.Client:
         return httpx2.Client(base_url=self.url, headers=headers, timeout=60)
@@ -60,9 +62,16 @@ class Running:
         return listed
 
 
-def _start(db: Path, loaded, api_key: str | None = None, max_body_bytes: int = 2**16, upstream=None, **engine_options) -> Running:
+def _start(
+    db: Path, loaded, api_key: str | None = None, max_body_bytes: int = 2**16, upstream=None, **engine_options
+) -> Running:
     """``upstream``: a ``kvdb.server.upstream.Upstream`` to forward completions to."""
-    app = create_app(Engine(kvdb.open(db, model=loaded), **engine_options), api_key=api_key, max_body_bytes=max_body_bytes, upstream=upstream)
+    app = create_app(
+        Engine(kvdb.open(db, model=loaded), **engine_options),
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        upstream=upstream,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

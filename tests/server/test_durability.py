@@ -27,7 +27,12 @@ def _start(db: Path, model: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([KVDB, "--db", db, "serve", "--model", model, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [KVDB, "--db", db, "serve", "--model", model, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while True:
         assert proc.poll() is None, f"kvdb serve exited: {proc.stderr.read()}"
@@ -49,7 +54,11 @@ def _wait_empty(journal: Journal) -> None:
 def test_kill_9_right_after_a_reply_loses_nothing(serve, tmp_path, tiny_model):
     db = tmp_path / "serve.duckdb"
     proc, url = _start(db, tiny_model)
-    response = httpx2.post(f"{url}/v1/chat/completions", json={"model": "kvdb", "messages": HELLO, "max_tokens": 6, "temperature": 0}, timeout=60)
+    response = httpx2.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "kvdb", "messages": HELLO, "max_tokens": 6, "temperature": 0},
+        timeout=60,
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert response.status_code == 200, response.text
@@ -58,9 +67,21 @@ def test_kill_9_right_after_a_reply_loses_nothing(serve, tmp_path, tiny_model):
 
     running = serve(db=db)  # the restart (in this process: it has the model loaded already)
     [archived] = running.wait_archived(1)
-    turn_two = [*HELLO, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}, {"role": "user", "content": "And back?"}]
-    told = running.chat(turn_two).to_dict()["kvdb"]  # a chat sent whole, past its first turn: it joins the conversation it extends
-    assert told == {"restored": "exact", "cached_tokens": archived["n_tokens"], "approximate": False, "fidelity": None, "conversation_id": None}, f"journal entries at the kill: {left}"
+    turn_two = [
+        *HELLO,
+        {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And back?"},
+    ]
+    told = running.chat(turn_two).to_dict()[
+        "kvdb"
+    ]  # a chat sent whole, past its first turn: it joins the conversation it extends
+    assert told == {
+        "restored": "exact",
+        "cached_tokens": archived["n_tokens"],
+        "approximate": False,
+        "fidelity": None,
+        "conversation_id": None,
+    }, f"journal entries at the kill: {left}"
     _wait_empty(journal)
 
 

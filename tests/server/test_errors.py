@@ -6,16 +6,22 @@ from __future__ import annotations
 import time
 
 import pytest
-from kvdb.server import parse
 from openai.types import completion_create_params as text_params
 from openai.types.chat import completion_create_params as chat_params
 
 import kvdb
+from kvdb.server import parse
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 ONE = [{"role": "user", "content": "hi"}]
-LONG = {"model": "kvdb", "messages": [{"role": "user", "content": "Tell me about the harbour."}], "max_tokens": 2000, "temperature": 0, "stream": True}  # no EOS for 2000 tokens (~6 s)
+LONG = {
+    "model": "kvdb",
+    "messages": [{"role": "user", "content": "Tell me about the harbour."}],
+    "max_tokens": 2000,
+    "temperature": 0,
+    "stream": True,
+}  # no EOS for 2000 tokens (~6 s)
 
 
 def _still_serving(running) -> None:
@@ -29,12 +35,49 @@ def _still_serving(running) -> None:
         ("post", CHAT, b"{not json", 400, None),
         ("post", CHAT, b"[1, 2]", 400, None),
         ("post", CHAT, b'{"model": "kvdb", "messages": "hi"}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temperature": 7}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 400, "context_length_exceeded"),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', 400, "context_length_exceeded"),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}', 413, "request_too_large"),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "kvdb": {"session": "nosuch"}}', 404, "session_not_found"),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "kvdb": {"session": "story", "at": 999}}', 400, None),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temperature": 7}',
+            400,
+            None,
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}',
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}',
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "' + b"x" * 70000 + b'"}]}',
+            413,
+            "request_too_large",
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "kvdb": {"session": "nosuch"}}',
+            404,
+            "session_not_found",
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], '
+            b'"kvdb": {"session": "story", "at": 999}}',
+            400,
+            None,
+        ),
         ("post", "/v1/completions", b'{"model": "kvdb", "prompt": ""}', 400, None),
         ("get", "/api/sessions/nosuch", None, 404, "session_not_found"),
         ("get", "/api/sessions/story?start=5&end=2", None, 400, None),
@@ -42,11 +85,42 @@ def _still_serving(running) -> None:
         ("get", "/api/conversations?offset=-3", None, 400, None),
         ("get", "/no/such/route", None, 404, "not_found"),
         # issue 30: fields the server does not honour are refused, not silently ignored
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}', 400, None),
-        ("post", CHAT, b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temprature": 0}', 400, None),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
+            400,
+            None,
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}',
+            400,
+            None,
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}',
+            400,
+            None,
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], '
+            b'"response_format": {"type": "json_object"}}',
+            400,
+            None,
+        ),
+        (
+            "post",
+            CHAT,
+            b'{"model": "kvdb", "messages": [{"role": "user", "content": "hi"}], "temprature": 0}',
+            400,
+            None,
+        ),
         ("post", "/v1/completions", b'{"model": "kvdb", "prompt": "hi", "echo": true}', 400, None),
         ("get", "/v1/models/no-such-model", None, 404, "model_not_found"),
     ],
@@ -56,7 +130,9 @@ def test_refusals_are_openai_errors_and_the_server_keeps_serving(served_story, m
         response = client.request(method.upper(), path, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["message"] != "internal error"
+    assert (
+        set(error) == {"message", "type", "param", "code"} and error["message"] and error["message"] != "internal error"
+    )
     assert error["code"] == code and error["type"] == "invalid_request_error"
     _still_serving(served_story)
 
@@ -67,7 +143,15 @@ def test_the_field_a_refusal_names_and_defaults_that_pass(served_story):
         assert "presence_penalty" in refused["message"] and "leave it out" in refused["message"]
         typo = client.post(CHAT, json={"model": "kvdb", "messages": ONE, "max_token": 2}).json()["error"]
         assert "'max_token'" in typo["message"] and "max_tokens" in typo["message"]
-        at_defaults = {"model": "kvdb", "messages": ONE, "max_tokens": 2, "logprobs": False, "frequency_penalty": 0, "tools": [], "user": "u1"}
+        at_defaults = {
+            "model": "kvdb",
+            "messages": ONE,
+            "max_tokens": 2,
+            "logprobs": False,
+            "frequency_penalty": 0,
+            "tools": [],
+            "user": "u1",
+        }
         assert client.post(CHAT, json=at_defaults).status_code == 200
 
 
@@ -104,14 +188,33 @@ def test_a_field_not_honoured_is_refused_by_name(served_story, path, field, valu
     with served_story.http() as client:
         response = client.post(path, json=body | {field: value})
     assert response.status_code == 400, response.text
-    assert field in response.json()["error"]["message"] or (field == "kvdb" and "sesion" in response.json()["error"]["message"])
+    assert field in response.json()["error"]["message"] or (
+        field == "kvdb" and "sesion" in response.json()["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
     ("path", "fields"),
     [
-        (CHAT, {"store": False, "service_tier": "auto", "metadata": {"k": "v"}, "safety_identifier": "u1", "prompt_cache_key": "c1"}),
-        (CHAT, {"prompt_cache_retention": "24h", "modalities": ["text"], "stream_options": {"include_obfuscation": False}, "top_logprobs": 0}),
+        (
+            CHAT,
+            {
+                "store": False,
+                "service_tier": "auto",
+                "metadata": {"k": "v"},
+                "safety_identifier": "u1",
+                "prompt_cache_key": "c1",
+            },
+        ),
+        (
+            CHAT,
+            {
+                "prompt_cache_retention": "24h",
+                "modalities": ["text"],
+                "stream_options": {"include_obfuscation": False},
+                "top_logprobs": 0,
+            },
+        ),
         (TEXT, {"echo": False, "best_of": 1, "suffix": None, "logprobs": None, "user": "u1"}),
     ],
 )

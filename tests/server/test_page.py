@@ -23,10 +23,24 @@ from support import write, write_jsonl
 import kvdb
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (`make install` installs it)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (`make install` installs it)"
+    ),
+]
 
 # without the background-networking flags chromium's own connections are refused by a closed network
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 KEY = "page-test-key"
 HOSTILE = "<script>window.__pwned = 1</script> and <b>bold</b>"
 CHAT = [
@@ -37,9 +51,21 @@ STORY = "The lighthouse keeper counted the ships every night and wrote their nam
 SLOW = 60_000  # ms: a reply of a server that restores its session first, on 2 cores
 WIDTHS = {"wide": (1440, 900), "narrow": (390, 844)}
 # what axe-core must find nothing of: contrast, labels and names of controls, ARIA
-AXE_RULES = {"color-contrast", "label", "button-name", "select-name", "link-name", "input-button-name", "summary-name", "nested-interactive", "duplicate-id-aria"}
+AXE_RULES = {
+    "color-contrast",
+    "label",
+    "button-name",
+    "select-name",
+    "link-name",
+    "input-button-name",
+    "summary-name",
+    "nested-interactive",
+    "duplicate-id-aria",
+}
 RESTORED = re.compile(
-    r"^(Started from [\d,]+ tokens? already computed \(exact\)\.|Started from [\d,]+ tokens? restored from the archive \(.+\)\.|Computed the whole prompt: none of it was cached\.)$"
+    r"^(Started from [\d,]+ tokens? already computed \(exact\)\."
+    r"|Started from [\d,]+ tokens? restored from the archive \(.+\)\."
+    r"|Computed the whole prompt: none of it was cached\.)$"
 )
 OPENS = {"exact": "Started from", "archive": "Started from", "none": "Computed the whole prompt"}
 
@@ -111,7 +137,9 @@ def _show_list(page) -> None:
 def _check_axe(axe, page) -> None:
     found = axe.run(page).response["violations"]
     failing = [v for v in found if v["id"] in AXE_RULES or v["id"].startswith("aria-")]
-    assert failing == [], json.dumps([{"id": v["id"], "help": v["help"], "nodes": [n["target"] for n in v["nodes"]]} for v in failing], indent=1)
+    assert failing == [], json.dumps(
+        [{"id": v["id"], "help": v["help"], "nodes": [n["target"] for n in v["nodes"]]} for v in failing], indent=1
+    )
 
 
 def _no_horizontal_scroll(page) -> None:
@@ -182,7 +210,9 @@ def _archived(running, conversation: str, check, seconds: float = 30) -> dict:
             response = client.get(f"/api/conversations/{conversation}")
         if response.status_code == 200 and check(body := response.json()):
             return body
-        assert time.monotonic() < deadline, f"conversation {conversation} not archived as expected after {seconds} s: {response.text}"
+        assert time.monotonic() < deadline, (
+            f"conversation {conversation} not archived as expected after {seconds} s: {response.text}"
+        )
         time.sleep(0.1)
 
 
@@ -212,7 +242,8 @@ def _slow_searches(page) -> None:
         """() => {
       const fetched = window.fetch;
       window.fetch = (path, init) =>
-        String(path).startsWith("/api/search") ? new Promise((done) => setTimeout(() => done(fetched(path, init)), 1000)) : fetched(path, init);
+        String(path).startsWith("/api/search") """
+        """? new Promise((done) => setTimeout(() => done(fetched(path, init)), 1000)) : fetched(path, init);
     }"""
     )
 
@@ -271,19 +302,29 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     page.click("#new-chat")
     expect(page.locator("#prompt")).to_be_focused()
     asked, first, report = _say(page, sent, "Hello there, who keeps the lighthouse?")
-    assert asked["stream"] is True and asked["kvdb"] == {} and asked["messages"] == [{"role": "user", "content": "Hello there, who keeps the lighthouse?"}]
+    assert (
+        asked["stream"] is True
+        and asked["kvdb"] == {}
+        and asked["messages"] == [{"role": "user", "content": "Hello there, who keeps the lighthouse?"}]
+    )
     conversation = report["conversation_id"]
     assert conversation
     asked, second, _ = _say(page, sent, "And what does he write\nin the ledger?")
     assert asked["kvdb"] == {"conversation": conversation}
-    assert [m["role"] for m in asked["messages"]] == ["user", "assistant", "user"] and asked["messages"][1]["content"] == first
+    assert [m["role"] for m in asked["messages"]] == ["user", "assistant", "user"] and asked["messages"][1][
+        "content"
+    ] == first
     asked, _, _ = _say(page, sent, "Thanks.")
     assert asked["kvdb"] == {"conversation": conversation} and len(asked["messages"]) == 5
     assert _turn_roles(page) == ["user", "assistant"] * 3
     _check_axe(axe, page)
 
     # a reload lists the chat, recent first, and reopens it with its turns
-    archived = _archived(running, conversation, lambda c: c["n_tokens"] > 0 and len(_api(running, f"/api/sessions/{c['session_id']}")["turns"]) >= 6)
+    archived = _archived(
+        running,
+        conversation,
+        lambda c: c["n_tokens"] > 0 and len(_api(running, f"/api/sessions/{c['session_id']}")["turns"]) >= 6,
+    )
     page.reload()
     _show_list(page)
     first_listed = page.get_by_test_id("conversation").first
@@ -309,10 +350,16 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     hits.first.wait_for()
     found = _api(running, "/api/search", q="ships counted at night", k=10, semantic=1)["hits"]
     expect(hits).to_have_count(len(found))
-    expect(page.locator("#search-state")).to_have_text(f"{len(found)} nearest conversation{'s' if len(found) != 1 else ''}")
-    assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}" + (", weak" if found[0]["weak"] else "")  # the API's score and mark
+    expect(page.locator("#search-state")).to_have_text(
+        f"{len(found)} nearest conversation{'s' if len(found) != 1 else ''}"
+    )
+    assert hits.first.locator(".grade").text_content() == f"score {found[0]['score']:.3f}" + (
+        ", weak" if found[0]["weak"] else ""
+    )  # the API's score and mark
     _check_axe(axe, page)
-    n, hit = next((n, h) for n, h in enumerate(found) if h["conversation_id"] != conversation)  # another conversation than the chat
+    n, hit = next(
+        (n, h) for n, h in enumerate(found) if h["conversation_id"] != conversation
+    )  # another conversation than the chat
     hits.nth(n).get_by_test_id("hit-open").click()
     expect(page.locator("#chat")).to_have_attribute("data-conversation-id", hit["conversation_id"])
     expect(page.locator("#chat")).to_have_attribute("data-session-id", hit["session_id"])
@@ -339,7 +386,11 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     expect(page.get_by_test_id("turn")).to_have_count(1)
     _check_axe(axe, page)
     asked, _, report = _say(page, sent, "Tell me about the harbour instead.")
-    assert asked["kvdb"] == {"session": archived["session_id"], "at": _shown(view["turns"])[0]["end"], "conversation": conversation}
+    assert asked["kvdb"] == {
+        "session": archived["session_id"],
+        "at": _shown(view["turns"])[0]["end"],
+        "conversation": conversation,
+    }
     assert asked["messages"] == [{"role": "user", "content": "Tell me about the harbour instead."}]
     assert _turn_roles(page) == ["user", "user", "assistant"]
 
@@ -368,7 +419,9 @@ def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     page.keyboard.press("Enter")
     expect(page.locator("#chat-title")).to_have_text("Lighthouse chat")
     _show_list(page)
-    expect(page.locator(f'[data-testid=conversation][data-conversation-id="{conversation}"] .name')).to_have_text("Lighthouse chat")
+    expect(page.locator(f'[data-testid=conversation][data-conversation-id="{conversation}"] .name')).to_have_text(
+        "Lighthouse chat"
+    )
     assert _api(running, f"/api/conversations/{conversation}")["title"] == "Lighthouse chat"
 
     # delete, confirmed

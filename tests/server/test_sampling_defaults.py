@@ -29,8 +29,14 @@ def test_a_request_that_omits_temperature_takes_the_models_on_each_route(serve, 
     with running.http() as client:
 
         def replies(path: str, body: dict, **sampling) -> set[str]:
-            answers = [client.post(path, json={"model": "kvdb", "max_tokens": 8, "seed": seed, **body, **sampling}).json() for seed in range(4)]
-            return {a["choices"][0]["message"]["content"] if "message" in a["choices"][0] else a["choices"][0]["text"] for a in answers}
+            answers = [
+                client.post(path, json={"model": "kvdb", "max_tokens": 8, "seed": seed, **body, **sampling}).json()
+                for seed in range(4)
+            ]
+            return {
+                a["choices"][0]["message"]["content"] if "message" in a["choices"][0] else a["choices"][0]["text"]
+                for a in answers
+            }
 
         for path, body in routes:
             greedy = replies(path, body, temperature=0)

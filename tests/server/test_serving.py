@@ -23,11 +23,19 @@ def test_pick_is_greedy_at_temperature_0_and_keeps_to_the_nucleus():
     assert pick(LOGITS, Sampling(temperature=0), torch.Generator()) == 1
     drawn = {pick(LOGITS, Sampling(temperature=1, top_p=0.8), torch.Generator().manual_seed(s)) for s in range(200)}
     assert drawn == {1, 2}  # 0.6 + 0.3 covers 0.8: the two unlikely tokens are never drawn
-    assert {pick(LOGITS, Sampling(temperature=1, top_p=1), torch.Generator().manual_seed(s)) for s in range(200)} == {0, 1, 2, 3}
+    assert {pick(LOGITS, Sampling(temperature=1, top_p=1), torch.Generator().manual_seed(s)) for s in range(200)} == {
+        0,
+        1,
+        2,
+        3,
+    }
 
 
 def test_a_chat_is_named_by_its_first_words_cut_on_a_word_with_an_ellipsis():
-    long = "Could you explain how the harbour master keeps the ledger of incoming ships during the long winter nights, lamp by lamp?"
+    long = (
+        "Could you explain how the harbour master keeps the ledger of incoming ships "
+        "during the long winter nights, lamp by lamp?"
+    )
     named = title_of(long, "chat")
     assert named.endswith("ships…") and len(named) <= 80 and long.startswith(named[:-1])
     assert title_of("Where is the ledger?", "chat") == "Where is the ledger?" and title_of("  ", "chat") == "chat"
@@ -60,13 +68,18 @@ def test_recent_caches_give_a_view_of_the_shared_prefix_that_generation_cannot_c
     recent.put(ids, whole)
     held, cache, approximate = recent.best(np.concatenate([ids[:12], [1, 2, 3]]), limit=14)
     assert (held, cache.get_seq_length(), approximate) == (12, 12, False)
-    assert cache.layers[0].keys.untyped_storage().data_ptr() == whole.layers[0].keys.untyped_storage().data_ptr()  # no copy
+    assert (
+        cache.layers[0].keys.untyped_storage().data_ptr() == whole.layers[0].keys.untyped_storage().data_ptr()
+    )  # no copy
     cache.crop(-1)  # what generation does: crop the last position, run it again and the new ones
     lm_ops.prefill(tiny_loaded.model, np.concatenate([ids[:12], [1, 2, 3]]), cache=cache)
     assert cache.get_seq_length() == 15
     held, again, _ = recent.best(ids, limit=len(ids) - 1)  # the entry itself was neither cropped nor overwritten
     assert held == again.get_seq_length() == 19
-    assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v) for layer, (k, v) in zip(whole.layers, before, strict=True))
+    assert all(
+        torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+        for layer, (k, v) in zip(whole.layers, before, strict=True)
+    )
     assert recent.best(np.array([5, 6]), limit=2) is None
     assert recent.best(ids, limit=5, exact_only=True)[0] == 5
 
@@ -102,8 +115,18 @@ def _generated(loaded, messages, cache=None):
     from kvdb.model import tokenizer as tok
     from kvdb.serving.generation import Generation
 
-    ids = np.asarray(tok.encode(loaded.tokenizer, chat.render(loaded.tokenizer, messages, add_generation_prompt=True)), dtype=np.int64)
-    generation = Generation(loaded, lm_ops.new_cache(loaded.model) if cache is None else cache(ids), ids, Sampling(temperature=0), 12, lambda: False)
+    ids = np.asarray(
+        tok.encode(loaded.tokenizer, chat.render(loaded.tokenizer, messages, add_generation_prompt=True)),
+        dtype=np.int64,
+    )
+    generation = Generation(
+        loaded,
+        lm_ops.new_cache(loaded.model) if cache is None else cache(ids),
+        ids,
+        Sampling(temperature=0),
+        12,
+        lambda: False,
+    )
     list(generation.deltas())
     return ids, generation
 
@@ -114,7 +137,9 @@ def test_generation_hands_over_the_log_probabilities_of_all_it_ran(tiny_loaded, 
     cache it started from (the cache's last token is run again for the first of them) and of each
     generated token, as a fresh scoring pass gives them, and the cache of all but the last token."""
     messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
-    ids, generation = _generated(tiny_loaded, messages, (lambda ids: lm_ops.prefill(tiny_loaded.model, ids[:held])) if held else None)
+    ids, generation = _generated(
+        tiny_loaded, messages, (lambda ids: lm_ops.prefill(tiny_loaded.model, ids[:held])) if held else None
+    )
     computed = generation.computed
     everything = np.concatenate([ids, generation.tokens])
     assert np.array_equal(computed.ids, everything) and computed.start == held and len(generation.tokens) > 1
@@ -138,9 +163,19 @@ def test_an_exchange_is_archived_from_the_pass_that_generated_it(tiny_loaded, tm
     ran: list[int] = []
     score, prefill = lm_ops.score_and_next, lm_ops.prefill
     monkeypatch.setattr(
-        lm_ops, "score_and_next", lambda model, ids, start=0, cache=None, *rest: ran.append(len(ids) - start) or score(model, ids, start, cache, *rest)
+        lm_ops,
+        "score_and_next",
+        lambda model, ids, start=0, cache=None, *rest: (
+            ran.append(len(ids) - start) or score(model, ids, start, cache, *rest)
+        ),
     )
-    monkeypatch.setattr(lm_ops, "prefill", lambda model, ids, *args, cache=None, **kw: ran.append(len(ids)) or prefill(model, ids, *args, cache=cache, **kw))
+    monkeypatch.setattr(
+        lm_ops,
+        "prefill",
+        lambda model, ids, *args, cache=None, **kw: (
+            ran.append(len(ids)) or prefill(model, ids, *args, cache=cache, **kw)
+        ),
+    )
     with kvdb.open(tmp_path / "served.duckdb", model=tiny_loaded) as served:
         [r] = served.ingest(messages=exchange, computed=generation.computed, keep_cache=True)
         handed_over = served.logprobs(r.session_id)
@@ -175,7 +210,11 @@ def test_a_follow_up_does_not_wait_for_a_busy_archive(tiny_loaded, tmp_path):
         assert busy.wait(30)
         follow = [*first, {"role": "assistant", "content": reply.text}, {"role": "user", "content": "And then?"}]
         result: list = []
-        worker = threading.Thread(target=lambda: result.append(engine.complete(Request(messages=follow, sampling=Sampling(max_tokens=4, temperature=0))).result()))
+        worker = threading.Thread(
+            target=lambda: result.append(
+                engine.complete(Request(messages=follow, sampling=Sampling(max_tokens=4, temperature=0))).result()
+            )
+        )
         worker.start()
         worker.join(60)  # a follow-up that waited for the archive would wait here until the blocker's 60 s ran out
         replied.set()
@@ -185,7 +224,9 @@ def test_a_follow_up_does_not_wait_for_a_busy_archive(tiny_loaded, tmp_path):
         engine.close()
 
 
-def test_a_next_turn_starts_from_memory_rather_than_read_an_archived_cache_a_few_tokens_longer(tiny_loaded, tmp_path, monkeypatch):
+def test_a_next_turn_starts_from_memory_rather_than_read_an_archived_cache_a_few_tokens_longer(
+    tiny_loaded, tmp_path, monkeypatch
+):
     """The archived exchange ends with the template's closing tokens, past what generation fed:
     reading all of its cache back for those few costs far more than computing them (engine.py's
     ARCHIVE_READ_PER_TOKEN). Only after a restart, with nothing in memory, is it read."""
@@ -197,7 +238,9 @@ def test_a_next_turn_starts_from_memory_rather_than_read_an_archived_cache_a_few
 
     reads: list = []
     load = PrefixCache.load
-    monkeypatch.setattr(PrefixCache, "load", lambda self, model, wanted: reads.append(wanted) or load(self, model, wanted))
+    monkeypatch.setattr(
+        PrefixCache, "load", lambda self, model, wanted: reads.append(wanted) or load(self, model, wanted)
+    )
     first = [{"role": "user", "content": "Tell me about the harbour lights and the keeper who kept them lit. " * 5}]
 
     def turn(engine, messages):
@@ -236,7 +279,11 @@ class _Archive:
 
     def resume(self, ids, better_than, mode, max_loss):
         self.asked.append(better_than)
-        return SimpleNamespace(cache="archive's", position=self.position, mode="exact", fidelity=None) if self.position > better_than else None
+        return (
+            SimpleNamespace(cache="archive's", position=self.position, mode="exact", fidelity=None)
+            if self.position > better_than
+            else None
+        )
 
 
 class _Access:

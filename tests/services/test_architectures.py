@@ -31,7 +31,15 @@ ARCHITECTURES = {  # name -> (transformers' prefix, config overrides)
     "qwen3": ("Qwen3", {}),
     "olmo2": ("Olmo2", {}),
     "mixtral": ("Mixtral", {"num_local_experts": 2, "num_experts_per_tok": 1}),
-    "qwen2-moe": ("Qwen2Moe", {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
+    "qwen2-moe": (
+        "Qwen2Moe",
+        {
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
     "gemma3-text": ("Gemma3Text", {"sliding_window": WINDOW}),
 }
 
@@ -101,7 +109,9 @@ def test_a_cache_entry_short_of_its_positions_is_not_resumed(tmp_path, arch_load
 def test_restore_past_the_window_continues_as_a_fresh_prefill(archive_of):
     db, ids = archive_of
     restored = db.restore("long", mode="exact")
-    assert restored.cache.get_seq_length() == len(ids) and all(layer.keys.shape[-2] == len(ids) for layer in restored.cache.layers)
+    assert restored.cache.get_seq_length() == len(ids) and all(
+        layer.keys.shape[-2] == len(ids) for layer in restored.cache.layers
+    )
     probe = torch.tensor([[65, 66, 67]])
     model = db.loaded_model.model
     with torch.no_grad():

@@ -72,7 +72,11 @@ def test_failed_file_writes_nothing_and_others_ingest(archive, tmp_path):
     assert results[str(good)].status == "ingested"
     assert [s.name for s in archive.sessions()] == ["good"]
     [lenient] = archive.ingest(bad)  # by default the bad line is left out and named; the rest ingests
-    assert lenient.status == "ingested" and [s["line"] for s in lenient.skipped] == [2] and "must be a string" in lenient.skipped[0]["reason"]
+    assert (
+        lenient.status == "ingested"
+        and [s["line"] for s in lenient.skipped] == [2]
+        and "must be a string" in lenient.skipped[0]["reason"]
+    )
 
 
 def test_a_bad_session_late_in_a_file_writes_none_of_the_file(archive, tmp_path):
@@ -107,7 +111,10 @@ def test_a_huge_single_line_is_refused_without_reading_it(archive, tmp_path, mon
         f.write(b'"}]}\n')
     [result] = archive.ingest(path)
     assert result.status == "failed"
-    assert result.error == f"{path}:1: the session is larger than 4 MiB, the most one session may hold; split it into smaller sessions"
+    assert (
+        result.error
+        == f"{path}:1: the session is larger than 4 MiB, the most one session may hold; split it into smaller sessions"
+    )
     assert archive.sessions() == []
 
 
@@ -208,8 +215,10 @@ def test_continue_matches_generation_from_scratch(archive):
     ids = archive.tokens(r.session_id)
     reply = archive.continue_session(r.session_id, prompt="xy", max_new_tokens=6)
     full = torch.as_tensor(np.concatenate([ids, tok.encode(archive.loaded_model.tokenizer, "xy")]))[None]
-    ref = archive.loaded_model.model.generate(full, max_new_tokens=6, do_sample=False, pad_token_id=archive.loaded_model.tokenizer.eos_token_id)
-    assert reply == archive.loaded_model.tokenizer.decode(ref[0, full.shape[1]:], skip_special_tokens=True)
+    ref = archive.loaded_model.model.generate(
+        full, max_new_tokens=6, do_sample=False, pad_token_id=archive.loaded_model.tokenizer.eos_token_id
+    )
+    assert reply == archive.loaded_model.tokenizer.decode(ref[0, full.shape[1] :], skip_special_tokens=True)
 
 
 def test_generate_twice_on_one_restore_continues_from_the_same_state(archive):
@@ -277,5 +286,7 @@ def test_a_session_handle_is_its_record_and_the_archives_calls(archive):
     assert notes.text() == TEXT and notes.text(0, 5) == archive.text("notes", 0, 5)
     np.testing.assert_array_equal(notes.tokens(2, 9), archive.tokens("notes", 2, 9))
     assert notes.restore(at=7).position == 7
-    assert [h.to_dict() for h in notes.search(TEXT[:12])] == [h.to_dict() for h in archive.search(TEXT[:12], session="notes")]
+    assert [h.to_dict() for h in notes.search(TEXT[:12])] == [
+        h.to_dict() for h in archive.search(TEXT[:12], session="notes")
+    ]
     assert notes.delete().session_id == r.session_id and archive.sessions() == []

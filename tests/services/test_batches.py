@@ -11,7 +11,9 @@ import kvdb
 from kvdb.storage import sql_apply
 from kvdb.storage.base import SessionWrite
 
-TEXTS = {f"log{i}": f"Entry {i}: the harbour master counted {i} ships at night, then {i + 1} at dawn." for i in range(6)}
+TEXTS = {
+    f"log{i}": f"Entry {i}: the harbour master counted {i} ships at night, then {i + 1} at dawn." for i in range(6)
+}
 
 
 def _folder(tmp_path):
@@ -24,16 +26,25 @@ def _folder(tmp_path):
 
 def test_a_batch_of_files_is_indexed_in_one_merge_as_one_by_one(tmp_path, tiny_loaded):
     folder = _folder(tmp_path)
-    with kvdb.open(tmp_path / "batched.duckdb", model=tiny_loaded) as batched, kvdb.open(tmp_path / "single.duckdb", model=tiny_loaded) as single:
+    with (
+        kvdb.open(tmp_path / "batched.duckdb", model=tiny_loaded) as batched,
+        kvdb.open(tmp_path / "single.duckdb", model=tiny_loaded) as single,
+    ):
         heard = []
         batched.ingest(folder, keep="tokens,search", heard=heard.append)
         for name, text in TEXTS.items():
             single.ingest(text=text, name=name, keep="tokens,search")
-        assert sorted(r.name for results in heard for r in results) == sorted(TEXTS)  # each file said once, after its commit
+        assert sorted(r.name for results in heard for r in results) == sorted(
+            TEXTS
+        )  # each file said once, after its commit
         for phrase in ("harbour master", "3 ships at night", "at dawn"):
-            assert sorted((h.name, h.position) for h in batched.search(phrase, k=10)) == sorted((h.name, h.position) for h in single.search(phrase, k=10))
+            assert sorted((h.name, h.position) for h in batched.search(phrase, k=10)) == sorted(
+                (h.name, h.position) for h in single.search(phrase, k=10)
+            )
         assert batched.verify(deep=True).ok
-    with kvdb.open(tmp_path / "batched.duckdb", model=tiny_loaded, read_only=True) as reopened:  # the sidecar saved at the commit
+    with kvdb.open(
+        tmp_path / "batched.duckdb", model=tiny_loaded, read_only=True
+    ) as reopened:  # the sidecar saved at the commit
         assert {h.name for h in reopened.search("harbour master", k=10)} == set(TEXTS)
 
 
@@ -74,8 +85,13 @@ def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, t
     monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)
     merges = []
     extend = walk.WalkIndex.extend
-    monkeypatch.setattr(walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1])
-    other = f"import kvdb; kvdb.open({str(path)!r}, model={tiny_model!r}).ingest(text='Meanwhile the lighthouse keeper logged a storm.', name='other', keep='tokens,search')"
+    monkeypatch.setattr(
+        walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1]
+    )
+    other = (
+        f"import kvdb; kvdb.open({str(path)!r}, model={tiny_model!r})"
+        ".ingest(text='Meanwhile the lighthouse keeper logged a storm.', name='other', keep='tokens,search')"
+    )
     with kvdb.open(path, model=tiny_loaded) as db:
         db.ingest(text="Before: the harbour master slept.", name="before", keep="tokens,search")
         merges.clear()
@@ -91,7 +107,9 @@ def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, t
 
         monkeypatch.setattr(engine, "release", release_then_another_writer)
         db.ingest(folder, keep="tokens,search")
-        assert len(calls) >= len(TEXTS) and len(merges) == 2  # the runs before the other writer's, then the rest at the end
+        assert (
+            len(calls) >= len(TEXTS) and len(merges) == 2
+        )  # the runs before the other writer's, then the rest at the end
         assert {h.name for h in db.search("harbour master", k=10)} == {*TEXTS, "before"}
         assert {h.name for h in db.search("lighthouse keeper", k=10)} == {"other"}
         assert db.verify(deep=True).ok
@@ -108,7 +126,9 @@ def test_a_long_batch_merges_its_tail_into_the_base_once_at_its_end(tmp_path, ti
     monkeypatch.setattr(walk, "TAIL_MIN", 1)
     merges, settles = [], []
     extend, settle = walk.WalkIndex.extend, walk.WalkIndex.settle
-    monkeypatch.setattr(walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1])
+    monkeypatch.setattr(
+        walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1]
+    )
     monkeypatch.setattr(walk.WalkIndex, "settle", lambda self: (settles.append(len(merges)), settle(self))[1])
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
         db.ingest(text="Before: the harbour master slept.", name="before", keep="tokens,search")

@@ -8,17 +8,19 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import write_jsonl
 
-import kvdb
+from kvdb.cli.main import main
 from kvdb.errors import SessionNotFound
 
 TALK = [
     {"role": "user", "content": "Where does the keeper keep the harbour ledger?"},
     {"role": "assistant", "content": "In the lamp room, beside the harbour lights."},
 ]
-MORE = [{"role": "user", "content": "Who reads the harbour ledger?"}, {"role": "assistant", "content": "The harbour master, each morning."}]
+MORE = [
+    {"role": "user", "content": "Who reads the harbour ledger?"},
+    {"role": "assistant", "content": "The harbour master, each morning."},
+]
 
 
 def test_an_export_that_grows_or_is_rewritten_is_one_conversation(archive, tmp_path):
@@ -33,12 +35,18 @@ def test_an_export_that_grows_or_is_rewritten_is_one_conversation(archive, tmp_p
     history = archive.conversation(first.session_id).versions  # any version names its conversation
     assert [v.session.session_id for v in history] == [first.session_id, grown.session_id, rewritten.session_id]
     assert [(v.branch_of, v.leaf) for v in history[:2]] == [(None, False), (None, True)]
-    assert history[2].branch_of == first.session_id and 0 < history[2].forked_at < first.n_tokens  # forks inside the first reply
+    assert (
+        history[2].branch_of == first.session_id and 0 < history[2].forked_at < first.n_tokens
+    )  # forks inside the first reply
     assert archive.session(f"{talk.conversation_id}@v2").session_id == grown.session_id
     with pytest.raises(SessionNotFound, match="it has 3"):
         archive.session(f"{talk.conversation_id}@v4")
-    assert archive.session("talk#1").session_id == rewritten.session_id  # its name (the first of two files so named): its latest version
-    assert archive.session(talk.conversation_id).session_id == first.session_id  # named by its first session, whose id it is
+    assert (
+        archive.session("talk#1").session_id == rewritten.session_id
+    )  # its name (the first of two files so named): its latest version
+    assert (
+        archive.session(talk.conversation_id).session_id == first.session_id
+    )  # named by its first session, whose id it is
 
 
 def test_search_gives_each_conversation_once_in_its_latest_version(archive):
@@ -60,7 +68,10 @@ def test_rename_and_delete_act_on_the_whole_conversation(archive):
     archive.ingest(messages=TALK, name="ledger")
     archive.ingest(messages=TALK + MORE, name="ledger")
     renamed = archive.rename("ledger", "The harbour ledger")
-    assert renamed.title == "The harbour ledger" and archive.session("The harbour ledger").session_id == renamed.latest.session_id
+    assert (
+        renamed.title == "The harbour ledger"
+        and archive.session("The harbour ledger").session_id == renamed.latest.session_id
+    )
     assert archive.search("harbour", k=1)[0].title == "The harbour ledger"
     assert archive.rename(renamed.conversation_id, "").title == "ledger"  # no title: its first version's name
     gone = archive.delete_conversation("ledger")
@@ -72,7 +83,9 @@ def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tin
     runner = CliRunner()
 
     def run(*args, exit_code=0):
-        result = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), *args], env={"KVDB_MODEL": tiny_model}, catch_exceptions=False)
+        result = runner.invoke(
+            main, ["--db", str(tmp_path / "c.duckdb"), *args], env={"KVDB_MODEL": tiny_model}, catch_exceptions=False
+        )
         assert result.exit_code == exit_code, result.output
         return result.stdout
 
@@ -86,16 +99,29 @@ def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tin
     for name in ("second", "third"):
         (tmp_path / f"{name}.txt").write_text(f"the {name} talk")
         run("ingest", str(tmp_path / f"{name}.txt"))
-    paged = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), "sessions", "--limit", "2"], env={"KVDB_MODEL": tiny_model})
-    assert [line.split()[-2] for line in paged.stdout.splitlines()] == ["second", "third"]  # the two latest, oldest first
+    paged = runner.invoke(
+        main, ["--db", str(tmp_path / "c.duckdb"), "sessions", "--limit", "2"], env={"KVDB_MODEL": tiny_model}
+    )
+    assert [line.split()[-2] for line in paged.stdout.splitlines()] == [
+        "second",
+        "third",
+    ]  # the two latest, oldest first
     assert paged.stderr == "... 1 earlier conversations (--offset 2)\n"
-    assert [json.loads(line)["title"] for line in run("sessions", "--limit", "1", "--offset", "1", "--json").splitlines()] == ["second"]
-    refused = runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), "sessions", "--versions", "--limit", "1"], env={"KVDB_MODEL": tiny_model})
+    assert [
+        json.loads(line)["title"] for line in run("sessions", "--limit", "1", "--offset", "1", "--json").splitlines()
+    ] == ["second"]
+    refused = runner.invoke(
+        main,
+        ["--db", str(tmp_path / "c.duckdb"), "sessions", "--versions", "--limit", "1"],
+        env={"KVDB_MODEL": tiny_model},
+    )
     assert run("sessions", "--offset", "3") == "" and refused.exit_code == 2 and "--limit" in refused.stderr
     run("sessions", "--limit", "0", exit_code=2)
     run("delete", "second"), run("delete", "third")
     hits = [json.loads(line) for line in run("search", "harbour", "--project", str(tmp_path), "--json").splitlines()]
-    assert [h["title"] for h in hits] == ["talk"] and run("search", "harbour", "--project", str(tmp_path / "nowhere"), exit_code=1) == ""
+    assert [h["title"] for h in hits] == ["talk"] and run(
+        "search", "harbour", "--project", str(tmp_path / "nowhere"), exit_code=1
+    ) == ""
     history = json.loads(run("history", "talk", "--json"))["history"]
     assert [v["version"] for v in history] == [1, 2] and history[1]["latest"]
     assert "renamed" in run("rename", "talk", "Ledger talk")
@@ -112,7 +138,9 @@ def test_a_servers_continuation_restored_without_a_prompt_replies_as_the_assista
     loaded = archive.loaded_model
     [chat] = archive.ingest(messages=TALK)
     more = chat_template.turns_suffix(loaded.tokenizer, MORE, add_generation_prompt=False)
-    [continued] = archive.ingest(text=archive.text(chat.session_id) + more, name="continued")  # what the server archives
+    [continued] = archive.ingest(
+        text=archive.text(chat.session_id) + more, name="continued"
+    )  # what the server archives
     assert continued.status == "ingested" and archive.session("continued").metadata.get("kind") != "chat"
     asked = []
     original = restore_modes.continuation_ids
@@ -123,7 +151,9 @@ def test_a_servers_continuation_restored_without_a_prompt_replies_as_the_assista
     assert asked == [True, True]  # both taken as chats
     ids = archive.tokens(continued.session_id)
     header = original(loaded, None, True, ids)
-    assert chat_template.ends_turn(loaded.tokenizer, ids) and loaded.tokenizer.decode(header).strip().endswith("assistant")
+    assert chat_template.ends_turn(loaded.tokenizer, ids) and loaded.tokenizer.decode(header).strip().endswith(
+        "assistant"
+    )
     assert original(loaded, None, True, ids[:-3]).size == 0  # mid-turn: the text goes on
 
 
@@ -133,7 +163,10 @@ def test_search_keeps_to_an_agent_a_project_and_days(archive, tmp_path):
     archive.ingest(text="A harbour ledger, in plain text.", name="notes")  # no project
     assert {h.title for h in archive.search("harbour")} == {"talk", "log", "notes"}
     assert {h.title for h in archive.search("harbour", project=str(tmp_path / "repo"))} == {"talk"}
-    assert {h.title for h in archive.search("harbour", project=str(tmp_path))} == {"talk", "log"}  # folders inside it too
+    assert {h.title for h in archive.search("harbour", project=str(tmp_path))} == {
+        "talk",
+        "log",
+    }  # folders inside it too
     assert {h.title for h in archive.search("harbour", agent="text")} == {"notes"}
     today = archive.conversations()[0].latest.created_at.date()
     assert archive.search("harbour", until=today.replace(year=today.year - 1)) == []
@@ -153,4 +186,7 @@ def test_listing_pages_in_the_archive_and_says_how_many_the_filters_admit(archiv
         "conversations": [c.to_dict() for c in every if c.project == str(tmp_path / "repo")][1:],
         "total": 2,
     }
-    assert archive.conversation_page(agent="text", offset=4).to_dict() == {"conversations": [], "total": 1}  # past the end: the count still said
+    assert archive.conversation_page(agent="text", offset=4).to_dict() == {
+        "conversations": [],
+        "total": 1,
+    }  # past the end: the count still said

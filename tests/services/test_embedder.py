@@ -51,7 +51,9 @@ def test_the_default_runs_on_numpy_and_matches_transformers_alone_and_batched_wi
         assert np.all(np.sum(got * expected, axis=1) >= 0.9999)
     encoded = minilm.tokenizer.encode_batch(TEXTS)
     ids, mask = np.array([e.ids for e in encoded]), np.array([e.attention_mask for e in encoded], dtype=np.float32)
-    by_transformers = embedder._transformers(Path(folder), embedder.DEFAULT_EMBEDDER)(ids, mask)  # what a process with transformers loaded runs
+    by_transformers = embedder._transformers(Path(folder), embedder.DEFAULT_EMBEDDER)(
+        ids, mask
+    )  # what a process with transformers loaded runs
     real = mask.astype(bool)  # padded positions' states are pooled away
     np.testing.assert_allclose(minilm.numpy_forward(ids, mask)[real], by_transformers[real], atol=1e-4)
     assert minilm.count_tokens(TEXTS[3:]) == 256  # the long text is read to the model's limit

@@ -7,27 +7,41 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import CALIBRATION, KV, write
 
+from kvdb.cli.main import main
 from kvdb.errors import InvalidArgument
 
 
 def test_ingest_with_kv_restores_from_the_archive(kv_archive):
-    [r] = kv_archive.ingest(text="The harbour lights were lit at dusk and the ships came home one by one.", keep=KV, name="s")
+    [r] = kv_archive.ingest(
+        text="The harbour lights were lit at dusk and the ships came home one by one.", keep=KV, name="s"
+    )
     st = kv_archive.stats()
     assert st.bytes["kv"] > 0 and st.codebook_bytes == st.bytes["codebooks"] > 0
-    # tiny model: 2 layers x 2 KV heads x 16 dims; its balanced preset (unmeasured: k6v4) stores 10 one-byte codes per head and layer
+    # tiny model: 2 layers x 2 KV heads x 16 dims;
+    # its balanced preset (unmeasured: k6v4) stores 10 one-byte codes per head and layer
     assert st.kv_ratio_vs_fp16 == pytest.approx((2 * 2 * 2 * 16 * 2) / st.bytes_per_token["kv"])
     assert 5 < st.kv_ratio_vs_fp16 < 2 * 2 * 16 * 2 * 2 / (10 * 2 * 2)
     assert st.kv_bytes_by_preset == {"balanced": st.bytes["kv"]}
     # codebooks trained on this archive: nothing measured them, so auto prefills exactly and says so
     auto = kv_archive.restore("s")
-    assert auto.mode == "exact" and auto.fidelity is None and "trained on this archive" in auto.reason and "nobody measured" in auto.reason
+    assert (
+        auto.mode == "exact"
+        and auto.fidelity is None
+        and "trained on this archive" in auto.reason
+        and "nobody measured" in auto.reason
+    )
     restored = kv_archive.restore("s", mode="archive")
     assert restored.mode == "archive" and restored.position == r.n_tokens and "as asked" in restored.reason
-    assert restored.window == "recompute"  # a residual-VQ preset's default: its errors are what the recomputed window hides
-    assert restored.fidelity is not None and (restored.fidelity.preset, restored.fidelity.source, restored.fidelity.lengths) == ("balanced", "trained", {})
+    assert (
+        restored.window == "recompute"
+    )  # a residual-VQ preset's default: its errors are what the recomputed window hides
+    assert restored.fidelity is not None and (
+        restored.fidelity.preset,
+        restored.fidelity.source,
+        restored.fidelity.lengths,
+    ) == ("balanced", "trained", {})
     report = kv_archive.fidelity("s")
     assert set(report.to_dict()) == {"top1_agreement", "ppl_ratio", "probe_tokens"} and report.probe_tokens == 32
     assert 0 <= report.top1_agreement <= 1 and report.ppl_ratio > 0
@@ -49,7 +63,10 @@ def test_the_stored_window_takes_exact_sinks_kept_once_per_opening(kv_archive):
     """No forward pass over the session: the sinks come exact from this machine's cache of
     them, one entry for every session that opens with the same tokens."""
     opening = "Every session here opens alike, "
-    for name, rest in (("one", "then says one thing at some length, to have a middle."), ("two", "and then another, of about the same length again.")):
+    for name, rest in (
+        ("one", "then says one thing at some length, to have a middle."),
+        ("two", "and then another, of about the same length again."),
+    ):
         kv_archive.ingest(text=opening + rest, keep=KV, name=name)
     for name in ("one", "two"):
         restored = kv_archive.restore(name, mode="archive", window="stored")
@@ -110,7 +127,9 @@ def test_a_restore_sharpens_keys_by_the_models_measured_factor(kv_archive, monke
 
     weights = kv_archive._models.get().identity.weights_hash
     monkeypatch.setitem(presets.MEASURED_KEY_SHARPENING, weights, 1.5)
-    kv_archive.ingest(text="A session long enough to be quantized past its sinks, and then some more words.", keep=KV, name="a")
+    kv_archive.ingest(
+        text="A session long enough to be quantized past its sinks, and then some more words.", keep=KV, name="a"
+    )
     restored = kv_archive.restore("a", mode="archive", window="stored")
     [node] = kv_archive._storage.node_path(kv_archive.session("a").session_id)
     codebook_id, streams = kv_archive._storage.node_kv(node.node_id)
@@ -122,7 +141,9 @@ def test_a_restore_sharpens_keys_by_the_models_measured_factor(kv_archive, monke
     want_k = capture.apply_rope(restored.model, centre + 1.5 * (k - centre))
     np.testing.assert_allclose(got_k[:, :, capture.SINKS :], want_k[:, :, capture.SINKS :], atol=1e-4)
     np.testing.assert_array_equal(got_v[:, :, capture.SINKS :], v[:, :, capture.SINKS :])
-    assert np.abs(got_k[:, :, capture.SINKS :] - capture.apply_rope(restored.model, k)[:, :, capture.SINKS :]).max() > 1e-2
+    assert (
+        np.abs(got_k[:, :, capture.SINKS :] - capture.apply_rope(restored.model, k)[:, :, capture.SINKS :]).max() > 1e-2
+    )
 
 
 def test_without_tier_k(archive):
@@ -151,17 +172,36 @@ def test_cli_codebooks_restore_archive_fidelity(tmp_path, tiny_model):
     base = ["--db", str(tmp_path / "c.duckdb")]
     env = {"KVDB_MODEL": tiny_model}
     assert runner.invoke(main, [*base, "ingest", str(tmp_path / "calibration.txt")], env=env).exit_code == 0
-    trained = runner.invoke(main, [*base, "codebooks", "train", "--preset", "k2v1", "--tokens", "2000", "--json"], env=env)
+    trained = runner.invoke(
+        main, [*base, "codebooks", "train", "--preset", "k2v1", "--tokens", "2000", "--json"], env=env
+    )
     assert trained.exit_code == 0 and json.loads(trained.stdout)["preset"] == "k2v1"
-    assert runner.invoke(main, [*base, "ingest", str(tmp_path / "later.txt"), "--keep", KV, "--kv-preset", "k2v1"], env=env).exit_code == 0
-    out = runner.invoke(main, [*base, "restore", "later", "--mode", "archive", "--fidelity", "--max-new-tokens", "2", "--json"], env=env)
+    assert (
+        runner.invoke(
+            main, [*base, "ingest", str(tmp_path / "later.txt"), "--keep", KV, "--kv-preset", "k2v1"], env=env
+        ).exit_code
+        == 0
+    )
+    out = runner.invoke(
+        main, [*base, "restore", "later", "--mode", "archive", "--fidelity", "--max-new-tokens", "2", "--json"], env=env
+    )
     assert out.exit_code == 0, out.stderr
     row = json.loads(out.stdout)
     assert row["mode"] == "archive" and set(row["fidelity"]) == {"top1_agreement", "ppl_ratio", "probe_tokens"}
-    assert row["preset_fidelity"] == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
+    assert row["preset_fidelity"] == {
+        "preset": None,
+        "spec": "k2v1",
+        "source": "trained",
+        "lengths": {},
+        "measured_by": None,
+    }
     assert "as asked" in row["reason"] and "not measured" in row["reason"]
     auto = runner.invoke(main, [*base, "restore", "later", "--max-new-tokens", "1", "--json"], env=env)
-    assert auto.exit_code == 0 and json.loads(auto.stdout)["mode"] == "exact" and json.loads(auto.stdout)["preset_fidelity"] is None
+    assert (
+        auto.exit_code == 0
+        and json.loads(auto.stdout)["mode"] == "exact"
+        and json.loads(auto.stdout)["preset_fidelity"] is None
+    )
     refused = runner.invoke(main, [*base, "restore", "later", "--max-loss", "0.9"], env=env)
     assert refused.exit_code != 0 and "at least 1.0" in refused.stderr
     stats = json.loads(runner.invoke(main, [*base, "stats", "--json"], env=env).stdout)
@@ -172,7 +212,9 @@ def test_shared_prefix_stored_without_kv_gets_it(kv_archive):
     opening = "An opening line archived first without tier K. "
     kv_archive.ingest(text=opening + "Plain ending.", name="plain")
     kv_archive.ingest(text=opening + "An ending that wants a fast restore.", keep=KV, name="fast")
-    assert kv_archive.restore("fast", mode="archive").mode == "archive"  # refused were a node of its path without tier K
+    assert (
+        kv_archive.restore("fast", mode="archive").mode == "archive"
+    )  # refused were a node of its path without tier K
     plain = kv_archive.restore("plain")  # its own tail node still has no tier K
     assert plain.mode == "exact" and plain.reason.startswith("not every token restored has tier K")
     assert kv_archive.verify(deep=True).ok

@@ -90,7 +90,9 @@ def test_the_cap_evicts_least_recently_used_first_and_never_a_kept_entrys_parent
     sizes = {name: folder.path(name).stat().st_size for name in folder.entries()}
     chain = sizes[key(20)] + sizes[key(40)] + sizes[key(60)]
     assert PrefixCache(folder.folder, budget_mb=(chain + 1) / 2**20).trim() == Trimmed(1, sizes["other"])
-    assert PrefixCache(folder.folder, budget_mb=(chain - 1) / 2**20).trim() == Trimmed(1, sizes[key(60)])  # the leaf, not the root
+    assert PrefixCache(folder.folder, budget_mb=(chain - 1) / 2**20).trim() == Trimmed(
+        1, sizes[key(60)]
+    )  # the leaf, not the root
     assert folder.entries() == {key(20): 20, key(40): 40}
     assert folder.arrays(key(40), 40) is not None
 

@@ -34,7 +34,12 @@ def test_a_missing_key_is_a_key_error_as_it_was():
     report = RepairReport(("idx",), 0, ())
     with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
         report["no such key"]
-    assert report.ok and report.to_dict() == {"rebuilt_indexes": ["idx"], "pruned_prefix_cache_entries": 0, "unrepairable": [], "ok": True}
+    assert report.ok and report.to_dict() == {
+        "rebuilt_indexes": ["idx"],
+        "pruned_prefix_cache_entries": 0,
+        "unrepairable": [],
+        "ok": True,
+    }
 
 
 def test_gc_leaves_out_what_the_storage_does_not_report():
@@ -56,7 +61,12 @@ def test_delete_and_compact_records_are_the_session_they_changed(archive):
     compacted = archive.compact("s", "search, tokens")
     assert isinstance(compacted, Compacted) and isinstance(compacted, Session) and compacted == session
     assert compacted.keep == (Tier.TOKENS, Tier.SEARCH) and compacted.status == "compacted"
-    assert compacted.to_dict() == {"session_id": session.session_id, "name": "s", "keep": "tokens,search", "status": "compacted"}
+    assert compacted.to_dict() == {
+        "session_id": session.session_id,
+        "name": "s",
+        "keep": "tokens,search",
+        "status": "compacted",
+    }
     deleted = session.delete()
     assert isinstance(deleted, Deleted) and deleted == session and deleted.status == "deleted"
     assert deleted.to_dict() == {"session_id": session.session_id, "name": "s", "status": "deleted"}
@@ -68,7 +78,9 @@ def test_enums_are_their_old_strings_everywhere_a_string_went():
     assert json.dumps(result.to_dict()["status"]) == '"failed"' and type(result.to_dict()["status"]) is str
     with pytest.raises(ValueError):
         IngestResult(None, "n", "s.txt", 0, "lost")
-    assert TIERS == ("tokens", "search", "lm", "kv", "semantic") and all(type(t) is str for t in TIERS)  # click lists these
+    assert TIERS == ("tokens", "search", "lm", "kv", "semantic") and all(
+        type(t) is str for t in TIERS
+    )  # click lists these
     assert parse_keep("tokens,search") == {"tokens", "search"} == {Tier.TOKENS, Tier.SEARCH}
     assert RestoreMode("archive") == "archive" and ", ".join(RestoreMode) == "auto, exact, archive, decode"
 

@@ -11,11 +11,14 @@ from kvdb.errors import InvalidArgument
 from kvdb.index import phrase as search_ops
 from kvdb.index import trie
 from kvdb.index.walk import WalkIndex
-from kvdb.services.searching import casings as search_ops_casings
 from kvdb.model import tokenizer as tok
+from kvdb.services.searching import casings as search_ops_casings
 
 TEXTS = {
-    "harbour": "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, and the harbour lights answered.",
+    "harbour": (
+        "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, "
+        "and the harbour lights answered."
+    ),
     "garden": "In the garden the basil grew tall. The harbour lights were far away from the garden.",
     "kitchen": "Lentils, onions and cumin simmer slowly. Nothing about lights here, only soup and bread.",
     "log": "harbour lights harbour lights harbour lights",
@@ -41,7 +44,9 @@ def occurrences(db, phrase):
     return found
 
 
-@pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk"])
+@pytest.mark.parametrize(
+    "phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk"]
+)
 def test_every_occurrence_is_found(db, phrase):
     truth = occurrences(db, phrase)
     hits = db.search(phrase, k=len(truth) + 20, context=4, each_occurrence=True)
@@ -169,6 +174,7 @@ def test_cli_search(tmp_path, tiny_model):
     import json
 
     from click.testing import CliRunner
+
     from kvdb.cli.main import main
 
     write(tmp_path / "t" / "harbour.txt", TEXTS["harbour"])
@@ -181,29 +187,74 @@ def test_cli_search(tmp_path, tiny_model):
     empty = runner.invoke(main, [*args, "search", "lights"], env=env)
     assert empty.exit_code == 1 and "archive is empty" in empty.stderr
     assert runner.invoke(main, [*args, "ingest", str(tmp_path / "t")], env=env).exit_code == 0
-    out = runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--each-occurrence", "--json"], env=env)
+    out = runner.invoke(
+        main, [*args, "search", "harbour lights", "-k", "3", "--context", "5", "--each-occurrence", "--json"], env=env
+    )
     assert out.exit_code == 0
     rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(rows) == 3 and all(set(r) == {"session_id", "conversation_id", "title", "name", "position", "match_tokens", "query_tokens", "score", "exact", "partial", "context", "before", "match", "after"} for r in rows)
-    assert all(r["exact"] and not r["partial"] and r["name"] == "harbour" and "harbour lights" in r["context"] for r in rows)
-    once = [json.loads(line) for line in runner.invoke(main, [*args, "search", "harbour lights", "-k", "3", "--json"], env=env).stdout.splitlines()]
-    assert [r["session_id"] for r in once] == [rows[0]["session_id"]] and once[0]["title"] == "harbour"  # one conversation, one hit: its best
+    assert len(rows) == 3 and all(
+        set(r)
+        == {
+            "session_id",
+            "conversation_id",
+            "title",
+            "name",
+            "position",
+            "match_tokens",
+            "query_tokens",
+            "score",
+            "exact",
+            "partial",
+            "context",
+            "before",
+            "match",
+            "after",
+        }
+        for r in rows
+    )
+    assert all(
+        r["exact"] and not r["partial"] and r["name"] == "harbour" and "harbour lights" in r["context"] for r in rows
+    )
+    once = [
+        json.loads(line)
+        for line in runner.invoke(
+            main, [*args, "search", "harbour lights", "-k", "3", "--json"], env=env
+        ).stdout.splitlines()
+    ]
+    assert [r["session_id"] for r in once] == [rows[0]["session_id"]] and once[0][
+        "title"
+    ] == "harbour"  # one conversation, one hit: its best
     human = runner.invoke(main, [*args, "search", "harbour lights", "-k", "1"], env=env)
     assert human.stdout.startswith("harbour ") and " @" in human.stdout and "[exact]" in human.stdout
     none = runner.invoke(main, [*args, "search", "qqqzzz", "--json"], env=env)
-    assert none.exit_code == 1 and not any(json.loads(l)["exact"] for l in none.stdout.splitlines())
+    # the noqa: `l` is a line of the output (E741: ambiguous name), the name kept as written
+    assert none.exit_code == 1 and not any(json.loads(l)["exact"] for l in none.stdout.splitlines())  # noqa: E741
     rebuilt = runner.invoke(main, [*args, "index", "rebuild", "--json"], env=env)
     assert rebuilt.exit_code == 0 and json.loads(rebuilt.stdout)["sessions"] == 1
 
 
 def test_casings_are_the_phrase_as_typed_then_lower_sentence_title_and_upper_case():
-    assert search_ops_casings("infrastructure deficit") == ["infrastructure deficit", "Infrastructure deficit", "Infrastructure Deficit", "INFRASTRUCTURE DEFICIT"]
-    assert search_ops_casings("Leggy")[:2] == ["Leggy", "leggy"] and search_ops_casings("42 ships")[1:3] == ["42 Ships", "42 SHIPS"]
+    assert search_ops_casings("infrastructure deficit") == [
+        "infrastructure deficit",
+        "Infrastructure deficit",
+        "Infrastructure Deficit",
+        "INFRASTRUCTURE DEFICIT",
+    ]
+    assert search_ops_casings("Leggy")[:2] == ["Leggy", "leggy"] and search_ops_casings("42 ships")[1:3] == [
+        "42 Ships",
+        "42 SHIPS",
+    ]
 
 
 def test_search_finds_other_casings_unless_told_to_match_case(archive):
-    archive.ingest(text="The council heard of an Infrastructure Deficit, and of LEGGY birds by the Harbour.", name="minutes")
-    for phrase, found in (("infrastructure deficit", "Infrastructure Deficit"), ("leggy", "LEGGY"), ("HARBOUR", "Harbour")):
+    archive.ingest(
+        text="The council heard of an Infrastructure Deficit, and of LEGGY birds by the Harbour.", name="minutes"
+    )
+    for phrase, found in (
+        ("infrastructure deficit", "Infrastructure Deficit"),
+        ("leggy", "LEGGY"),
+        ("HARBOUR", "Harbour"),
+    ):
         [hit] = [h for h in archive.search(phrase, k=5) if h.exact]
         assert hit.match.strip() == found
         assert not [h for h in archive.search(phrase, k=5, case_sensitive=True) if h.exact]
@@ -214,18 +265,24 @@ def test_partial_hits_match_at_least_the_share_asked_for(db):
     assert min(h.match_tokens / h.query_tokens for h in everything) < 0.5  # "s" alone, and the like
     default = db.search("blue harbour lights", k=200)
     assert default and all(h.match_tokens / h.query_tokens >= search_ops.MIN_SHARE for h in default)
-    assert {(h.session_id, h.position) for h in default} == {(h.session_id, h.position) for h in everything if h.match_tokens / h.query_tokens >= 0.5}
+    assert {(h.session_id, h.position) for h in default} == {
+        (h.session_id, h.position) for h in everything if h.match_tokens / h.query_tokens >= 0.5
+    }
     assert db.search("blue harbour lights", k=200, min_share=1) == []
     with pytest.raises(InvalidArgument, match="min_share"):
         db.search("harbour", min_share=1.5)
 
 
-@pytest.mark.parametrize("phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk", "zebra"])
+@pytest.mark.parametrize(
+    "phrase", ["harbour lights", "lights", "the garden", "ouo", "Ships passed the harbour lights at dusk", "zebra"]
+)
 def test_count_is_the_number_of_places_that_hold_the_phrase(db, phrase):
     assert db.count(phrase, case_sensitive=True).count == len(occurrences(db, phrase))
     exact = [h for h in db.search(phrase, k=1000, each_occurrence=True) if h.exact]  # every casing, each position once
     assert db.count(phrase).count == len(exact)
-    assert db.count(phrase, session="harbour").count == len({h.position for h in db.search(phrase, k=1000, session="harbour") if h.exact})
+    assert db.count(phrase, session="harbour").count == len(
+        {h.position for h in db.search(phrase, k=1000, session="harbour") if h.exact}
+    )
 
 
 def test_count_crosses_nodes_and_counts_a_shared_position_once(archive):

@@ -13,19 +13,31 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import write
 
+from kvdb.cli.main import main
 from kvdb.index import casing
 from kvdb.index import phrase as search_ops
 from kvdb.index.walk import WalkIndex
 from kvdb.model import tokenizer as tok
-from kvdb.cli.main import main
 
 EXAMPLES = "We took the shinkansen from Tokyo to Kyoto with a JR Pass, and booked it on an iPhone."
 SHORT = ["tokyo", "kyoto", "to", "jr", "pass", "iphone", "nasa", "osaka", "rail", "the", "ebay", "macos", "gpt", "a"]
-LONG = ["javascript", "postgresql", "mcdonald", "sqlite", "youtube", "chatgpt", "openai", "github", "huggingface", "linkedin"]
+LONG = [
+    "javascript",
+    "postgresql",
+    "mcdonald",
+    "sqlite",
+    "youtube",
+    "chatgpt",
+    "openai",
+    "github",
+    "huggingface",
+    "linkedin",
+]
 NAMED = {  # the casing text gives them: proper nouns, acronyms, camel case
-    "tokyo": "Tokyo", "kyoto": "Kyoto", "jr": "JR", "pass": "Pass", "iphone": "iPhone", "nasa": "NASA", "osaka": "Osaka", "ebay": "eBay",
-    "macos": "macOS", "gpt": "GPT", "javascript": "JavaScript", "postgresql": "PostgreSQL", "mcdonald": "McDonald", "sqlite": "SQLite",
-    "youtube": "YouTube", "chatgpt": "ChatGPT", "openai": "OpenAI", "github": "GitHub", "huggingface": "HuggingFace", "linkedin": "LinkedIn",
+    "tokyo": "Tokyo", "kyoto": "Kyoto", "jr": "JR", "pass": "Pass", "iphone": "iPhone", "nasa": "NASA",
+    "osaka": "Osaka", "ebay": "eBay", "macos": "macOS", "gpt": "GPT", "javascript": "JavaScript",
+    "postgresql": "PostgreSQL", "mcdonald": "McDonald", "sqlite": "SQLite", "youtube": "YouTube", "chatgpt": "ChatGPT",
+    "openai": "OpenAI", "github": "GitHub", "huggingface": "HuggingFace", "linkedin": "LinkedIn",
 }  # fmt: skip
 
 
@@ -53,7 +65,11 @@ def corpus(rng: random.Random, sessions: int, words: int) -> list[str]:
 def scan(texts: list[str], phrase: str) -> set[tuple[int, int]]:
     """(text, end character) of every occurrence of the phrase in the lower-cased text, overlapping."""
     want = phrase.lower()
-    return {(t, m.start() + len(want)) for t, text in enumerate(texts) for m in re.finditer(f"(?={re.escape(want)})", text.lower())}
+    return {
+        (t, m.start() + len(want))
+        for t, text in enumerate(texts)
+        for m in re.finditer(f"(?={re.escape(want)})", text.lower())
+    }
 
 
 # the tiny byte-level model: every substring is a token sequence ---------------------------------
@@ -66,7 +82,14 @@ def said(archive):
 
 
 @pytest.mark.parametrize(
-    ("typed", "written"), [("tokyo to kyoto", "Tokyo to Kyoto"), ("jr pass", "JR Pass"), ("iphone", "iPhone"), ("IPHONE", "iPhone"), ("Jr PASS", "JR Pass")]
+    ("typed", "written"),
+    [
+        ("tokyo to kyoto", "Tokyo to Kyoto"),
+        ("jr pass", "JR Pass"),
+        ("iphone", "iPhone"),
+        ("IPHONE", "iPhone"),
+        ("Jr PASS", "JR Pass"),
+    ],
 )
 def test_the_examples_are_found_in_their_casing_and_not_when_case_sensitive(said, typed, written):
     [hit] = [h for h in said.search(typed, k=5) if h.exact]
@@ -118,7 +141,9 @@ def test_any_casing_mixture_is_found_as_a_scan_of_the_lower_cased_text_finds_it(
     assert archive.count(phrase).count == len(truth)
     names = {f"t{n}": n for n in range(len(said))}
     hits = [h for h in archive.search(phrase, k=len(truth) + 5, each_occurrence=True) if h.exact]
-    found = {(names[h.name], h.position + h.match_tokens) for h in hits}  # a token a character: ASCII on a byte-level model
+    found = {
+        (names[h.name], h.position + h.match_tokens) for h in hits
+    }  # a token a character: ASCII on a byte-level model
     assert found == truth
     assert all(h.match.lower() in (phrase.lower(), " " + phrase.lower()) for h in hits)
 
@@ -192,7 +217,12 @@ def test_smollm2_finds_every_casing_of_a_phrase_a_scan_of_the_lower_cased_text_f
     phrase = "".join(c.upper() if data.draw(st.booleans()) else c.lower() for c in span)
     own = [np.asarray(tok.encode(smol, text), np.int64) for text in (phrase, " " + phrase)]
     variants, known = casing.variants(smol, index, phrase, own)
-    slots = np.concatenate([search_ops.bounded(index, [variants[v]], known)[variants[v].tobytes()].slots() for v in search_ops.unsuffixed(variants)])
+    slots = np.concatenate(
+        [
+            search_ops.bounded(index, [variants[v]], known)[variants[v].tobytes()].slots()
+            for v in search_ops.unsuffixed(variants)
+        ]
+    )
     first = np.cumsum([0, *(len(e) for e in ends)])
     text_of = np.searchsorted(first, slots, side="right") - 1
     found = {(int(n), int(ends[n][s - first[n]])) for n, s in zip(text_of, slots)}
@@ -201,7 +231,8 @@ def test_smollm2_finds_every_casing_of_a_phrase_a_scan_of_the_lower_cased_text_f
     bounded = {
         (n, end)
         for n, end in anywhere
-        if (end - len(phrase) == 0 or said[n][end - len(phrase) - 1] == " ") and (end == len(said[n]) or not said[n][end].isalnum())
+        if (end - len(phrase) == 0 or said[n][end - len(phrase) - 1] == " ")
+        and (end == len(said[n]) or not said[n][end].isalnum())
     }
     assert bounded <= found <= anywhere
 
@@ -212,7 +243,10 @@ def test_many_bounds_at_once_bisect_blocks_and_agree_with_one_at_a_time(smol_tex
     _, index, _ = smol_texts
     rng = np.random.default_rng(0)
     tokens = np.asarray(index.tokens[: index.ntotal], np.int64)
-    pieces = [tokens[a : a + n] for a, n in zip(rng.integers(0, len(tokens) - 8, 150).tolist(), rng.integers(1, 7, 150).tolist())]
+    pieces = [
+        tokens[a : a + n]
+        for a, n in zip(rng.integers(0, len(tokens) - 8, 150).tolist(), rng.integers(1, 7, 150).tolist())
+    ]
     pieces += [rng.integers(0, 49152, n) for n in rng.integers(1, 5, 150).tolist()]  # mostly absent
     many = index.bounds(pieces).sizes()
     alone = np.array([len(index.ranges([piece])[0][0]) for piece in pieces])

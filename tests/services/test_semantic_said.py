@@ -20,7 +20,11 @@ AGENT = [
         "role": "assistant",
         "content": "Let me read the timetable module.",
         "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": json.dumps({"path": "timetable.py", "content": DUMP})}}
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "write_file", "arguments": json.dumps({"path": "timetable.py", "content": DUMP})},
+            }
         ],
     },
     {"role": "tool", "tool_call_id": "c1", "name": "write_file", "content": DUMP},

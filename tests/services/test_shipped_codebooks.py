@@ -69,7 +69,10 @@ def test_a_fresh_archive_codes_tier_k_with_a_reference_not_the_centroids(tmp_pat
         assert listed.source == "shipped" and listed.on_this_machine and built.is_file()
         assert listed.centroid_bytes == built.stat().st_size and listed.stored_bytes < 512
         st = db.stats()
-        assert st.codebook_bytes == st.bytes["codebooks"] == listed.stored_bytes and st.shipped_codebook_bytes == listed.centroid_bytes
+        assert (
+            st.codebook_bytes == st.bytes["codebooks"] == listed.stored_bytes
+            and st.shipped_codebook_bytes == listed.centroid_bytes
+        )
         restored = db.restore("s", mode="archive")
         assert restored.mode == "archive" and restored.cache.get_seq_length() == r.n_tokens
         keys_a = torch.cat([layer.keys for layer in restored.cache.layers])
@@ -108,7 +111,9 @@ def test_a_recipe_this_kvdb_cannot_build_is_refused_with_what_to_do(tmp_path, ti
         [listed] = db.codebooks()
         reference = shipped.Reference.from_bytes(storage_of(db).codebook_data(listed.codebook_id))
     foreign = replace(reference, recipe=dict(reference.recipe, calibration_sha256="0" * 64))
-    con = duckdb.connect(str(tmp_path / "a.duckdb"))  # as if a later kvdb, with another calibration text, had written it
+    con = duckdb.connect(
+        str(tmp_path / "a.duckdb")
+    )  # as if a later kvdb, with another calibration text, had written it
     con.execute("update codebooks set data = ? where codebook_id = ?", [foreign.to_bytes(), listed.codebook_id])
     con.close()
     monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "machine-b"))
@@ -123,7 +128,10 @@ def test_the_build_uses_the_packaged_calibration_text(built, monkeypatch):
     cache, (report, again), identity = built
     monkeypatch.setenv("KVDB_CACHE", str(cache))
     assert (
-        report.built and not again.built and report.path == again.path and report.preset == shipped.recipe(identity)["preset"] == "k6v4"
+        report.built
+        and not again.built
+        and report.path == again.path
+        and report.preset == shipped.recipe(identity)["preset"] == "k6v4"
     )  # the unmeasured balanced
     books = shipped.cached(shipped.Reference(json.loads(json.dumps(shipped.recipe(identity))), "", 0))
     assert books.meta["tokens"] == shipped.POSITIONS and books.pre_rope
@@ -143,7 +151,9 @@ def test_a_reference_is_built_by_its_own_recipe_when_it_is_not_this_kvdbs(tiny_m
 
 
 @pytest.mark.slow
-def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(tmp_path, tiny_model, monkeypatch, built):
+def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codebooks(
+    tmp_path, tiny_model, monkeypatch, built
+):
     """Issue 30: verify read the reference as centroids ("bad magic") and failed every such archive."""
     a_machine_that_built_them(built, tmp_path / "cache", monkeypatch)
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
@@ -151,7 +161,9 @@ def test_verify_and_repair_pass_an_archive_whose_tier_k_references_shipped_codeb
         report = db.verify(deep=True)
         assert report.ok, report.problems
         assert report.checked["codebooks"] == 1 and report.checked["kv streams"] == 1
-    monkeypatch.setenv("KVDB_CACHE", str(tmp_path / "another-machine"))  # not built here: the reference alone is checked
+    monkeypatch.setenv(
+        "KVDB_CACHE", str(tmp_path / "another-machine")
+    )  # not built here: the reference alone is checked
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
         report = db.verify()
         assert report.ok, report.problems
@@ -174,7 +186,10 @@ def measured_table(monkeypatch, weights_hash: str, figures: dict[str, float]) ->
         weights_hash: {
             spec: {
                 "shipped": {
-                    "lengths": {"1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99}, "8000": {"ppl_ratio": worst, "kl": 0.01, "top1": 0.9}},
+                    "lengths": {
+                        "1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99},
+                        "8000": {"ppl_ratio": worst, "kl": 0.01, "top1": 0.9},
+                    },
                     "measured_by": "a test",
                 }
             }
@@ -185,7 +200,9 @@ def measured_table(monkeypatch, weights_hash: str, figures: dict[str, float]) ->
 
 
 @pytest.mark.slow
-def test_two_presets_in_one_archive_each_restore_with_their_own_codebooks_and_auto_weighs_them(tmp_path, tiny_model, monkeypatch, built):
+def test_two_presets_in_one_archive_each_restore_with_their_own_codebooks_and_auto_weighs_them(
+    tmp_path, tiny_model, monkeypatch, built
+):
     """Sessions ingested with different presets keep their own shipped codebooks; auto takes
     tier K only for a preset measured within max_loss, and says why either way."""
     from kvdb.codecs import presets
@@ -195,35 +212,55 @@ def test_two_presets_in_one_archive_each_restore_with_their_own_codebooks_and_au
         weights = db.loaded_model.identity.weights_hash
         compact, balanced = presets.resolve("compact", weights), presets.resolve("balanced", weights)
         [a] = db.ingest(text=TEXT, name="a", keep=KV, kv_preset="compact")
-        [b] = db.ingest(text="Another session altogether, of the default preset. " * 3, name="b", keep=KV)  # balanced, the default
-        db.ingest(text=TEXT + " And a different ending.", name="c", keep=KV)  # a's node, coded compact, then one of its own
+        [b] = db.ingest(
+            text="Another session altogether, of the default preset. " * 3, name="b", keep=KV
+        )  # balanced, the default
+        db.ingest(
+            text=TEXT + " And a different ending.", name="c", keep=KV
+        )  # a's node, coded compact, then one of its own
         listed = db.codebooks()
-        assert sorted(c.preset for c in listed) == sorted([compact, balanced]) and {c.source for c in listed} == {"shipped"}
+        assert sorted(c.preset for c in listed) == sorted([compact, balanced]) and {c.source for c in listed} == {
+            "shipped"
+        }
         for name, spec, n in (("a", compact, a.n_tokens), ("b", balanced, b.n_tokens)):
             restored = db.restore(name, mode="archive")
             assert restored.mode == "archive" and restored.cache.get_seq_length() == n
             assert restored.fidelity.spec == spec and restored.fidelity.lengths == {}  # nothing measured the tiny model
             assert "fidelity not measured" in restored.reason
         st = db.stats()
-        assert set(st.kv_bytes_by_preset) == {"compact", "balanced"} and sum(st.kv_bytes_by_preset.values()) == st.bytes["kv"]
+        assert (
+            set(st.kv_bytes_by_preset) == {"compact", "balanced"}
+            and sum(st.kv_bytes_by_preset.values()) == st.bytes["kv"]
+        )
 
         unmeasured = db.restore("a")
         assert unmeasured.mode == "exact" and unmeasured.fidelity is None
-        assert unmeasured.reason == f"tier K preset compact ({compact}) has no measured fidelity for this model: prefilled exactly"
+        assert (
+            unmeasured.reason
+            == f"tier K preset compact ({compact}) has no measured fidelity for this model: prefilled exactly"
+        )
 
         measured_table(monkeypatch, weights, {compact: 1.04, balanced: 1.2})
         within = db.restore("a")
-        assert within.mode == "archive" and within.reason.startswith(f"tier K preset compact ({compact}) is measured at ppl x1.04 at worst (8,000 tokens)")
+        assert within.mode == "archive" and within.reason.startswith(
+            f"tier K preset compact ({compact}) is measured at ppl x1.04 at worst (8,000 tokens)"
+        )
         assert within.fidelity.to_dict() == {
             "preset": "compact",
             "spec": compact,
             "source": "shipped",
-            "lengths": {"1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99}, "8000": {"ppl_ratio": 1.04, "kl": 0.01, "top1": 0.9}},
+            "lengths": {
+                "1024": {"ppl_ratio": 1.0, "kl": None, "top1": 0.99},
+                "8000": {"ppl_ratio": 1.04, "kl": 0.01, "top1": 0.9},
+            },
             "measured_by": "a test",
         }
         above = db.restore("b")
         assert above.mode == "exact" and above.fidelity is None
-        assert f"({balanced}) is measured at ppl x1.20 at 8,000 tokens, above max-loss 1.05: prefilled exactly" in above.reason
+        assert (
+            f"({balanced}) is measured at ppl x1.20 at 8,000 tokens, above max-loss 1.05: prefilled exactly"
+            in above.reason
+        )
         assert db.restore("b", max_loss=1.25).mode == "archive"
         mixed = db.restore("c", max_loss=1.1)  # a path of both presets answers for the less faithful
         assert mixed.mode == "exact" and f"balanced ({balanced})" in mixed.reason
@@ -248,7 +285,9 @@ def test_stale_figures_count_as_unmeasured(tmp_path, tiny_model, monkeypatch, bu
         db.ingest(text=TEXT, name="s", keep=KV)
         measured_table(monkeypatch, weights, {presets.resolve("balanced", weights): 1.01})
         assert db.restore("s").mode == "archive"
-        monkeypatch.setitem(fidelity.table()[weights][presets.resolve("balanced", weights)]["shipped"], "key_sharpening", 1.05)
+        monkeypatch.setitem(
+            fidelity.table()[weights][presets.resolve("balanced", weights)]["shipped"], "key_sharpening", 1.05
+        )
         assert db.restore("s").mode == "exact"
 
 
@@ -267,7 +306,9 @@ def test_a_transform_preset_is_built_coded_and_restored_like_any_other(tmp_path,
             assert restored.mode == "archive" and restored.fidelity.spec == ("t4" if name == "fine" else "t1")
             got_k, got_v = capture.cache_arrays(restored.cache)
             gaps[name] = float(np.abs(got_k - exact_k).mean() + np.abs(got_v - exact_v).mean())
-        assert 0 < gaps["fine"] < 0.75 * gaps["coarse"]  # the tiny model's Fisher information leaves many dimensions without bits at both
+        assert (
+            0 < gaps["fine"] < 0.75 * gaps["coarse"]
+        )  # the tiny model's Fisher information leaves many dimensions without bits at both
         assert set(db.stats().kv_bytes_by_preset) == {"t1", "t4"}
         assert db.verify().ok
 
@@ -288,12 +329,21 @@ def test_an_entropy_coded_preset_is_cut_by_coding_both_halves_again(tmp_path, ti
             parts = []
             for node in storage.node_path(db.session(name).session_id):
                 codebook_id, streams = storage.node_kv(node.node_id)
-                parts.append(code_layout.codes_from_streams(tier_k.codebooks(node.model_id, codebook_id)[1], streams, node.n_tokens))
+                parts.append(
+                    code_layout.codes_from_streams(
+                        tier_k.codebooks(node.model_id, codebook_id)[1], streams, node.n_tokens
+                    )
+                )
             return [np.concatenate(kind, axis=-1) for kind in zip(*parts)], len(parts)
 
         before, nodes = codes("a")
         assert nodes == 1
-        db.ingest(text=TEXT[:120] + "and then it goes somewhere else entirely, at some length.", name="b", keep=KV, kv_preset="e4")
+        db.ingest(
+            text=TEXT[:120] + "and then it goes somewhere else entirely, at some length.",
+            name="b",
+            keep=KV,
+            kv_preset="e4",
+        )
         after, nodes = codes("a")
         assert nodes == 2
         for a, b in zip(after, before):

@@ -17,7 +17,18 @@ from kvdb.storage import views
 
 # The documented interface: a change here is a change of docs/sql.md and of every query written against it.
 PINNED_VIEWS = {
-    "conversations": ("conversation_id", "title", "agent", "project", "versions", "latest_session_id", "n_tokens", "started_at", "said_at", "updated_at"),
+    "conversations": (
+        "conversation_id",
+        "title",
+        "agent",
+        "project",
+        "versions",
+        "latest_session_id",
+        "n_tokens",
+        "started_at",
+        "said_at",
+        "updated_at",
+    ),
     "sessions": (
         "session_id",
         "conversation_id",
@@ -38,14 +49,29 @@ PINNED_VIEWS = {
     "projects": ("project", "conversations", "sessions", "agents", "tokens", "first_started_at", "last_said_at"),
     "tiers": ("tier", "nodes", "tokens", "bytes"),
 }
-HITS = ("rank", "conversation_id", "session_id", "title", "name", "position", "match_tokens", "score", "exact", "text", "context")
+HITS = (
+    "rank",
+    "conversation_id",
+    "session_id",
+    "title",
+    "name",
+    "position",
+    "match_tokens",
+    "score",
+    "exact",
+    "text",
+    "context",
+)
 PINNED_MACROS = {"search": HITS, "search_meaning": HITS, "turns_of": ("turn", "role", "start", "stop", "text")}
 
 TALK = [
     {"role": "user", "content": "Where does the keeper keep the harbour ledger?"},
     {"role": "assistant", "content": "In the lamp room, beside the harbour lights."},
 ]
-MORE = [{"role": "user", "content": "Who reads the harbour ledger?"}, {"role": "assistant", "content": "The harbour master, each morning."}]
+MORE = [
+    {"role": "user", "content": "Who reads the harbour ledger?"},
+    {"role": "assistant", "content": "The harbour master, each morning."},
+]
 
 
 def fill(archive, tmp_path) -> None:
@@ -92,9 +118,18 @@ def test_every_view_and_search_as_a_relation_on_both_backends(filled, tmp_path):
         "select c.project, date_trunc('month', c.said_at) as month, count(*) as hits "
         "from search('harbour ledger') h join conversations c using (conversation_id) group by all order by all"
     )
-    month = filled.conversations()[0].latest.said_at.replace(day=1, hour=0, minute=0, second=0, microsecond=0, tzinfo=None)
-    assert per_project.rows == [(str(tmp_path / "elsewhere"), month, 1), (str(tmp_path / "repo"), month, 1), (None, month, 1)]
-    said = filled.sql("select t.text from turns t join conversations c using (conversation_id) where c.title = 'talk' and t.role = 'user' order by t.turn")
+    month = filled.conversations()[0].latest.said_at.replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0, tzinfo=None
+    )
+    assert per_project.rows == [
+        (str(tmp_path / "elsewhere"), month, 1),
+        (str(tmp_path / "repo"), month, 1),
+        (None, month, 1),
+    ]
+    said = filled.sql(
+        "select t.text from turns t join conversations c using (conversation_id) "
+        "where c.title = 'talk' and t.role = 'user' order by t.turn"
+    )
     assert said.rows == [(TALK[0]["content"],), (MORE[0]["content"],)]
     with pytest.raises(QueryRefused):
         filled.sql("select * from ducklake_expire_snapshots('lake', older_than => now())")
@@ -106,24 +141,45 @@ def test_the_views_say_what_the_library_says(archive, tmp_path):
     listed = {c.conversation_id: c for c in archive.conversations()}
     rows = archive.sql("select * from conversations").to_dict()["rows"]
     assert {r[0]: (r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows} == {
-        c.conversation_id: (c.title, c.agent, c.project, c.versions, c.latest.session_id, c.latest.n_tokens) for c in listed.values()
+        c.conversation_id: (c.title, c.agent, c.project, c.versions, c.latest.session_id, c.latest.n_tokens)
+        for c in listed.values()
     }
     sessions = {s.session_id: s for s in archive.sessions()}
-    for row in archive.sql("select session_id, conversation_id, title, agent, project, n_tokens, said_at, started_at from sessions").rows:
+    for row in archive.sql(
+        "select session_id, conversation_id, title, agent, project, n_tokens, said_at, started_at from sessions"
+    ).rows:
         s = sessions[row[0]]
-        assert row[1:] == (s.conversation_id, s.title, s.agent, s.project, s.n_tokens, s.said_at.replace(tzinfo=None), s.started_at.replace(tzinfo=None))
+        assert row[1:] == (
+            s.conversation_id,
+            s.title,
+            s.agent,
+            s.project,
+            s.n_tokens,
+            s.said_at.replace(tzinfo=None),
+            s.started_at.replace(tzinfo=None),
+        )
     for conversation in listed.values():
-        turns = archive.sql(f"select role, start, stop, text from turns where conversation_id = '{conversation.conversation_id}' order by turn").rows
+        turns = archive.sql(
+            "select role, start, stop, text from turns "
+            f"where conversation_id = '{conversation.conversation_id}' order by turn"
+        ).rows
         assert turns == [(t.role, t.start, t.end, t.text) for t in archive.turns(conversation.latest.session_id)]
     first = min(sessions.values(), key=lambda s: s.created_at)  # the first version of talk: its turns by turns_of
-    assert len(archive.sql(f"select * from turns_of('{first.session_id}')").rows) == len(archive.turns(first.session_id)) == 2
+    assert (
+        len(archive.sql(f"select * from turns_of('{first.session_id}')").rows)
+        == len(archive.turns(first.session_id))
+        == 2
+    )
     agents = archive.sql("select agent, conversations, sessions from agents order by agent").rows
     assert agents == [("messages", 2, 3), ("text", 1, 1)]
     projects = dict(archive.sql("select project, conversations from projects").rows)
     assert projects == {str(tmp_path / "repo"): 1, str(tmp_path / "elsewhere"): 1, None: 1}
     stats = archive.stats()
     tiers = {r[0]: r[1:] for r in archive.sql("select * from tiers").rows}
-    assert tiers["tokens"] == (stats.nodes, stats.stored_tokens, stats.bytes["tokens"] - 12 * stats.nodes) and tiers["search"][2] is None
+    assert (
+        tiers["tokens"] == (stats.nodes, stats.stored_tokens, stats.bytes["tokens"] - 12 * stats.nodes)
+        and tiers["search"][2] is None
+    )
     assert tiers["lm"] == tiers["kv"] == (0, 0, 0)
 
 
@@ -137,7 +193,9 @@ def test_turns_are_decoded_only_for_the_conversations_a_query_keeps(archive, tmp
     assert found == [(4,)] and decoded == [talk.latest.session_id]
     decoded.clear()
     assert archive.sql("select count(*) from conversations").rows == [(3,)] and decoded == []  # no turn read
-    assert archive.sql("select count(*) from turns").rows == [(7,)] and len(decoded) == 3  # all of them: the costly query
+    assert (
+        archive.sql("select count(*) from turns").rows == [(7,)] and len(decoded) == 3
+    )  # all of them: the costly query
 
 
 def test_search_options_and_meaning_hits(archive, tmp_path):
@@ -148,11 +206,16 @@ def test_search_options_and_meaning_hits(archive, tmp_path):
     partial = archive.sql("select title, exact from search('old harbour ledger', partial := true) order by title").rows
     assert partial == [("log", False), ("notes", False), ("talk", False)]
     assert archive.sql("select count(*) from search('Harbour Master', case_sensitive := true)").rows == [(0,)]
-    assert archive.sql("select rank, title from search('harbour', k := 1)").rows == [(1, archive.search("harbour", k=1)[0].title)]
+    assert archive.sql("select rank, title from search('harbour', k := 1)").rows == [
+        (1, archive.search("harbour", k=1)[0].title)
+    ]
     with pytest.raises(TierMissing):  # raised as itself from inside the query: nothing embedded yet
         archive.sql("select * from search_meaning('harbour ledger')")
     archive.upkeep(only="semantic")
-    meaning = archive.sql("select h.rank, c.title from search_meaning('harbour ledger', k := 2) h join conversations c using (conversation_id) order by rank")
+    meaning = archive.sql(
+        "select h.rank, c.title from search_meaning('harbour ledger', k := 2) h "
+        "join conversations c using (conversation_id) order by rank"
+    )
     assert [r[1] for r in meaning.rows] == [h.title for h in archive.search_meaning("harbour ledger", k=2)]
 
 
@@ -189,7 +252,10 @@ def test_a_write_past_the_checks_is_refused_by_the_read_only_transaction(archive
 
 
 def test_results_are_plain_values(archive):
-    found = archive.sql("select 1.5 as d, interval 2 minute as i, '\\x01'::blob as b, [1, 2] as l, {'a': date '2024-01-02'} as s, now() as t")
+    found = archive.sql(
+        "select 1.5 as d, interval 2 minute as i, '\\x01'::blob as b, "
+        "[1, 2] as l, {'a': date '2024-01-02'} as s, now() as t"
+    )
     row = found.to_dict()["rows"][0]
     assert row[:5] == [1.5, 120.0, "01", [1, 2], {"a": "2024-01-02"}] and isinstance(row[5], str)
     assert found.types[5] == "TIMESTAMP"  # a zoned time, in UTC without its zone

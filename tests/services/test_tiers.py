@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from kvdb.cli.main import main
 from support import CALIBRATION, KV, storage_of, write
 
 import kvdb
+from kvdb.cli.main import main
 from kvdb.errors import ArchiveError, ArchiveLocked, InvalidArgument
 from kvdb.index import trie
 from kvdb.model import capture, lmcode
@@ -98,11 +98,15 @@ def test_a_new_session_sharing_a_few_tokens_of_a_tier_l_node_leaves_it_whole(arc
     b_text = ESSAY[: trie.MIN_SPLIT - 1] + "?! something else entirely"
     steps = StepCounter(monkeypatch)
     b = archive.ingest(text=b_text, name="b")[0]
-    assert steps.tokens == 0  # the essay's node is keyed by its first MIN_SPLIT tokens: the walk does not even look it up to decode
+    assert (
+        steps.tokens == 0
+    )  # the essay's node is keyed by its first MIN_SPLIT tokens: the walk does not even look it up to decode
     assert b.new_tokens == b.n_tokens and archive.stats().nodes == 2  # stored beside the essay, which is not cut
     assert [n.n_tokens for n in storage_of(archive).node_path(a.session_id)] == [a.n_tokens]
     assert archive.text("b") == b_text and archive.text("essay") == ESSAY
-    c = archive.ingest(text=b_text + " and more", keep=ALL, name="c")[0]  # sharing all of b: the trie finds b among two first-token kids
+    c = archive.ingest(text=b_text + " and more", keep=ALL, name="c")[
+        0
+    ]  # sharing all of b: the trie finds b among two first-token kids
     assert c.new_tokens == len(" and more") and archive.verify(deep=True).ok
 
 
@@ -110,17 +114,27 @@ def test_a_session_cutting_a_tier_l_only_node_decodes_it_once(archive, monkeypat
     archive.ingest(text=ESSAY, keep="lm", name="essay")
     decoded = []  # the tokens of every tier-L node decode
     decode = lmcode.decode_node
-    monkeypatch.setattr(lmcode, "decode_node", lambda *a, **kw: (out := decode(*a, **kw), decoded.append(len(out[0])))[0])
-    archive.ingest(text=ESSAY[:40] + "a turn of its own", name="c")  # shares 40 tokens: the match goes on to decode the node the cut needs
+    monkeypatch.setattr(
+        lmcode, "decode_node", lambda *a, **kw: (out := decode(*a, **kw), decoded.append(len(out[0])))[0]
+    )
+    archive.ingest(
+        text=ESSAY[:40] + "a turn of its own", name="c"
+    )  # shares 40 tokens: the match goes on to decode the node the cut needs
     assert decoded == [len(ESSAY)]
-    assert archive.text("c") == ESSAY[:40] + "a turn of its own" and archive.text("essay") == ESSAY and archive.stats().nodes == 3
+    assert (
+        archive.text("c") == ESSAY[:40] + "a turn of its own"
+        and archive.text("essay") == ESSAY
+        and archive.stats().nodes == 3
+    )
 
 
 def test_a_new_session_sharing_a_few_tokens_of_a_node_with_tier_l_does_not_recode_it(archive, monkeypatch):
     archive.ingest(text=ESSAY, keep=ALL, name="essay")
     coded = []  # the length of every stretch tier L codes
     encode = lmcode.encode_node
-    monkeypatch.setattr(lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
+    monkeypatch.setattr(
+        lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw)
+    )
     b = archive.ingest(text="An other text", keep=ALL, name="b")[0]  # shares "An " only
     assert coded == [b.n_tokens] and archive.stats().nodes == 2
     np.testing.assert_array_equal(archive.restore("b", mode="decode").tokens, archive.tokens("b"))
@@ -186,7 +200,9 @@ def test_a_damaged_node_payload_is_caught_by_the_node_id_and_an_old_framed_one_s
 
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as archive:
-        [r] = archive.ingest(text="A session whose tokens live in tier L alone, one flipped bit from lost.", keep="lm", name="l")
+        [r] = archive.ingest(
+            text="A session whose tokens live in tier L alone, one flipped bit from lost.", keep="lm", name="l"
+        )
         ids = archive.tokens("l")
         loaded = archive._models.get()
     con = duckdb.connect(str(path))
@@ -194,7 +210,9 @@ def test_a_damaged_node_payload_is_caught_by_the_node_id_and_an_old_framed_one_s
     assert lmcode.is_node_payload(payload) and len(payload) < 8 + len(ids)  # a tag byte, then about 8 bits a token here
     framed = lmcode.encode(loaded.model, ids, version=lmcode.payload_version(payload))  # what an older kvdb stored
     middle = len(payload) // 2  # a flipped bit there changes every token after it (the last byte has slack)
-    con.execute("update node_lm set payload = ?", [payload[:middle] + bytes([payload[middle] ^ 0x10]) + payload[middle + 1 :]])
+    con.execute(
+        "update node_lm set payload = ?", [payload[:middle] + bytes([payload[middle] ^ 0x10]) + payload[middle + 1 :]]
+    )
     con.close()
     with kvdb.open(path, model=tiny_model) as archive:
         with pytest.raises(kvdb.errors.CorruptData, match="does not hash"):
@@ -215,7 +233,9 @@ def test_compact_to_tier_l_alone_recodes_a_payload_only_its_machine_can_read(tmp
 
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as archive:
-        [r] = archive.ingest(text="Archived before version 3, then compacted to its tier L alone.", keep="tokens,lm", name="old")
+        [r] = archive.ingest(
+            text="Archived before version 3, then compacted to its tier L alone.", keep="tokens,lm", name="old"
+        )
         ids = archive.tokens("old")
         old = lmcode.encode(archive._models.get().model, ids, version=2)
     con = duckdb.connect(str(path))
@@ -256,10 +276,12 @@ def test_tokens_held_in_tier_l_alone_still_read_restore_and_grow(tmp_path, tiny_
         two = archive.ingest(messages=TURN2, keep=ALL, name="two")[0]  # grows "one": its node is shared now
         assert archive.stats().stored_tokens == two.n_tokens
         assert all("tokens" in n.keep for n in storage_of(archive).node_path(two.session_id))
-        for r, messages in ((one, TURN1), (two, TURN2)):
+        for r, messages in ((one, TURN1), (two, TURN2)):  # noqa: B007 - each result beside the turns it stored
             assert archive.text(r.session_id) == archive.text(r.session_id, 0, r.n_tokens)
         assert archive.text("one") == text and [h.name for h in archive.search("banana") if h.exact] == ["two"]
-        np.testing.assert_allclose(archive.logprobs("two")[: one.n_tokens], logprobs, atol=1e-4)  # scored back at the ingest
+        np.testing.assert_allclose(
+            archive.logprobs("two")[: one.n_tokens], logprobs, atol=1e-4
+        )  # scored back at the ingest
         assert archive.prefix_bits("one", "two") == pytest.approx(-archive.logprobs("one").sum() / np.log(2), rel=1e-5)
         assert archive.verify(deep=True).ok
 
@@ -301,12 +323,16 @@ def test_ingesting_an_archived_session_again_adds_the_tiers_its_path_lacks(archi
     assert archive.search("another ending") == []
     coded = []  # the length of every stretch tier L codes
     encode = lmcode.encode_node
-    monkeypatch.setattr(lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw))
+    monkeypatch.setattr(
+        lmcode, "encode_node", lambda model, ids, **kw: coded.append(len(ids)) or encode(model, ids, **kw)
+    )
     [again] = archive.ingest(text=shared + "Then the first ending.", keep=ALL)
     assert (again.status, again.added, again.new_tokens) == ("updated", ("search", "lm"), 0)
     assert again.to_dict()["added"] == ["search", "lm"] and "new_tokens" not in again.to_dict()
     head, tail_b = storage_of(archive).node_path(b.session_id)
-    assert coded == [n.n_tokens for n in storage_of(archive).node_path(a.session_id)]  # the shared head, then a's own node
+    assert coded == [
+        n.n_tokens for n in storage_of(archive).node_path(a.session_id)
+    ]  # the shared head, then a's own node
     coded.clear()
     assert archive.ingest(text=shared + "Then another ending!", keep=ALL)[0].added == ("search", "lm")
     assert coded == [tail_b.n_tokens]  # the shared head holds tier L already: not coded again
@@ -327,7 +353,11 @@ def test_ingesting_again_after_codebooks_train_adds_tier_k(kv_archive, monkeypat
     quantized = []  # the node ranges tier K codes
     codes = TierK.codes
     monkeypatch.setattr(
-        TierK, "codes", lambda self, loaded, cache, start, end, **kw: quantized.append((start, end)) or codes(self, loaded, cache, start, end, **kw)
+        TierK,
+        "codes",
+        lambda self, loaded, cache, start, end, **kw: (
+            quantized.append((start, end)) or codes(self, loaded, cache, start, end, **kw)
+        ),
     )
     [again] = kv_archive.ingest(text=shared + "Its first ending.", keep=KV)
     assert (again.status, again.added, again.to_dict()["added"]) == ("updated", ("kv",), ["kv"])
@@ -386,7 +416,9 @@ def test_ingesting_again_gives_tokens_back_to_a_session_held_in_tier_l_only(arch
 def cli(tmp_path, tiny_model):
     """``kvdb --db <tmp>/c.duckdb ARGS...`` with the tiny model."""
     runner = CliRunner()
-    return lambda *args, env=None: runner.invoke(main, ["--db", str(tmp_path / "c.duckdb"), *map(str, args)], env={"KVDB_MODEL": tiny_model, **(env or {})})
+    return lambda *args, env=None: runner.invoke(
+        main, ["--db", str(tmp_path / "c.duckdb"), *map(str, args)], env={"KVDB_MODEL": tiny_model, **(env or {})}
+    )
 
 
 def test_advice_no_tier_k_ingest_with_kv_or_restore_exact(tmp_path, cli):
@@ -394,10 +426,17 @@ def test_advice_no_tier_k_ingest_with_kv_or_restore_exact(tmp_path, cli):
     assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION), session).exit_code == 0
     assert cli("codebooks", "train", "--preset", "k2v1", "--tokens", "2000").exit_code == 0
     refused = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1)
-    assert refused.exit_code == 2 and "ingest it with --keep tokens,search,kv, or restore with --mode exact" in refused.stderr
+    assert (
+        refused.exit_code == 2
+        and "ingest it with --keep tokens,search,kv, or restore with --mode exact" in refused.stderr
+    )
     assert cli("restore", "later", "--mode", "exact", "--max-new-tokens", 1).exit_code == 0
     updated = cli("ingest", session, "--keep", "tokens,search,kv", "--kv-preset", "k2v1", "--json")
-    assert updated.exit_code == 0 and json.loads(updated.stdout)["status"] == "updated" and json.loads(updated.stdout)["added"] == ["kv"]
+    assert (
+        updated.exit_code == 0
+        and json.loads(updated.stdout)["status"] == "updated"
+        and json.loads(updated.stdout)["added"] == ["kv"]
+    )
     restored = cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json")
     assert restored.exit_code == 0 and json.loads(restored.stdout)["mode"] == "archive"
 
@@ -406,21 +445,38 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
     session = write(tmp_path / "later.txt", "A session that wants its quantized KV cache archived.")
     ingested = cli("ingest", session, "--keep", KV, "--json")
     assert ingested.exit_code == 0 and json.loads(ingested.stdout)["status"] == "ingested"
-    auto = json.loads(cli("restore", "later", "--max-new-tokens", 1, "--json").stdout)  # nobody measured the tiny model's presets
+    auto = json.loads(
+        cli("restore", "later", "--max-new-tokens", 1, "--json").stdout
+    )  # nobody measured the tiny model's presets
     assert auto["mode"] == "exact" and "balanced (k6v4) has no measured fidelity" in auto["reason"]
-    assert json.loads(cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json").stdout)["mode"] == "archive"
+    assert (
+        json.loads(cli("restore", "later", "--mode", "archive", "--max-new-tokens", 1, "--json").stdout)["mode"]
+        == "archive"
+    )
     [shipped] = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
-    assert shipped["source"] == "shipped" and shipped["on_this_machine"] and shipped["stored_bytes"] < 1024 < shipped["centroid_bytes"]
+    assert (
+        shipped["source"] == "shipped"
+        and shipped["on_this_machine"]
+        and shipped["stored_bytes"] < 1024 < shipped["centroid_bytes"]
+    )
     stats = json.loads(cli("stats", "--json").stdout)
-    assert stats["codebook_bytes"] == shipped["stored_bytes"] and stats["shipped_codebook_bytes"] == shipped["centroid_bytes"]
+    assert (
+        stats["codebook_bytes"] == shipped["stored_bytes"]
+        and stats["shipped_codebook_bytes"] == shipped["centroid_bytes"]
+    )
     assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
     assert cli("codebooks", "train", "--preset", "k2v1", "--tokens", "2000").exit_code == 0
     listed = [json.loads(line) for line in cli("codebooks", "list", "--json").stdout.splitlines()]
     assert [c["source"] for c in listed] == ["shipped", "trained"] and listed[1]["preset"] == "k2v1"
     next_text = write(tmp_path / "next.txt", "A later session, coded with the trained set.")
     assert cli("ingest", next_text, "--keep", KV, "--kv-preset", "k2v1").exit_code == 0
-    restored = {name: json.loads(cli("restore", name, "--mode", "archive", "--max-new-tokens", 1, "--json").stdout) for name in ("next", "later")}
-    assert {name: (r["mode"], r["preset_fidelity"]["spec"], r["preset_fidelity"]["source"]) for name, r in restored.items()} == {
+    restored = {
+        name: json.loads(cli("restore", name, "--mode", "archive", "--max-new-tokens", 1, "--json").stdout)
+        for name in ("next", "later")
+    }
+    assert {
+        name: (r["mode"], r["preset_fidelity"]["spec"], r["preset_fidelity"]["source"]) for name, r in restored.items()
+    } == {
         "next": ("archive", "k2v1", "trained"),
         "later": ("archive", "k6v4", "shipped"),  # still the shipped set it was coded with
     }
@@ -431,10 +487,15 @@ def test_kv_on_a_fresh_archive_uses_the_shipped_codebooks_until_some_are_trained
 def test_advice_too_few_positions_archive_more_or_pass_tokens(tmp_path, cli):
     assert cli("ingest", write(tmp_path / "short.txt", "Too short to train codebooks on.")).exit_code == 0
     refused = cli("codebooks", "train", "--preset", "k2v1")
-    assert refused.exit_code == 2 and "archive more sessions first, then run `kvdb codebooks train` again" in refused.stderr
+    assert (
+        refused.exit_code == 2
+        and "archive more sessions first, then run `kvdb codebooks train` again" in refused.stderr
+    )
     assert cli("ingest", write(tmp_path / "calibration.txt", CALIBRATION)).exit_code == 0
     assert cli("codebooks", "train", "--preset", "k2v1").exit_code == 0
-    assert cli("ingest", write(tmp_path / "more.txt", CALIBRATION.replace("a", "o"))).exit_code == 0  # enough for 1024 centroids
+    assert (
+        cli("ingest", write(tmp_path / "more.txt", CALIBRATION.replace("a", "o"))).exit_code == 0
+    )  # enough for 1024 centroids
     capped = cli("codebooks", "train", "--preset", "k1x1024v1x1024", "--tokens", 256)
     assert capped.exit_code == 2 and "pass --tokens 1024 or more" in capped.stderr
     trained = cli("codebooks", "train", "--preset", "k1x1024v1x1024", "--tokens", 1024, "--json")
@@ -445,7 +506,10 @@ def test_advice_no_tier_l_ingest_with_lm_or_restore_exact(tmp_path, cli):
     session = write(tmp_path / "s.txt", "A session archived without tier L, decoded from it later.")
     assert cli("ingest", session).exit_code == 0
     refused = cli("restore", "s", "--mode", "decode", "--max-new-tokens", 1)
-    assert refused.exit_code == 2 and "ingest it with --keep tokens,search,lm, or restore with --mode exact" in refused.stderr
+    assert (
+        refused.exit_code == 2
+        and "ingest it with --keep tokens,search,lm, or restore with --mode exact" in refused.stderr
+    )
     assert cli("restore", "s", "--mode", "exact", "--max-new-tokens", 1).exit_code == 0
     updated = cli("ingest", session, "--keep", "tokens,search,lm", "--json")
     assert updated.exit_code == 0 and json.loads(updated.stdout)["added"] == ["lm"]
@@ -470,13 +534,19 @@ def test_advice_model_mismatch_pass_the_archived_model(tmp_path, cli, other_tiny
     refused = cli("restore", "s", "--model", other_tiny_model, "--max-new-tokens", 1)
     assert refused.exit_code == 4
     [archived] = re.findall(r"pass --model '([^']+)'", refused.stderr)
-    assert cli("restore", "s", "--model", archived, "--max-new-tokens", 1, env={"KVDB_MODEL": other_tiny_model}).exit_code == 0
+    assert (
+        cli("restore", "s", "--model", archived, "--max-new-tokens", 1, env={"KVDB_MODEL": other_tiny_model}).exit_code
+        == 0
+    )
 
 
 def test_advice_read_only_open_without_read_only(tmp_path, tiny_model):
     path = tmp_path / "a.duckdb"
     kvdb.open(path, model=tiny_model).close()
-    with kvdb.open(path, model=tiny_model, read_only=True) as db, pytest.raises(ArchiveError, match="open it without read_only=True to change it"):
+    with (
+        kvdb.open(path, model=tiny_model, read_only=True) as db,
+        pytest.raises(ArchiveError, match="open it without read_only=True to change it"),
+    ):
         db.ingest(text="written through a read-only archive")
     with kvdb.open(path, model=tiny_model) as db:
         assert db.ingest(text="written through a read-only archive")[0].status == "ingested"
@@ -506,21 +576,32 @@ def test_advice_prefix_cache_entry_never_resumed_repair_or_gc(tmp_path, cli, tin
     assert cli("verify").exit_code == 0
 
 
-@pytest.mark.parametrize("damage, command", [("missing", ["repair"]), ("missing", ["index", "rebuild"]), ("damaged", ["repair"])])
+@pytest.mark.parametrize(
+    "damage, command", [("missing", ["repair"]), ("missing", ["index", "rebuild"]), ("damaged", ["repair"])]
+)
 def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, damage, command):
     path = tmp_path / "c.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="The harbour lights at dusk.", name="s")
         assert db.search("harbour")  # the index is loaded; its file is then lost or damaged under this process
-        sidecars = sorted((tmp_path / "c.duckdb.index").iterdir(), key=lambda f: f.stat().st_size)  # the base and its tail
+        sidecars = sorted(
+            (tmp_path / "c.duckdb.index").iterdir(), key=lambda f: f.stat().st_size
+        )  # the base and its tail
         if damage == "missing":
             for sidecar in sidecars:
                 sidecar.unlink()
-        else:  # a token of the larger (the session's tokens are in the tail); not the file's last byte, padding when a later array is empty
+        else:
+            # a token of the larger (the session's tokens are in the tail);
+            # not the file's last byte, padding when a later array is empty
             data = bytearray(sidecars[-1].read_bytes())
             length = int.from_bytes(data[8:12], "little")  # the header's (docs/formats.md, "Sidecar files")
             tokens = json.loads(data[12 : 12 + length])["arrays"]["tokens"]
-            data[-(-(12 + length) // 64) * 64 + tokens["offset"] + np.dtype(tokens["dtype"]).itemsize * tokens["shape"][0] - 1] ^= 0x01
+            data[
+                -(-(12 + length) // 64) * 64
+                + tokens["offset"]
+                + np.dtype(tokens["dtype"]).itemsize * tokens["shape"][0]
+                - 1
+            ] ^= 0x01
             sidecars[-1].write_bytes(bytes(data))
         problems = db.verify().problems
     advice = "(run `kvdb repair` or `kvdb index rebuild`)" if damage == "missing" else "(run `kvdb repair`)"
@@ -533,10 +614,16 @@ def test_advice_search_index_file_repair_or_rebuild(tmp_path, cli, tiny_model, d
 
 
 def test_a_session_past_the_context_ingests_in_parts_each_reported(tmp_path, cli):
-    text = "".join(f"Line {i} of a long transcript.\n" for i in range(200))  # 5,000+ tokens of the byte-level tiny model
+    text = "".join(
+        f"Line {i} of a long transcript.\n" for i in range(200)
+    )  # 5,000+ tokens of the byte-level tiny model
     parts = cli("ingest", write(tmp_path / "long.txt", text), "--json")
     rows = [json.loads(line) for line in parts.stdout.splitlines()]
-    assert parts.exit_code == 0 and [(r["status"], r["part"]) for r in rows] == [("ingested", n) for n in range(1, len(rows) + 1)] and len(rows) > 1
+    assert (
+        parts.exit_code == 0
+        and [(r["status"], r["part"]) for r in rows] == [("ingested", n) for n in range(1, len(rows) + 1)]
+        and len(rows) > 1
+    )
     again = cli("ingest", tmp_path / "long.txt")
     assert again.exit_code == 0 and [line.split()[0] for line in again.stdout.splitlines()] == ["unchanged"] * len(rows)
     assert "long (part 2)" in again.stdout
@@ -570,7 +657,10 @@ def test_advice_archive_in_use_raise_lock_timeout_or_retry(tmp_path, tiny_model,
     path = tmp_path / "a.duckdb"
     with kvdb.open(path, model=tiny_model) as db:
         db.ingest(text="an archive another process is writing")
-    hold = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(3)"
+    hold = (
+        f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}); s.list_sessions(); "
+        "print('ready', flush=True); import time; time.sleep(3)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -611,11 +701,24 @@ def test_advice_unknown_model_give_a_hugging_face_id_in_the_local_cache(tmp_path
     shutil.copytree(tiny_model, repo / "snapshots" / ("0" * 40))
     write(repo / "refs" / "main", "0" * 40)
     session = write(tmp_path / "s.txt", "archived with a model found in the Hugging Face cache")
-    command = [sys.executable, "-c", "from kvdb.cli.main import main; main()", "--db", str(tmp_path / "c.duckdb"), "ingest", str(session)]
+    command = [
+        sys.executable,
+        "-c",
+        "from kvdb.cli.main import main; main()",
+        "--db",
+        str(tmp_path / "c.duckdb"),
+        "ingest",
+        str(session),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     refused = subprocess.run([*command, "--model", "kvdb-tests/tiny"], env=env, capture_output=True, text=True)
     assert refused.returncode == 4 and "a Hugging Face id already in the local cache" in refused.stderr
-    found = subprocess.run([*command, "--model", "kvdb-tests/tiny"], env=dict(env, HF_HUB_CACHE=str(tmp_path / "hub")), capture_output=True, text=True)
+    found = subprocess.run(
+        [*command, "--model", "kvdb-tests/tiny"],
+        env=dict(env, HF_HUB_CACHE=str(tmp_path / "hub")),
+        capture_output=True,
+        text=True,
+    )
     assert found.returncode == 0, found.stderr
 
 

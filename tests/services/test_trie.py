@@ -56,7 +56,9 @@ def test_shared_system_prompt_is_stored_once(archive):
     assert prefix.text == archive.text(a.session_id)[: len(prefix.text)] and "\n" in prefix.text
     with pytest.warns(DeprecationWarning):
         [head] = archive.prefixes(words=3)
-    assert " ".join(prefix.text.split()[:3]).startswith(head.text) and head.text.split()[0] == prefix.text.split()[0]  # 0.1: at most 3 words
+    assert (
+        " ".join(prefix.text.split()[:3]).startswith(head.text) and head.text.split()[0] == prefix.text.split()[0]
+    )  # 0.1: at most 3 words
 
 
 def test_one_more_turn_stores_and_computes_only_the_turn(archive):
@@ -108,7 +110,11 @@ def test_children_that_open_alike_are_told_apart_by_their_heads(archive, monkeyp
         archive.ingest(text=text, name=name, keep="tokens,search")
     reads = []
     node_tokens = type(storage_of(archive)).node_tokens
-    monkeypatch.setattr(type(storage_of(archive)), "node_tokens", lambda self, node_id, start=0, end=None: reads.append((start, end)) or node_tokens(self, node_id, start, end))
+    monkeypatch.setattr(
+        type(storage_of(archive)),
+        "node_tokens",
+        lambda self, node_id, start=0, end=None: reads.append((start, end)) or node_tokens(self, node_id, start, end),
+    )
     [again] = archive.ingest(text=texts["s17"] + " and more", name="s17 grown", keep="tokens,search")
     assert again.new_tokens < len(" and more") + 2 and archive.text("s17 grown") == texts["s17"] + " and more"
     assert len([r for r in reads if r != (0, k)]) <= 1  # one sibling read whole, the others by their heads (cached)

@@ -37,14 +37,18 @@ def test_an_ingest_of_the_default_tiers_never_loads_the_model(tmp_path, tiny_mod
         assert db.loaded_model is not None  # this machine has loaded the model once: its facts are cached
     monkeypatch.setattr(loading, "load", _refuse_to_load)
     with kvdb.open(tmp_path / "a.duckdb", model=tiny_model) as db:
-        results = db.ingest(messages=TURNS, name="chat") + db.ingest(text="The harbour lights were lit at dusk.", name="harbour")
+        results = db.ingest(messages=TURNS, name="chat") + db.ingest(
+            text="The harbour lights were lit at dusk.", name="harbour"
+        )
         assert [r.status for r in results] == ["ingested", "ingested"]
         assert [h.session_id for h in db.search("leap year")] == [results[0].session_id]
         queued = Queued(2, sum(r.n_tokens for r in results))
         assert db.stats().pending == Pending(logprobs=queued, semantic=queued)
         with pytest.raises(kvdb.errors.TierMissing, match="2 sessions .* wait for it; run `kvdb upkeep`"):
             db.search_meaning("harbour lights")
-        with pytest.raises(AssertionError, match="language model was loaded"):  # the embedder's pass first, then the language model's
+        with pytest.raises(
+            AssertionError, match="language model was loaded"
+        ):  # the embedder's pass first, then the language model's
             db.upkeep()
         assert db.pending() == Pending(logprobs=queued)
         assert db.search_meaning("harbour lights")[0].session_id == results[1].session_id
@@ -96,21 +100,29 @@ def test_the_queue_survives_kill_9_and_completes(tmp_path, tiny_model):
         # 16 sessions: the kill lands after the first commit (a poll takes about as long as a
         # session's pass) and the rerun scores the rest, which with 40 took half the test's time
         for n in range(16):
-            db.ingest(text=f"Session {n}: " + " ".join(f"word{k * n}" for k in range(200)), name=f"s{n}", keep="tokens,search")
+            db.ingest(
+                text=f"Session {n}: " + " ".join(f"word{k * n}" for k in range(200)), name=f"s{n}", keep="tokens,search"
+            )
         queued = db.pending().logprobs.sessions
     assert queued == 16
     env = dict(os.environ, KVDB_MODEL=tiny_model)
-    worker = subprocess.Popen([KVDB, "--db", str(path), "upkeep"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [KVDB, "--db", str(path), "upkeep"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         left = queued
         while left == queued and worker.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-            status = subprocess.run([KVDB, "--db", str(path), "upkeep", "--status", "--json"], env=env, capture_output=True, text=True)
+            status = subprocess.run(
+                [KVDB, "--db", str(path), "upkeep", "--status", "--json"], env=env, capture_output=True, text=True
+            )
             if status.returncode == 0:
                 left = json.loads(status.stdout)["logprobs"]["sessions"]
         worker.send_signal(signal.SIGKILL)
-        assert worker.wait(timeout=30) == -signal.SIGKILL, worker.stderr.read() if worker.stderr else ""  # killed mid-run, not finished
+        assert worker.wait(timeout=30) == -signal.SIGKILL, (
+            worker.stderr.read() if worker.stderr else ""
+        )  # killed mid-run, not finished
     finally:
         worker.kill()
     assert 0 < left < queued
@@ -140,7 +152,9 @@ with kvdb.open(sys.argv[1], model=sys.argv[2], embedder=sys.argv[2]) as db:
 
 def _chunk_rows(path: Path, model: str) -> list[tuple]:
     with kvdb.open(path, model=model, embedder=model) as db, db._storage._read() as conn:
-        return conn.execute("select node_id, chunk_no, start, stop, vector from node_chunks order by node_id, chunk_no").fetchall()
+        return conn.execute(
+            "select node_id, chunk_no, start, stop, vector from node_chunks order by node_id, chunk_no"
+        ).fetchall()
 
 
 def test_the_semantic_queue_survives_kill_9_in_a_group_and_completes(tmp_path, tiny_model):
@@ -150,12 +164,21 @@ def test_the_semantic_queue_survives_kill_9_in_a_group_and_completes(tmp_path, t
     for path in paths:
         with kvdb.open(path, model=tiny_model, embedder=tiny_model) as db:
             for n in range(20):
-                db.ingest(text=f"Session {n}: " + " ".join(f"word{k * n}" for k in range(100)), name=f"s{n}", keep="tokens,search,semantic")
+                db.ingest(
+                    text=f"Session {n}: " + " ".join(f"word{k * n}" for k in range(100)),
+                    name=f"s{n}",
+                    keep="tokens,search,semantic",
+                )
             queued = db.pending().semantic.sessions
     assert queued == 20
     with kvdb.open(paths[1], model=tiny_model, embedder=tiny_model) as db:
         assert db.upkeep(only="semantic").embedded.sessions == queued
-    worker = subprocess.Popen([sys.executable, "-c", _EMBED_WORKER, str(paths[0]), tiny_model], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _EMBED_WORKER, str(paths[0]), tiny_model],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert worker.stdout is not None
         for _ in range(6):  # sessions committed (durable once the next group lets the file go)

@@ -5,9 +5,9 @@ import json
 import duckdb
 import pytest
 from click.testing import CliRunner
-from kvdb.cli.main import main
 
 import kvdb
+from kvdb.cli.main import main
 
 
 @pytest.fixture
@@ -19,12 +19,18 @@ def archived(tmp_path, tiny_model):
         assert db.search("beginning", k=2)
     return path
 
+
 def test_a_healthy_archive_verifies(archived, tiny_model):
     with kvdb.open(archived, model=tiny_model) as db:
         for deep in (False, True):
             report = db.verify(deep=deep)
             assert report.ok, report.problems
-            assert report.checked["sessions"] == 2 and report.checked["token blocks"] >= 3 and report.checked["lm payloads"] >= 1
+            assert (
+                report.checked["sessions"] == 2
+                and report.checked["token blocks"] >= 3
+                and report.checked["lm payloads"] >= 1
+            )
+
 
 def test_a_corrupted_token_block_is_caught(archived, tiny_model):
     con = duckdb.connect(str(archived))
@@ -38,6 +44,7 @@ def test_a_corrupted_token_block_is_caught(archived, tiny_model):
     assert not report.ok
     assert any(f"token block {block} of node {node[:12]}" in p and "CRC" in p for p in report.problems)
 
+
 def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
     con = duckdb.connect(str(archived))
     con.execute("update nodes set refcount = refcount + 5 where parent_id is null")
@@ -50,6 +57,7 @@ def test_broken_refcount_and_stale_index_then_repair(archived, tiny_model):
         assert not any("stale" in p for p in report.problems)
         result = db.repair()
     assert result.rebuilt_indexes and any("run through it" in p for p in result.unrepairable)
+
 
 def test_cli_verify_exit_codes(archived, tiny_model, tmp_path):
     runner = CliRunner()
@@ -81,7 +89,11 @@ def test_dangling_model_and_codebook_references_are_caught(kv_archive, tmp_path)
 def test_kv_streams_short_of_their_positions_are_caught(kv_archive):
     """Each node's tier-K streams must hold n_tokens x columns codes (a sliding-window cache once
     stored only its last window); a block gone from a stream is found by a deep verify."""
-    kv_archive.ingest(text="a session with its KV codes, long enough to fill more than one block " * 40, name="kv", keep="tokens,search,kv")
+    kv_archive.ingest(
+        text="a session with its KV codes, long enough to fill more than one block " * 40,
+        name="kv",
+        keep="tokens,search,kv",
+    )
     assert kv_archive.verify(deep=True).ok
     path = kv_archive.path
     kv_archive.close()
@@ -90,4 +102,7 @@ def test_kv_streams_short_of_their_positions_are_caught(kv_archive):
     con.close()
     with kvdb.open(path, read_only=True) as db:
         assert db.verify().ok  # the sample check reads block headers only
-        assert any(p.startswith("KV codes of node ") and "symbols per codebook size" in p for p in db.verify(deep=True).problems)
+        assert any(
+            p.startswith("KV codes of node ") and "symbols per codebook size" in p
+            for p in db.verify(deep=True).problems
+        )

@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-
 from support import undo_child_keys
 
 from kvdb.codecs import fractal
@@ -17,8 +16,6 @@ from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.index import trie
 from kvdb.records import Session
 from kvdb.storage import Storage, conversation_rows, open_storage
-from kvdb.storage.engine import REVISION
-from kvdb.storage.sql import NODE_ROW_BYTES
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
@@ -39,9 +36,13 @@ from kvdb.storage.base import (
     Split,
     utc_now,
 )
+from kvdb.storage.engine import REVISION
+from kvdb.storage.sql import NODE_ROW_BYTES
 
 ALPHABET = 300
-MODEL = ModelRow("m" * 32, "tiny", "w" * 64, "t" * 64, {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16})
+MODEL = ModelRow(
+    "m" * 32, "tiny", "w" * 64, "t" * 64, {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}
+)
 BACKENDS = ["duckdb-file", "ducklake"]
 
 
@@ -73,18 +74,35 @@ def logprobs_of(ids: np.ndarray) -> np.ndarray:
 
 
 def session_write(
-    name: str, ids: np.ndarray, parent=None, matched: int = 0, split: Split | None = None, keep=frozenset({"tokens", "search"}), row=None, **node
+    name: str,
+    ids: np.ndarray,
+    parent=None,
+    matched: int = 0,
+    split: Split | None = None,
+    keep=frozenset({"tokens", "search"}),
+    row=None,
+    **node,
 ) -> SessionWrite:
     """A session whose node holds ids[matched:], under ``parent`` (the path's node before it);
     ``row``: the session row's fields that are not the defaults (source, created_at, metadata)."""
     sid = trie.path_id(MODEL.model_id, ids)
-    row = SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"}) if row is None else row
-    new = NewNode(sid, parent, matched, ids[matched:], logprobs_of(ids)[matched:], frozenset(keep), **node) if matched < len(ids) else None
+    row = (
+        SessionRow(sid, name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
+        if row is None
+        else row
+    )
+    new = (
+        NewNode(sid, parent, matched, ids[matched:], logprobs_of(ids)[matched:], frozenset(keep), **node)
+        if matched < len(ids)
+        else None
+    )
     return SessionWrite(row, ALPHABET, split, new)
 
 
 def session_row(name: str, ids: np.ndarray, **fields) -> SessionRow:
-    row = SessionRow(trie.path_id(MODEL.model_id, ids), name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"})
+    row = SessionRow(
+        trie.path_id(MODEL.model_id, ids), name, f"{name}.txt", MODEL.model_id, utc_now(), len(ids), {"kind": "text"}
+    )
     return dataclasses.replace(row, **fields)
 
 
@@ -110,7 +128,12 @@ def harbour_children(storage: Storage) -> tuple[str, dict[str, np.ndarray]]:
     """A node ``the harbour: l`` with three children that open with the same token ("i") and
     share fewer than ``trie.MIN_SPLIT`` tokens with each other, written as an ingest writes
     them (uncut), and a short one: the node's id, and each session's tokens by name."""
-    texts = {"night": "the harbour: lights at night", "lamps": "the harbour: lamps", "keys": "the harbour: lignition keys", "lip": "the harbour: lip"}
+    texts = {
+        "night": "the harbour: lights at night",
+        "lamps": "the harbour: lamps",
+        "keys": "the harbour: lignition keys",
+        "lip": "the harbour: lip",
+    }
     ids = {name: ids_of(text) for name, text in texts.items()}
     branch(storage, "night", ids["night"])
     branch(storage, "lamps", ids["lamps"])  # cuts "the harbour: l" off
@@ -132,10 +155,16 @@ def test_a_walk_reads_the_one_child_that_shares_a_streams_first_tokens(storage):
         assert sorted(k.node_id for k in kids) == sorted([node[name], node["lip"]])  # "ip" is two tokens: keyed by "i"
     [lip] = storage.children_opening(parent, MODEL.model_id, ids["lip"][14:])  # "ip": no eight tokens to look up by
     assert lip.node_id == node["lip"]
-    assert [k.node_id for k in storage.children_opening(parent, MODEL.model_id, ids_of("ignore it"))] == [node["lip"]]  # shares "ig" with two: fewer than a head
+    assert [k.node_id for k in storage.children_opening(parent, MODEL.model_id, ids_of("ignore it"))] == [
+        node["lip"]
+    ]  # shares "ig" with two: fewer than a head
     new = ids_of("the harbour: lignition keys turned")
     match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
-    assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
+    assert (
+        match.node is not None
+        and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"])
+        and match.matched == len(ids["keys"])
+    )
 
 
 def test_an_archive_of_0013_finds_its_nodes_by_their_first_token(location):
@@ -155,9 +184,15 @@ def test_an_archive_of_0013_finds_its_nodes_by_their_first_token(location):
         assert len(old) == 3  # "ights at night", "ignition keys", "ip": each keyed by "i" alone
         new = ids_of("the harbour: lignition keys turned")
         match = trie.longest_prefix(storage, MODEL.model_id, new, min_split=trie.MIN_SPLIT, heads=trie.Heads())
-        assert match.node is not None and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"]) and match.matched == len(ids["keys"])
+        assert (
+            match.node is not None
+            and match.node.node_id == trie.path_id(MODEL.model_id, ids["keys"])
+            and match.matched == len(ids["keys"])
+        )
         add(storage, "turned", new, parent=match.node.node_id, matched=match.matched)
-        [kid] = storage.children_opening(match.node.node_id, MODEL.model_id, new[match.matched :][: trie.MIN_SPLIT])  # " turned": keyed by its 8 tokens
+        [kid] = storage.children_opening(
+            match.node.node_id, MODEL.model_id, new[match.matched :][: trie.MIN_SPLIT]
+        )  # " turned": keyed by its 8 tokens
         assert kid.node_id == trie.path_id(MODEL.model_id, new)
     finally:
         storage.close()
@@ -184,13 +219,27 @@ def test_a_session_reads_back_whole_and_in_ranges(storage):
     [row] = storage.list_sessions()
     assert (row.session_id, row.name, row.n_tokens, row.metadata) == (sid, "story", len(ids), {"kind": "text"})
     assert storage.has_session(sid) and storage.get_session(sid) == row
-    assert storage.match_sessions("story") == [row] and storage.match_sessions(sid[:6]) == [row] and storage.match_sessions("zz") == []
+    assert (
+        storage.match_sessions("story") == [row]
+        and storage.match_sessions(sid[:6]) == [row]
+        and storage.match_sessions("zz") == []
+    )
     np.testing.assert_array_equal(storage.load_tokens(sid), ids)
     np.testing.assert_array_equal(storage.load_tokens(sid, 7, 333), ids[7:333])
     np.testing.assert_allclose(storage.load_logprobs(sid), logprobs_of(ids))
     [node] = storage.node_path(sid)
-    assert (node.node_id, node.parent_id, node.start, node.n_tokens, node.refcount, node.keep) == (sid, None, 0, len(ids), 1, {"tokens", "search"})
-    assert storage.children(None, MODEL.model_id, int(ids[0])) == [node] and storage.children(None, MODEL.model_id, int(ids[0]) + 1) == []
+    assert (node.node_id, node.parent_id, node.start, node.n_tokens, node.refcount, node.keep) == (
+        sid,
+        None,
+        0,
+        len(ids),
+        1,
+        {"tokens", "search"},
+    )
+    assert (
+        storage.children(None, MODEL.model_id, int(ids[0])) == [node]
+        and storage.children(None, MODEL.model_id, int(ids[0]) + 1) == []
+    )
     assert storage.nodes_of([MODEL.model_id]) == [node]
     assert storage.node_shapes() == [(node, ALPHABET, fractal.DEFAULT_BLOCK)]
     assert storage.max_alphabet([MODEL.model_id]) == ALPHABET
@@ -198,7 +247,11 @@ def test_a_session_reads_back_whole_and_in_ranges(storage):
     blocks = fractal.blocks_for_range(0, len(ids), fractal.DEFAULT_BLOCK)
     assert set(storage.load_blocks([(sid, k) for k in blocks])) == {(sid, k) for k in blocks}
     counts = storage.byte_counts()
-    assert counts["sessions"] == 1 and counts["tokens"] == counts["stored_tokens"] == len(ids) and counts["logprob_bytes"] == 4 * len(ids)
+    assert (
+        counts["sessions"] == 1
+        and counts["tokens"] == counts["stored_tokens"] == len(ids)
+        and counts["logprob_bytes"] == 4 * len(ids)
+    )
 
 
 def test_byte_counts_count_text_in_utf8_bytes(storage):
@@ -208,7 +261,9 @@ def test_byte_counts_count_text_in_utf8_bytes(storage):
     add(storage, "café", ids_of("a session named outside ascii"))
     counts = storage.byte_counts()
     [row] = storage.list_sessions()
-    expected = len(row.name.encode()) + len(row.source.encode()) + len(json.dumps(row.metadata, sort_keys=True).encode())
+    expected = (
+        len(row.name.encode()) + len(row.source.encode()) + len(json.dumps(row.metadata, sort_keys=True).encode())
+    )
     assert counts["metadata_bytes"] - empty == expected + NODE_ROW_BYTES and storage.match_sessions("café") == [row]
 
 
@@ -255,7 +310,9 @@ def test_tier_l_only_nodes_get_their_tokens_back(storage):
     assert storage.node_path(sid)[0].keep == {"lm", "tokens"}
     more = ids_of("another session coded against the model only")
     other = add(storage, "other", more, keep={"lm"}, lm=b"KL-payload")
-    storage.apply(AddTiers({other: NodeTiers(tokens=(more, logprobs_of(more)))}))  # the plan that gives tiers to archived nodes
+    storage.apply(
+        AddTiers({other: NodeTiers(tokens=(more, logprobs_of(more)))})
+    )  # the plan that gives tiers to archived nodes
     assert storage.node_path(other)[0].keep == {"lm", "tokens"}
     np.testing.assert_array_equal(storage.load_tokens(other), more)
     np.testing.assert_allclose(storage.load_logprobs(other), logprobs_of(more))
@@ -268,13 +325,22 @@ def test_dropping_and_adding_tiers(storage):
     assert storage.node_path(sid)[0].keep == {"tokens"} and storage.node_lm_payload(sid) is None
     storage.apply(PutCodebooks("books", MODEL.model_id, "k2v1", b"codebook bytes"))
     storage.apply(
-        AddTiers({sid: NodeTiers(lm=b"coded again", kv=("books", {16: np.arange(len(ids)) % 16}))}, IndexState("k", ALPHABET, 4, len(ids), 1, {sid: 0}))
+        AddTiers(
+            {sid: NodeTiers(lm=b"coded again", kv=("books", {16: np.arange(len(ids)) % 16}))},
+            IndexState("k", ALPHABET, 4, len(ids), 1, {sid: 0}),
+        )
     )
-    assert storage.node_path(sid)[0].keep == {"tokens", "search", "lm", "kv"} and storage.node_lm_payload(sid) == b"coded again"
+    assert (
+        storage.node_path(sid)[0].keep == {"tokens", "search", "lm", "kv"}
+        and storage.node_lm_payload(sid) == b"coded again"
+    )
     assert storage.slot_runs("k") == [(sid, 0, len(ids), 0)] and storage.index_generation("k") == (1, len(ids))
     codebook_id, streams = storage.node_kv(sid)
     assert codebook_id == "books" and list(streams) == [16]
-    assert storage.codebooks_for(MODEL.model_id) == ("books", b"codebook bytes") and storage.codebook_data("books") == b"codebook bytes"
+    assert (
+        storage.codebooks_for(MODEL.model_id) == ("books", b"codebook bytes")
+        and storage.codebook_data("books") == b"codebook bytes"
+    )
     assert storage.dangling_references() == []
     assert storage.byte_counts()["kv_tokens"] == len(ids)
 
@@ -330,7 +396,9 @@ def test_stored_blobs_and_their_sample(storage):
     ids = np.arange(5 * fractal.DEFAULT_BLOCK) % 250
     sid = add(storage, "s", ids)
     every = list(storage.stored_blobs("tokens"))
-    assert len(every) == len(fractal.blocks_for_range(0, len(ids), fractal.DEFAULT_BLOCK)) and {b[0] for b in every} == {sid}
+    assert len(every) == len(fractal.blocks_for_range(0, len(ids), fractal.DEFAULT_BLOCK)) and {
+        b[0] for b in every
+    } == {sid}
     assert 0 < len(list(storage.stored_blobs("tokens", sample=2))) < len(every)
 
 
@@ -383,7 +451,9 @@ def test_a_failed_plan_changes_nothing(storage):
     assert storage.list_sessions() == [] and storage.node_shapes() == []
     add(storage, "first", ids)
     again = session_write("again", ids_of("a node that must not outlive the failed write"))
-    clash = dataclasses.replace(again, session=dataclasses.replace(again.session, session_id=storage.list_sessions()[0].session_id))
+    clash = dataclasses.replace(
+        again, session=dataclasses.replace(again.session, session_id=storage.list_sessions()[0].session_id)
+    )
     with pytest.raises(StaleWrite):  # the session row clashes after the node's rows went in: all of it rolls back
         storage.apply(clash)
     assert [s.name for s in storage.list_sessions()] == ["first"] and len(storage.node_shapes()) == 1
@@ -438,7 +508,9 @@ def test_two_commits_that_overlap_conflict_and_the_later_lands_nothing(lake, mon
             second.apply(session_write("second", ids_of("planned on a snapshot that is gone")), planned_at)
         add(second, "second", ids_of("planned again on a fresh snapshot"))
         interleave("third")
-        second.apply(DeleteSession(trie.path_id(MODEL.model_id, ids_of("planned again on a fresh snapshot"))))  # run again, and lands
+        second.apply(
+            DeleteSession(trie.path_id(MODEL.model_id, ids_of("planned again on a fresh snapshot")))
+        )  # run again, and lands
         assert sorted(s.name for s in first.list_sessions()) == ["first", "third"]
     finally:
         first.close()
@@ -457,7 +529,9 @@ def test_before_compute_keeps_a_fresh_hold_for_short_work_only(storage, monkeypa
     storage.before_compute()
     assert storage.held_for() == 0.0
     storage.list_sessions()
-    monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a hold as old as the limit, and another process waiting: even short work lets go
+    monkeypatch.setattr(
+        base, "HOLD_SECONDS", 0.0
+    )  # a hold as old as the limit, and another process waiting: even short work lets go
     monkeypatch.setattr(storage.engine, "wanted", lambda: True)
     storage.before_compute(short=True)
     assert storage.held_for() == 0.0
@@ -496,7 +570,9 @@ def test_deleting_the_last_session_of_a_conversation_deletes_it_and_rename_title
     storage.apply(RenameConversation(first, "Lamp"))
     assert storage.conversation_titles() == {first: "Lamp"}
     storage.apply(DeleteSession(first))
-    assert conversation_of(storage, grown) == first and storage.conversation_titles() == {first: "Lamp"}  # one version left
+    assert conversation_of(storage, grown) == first and storage.conversation_titles() == {
+        first: "Lamp"
+    }  # one version left
     storage.apply(DeleteSession(grown))
     assert storage.conversation_sessions(first) == [] and storage.conversation_titles() == {}
 
@@ -524,7 +600,9 @@ def listed_in_python(storage: Storage, admits: ConversationFilter) -> list[str]:
         first, latest = Session.from_row(rows[0]), Session.from_row(rows[-1])
         project = next((str(r.metadata["cwd"]) for r in rows if r.metadata.get("cwd")), first.project)
         day = latest.said_at.date()
-        inside = admits.project is None or (project is not None and (project + "/").startswith(admits.project.rstrip("/") + "/"))
+        inside = admits.project is None or (
+            project is not None and (project + "/").startswith(admits.project.rstrip("/") + "/")
+        )
         since, until = admits.since is None or day >= admits.since, admits.until is None or day <= admits.until
         if (admits.agent is None or first.agent == admits.agent) and inside and since and until:
             kept.append((latest.created_at, conversation))
@@ -543,7 +621,9 @@ FILTERS = [
     ConversationFilter(project="/"),  # every conversation about a folder; not text given directly
     ConversationFilter(since=dt.date(2025, 3, 3)),
     ConversationFilter(until=dt.date(2025, 3, 2)),
-    ConversationFilter(since=dt.date(2025, 3, 5), until=dt.date(2025, 3, 5)),  # the day its log wrote, not UTC's (the 6th)
+    ConversationFilter(
+        since=dt.date(2025, 3, 5), until=dt.date(2025, 3, 5)
+    ),  # the day its log wrote, not UTC's (the 6th)
     ConversationFilter(until=dt.date.max),
     ConversationFilter(agent="claude-code", project="/work/repo", since=dt.date(2025, 3, 1), until=dt.date(2025, 3, 1)),
 ]
@@ -555,17 +635,25 @@ def check_listing(storage: Storage) -> None:
     for admits in FILTERS:
         expected = listed_in_python(storage, admits)
         every = storage.conversations_page(admits)
-        assert [c.latest.conversation_id for c in every.conversations] == expected and every.total == len(expected), admits
+        assert [c.latest.conversation_id for c in every.conversations] == expected and every.total == len(expected), (
+            admits
+        )
         assert sorted(storage.conversation_ids(admits)) == sorted(expected), admits
         if admits == FILTERS[0]:
             for listed in every.conversations:
                 versions = storage.conversation_sessions(listed.latest.conversation_id)
-                assert (listed.latest, listed.versions) == (versions[-1], len(versions)) and storage.conversation_row(listed.latest.conversation_id) == listed
+                assert (listed.latest, listed.versions) == (versions[-1], len(versions)) and storage.conversation_row(
+                    listed.latest.conversation_id
+                ) == listed
         pages = [(2, 0), (2, 2), (1, 3), (None, 1), (3, 50), (len(expected), 0)] if admits == FILTERS[0] else [(2, 1)]
         for limit, offset in pages:
             page = storage.conversations_page(admits, limit, offset)
             wanted = expected[offset:][:limit]
-            assert [c.latest.conversation_id for c in page.conversations] == wanted and page.total == len(expected), (admits, limit, offset)
+            assert [c.latest.conversation_id for c in page.conversations] == wanted and page.total == len(expected), (
+                admits,
+                limit,
+                offset,
+            )
 
 
 def test_conversations_are_filtered_ordered_and_paged_on_their_rows(storage):
@@ -573,25 +661,61 @@ def test_conversations_are_filtered_ordered_and_paged_on_their_rows(storage):
 
     def said(name: str, text: str, hours: int, metadata: dict, source: str | None = None) -> str:
         ids = ids_of(text)
-        row = session_row(name, ids, source=source or f"/work/repo/{name}.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata)
+        row = session_row(
+            name,
+            ids,
+            source=source or f"/work/repo/{name}.jsonl",
+            created_at=start + dt.timedelta(hours=hours),
+            metadata=metadata,
+        )
         return branch(storage, name, ids, row=row)
 
-    first = said("a", "the keeper lit the lamp at dusk", 0, {"format": "claude-code", "cwd": "/work/repo", "ended": "2025-03-01T10:00:00"})
-    said("b", "the tide came in", 1, {"format": "codex-cli", "ended": "2025-03-03T00:00:00"}, "/work/repo-other/b.jsonl")
+    first = said(
+        "a",
+        "the keeper lit the lamp at dusk",
+        0,
+        {"format": "claude-code", "cwd": "/work/repo", "ended": "2025-03-01T10:00:00"},
+    )
+    said(
+        "b", "the tide came in", 1, {"format": "codex-cli", "ended": "2025-03-03T00:00:00"}, "/work/repo-other/b.jsonl"
+    )
     said("c", "plain notes, no file", 2, {"format": "text"}, "<text>")  # said when archived: the 1st
     said("d", "a log that names no folder", 3, {"format": "claude-code"}, "/work/repo/sub/d.jsonl")
-    grown = said("a", "the keeper lit the lamp at dusk and logged the wind", 4, {"format": "claude-code", "ended": "2025-03-05T23:30:00-05:00"})
-    said("d", "a log that names no folder, then its cwd", 5, {"format": "claude-code", "cwd": "/elsewhere"}, "/work/repo/sub/d.jsonl")
+    grown = said(
+        "a",
+        "the keeper lit the lamp at dusk and logged the wind",
+        4,
+        {"format": "claude-code", "ended": "2025-03-05T23:30:00-05:00"},
+    )
+    said(
+        "d",
+        "a log that names no folder, then its cwd",
+        5,
+        {"format": "claude-code", "cwd": "/elsewhere"},
+        "/work/repo/sub/d.jsonl",
+    )
     said("e", "the fog horn", 6, {"format": "claude-code", "ended": "not a time"})
     check_listing(storage)
     a = storage.conversations_page(ConversationFilter(project="/work/repo")).conversations[1]  # after e
-    assert (a.latest.session_id, a.versions, a.branches, a.title, a.project, a.agent) == (grown, 2, 1, "a", "/work/repo", "claude-code")
+    assert (a.latest.session_id, a.versions, a.branches, a.title, a.project, a.agent) == (
+        grown,
+        2,
+        1,
+        "a",
+        "/work/repo",
+        "claude-code",
+    )
     assert a.started_at == start  # its first version's, which records no start
 
     storage.apply(RenameConversation(first, "Lamp"))
-    said("b", "the tide came in, an older copy", -1, {"format": "grok"}, "/work/repo-other/b.jsonl")  # archived before b's first version
+    said(
+        "b", "the tide came in, an older copy", -1, {"format": "grok"}, "/work/repo-other/b.jsonl"
+    )  # archived before b's first version
     check_listing(storage)  # b's first version, its agent, is now that one
-    assert [c.title for c in storage.conversations_page(ConversationFilter(project="/work/repo")).conversations] == ["e", "Lamp"]
+    assert [c.title for c in storage.conversations_page(ConversationFilter(project="/work/repo")).conversations] == [
+        "e",
+        "Lamp",
+    ]
     storage.apply(DeleteSession(grown))  # a's latest version is its first again: said on the 1st, updated first of all
     check_listing(storage)
     storage.apply(DeleteConversation(first))
@@ -607,7 +731,12 @@ def test_a_listing_counts_the_ends_of_a_log_that_went_on_in_parts(storage):
         ids = ids_of(text)
         metadata = {"format": "claude-code"} | ({"part": part} if part else {})
         return branch(
-            storage, "log", ids, row=session_row("log", ids, source="/work/log.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata)
+            storage,
+            "log",
+            ids,
+            row=session_row(
+                "log", ids, source="/work/log.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata
+            ),
         )
 
     whole = said("the keeper lit the lamp at dusk and logged the wind", 0)
@@ -616,7 +745,9 @@ def test_a_listing_counts_the_ends_of_a_log_that_went_on_in_parts(storage):
     [listed] = storage.conversations_page(ConversationFilter()).conversations
     assert (listed.versions, listed.branches, conversation_of(storage, whole)) == (3, 1, listed.latest.conversation_id)
     said("the keeper slept through the dusk and logged nothing", 3)  # the first part is no prefix of it: an end
-    assert [(c.versions, c.branches) for c in storage.conversations_page(ConversationFilter(), limit=1).conversations] == [(4, 2)]
+    assert [
+        (c.versions, c.branches) for c in storage.conversations_page(ConversationFilter(), limit=1).conversations
+    ] == [(4, 2)]
 
 
 def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
@@ -632,7 +763,14 @@ def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
         ]
     ):
         ids = ids_of(text)
-        branch(storage, name, ids, row=session_row(name, ids, source=f"/work/{name}.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata))
+        branch(
+            storage,
+            name,
+            ids,
+            row=session_row(
+                name, ids, source=f"/work/{name}.jsonl", created_at=start + dt.timedelta(hours=hours), metadata=metadata
+            ),
+        )
     [a] = [c for c in storage.conversation_ids(ConversationFilter()) if len(storage.conversation_sessions(c)) == 2]
     storage.apply(RenameConversation(a, "Lamp"))
     expected = {admits: listed_in_python(storage, admits) for admits in FILTERS}
@@ -640,9 +778,13 @@ def test_an_archive_of_0011_gets_its_conversation_rows_filled(location):
     conn = storage.engine.connection()
     for name in conversation_rows.SUMMARY:
         conn.execute(f"alter table conversations drop column {name}")
-    conn.execute("delete from conversation_sessions where session_id = ?", [ungrouped])  # as no write leaves it: a conversation of its own
+    conn.execute(
+        "delete from conversation_sessions where session_id = ?", [ungrouped]
+    )  # as no write leaves it: a conversation of its own
     conn.execute("delete from conversations where conversation_id = ?", [ungrouped])
-    if conn.execute("select count(*) from duckdb_indexes() where index_name like '%\\_node' escape '\\'").fetchone()[0]:  # a file (a lake has no indexes)
+    if conn.execute("select count(*) from duckdb_indexes() where index_name like '%\\_node' escape '\\'").fetchone()[
+        0
+    ]:  # a file (a lake has no indexes)
         for table in ("token_blocks", "node_kv", "node_chunks", "search_ranges"):
             conn.execute(f"drop index ix_{table}_node")  # added by 0013
     undo_child_keys(conn)

@@ -33,18 +33,32 @@ def test_opening_and_reading_an_archive_imports_neither_sqlalchemy_nor_alembic(t
     open_storage(path).close()
     probe = (
         "import sys; from kvdb.storage import open_storage; "
-        f"s = open_storage({str(path)!r}, read_only=True); s.list_sessions(); s.byte_counts(); s.index_keys(); s.close(); "
+        f"s = open_storage({str(path)!r}, read_only=True); "
+        "s.list_sessions(); s.byte_counts(); s.index_keys(); s.close(); "
         "print(sorted(m for m in ('sqlalchemy', 'alembic', 'duckdb_engine') if m in sys.modules))"
     )
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
 
 def test_new_archive_is_migrated_to_head(tmp_path):
     store = open_storage(tmp_path / "a.duckdb")
     try:
         assert store.engine.schema_revision() == HEAD
-        tables = {r[0] for r in store.engine.connection().execute("select table_name from information_schema.tables").fetchall()}
-        assert {"models", "sessions", "nodes", "token_streams", "token_blocks", "node_logprobs", "alembic_version"} <= tables
+        tables = {
+            r[0]
+            for r in store.engine.connection().execute("select table_name from information_schema.tables").fetchall()
+        }
+        assert {
+            "models",
+            "sessions",
+            "nodes",
+            "token_streams",
+            "token_blocks",
+            "node_logprobs",
+            "alembic_version",
+        } <= tables
         assert set(store.byte_counts().values()) == {0}
     finally:
         store.close()
@@ -102,7 +116,8 @@ def test_second_process_waits_then_fails_naming_the_holder(tmp_path):
         [
             sys.executable,
             "-c",
-            f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); print('ready', flush=True); import time; time.sleep(30)",
+            f"from kvdb.storage.duckdb_file import DuckDBFile; s = DuckDBFile({str(path)!r}); "
+            "print('ready', flush=True); import time; time.sleep(30)",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -195,23 +210,34 @@ def test_a_hold_past_its_time_commits_and_goes_on_until_another_process_waits(tm
     monkeypatch.setattr(base, "HOLD_SECONDS", 0.05)
     path = tmp_path / "a.duckdb"
     storage = open_storage(path)
-    read = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only=True, lock_timeout=30); print(len(s.queued('semantic')))"
+    read = (
+        f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only=True, lock_timeout=30); "
+        "print(len(s.queued('semantic')))"
+    )
     with storage.batch():
         storage.apply(Queue(["s0"], "semantic"))
         connections = storage.engine.connections
         time.sleep(0.06)
         storage.before_compute(short=True)
-        assert storage.engine.connections == connections and storage.held_for() < 0.05  # committed, held on, the hold begun anew
-        reader = subprocess.Popen([sys.executable, "-c", read], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert (
+            storage.engine.connections == connections and storage.held_for() < 0.05
+        )  # committed, held on, the hold begun anew
+        reader = subprocess.Popen(
+            [sys.executable, "-c", read], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         written = 1
-        while reader.poll() is None and written < 2000:  # short work, one queued session at a time, until the reader got in
+        while (
+            reader.poll() is None and written < 2000
+        ):  # short work, one queued session at a time, until the reader got in
             storage.apply(Queue([f"s{written}"], "semantic"))
             written += 1
             time.sleep(0.01)
             storage.before_compute(short=True)
         out, err = reader.communicate(timeout=30)
     assert reader.returncode == 0, err
-    assert storage.engine.connections > connections and 1 <= int(out) < written  # let go for it, with what was committed by then
+    assert (
+        storage.engine.connections > connections and 1 <= int(out) < written
+    )  # let go for it, with what was committed by then
     assert not (tmp_path / "a.duckdb.wanted").exists()  # asked for and given
     storage.close()
 
@@ -229,6 +255,10 @@ def test_an_archive_of_0012_gets_an_index_for_each_read_of_a_nodes_rows(tmp_path
         conn.execute("update alembic_version set version_num = '0012'")
     DuckDBFile(path).close()
     with duckdb.connect(str(path), read_only=True) as conn:
-        indexes = dict(conn.execute("select table_name, expressions from duckdb_indexes() where index_name like 'ix_%_node'").fetchall())
+        indexes = dict(
+            conn.execute(
+                "select table_name, expressions from duckdb_indexes() where index_name like 'ix_%_node'"
+            ).fetchall()
+        )
         assert indexes == {table: "[node_id]" for table in tables}
         assert conn.execute("select version_num from alembic_version").fetchone() == (REVISION,)

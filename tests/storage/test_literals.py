@@ -27,11 +27,17 @@ def test_text_reads_back_exactly_written_in_or_bound(conn, text):
 
 
 def test_values_without_an_exact_literal_stay_parameters(conn):
-    query, left = bound("insert into t values (?, ?, ?, ?, ?)", ["k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250)])
+    query, left = bound(
+        "insert into t values (?, ?, ?, ?, ?)", ["k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250)]
+    )
     assert left == [b"\x00\x01", 0.1]
     assert "'k'" in query and str(2**40) in query and "TIMESTAMP '2026-12-05 15:30:01.000250'" in query
-    conn.execute("insert into t values (?, ?, ?, ?, ?)", ["k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250)])
-    assert conn.execute("select * from t").fetchall() == [("k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250))]
+    conn.execute(
+        "insert into t values (?, ?, ?, ?, ?)", ["k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250)]
+    )
+    assert conn.execute("select * from t").fetchall() == [
+        ("k", 2**40, b"\x00\x01", 0.1, dt.datetime(2026, 12, 5, 15, 30, 1, 250))
+    ]
 
 
 def test_a_list_among_values_becomes_an_in_list_and_a_long_one_stays_bound(conn):

@@ -29,7 +29,9 @@ def write_v0001_archive(path, sessions):
             {"c": json.dumps({"vocab_size": 300})},
         )
         for sid, ids, logprobs in sessions:
-            conn.execute(sa.text("insert into sessions values (:s, :s, 'src', 'm1', now(), :n, '{}')"), {"s": sid, "n": len(ids)})
+            conn.execute(
+                sa.text("insert into sessions values (:s, :s, 'src', 'm1', now(), :n, '{}')"), {"s": sid, "n": len(ids)}
+            )
             conn.execute(
                 sa.text("insert into session_tokens values (:s, :t, :l)"),
                 {"s": sid, "t": ids.astype("<i4").tobytes(), "l": logprobs.astype("<f4").tobytes()},
@@ -54,7 +56,9 @@ def test_0001_archive_moves_to_fractal_blocks(tmp_path):
             lo, hi = min(4090, len(ids)), min(4100, len(ids))  # across the first block boundary
             np.testing.assert_array_equal(store.load_tokens(sid, lo, hi), ids[lo:hi])
             np.testing.assert_array_equal(store.load_logprobs(sid), logprobs)
-        assert all(n.keep == {"search", "tokens"} for n, _, _ in store.node_shapes())  # 0005 and 0007 name the tiers held
+        assert all(
+            n.keep == {"search", "tokens"} for n, _, _ in store.node_shapes()
+        )  # 0005 and 0007 name the tiers held
         counts = store.byte_counts()
         assert counts["tokens"] == sum(len(ids) for _, ids, _ in sessions)
         assert counts["token_bytes"] < 1.2 * 2 * counts["tokens"]  # fractal blocks, not 4-byte ids

@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import kvdb.migrations
 import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
+import kvdb.migrations
 from kvdb.storage.schema import metadata
 
 
@@ -40,11 +40,14 @@ def catalog(path: Path) -> dict[str, dict]:
             ).fetchall()
         )
         indexes = conn.execute(
-            "select table_name, index_name, expressions from duckdb_indexes() where database_name = current_database() order by index_name"
+            "select table_name, index_name, expressions from duckdb_indexes() "
+            "where database_name = current_database() order by index_name"
         ).fetchall()
     tables: dict[str, dict] = {}
     for table, name, kind, nullable, default in columns:
-        tables.setdefault(table, {"columns": [], "primary_key": keys.get(table, []), "indexes": []})["columns"].append((name, kind, nullable, default))
+        tables.setdefault(table, {"columns": [], "primary_key": keys.get(table, []), "indexes": []})["columns"].append(
+            (name, kind, nullable, default)
+        )
     for table, name, expressions in indexes:
         tables[table]["indexes"].append((name, expressions))
     tables.pop("alembic_version", None)
@@ -72,7 +75,8 @@ def test_the_same_tables(schemas):
     migrated, declared = schemas
     assert sorted(declared) == sorted(metadata.tables), "the definitions did not all create their tables"
     assert sorted(migrated) == sorted(declared), (
-        f"only the migrations create {sorted(set(migrated) - set(declared))}; only the definitions {sorted(set(declared) - set(migrated))}"
+        f"only the migrations create {sorted(set(migrated) - set(declared))}; "
+        f"only the definitions {sorted(set(declared) - set(migrated))}"
     )
 
 
@@ -84,7 +88,9 @@ def test_a_table_is_what_the_migrations_make_it(schemas, table):
     assert ours["primary_key"] == theirs["primary_key"], (
         f"{table}: the definitions' primary key is {ours['primary_key']}, the migrations' {theirs['primary_key']}"
     )
-    assert ours["indexes"] == theirs["indexes"], f"{table}: the definitions' indexes are {ours['indexes']}, the migrations' {theirs['indexes']}"
+    assert ours["indexes"] == theirs["indexes"], (
+        f"{table}: the definitions' indexes are {ours['indexes']}, the migrations' {theirs['indexes']}"
+    )
     differ = [(a, b) for a, b in zip(ours["columns"], theirs["columns"]) if a != b]
     assert ours["columns"] == theirs["columns"], (
         f"{table}: (name, type, nullable, default) of the definitions, then of the migrations: {differ} "

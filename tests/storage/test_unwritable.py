@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from support import write_jsonl
 
 import kvdb
-from kvdb.errors import ArchiveReadOnly
 from kvdb.cli.main import main
+from kvdb.errors import ArchiveReadOnly
 
 
 @contextlib.contextmanager
@@ -29,7 +29,10 @@ def unwritable(path):
         return
     made = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
     if made.returncode != 0:
-        pytest.skip(f"running as root, and chattr +i is refused here ({made.stderr.strip()}): nothing makes a path unwritable to root")
+        pytest.skip(
+            f"running as root, and chattr +i is refused here ({made.stderr.strip()}): "
+            "nothing makes a path unwritable to root"
+        )
     try:
         yield
     finally:
@@ -71,4 +74,6 @@ def test_ingest_and_serve_refuse_it_in_one_line_before_the_model_loads(archived,
         for args in (["ingest", str(more)], ["serve", "--port", "1"]):
             result = CliRunner().invoke(main, ["--db", str(archived), *args])
             assert result.exit_code == 5, result.output
-            assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"kvdb: error: archive {archived} is in a folder this process cannot write to")
+            assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+                f"kvdb: error: archive {archived} is in a folder this process cannot write to"
+            )

@@ -18,11 +18,17 @@ from kvdb.storage import open_storage
 
 pytestmark = pytest.mark.slow  # several processes on one archive
 
-READER = "from kvdb.storage import open_storage; print(len(open_storage({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
+READER = (
+    "from kvdb.storage import open_storage; "
+    "print(len(open_storage({path!r}, lock_timeout=0, read_only=True).list_sessions()))"
+)
 
 
 def _hold(path, read_only: bool) -> subprocess.Popen:
-    code = f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only={read_only}); s.list_sessions(); print('ready', flush=True); import time; time.sleep(30)"
+    code = (
+        f"from kvdb.storage import open_storage; s = open_storage({str(path)!r}, read_only={read_only}); "
+        "s.list_sessions(); print('ready', flush=True); import time; time.sleep(30)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "ready"
     return holder
@@ -77,7 +83,9 @@ def test_read_only_search_rebuilds_a_missing_index(tmp_path, tiny_model):
 def test_readers_get_in_while_the_model_works(tmp_path, tiny_model, monkeypatch, model_work):
     """The model's pass runs without the file: an ingest that computes a tier at once, and the
     pass an ingest of the default tiers queued for upkeep."""
-    monkeypatch.setattr(kvdb.services.write_compute, "SHORT_WORK_TOKENS", 0)  # these sessions are short; the real threshold is 128 tokens
+    monkeypatch.setattr(
+        kvdb.services.write_compute, "SHORT_WORK_TOKENS", 0
+    )  # these sessions are short; the real threshold is 128 tokens
     path = tmp_path / "a.duckdb"
     seen = []
     score = lm_ops.score
@@ -135,7 +143,10 @@ def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monk
     """Reconnecting costs ~30 ms: within one ingest of the default tiers (no model's work: all of
     it short), the sessions of a fresh hold keep the file; once held long enough, each lets it go
     if another process waits for it, else commits and goes on."""
-    sessions = [{"name": n, "messages": [{"role": "user", "content": c}]} for n, c in (("a", "hi"), ("b", "yo"), ("c", "long " * 40))]
+    sessions = [
+        {"name": n, "messages": [{"role": "user", "content": c}]}
+        for n, c in (("a", "hi"), ("b", "yo"), ("c", "long " * 40))
+    ]
     path = write_jsonl(tmp_path / "three.jsonl", sessions)
     opened = []
     for hold, waiting in ((60.0, True), (0.0, False), (0.0, True)):
@@ -146,4 +157,6 @@ def test_short_work_keeps_the_file_for_up_to_a_second(tmp_path, tiny_model, monk
             before = engine.connections
             assert [r.status for r in db.ingest(path)] == ["ingested"] * 3
             opened.append(engine.connections - before)
-    assert opened[0] == opened[1] == 0 and opened[2] >= 3  # held through a, b and c; or let go (and taken again) for each
+    assert (
+        opened[0] == opened[1] == 0 and opened[2] >= 3
+    )  # held through a, b and c; or let go (and taken again) for each

@@ -33,7 +33,10 @@ def test_sessions_of_0_1_0_are_each_a_conversation_of_their_own(tmp_path, read_o
     with archive:
         conversations = archive.conversations()
         assert sorted(c.conversation_id for c in conversations) == sorted(s["session_id"] for s in expected["sessions"])
-        assert all(c.versions == 1 and c.latest.session_id == c.conversation_id and c.title == c.latest.name for c in conversations)
+        assert all(
+            c.versions == 1 and c.latest.session_id == c.conversation_id and c.title == c.latest.name
+            for c in conversations
+        )
         assert all(archive.session(s["name"]).session_id == s["session_id"] for s in expected["sessions"])
 
 
@@ -47,19 +50,32 @@ def test_a_servers_chat_its_turns_and_its_fork_become_one_conversation(tmp_path,
         listed = {c.title: c for c in archive.conversations()}
         assert sorted(listed) == sorted([turns[0]["name"], other["name"]])  # five sessions, two conversations
         chat = archive.conversation(turns[0]["name"])
-        assert [v.session.session_id for v in chat.versions] == [s["session_id"] for s in (*turns, fork)]  # oldest first
-        assert chat.conversation.conversation_id == turns[0]["session_id"] and chat.conversation.latest.session_id == fork["session_id"]
+        assert [v.session.session_id for v in chat.versions] == [
+            s["session_id"] for s in (*turns, fork)
+        ]  # oldest first
+        assert (
+            chat.conversation.conversation_id == turns[0]["session_id"]
+            and chat.conversation.latest.session_id == fork["session_id"]
+        )
         assert [(v.branch_of, v.forked_at, v.leaf) for v in chat.versions] == [
             (None, None, False),
             (None, None, False),
             (None, None, True),
-            (turns[1]["session_id"], expected["fork_at"], True),  # after the first reply the chat went on another way: first in v2
+            (
+                turns[1]["session_id"],
+                expected["fork_at"],
+                True,
+            ),  # after the first reply the chat went on another way: first in v2
         ]
-        assert (chat.conversation.versions, chat.conversation.branches) == (4, 2) and listed[other["name"]].versions == 1
+        assert (chat.conversation.versions, chat.conversation.branches) == (4, 2) and listed[
+            other["name"]
+        ].versions == 1
         for s in expected["sessions"]:  # nothing else changed
             ids = np.asarray(archive.tokens(s["session_id"]), dtype="<i4")
             assert hashlib.sha256(ids.tobytes()).hexdigest() == s["tokens_sha256"]
-        assert archive.session(turns[0]["name"]).session_id == turns[2]["session_id"]  # its name: the latest version of that name
+        assert (
+            archive.session(turns[0]["name"]).session_id == turns[2]["session_id"]
+        )  # its name: the latest version of that name
         assert archive.session(f"{turns[0]['name']}@v1").session_id == turns[0]["session_id"]
         hits = archive.search("lighthouse keeper", k=10)
         assert len({h.conversation_id for h in hits}) == len(hits) and hits[0].title == turns[0]["name"]

@@ -36,9 +36,13 @@ def test_kill_during_ingest_loses_nothing_reported(where, tiny_model):
     path, data_path = where
     rng = random.Random(int(os.environ.get("KVDB_CRASH_SEED", 1234)))  # soak it: run with other seeds and more kills
     reported: set[str] = set()
-    kills = int(os.environ.get("KVDB_CRASH_KILLS", 4 if os.environ.get("KVDB_TESTS") == "thorough" else 2))  # each a writer started (5 s)
+    kills = int(
+        os.environ.get("KVDB_CRASH_KILLS", 4 if os.environ.get("KVDB_TESTS") == "thorough" else 2)
+    )  # each a writer started (5 s)
     for attempt in range(kills):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, path, tiny_model, data_path], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, path, tiny_model, data_path], stdout=subprocess.PIPE, text=True
+        )
         started = time.monotonic()
         first = proc.stdout.readline()  # wait until it is really writing
         assert first, "the writer died before its first ingest"

@@ -19,7 +19,9 @@ UNICODE_TEXT = (
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory, embedded):
-    with kvdb.open(tmp_path_factory.mktemp("emb") / "a.duckdb", model=embedded) as archive:  # the session's loaded model, shared
+    with kvdb.open(
+        tmp_path_factory.mktemp("emb") / "a.duckdb", model=embedded
+    ) as archive:  # the session's loaded model, shared
         yield archive
 
 
@@ -47,7 +49,12 @@ def test_unicode_text_round_trips_byte_exact(db, tmp_path):
 
 
 def test_restore_equals_fresh_prefill(db):
-    [result] = db.ingest(messages=[{"role": "user", "content": "Name three planets."}, {"role": "assistant", "content": "Mercury, Venus and Earth."}])
+    [result] = db.ingest(
+        messages=[
+            {"role": "user", "content": "Name three planets."},
+            {"role": "assistant", "content": "Mercury, Venus and Earth."},
+        ]
+    )
     ids = db.tokens(result.session_id)
     restored = db.restore(result.session_id, at=len(ids) - 1)
     with torch.no_grad():
@@ -58,7 +65,12 @@ def test_restore_equals_fresh_prefill(db):
 
 
 def test_continue_a_chat(db):
-    [result] = db.ingest(messages=[{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}])
+    [result] = db.ingest(
+        messages=[
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+        ]
+    )
     reply = db.continue_session(result.session_id, prompt="And of Italy?", max_new_tokens=12)
     assert "Rome" in reply
 
@@ -100,10 +112,17 @@ def test_tier_k_works_out_of_the_box_with_the_shipped_codebooks(db):
     # text kvdb's calibration does not hold; compact, the preset whose build time and ratio are measured
     [result] = db.ingest(text=argparse.__doc__, name="shipped", keep="tokens,search,kv", kv_preset="compact")
     [books] = db.codebooks()
-    assert books.source == "shipped" and books.preset == presets.MEASURED_PRESETS[db.loaded_model.identity.weights_hash]["compact"]
+    assert (
+        books.source == "shipped"
+        and books.preset == presets.MEASURED_PRESETS[db.loaded_model.identity.weights_hash]["compact"]
+    )
     assert books.stored_bytes < 512 < 10e6 < books.centroid_bytes
     st = db.stats()
-    assert st.codebook_bytes == books.stored_bytes and st.shipped_codebook_bytes == books.centroid_bytes and st.kv_ratio_vs_fp16 > 30
+    assert (
+        st.codebook_bytes == books.stored_bytes
+        and st.shipped_codebook_bytes == books.centroid_bytes
+        and st.kv_ratio_vs_fp16 > 30
+    )
     restored = db.restore("shipped", mode="archive")
     assert restored.mode == "archive" and restored.cache.get_seq_length() == result.n_tokens
     report = db.fidelity("shipped", at=result.n_tokens - 32)

@@ -38,7 +38,12 @@ def _build(db: Path, tiny_loaded, tiny_model, key: str | None) -> None:
     with kvdb.open(db, model=tiny_loaded, embedder=tiny_model, key=key if key is not None else b"") as archive:
         archive.ingest(text=FILLER + "The basil in the garden grew tall.", name="stays", keep=KEEP)
         first = archive.ingest(
-            messages=[{"role": "user", "content": "What was said?"}, {"role": "assistant", "content": f"It said {PHRASE}."}], name="secret", keep=KEEP
+            messages=[
+                {"role": "user", "content": "What was said?"},
+                {"role": "assistant", "content": f"It said {PHRASE}."},
+            ],
+            name="secret",
+            keep=KEEP,
         )
         # the conversation grows: its cache is kept in the prefix cache (an exact cache of its tokens)
         archive.ingest(
@@ -56,7 +61,9 @@ def _build(db: Path, tiny_loaded, tiny_model, key: str | None) -> None:
         assert archive.search_meaning(PHRASE)
         assert PHRASE in archive.text(first[0].session_id)
         assert archive.restore(first[0].session_id).mode == "exact"
-        Journal(archive.local_path(".serve")).write({"kind": "text", "content": f"Journalled: {PHRASE}", "name": "pending"})
+        Journal(archive.local_path(".serve")).write(
+            {"kind": "text", "content": f"Journalled: {PHRASE}", "name": "pending"}
+        )
 
 
 def _needles(db: Path, tiny_loaded, key: str | None) -> dict[str, bytes]:
@@ -94,12 +101,19 @@ def test_an_encrypted_archive_leaves_no_byte_of_a_phrase_on_disk(tmp_path, tiny_
     control, plain_files = _scan(plain.parent, needles)
     # the control: the scan finds the text (the journal), a word (the chunk index) and the ids (the phrase index)
     assert {"text", "word", "ids <u2"} <= set(control), control
-    # every kind of file beside the archive was written (.sinks/ is a prefix cache as .prefix/ is, kept by tier K's restores)
+    # every kind of file beside the archive was written
+    # (.sinks/ is a prefix cache as .prefix/ is, kept by tier K's restores)
     for folder in (".index", ".prefix", ".serve"):
         assert any(name.startswith(f"a.duckdb{folder}/") for name in plain_files), (folder, plain_files)
     found, files = _scan(sealed.parent, needles)
     assert found == {}, found
-    assert {name.split("/")[0] for name in files} >= {"a.duckdb", "a.duckdb.seal", "a.duckdb.index", "a.duckdb.prefix", "a.duckdb.serve"}
+    assert {name.split("/")[0] for name in files} >= {
+        "a.duckdb",
+        "a.duckdb.seal",
+        "a.duckdb.index",
+        "a.duckdb.prefix",
+        "a.duckdb.serve",
+    }
     with kvdb.open(sealed, model=tiny_loaded, embedder=tiny_model, key=KEY) as archive:  # and it all reads back
         assert archive.search(PHRASE[:24]) and archive.search_meaning(PHRASE)
         assert archive.verify(deep=True).ok
@@ -147,12 +161,19 @@ def test_a_wrong_or_missing_key_is_one_line_and_reads_nothing(tmp_path, tiny_loa
     }
     keys = {"wrong": "not it", "env": KEY}
     out = {
-        name: subprocess.run(cmd, env=env | ({"KVDB_KEY": keys[name]} if name in keys else {}), capture_output=True, text=True) for name, cmd in runs.items()
+        name: subprocess.run(
+            cmd, env=env | ({"KVDB_KEY": keys[name]} if name in keys else {}), capture_output=True, text=True
+        )
+        for name, cmd in runs.items()
     }
     for name in ("missing", "wrong", "plain"):
         assert out[name].returncode == 7, out[name]
         assert out[name].stdout == "" and len(out[name].stderr.strip().splitlines()) == 1, out[name]
-    assert "is encrypted" in out["missing"].stderr and "wrong key" in out["wrong"].stderr and "not encrypted" in out["plain"].stderr
+    assert (
+        "is encrypted" in out["missing"].stderr
+        and "wrong key" in out["wrong"].stderr
+        and "not encrypted" in out["plain"].stderr
+    )
     for name in ("file", "env"):
         assert out[name].returncode == 0 and "secret" in out[name].stdout, out[name]
 
@@ -164,9 +185,16 @@ def test_copy_encrypt_makes_an_encrypted_copy_of_a_plain_archive(tmp_path, tiny_
     key_file = tmp_path / "key"
     key_file.write_text(KEY)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KVDB_MODEL": tiny_model}
-    refused = subprocess.run([KVDB, "copy", "--encrypt", str(plain), str(copy)], env=env, capture_output=True, text=True)
+    refused = subprocess.run(
+        [KVDB, "copy", "--encrypt", str(plain), str(copy)], env=env, capture_output=True, text=True
+    )
     assert refused.returncode == 2 and "needs the key" in refused.stderr
-    done = subprocess.run([KVDB, "--key-file", str(key_file), "copy", "--encrypt", str(plain), str(copy)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [KVDB, "--key-file", str(key_file), "copy", "--encrypt", str(plain), str(copy)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     with pytest.raises(ArchiveKeyError):
         kvdb.open(copy, model=tiny_loaded, read_only=True, key=b"")

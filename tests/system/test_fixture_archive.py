@@ -87,7 +87,13 @@ def test_its_tier_k_is_reported_by_spec_and_auto_prefills_it_exactly(folder):
         auto = db.restore("tier-k")
         assert auto.mode == "exact" and auto.fidelity is None and "trained on this archive (k2v1)" in auto.reason
         archived = db.restore("tier-k", mode="archive")
-        assert archived.fidelity.to_dict() == {"preset": None, "spec": "k2v1", "source": "trained", "lengths": {}, "measured_by": None}
+        assert archived.fidelity.to_dict() == {
+            "preset": None,
+            "spec": "k2v1",
+            "source": "trained",
+            "lengths": {},
+            "measured_by": None,
+        }
         assert db.stats().kv_bytes_by_preset == {"k2v1": db.stats().bytes["kv"]}
 
 

@@ -42,26 +42,49 @@ PHRASES = {
     "source": "Tamarind gnomon 5813 xebec lapwing cormorant vetch",
 }
 WORDS = {"session": "plumbago", "conversation": "zeugma", "source": "gnomon"}
-NODE_TABLES = ("nodes", "token_streams", "token_blocks", "node_lm", "node_logprobs", "node_kv", "node_chunks", "search_ranges")
+NODE_TABLES = (
+    "nodes",
+    "token_streams",
+    "token_blocks",
+    "node_lm",
+    "node_logprobs",
+    "node_kv",
+    "node_chunks",
+    "search_ranges",
+)
 BLOBS = {"token_blocks": "data", "node_lm": "payload", "node_logprobs": "logprobs", "node_chunks": "vector"}
 
 
 def _log(path: Path, turns: list[str]) -> Path:
     roles = ["user", "assistant"]
-    path.write_text("".join(json.dumps({"role": roles[i % 2], "content": t}) + "\n" for i, t in enumerate(turns)), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"role": roles[i % 2], "content": t}) + "\n" for i, t in enumerate(turns)), encoding="utf-8"
+    )
     return path
 
 
 def _plant(archive, logs: Path) -> dict:
     """Sessions that stay, and one to delete each way; returns what the deletes need."""
     archive.ingest(text=FILLER + "The basil in the garden grew tall.", name="stays", keep=KEEP)
-    archive.ingest(text=FILLER + f"Secret: {PHRASES['session']}. Nothing more. {PHRASES['session']}", name="victim", keep=KEEP)
+    archive.ingest(
+        text=FILLER + f"Secret: {PHRASES['session']}. Nothing more. {PHRASES['session']}", name="victim", keep=KEEP
+    )
     grown = _log(logs / "chat.jsonl", ["Where did the fog come from?", f"It said {PHRASES['conversation']} twice."])
     [first] = archive.ingest(grown, keep=KEEP)
-    _log(grown, ["Where did the fog come from?", f"It said {PHRASES['conversation']} twice.", "And then?", f"Then {PHRASES['conversation']} again."])
+    _log(
+        grown,
+        [
+            "Where did the fog come from?",
+            f"It said {PHRASES['conversation']} twice.",
+            "And then?",
+            f"Then {PHRASES['conversation']} again.",
+        ],
+    )
     [second] = archive.ingest(grown, keep=KEEP)
     assert second.session_id != first.session_id  # a second version of the same conversation
-    source = _log(logs / "other.jsonl", ["Name the birds.", f"{PHRASES['source']}, and the {PHRASES['source']} once more."])
+    source = _log(
+        logs / "other.jsonl", ["Name the birds.", f"{PHRASES['source']}, and the {PHRASES['source']} once more."]
+    )
     archive.ingest(source, keep=KEEP)
     archive.ingest(text=FILLER + "A second keeper came.", name="stays-too", keep=KEEP)
     archive.upkeep()  # the semantic tier and the model's pass: chunk sidecar, tier L, log-probabilities
@@ -92,7 +115,9 @@ def _only_theirs(conn, session_ids: list[str]) -> set[str]:
     return theirs - {n.node_id for s in others for n in sql_rows.path_rows(conn, s)}
 
 
-def _patterns(archive, storage, kinds=("session", "conversation", "source"), ways=None) -> tuple[dict[str, bytes], set[str], list[str]]:
+def _patterns(
+    archive, storage, kinds=("session", "conversation", "source"), ways=None
+) -> tuple[dict[str, bytes], set[str], list[str]]:
     """What must be gone: byte patterns by label, the nodes only the deleted sessions held, and their session ids."""
     conn = storage.engine.connection()
     pats: dict[str, bytes] = {}
@@ -111,7 +136,11 @@ def _patterns(archive, storage, kinds=("session", "conversation", "source"), way
     nodes = _only_theirs(conn, sessions)
     assert nodes
     for table, column in BLOBS.items():
-        for i, (blob,) in enumerate(conn.execute(f"select {column} from {table} where node_id in (select unnest(?))", [sorted(nodes)]).fetchall()):
+        for i, (blob,) in enumerate(
+            conn.execute(
+                f"select {column} from {table} where node_id in (select unnest(?))", [sorted(nodes)]
+            ).fetchall()
+        ):
             if blob is not None and len(blob) >= 24 and len(set(bytes(blob))) > 4:
                 pats[f"{table} blob {i}"] = bytes(blob)
     return pats, nodes, sessions
@@ -159,9 +188,14 @@ def _forget(archive, planted: dict) -> None:
 
 def _rows_left(storage, nodes: set[str], sessions: list[str]) -> dict[str, int]:
     conn = storage.engine.connection()
-    left = {t: conn.execute(f"select count(*) from {t} where node_id in (select unnest(?))", [sorted(nodes)]).fetchone()[0] for t in NODE_TABLES}
+    left = {
+        t: conn.execute(f"select count(*) from {t} where node_id in (select unnest(?))", [sorted(nodes)]).fetchone()[0]
+        for t in NODE_TABLES
+    }
     for table in ("sessions", "conversation_sessions"):
-        left[table] = conn.execute(f"select count(*) from {table} where session_id in (select unnest(?))", [sessions]).fetchone()[0]
+        left[table] = conn.execute(
+            f"select count(*) from {table} where session_id in (select unnest(?))", [sessions]
+        ).fetchone()[0]
     return {t: n for t, n in left.items() if n}
 
 
@@ -241,12 +275,24 @@ def test_a_forgotten_log_is_not_archived_again_by_watch_unless_asked(tmp_path, t
         assert not any(PHRASES["source"] in archive.text(s.session_id) for s in archive.sessions())
         assert {f.path: f.status for f in archive.watched()}[str(log.resolve())] == "forgotten"
     # `kvdb delete --source` tombstones a log as well; `watch --readmit-forgotten` archives both again
-    out = subprocess.run([KVDB, "--db", str(db), "watch", "--status"], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [KVDB, "--db", str(db), "watch", "--status"], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert "forgotten" in out
-    subprocess.run([KVDB, "--db", str(db), "delete", "--source", str(kept)], env=env, capture_output=True, text=True, check=True)
-    again = subprocess.run([KVDB, "--db", str(db), "watch", "--once", str(logs)], env=env, capture_output=True, text=True, check=True)
+    subprocess.run(
+        [KVDB, "--db", str(db), "delete", "--source", str(kept)], env=env, capture_output=True, text=True, check=True
+    )
+    again = subprocess.run(
+        [KVDB, "--db", str(db), "watch", "--once", str(logs)], env=env, capture_output=True, text=True, check=True
+    )
     assert "ingested" not in again.stdout + again.stderr
-    asked = subprocess.run([KVDB, "--db", str(db), "watch", "--once", "--readmit-forgotten", str(logs)], env=env, capture_output=True, text=True, check=True)
+    asked = subprocess.run(
+        [KVDB, "--db", str(db), "watch", "--once", "--readmit-forgotten", str(logs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert (asked.stdout + asked.stderr).count("ingested") == 2
     with kvdb.open(db, model=tiny_loaded) as archive:
         assert any(PHRASES["source"] in archive.text(s.session_id) for s in archive.sessions())
@@ -267,7 +313,9 @@ def test_delete_source_finds_a_file_by_any_spelling_of_its_path_and_no_other(tmp
         archive.ingest(["logs/a.jsonl", other])  # relative, as a user in tmp_path types it
         archive.ingest(text="Which test fails? Given directly.", name="typed")
         listed = archive.sessions
-        monkeypatch.setattr(type(storage_of(archive)), "list_sessions", lambda self: pytest.fail("a delete listed every session"))
+        monkeypatch.setattr(
+            type(storage_of(archive)), "list_sessions", lambda self: pytest.fail("a delete listed every session")
+        )
         gone = archive.delete_source(tmp_path / "link" / "a.jsonl")  # absolute, through the link
         monkeypatch.undo()
         assert gone.sessions == 1

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.slow  # a PostgreSQL cluster and subprocesses
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = {
-    "harbour": "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, and the harbour lights answered.",
+    "harbour": (
+        "The keeper watched the harbour lights. Ships passed the harbour lights at dusk, "
+        "and the harbour lights answered."
+    ),
     "harbour-2": "The keeper watched the harbour lights. Then the fog came in and nobody saw them again.",
     "garden": "In the garden the basil grew tall. The harbour lights were far away from the garden.",
 }
@@ -47,20 +50,34 @@ def test_a_lake_archive_matches_a_file_archive(tmp_path, lake, tiny_model):
     ):
         _fill(file)
         _fill(lake_archive)
-        assert [(s.session_id, s.name, s.n_tokens) for s in lake_archive.sessions()] == [(s.session_id, s.name, s.n_tokens) for s in file.sessions()]
+        assert [(s.session_id, s.name, s.n_tokens) for s in lake_archive.sessions()] == [
+            (s.session_id, s.name, s.n_tokens) for s in file.sessions()
+        ]
         for s in file.sessions():
             assert np.array_equal(lake_archive.tokens(s.session_id), file.tokens(s.session_id))
             assert lake_archive.text(s.session_id) == TEXTS[s.name]
         for phrase in ("harbour lights", "the garden", "fog"):
-            assert [h.to_dict() for h in lake_archive.search(phrase, k=20)] == [h.to_dict() for h in file.search(phrase, k=20)]
-            assert [h.to_dict() for h in lake_archive.search_meaning(phrase)] == [h.to_dict() for h in file.search_meaning(phrase)]
+            assert [h.to_dict() for h in lake_archive.search(phrase, k=20)] == [
+                h.to_dict() for h in file.search(phrase, k=20)
+            ]
+            assert [h.to_dict() for h in lake_archive.search_meaning(phrase)] == [
+                h.to_dict() for h in file.search_meaning(phrase)
+            ]
         shared = lake_archive.stats().to_dict()
-        assert shared["sessions"] == 3 and shared["stored_tokens"] < shared["tokens"]  # the shared opening is stored once
-        restored, again = lake_archive.restore("harbour", at=20, mode="exact"), file.restore("harbour", at=20, mode="exact")
+        assert (
+            shared["sessions"] == 3 and shared["stored_tokens"] < shared["tokens"]
+        )  # the shared opening is stored once
+        restored, again = (
+            lake_archive.restore("harbour", at=20, mode="exact"),
+            file.restore("harbour", at=20, mode="exact"),
+        )
         assert restored.position == again.position == 20 and np.array_equal(restored.tokens, again.tokens)
         from kvdb.model import capture
 
-        assert all(np.array_equal(a, b) for a, b in zip(capture.cache_arrays(restored.cache), capture.cache_arrays(again.cache)))
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(capture.cache_arrays(restored.cache), capture.cache_arrays(again.cache))
+        )
         assert lake_archive.verify(deep=True).ok
     assert any(Path(data_path).rglob("*.parquet"))  # the rows are Parquet files under the data path
 
@@ -81,25 +98,49 @@ def test_a_new_lake_needs_a_data_path_and_a_foreign_or_newer_one_is_refused(post
     where = f"ducklake:postgres:{postgres.new_database()}"
     with pytest.raises(ArchiveError, match="--data-path"):
         kvdb.open(where, model=tiny_model)
-    talk = [{"role": "user", "content": "Where is the harbour?"}, {"role": "assistant", "content": "Past the lighthouse."}]
+    talk = [
+        {"role": "user", "content": "Where is the harbour?"},
+        {"role": "assistant", "content": "Past the lighthouse."},
+    ]
     with kvdb.open(where, model=tiny_model, data_path=tmp_path / "d") as archive:
         archive.ingest(messages=talk, name="chat")  # a chat archived turn after turn, as `kvdb serve` does
-        archive.ingest(messages=[*talk, {"role": "user", "content": "And the ships?"}, {"role": "assistant", "content": "At anchor."}], name="chat")
+        archive.ingest(
+            messages=[
+                *talk,
+                {"role": "user", "content": "And the ships?"},
+                {"role": "assistant", "content": "At anchor."},
+            ],
+            name="chat",
+        )
         archive.ingest(text=TEXTS["harbour"], name="harbour")
     from kvdb.storage.ducklake import DuckLake
 
     store = DuckLake(where)
-    for table in ("node_chunks", "conversations", "conversation_sessions", "watched_files", "pending_work"):  # a lake kvdb wrote before the semantic tier and conversations
+    for table in (
+        "node_chunks",
+        "conversations",
+        "conversation_sessions",
+        "watched_files",
+        "pending_work",
+    ):  # a lake kvdb wrote before the semantic tier and conversations
         store.connection().execute(f"drop table {table}")
     undo_child_keys(store.connection())
     store.connection().execute("update alembic_version set version_num = '0007'")
     store.close()
     with pytest.raises(ArchiveError, match="revision 0007; open it once with a command that writes"):
         kvdb.open(where, model=tiny_model, read_only=True)
-    with kvdb.open(where, model=tiny_model, embedder=tiny_model) as archive:  # upgraded: the semantic tier's table added
+    with kvdb.open(
+        where, model=tiny_model, embedder=tiny_model
+    ) as archive:  # upgraded: the semantic tier's table added
         archive.ingest(text=TEXTS["garden"], name="garden", keep="tokens,search,semantic")
-        listed = {c.title: c for c in archive.conversations()}  # ...and the sessions grouped, as migration 0009 groups a file's
-        assert sorted(listed) == ["chat", "garden", "harbour"] and listed["chat"].versions == 2 and listed["harbour"].versions == 1
+        listed = {
+            c.title: c for c in archive.conversations()
+        }  # ...and the sessions grouped, as migration 0009 groups a file's
+        assert (
+            sorted(listed) == ["chat", "garden", "harbour"]
+            and listed["chat"].versions == 2
+            and listed["harbour"].versions == 1
+        )
     store = DuckLake(where)
     store.connection().execute("update alembic_version set version_num = '9999'")
     store.close()
@@ -123,7 +164,12 @@ def test_a_catalog_that_is_down_is_a_clear_error_and_nothing_is_half_written(pos
 
 def _kvdb(*args, env=None, check=True):
     return subprocess.run(
-        [sys.executable, "-c", "from kvdb.cli.main import main; main()", *args], capture_output=True, text=True, env=env, check=check, cwd=ROOT
+        [sys.executable, "-c", "from kvdb.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=check,
+        cwd=ROOT,
     )
 
 
@@ -190,9 +236,13 @@ def test_two_workers_ingest_conversations_sharing_a_prefix_into_one_trie(lake, t
     folder.mkdir()
     opening = "The keeper of the harbour lights kept a log of every ship. " * 6
     for i in range(8):
-        (folder / f"c{i}.txt").write_text(opening + f"Entry {i}: " + " ".join(f"w{(i * 13 + j) % 40}" for j in range(30)))
+        (folder / f"c{i}.txt").write_text(
+            opening + f"Entry {i}: " + " ".join(f"w{(i * 13 + j) % 40}" for j in range(30))
+        )
     env = dict(os.environ, KVDB_MODEL=tiny_model)
-    out = _kvdb("--db", where, "--data-path", str(data_path), "ingest", "--workers", "2", str(folder), "--json", env=env)
+    out = _kvdb(
+        "--db", where, "--data-path", str(data_path), "ingest", "--workers", "2", str(folder), "--json", env=env
+    )
     statuses = [json.loads(line)["status"] for line in out.stdout.splitlines()]
     assert statuses == ["ingested"] * 8
     _kvdb("--db", str(tmp_path / "one.duckdb"), "ingest", str(folder), env=env)
@@ -220,14 +270,23 @@ def test_copy_a_file_to_a_lake_and_back_verified_by_content_hashes(lake, tiny_mo
         _fill(source)
         expected = [h.to_dict() for h in source.search("harbour lights", k=20)]
     env = dict(os.environ, KVDB_MODEL=tiny_model)
-    there = json.loads(_kvdb("--data-path", str(data_path), "copy", str(tmp_path / "src.duckdb"), where, "--json", env=env).stdout)
+    there = json.loads(
+        _kvdb("--data-path", str(data_path), "copy", str(tmp_path / "src.duckdb"), where, "--json", env=env).stdout
+    )
     assert there["rows"]["sessions"] == 3 and "password" not in there["target"]
-    for table in ("sessions", "nodes", "token_blocks", "search_ranges"):  # one INSERT a table, so one data file (was one a row)
+    for table in (
+        "sessions",
+        "nodes",
+        "token_blocks",
+        "search_ranges",
+    ):  # one INSERT a table, so one data file (was one a row)
         assert len([f for f in data_path.rglob("*.parquet") if table in f.relative_to(data_path).parts]) == 1, table
     back = json.loads(_kvdb("copy", where, str(tmp_path / "back.duckdb"), "--json", env=env).stdout)
     assert back["sha256"] == there["sha256"]
     with kvdb.open(tmp_path / "back.duckdb", model=tiny_model) as copied:
-        assert [h.to_dict() for h in copied.search("harbour lights", k=20)] == expected  # its index rebuilt from the rows
+        assert [
+            h.to_dict() for h in copied.search("harbour lights", k=20)
+        ] == expected  # its index rebuilt from the rows
         assert copied.text("garden") == TEXTS["garden"] and copied.verify(deep=True).ok
     again = _kvdb("copy", str(tmp_path / "src.duckdb"), where, env=env, check=False)
     assert again.returncode == 5 and "not empty" in again.stderr
@@ -265,7 +324,9 @@ def test_postgres_stopped_mid_ingest_is_one_clear_error_and_the_rerun_completes(
         postgres.start_again()
     assert worker.returncode == 5, (out, err)
     assert "lost the catalog" in err and "run the command again" in err and "Traceback" not in err
-    again = [json.loads(line) for line in _kvdb("--db", where, "ingest", str(folder), "--json", env=env).stdout.splitlines()]
+    again = [
+        json.loads(line) for line in _kvdb("--db", where, "ingest", str(folder), "--json", env=env).stdout.splitlines()
+    ]
     assert {r["status"] for r in again} <= {"ingested", "unchanged"} and len(again) == SESSIONS_WHEN_STOPPED
     with kvdb.open(where, model=tiny_model) as archive:
         assert len(archive.sessions()) == SESSIONS_WHEN_STOPPED and archive.verify(deep=True).ok
@@ -280,7 +341,8 @@ def test_an_aborted_transaction_is_a_lost_catalog_only_while_postgres_is_down(po
     from kvdb.storage import open_storage
 
     aborted = duckdb.TransactionException(
-        "TransactionContext Error: Failed to get global stats information from DuckLake: Current transaction is aborted (please ROLLBACK)"
+        "TransactionContext Error: Failed to get global stats information from DuckLake: "
+        "Current transaction is aborted (please ROLLBACK)"
     )
     store = open_storage(where, read_only=True)
     try:
@@ -290,7 +352,11 @@ def test_an_aborted_transaction_is_a_lost_catalog_only_while_postgres_is_down(po
             explained = store.engine.explain(aborted)
         finally:
             postgres.start_again()
-        assert isinstance(explained, ArchiveError) and "lost the catalog" in str(explained) and "run the command again" in str(explained)
+        assert (
+            isinstance(explained, ArchiveError)
+            and "lost the catalog" in str(explained)
+            and "run the command again" in str(explained)
+        )
     finally:
         store.close()
 
@@ -321,7 +387,9 @@ def test_verify_names_a_data_file_deleted_or_damaged(lake, tiny_model):
     assert out.returncode == 1 and str(blocks[0]) in out.stdout + out.stderr
 
 
-def test_machines_searching_one_lake_catch_up_with_each_others_commits_and_never_renumber(lake, tiny_model, tmp_path, monkeypatch):
+def test_machines_searching_one_lake_catch_up_with_each_others_commits_and_never_renumber(
+    lake, tiny_model, tmp_path, monkeypatch
+):
     """Each machine keeps its own copy of the search index (its cache directory); a commit by
     one is merged into the other's copy from the lake's slot runs, with no rebuild written to
     the catalog, and both answer as one file archive of the same sessions does."""
@@ -348,7 +416,9 @@ def test_machines_searching_one_lake_catch_up_with_each_others_commits_and_never
                 file.ingest(text=TEXTS[name], name=name)
                 for reader in (a, b):
                     for phrase in ("harbour lights", "fog", "the garden", "basil"):
-                        assert [h.to_dict() for h in reader.search(phrase, k=20)] == [h.to_dict() for h in file.search(phrase, k=20)]
+                        assert [h.to_dict() for h in reader.search(phrase, k=20)] == [
+                            h.to_dict() for h in file.search(phrase, k=20)
+                        ]
             generation, ntotal = store.index_generation(key)
             assert generation == numbering  # nobody numbered the slots anew
             for name, machine in zip("ab", machines):  # each machine's sidecar holds the catalog's whole index
@@ -373,7 +443,9 @@ def test_gc_merges_the_small_parquet_files_commits_leave(lake, tiny_model):
         assert archive.verify(deep=True).ok
 
 
-def test_an_object_store_that_cannot_be_reached_is_one_clear_error_and_nothing_is_written(lake, tiny_model, monkeypatch):
+def test_an_object_store_that_cannot_be_reached_is_one_clear_error_and_nothing_is_written(
+    lake, tiny_model, monkeypatch
+):
     """A data path on object storage goes through httpfs, with the S3 credentials of the
     environment; a store that answers nobody (here a closed local port) is an ArchiveError
     naming the data path, and the lake is left as it was: empty."""
@@ -395,12 +467,19 @@ def test_a_conninfo_libpq_refuses_is_one_clear_error(tiny_model):
     with pytest.raises(ArchiveError, match="catalog in PostgreSQL: give --db as ducklake:postgres:"):
         kvdb.open("ducklake:sqlite:somewhere.db", model=tiny_model)
     with pytest.raises(ArchiveError, match="cannot reach the catalog"):
-        kvdb.open("ducklake:postgres:host=/nonexistent-socket-folder dbname=x connect_timeout=2", model=tiny_model, data_path="/tmp/x")
+        kvdb.open(
+            "ducklake:postgres:host=/nonexistent-socket-folder dbname=x connect_timeout=2",
+            model=tiny_model,
+            data_path="/tmp/x",
+        )
 
 
 def test_the_tests_postgres_is_stopped_and_removed_when_its_starter_is_killed():
     """pytest killed -9 runs no teardown: the cluster's watchdog stops it and removes its folder."""
-    script = f"import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r}); from postgres import Cluster; print(Cluster().start().folder, flush=True); time.sleep(120)"
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+        "from postgres import Cluster; print(Cluster().start().folder, flush=True); time.sleep(120)"
+    )
     starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     folder = Path(starter.stdout.readline().strip())
     server = int((folder / "data" / "postmaster.pid").read_text().split()[0])
