@@ -14,7 +14,7 @@ import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData, StaleWrite
-from kvdb.index.segment import token_dtype
+from kvdb.index.segment import held_context, held_tokens, token_dtype
 from kvdb.index.walk import WalkIndex
 from kvdb.storage import Storage
 from kvdb.storage.base import AddTiers, IndexState, ReplaceIndexState, SessionWrite
@@ -271,7 +271,8 @@ class Indexes:
         )
         parent = plan.node.parent_id if isinstance(plan, SessionWrite) and plan.node is not None else None
         for node_id, (tokens, context) in joining.items():
-            batch.runs.append((first[node_id], tokens, context))
+            held = None if context is None else held_context(context, index.alphabet)
+            batch.runs.append((first[node_id], held_tokens(tokens, index.alphabet), held))
             if parent in batch.last:  # its parent joins in this batch too: linked to it, not looked up
                 batch.parents[first[node_id]] = batch.last[parent]
             batch.last[node_id] = first[node_id] + len(tokens) - 1

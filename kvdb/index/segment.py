@@ -134,7 +134,13 @@ def held_context(context: np.ndarray | None, alphabet: int) -> np.ndarray:
     before = (
         np.zeros(0, np.int64) if context is None else np.asarray(context)[len(context) - min(len(context), REACH - 1) :]
     )
-    return fractal.check_symbols(before, alphabet).astype(token_dtype(alphabet))
+    return held_tokens(before, alphabet)
+
+
+def held_tokens(tokens: np.ndarray, alphabet: int) -> np.ndarray:
+    """``tokens`` checked against the alphabet and kept in its token type: a backfill's batch
+    holds up to millions of them until they join the index, 2 bytes each for SmolLM2, not 8."""
+    return fractal.check_symbols(tokens, alphabet).astype(token_dtype(alphabet))
 
 
 class Segment:

@@ -94,31 +94,33 @@ def sorted_slots(segment: Segment, stack: Stack, runs: np.ndarray) -> np.ndarray
     before = np.arange(-1, m - 1, dtype=index_type)
     before[starts] = -1
     before[starts[within]] = shift[owner[within]] + table.link[within]
-    keys = np.empty(m, np.uint64)
+    keys = [np.empty(m, np.uint64)]  # handed to _dense, which lets it go
     for at in range(0, m, _CHUNK):
-        keys[at : at + _CHUNK] = _layout_keys(segment, table, starts, before, np.arange(at, min(m, at + _CHUNK)))
-    rank, pad = _dense(
-        keys, keys == packed(np.full((1, segment.depth), segment.alphabet), segment.alphabet)[0], index_type
-    )
-    del keys
+        keys[0][at : at + _CHUNK] = _layout_keys(segment, table, starts, before, np.arange(at, min(m, at + _CHUNK)))
+    padding = packed(np.full((1, segment.depth), segment.alphabet), segment.alphabet)[0]
+    rank, pad = _dense(keys, padding, index_type)
     jump = before
     for _ in range(segment.depth - 1):
-        jump = np.where(jump >= 0, before[np.maximum(jump, 0)], -1).astype(index_type)
+        jump = _followed(before, jump, -1, index_type)
     del before
     h = segment.depth
     while h < REACH and pad is not None:
-        pair = rank.astype(np.int64) * (m + 1)
-        pair += np.where(jump >= 0, rank[np.maximum(jump, 0)], pad)
+        pairs = [rank.astype(np.int64)]  # handed to _dense, which lets it go
+        pairs[0] *= m + 1
+        pairs[0] += _followed(rank, jump, pad, index_type)
         del rank
-        rank, pad = _dense(pair, pair == pad * (m + 1) + pad, index_type)
-        del pair
+        rank, pad = _dense(pairs, pad * (m + 1) + pad, index_type)
         h *= 2
         if h < REACH and pad is not None:
-            jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1).astype(index_type)
+            jump = _followed(jump, jump, -1, index_type)
     del jump
-    slots = table.slots()  # derived here, not held through the doubling: 8 bytes a position
-    order = np.argsort(rank[np.repeat(shift, table.length) + slots], kind="stable")
-    return slots[order].astype(stored.SLOT)
+    own = np.ones(m, bool)  # the runs' own positions, in slot order; a context's are not sorted
+    own[spans(starts, table.held)] = False
+    last = rank[own]
+    del rank, own
+    order = np.argsort(last, kind="stable")
+    del last
+    return table.slots().astype(stored.SLOT)[order]  # derived here, not held through the doubling
 
 
 def _contexts(stack: Stack, table: Runs, read: np.ndarray) -> Runs:
@@ -170,18 +172,38 @@ def _layout_keys(
     return keys
 
 
-def _dense(values: np.ndarray, padding: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]:
-    """(each value's rank among the distinct values, as ``dtype``; the rank an all-padding window takes:
-    that of the values ``padding`` marks, one past the largest when none is; None when every
-    value is distinct, and no further key can reorder them)."""
+def _followed(values: np.ndarray, pointers: np.ndarray, missing: int, dtype: np.dtype) -> np.ndarray:
+    """``values`` at each of ``pointers``, ``missing`` where it is -1, a chunk at a time: a step
+    of pointer jumping that holds no temporary array of every position."""
+    out = np.empty(len(pointers), dtype)
+    for at in range(0, len(pointers), _CHUNK):
+        chunk = pointers[at : at + _CHUNK]
+        out[at : at + _CHUNK] = np.where(chunk >= 0, values[np.maximum(chunk, 0)], missing)
+    return out
+
+
+def _dense(handed: list[np.ndarray], padding: int, dtype: np.dtype) -> tuple[np.ndarray, int | None]:
+    """(each value's rank among the distinct values, as ``dtype``; the rank an all-padding window
+    takes: that of the value ``padding``, one past the largest when no value is it; None when every
+    value is distinct, and no further key can reorder them).
+
+    The values are handed over in a list, and let go once their order is known: they are the
+    largest array of a sort (8 bytes a position), and the ranks are derived without them."""
+    values = handed.pop()
+    found = np.flatnonzero(values == padding)
     order = np.argsort(values)
     new = np.ones(len(values), bool)
     for at in range(1, len(values), _CHUNK):  # the sorted values compared a chunk at a time, not copied whole
         stop = min(at + _CHUNK, len(values))
         new[at:stop] = values[order[at:stop]] != values[order[at - 1 : stop - 1]]
-    rank = np.empty(len(values), dtype)
-    rank[order] = np.cumsum(new, dtype=dtype) - 1
-    if new.all():
+    del values
+    distinct = bool(new.all())
+    counts = np.cumsum(new, dtype=dtype)
+    del new
+    counts -= 1
+    rank = np.empty(len(counts), dtype)
+    rank[order] = counts
+    del order, counts
+    if distinct:
         return rank, None
-    marked = np.flatnonzero(padding)
-    return rank, int(rank[marked[0]]) if marked.size else int(rank.max()) + 1
+    return rank, int(rank[found[0]]) if found.size else int(rank.max()) + 1
