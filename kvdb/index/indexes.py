@@ -23,13 +23,10 @@ REBUILD_ATTEMPTS = 50  # another writer committed first each time: past this, sa
 
 MERGE_BATCH_TOKENS = 1 << 22  # nodes' tokens read from the database at once when an index is built
 
-# A batch's runs join the copy when the batch ends, or on a commit inside it once they are this
-# many and DEFERRED_GROWTH times as many as the tail holds: each merge sorts the whole tail
-# again, and merging each commit's (a second's) runs cost a backfill much of its time (decision
-# 0055). The tail then grows fourfold a merge, and a backfill sorts 4/3 of its tokens, where
-# doubling sorted twice them (decisions/0064).
+# A batch's runs join the copy when the batch ends, or on a commit inside it once they are at
+# least this many and fill the tail, which is then sealed as a base: each merge sorts the whole
+# tail again (decision 0055), so a backfill sorts each base once (decision 0072).
 DEFERRED_MIN = 1 << 18
-DEFERRED_GROWTH = 3
 
 
 def index_key(tokenizer_hash: str) -> str:
@@ -283,15 +280,13 @@ class Indexes:
 
     def _committed(self, key: str) -> None:
         """The batch's runs are in the database: merged now, or, while the batch goes on and they
-        are few (``DEFERRED_MIN``), with the next commit's. Other processes catch up from the
-        database meanwhile, as after a crash."""
+        do not fill the tail (``DEFERRED_MIN``), with a later commit's. Other processes catch up
+        from the database meanwhile, as after a crash."""
         batch, index = self._batches.get(key), self._loaded.get(key)
         if batch is None or index is None:
             return
         batch.armed = False
-        if self._store.batching and batch.ntotal - index.ntotal < max(
-            DEFERRED_MIN, DEFERRED_GROWTH * index.tail.entries
-        ):
+        if self._store.batching and batch.ntotal - index.ntotal < max(DEFERRED_MIN, index.room):
             return
         self._merge_batch(key, settle=not self._store.batching)
 

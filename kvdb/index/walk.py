@@ -202,6 +202,11 @@ class WalkIndex:
         return sum(segment.entries for segment in self.segments)
 
     @property
+    def room(self) -> int:
+        """Slots the tail takes before it is sealed as a base."""
+        return SEGMENT_SLOTS - _size(self.tail)
+
+    @property
     def tokens(self) -> Tokens:
         return Tokens(self.stack)
 
@@ -291,8 +296,7 @@ class WalkIndex:
         ends = starts + runs.length
         start, at = 0, 0
         while at < len(runs):
-            room = SEGMENT_SLOTS - _size(self.tail)
-            until = min(len(runs), max(at + 1, int(np.searchsorted(ends, start + room, side="left")) + 1))
+            until = min(len(runs), max(at + 1, int(np.searchsorted(ends, start + self.room, side="left")) + 1))
             stop = slots if until == len(runs) else int(starts[until])
             yield start, stop, runs.take(np.arange(at, until))
             start, at = stop, until

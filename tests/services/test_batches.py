@@ -115,14 +115,34 @@ def test_a_long_batch_merges_its_runs_once_and_after_another_writers(tmp_path, t
         assert db.verify(deep=True).ok
 
 
-def test_a_long_batch_merges_its_tail_into_the_base_once_at_its_end(tmp_path, tiny_loaded, monkeypatch):
-    """Merges inside a batch grow the tail however far past its share of the base; only the
-    batch's end merges it into the base (a backfill sorted the base again at each eighth)."""
+def test_runs_that_do_not_fill_the_tail_join_it_once_at_the_batchs_end(tmp_path, tiny_loaded, monkeypatch):
+    """Each merge sorts the whole tail again: a batch's runs wait for its end unless they fill the
+    tail, however many commits it makes (decision 0072)."""
     from kvdb.index import indexes, walk
     from kvdb.storage import base
 
     monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a commit after each session
-    monkeypatch.setattr(indexes, "DEFERRED_MIN", 1)  # a merge at a commit once the runs are as many as the tail's
+    monkeypatch.setattr(indexes, "DEFERRED_MIN", 1)
+    merges = []
+    extend = walk.WalkIndex.extend
+    monkeypatch.setattr(
+        walk.WalkIndex, "extend", lambda self, *a, **kw: (merges.append(len(a[0])), extend(self, *a, **kw))[1]
+    )
+    with kvdb.open(tmp_path / "a.duckdb", model=tiny_loaded) as db:
+        db.ingest(_folder(tmp_path), keep="tokens,search")
+        assert merges == [len(TEXTS)]
+        assert {h.name for h in db.search("harbour master", k=10)} == set(TEXTS)
+
+
+def test_a_long_batch_merges_its_tail_into_the_base_once_at_its_end(tmp_path, tiny_loaded, monkeypatch):
+    """Merges inside a batch fill the tail and seal it; only the batch's end merges the tail into
+    the newest base (a backfill sorted the base again at each eighth)."""
+    from kvdb.index import indexes, walk
+    from kvdb.storage import base
+
+    monkeypatch.setattr(base, "HOLD_SECONDS", 0.0)  # a commit after each session
+    monkeypatch.setattr(indexes, "DEFERRED_MIN", 1)  # a merge at a commit once the runs fill the tail
+    monkeypatch.setattr(walk, "SEGMENT_SLOTS", 250)  # a tail of about four of these sessions
     monkeypatch.setattr(walk, "TAIL_MIN", 1)
     merges, settles = [], []
     extend, settle = walk.WalkIndex.extend, walk.WalkIndex.settle
