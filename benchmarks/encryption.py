@@ -2,7 +2,7 @@
 archive against a plain one built alike, side by side in one run.
 
     nice -n 10 .venv/bin/python benchmarks/encryption.py [--sessions 16] [--chars 4000] [--queries 40]
-        [--restores 4] [--out FILE]
+        [--restores 4] [--no-results]
 
 Both archives take the same sessions of real text (``corpus.py``), in turns (which one goes
 first alternates), with the default tiers, then the semantic tier's upkeep (the embedder's pass

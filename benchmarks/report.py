@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvdb.files import replace_whole
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 RECORDS = HERE / "results"
@@ -95,18 +97,15 @@ def publish(title: str, body: list[str] | str, *, data: object = None, append: b
     print(section)
     if append:
         write(record, RECORDS)
-        RESULTS.write_text(document(RECORDS), encoding="utf-8")
+        render()
     return section
 
 
 def write(record: dict, folder: Path) -> Path:
     """Write ``record`` as its file in ``folder``, in place of an earlier run of the same command
-    and title; through a temporary file, so that a killed run leaves the last record whole."""
-    folder.mkdir(parents=True, exist_ok=True)
+    and title; whole or not at all, so that a killed run leaves the last record as it was."""
     path = folder / f"{key(record)}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    replace_whole(path, (json.dumps(record, indent=1, ensure_ascii=False) + "\n").encode())
     return path
 
 
@@ -117,6 +116,11 @@ def key(record: dict) -> str:
     run = run.removeprefix(PYTHON).strip().removeprefix("benchmarks/").replace(".py", "", 1)
     slug = re.sub(r"[^a-z0-9]+", "-", f"{run} {record['title']}".lower()).strip("-")
     return slug[:120].rstrip("-")
+
+
+def render() -> None:
+    """Write RESULTS.md from the records, whole."""
+    replace_whole(RESULTS, document(RECORDS).encode())
 
 
 def document(folder: Path) -> str:
@@ -211,5 +215,5 @@ def _commit() -> str | None:
 
 
 if __name__ == "__main__":
-    RESULTS.write_text(document(RECORDS), encoding="utf-8")
+    render()
     print(f"wrote {RESULTS} from {len(list(RECORDS.glob('*.json')))} records in {RECORDS}")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from kvdb.index import sidecar
+from kvdb.index import chunk_index, sidecar
 
 sys.path.insert(0, str(Path(__file__).parent))
 from report import median_seconds
@@ -67,17 +67,7 @@ def chunk_arrays(
         "bm25.docs": rng.integers(0, chunks, postings).astype(np.int64),
         "bm25.tf": rng.integers(1, 4, postings).astype(np.float64),
     }
-    return arrays, (
-        "node_ids",
-        "row_node",
-        "spans",
-        "live",
-        "bm25.words",
-        "bm25.df",
-        "bm25.lengths",
-        "bm25.gone",
-        "bm25.segment_sizes",
-    )
+    return arrays, chunk_index.CHECKED  # the arrays whose CRC the chunk index checks at each open
 
 
 def atomic_save_file(arrays: dict[str, np.ndarray], path: Path) -> None:

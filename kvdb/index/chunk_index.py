@@ -27,7 +27,7 @@ VERSION = 1
 # Arrays whose bytes the CRC covers: all but the vectors, the inverted file and the postings, whose
 # sizes alone are checked (a CRC reads every byte, gigabytes at 1e6 chunks at each open, where a
 # query reads a few pages of them). A flipped bit there moves a score until `kvdb repair`.
-_CHECKED = (
+CHECKED = (
     "node_ids",
     "row_node",
     "spans",
@@ -218,14 +218,14 @@ class ChunkIndex:
             "trained_for": self.trained_for,
             "bm25": {"k1": self.words.k1, "b": self.words.b},
         }
-        sidecar.write(path, MAGIC, fields, arrays, _CHECKED)
+        sidecar.write(path, MAGIC, fields, arrays, CHECKED)
         self.unsaved = 0
 
     @classmethod
     def load(cls, path: Path) -> ChunkIndex:
         """The sidecar, its arrays memory-mapped (an open reads the header, the node ids and,
         for the vector index, the vectors or the inverted file)."""
-        read = sidecar.read(path, MAGIC, checked=_CHECKED)
+        read = sidecar.read(path, MAGIC, checked=CHECKED)
         header, arrays = read.header, read.arrays
         try:
             if header.get("version") != VERSION:
