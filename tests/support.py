@@ -183,3 +183,18 @@ def trained_codebooks():
 
     k, v = clustered_vectors(seed=1), clustered_vectors(seed=2)
     return quant.train({"k": k, "v": v}, "k3x16v2x16", niter=8), k, v
+
+
+SMAPS = Path("/proc/self/smaps")  # Linux's: what each mapping of this process holds resident
+
+
+def resident_kib(paths) -> int:
+    """How much of these files this process has resident through its mappings of them (``SMAPS``)."""
+    names, total, mapped = {str(p) for p in paths}, 0, False
+    for line in SMAPS.read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            mapped = len(fields) > 5 and fields[5] in names
+        elif mapped and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total

@@ -159,6 +159,7 @@ class Segment:
         samples: np.ndarray,
         ident: str | None = None,
         base: str | None = None,
+        file: sidecar.Sidecar | None = None,
     ):
         self.alphabet = alphabet
         self.depth = fractal.key_depth(alphabet)
@@ -173,6 +174,12 @@ class Segment:
         self.ident = ident  # names the contents once saved or loaded: a tail records the base it follows
         self.base = base  # a tail's: the ident of the base it follows
         self.below: Segment | None = None  # a tail's base: where the slots before ``first`` lie
+        self._file = file  # the file its arrays are mapped from, where it was loaded
+
+    def let_pages_go(self) -> None:
+        """The pages of its file that reads paged into this process let go (``Sidecar.let_pages_go``)."""
+        if self._file is not None:
+            self._file.let_pages_go()
 
     @classmethod
     def empty(cls, alphabet: int, generation: int, first: int = 0) -> Segment:
@@ -286,6 +293,7 @@ class Segment:
             arrays["samples"],
             _ident(header),
             header.get("base"),
+            read,
         )
 
 

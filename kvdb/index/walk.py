@@ -259,6 +259,9 @@ class WalkIndex:
         ]
         for (first, _), (found, _) in zip(unknown, self.ranges([context for _, context in unknown]) if unknown else []):
             links[first] = found.any_slot()
+        if unknown:  # a batch's lookups page in most of every base: held, they grew a backfill by its index's size
+            for segment in self.bases:
+                segment.let_pages_go()
         kept = [
             held_context(None if links.get(first, -1) >= 0 else context, self.alphabet)
             for first, context in zip(firsts, contexts)

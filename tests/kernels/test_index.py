@@ -1,10 +1,12 @@
 """The walk index merges slot runs, in any order and any grouping, into one sorted index: what
 a reader catching up with other writers' commits relies on."""
 
+import gc
 import mmap
 
 import numpy as np
 import pytest
+from support import SMAPS, resident_kib
 
 from kvdb.codecs import fractal
 from kvdb.errors import CorruptData
@@ -276,3 +278,34 @@ def test_a_tail_that_follows_another_base_is_left_out(tmp_path):
     loaded = WalkIndex.load(tmp_path / "1.keys")
     assert loaded.ntotal == loaded.base.ntotal == runs[1][0] and loaded.tail.entries == 0
     assert WalkIndex.read_header(tmp_path / "1.keys").ntotal == runs[1][0]
+
+
+@pytest.mark.skipif(not SMAPS.exists(), reason="reads Linux's /proc/self/smaps")
+def test_the_links_a_batch_looks_up_leave_no_page_of_the_bases_held(monkeypatch, tmp_path):
+    """A batch's lookups page in most of every base a writer maps, which then counted in its RSS
+    for good (a 1e8 backfill held its whole index so, decision 0073): they are let go, and the
+    links found are those a fresh index finds."""
+    trie = _trie(np.random.default_rng(6), 60, 700)  # paths past ``reach``: contexts looked up
+    runs, firsts, parents = _runs_of(trie)
+    half = len(runs) // 2
+    monkeypatch.setattr(walk, "SEGMENT_SLOTS", runs[half][0] // 3)
+    index = WalkIndex(ALPHABET)
+    index.extend(runs[:half], runs[half][0], parents={k: v for k, v in parents.items() if k < runs[half][0]})
+    index.settle()
+    index.save(tmp_path / "i.keys")
+    loaded = WalkIndex.load(tmp_path / "i.keys")
+    del index  # its own mappings of the files (a small file's CRC read them whole)
+    gc.collect()
+    files = [p for p in tmp_path.iterdir() if p.suffix == ".keys"]
+    assert len(loaded.bases) >= 3 and len(files) == len(loaded.bases)
+    later = runs[half:]
+    args = ([r[0] for r in later], [len(r[1]) for r in later], [r[2] for r in later], {})
+    for base in loaded.bases:  # as a writer's lookups leave them
+        int(np.asarray(base.order).sum()) + int(np.asarray(base.tokens).sum())
+    assert resident_kib(files) > 0
+    links = loaded.run_table(*args).link
+    assert (links >= 0).sum() > len(later) // 3 and resident_kib(files) == 0
+    in_memory = WalkIndex(ALPHABET)
+    in_memory.extend(runs[:half], runs[half][0], parents={k: v for k, v in parents.items() if k < runs[half][0]})
+    in_memory.settle()
+    np.testing.assert_array_equal(links, in_memory.run_table(*args).link)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import SMAPS, resident_kib
 
 from kvdb.errors import CorruptData
 from kvdb.index import ranking, sidecar
@@ -64,6 +65,19 @@ def test_a_round_trip_gives_back_every_array_mapped_and_aligned(tmp_path):
     assert sidecar.header(path, (MAGIC,)) == (MAGIC, read.header)
     assert path.stat().st_size == _place(path, "counts") + 5 * 8  # no padding after the last array
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]  # no temporary file left
+
+
+@pytest.mark.skipif(not SMAPS.exists(), reason="reads Linux's /proc/self/smaps")
+def test_pages_a_read_mapped_in_are_let_go_and_read_again_alike(tmp_path):
+    path = tmp_path / "big.bin"
+    values = np.random.default_rng(1).integers(0, 1 << 30, 1 << 20, dtype=np.int64)  # 8 MiB
+    sidecar.write(path, MAGIC, {"kind": "test"}, {"values": values})
+    read = sidecar.read(path, MAGIC, check_up_to=0)  # no CRC: the sum below is the only read
+    assert int(read.arrays["values"].sum()) == int(values.sum())
+    assert resident_kib([path]) >= 6 << 10  # the sum paged the file in: it counts in this process's RSS
+    read.let_pages_go()
+    assert resident_kib([path]) < 1 << 10
+    assert np.array_equal(read.arrays["values"], values)  # read again from the page cache, the same
 
 
 def test_a_flipped_byte_in_a_checked_array_is_refused(tmp_path):
