@@ -1,9 +1,10 @@
 """`kvdb search --semantic` end to end: each run a fresh process, as a user's shell starts it.
 
-    .venv/bin/python benchmarks/cli_latency.py [--runs 5] [--db PATH] [--no-results]
+    .venv/bin/python benchmarks/cli_latency.py [--runs 5] [--db PATH [--about TEXT]] [--no-results]
 
 The archive: the chat files of examples/transcripts ingested with ``--keep
-tokens,search,semantic`` by the embedded model (or ``--db``, an archive of your own). Each
+tokens,search,semantic`` by the embedded model (or ``--db``, an archive of your own, which
+``--about`` describes; the chunks of its semantic tier are counted). Each
 command runs ``--runs`` times in a new interpreter (the CLI's entry point, so every import
 counts) and the median wall time is reported, beside the stages a profile of one run splits
 it into. Every child runs with one BLAS thread (``OPENBLAS_NUM_THREADS=1``,
@@ -14,6 +15,7 @@ second BLAS thread waiting for a core there added 0.1-0.9 s to a query's forward
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pstats
 import statistics
@@ -22,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import duckdb
 
 sys.path.insert(0, str(Path(__file__).parent))
 from report import describe, publish
@@ -86,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--db", type=Path, default=None)
+    parser.add_argument("--about", default="", help="what the --db archive is, said in the results")
     parser.add_argument("--no-results", action="store_true")
     args = parser.parse_args()
 
@@ -101,6 +106,8 @@ def main() -> None:
                 raise SystemExit(f"ingest failed: {done.stderr}")
             kvdb(db, "upkeep", "--only", "semantic")  # ingest queues the embedder's pass (decision 0053)
         sessions = kvdb(db, "sessions", "--json").stdout.count("\n")
+        with contextlib.closing(duckdb.connect(str(db), read_only=True)) as conn:
+            (chunks,) = conn.execute("select count(*) from node_chunks").fetchone()  # type: ignore[misc]
         rows = [
             ("`python -c pass`", statistics.median(_python_pass() for _ in range(args.runs))),
             (f'`kvdb search "{QUERY}"` (phrases)', wall(db, ["search", QUERY, "-k", "3"], args.runs)),
@@ -109,9 +116,11 @@ def main() -> None:
         split = stages(db)
     lines = [
         describe("OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1"),
-        f"{sessions} sessions "
+        f"{sessions} conversations, {chunks:,} chunks in the semantic tier "
         f"""({
-            args.db or "the chat files of examples/transcripts, `--keep tokens,search,semantic`, the embedded SmolLM2"
+            args.about
+            or args.db
+            or "the chat files of examples/transcripts, `--keep tokens,search,semantic`, the embedded SmolLM2"
         }); """
         f"median of {args.runs} fresh processes each, wall time of the whole command.",
         "",
