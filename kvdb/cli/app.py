@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import click
@@ -21,10 +23,33 @@ from kvdb.errors import KvdbError
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in kvdb, not in the input
 
 
+def _interrupted(signum, frame):
+    """Ctrl-C as Python's default handler has it, but as a handler of the program's own: under
+    the default one, a SIGINT while `kvdb upkeep` embedded never reached Python code (no frame saw
+    a KeyboardInterrupt) and the run went on to its end; a handler of its own is called."""
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """``_interrupted`` for SIGINT while a command runs (in the main thread: only it may set one),
+    the handler before it put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)
+
+
 class KvdbGroup(click.Group):
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with _interruptible():
+                return super().invoke(ctx)
         except KvdbError as exc:
             _fail(ctx, str(exc), exc.exit_code, type(exc).__name__)
         except KeyboardInterrupt:

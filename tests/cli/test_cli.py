@@ -391,3 +391,29 @@ def test_a_log_of_summaries_alone_is_empty_and_no_failure(run, tmp_path):
     assert result.exit_code == 0
     [r] = lines(result)
     assert r["status"] == "empty" and r["session_id"] is None and "1 summary of sessions in other files" in r["error"]
+
+
+def test_ctrl_c_is_the_cli_s_own_handler_and_ends_a_command_with_130(tmp_path, monkeypatch):
+    """Under Python's default SIGINT handler a Ctrl-C during `kvdb upkeep`'s embedding never
+    reached Python code and the run went on to its end; while a command runs, SIGINT has a
+    handler of the CLI's own, which raises as the default would, and the one before it is put back."""
+    import signal
+
+    import kvdb
+
+    seen = []
+
+    def interrupted_stats(self):
+        seen.append(signal.getsignal(signal.SIGINT))
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10**8):  # Python code: the handler runs here
+            pass
+        raise AssertionError("SIGINT did not interrupt the command")
+
+    monkeypatch.setattr(kvdb.Archive, "stats", interrupted_stats)
+    kvdb.open(tmp_path / "a.duckdb").close()
+    before = signal.getsignal(signal.SIGINT)
+    result = CliRunner().invoke(main, ["--db", str(tmp_path / "a.duckdb"), "stats"])
+    assert seen and seen[0] not in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN)
+    assert result.exit_code == 130 and "kvdb: error: interrupted" in result.stderr
+    assert signal.getsignal(signal.SIGINT) is before
