@@ -235,21 +235,15 @@ class TrieView:
     @classmethod
     def load(cls, store: Storage) -> TrieView:
         shapes = store.node_shapes()
-        sessions = store.list_sessions()
-        conversations = {s.session_id: s.conversation_id for s in sessions}
+        oldest_first = store.session_heads()
         view = cls(
             {n.node_id: n for n, _, _ in shapes},
             {n.node_id: (a, b) for n, a, b in shapes},
             {},
-            {s.session_id: s.name for s in sessions},
-            conversations,
+            {s.session_id: s.name for s in oldest_first},
+            {s.session_id: s.conversation_id for s in oldest_first},
         )
-        view.titles = {
-            s.session_id: s.metadata["title"]
-            for s in sessions
-            if isinstance(s.metadata.get("title"), str) and s.metadata["title"]
-        }
-        oldest_first = sorted(sessions, key=lambda s: (s.created_at, s.session_id))
+        view.titles = {s.session_id: s.title for s in oldest_first if s.title}
         first: dict[str, str] = {}  # node_id -> the oldest conversation through it
         for session in reversed(oldest_first):  # newest first, so the oldest is written last
             for node in view.path(session.session_id):

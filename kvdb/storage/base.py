@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,6 +72,16 @@ class SessionRow:
     metadata: dict
     # the conversation it is a state of (kvdb.storage.conversation_rows); "" in a row not written yet
     conversation_id: str = ""
+
+
+class SessionHead(NamedTuple):
+    """What a search's view of the trie needs of a session (``kvdb.index.trie.TrieView``)."""
+
+    session_id: str
+    name: str
+    conversation_id: str
+    created_at: dt.datetime
+    title: str | None  # the title its file gives it (``metadata["title"]``), where it is a non-empty string
 
 
 # What a session says of itself, read from its row (``kvdb.records.Session`` shows them): defined

@@ -8,6 +8,7 @@ coded by :mod:`kvdb.codecs.fractal`, log-probabilities as little-endian float32)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,6 +113,7 @@ def keep_text(keep) -> str:
     return ",".join(sorted(keep))
 
 
+@functools.cache  # a handful of distinct values, read for every node a trie view loads (54k at 1e8 tokens)
 def keep_from_text(text: str | None) -> frozenset[str]:
     """A node's ``keep`` column; NULL is a row older than migration 0005, which held its tokens and search."""
     return frozenset(t for t in (text if text is not None else "search").split(",") if t)

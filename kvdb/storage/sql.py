@@ -32,6 +32,7 @@ from kvdb.storage.base import (
     ModelRow,
     NodeRow,
     Plan,
+    SessionHead,
     SessionRow,
     WatchedFileRow,
 )
@@ -271,6 +272,17 @@ class Storage:
     def list_sessions(self) -> list[SessionRow]:
         """Oldest first (ties by id)."""
         return [session_row(r) for r in self._rows(f"select {SESSION} from {SESSIONS} order by created_at, session_id")]
+
+    def session_heads(self) -> list[SessionHead]:
+        """``list_sessions``, oldest first, with only what a search's view of the trie needs,
+        the title read out in SQL: parsing every session's metadata took 0.6 s of a fresh
+        process's 2.0 s first search at 1e8 tokens (51k sessions)."""
+        title = "case when json_type(metadata, '$.title') = 'VARCHAR' then nullif(metadata ->> '$.title', '') end"
+        rows = self._rows(
+            f"select session_id, name, {CONVERSATION}, created_at, {title} from {SESSIONS} "
+            "order by created_at, session_id"
+        )
+        return [SessionHead(*r) for r in rows]
 
     def sessions_from(self, files: list[str]) -> list[SessionRow]:
         """The sessions archived from any of ``files`` (a session's source is its file, or one of

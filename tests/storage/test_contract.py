@@ -254,6 +254,23 @@ def test_a_session_reads_back_whole_and_in_ranges(storage):
     )
 
 
+def test_session_heads_read_the_title_as_the_metadata_gives_it(storage):
+    """A search's view of the trie reads each session's title in SQL (``session_heads``): the same
+    as a session record's, a non-empty string or nothing, escapes and all."""
+    titles = ['Tokyo \u2192 Kyoto "JR" \\ pass', "", 7, None]
+    for n, title in enumerate(titles):
+        ids = ids_of(f"session {n} " * (n + 3))
+        metadata = {"kind": "text"} | ({} if title is None else {"title": title})
+        add(storage, f"s{n}", ids, row=session_row(f"s{n}", ids, metadata=metadata))
+    heads, rows = storage.session_heads(), storage.list_sessions()
+    assert [h.session_id for h in heads] == [r.session_id for r in rows]  # oldest first, alike
+    for head, row in zip(heads, rows, strict=True):
+        title = row.metadata.get("title")
+        assert head.title == (title if isinstance(title, str) and title else None)
+        assert (head.name, head.conversation_id, head.created_at) == (row.name, row.conversation_id, row.created_at)
+    assert sorted(h.title for h in heads if h.title) == [titles[0]]
+
+
 def test_byte_counts_count_text_in_utf8_bytes(storage):
     """A session named outside ASCII (a file called café.txt) is counted, not a conversion error:
     the text was once cast to a blob, which DuckDB refuses for any byte above 0x7f."""
