@@ -12,14 +12,14 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from kvdb.codecs import fractal
 from kvdb.storage import Storage
-from kvdb.storage.base import HEAD_TOKENS, NodeRow
+from kvdb.storage.base import HEAD_TOKENS, NodeRow, TrieShape
 
 # A new session is stored under a node it shares fewer tokens of than this as its sibling, and
 # the node is not cut: a cut re-codes the whole node's tier L (a range-coded stream cannot be cut)
@@ -183,35 +183,35 @@ class TokensBySlot(Protocol):
     def __getitem__(self, at: slice) -> np.ndarray: ...
 
 
+class NodeShape(NamedTuple):
+    """What a search's view of the trie knows of a node: where it lies on its paths, which tiers
+    it keeps, and how its token stream is coded."""
+
+    node_id: str
+    parent_id: str | None
+    start: int
+    end: int
+    keep: frozenset[str]
+    alphabet: int
+    block_size: int
+
+
 @dataclass
 class TrieView:
     """An in-memory snapshot of the trie's shape (no tokens), for the hot path of search:
     which session a node belongs to and which blocks a window needs, without a query each."""
 
-    nodes: dict[str, NodeRow]
-    streams: dict[str, tuple[int, int]]  # node_id -> (alphabet, block_size)
+    shape: TrieShape
+    rows: dict[str, int]  # node_id -> its row in ``shape``
     owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
     conversations: dict[str, str]  # session_id -> its conversation
-    # session_id -> the title its file gave it, where it records one, oldest first
-    titles: dict[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def age(self) -> dict[str, int]:
         """session_id -> its place in archive order (``names`` lists the sessions oldest first):
         the order of hits within a grade, derived once per snapshot, not per search."""
         return {session_id: i for i, session_id in enumerate(self.names)}
-
-    @functools.cached_property
-    def latest_titles(self) -> dict[str, str]:
-        """conversation -> what one the user did not rename is called: the title of its latest
-        session that records one, else its oldest session's name (``Conversation.title``)."""
-        out: dict[str, str] = {}
-        for session_id, name in self.names.items():  # oldest first: the latest is written last
-            out.setdefault(self.conversations.get(session_id, session_id), name)
-        for session_id, title in self.titles.items():  # oldest first too
-            out[self.conversations.get(session_id, session_id)] = title
-        return out
 
     @functools.cached_property
     def versions(self) -> dict[str, list[str]]:
@@ -234,31 +234,44 @@ class TrieView:
 
     @classmethod
     def load(cls, store: Storage) -> TrieView:
-        shapes = store.node_shapes()
-        oldest_first = store.session_heads()
-        view = cls(
-            {n.node_id: n for n, _, _ in shapes},
-            {n.node_id: (a, b) for n, a, b in shapes},
-            {},
-            {s.session_id: s.name for s in oldest_first},
-            {s.session_id: s.conversation_id for s in oldest_first},
+        shape = store.trie_shape()
+        rows = {node_id: row for row, node_id in enumerate(shape.node_id)}
+        numbered: dict[str, int] = {}
+        n, m = len(shape.node_id), len(shape.session_id)
+        owned, owners_at = owners(
+            np.fromiter((rows.get(parent, -1) for parent in shape.parent_id), np.int64, n),
+            np.fromiter((rows.get(session_id, -1) for session_id in shape.session_id), np.int64, m),
+            np.fromiter((numbered.setdefault(c, len(numbered)) for c in shape.conversation_id), np.int64, m),
         )
-        view.titles = {s.session_id: s.title for s in oldest_first if s.title}
-        first: dict[str, str] = {}  # node_id -> the oldest conversation through it
-        for session in reversed(oldest_first):  # newest first, so the oldest is written last
-            for node in view.path(session.session_id):
-                first[node.node_id] = session.conversation_id
-        for session in oldest_first:  # a node's hits are shown in the latest state of its conversation that holds it
-            for node in view.path(session.session_id):
-                if first[node.node_id] == session.conversation_id:
-                    view.owner[node.node_id] = session.session_id
-        return view
+        return cls(
+            shape,
+            rows,
+            {shape.node_id[i]: shape.session_id[j] for i, j in zip(owned.tolist(), owners_at.tolist())},
+            dict(zip(shape.session_id, shape.name)),
+            dict(zip(shape.session_id, shape.conversation_id)),
+        )
 
-    def path(self, leaf: str) -> list[NodeRow]:
-        out, node = [], self.nodes.get(leaf)
+    def node(self, node_id: str) -> NodeShape | None:
+        """A node of the snapshot, made when asked for (a search reads a few paths of 55k nodes)."""
+        row = self.rows.get(node_id)
+        if row is None:
+            return None
+        s = self.shape
+        return NodeShape(
+            node_id,
+            s.parent_id[row] or None,
+            int(s.start[row]),
+            int(s.end[row]),
+            s.keep[row],
+            int(s.alphabet[row]),
+            int(s.block_size[row]),
+        )
+
+    def path(self, leaf: str) -> list[NodeShape]:
+        out, node = [], self.node(leaf)
         while node is not None:
             out.append(node)
-            node = self.nodes.get(node.parent_id) if node.parent_id else None
+            node = self.node(node.parent_id) if node.parent_id else None
         return out[::-1]
 
     def windows(
@@ -269,7 +282,7 @@ class TrieView:
         the token blocks, all of them in one query."""
         parts = [  # a window stops where the path's tokens live in tier L only (a session's own tail)
             [
-                (n.node_id, max(lo, n.start) - n.start, min(hi, n.end) - n.start)
+                (n, max(lo, n.start) - n.start, min(hi, n.end) - n.start)
                 for n in self.path(sid)
                 if n.start < hi and n.end > lo and ("tokens" in n.keep or n.node_id in runs)
             ]
@@ -277,23 +290,51 @@ class TrieView:
         ]
         wanted = sorted(
             {
-                (nid, k)
+                (n.node_id, k)
                 for ps in parts
-                for nid, a, b in ps
-                if nid not in runs
-                for k in fractal.blocks_for_range(a, b, self.streams[nid][1])
+                for n, a, b in ps
+                if n.node_id not in runs
+                for k in fractal.blocks_for_range(a, b, n.block_size)
             }
         )
         blobs = store.load_blocks(wanted)
         out = []
         for ps in parts:
             pieces = []
-            for nid, a, b in ps:
-                if nid in runs:
-                    pieces.append(tokens_by_slot[runs[nid] + a : runs[nid] + b].astype(np.int64))
+            for n, a, b in ps:
+                if n.node_id in runs:
+                    first = runs[n.node_id]
+                    pieces.append(tokens_by_slot[first + a : first + b].astype(np.int64))
                     continue
-                alphabet, block_size = self.streams[nid]
-                needed = fractal.blocks_for_range(a, b, block_size)
-                pieces.append(fractal.decode_range([blobs[(nid, k)] for k in needed], alphabet, block_size, a, b))
+                blocks = [blobs[(n.node_id, k)] for k in fractal.blocks_for_range(a, b, n.block_size)]
+                pieces.append(fractal.decode_range(blocks, n.alphabet, n.block_size, a, b))
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64))
         return out
+
+
+def owners(parent: np.ndarray, leaf: np.ndarray, conversation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where a search reports a hit on each node: of the oldest conversation whose path runs
+    through the node, the latest session that does. ``parent``: each node's parent's row (-1 at
+    a root); ``leaf``, ``conversation``: each session's leaf row (-1: none) and conversation
+    number, the sessions oldest first. Returns the rows of the nodes some path runs through and
+    the sessions they are reported in. Computed over every (session, node on its path) pair at
+    once: walking each session's path in Python took 0.3 s at 51k sessions."""
+    sessions, on = [], []
+    walking = np.flatnonzero(leaf >= 0)
+    node = leaf[walking]
+    while len(walking):  # a level of the paths at a time; a session's number is its age
+        sessions.append(walking)
+        on.append(node)
+        node = parent[node]
+        walking, node = walking[node >= 0], node[node >= 0]
+    if not sessions:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    session, node = np.concatenate(sessions), np.concatenate(on)
+    order = np.lexsort((session, node))  # by node, oldest session first
+    session, node = session[order], node[order]
+    opens = np.r_[True, node[1:] != node[:-1]]
+    oldest = conversation[session[opens]][np.cumsum(opens) - 1]  # each pair's node's oldest conversation
+    mine = conversation[session] == oldest
+    session, node = session[mine], node[mine]
+    latest = np.r_[node[1:] != node[:-1], True]  # the last of each node's pairs: its latest such session
+    return node[latest], session[latest]

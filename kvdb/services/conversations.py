@@ -159,15 +159,15 @@ def _conversation(row: ConversationRow) -> Conversation:
     )
 
 
-def labelled(hits: list[Hit], view: TrieView, titles: dict[str, str]) -> list[Hit]:
-    """The hits, each with its conversation and that conversation's title (``titles``: those
-    renamed; the others are called as ``_conversation`` calls them)."""
-    out = []
-    for hit in hits:
-        conversation = view.conversations.get(hit.session_id, hit.session_id)
-        title = titles.get(conversation) or view.latest_titles.get(conversation, hit.name)
-        out.append(dataclasses.replace(hit, conversation_id=conversation, title=title))
-    return out
+def labelled(hits: list[Hit], view: TrieView, storage: Storage) -> list[Hit]:
+    """The hits, each with its conversation and that conversation's title as a listing gives it
+    (``_conversation``), read for these conversations alone."""
+    conversations = [view.conversations.get(hit.session_id, hit.session_id) for hit in hits]
+    titles = {row.latest.conversation_id: row.title for row in storage.conversation_rows(sorted(set(conversations)))}
+    return [
+        dataclasses.replace(hit, conversation_id=conversation, title=titles.get(conversation, hit.name))
+        for hit, conversation in zip(hits, conversations)
+    ]
 
 
 def one_per_conversation(hits: list[Hit], k: int) -> list[Hit]:

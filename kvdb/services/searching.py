@@ -68,7 +68,6 @@ class Searcher:
         if found is None:
             return []
         view = found.view
-        titles = self._derived.get("titles", self._storage.conversation_titles)
 
         each = session is not None or each_occurrence
 
@@ -88,7 +87,7 @@ class Searcher:
                 group=None if each else lambda session_id: view.conversations.get(session_id, session_id),
                 known=found.known,
             )
-            return labelled(found_hits, view, titles)
+            return labelled(found_hits, view, self._storage)
 
         if each:
             return hits(k)

@@ -177,7 +177,6 @@ class SemanticTier:
             for row in rows[best].tolist()
         ]  # a row in a group has an owner
         texts = self._texts(view, found)
-        titles = self._derived.get("titles", self._storage.conversation_titles)
         hits: list[Hit] = [
             MeaningHit(
                 sid, view.names.get(sid, ""), a, b - a, 0, False, "", text, "", float(fused[i]),
@@ -186,7 +185,7 @@ class SemanticTier:
             )
             for (sid, a, b), text, i in zip(found, texts, best.tolist())
         ]  # fmt: skip
-        return labelled(hits, view, titles)
+        return labelled(hits, view, self._storage)
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
         """The text, without special tokens or role words, of tokens [start, stop) of each (session, start, stop)."""

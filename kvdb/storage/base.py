@@ -74,14 +74,21 @@ class SessionRow:
     conversation_id: str = ""
 
 
-class SessionHead(NamedTuple):
-    """What a search's view of the trie needs of a session (``kvdb.index.trie.TrieView``)."""
+class TrieShape(NamedTuple):
+    """The trie as a search's view of it reads it (``kvdb.index.trie.TrieView``), in columns: a
+    row object per node and per session took 0.2 s of a fresh search at 1e8 tokens (55k nodes,
+    51k sessions). The nodes are those that hold a token stream."""
 
-    session_id: str
-    name: str
-    conversation_id: str
-    created_at: dt.datetime
-    title: str | None  # the title its file gives it (``metadata["title"]``), where it is a non-empty string
+    node_id: list[str]
+    parent_id: list[str]  # "" at a root
+    start: np.ndarray
+    end: np.ndarray
+    keep: list[frozenset[str]]  # tiers held, as ``NodeRow.keep``
+    alphabet: np.ndarray  # of the node's token stream
+    block_size: np.ndarray
+    session_id: list[str]  # the sessions, oldest first (ties by id), each its path's leaf
+    name: list[str]
+    conversation_id: list[str]
 
 
 # What a session says of itself, read from its row (``kvdb.records.Session`` shows them): defined

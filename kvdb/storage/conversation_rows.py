@@ -24,7 +24,7 @@ from __future__ import annotations
 from kvdb.storage.base import ConversationRow, SessionRow, agent_of, cwd_of, folder_of, said_at_of, stamp
 from kvdb.storage.edits import Delete, Edit, Insert, Update
 from kvdb.storage.literals import ANY
-from kvdb.storage.sql_rows import SESSION, metadata_title, session_row
+from kvdb.storage.sql_rows import SESSION, session_row
 
 # columns of the conversations table
 SUMMARY = ("versions", "updated_at", "latest_id", "said_at", "agent", "cwd", "folder")
@@ -41,7 +41,7 @@ with page as (
 select s.session_id, s.name, s.source, s.model_id, s.created_at, s.n_tokens, s.metadata, p.conversation_id,
        p.title, p.agent, p.project, coalesce(n.refcount > 1, false),
        json_extract_string(s.metadata, '$.part.number'), json_extract_string(s.metadata, '$.part.follows'),
-       {title},
+       case when json_type(s.metadata, '$.title') = 'VARCHAR' then nullif(s.metadata ->> '$.title', '') end,
        case when json_type(s.metadata, '$.started') = 'VARCHAR' then s.metadata ->> '$.started' end, p.total
 from page p join conversation_sessions using (conversation_id) join sessions s using (session_id)
 left join nodes n on n.node_id = s.session_id
@@ -73,7 +73,7 @@ def listed(
     context, which goes on in the parts). Only a part another session runs through can be one.
     With them, how many conversations ``where`` admits in all (None: the page is empty)."""
     grouped: dict[str, list[tuple]] = {}
-    query = LISTED.format(title=metadata_title("s.metadata"), where=where, paged=paged)
+    query = LISTED.format(where=where, paged=paged)
     for r in conn.execute(query, [*params, *(bounds or [])]).fetchall():
         grouped.setdefault(r[7], []).append(r)
     pairs = [

@@ -25,12 +25,6 @@ SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, 
 SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
 
 
-def metadata_title(metadata: str = "metadata") -> str:
-    """SQL for the title a session's ``metadata`` column gives it (``kvdb.records.Session.title``'s
-    rule: a non-empty string, else NULL), read out where parsing every row's JSON would cost more."""
-    return f"case when json_type({metadata}, '$.title') = 'VARCHAR' then nullif({metadata} ->> '$.title', '') end"
-
-
 # nodes n that hold tokens the model has not scored (an ingest without it queued the pass)
 UNSCORED = "n.keep like '%tokens%' and not exists (select 1 from node_logprobs l where l.node_id = n.node_id)"
 

@@ -254,21 +254,48 @@ def test_a_session_reads_back_whole_and_in_ranges(storage):
     )
 
 
-def test_session_heads_read_the_title_as_the_metadata_gives_it(storage):
-    """A search's view of the trie reads each session's title in SQL (``session_heads``): the same
-    as a session record's, a non-empty string or nothing, escapes and all."""
+def test_a_search_reads_its_hits_conversations_by_id_titled_as_the_listing_titles_them(storage):
+    """A search labels its hits with their conversations (``conversation_rows``), read by id: the
+    same rows the listing gives, titled by the file's title where it is a non-empty string,
+    escapes and all, else by the first version's name. An id that names none is left out."""
     titles = ['Tokyo \u2192 Kyoto "JR" \\ pass', "", 7, None]
+    conversations = []
     for n, title in enumerate(titles):
         ids = ids_of(f"session {n} " * (n + 3))
         metadata = {"kind": "text"} | ({} if title is None else {"title": title})
-        add(storage, f"s{n}", ids, row=session_row(f"s{n}", ids, metadata=metadata))
-    heads, rows = storage.session_heads(), storage.list_sessions()
-    assert [h.session_id for h in heads] == [r.session_id for r in rows]  # oldest first, alike
-    for head, row in zip(heads, rows, strict=True):
-        title = row.metadata.get("title")
-        assert head.title == (title if isinstance(title, str) and title else None)
-        assert (head.name, head.conversation_id, head.created_at) == (row.name, row.conversation_id, row.created_at)
-    assert sorted(h.title for h in heads if h.title) == [titles[0]]
+        conversations.append(
+            conversation_of(storage, add(storage, f"s{n}", ids, row=session_row(f"s{n}", ids, metadata=metadata)))
+        )
+    rows = storage.conversation_rows([*conversations[::-1], "no such conversation"])
+    listed = storage.conversations_page(ConversationFilter()).conversations
+    assert sorted(rows, key=lambda r: r.latest.conversation_id) == sorted(
+        listed, key=lambda r: r.latest.conversation_id
+    )
+    by_id = {r.latest.conversation_id: r.title for r in rows}
+    assert [by_id[c] for c in conversations] == [titles[0], "s1", "s2", "s3"]
+
+
+def test_the_trie_s_shape_a_search_reads_is_its_nodes_and_sessions(storage):
+    """``trie_shape``, the view a search loads, holds what ``node_shapes`` reads of each node and
+    what ``list_sessions`` reads of each session, in its order."""
+    ids = ids_of("a shared opening line, then one way " * 3)
+    add(storage, "first", ids)
+    branch(storage, "second", np.concatenate([ids[:60], ids_of("and then another way entirely " * 3)]))
+    shape = storage.trie_shape()
+    nodes = {n.node_id: (n.parent_id or "", n.start, n.end, n.keep, a, b) for n, a, b in storage.node_shapes()}
+    columns = (
+        shape.parent_id,
+        shape.start.tolist(),
+        shape.end.tolist(),
+        shape.keep,
+        shape.alphabet.tolist(),
+        shape.block_size.tolist(),
+    )
+    assert len(nodes) == 3 and dict(zip(shape.node_id, zip(*columns, strict=True), strict=True)) == nodes
+    sessions = storage.list_sessions()
+    assert list(zip(shape.session_id, shape.name, shape.conversation_id, strict=True)) == [
+        (r.session_id, r.name, r.conversation_id) for r in sessions
+    ]
 
 
 def test_byte_counts_count_text_in_utf8_bytes(storage):
