@@ -37,7 +37,11 @@ def build(vectors: np.ndarray, seed: int = 0):
         flat.add(vectors)
         return flat
     cells = lists(n)
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, cells, faiss.METRIC_INNER_PRODUCT)
+    # the cells hold float16 codes, as the sidecar holds the vectors: float32 lists doubled its size and
+    # its load (0.14 s of a fresh search at 1e5 chunks), and probed the same rows (decision 0074)
+    quantizer = faiss.IndexFlatIP(dim)
+    fp16 = faiss.ScalarQuantizer.QT_fp16
+    index = faiss.IndexIVFScalarQuantizer(quantizer, dim, cells, fp16, faiss.METRIC_INNER_PRODUCT, False)
     sample = np.random.default_rng(seed).choice(n, size=min(n, cells * TRAIN_PER_LIST), replace=False)
     index.train(vectors[np.sort(sample)])
     index.nprobe = NPROBE

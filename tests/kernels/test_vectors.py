@@ -21,6 +21,9 @@ def test_flat_is_exact_and_the_inverted_file_finds_near_neighbours(monkeypatch):
     )
     monkeypatch.setattr(vector_ops, "FLAT_UP_TO", 1000)
     index = vector_ops.build(data)
-    assert type(index).__name__ == "IndexIVFFlat" and index.nlist == vector_ops.lists(3000)
-    _, found = vector_ops.nearest(index, queries, 5)
+    assert type(index).__name__ == "IndexIVFScalarQuantizer" and index.nlist == vector_ops.lists(3000)
+    scores, found = vector_ops.nearest(index, queries, 5)
     assert np.mean(found[:, 0] == np.arange(20)) >= 0.9  # each query's own source, nearly always
+    # its codes are float16, as the sidecar's vectors: a row's score is its float16 vector's
+    held = data.astype(np.float16).astype(np.float32)
+    assert np.allclose(scores, np.take_along_axis(queries @ held.T, found, axis=1), atol=1e-3)
