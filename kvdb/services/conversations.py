@@ -159,13 +159,17 @@ def _conversation(row: ConversationRow) -> Conversation:
     )
 
 
-def labelled(hits: list[Hit], view: TrieView, storage: Storage) -> list[Hit]:
+def labelled(hits: list[Hit], view: TrieView, storage: Storage, known: dict[str, str]) -> list[Hit]:
     """The hits, each with its conversation and that conversation's title as a listing gives it
-    (``_conversation``), read for these conversations alone."""
+    (``_conversation``), read for the conversations not ``known`` yet (conversation -> title, kept
+    by the caller for as long as the archive's version: searches in one process mostly land in
+    the conversations they landed in before, and a read takes milliseconds)."""
     conversations = [view.conversations.get(hit.session_id, hit.session_id) for hit in hits]
-    titles = {row.latest.conversation_id: row.title for row in storage.conversation_rows(sorted(set(conversations)))}
+    missing = sorted({c for c in conversations if c not in known})
+    if missing:
+        known.update((row.latest.conversation_id, row.title) for row in storage.conversation_rows(missing))
     return [
-        dataclasses.replace(hit, conversation_id=conversation, title=titles.get(conversation, hit.name))
+        dataclasses.replace(hit, conversation_id=conversation, title=known.get(conversation, hit.name))
         for hit, conversation in zip(hits, conversations)
     ]
 

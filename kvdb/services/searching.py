@@ -87,7 +87,7 @@ class Searcher:
                 group=None if each else lambda session_id: view.conversations.get(session_id, session_id),
                 known=found.known,
             )
-            return labelled(found_hits, view, self._storage)
+            return labelled(found_hits, view, self._storage, self._derived.get("titles", dict))
 
         if each:
             return hits(k)

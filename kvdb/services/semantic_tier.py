@@ -185,7 +185,7 @@ class SemanticTier:
             )
             for (sid, a, b), text, i in zip(found, texts, best.tolist())
         ]  # fmt: skip
-        return labelled(hits, view, self._storage)
+        return labelled(hits, view, self._storage, self._derived.get("titles", dict))
 
     def _texts(self, view: trie.TrieView, requests: list[tuple[str, int, int]]) -> list[str]:
         """The text, without special tokens or role words, of tokens [start, stop) of each (session, start, stop)."""
