@@ -37,6 +37,7 @@ from kvdb.storage.base import (
     utc_now,
 )
 from kvdb.storage.engine import REVISION
+from kvdb.storage.literals import LIST_LITERAL
 from kvdb.storage.sql import NODE_ROW_BYTES
 
 ALPHABET = 300
@@ -434,6 +435,18 @@ def test_nodes_tokens_reads_whole_nodes_at_once(storage):
     np.testing.assert_array_equal(np.concatenate([got[n.node_id] for n in path]), b)
     np.testing.assert_array_equal(got[sid_a], a[30:])
     assert storage.nodes_tokens([]) == {}
+
+
+def test_token_blocks_are_read_as_the_pairs_asked_for_however_many_nodes(storage):
+    """``load_blocks`` reads its nodes a batch of ``LIST_LITERAL`` at a time and keeps only the
+    (node, block) pairs asked for: a block of a node asked for is left out unless it is asked for."""
+    long = add(storage, "long", np.arange(3 * fractal.DEFAULT_BLOCK) % 250)
+    short = [add(storage, f"s{n}", (np.arange(40) * (n + 3) + n) % 250) for n in range(LIST_LITERAL + 2)]
+    wanted = [(long, 0), (long, 2), *((sid, 0) for sid in short)]
+    read = storage.load_blocks(wanted)
+    assert sorted(read) == sorted(wanted)
+    assert all(read[pair] == storage.load_blocks([pair])[pair] for pair in [(long, 2), (short[-1], 0)])
+    assert storage.load_blocks([]) == {}
 
 
 def test_stored_blobs_and_their_sample(storage):
