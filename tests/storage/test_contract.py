@@ -15,7 +15,7 @@ from kvdb.codecs import fractal
 from kvdb.errors import ArchiveError, StaleWrite
 from kvdb.index import trie
 from kvdb.records import Session
-from kvdb.storage import Storage, conversation_rows, open_storage
+from kvdb.storage import Storage, conversation_rows, open_storage, sql
 from kvdb.storage.base import (
     AddTiers,
     CollectGarbage,
@@ -37,7 +37,6 @@ from kvdb.storage.base import (
     utc_now,
 )
 from kvdb.storage.engine import REVISION
-from kvdb.storage.literals import LIST_LITERAL
 from kvdb.storage.sql import NODE_ROW_BYTES
 
 ALPHABET = 300
@@ -437,11 +436,13 @@ def test_nodes_tokens_reads_whole_nodes_at_once(storage):
     assert storage.nodes_tokens([]) == {}
 
 
-def test_token_blocks_are_read_as_the_pairs_asked_for_however_many_nodes(storage):
-    """``load_blocks`` reads its nodes a batch of ``LIST_LITERAL`` at a time and keeps only the
-    (node, block) pairs asked for: a block of a node asked for is left out unless it is asked for."""
+def test_token_blocks_are_read_as_the_pairs_asked_for_however_many_nodes(storage, monkeypatch):
+    """``load_blocks`` reads its nodes a batch at a time (``LIST_LITERAL`` of them; 2 here, so
+    that six nodes make three) and keeps only the (node, block) pairs asked for: a block of a
+    node asked for is left out unless it is asked for."""
+    monkeypatch.setattr(sql, "LIST_LITERAL", 2)
     long = add(storage, "long", np.arange(3 * fractal.DEFAULT_BLOCK) % 250)
-    short = [add(storage, f"s{n}", (np.arange(40) * (n + 3) + n) % 250) for n in range(LIST_LITERAL + 2)]
+    short = [add(storage, f"s{n}", (np.arange(40) * (n + 3) + n) % 250) for n in range(5)]
     wanted = [(long, 0), (long, 2), *((sid, 0) for sid in short)]
     read = storage.load_blocks(wanted)
     assert sorted(read) == sorted(wanted)
