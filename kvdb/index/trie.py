@@ -203,6 +203,7 @@ class TrieView:
 
     shape: TrieShape
     rows: dict[str, int]  # node_id -> its row in ``shape``
+    parents: list[int]  # each row's parent's row, -1 at a root
     owner: dict[str, str]  # node_id -> the latest version through it of the oldest conversation through it
     names: dict[str, str]  # session_id -> its name, for the hits
     conversations: dict[str, str]  # session_id -> its conversation
@@ -227,52 +228,57 @@ class TrieView:
         scoped to them reports a hit."""
         wanted = sorted((s for c in conversations for s in self.versions.get(c, ())), key=self.age.__getitem__)
         out: dict[str, str] = {}
+        node_ids = self.shape.node_id
         for session_id in wanted:  # oldest first: the latest is written last
-            for node in self.path(session_id):
-                out[node.node_id] = session_id
+            for row in self._path_rows(session_id):
+                out[node_ids[row]] = session_id
         return out
 
     @classmethod
     def load(cls, store: Storage) -> TrieView:
         shape = store.trie_shape()
         rows = {node_id: row for row, node_id in enumerate(shape.node_id)}
+        parents = [rows.get(parent, -1) for parent in shape.parent_id]
         numbered: dict[str, int] = {}
-        n, m = len(shape.node_id), len(shape.session_id)
+        m = len(shape.session_id)
         owned, owners_at = owners(
-            np.fromiter((rows.get(parent, -1) for parent in shape.parent_id), np.int64, n),
+            np.array(parents, np.int64),
             np.fromiter((rows.get(session_id, -1) for session_id in shape.session_id), np.int64, m),
             np.fromiter((numbered.setdefault(c, len(numbered)) for c in shape.conversation_id), np.int64, m),
         )
         return cls(
             shape,
             rows,
+            parents,
             {shape.node_id[i]: shape.session_id[j] for i, j in zip(owned.tolist(), owners_at.tolist())},
             dict(zip(shape.session_id, shape.name)),
             dict(zip(shape.session_id, shape.conversation_id)),
         )
 
-    def node(self, node_id: str) -> NodeShape | None:
-        """A node of the snapshot, made when asked for (a search reads a few paths of 55k nodes)."""
-        row = self.rows.get(node_id)
-        if row is None:
-            return None
-        s = self.shape
-        return NodeShape(
-            node_id,
-            s.parent_id[row] or None,
-            int(s.start[row]),
-            int(s.end[row]),
-            s.keep[row],
-            int(s.alphabet[row]),
-            int(s.block_size[row]),
-        )
-
     def path(self, leaf: str) -> list[NodeShape]:
-        out, node = [], self.node(leaf)
-        while node is not None:
-            out.append(node)
-            node = self.node(node.parent_id) if node.parent_id else None
-        return out[::-1]
+        """The nodes from the root down to ``leaf``, each made when asked for (a search reads a
+        few paths of 55k nodes)."""
+        s = self.shape
+        return [
+            NodeShape(
+                s.node_id[row],
+                s.parent_id[row] or None,
+                s.start[row],
+                s.end[row],
+                s.keep[row],
+                s.alphabet[row],
+                s.block_size[row],
+            )
+            for row in self._path_rows(leaf)[::-1]
+        ]
+
+    def _path_rows(self, leaf: str) -> list[int]:
+        """The rows of ``leaf``'s path, leaf first."""
+        out, row = [], self.rows.get(leaf, -1)
+        while row >= 0:
+            out.append(row)
+            row = self.parents[row]
+        return out
 
     def windows(
         self, store: Storage, requests: list[tuple[str, int, int]], runs: dict[str, int], tokens_by_slot: TokensBySlot

@@ -167,9 +167,10 @@ def labelled(hits: list[Hit], view: TrieView, storage: Storage, known: dict[str,
     conversations = [view.conversations.get(hit.session_id, hit.session_id) for hit in hits]
     missing = sorted({c for c in conversations if c not in known})
     if missing:
+        known.update(dict.fromkeys(missing, ""))  # one no row names is not read again
         known.update((row.latest.conversation_id, row.title) for row in storage.conversation_rows(missing))
     return [
-        dataclasses.replace(hit, conversation_id=conversation, title=known.get(conversation, hit.name))
+        dataclasses.replace(hit, conversation_id=conversation, title=known[conversation] or hit.name)
         for hit, conversation in zip(hits, conversations)
     ]
 

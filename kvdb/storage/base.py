@@ -81,11 +81,11 @@ class TrieShape(NamedTuple):
 
     node_id: list[str]
     parent_id: list[str]  # "" at a root
-    start: np.ndarray
-    end: np.ndarray
+    start: list[int]
+    end: list[int]
     keep: list[frozenset[str]]  # tiers held, as ``NodeRow.keep``
-    alphabet: np.ndarray  # of the node's token stream
-    block_size: np.ndarray
+    alphabet: list[int]  # of the node's token stream
+    block_size: list[int]
     session_id: list[str]  # the sessions, oldest first (ties by id), each its path's leaf
     name: list[str]
     conversation_id: list[str]

@@ -285,11 +285,11 @@ def test_the_trie_s_shape_a_search_reads_is_its_nodes_and_sessions(storage):
     nodes = {n.node_id: (n.parent_id or "", n.start, n.end, n.keep, a, b) for n, a, b in storage.node_shapes()}
     columns = (
         shape.parent_id,
-        shape.start.tolist(),
-        shape.end.tolist(),
+        shape.start,
+        shape.end,
         shape.keep,
-        shape.alphabet.tolist(),
-        shape.block_size.tolist(),
+        shape.alphabet,
+        shape.block_size,
     )
     assert len(nodes) == 3 and dict(zip(shape.node_id, zip(*columns, strict=True), strict=True)) == nodes
     sessions = storage.list_sessions()
