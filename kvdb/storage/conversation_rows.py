@@ -73,8 +73,7 @@ def listed(
     context, which goes on in the parts). Only a part another session runs through can be one.
     With them, how many conversations ``where`` admits in all (None: the page is empty)."""
     grouped: dict[str, list[tuple]] = {}
-    query = LISTED.format(where=where, paged=paged)
-    for r in conn.execute(query, [*params, *(bounds or [])]).fetchall():
+    for r in conn.execute(LISTED.format(where=where, paged=paged), [*params, *(bounds or [])]).fetchall():
         grouped.setdefault(r[7], []).append(r)
     pairs = [
         (whole[0], part[0], part[5])

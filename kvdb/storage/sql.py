@@ -424,7 +424,7 @@ class Storage:
         """The trie's nodes and sessions in columns, read in one snapshot."""
         nodes = (
             "select n.node_id, coalesce(n.parent_id, '') as parent_id, n.start, n.start + n.n_tokens as stop, "
-            "coalesce(n.keep, '') as keep, s.alphabet, s.block_size "
+            "n.keep, s.alphabet, s.block_size "
             "from nodes n join token_streams s on s.node_id = n.node_id"
         )
         sessions = (

@@ -23,8 +23,6 @@ NODE = "node_id, parent_id, model_id, start, n_tokens, first_token, refcount, ke
 CONVERSATION = "coalesce(conversation_id, session_id)"
 SESSION = f"session_id, name, source, model_id, created_at, n_tokens, metadata, {CONVERSATION}"
 SESSIONS = "sessions left join conversation_sessions using (session_id)"  # where SESSION is selected from
-
-
 # nodes n that hold tokens the model has not scored (an ingest without it queued the pass)
 UNSCORED = "n.keep like '%tokens%' and not exists (select 1 from node_logprobs l where l.node_id = n.node_id)"
 

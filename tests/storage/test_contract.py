@@ -277,10 +277,12 @@ def test_a_search_reads_its_hits_conversations_by_id_titled_as_the_listing_title
 
 def test_the_trie_s_shape_a_search_reads_is_its_nodes_and_sessions(storage):
     """``trie_shape``, the view a search loads, holds what ``node_shapes`` reads of each node and
-    what ``list_sessions`` reads of each session, in its order."""
+    what ``list_sessions`` reads of each session, in its order; a node from before migration 0005,
+    whose ``keep`` is NULL, keeps what ``NodeRow`` says it keeps."""
     ids = ids_of("a shared opening line, then one way " * 3)
-    add(storage, "first", ids)
+    first = add(storage, "first", ids)
     branch(storage, "second", np.concatenate([ids[:60], ids_of("and then another way entirely " * 3)]))
+    storage.engine.connection().execute("update nodes set keep = NULL where node_id = ?", [first])
     shape = storage.trie_shape()
     nodes = {n.node_id: (n.parent_id or "", n.start, n.end, n.keep, a, b) for n, a, b in storage.node_shapes()}
     columns = (
@@ -292,6 +294,7 @@ def test_the_trie_s_shape_a_search_reads_is_its_nodes_and_sessions(storage):
         shape.block_size,
     )
     assert len(nodes) == 3 and dict(zip(shape.node_id, zip(*columns, strict=True), strict=True)) == nodes
+    assert nodes[first][3] == frozenset({"search"})
     sessions = storage.list_sessions()
     assert list(zip(shape.session_id, shape.name, shape.conversation_id, strict=True)) == [
         (r.session_id, r.name, r.conversation_id) for r in sessions
