@@ -27,8 +27,9 @@ Per scale, in one run and on the same files:
   the archive's bytes per token (the file and its sidecars). Then, in a fresh process through the
   Python API (``kvdb.open(path, read_only=True)``): the first search (it opens the index), each
   planted phrase's first call and median of ``--reps``, recall; the same searches with
-  ``project=`` its folder; ``conversations(project=)`` and ``conversation_page(project=, 20)`` (MCP
-  ``sessions``), and ``kvdb sessions --project`` as a command.
+  ``project=`` its folder; ``conversations(project=)`` (the whole listing) and
+  ``conversation_page(project=, 100)`` (the page ``kvdb sessions`` and the chat page ask for), and
+  ``kvdb sessions --project`` as a command.
 - the semantic tier's catch-up: ``Archive.upkeep(only="semantic")`` in a process of its own,
   stopped when the sessions queued for the embedder are done or after ``--semantic-seconds``, then,
   in the same process, the embedder's raw batch throughput on the chunks of the sessions it
@@ -572,6 +573,7 @@ def source_file(source: str) -> str:
 
 def probe_kvdb(work: Path, plan: dict) -> dict:
     import kvdb
+    from kvdb.cli.reading import PAGE
 
     reps = plan["reps"]
     t = time.perf_counter()
@@ -597,7 +599,7 @@ def probe_kvdb(work: Path, plan: dict) -> dict:
         f, m, rows = timed(lambda project=project: archive.conversations(project=project), reps)
         listing.append(m)
         listed.append(len(rows))
-        _, m, _ = timed(lambda project=project: archive.conversation_page(project=project, limit=20), reps)
+        _, m, _ = timed(lambda project=project: archive.conversation_page(project=project, limit=PAGE), reps)
         paging.append(m)
     conversations = len(archive.conversations())
     archive.close()
@@ -625,6 +627,7 @@ def probe_kvdb(work: Path, plan: dict) -> dict:
         "recall_filtered": found_f / len(plan["planted"]),
         "listing": listing,
         "paging": paging,
+        "page_limit": PAGE,
         "listed": listed,
         "cli_sessions_s": statistics.median(cli),
         "rss_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -958,7 +961,7 @@ def kvdb_row(r: dict) -> str:
         f"{sum(k['statuses'].values()) - k['statuses'].get('ingested', 0)} | {1e3 * k['first_query_s']:.0f} | "
         f"{ms(pct(k['lat_filtered'], 50))} / {ms(pct(k['lat_filtered'], 95))} (+{ms(overhead)}) | "
         f"{k['recall_filtered']:.3f} | {ms(pct(k['listing'], 50))} / {ms(max(k['listing']))} | "
-        f"{ms(pct(k['paging'], 50))} / {ms(max(k['paging']))} | "
+        f"{ms(pct(k['paging'], 50))} / {ms(max(k['paging']))} ({k.get('page_limit', 20)}) | "
         f"{k['cli_sessions_s']:.2f} | {mb(k.get('search_peak_rss'))} |"
     )
 
@@ -1048,9 +1051,10 @@ def report(results: list[dict], args, elapsed: float) -> str:
     lines += [
         "",
         "kvdb's archive-wide reads (ms; filtered search: `search(phrase, project=its folder)`, with its overhead over "
-        "the unfiltered p50; listing: `conversations(project=)` and `conversation_page(project=, limit=20)` (MCP "
-        "`sessions`) over the 10 projects holding most phrases, median and slowest; "
-        "`kvdb sessions --project --json` as a command, in seconds with the process start):",
+        "the unfiltered p50; listing: the whole of it, `conversations(project=)` (`kvdb sessions --all`), and a "
+        "page, `conversation_page(project=, limit=N)` (N in brackets: 100, the page `kvdb sessions` and the chat "
+        "page ask for; 20 in older runs, MCP `sessions`'), over the 10 projects holding most phrases, median and "
+        "slowest; `kvdb sessions --project --json` as a command, in seconds with the process start):",
         "",
         "| tokens | archived | conversations | sessions | not ingested (unchanged, failed, ...) | first search ms "
         "(opens the index) | filtered search p50 / p95 | filtered recall | conversations(project) p50 / max | "
@@ -1119,12 +1123,22 @@ def targets(results: list[dict]) -> str:
         k = r["kvdb"]
         if "lat" in k:
             over = pct(k["lat_filtered"], 50) - pct(k["lat"], 50)
-            worst = max(max(k["listing"]), max(k["paging"]))
-            lines.append(
-                f"- at {r['tokens_target']:.0e} ({k['conversations']:,} conversations; the target is at 50k): a "
-                f"filtered search {ms(over)} ms beyond the search, `conversations(project=)` / MCP's page at most "
-                f"{ms(worst)} ms: {'within' if over <= 0.05 and worst <= 0.05 else 'NOT within'} 50 ms"
-            )
+            if "page_limit" in k:  # the listing pages (kvdb sessions, the chat page, MCP): a page is what they read
+                worst = max(k["paging"])
+                lines.append(
+                    f"- at {r['tokens_target']:.0e} ({k['conversations']:,} conversations; the target is at 50k): a "
+                    f"filtered search {ms(over)} ms beyond the search, a page of {k['page_limit']} conversations "
+                    f"(`kvdb sessions --project`, the chat page; MCP's is 20) at most {ms(worst)} ms: "
+                    f"{'within' if over <= 0.05 and worst <= 0.05 else 'NOT within'} 50 ms; the whole listing "
+                    f"(`--all`, {max(k['listed']):,} conversations at most) {ms(max(k['listing']))} ms at most"
+                )
+            else:
+                worst = max(max(k["listing"]), max(k["paging"]))
+                lines.append(
+                    f"- at {r['tokens_target']:.0e} ({k['conversations']:,} conversations; the target is at 50k): a "
+                    f"filtered search {ms(over)} ms beyond the search, `conversations(project=)` / MCP's page at "
+                    f"most {ms(worst)} ms: {'within' if over <= 0.05 and worst <= 0.05 else 'NOT within'} 50 ms"
+                )
         s = r.get("semantic")
         if s and "failed" not in s and s["raw_s"] and s["upkeep_s"]:
             share = s["raw_s"] / s["upkeep_s"]

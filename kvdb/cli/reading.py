@@ -13,6 +13,7 @@ from kvdb.index.phrase import MIN_SHARE
 from kvdb.records import MeaningHit
 from kvdb.tiers import DEFAULT_MAX_LOSS, RESTORE_MODES, WINDOWS
 
+PAGE = 100  # conversations `sessions` lists unless told: a whole history's 50k scroll past any reader
 DAY_HELP = (
     "this day (YYYY-MM-DD, UTC), by when its latest version was said: its log's last time, else when it was archived"
 )
@@ -61,28 +62,34 @@ def scope_options(command):
     "--limit",
     type=click.IntRange(min=1),
     default=None,
-    help="List the N most recently updated conversations (still oldest first), and say on stderr how many "
-    "earlier ones it left out. Default: all.",
+    help=f"List the N most recently updated conversations (still oldest first), and say on stderr how many "
+    f"earlier ones it left out. Default: {PAGE}.",
 )
 @click.option(
     "--offset",
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Leave out the N most recently updated conversations first (with --limit: the next page back).",
+    help="Leave out the N most recently updated conversations first (the next page back).",
 )
+@click.option("--all", "whole", is_flag=True, help="List every conversation the filters admit, not a page.")
 @json_option
 @click.pass_context
-def sessions(ctx, every, agent, project, since, until, limit, offset, as_json):
+def sessions(ctx, every, agent, project, since, until, limit, offset, whole, as_json):
     """List the archived conversations, oldest first, each as its latest version (with the time
     it was said: its log's last time, else when it was archived), with the file
     it came from and how many versions it has (conversations of one name are NAME#1, NAME#2, ...
-    in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`)."""
+    in this order). A conversation's versions are NAME@v1, NAME@v2, ... (`kvdb history NAME`).
+
+    A page at a time: the latest conversations, a whole history's tens of thousands only with
+    --all."""
+    if whole and limit:
+        raise click.UsageError("--all lists every conversation; give it or --limit, not both")
     archive = open_archive(ctx, read_only=True)
     if every:
-        if agent or project or since or until or limit or offset:
+        if agent or project or since or until or limit or offset or whole:
             raise click.UsageError(
-                "--versions lists every session; the filters, --limit and --offset go with the conversation list"
+                "--versions lists every session; the filters, --limit, --offset and --all go with the conversation list"
             )
         for s in archive.sessions():
             if as_json:
@@ -95,11 +102,18 @@ def sessions(ctx, every, agent, project, since, until, limit, offset, as_json):
                 )
         return
     page = archive.conversation_page(
-        agent, _folder(project), since and since.date(), until and until.date(), limit, offset
+        agent,
+        _folder(project),
+        since and since.date(),
+        until and until.date(),
+        None if whole else limit or PAGE,
+        offset,
     )
     left_out = page.total - offset - len(page.conversations)
-    if left_out > 0 and not as_json:
-        click.echo(f"... {left_out} earlier conversations (--offset {offset + len(page.conversations)})", err=True)
+    if left_out > 0:  # on stderr, --json too: what a script reads stays the page
+        click.echo(
+            f"... {left_out} earlier conversations (--offset {offset + len(page.conversations)}, or --all)", err=True
+        )
     for c in reversed(page.conversations):
         if as_json:
             emit(c.to_dict())

@@ -295,6 +295,26 @@ def test_listed_recent_first_and_markup_shown_as_text(page, running, axe):
     _check_axe(axe, page)
 
 
+def test_the_list_comes_a_page_at_a_time(page, running):
+    """A whole history's conversations are asked for a page at a time: here pages of 1 (the
+    page's own asks rewritten), each further one on "Show more", until the filters admit no more."""
+    listed = [c["conversation_id"] for c in _api(running, "/api/conversations")["conversations"]]
+    assert len(listed) >= 2
+    page.route(
+        "**/api/conversations?*", lambda route: route.continue_(url=route.request.url.replace("limit=100", "limit=1"))
+    )
+    page.evaluate("document.getElementById('filter-form').reset()")  # the list asked for again
+    shown = page.get_by_test_id("conversation")
+    more = page.locator("#more-conversations")
+    for count in range(1, len(listed)):
+        expect(shown).to_have_count(count)
+        expect(more).to_have_text(f"Show {len(listed) - count} more of {len(listed) - count}")
+        more.click()
+    expect(shown).to_have_count(len(listed))
+    expect(more).to_be_hidden()
+    assert [s.get_attribute("data-conversation-id") for s in shown.all()] == listed
+
+
 def test_chat_reload_search_continue_branch_rename_delete(page, running, axe):
     sent = _record(page)
 

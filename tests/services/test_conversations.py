@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from support import write_jsonl
 
+from kvdb.cli import reading
 from kvdb.cli.main import main
 from kvdb.errors import SessionNotFound
 
@@ -79,7 +80,7 @@ def test_rename_and_delete_act_on_the_whole_conversation(archive):
     assert archive.gc().nodes == 2
 
 
-def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tiny_model):
+def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tiny_model, monkeypatch):
     runner = CliRunner()
 
     def run(*args, exit_code=0):
@@ -106,7 +107,10 @@ def test_cli_lists_conversations_their_history_renames_and_deletes(tmp_path, tin
         "second",
         "third",
     ]  # the two latest, oldest first
-    assert paged.stderr == "... 1 earlier conversations (--offset 2)\n"
+    assert paged.stderr == "... 1 earlier conversations (--offset 2, or --all)\n"
+    monkeypatch.setattr(reading, "PAGE", 2)  # a page unless told: the same two, and --all lists the third
+    assert run("sessions") == paged.stdout and len(run("sessions", "--all", "--json").splitlines()) == 3
+    run("sessions", "--all", "--limit", "2", exit_code=2)
     assert [
         json.loads(line)["title"] for line in run("sessions", "--limit", "1", "--offset", "1", "--json").splitlines()
     ] == ["second"]

@@ -8,6 +8,7 @@
 const KEY = "kvdb.apiKey"; // localStorage: the API key sent as a Bearer token when set
 const MAX_TOKENS = 256; // of a reply
 const ARCHIVE_SETTLE_MS = [1500, 5000]; // the server archives an exchange a few seconds after its reply
+const PAGE = 100; // conversations asked for at a time: a whole history's tens of thousands only as the reader asks
 const NARROW = window.matchMedia("(max-width: 760px)");
 const $ = (id) => document.getElementById(id);
 const number = new Intl.NumberFormat("en-US");
@@ -20,6 +21,7 @@ const BANNER = $("branch-banner"); // shown in the turns, where a branch starts
 // server appends to the version (or to its first fork.at tokens); fork: {at, index} of a branch.
 let chat = blankChat();
 let listed = []; // the conversations listed
+let nextOffset = null; // where the list's next page starts (null: the filters admit no more)
 const reports = new WeakMap(); // a reply's message -> the kvdb report of its final chunk
 let highlight = null; // {index, from, to}: characters of a turn's text marked (a search hit)
 let refreshTimers = [];
@@ -92,17 +94,25 @@ function filters() {
   return params;
 }
 
-async function loadList() {
+// The list's first page, or (more) the next one after those listed.
+async function loadList(more = false) {
   const params = filters();
-  const query = new URLSearchParams(params).toString();
-  const { conversations } = await getJSON(`/api/conversations${query && "?" + query}`);
-  listed = conversations;
-  if (!query) {
-    fillOptions("agents", conversations.map((c) => c.agent));
-    fillOptions("projects", conversations.map((c) => c.project));
+  const filtered = Object.keys(params).length > 0;
+  const offset = more ? nextOffset : 0;
+  const query = new URLSearchParams({ ...params, limit: PAGE, offset }).toString();
+  const page = await getJSON(`/api/conversations?${query}`);
+  listed = more ? [...listed, ...page.conversations] : page.conversations;
+  nextOffset = page.next_offset ?? null;
+  if (!filtered) {
+    // suggestions from the conversations listed so far
+    fillOptions("agents", listed.map((c) => c.agent));
+    fillOptions("projects", listed.map((c) => c.project));
   }
   renderList();
-  if (!conversations.length) status(query ? "no conversation matches the filters" : "No conversations yet: start one below, or ingest transcripts with `kvdb ingest PATH`.");
+  const left = nextOffset === null ? 0 : page.total - nextOffset;
+  $("more-conversations").hidden = left === 0;
+  $("more-conversations").textContent = `Show ${number.format(Math.min(left, PAGE))} more of ${number.format(left)}`;
+  if (!listed.length) status(filtered ? "no conversation matches the filters" : "No conversations yet: start one below, or ingest transcripts with `kvdb ingest PATH`.");
 }
 
 function fillOptions(id, values) {
@@ -530,6 +540,7 @@ $("search-clear").addEventListener("click", () => {
   $("search-clear").hidden = true;
   $("search-q").focus();
 });
+$("more-conversations").addEventListener("click", () => run(() => loadList(true)));
 $("filter-form").addEventListener("submit", (event) => {
   event.preventDefault();
   run(loadList);
