@@ -18,8 +18,9 @@ saved is a fixed point of those changes; another need not be. So the light token
 only when its fingerprint equals the one transformers gave for the same files: that one is
 cached under ``cache_dir()/tokenizer-hashes``, keyed by the folder's file sizes and mtimes and
 the library versions, and written whenever transformers loads the tokenizer (:func:`load_full`,
-which ``model.load()`` calls). Otherwise, and for other tokenizer classes, Hub ids or an
-embedded model not yet converted, :func:`load` returns transformers' tokenizer.
+which ``model.load()`` calls). The light tokenizer's own is cached beside it under the same
+key. Otherwise, and for other tokenizer classes, Hub ids or an embedded model not yet converted,
+:func:`load` returns transformers' tokenizer.
 
 A light tokenizer does not render chat templates: ingest and generation load the model, and
 with it :func:`load_full`'s tokenizer.
@@ -27,6 +28,7 @@ with it :func:`load_full`'s tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -60,6 +62,9 @@ ROLE_HEADER = r"^(system|user|assistant|tool|model|developer)\n"
 # tokenizer -> which ids are special tokens (see snippet_text)
 _SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 FINGERPRINTS = "tokenizer-hashes"  # cache_dir() subfolder: transformers' fingerprint per folder stamp
+# cache_dir() subfolder: the light tokenizer's fingerprint per folder stamp (serializing the backend
+# to hash it took 20 ms of every process that reads tokens)
+LIGHT_FINGERPRINTS = "tokenizer-light-hashes"
 PIECE_CHARS = 1 << 16  # a text longer than this is encoded in pieces of about this many characters (see encode)
 # the pieces whose ids each tokenizer remembers, the latest used (see encode): a log of ~1M tokens, ~10 MB
 KNOWN_PIECES = 64
@@ -273,7 +278,12 @@ def _light(name: str, folder: Path) -> LightTokenizer | None:
     except Exception:  # noqa: BLE001 - missing or unreadable: transformers' load says what is wrong
         return None
     template = _chat_template(folder, config)
-    digest = _digest(backend.to_str(), template)
+    key = _fingerprint_key(folder)  # the same files and library versions serialize the same
+    digest = read_cached(LIGHT_FINGERPRINTS, key)
+    if digest is None:
+        digest = _digest(backend.to_str(), template)
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs the next process 20 ms
+            write_cached(LIGHT_FINGERPRINTS, key, digest)
     # What transformers does to the backend after hashing, on each call: split_special_tokens is
     # set at load and checked per call; truncation and padding are switched off for one text.
     backend.encode_special_tokens = bool(config.get("split_special_tokens", False))

@@ -184,6 +184,14 @@ def test_first_load_asks_transformers_once(tiny_model, private_cache):
     assert isinstance(second, LightTokenizer) and second.fingerprint != first.fingerprint
     assert len(list((private_cache / tok.FINGERPRINTS).iterdir())) == 2
     assert_same(second, tok.load_full(str(folder)))
+    # the light tokenizer's own fingerprint is cached per key too, and read, not computed again: a
+    # wrong one there makes load() fall back to transformers' tokenizer, whose fingerprint is right
+    light = list((private_cache / tok.LIGHT_FINGERPRINTS).iterdir())
+    assert [f.read_text() for f in light] and {f.read_text() for f in light} == {first.fingerprint, second.fingerprint}
+    for cached in light:
+        cached.write_text("0" * 64)
+    fallen = tok.load(str(folder))
+    assert not isinstance(fallen, LightTokenizer) and tok.fingerprint(fallen) == second.fingerprint
 
 
 def _template_in_config(folder: Path) -> None:  # transformers 4 kept it in tokenizer_config.json
