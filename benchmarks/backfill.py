@@ -1053,7 +1053,7 @@ def report(results: list[dict], args, elapsed: float) -> str:
         "kvdb's archive-wide reads (ms; filtered search: `search(phrase, project=its folder)`, with its overhead over "
         "the unfiltered p50; listing: the whole of it, `conversations(project=)` (`kvdb sessions --all`), and a "
         "page, `conversation_page(project=, limit=N)` (N in brackets: 100, the page `kvdb sessions` and the chat "
-        "page ask for; 20 in older runs, MCP `sessions`'), over the 10 projects holding most phrases, median and "
+        "page ask for; 20 in older runs, MCP `sessions`), over the 10 projects holding most phrases, median and "
         "slowest; `kvdb sessions --project --json` as a command, in seconds with the process start):",
         "",
         "| tokens | archived | conversations | sessions | not ingested (unchanged, failed, ...) | first search ms "
