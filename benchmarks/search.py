@@ -376,7 +376,8 @@ def probe(path: Path, phrases: list[str]) -> dict:
     opening cost and what the process holds after them."""
     from kvdb.index.walk import WalkIndex
 
-    [sidecar] = path.with_name(path.name + ".index").glob("*.keys")
+    # the first base, KEY.keys; past 2^24 slots the others are KEY.1.keys, ... (decision 0068)
+    [sidecar] = (p for p in path.with_name(path.name + ".index").glob("*.keys") if p.name.count(".") == 1)
     before = memory_mb()
     t = time.perf_counter()
     WalkIndex.load(sidecar)
