@@ -105,7 +105,7 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"ingest failed: {done.stderr}")
             kvdb(db, "upkeep", "--only", "semantic")  # ingest queues the embedder's pass (decision 0053)
-        sessions = kvdb(db, "sessions", "--json").stdout.count("\n")
+        sessions = kvdb(db, "sessions", "--all", "--json").stdout.count("\n")
         with contextlib.closing(duckdb.connect(str(db), read_only=True)) as conn:
             (chunks,) = conn.execute("select count(*) from node_chunks").fetchone()  # type: ignore[misc]
         rows = [

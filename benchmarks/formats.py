@@ -112,7 +112,7 @@ def format_table(no_results: bool) -> None:
             shown = "".join(kvdb(db, "show", r["session_id"]) for r in results)
             sessions = [
                 s
-                for s in map(json.loads, kvdb(db, "sessions", "--json").splitlines())
+                for s in map(json.loads, kvdb(db, "sessions", "--all", "--json").splitlines())
                 if s["session_id"] in {r["session_id"] for r in results}
             ]
             formats = sorted({kvdb_format(db, s["session_id"]) for s in sessions})

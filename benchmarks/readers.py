@@ -34,7 +34,7 @@ def pair(env: dict) -> tuple[float, int, int]:
     """(wall seconds, search exit code, sessions listed or -1) of one `kvdb search` and one `kvdb sessions`."""
     t = time.monotonic()
     search = subprocess.run([KVDB, "search", "the", "-k", "1", "--json"], env=env, capture_output=True, text=True)
-    listed = subprocess.run([KVDB, "sessions", "--json"], env=env, capture_output=True, text=True)
+    listed = subprocess.run([KVDB, "sessions", "--all", "--json"], env=env, capture_output=True, text=True)
     return time.monotonic() - t, search.returncode, len(listed.stdout.splitlines()) if listed.returncode == 0 else -1
 
 
