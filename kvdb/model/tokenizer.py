@@ -88,14 +88,16 @@ def load(name: str | None = None):
     name = model_name(name)
     require_local(name)
     folder = embedded_folder() if name == DEFAULT_MODEL else Path(name)
-    expected = _cached_fingerprint(folder) if folder.is_dir() else None
+    key = _fingerprint_key(folder) if folder.is_dir() else None  # both fingerprints are cached under it
+    expected = read_cached(FINGERPRINTS, key) if key else None
     if name == DEFAULT_MODEL and expected is None:
         # The first use converts the GGUF and asks transformers for the fingerprint in a process
         # of its own: in this one, the de-quantized weights and transformers stayed resident to
         # the end of a first ingest, which needs only the tokenizer (decision 0070)
         in_own_process("kvdb.model.tokenizer:load_full", name)
-        expected = _cached_fingerprint(folder)
-    light = _light(name, folder) if folder.is_dir() else None
+        key = _fingerprint_key(folder)  # the conversion wrote the folder's files
+        expected = read_cached(FINGERPRINTS, key)
+    light = _light(name, folder, key) if key else None
     if light is None:
         return load_full(name)
     if expected is None:  # first read of these files: transformers says what the fingerprint is (and caches it)
@@ -266,8 +268,9 @@ def _special_mask(tokenizer) -> np.ndarray:
 # the light tokenizer --------------------------------------------------------------------------
 
 
-def _light(name: str, folder: Path) -> LightTokenizer | None:
-    """The folder's tokenizer as transformers' generic fast class builds it, or None if it is not one."""
+def _light(name: str, folder: Path, key: str) -> LightTokenizer | None:
+    """The folder's tokenizer as transformers' generic fast class builds it, or None if it is not
+    one; ``key``: the folder's fingerprint key (``_fingerprint_key``)."""
     config = _tokenizer_config(folder)
     if config.get("tokenizer_class") not in GENERIC_FAST or "fast_tokenizer_files" in config:
         return None
@@ -278,8 +281,7 @@ def _light(name: str, folder: Path) -> LightTokenizer | None:
     except Exception:  # noqa: BLE001 - missing or unreadable: transformers' load says what is wrong
         return None
     template = _chat_template(folder, config)
-    key = _fingerprint_key(folder)  # the same files and library versions serialize the same
-    digest = read_cached(LIGHT_FINGERPRINTS, key)
+    digest = read_cached(LIGHT_FINGERPRINTS, key)  # the same files and library versions serialize the same
     if digest is None:
         digest = _digest(backend.to_str(), template)
         with contextlib.suppress(OSError):  # a cache that cannot be written costs the next process 20 ms
