@@ -148,6 +148,28 @@ def _held(index: WalkIndex, pieces: dict[bytes, np.ndarray]) -> dict[bytes, bool
     return out
 
 
+def _held_casings(tokenizer, index: WalkIndex, phrase_units: list[str]) -> list[list[np.ndarray]] | None:
+    """Per unit, its token sequences (``unit_variants``) whose last D tokens the index holds,
+    remembered per unit while the index holds the same slots: a word searched again costs one
+    lookup of what is remembered, not one of each of its tens of casings. None when the units
+    not remembered have more than ``JOIN_MAX`` sequences (the walk gives up)."""
+    stamp = (index.generation, index.ntotal)
+    keys = [(stamp, unit, i == 0) for i, unit in enumerate(phrase_units)]
+    out = _HELD.get(index, keys)
+    todo = [i for i, kept in enumerate(out) if kept is None]
+    if todo:
+        spans = [unit_variants(tokenizer, phrase_units[i], i == 0) for i in todo]
+        if sum(len(span) for span in spans) > JOIN_MAX:
+            return None
+        depth = index.depth
+        held = _held(index, {piece[-depth:].tobytes(): piece[-depth:] for span in spans for piece in span})
+        kept = [[piece for piece in span if held[piece[-depth:].tobytes()]] for span in spans]
+        _HELD.put(index, [(keys[i], span) for i, span in zip(todo, kept)])
+        for i, span in zip(todo, kept):
+            out[i] = span
+    return out
+
+
 def _windows(piece: np.ndarray, depth: int) -> list[np.ndarray]:
     """Windows of ``depth`` tokens over ``piece`` (the piece, when it is no longer), half a
     window apart and the last at its end: each must occur where the piece does."""
@@ -164,21 +186,16 @@ def _kept(spans: list[list[np.ndarray]], found: list[bool] | np.ndarray) -> list
 def walk(
     index: WalkIndex, spans: list[list[np.ndarray]], ranges: Ranges, also: Sequence[np.ndarray] = ()
 ) -> list[np.ndarray] | None:
-    """The products of ``spans`` (per unit, its token sequences) that the index holds.
+    """The products of ``spans`` (per unit, its token sequences whose last ``D`` tokens the
+    index holds: ``_held_casings``) that the index holds.
 
-    Each unit's sequences are tested alone first, by their last ``D`` tokens
-    (``WalkIndex.holds``: one bound a sequence, remembered per index); then, while the products
-    of what is left are more than ``FINAL_MAX``, adjacent spans are joined in pairs and tested
-    the same way (a longer one by windows of D tokens half a window apart, all of which must
-    occur: ``_windows``); then the products left are looked up whole (``WalkIndex.bounds``), with
-    ``also`` (a search's own casings and their suffixes: one pass for all). The ranges of those
-    found, and of ``also``, are kept in ``ranges``. None when a round would pass ``JOIN_MAX``
-    candidates (a phrase whose words occur in that many casings: the walk gives up)."""
-    flat = [piece for span in spans for piece in span]
-    if len(flat) > JOIN_MAX:
-        return None
-    held = _held(index, {piece[-index.depth :].tobytes(): piece[-index.depth :] for piece in flat})
-    spans = _kept(spans, [held[piece[-index.depth :].tobytes()] for piece in flat])
+    While the products of what is left are more than ``FINAL_MAX``, adjacent spans are joined
+    in pairs and tested by windows of D tokens half a window apart, all of which must occur
+    (``_windows``: ``WalkIndex.holds``, one bound a window, remembered per index); then the
+    products left are looked up whole (``WalkIndex.bounds``), with ``also`` (a search's own
+    casings and their suffixes: one pass for all). The ranges of those found, and of ``also``,
+    are kept in ``ranges``. None when a round would pass ``JOIN_MAX`` candidates (a phrase
+    whose words occur in that many casings: the walk gives up)."""
     while all(spans) and len(spans) > 1 and math.prod(len(span) for span in spans) > FINAL_MAX:
         spans = [
             [np.concatenate(pair) for pair in itertools.product(*spans[i : i + 2])] for i in range(0, len(spans), 2)
@@ -198,16 +215,18 @@ def walk(
     return [piece for piece, ok in zip(flat, found) if ok and len(piece) <= index.reach]
 
 
-def variants(tokenizer, index: WalkIndex, phrase: str, own: list[np.ndarray]) -> tuple[list[np.ndarray], Ranges | None]:
+def variants(
+    tokenizer, index: WalkIndex, phrase: str, own: list[np.ndarray], also: Sequence[np.ndarray] = ()
+) -> tuple[list[np.ndarray], Ranges | None]:
     """The token sequences of ``phrase`` in every casing the index holds (``own``, the phrase's
     own casings as ``searching.phrase_variants`` gives them, first, found or not: partial hits
-    are theirs), and the ranges the walk looked up (of those it found, and of ``own``); None
-    when it ended before its last lookup (a word in no casing the index holds)."""
+    are theirs), and the ranges the walk looked up (of those it found, of ``own``, and of
+    ``also``: pieces the caller reads next, such as a search's partial hits' suffixes, bounded
+    in the walk's last lookup); None when it ended before its last lookup (a word in no casing
+    the index holds)."""
     ranges: Ranges = {}
-    spans = [unit_variants(tokenizer, unit, i == 0) for i, unit in enumerate(units(phrase))]
-    # a search's partial hits read these
-    suffixes = [piece[-s:] for piece in own for s in range(1, min(len(piece), index.depth) + 1)]
-    found = walk(index, spans, ranges, [*own, *suffixes]) or []
+    spans = _held_casings(tokenizer, index, units(phrase))
+    found = (walk(index, spans, ranges, [*own, *also]) if spans is not None else None) or []
     out = {piece.tobytes(): piece for piece in own}
     for piece in found:
         out.setdefault(piece.tobytes(), piece)

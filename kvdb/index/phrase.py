@@ -102,12 +102,21 @@ class Hit:
         }
 
 
-def lookups(phrase: np.ndarray, depth: int, least: int = 1) -> list[np.ndarray]:
-    """The suffixes of a phrase ``candidates`` looks up for its partial matches: its last ``D``
-    tokens (one key, whose range holds those sharing ``D`` or more), and the shorter ones down to
-    ``least`` (all of them bounded in one pass: ``WalkIndex.ranges``)."""
-    first = min(len(phrase), depth)
-    return [phrase[-s:] for s in range(first, least - 1, -1)]
+def least_shared(length: int, min_share: float) -> int:
+    """Tokens a partial hit of a phrase of ``length`` tokens must share: ``min_share`` of them, 1 or more."""
+    return max(1, math.ceil(min_share * length))
+
+
+def partial_lookups(variants: Sequence[np.ndarray], depth: int, min_share: float) -> list[np.ndarray]:
+    """The suffixes ``candidates`` looks up for the partial matches of each variant: its last
+    ``D`` tokens (one key, whose range holds those sharing ``D`` or more), and the shorter ones
+    down to the tokens a partial match must share (``least_shared``)."""
+    out = []
+    for phrase in variants:
+        least = least_shared(len(phrase), min_share)
+        if least < len(phrase):
+            out += [phrase[-s:] for s in range(min(len(phrase), depth), least - 1, -1)]
+    return out
 
 
 def bounded(
@@ -249,7 +258,7 @@ def search(
     age: dict[str, int],
     sessions_of: SessionsOf,
     fetch: Fetch,
-    decode: Callable[[np.ndarray], str],
+    decode: Callable[[list[np.ndarray]], list[str]],
     k: int = 10,
     context: int = 32,
     min_share: float = MIN_SHARE,
@@ -260,7 +269,8 @@ def search(
     partial hits only where they match at least ``min_share`` of the phrase's tokens.
 
     Candidates are checked best first, a batch at a time (a few queries per batch, whatever
-    its size), until k hits are confirmed. A hit in a node that several sessions share is
+    its size), until k hits are confirmed; their contexts are decoded together at the end
+    (``decode``: pieces of ids -> their texts). A hit in a node that several sessions share is
     reported once, in the session ``sessions_of`` names. With ``group`` (session -> its group,
     a conversation), a group's candidates after its first hit are skipped before they are fetched.
     ``known``: ranges looked up already (``bounded``).
@@ -270,16 +280,17 @@ def search(
     if context < 0:
         raise InvalidArgument(f"context must be >= 0, got {context}")
     # tokens a hit of each variant must share
-    least = [max(1, math.ceil(min_share * len(phrase))) for phrase in variants]
+    least = [least_shared(len(phrase), min_share) for phrase in variants]
     whole = [len(phrase) for phrase in variants]
     # the partial matches' suffixes too, though the full matches may leave no room for them:
     # bounding them with the phrase's costs less than a second pass over the segments; but
-    # where the variants' ranges are ``known`` (a casing walk), the suffixes wait until needed
-    suffixes = [
-        p for v, phrase in enumerate(variants) if least[v] < whole[v] for p in lookups(phrase, index.depth, least[v])
-    ]
+    # where the variants' ranges are ``known`` (a casing walk, which bounded the suffixes of
+    # the phrase's own casings), those of the other casings wait until needed
+    suffixes = partial_lookups(variants, index.depth, min_share)
     ranges = bounded(index, [*variants, *suffixes] if known is None else variants, known)
-    hits: list[Hit] = []
+    # confirmed: (session, start, shared tokens, phrase tokens, window, and where in it the
+    # context before, the match and the context after begin)
+    hits: list[tuple[str, int, int, int, np.ndarray, int, int, int]] = []
     seen: set[tuple[str, int]] = set()
     grouped: set[str] = set()  # the groups that have their hit
     # Full matches first; the partial ones only when the full ones leave room for them.
@@ -333,20 +344,18 @@ def search(
                     grouped.add(group(session_id))
                 start = end + 1 - shared
                 before, match, after = max(0, start - context) - lo, start - lo, end + 1 - lo
-                hits.append(
-                    Hit(
-                        session_id,
-                        names.get(session_id, ""),
-                        start,
-                        shared,
-                        len(phrase),
-                        shared == len(phrase),
-                        decode(window[before:match]),
-                        decode(window[match:after]),
-                        decode(window[after:]),
-                    )
-                )
+                hits.append((session_id, start, shared, len(phrase), window, before, match, after))
+    pieces = [
+        part
+        for *_, window, before, match, after in hits
+        for part in (window[before:match], window[match:after], window[after:])
+    ]
+    texts = decode(pieces)
+    found = [
+        Hit(session_id, names.get(session_id, ""), start, shared, length, shared == length, before, match, after)
+        for (session_id, start, shared, length, *_), before, match, after in zip(hits, *(texts[i::3] for i in range(3)))
+    ]
     # archive order within a grade (``age``: session id -> its place, oldest first); slot order
     # alone is not it (a rebuilt index numbers the slots by node, an incremental one by arrival)
-    hits.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))
-    return hits[:k]
+    found.sort(key=lambda h: (not h.exact, -h.score, age.get(h.session_id, len(age)), h.position))
+    return found[:k]

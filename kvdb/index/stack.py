@@ -32,7 +32,7 @@ _SCAN = 32  # entries a bound compares at once, once its binary search is down t
 # first of these windows, and a tie reads the next, twice as deep.
 _WINDOW = 32
 
-Bound = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # a segment's (a, b, a0, b0), per piece
+Bound = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (a, b, a0, b0), each [segment, piece]
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ class Stack:
         held = (at < entries) & (pieces.past[piece] | (first < pieces.hi[piece]))
         return np.bincount(piece, weights=held, minlength=len(pieces.lo)) > 0
 
-    def bounds(self, pieces: Pieces) -> list[Bound]:
+    def bounds(self, pieces: Pieces) -> Bound:
         """Per segment, per piece, [a, b) in its order: the entries whose last ``len(piece)``
         tokens are it; and [a0, b0), those whose first key it shares (its last D tokens). The
         first key's range comes from the sampled keys; a longer piece then binary-searches it,
@@ -256,11 +256,9 @@ class Stack:
                 np.tile(np.repeat([False, True], len(deep)), segments),
             ).reshape(segments, 2, len(deep))
             a[:, deep], b[:, deep] = both[:, 0], both[:, 1]
-        empty = np.zeros(count, np.int64)
-        out: list[Bound] = [(empty, empty, empty, empty)] * len(self.segments)
-        for i, n in enumerate(full.tolist()):
-            out[n] = (a[i], b[i], a0[i], b0[i])
-        return out
+        out = np.zeros((4, len(self.segments), count), np.int64)  # a segment with no entries: empty ranges
+        out[:, full] = a, b, a0, b0
+        return out[0], out[1], out[2], out[3]
 
     def search(
         self,

@@ -89,17 +89,22 @@ class Tokens:
 
 @dataclass(frozen=True)
 class KeyRange:
-    """The entries of each segment whose keys lie in one range: ``(order, a, b)`` per segment."""
+    """The entries of each segment whose keys lie in one range: ``[a, b)`` of each segment's
+    ``order``. Made from a lookup's arrays without a loop over the segments: a search makes
+    tens of them and reads the entries of a few."""
 
-    parts: tuple[tuple[np.ndarray, int, int], ...]
+    orders: tuple[np.ndarray, ...]
+    a: np.ndarray  # int64, per segment
+    b: np.ndarray
+    size: int  # entries in all
 
     def __len__(self) -> int:
         return self.size
 
-    @cached_property
-    def size(self) -> int:
-        """Entries in all: a search asks it of each range many times."""
-        return sum(b - a for _, a, b in self.parts)
+    @property
+    def parts(self) -> Iterator[tuple[np.ndarray, int, int]]:
+        """``(order, a, b)`` per segment."""
+        return zip(self.orders, self.a.tolist(), self.b.tolist())
 
     def slots(self) -> np.ndarray:
         """Their slots, in key order per segment."""
@@ -136,20 +141,29 @@ class KeyRange:
 
 @dataclass(frozen=True)
 class Bounds:
-    """Per segment, its order and the bounds ``Stack.bounds`` gives: ``(order, a, b, a0, b0)``."""
+    """The bounds ``Stack.bounds`` gives, [segment, piece]: ``[a, b)``, each piece's entries, and
+    ``[a0, b0)``, its first key's; ``orders``: each segment's order."""
 
-    parts: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    orders: tuple[np.ndarray, ...]
+    a: np.ndarray
+    b: np.ndarray
+    a0: np.ndarray
+    b0: np.ndarray
+
+    @cached_property
+    def _sizes(self) -> tuple[list[int], list[int]]:
+        return (self.b - self.a).sum(0).tolist(), (self.b0 - self.a0).sum(0).tolist()
 
     def sizes(self) -> np.ndarray:
         """How many entries each piece's range holds."""
-        return sum((b - a for _, a, b, _, _ in self.parts), np.zeros(len(self.parts[0][1]), np.int64))
+        return np.array(self._sizes[0], np.int64)
 
     def range(self, i: int) -> KeyRange:
-        return KeyRange(tuple((order, int(a[i]), int(b[i])) for order, a, b, _, _ in self.parts))
+        return KeyRange(self.orders, self.a[:, i], self.b[:, i], self._sizes[0][i])
 
     def first(self, i: int) -> KeyRange:
         """The range of piece ``i``'s first key (its last D tokens)."""
-        return KeyRange(tuple((order, int(a0[i]), int(b0[i])) for order, _, _, a0, b0 in self.parts))
+        return KeyRange(self.orders, self.a0[:, i], self.b0[:, i], self._sizes[1][i])
 
 
 class WalkIndex:
@@ -357,7 +371,7 @@ class WalkIndex:
         bounds hundreds of pieces and keeps the ranges of a few."""
         stack = self.stack
         found = stack.bounds(Pieces.of(pieces, self.alphabet))
-        return Bounds(tuple((segment.order, *bound) for segment, bound in zip(stack.segments, found)))
+        return Bounds(tuple(segment.order for segment in stack.segments), *found)
 
     def symbols(self, slots: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """``Stack.symbols`` of slots in any segment."""

@@ -64,7 +64,7 @@ class Searcher:
             raise InvalidArgument(
                 f"min_share is the share of the phrase a partial hit must match, from 0 to 1; got {min_share}"
             )
-        found = self._lookup(phrase, session, case_sensitive, within)
+        found = self._lookup(phrase, session, case_sensitive, within, min_share)
         if found is None:
             return []
         view = found.view
@@ -80,7 +80,7 @@ class Searcher:
                 view.age,
                 sessions_of=found.sessions_of,
                 fetch=found.fetch,
-                decode=lambda ids: tok.snippet_text(found.tokenizer, ids),
+                decode=lambda pieces: tok.snippet_texts(found.tokenizer, pieces),
                 k=wanted,
                 context=context,
                 min_share=min_share,
@@ -106,11 +106,17 @@ class Searcher:
         )
 
     def _lookup(
-        self, phrase: str, session: str | None, case_sensitive: bool, within: set[str] | None = None
+        self,
+        phrase: str,
+        session: str | None,
+        case_sensitive: bool,
+        within: set[str] | None = None,
+        min_share: float | None = None,
     ) -> _Lookup | None:
         """What a search or a count of ``phrase`` reads: its variants, the index and its slot
         runs (those on ``session``'s path, or on the paths of the conversations ``within``, when
-        given), and the trie; None when nothing is indexed."""
+        given), and the trie; None when nothing is indexed. ``min_share``: a search's, whose
+        partial hits' suffixes the casing walk bounds with the casings (a count reads none)."""
         if not phrase or not phrase.strip():
             raise InvalidArgument("empty search phrase; give some text to look for")
         tokenizer, tok_hash = self._models.tokenizer()
@@ -140,7 +146,8 @@ class Searcher:
             return None
         known: dict[bytes, KeyRange] | None = None
         if not case_sensitive:  # every casing the index holds, word by word and letter by letter
-            variants, known = casing.variants(tokenizer, index, phrase, variants)
+            also = [] if min_share is None else search_ops.partial_lookups(variants, index.depth, min_share)
+            variants, known = casing.variants(tokenizer, index, phrase, variants, also)
         scoped = scoped_owners(view, self._reader, session, within)
         owners = view.owner if scoped is None else scoped
         # hits are reported in this session, or in those conversations: their runs, found by node, not by a pass
