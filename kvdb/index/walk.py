@@ -73,15 +73,14 @@ class Tokens:
         return self._stack.segments[-1].ntotal
 
     def __getitem__(self, at):
-        if isinstance(at, slice):
+        if isinstance(at, slice):  # a search's context windows: most lie in one segment
             start, stop, _ = at.indices(len(self))
-            return np.concatenate(
-                [np.zeros(0, self.dtype)]
-                + [
-                    s.tokens[max(start, s.first) - s.first : max(min(stop, s.ntotal), s.first) - s.first]
-                    for s in self._stack.segments
-                ]
-            )
+            parts = [
+                s.tokens[max(start, s.first) - s.first : min(stop, s.ntotal) - s.first]
+                for s in self._stack.segments
+                if s.first < stop and s.ntotal > start
+            ]
+            return np.array(parts[0]) if len(parts) == 1 else np.concatenate([np.zeros(0, self.dtype), *parts])
         at = np.asarray(at, np.int64)
         flat = at.reshape(-1)
         return self._stack.tokens_at(flat, self._stack.owner(flat)).astype(self.dtype).reshape(at.shape)

@@ -192,13 +192,17 @@ def phrase_variants(tokenizer, phrase: str, case_sensitive: bool = True) -> list
     ``case_sensitive``, also in each casing of ``casings``. A tokenizer spells "Leggy" and
     "leggy" with different tokens, so an index of tokens finds another casing only by searching
     for it. A search looks for every other casing the index holds beside these (``casing.variants``)."""
+    texts = [
+        text
+        for cased in ([phrase] if case_sensitive else casings(phrase))
+        for text in (cased, None if cased.startswith(" ") else " " + cased)
+        if text is not None
+    ]
     variants: dict[bytes, np.ndarray] = {}
-    for cased in [phrase] if case_sensitive else casings(phrase):
-        for text in (cased, " " + cased if not cased.startswith(" ") else None):
-            if text is not None:
-                ids = np.asarray(tok.encode(tokenizer, text), dtype=np.int64)
-                if len(ids):
-                    variants.setdefault(ids.tobytes(), ids)
+    for ids in tok.encode_many(tokenizer, texts):  # one batch: a search's few short texts
+        if ids:
+            array = np.asarray(ids, dtype=np.int64)
+            variants.setdefault(array.tobytes(), array)
     return list(variants.values())
 
 
