@@ -154,7 +154,7 @@ def candidates(
 ) -> Candidates:
     """Up to ``limit`` candidates, longest shared suffix first (full matches, then partial ones
     sharing at least ``least`` tokens, 1 or more). ``ranges``: the key ranges of the phrase and
-    of its ``lookups`` (``bounded``).
+    of its ``partial_lookups`` (``bounded``).
 
     The full matches are taken in index order, a chunk at a time, so a phrase found millions of
     times costs what its first ``limit`` live ones cost."""
@@ -162,7 +162,9 @@ def candidates(
     ranked: list[tuple[np.ndarray, np.ndarray]] = []  # partial matches: (end slots, the tokens each shares), best first
     full = inner = ranges[phrase.tobytes()]
     found = len(full)
-    if not found and least >= length:  # a casing the archive never uses
+    # a casing the archive never uses, nor its last ``least`` tokens (whose range holds every
+    # partial match; the first key's, past D tokens)
+    if not found and (least >= length or not len(ranges[phrase[-min(least, index.depth) :].tobytes()])):
         return Candidates.concat([])
     # Shorter suffixes. The first key's range holds the entries sharing D tokens or more, in
     # path order: the nearer an entry lies to the phrase's own range, the longer the suffix it
