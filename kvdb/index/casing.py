@@ -66,30 +66,33 @@ def word_casings(word: str) -> list[str]:
     """The casings of one word looked for, as typed first (see the module docstring)."""
     letters = [i for i, c in enumerate(word) if c.lower() != c.upper()]
     forms = [word, word.lower(), word.upper(), title(word)]
-    lower, upper = [word[i].lower() for i in letters], [word[i].upper() for i in letters]
-    for bits in _masks(len(letters)):
-        chars = list(word)
-        for j, i in enumerate(letters):
-            chars[i] = upper[j] if bits[j] else lower[j]
-        forms.append("".join(chars))
+    # each character's casings, lower case first: a mixture takes one of each
+    choices: list[tuple[str, ...]] = [(c.lower(), c.upper()) if c.lower() != c.upper() else (c,) for c in word]
+    if len(letters) <= MIXED_LETTERS:  # all of them, the first letter's casing varying slowest
+        forms += ["".join(chars) for chars in itertools.product(*choices)]
+    else:
+        lowered = [pair[0] for pair in choices]
+        for at in _capitals(len(letters)):
+            chars = lowered.copy()
+            for j in at:
+                chars[letters[j]] = choices[letters[j]][1]
+            forms.append("".join(chars))
     return list(dict.fromkeys(forms))
 
 
-def _masks(n: int) -> Iterator[tuple[int, ...]]:
-    """Which of ``n`` cased letters are upper case, in each mixture ``word_casings`` takes."""
-    if n <= MIXED_LETTERS:
-        yield from itertools.product((0, 1), repeat=n)
-        return
+def _capitals(n: int) -> Iterator[Sequence[int]]:
+    """Which of ``n`` cased letters (more than ``MIXED_LETTERS``) are upper case, in each
+    mixture ``word_casings`` takes of a longer word."""
     if n > MIXED_MAX:
         return
     for count in range(1, HUMPS + 1):  # single capitals, each followed by a lower-case letter
         for at in itertools.combinations(range(n), count):
             if all(b - a > 1 for a, b in itertools.pairwise(at)):
-                yield tuple(int(i in at) for i in range(n))
+                yield at
     for cut in range(1, n):
-        yield (0,) * cut + (1,) * (n - cut)  # lower case, then capitals to the end: "macOS"
-        yield (1,) + (0,) * (cut - 1) + (1,) * (n - cut)  # title case, then capitals: "PostgreSQL"
-        yield (1,) * cut + (0,) * (n - cut)  # capitals, then lower case: "SQLite"
+        yield range(cut, n)  # lower case, then capitals to the end: "macOS"
+        yield (0, *range(cut, n))  # title case, then capitals: "PostgreSQL"
+        yield range(cut)  # capitals, then lower case: "SQLite"
 
 
 def unit_variants(tokenizer, unit: str, first: bool) -> list[np.ndarray]:
