@@ -196,9 +196,9 @@ def walk(
     in pairs and tested by windows of D tokens half a window apart, all of which must occur
     (``_windows``: ``WalkIndex.holds``, one bound a window, remembered per index); then the
     products left are looked up whole (``WalkIndex.bounds``), with ``also`` (a search's own
-    casings and the suffixes its partial hits read: one pass for all). The ranges of those found, and of ``also``,
-    are kept in ``ranges``. None when a round would pass ``JOIN_MAX`` candidates (a phrase
-    whose words occur in that many casings: the walk gives up)."""
+    casings and the suffixes its partial hits read: one pass for all). The ranges of those
+    found, and of ``also``, are kept in ``ranges``. None when a round would pass ``JOIN_MAX``
+    candidates (a phrase whose words occur in that many casings: the walk gives up)."""
     while all(spans) and len(spans) > 1 and math.prod(len(span) for span in spans) > FINAL_MAX:
         spans = [
             [np.concatenate(pair) for pair in itertools.product(*spans[i : i + 2])] for i in range(0, len(spans), 2)

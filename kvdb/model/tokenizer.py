@@ -216,9 +216,14 @@ def _pieces(tokenizer, text: str) -> list[str]:
     return [text[a:b] for a, b in zip(cuts, cuts[1:] + [len(text)])]
 
 
+def _id_list(ids) -> list[int]:
+    """``ids`` as the list of Python ints a tokenizer decodes: an array's in one call."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(map(int, ids))
+
+
 def decode(tokenizer, ids) -> str:
     """The text of ``ids``, special tokens included, spaces left as they are."""
-    ids = ids.tolist() if isinstance(ids, np.ndarray) else list(map(int, ids))
+    ids = _id_list(ids)
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.decode(ids, skip_special_tokens=False)
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -227,7 +232,7 @@ def decode(tokenizer, ids) -> str:
 def plain_text(tokenizer, ids) -> str:
     """The text of ``ids`` without special tokens (a chat template's turn markers): what a
     sentence-embedding model or a reader of a snippet is given."""
-    ids = list(map(int, ids))
+    ids = _id_list(ids)
     if isinstance(tokenizer, LightTokenizer):
         return tokenizer.backend.decode(ids, skip_special_tokens=True)
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
